@@ -1,0 +1,3 @@
+from vocablens.cli import main
+
+main()

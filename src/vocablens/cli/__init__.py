@@ -1,0 +1,23 @@
+"""Layer 5: the ``vocablens`` command line (typer + rich).
+
+Each topic registers its commands in its own module (``cli/core.py``, ``cli/ops.py`` ...), imported
+below. Every command takes ``--model`` (default ``smollm2``) and ``--json``. A
+:class:`~vocablens.errors.VocabLensError` becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from vocablens.cli.common import app, run_app
+
+# Command modules: importing one registers its commands on ``app``.
+from vocablens.cli import core as _core  # noqa: F401,E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    sys.exit(run_app(argv))
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,138 @@
+"""Shared CLI machinery: the app, common options, model loading with progress, JSON output, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from vocablens.errors import VocabLensError
+
+#: stdout: tables and results; stderr: progress, notes and errors (stdout stays pure JSON with --json).
+out = Console(highlight=False, soft_wrap=False)
+err = Console(stderr=True, highlight=False)
+
+app = typer.Typer(
+    name="vocablens",
+    help="The embedding and the unembedding (LM head) of decoder-only language models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 (default), a model directory, a .gguf file or a hub id.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout, nothing else on stdout.")]
+TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow the model's own Python code (off by default).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="Weights dtype: float32 (default for GGUF), bfloat16, float16, auto.")]
+
+
+class DefaultCommandGroup(TyperGroup):
+    """A group whose first argument, when it names no subcommand, goes to the ``show`` command.
+
+    ``vocablens lens PROMPT`` runs ``lens show PROMPT`` while ``vocablens lens train`` runs ``train``.
+    """
+
+    default_command = "show"
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+
+def emit_json(obj: Any) -> None:
+    """Write one JSON document to stdout (NaN/inf become null)."""
+    sys.stdout.write(json.dumps(_clean(obj), indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _clean(o: Any) -> Any:
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {str(k): _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    try:
+        import torch
+
+        if isinstance(o, torch.Tensor):
+            return _clean(o.tolist())
+    except ImportError:  # pragma: no cover
+        pass
+    if hasattr(o, "item") and callable(o.item):
+        return _clean(o.item())
+    return o
+
+
+@contextmanager
+def status(msg: str, quiet: bool = False):
+    """A spinner on stderr while a step runs."""
+    if quiet or not err.is_terminal:
+        err.print(f"[dim]{msg}[/dim]") if not quiet else None
+        yield
+        return
+    with err.status(msg):
+        yield
+
+
+def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = False, quiet: bool = False):
+    """Load a model for a command, with progress on stderr; returns :class:`~vocablens.models.LoadedModel`."""
+    import time
+
+    from vocablens.models import load
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF dequantization bar; we show our own
+    _quiet_libraries()
+    t0 = time.perf_counter()
+    with status(f"loading {spec} ...", quiet=quiet):
+        lm = load(spec, dtype=None if dtype in (None, "", "auto") else dtype,
+                  trust_remote_code=trust_remote_code)
+    if not quiet:
+        err.print(f"[dim]loaded {lm.provenance.describe()} in {time.perf_counter() - t0:.1f} s[/dim]")
+    return lm
+
+
+def _quiet_libraries() -> None:
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+    except Exception:  # pragma: no cover
+        pass
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except Exception:  # pragma: no cover
+        pass
+
+
+def fail(message: str) -> None:
+    """Raise a usage error the CLI prints as one line with exit code 2."""
+    raise VocabLensError(message)
+
+
+def run_app(argv: list[str] | None = None) -> int:
+    """Run the typer app; VocabLensError -> one line on stderr, exit code 2, no traceback."""
+    try:
+        app(args=argv, prog_name="vocablens")
+    except VocabLensError as exc:
+        err.print(f"[bold red]error:[/bold red] {exc}", soft_wrap=True, markup=True, highlight=False)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0

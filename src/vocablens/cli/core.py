@@ -1,0 +1,64 @@
+"""Foundation commands: lens (logit lens), and (added by later modules) anatomy, neighbors, report."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from vocablens.cli.common import (
+    DefaultCommandGroup, JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out,
+)
+from vocablens.errors import BadInput
+
+lens_app = typer.Typer(cls=DefaultCommandGroup, no_args_is_help=True, add_completion=False,
+                       help="Read the residual stream through the LM head: `vocablens lens PROMPT`.")
+app.add_typer(lens_app, name="lens")
+
+
+@lens_app.command("show")
+def lens_show(
+    prompt: Annotated[str, typer.Argument(help="Text to read.")],
+    model: ModelOpt = "smollm2",
+    k: Annotated[int, typer.Option("-k", "--top-k", help="Top tokens per layer.")] = 5,
+    positions: Annotated[str, typer.Option("--positions", help="last, all, or comma-separated positions.")] = "last",
+    layers: Annotated[str, typer.Option("--layers", help="Comma-separated layers (default all 0..L).")] = "",
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the chat template (user turn).")] = False,
+    prefix: Annotated[str, typer.Option("--prefix", help="Text that starts the assistant turn (with --chat) or follows the prompt.")] = "",
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Logit lens: top tokens, entropy and KL to the final distribution at every layer 0..L."""
+    from vocablens.lens import lens_to_dict, logit_lens
+    from vocablens.models.tokens import context_length, encode_prompt
+    from vocablens.render.lens import print_lens
+
+    if not prompt.strip():
+        raise BadInput("empty prompt: give some text")
+    pos = _parse_positions(positions)
+    lay = _parse_ints(layers, "--layers") if layers else None
+    if k < 1:
+        raise BadInput(f"-k must be at least 1; got {k}")
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat, prefix=prefix)
+    res = logit_lens(lm.borders, ids, positions=pos, k=k, layers=lay)
+    if json_:
+        d = lens_to_dict(res, lm.tokenizer)
+        d["model"] = lm.provenance.to_dict()
+        emit_json(d)
+    else:
+        print_lens(res, lm.tokenizer, lm.provenance)
+
+
+def _parse_ints(s: str, what: str) -> list[int]:
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise BadInput(f"{what} takes comma-separated integers; got {s!r}") from None
+
+
+def _parse_positions(s: str):
+    s = (s or "last").strip()
+    if s in ("last", "all"):
+        return s
+    return _parse_ints(s, "--positions")

@@ -1,0 +1,64 @@
+"""Exception types of vocablens (layer 0: knows nothing else).
+
+Every error a user can cause is a :class:`VocabLensError` whose message is one actionable line.
+The CLI prints that line on stderr and exits with code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class VocabLensError(Exception):
+    """Base class: a problem the user can fix; ``str(err)`` is one line saying how."""
+
+    exit_code = 2
+
+
+class ModelNotFound(VocabLensError):
+    """The model spec names nothing that can be loaded here (no directory, file, cache entry)."""
+
+
+class CorruptModelFile(VocabLensError):
+    """A model or checkpoint file exists but cannot be read (truncated, wrong format)."""
+
+
+class UnsupportedArchitecture(VocabLensError):
+    """The model family has no recognisable embedding / blocks / final norm / LM head."""
+
+    def __init__(self, family: str, found: dict[str, str] | list[str] | str, why: str = "") -> None:
+        self.family = family
+        self.found = found
+        if isinstance(found, dict):
+            found_s = ", ".join(f"{k}={v}" for k, v in found.items())
+        elif isinstance(found, (list, tuple)):
+            found_s = ", ".join(map(str, found))
+        else:
+            found_s = str(found)
+        msg = f"unsupported architecture {family!r}"
+        if why:
+            msg += f": {why}"
+        msg += f" (modules found: {found_s})"
+        super().__init__(msg)
+
+
+class BadInput(VocabLensError):
+    """An argument is out of range or malformed (empty prompt, bad -k, bad layer, bad shape)."""
+
+
+class PromptTooLong(BadInput):
+    """The prompt has more tokens than the model's context window."""
+
+
+class TokenNotInVocabulary(BadInput):
+    """A token string is not in the vocabulary (or maps to several tokens where one is required)."""
+
+
+class ShapeMismatch(BadInput):
+    """Tensors whose shapes or dtypes do not fit together; the message names the shapes."""
+
+
+class CheckpointMismatch(VocabLensError):
+    """A saved lens or edited model belongs to another model than the one it is applied to."""
+
+
+class OutputExists(VocabLensError):
+    """The output path exists and --force was not given; nothing was written."""

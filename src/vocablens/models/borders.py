@@ -1,0 +1,384 @@
+"""The two vocabulary borders of a causal LM, found once for every family.
+
+:class:`Borders` is the only place that knows where each family keeps its embedding, blocks, final
+norm and LM head. Analyses read the residual stream and decode it through :meth:`Borders.unembed`
+without an ``if`` on the model type.
+
+Conventions (../shared/DESIGN.md): residual-stream layer 0 is the input of block 0 (embedding output,
+after the input scale, learned positions or ``project_in``), layer i is the output of block i, layer L
+is the last block's output *before* the final norm. ``unembed(resid[L])`` equals the model's logits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from vocablens.errors import BadInput, UnsupportedArchitecture
+
+_NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "final_layernorm", "final_norm", "norm_f", "ln_out")
+_BLOCK_NAMES = ("layers", "h", "blocks", "block", "decoder_layers")
+
+
+def _named_children(mod: nn.Module) -> dict[str, str]:
+    return {n: type(m).__name__ for n, m in mod.named_children()}
+
+
+def _find_decoder(model: nn.Module) -> nn.Module:
+    """The module that holds the blocks (``model.model``, ``transformer``, ``gpt_neox``, ``model.decoder``)."""
+    cand: list[nn.Module] = []
+    for getter in ("get_decoder",):
+        fn = getattr(model, getter, None)
+        if callable(fn):
+            try:
+                dec = fn()
+            except Exception:
+                dec = None
+            if isinstance(dec, nn.Module) and dec is not model:
+                cand.append(dec)
+    base = getattr(model, "base_model", None)
+    if isinstance(base, nn.Module) and base is not model:
+        cand.append(base)
+        dec = getattr(base, "decoder", None)
+        if isinstance(dec, nn.Module):
+            cand.insert(0, dec)
+    for c in cand:
+        if any(isinstance(getattr(c, n, None), nn.ModuleList) for n in _BLOCK_NAMES):
+            return c
+    return cand[0] if cand else model
+
+
+def _find_blocks(decoder: nn.Module, n_layers: int | None) -> nn.ModuleList | None:
+    for n in _BLOCK_NAMES:
+        m = getattr(decoder, n, None)
+        if isinstance(m, nn.ModuleList) and len(m) > 0:
+            return m
+    lists = [m for m in decoder.children() if isinstance(m, nn.ModuleList)]
+    if n_layers:
+        lists = [m for m in lists if len(m) == n_layers] or lists
+    return max(lists, key=len) if lists else None
+
+
+def _cfg(config, *names, default=None):
+    for n in names:
+        v = getattr(config, n, None)
+        if v is not None:
+            return v
+    return default
+
+
+@dataclass(frozen=True, eq=False)
+class Borders:
+    """The embedding and unembedding of one causal LM, and the path between them.
+
+    Attributes:
+        model: the transformers model (``*ForCausalLM``).
+        family: ``config.model_type`` (``llama``, ``gemma3_text``, ``gpt2`` ...).
+        embedding: the token embedding module; its weight is ``W_E`` [V, d_emb].
+        embed_scale: the factor the model multiplies embedding rows by (Gemma: sqrt(d_model) rounded
+            to the weight dtype as the model computes it; Granite: ``embedding_multiplier``; else 1.0).
+        blocks: the decoder blocks, in order (L of them).
+        final_norm: the norm applied after the last block, or None (OPT-350m has none).
+        project_in: OPT-style projection from d_emb to d_model before block 0, or None.
+        project_out: OPT-style projection from d_model to d_emb after the final norm, or None.
+        lm_head: the output linear layer; its weight is ``W_U`` [V, d_emb], bias optional.
+        softcap: final-logit softcap c (logits = c·tanh(logits/c)), or None.
+        logit_scale: factor applied to the head's output before the softcap (Cohere ``logit_scale``,
+            Granite 1/``logits_scaling``); 1.0 for most families.
+        tied: whether ``W_U`` and ``W_E`` share storage (decided by storage, not by config).
+        vocab_size: V, rows of the matrices.
+        tokenizer_vocab_size: tokens the tokenizer can produce (``len(tokenizer)``); rows at or
+            beyond it are padding. None when no tokenizer was given.
+    """
+
+    model: nn.Module
+    family: str
+    embedding: nn.Module
+    embed_scale: float
+    blocks: nn.ModuleList
+    final_norm: nn.Module | None
+    project_in: nn.Module | None
+    project_out: nn.Module | None
+    lm_head: nn.Module
+    softcap: float | None
+    logit_scale: float
+    tied: bool
+    vocab_size: int
+    tokenizer_vocab_size: int | None = None
+    config: Any = field(default=None, repr=False)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_model(cls, model: nn.Module, tokenizer=None) -> "Borders":
+        """Find the borders of a transformers causal LM.
+
+        Raises:
+            UnsupportedArchitecture: naming the family and the modules found, when the embedding,
+                the blocks or the LM head cannot be found.
+        """
+        config = getattr(model, "config", None)
+        family = str(getattr(config, "model_type", type(model).__name__))
+        found = _named_children(model)
+        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        decoder = _find_decoder(model)
+        found.update({f"{type(decoder).__name__}.{k}": v for k, v in _named_children(decoder).items()})
+        n_layers = _cfg(config, "num_hidden_layers", "n_layer", "num_layers")
+        blocks = _find_blocks(decoder, n_layers)
+        if emb is None or getattr(emb, "weight", None) is None or emb.weight.dim() != 2:
+            raise UnsupportedArchitecture(family, found, "no token embedding found")
+        if head is None or getattr(head, "weight", None) is None or head.weight.dim() != 2:
+            raise UnsupportedArchitecture(family, found, "no LM head found")
+        if blocks is None:
+            raise UnsupportedArchitecture(family, found, "no list of decoder blocks found")
+        if head.weight.shape[1] != emb.weight.shape[1] or head.weight.shape[0] != emb.weight.shape[0]:
+            raise UnsupportedArchitecture(
+                family, found,
+                f"embedding {tuple(emb.weight.shape)} and LM head {tuple(head.weight.shape)} do not match",
+            )
+        final_norm = None
+        for n in _NORM_NAMES:
+            m = getattr(decoder, n, None)
+            if isinstance(m, nn.Module):
+                final_norm = m
+                break
+        project_in = getattr(decoder, "project_in", None)
+        project_out = getattr(decoder, "project_out", None)
+        # Input scale, as the model computes it.
+        scale_buf = getattr(emb, "embed_scale", None)
+        if isinstance(scale_buf, torch.Tensor):
+            embed_scale = float(scale_buf.to(emb.weight.dtype))
+        elif isinstance(scale_buf, (int, float)):
+            embed_scale = float(torch.tensor(float(scale_buf), dtype=emb.weight.dtype))
+        else:
+            embed_scale = float(_cfg(config, "embedding_multiplier", default=1.0))
+        softcap = _cfg(config, "final_logit_softcapping", default=None)
+        softcap = float(softcap) if softcap else None
+        logit_scale = 1.0
+        if family == "granite" or getattr(config, "logits_scaling", None) not in (None, 1, 1.0):
+            ls = _cfg(config, "logits_scaling", default=1.0)
+            logit_scale = 1.0 / float(ls)
+        if getattr(model, "logit_scale", None) is not None and not isinstance(model.logit_scale, nn.Module):
+            logit_scale *= float(model.logit_scale)
+        tied = head.weight is emb.weight or (
+            head.weight.data_ptr() == emb.weight.data_ptr() and head.weight.shape == emb.weight.shape
+        )
+        V = int(emb.weight.shape[0])
+        tvs = None
+        if tokenizer is not None:
+            tvs = int(len(tokenizer))
+        return cls(
+            model=model, family=family, embedding=emb, embed_scale=embed_scale, blocks=blocks,
+            final_norm=final_norm,
+            project_in=project_in if isinstance(project_in, nn.Module) else None,
+            project_out=project_out if isinstance(project_out, nn.Module) else None,
+            lm_head=head, softcap=softcap, logit_scale=logit_scale, tied=bool(tied), vocab_size=V,
+            tokenizer_vocab_size=tvs, config=config,
+        )
+
+    # ------------------------------------------------------------------ matrices
+    @property
+    def W_E(self) -> torch.Tensor:
+        """Embedding matrix [V, d_emb], the checkpoint's own weights (no scale applied)."""
+        return self.embedding.weight
+
+    @property
+    def W_U(self) -> torch.Tensor:
+        """Unembedding (LM head) matrix [V, d_emb]; the same storage as ``W_E`` when tied."""
+        return self.lm_head.weight
+
+    @property
+    def b_U(self) -> torch.Tensor | None:
+        """LM head bias [V], or None."""
+        b = getattr(self.lm_head, "bias", None)
+        return b if isinstance(b, torch.Tensor) else None
+
+    @property
+    def d_model(self) -> int:
+        """Width of the residual stream (differs from the matrices' width when project_in exists)."""
+        cfg = self.config
+        d = _cfg(cfg, "hidden_size", "n_embd", "d_model") if cfg is not None else None
+        return int(d) if d else int(self.W_E.shape[1])
+
+    @property
+    def d_emb(self) -> int:
+        """Width of the embedding and unembedding rows."""
+        return int(self.W_E.shape[1])
+
+    @property
+    def n_layers(self) -> int:
+        """L, the number of blocks; residual-stream layers run 0..L."""
+        return len(self.blocks)
+
+    @property
+    def real_vocab_size(self) -> int:
+        """Rows that are real tokens: min(V, tokenizer size); the rest are padding."""
+        if self.tokenizer_vocab_size is None:
+            return self.vocab_size
+        return min(self.vocab_size, self.tokenizer_vocab_size)
+
+    def real_token_mask(self, exclude_untrained: bool = False) -> torch.Tensor:
+        """Bool [V]: True for rows that are real tokens (not padding beyond the tokenizer).
+
+        With ``exclude_untrained``, also False for never-trained rows: all-zero rows of ``W_U``/
+        ``W_E``, and groups of >= 8 rows that are bit-identical (an untouched initialization).
+        """
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        mask[: self.real_vocab_size] = True
+        if exclude_untrained:
+            mask &= ~untrained_rows(self.W_E)
+            if not self.tied:
+                mask &= ~untrained_rows(self.W_U)
+        return mask
+
+    @property
+    def device(self) -> torch.device:
+        return self.W_E.device
+
+    # ------------------------------------------------------------------ computing through the borders
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids [...] -> embedding rows times the input scale [..., d_emb] (no positions)."""
+        x = self.embedding(ids)
+        if self.embed_scale != 1.0 and getattr(self.embedding, "embed_scale", None) is None:
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        return x
+
+    def normed(self, resid: torch.Tensor) -> torch.Tensor:
+        """Residual stream [..., d_model] -> input of the LM head [..., d_emb], float32.
+
+        Applies the final norm exactly once (when the model has one) and ``project_out``.
+        """
+        h = resid.to(self.W_U.dtype)
+        if self.final_norm is not None:
+            h = self.final_norm(h)
+        if self.project_out is not None:
+            h = self.project_out(h)
+        return h
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """LM head on already-normed states [..., d_emb] -> logits [..., V] float32 (+bias, scale, softcap)."""
+        logits = self.lm_head(h.to(self.W_U.dtype)).float()
+        if self.logit_scale != 1.0:
+            logits = logits * self.logit_scale
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def unembed(self, resid: torch.Tensor) -> torch.Tensor:
+        """Residual stream [..., d_model] -> logits [..., V], float32.
+
+        final norm -> project_out -> W_U (+ bias) -> logit scale -> softcap. At layer L this is the
+        model's own output.
+        """
+        return self.head(self.normed(resid))
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[dict[int, torch.Tensor]]:
+        """Context manager: hooks that record the residual stream during one forward pass.
+
+        Yields a dict filled as the model runs: ``{0: input of block 0, i: output of block i}``,
+        tensors [B, T, d_model] (detached only if the forward runs without grad).
+        """
+        store: dict[int, torch.Tensor] = {}
+
+        def pre_hook(_mod, args, kwargs):
+            x = args[0] if args else kwargs.get("hidden_states")
+            store[0] = x
+
+        def make_post(i):
+            def post_hook(_mod, _args, output):
+                out = output[0] if isinstance(output, (tuple, list)) else output
+                store[i] = out
+
+            return post_hook
+
+        handles = [self.blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True)]
+        for i, blk in enumerate(self.blocks, start=1):
+            handles.append(blk.register_forward_hook(make_post(i)))
+        try:
+            yield store
+        finally:
+            for h in handles:
+                h.remove()
+
+    def residual_stream(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the model once and capture the residual stream at every layer.
+
+        Args:
+            input_ids: [B, T] int64.
+            attention_mask: [B, T] or None.
+
+        Returns:
+            ``(resid, logits)``: resid [L+1, B, T, d_model] in the model dtype (layer 0 = input of
+            block 0, layer L = last block's output before the final norm) and the model's own logits
+            [B, T, V] float32.
+
+        Raises:
+            BadInput: empty input.
+        """
+        if input_ids.numel() == 0:
+            raise BadInput("empty input: no tokens to run")
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        with self.capture() as store:
+            out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask,
+                             use_cache=False)
+        L = self.n_layers
+        missing = [i for i in range(L + 1) if i not in store]
+        if missing:
+            raise UnsupportedArchitecture(self.family, _named_children(self.model),
+                                          f"residual stream not captured at layers {missing}")
+        resid = torch.stack([store[i] for i in range(L + 1)])
+        return resid, out.logits.float()
+
+    def describe(self) -> dict[str, Any]:
+        """Plain-data summary of the borders (for JSON and tables)."""
+        return {
+            "family": self.family,
+            "vocab_size": self.vocab_size,
+            "tokenizer_vocab_size": self.tokenizer_vocab_size,
+            "padding_rows": self.vocab_size - self.real_vocab_size,
+            "d_model": self.d_model,
+            "d_emb": self.d_emb,
+            "n_layers": self.n_layers,
+            "tied": self.tied,
+            "embed_scale": self.embed_scale,
+            "final_norm": type(self.final_norm).__name__ if self.final_norm is not None else None,
+            "project_in": self.project_in is not None,
+            "project_out": self.project_out is not None,
+            "lm_head_bias": self.b_U is not None,
+            "softcap": self.softcap,
+            "logit_scale": self.logit_scale,
+            "dtype": str(self.W_E.dtype).replace("torch.", ""),
+        }
+
+
+def untrained_rows(W: torch.Tensor, min_group: int = 8) -> torch.Tensor:
+    """Bool [V]: rows that look never trained — all zeros, or one of >= ``min_group`` identical rows.
+
+    Args:
+        W: [V, d] any float dtype.
+    """
+    V = W.shape[0]
+    out = (W == 0).all(dim=1)
+    # Identical rows: hash each row by two random projections (float64), then confirm exactly.
+    g = torch.Generator().manual_seed(0)
+    P = torch.randn(W.shape[1], 2, generator=g, dtype=torch.float64)
+    keys = W.detach().to("cpu", torch.float64) @ P
+    _, inverse, counts = torch.unique(keys, dim=0, return_inverse=True, return_counts=True)
+    big = counts[inverse] >= min_group
+    if big.any():
+        idx = big.nonzero().flatten()
+        for grp in torch.unique(inverse[idx]):
+            members = idx[inverse[idx] == grp]
+            ref = W[members[0]]
+            same = (W[members] == ref).all(dim=1)
+            if int(same.sum()) >= min_group:
+                out[members[same]] = True
+    assert out.shape == (V,)
+    return out

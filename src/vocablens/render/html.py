@@ -1,0 +1,44 @@
+"""Building blocks of the self-contained HTML report: sections and inlined plotly figures.
+
+Every report section is a :class:`Section`; ``figure_html`` turns a plotly figure into a ``<div>``
+without the plotly library (the report inlines plotly.js once, so it opens with no network).
+"""
+
+from __future__ import annotations
+
+import html as _html
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Section:
+    """One part of the report.
+
+    Attributes:
+        id: anchor id (letters, digits, dashes).
+        title: heading text.
+        html: body (trusted HTML made by vocablens; escape user text with :func:`esc`).
+    """
+
+    id: str
+    title: str
+    html: str
+
+
+def esc(text) -> str:
+    """HTML-escape any text (tokens, prompts, paths)."""
+    return _html.escape(str(text), quote=True)
+
+
+def figure_html(fig, div_id: str) -> str:
+    """A plotly figure as a ``<div class="figure">`` with its script, plotly.js not included."""
+    body = fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
+                       config={"displaylogo": False, "responsive": True})
+    return f'<div class="figure" data-figure="{esc(div_id)}">{body}</div>'
+
+
+def table_html(headers: list[str], rows: list[list], cls: str = "data") -> str:
+    """A plain HTML table; cells are escaped."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'

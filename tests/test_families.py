@@ -1,0 +1,97 @@
+"""The Borders adapter on tiny random models of every supported family."""
+
+import pytest
+import torch
+
+from tiny_models import FAMILIES, ids, make_tiny
+from vocablens.errors import UnsupportedArchitecture
+from vocablens.models import Borders
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def tiny(request):
+    model = make_tiny(request.param)
+    return request.param, model, Borders.from_model(model)
+
+
+def test_recomposed_logits_equal_model(tiny):
+    family, model, b = tiny
+    x = ids()
+    with torch.no_grad():
+        resid, logits = b.residual_stream(x)
+        # Recompose: final norm -> (project_out) -> W_U (+ bias) -> scale -> softcap, by hand.
+        h = resid[-1]
+        if b.final_norm is not None:
+            h = b.final_norm(h)
+        if b.project_out is not None:
+            h = b.project_out(h)
+        manual = h @ b.W_U.T
+        if b.b_U is not None:
+            manual = manual + b.b_U
+        manual = manual * b.logit_scale
+        if b.softcap is not None:
+            manual = b.softcap * torch.tanh(manual / b.softcap)
+    assert resid.shape == (b.n_layers + 1, *x.shape, b.d_model)
+    assert (manual - logits).abs().max().item() <= 1e-4
+    assert (b.unembed(resid[-1]) - logits).abs().max().item() <= 1e-4
+
+
+def test_layer_zero_is_embedding_output(tiny):
+    family, model, b = tiny
+    x = ids()
+    with torch.no_grad():
+        resid, _ = b.residual_stream(x)
+        emb = b.embed(x)
+        if b.project_in is not None:
+            emb = b.project_in(emb)
+    if family in ("gpt2", "opt", "opt_project", "bloom"):
+        # learned positions (gpt2, opt) or the embedding layernorm (bloom) are added before block 0
+        assert not torch.allclose(resid[0], emb)
+    else:
+        torch.testing.assert_close(resid[0], emb, rtol=1e-6, atol=1e-6)
+
+
+def test_family_facts(tiny):
+    family, model, b = tiny
+    assert b.vocab_size == model.config.vocab_size
+    assert b.tied == (model.get_output_embeddings().weight.data_ptr()
+                      == model.get_input_embeddings().weight.data_ptr())
+    if family.startswith("gemma"):
+        expected = torch.tensor(b.d_model ** 0.5, dtype=b.W_E.dtype).item()
+        assert b.embed_scale == expected
+    if family in ("gemma2", "gemma3_text"):
+        assert b.softcap == model.config.final_logit_softcapping
+    if family == "opt_project":
+        assert b.project_out is not None and b.final_norm is None and b.d_emb != b.d_model
+    if family == "phi":
+        assert b.b_U is not None
+    if family == "cohere":
+        assert b.logit_scale == pytest.approx(0.25)
+    if family == "granite":
+        assert b.logit_scale == pytest.approx(1 / 2.5) and b.embed_scale == 3.0
+
+
+def test_tied_decided_by_storage_not_config():
+    model = make_tiny("llama_tied")
+    assert Borders.from_model(model).tied
+    # Untie by storage while the config still says tied.
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    assert model.config.tie_word_embeddings
+    assert not Borders.from_model(model).tied
+
+
+def test_unsupported_family_names_family_and_modules():
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = torch.nn.Linear(4, 4)
+
+        def get_input_embeddings(self):
+            return torch.nn.Embedding(10, 4)
+
+        def get_output_embeddings(self):
+            return None
+
+    with pytest.raises(UnsupportedArchitecture) as ei:
+        Borders.from_model(Odd())
+    assert "Odd" in str(ei.value) and "encoder" in str(ei.value)
