@@ -1,0 +1,221 @@
+"""Text corpora that are available without the hub (layer 1, beside ``models``).
+
+A corpus is a list of :class:`Document`. Sources:
+
+- a path: a ``.txt``/``.md``/``.rst`` file, a ``.jsonl`` file (one JSON object per line with a
+  ``text`` field, or a JSON string per line), an ``.html``/``.htm`` file (converted to text with
+  BeautifulSoup), or a directory holding any of these (recursively, sorted);
+- a named corpus (:data:`NAMED_CORPORA`): ``pydoc-topics`` (English prose about Python, ships with
+  CPython: always available), ``cpython-stdlib`` (code, ships with CPython: always available),
+  ``python-docs`` (English prose, Debian ``python3.11-doc``) and ``debian-handbook`` (English
+  prose, Debian ``debian-handbook``); each says the command that installs it.
+
+Train/validation splits are by document, deterministic (a hash of the document name).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from vocablens.errors import BadInput
+
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
+HTML_SUFFIXES = (".html", ".htm", ".xhtml")
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+CODE_SUFFIXES = (".py",)
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document: a stable name (path or key) and its text."""
+
+    name: str
+    text: str
+
+
+def _stdlib_dir() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+#: name -> (description, where, install command)
+NAMED_CORPORA: dict[str, dict[str, str]] = {
+    "pydoc-topics": {
+        "kind": "prose",
+        "description": "CPython's pydoc_data/topics.py: the language reference topics (English prose)",
+        "install": "(ships with CPython)",
+    },
+    "cpython-stdlib": {
+        "kind": "code",
+        "description": "CPython's standard-library source, top-level modules (Python code)",
+        "install": "(ships with CPython)",
+    },
+    "python-docs": {
+        "kind": "prose",
+        "description": "The Python 3.11 documentation in HTML (about 7 MB of English prose)",
+        "path": "/usr/share/doc/python3.11/html",
+        "install": "apt-get install -y python3.11-doc",
+    },
+    "debian-handbook": {
+        "kind": "prose",
+        "description": "The Debian Administrator's Handbook, en-US HTML (about 1 MB of English prose)",
+        "path": "/usr/share/doc/debian-handbook/html/en-US",
+        "install": "apt-get install -y debian-handbook",
+    },
+}
+
+
+def html_to_text(html: str) -> str:
+    """Visible text of an HTML page (scripts, styles and navigation dropped), paragraphs kept."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(html, "html.parser")
+    for tag in soup(["script", "style", "nav", "header", "footer", "noscript"]):
+        tag.decompose()
+    for cls in ("related", "sphinxsidebar", "footer", "navigation"):
+        for tag in soup.select(f".{cls}"):
+            tag.decompose()
+    text = soup.get_text("\n")
+    lines = [" ".join(ln.split()) for ln in text.splitlines()]
+    out, blank = [], False
+    for ln in lines:
+        if ln:
+            out.append(ln)
+            blank = False
+        elif not blank:
+            out.append("")
+            blank = True
+    return "\n".join(out).strip()
+
+
+def _read_file(p: Path) -> list[Document]:
+    suf = p.suffix.lower()
+    try:
+        raw = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise BadInput(f"cannot read {p}: {exc.strerror or exc}") from None
+    if suf in HTML_SUFFIXES:
+        return [Document(str(p), html_to_text(raw))]
+    if suf in JSONL_SUFFIXES:
+        docs = []
+        for i, line in enumerate(raw.splitlines()):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                raise BadInput(f"{p}:{i + 1} is not valid JSON") from None
+            text = obj.get("text") if isinstance(obj, dict) else obj if isinstance(obj, str) else None
+            if not isinstance(text, str):
+                raise BadInput(f"{p}:{i + 1} has no 'text' field")
+            docs.append(Document(f"{p}#{i + 1}", text))
+        return docs
+    return [Document(str(p), raw)]
+
+
+def _named(name: str, max_docs: int | None) -> list[Document]:
+    info = NAMED_CORPORA[name]
+    if name == "pydoc-topics":
+        from pydoc_data.topics import topics
+
+        return [Document(f"pydoc:{k}", topics[k]) for k in sorted(topics)][:max_docs]
+    if name == "cpython-stdlib":
+        files = sorted(_stdlib_dir().glob("*.py"))[: max_docs or None]
+        return [Document(str(f), f.read_text(encoding="utf-8", errors="replace")) for f in files]
+    root = Path(info["path"])
+    if not root.is_dir():
+        raise BadInput(f"corpus {name!r} is not installed; install it with: {info['install']}")
+    return load_documents(root, max_docs=max_docs)
+
+
+def load_documents(spec: str | Path, max_docs: int | None = None) -> list[Document]:
+    """Read a corpus: a named corpus, a file, or a directory (recursively).
+
+    Args:
+        spec: a key of :data:`NAMED_CORPORA` or a path.
+        max_docs: keep at most this many documents (in sorted order).
+
+    Returns:
+        Non-empty documents, in a deterministic order.
+
+    Raises:
+        BadInput: the path does not exist, a named corpus is not installed (with the command that
+            installs it), or the corpus holds no text.
+    """
+    if str(spec) in NAMED_CORPORA:
+        docs = _named(str(spec), max_docs)
+    else:
+        p = Path(spec).expanduser()
+        if not p.exists():
+            names = ", ".join(NAMED_CORPORA)
+            raise BadInput(f"corpus {str(spec)!r} does not exist (give a file, a directory, or one of: {names})")
+        if p.is_file():
+            docs = _read_file(p)
+        else:
+            suffixes = TEXT_SUFFIXES + HTML_SUFFIXES + JSONL_SUFFIXES + CODE_SUFFIXES
+            files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in suffixes)
+            docs = []
+            for f in files:
+                docs.extend(_read_file(f))
+                if max_docs and len(docs) >= max_docs:
+                    break
+    docs = [d for d in docs if d.text.strip()][: max_docs or None]
+    if not docs:
+        raise BadInput(f"corpus {str(spec)!r} holds no text")
+    return docs
+
+
+def split_documents(docs: list[Document], val_fraction: float = 0.1, seed: int = 0
+                    ) -> tuple[list[Document], list[Document]]:
+    """Split by document, deterministically: a document goes to validation when a hash of its name
+    (salted with ``seed``) falls below ``val_fraction``. Both parts non-empty when len(docs) >= 2."""
+    if not 0 <= val_fraction < 1:
+        raise BadInput(f"val_fraction must be in [0, 1); got {val_fraction}")
+
+    def u(d: Document) -> float:
+        h = hashlib.sha256(f"{seed}:{d.name}".encode()).digest()
+        return int.from_bytes(h[:8], "big") / 2**64
+
+    train = [d for d in docs if u(d) >= val_fraction]
+    val = [d for d in docs if u(d) < val_fraction]
+    if val_fraction > 0 and len(docs) >= 2:
+        if not val:
+            val, train = [min(train, key=u)], [d for d in train if d is not min(train, key=u)]
+        if not train:
+            train, val = [max(val, key=u)], [d for d in val if d is not max(val, key=u)]
+    return train, val
+
+
+def pack_tokens(docs: Iterable[Document], tokenizer, seq_len: int, eos_id: int | None = None,
+                max_tokens: int | None = None) -> torch.Tensor:
+    """Token-pack documents into rows of ``seq_len`` ids with EOS between documents.
+
+    Returns:
+        [N, seq_len] int64; the tail that does not fill a row is dropped.
+
+    Raises:
+        BadInput: ``seq_len`` < 2, or too little text for one row.
+    """
+    if seq_len < 2:
+        raise BadInput(f"seq_len must be at least 2; got {seq_len}")
+    if eos_id is None:
+        eos_id = tokenizer.eos_token_id
+    stream: list[int] = []
+    for d in docs:
+        stream.extend(tokenizer(d.text, add_special_tokens=False).input_ids)
+        if eos_id is not None:
+            stream.append(int(eos_id))
+        if max_tokens is not None and len(stream) >= max_tokens:
+            stream = stream[:max_tokens]
+            break
+    n = len(stream) // seq_len
+    if n == 0:
+        raise BadInput(f"corpus has {len(stream)} tokens, fewer than one row of {seq_len}")
+    return torch.tensor(stream[: n * seq_len], dtype=torch.long).view(n, seq_len)
