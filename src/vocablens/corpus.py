@@ -132,7 +132,14 @@ def _named(name: str, max_docs: int | None) -> list[Document]:
     root = Path(info["path"])
     if not root.is_dir():
         raise BadInput(f"corpus {name!r} is not installed; install it with: {info['install']}")
-    return load_documents(root, max_docs=max_docs)
+    # the HTML pages only (python-docs also ships its reStructuredText sources under _sources/)
+    files = sorted(f for f in root.rglob("*.html") if not any(part.startswith("_") for part in f.relative_to(root).parts))
+    docs: list[Document] = []
+    for f in files:
+        docs.extend(_read_file(f))
+        if max_docs and len(docs) >= max_docs:
+            break
+    return docs
 
 
 def load_documents(spec: str | Path, max_docs: int | None = None) -> list[Document]:
