@@ -16,3 +16,31 @@ def smollm2():
     import vocablens
 
     return vocablens.load("smollm2")
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys, smollm2):
+    """Run the CLI in-process: ``code, stdout, stderr = cli("lens", "text", "--json")``.
+
+    ``--model smollm2`` (the default) reuses the session's loaded model instead of loading it again;
+    other specs load normally.
+    """
+    import vocablens.models as models
+    from vocablens.cli.common import run_app
+
+    real_load = models.load
+
+    def load(spec="smollm2", *a, **kw):
+        if str(spec) == "smollm2":
+            return smollm2
+        return real_load(spec, *a, **kw)
+
+    monkeypatch.setattr(models, "load", load)
+
+    def run(*args):
+        capsys.readouterr()
+        code = run_app([str(a) for a in args])
+        o = capsys.readouterr()
+        return code, o.out, o.err
+
+    return run

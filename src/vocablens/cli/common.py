@@ -17,7 +17,7 @@ from vocablens.errors import VocabLensError
 
 #: stdout: tables and results; stderr: progress, notes and errors (stdout stays pure JSON with --json).
 out = Console(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 app = typer.Typer(
     name="vocablens",

@@ -47,7 +47,7 @@ def lens_show(
         d["model"] = lm.provenance.to_dict()
         emit_json(d)
     else:
-        print_lens(res, lm.tokenizer, lm.provenance)
+        print_lens(res, lm.tokenizer, out, lm.provenance)
 
 
 def _parse_ints(s: str, what: str) -> list[int]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from vocablens.cli.common import out  # noqa: F401  (render never prints elsewhere)
 from vocablens.lens.logit import LensResult
 from vocablens.models.tokens import token_str
 
@@ -13,8 +12,8 @@ def lens_table(res: LensResult, tokenizer, j: int = 0) -> Table:
     """A table: one row per layer at the j-th position read."""
     pos = int(res.positions[j])
     tokens = res.input_ids.tolist()
-    title = (f"{res.kind} lens at position {pos} (after {token_str(tokenizer, tokens[pos])!r}); "
-             f"final top-1 {token_str(tokenizer, int(res.final_top1[j]))!r}")
+    title = (f"{res.kind} lens at position {pos} (after '{token_str(tokenizer, tokens[pos])}'); "
+             f"final top-1 '{token_str(tokenizer, int(res.final_top1[j]))}'")
     t = Table(title=title, title_justify="left")
     t.add_column("layer", justify="right")
     t.add_column("top tokens (prob)")
@@ -22,18 +21,74 @@ def lens_table(res: LensResult, tokenizer, j: int = 0) -> Table:
     t.add_column("KL(final‖layer)", justify="right")
     t.add_column("rank of final top-1", justify="right")
     for ly in res.layers:
-        toks = ", ".join(f"{token_str(tokenizer, i)!r} {p:.3f}" for i, p in
+        toks = ", ".join(f"'{token_str(tokenizer, i)}' {p:.3f}" for i, p in
                          zip(ly.top_ids[j].tolist(), ly.top_probs[j].tolist()))
         t.add_row(str(ly.layer), toks, f"{float(ly.entropy[j]):.3f}", f"{float(ly.kl_to_final[j]):.3f}",
                   str(int(ly.final_top1_rank[j])))
     return t
 
 
-def print_lens(res: LensResult, tokenizer, provenance=None) -> None:
-    from vocablens.cli.common import out
-
+def print_lens(res: LensResult, tokenizer, out, provenance=None) -> None:
+    """Print the lens tables to a rich console ``out``."""
     if provenance is not None:
         out.print(f"[dim]model: {provenance.describe()}[/dim]")
     for j in range(len(res.positions)):
         out.print(lens_table(res, tokenizer, j))
     out.print(f"[dim]layer {res.n_layers} vs the model's own output: max |Δp| = {res.model_max_abs_diff:.2e}[/dim]")
+
+
+def lens_heatmap(res: LensResult, tokenizer, title: str | None = None):
+    """Plotly heatmap of a lens over layers x positions: cell text = top-1 token at that layer and
+    position, colour = its probability; hover shows the top-k with probabilities."""
+    import plotly.graph_objects as go
+
+    P = len(res.positions)
+    in_toks = [token_str(tokenizer, res.input_ids[int(p)]) for p in res.positions]
+    xlabels = [f"{j}: {t}" for j, t in zip(res.positions.tolist(), in_toks)]
+    z, text, hover = [], [], []
+    ylabels = []
+    for ly in res.layers:
+        ylabels.append(str(ly.layer))
+        z.append([float(ly.top_probs[j, 0]) for j in range(P)])
+        text.append([token_str(tokenizer, int(ly.top_ids[j, 0])) for j in range(P)])
+        hover.append([
+            "<br>".join(f"'{token_str(tokenizer, int(i))}': {float(p):.3f}"
+                        for i, p in zip(ly.top_ids[j], ly.top_probs[j]))
+            + f"<br>entropy {float(ly.entropy[j]):.2f} nats, KL to final {float(ly.kl_to_final[j]):.2f}"
+            for j in range(P)
+        ])
+    fig = go.Figure(go.Heatmap(
+        z=z, x=xlabels, y=ylabels, text=text, texttemplate="%{text}", textfont={"size": 10},
+        customdata=hover, hovertemplate="layer %{y}, position %{x}<br>%{customdata}<extra></extra>",
+        colorscale="Viridis", zmin=0.0, zmax=1.0, colorbar={"title": "p(top-1)"},
+    ))
+    fig.update_layout(
+        title=title or f"{res.kind} lens: top-1 token per layer and position",
+        xaxis_title="input position (token read)", yaxis_title="layer (0 = embedding output)",
+        height=max(420, 22 * len(res.layers) + 140), margin={"l": 60, "r": 20, "t": 50, "b": 80},
+    )
+    return fig
+
+
+def lens_section(res: LensResult, tokenizer, prompt: str):
+    """Report section: the logit-lens heatmap of the report's prompt and the last position's table."""
+    from vocablens.render.html import Section, esc, figure_html, table_html
+
+    last = len(res.positions) - 1
+    rows = []
+    for ly in res.layers:
+        rows.append([ly.layer,
+                     ", ".join(f"'{token_str(tokenizer, int(i))}' {float(p):.3f}"
+                               for i, p in zip(ly.top_ids[last][:5], ly.top_probs[last][:5])),
+                     f"{float(ly.entropy[last]):.3f}", f"{float(ly.kl_to_final[last]):.3f}",
+                     int(ly.final_top1_rank[last])])
+    html = (
+        f'<p>Prompt: <span class="tok">{esc(prompt)}</span>. Each layer\'s residual stream is decoded through '
+        f"the final norm and the LM head (nostalgebraist 2020). Layer 0 is the embedding output, layer "
+        f"{res.n_layers} the last block's output; its row equals the model's own distribution "
+        f"(max |&Delta;p| = {res.model_max_abs_diff:.1e}).</p>"
+        + figure_html(lens_heatmap(res, tokenizer), "logit-lens-heatmap")
+        + "<p class=\"note\">Last position, every layer:</p>"
+        + table_html(["layer", "top tokens", "entropy (nats)", "KL(final‖layer) (nats)", "rank of final top-1"], rows)
+    )
+    return Section("logit-lens", "Logit lens", html)

@@ -1,0 +1,99 @@
+"""`vocablens report`: the main job — analyses of one model in a self-contained HTML file."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Callable
+
+import typer
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.errors import BadInput
+
+DEFAULT_PROMPT = "The capital of France is"
+
+
+@app.command("report")
+def report(
+    model: ModelOpt = "smollm2",
+    prompt: Annotated[str, typer.Option("--prompt", help="Prompt for the lens sections.")] = DEFAULT_PROMPT,
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("vocablens-report.html"),
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Write one self-contained HTML report (plotly inlined) and print a terminal summary."""
+    from vocablens.lens import logit_lens
+    from vocablens.models.tokens import context_length, encode_prompt
+    from vocablens.render.borders import borders_section, borders_table
+    from vocablens.render.lens import lens_section, lens_table
+    from vocablens.render.report import render_report, stamp, write_atomic
+    from vocablens.tying import tie_check
+
+    if not prompt.strip():
+        raise BadInput("empty prompt: give some text with --prompt")
+    out_path = Path(out_path)
+    if out_path.is_dir():
+        raise BadInput(f"--out {out_path} is a directory; give a file name")
+    if not out_path.parent.exists():
+        raise BadInput(f"--out: directory {out_path.parent} does not exist")
+    timings: dict[str, float] = {}
+    t_all = time.perf_counter()
+    t0 = time.perf_counter()
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    timings["load"] = time.perf_counter() - t0
+    tok, borders, prov = lm.tokenizer, lm.borders, lm.provenance
+    ids = encode_prompt(tok, prompt, context_length(lm.model.config))
+
+    results: dict = {}
+    sections = []
+    steps: list[tuple[str, Callable[[], None]]] = []
+
+    def step_borders():
+        tie = tie_check(borders)
+        results["tie"] = tie
+        sections.append(borders_section(borders, tie, prov))
+
+    def step_lens():
+        res = logit_lens(borders, ids, positions="all", k=5)
+        results["lens"] = res
+        sections.append(lens_section(res, tok, prompt))
+
+    steps += [("borders and tied check", step_borders), ("logit lens", step_lens)]
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=err, transient=True, disable=json_) as progress:
+        task = progress.add_task("analyses", total=len(steps))
+        for name, fn in steps:
+            progress.update(task, description=name)
+            t0 = time.perf_counter()
+            fn()
+            timings[name] = time.perf_counter() - t0
+            progress.advance(task)
+    html = render_report(
+        f"vocablens report — {prov.name}",
+        [f"Weights: {prov.describe()}", f"Prompt: {prompt!r}", f"Made {stamp()} by vocablens"],
+        sections,
+    )
+    write_atomic(out_path, html)
+    timings["total"] = time.perf_counter() - t_all
+    if json_:
+        from vocablens.lens import lens_to_dict
+
+        emit_json({
+            "out": str(out_path),
+            "model": prov.to_dict(),
+            "borders": borders.describe(),
+            "tie_check": results["tie"].to_dict(),
+            "lens": lens_to_dict(results["lens"], tok),
+            "sections": [s.id for s in sections],
+            "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        })
+        return
+    out.print(f"[bold]vocablens report[/bold] — {prov.describe()}")
+    out.print(borders_table(borders, results["tie"]))
+    res = results["lens"]
+    out.print(lens_table(res, tok, len(res.positions) - 1))
+    out.print(f"wrote [bold]{out_path}[/bold] ({out_path.stat().st_size / 2**20:.1f} MiB) in "
+              f"{timings['total']:.1f} s (load {timings['load']:.1f} s)")

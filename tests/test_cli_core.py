@@ -1,0 +1,72 @@
+"""CLI end to end (in-process): lens, errors, exit codes."""
+
+import json
+import subprocess
+import sys
+
+from vocablens.models.tokens import token_str
+
+
+def test_lens_json(cli):
+    code, out, err = cli("lens", "The capital of France is", "--json", "-k", "3")
+    assert code == 0, err
+    d = json.loads(out)  # nothing but JSON on stdout
+    assert d["layers"][-1]["top_tokens"][0] == " Paris"
+    assert len(d["layers"]) == 31 and len(d["layers"][0]["top_probs"]) == 3
+    assert d["model"]["quantization"] == "Q4_1 GGUF"
+
+
+def test_lens_table_and_positions(cli):
+    code, out, err = cli("lens", "The capital of France is", "--positions", "all", "--layers", "0,30")
+    assert code == 0, err
+    assert "position 0" in out and "position 4" in out and "Paris" in out
+
+
+def test_lens_chat_template(cli, smollm2):
+    code, out, err = cli("lens", "What is the capital of France?", "--chat", "--prefix", "The capital of France is",
+                         "--json", "--layers", "30")
+    assert code == 0, err
+    d = json.loads(out)
+    assert "<|im_start|>" in "".join(d["tokens"])
+    assert d["layers"][0]["top_tokens"][0] == " Paris"
+
+
+def test_errors_are_one_line_exit_2(cli, tmp_path):
+    cases = [
+        ("lens", ""),
+        ("lens", "x", "-k", "0"),
+        ("lens", "x", "--layers", "31"),
+        ("lens", "x", "--layers", "a"),
+        ("lens", "x", "--model", str(tmp_path / "nope")),
+        ("lens", "x", "--positions", "99"),
+        ("lens", "x" * 3, "--model", "nobody-here/not-a-model-xyz"),
+        ("report", "--prompt", " "),
+        ("report", "--out", str(tmp_path / "no" / "dir" / "r.html")),
+    ]
+    for args in cases:
+        code, out, err = cli(*args)
+        assert code == 2, (args, code, err)
+        lines = err.strip().splitlines()
+        assert lines[-1].startswith("error:") and "Traceback" not in err, (args, err)
+        assert sum(ln.startswith("error:") for ln in lines) == 1
+        assert out == ""
+
+
+def test_prompt_longer_than_context(cli):
+    code, out, err = cli("lens", "hello " * 9000)
+    assert code == 2 and "context" in err
+
+
+def test_console_script_usage_error_exit_2():
+    p = subprocess.run([sys.executable, "-m", "vocablens", "lens", "show"], capture_output=True, text=True)
+    assert p.returncode == 2
+    p = subprocess.run([sys.executable, "-m", "vocablens", "--help"], capture_output=True, text=True)
+    assert p.returncode == 0 and "lens" in p.stdout and "report" in p.stdout
+
+
+def test_token_str_readable(smollm2):
+    tok = smollm2.tokenizer
+    nl = tok("\n", add_special_tokens=False).input_ids
+    assert token_str(tok, nl[0]) == "\\n"
+    sp = tok(" king", add_special_tokens=False).input_ids
+    assert token_str(tok, sp[0]) == " king"

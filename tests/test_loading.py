@@ -1,0 +1,101 @@
+"""Loading: the default model, directories, .gguf files, hub ids, provenance and errors."""
+
+import json
+
+import pytest
+import torch
+
+import vocablens
+from vocablens.errors import CorruptModelFile, ModelNotFound, VocabLensError
+from vocablens.models import default_gguf_path, gguf_provenance, load, resolve_spec
+
+
+def test_default_model_provenance_read_from_file(smollm2):
+    prov = smollm2.provenance
+    assert prov.name == "SmolLM2-135M-Instruct"
+    assert prov.quantization == "Q4_1 GGUF"
+    assert prov.dequantized and prov.dtype == "float32"
+    # read from the file itself: the embedding is stored Q8_0, the blocks Q4_1
+    assert prov.tensor_types["embedding"] == "Q8_0"
+    assert prov.tensor_types["blocks"] == "Q4_1"
+    assert prov.describe().startswith("SmolLM2-135M-Instruct, Q4_1 GGUF, dequantized")
+    assert prov.source == str(default_gguf_path())
+
+
+def test_default_model_borders(smollm2):
+    b = smollm2.borders
+    assert (b.family, b.vocab_size, b.d_model, b.n_layers) == ("llama", 49152, 576, 30)
+    assert b.tied and b.W_U.data_ptr() == b.W_E.data_ptr()
+    assert b.tokenizer_vocab_size == 49152 and b.real_vocab_size == 49152
+    assert b.W_E.dtype == torch.float32
+    assert sum(p.numel() for p in smollm2.model.parameters()) == 134_515_008
+
+
+def test_default_model_predicts_paris(smollm2):
+    model, tok, b, _ = smollm2
+    ids = tok("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        resid, logits = b.residual_stream(ids)
+    assert tok.decode(logits[0, -1].argmax()) == " Paris"
+    assert (b.unembed(resid[-1]) - logits).abs().max() <= 1e-4
+
+
+def test_unknown_specs_are_clear_errors(tmp_path):
+    with pytest.raises(ModelNotFound, match="no such"):
+        resolve_spec(str(tmp_path / "missing"))
+    with pytest.raises(ModelNotFound, match="no such GGUF"):
+        resolve_spec(str(tmp_path / "x.gguf"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelNotFound, match="without config.json"):
+        resolve_spec(str(tmp_path / "empty"))
+    # a hub id that is not in the (offline) cache: one line saying how to make it available
+    with pytest.raises(ModelNotFound) as ei:
+        load("nobody-here/not-a-model-xyz")
+    msg = str(ei.value)
+    assert "\n" not in msg and "huggingface-cli download nobody-here/not-a-model-xyz" in msg
+
+
+def test_corrupt_gguf_file(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 37)
+    with pytest.raises(CorruptModelFile):
+        gguf_provenance(bad, str(bad))
+    with pytest.raises(VocabLensError):
+        load(str(bad))
+
+
+def test_truncated_copy_of_default_gguf(tmp_path):
+    src = default_gguf_path()
+    bad = tmp_path / "trunc.gguf"
+    with open(src, "rb") as f:
+        bad.write_bytes(f.read(1 << 20))
+    with pytest.raises(CorruptModelFile):
+        load(str(bad))
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, smollm2):
+    """A tiny Llama with the real tokenizer and 64 padding rows beyond it, saved as an HF directory."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = smollm2.tokenizer
+    V = len(tok) + 64
+    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    d = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def test_load_directory_with_padding_rows(tiny_dir):
+    model, tok, b, prov = vocablens.load(str(tiny_dir))
+    assert prov.format == "safetensors" and not prov.dequantized
+    assert not b.tied and b.vocab_size == len(tok) + 64
+    assert b.real_vocab_size == len(tok)
+    mask = b.real_token_mask()
+    assert mask.sum() == len(tok) and not mask[len(tok):].any()
+    cfg = json.loads((tiny_dir / "config.json").read_text())
+    assert cfg["vocab_size"] == b.vocab_size
