@@ -99,3 +99,29 @@ def test_load_directory_with_padding_rows(tiny_dir):
     assert mask.sum() == len(tok) and not mask[len(tok):].any()
     cfg = json.loads((tiny_dir / "config.json").read_text())
     assert cfg["vocab_size"] == b.vocab_size
+
+
+def test_gguf_cache_round_trip(tmp_path, monkeypatch, smollm2):
+    """The dequantized GGUF cache gives the same weights, tokenizer and provenance as the file."""
+    monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path / "cache"))
+    first = load("smollm2")  # from the GGUF file, writes the cache
+    entries = list((tmp_path / "cache" / "gguf").iterdir())
+    assert len(entries) == 1 and (entries[0] / "model.safetensors").is_file()
+    second = load("smollm2")  # from the cache
+    assert second.provenance.loaded_from == str(entries[0])
+    for lm in (first, second):
+        assert lm.provenance.describe() == smollm2.provenance.describe()
+        assert lm.borders.tied and lm.borders.W_U.data_ptr() == lm.borders.W_E.data_ptr()
+        sd = lm.model.state_dict()
+        for name, ref in smollm2.model.state_dict().items():
+            assert torch.equal(sd[name], ref), name
+    text = "Hello world!\n  def f(x): return x**2  # ünïcödé 中文"
+    assert second.tokenizer(text).input_ids == smollm2.tokenizer(text).input_ids
+    assert second.tokenizer.chat_template == smollm2.tokenizer.chat_template
+
+
+def test_cache_off(monkeypatch):
+    from vocablens.models.loading import cache_root
+
+    monkeypatch.setenv("VOCABLENS_CACHE", "off")
+    assert cache_root() is None

