@@ -256,6 +256,32 @@ def _hub_error(spec: str, exc: Exception) -> ModelNotFound:
     )
 
 
+def hub_is_cached(repo_id: str) -> bool:
+    """Whether a hub model's config.json is in the local Hugging Face cache."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:
+        return False
+    return isinstance(hit, str)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub can be reached now (False when offline mode is set)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False):
     """Load only a model's config (no weights): default model, directory, config.json, ``.gguf`` or hub id.
 
@@ -284,6 +310,10 @@ def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False)
             return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
         if kind == "dir":
             return AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        if hub_is_cached(hub):
+            return AutoConfig.from_pretrained(hub, trust_remote_code=trust_remote_code, local_files_only=True)
+        if not hub_reachable():
+            raise _hub_error(hub, OSError("offline"))
         return AutoConfig.from_pretrained(hub, trust_remote_code=trust_remote_code)
     except VocabLensError:
         raise
@@ -418,9 +448,10 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
             src = str(path) if kind == "dir" else hub
             kw: dict[str, Any] = {"trust_remote_code": trust_remote_code}
             if kind == "hub":
-                kw["local_files_only"] = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or None
-                if kw["local_files_only"] is None:
-                    kw.pop("local_files_only")
+                if hub_is_cached(hub):
+                    kw["local_files_only"] = True
+                elif not hub_reachable():
+                    raise _hub_error(hub, OSError("offline"))
             tok = AutoTokenizer.from_pretrained(src, **kw)
             model = AutoModelForCausalLM.from_pretrained(src, dtype=tdtype or "auto", use_safetensors=None, **kw)
             prov = _dir_provenance(path, spec_s) if kind == "dir" else Provenance(
