@@ -164,8 +164,11 @@ class Borders:
             logit_scale = 1.0 / float(ls)
         if getattr(model, "logit_scale", None) is not None and not isinstance(model.logit_scale, nn.Module):
             logit_scale *= float(model.logit_scale)
+        # Meta tensors (built without storage to count parameters) all report data_ptr() == 0, so
+        # only identity can tell that they are shared there.
         tied = head.weight is emb.weight or (
-            head.weight.data_ptr() == emb.weight.data_ptr() and head.weight.shape == emb.weight.shape
+            not emb.weight.is_meta and not head.weight.is_meta
+            and head.weight.data_ptr() == emb.weight.data_ptr() and head.weight.shape == emb.weight.shape
         )
         V = int(emb.weight.shape[0])
         tvs = None
