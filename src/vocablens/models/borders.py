@@ -150,7 +150,9 @@ class Borders:
         project_out = getattr(decoder, "project_out", None)
         # Input scale, as the model computes it.
         scale_buf = getattr(emb, "embed_scale", None)
-        if isinstance(scale_buf, torch.Tensor):
+        if isinstance(scale_buf, torch.Tensor) and scale_buf.is_meta:
+            embed_scale = float("nan")  # a meta-device model (built to count parameters) has no value
+        elif isinstance(scale_buf, torch.Tensor):
             embed_scale = float(scale_buf.to(emb.weight.dtype))
         elif isinstance(scale_buf, (int, float)):
             embed_scale = float(torch.tensor(float(scale_buf), dtype=emb.weight.dtype))
