@@ -27,6 +27,7 @@ Resolving a config (catalogue, file, directory, GGUF, hub cache) goes through ``
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -346,14 +347,12 @@ def catalogue_entry(spec: str) -> CatalogueEntry | None:
     return None
 
 
-def _gguf_tokenizer_size(path: Path) -> int | None:
-    try:
-        from gguf import GGUFReader
+@lru_cache(maxsize=8)
+def _gguf_config(path: str, mtime_ns: int, size: int):
+    """A GGUF file's config, parsed once per file version (reading the header takes seconds)."""
+    from vocablens.models import load_config
 
-        f = GGUFReader(str(path)).fields.get("tokenizer.ggml.tokens")
-        return len(f.data) if f is not None else None
-    except Exception:
-        return None
+    return load_config(path)
 
 
 def resolve_config(spec: str | os.PathLike) -> tuple[Any, int | None, str]:
@@ -381,20 +380,24 @@ def resolve_config(spec: str | os.PathLike) -> tuple[Any, int | None, str]:
         cfg.name_or_path = entry.hub_id
         return cfg, entry.tokenizer_vocab_size, "catalogue"
     p = Path(str(spec)).expanduser()
-    tvs = None
     try:
-        cfg = load_config(spec)
+        kind, path, _hub = resolve_spec(str(spec)) if not (p.is_file() and p.suffix == ".json") else ("json", p, None)
+        if kind == "gguf":
+            st = path.stat()
+            cfg = copy.deepcopy(_gguf_config(str(path), st.st_mtime_ns, st.st_size))
+        else:
+            cfg = load_config(spec)
     except ModelNotFound:
         names = ", ".join(sorted(a for e in catalogue().values() for a in e.aliases[:1]))
         raise ModelNotFound(f"{spec!r} is not a config file, model directory, .gguf file, cached hub id "
                             f"or a catalogue model ({names})") from None
-    if p.is_file() and p.suffix == ".json":
+    if kind == "json":
         return cfg, None, "config"
-    kind, path, _hub = resolve_spec(str(spec))
     if kind == "gguf":
-        tvs = _gguf_tokenizer_size(path)
+        # A GGUF file's token list has one entry per matrix row (converters pad it with [PAD] tokens),
+        # so its tokenizer size is V.
         cfg.name_or_path = str(spec)
-        return cfg, tvs, "gguf"
+        return cfg, int(cfg.vocab_size), "gguf"
     if kind == "dir":
         tvs = _dir_tokenizer_size(path)
         return cfg, tvs, "config"
