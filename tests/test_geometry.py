@@ -174,6 +174,16 @@ def test_word_pca_on_real_model(smollm2):
     assert float(wp.pca.explained_variance.sum()) > 5 * float(wp.pca.random_explained_variance.sum())
 
 
+def test_word_pca_skips_multi_token_words():
+    b = Borders.from_model(make_tiny("llama_tied"))
+    wp = word_pca(b, FakeTok(96), groups={"a": ("w1", "w2", "w3 w4"), "b": ("w5", "zzz", "w6")}, seed=2)
+    assert wp.words == ("w1", "w2", "w5", "w6") and wp.groups == ("a", "a", "b", "b")
+    assert wp.skipped == ("w3 w4", "zzz")
+    assert torch.equal(wp.pca.ids, torch.tensor([1, 2, 5, 6]))
+    with pytest.raises(BadInput):
+        word_pca(b, FakeTok(96), groups={"a": ("w1", "w2", "zzz")})
+
+
 # ---------------------------------------------------------------------------------------- PCA
 def _rows(n=40, d=24, seed=0):
     g = torch.Generator().manual_seed(seed)

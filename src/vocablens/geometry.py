@@ -310,18 +310,12 @@ def word_pca(borders, tokenizer, groups: dict[str, Sequence[str]] | None = None,
     Raises:
         BadInput: fewer than 4 single-token words.
     """
-    from vocablens.models.tokens import single_token_id
-
     groups = DEFAULT_WORD_GROUPS if groups is None else groups
     words, gs, ids, skipped = [], [], [], []
     for g, ws in groups.items():
         for w in ws:
-            try:
-                tid, _ = single_token_id(tokenizer, prefix + w, vocab_size=borders.vocab_size)
-            except TokenNotInVocabulary:
-                skipped.append(w)
-                continue
-            if len(tid) != 1:
+            tid = tokenizer(prefix + w, add_special_tokens=False).input_ids
+            if len(tid) != 1 or not 0 <= tid[0] < borders.vocab_size:
                 skipped.append(w)
                 continue
             words.append(w)
