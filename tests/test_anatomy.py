@@ -9,8 +9,8 @@ from torch import nn
 
 from tiny_models import FAMILIES, make_tiny
 from vocablens.anatomy import (
-    anatomy, anatomy_of, catalogue, catalogue_entry, count_parameters, logits_memory, meta_model,
-    resolve_config,
+    anatomy, anatomy_of, catalogue, catalogue_entry, count_parameters, logits_memory, lookup_bytes,
+    meta_model, resolve_config,
 )
 from vocablens.cli.common import run_app
 from vocablens.errors import BadInput, ModelNotFound
@@ -112,6 +112,14 @@ def test_bytes_and_flops_formulas():
     assert lg.bytes_last_position == 8 * 49_152 * 2
     assert lg.bytes_saved == lg.bytes_all_positions - lg.bytes_last_position
     assert lg.saving == pytest.approx(1 - 1 / 2048)
+
+
+def test_lookup_bytes_vs_head():
+    # 64 rows of a bf16 d=1024 matrix: 128 KiB, while the head reads the whole ~300 MB matrix
+    assert lookup_bytes(64, 1024, "bf16") == 131_072
+    assert anatomy_of("qwen3-0.6b").matrix_bytes["bf16"] == 311_164_928
+    with pytest.raises(BadInput):
+        lookup_bytes(1, 8, "int3")
 
 
 @pytest.mark.parametrize("bad", [dict(batch=0), dict(context=0), dict(dtype="int3")])
@@ -257,6 +265,15 @@ def test_cli_side_by_side(capsys):
     assert run_app(["anatomy", "qwen3-0.6b", "qwen3-8b"]) == 0
     text = capsys.readouterr().out
     assert "NON-EMBEDDING" in text and "6,946,075,648" in text and "440,467,456" in text
+
+
+def test_cli_load_counts_loaded_weights(smollm2, monkeypatch, capsys):
+    import vocablens.cli.anatomy as ca
+
+    monkeypatch.setattr(ca, "load_model", lambda *a, **k: smollm2)
+    assert run_app(["anatomy", "--load", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["params_total"] == 134_515_008 and d["tied"] is True and d["source"] == "loaded model"
 
 
 def test_cli_default_model(capsys):

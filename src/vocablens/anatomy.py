@@ -235,6 +235,25 @@ def logits_memory(vocab_size: int, batch: int = 1, context: int = DEFAULT_CONTEX
                         saving=(all_ - last) / all_)
 
 
+def lookup_bytes(n_tokens: int, d: int, fmt: str = "bf16") -> int:
+    """Bytes an embedding lookup of ``n_tokens`` reads: n rows of d numbers (a gather, no matmul).
+
+    The LM head, by contrast, reads the whole V × d matrix for every position batch
+    (:attr:`Anatomy.matrix_bytes`). Example: 64 tokens of a bf16 d=1024 matrix read 131,072 bytes.
+
+    Args:
+        n_tokens: rows read (repeated ids read again), >= 0.
+        d: row width.
+        fmt: ``fp32``, ``bf16``, ``fp8`` or ``int4``.
+
+    Raises:
+        BadInput: negative n_tokens or an unknown format.
+    """
+    if n_tokens < 0 or fmt not in WEIGHT_FORMATS:
+        raise BadInput(f"n_tokens must be >= 0 and fmt one of {', '.join(WEIGHT_FORMATS)}")
+    return _bytes(n_tokens * d, WEIGHT_FORMATS[fmt])
+
+
 def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEFAULT_CONTEXT,
             logits_dtype: str = "float32", tokenizer_vocab_size: int | None = None,
             source: str = "loaded model") -> Anatomy:
@@ -470,6 +489,6 @@ def anatomy_of(spec: str | os.PathLike, batch: int = 1, context: int = DEFAULT_C
 
 __all__ = [
     "Anatomy", "LogitsMemory", "CatalogueEntry", "WEIGHT_FORMATS", "LOGITS_DTYPES", "DEFAULT_CONTEXT",
-    "anatomy", "anatomy_of", "catalogue", "catalogue_entry", "count_parameters", "logits_memory",
+    "anatomy", "anatomy_of", "catalogue", "catalogue_entry", "count_parameters", "logits_memory", "lookup_bytes",
     "meta_model", "resolve_config",
 ]

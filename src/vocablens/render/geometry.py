@@ -129,8 +129,8 @@ def pca_figure(wp: WordPCA):
                    {"title.text": _title(wp, "random"), **axes("random", rev)}]),
     ]
     fig.update_layout(
-        title=dict(text=_title(wp, "PCA")), height=620, margin=dict(l=0, r=0, t=60, b=0),
-        updatemenus=[dict(type="buttons", direction="right", x=0.0, y=1.0, xanchor="left", yanchor="bottom",
+        title=dict(text=_title(wp, "PCA"), font=dict(size=14)), height=620, margin=dict(l=0, r=0, t=50, b=0),
+        updatemenus=[dict(type="buttons", direction="right", x=0.0, y=1.0, xanchor="left", yanchor="top",
                           buttons=buttons, showactive=True, active=0)],
         scene=dict(xaxis_title=f"PC 1 ({100 * ev[0]:.1f}% var.)", yaxis_title=f"PC 2 ({100 * ev[1]:.1f}% var.)",
                    zaxis_title=f"PC 3 ({100 * ev[2]:.1f}% var.)"),
