@@ -41,13 +41,16 @@ def _header(res: Neighbors) -> str:
     return scope + ("; tied head: one matrix" if res.tied else "; untied: embedding and LM head searched apart")
 
 
+def _label(q, tokenizer) -> str:
+    label = token_str(tokenizer, q.query_ids[0]) if q.used == "token" else q.query
+    return f"neighbours of {label!r}" + ("" if q.used == "token" else f" ({q.used})")
+
+
 def neighbors_tables(res: Neighbors, tokenizer) -> list[Table]:
-    """One rich table per query: rank, then token (cosine) per matrix."""
+    """One rich table per query (no title): rank, then token (cosine) per matrix."""
     tables = []
     for q in res.results:
-        label = token_str(tokenizer, q.query_ids[0]) if q.used == "token" else q.query
-        title = f"neighbours of {label!r}" + ("" if q.used == "token" else f" ({q.used})")
-        t = Table(title=title, title_justify="left", caption=q.note, caption_justify="left")
+        t = Table()
         t.add_column("#", justify="right")
         for lst in q.lists:
             t.add_column("embedding (input)" if lst.matrix == "input" else "LM head (output)")
@@ -62,9 +65,12 @@ def neighbors_tables(res: Neighbors, tokenizer) -> list[Table]:
 
 
 def print_neighbors(res: Neighbors, tokenizer, console) -> None:
-    """Print the scope line and the tables on a rich ``console``."""
+    """Print the scope line, then per query a heading, its note and its table, on a rich ``console``."""
     console.print(f"[dim]{_header(res)}[/dim]")
-    for t in neighbors_tables(res, tokenizer):
+    for q, t in zip(res.results, neighbors_tables(res, tokenizer)):
+        console.print(_label(q, tokenizer), style="bold", markup=False, highlight=False)
+        if q.note:
+            console.print(f"note: {q.note}", style="yellow", markup=False, highlight=False)
         console.print(t)
 
 
