@@ -276,6 +276,16 @@ def test_cli_load_counts_loaded_weights(smollm2, monkeypatch, capsys):
     assert d["params_total"] == 134_515_008 and d["tied"] is True and d["source"] == "loaded model"
 
 
+def test_cli_load_alias_loads_hub_id(smollm2, monkeypatch, capsys):
+    import vocablens.cli.anatomy as ca
+
+    asked = []
+    monkeypatch.setattr(ca, "load_model", lambda spec, **k: asked.append(spec) or smollm2)
+    assert run_app(["anatomy", "qwen3-0.6b", "--load", "--json"]) == 0
+    assert asked == ["Qwen/Qwen3-0.6B"]
+    capsys.readouterr()
+
+
 def test_cli_default_model(capsys):
     assert run_app(["anatomy", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)

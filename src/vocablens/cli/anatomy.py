@@ -28,7 +28,7 @@ def anatomy_cmd(
     No weights are read unless --load: the model is built from its config on the meta device.
     With --json: one object for one model, {"models": [...]} for several.
     """
-    from vocablens.anatomy import anatomy, anatomy_of, logits_memory
+    from vocablens.anatomy import anatomy, anatomy_of, catalogue_entry, logits_memory
     from vocablens.render.anatomy import print_anatomy
 
     logits_memory(1, batch, context, dtype)  # validates --batch/--context/--dtype before any loading
@@ -36,7 +36,8 @@ def anatomy_cmd(
     results = []
     for spec in specs:
         if load:
-            lm = load_model(spec, trust_remote_code=trust_remote_code, quiet=json_)
+            entry = catalogue_entry(spec)  # an alias loads its hub id (from the local cache)
+            lm = load_model(entry.hub_id if entry else spec, trust_remote_code=trust_remote_code, quiet=json_)
             results.append(anatomy(lm.borders, name=spec, batch=batch, context=context, logits_dtype=dtype,
                                    source="loaded model"))
         else:
