@@ -14,6 +14,8 @@ from vocablens.cli.common import app, run_app
 # Command modules: importing one registers its commands on ``app``.
 from vocablens.cli import core as _core  # noqa: F401,E402
 from vocablens.cli import report as _report  # noqa: F401,E402
+from vocablens.cli import anatomy as _anatomy  # noqa: F401,E402
+from vocablens.cli import geometry as _geometry  # noqa: F401,E402
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -150,7 +150,9 @@ class Borders:
         project_out = getattr(decoder, "project_out", None)
         # Input scale, as the model computes it.
         scale_buf = getattr(emb, "embed_scale", None)
-        if isinstance(scale_buf, torch.Tensor):
+        if isinstance(scale_buf, torch.Tensor) and scale_buf.is_meta:
+            embed_scale = float("nan")  # a meta-device model (built to count parameters) has no value
+        elif isinstance(scale_buf, torch.Tensor):
             embed_scale = float(scale_buf.to(emb.weight.dtype))
         elif isinstance(scale_buf, (int, float)):
             embed_scale = float(torch.tensor(float(scale_buf), dtype=emb.weight.dtype))
@@ -164,8 +166,11 @@ class Borders:
             logit_scale = 1.0 / float(ls)
         if getattr(model, "logit_scale", None) is not None and not isinstance(model.logit_scale, nn.Module):
             logit_scale *= float(model.logit_scale)
+        # Meta tensors (built without storage to count parameters) all report data_ptr() == 0, so
+        # only identity can tell that they are shared there.
         tied = head.weight is emb.weight or (
-            head.weight.data_ptr() == emb.weight.data_ptr() and head.weight.shape == emb.weight.shape
+            not emb.weight.is_meta and not head.weight.is_meta
+            and head.weight.data_ptr() == emb.weight.data_ptr() and head.weight.shape == emb.weight.shape
         )
         V = int(emb.weight.shape[0])
         tvs = None

@@ -36,7 +36,10 @@ def token_str(tokenizer, token_id: int) -> str:
         if text and "\ufffd" in text and len(raw) <= 2:
             # a lone byte of a multi-byte character (byte-level BPE)
             try:
-                from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+                try:
+                    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+                except ImportError:  # transformers 5.x moved it
+                    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
                 inv = {v: k for k, v in bytes_to_unicode().items()}
                 return "".join(f"<0x{inv[c]:02X}>" if c in inv else c for c in raw)

@@ -1,0 +1,494 @@
+"""Anatomy of the two vocabulary borders: parameters, bytes and FLOPs of the embedding and LM head.
+
+Everything here is counted, never estimated from a rule of thumb, and needs no weights: a model can
+be described from its config alone by building it on the meta device (``with torch.device("meta")``),
+which allocates no storage and keeps tied heads tied. (accelerate's ``init_empty_weights`` does not:
+in transformers 5.x it leaves ``lm_head`` untied, and Qwen3-0.6B would count 751,632,384 parameters
+instead of 596,049,920.)
+
+Conventions:
+
+* Shared storage is counted once (a tied head adds 0 parameters).
+* *Non-embedding* parameters follow Kaplan et al. 2020 (§2.1, "Scaling Laws for Neural Language
+  Models"): total minus the token embedding, minus an untied LM head (weight and bias), minus learned
+  position embeddings (GPT-2's ``wpe``, OPT's ``embed_positions``). This is the number Qwen's model
+  cards give ("0.6B, 0.44B non-embedding") and the one to compare models by.
+* FLOPs per token (one multiply-add = 2 FLOPs), Kaplan et al. 2020, Table 1:
+  ``C_forward = 2·N + 2·n_layer·n_ctx·d_attn`` with N the non-embedding parameters, plus the LM head,
+  ``2·V·d`` per position (the head's matmul costs the same whether or not it is tied), which Kaplan
+  leaves out of N. The attention term is Kaplan's "Attention: Mask" row (QKᵀ and A·V against
+  ``n_ctx`` earlier positions); ``d_attn`` = heads × head_dim.
+* Bytes: fp32 4, bf16 2, fp8 1, int4 0.5 bytes per parameter (rounded up to whole bytes), weights
+  only (no quantization scales, no KV cache, no activations).
+
+Layer 3: pure functions, a :class:`~vocablens.models.Borders` (or a model) in, a frozen dataclass out.
+Resolving a config (catalogue, file, directory, GGUF, hub cache) goes through ``vocablens.models``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vocablens.errors import BadInput, CorruptModelFile, ModelNotFound, VocabLensError
+
+#: Bytes per parameter for the weight formats :class:`Anatomy` reports.
+WEIGHT_FORMATS: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0, "int4": 0.5}
+#: Bytes per element of a logits tensor, by dtype name.
+LOGITS_DTYPES: dict[str, int] = {
+    "float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float64": 8, "fp64": 8,
+}
+
+DEFAULT_CONTEXT = 4096
+
+
+# ---------------------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class LogitsMemory:
+    """Size of one logits tensor [batch, context, V].
+
+    Attributes:
+        batch, context: B and T.
+        dtype: element dtype name (``float32``, ``bfloat16`` ...).
+        bytes_per_position: V × element size, bytes.
+        bytes_all_positions: B·T·V·element size, bytes (training, or full-sequence logprobs).
+        bytes_last_position: B·V·element size, bytes (prefill computing the head at the last position).
+        bytes_saved: the difference, bytes.
+        saving: bytes_saved / bytes_all_positions = 1 - 1/T.
+    """
+
+    batch: int
+    context: int
+    dtype: str
+    bytes_per_position: int
+    bytes_all_positions: int
+    bytes_last_position: int
+    bytes_saved: int
+    saving: float
+
+
+@dataclass(frozen=True)
+class Anatomy:
+    """Parameters, bytes and FLOPs of one model's embedding, LM head and the rest.
+
+    Attributes:
+        name: what the model was called (hub id, path, ``smollm2``).
+        family: ``config.model_type``.
+        vocab_size: V, rows of the embedding matrix.
+        d_model: width of the residual stream.
+        d_emb: width of the embedding / head rows (differs from d_model with OPT's project_in/out).
+        n_layers: number of blocks.
+        tokenizer_vocab_size: tokens the tokenizer has, when known (rows beyond it are padding).
+        tied: the LM head shares the embedding's storage.
+        params_total: all parameters, shared storage counted once.
+        params_embedding: V × d_emb, the token embedding.
+        params_unembedding: parameters the LM head adds: 0 when tied, V × d_emb (+ bias V) when not.
+        params_position: learned position embeddings (GPT-2 ``wpe``, OPT), 0 for rotary models.
+        params_non_embedding: total − embedding − unembedding − position (Kaplan et al. 2020).
+        embedding_share: params_embedding / params_total.
+        vocab_share: (params_embedding + params_unembedding) / params_total, the two borders together.
+        matrix_bytes: bytes of one V × d_emb matrix per weight format (``fp32``, ``bf16``, ``fp8``, ``int4``).
+        model_bytes: bytes of all params_total parameters per weight format.
+        d_attn: heads × head_dim, the width used by the attention term.
+        flops_head: 2·V·d_emb FLOPs, the LM head for one position.
+        flops_non_embedding: 2·params_non_embedding FLOPs (Kaplan's 2N).
+        flops_attention: 2·n_layers·context·d_attn FLOPs (Kaplan's attention term) at ``context``.
+        flops_forward: flops_non_embedding + flops_head + flops_attention, FLOPs per token.
+        head_share: flops_head / flops_forward.
+        head_share_no_attention: flops_head / (flops_non_embedding + flops_head) (short contexts).
+        logits: size of the logits tensor for the batch, context and dtype asked for.
+        source: where the numbers came from (``catalogue``, ``config``, ``gguf``, ``loaded model``).
+        notes: caveats (mixture-of-experts FLOPs count every expert, tokenizer size unknown ...).
+    """
+
+    name: str
+    family: str
+    vocab_size: int
+    d_model: int
+    d_emb: int
+    n_layers: int
+    tokenizer_vocab_size: int | None
+    tied: bool
+    params_total: int
+    params_embedding: int
+    params_unembedding: int
+    params_position: int
+    params_non_embedding: int
+    embedding_share: float
+    vocab_share: float
+    matrix_bytes: dict[str, int]
+    model_bytes: dict[str, int]
+    d_attn: int
+    flops_head: int
+    flops_non_embedding: int
+    flops_attention: int
+    flops_forward: int
+    head_share: float
+    head_share_no_attention: float
+    logits: LogitsMemory
+    source: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for JSON (the field names are the CLI's ``--json`` keys)."""
+        d = asdict(self)
+        d["notes"] = list(self.notes)
+        return d
+
+
+# ---------------------------------------------------------------------------------------- counting
+def _storage_key(p: torch.Tensor) -> tuple:
+    """Identity of a tensor's memory: storage pointer, offset, shape, stride (meta: the object)."""
+    if p.is_meta:
+        return ("meta", id(p))
+    return (p.untyped_storage().data_ptr(), p.storage_offset(), tuple(p.shape), tuple(p.stride()))
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Parameters of a model with shared storage counted once.
+
+    Two parameters are the same when they are one object, or (for real tensors) view the same memory
+    with the same offset, shape and stride — so a head tied by assigning ``.data`` counts once too.
+    Works on meta-device models (no storage; identity only).
+
+    Args:
+        model: any ``nn.Module``.
+
+    Returns:
+        int, number of scalar parameters.
+    """
+    seen: set = set()
+    n = 0
+    for p in model.parameters():
+        key = _storage_key(p)
+        if key in seen:
+            continue
+        seen.add(key)
+        n += p.numel()
+    return n
+
+
+def _position_embeddings(model: nn.Module, token_embedding: nn.Module, head: nn.Module) -> list[torch.Tensor]:
+    """Weights of every ``nn.Embedding`` other than the token embedding and the head: learned positions."""
+    skip = {_storage_key(token_embedding.weight), _storage_key(head.weight)}
+    out, seen = [], set()
+    for m in model.modules():
+        if m is token_embedding or m is head or not isinstance(m, nn.Embedding):
+            continue
+        k = _storage_key(m.weight)
+        if k in skip or k in seen:
+            continue
+        seen.add(k)
+        out.append(m.weight)
+    return out
+
+
+def _cfg(config, *names, default=None):
+    for n in names:
+        v = getattr(config, n, None)
+        if v is not None:
+            return v
+    return default
+
+
+def _bytes(n: int, per: float) -> int:
+    return int(math.ceil(n * per))
+
+
+def logits_memory(vocab_size: int, batch: int = 1, context: int = DEFAULT_CONTEXT,
+                  dtype: str = "float32") -> LogitsMemory:
+    """Bytes of a logits tensor [batch, context, V] vs the last position only [batch, V].
+
+    Prefill needs the next-token distribution at the last position only, so inference engines run the
+    head there alone; training (and full-sequence logprobs) materialise every position.
+
+    Args:
+        vocab_size: V.
+        batch, context: B >= 1 and T >= 1.
+        dtype: ``float32``/``fp32``, ``bfloat16``/``bf16``, ``float16``/``fp16``, ``float64``.
+
+    Raises:
+        BadInput: batch or context below 1, or an unknown dtype.
+    """
+    if batch < 1 or context < 1:
+        raise BadInput(f"--batch and --context must be at least 1; got batch={batch}, context={context}")
+    key = str(dtype).lower().replace("torch.", "")
+    if key not in LOGITS_DTYPES:
+        raise BadInput(f"unknown logits dtype {dtype!r}; use float32, bfloat16, float16 or float64")
+    el = LOGITS_DTYPES[key]
+    canon = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp64": "float64"}.get(key, key)
+    per = vocab_size * el
+    all_ = batch * context * per
+    last = batch * per
+    return LogitsMemory(batch=batch, context=context, dtype=canon, bytes_per_position=per,
+                        bytes_all_positions=all_, bytes_last_position=last, bytes_saved=all_ - last,
+                        saving=(all_ - last) / all_)
+
+
+def lookup_bytes(n_tokens: int, d: int, fmt: str = "bf16") -> int:
+    """Bytes an embedding lookup of ``n_tokens`` reads: n rows of d numbers (a gather, no matmul).
+
+    The LM head, by contrast, reads the whole V × d matrix for every position batch
+    (:attr:`Anatomy.matrix_bytes`). Example: 64 tokens of a bf16 d=1024 matrix read 131,072 bytes.
+
+    Args:
+        n_tokens: rows read (repeated ids read again), >= 0.
+        d: row width.
+        fmt: ``fp32``, ``bf16``, ``fp8`` or ``int4``.
+
+    Raises:
+        BadInput: negative n_tokens or an unknown format.
+    """
+    if n_tokens < 0 or fmt not in WEIGHT_FORMATS:
+        raise BadInput(f"n_tokens must be >= 0 and fmt one of {', '.join(WEIGHT_FORMATS)}")
+    return _bytes(n_tokens * d, WEIGHT_FORMATS[fmt])
+
+
+def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEFAULT_CONTEXT,
+            logits_dtype: str = "float32", tokenizer_vocab_size: int | None = None,
+            source: str = "loaded model") -> Anatomy:
+    """Count the parameters, bytes and FLOPs of a model's two borders and of the rest.
+
+    Works on a loaded model and on a meta-device model alike (nothing is read from the weights but
+    their shapes and which of them share storage).
+
+    Args:
+        borders: :class:`vocablens.models.Borders` of the model.
+        name: label for tables (default: ``config.name_or_path`` or the family).
+        batch, context: B and T of the logits tensor; T is also the attention context for FLOPs.
+        logits_dtype: dtype of the logits tensor (``float32``, ``bfloat16`` ...).
+        tokenizer_vocab_size: overrides ``borders.tokenizer_vocab_size`` when given.
+        source: where the model came from, for the reader.
+
+    Returns:
+        :class:`Anatomy`.
+
+    Raises:
+        BadInput: batch/context below 1 or an unknown dtype.
+    """
+    model, cfg = borders.model, borders.config
+    W_E, W_U = borders.W_E, borders.W_U
+    V, d_emb = int(W_E.shape[0]), int(W_E.shape[1])
+    total = count_parameters(model)
+    emb = W_E.numel()
+    tied = bool(borders.tied)
+    unemb = 0 if tied else W_U.numel()
+    b_U = borders.b_U
+    if b_U is not None:
+        unemb += b_U.numel()
+    pos = sum(w.numel() for w in _position_embeddings(model, borders.embedding, borders.lm_head))
+    non_emb = total - emb - unemb - pos
+    n_layers = borders.n_layers
+    d_model = borders.d_model
+    heads = _cfg(cfg, "num_attention_heads", "n_head", "num_heads")
+    head_dim = _cfg(cfg, "head_dim")
+    if heads and not head_dim:
+        head_dim = d_model // int(heads)
+    d_attn = int(heads) * int(head_dim) if heads else d_model
+    flops_head = 2 * V * d_emb
+    flops_ne = 2 * non_emb
+    flops_attn = 2 * n_layers * int(context) * d_attn
+    fwd = flops_ne + flops_head + flops_attn
+    notes: list[str] = []
+    n_experts = _cfg(cfg, "num_local_experts", "num_experts", "n_routed_experts")
+    if n_experts and int(n_experts) > 1:
+        notes.append(f"mixture of experts ({n_experts} experts): non-embedding FLOPs count every expert, "
+                     "not only the active ones")
+    tvs = tokenizer_vocab_size if tokenizer_vocab_size is not None else borders.tokenizer_vocab_size
+    if tvs is not None and tvs < V:
+        notes.append(f"{V - tvs:,} rows beyond the tokenizer's {tvs:,} tokens are padding")
+    if pos:
+        notes.append(f"learned position embeddings ({pos:,} parameters) excluded from non-embedding")
+    if name is None:
+        name = str(_cfg(cfg, "name_or_path", "_name_or_path", default="") or borders.family)
+    return Anatomy(
+        name=name, family=borders.family, vocab_size=V, d_model=int(d_model), d_emb=d_emb,
+        n_layers=n_layers, tokenizer_vocab_size=tvs, tied=tied, params_total=total,
+        params_embedding=emb, params_unembedding=unemb, params_position=pos,
+        params_non_embedding=non_emb, embedding_share=emb / total, vocab_share=(emb + unemb) / total,
+        matrix_bytes={k: _bytes(V * d_emb, b) for k, b in WEIGHT_FORMATS.items()},
+        model_bytes={k: _bytes(total, b) for k, b in WEIGHT_FORMATS.items()},
+        d_attn=d_attn, flops_head=flops_head, flops_non_embedding=flops_ne, flops_attention=flops_attn,
+        flops_forward=fwd, head_share=flops_head / fwd,
+        head_share_no_attention=flops_head / (flops_ne + flops_head),
+        logits=logits_memory(V, batch, context, logits_dtype), source=source, notes=tuple(notes),
+    )
+
+
+# ---------------------------------------------------------------------------------------- configs
+@dataclass(frozen=True)
+class CatalogueEntry:
+    """One model of the built-in catalogue (``vocablens/data/configs/*.json``).
+
+    Attributes:
+        hub_id: the Hugging Face id (``Qwen/Qwen3-0.6B``).
+        aliases: short names (``qwen3-0.6b``).
+        tokenizer_vocab_size: ``len(tokenizer)`` of the published tokenizer, or None when not recorded.
+        config: the published config.json's architecture values.
+    """
+
+    hub_id: str
+    aliases: tuple[str, ...]
+    tokenizer_vocab_size: int | None
+    config: dict
+
+
+@lru_cache(maxsize=1)
+def catalogue() -> dict[str, CatalogueEntry]:
+    """The built-in catalogue, keyed by hub id (configs only: no weights, no network)."""
+    out: dict[str, CatalogueEntry] = {}
+    root = resources.files("vocablens") / "data" / "configs"
+    for f in sorted(root.iterdir(), key=lambda p: p.name):
+        if not f.name.endswith(".json"):
+            continue
+        d = json.loads(f.read_text())
+        out[d["hub_id"]] = CatalogueEntry(d["hub_id"], tuple(d.get("aliases", ())),
+                                          d.get("tokenizer_vocab_size"), d["config"])
+    return out
+
+
+def catalogue_entry(spec: str) -> CatalogueEntry | None:
+    """The catalogue entry whose hub id or alias is ``spec`` (case-insensitive), or None."""
+    s = str(spec).strip().lower()
+    for e in catalogue().values():
+        if s == e.hub_id.lower() or s in (a.lower() for a in e.aliases):
+            return e
+    return None
+
+
+@lru_cache(maxsize=8)
+def _gguf_config(path: str, mtime_ns: int, size: int):
+    """A GGUF file's config, parsed once per file version (reading the header takes seconds)."""
+    from vocablens.models import load_config
+
+    return load_config(path)
+
+
+def resolve_config(spec: str | os.PathLike) -> tuple[Any, int | None, str]:
+    """A model's config, its tokenizer size when known, and where the config came from.
+
+    Order: the built-in catalogue (hub id or alias), a ``config.json`` file, a model directory, a
+    ``.gguf`` file (or ``smollm2``), and finally a hub id in the local cache — all through
+    :func:`vocablens.models.load_config`, no weights read.
+
+    Returns:
+        ``(config, tokenizer_vocab_size or None, source)``; source is ``catalogue``, ``config``, ``gguf``
+        or ``hub cache``.
+
+    Raises:
+        ModelNotFound: nothing under that spec (the message lists the catalogue's aliases).
+        CorruptModelFile: a file that cannot be read as a config.
+    """
+    from transformers import AutoConfig
+
+    from vocablens.models import load_config, resolve_spec
+
+    entry = catalogue_entry(str(spec))
+    if entry is not None:
+        cfg = AutoConfig.for_model(**entry.config)
+        cfg.name_or_path = entry.hub_id
+        return cfg, entry.tokenizer_vocab_size, "catalogue"
+    p = Path(str(spec)).expanduser()
+    try:
+        kind, path, _hub = resolve_spec(str(spec)) if not (p.is_file() and p.suffix == ".json") else ("json", p, None)
+        if kind == "gguf":
+            st = path.stat()
+            cfg = copy.deepcopy(_gguf_config(str(path), st.st_mtime_ns, st.st_size))
+        else:
+            cfg = load_config(spec)
+    except ModelNotFound:
+        names = ", ".join(sorted(a for e in catalogue().values() for a in e.aliases[:1]))
+        raise ModelNotFound(f"{spec!r} is not a config file, model directory, .gguf file, cached hub id "
+                            f"or a catalogue model ({names})") from None
+    if kind == "json":
+        return cfg, None, "config"
+    if kind == "gguf":
+        # A GGUF file's token list has one entry per matrix row (converters pad it with [PAD] tokens),
+        # so its tokenizer size is V.
+        cfg.name_or_path = str(spec)
+        return cfg, int(cfg.vocab_size), "gguf"
+    if kind == "dir":
+        tvs = _dir_tokenizer_size(path)
+        return cfg, tvs, "config"
+    return cfg, None, "hub cache"
+
+
+def _dir_tokenizer_size(path: Path) -> int | None:
+    tj = path / "tokenizer.json"
+    if not tj.is_file():
+        return None
+    try:
+        d = json.loads(tj.read_text())
+        ids = set(d.get("model", {}).get("vocab", {}).values()) if isinstance(
+            d.get("model", {}).get("vocab"), dict) else set(range(len(d.get("model", {}).get("vocab", []))))
+        ids |= {t["id"] for t in d.get("added_tokens", [])}
+        return len(ids) or None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def meta_model(config) -> nn.Module:
+    """Build a causal LM from its config on the meta device: shapes and sharing, no storage.
+
+    Uses ``with torch.device("meta")`` (which keeps tied heads tied), not accelerate's
+    ``init_empty_weights`` (which, in transformers 5.x, leaves them untied).
+
+    Raises:
+        UnsupportedArchitecture: transformers has no causal-LM class for ``config.model_type``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from vocablens.errors import UnsupportedArchitecture
+
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config)
+    except (ValueError, KeyError) as exc:
+        raise UnsupportedArchitecture(str(getattr(config, "model_type", "?")), "none",
+                                      str(exc).splitlines()[0] if str(exc) else "no causal LM class") from None
+
+
+def anatomy_of(spec: str | os.PathLike, batch: int = 1, context: int = DEFAULT_CONTEXT,
+               logits_dtype: str = "float32") -> Anatomy:
+    """:func:`anatomy` of a model named by a spec, from its config alone (no weights allocated).
+
+    Args:
+        spec: a catalogue hub id or alias (``Qwen/Qwen3-0.6B``, ``qwen3-0.6b``), ``smollm2``, a
+            ``config.json`` path, a model directory, a ``.gguf`` file, or a hub id in the local cache.
+        batch, context, logits_dtype: as for :func:`anatomy`.
+
+    Raises:
+        ModelNotFound, CorruptModelFile, UnsupportedArchitecture, BadInput.
+    """
+    from vocablens.models import Borders
+
+    cfg, tvs, source = resolve_config(spec)
+    try:
+        model = meta_model(cfg)
+        borders = Borders.from_model(model)
+    except VocabLensError:
+        raise
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        raise CorruptModelFile(f"cannot build {spec} from its config: {exc}".splitlines()[0]) from None
+    if tvs is not None:
+        borders = replace(borders, tokenizer_vocab_size=tvs)
+    entry = catalogue_entry(str(spec))
+    name = entry.hub_id if entry is not None else str(spec)
+    return anatomy(borders, name=name, batch=batch, context=context, logits_dtype=logits_dtype, source=source)
+
+
+__all__ = [
+    "Anatomy", "LogitsMemory", "CatalogueEntry", "WEIGHT_FORMATS", "LOGITS_DTYPES", "DEFAULT_CONTEXT",
+    "anatomy", "anatomy_of", "catalogue", "catalogue_entry", "count_parameters", "logits_memory", "lookup_bytes",
+    "meta_model", "resolve_config",
+]

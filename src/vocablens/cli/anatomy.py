@@ -1,0 +1,50 @@
+"""``vocablens anatomy [MODEL ...]``: parameters, bytes and FLOPs of the embedding and LM head."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, load_model, out, status
+
+
+@app.command("anatomy")
+def anatomy_cmd(
+    models: Annotated[Optional[list[str]], typer.Argument(
+        help="Models to compare side by side: catalogue ids or aliases (qwen3-0.6b, Qwen/Qwen3-8B, gpt2 ...), "
+             "smollm2, config.json files, model directories, .gguf files. Default: --model.")] = None,
+    model: ModelOpt = "smollm2",
+    batch: Annotated[int, typer.Option("--batch", help="Batch size B of the logits tensor.")] = 1,
+    context: Annotated[int, typer.Option("--context", help="Context length T: logits tensor and attention FLOPs.")] = 4096,
+    dtype: Annotated[str, typer.Option("--dtype", help="dtype of the logits tensor: float32, bfloat16, float16.")] = "float32",
+    load: Annotated[bool, typer.Option("--load", help="Load the weights and count them (shared storage once) "
+                                                      "instead of building the model from its config.")] = False,
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Parameters (total, embedding, LM head, non-embedding), bytes, FLOPs/token and logits size.
+
+    No weights are read unless --load: the model is built from its config on the meta device.
+    With --json: one object for one model, {"models": [...]} for several.
+    """
+    from vocablens.anatomy import anatomy, anatomy_of, catalogue_entry, logits_memory
+    from vocablens.render.anatomy import print_anatomy
+
+    logits_memory(1, batch, context, dtype)  # validates --batch/--context/--dtype before any loading
+    specs = list(models) if models else [model]
+    results = []
+    for spec in specs:
+        if load:
+            entry = catalogue_entry(spec)  # an alias loads its hub id (from the local cache)
+            lm = load_model(entry.hub_id if entry else spec, trust_remote_code=trust_remote_code, quiet=json_)
+            results.append(anatomy(lm.borders, name=spec, batch=batch, context=context, logits_dtype=dtype,
+                                   source="loaded model"))
+        else:
+            with status(f"reading the config of {spec} ...", quiet=json_):
+                results.append(anatomy_of(spec, batch=batch, context=context, logits_dtype=dtype))
+    if json_:
+        dicts = [a.to_dict() for a in results]
+        emit_json(dicts[0] if len(dicts) == 1 else {"models": dicts})
+    else:
+        print_anatomy(results, out)

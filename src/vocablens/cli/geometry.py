@@ -1,0 +1,41 @@
+"""``vocablens neighbors TOKEN...``: cosine nearest neighbours in the embedding (and an untied head)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, load_model, out
+from vocablens.errors import BadInput
+
+
+@app.command("neighbors")
+def neighbors_cmd(
+    tokens: Annotated[list[str], typer.Argument(help="Token strings, e.g. ' king' (a leading space is part "
+                                                     "of a word-initial token).")],
+    k: Annotated[int, typer.Option("-k", "--top-k", help="Neighbours per token.")] = 10,
+    mean: Annotated[bool, typer.Option("--mean", help="A string of several tokens: use the mean of their rows "
+                                                      "(default: its first token).")] = False,
+    model: ModelOpt = "smollm2",
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Cosine nearest neighbours over the real vocabulary (padding and never-trained rows excluded)."""
+    from vocablens.geometry import nearest_neighbors
+    from vocablens.render.geometry import neighbors_to_dict, print_neighbors
+
+    if k < 1:
+        raise BadInput(f"-k must be at least 1; got {k}")
+    if any(t == "" for t in tokens):
+        from vocablens.errors import TokenNotInVocabulary
+
+        raise TokenNotInVocabulary("empty token string")
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    res = nearest_neighbors(lm.borders, lm.tokenizer, tokens, k=k, use_mean=mean)
+    if json_:
+        d = neighbors_to_dict(res, lm.tokenizer)
+        d["model"] = lm.provenance.to_dict()
+        emit_json(d)
+    else:
+        print_neighbors(res, lm.tokenizer, out)
