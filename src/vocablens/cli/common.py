@@ -9,8 +9,11 @@ import sys
 from contextlib import contextmanager
 from typing import Annotated, Any
 
-import typer
-from rich.console import Console
+# transformers' GGUF dequantization bar (plain tqdm) reads this when tqdm is imported; we show our own.
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
 from typer.core import TyperGroup
 
 from vocablens.errors import VocabLensError

@@ -13,6 +13,8 @@ from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, er
 from vocablens.errors import BadInput
 
 DEFAULT_PROMPT = "The capital of France is"
+#: tokens whose neighbours the report shows (single tokens in most English vocabularies)
+REPORT_NEIGHBOR_TOKENS = (" king", " Paris", " three", " Monday", " dog", " happy")
 
 
 @app.command("report")
@@ -24,7 +26,11 @@ def report(
     trust_remote_code: TrustOpt = False,
 ) -> None:
     """Write one self-contained HTML report (plotly inlined) and print a terminal summary."""
+    from vocablens.anatomy import anatomy
+    from vocablens.geometry import nearest_neighbors, word_pca
     from vocablens.lens import logit_lens
+    from vocablens.render.anatomy import anatomy_section, anatomy_table
+    from vocablens.render.geometry import neighbors_section, neighbors_tables, neighbors_to_dict, pca_section
     from vocablens.models.tokens import context_length, encode_prompt
     from vocablens.render.borders import borders_section, borders_table
     from vocablens.render.lens import lens_section, lens_table
@@ -60,7 +66,29 @@ def report(
         results["lens"] = res
         sections.append(lens_section(res, tok, prompt))
 
-    steps += [("borders and tied check", step_borders), ("logit lens", step_lens)]
+    def step_anatomy():
+        a = anatomy(borders, name=prov.name)
+        results["anatomy"] = a
+        sections.append(anatomy_section([a]))
+
+    def step_neighbors():
+        queries = [q for q in REPORT_NEIGHBOR_TOKENS if len(tok(q, add_special_tokens=False).input_ids) >= 1]
+        nb = nearest_neighbors(borders, tok, queries, k=8)
+        results["neighbors"] = nb
+        sections.append(neighbors_section(nb, tok))
+
+    def step_pca():
+        wp = word_pca(borders, tok)
+        results["pca"] = wp
+        sections.append(pca_section(wp))
+
+    steps += [
+        ("anatomy", step_anatomy),
+        ("borders and tied check", step_borders),
+        ("embedding neighbours", step_neighbors),
+        ("3-D PCA of word embeddings", step_pca),
+        ("logit lens", step_lens),
+    ]
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                   console=err, transient=True, disable=json_) as progress:
@@ -85,15 +113,20 @@ def report(
             "out": str(out_path),
             "model": prov.to_dict(),
             "borders": borders.describe(),
+            "anatomy": results["anatomy"].to_dict(),
             "tie_check": results["tie"].to_dict(),
+            "neighbors": neighbors_to_dict(results["neighbors"], tok),
             "lens": lens_to_dict(results["lens"], tok),
             "sections": [s.id for s in sections],
             "timings_s": {k: round(v, 3) for k, v in timings.items()},
         })
         return
     out.print(f"[bold]vocablens report[/bold] — {prov.describe()}")
+    out.print(anatomy_table([results["anatomy"]]))
     out.print(borders_table(borders, results["tie"]))
+    for t in neighbors_tables(results["neighbors"], tok)[:3]:
+        out.print(t)
     res = results["lens"]
-    out.print(lens_table(res, tok, len(res.positions) - 1))
+    out.print(lens_table(res, tok, len(res.positions) - 1, k=3, every=5))
     out.print(f"wrote [bold]{out_path}[/bold] ({out_path.stat().st_size / 2**20:.1f} MiB) in "
               f"{timings['total']:.1f} s (load {timings['load']:.1f} s)")

@@ -110,6 +110,7 @@ class Borders:
     vocab_size: int
     tokenizer_vocab_size: int | None = None
     config: Any = field(default=None, repr=False)
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -232,13 +233,17 @@ class Borders:
         With ``exclude_untrained``, also False for never-trained rows: all-zero rows of ``W_U``/
         ``W_E``, and groups of >= 8 rows that are bit-identical (an untouched initialization).
         """
+        key = ("real_token_mask", exclude_untrained, self.W_E._version, self.W_U._version, self.vocab_size)
+        if key in self._memo:
+            return self._memo[key].clone()
         mask = torch.zeros(self.vocab_size, dtype=torch.bool)
         mask[: self.real_vocab_size] = True
         if exclude_untrained:
             mask &= ~untrained_rows(self.W_E)
             if not self.tied:
                 mask &= ~untrained_rows(self.W_U)
-        return mask
+        self._memo[key] = mask
+        return mask.clone()
 
     @property
     def device(self) -> torch.device:

@@ -76,10 +76,10 @@ def print_neighbors(res: Neighbors, tokenizer, console) -> None:
 
 def neighbors_section(res: Neighbors, tokenizer) -> Section:
     """The report's neighbours section: one HTML table per query."""
-    parts = [f"<p>{esc(_header(res))}</p>"]
+    parts = [f"<p>{esc(_header(res))}</p><div class='cards'>"]
     for q in res.results:
         label = token_str(tokenizer, q.query_ids[0]) if q.used == "token" else q.query
-        parts.append(f"<h3>{esc(repr(label))}</h3>")
+        parts.append(f"<div class='card'><h3>{esc(repr(label))}</h3>")
         if q.note:
             parts.append(f"<p class='note'>{esc(q.note)}</p>")
         headers = ["#"]
@@ -91,7 +91,8 @@ def neighbors_section(res: Neighbors, tokenizer) -> Section:
             for lst in q.lists:
                 row += [repr(token_str(tokenizer, int(lst.ids[r]))), f"{float(lst.cosines[r]):.3f}"]
             rows.append(row)
-        parts.append(table_html(headers, rows))
+        parts.append(table_html(headers, rows) + "</div>")
+    parts.append("</div>")
     return Section(id="neighbors", title="Embedding neighbours", html="".join(parts))
 
 

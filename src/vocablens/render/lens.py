@@ -8,8 +8,10 @@ from vocablens.lens.logit import LensResult
 from vocablens.models.tokens import token_str
 
 
-def lens_table(res: LensResult, tokenizer, j: int = 0) -> Table:
-    """A table: one row per layer at the j-th position read."""
+def lens_table(res: LensResult, tokenizer, j: int = 0, k: int | None = None,
+               every: int = 1) -> Table:
+    """A table: one row per layer at the j-th position read (top ``k`` tokens; every ``every``-th
+    layer plus the last three when ``every`` > 1)."""
     pos = int(res.positions[j])
     tokens = res.input_ids.tolist()
     title = (f"{res.kind} lens at position {pos} (after '{token_str(tokenizer, tokens[pos])}'); "
@@ -19,10 +21,13 @@ def lens_table(res: LensResult, tokenizer, j: int = 0) -> Table:
     t.add_column("top tokens (prob)")
     t.add_column("entropy", justify="right")
     t.add_column("KL(final‖layer)", justify="right")
-    t.add_column("rank of final top-1", justify="right")
+    t.add_column("rank of final", justify="right")
+    L = res.layers[-1].layer
     for ly in res.layers:
+        if every > 1 and ly.layer % every and ly.layer < L - 2:
+            continue
         toks = ", ".join(f"'{token_str(tokenizer, i)}' {p:.3f}" for i, p in
-                         zip(ly.top_ids[j].tolist(), ly.top_probs[j].tolist()))
+                         zip(ly.top_ids[j].tolist()[:k], ly.top_probs[j].tolist()[:k]))
         t.add_row(str(ly.layer), toks, f"{float(ly.entropy[j]):.3f}", f"{float(ly.kl_to_final[j]):.3f}",
                   str(int(ly.final_top1_rank[j])))
     return t

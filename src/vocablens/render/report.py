@@ -30,6 +30,8 @@ table.data td:first-child,table.data th:first-child{text-align:left}
 .note{color:#5b6478;font-size:13px}
 code,.tok{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;background:#f3f5f9;padding:0 3px;border-radius:3px}
 .figure{margin:8px 0}
+.cards{display:flex;flex-wrap:wrap;gap:6px 22px;align-items:flex-start}
+.card h3{margin:8px 0 2px 0;font-size:15px}
 """
 
 
