@@ -491,6 +491,7 @@ class NormLinearization:
         gain: [d] float32, the norm's elementwise gain (gemma's ``1 + w`` included).
         bias: [d] float32 (zeros when the norm has none).
         centered: True for LayerNorm-style norms that subtract the mean.
+        sigma: [..., 1] float32, the actual RMS / standard deviation (eps included; 1 without a norm).
         max_abs_error: max |affine map - norm(x)| at the actual input (a check).
     """
 
@@ -498,6 +499,7 @@ class NormLinearization:
     gain: torch.Tensor
     bias: torch.Tensor
     centered: bool
+    sigma: torch.Tensor
     max_abs_error: float
 
     def linear(self, u: torch.Tensor) -> torch.Tensor:
@@ -564,11 +566,13 @@ def linearize_norm(norm: nn.Module | None, x: torch.Tensor) -> NormLinearization
     gain, bias, centered = norm_gain(norm, d)
     xf = x.float().cpu()
     if norm is None:
-        return NormLinearization(scale=torch.ones_like(xf), gain=gain, bias=bias, centered=False, max_abs_error=0.0)
+        return NormLinearization(scale=torch.ones_like(xf), gain=gain, bias=bias, centered=False,
+                                 sigma=torch.ones(*xf.shape[:-1], 1), max_abs_error=0.0)
     eps = _norm_eps(norm)
     xc = xf - xf.mean(-1, keepdim=True) if centered else xf
     sigma = torch.sqrt((xc ** 2).mean(-1, keepdim=True) + eps)
-    lin = NormLinearization(scale=gain / sigma, gain=gain, bias=bias, centered=centered, max_abs_error=0.0)
+    lin = NormLinearization(scale=gain / sigma, gain=gain, bias=bias, centered=centered, sigma=sigma,
+                            max_abs_error=0.0)
     with torch.no_grad():
         actual = norm(x).float().cpu()
     approx = lin.linear(xf) + bias
@@ -576,4 +580,5 @@ def linearize_norm(norm: nn.Module | None, x: torch.Tensor) -> NormLinearization
     if err > 1e-3 * max(float(actual.abs().max()), 1.0):
         raise UnsupportedArchitecture(type(norm).__name__, [type(norm).__name__],
                                       f"the norm is not an RMS/Layer norm (affine fit misses by {err:.3g})")
-    return NormLinearization(scale=lin.scale, gain=gain, bias=bias, centered=centered, max_abs_error=err)
+    return NormLinearization(scale=lin.scale, gain=gain, bias=bias, centered=centered, sigma=sigma,
+                             max_abs_error=err)
