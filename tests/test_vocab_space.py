@@ -333,6 +333,8 @@ def test_settle_matches_brute_force(tiny_cache, family):
     b = tiny(tiny_cache, family)
     rows = ids(3, 12, seed=2)
     res = vs.settle(b, [rows[:2], rows[2:]], thresholds=(0.05, 0.2, 1.0))
+    res1 = vs.settle(b, rows, thresholds=(0.05, 0.2, 1.0), min_layer=1)
+    assert torch.equal(res1.settle_layer, res.settle_layer)
     L = b.n_layers
     with torch.no_grad():
         resid, logits = b.residual_stream(rows)
@@ -350,10 +352,12 @@ def test_settle_matches_brute_force(tiny_cache, family):
     assert res.settle_layer.tolist() == expect
     assert int(res.histogram.sum()) == res.n_positions == 36
     assert float(res.settled_fraction[-1]) == 1.0
-    for ex in res.exits:
+    for m, ex in [(0, x) for x in res.exits] + [(1, x) for x in res1.exits]:
         hit = conf >= ex.threshold
+        hit[:m] = False
         hit[L] = True
         e = hit.int().argmax(0)
+        assert int(e.min()) >= m
         assert ex.mean_exit_layer == pytest.approx(float(e.float().mean()))
         assert ex.agreement == pytest.approx(float((top1.gather(0, e[None])[0] == final).float().mean()))
         assert ex.saved_block_fraction == pytest.approx(float(((L - e) / L).float().mean()))
@@ -374,6 +378,8 @@ def test_settle_with_translator_and_bad_input(tiny_cache):
     assert not torch.equal(tuned.top1_agreement[:-1], plain.top1_agreement[:-1])
     with pytest.raises(BadInput, match="thresholds"):
         vs.settle(b, rows, thresholds=(0.0,))
+    with pytest.raises(BadInput, match="min_layer"):
+        vs.settle(b, rows, min_layer=3)
     with pytest.raises(BadInput, match="empty"):
         vs.settle(b, [torch.zeros(0, 4, dtype=torch.long)])
 
@@ -459,8 +465,8 @@ def test_cli_project_json(smollm2, monkeypatch, capsys):
     (["project", "--layer", "30", "--neuron", "0"], "layer 30 is out of range"),
     (["project", "--layer", "0", "--neuron", "1536"], "neuron 1536 is out of range"),
     (["project", "--layer", "0", "--head", "9"], "head 9 is out of range"),
-    (["project", "--token", " Constantinople"], "is 3 tokens"),
-    (["explain", "The capital of France is", "--token", " Constantinople"], "give a single token"),
+    (["project", "--token", " Ouagadougou"], "is 6 tokens"),
+    (["explain", "The capital of France is", "--token", " Ouagadougou"], "give a single token"),
     (["explain", "The capital of France is", "--position", "40"], "position 40"),
 ])
 def test_cli_bad_input_exit_2(smollm2, monkeypatch, capsys, argv, msg):
@@ -488,12 +494,12 @@ def test_cli_settle_tiny_corpus(smollm2, monkeypatch, capsys, tmp_path):
 
     _patch_model(monkeypatch, smollm2)
     plot = tmp_path / "settle.html"
-    rc = run_app(["settle", "--corpus", "pydoc-topics", "--max-tokens", "64", "--seq-len", "32",
+    rc = run_app(["settle", "--corpus", "pydoc-topics", "--max-tokens", "32", "--seq-len", "16",
                   "--thresholds", "0.5,0.9", "--plot", str(plot), "--json"])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     d = json.loads(cap.out)
-    assert d["n_positions"] == 64 and d["n_layers"] == 30 and sum(d["histogram"]) == 64
+    assert d["n_positions"] == 32 and d["n_layers"] == 30 and sum(d["histogram"]) == 32
     assert [x["threshold"] for x in d["exits"]] == [0.5, 0.9]
     assert d["top1_agreement"][-1] == 1.0
     # a lens read costs 2·V·d = 56.6 MFLOP on SmolLM2, more than 8 blocks: early exit loses FLOPs
@@ -501,7 +507,7 @@ def test_cli_settle_tiny_corpus(smollm2, monkeypatch, capsys, tmp_path):
     assert all(x["saved_flops_fraction"] < x["saved_block_fraction"] for x in d["exits"])
     assert plot.exists() and "plotly" in plot.read_text()[:5000].lower()
     # never overwrite without --force
-    assert run_app(["settle", "--corpus", "pydoc-topics", "--max-tokens", "64", "--seq-len", "32",
+    assert run_app(["settle", "--corpus", "pydoc-topics", "--max-tokens", "32", "--seq-len", "16",
                     "--plot", str(plot)]) == 2
     assert "exists" in capsys.readouterr().err
 
@@ -520,3 +526,22 @@ def test_report_sections(smollm2, france, tiny_cache):
     assert "&#x27; three&#x27;" in s1.html or "' three'" in s1.html
     assert "Paris" in s2.html and f"{france.logit_diff_model:.4f}" in s2.html
     assert 'data-figure="settle-curve"' in s3.html
+
+
+def test_tuned_lens_wiring(smollm2):
+    """``--lens tuned`` uses vocablens.lens.tuned only when it is importable, else a clear error."""
+    import importlib.util
+
+    from vocablens.cli.vocab_space import load_translator
+
+    if importlib.util.find_spec("vocablens.lens.tuned") is None:
+        with pytest.raises(BadInput, match="vocablens.lens.tuned"):
+            load_translator(smollm2.borders, "smollm2")
+    else:
+        try:
+            t = load_translator(smollm2.borders, "smollm2")
+        except BadInput as exc:  # no lens shipped for the model: the message says what to give
+            assert "lens" in str(exc)
+        else:
+            h = torch.randn(3, smollm2.borders.d_model)
+            assert t.translate(5, h).shape == (3, smollm2.borders.d_model)

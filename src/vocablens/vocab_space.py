@@ -587,12 +587,14 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
         logit_t, logit_c = float(pre_logits[target]), float(pre_logits[contrast])
         Ufull = fl.readout(Uh[:real])  # [V, d]: direct effect of any part on every logit
 
-        def top_tokens(u: torch.Tensor) -> list[int]:
+        def top_tokens(u: torch.Tensor) -> list[list[int]]:
+            """Tokens each row of u [n, d] promotes most, in one pass over the vocabulary."""
             return torch.topk(u.float() @ Ufull.t(), k, dim=-1).indices.tolist()
 
         embed = r2 @ x[0]
         total = embed.clone() + const
         layers: list[LayerExplanation] = []
+        sub_vecs: list[torch.Tensor] = []
         for i, (v, c) in enumerate(zip(views, caps)):
             # attention: heads, bias, post-transform
             a_lin = linearize_norm(v.attn_post.norm, c.attn_raw[0, 0]) if v.attn_post.norm is not None else None
@@ -624,16 +626,15 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
             raw = act @ Wout + (bout.detach().float() if bout is not None else 0.0)
             sub_err = float((raw - c.mlp_raw[0, 0].float()).abs().max())
             diff = sub[:, 0] - sub[:, 1]
-            subs: list[SubUpdate] = []
+            subs: list[dict] = []
             if n_sub:
                 idx = torch.topk(diff.abs(), min(n_sub, len(diff))).indices
                 contrib = act[idx, None] * Wout[idx]  # [n, d] raw sub-updates
                 if m_lin is not None:
                     contrib = m_lin.linear(contrib)
-                contrib = contrib * v.mlp_post.scale
-                tops = top_tokens(contrib)
-                subs = [SubUpdate(layer=i, neuron=int(j), activation=float(act[j]), dla=float(diff[j]),
-                                  dla_target=float(sub[j, 0]), top_ids=tops[n]) for n, j in enumerate(idx.tolist())]
+                sub_vecs.append(contrib * v.mlp_post.scale)
+                subs = [dict(layer=i, neuron=int(j), activation=float(act[j]), dla=float(diff[j]),
+                             dla_target=float(sub[j, 0])) for j in idx.tolist()]
             total = total + attn_dla + mlp_dla
             layers.append(LayerExplanation(
                 layer=i,
@@ -644,9 +645,20 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
                 attn_dla=float(attn_dla[0] - attn_dla[1]), mlp_dla=float(mlp_dla[0] - mlp_dla[1]),
                 head_dla=(head_dla[:, 0] - head_dla[:, 1]).contiguous(),
                 attn_bias_dla=float(a_bias[0] - a_bias[1]), mlp_bias_dla=float(m_bias[0] - m_bias[1]),
-                attn_top_ids=top_tokens(attn_u[i][None])[0], mlp_top_ids=top_tokens(mlp_u[i][None])[0],
-                sub_updates=subs, sub_update_error=sub_err,
+                attn_top_ids=[], mlp_top_ids=[], sub_updates=subs, sub_update_error=sub_err,
             ))
+        # the tokens every update and listed sub-update promotes, in one matmul
+        tops = top_tokens(torch.cat([attn_u, mlp_u, *sub_vecs]))
+        n = len(layers)
+        at = 2 * n
+        for i, ly in enumerate(layers):
+            ly.attn_top_ids.extend(tops[i])
+            ly.mlp_top_ids.extend(tops[n + i])
+            made = []
+            for sd in ly.sub_updates:
+                made.append(SubUpdate(top_ids=tops[at], **sd))
+                at += 1
+            ly.sub_updates[:] = made
     sigma = float(fl.sigma.flatten()[0])
     return Explanation(
         input_ids=input_ids.detach().cpu(), position=p, top1=top1,
@@ -669,8 +681,8 @@ class ExitPoint:
         threshold: exit at the first layer whose lens top-1 probability is >= this.
         mean_exit_layer: mean stream layer at which positions exit (L = never exited early).
         saved_block_fraction: mean (L - exit layer) / L, the share of blocks skipped.
-        saved_flops_fraction: FLOPs saved net of the lens run at every checked layer:
-            ``1 - mean(e·F_block + (e+1)·F_head) / (L·F_block + F_head)``; negative when checking costs
+        saved_flops_fraction: FLOPs saved net of the lens run at every checked layer m..e:
+            ``1 - mean(e·F_block + (e-m+1)·F_head) / (L·F_block + F_head)``; negative when checking costs
             more than the blocks skipped (a large vocabulary and a narrow model).
         agreement: fraction of positions whose exit top-1 equals the full model's top-1.
     """
@@ -695,6 +707,7 @@ class SettleResult:
         settled_fraction: [L+1] float32, fraction of positions settled at or before each layer.
         top1_agreement: [L+1] float32, fraction of positions whose lens top-1 at a layer equals the final.
         exits: one :class:`ExitPoint` per threshold.
+        min_layer: m, the first layer where exits were checked.
         block_flops: forward FLOPs of one block for one token (2 per multiply-add, weights plus attention
             over the mean context); head_flops: FLOPs of one lens read (2·V·d).
     """
@@ -710,6 +723,7 @@ class SettleResult:
     block_flops: float
     head_flops: float
     thresholds: tuple[float, ...] = field(default=DEFAULT_THRESHOLDS)
+    min_layer: int = 0
 
 
 def _block_flops(borders: Borders, mean_context: float) -> float:
@@ -724,7 +738,7 @@ def _block_flops(borders: Borders, mean_context: float) -> float:
 
 def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
            thresholds: Sequence[float] = DEFAULT_THRESHOLDS, translator: Translator | None = None,
-           kind: str | None = None, chunk_rows: int | None = None) -> SettleResult:
+           kind: str | None = None, chunk_rows: int | None = None, min_layer: int = 0) -> SettleResult:
     """Settling layers and early exits over a corpus (Geva et al. 2022 §5.2, with any lens).
 
     Args:
@@ -734,13 +748,18 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
         thresholds: early-exit confidences in (0, 1].
         translator: a :class:`~vocablens.lens.logit.Translator` (tuned lens) or None (logit lens).
         chunk_rows: positions decoded at once (default: 64 MiB of logits).
+        min_layer: the first stream layer where an exit is checked (0 = the embedding itself; with tied
+            embeddings the logit lens there confidently predicts the input token, a poor exit).
 
     Returns:
         :class:`SettleResult`. Memory: one batch's residual stream plus one chunk of [c, V] logits.
 
     Raises:
-        BadInput: no tokens, a threshold outside (0, 1].
+        BadInput: no tokens, a threshold outside (0, 1], min_layer outside 0..L.
     """
+    if not 0 <= int(min_layer) <= borders.n_layers:
+        raise BadInput(f"min_layer must be in 0..{borders.n_layers}; got {min_layer}")
+    m = int(min_layer)
     ths = tuple(float(t) for t in thresholds)
     if not ths or any(not 0 < t <= 1 for t in ths):
         raise BadInput(f"thresholds must be in (0, 1]; got {list(thresholds)}")
@@ -765,9 +784,9 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
             for layer in range(L + 1):
                 for s in range(0, B * T, step):
                     lp = layer_logprobs(borders, h[layer, s:s + step], layer, translator)[:, :real]
-                    m = lp.max(dim=-1)
-                    t1[layer, s:s + step] = m.indices
-                    cf[layer, s:s + step] = m.values.exp()
+                    mx = lp.max(dim=-1)
+                    t1[layer, s:s + step] = mx.indices
+                    cf[layer, s:s + step] = mx.values.exp()
             top1s.append(t1)
             confs.append(cf)
     if n_tok == 0:
@@ -785,16 +804,18 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
     exits = []
     for t in ths:
         hit = conf >= t
+        hit[:m] = False
         hit[L] = True
         e = hit.int().argmax(0)  # first layer reaching the threshold
         chosen = top1.gather(0, e[None])[0]
         ef = e.float()
-        cost = ef * F_block + (ef + 1) * F_head
+        cost = ef * F_block + (ef - m + 1) * F_head
         exits.append(ExitPoint(threshold=t, mean_exit_layer=float(ef.mean()),
                                saved_block_fraction=float(((L - ef) / L).mean()),
                                saved_flops_fraction=float(1 - cost.mean() / base),
                                agreement=float((chosen == top1[L]).float().mean())))
     return SettleResult(kind=kind or ("logit" if translator is None else "tuned"), n_positions=N, n_layers=L,
+                        min_layer=m,
                         settle_layer=settle_layer, histogram=hist,
                         settled_fraction=(hist.cumsum(0).float() / N), top1_agreement=agree.float().mean(1),
                         exits=exits, block_flops=F_block, head_flops=F_head, thresholds=ths)

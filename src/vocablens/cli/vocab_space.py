@@ -134,24 +134,44 @@ def explain_cmd(
         out.print(f"[dim]{rv.explanation_footer(e)}[/dim]")
 
 
-def load_translator(path: str, borders):
-    """A tuned lens from ``path`` when ``vocablens.lens.tuned`` is importable, as a ``Translator``.
+def load_translator(borders, model_spec: str, path: str = ""):
+    """The tuned lens for this model (``path``, or the one shipped for ``model_spec``) as a ``Translator``.
+
+    ``vocablens.lens.tuned`` is built separately; it is used only when importable here.
 
     Raises:
-        BadInput: the tuned lens module is not available here, or offers no loader.
+        BadInput: the tuned lens module is not available, or it has no lens for this model.
     """
     try:
         from vocablens.lens import tuned
     except ImportError:
-        raise BadInput("--tuned needs vocablens.lens.tuned, which this installation does not have") from None
-    for name in ("load_tuned_lens", "load"):
-        fn = getattr(tuned, name, None)
-        if callable(fn):
-            return fn(path, borders)
+        raise BadInput("--lens tuned needs vocablens.lens.tuned, which this installation does not have") from None
+    fn = getattr(tuned, "load_for_model", None)
+    if callable(fn):
+        return fn(borders, model_spec, path or None)
     cls = getattr(tuned, "TunedLens", None)
-    if cls is not None and callable(getattr(cls, "load", None)):
+    if path and cls is not None and callable(getattr(cls, "load", None)):
         return cls.load(path, borders)
-    raise BadInput("vocablens.lens.tuned offers no loader (load_tuned_lens / load / TunedLens.load)")
+    raise BadInput("vocablens.lens.tuned offers no loader for this model; give --tuned-path DIR")
+
+
+def _corpus_rows(corpus: str, tokenizer, seq_len: int, max_tokens: int):
+    """Token rows [N, seq_len] from the first documents of a corpus, reading more only when needed."""
+    from vocablens.corpus import load_documents, pack_tokens
+
+    n = 4
+    while True:
+        docs = load_documents(corpus, max_docs=n)
+        short = len(docs) < n
+        try:
+            rows = pack_tokens(docs, tokenizer, seq_len, max_tokens=max_tokens)
+        except BadInput:
+            if short:
+                raise
+            rows = None
+        if rows is not None and (rows.numel() + seq_len > max_tokens or short):
+            return rows
+        n *= 4
 
 
 @app.command("settle")
@@ -162,7 +182,9 @@ def settle_cmd(
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per row.")] = 256,
     batch: Annotated[int, typer.Option("--batch", help="Rows per forward pass.")] = 2,
     thresholds: Annotated[str, typer.Option("--thresholds", help="Comma-separated exit confidences in (0, 1].")] = "0.5,0.7,0.8,0.9,0.95,0.99",
-    tuned: Annotated[str, typer.Option("--tuned", help="A tuned lens checkpoint (when vocablens.lens.tuned is installed).")] = "",
+    lens: Annotated[str, typer.Option("--lens", help="logit (default) or tuned (when vocablens.lens.tuned is installed).")] = "logit",
+    tuned_path: Annotated[str, typer.Option("--tuned-path", help="Tuned lens directory (default: the one shipped for the model).")] = "",
+    min_layer: Annotated[int, typer.Option("--min-layer", help="First stream layer where an early exit is checked.")] = 0,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the settle plot here (.html, .png, .svg, .pdf).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --plot file.")] = False,
     json_: JsonOpt = False,
@@ -170,13 +192,15 @@ def settle_cmd(
 ) -> None:
     """Where predictions settle over a corpus, and what an early exit would save and keep."""
     from vocablens import vocab_space as vs
-    from vocablens.corpus import load_documents, pack_tokens
+    from vocablens.corpus import load_documents
     from vocablens.render import vocab_space as rv
 
     try:
         ths = [float(x) for x in thresholds.split(",") if x.strip()]
     except ValueError:
         raise BadInput(f"--thresholds takes comma-separated numbers; got {thresholds!r}") from None
+    if lens not in ("logit", "tuned"):
+        raise BadInput(f"--lens must be logit or tuned; got {lens!r}")
     if max_tokens < seq_len or seq_len < 2 or batch < 1:
         raise BadInput(f"need --seq-len >= 2, --batch >= 1 and --max-tokens >= --seq-len; got "
                        f"{seq_len}, {batch}, {max_tokens}")
@@ -185,14 +209,14 @@ def settle_cmd(
             raise OutputExists(f"{plot} exists; pass --force to replace it")
         if plot.suffix.lower() not in (".html", ".htm", ".png", ".svg", ".pdf"):
             raise BadInput(f"--plot must end in .html, .png, .svg or .pdf; got {plot.name!r}")
-    docs = load_documents(corpus)
+    load_documents(corpus, max_docs=1)  # fail early on a missing corpus, before loading the model
     lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
-    rows = pack_tokens(docs, lm.tokenizer, seq_len, max_tokens=max_tokens)
-    translator = load_translator(tuned, lm.borders) if tuned else None
+    rows = _corpus_rows(corpus, lm.tokenizer, seq_len, max_tokens)
+    translator = load_translator(lm.borders, model, tuned_path) if lens == "tuned" else None
     if not json_:
         err.print(f"[dim]reading {rows.numel()} tokens ({rows.shape[0]} rows of {seq_len}) ...[/dim]")
     res = vs.settle(lm.borders, [rows[i:i + batch] for i in range(0, len(rows), batch)], thresholds=ths,
-                    translator=translator)
+                    translator=translator, min_layer=min_layer)
     if plot is not None:
         rv.write_settle_plot(res, plot)
     if json_:

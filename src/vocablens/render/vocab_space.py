@@ -112,7 +112,7 @@ def settle_to_dict(res: SettleResult) -> dict:
     "mean_settle_layer", "block_flops", "head_flops", "exits": [{"threshold", "mean_exit_layer",
     "saved_block_fraction", "saved_flops_fraction", "agreement"}]}``."""
     return {
-        "kind": res.kind, "n_positions": res.n_positions, "n_layers": res.n_layers,
+        "kind": res.kind, "n_positions": res.n_positions, "n_layers": res.n_layers, "min_layer": res.min_layer,
         "histogram": res.histogram.tolist(),
         "settled_fraction": [_r(x, 6) for x in res.settled_fraction.tolist()],
         "top1_agreement": [_r(x, 6) for x in res.top1_agreement.tolist()],
@@ -211,7 +211,8 @@ def settle_tables(res: SettleResult) -> list:
     for layer in range(L + 1):
         t.add_row(str(layer), str(int(res.histogram[layer])), f"{float(res.settled_fraction[layer]):.1%}",
                   f"{float(res.top1_agreement[layer]):.1%}")
-    x = Table(title=(f"early exit at a confidence threshold (lens read: {res.head_flops / 1e6:.2f} MFLOP, "
+    x = Table(title=(f"early exit at a confidence threshold, checked from layer {res.min_layer} "
+                     f"(lens read: {res.head_flops / 1e6:.2f} MFLOP, "
                      f"block: {res.block_flops / 1e6:.2f} MFLOP per token)"), title_justify="left")
     for c in ("threshold", "mean exit layer", "blocks saved", "FLOPs saved (net)", "agreement"):
         x.add_column(c, justify="right")
@@ -339,7 +340,7 @@ def settle_section(res: SettleResult, div_id: str = "settle-curve") -> Section:
     html = (f"<p>Over {res.n_positions} corpus positions, the first layer from which the {esc(res.kind)} lens's "
             f"top-1 equals the model's final top-1 and stays (mean {float(res.settle_layer.float().mean()):.2f} of "
             f"{res.n_layers}). An early exit stops at the first layer whose lens top-1 probability reaches the "
-            f"threshold; net FLOPs count the lens read ({res.head_flops / 1e6:.2f} MFLOP per token) at every "
+            f"threshold (checked from layer {res.min_layer}); net FLOPs count the lens read ({res.head_flops / 1e6:.2f} MFLOP per token) at every "
             f"checked layer against {res.block_flops / 1e6:.2f} MFLOP per block.</p>"
             + figure_html(settle_figure(res), div_id)
             + table_html(["threshold", "mean exit layer", "blocks saved", "FLOPs saved (net)", "agreement"], rows))
