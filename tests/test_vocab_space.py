@@ -164,7 +164,7 @@ def test_value_projection_equals_direct(tiny_cache, family):
     layer, neuron = 1, 5
     v = block_view(b, layer)
     down = v.mlp_out
-    vec = (down.weight[neuron] if type(down).__name__ == "Conv1D" else down.weight[:, neuron]).float()
+    vec = (down.weight[neuron] if type(down).__name__ == "Conv1D" else down.weight[:, neuron]).detach().float()
     h = vec if b.project_out is None else b.project_out(vec)
     direct = (h @ b.W_U.float().t()) * b.logit_scale
     res = vs.project_vectors(b, [layer], [neuron], k=7, apply_norm_gain=False)

@@ -176,7 +176,7 @@ def explanation_tables(e: Explanation, tokenizer) -> list:
     cols = ["layer", "Δlogp top-1 attn", "Δlogp top-1 mlp"]
     if e.token is not None:
         cols += ["Δlogp token attn", "Δlogp token mlp"]
-    cols += ["DLA attn", "top head", "DLA mlp", "attn promotes", "mlp promotes"]
+    cols += ["DLA attn", "top head", "DLA mlp", "mlp promotes"]
     for c in cols:
         t.add_column(c, justify="left" if "promotes" in c else "right")
     for ly in e.layers:
@@ -185,7 +185,7 @@ def explanation_tables(e: Explanation, tokenizer) -> list:
         if e.token is not None:
             row += [f"{ly.attn_dlogprob_token:+.3f}", f"{ly.mlp_dlogprob_token:+.3f}"]
         row += [f"{ly.attn_dla:+.3f}", f"h{h} {float(ly.head_dla[h]):+.3f}", f"{ly.mlp_dla:+.3f}",
-                _join(_toks(tokenizer, ly.attn_top_ids), 4), _join(_toks(tokenizer, ly.mlp_top_ids), 4)]
+                _join(_toks(tokenizer, ly.mlp_top_ids), 3)]
         t.add_row(*row)
     s = Table(title="largest FFN sub-updates (activation x value vector) by |DLA|", title_justify="left")
     for c in ("layer", "neuron", "activation", "DLA", "promotes"):
