@@ -459,6 +459,10 @@ def test_cli_project_json(smollm2, monkeypatch, capsys):
     assert run_app(["project", "--layer", "3", "--head", "2", "--max-sources", "256", "-k", "3", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["kv_head"] == 0 and len(d["pairs"]) == 3 and d["n_sources"] == 256
+    assert run_app(["project", "--layer", "5", "--sample", "2", "-k", "2", "--keys", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["kind"] == "key" and [v["layer"] for v in d["vectors"]] == [5, 5]
+    assert all(len(v["top_tokens"]) == 2 for v in d["vectors"])
 
 
 @pytest.mark.parametrize("argv,msg", [

@@ -547,9 +547,10 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
     with torch.no_grad():
         with capture_updates(views, (1, T), positions=torch.tensor([p])) as caps:
             resid, model_logits = borders.residual_stream(input_ids[None])
-        x = resid[:, 0, p].float()  # [L+1, d]
-        attn_u = torch.stack([c.attn[0, 0].float() for c in caps])  # [L, d]
-        mlp_u = torch.stack([c.mlp[0, 0].float() for c in caps])
+        # everything below is float32 on the CPU, whatever the model's device and dtype
+        x = resid[:, 0, p].float().cpu()  # [L+1, d]
+        attn_u = torch.stack([c.attn[0, 0].float().cpu() for c in caps])  # [L, d]
+        mlp_u = torch.stack([c.mlp[0, 0].float().cpu() for c in caps])
         recon = x[0] + (attn_u + mlp_u).sum(0)
         resid_error = float((recon - x[L]).abs().max())
         step_err = (x[:-1] + attn_u + mlp_u - x[1:]).abs().max()
@@ -558,7 +559,7 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
                                           f"block outputs are not input + attention + MLP updates "
                                           f"(off by {float(step_err):.3g})")
 
-        final_lp = torch.log_softmax(model_logits[0, p].float(), -1)
+        final_lp = torch.log_softmax(model_logits[0, p].float().cpu(), -1)
         top2 = torch.topk(final_lp[:real], 2).indices.tolist()
         top1 = top2[0]
         target = int(token_id) if token_id is not None else top1
@@ -568,22 +569,22 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
         states = torch.empty(2 * L + 1, x.shape[1])
         states[0::2] = x
         states[1::2] = x[:-1] + attn_u
-        lp = torch.log_softmax(borders.unembed(states.to(resid.dtype)).float(), -1)  # [2L+1, V]
+        lp = torch.log_softmax(borders.unembed(states.to(resid.device, resid.dtype)).float().cpu(), -1)  # [2L+1, V]
         lp_top1 = lp[:, top1]
         lp_tok = lp[:, int(token_id)] if token_id is not None else None
 
         # Final norm linearized at x_L; readout rows for target and contrast.
         fl = linearize_norm(borders.final_norm, x[L])
-        Uh = _head_weights(borders)  # [V, d]
+        Uh = _head_weights(borders).cpu()  # [V, d]
         r2 = fl.readout(Uh[[target, contrast]])  # [2, d]
         const = Uh[[target, contrast]] @ fl.bias
         if borders.project_out is not None and linear_bias(borders.project_out) is not None:
-            W_U2 = borders.W_U.detach().float()[[target, contrast]]
-            const = const + borders.logit_scale * (W_U2 @ linear_bias(borders.project_out).detach().float())
+            W_U2 = borders.W_U.detach().float().cpu()[[target, contrast]]
+            const = const + borders.logit_scale * (W_U2 @ linear_bias(borders.project_out).detach().float().cpu())
         if borders.b_U is not None:
-            const = const + borders.b_U.detach().float()[[target, contrast]] * borders.logit_scale
+            const = const + borders.b_U.detach().float().cpu()[[target, contrast]] * borders.logit_scale
         pre_logits = (borders.lm_head(borders.normed(resid[L, 0, p][None]).to(borders.W_U.dtype)).float()[0]
-                      * borders.logit_scale)
+                      .cpu() * borders.logit_scale)
         logit_t, logit_c = float(pre_logits[target]), float(pre_logits[contrast])
         Ufull = fl.readout(Uh[:real])  # [V, d]: direct effect of any part on every logit
 
@@ -603,12 +604,12 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
             if a_lin is not None:
                 a_const = ra @ a_lin.bias
                 ra = a_lin.readout(ra)
-            z = c.z[0, 0].float().view(v.n_heads, v.d_head)
-            WO = v.W_O.detach().float()  # [H, dh, d]
+            z = c.z[0, 0].float().cpu().view(v.n_heads, v.d_head)
+            WO = v.W_O.detach().float().cpu()  # [H, dh, d]
             head_out = torch.einsum("hk,hkd->hd", z, WO)  # [H, d]
             head_dla = head_out @ ra.t()  # [H, 2]
             bO = v.b_O
-            a_bias = (ra @ bO.detach().float() if bO is not None else torch.zeros(2)) + a_const
+            a_bias = (ra @ bO.detach().float().cpu() if bO is not None else torch.zeros(2)) + a_const
             attn_dla = head_dla.sum(0) + a_bias
             # MLP: sub-updates, bias, post-transform
             m_lin = linearize_norm(v.mlp_post.norm, c.mlp_raw[0, 0]) if v.mlp_post.norm is not None else None
@@ -617,14 +618,14 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
             if m_lin is not None:
                 m_const = rm @ m_lin.bias
                 rm = m_lin.readout(rm)
-            act = c.act[0, 0].float()  # [d_ff]
-            Wout = v.W_out.detach().float()  # [d_ff, d]
+            act = c.act[0, 0].float().cpu()  # [d_ff]
+            Wout = v.W_out.detach().float().cpu()  # [d_ff, d]
             sub = act[:, None] * (Wout @ rm.t())  # [d_ff, 2]
             bout = v.b_out
-            m_bias = (rm @ bout.detach().float() if bout is not None else torch.zeros(2)) + m_const
+            m_bias = (rm @ bout.detach().float().cpu() if bout is not None else torch.zeros(2)) + m_const
             mlp_dla = sub.sum(0) + m_bias
-            raw = act @ Wout + (bout.detach().float() if bout is not None else 0.0)
-            sub_err = float((raw - c.mlp_raw[0, 0].float()).abs().max())
+            raw = act @ Wout + (bout.detach().float().cpu() if bout is not None else 0.0)
+            sub_err = float((raw - c.mlp_raw[0, 0].float().cpu()).abs().max())
             diff = sub[:, 0] - sub[:, 1]
             subs: list[dict] = []
             if n_sub:

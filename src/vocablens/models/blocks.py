@@ -573,8 +573,9 @@ def linearize_norm(norm: nn.Module | None, x: torch.Tensor) -> NormLinearization
     sigma = torch.sqrt((xc ** 2).mean(-1, keepdim=True) + eps)
     lin = NormLinearization(scale=gain / sigma, gain=gain, bias=bias, centered=centered, sigma=sigma,
                             max_abs_error=0.0)
+    w = next((q for q in norm.parameters()), None)
     with torch.no_grad():
-        actual = norm(x).float().cpu()
+        actual = norm(x.to(w.device) if w is not None else x).float().cpu()
     approx = lin.linear(xf) + bias
     err = float((approx - actual).abs().max())
     if err > 1e-3 * max(float(actual.abs().max()), 1.0):
