@@ -549,3 +549,12 @@ def test_tuned_lens_wiring(smollm2):
         else:
             h = torch.randn(3, smollm2.borders.d_model)
             assert t.translate(5, h).shape == (3, smollm2.borders.d_model)
+
+
+def test_single_token_helper(smollm2):
+    from vocablens.cli.vocab_space import _single_token
+
+    tok, V = smollm2.tokenizer, smollm2.borders.vocab_size
+    assert tok.decode([_single_token(tok, " Paris", V)]) == " Paris"
+    with pytest.raises(TokenNotInVocabulary, match="is 6 tokens"):
+        _single_token(tok, " Ouagadougou", V)
