@@ -1,0 +1,230 @@
+"""Commands ``project``, ``explain`` and ``settle``: parameters and updates read in vocabulary space."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.errors import BadInput, OutputExists, TokenNotInVocabulary
+
+KOpt = Annotated[int, typer.Option("-k", "--top-k", help="Tokens (or pairs, or vectors) listed.")]
+NoGainOpt = Annotated[bool, typer.Option(
+    "--no-norm-gain", help="Read vectors with the bare unembedding U·v instead of U·(g⊙v), g the final norm's "
+    "gain (the default applies it: the map the model uses, up to a positive per-position scale).")]
+
+
+def _single_token(tokenizer, text: str, V: int) -> int:
+    from vocablens.models.tokens import single_token_id
+
+    ids, note = single_token_id(tokenizer, text, V)
+    if len(ids) != 1:
+        raise TokenNotInVocabulary(f"{note}; give a single token (e.g. with its leading space)")
+    return int(ids[0])
+
+
+def _ints(s: str, what: str) -> list[int]:
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise BadInput(f"{what} takes comma-separated integers; got {s!r}") from None
+
+
+@app.command("project")
+def project_cmd(
+    model: ModelOpt = "smollm2",
+    layer: Annotated[int | None, typer.Option("--layer", "-l", help="Block (0..L-1); default all blocks.")] = None,
+    neuron: Annotated[str, typer.Option("--neuron", "-n", help="Neuron(s) of --layer, comma-separated.")] = "",
+    token: Annotated[str, typer.Option("--token", "-t", help="Reverse search: the value vectors that most promote / suppress this token.")] = "",
+    head: Annotated[int | None, typer.Option("--head", help="Read this attention head of --layer (OV or QK circuit).")] = None,
+    circuit: Annotated[str, typer.Option("--circuit", help="ov (what the head copies/writes) or qk (what attends to what).")] = "ov",
+    keys: Annotated[bool, typer.Option("--keys", help="Project key vectors (gate/up rows) through the input embedding instead of value vectors.")] = False,
+    sample: Annotated[int, typer.Option("--sample", help="Without --neuron: neurons drawn per layer.")] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the neuron sample.")] = 0,
+    max_sources: Annotated[int | None, typer.Option("--max-sources", help="Head circuits: scan only the first N source token ids.")] = None,
+    k: KOpt = 10,
+    no_norm_gain: NoGainOpt = False,
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Parameters in vocabulary space: FFN value/key vectors, reverse token search, head OV/QK circuits."""
+    from vocablens import vocab_space as vs
+    from vocablens.render import vocab_space as rv
+
+    if k < 1:
+        raise BadInput(f"-k must be at least 1; got {k}")
+    if circuit not in ("ov", "qk"):
+        raise BadInput(f"--circuit must be ov or qk; got {circuit!r}")
+    if head is not None and layer is None:
+        raise BadInput("--head needs --layer")
+    if token and head is not None:
+        raise BadInput("give either --token (reverse search) or --head (circuit), not both")
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    b, tok = lm.borders, lm.tokenizer
+    gain = not no_norm_gain
+    if layer is not None and not 0 <= layer < b.n_layers:
+        raise BadInput(f"layer {layer} is out of range: this model has blocks 0..{b.n_layers - 1}")
+    if token:
+        tid = _single_token(tok, token, b.vocab_size)
+        res = vs.search_token(b, tid, k=k, apply_norm_gain=gain)
+        L = res.promote_layers.tolist() + res.suppress_layers.tolist()
+        N = res.promote_neurons.tolist() + res.suppress_neurons.tolist()
+        tops = vs.project_vectors(b, L, N, k=min(8, b.real_vocab_size), apply_norm_gain=gain)
+        if json_:
+            emit_json({**rv.search_to_dict(res, tok, tops), "model": lm.provenance.to_dict()})
+        else:
+            out.print(rv.search_table(res, tok, tops))
+        return
+    if head is not None:
+        res = vs.head_circuit(b, layer, head, circuit=circuit, k=k, apply_norm_gain=gain, max_sources=max_sources)
+        if json_:
+            emit_json({**rv.circuit_to_dict(res, tok), "model": lm.provenance.to_dict()})
+        else:
+            out.print(rv.circuit_table(res, tok))
+        return
+    if neuron:
+        if layer is None:
+            raise BadInput("--neuron needs --layer")
+        ns = _ints(neuron, "--neuron")
+        layers, neurons = [layer] * len(ns), ns
+    else:
+        layers, neurons = vs.sample_neurons(b, sample, seed)
+        if layer is not None:
+            pairs = [(ly, n) for ly, n in zip(layers, neurons) if ly == layer]
+            layers, neurons = [p[0] for p in pairs], [p[1] for p in pairs]
+    res = vs.project_vectors(b, layers, neurons, k=k, kind="key" if keys else "value", apply_norm_gain=gain)
+    if json_:
+        emit_json({**rv.vectors_to_dict(res, tok), "model": lm.provenance.to_dict()})
+    else:
+        out.print(rv.vectors_table(res, tok))
+
+
+@app.command("explain")
+def explain_cmd(
+    prompt: Annotated[str, typer.Argument(help="Text whose next-token prediction is explained.")],
+    model: ModelOpt = "smollm2",
+    position: Annotated[int, typer.Option("--position", "-p", help="Position explained (negative from the end).")] = -1,
+    token: Annotated[str, typer.Option("--token", "-t", help="A token to follow and attribute (default: the top-1).")] = "",
+    k: KOpt = 5,
+    subs: Annotated[int, typer.Option("--subs", help="FFN sub-updates kept per layer.")] = 5,
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the chat template (user turn).")] = False,
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """What built a prediction: per-layer attention/FFN updates, FFN sub-updates, per-head logit attribution."""
+    from vocablens import vocab_space as vs
+    from vocablens.models.tokens import context_length, encode_prompt
+    from vocablens.render import vocab_space as rv
+
+    if not prompt.strip():
+        raise BadInput("empty prompt: give some text")
+    if k < 1:
+        raise BadInput(f"-k must be at least 1; got {k}")
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat)
+    tid = _single_token(lm.tokenizer, token, lm.borders.vocab_size) if token else None
+    e = vs.explain(lm.borders, ids, position=position, token_id=tid, k=k, n_sub=subs)
+    if json_:
+        emit_json({**rv.explanation_to_dict(e, lm.tokenizer), "model": lm.provenance.to_dict()})
+    else:
+        for t in rv.explanation_tables(e, lm.tokenizer):
+            out.print(t)
+        out.print(f"[dim]{rv.explanation_footer(e)}[/dim]")
+
+
+def load_translator(borders, model_spec: str, path: str = ""):
+    """The tuned lens for this model (``path``, or the one shipped for ``model_spec``) as a ``Translator``.
+
+    ``vocablens.lens.tuned`` is built separately; it is used only when importable here.
+
+    Raises:
+        BadInput: the tuned lens module is not available, or it has no lens for this model.
+    """
+    try:
+        from vocablens.lens import tuned
+    except ImportError:
+        raise BadInput("--lens tuned needs vocablens.lens.tuned, which this installation does not have") from None
+    fn = getattr(tuned, "load_for_model", None)
+    if callable(fn):
+        return fn(borders, model_spec, path or None)
+    cls = getattr(tuned, "TunedLens", None)
+    if path and cls is not None and callable(getattr(cls, "load", None)):
+        return cls.load(path, borders)
+    raise BadInput("vocablens.lens.tuned offers no loader for this model; give --tuned-path DIR")
+
+
+def _corpus_rows(corpus: str, tokenizer, seq_len: int, max_tokens: int):
+    """Token rows [N, seq_len] from the first documents of a corpus, reading more only when needed."""
+    from vocablens.corpus import load_documents, pack_tokens
+
+    n = 4
+    while True:
+        docs = load_documents(corpus, max_docs=n)
+        short = len(docs) < n
+        try:
+            rows = pack_tokens(docs, tokenizer, seq_len, max_tokens=max_tokens)
+        except BadInput:
+            if short:
+                raise
+            rows = None
+        if rows is not None and (rows.numel() + seq_len > max_tokens or short):
+            return rows
+        n *= 4
+
+
+@app.command("settle")
+def settle_cmd(
+    corpus: Annotated[str, typer.Option("--corpus", "-c", help="A named corpus (pydoc-topics, python-docs ...), a file or a directory.")],
+    model: ModelOpt = "smollm2",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens read from the corpus.")] = 2048,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per row.")] = 256,
+    batch: Annotated[int, typer.Option("--batch", help="Rows per forward pass.")] = 2,
+    thresholds: Annotated[str, typer.Option("--thresholds", help="Comma-separated exit confidences in (0, 1].")] = "0.5,0.7,0.8,0.9,0.95,0.99",
+    lens: Annotated[str, typer.Option("--lens", help="logit (default) or tuned (when vocablens.lens.tuned is installed).")] = "logit",
+    tuned_path: Annotated[str, typer.Option("--tuned-path", help="Tuned lens directory (default: the one shipped for the model).")] = "",
+    min_layer: Annotated[int, typer.Option("--min-layer", help="First stream layer where an early exit is checked.")] = 0,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the settle plot here (.html, .png, .svg, .pdf).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --plot file.")] = False,
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Where predictions settle over a corpus, and what an early exit would save and keep."""
+    from vocablens import vocab_space as vs
+    from vocablens.corpus import load_documents
+    from vocablens.render import vocab_space as rv
+
+    try:
+        ths = [float(x) for x in thresholds.split(",") if x.strip()]
+    except ValueError:
+        raise BadInput(f"--thresholds takes comma-separated numbers; got {thresholds!r}") from None
+    if lens not in ("logit", "tuned"):
+        raise BadInput(f"--lens must be logit or tuned; got {lens!r}")
+    if max_tokens < seq_len or seq_len < 2 or batch < 1:
+        raise BadInput(f"need --seq-len >= 2, --batch >= 1 and --max-tokens >= --seq-len; got "
+                       f"{seq_len}, {batch}, {max_tokens}")
+    if plot is not None:
+        if plot.exists() and not force:
+            raise OutputExists(f"{plot} exists; pass --force to replace it")
+        if plot.suffix.lower() not in (".html", ".htm", ".png", ".svg", ".pdf"):
+            raise BadInput(f"--plot must end in .html, .png, .svg or .pdf; got {plot.name!r}")
+    load_documents(corpus, max_docs=1)  # fail early on a missing corpus, before loading the model
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    rows = _corpus_rows(corpus, lm.tokenizer, seq_len, max_tokens)
+    translator = load_translator(lm.borders, model, tuned_path) if lens == "tuned" else None
+    if not json_:
+        err.print(f"[dim]reading {rows.numel()} tokens ({rows.shape[0]} rows of {seq_len}) ...[/dim]")
+    res = vs.settle(lm.borders, [rows[i:i + batch] for i in range(0, len(rows), batch)], thresholds=ths,
+                    translator=translator, min_layer=min_layer)
+    if plot is not None:
+        rv.write_settle_plot(res, plot)
+    if json_:
+        d = rv.settle_to_dict(res)
+        d.update({"corpus": corpus, "plot": str(plot) if plot else None, "model": lm.provenance.to_dict()})
+        emit_json(d)
+    else:
+        for t in rv.settle_tables(res):
+            out.print(t)
+        if plot is not None:
+            err.print(f"[dim]wrote {plot}[/dim]")
