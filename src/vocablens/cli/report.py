@@ -15,6 +15,8 @@ from vocablens.errors import BadInput
 DEFAULT_PROMPT = "The capital of France is"
 #: tokens whose neighbours the report shows (single tokens in most English vocabularies)
 REPORT_NEIGHBOR_TOKENS = (" king", " Paris", " three", " Monday", " dog", " happy")
+#: tokens whose strongest promoting FFN value vectors the report shows
+REPORT_PROBE_TOKENS = (" three", " Monday", " France", " red")
 
 
 @app.command("report")
@@ -26,7 +28,10 @@ def report(
     trust_remote_code: TrustOpt = False,
 ) -> None:
     """Write one self-contained HTML report (plotly inlined) and print a terminal summary."""
+    from vocablens import vocab_space as vs
     from vocablens.anatomy import anatomy
+    from vocablens.corpus import load_documents, pack_tokens
+    from vocablens.render import vocab_space as rv
     from vocablens.geometry import nearest_neighbors, word_pca
     from vocablens.lens import logit_lens
     from vocablens.render.anatomy import anatomy_section, anatomy_table
@@ -82,12 +87,45 @@ def report(
         results["pca"] = wp
         sections.append(pca_section(wp))
 
+    def step_value_vectors():
+        # first the strongest promoter of a few probe tokens, then a random sample of 2 per layer
+        lead_l, lead_n, probes = [], [], []
+        for q in REPORT_PROBE_TOKENS:
+            q_ids = tok(q, add_special_tokens=False).input_ids
+            if len(q_ids) != 1:
+                continue
+            found = vs.search_token(borders, q_ids[0], k=1)
+            lead_l.append(int(found.promote_layers[0]))
+            lead_n.append(int(found.promote_neurons[0]))
+            probes.append(q)
+        layers, neurons = vs.sample_neurons(borders, 2, seed=0)
+        res = vs.project_vectors(borders, lead_l + layers, lead_n + neurons, k=8)
+        results["value_vectors"] = res
+        note = (f"The first {len(probes)} rows are the value vectors that most promote "
+                + ", ".join(repr(q) for q in probes)
+                + " (reverse search over all layers); then a random sample of 2 neurons per layer:")
+        sections.append(rv.value_vectors_section(res, tok, note=note))
+
+    def step_explain():
+        e = vs.explain(borders, ids)
+        results["explain"] = e
+        sections.append(rv.explanation_section(e, tok, prompt))
+
+    def step_settle():
+        rows = pack_tokens(load_documents("pydoc-topics", max_docs=8), tok, 128, max_tokens=256)
+        res = vs.settle(borders, rows, min_layer=borders.n_layers // 2)
+        results["settle"] = res
+        sections.append(rv.settle_section(res))
+
     steps += [
         ("anatomy", step_anatomy),
         ("borders and tied check", step_borders),
         ("embedding neighbours", step_neighbors),
         ("3-D PCA of word embeddings", step_pca),
         ("logit lens", step_lens),
+        ("value vectors in vocabulary space", step_value_vectors),
+        ("what built the prediction", step_explain),
+        ("where predictions settle", step_settle),
     ]
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
@@ -117,6 +155,8 @@ def report(
             "tie_check": results["tie"].to_dict(),
             "neighbors": neighbors_to_dict(results["neighbors"], tok),
             "lens": lens_to_dict(results["lens"], tok),
+            "explain": rv.explanation_to_dict(results["explain"], tok),
+            "settle": rv.settle_to_dict(results["settle"]),
             "sections": [s.id for s in sections],
             "timings_s": {k: round(v, 3) for k, v in timings.items()},
         })

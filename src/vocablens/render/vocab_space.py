@@ -294,8 +294,9 @@ def write_settle_plot(res: SettleResult, path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- report
-def value_vectors_section(res: VectorProjection, tokenizer, n: int = 8) -> Section:
-    """Report section: top and bottom tokens of a sample of value vectors per layer."""
+def value_vectors_section(res: VectorProjection, tokenizer, n: int = 8, note: str | None = None) -> Section:
+    """Report section: top and bottom tokens of a sample of value vectors per layer (``note`` replaces
+    the sentence that introduces the table)."""
     rows = [[int(res.layers[j]), int(res.neurons[j]), f"{float(res.norms[j]):.3f}",
              " ".join(repr(t) for t in _toks(tokenizer, res.top_ids[j])[:n]),
              " ".join(repr(t) for t in _toks(tokenizer, res.bottom_ids[j])[:n])] for j in range(len(res.layers))]
@@ -303,7 +304,7 @@ def value_vectors_section(res: VectorProjection, tokenizer, n: int = 8) -> Secti
     intro = (f"<p>Each FFN neuron writes a fixed <em>value vector</em> (a row of the down projection's "
              f"transpose) scaled by its activation. Read through the unembedding ({esc(gain)}), a value vector "
              f"is a ranking of tokens: what it promotes and what it suppresses (Geva et al. 2022; Dar et al. "
-             f"2022). A random sample of neurons per layer:</p>")
+             f"2022). {esc(note) if note else 'A random sample of neurons per layer:'}</p>")
     return Section(id="value-vectors", title="FFN value vectors in vocabulary space",
                    html=intro + table_html(["layer", "neuron", "norm", "promotes", "suppresses"], rows))
 
