@@ -49,19 +49,42 @@ def _drop_gguf_quantizer(model) -> None:
                 pass
 
 
+_PROBE = "Hello world! naïve café, 日本語 ∑ x=1;\n\tdef f(): return 'ok'  \u200b end"
+
+
+def _check_tokenizer_reload(d: Path, tokenizer, texts: list[str] | None) -> None:
+    from transformers import AutoTokenizer
+
+    from vocablens.errors import CheckpointMismatch
+
+    t2 = AutoTokenizer.from_pretrained(str(d))
+    for text in [_PROBE, *(texts or [])]:
+        a = tokenizer(text, add_special_tokens=False).input_ids
+        b = t2(text, add_special_tokens=False).input_ids
+        if list(a) != list(b) or len(t2) != len(tokenizer):
+            raise CheckpointMismatch(
+                f"AutoTokenizer reloads the written tokenizer as {type(t2).__name__}, which encodes differently "
+                f"from the edited one (len {len(t2)} vs {len(tokenizer)}); nothing written")
+
+
 def save_model_dir(model, tokenizer, out: str | os.PathLike, force: bool = False,
-                   extra_json: dict[str, Any] | None = None) -> Path:
+                   extra_json: dict[str, Any] | None = None, probe_texts: list[str] | None = None) -> Path:
     """Write ``model`` and ``tokenizer`` as a Hugging Face directory at ``out``, atomically.
 
     Args:
         extra_json: file name -> JSON-serialisable object written beside the model (e.g. the
             old -> new id map of a trim).
+        probe_texts: texts the reloaded tokenizer must encode exactly like ``tokenizer``
+            (a fixed multilingual probe is always checked).
 
     Returns:
         The output path.
 
     Raises:
         OutputExists: ``out`` exists and ``force`` is off (checked again just before the rename).
+        CheckpointMismatch: ``AutoTokenizer`` reloads the written directory as a tokenizer that
+            encodes differently (transformers picks tokenizer classes by ``model_type``); nothing
+            is written.
     """
     p = check_out(out, force)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -70,6 +93,7 @@ def save_model_dir(model, tokenizer, out: str | os.PathLike, force: bool = False
         _drop_gguf_quantizer(model)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        _check_tokenizer_reload(tmp, tokenizer, probe_texts)
         for name, obj in (extra_json or {}).items():
             (tmp / name).write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         umask = os.umask(0)

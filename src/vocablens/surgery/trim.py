@@ -340,6 +340,24 @@ def trim_vocab(model: nn.Module, tokenizer, used_ids: Iterable[int]) -> Trimmed:
     return Trimmed(new_model, new_tok, kept, res)
 
 
+def tokenization_mismatches(old_tokenizer, new_tokenizer, kept_old_ids: Sequence[int],
+                            texts: Iterable[str]) -> int:
+    """How many texts the trimmed tokenizer encodes differently from ``old_to_new[old ids]`` (0 = lossless).
+
+    Returns the count of differing texts; an old id that was not kept counts as a difference.
+    """
+    o2n = {int(o): n for n, o in enumerate(kept_old_ids)}
+    bad = 0
+    texts = list(texts)
+    for i in range(0, len(texts), 64):
+        batch = texts[i:i + 64]
+        olds = old_tokenizer(batch, add_special_tokens=False).input_ids
+        news = new_tokenizer(batch, add_special_tokens=False).input_ids
+        for a, b in zip(olds, news):
+            bad += [o2n.get(j, -1) for j in a] != list(b)
+    return bad
+
+
 def read_token_list(lines: Sequence[str], tokenizer) -> set[int]:
     """Ids from a token list: one token per line, an integer id or a vocabulary string.
 
