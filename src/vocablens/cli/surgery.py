@@ -71,7 +71,7 @@ def expand(
     record = {"command": "expand", "source_model": lm.provenance.to_dict(), "expansion": res.to_dict(),
               "verification": v.to_dict()}
     with status(f"writing {out_path} ...", quiet=json_):
-        save_model_dir(ex.model, ex.tokenizer, out_path, force=force, extra_json={"vocablens_surgery.json": record})
+        save_model_dir(ex.model, ex.tokenizer, out_path, force=force, probe_texts=[sample, *texts], extra_json={"vocablens_surgery.json": record})
     if json_:
         emit_json({"model": lm.provenance.to_dict(), "out": str(out_path), **{k: record[k] for k in ("expansion", "verification")}})
     else:
@@ -85,8 +85,8 @@ def trim(
     token_list: Annotated[str, typer.Option("--token-list", help="File of tokens to keep: one id or vocabulary string per line (with or instead of --corpus).")] = "",
     out_dir: OutOpt = "",
     max_docs: Annotated[int, typer.Option("--max-docs", help="Read at most this many corpus documents (0 = all).")] = 0,
-    verify_texts: Annotated[int, typer.Option("--verify-texts", help="Corpus chunks the trimmed model is checked on.")] = 3,
-    verify_chars: Annotated[int, typer.Option("--verify-chars", help="Characters per check chunk.")] = 600,
+    verify_texts: Annotated[int, typer.Option("--verify-texts", help="Corpus documents the trimmed model is checked on.")] = 3,
+    verify_tokens: Annotated[int, typer.Option("--verify-tokens", help="Tokens read from the start of each check document.")] = 128,
     force: ForceOpt = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
@@ -95,7 +95,7 @@ def trim(
     from vocablens.corpus import load_documents
     from vocablens.render.surgery import print_trim
     from vocablens.surgery import corpus_token_ids, trim_vocab, verify_trim
-    from vocablens.surgery.io import check_out, chunk_texts, save_model_dir
+    from vocablens.surgery.io import check_out, save_model_dir
     from vocablens.surgery.trim import read_token_list, tokenization_mismatches
 
     if not out_dir:
@@ -109,10 +109,11 @@ def trim(
     with status("trimming the vocabulary ...", quiet=json_):
         used = corpus_token_ids(lm.tokenizer, texts) | read_token_list(token_lines, lm.tokenizer)
         tr = trim_vocab(lm.model, lm.tokenizer, used)
-    checks = chunk_texts(texts, verify_texts, verify_chars) if texts else \
-        [lm.tokenizer.decode([i for i in sorted(used)][:200])]
+    # whole documents (cut by tokens, not characters: the tokenizer is lossless on corpus texts)
+    checks = texts[:verify_texts] if texts else [lm.tokenizer.decode(sorted(used)[:200])]
     with status("checking the trimmed model against the original ...", quiet=json_):
-        v = verify_trim(lm.model, lm.tokenizer, tr.model, tr.tokenizer, tr.kept_old_ids, checks)
+        v = verify_trim(lm.model, lm.tokenizer, tr.model, tr.tokenizer, tr.kept_old_ids, checks,
+                        max_tokens=verify_tokens)
         mismatches = tokenization_mismatches(lm.tokenizer, tr.tokenizer, tr.kept_old_ids, texts)
     if mismatches or not v.tokenization_identical or not v.logprobs_max_abs_diff <= 1e-5:
         raise VocabLensError(
@@ -123,7 +124,7 @@ def trim(
     record = {"command": "trim", "source_model": lm.provenance.to_dict(), "corpus": corpus or None,
               "trim": tr.result.to_dict(), "verification": v.to_dict(), "corpus_documents_checked": len(texts)}
     with status(f"writing {out_path} ...", quiet=json_):
-        save_model_dir(tr.model, tr.tokenizer, out_path, force=force,
+        save_model_dir(tr.model, tr.tokenizer, out_path, force=force, probe_texts=checks,
                        extra_json={"vocab_map.json": vocab_map, "vocablens_surgery.json": record})
     if json_:
         emit_json({"model": lm.provenance.to_dict(), "out": str(out_path), "corpus": corpus or None,
