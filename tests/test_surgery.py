@@ -299,7 +299,9 @@ def test_cli_expand_json_and_out_exists(tiny_dir, tmp_path, capsys):
     from vocablens.cli.common import run_app
 
     out = tmp_path / "exp"
-    args = ["expand", "--model", str(tiny_dir), "--add", " objectstatement", "--add", " instance of",
+    add_file = tmp_path / "tokens.txt"
+    add_file.write_text(" instance of\r\n\n")  # kept verbatim: leading space, CRLF dropped
+    args = ["expand", "--model", str(tiny_dir), "--add", " objectstatement", "--add-file", str(add_file),
             "--out", str(out), "--init", "mean", "--eval-text", TEXT * 2, "--eval-texts", "2", "--json"]
     assert run_app(args) == 0
     d = json.loads(capsys.readouterr().out)

@@ -22,7 +22,7 @@ def _read_lines(path: str) -> list[str]:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"cannot read {p}: {exc}") from None
-    return [ln for ln in text.split("\n") if ln.strip()]
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in text.split("\n") if ln.strip()]
 
 
 @app.command("expand")
@@ -131,5 +131,5 @@ def trim(
                    "trim": tr.result.to_dict(), "verification": {**v.to_dict(), "corpus_documents_checked": len(texts),
                                                                   "corpus_documents_tokenized_differently": mismatches}})
     else:
-        print_trim(tr.result, v, out_path, lm.provenance)
+        print_trim(tr.result, v, out_path, lm.provenance, corpus_docs=len(texts), corpus_docs_different=mismatches)
     err.print(f"[dim]id map: {out_path / 'vocab_map.json'}[/dim]") if not json_ else None

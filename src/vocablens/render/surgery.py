@@ -65,6 +65,9 @@ def print_expand(res: ExpandResult, v: ExpandVerification, out_path, provenance=
     for n in res.notes:
         out.print(f"[yellow]note:[/yellow] {n}")
     out.print(expand_verification_table(res, v))
+    if res.init == "mean" and v.new_token_mass_max > v.mass_bound:
+        out.print(f"[bold red]warning:[/bold red] the new tokens take {v.new_token_mass_max:.3e} of the mass at some "
+                  f"position, above Hewitt's bound {v.mass_bound:.3e} (a softcap or logit scale breaks the bound)")
     out.print(f"sample before: {' | '.join(repr(s) for s in v.sample_before)}")
     out.print(f"sample after:  {' | '.join(repr(s) for s in v.sample_after)}")
     out.print(f"wrote {out_path}")
@@ -86,7 +89,8 @@ def trim_table(res: TrimResult, v: TrimVerification) -> Table:
     return t
 
 
-def print_trim(res: TrimResult, v: TrimVerification, out_path, provenance=None) -> None:
+def print_trim(res: TrimResult, v: TrimVerification, out_path, provenance=None,
+               corpus_docs: int | None = None, corpus_docs_different: int = 0) -> None:
     from vocablens.cli.common import out
 
     if provenance is not None:
@@ -101,4 +105,7 @@ def print_trim(res: TrimResult, v: TrimVerification, out_path, provenance=None) 
               f"{v.logits_max_abs_diff:.2e}; max |Δ log-prob| vs the original renormalised over kept tokens "
               f"{v.logprobs_max_abs_diff:.2e}; the original put {v.dropped_mass:.2%} of its mass on dropped tokens; "
               f"perplexity {v.perplexity_before:.3f} -> {v.perplexity_after:.3f}")
+    if corpus_docs:
+        out.print(f"the trimmed tokenizer encodes {corpus_docs - corpus_docs_different:,} of {corpus_docs:,} corpus "
+                  f"documents exactly as the original (ids mapped)")
     out.print(f"wrote {out_path} (old -> new id map in vocab_map.json)")
