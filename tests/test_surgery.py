@@ -350,6 +350,10 @@ def test_real_model_expand_and_trim(smollm2, tmp_path):
                          "The vocablens logit lens.")
     assert v.new_tokens_in_text == 0 and abs(v.perplexity_relative_change) < 1e-4
     assert v.old_logits_max_abs_diff == 0.0 and v.sample_after == ("The", " vocablens", " logit lens", ".")
+    exm = expand_vocab(model, tok, [" vocablens", " logit lens", " unembedding"], init="mean")
+    vm = verify_expansion(model, tok, exm.model, exm.tokenizer, exm.result.new_ids, [held], 49152, "x")
+    assert vm.new_token_mass_max <= vm.mass_bound == pytest.approx(3 / 49155)
+    assert vm.kl_old_new <= vm.kl_bound and abs(vm.perplexity_relative_change) < 1e-4
     # trim to the tokens of a real text, check exactness, reload with plain transformers
     docs = _corpus()[:2]
     tr = trim_vocab(model, tok, corpus_token_ids(tok, docs))
@@ -372,3 +376,33 @@ def test_save_refuses_a_directory_autotokenizer_would_misread(tiny_tok, tmp_path
     with pytest.raises(CheckpointMismatch, match="Qwen2Tokenizer"):
         save_model_dir(ex.model, ex.tokenizer, tmp_path / "q", probe_texts=[_corpus()[4][:400]])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_adding_again_to_the_expanded_model_is_refused(tiny_tok):
+    m = _tiny("llama_tied", len(tiny_tok))
+    ex = expand_vocab(m, tiny_tok, [" objectstatement"])
+    with pytest.raises(BadInput, match="already token 400"):
+        expand_vocab(ex.model, ex.tokenizer, [" objectstatement"])
+    ex2 = expand_vocab(ex.model, ex.tokenizer, [" qqzz"])  # a different token still goes in
+    assert ex2.result.new_ids == [401] and _rows(ex2.model)[0].shape[0] == 402
+
+
+def test_other_vocab_indexed_parameters_are_refused(tiny_tok):
+    """transformers #45276 / #1730: a resize that misses a vocab-indexed tensor breaks the model."""
+    from vocablens.errors import UnsupportedArchitecture
+
+    m = _tiny("llama", len(tiny_tok))
+    m.model.per_layer_embed = torch.nn.Parameter(torch.zeros(400, 8), requires_grad=False)
+    with pytest.raises(UnsupportedArchitecture, match="per_layer_embed"):
+        expand_vocab(m, tiny_tok, [" objectstatement"])
+    with pytest.raises(UnsupportedArchitecture, match="per_layer_embed"):
+        trim_vocab(m, tiny_tok, {5, 6})
+
+
+def test_token_list_reads_ids_and_vocabulary_strings(tiny_tok):
+    from vocablens.surgery.trim import read_token_list
+
+    s = tiny_tok.convert_ids_to_tokens(300)
+    assert read_token_list(["17", s, "", "  "], tiny_tok) == {17, 300}
+    with pytest.raises(BadInput, match="line 1"):
+        read_token_list(["not-a-token-\u2603\u2603"], tiny_tok)
