@@ -1,6 +1,6 @@
 """Prove a vocabulary edit left the model unharmed, on held-out text.
 
-Every softmax here runs in float32 over the tokenizer's real tokens only: rows at or beyond
+Every softmax here runs in float64 (beyond the float32 minimum) over the tokenizer's real tokens only: rows at or beyond
 ``len(tokenizer)`` (padding) get −inf before the softmax.
 """
 
@@ -17,8 +17,12 @@ from vocablens.models.tokens import token_strs
 
 
 def _masked_logprobs(logits: torch.Tensor, n_real: int) -> torch.Tensor:
-    """logits [T, rows] -> float32 log-probs [T, rows] with padding rows (>= n_real) at −inf."""
-    lg = logits.float().clone()
+    """logits [T, rows] -> float64 log-probs [T, rows] with padding rows (>= n_real) at −inf.
+
+    Float64 (not only float32): the changes measured here (KL, mass, perplexity change of 1e-7)
+    are below float32's resolution of a log-probability (ulp(3.0) = 2.4e-7).
+    """
+    lg = logits.to(torch.float64, copy=True)
     if n_real < lg.shape[-1]:
         lg[..., n_real:] = float("-inf")
     return torch.log_softmax(lg, dim=-1)
@@ -222,7 +226,7 @@ def verify_trim(old_model, old_tokenizer, new_model, new_tokenizer, kept_old_ids
         lp_o = _masked_logprobs(lo, n_old)
         lp_n = _masked_logprobs(ln, n_new)[:, :n_new]
         dl = max(dl, float((ln[:, :n_new] - lo[:, kept]).abs().max()))
-        cond = torch.log_softmax(lo[:, kept].float(), dim=-1)
+        cond = torch.log_softmax(lo[:, kept].double(), dim=-1)
         dp = max(dp, float((lp_n - cond).abs().max()))
         dropped.append(1.0 - lp_o[:, kept].exp().sum(-1))
         s, c = _nll(lp_o, ids_o)
