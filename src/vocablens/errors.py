@@ -62,3 +62,7 @@ class CheckpointMismatch(VocabLensError):
 
 class OutputExists(VocabLensError):
     """The output path exists and --force was not given; nothing was written."""
+
+
+class UnsupportedTokenizer(VocabLensError):
+    """A tokenizer whose vocabulary vocablens cannot rewrite consistently (e.g. not a fast BPE tokenizer)."""

@@ -1,0 +1,135 @@
+"""Vocabulary surgery commands: ``vocablens expand`` (add tokens) and ``vocablens trim`` (keep a corpus's tokens)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, status
+from vocablens.errors import BadInput, VocabLensError
+
+OutOpt = Annotated[str, typer.Option("--out", "-o", help="Output directory (a Hugging Face model directory).")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")]
+
+
+def _read_lines(path: str) -> list[str]:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise BadInput(f"no such file: {p}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"cannot read {p}: {exc}") from None
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in text.split("\n") if ln.strip()]
+
+
+@app.command("expand")
+def expand(
+    model: ModelOpt = "smollm2",
+    add: Annotated[Optional[list[str]], typer.Option("--add", help="A token to add (repeat); quote leading spaces: --add ' vocablens'.")] = None,
+    add_file: Annotated[str, typer.Option("--add-file", help="File with one token per line (kept verbatim, blank lines skipped).")] = "",
+    out_dir: OutOpt = "",
+    init: Annotated[str, typer.Option("--init", help="subtoken-mean (default), mean, interpolate, zeros, random.")] = "subtoken-mean",
+    interpolation: Annotated[float, typer.Option("--interpolation", help="Weight of the subtoken mean for --init interpolate.")] = 0.5,
+    special: Annotated[bool, typer.Option("--special", help="Add as special tokens.")] = False,
+    eval_corpus: Annotated[str, typer.Option("--eval-corpus", help="Held-out text: validation split of this corpus (name or path).")] = "pydoc-topics",
+    eval_text: Annotated[str, typer.Option("--eval-text", help="Held-out text given directly (instead of --eval-corpus).")] = "",
+    eval_texts: Annotated[int, typer.Option("--eval-texts", help="Number of held-out chunks.")] = 4,
+    eval_chars: Annotated[int, typer.Option("--eval-chars", help="Characters per held-out chunk.")] = 800,
+    sample: Annotated[str, typer.Option("--sample", help="Sentence shown tokenized before and after (default: built from the new tokens).")] = "",
+    seed: Annotated[int, typer.Option("--seed", help="Seed for --init random.")] = 0,
+    force: ForceOpt = False,
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Add tokens: subtoken-mean rows on both ends (tied stays tied), verified on held-out text."""
+    from vocablens.render.surgery import print_expand
+    from vocablens.surgery import expand_vocab, verify_expansion
+    from vocablens.surgery.io import check_out, chunk_texts, heldout_texts, save_model_dir
+
+    if not out_dir:
+        raise BadInput("--out DIR is required")
+    tokens = list(add or []) + (_read_lines(add_file) if add_file else [])
+    if not tokens:
+        raise BadInput("no tokens to add: give --add TOKEN (repeatable) or --add-file FILE")
+    if eval_texts < 1 or eval_chars < 10:
+        raise BadInput("--eval-texts must be >= 1 and --eval-chars >= 10")
+    out_path = check_out(out_dir, force)
+    texts = chunk_texts([eval_text], eval_texts, eval_chars) if eval_text.strip() else \
+        heldout_texts(eval_corpus, eval_texts, eval_chars)
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    with status("expanding the vocabulary ...", quiet=json_):
+        ex = expand_vocab(lm.model, lm.tokenizer, tokens, init=init, special=special,
+                          interpolation=interpolation, seed=seed)
+    res = ex.result
+    sample = sample or ("In this note," + "".join(t if t.startswith(" ") else " " + t for t in tokens) + ".")
+    with status("verifying on held-out text ...", quiet=json_):
+        v = verify_expansion(lm.model, lm.tokenizer, ex.model, ex.tokenizer, res.new_ids, texts,
+                             res.trained_rows_head, sample)
+    record = {"command": "expand", "source_model": lm.provenance.to_dict(), "expansion": res.to_dict(),
+              "verification": v.to_dict()}
+    with status(f"writing {out_path} ...", quiet=json_):
+        save_model_dir(ex.model, ex.tokenizer, out_path, force=force, probe_texts=[sample, *texts], extra_json={"vocablens_surgery.json": record})
+    if json_:
+        emit_json({"model": lm.provenance.to_dict(), "out": str(out_path), **{k: record[k] for k in ("expansion", "verification")}})
+    else:
+        print_expand(res, v, out_path, lm.provenance)
+
+
+@app.command("trim")
+def trim(
+    model: ModelOpt = "smollm2",
+    corpus: Annotated[str, typer.Option("--corpus", help="Corpus whose tokens to keep: a file, a directory or a named corpus (pydoc-topics, python-docs, debian-handbook ...).")] = "",
+    token_list: Annotated[str, typer.Option("--token-list", help="File of tokens to keep: one id or vocabulary string per line (with or instead of --corpus).")] = "",
+    out_dir: OutOpt = "",
+    max_docs: Annotated[int, typer.Option("--max-docs", help="Read at most this many corpus documents (0 = all).")] = 0,
+    verify_texts: Annotated[int, typer.Option("--verify-texts", help="Corpus documents the trimmed model is checked on.")] = 3,
+    verify_tokens: Annotated[int, typer.Option("--verify-tokens", help="Tokens read from the start of each check document.")] = 128,
+    force: ForceOpt = False,
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Keep only the tokens a corpus uses (plus specials, bytes, merge parts); slice both matrices."""
+    from vocablens.corpus import load_documents
+    from vocablens.render.surgery import print_trim
+    from vocablens.surgery import corpus_token_ids, trim_vocab, verify_trim
+    from vocablens.surgery.io import check_out, save_model_dir
+    from vocablens.surgery.trim import read_token_list, tokenization_mismatches
+
+    if not out_dir:
+        raise BadInput("--out DIR is required")
+    if not corpus and not token_list:
+        raise BadInput("give --corpus F (or --token-list F): the tokens to keep")
+    out_path = check_out(out_dir, force)
+    texts = [d.text for d in load_documents(corpus, max_docs=max_docs or None)] if corpus else []
+    token_lines = _read_lines(token_list) if token_list else []
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    with status("trimming the vocabulary ...", quiet=json_):
+        used = corpus_token_ids(lm.tokenizer, texts) | read_token_list(token_lines, lm.tokenizer)
+        tr = trim_vocab(lm.model, lm.tokenizer, used)
+    # whole documents (cut by tokens, not characters: the tokenizer is lossless on corpus texts)
+    checks = texts[:verify_texts] if texts else [lm.tokenizer.decode(sorted(used)[:200])]
+    with status("checking the trimmed model against the original ...", quiet=json_):
+        v = verify_trim(lm.model, lm.tokenizer, tr.model, tr.tokenizer, tr.kept_old_ids, checks,
+                        max_tokens=verify_tokens)
+        mismatches = tokenization_mismatches(lm.tokenizer, tr.tokenizer, tr.kept_old_ids, texts)
+    if mismatches or not v.tokenization_identical or not v.logprobs_max_abs_diff <= 1e-5:
+        raise VocabLensError(
+            f"the trimmed model does not reproduce the original ({mismatches} corpus documents tokenized "
+            f"differently; max |Δ log-prob| {v.logprobs_max_abs_diff:.2e}); nothing written")
+    vocab_map = {"kept_old_ids": tr.kept_old_ids, "old_to_new": {str(o): n for n, o in enumerate(tr.kept_old_ids)},
+                 "rows_before": tr.result.rows_before}
+    record = {"command": "trim", "source_model": lm.provenance.to_dict(), "corpus": corpus or None,
+              "trim": tr.result.to_dict(), "verification": v.to_dict(), "corpus_documents_checked": len(texts)}
+    with status(f"writing {out_path} ...", quiet=json_):
+        save_model_dir(tr.model, tr.tokenizer, out_path, force=force, probe_texts=checks,
+                       extra_json={"vocab_map.json": vocab_map, "vocablens_surgery.json": record})
+    if json_:
+        emit_json({"model": lm.provenance.to_dict(), "out": str(out_path), "corpus": corpus or None,
+                   "trim": tr.result.to_dict(), "verification": {**v.to_dict(), "corpus_documents_checked": len(texts),
+                                                                  "corpus_documents_tokenized_differently": mismatches}})
+    else:
+        print_trim(tr.result, v, out_path, lm.provenance, corpus_docs=len(texts), corpus_docs_different=mismatches)
+    err.print(f"[dim]id map: {out_path / 'vocab_map.json'}[/dim]") if not json_ else None

@@ -1,0 +1,379 @@
+"""Trim a vocabulary to what a corpus uses, keeping the tokenizer lossless on that corpus.
+
+Kept: every token the corpus (or a token list) uses, every added/special token and the ids the
+config names (bos/eos/pad), the base alphabet (the 256 byte symbols of byte-level BPE, the
+``<0xXX>`` byte-fallback tokens, else the single characters), and the closure of all of these
+under BPE merges (both parts of every merge that produces a kept token). Kept merges are those
+whose two parts and result are kept, in their original order.
+
+Why the trimmed BPE tokenizes the corpus identically: BPE applies, at each step, the lowest-rank
+merge whose pair is present. Every merge the original applies on a corpus word produces a token
+that is itself a used token or a part of one (it is later merged into one), so it is kept, and
+with it its parts; the trimmed merge list is a subset in the same order, so the lowest-rank
+applicable merge is the same one at every step. Token ids are renumbered in their old order
+(old id -> new id map returned) and the two matrices are sliced with the same index (once when
+tied). Only fast BPE tokenizers are rewritten; others raise :class:`UnsupportedTokenizer`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch import nn
+
+from vocablens.errors import BadInput, UnsupportedTokenizer
+from vocablens.models.borders import Borders
+from vocablens.surgery.expand import _other_vocab_tensors, _shallow_copy, replace_matrices
+
+_CONFIG_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "sep_token_id",
+                     "unk_token_id")
+
+
+def _backend_json(tokenizer) -> dict:
+    be = getattr(tokenizer, "backend_tokenizer", None)
+    if be is None:
+        raise UnsupportedTokenizer(
+            f"{type(tokenizer).__name__} is not a fast (tokenizers) tokenizer; vocablens can only rewrite "
+            "fast BPE tokenizers consistently; nothing written")
+    return json.loads(be.to_str())
+
+
+def _byte_level(j: dict) -> bool:
+    def has(node) -> bool:
+        if isinstance(node, dict):
+            if node.get("type") == "ByteLevel":
+                return True
+            return any(has(v) for v in node.values())
+        if isinstance(node, list):
+            return any(has(v) for v in node)
+        return False
+
+    return has(j.get("pre_tokenizer"))
+
+
+def byte_level_alphabet() -> list[str]:
+    """The 256 symbols byte-level BPE uses for the bytes 0..255 (GPT-2's ``bytes_to_unicode``)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    out, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + n)
+            n += 1
+    return [out[b] for b in range(256)]
+
+
+def _merge_pair(m) -> tuple[str, str]:
+    if isinstance(m, str):
+        a, _, b = m.partition(" ")
+        return a, b
+    return m[0], m[1]
+
+
+def _merge_result(a: str, b: str, prefix: str) -> str:
+    return a + (b[len(prefix):] if prefix and b.startswith(prefix) else b)
+
+
+def plan_bpe_trim(tok_json: dict, keep_ids: Iterable[int]) -> tuple[list[int], dict]:
+    """Which old ids to keep, and the rewritten ``tokenizer.json`` (pure: dicts in, dicts out).
+
+    Args:
+        tok_json: a tokenizers ``Tokenizer`` serialized as a dict (model type BPE).
+        keep_ids: ids that must be kept (used by the corpus, specials, config ids).
+
+    Returns:
+        ``(kept_old_ids, new_json)``: sorted old ids (new id i = ``kept_old_ids[i]``) and the
+        rewritten tokenizer dict (vocab, merges, added tokens, post-processor and padding ids).
+
+    Raises:
+        UnsupportedTokenizer: the model is not BPE, or uses dropout.
+        BadInput: a requested id is in neither the vocabulary nor the added tokens.
+    """
+    model = tok_json.get("model", {})
+    if model.get("type") != "BPE":
+        raise UnsupportedTokenizer(
+            f"tokenizer model {model.get('type')!r} is not BPE; vocablens can only trim BPE vocabularies "
+            "consistently (vocab + merges); nothing written")
+    if model.get("dropout"):
+        raise UnsupportedTokenizer("BPE with dropout tokenizes at random; cannot trim it losslessly; nothing written")
+    vocab: dict[str, int] = model["vocab"]
+    id_to_tok = {v: k for k, v in vocab.items()}
+    added = {int(a["id"]): a["content"] for a in tok_json.get("added_tokens", [])}
+    keep: set[int] = set()
+    for i in keep_ids:
+        i = int(i)
+        if i not in id_to_tok and i not in added:
+            raise BadInput(f"token id {i} is not in the tokenizer")
+        keep.add(i)
+    keep |= set(added)
+    # base alphabet
+    if _byte_level(tok_json):
+        base = set(byte_level_alphabet())
+    elif model.get("byte_fallback"):
+        base = {f"<0x{b:02X}>" for b in range(256)}
+    else:
+        base = {t for t in vocab if len(t) == 1}
+    keep |= {vocab[t] for t in base if t in vocab}
+    unk = model.get("unk_token")
+    if unk is not None and unk in vocab:
+        keep.add(vocab[unk])
+    # closure under merges: both parts of every merge producing a kept token
+    prefix = model.get("continuing_subword_prefix") or ""
+    producers: dict[str, list[tuple[str, str]]] = {}
+    merges = model.get("merges", [])
+    for m in merges:
+        a, b = _merge_pair(m)
+        producers.setdefault(_merge_result(a, b, prefix), []).append((a, b))
+    stack = [id_to_tok[i] for i in keep if i in id_to_tok]
+    kept_toks = set(stack)
+    while stack:
+        t = stack.pop()
+        for a, b in producers.get(t, ()):
+            for part in (a, b):
+                if part not in kept_toks and part in vocab:
+                    kept_toks.add(part)
+                    stack.append(part)
+    keep |= {vocab[t] for t in kept_toks}
+    kept = sorted(keep)
+    o2n = {o: n for n, o in enumerate(kept)}
+
+    new = copy.deepcopy(tok_json)
+    nm = new["model"]
+    nm["vocab"] = {t: o2n[i] for t, i in vocab.items() if i in o2n}
+
+    def kept_merge(m) -> bool:
+        a, b = _merge_pair(m)
+        return a in kept_toks and b in kept_toks and _merge_result(a, b, prefix) in kept_toks
+
+    nm["merges"] = [m for m in merges if kept_merge(m)]
+    for a in new.get("added_tokens", []):
+        a["id"] = o2n[int(a["id"])]
+
+    def remap_post(node):
+        if isinstance(node, dict):
+            if node.get("type") == "TemplateProcessing":
+                for st in node.get("special_tokens", {}).values():
+                    st["ids"] = [o2n[int(i)] for i in st.get("ids", [])]
+            if node.get("type") in ("BertProcessing", "RobertaProcessing"):
+                for key in ("sep", "cls"):
+                    if key in node:
+                        node[key] = [node[key][0], o2n[int(node[key][1])]]
+            for v in node.get("processors", []) or []:
+                remap_post(v)
+
+    remap_post(new.get("post_processor"))
+    pad = new.get("padding")
+    if isinstance(pad, dict) and "pad_id" in pad and int(pad["pad_id"]) in o2n:
+        pad["pad_id"] = o2n[int(pad["pad_id"])]
+    return kept, new
+
+
+def corpus_token_ids(tokenizer, texts: Iterable[str]) -> set[int]:
+    """The set of token ids the tokenizer produces on ``texts`` (no special tokens added)."""
+    used: set[int] = set()
+    batch: list[str] = []
+    for t in texts:
+        batch.append(t)
+        if len(batch) >= 64:
+            for ids in tokenizer(batch, add_special_tokens=False).input_ids:
+                used.update(ids)
+            batch = []
+    if batch:
+        for ids in tokenizer(batch, add_special_tokens=False).input_ids:
+            used.update(ids)
+    return used
+
+
+@dataclass(frozen=True)
+class TrimResult:
+    """What :func:`trim_vocab` did.
+
+    Attributes:
+        rows_before / rows_after: matrix rows V before and after.
+        tokenizer_size_before / tokenizer_size_after: ``len(tokenizer)``.
+        used_tokens: distinct ids the corpus (or token list) used.
+        kept_for_lossless: ids kept beyond those (specials, alphabet, merge parts).
+        merges_before / merges_after: BPE merges.
+        tied: whether W_U is W_E (sliced once).
+        params_before / params_after: all parameters of the model (tied matrix counted once).
+        params_saved: parameters removed; bytes_saved: their memory in the weights' dtype (bytes).
+        bytes_per_param: element size of the matrices.
+    """
+
+    rows_before: int
+    rows_after: int
+    tokenizer_size_before: int
+    tokenizer_size_after: int
+    used_tokens: int
+    kept_for_lossless: int
+    merges_before: int
+    merges_after: int
+    tied: bool
+    params_before: int
+    params_after: int
+    params_saved: int
+    bytes_saved: int
+    bytes_per_param: int
+
+    @property
+    def rows_saved(self) -> int:
+        return self.rows_before - self.rows_after
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["rows_saved"] = self.rows_saved
+        d["params_saved_fraction"] = self.params_saved / self.params_before if self.params_before else 0.0
+        return d
+
+
+@dataclass
+class Trimmed:
+    """:func:`trim_vocab`'s output: new model and tokenizer, kept old ids (new id i = kept[i]), result."""
+
+    model: Any
+    tokenizer: Any
+    kept_old_ids: list[int]
+    result: TrimResult
+
+    @property
+    def old_to_new(self) -> dict[int, int]:
+        return {o: n for n, o in enumerate(self.kept_old_ids)}
+
+
+def _count_params(model: nn.Module) -> int:
+    seen, n = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            n += p.numel()
+    return n
+
+
+def _remap_config_ids(cfg, o2n: dict[int, int]) -> None:
+    if cfg is None:
+        return
+    for f in _CONFIG_ID_FIELDS:
+        v = getattr(cfg, f, None)
+        if isinstance(v, int):
+            setattr(cfg, f, o2n.get(v))
+        elif isinstance(v, (list, tuple)):
+            setattr(cfg, f, [o2n[i] for i in v if i in o2n])
+
+
+def _config_ids(cfg) -> set[int]:
+    out: set[int] = set()
+    for f in _CONFIG_ID_FIELDS:
+        v = getattr(cfg, f, None) if cfg is not None else None
+        if isinstance(v, int) and v >= 0:
+            out.add(v)
+        elif isinstance(v, (list, tuple)):
+            out.update(int(i) for i in v)
+    return out
+
+
+def trim_vocab(model: nn.Module, tokenizer, used_ids: Iterable[int]) -> Trimmed:
+    """Keep ``used_ids`` plus what the tokenizer needs; slice the embedding and head accordingly.
+
+    Args:
+        model: a transformers causal LM (not modified; the result shares its blocks).
+        tokenizer: its fast BPE tokenizer (not modified).
+        used_ids: token ids to keep (e.g. :func:`corpus_token_ids` of a corpus).
+
+    Returns:
+        :class:`Trimmed`; the new embedding [V', d] and head [V', d] (+ bias [V']) are
+        ``W[kept_old_ids]`` in the same dtype; V' = number of kept tokens (padding rows dropped).
+
+    Raises:
+        UnsupportedTokenizer: not a fast BPE tokenizer (nothing is changed).
+        UnsupportedArchitecture: another parameter is indexed by the vocabulary.
+        BadInput: no used ids, or an id without a matrix row.
+    """
+    from tokenizers import Tokenizer
+
+    used = {int(i) for i in used_ids}
+    if not used:
+        raise BadInput("the corpus uses no token: nothing to keep")
+    borders = Borders.from_model(model, tokenizer)
+    tj = _backend_json(tokenizer)
+    keep = used | {i for i in _config_ids(model.config) if i < len(tokenizer)}
+    gen = getattr(model, "generation_config", None)
+    keep |= {i for i in _config_ids(gen) if i < len(tokenizer)}
+    kept, new_json = plan_bpe_trim(tj, keep)
+    rows = borders.vocab_size
+    if kept[-1] >= rows:
+        raise BadInput(f"token id {kept[-1]} has no row in the matrices ({rows} rows)")
+    others = _other_vocab_tensors(model, rows, [borders.W_E, borders.W_U, borders.b_U])
+    if others:
+        from vocablens.errors import UnsupportedArchitecture
+
+        raise UnsupportedArchitecture(borders.family, others, "these parameters are indexed by the vocabulary too")
+    o2n = {o: n for n, o in enumerate(kept)}
+
+    new_tok = copy.deepcopy(tokenizer)
+    new_tok._tokenizer = Tokenizer.from_str(json.dumps(new_json))
+    idx = torch.tensor(kept, dtype=torch.long, device=borders.W_E.device)
+    with torch.no_grad():
+        W_E = borders.W_E.detach().index_select(0, idx).clone()
+        W_U = None if borders.tied else borders.W_U.detach().index_select(0, idx).clone()
+        b_U = None if borders.b_U is None else borders.b_U.detach().index_select(0, idx).clone()
+    new_model = _shallow_copy(model)
+    replace_matrices(new_model, W_E, W_U, b_U, borders.tied)
+    _remap_config_ids(new_model.config, o2n)
+    if getattr(new_model, "generation_config", None) is not None:
+        new_model.generation_config = copy.deepcopy(new_model.generation_config)
+        _remap_config_ids(new_model.generation_config, o2n)
+
+    p_before, p_after = _count_params(model), _count_params(new_model)
+    elt = borders.W_E.element_size()
+    res = TrimResult(
+        rows_before=rows, rows_after=len(kept), tokenizer_size_before=len(tokenizer),
+        tokenizer_size_after=len(new_tok), used_tokens=len(used), kept_for_lossless=len(kept) - len(used & set(kept)),
+        merges_before=len(tj["model"].get("merges", [])), merges_after=len(new_json["model"]["merges"]),
+        tied=borders.tied, params_before=p_before, params_after=p_after, params_saved=p_before - p_after,
+        bytes_saved=(p_before - p_after) * elt, bytes_per_param=elt,
+    )
+    return Trimmed(new_model, new_tok, kept, res)
+
+
+def tokenization_mismatches(old_tokenizer, new_tokenizer, kept_old_ids: Sequence[int],
+                            texts: Iterable[str]) -> int:
+    """How many texts the trimmed tokenizer encodes differently from ``old_to_new[old ids]`` (0 = lossless).
+
+    Returns the count of differing texts; an old id that was not kept counts as a difference.
+    """
+    o2n = {int(o): n for n, o in enumerate(kept_old_ids)}
+    bad = 0
+    texts = list(texts)
+    for i in range(0, len(texts), 64):
+        batch = texts[i:i + 64]
+        olds = old_tokenizer(batch, add_special_tokens=False).input_ids
+        news = new_tokenizer(batch, add_special_tokens=False).input_ids
+        for a, b in zip(olds, news):
+            bad += [o2n.get(j, -1) for j in a] != list(b)
+    return bad
+
+
+def read_token_list(lines: Sequence[str], tokenizer) -> set[int]:
+    """Ids from a token list: one token per line, an integer id or a vocabulary string.
+
+    Raises:
+        BadInput: a line that is neither an id nor a token of the vocabulary.
+    """
+    vocab = tokenizer.get_vocab()
+    out: set[int] = set()
+    for n, line in enumerate(lines, 1):
+        s = line.rstrip("\n")
+        if not s.strip():
+            continue
+        if s.strip().lstrip("-").isdigit():
+            out.add(int(s.strip()))
+        elif s in vocab:
+            out.add(int(vocab[s]))
+        else:
+            raise BadInput(f"token list line {n}: {s!r} is neither an id nor a token of the vocabulary")
+    return out

@@ -1,0 +1,245 @@
+"""Prove a vocabulary edit left the model unharmed, on held-out text.
+
+Every softmax here runs in float64 (beyond the float32 minimum) over the tokenizer's real tokens only: rows at or beyond
+``len(tokenizer)`` (padding) get −inf before the softmax.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from vocablens.errors import BadInput
+from vocablens.models.tokens import token_strs
+
+
+def _masked_logprobs(logits: torch.Tensor, n_real: int) -> torch.Tensor:
+    """logits [T, rows] -> float64 log-probs [T, rows] with padding rows (>= n_real) at −inf.
+
+    Float64 (not only float32): the changes measured here (KL, mass, perplexity change of 1e-7)
+    are below float32's resolution of a log-probability (ulp(3.0) = 2.4e-7).
+    """
+    lg = logits.to(torch.float64, copy=True)
+    if n_real < lg.shape[-1]:
+        lg[..., n_real:] = float("-inf")
+    return torch.log_softmax(lg, dim=-1)
+
+
+@torch.no_grad()
+def _logits(model, ids: Sequence[int]) -> torch.Tensor:
+    dev = next(model.parameters()).device
+    x = torch.tensor([list(ids)], dtype=torch.long, device=dev)
+    return model(input_ids=x, use_cache=False).logits[0].float().cpu()  # [T, rows]
+
+
+def _encode(tok, text: str, max_tokens: int) -> list[int]:
+    return list(tok(text, add_special_tokens=False).input_ids)[:max_tokens]
+
+
+@dataclass(frozen=True)
+class ExpandVerification:
+    """What an expansion did to held-out text.
+
+    Attributes:
+        k: number of new tokens; V: rows averaged by the global mean (Hewitt's V).
+        positions: held-out positions read (old tokenization).
+        new_token_mass: mean over positions of the total probability of the new tokens.
+        new_token_mass_max: its maximum over positions.
+        mass_bound: k/(V+k), Hewitt's bound on the mass for ``init="mean"``.
+        kl_old_new: mean over positions of KL(p_old ‖ p_new), nats.
+        kl_bound: log(1 + k/V), the bound on that KL for ``init="mean"``.
+        perplexity_before: old model, old tokenization (per token).
+        perplexity_after: new model, new tokenization (per token).
+        perplexity_relative_change: after/before − 1.
+        old_logits_max_abs_diff: max |new − old| logit over the old real vocabulary on the old
+            tokenization (0 up to float error when old rows were untouched).
+        tokens_before / tokens_after: held-out token counts under each tokenizer.
+        new_tokens_in_text: occurrences of the new tokens in the new tokenization of the text.
+        sample_text, sample_before, sample_after: a sentence and its tokens under each tokenizer.
+    """
+
+    k: int
+    V: int
+    positions: int
+    new_token_mass: float
+    new_token_mass_max: float
+    mass_bound: float
+    kl_old_new: float
+    kl_bound: float
+    perplexity_before: float
+    perplexity_after: float
+    perplexity_relative_change: float
+    old_logits_max_abs_diff: float
+    tokens_before: int
+    tokens_after: int
+    new_tokens_in_text: int
+    sample_text: str
+    sample_before: tuple[str, ...]
+    sample_after: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "k": self.k, "V": self.V, "positions": self.positions,
+            "new_token_mass": self.new_token_mass, "new_token_mass_max": self.new_token_mass_max,
+            "mass_bound": self.mass_bound, "kl_old_new": self.kl_old_new, "kl_bound": self.kl_bound,
+            "perplexity_before": self.perplexity_before, "perplexity_after": self.perplexity_after,
+            "perplexity_relative_change": self.perplexity_relative_change,
+            "old_logits_max_abs_diff": self.old_logits_max_abs_diff,
+            "tokens_before": self.tokens_before, "tokens_after": self.tokens_after,
+            "new_tokens_in_text": self.new_tokens_in_text,
+            "sample": {"text": self.sample_text, "before": list(self.sample_before),
+                       "after": list(self.sample_after)},
+        }
+
+
+def _nll(logp: torch.Tensor, ids: Sequence[int]) -> tuple[float, int]:
+    """Sum of −log p(next token) over the sequence (nats) and the count of predicted tokens."""
+    if len(ids) < 2:
+        return 0.0, 0
+    tgt = torch.tensor(list(ids[1:]), dtype=torch.long)
+    return float(-logp[:-1].gather(1, tgt[:, None]).sum()), len(ids) - 1
+
+
+def verify_expansion(old_model, old_tokenizer, new_model, new_tokenizer, new_ids: Sequence[int],
+                     texts: Sequence[str], V: int, sample: str, max_tokens: int = 256) -> ExpandVerification:
+    """Compare the old and the expanded model on held-out texts.
+
+    Both models read the OLD tokenization of each text (so positions align): the new-token mass
+    and KL(old ‖ new) are measured there. Perplexity after uses the NEW tokenization with the
+    new model. Float32 log-softmax over real tokens only (padding rows masked).
+
+    Args:
+        new_ids: ids of the added tokens. texts: held-out texts (each cut to ``max_tokens``).
+        V: rows the global mean averaged (for the bounds k/(V+k) and log(1+k/V)).
+        sample: a sentence shown tokenized before and after.
+
+    Returns:
+        :class:`ExpandVerification`.
+
+    Raises:
+        BadInput: no text with at least 2 tokens.
+    """
+    n_old, n_new = len(old_tokenizer), len(new_tokenizer)
+    nid = torch.tensor(list(new_ids), dtype=torch.long)
+    masses, kls, diffs = [], [], []
+    nll_b = nll_a = 0.0
+    cnt_b = cnt_a = tok_b = tok_a = in_text = 0
+    for text in texts:
+        ids_o = _encode(old_tokenizer, text, max_tokens)
+        ids_n = _encode(new_tokenizer, text, max_tokens)
+        if len(ids_o) < 2 or len(ids_n) < 2:
+            continue
+        lo = _logits(old_model, ids_o)                          # [T, rows_old]
+        ln = _logits(new_model, ids_o)                          # [T, rows_new]
+        lp_o = _masked_logprobs(lo, n_old)[:, :n_old]           # [T, n_old]
+        lp_n = _masked_logprobs(ln, n_new)                      # [T, rows_new]
+        masses.append(lp_n[:, nid].exp().sum(-1))              # [T]
+        p_o = lp_o.exp()
+        kls.append((p_o * (lp_o - lp_n[:, :n_old])).sum(-1))  # [T] nats
+        diffs.append(float((ln[:, :n_old] - lo[:, :n_old]).abs().max()))
+        s, c = _nll(lp_o, ids_o)
+        nll_b, cnt_b, tok_b = nll_b + s, cnt_b + c, tok_b + len(ids_o)
+        lp_a = lp_n if ids_n == ids_o else _masked_logprobs(_logits(new_model, ids_n), n_new)
+        s, c = _nll(lp_a, ids_n)
+        nll_a, cnt_a, tok_a = nll_a + s, cnt_a + c, tok_a + len(ids_n)
+        in_text += sum(1 for i in ids_n if i in set(new_ids))
+    if not masses or cnt_b == 0 or cnt_a == 0:
+        raise BadInput("held-out text too short: give text of at least 2 tokens")
+    mass = torch.cat(masses)
+    kl = torch.cat(kls)
+    k = len(new_ids)
+    ppl_b = math.exp(nll_b / cnt_b)
+    ppl_a = math.exp(nll_a / cnt_a)
+    return ExpandVerification(
+        k=k, V=int(V), positions=int(mass.numel()),
+        new_token_mass=float(mass.mean()), new_token_mass_max=float(mass.max()),
+        mass_bound=k / (V + k), kl_old_new=float(kl.mean()), kl_bound=math.log1p(k / V),
+        perplexity_before=ppl_b, perplexity_after=ppl_a, perplexity_relative_change=ppl_a / ppl_b - 1.0,
+        old_logits_max_abs_diff=max(diffs), tokens_before=tok_b, tokens_after=tok_a,
+        new_tokens_in_text=in_text, sample_text=sample,
+        sample_before=tuple(token_strs(old_tokenizer, _encode(old_tokenizer, sample, 10_000))),
+        sample_after=tuple(token_strs(new_tokenizer, _encode(new_tokenizer, sample, 10_000))),
+    )
+
+
+@dataclass(frozen=True)
+class TrimVerification:
+    """The trimmed model against the original on texts from the corpus.
+
+    Attributes:
+        texts / positions: texts and positions compared.
+        tokenization_identical: the trimmed tokenizer gives ``old_to_new[old ids]`` on every text.
+        logits_max_abs_diff: max |trimmed − original| logit over the kept tokens.
+        logprobs_max_abs_diff: max |trimmed log-prob − original log-prob renormalised over the
+            kept tokens| (the trimmed model's distribution is the original's conditioned on them).
+        dropped_mass: mean over positions of the original's probability on dropped tokens.
+        perplexity_before / perplexity_after: per token, on these texts.
+    """
+
+    texts: int
+    positions: int
+    tokenization_identical: bool
+    logits_max_abs_diff: float
+    logprobs_max_abs_diff: float
+    dropped_mass: float
+    perplexity_before: float
+    perplexity_after: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def verify_trim(old_model, old_tokenizer, new_model, new_tokenizer, kept_old_ids: Sequence[int],
+                texts: Sequence[str], max_tokens: int = 256) -> TrimVerification:
+    """Compare the trimmed model with the original on ``texts`` (ids mapped old -> new).
+
+    Args:
+        kept_old_ids: sorted old ids kept; new id i is old id ``kept_old_ids[i]``.
+
+    Returns:
+        :class:`TrimVerification`.
+
+    Raises:
+        BadInput: no text with at least 2 tokens.
+    """
+    kept = torch.tensor(list(kept_old_ids), dtype=torch.long)
+    old_to_new = {int(o): i for i, o in enumerate(kept_old_ids)}
+    n_old, n_new = len(old_tokenizer), len(new_tokenizer)
+    same = True
+    dl = dp = 0.0
+    dropped, nb, na, cnt, npos, nt = [], 0.0, 0.0, 0, 0, 0
+    for text in texts:
+        ids_o = _encode(old_tokenizer, text, max_tokens)
+        ids_n = _encode(new_tokenizer, text, max_tokens)
+        if len(ids_o) < 2:
+            continue
+        mapped = [old_to_new.get(i, -1) for i in ids_o]
+        if mapped != ids_n:
+            same = False
+            continue
+        nt += 1
+        lo = _logits(old_model, ids_o)
+        ln = _logits(new_model, ids_n)
+        lp_o = _masked_logprobs(lo, n_old)
+        lp_n = _masked_logprobs(ln, n_new)[:, :n_new]
+        dl = max(dl, float((ln[:, :n_new] - lo[:, kept]).abs().max()))
+        cond = torch.log_softmax(lo[:, kept].double(), dim=-1)
+        dp = max(dp, float((lp_n - cond).abs().max()))
+        dropped.append(1.0 - lp_o[:, kept].exp().sum(-1))
+        s, c = _nll(lp_o, ids_o)
+        nb, cnt = nb + s, cnt + c
+        na += _nll(lp_n, ids_n)[0]
+        npos += len(ids_o)
+    if cnt == 0:
+        if not same:
+            return TrimVerification(len(texts), 0, False, float("nan"), float("nan"), float("nan"),
+                                    float("nan"), float("nan"))
+        raise BadInput("no corpus text of at least 2 tokens to verify the trimmed model on")
+    return TrimVerification(
+        texts=nt, positions=npos, tokenization_identical=same, logits_max_abs_diff=dl,
+        logprobs_max_abs_diff=dp, dropped_mass=float(torch.cat(dropped).mean()),
+        perplexity_before=math.exp(nb / cnt), perplexity_after=math.exp(na / cnt),
+    )
