@@ -209,6 +209,34 @@ def _row_scores64(Wn: np.ndarray, rows: np.ndarray | None, X: np.ndarray, chunk:
     return out
 
 
+def _exact_int_matmul(Q: torch.Tensor):
+    """An exact ``(A, B) -> A @ B^T`` for int8 row blocks of Q, int32 result.
+
+    ``torch._int_mm`` (int8 products, int32 sums) is used when it reproduces an int64 reference on
+    a sample of Q's own rows (it is wrong for some shapes, e.g. one column); Q is padded with zero
+    columns to a multiple of 8 for it. Otherwise float32 products are exact while
+    ``127^2 r < 2^24``; beyond that int64.
+    """
+    n, r = Q.shape
+    pad = (-r) % 8
+    ref_rows = Q[: min(n, 64)].long()
+    ref = ref_rows @ ref_rows.T
+    if hasattr(torch, "_int_mm"):
+        def f(A, B):
+            if pad:
+                A = torch.nn.functional.pad(A, (0, pad))
+                B = torch.nn.functional.pad(B, (0, pad))
+            return torch._int_mm(A.contiguous(), B.contiguous().T)
+        try:
+            if torch.equal(f(Q[: min(n, 64)], Q[: min(n, 64)]).long(), ref):
+                return f
+        except RuntimeError:
+            pass
+    if 127 * 127 * r < 2 ** 24:
+        return lambda A, B: (A.float() @ B.float().T).int()
+    return lambda A, B: (A.long() @ B.long().T).int()
+
+
 def _group_identical(Wn: np.ndarray, ids: np.ndarray):
     """Groups of bit-identical rows among ``Wn[ids]``.
 
@@ -396,8 +424,8 @@ def find_unargmaxable(
         timings["prepare"] = time.perf_counter() - t0
         return finish(torch.zeros(d, dtype=torch.float64), torch.zeros(d, 0, dtype=torch.float64), 0)
 
-    # -- centring and whitening on the numerical range. Any invertible A gives the same answer, so
-    # the covariance may be rounded (float32 products); Z = (U - mu) A is then computed in float64.
+    # -- centring and whitening on the numerical range (float64). Any invertible A gives the same
+    # answer; A only has to keep every direction the rows really use.
     U = torch.from_numpy(Wn[reps_a])
     mu_t = torch.zeros(d, dtype=torch.float64)
     for s_ in range(0, n, 16384):
@@ -405,8 +433,8 @@ def find_unargmaxable(
     mu_t /= n
     C = torch.zeros(d, d, dtype=torch.float64)
     for s_ in range(0, n, 16384):
-        Xc = (U[s_:s_ + 16384].double() - mu_t).float()
-        C += (Xc.T @ Xc).double()
+        Xc = U[s_:s_ + 16384].double() - mu_t
+        C += Xc.T @ Xc
     lam, vec = torch.linalg.eigh(C)
     lam, vec = lam.numpy(), vec.numpy()
     keep = lam > max(lam[-1], 0.0) * 1e-12
@@ -436,6 +464,7 @@ def find_unargmaxable(
         enorm[s_:s_ + 16384] = np.linalg.norm(zc - qs * qc, axis=1) + 1.01 * _U32 * np.linalg.norm(zc, axis=1)
     emax = float(enorm.max())
     Qt = torch.from_numpy(Q)
+    imm = _exact_int_matmul(Qt)
     quant_box.update(Q=Qt, qs=qs)
     znorm = np.linalg.norm(Z.astype(np.float64), axis=1)
     zmax = float(znorm.max())
@@ -466,7 +495,7 @@ def find_unargmaxable(
             QI = Qt[i0:i1]
             for c0 in range(i0, n, col_chunk):
                 c1 = min(n, c0 + col_chunk)
-                S = torch._int_mm(QI, Qt[c0:c1].T)          # [bi, bc] int32, exact
+                S = imm(QI, Qt[c0:c1])                      # [bi, bc] int32, exact
                 if c0 == i0:
                     k = min(i1, c1) - i0
                     ar = torch.arange(k)
