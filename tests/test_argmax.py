@@ -30,26 +30,28 @@ def check_certificates(W, bias, res, tokens=None):
     play = res.in_play
     scale = float((W64[play] - W64[play].mean(0)).norm(dim=1).max()) or 1.0
     V = W64.shape[0]
-    toks = range(V) if tokens is None else tokens
+    toks = list(range(V)) if tokens is None else [int(t) for t in tokens]
     n = 0
-    for t in toks:
-        t = int(t)
-        v = int(res.verdict[t])
-        if v == 0 or (v == 2 and not math.isnan(float(res.margin[t]))):
-            x = res.certificate_x(W, t)
-            lg = W64 @ x
-            if b64 is not None:
-                lg = lg + b64
+    arg = [t for t in toks if int(res.verdict[t]) == 0
+           or (int(res.verdict[t]) == 2 and not math.isnan(float(res.margin[t])))]
+    for s in range(0, len(arg), 256):
+        chunk = arg[s:s + 256]
+        X = torch.stack([res.certificate_x(W, t) for t in chunk], 1)      # [d, k]
+        LG = W64 @ X                                                        # [V, k] float64
+        if b64 is not None:
+            LG = LG + b64[:, None]
+        for q, t in enumerate(chunk):
             other = play.clone()
             other[t] = False
-            if v == 2:
+            if int(res.verdict[t]) == 2:
                 other &= res.group != res.group[t]
             if bool(other.any()):
-                m = float(lg[t] - lg[other].max())
+                m = float(LG[t, q] - LG[other, q].max())
                 assert m > 0, (t, m)
                 assert m >= float(res.margin[t]) * (1 - 1e-6) - 1e-9, (t, m, float(res.margin[t]))
             n += 1
-        elif v == 1:
+    for t in toks:
+        if int(res.verdict[t]) == 1:
             ids, w = res.combos[t]
             assert t not in ids.tolist()
             assert bool((w >= 0).all()) and abs(float(w.sum()) - 1) < 1e-9
@@ -425,8 +427,13 @@ def test_cli_argmax_json(smollm2, smol_argmax, capsys, monkeypatch):
     assert run_app(["argmax"]) == 0
     text = capsys.readouterr().out
     assert "exact duplicate rows" in text and "<jupyter_text>" in text
-    assert run_app(["argmax", "--bias", "on"]) == 2           # the head has no bias
-    assert "no bias" in capsys.readouterr().err
+    assert run_app(["argmax", "--bias", "sometimes"]) == 2
+    assert "--bias must be auto, on or off" in capsys.readouterr().err
+    monkeypatch.undo()
+    from vocablens.argmax.model import argmax_for_borders
+
+    with pytest.raises(BadInput, match="no bias"):              # the head has no bias
+        argmax_for_borders(smollm2.borders, bias="on")
     from vocablens.render.argmax import argmax_section
 
     sec = argmax_section(smol_argmax, smollm2.tokenizer)
