@@ -32,9 +32,11 @@ Certificates (each re-checked in float64 in the original coordinates):
   hidden vector is astronomically large. The residual is reported.
 
 Pipeline (each stage timed, tokens settled per stage counted): ``prepare`` (validation, masks,
-exact duplicates, centring and whitening), ``gemm`` (the certificate ``y = z_i`` for every token
-at once with blocked float32 matrix products using the symmetry of ``Z Z^T`` — half the pairs —
-and a rigorous floating-point error bound), ``reflect`` (at most ``reflect_iters`` batched
+exact duplicates, centring and whitening), ``gemm`` (the certificate ``y = q_i``, the whitened row
+rounded to a global int8 grid, for every token at once: ``Q Q^T`` by blocks in int8 with int32
+sums, which is exact integer arithmetic, over the upper triangle only since ``Q Q^T`` is
+symmetric — half of the all-pairs work at the int8 rate — with a rigorous bound for the rounding
+``z - q``), ``reflect`` (float32 re-check of the failures and at most ``reflect_iters`` batched
 reflections of the near misses, the "Braid reflect" of Grivas et al. §4), ``proof`` (for what
 remains: non-negative least squares over a generated set of competitors — start from the
 ``2(r+1)`` nearest, add violated rows until none is violated — giving either a convex combination
@@ -301,9 +303,9 @@ def find_unargmaxable(
             ``||w_i - sum mu_j w_j||_2`` must be at most ``tol`` times the largest centred row norm.
         block: query rows per block of the stage-1 matrix product.
         verify: ``"borderline"`` (float64 re-check of every certificate from stages 2+ and of the
-            stage-1 certificates whose float32 margin is within 64x its error bound or among the
-            256 smallest; the others are covered by the rigorous float32 error bound) or
-            ``"all"`` (float64 re-check of every certificate; V^2 d float64 FLOPs).
+            256 stage-1 certificates with the smallest margin relative to their error bound; the
+            others are covered by the rigorous bound of the exact int8 stage) or ``"all"``
+            (float64 re-check of every certificate; 2 V^2 d float64 FLOPs).
         max_rounds: constraint-generation rounds per token before it is declared undecided.
         progress: optional callback ``(stage, done, total)``.
 
