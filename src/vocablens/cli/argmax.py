@@ -43,7 +43,6 @@ def argmax_cmd(
     trust_remote_code: TrustOpt = False,
 ) -> None:
     """Tokens that can never be the top prediction: exact verdicts with certificates, per stage."""
-    import torch
 
     from vocablens.argmax.model import argmax_for_borders
     from vocablens.render.argmax import argmax_tables, argmax_to_dict
@@ -51,7 +50,6 @@ def argmax_cmd(
     if bias not in ("auto", "on", "off"):
         raise BadInput(f"--bias must be auto, on or off; got {bias!r}")
     lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     cb, close = _progress_bar(json_)
     try:
         ma = argmax_for_borders(lm.borders, bias=bias, include_padding=include_padding,
