@@ -1,0 +1,118 @@
+"""Commands: ``vocablens argmax`` (tokens that can never win) and ``vocablens bottleneck``."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.errors import BadInput, OutputExists
+
+
+def _progress_bar(quiet: bool):
+    """A (callback, close) pair that shows one rich progress bar per stage on stderr."""
+    if quiet and not err.is_terminal:
+        return (lambda *_: None), (lambda: None)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    prog = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TimeElapsedColumn(), console=err, transient=False)
+    tasks: dict[str, int] = {}
+    prog.start()
+
+    def cb(stage: str, done: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = prog.add_task(stage, total=total)
+        prog.update(tasks[stage], completed=done, total=total)
+
+    return cb, prog.stop
+
+
+@app.command("argmax")
+def argmax_cmd(
+    model: ModelOpt = "smollm2",
+    bias: Annotated[str, typer.Option("--bias", help="auto (use the LM head's bias if any), on, off.")] = "auto",
+    include_padding: Annotated[bool, typer.Option("--include-padding", help="Let rows beyond the tokenizer (padding) and never-trained rows compete (excluded by default).")] = False,
+    norm: Annotated[bool, typer.Option("--norm/--no-norm", help="Also bound the highest probability flagged and borderline tokens can reach under the final norm.")] = True,
+    verify_all: Annotated[bool, typer.Option("--verify-all", help="Re-check every certificate in float64 (V^2 d FLOPs), not only the borderline ones.")] = False,
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Tokens that can never be the top prediction: exact verdicts with certificates, per stage."""
+
+    from vocablens.argmax.model import argmax_for_borders
+    from vocablens.render.argmax import argmax_tables, argmax_to_dict
+
+    if bias not in ("auto", "on", "off"):
+        raise BadInput(f"--bias must be auto, on or off; got {bias!r}")
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    cb, close = _progress_bar(json_)
+    try:
+        ma = argmax_for_borders(lm.borders, bias=bias, include_padding=include_padding,
+                                include_untrained=include_padding, norm=norm,
+                                verify="all" if verify_all else "borderline", progress=cb)
+    finally:
+        close()
+    if ma.result.interrupted:
+        err.print("[yellow]interrupted: unsettled tokens are reported as undecided[/yellow]")
+    if json_:
+        d = argmax_to_dict(ma, lm.tokenizer)
+        d["model"] = lm.provenance.to_dict()
+        emit_json(d)
+    else:
+        for t in argmax_tables(ma, lm.tokenizer):
+            out.print(t)
+
+
+@app.command("bottleneck")
+def bottleneck_cmd(
+    model: ModelOpt = "smollm2",
+    corpus: Annotated[str, typer.Option("--corpus", help="Named corpus (pydoc-topics, python-docs ...) or a path.")] = "pydoc-topics",
+    contexts: Annotated[int, typer.Option("--contexts", help="N real contexts (positions); must exceed d.")] = 0,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per packed row.")] = 128,
+    plot: Annotated[str, typer.Option("--plot", help="Write the two spectra as an HTML plot to this path.")] = "",
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --plot file.")] = False,
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Softmax bottleneck: spectra and numerical ranks of W_U and of the log-probabilities over N > d contexts."""
+    from vocablens.argmax.bottleneck import context_hidden, softmax_bottleneck
+    from vocablens.corpus import load_documents, pack_tokens
+    from vocablens.render.argmax import bottleneck_figure, bottleneck_tables, bottleneck_to_dict
+
+    if plot and Path(plot).exists() and not force:
+        raise OutputExists(f"{plot} exists; pass --force to replace it")
+    if seq_len < 2:
+        raise BadInput(f"--seq-len must be at least 2; got {seq_len}")
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    b = lm.borders
+    n = contexts or (b.d_emb + 64)
+    if n <= b.d_emb:
+        raise BadInput(f"--contexts must exceed d = {b.d_emb} to test the rank bound; got {n}")
+    rows = -(-n // seq_len)
+    docs = load_documents(corpus)
+    ids = pack_tokens(docs, lm.tokenizer, seq_len, max_tokens=rows * seq_len)
+    if ids.numel() < n:
+        raise BadInput(f"corpus {corpus!r} gives {ids.numel()} tokens, fewer than --contexts {n}")
+    H = context_hidden(b, ids)[:n]
+    res = softmax_bottleneck(b.W_U, H, bias=b.b_U, logit_scale=b.logit_scale, softcap=b.softcap)
+    if plot:
+        p = Path(plot)
+        fd, tmp = tempfile.mkstemp(dir=p.parent if str(p.parent) else ".", suffix=".tmp")
+        os.close(fd)
+        bottleneck_figure(res).write_html(tmp, include_plotlyjs=True)
+        os.replace(tmp, p)
+    if json_:
+        d = bottleneck_to_dict(res)
+        d["corpus"] = corpus
+        d["model"] = lm.provenance.to_dict()
+        emit_json(d)
+    else:
+        for t in bottleneck_tables(res):
+            out.print(t)
+        if plot:
+            err.print(f"wrote {plot}")

@@ -1,0 +1,235 @@
+"""Rendering of argmax geometry and the softmax bottleneck: rich tables, JSON, report sections."""
+
+from __future__ import annotations
+
+import math
+
+from rich.table import Table
+
+from vocablens.argmax.bottleneck import Bottleneck
+from vocablens.argmax.exact import STAGES, VERDICTS
+from vocablens.argmax.model import ModelArgmax
+from vocablens.models.tokens import token_str
+from vocablens.render.html import Section, esc, figure_html, table_html
+
+_LIST_MAX = 200
+
+
+def _f(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def duplicate_groups(ma: ModelArgmax) -> list[dict]:
+    """Exact-duplicate groups: ``[{"group", "ids", "can_tie"}]`` sorted by first id."""
+    res = ma.result
+    out: dict[int, list[int]] = {}
+    for t in (res.group >= 0).nonzero().flatten().tolist():
+        out.setdefault(int(res.group[t]), []).append(t)
+    return [{"group": g, "ids": sorted(ids), "can_tie": bool(res.group_can_tie.get(g, False))}
+            for g, ids in sorted(out.items(), key=lambda kv: min(kv[1]))]
+
+
+def argmax_to_dict(ma: ModelArgmax, tokenizer=None, per_token: bool = True) -> dict:
+    """Plain data for ``--json``: counts, stages, flagged tokens (decoded), per-token verdicts."""
+    res = ma.result
+    dec = (lambda t: token_str(tokenizer, t)) if tokenizer is not None else (lambda t: None)
+
+    def item(t):
+        t = int(t)
+        d = {"id": t, "token": dec(t), "verdict": VERDICTS[int(res.verdict[t])],
+             "stage": STAGES[int(res.stage[t])] if int(res.stage[t]) >= 0 else None}
+        if t in res.combos:
+            ids, w = res.combos[t]
+            order = w.argsort(descending=True)[:8]
+            d["residual"] = _f(res.residual[t])
+            d["support"] = int(len(ids))
+            d["top_weights"] = [{"id": int(ids[k]), "token": dec(int(ids[k])), "weight": float(w[k])}
+                                for k in order.tolist()]
+        if not math.isnan(float(res.margin[t])):
+            d["margin"] = _f(res.margin[t])
+        if t in res.reasons:
+            d["reason"] = res.reasons[t]
+        return d
+
+    out = {
+        "vocab_size": ma.vocab_size,
+        "bias": ma.bias_mode,
+        "counts": res.counts(),
+        "padding_rows": ma.padding_rows,
+        "untrained_rows": ma.untrained_rows,
+        "unique_rows": res.n_unique,
+        "rank": res.rank,
+        "tolerance": res.tol,
+        "interrupted": res.interrupted,
+        "timings_s": {k: round(v, 4) for k, v in res.timings.items()},
+        "settled": dict(res.settled),
+        "verified_f64": res.verified_f64,
+        "unargmaxable": [item(t) for t in res.ids("unargmaxable").tolist()],
+        "undecided": [item(t) for t in res.ids("undecided").tolist()],
+        "duplicates": [dict(g, tokens=[dec(t) for t in g["ids"]]) for g in duplicate_groups(ma)],
+        "norm": None,
+        "norm_note": ma.norm_note,
+    }
+    if ma.reach is not None:
+        r = ma.reach
+        out["norm"] = {
+            "kind": r.model.kind, "radius": r.model.radius,
+            "tokens": [{"id": int(t), "token": dec(int(t)),
+                        "argmaxable": {1: True, 0: False}.get(int(r.argmaxable[q])),
+                        "p_lower": float(r.p_lower[q]), "p_upper": float(r.p_upper[q]),
+                        "margin_lower": _f(r.margin_lower[q]), "margin_upper": _f(r.margin_upper[q])}
+                       for q, t in enumerate(r.tokens.tolist())],
+        }
+    if per_token:
+        m = res.margin
+        out["per_token"] = {
+            "verdict_names": list(VERDICTS),
+            "verdict": res.verdict.tolist(),
+            "margin": [None if math.isnan(x) or math.isinf(x) else round(x, 6) for x in m.tolist()],
+        }
+    return out
+
+
+def argmax_tables(ma: ModelArgmax, tokenizer=None) -> list[Table]:
+    """Rich tables: counts, stages, flagged tokens, duplicate groups, norm reachability."""
+    res = ma.result
+    dec = (lambda t: repr(token_str(tokenizer, t))) if tokenizer is not None else str
+    c = res.counts()
+    t1 = Table(title=f"argmax geometry of W_U [{ma.vocab_size} x {res.whiten.shape[0]}], bias {ma.bias_mode}",
+               title_justify="left")
+    t1.add_column("verdict")
+    t1.add_column("tokens", justify="right")
+    for k in VERDICTS:
+        t1.add_row(k, str(c[k]))
+    t2 = Table(title=f"stages ({res.n_unique} distinct rows, rank {res.rank}; "
+               f"{res.verified_f64} certificates re-checked in float64)", title_justify="left")
+    t2.add_column("stage")
+    t2.add_column("seconds", justify="right")
+    t2.add_column("settled", justify="right")
+    for s in STAGES:
+        t2.add_row(s, f"{res.timings.get(s, 0.0):.2f}", str(res.settled.get(s, 0)))
+    t2.add_row("total", f"{res.timings.get('total', 0.0):.2f}", "")
+    tables = [t1, t2]
+    flagged = res.ids("unargmaxable").tolist() + res.ids("undecided").tolist()
+    if flagged:
+        t3 = Table(title="not argmaxable / undecided", title_justify="left")
+        for col in ("id", "token", "verdict", "residual / reason", "heaviest rows of the combination"):
+            t3.add_column(col)
+        for t in flagged[:_LIST_MAX]:
+            v = VERDICTS[int(res.verdict[t])]
+            if t in res.combos:
+                ids, w = res.combos[t]
+                o = w.argsort(descending=True)[:3].tolist()
+                heavy = ", ".join(f"{dec(int(ids[k]))} {float(w[k]):.2f}" for k in o)
+                info = f"{float(res.residual[t]):.2e}"
+            else:
+                heavy, info = "", res.reasons.get(t, "")
+            t3.add_row(str(t), dec(t), v, info, heavy)
+        tables.append(t3)
+    groups = duplicate_groups(ma)
+    if groups:
+        t4 = Table(title="exact duplicate rows (never a strict argmax)", title_justify="left")
+        t4.add_column("ids")
+        t4.add_column("tokens")
+        t4.add_column("can tie for first", justify="right")
+        for g in groups[:_LIST_MAX]:
+            t4.add_row(", ".join(map(str, g["ids"])), ", ".join(dec(t) for t in g["ids"]),
+                       "yes" if g["can_tie"] else "no")
+        tables.append(t4)
+    if ma.reach is not None:
+        r = ma.reach
+        t5 = Table(title=f"under the final norm ({ma.norm_note})", title_justify="left")
+        for col in ("id", "token", "argmaxable", "max prob >=", "max prob <=", "margin in"):
+            t5.add_column(col)
+        for q, t in enumerate(r.tokens.tolist()):
+            a = {1: "yes", 0: "no"}.get(int(r.argmaxable[q]), "undecided")
+            t5.add_row(str(t), dec(t), a, f"{float(r.p_lower[q]):.4f}", f"{float(r.p_upper[q]):.4f}",
+                       f"[{float(r.margin_lower[q]):.3g}, {float(r.margin_upper[q]):.3g}]")
+        tables.append(t5)
+    return tables
+
+
+def argmax_section(ma: ModelArgmax, tokenizer=None) -> Section:
+    """Report section: counts per verdict, stage timings, flagged and duplicate tokens."""
+    d = argmax_to_dict(ma, tokenizer, per_token=False)
+    parts = [f"<p>Tokens that can never be the top prediction (Demeter et al. 2020; Grivas et al. 2022), "
+             f"decided exactly with a certificate each; bias {esc(d['bias'])}, "
+             f"{d['unique_rows']} distinct rows of rank {d['rank']}.</p>",
+             table_html(["verdict", "tokens"], [[k, v] for k, v in d["counts"].items()]),
+             table_html(["stage", "seconds", "settled"],
+                        [[s, f"{d['timings_s'].get(s, 0):.2f}", d["settled"].get(s, 0)] for s in STAGES])]
+    if d["unargmaxable"]:
+        parts.append("<h3>Not argmaxable</h3>" + table_html(
+            ["id", "token", "residual", "support"],
+            [[x["id"], x["token"], f"{x.get('residual', 0):.2e}", x.get("support", "")] for x in d["unargmaxable"][:_LIST_MAX]]))
+    if d["duplicates"]:
+        parts.append("<h3>Exact duplicates</h3>" + table_html(
+            ["ids", "tokens", "can tie for first"],
+            [[", ".join(map(str, g["ids"])), ", ".join(map(str, g["tokens"])), "yes" if g["can_tie"] else "no"]
+             for g in d["duplicates"][:_LIST_MAX]]))
+    if d["norm"]:
+        parts.append(f"<h3>Under the final norm</h3><p>{esc(d['norm_note'])}</p>" + table_html(
+            ["id", "token", "argmaxable", "max prob >=", "max prob <="],
+            [[x["id"], x["token"], {True: "yes", False: "no"}.get(x["argmaxable"], "undecided"),
+              f"{x['p_lower']:.4f}", f"{x['p_upper']:.4f}"] for x in d["norm"]["tokens"]]))
+    return Section(id="argmax", title="Argmax geometry", html="\n".join(parts))
+
+
+def bottleneck_to_dict(b: Bottleneck) -> dict:
+    """Plain data for ``vocablens bottleneck --json``."""
+    return {
+        "V": b.V, "d": b.d, "rank_W": b.rank_W, "tol_W": b.tol_W, "stable_rank_W": b.stable_rank_W,
+        "entropy_rank_W": b.entropy_rank_W, "n_contexts": b.n_contexts, "rank_logprobs": b.rank_A,
+        "tol_logprobs": _f(b.tol_A), "rank_bound": b.bound_A, "softcap": b.softcap,
+        "share_W": {str(k): v for k, v in b.share_W.items()},
+        "share_logprobs": {str(k): v for k, v in b.share_A.items()},
+        "sigma_W": b.sigma_W.tolist(), "sigma_logprobs": b.sigma_A.tolist(),
+    }
+
+
+def bottleneck_figure(b: Bottleneck):
+    """Plotly figure: both singular spectra, normalised by their largest value, log scale."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for name, s, tol in (("W_U", b.sigma_W, b.tol_W), ("log-probabilities", b.sigma_A, b.tol_A)):
+        if len(s) == 0 or float(s[0]) <= 0:
+            continue
+        y = (s / s[0]).clamp_min(1e-18).tolist()
+        fig.add_trace(go.Scatter(x=list(range(1, len(y) + 1)), y=y, mode="lines", name=name))
+    fig.add_vline(x=b.d, line_dash="dot", annotation_text=f"d = {b.d}")
+    fig.update_layout(title="Singular spectra (sigma / sigma_max)", xaxis_title="index",
+                      yaxis_title="sigma / sigma_max", yaxis_type="log", template="plotly_white")
+    return fig
+
+
+def bottleneck_tables(b: Bottleneck) -> list[Table]:
+    """Rich table of the bottleneck figures."""
+    t = Table(title=f"softmax bottleneck: W_U [{b.V} x {b.d}]", title_justify="left")
+    t.add_column("quantity")
+    t.add_column("W_U", justify="right")
+    t.add_column(f"log-probs over {b.n_contexts} contexts", justify="right")
+    t.add_row("numerical rank", str(b.rank_W), f"{b.rank_A} (bound {b.bound_A})" if b.rank_A >= 0 else "-")
+    t.add_row("largest singular value", f"{float(b.sigma_W[0]):.4g}",
+              f"{float(b.sigma_A[0]):.4g}" if len(b.sigma_A) else "-")
+    t.add_row("stable rank", f"{b.stable_rank_W:.2f}", "")
+    t.add_row("entropy effective rank", f"{b.entropy_rank_W:.1f}", "")
+    for k in sorted(set(b.share_W) | set(b.share_A)):
+        t.add_row(f"variance share, top {k}", f"{b.share_W.get(k, float('nan')):.3f}",
+                  f"{b.share_A.get(k, float('nan')):.3f}" if k in b.share_A else "-")
+    return [t]
+
+
+def bottleneck_section(b: Bottleneck) -> Section:
+    """Report section: ranks, variance shares and the two spectra."""
+    rows = [["numerical rank", b.rank_W, f"{b.rank_A} (bound {b.bound_A})"],
+            ["stable rank", f"{b.stable_rank_W:.2f}", ""],
+            ["entropy effective rank", f"{b.entropy_rank_W:.1f}", ""]]
+    rows += [[f"variance share, top {k}", f"{b.share_W.get(k, float('nan')):.3f}",
+              f"{b.share_A[k]:.3f}" if k in b.share_A else ""] for k in sorted(b.share_W)]
+    html = (f"<p>The logit matrix over any N contexts has rank at most d (Yang et al. 2018); here "
+            f"N = {b.n_contexts} real contexts, d = {b.d}.</p>"
+            + table_html(["quantity", "W_U", "log-probabilities"], rows)
+            + figure_html(bottleneck_figure(b), "bottleneck-spectra"))
+    return Section(id="bottleneck", title="Softmax bottleneck", html=html)

@@ -1,0 +1,460 @@
+"""vocablens.argmax: exact unargmaxable tokens (every certificate re-checked here in float64),
+the final-norm reachability bounds and the softmax bottleneck."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial import ConvexHull
+
+from vocablens.argmax import find_unargmaxable
+from vocablens.argmax.bottleneck import softmax_bottleneck
+from vocablens.argmax.norm import NormModel, norm_reachability, probe_norm
+from vocablens.errors import BadInput, ShapeMismatch
+
+
+# ------------------------------------------------------------------------------ independent checks
+def check_certificates(W, bias, res, tokens=None):
+    """Re-verify certificates in float64 from scratch; returns the number checked.
+
+    argmaxable (and duplicate representatives that can tie): l_t(x) > l_j(x) for every other row in
+    play (twins excluded for a representative). unargmaxable: weights >= 0 summing to 1 on other
+    rows, ||w_t - sum mu w||_2 <= tol * scale and sum mu b >= b_t.
+    """
+    W64 = torch.as_tensor(W).double()
+    b64 = None if bias is None else torch.as_tensor(bias).double()
+    play = res.in_play
+    scale = float((W64[play] - W64[play].mean(0)).norm(dim=1).max()) or 1.0
+    V = W64.shape[0]
+    toks = list(range(V)) if tokens is None else [int(t) for t in tokens]
+    n = 0
+    arg = [t for t in toks if int(res.verdict[t]) == 0
+           or (int(res.verdict[t]) == 2 and not math.isnan(float(res.margin[t])))]
+    for s in range(0, len(arg), 256):
+        chunk = arg[s:s + 256]
+        X = torch.stack([res.certificate_x(W, t) for t in chunk], 1)      # [d, k]
+        LG = W64 @ X                                                        # [V, k] float64
+        if b64 is not None:
+            LG = LG + b64[:, None]
+        for q, t in enumerate(chunk):
+            other = play.clone()
+            other[t] = False
+            if int(res.verdict[t]) == 2:
+                other &= res.group != res.group[t]
+            if bool(other.any()):
+                m = float(LG[t, q] - LG[other, q].max())
+                assert m > 0, (t, m)
+                assert m >= float(res.margin[t]) * (1 - 1e-6) - 1e-9, (t, m, float(res.margin[t]))
+            n += 1
+    for t in toks:
+        if int(res.verdict[t]) == 1:
+            ids, w = res.combos[t]
+            assert t not in ids.tolist()
+            assert bool((w >= 0).all()) and abs(float(w.sum()) - 1) < 1e-9
+            assert bool(play[ids].all())
+            r = float((W64[ids].T @ w - W64[t]).norm())
+            assert r <= res.tol * scale + 1e-300, (t, r)
+            assert abs(r - float(res.residual[t])) <= 1e-12 * scale + 1e-9 * r
+            if b64 is not None:
+                assert float(b64[ids] @ w) >= float(b64[t]) - 1e-9 * (1 + abs(float(b64[t])))
+            n += 1
+    return n
+
+
+def planted(V=1500, d=24, n_planted=6, seed=0, offset=0.0):
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((V, d)) + offset
+    pl = rng.choice(V, n_planted, replace=False)
+    mean = W.mean(0)
+    for p in pl:
+        a, b = rng.choice(V, 2, replace=False)
+        # strictly inside: halfway between the midpoint of two rows and the centroid
+        W[p] = 0.5 * (W[a] + W[b]) / 2 + 0.5 * mean
+    return torch.from_numpy(W.astype(np.float32)), sorted(pl.tolist())
+
+
+def lp_reference(W, bias, i):
+    """Brute-force LP over all V-1 constraints: strict argmaxability of row i (Motzkin)."""
+    from scipy.optimize import linprog
+
+    W = np.asarray(W, dtype=np.float64)
+    V, d = W.shape
+    b = np.zeros(V) if bias is None else np.asarray(bias, dtype=np.float64)
+    others = [j for j in range(V) if j != i]
+    D = W[others] - W[i]
+    A = np.hstack([D, (b[others] - b[i])[:, None], np.ones((len(others), 1))])
+    c = np.zeros(d + 2)
+    c[-1] = -1
+    bounds = [(-1, 1)] * d + [(0, 1 if bias is not None else 0), (None, 1)]
+    r = linprog(c, A_ub=A, b_ub=np.zeros(len(others)), bounds=bounds, method="highs")
+    assert r.status == 0
+    return r.x[-1] > 1e-9
+
+
+# ------------------------------------------------------------------------------ planted cases
+def test_planted_interior_rows_found_and_nothing_else():
+    W, pl = planted()
+    res = find_unargmaxable(W)
+    assert sorted(res.ids("unargmaxable").tolist()) == pl
+    c = res.counts()
+    assert c == {"argmaxable": 1500 - 6, "unargmaxable": 6, "duplicate": 0, "undecided": 0,
+                 "padding": 0, "untrained": 0}
+    assert check_certificates(W, None, res) == 1500
+    assert res.settled["gemm"] + res.settled["reflect"] + res.settled["proof"] == 1500
+    assert all(res.timings[s] >= 0 for s in ("prepare", "gemm", "reflect", "proof", "verify"))
+
+
+def test_planted_with_offset_and_verify_all():
+    # d = 8, V = 250: Gaussian rows are not all vertices; every verdict is checked by a full LP
+    W, pl = planted(V=250, d=8, n_planted=4, seed=3, offset=2.0)
+    res = find_unargmaxable(W, verify="all")
+    flagged = set(res.ids("unargmaxable").tolist())
+    assert flagged >= set(pl) and len(flagged) > len(pl)
+    assert all((int(res.verdict[t]) == 0) == lp_reference(W.numpy(), None, t) for t in range(250))
+    assert res.verified_f64 == 250 - len(flagged)
+    check_certificates(W, None, res)
+
+
+@pytest.mark.parametrize("d,seed", [(2, 0), (3, 1), (3, 2)])
+def test_low_dimension_matches_convex_hull(d, seed):
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((300, d))
+    hull = ConvexHull(W)
+    res = find_unargmaxable(torch.from_numpy(W))
+    assert set(res.ids("argmaxable").tolist()) == set(hull.vertices.tolist())
+    assert res.counts()["unargmaxable"] == 300 - len(hull.vertices)
+    check_certificates(W, None, res)
+
+
+def test_low_dimension_with_bias_matches_upper_hull():
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((200, 2))
+    b = rng.standard_normal(200)
+    hull = ConvexHull(np.hstack([W, b[:, None]]))
+    upper = set()
+    for simplex, eq in zip(hull.simplices, hull.equations):
+        if eq[2] > 1e-12:          # facet whose outward normal points up: its vertices win somewhere
+            upper.update(simplex.tolist())
+    res = find_unargmaxable(torch.from_numpy(W), torch.from_numpy(b))
+    assert set(res.ids("argmaxable").tolist()) == upper
+    check_certificates(W, b, res)
+    # bias can only rescue tokens
+    nob = find_unargmaxable(torch.from_numpy(W))
+    assert set(nob.ids("argmaxable").tolist()) <= upper
+    assert len(upper) > len(nob.ids("argmaxable"))
+
+
+def test_bias_against_brute_force_lp():
+    W, pl = planted(V=400, d=8, n_planted=8, seed=7)
+    b = torch.from_numpy(np.random.default_rng(1).standard_normal(400).astype(np.float32)) * 0.5
+    res = find_unargmaxable(W, b)
+    lifted = (res.stage == 4).nonzero().flatten().tolist()       # decided by the lifted LP
+    rescued = [t for t in lifted if int(res.verdict[t]) == 0]
+    assert set(pl) <= set(lifted) and rescued                     # the bias rescues some rows
+    for t in lifted:
+        assert (int(res.verdict[t]) == 0) == lp_reference(W.numpy(), b.numpy(), t)
+    assert res.counts()["undecided"] == 0
+    assert res.settled["bias"] == len(lifted) > res.counts()["unargmaxable"]
+    check_certificates(W, b, res)
+
+
+def test_one_dimensional_rows():
+    W = torch.tensor([[-2.0], [0.5], [3.0], [1.0], [-1.0]])
+    for _ in range(10):   # regression: torch._int_mm is wrong for one-column int8 blocks
+        res = find_unargmaxable(W)
+        assert res.ids("argmaxable").tolist() == [0, 2], (res.counts(), res.reasons)
+        assert res.counts()["unargmaxable"] == 3, (res.counts(), res.reasons)
+    assert res.ids("unargmaxable").tolist() == [1, 3, 4]
+    check_certificates(W, None, res)
+    # with bias, d = 1: w = (-1, 0, 1), b = (0, -1, 0) — the lifted-hull vertex (0, -1) never wins
+    res = find_unargmaxable(torch.tensor([[-1.0], [0.0], [1.0]]), torch.tensor([0.0, -1.0, 0.0]))
+    assert res.ids("unargmaxable").tolist() == [1]
+    res = find_unargmaxable(torch.tensor([[-1.0], [0.0], [1.0]]), torch.tensor([0.0, 0.5, 0.0]))
+    assert res.ids("argmaxable").tolist() == [0, 1, 2]
+    check_certificates(torch.tensor([[-1.0], [0.0], [1.0]]), torch.tensor([0.0, 0.5, 0.0]), res)
+
+
+# ------------------------------------------------------------------------------ duplicates, zero rows
+def test_duplicates_are_their_own_category():
+    W, pl = planted(V=600, d=12, n_planted=2, seed=11)
+    W = W.clone()
+    W[10] = W[20]          # a vertex duplicated: can tie for first
+    W[30] = W[pl[0]]       # an interior row duplicated: cannot even tie
+    W[40] = -0.0 * W[40]   # -0.0 and +0.0 are the same row
+    W[41] = 0.0 * W[41]
+    res = find_unargmaxable(W)
+    c = res.counts()
+    assert set(res.ids("duplicate").tolist()) >= {10, 20, 30, pl[0]}
+    assert int(res.group[10]) == int(res.group[20]) != -1
+    assert res.group_can_tie[int(res.group[10])] is True
+    assert res.group_can_tie[int(res.group[30])] is False
+    assert int(res.group[40]) == int(res.group[41]) != -1
+    assert c["duplicate"] == 6 and c["undecided"] == 0
+    check_certificates(W, None, res)
+
+
+def test_duplicates_with_bias():
+    W = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
+    b = torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0, 0.0])
+    res = find_unargmaxable(W, b)
+    assert int(res.verdict[0]) == 1 and float(res.residual[0]) == 0.0   # beaten by its twin's bias
+    assert res.ids("duplicate").tolist() == [1, 2]
+    assert res.group_can_tie[int(res.group[1])] is True
+    b2 = torch.tensor([0.0, 0.5, 0.25, 0.0, 0.0, 0.0])
+    res2 = find_unargmaxable(W, b2)
+    assert res2.ids("argmaxable").tolist() == [1, 3, 4, 5]
+    assert res2.ids("unargmaxable").tolist() == [0, 2]
+    check_certificates(W, b2, res2)
+
+
+def test_zero_row_depends_on_where_the_origin_is():
+    W, _ = planted(V=600, d=24, n_planted=0, seed=4)
+    W = W.clone()
+    W[0] = 0.0
+    res = find_unargmaxable(W)
+    assert res.ids("unargmaxable").tolist() == [0]          # centred data: origin inside the hull
+    check_certificates(W, None, res)
+    W2 = W + 3.0
+    W2[0] = 0.0
+    res2 = find_unargmaxable(W2)
+    assert int(res2.verdict[0]) == 0                        # offset data: the origin is a vertex
+    check_certificates(W2, None, res2)
+
+
+def test_padding_and_untrained_excluded_by_default():
+    W, pl = planted(V=300, d=16, n_planted=1, seed=2)
+    W = torch.cat([W, (3 * W[5]).repeat(4, 1)])             # 4 identical rows beyond row 5
+    pad = torch.zeros(304, dtype=torch.bool)
+    pad[300:] = True
+    res = find_unargmaxable(W, padding=pad)
+    assert res.counts()["padding"] == 4
+    assert res.ids("unargmaxable").tolist() == pl
+    assert not bool(res.in_play[300:].any())
+    check_certificates(W, None, res)
+    inc = find_unargmaxable(W, padding=pad, include_padding=True)
+    assert inc.counts()["padding"] == 0 and inc.counts()["duplicate"] == 4
+    # the padding rows now steal: row 5 = (1/3) pad + (2/3) (a point near the centroid)
+    assert int(res.verdict[5]) == 0 and int(inc.verdict[5]) == 1
+    check_certificates(W, None, inc)
+    un = torch.zeros(304, dtype=torch.bool)
+    un[7] = True
+    res3 = find_unargmaxable(W, padding=pad, untrained=un)
+    assert res3.counts()["untrained"] == 1 and int(res3.verdict[7]) == 5
+
+
+def test_exact_int_matmul_on_awkward_shapes():
+    from vocablens.argmax.exact import _exact_int_matmul
+
+    g = torch.Generator().manual_seed(0)
+    for n, r in [(5, 1), (17, 1), (9, 2), (40, 3), (70, 13), (130, 64)]:
+        Q = torch.randint(-127, 128, (n, r), generator=g, dtype=torch.int8)
+        f = _exact_int_matmul(Q)
+        assert torch.equal(f(Q[:7], Q).long(), Q[:7].long() @ Q.long().T)
+
+
+# ------------------------------------------------------------------------------ bad input
+def test_bad_input_messages():
+    W = torch.randn(10, 4)
+    W[3, 1] = float("nan")
+    W[7, 0] = float("inf")
+    with pytest.raises(BadInput, match=r"2 row\(s\) with NaN or inf \(ids \[3, 7\]"):
+        find_unargmaxable(W)
+    with pytest.raises(ShapeMismatch, match="matrix"):
+        find_unargmaxable(torch.randn(5))
+    with pytest.raises(ShapeMismatch, match="at least one row"):
+        find_unargmaxable(torch.zeros(0, 3))
+    with pytest.raises(ShapeMismatch, match="bias must have shape"):
+        find_unargmaxable(torch.randn(5, 2), torch.zeros(4))
+    with pytest.raises(BadInput, match="bias has 1 NaN"):
+        find_unargmaxable(torch.randn(5, 2), torch.tensor([0, 0, float("nan"), 0, 0]))
+    with pytest.raises(BadInput, match="verify"):
+        find_unargmaxable(torch.randn(5, 2), verify="some")
+
+
+def test_single_row_and_all_zero_matrix():
+    res = find_unargmaxable(torch.randn(1, 7))
+    assert res.counts()["argmaxable"] == 1 and math.isinf(float(res.margin[0]))
+    res = find_unargmaxable(torch.zeros(6, 3))
+    assert res.counts()["duplicate"] == 6
+    assert res.group_can_tie == {0: True}                    # all logits are equal: all tie
+    res = find_unargmaxable(torch.zeros(6, 3), torch.tensor([0.0, 1, 0, 0, 0, 0]))
+    assert res.ids("argmaxable").tolist() == [1] and res.counts()["unargmaxable"] == 5
+
+
+def test_rank_deficient_rows():
+    rng = np.random.default_rng(9)
+    B = rng.standard_normal((3, 10))
+    C = rng.standard_normal((200, 3))
+    W = C @ B                                                 # rank 3 in d = 10
+    res = find_unargmaxable(torch.from_numpy(W))
+    hull = ConvexHull(C)
+    assert res.rank == 3
+    assert set(res.ids("argmaxable").tolist()) == set(hull.vertices.tolist())
+    check_certificates(W, None, res)
+
+
+def test_interrupt_reports_undecided(monkeypatch):
+    W, _ = planted(V=300, d=6, n_planted=2, seed=1)
+
+    def stop(stage, done, total):
+        if stage == "gemm":
+            raise KeyboardInterrupt
+
+    res = find_unargmaxable(W, progress=stop)
+    assert res.interrupted
+    assert res.counts()["undecided"] == 300
+    assert set(res.reasons.values()) == {"interrupted"}
+
+
+# ------------------------------------------------------------------------------ final norm
+def test_probe_norm_rmsnorm_and_layernorm():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    rms = LlamaRMSNorm(16, eps=1e-6)
+    rms.weight.data = torch.rand(16, generator=g) + 0.5
+    m = probe_norm(rms, 16)
+    assert m.kind == "rmsnorm" and not m.centred
+    assert torch.allclose(m.gain, rms.weight.double(), atol=1e-5)
+    assert float(m.shift.abs().max()) == 0.0 and m.radius == 4.0
+    ln = torch.nn.LayerNorm(16)
+    ln.weight.data = torch.rand(16, generator=g) + 0.5
+    ln.bias.data = torch.randn(16, generator=g)
+    m2 = probe_norm(ln, 16)
+    assert m2.kind == "layernorm" and m2.centred
+    assert torch.allclose(m2.gain, ln.weight.data.double(), atol=1e-5)
+    assert torch.allclose(m2.shift, ln.bias.data.double(), atol=1e-6)
+    assert probe_norm(torch.nn.Linear(16, 16), 16) is None
+
+
+def test_norm_reachability_two_tokens_closed_form():
+    # l0 = 3 u1 - 10, l1 = 0 on ||u|| <= sqrt(2): p0* = sigmoid(3 sqrt(2) - 10)
+    W = torch.tensor([[3.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    b = torch.tensor([-10.0, 0.0, -1e9])
+    model = NormModel(gain=torch.ones(2, dtype=torch.float64), shift=torch.zeros(2, dtype=torch.float64),
+                      radius=math.sqrt(2), centred=False, kind="rmsnorm", max_error=0.0)
+    r = norm_reachability(W, [0, 1], model, bias=b, iters=300)
+    p_star = 1 / (1 + math.exp(-(3 * math.sqrt(2) - 10)))
+    assert float(r.p_lower[0]) <= p_star * (1 + 1e-9)
+    assert float(r.p_upper[0]) >= p_star * (1 - 1e-9)
+    assert abs(float(r.p_lower[0]) - p_star) < 1e-3 * p_star
+    assert abs(float(r.p_upper[0]) - p_star) < 1e-2 * p_star
+    assert int(r.argmaxable[0]) == 0                      # argmaxable in theory, not on this ball
+    assert int(r.argmaxable[1]) == 1
+    assert float(r.u[0].norm()) <= math.sqrt(2) * (1 + 1e-9)
+    # unconstrained, token 0 is argmaxable (x large along e1)
+    assert int(find_unargmaxable(W[:2], b[:2]).verdict[0]) == 0
+
+
+# ------------------------------------------------------------------------------ bottleneck
+def test_bottleneck_ranks_on_known_matrices():
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(300, 5, generator=g, dtype=torch.float64) @ torch.randn(5, 12, generator=g, dtype=torch.float64)
+    H = torch.randn(40, 12, generator=g, dtype=torch.float64)
+    b = softmax_bottleneck(W, H)
+    assert b.rank_W == 5 and b.rank_A == 6 and b.bound_A == 13
+    full = softmax_bottleneck(torch.randn(300, 12, generator=g), torch.randn(40, 12, generator=g))
+    assert full.rank_W == 12 and full.rank_A == 13
+    assert abs(full.share_W[1] - float(full.sigma_W[0] ** 2 / (full.sigma_W ** 2).sum())) < 1e-12
+    with_b = softmax_bottleneck(torch.randn(300, 12, generator=g), torch.randn(40, 12, generator=g),
+                                bias=torch.randn(300, generator=g))
+    assert with_b.rank_A <= 14 and with_b.bound_A == 14
+    with pytest.raises(ShapeMismatch):
+        softmax_bottleneck(W, torch.randn(4, 3))
+
+
+# ------------------------------------------------------------------------------ the real default model
+@pytest.fixture(scope="module")
+def smol_argmax(smollm2):
+    from vocablens.argmax.model import argmax_for_borders
+
+    return argmax_for_borders(smollm2.borders, norm_tokens=12)
+
+
+SMOL_DUPLICATES = [[5, 9, 11, 36743], [7, 45175], [8, 10, 13, 15, 16, 36744, 48047], [12, 14]]
+
+
+def test_real_default_model(smollm2, smol_argmax):
+    ma = smol_argmax
+    res = ma.result
+    # recorded: every distinct row of SmolLM2-135M's head is argmaxable; 15 rows in 4 exact-duplicate
+    # groups (unused special tokens and glitch merges) can only tie
+    assert res.counts() == {"argmaxable": 49137, "unargmaxable": 0, "duplicate": 15, "undecided": 0,
+                            "padding": 0, "untrained": 0}
+    assert res.n_unique == 49141 and res.rank == 576 and ma.bias_mode == "off"
+    from vocablens.render.argmax import duplicate_groups
+
+    groups = duplicate_groups(ma)
+    assert [g["ids"] for g in groups] == SMOL_DUPLICATES and all(g["can_tie"] for g in groups)
+    assert res.settled["gemm"] > 48000
+    assert res.settled["gemm"] + res.settled["reflect"] + res.settled["proof"] == 49141
+    W = smollm2.borders.W_U.detach()
+    # float64 re-check: all certificates after stage 1, the 100 smallest margins, 200 at random,
+    # and the duplicate representatives
+    later = (res.stage >= 2).nonzero().flatten().tolist()
+    small = torch.argsort(torch.nan_to_num(res.margin, nan=math.inf))[:100].tolist()
+    rnd = torch.randperm(49152, generator=torch.Generator().manual_seed(0))[:200].tolist()
+    toks = sorted(set(later + small + rnd + [5, 7, 8, 12]))
+    assert check_certificates(W, None, res, toks) == len(toks)
+    # the final norm (RMSNorm): duplicates cannot reach 1/2, borderline tokens can win
+    r = ma.reach
+    assert r is not None and r.model.kind == "rmsnorm"
+    dup_rows = [q for q, t in enumerate(r.tokens.tolist()) if int(res.verdict[t]) == 2]
+    assert dup_rows and all(int(r.argmaxable[q]) == 0 and float(r.p_upper[q]) < 0.5 for q in dup_rows)
+    assert bool((r.p_lower <= r.p_upper + 1e-12).all())
+    arg_rows = [q for q, t in enumerate(r.tokens.tolist()) if int(res.verdict[t]) == 0]
+    assert arg_rows and all(int(r.argmaxable[q]) == 1 for q in arg_rows)
+
+
+def test_cli_argmax_json(smollm2, smol_argmax, capsys, monkeypatch):
+    import vocablens.argmax.model as model_mod
+    import vocablens.cli.argmax as cli_mod
+    from vocablens.cli.common import run_app
+
+    monkeypatch.setattr(cli_mod, "load_model", lambda *a, **k: smollm2)
+    monkeypatch.setattr(model_mod, "argmax_for_borders", lambda *a, **k: smol_argmax)
+    assert run_app(["argmax", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["counts"]["duplicate"] == 15 and d["counts"]["unargmaxable"] == 0
+    assert d["duplicates"][0]["tokens"] == ["<file_sep>", "<issue_comment>", "<jupyter_start>", "PlaneProtection"]
+    assert set(d["timings_s"]) >= {"prepare", "gemm", "reflect", "proof", "bias", "verify", "total"}
+    assert len(d["per_token"]["verdict"]) == 49152
+    assert d["norm"]["kind"] == "rmsnorm"
+    assert run_app(["argmax"]) == 0
+    text = capsys.readouterr().out
+    assert "exact duplicate rows" in text and "<jupyter_text>" in text
+    assert run_app(["argmax", "--bias", "sometimes"]) == 2
+    assert "--bias must be auto, on or off" in capsys.readouterr().err
+    monkeypatch.undo()
+    from vocablens.argmax.model import argmax_for_borders
+
+    with pytest.raises(BadInput, match="no bias"):              # the head has no bias
+        argmax_for_borders(smollm2.borders, bias="on")
+    from vocablens.render.argmax import argmax_section
+
+    sec = argmax_section(smol_argmax, smollm2.tokenizer)
+    assert sec.id == "argmax" and "&lt;file_sep&gt;" in sec.html
+
+
+def test_cli_bottleneck_real_contexts(smollm2, capsys, monkeypatch, tmp_path):
+    import vocablens.cli.argmax as cli_mod
+    from vocablens.cli.common import run_app
+    from vocablens.render.argmax import bottleneck_section
+
+    monkeypatch.setattr(cli_mod, "load_model", lambda *a, **k: smollm2)
+    plot = tmp_path / "spectra.html"
+    assert run_app(["bottleneck", "--json", "--contexts", "600", "--seq-len", "120", "--plot", str(plot)]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["rank_W"] == 576 and d["n_contexts"] == 600
+    assert d["rank_logprobs"] == 577 == d["rank_bound"]        # d + 1 for a head without bias
+    assert abs(d["stable_rank_W"] - 2.0014) < 1e-3
+    assert plot.exists() and "plotly" in plot.read_text()[:20000].lower()
+    assert run_app(["bottleneck", "--contexts", "600", "--plot", str(plot)]) == 2   # no overwrite
+    assert run_app(["bottleneck", "--contexts", "100"]) == 2
+    W = smollm2.borders.W_U.detach()
+    sec = bottleneck_section(softmax_bottleneck(W[:2000]))
+    assert sec.id == "bottleneck" and "bottleneck-spectra" in sec.html
