@@ -30,6 +30,8 @@ def report(
     """Write one self-contained HTML report (plotly inlined) and print a terminal summary."""
     from vocablens import vocab_space as vs
     from vocablens.anatomy import anatomy
+    from vocablens.argmax import argmax_for_borders
+    from vocablens.render.argmax import argmax_section, argmax_to_dict
     from vocablens.corpus import load_documents, pack_tokens
     from vocablens.render import vocab_space as rv
     from vocablens.geometry import nearest_neighbors, word_pca
@@ -117,12 +119,18 @@ def report(
         results["settle"] = res
         sections.append(rv.settle_section(res))
 
+    def step_argmax():
+        ma = argmax_for_borders(borders)
+        results["argmax"] = ma
+        sections.append(argmax_section(ma, tok))
+
     steps += [
         ("anatomy", step_anatomy),
         ("borders and tied check", step_borders),
         ("embedding neighbours", step_neighbors),
         ("3-D PCA of word embeddings", step_pca),
         ("logit lens", step_lens),
+        ("tokens that can never win (argmax geometry)", step_argmax),
         ("value vectors in vocabulary space", step_value_vectors),
         ("what built the prediction", step_explain),
         ("where predictions settle", step_settle),
@@ -155,6 +163,7 @@ def report(
             "tie_check": results["tie"].to_dict(),
             "neighbors": neighbors_to_dict(results["neighbors"], tok),
             "lens": lens_to_dict(results["lens"], tok),
+            "argmax": argmax_to_dict(results["argmax"], tok, per_token=False),
             "explain": rv.explanation_to_dict(results["explain"], tok),
             "settle": rv.settle_to_dict(results["settle"]),
             "sections": [s.id for s in sections],
