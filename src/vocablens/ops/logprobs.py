@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from vocablens.errors import BadInput, ShapeMismatch
-from vocablens.ops._checks import check_head, check_ids, check_nonempty, check_softcap
+from vocablens.ops._checks import INT_DTYPES, check_head, check_ids, check_nonempty, check_softcap
 
 #: default budget for one chunk of float32 logits, in bytes (16 MiB).
 DEFAULT_CHUNK_BYTES = 16 * 2**20
@@ -116,6 +116,8 @@ def _flatten(hidden: torch.Tensor, targets: torch.Tensor | None):
         if tuple(targets.shape) != tuple(lead):
             raise ShapeMismatch(f"targets {tuple(targets.shape)} must match hidden {tuple(hidden.shape)} "
                                 f"without its last dim, i.e. {tuple(lead)}")
+        if targets.dtype not in INT_DTYPES:
+            raise ShapeMismatch(f"targets must hold integer ids (int64/int32); got {targets.dtype} {tuple(targets.shape)}")
         t = targets.reshape(-1).to(torch.int64)
     return h, t, lead
 
