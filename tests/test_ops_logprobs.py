@@ -205,6 +205,7 @@ def test_token_logprobs_minus_inf_bias_entries():
 
 def test_chunk_sizes_respect_budget():
     assert chunk_sizes(4096, 32000, 16 * 2**20) == (131, 32000)
+    assert chunk_sizes(4096, 32000) == (128, 32000)  # default: 1/32 of the [N, V] float32 logits
     n, v = chunk_sizes(100, 10**7, 2**20)
     assert n * v * 4 <= 2**20 and v < 10**7
     assert chunk_sizes(5, 1000, 2**30) == (5, 1000)

@@ -31,8 +31,13 @@ import torch
 from vocablens.errors import BadInput, ShapeMismatch
 from vocablens.ops._checks import INT_DTYPES, check_head, check_ids, check_nonempty, check_softcap
 
-#: default budget for one chunk of float32 logits, in bytes (16 MiB).
-DEFAULT_CHUNK_BYTES = 16 * 2**20
+#: bounds of the default budget for one chunk of float32 logits, in bytes.
+MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 4 * 2**20, 64 * 2**20
+
+
+def default_chunk_bytes(N: int, V: int) -> int:
+    """Default float32 chunk budget: 1/32 of the full [N, V] float32 logits, within [4 MiB, 64 MiB]."""
+    return int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, N * V * 4 // 32)))
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,7 @@ class TokenLogprobs:
     topk_ids: torch.Tensor | None
 
 
-def chunk_sizes(N: int, V: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, *, min_tokens: int = 16,
+def chunk_sizes(N: int, V: int, chunk_bytes: int | None = None, *, min_tokens: int = 16,
                 vocab_tiles: bool = True) -> tuple[int, int]:
     """Tokens per chunk and vocabulary columns per tile for a float32 chunk of ``chunk_bytes``.
 
@@ -66,6 +71,8 @@ def chunk_sizes(N: int, V: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, *, min_t
     Returns:
         ``(n_tokens, n_vocab)`` with ``n_tokens * n_vocab * 4 <= max(chunk_bytes, min_tokens * n_vocab * 4)``.
     """
+    if chunk_bytes is None:
+        chunk_bytes = default_chunk_bytes(N, V)
     per_row = 4 * V
     n = max(1, chunk_bytes // per_row)
     if not vocab_tiles:
@@ -125,7 +132,7 @@ def _flatten(hidden: torch.Tensor, targets: torch.Tensor | None):
 @torch.no_grad()
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor | None = None, *,
                    bias: torch.Tensor | None = None, logit_scale: float = 1.0, softcap: float | None = None,
-                   top_k: int = 0, entropy: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                   top_k: int = 0, entropy: bool = False, chunk_bytes: int | None = None,
                    chunk_tokens: int | None = None, chunk_vocab: int | None = None) -> TokenLogprobs:
     """Forward-only log-probabilities through the LM head, chunked, never materializing [N, V].
 
@@ -137,7 +144,8 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
         softcap: final-logit softcap c (logits = c·tanh(logits / c)), or None.
         top_k: also return the k most likely tokens per position (0 = no).
         entropy: also return the entropy (nats) per position.
-        chunk_bytes: budget for one float32 chunk of logits (bytes); chunk_tokens / chunk_vocab
+        chunk_bytes: budget for one float32 chunk of logits (bytes; default
+            :func:`default_chunk_bytes`); chunk_tokens / chunk_vocab
             override the derived sizes (the vocabulary is tiled when a chunk of full rows would not fit).
 
     Returns:
@@ -277,13 +285,40 @@ class _Cfg:
             setattr(self, key, val)
 
 
+_INPLACE_LOG_SOFTMAX: bool | None = None
+
+
+def _log_softmax_inplace(z: torch.Tensor) -> torch.Tensor:
+    """Row log-softmax of a float32 [n, V] buffer written over itself (one fused, vectorized kernel).
+
+    ATen's CPU/CUDA kernels read each row's max and exp-sum before writing it, so ``out=z`` is safe;
+    this is checked once on a small tensor and falls back to an out-of-place call otherwise.
+    """
+    global _INPLACE_LOG_SOFTMAX
+    if _INPLACE_LOG_SOFTMAX is None:
+        x = torch.randn(3, 4099, generator=torch.Generator().manual_seed(0)).to(z.device) * 7
+        ref = torch.log_softmax(x, 1)
+        try:
+            torch._log_softmax(x, 1, False, out=x)
+            _INPLACE_LOG_SOFTMAX = bool(torch.equal(x, ref))
+        except Exception:  # pragma: no cover - op signature differs
+            _INPLACE_LOG_SOFTMAX = False
+    if _INPLACE_LOG_SOFTMAX:
+        torch._log_softmax(z, 1, False, out=z)
+    else:  # pragma: no cover
+        z.copy_(torch.log_softmax(z, 1))
+    return z
+
+
 def _chunk_pass(h, weight, bias, t, cfg: _Cfg, a: int, b: int, buf32, lowbuf, aux32,
                 row_scale: torch.Tensor | None, want_grad: bool):
-    """One token chunk: per-token loss and lse (float32); if want_grad, dL/dlogits_raw in buf32 (float32).
+    """One token chunk: per-token loss and lse (float32); if want_grad, the logits gradient.
 
-    row_scale [n] multiplies each row's gradient (1/count for mean, upstream grads for none, 0 on
-    ignored rows). The gradient is taken with respect to the raw GEMM output h Wᵀ + b (before the
-    logit scale and softcap), so the callers can use it for both gradient GEMMs.
+    Returns ``(loss [n], lse [n], G [n, V] or None, rs [n] or None)``. When ``rs`` is not None the
+    true gradient with respect to the raw GEMM output ``h Wᵀ + b`` is ``diag(rs) · G`` (the row
+    scale is applied on the small side of the gradient GEMMs); otherwise G is already scaled.
+    ``row_scale`` [n] holds 1/count (mean), 1 (sum) or the upstream per-token gradients (none);
+    ignored rows get 0.
     """
     V = cfg.V
     h_c = h[a:b]
@@ -301,11 +336,10 @@ def _chunk_pass(h, weight, bias, t, cfg: _Cfg, a: int, b: int, buf32, lowbuf, au
         dcap = aux32[: n * V].view(n, V)
         torch.div(z, cfg.softcap, out=dcap)
         dcap.square_().neg_().add_(1.0)
-    m = z.amax(1)
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    z.sub_(m_safe[:, None]).exp_()
-    s = z.sum(1)
-    lse = m_safe + torch.log(s)
+    m, am = torch.max(z, 1)
+    _log_softmax_inplace(z)  # z is now log p
+    lse = m - z.gather(1, am[:, None]).squeeze(1)  # log p at the argmax is m - lse
+    lse = torch.where(torch.isfinite(m), lse, m)
     loss = lse - (1.0 - ls) * zt
     if ls > 0:
         loss = loss - (ls / V) * zsum
@@ -313,13 +347,19 @@ def _chunk_pass(h, weight, bias, t, cfg: _Cfg, a: int, b: int, buf32, lowbuf, au
         loss = loss + cfg.z_loss * lse * lse
     loss = torch.where(valid, loss, torch.zeros_like(loss))
     if not want_grad:
-        return loss, lse, None
-    # softmax, then dL/dz = p·(1 + 2·zl·lse) - (1-ls)·onehot - ls/V, times the row scale
-    coef = (1.0 / s)
+        return loss, lse, None, None
+    z.exp_()  # softmax p, in place
+    rs = row_scale * valid.to(torch.float32)
+    simple = ls == 0 and not cfg.z_loss and dcap is None
+    if simple:
+        # G = p - onehot(target) on valid rows; the row scale goes to the small side of the GEMMs
+        z.scatter_add_(1, tsafe[:, None], -valid.to(torch.float32)[:, None])
+        return loss, lse, z, rs * cfg.logit_scale
+    # dL/dz = p·(1 + 2·zl·lse) - (1-ls)·onehot - ls/V, times the row scale
+    coef = rs
     if cfg.z_loss:
         coef = coef * (1.0 + 2.0 * cfg.z_loss * lse)
-    rs = row_scale * valid.to(torch.float32)
-    z.mul_((coef * rs)[:, None])
+    z.mul_(coef[:, None])
     if ls > 0:
         z.sub_((ls / V) * rs[:, None])
     z.scatter_add_(1, tsafe[:, None], (-(1.0 - ls) * rs)[:, None])
@@ -327,25 +367,33 @@ def _chunk_pass(h, weight, bias, t, cfg: _Cfg, a: int, b: int, buf32, lowbuf, au
         z.mul_(dcap)
     if cfg.logit_scale != 1.0:
         z.mul_(cfg.logit_scale)
-    return loss, lse, z
+    return loss, lse, z, None
 
 
-def _grad_gemms(g32: torch.Tensor, h_c: torch.Tensor, weight: torch.Tensor, lowbuf, gh_out, gW32, gb32):
-    """grad_hidden[chunk] = G @ W; grad_W += Gᵀ @ h (float32 accumulator); grad_b += Σ_rows G."""
+def _grad_gemms(g32: torch.Tensor, rs: torch.Tensor | None, h_c: torch.Tensor, weight: torch.Tensor, lowbuf,
+                gh_out, gW32, gb32):
+    """grad_hidden[chunk] = diag(rs)·G @ W; grad_W += Gᵀ @ (diag(rs)·h) in float32; grad_b += Gᵀ rs.
+
+    For low-precision inputs, G is cast once to the input dtype for the grad_hidden GEMM, and the
+    weight-gradient GEMM runs in float32 (no rounding of G, no [V, d] low-precision temporary).
+    """
     if gb32 is not None:
-        gb32.add_(g32.sum(0))
-    if h_c.dtype == torch.float32:
-        if gh_out is not None:
+        gb32.add_(g32.sum(0) if rs is None else torch.mv(g32.t(), rs))
+    hs = h_c if h_c.dtype == torch.float32 else h_c.float()
+    if rs is not None:
+        hs = hs * rs[:, None]
+    if gh_out is not None:
+        if h_c.dtype == torch.float32:
             torch.mm(g32, weight, out=gh_out)
-        if gW32 is not None:
-            gW32.addmm_(g32.t(), h_c)
-    else:
-        g = lowbuf[: g32.numel()].view_as(g32)
-        g.copy_(g32)
-        if gh_out is not None:
-            torch.mm(g, weight, out=gh_out)
-        if gW32 is not None:
-            gW32.add_(torch.mm(g.t(), h_c))
+            if rs is not None:
+                gh_out.mul_(rs[:, None])
+        else:
+            g = lowbuf[: g32.numel()].view_as(g32)
+            g.copy_(g32)
+            gh = torch.mm(g, weight).float()
+            gh_out.copy_(gh if rs is None else gh * rs[:, None])
+    if gW32 is not None:
+        gW32.addmm_(g32.t(), hs)
 
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -366,7 +414,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             lses = torch.empty(N, dtype=torch.float32, device=dev)
             for a in range(0, N, n_tok):
                 b = min(N, a + n_tok)
-                loss, lse, _ = _chunk_pass(h, weight, bias, t, cfg, a, b, buf32, lowbuf, aux32, None, False)
+                loss, lse, _, _ = _chunk_pass(h, weight, bias, t, cfg, a, b, buf32, lowbuf, aux32, None, False)
                 losses[a:b] = loss
                 lses[a:b] = lse
             ctx.save_for_backward(h, weight, bias, t)
@@ -379,9 +427,9 @@ class LinearCrossEntropy(torch.autograd.Function):
         rs_full = torch.full((n_tok,), scale, dtype=torch.float32, device=dev)
         for a in range(0, N, n_tok):
             b = min(N, a + n_tok)
-            loss, _, g = _chunk_pass(h, weight, bias, t, cfg, a, b, buf32, lowbuf, aux32, rs_full[: b - a], True)
+            loss, _, g, rs = _chunk_pass(h, weight, bias, t, cfg, a, b, buf32, lowbuf, aux32, rs_full[: b - a], True)
             losses[a:b] = loss
-            _grad_gemms(g, h[a:b], weight, lowbuf, gh[a:b] if gh is not None else None, gW32, gb32)
+            _grad_gemms(g, rs, h[a:b], weight, lowbuf, gh[a:b] if gh is not None else None, gW32, gb32)
         del buf32, lowbuf, aux32
         total = losses.sum(dtype=torch.float64).to(torch.float32)
         if cfg.reduction == "mean":
@@ -416,8 +464,8 @@ class LinearCrossEntropy(torch.autograd.Function):
         go = grad_out.to(torch.float32).reshape(-1)
         for a in range(0, N, n_tok):
             b = min(N, a + n_tok)
-            _, _, g = _chunk_pass(h, weight, bias, t, cfg, a, b, buf32, lowbuf, aux32, go[a:b], True)
-            _grad_gemms(g, h[a:b], weight, lowbuf, gh[a:b] if gh is not None else None, gW32, gb32)
+            _, _, g, rs = _chunk_pass(h, weight, bias, t, cfg, a, b, buf32, lowbuf, aux32, go[a:b], True)
+            _grad_gemms(g, rs, h[a:b], weight, lowbuf, gh[a:b] if gh is not None else None, gW32, gb32)
         return (gh, None if gW32 is None else gW32.to(weight.dtype),
                 None if gb32 is None else gb32.to(bias.dtype), None, None, None, None, None)
 
@@ -425,7 +473,7 @@ class LinearCrossEntropy(torch.autograd.Function):
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          bias: torch.Tensor | None = None, *, reduction: str = "mean", ignore_index: int = -100,
                          label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float | None = None,
-                         logit_scale: float = 1.0, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                         logit_scale: float = 1.0, chunk_bytes: int | None = None,
                          chunk_tokens: int | None = None) -> torch.Tensor:
     """Cross-entropy of ``hidden @ weight.T (+ bias)`` against targets, chunked, with a fused backward.
 
