@@ -84,6 +84,24 @@ def chunk_sizes(N: int, V: int, chunk_bytes: int | None = None, *, min_tokens: i
     return int(n), int(min(V, v))
 
 
+def train_chunk_sizes(N: int, V: int, chunk_bytes: int | None = None, *, max_tokens: int = 8192,
+                      min_vocab: int = 256) -> tuple[int, int]:
+    """Token-chunk and vocabulary-tile sizes of the training path for a float32 tile of ``chunk_bytes``.
+
+    Token chunks are as long as possible (each chunk reads the whole of W four times: two logit
+    GEMMs, grad_hidden, grad_W), vocabulary tiles fill the rest of the budget but keep at least
+    ``min_vocab`` columns for GEMM efficiency.
+    """
+    if chunk_bytes is None:
+        chunk_bytes = default_chunk_bytes(N, V)
+    n = max(1, min(N, max_tokens))
+    v = chunk_bytes // (4 * n)
+    if v < min_vocab:
+        v = min(V, min_vocab)
+        n = max(1, min(n, chunk_bytes // (4 * v)))
+    return int(n), int(max(1, min(V, v)))
+
+
 def _logits_into(h_c: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, v0: int, v1: int,
                  logit_scale: float, softcap: float | None, buf32: torch.Tensor,
                  lowbuf: torch.Tensor | None) -> torch.Tensor:
@@ -278,7 +296,7 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 class _Cfg:
     __slots__ = ("reduction", "ignore_index", "label_smoothing", "z_loss", "softcap", "logit_scale",
-                 "n_tok", "count", "V")
+                 "n_tok", "n_voc", "count", "V")
 
     def __init__(self, **kw):
         for key, val in kw.items():
@@ -289,10 +307,10 @@ _INPLACE_LOG_SOFTMAX: bool | None = None
 
 
 def _log_softmax_inplace(z: torch.Tensor) -> torch.Tensor:
-    """Row log-softmax of a float32 [n, V] buffer written over itself (one fused, vectorized kernel).
+    """Row log-softmax of a float32 [n, v] buffer written over itself (one fused, vectorized kernel).
 
-    ATen's CPU/CUDA kernels read each row's max and exp-sum before writing it, so ``out=z`` is safe;
-    this is checked once on a small tensor and falls back to an out-of-place call otherwise.
+    ATen's kernels read each row's max and exp-sum before writing that row, so ``out=z`` is safe;
+    this is checked once on a small tensor, with an out-of-place fallback.
     """
     global _INPLACE_LOG_SOFTMAX
     if _INPLACE_LOG_SOFTMAX is None:
@@ -310,171 +328,186 @@ def _log_softmax_inplace(z: torch.Tensor) -> torch.Tensor:
     return z
 
 
-def _chunk_pass(h, weight, bias, t, cfg: _Cfg, a: int, b: int, buf32, lowbuf, aux32,
-                row_scale: torch.Tensor | None, want_grad: bool):
-    """One token chunk: per-token loss and lse (float32); if want_grad, the logits gradient.
+def _lse_pass(h_c, weight, bias, tc, valid, cfg: _Cfg, buf32, lowbuf):
+    """Pass 1 over the vocabulary tiles of one token chunk: lse [n], target logit [n], Σ_j z [n] (float32).
 
-    Returns ``(loss [n], lse [n], G [n, V] or None, rs [n] or None)``. When ``rs`` is not None the
-    true gradient with respect to the raw GEMM output ``h Wᵀ + b`` is ``diag(rs) · G`` (the row
-    scale is applied on the small side of the gradient GEMMs); otherwise G is already scaled.
-    ``row_scale`` [n] holds 1/count (mean), 1 (sum) or the upstream per-token gradients (none);
-    ignored rows get 0.
+    Per tile: one GEMM into the reused buffer, the tile max, an in-place fused log-softmax, and
+    lse = logaddexp(lse, lse_tile) with lse_tile = max - logp[argmax] (exact, no underflow).
     """
-    V = cfg.V
-    h_c = h[a:b]
-    n = b - a
-    z = _logits_into(h_c, weight, bias, 0, V, cfg.logit_scale, cfg.softcap, buf32, lowbuf)
-    tc = t[a:b]
-    valid = tc != cfg.ignore_index
+    V, n = cfg.V, h_c.shape[0]
+    dev = h_c.device
+    lse = torch.full((n,), -math.inf, dtype=torch.float32, device=dev)
+    zt = torch.zeros(n, dtype=torch.float32, device=dev)
+    zsum = torch.zeros(n, dtype=torch.float32, device=dev) if cfg.label_smoothing > 0 else None
     tsafe = torch.where(valid, tc, torch.zeros_like(tc))
-    zt = z.gather(1, tsafe[:, None]).squeeze(1)
+    for v0 in range(0, V, cfg.n_voc):
+        v1 = min(V, v0 + cfg.n_voc)
+        z = _logits_into(h_c, weight, bias, v0, v1, cfg.logit_scale, cfg.softcap, buf32, lowbuf)
+        inside = valid & (tsafe >= v0) & (tsafe < v1)
+        zt = torch.where(inside, z.gather(1, (tsafe - v0).clamp(0, v1 - v0 - 1)[:, None]).squeeze(1), zt)
+        if zsum is not None:
+            zsum += z.sum(1)
+        m, am = torch.max(z, 1)
+        _log_softmax_inplace(z)
+        lse_t = torch.where(torch.isfinite(m), m - z.gather(1, am[:, None]).squeeze(1), m)
+        lse = torch.logaddexp(lse, lse_t)
+    return lse, zt, zsum
+
+
+def _token_loss(lse, zt, zsum, valid, cfg: _Cfg):
     ls = cfg.label_smoothing
-    zsum = z.sum(1, dtype=torch.float32) if ls > 0 else None
-    dcap = None
-    if want_grad and cfg.softcap is not None:
-        # d softcap(u)/du = 1 - tanh²(u/c) = 1 - (z/c)²
-        dcap = aux32[: n * V].view(n, V)
-        torch.div(z, cfg.softcap, out=dcap)
-        dcap.square_().neg_().add_(1.0)
-    m, am = torch.max(z, 1)
-    _log_softmax_inplace(z)  # z is now log p
-    lse = m - z.gather(1, am[:, None]).squeeze(1)  # log p at the argmax is m - lse
-    lse = torch.where(torch.isfinite(m), lse, m)
     loss = lse - (1.0 - ls) * zt
-    if ls > 0:
-        loss = loss - (ls / V) * zsum
+    if zsum is not None:
+        loss = loss - (ls / cfg.V) * zsum
     if cfg.z_loss:
         loss = loss + cfg.z_loss * lse * lse
-    loss = torch.where(valid, loss, torch.zeros_like(loss))
-    if not want_grad:
-        return loss, lse, None, None
-    z.exp_()  # softmax p, in place
-    rs = row_scale * valid.to(torch.float32)
-    simple = ls == 0 and not cfg.z_loss and dcap is None
-    if simple:
-        # G = p - onehot(target) on valid rows; the row scale goes to the small side of the GEMMs
-        z.scatter_add_(1, tsafe[:, None], -valid.to(torch.float32)[:, None])
-        return loss, lse, z, rs * cfg.logit_scale
-    # dL/dz = p·(1 + 2·zl·lse) - (1-ls)·onehot - ls/V, times the row scale
-    coef = rs
-    if cfg.z_loss:
-        coef = coef * (1.0 + 2.0 * cfg.z_loss * lse)
-    z.mul_(coef[:, None])
-    if ls > 0:
-        z.sub_((ls / V) * rs[:, None])
-    z.scatter_add_(1, tsafe[:, None], (-(1.0 - ls) * rs)[:, None])
-    if dcap is not None:
-        z.mul_(dcap)
-    if cfg.logit_scale != 1.0:
-        z.mul_(cfg.logit_scale)
-    return loss, lse, z, None
+    return torch.where(valid, loss, torch.zeros_like(loss))
 
 
-def _grad_gemms(g32: torch.Tensor, rs: torch.Tensor | None, h_c: torch.Tensor, weight: torch.Tensor, lowbuf,
-                gh_out, gW32, gb32):
-    """grad_hidden[chunk] = diag(rs)·G @ W; grad_W += Gᵀ @ (diag(rs)·h) in float32; grad_b += Gᵀ rs.
+def _grad_pass(h_c, weight, bias, tc, valid, lse, rs, cfg: _Cfg, buf32, lowbuf, aux32, gh_c, gW, gW_acc, gb32):
+    """Pass 2 over the vocabulary tiles of one token chunk: gradients, given lse from pass 1.
 
-    For low-precision inputs, G is cast once to the input dtype for the grad_hidden GEMM, and the
-    weight-gradient GEMM runs in float32 (no rounding of G, no [V, d] low-precision temporary).
+    Per tile: recompute z, p = exp(z - lse) in place, G = c·p - (1-a)·onehot - a/V (times the softcap
+    derivative), then grad_h += G W_tile, grad_W[tile] (+)= Gᵀ (rs·h), grad_b[tile] += Gᵀ rs.
+    ``rs`` [n] is the per-row scale (1/count, upstream grads, 0 for ignored rows); it is applied on
+    the small [n, d] side of the GEMMs, never on the [n, v] tile. Each weight-gradient tile is one
+    GEMM over the whole token chunk (K = n), accumulated in float32.
     """
-    if gb32 is not None:
-        gb32.add_(g32.sum(0) if rs is None else torch.mv(g32.t(), rs))
-    hs = h_c if h_c.dtype == torch.float32 else h_c.float()
-    if rs is not None:
-        hs = hs * rs[:, None]
-    if gh_out is not None:
-        if h_c.dtype == torch.float32:
-            torch.mm(g32, weight, out=gh_out)
-            if rs is not None:
-                gh_out.mul_(rs[:, None])
-        else:
-            g = lowbuf[: g32.numel()].view_as(g32)
-            g.copy_(g32)
-            gh = torch.mm(g, weight).float()
-            gh_out.copy_(gh if rs is None else gh * rs[:, None])
-    if gW32 is not None:
-        gW32.addmm_(g32.t(), hs)
+    V, ls = cfg.V, cfg.label_smoothing
+    rs = rs * cfg.logit_scale
+    hs = h_c.float() * rs[:, None]
+    gh32 = None
+    if gh_c is not None:
+        gh32 = gh_c if gh_c.dtype == torch.float32 else torch.zeros(gh_c.shape, dtype=torch.float32, device=h_c.device)
+    coef = (1.0 + 2.0 * cfg.z_loss * lse) if cfg.z_loss else None
+    tsafe = torch.where(valid, tc, torch.zeros_like(tc))
+    for v0 in range(0, V, cfg.n_voc):
+        v1 = min(V, v0 + cfg.n_voc)
+        nv = v1 - v0
+        z = _logits_into(h_c, weight, bias, v0, v1, cfg.logit_scale, cfg.softcap, buf32, lowbuf)
+        dcap = None
+        if cfg.softcap is not None:
+            dcap = aux32[: z.numel()].view_as(z)
+            torch.div(z, cfg.softcap, out=dcap)
+            dcap.square_().neg_().add_(1.0)  # d softcap(u)/du = 1 - tanh²(u/c) = 1 - (z/c)²
+        z.sub_(lse[:, None]).exp_()  # softmax slice p
+        if coef is not None:
+            z.mul_(coef[:, None])
+        if ls > 0:
+            z.sub_(ls / V)
+        inside = (valid & (tsafe >= v0) & (tsafe < v1)).to(torch.float32)
+        z.scatter_add_(1, (tsafe - v0).clamp(0, nv - 1)[:, None], (-(1.0 - ls) * inside)[:, None])
+        if dcap is not None:
+            z.mul_(dcap)
+        W = weight[v0:v1]
+        if gh32 is not None:
+            if W.dtype == torch.float32:
+                gh32.addmm_(z, W)
+            else:
+                lo = lowbuf[: z.numel()].view_as(z)
+                lo.copy_(z)
+                gh32.add_(torch.mm(lo, W))
+        if gW is not None:
+            if gW_acc is not None:
+                gW_acc[v0:v1].addmm_(z.t(), hs)
+            elif gW.dtype == torch.float32:
+                torch.mm(z.t(), hs, out=gW[v0:v1])
+            else:
+                gW[v0:v1].copy_(torch.mm(z.t(), hs))
+        if gb32 is not None:
+            gb32[v0:v1] += torch.mv(z.t(), rs)
+    if gh32 is not None:
+        gh32.mul_(rs[:, None])
+        if gh32 is not gh_c:
+            gh_c.copy_(gh32)
+
+
+def _buffers(cfg: _Cfg, dtype, dev, softcap: bool):
+    size = min(cfg.n_tok, 1 << 62) * cfg.n_voc
+    buf32 = torch.empty(size, dtype=torch.float32, device=dev)
+    lowbuf = None if dtype == torch.float32 else torch.empty(size, dtype=dtype, device=dev)
+    aux32 = torch.empty(size, dtype=torch.float32, device=dev) if softcap else None
+    return buf32, lowbuf, aux32
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """Autograd Function behind :func:`linear_cross_entropy` (see there)."""
+    """Autograd Function behind :func:`linear_cross_entropy` (see there).
+
+    Forward keeps only the per-token logsumexp [N] (float32); backward recomputes the logit tiles
+    once (Cut Cross-Entropy's recompute strategy, Wijmans et al. 2024 §4), so a per-token upstream
+    gradient (reduction="none") is applied before any sum over tokens (the Liger #968 bug).
+    """
 
     @staticmethod
     def forward(ctx, h, weight, bias, t, cfg: _Cfg, need_h: bool, need_w: bool, need_b: bool):
-        N, V = h.shape[0], weight.shape[0]
-        dev = h.device
-        n_tok = cfg.n_tok
-        buf32 = torch.empty(n_tok * V, dtype=torch.float32, device=dev)
-        lowbuf = None if h.dtype == torch.float32 else torch.empty(n_tok * V, dtype=h.dtype, device=dev)
-        aux32 = torch.empty(n_tok * V, dtype=torch.float32, device=dev) if cfg.softcap is not None else None
-        losses = torch.empty(N, dtype=torch.float32, device=dev)
-        ctx.cfg = cfg
-        ctx.needs = (need_h, need_w, need_b)
-        if cfg.reduction == "none":
-            lses = torch.empty(N, dtype=torch.float32, device=dev)
-            for a in range(0, N, n_tok):
-                b = min(N, a + n_tok)
-                loss, lse, _, _ = _chunk_pass(h, weight, bias, t, cfg, a, b, buf32, lowbuf, aux32, None, False)
-                losses[a:b] = loss
-                lses[a:b] = lse
-            ctx.save_for_backward(h, weight, bias, t)
-            return losses
-        # scalar reduction: gradients now, scaled by the upstream scalar in backward
-        scale = 1.0 / cfg.count if (cfg.reduction == "mean" and cfg.count > 0) else 1.0
-        gh = torch.empty_like(h) if need_h else None
-        gW32 = torch.zeros(weight.shape, dtype=torch.float32, device=dev) if need_w else None
-        gb32 = torch.zeros(V, dtype=torch.float32, device=dev) if need_b else None
-        rs_full = torch.full((n_tok,), scale, dtype=torch.float32, device=dev)
-        for a in range(0, N, n_tok):
-            b = min(N, a + n_tok)
-            loss, _, g, rs = _chunk_pass(h, weight, bias, t, cfg, a, b, buf32, lowbuf, aux32, rs_full[: b - a], True)
-            losses[a:b] = loss
-            _grad_gemms(g, rs, h[a:b], weight, lowbuf, gh[a:b] if gh is not None else None, gW32, gb32)
-        del buf32, lowbuf, aux32
-        total = losses.sum(dtype=torch.float64).to(torch.float32)
-        if cfg.reduction == "mean":
-            total = total / cfg.count if cfg.count > 0 else torch.zeros((), dtype=torch.float32, device=dev)
-        ctx.grads = (gh, None if gW32 is None else gW32.to(weight.dtype),
-                     None if gb32 is None else gb32.to(bias.dtype))
-        return total
+        losses, lses = _loss_all(h, weight, bias, t, cfg)
+        ctx.cfg, ctx.needs = cfg, (need_h, need_w, need_b)
+        ctx.save_for_backward(h, weight, bias, t, lses)
+        return _reduce(losses, cfg)
 
     @staticmethod
     def backward(ctx, grad_out):
         cfg = ctx.cfg
         need_h, need_w, need_b = ctx.needs
-        if cfg.reduction != "none":
-            gh, gW, gb = ctx.grads
-            ctx.grads = None
-            go = grad_out.to(torch.float32)
-            if not (go.numel() == 1 and float(go) == 1.0):
-                gh = None if gh is None else (gh * go).to(gh.dtype)
-                gW = None if gW is None else (gW * go).to(gW.dtype)
-                gb = None if gb is None else (gb * go).to(gb.dtype)
-            return gh, gW, gb, None, None, None, None, None
-        h, weight, bias, t = ctx.saved_tensors
+        h, weight, bias, t, lses = ctx.saved_tensors
         N, V = h.shape[0], weight.shape[0]
         dev = h.device
-        n_tok = cfg.n_tok
-        buf32 = torch.empty(n_tok * V, dtype=torch.float32, device=dev)
-        lowbuf = None if h.dtype == torch.float32 else torch.empty(n_tok * V, dtype=h.dtype, device=dev)
-        aux32 = torch.empty(n_tok * V, dtype=torch.float32, device=dev) if cfg.softcap is not None else None
-        gh = torch.empty_like(h) if need_h else None
-        gW32 = torch.zeros(weight.shape, dtype=torch.float32, device=dev) if need_w else None
+        go = grad_out.to(torch.float32)
+        if cfg.reduction == "none":
+            row = go.reshape(-1)
+        else:
+            sc = (1.0 / cfg.count) if (cfg.reduction == "mean" and cfg.count > 0) else 1.0
+            row = (go * sc).expand(N)
+        buf32, lowbuf, aux32 = _buffers(cfg, h.dtype, dev, cfg.softcap is not None)
+        gh = torch.zeros_like(h) if need_h else None
+        gW = torch.empty_like(weight) if need_w else None
+        multi = N > cfg.n_tok
+        gW_acc = None
+        if need_w and multi:
+            gW_acc = gW if weight.dtype == torch.float32 else torch.zeros(weight.shape, dtype=torch.float32, device=dev)
+            gW_acc.zero_()
         gb32 = torch.zeros(V, dtype=torch.float32, device=dev) if need_b else None
-        go = grad_out.to(torch.float32).reshape(-1)
-        for a in range(0, N, n_tok):
-            b = min(N, a + n_tok)
-            _, _, g, rs = _chunk_pass(h, weight, bias, t, cfg, a, b, buf32, lowbuf, aux32, go[a:b], True)
-            _grad_gemms(g, rs, h[a:b], weight, lowbuf, gh[a:b] if gh is not None else None, gW32, gb32)
-        return (gh, None if gW32 is None else gW32.to(weight.dtype),
-                None if gb32 is None else gb32.to(bias.dtype), None, None, None, None, None)
+        for a in range(0, N, cfg.n_tok):
+            b = min(N, a + cfg.n_tok)
+            tc = t[a:b]
+            valid = tc != cfg.ignore_index
+            rs = row[a:b] * valid.to(torch.float32)
+            _grad_pass(h[a:b], weight, bias, tc, valid, lses[a:b], rs, cfg, buf32, lowbuf, aux32,
+                       gh[a:b] if gh is not None else None, gW, gW_acc, gb32)
+        if gW_acc is not None and gW_acc is not gW:
+            gW.copy_(gW_acc)
+        return gh, gW, None if gb32 is None else gb32.to(bias.dtype), None, None, None, None, None
+
+
+def _loss_all(h, weight, bias, t, cfg: _Cfg):
+    N = h.shape[0]
+    buf32, lowbuf, _ = _buffers(cfg, h.dtype, h.device, False)
+    losses = torch.empty(N, dtype=torch.float32, device=h.device)
+    lses = torch.empty(N, dtype=torch.float32, device=h.device)
+    for a in range(0, N, cfg.n_tok):
+        b = min(N, a + cfg.n_tok)
+        tc = t[a:b]
+        valid = tc != cfg.ignore_index
+        lse, zt, zsum = _lse_pass(h[a:b], weight, bias, tc, valid, cfg, buf32, lowbuf)
+        losses[a:b] = _token_loss(lse, zt, zsum, valid, cfg)
+        lses[a:b] = lse
+    return losses, lses
+
+
+def _reduce(losses: torch.Tensor, cfg: _Cfg) -> torch.Tensor:
+    if cfg.reduction == "none":
+        return losses
+    total = losses.sum(dtype=torch.float64).to(torch.float32)
+    if cfg.reduction == "mean":
+        return total / cfg.count if cfg.count > 0 else torch.zeros((), dtype=torch.float32, device=losses.device)
+    return total
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          bias: torch.Tensor | None = None, *, reduction: str = "mean", ignore_index: int = -100,
                          label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float | None = None,
                          logit_scale: float = 1.0, chunk_bytes: int | None = None,
-                         chunk_tokens: int | None = None) -> torch.Tensor:
+                         chunk_tokens: int | None = None, chunk_vocab: int | None = None) -> torch.Tensor:
     """Cross-entropy of ``hidden @ weight.T (+ bias)`` against targets, chunked, with a fused backward.
 
     Per valid token i with logits z (after ``logit_scale`` and the softcap c·tanh(·/c)):
@@ -489,7 +522,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
             is ignored gives 0 for "mean" and "sum" (not NaN) and zero gradients.
         label_smoothing: in [0, 1]. z_loss: coefficient of lse² (0 = off).
         softcap: final-logit softcap c or None; logit_scale: factor before the softcap.
-        chunk_bytes / chunk_tokens: size of one float32 chunk of logits [n, V] (bytes / tokens).
+        chunk_bytes / chunk_tokens / chunk_vocab: size of one float32 tile of logits [n, v] (bytes,
+            default :func:`default_chunk_bytes`; or tokens and vocabulary columns).
 
     Returns:
         float32 scalar (mean/sum) or [...] float32 per-token losses (none), in nats.
@@ -498,10 +532,17 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
         ShapeMismatch: d, dtypes or target shape disagree. BadInput: empty input, unknown reduction,
         targets outside [0, V) other than ignore_index, label_smoothing outside [0, 1], bad softcap.
 
-    Memory: one [n, V] float32 chunk (two with softcap, plus one in the input dtype for bf16/fp16
-    inputs), the float32 weight-gradient accumulator [V, d] and the outputs. Gradients of weight and
-    bias are accumulated in float32 across chunks. Under ``torch.no_grad()`` or when no input
-    requires grad, no gradient is computed.
+    Algorithm (two passes over vocabulary tiles, per token chunk): forward computes each token's
+    logsumexp tile by tile (GEMM into a reused float32 buffer, fused in-place log-softmax, logaddexp)
+    and keeps only lse [N]; backward recomputes each tile, turns it into the gradient in place and
+    feeds the grad_hidden and grad_W GEMMs of the same tile. Tiling the vocabulary rather than the
+    tokens means W is streamed a handful of times instead of once per small token chunk, and each
+    weight-gradient tile is one GEMM over the whole token chunk, accumulated in float32.
+
+    Memory: one [n, v] float32 tile (two with softcap, plus one in the input dtype for bf16/fp16
+    inputs), lse [N], and the gradients (plus a float32 [V, d] accumulator only for low-precision
+    weights when N exceeds one token chunk). Under ``torch.no_grad()`` or when no input requires
+    grad, only the forward pass runs.
     """
     if reduction not in _REDUCTIONS:
         raise BadInput(f"reduction must be one of {_REDUCTIONS}; got {reduction!r}")
@@ -516,36 +557,24 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     V = weight.shape[0]
     check_ids("targets", t, V, ignore_index=ignore_index)
     count = int((t != ignore_index).sum())
-    n_tok, _ = chunk_sizes(h.shape[0], V, chunk_bytes, vocab_tiles=False)
+    n_tok, n_voc = train_chunk_sizes(h.shape[0], V, chunk_bytes)
     if chunk_tokens:
         n_tok = max(1, min(int(chunk_tokens), h.shape[0]))
+    if chunk_vocab:
+        n_voc = max(1, min(int(chunk_vocab), V))
     cfg = _Cfg(reduction=reduction, ignore_index=ignore_index, label_smoothing=float(label_smoothing),
                z_loss=float(z_loss), softcap=None if softcap is None else float(softcap),
-               logit_scale=float(logit_scale), n_tok=n_tok, count=count, V=V)
+               logit_scale=float(logit_scale), n_tok=n_tok, n_voc=n_voc, count=count, V=V)
     grad_on = torch.is_grad_enabled()
     need_h = grad_on and hidden.requires_grad
     need_w = grad_on and weight.requires_grad
     need_b = grad_on and bias is not None and bias.requires_grad
     if not (need_h or need_w or need_b):
         with torch.no_grad():
-            return _forward_only(h, weight, bias, t, cfg).reshape(lead) if reduction == "none" \
-                else _forward_only(h, weight, bias, t, cfg)
+            out = _reduce(_loss_all(h, weight, bias, t, cfg)[0], cfg)
+        return out.reshape(lead) if reduction == "none" else out
     h_in = h.contiguous() if not h.is_contiguous() else h
     out = LinearCrossEntropy.apply(h_in, weight, bias, t, cfg, need_h, need_w, need_b)
     return out.reshape(lead) if reduction == "none" else out
 
 
-def _forward_only(h, weight, bias, t, cfg: _Cfg) -> torch.Tensor:
-    N, V = h.shape[0], weight.shape[0]
-    buf32 = torch.empty(cfg.n_tok * V, dtype=torch.float32, device=h.device)
-    lowbuf = None if h.dtype == torch.float32 else torch.empty(cfg.n_tok * V, dtype=h.dtype, device=h.device)
-    losses = torch.empty(N, dtype=torch.float32, device=h.device)
-    for a in range(0, N, cfg.n_tok):
-        b = min(N, a + cfg.n_tok)
-        losses[a:b] = _chunk_pass(h, weight, bias, t, cfg, a, b, buf32, lowbuf, None, None, False)[0]
-    if cfg.reduction == "none":
-        return losses
-    total = losses.sum(dtype=torch.float64).to(torch.float32)
-    if cfg.reduction == "mean":
-        return total / cfg.count if cfg.count > 0 else torch.zeros((), dtype=torch.float32, device=h.device)
-    return total
