@@ -44,18 +44,20 @@ def _inputs(N, d, V, dtype, seed, bias=False, ignore_frac=0.2):
     return h, W, b, t
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(N=st.integers(1, 40), d=st.integers(1, 24), V=st.integers(2, 300), dtype=st.sampled_from(["float32", "bfloat16"]),
        reduction=st.sampled_from(["mean", "sum", "none"]), bias=st.booleans(), ls=st.sampled_from([0.0, 0.1]),
        zl=st.sampled_from([0.0, 1e-3]), cap=st.sampled_from([None, 4.0]), chunk=st.integers(1, 17),
-       ignore=st.sampled_from([0.0, 0.3, 1.0]), seed=st.integers(0, 10**6))
-def test_cross_entropy_matches_float64_reference(N, d, V, dtype, reduction, bias, ls, zl, cap, chunk, ignore, seed):
+       ignore=st.sampled_from([0.0, 0.3, 1.0]), seed=st.integers(0, 10**6), vtile=st.sampled_from([None, 7, 64]))
+def test_cross_entropy_matches_float64_reference(N, d, V, dtype, reduction, bias, ls, zl, cap, chunk, ignore, seed,
+                                                 vtile):
+    # vtile=None: one-pass fused path (full rows); otherwise the two-pass vocabulary-tiled path
     dt = getattr(torch, dtype)
     h, W, b, t = _inputs(N, d, V, dt, seed, bias, ignore)
     hh, WW = h.clone().requires_grad_(), W.clone().requires_grad_()
     bb = b.clone().requires_grad_() if b is not None else None
     out = linear_cross_entropy(hh, WW, t, bb, reduction=reduction, label_smoothing=ls, z_loss=zl, softcap=cap,
-                               chunk_tokens=chunk)
+                               chunk_tokens=chunk, chunk_vocab=vtile)
     assert out.dtype == torch.float32
     g = torch.randn(N, generator=torch.Generator().manual_seed(seed + 1)) if reduction == "none" else torch.tensor(0.7)
     (out * g).sum().backward()

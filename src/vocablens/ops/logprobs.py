@@ -88,12 +88,18 @@ def train_chunk_sizes(N: int, V: int, chunk_bytes: int | None = None, *, max_tok
                       min_vocab: int = 256) -> tuple[int, int]:
     """Token-chunk and vocabulary-tile sizes of the training path for a float32 tile of ``chunk_bytes``.
 
-    Token chunks are as long as possible (each chunk reads the whole of W four times: two logit
+    By default, full vocabulary rows for chunks of max(256, budget/4V) tokens (the one-pass fused
+    path) when that fits 512 MiB. Otherwise (or with an explicit budget), token chunks are as long as possible (each chunk reads the whole of W four times: two logit
     GEMMs, grad_hidden, grad_W), vocabulary tiles fill the rest of the budget but keep at least
     ``min_vocab`` columns for GEMM efficiency.
     """
     if chunk_bytes is None:
         chunk_bytes = default_chunk_bytes(N, V)
+        # full rows (one-pass fused path) when at least min(N, 256) rows fit 512 MiB: GEMMs with
+        # 256+ rows run near full speed on CPU (measured), and a row-complete chunk needs one pass
+        n_full = max(chunk_bytes // (4 * V), min(N, 256))
+        if n_full * V * 4 <= 512 * 2**20:
+            return int(min(N, n_full)), int(V)
     n = max(1, min(N, max_tokens))
     v = chunk_bytes // (4 * n)
     if v < min_vocab:
@@ -328,6 +334,90 @@ def _log_softmax_inplace(z: torch.Tensor) -> torch.Tensor:
     return z
 
 
+_INPLACE_SOFTMAX: bool | None = None
+
+
+def _softmax_inplace(z: torch.Tensor) -> torch.Tensor:
+    """Row softmax of a float32 [n, V] buffer written over itself (fused kernel; checked once, with fallback)."""
+    global _INPLACE_SOFTMAX
+    if _INPLACE_SOFTMAX is None:
+        x = torch.randn(3, 4099, generator=torch.Generator().manual_seed(0)).to(z.device) * 7
+        ref = torch.softmax(x, 1)
+        try:
+            torch._softmax(x, 1, False, out=x)
+            _INPLACE_SOFTMAX = bool(torch.equal(x, ref))
+        except Exception:  # pragma: no cover
+            _INPLACE_SOFTMAX = False
+    if _INPLACE_SOFTMAX:
+        torch._softmax(z, 1, False, out=z)
+    else:  # pragma: no cover
+        z.copy_(torch.softmax(z, 1))
+    return z
+
+
+def _exact_lse(h_rows, weight, bias, cfg: _Cfg) -> torch.Tensor:
+    """float32 logsumexp of a few rows, from freshly computed logits (fallback for underflowed rows)."""
+    z = torch.nn.functional.linear(h_rows, weight, bias).float() * cfg.logit_scale
+    if cfg.softcap is not None:
+        z = torch.tanh(z / cfg.softcap) * cfg.softcap
+    return torch.logsumexp(z, 1)
+
+
+def _fused_chunk(h_c, weight, bias, tc, valid, rs, cfg: _Cfg, buf32, lowbuf, aux32, gh_c, gW32, gb32):
+    """One-pass loss and gradients of one token chunk with full vocabulary rows (scalar reductions).
+
+    Liger-Kernel's fused linear cross-entropy (Hsu et al. 2024, arXiv 2410.10989 §3.2) on CPU: one
+    GEMM into the reused float32 [n, V] buffer, one fused in-place softmax (the only elementwise
+    pass over the chunk), lse = z_t - log p_t (rows where p_t underflows are recomputed exactly),
+    the one-hot correction by a scatter, then the grad_hidden and grad_W GEMMs on the same buffer.
+    The row scale ``rs`` (1/count or 1; 0 on ignored rows) is applied on the [n, d] side.
+    Returns the per-token losses [n] (float32).
+    """
+    V, ls = cfg.V, cfg.label_smoothing
+    z = _logits_into(h_c, weight, bias, 0, V, cfg.logit_scale, cfg.softcap, buf32, lowbuf)
+    tsafe = torch.where(valid, tc, torch.zeros_like(tc))
+    zt = z.gather(1, tsafe[:, None]).squeeze(1)
+    zsum = z.sum(1) if ls > 0 else None
+    dcap = None
+    if cfg.softcap is not None:
+        dcap = aux32[: z.numel()].view_as(z)
+        torch.div(z, cfg.softcap, out=dcap)
+        dcap.square_().neg_().add_(1.0)  # d softcap(u)/du = 1 - tanh²(u/c) = 1 - (z/c)²
+    _softmax_inplace(z)
+    pt = z.gather(1, tsafe[:, None]).squeeze(1)
+    lse = zt - torch.log(pt)
+    bad = valid & ~(torch.isfinite(lse) & (pt > 0))
+    if cfg.z_loss:
+        bad = bad | ~torch.isfinite(lse)
+    if bool(bad.any()):
+        rows = bad.nonzero().squeeze(1)
+        lse[rows] = _exact_lse(h_c[rows], weight, bias, cfg)
+    lse = torch.where(valid | (cfg.z_loss != 0), lse, torch.zeros_like(lse))
+    loss = _token_loss(lse, zt, zsum, valid, cfg)
+    # gradient: G = c·p - (1-a)·onehot - a/V, times the softcap derivative; rows scaled on the small side
+    if cfg.z_loss:
+        z.mul_((1.0 + 2.0 * cfg.z_loss * lse)[:, None])
+    if ls > 0:
+        z.sub_(ls / V)
+    z.scatter_add_(1, tsafe[:, None], (-(1.0 - ls) * valid.to(torch.float32))[:, None])
+    if dcap is not None:
+        z.mul_(dcap)
+    rs = rs * cfg.logit_scale
+    if gb32 is not None:
+        gb32 += torch.mv(z.t(), rs)
+    if gh_c is not None:
+        if weight.dtype == torch.float32:
+            torch.mm(z, weight, out=gh_c)
+            gh_c.mul_(rs[:, None])
+        else:
+            lo = lowbuf[: z.numel()].view_as(z)
+            lo.copy_(z)
+            gh_c.copy_(torch.mm(lo, weight).float() * rs[:, None])
+    if gW32 is not None:
+        gW32.addmm_(z.t(), h_c.float() * rs[:, None])
+    return loss
+
+
 def _lse_pass(h_c, weight, bias, tc, valid, cfg: _Cfg, buf32, lowbuf):
     """Pass 1 over the vocabulary tiles of one token chunk: lse [n], target logit [n], Σ_j z [n] (float32).
 
@@ -440,15 +530,45 @@ class LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, bias, t, cfg: _Cfg, need_h: bool, need_w: bool, need_b: bool):
-        losses, lses = _loss_all(h, weight, bias, t, cfg)
         ctx.cfg, ctx.needs = cfg, (need_h, need_w, need_b)
-        ctx.save_for_backward(h, weight, bias, t, lses)
+        ctx.fused = cfg.reduction != "none" and cfg.n_voc >= cfg.V
+        if not ctx.fused:
+            losses, lses = _loss_all(h, weight, bias, t, cfg)
+            ctx.save_for_backward(h, weight, bias, t, lses)
+            return _reduce(losses, cfg)
+        # scalar reduction and full rows: gradients now, in the same pass (scaled in backward)
+        N, V = h.shape[0], weight.shape[0]
+        dev = h.device
+        buf32, lowbuf, aux32 = _buffers(cfg, h.dtype, dev, cfg.softcap is not None)
+        gh = torch.empty_like(h) if need_h else None
+        gW32 = None
+        if need_w:
+            gW32 = torch.zeros(weight.shape, dtype=torch.float32, device=dev)
+        gb32 = torch.zeros(V, dtype=torch.float32, device=dev) if need_b else None
+        scale = 1.0 / cfg.count if (cfg.reduction == "mean" and cfg.count > 0) else 1.0
+        losses = torch.empty(N, dtype=torch.float32, device=dev)
+        for a in range(0, N, cfg.n_tok):
+            b = min(N, a + cfg.n_tok)
+            tc = t[a:b]
+            valid = tc != cfg.ignore_index
+            rs = valid.to(torch.float32) * scale
+            losses[a:b] = _fused_chunk(h[a:b], weight, bias, tc, valid, rs, cfg, buf32, lowbuf, aux32,
+                                       gh[a:b] if gh is not None else None, gW32, gb32)
+        del buf32, lowbuf, aux32
+        ctx.grads = (gh, None if gW32 is None else gW32.to(weight.dtype),
+                     None if gb32 is None else gb32.to(bias.dtype))
         return _reduce(losses, cfg)
 
     @staticmethod
     def backward(ctx, grad_out):
         cfg = ctx.cfg
         need_h, need_w, need_b = ctx.needs
+        if ctx.fused:
+            grads, ctx.grads = ctx.grads, None
+            go = grad_out.to(torch.float32)
+            if float(go) != 1.0:
+                grads = tuple(None if g is None else (g.float() * go).to(g.dtype) for g in grads)
+            return (*grads, None, None, None, None, None)
         h, weight, bias, t, lses = ctx.saved_tensors
         N, V = h.shape[0], weight.shape[0]
         dev = h.device
