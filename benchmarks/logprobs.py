@@ -113,8 +113,9 @@ def child(spec: dict) -> dict:
         loss = float(out.detach().float())
         del out
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    grads = sum(x.grad.numel() * x.grad.element_size() for x in (h, W) if x.grad is not None)
     return {"time_s": min(times[1:]) if len(times) > 1 else times[0], "peak_extra_bytes": max(0, peak - base),
-            "loss": loss}
+            "grad_bytes": grads, "workspace_bytes": max(0, peak - base - grads), "loss": loss}
 
 
 def run_child(spec: dict, timeout: float) -> dict:
@@ -148,7 +149,9 @@ def main() -> None:
     import torch
 
     print(f"torch {torch.__version__}, {a.threads} threads, {os.cpu_count()} CPUs; peak = RSS high-water mark "
-          f"above the inputs; time = best of {a.reps} after a warm-up; reduction=sum, 20% ignored targets")
+          f"above the inputs (also shown without the h/W gradient outputs every method returns); "
+          f"time = best of {a.reps} after a warm-up; reduction=sum, 20% ignored targets; "
+          f"load average at start {os.getloadavg()[0]:.1f}")
     rows = []
     for N, d, V, dt in grid:
         esize = 2 if dt == "bfloat16" else 4
@@ -166,8 +169,9 @@ def main() -> None:
                 if "skipped" in r:
                     print(f"  {method:10s} {mode:7s} skipped: {r['skipped']}", flush=True)
                 else:
-                    print(f"  {method:10s} {mode:7s} {r['time_s']:8.2f} s {_mb(r['peak_extra_bytes'])}  "
-                          f"loss {r['loss']:.6g}", flush=True)
+                    print(f"  {method:10s} {mode:7s} {r['time_s']:8.2f} s  peak {_mb(r['peak_extra_bytes'])}  "
+                          f"(without the {_mb(r['grad_bytes']).strip()} of gradients: "
+                          f"{_mb(r['workspace_bytes']).strip()})  loss {r['loss']:.6g}", flush=True)
         ref = run_child(dict(N=N, d=d, V=V, dtype=dt, method="ref64", mode="fwd", threads=a.threads, reps=0),
                         a.timeout) if dt == "bfloat16" or a.quick else {}
         row = {"N": N, "d": d, "V": V, "dtype": dt,
@@ -183,10 +187,13 @@ def main() -> None:
             for mode in ("fwd", "fwdbwd"):
                 tr = ratio("vocablens", other, mode, "time_s")
                 mr = ratio("vocablens", other, mode, "peak_extra_bytes")
+                wr = ratio("vocablens", other, mode, "workspace_bytes")
                 row[f"time_ratio_vs_{other}_{mode}"] = tr
                 row[f"mem_ratio_vs_{other}_{mode}"] = mr
+                row[f"workspace_ratio_vs_{other}_{mode}"] = wr
                 print(f"  vocablens/{other:6s} {mode:7s}: time {'n/a' if tr is None else f'{tr:.3f}x'}, "
-                      f"peak memory {'n/a' if mr is None else f'{100 * mr:.1f}%'}")
+                      f"peak memory {'n/a' if mr is None else f'{100 * mr:.1f}%'}, "
+                      f"without gradients {'n/a' if wr is None else f'{100 * wr:.1f}%'}")
         if ref.get("loss") is not None:
             for m in METHODS:
                 r = res[(m, "fwdbwd")]

@@ -399,8 +399,8 @@ def vocab_parallel_topk(local_logits: torch.Tensor, k: int, vocab_start: int, V:
         return v, i
     wide = torch.float64 if z.dtype == torch.float64 else torch.float32
     N = z.shape[0]
-    pv = torch.full((N, k), -math.inf, dtype=wide)
-    pi = torch.full((N, k), V, dtype=torch.int64)  # padding ids sort after every real id
+    pv = torch.full((N, k), -math.inf, dtype=wide, device=z.device)
+    pi = torch.full((N, k), V, dtype=torch.int64, device=z.device)  # padding ids sort after every real id
     pv[:, :kk] = v.to(wide)
     pi[:, :kk] = i
     vs = [torch.empty_like(pv) for _ in range(ws)]
