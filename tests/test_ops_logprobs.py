@@ -24,7 +24,9 @@ def ref_loss(h, W, t, b=None, *, reduction="mean", ls=0.0, zl=0.0, cap=None, sca
     lse = torch.logsumexp(z, -1)
     valid = t != ignore_index
     ts = torch.where(valid, t, torch.zeros_like(t))
-    loss = lse - (1 - ls) * z.gather(-1, ts[..., None]).squeeze(-1) - (ls / V) * z.sum(-1) + zl * lse ** 2
+    loss = lse - (1 - ls) * z.gather(-1, ts[..., None]).squeeze(-1) + zl * lse ** 2
+    if ls:
+        loss = loss - (ls / V) * z.sum(-1)
     loss = torch.where(valid, loss, torch.zeros_like(loss))
     if reduction == "none":
         return loss
@@ -239,3 +241,26 @@ def test_bad_input_errors_name_shapes():
         token_logprobs(h.to(torch.int32), W)
     with pytest.raises(ShapeMismatch, match=r"bias \(10,\)"):
         token_logprobs(h, W, bias=torch.zeros(10))
+
+
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_underflowed_target_prob_and_masked_column_fall_back_exactly(reduction):
+    # p_target underflows float32 (logit gap ~ 300) and column 0 (used for ignored rows) is -inf
+    g = torch.Generator().manual_seed(9)
+    h = torch.randn(6, 4, generator=g) * 30
+    W = torch.randn(40, 4, generator=g) * 3
+    b = torch.zeros(40)
+    b[0] = -math.inf
+    z = h @ W.T + b
+    t = z[:, 1:].argmin(-1) + 1  # the least likely real token: loss in the hundreds
+    t[2] = -100
+    hh, WW = h.clone().requires_grad_(), W.clone().requires_grad_()
+    out = linear_cross_entropy(hh, WW, t, b, reduction=reduction)
+    out.sum().backward()
+    h2, W2 = h.double().requires_grad_(), W.double().requires_grad_()
+    ref = ref_loss(h2, W2, t, b, reduction=reduction)
+    ref.sum().backward()
+    assert bool(torch.isfinite(out).all()) and float(ref.detach().max()) > 100
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(hh.grad.double(), h2.grad, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(WW.grad.double(), W2.grad, rtol=1e-4, atol=1e-3)

@@ -439,10 +439,20 @@ def _lse_pass(h_c, weight, bias, tc, valid, cfg: _Cfg, buf32, lowbuf):
     for v0 in range(0, V, cfg.n_voc):
         v1 = min(V, v0 + cfg.n_voc)
         z = _logits_into(h_c, weight, bias, v0, v1, cfg.logit_scale, cfg.softcap, buf32, lowbuf)
-        inside = valid & (tsafe >= v0) & (tsafe < v1)
-        zt = torch.where(inside, z.gather(1, (tsafe - v0).clamp(0, v1 - v0 - 1)[:, None]).squeeze(1), zt)
         if zsum is not None:
             zsum += z.sum(1)
+        if v0 == 0 and v1 == V:
+            # one tile: lse = z_c - logp_c at the target column (no max pass); non-finite rows exactly
+            zc = z.gather(1, tsafe[:, None]).squeeze(1)
+            _log_softmax_inplace(z)
+            lse = zc - z.gather(1, tsafe[:, None]).squeeze(1)
+            bad = ~torch.isfinite(lse)
+            if bool(bad.any()):
+                rows = bad.nonzero().squeeze(1)
+                lse[rows] = _exact_lse(h_c[rows], weight, bias, cfg)
+            return lse, torch.where(valid, zc, torch.zeros_like(zc)), zsum
+        inside = valid & (tsafe >= v0) & (tsafe < v1)
+        zt = torch.where(inside, z.gather(1, (tsafe - v0).clamp(0, v1 - v0 - 1)[:, None]).squeeze(1), zt)
         m, am = torch.max(z, 1)
         _log_softmax_inplace(z)
         lse_t = torch.where(torch.isfinite(m), m - z.gather(1, am[:, None]).squeeze(1), m)
