@@ -94,16 +94,17 @@ def train_chunk_sizes(N: int, V: int, chunk_bytes: int | None = None, *, max_tok
                       min_vocab: int = 256) -> tuple[int, int]:
     """Token-chunk and vocabulary-tile sizes of the training path for a float32 tile of ``chunk_bytes``.
 
-    By default, full vocabulary rows for chunks of max(256, budget/4V) tokens (the one-pass fused
+    By default, full vocabulary rows for chunks of max(clamp(N/16, 128, 256), budget/4V) tokens (the one-pass fused
     path) when that fits 512 MiB. Otherwise (or with an explicit budget), token chunks are as long as possible (each chunk reads the whole of W four times: two logit
     GEMMs, grad_hidden, grad_W), vocabulary tiles fill the rest of the budget but keep at least
     ``min_vocab`` columns for GEMM efficiency.
     """
     if chunk_bytes is None:
         chunk_bytes = default_chunk_bytes(N, V)
-        # full rows (one-pass fused path) when at least min(N, 256) rows fit 512 MiB: GEMMs with
-        # 256+ rows run near full speed on CPU (measured), and a row-complete chunk needs one pass
-        n_full = max(chunk_bytes // (4 * V), min(N, 256))
+        # full rows (one-pass fused path) for N/16 tokens, clamped to [128, 256], when they fit 512 MiB:
+        # GEMMs with 256 rows run near full speed on CPU (measured; 128 rows at ~2/3), while the
+        # chunk stays ~6% of the full [N, V] logits; a row-complete chunk needs a single pass
+        n_full = max(chunk_bytes // (4 * V), min(N, max(128, min(256, N // 16))))
         if n_full * V * 4 <= 512 * 2**20:
             return int(min(N, n_full)), int(V)
     n = max(1, min(N, max_tokens))
