@@ -46,7 +46,7 @@ def _inputs(N, d, V, dtype, seed, bias=False, ignore_frac=0.2):
     return h, W, b, t
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(N=st.integers(1, 40), d=st.integers(1, 24), V=st.integers(2, 300), dtype=st.sampled_from(["float32", "bfloat16"]),
        reduction=st.sampled_from(["mean", "sum", "none"]), bias=st.booleans(), ls=st.sampled_from([0.0, 0.1]),
        zl=st.sampled_from([0.0, 1e-3]), cap=st.sampled_from([None, 4.0]), chunk=st.integers(1, 17),
@@ -77,7 +77,7 @@ def test_cross_entropy_matches_float64_reference(N, d, V, dtype, reduction, bias
         gs = max(1.0, float(want.abs().max()))
         assert float((got.double() - want).abs().max()) <= (2e-5 if dtype == "float32" else 5e-2) * gs
     if ignore == 1.0:
-        assert float(out.abs().sum()) == 0.0 and float(hh.grad.abs().sum()) == 0.0
+        assert float(out.detach().abs().sum()) == 0.0 and float(hh.grad.abs().sum()) == 0.0
 
 
 def test_liger_968_reduction_none_per_token_upstream_grads():
