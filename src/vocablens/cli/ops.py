@@ -1,0 +1,51 @@
+"""``vocablens score``: per-token log-probabilities of a text, through the chunked LM-head path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, load_model
+from vocablens.errors import BadInput
+
+
+@app.command("score")
+def score(
+    text: Annotated[Optional[str], typer.Argument(help="Text to score (or use --file).")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the text from this UTF-8 file.")] = None,
+    top_k: Annotated[int, typer.Option("--top-k", "-k", help="Alternatives per position (0 = none).")] = 3,
+    model: ModelOpt = "smollm2",
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Per-token log-probabilities of a text: total, per byte, and the top-k alternatives per position."""
+    from vocablens.models.tokens import context_length, encode_prompt
+    from vocablens.render.ops import print_score, score_to_dict
+    from vocablens.score import score_ids
+
+    if (text is None) == (file is None):
+        raise BadInput("give either TEXT or --file F (exactly one)")
+    if file is not None:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise BadInput(f"--file {file}: no such file") from None
+        except (UnicodeDecodeError, IsADirectoryError, PermissionError) as exc:
+            raise BadInput(f"--file {file}: cannot read it as UTF-8 text ({type(exc).__name__})") from None
+    if top_k < 0:
+        raise BadInput(f"--top-k must be >= 0; got {top_k}")
+    if not text or not text.strip():
+        raise BadInput("empty text: nothing to score")
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    ids = encode_prompt(lm.tokenizer, text, context_length(lm.model.config))[0]
+    n_bytes = len(lm.tokenizer.decode(ids[1:].tolist(), skip_special_tokens=True,
+                                      clean_up_tokenization_spaces=False).encode("utf-8")) if ids.numel() > 1 else 0
+    res = score_ids(lm.borders, ids, top_k=top_k, n_bytes=n_bytes)
+    if json_:
+        d = score_to_dict(res, lm.tokenizer)
+        d["model"] = lm.provenance.to_dict()
+        emit_json(d)
+    else:
+        print_score(res, lm.tokenizer, lm.provenance)

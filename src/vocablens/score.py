@@ -1,0 +1,93 @@
+"""Score a text under a model: per-token log-probabilities through the chunked LM-head path (layer 3).
+
+The residual stream at the last layer goes through the model's final norm (``Borders.normed``) and
+then :func:`vocablens.ops.token_logprobs` on ``W_U`` / ``b_U`` / logit scale / softcap, so the
+[T, V] logits are never materialized. Token t (t >= 1) is scored by the distribution at position
+t - 1; the first token has no prefix and is not scored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from vocablens.errors import BadInput
+from vocablens.ops import token_logprobs
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """Per-token log-probabilities of a text (nats).
+
+    Attributes:
+        input_ids: [T] int64 the tokens of the text.
+        logprobs: [T-1] float32 log p(token t | tokens < t) for t = 1..T-1.
+        entropy: [T-1] float32 entropy (nats) of the distribution that scored token t.
+        topk_ids: [T-1, k] int64 the k most likely tokens at each scored position (k may be 0).
+        topk_logprobs: [T-1, k] float32 their log-probabilities.
+        n_bytes: UTF-8 bytes of the scored text (tokens 1..T-1 decoded).
+    """
+
+    input_ids: torch.Tensor
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_logprobs: torch.Tensor
+    n_bytes: int
+
+    @property
+    def total_logprob(self) -> float:
+        """Sum of the scored tokens' log-probabilities (nats, float64 sum)."""
+        return float(self.logprobs.double().sum())
+
+    @property
+    def logprob_per_byte(self) -> float:
+        """total_logprob / n_bytes (nats per byte; NaN when no byte is scored)."""
+        return self.total_logprob / self.n_bytes if self.n_bytes else math.nan
+
+    @property
+    def bits_per_byte(self) -> float:
+        """-logprob_per_byte / ln 2."""
+        return -self.logprob_per_byte / math.log(2)
+
+    @property
+    def perplexity(self) -> float:
+        """exp(-mean log-probability per scored token)."""
+        return math.exp(-self.total_logprob / max(1, self.logprobs.numel()))
+
+
+@torch.no_grad()
+def score_ids(borders, input_ids: torch.Tensor, top_k: int = 0, n_bytes: int = 0) -> ScoreResult:
+    """Score token ids under the model behind ``borders``.
+
+    Args:
+        borders: a :class:`vocablens.models.Borders`.
+        input_ids: [T] or [1, T] int64, T >= 2.
+        top_k: alternatives per position (0..V).
+        n_bytes: UTF-8 bytes of the scored text (for per-byte figures).
+
+    Returns:
+        :class:`ScoreResult`.
+
+    Raises:
+        BadInput: fewer than 2 tokens, top_k outside [0, V].
+    """
+    ids = input_ids.reshape(-1).to(torch.int64)
+    if ids.numel() < 2:
+        raise BadInput(f"the text has {ids.numel()} token(s): scoring needs at least 2 (the first has no prefix)")
+    V = borders.W_U.shape[0]
+    if not 0 <= top_k <= V:
+        raise BadInput(f"--top-k must be in [0, {V}]; got {top_k}")
+    resid, _ = borders.residual_stream(ids[None])
+    L = borders.n_layers
+    h = borders.normed(resid[L][0])  # [T, d_emb]
+    r = token_logprobs(h[:-1], borders.W_U, ids[1:], bias=borders.b_U, logit_scale=borders.logit_scale,
+                       softcap=borders.softcap, top_k=top_k, entropy=True)
+    k = top_k
+    empty_i = torch.zeros(ids.numel() - 1, 0, dtype=torch.int64)
+    empty_f = torch.zeros(ids.numel() - 1, 0, dtype=torch.float32)
+    return ScoreResult(input_ids=ids, logprobs=r.logprob, entropy=r.entropy,
+                       topk_ids=r.topk_ids if k else empty_i, topk_logprobs=r.topk_logprobs if k else empty_f,
+                       n_bytes=int(n_bytes))
