@@ -49,6 +49,12 @@ def token_str(tokenizer, token_id: int) -> str:
     return _escape(text)
 
 
+def quoted(text: str) -> str:
+    """A readable token (from :func:`token_str`) in single quotes, without escaping it twice
+    (``repr`` would turn the ``\\n`` that token_str wrote into ``\\\\n``)."""
+    return f"'{text}'"
+
+
 def token_strs(tokenizer, ids) -> list[str]:
     """:func:`token_str` for every id of a list or 1-D tensor."""
     if isinstance(ids, torch.Tensor):

@@ -9,7 +9,7 @@ from rich.table import Table
 from vocablens.argmax.bottleneck import Bottleneck
 from vocablens.argmax.exact import STAGES, VERDICTS
 from vocablens.argmax.model import ModelArgmax
-from vocablens.models.tokens import token_str
+from vocablens.models.tokens import token_str, quoted
 from vocablens.render.html import Section, esc, figure_html, table_html
 
 _LIST_MAX = 200
@@ -94,7 +94,7 @@ def argmax_to_dict(ma: ModelArgmax, tokenizer=None, per_token: bool = True) -> d
 def argmax_tables(ma: ModelArgmax, tokenizer=None) -> list[Table]:
     """Rich tables: counts, stages, flagged tokens, duplicate groups, norm reachability."""
     res = ma.result
-    dec = (lambda t: repr(token_str(tokenizer, t))) if tokenizer is not None else str
+    dec = (lambda t: quoted(token_str(tokenizer, t))) if tokenizer is not None else str
     c = res.counts()
     t1 = Table(title=f"argmax geometry of W_U [{ma.vocab_size} x {res.whiten.shape[0]}], bias {ma.bias_mode}",
                title_justify="left")

@@ -12,7 +12,7 @@ from typing import Any
 from rich.table import Table
 
 from vocablens.geometry import Neighbors, WordPCA
-from vocablens.models.tokens import token_str
+from vocablens.models.tokens import token_str, quoted
 from vocablens.render.html import Section, esc, figure_html, table_html
 
 _PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2", "#9d755d", "#eeca3b",
@@ -43,7 +43,8 @@ def _header(res: Neighbors) -> str:
 
 def _label(q, tokenizer) -> str:
     label = token_str(tokenizer, q.query_ids[0]) if q.used == "token" else q.query
-    return f"neighbours of {label!r}" + ("" if q.used == "token" else f" ({q.used})")
+    shown = quoted(label) if q.used == "token" else repr(label)
+    return f"neighbours of {shown}" + ("" if q.used == "token" else f" ({q.used})")
 
 
 def neighbors_tables(res: Neighbors, tokenizer) -> list[Table]:
@@ -58,7 +59,7 @@ def neighbors_tables(res: Neighbors, tokenizer) -> list[Table]:
         for r in range(res.k):
             cells = [str(r + 1)]
             for lst in q.lists:
-                cells += [repr(token_str(tokenizer, int(lst.ids[r]))), f"{float(lst.cosines[r]):.3f}"]
+                cells += [quoted(token_str(tokenizer, int(lst.ids[r]))), f"{float(lst.cosines[r]):.3f}"]
             t.add_row(*cells)
         tables.append(t)
     return tables
@@ -79,7 +80,7 @@ def neighbors_section(res: Neighbors, tokenizer) -> Section:
     parts = [f"<p>{esc(_header(res))}</p><div class='cards'>"]
     for q in res.results:
         label = token_str(tokenizer, q.query_ids[0]) if q.used == "token" else q.query
-        parts.append(f"<div class='card'><h3>{esc(repr(label))}</h3>")
+        parts.append(f"<div class='card'><h3>{esc(quoted(label))}</h3>")
         if q.note:
             parts.append(f"<p class='note'>{esc(q.note)}</p>")
         headers = ["#"]
@@ -89,7 +90,7 @@ def neighbors_section(res: Neighbors, tokenizer) -> Section:
         for r in range(res.k):
             row: list = [r + 1]
             for lst in q.lists:
-                row += [repr(token_str(tokenizer, int(lst.ids[r]))), f"{float(lst.cosines[r]):.3f}"]
+                row += [quoted(token_str(tokenizer, int(lst.ids[r]))), f"{float(lst.cosines[r]):.3f}"]
             rows.append(row)
         parts.append(table_html(headers, rows) + "</div>")
     parts.append("</div>")

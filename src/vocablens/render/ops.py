@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from vocablens.models.tokens import token_str
+from vocablens.models.tokens import quoted, token_str
 from vocablens.score import ScoreResult
 
 
@@ -47,7 +47,7 @@ def score_table(res: ScoreResult, tokenizer, max_rows: int = 200) -> Table:
     ids = res.input_ids.tolist()
     n = res.logprobs.numel()
     for j in range(min(n, max_rows)):
-        row = [str(j + 1), repr(token_str(tokenizer, ids[j + 1])), f"{float(res.logprobs[j]):.3f}",
+        row = [str(j + 1), quoted(token_str(tokenizer, ids[j + 1])), f"{float(res.logprobs[j]):.3f}",
                f"{float(res.entropy[j]):.3f}"]
         if res.topk_ids.shape[-1]:
             row.append(", ".join(f"{token_str(tokenizer, i)!r} {lp:.2f}" for i, lp in

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from vocablens.models.tokens import token_str
+from vocablens.models.tokens import quoted, token_str
 from vocablens.render.html import Section, esc, figure_html, table_html
 from vocablens.vocab_space import (
     Explanation, HeadCircuit, SettleResult, TokenSearch, VectorProjection,
@@ -127,7 +127,7 @@ def settle_to_dict(res: SettleResult) -> dict:
 
 # ---------------------------------------------------------------------------------------------- rich
 def _join(toks: list[str], n: int = 8) -> str:
-    return " ".join(repr(t) for t in toks[:n])
+    return " ".join(quoted(t) for t in toks[:n])
 
 
 def vectors_table(res: VectorProjection, tokenizer, n: int = 8) -> Table:
@@ -163,7 +163,7 @@ def circuit_table(res: HeadCircuit, tokenizer) -> Table:
     for c, j in (("source", "left"), ("target", "left"), ("score", "right")):
         t.add_column(c, justify=j)
     for s, g, sc in zip(_toks(tokenizer, res.src_ids), _toks(tokenizer, res.tgt_ids), res.scores.tolist()):
-        t.add_row(repr(s), repr(g), f"{sc:.4f}")
+        t.add_row(quoted(s), quoted(g), f"{sc:.4f}")
     return t
 
 
@@ -298,8 +298,8 @@ def value_vectors_section(res: VectorProjection, tokenizer, n: int = 8, note: st
     """Report section: top and bottom tokens of a sample of value vectors per layer (``note`` replaces
     the sentence that introduces the table)."""
     rows = [[int(res.layers[j]), int(res.neurons[j]), f"{float(res.norms[j]):.3f}",
-             " ".join(repr(t) for t in _toks(tokenizer, res.top_ids[j])[:n]),
-             " ".join(repr(t) for t in _toks(tokenizer, res.bottom_ids[j])[:n])] for j in range(len(res.layers))]
+             " ".join(quoted(t) for t in _toks(tokenizer, res.top_ids[j])[:n]),
+             " ".join(quoted(t) for t in _toks(tokenizer, res.bottom_ids[j])[:n])] for j in range(len(res.layers))]
     gain = "with the final norm's gain applied" if res.apply_norm_gain else "without the final norm's gain"
     intro = (f"<p>Each FFN neuron writes a fixed <em>value vector</em> (a row of the down projection's "
              f"transpose) scaled by its activation. Read through the unembedding ({esc(gain)}), a value vector "
@@ -317,15 +317,15 @@ def explanation_section(e: Explanation, tokenizer, prompt: str | None = None) ->
         h = int(ly.head_dla.abs().argmax())
         rows.append([ly.layer, f"{ly.attn_dlogprob_top1:+.3f}", f"{ly.mlp_dlogprob_top1:+.3f}",
                      f"{ly.attn_dla:+.3f}", f"h{h} {float(ly.head_dla[h]):+.3f}", f"{ly.mlp_dla:+.3f}",
-                     " ".join(repr(t) for t in _toks(tokenizer, ly.mlp_top_ids)[:4])])
+                     " ".join(quoted(t) for t in _toks(tokenizer, ly.mlp_top_ids)[:4])])
     subs = sorted((x for ly in e.layers for x in ly.sub_updates), key=lambda x: -abs(x.dla))[:10]
     srows = [[x.layer, x.neuron, f"{x.activation:+.3f}", f"{x.dla:+.3f}",
-              " ".join(repr(t) for t in _toks(tokenizer, x.top_ids)[:5])] for x in subs]
+              " ".join(quoted(t) for t in _toks(tokenizer, x.top_ids)[:5])] for x in subs]
     head = f"<p>Prompt: <code>{esc(prompt)}</code>. " if prompt else "<p>"
-    html = (head + f"The model's top-1 is <code>{esc(repr(token_str(tokenizer, e.top1)))}</code> "
+    html = (head + f"The model's top-1 is <code>{esc(quoted(token_str(tokenizer, e.top1)))}</code> "
             f"(log p = {e.top1_logprob:.3f}). Per layer: the change in the logit-lens log-probability of the "
             f"top-1 when the attention and then the FFN update are added, and direct logit attribution (DLA) to "
-            f"logit[{esc(repr(tgt))}] − logit[{esc(repr(con))}]. The contributions sum to "
+            f"logit[{esc(quoted(tgt))}] − logit[{esc(quoted(con))}]. The contributions sum to "
             f"{e.logit_diff_sum:.4f}; the model's logit difference is {e.logit_diff_model:.4f}. "
             f"Approximation: {esc(e.approximation)}.</p>"
             + table_html(["layer", "Δlogp attn", "Δlogp mlp", "DLA attn", "top head", "DLA mlp", "mlp promotes"], rows)
