@@ -62,3 +62,7 @@ class CheckpointMismatch(VocabLensError):
 
 class OutputExists(VocabLensError):
     """The output path exists and --force was not given; nothing was written."""
+
+
+class TrainingDiverged(VocabLensError):
+    """Training produced a non-finite loss or gradient; the message names the layer."""

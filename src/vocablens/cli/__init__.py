@@ -13,6 +13,7 @@ from vocablens.cli.common import app, run_app
 
 # Command modules: importing one registers its commands on ``app``.
 from vocablens.cli import core as _core  # noqa: F401,E402
+from vocablens.cli import tuned as _tuned  # noqa: F401,E402
 
 
 def main(argv: list[str] | None = None) -> None:
