@@ -18,12 +18,21 @@ from vocablens.errors import (
 )
 from vocablens.lens.logit import logit_lens
 from vocablens.lens.tuned import (
-    TrainSettings, TunedLens, _Head, _loss_and_grad, evaluate, load_checkpoint, model_identity,
-    regression_init, shipped_lens_path, train,
+    TrainSettings, TunedLens, _Head, _loss_and_grad, evaluate, lens_from_checkpoint, load_checkpoint,
+    model_identity, regression_init, shipped_lens_path, train,
 )
 from vocablens.models import Borders
 
 TESTS = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one thread avoids OpenMP spin-waiting on a busy machine (restored afterwards)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def tiny(family: str = "llama", seed: int = 0) -> Borders:
@@ -169,6 +178,8 @@ def test_resume_is_exact(tmp_path):
         train(b, rows, SMALL, checkpoint_dir=tmp_path, checkpoint_every=3, on_step=stop_at_3)
     _, meta = load_checkpoint(tmp_path)
     assert meta["step"] == 3
+    partial = lens_from_checkpoint(tmp_path, b)
+    assert partial.settings["stopped_at_step"] == 3 and partial.settings["tokens"] == 3 * 32
     res = train(b, rows, SMALL, checkpoint_dir=tmp_path, checkpoint_every=3, resume=True)
     assert res.resumed_from == 3 and len(res.history) == SMALL.steps
     assert torch.equal(res.lens.weight, full.weight) and torch.equal(res.lens.bias, full.bias)

@@ -76,6 +76,8 @@ def lens_train(
     gemm_dtype: Annotated[str, typer.Option("--gemm-dtype", help="float32 or bfloat16 inputs of the training LM-head GEMMs.")] = "float32",
     chunk_rows: Annotated[int, typer.Option("--chunk-rows", help="(layer, token) rows per LM-head GEMM; memory ~ 3*rows*V*4 bytes.")] = 2048,
     threads: Annotated[int, typer.Option("--threads", help="torch threads (0 = torch's default).")] = 0,
+    init: Annotated[str, typer.Option("--init", help="zero (= the logit lens, as the paper) or regression (least-squares start, see regression_init).")] = "zero",
+    init_tokens: Annotated[int, typer.Option("--init-tokens", help="Training tokens for --init regression's fit.")] = 8192,
     save_dtype: Annotated[str, typer.Option("--save-dtype", help="float32 or bfloat16 storage of the saved lens.")] = "float32",
     force: Annotated[bool, typer.Option("--force", help="Replace a lens already in --out.")] = False,
     json_: JsonOpt = False,
@@ -90,6 +92,8 @@ def lens_train(
                              weight_decay=weight_decay, grad_clip=grad_clip, warmup_steps=warmup, loss=loss,
                              seed=seed, chunk_rows=chunk_rows, gemm_dtype=gemm_dtype)
     settings.validate()
+    if init not in ("zero", "regression"):
+        raise BadInput(f"--init must be zero or regression; got {init!r}")
     if save_dtype not in ("float32", "bfloat16"):
         raise BadInput(f"--save-dtype must be float32 or bfloat16; got {save_dtype!r}")
     if (out_dir / LENS_FILE).exists() and not force:
@@ -110,12 +114,23 @@ def lens_train(
                   f"from {info['documents']} documents of {corpus}[/dim]")
     lens = TunedLens.for_model(lm.borders, name=lm.provenance.name)
     t0 = time.perf_counter()
+    init_info = {"init": init}
+    if init == "regression" and not resume:
+        from vocablens.lens.tuned import regression_init
+
+        n_fit = max(1, min(rows.shape[0] - 1, init_tokens // seq_len))
+        if not quiet:
+            err.print(f"[dim]least-squares start on {n_fit * seq_len} tokens ...[/dim]")
+        lens, alphas = regression_init(lm.borders, rows[:n_fit], lens=lens, calib=rows[n_fit: n_fit + 1])
+        init_info.update({"init_tokens": n_fit * seq_len, "init_alphas": alphas,
+                          "init_seconds": round(time.perf_counter() - t0, 1)})
     with _progress(quiet, steps) as on_step:
         res = train(lm.borders, rows, settings, lens=lens, checkpoint_dir=out_dir / "checkpoint",
                     checkpoint_every=checkpoint_every, resume=resume, data_info=info, on_step=on_step,
                     name=lm.provenance.name)
     wall = time.perf_counter() - t0
     if rank == 0:
+        res.lens.settings.update(init_info)
         res.lens.settings["command"] = "vocablens lens train " + " ".join(_argv_tail())
         res.lens.settings["seconds"] = round(wall, 1)
         res.lens.save(out_dir, dtype=torch.bfloat16 if save_dtype == "bfloat16" else torch.float32, force=True)

@@ -498,7 +498,9 @@ def regression_init(borders: Borders, rows: torch.Tensor, lens: TunedLens | None
             XtY += X.transpose(1, 2) @ Y
         lam = ridge * torch.diagonal(XtX, dim1=1, dim2=2).mean(-1)
         eye = torch.eye(d + 1, dtype=torch.float64)
-        coef = torch.linalg.solve(XtX + lam[:, None, None] * eye, XtY)  # [L, d+1, d]
+        # symmetric positive definite: Cholesky per layer (batched LU fails in some MKL builds)
+        coef = torch.stack([torch.cholesky_solve(XtY[i], torch.linalg.cholesky(XtX[i] + lam[i] * eye))
+                            for i in range(L)])  # [L, d+1, d]
         A = coef[:, :d].transpose(1, 2) - torch.eye(d, dtype=torch.float64)
         bvec = coef[:, d]
         calib = rows[-1:] if calib is None else calib
@@ -656,6 +658,32 @@ def load_checkpoint(dirpath: str | Path) -> tuple[dict[str, torch.Tensor], dict]
     if meta.get("format") != FORMAT + "-checkpoint":
         raise CorruptModelFile(f"{dirpath / CKPT_META} is not a vocablens tuned-lens checkpoint")
     return _read_safetensors(dirpath / CKPT_FILE), meta
+
+
+def lens_from_checkpoint(dirpath: str | Path, borders: Borders | None = None) -> TunedLens:
+    """The lens held by a training checkpoint (e.g. of an interrupted run), with its settings,
+    data provenance and ``stopped_at_step`` in ``settings``.
+
+    Raises:
+        BadInput: no checkpoint there.
+        CorruptModelFile: truncated / malformed checkpoint.
+        CheckpointMismatch: ``borders`` given and the checkpoint is for another model.
+    """
+    tensors, meta = load_checkpoint(dirpath)
+    d, L = int(meta["d_model"]), int(meta["n_layers"])
+    hist = meta.get("history") or []
+    settings = {**(meta.get("settings") or {}), "data": meta.get("data") or {},
+                "stopped_at_step": int(meta["step"]),
+                "tokens": int(meta["step"]) * TrainSettings(**meta["settings"]).rows_per_step()
+                * int(meta["settings"]["seq_len"]),
+                "final_loss": hist[-1]["loss"] if hist else None}
+    lens = TunedLens(d, L, meta.get("model") or {}, settings)
+    with torch.no_grad():
+        lens.weight.copy_(tensors["weight"].float())
+        lens.bias.copy_(tensors["bias"].float())
+    if borders is not None:
+        lens.check_model(borders)
+    return lens
 
 
 def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainSettings(),
@@ -990,5 +1018,6 @@ def text_bytes(tokenizer, rows: torch.Tensor) -> int:
 
 __all__ = [
     "LensEval", "StepInfo", "TrainResult", "TrainSettings", "TunedLens", "evaluate", "load_checkpoint",
-    "load_for_model", "load_tuned_lens_library", "model_identity", "regression_init", "save_checkpoint", "shipped_lens_path", "text_bytes", "train",
+    "lens_from_checkpoint", "load_for_model", "load_tuned_lens_library", "model_identity", "regression_init", "save_checkpoint",
+    "shipped_lens_path", "text_bytes", "train",
 ]
