@@ -365,15 +365,27 @@ def test_cli_bad_input_exits_2_before_loading_a_model(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ the shipped lens on the real model
-def test_shipped_lens_beats_the_logit_lens_at_every_layer_via_cli(smollm2, monkeypatch, capsys):
-    """`vocablens lens eval` on held-out text: tuned KL < logit KL at every layer 0..L-1."""
+HELD_OUT = (
+    "The old lighthouse keeper climbed the narrow stairs every evening at dusk. From the top he could "
+    "see the fishing boats returning to the harbour, their lamps swaying over the dark water. In winter "
+    "the storms came quickly, and he would stay awake through the night, listening to the wind against "
+    "the glass and counting the seconds between the flashes of the beam. His daughter, who lived in the "
+    "town below, brought him bread and news twice a week. She told him about the new school, the price "
+    "of wool, and the ships that had been seen far out at sea, heading north towards the islands."
+)
+
+
+def test_shipped_lens_beats_the_logit_lens_at_every_layer_via_cli(smollm2, monkeypatch, capsys, tmp_path):
+    """`vocablens lens eval` on held-out text (written for this test, never trained on): tuned KL <
+    logit KL at every layer 0..L-1."""
     import vocablens.cli.tuned as cli_tuned
     from vocablens.cli.common import run_app
 
     assert shipped_lens_path("smollm2") is not None
+    (tmp_path / "heldout.txt").write_text(HELD_OUT)
     monkeypatch.setattr(cli_tuned, "load_model", lambda *a, **k: smollm2)
-    assert run_app(["lens", "eval", "--corpus", "pydoc-topics", "--split", "all", "--max-tokens", "96",
-                    "--seq-len", "96", "--json"]) == 0
+    assert run_app(["lens", "eval", "--corpus", str(tmp_path / "heldout.txt"), "--split", "all",
+                    "--max-tokens", "96", "--seq-len", "96", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["n_layers"] == 30 and d["tokens"] == 96
     for row in d["layers"][:30]:

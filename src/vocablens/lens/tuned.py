@@ -21,6 +21,8 @@ between documents, loss = sum over layers of the mean KL per token. Where ours d
 - the LM-head GEMMs of *training* may run with bfloat16 inputs (``gemm_dtype="bfloat16"``; float32
   by default): on CPUs with AVX512-BF16 this is ~4x faster; softmax, log-sum-exp, KL and the
   translators stay float32, and evaluation is always float32. The shipped lens was trained that way.
+- an optional least-squares start (``--init regression``, :func:`regression_init`; off by default, so
+  the default start is the paper's zero init = the logit lens) for runs with very few tokens.
 - the gradient of the loss with respect to the lens logits is written analytically
   (``softmax(lens) - p_final``, or ``softmax(lens) - onehot(next)`` for cross-entropy), token-chunked,
   with all layers of a chunk stacked into one GEMM, so the [T, V] distributions of all L layers never
