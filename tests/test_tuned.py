@@ -238,7 +238,12 @@ def test_data_parallel_two_processes_equal_one_process(tmp_path):
     """torchrun with 2 gloo processes computes the same update as one process on the same batch."""
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent / "src") + os.pathsep + str(TESTS),
            "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
            str(TESTS / "tuned_dist_worker.py"), str(tmp_path / "dist.pt")]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -22,21 +22,32 @@ COLOURS = {
 }
 
 
+def _f(x: float) -> str:
+    """At most 5 characters: 114, 13.2, 1.31, nan."""
+    if x != x:
+        return "nan"
+    a = abs(x)
+    return f"{x:.0f}" if a >= 99.95 else f"{x:.1f}" if a >= 9.995 else f"{x:.2f}"
+
+
 def eval_table(res: LensEval, title: str = "") -> Table:
     """One row per layer: KL, CE (nats and bits/byte), entropy, top-1 agreement, logit | tuned."""
-    t = Table(title=title or None, title_justify="left")
-    t.add_column("layer", justify="right")
-    for name in ("KL logit", "KL tuned", "CE logit", "CE tuned", "bpb logit", "bpb tuned",
-                 "H logit", "H tuned", "top1 logit", "top1 tuned"):
-        t.add_column(name, justify="right")
+    from rich import box
+
+    t = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False,
+              show_edge=False)
+    t.add_column("layer", justify="right", min_width=2, no_wrap=True)
+    for name in ("KL\nlogit", "KL\ntuned", "CE\nlogit", "CE\ntuned", "bpb\nlogit", "bpb\ntuned",
+                 "H\nlogit", "H\ntuned", "top1\nlogit", "top1\ntuned"):
+        t.add_column(name, justify="right", no_wrap=True)
     for i in range(res.n_layers + 1):
         better = res.tuned_kl[i] < res.logit_kl[i]
-        t.add_row(str(i), f"{res.logit_kl[i]:.3f}",
-                  (f"[green]{res.tuned_kl[i]:.3f}[/green]" if better else f"{res.tuned_kl[i]:.3f}"),
-                  f"{res.logit_ce[i]:.3f}", f"{res.tuned_ce[i]:.3f}",
-                  f"{res.logit_bpb[i]:.3f}", f"{res.tuned_bpb[i]:.3f}",
-                  f"{res.logit_entropy[i]:.3f}", f"{res.tuned_entropy[i]:.3f}",
-                  f"{res.logit_top1[i]:.3f}", f"{res.tuned_top1[i]:.3f}")
+        t.add_row(str(i), _f(res.logit_kl[i]),
+                  (f"[green]{_f(res.tuned_kl[i])}[/green]" if better else _f(res.tuned_kl[i])),
+                  _f(res.logit_ce[i]), _f(res.tuned_ce[i]),
+                  _f(res.logit_bpb[i]), _f(res.tuned_bpb[i]),
+                  _f(res.logit_entropy[i]), _f(res.tuned_entropy[i]),
+                  _f(res.logit_top1[i]), _f(res.tuned_top1[i]))
     return t
 
 
