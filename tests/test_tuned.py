@@ -370,13 +370,15 @@ def test_cli_bad_input_exits_2_before_loading_a_model(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ the shipped lens on the real model
+# Written for this test (never seen in training): prose in the training corpus's domain (Python docs).
 HELD_OUT = (
-    "The old lighthouse keeper climbed the narrow stairs every evening at dusk. From the top he could "
-    "see the fishing boats returning to the harbour, their lamps swaying over the dark water. In winter "
-    "the storms came quickly, and he would stay awake through the night, listening to the wind against "
-    "the glass and counting the seconds between the flashes of the beam. His daughter, who lived in the "
-    "town below, brought him bread and news twice a week. She told him about the new school, the price "
-    "of wool, and the ships that had been seen far out at sea, heading north towards the islands."
+    "A list comprehension builds a new list by applying an expression to each item of an iterable, "
+    "optionally keeping only the items for which a condition is true. The result is usually shorter and "
+    "faster than the equivalent loop that appends to a list. When the expression has side effects, or "
+    "when the loop body needs several statements, an ordinary for statement is clearer. Generator "
+    "expressions use the same syntax with parentheses instead of brackets; they produce items lazily, "
+    "one at a time, so they can process sequences that do not fit in memory. The built-in functions "
+    "sum, any and all accept a generator expression directly, without extra parentheses."
 )
 
 

@@ -329,6 +329,10 @@ def _atomic_save(dirpath: Path, tensors: dict[str, torch.Tensor], meta: dict, te
             os.fsync(f.fileno())
         with open(tmp_t, "rb") as f:
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        for t in (tmp_t, tmp_m):  # mkstemp makes 0600 files; give them the usual permissions
+            os.chmod(t, 0o666 & ~umask)
         os.replace(tmp_t, dirpath / tensor_name)
         os.replace(tmp_m, dirpath / meta_name)
     finally:
