@@ -66,3 +66,7 @@ class OutputExists(VocabLensError):
 
 class UnsupportedTokenizer(VocabLensError):
     """A tokenizer whose vocabulary vocablens cannot rewrite consistently (e.g. not a fast BPE tokenizer)."""
+
+
+class TrainingDiverged(VocabLensError):
+    """Training produced a non-finite loss or gradient; the message names the layer."""

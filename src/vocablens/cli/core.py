@@ -25,6 +25,8 @@ def lens_show(
     layers: Annotated[str, typer.Option("--layers", help="Comma-separated layers (default all 0..L).")] = "",
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the chat template (user turn).")] = False,
     prefix: Annotated[str, typer.Option("--prefix", help="Text that starts the assistant turn (with --chat) or follows the prompt.")] = "",
+    kind: Annotated[str, typer.Option("--kind", help="logit, tuned (the shipped or --lens tuned lens) or both.")] = "logit",
+    lens_path: Annotated[str, typer.Option("--lens", help="Tuned-lens directory for --kind tuned/both (default: shipped).")] = "",
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
@@ -39,15 +41,25 @@ def lens_show(
     lay = _parse_ints(layers, "--layers") if layers else None
     if k < 1:
         raise BadInput(f"-k must be at least 1; got {k}")
+    if kind not in ("logit", "tuned", "both"):
+        raise BadInput(f"--kind must be logit, tuned or both; got {kind!r}")
     lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
     ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat, prefix=prefix)
-    res = logit_lens(lm.borders, ids, positions=pos, k=k, layers=lay)
+    tuned = None
+    if kind != "logit":
+        from vocablens.lens.tuned import load_for_model
+
+        tuned = load_for_model(lm.borders, model, lens_path)
+    results = [logit_lens(lm.borders, ids, positions=pos, k=k, layers=lay, translator=t)
+               for t in ([None] if kind == "logit" else [tuned] if kind == "tuned" else [None, tuned])]
     if json_:
-        d = lens_to_dict(res, lm.tokenizer)
+        ds = [lens_to_dict(res, lm.tokenizer) for res in results]
+        d = ds[0] if len(ds) == 1 else {"kind": "both", "logit": ds[0], "tuned": ds[1]}
         d["model"] = lm.provenance.to_dict()
         emit_json(d)
     else:
-        print_lens(res, lm.tokenizer, out, lm.provenance)
+        for res in results:
+            print_lens(res, lm.tokenizer, out, lm.provenance)
 
 
 def _parse_ints(s: str, what: str) -> list[int]:

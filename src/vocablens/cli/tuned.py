@@ -1,0 +1,257 @@
+"""Tuned-lens commands: ``vocablens lens train`` and ``vocablens lens eval`` (on the shared ``lens_app``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, emit_json, err, load_model, out
+from vocablens.cli.core import lens_app
+from vocablens.errors import BadInput, OutputExists
+
+CorpusOpt = Annotated[str, typer.Option("--corpus", help="A named corpus (python-docs, debian-handbook, pydoc-topics, cpython-stdlib) or a path (text, jsonl, HTML, directory).")]
+
+
+def _threads(n: int) -> None:
+    import torch
+
+    if n > 0:
+        torch.set_num_threads(n)
+
+
+def _init_distributed():
+    """Join a torchrun process group (gloo) when started by torchrun; returns (rank, world)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _rows(lm, corpus: str, split: str, seq_len: int, max_tokens: int | None, val_fraction: float,
+          split_seed: int, shuffle_seed: int | None, docs=None):
+    """Pack one split of a corpus into [N, seq_len] rows; returns (rows, info)."""
+    import random
+
+    from vocablens.corpus import load_documents, pack_tokens, split_documents
+
+    docs = load_documents(corpus) if docs is None else docs
+    train_docs, val_docs = split_documents(docs, val_fraction=val_fraction, seed=split_seed)
+    part = train_docs if split == "train" else val_docs
+    if not part:
+        raise BadInput(f"corpus {corpus!r} has no {split} documents (it holds {len(docs)}); give more documents")
+    if shuffle_seed is not None:
+        part = list(part)
+        random.Random(shuffle_seed).shuffle(part)
+    rows = pack_tokens(part, lm.tokenizer, seq_len, max_tokens=max_tokens)
+    info = {"corpus": corpus, "split": split, "val_fraction": val_fraction, "split_seed": split_seed,
+            "documents": len(part), "tokens": int(rows.numel()), "seq_len": seq_len}
+    return rows, info
+
+
+@lens_app.command("train")
+def lens_train(
+    model: ModelOpt = "smollm2",
+    corpus: CorpusOpt = "python-docs",
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for the lens (lens.safetensors + config.json) and its checkpoints.")] = Path("tuned-lens"),
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 250,
+    tokens_per_step: Annotated[int, typer.Option("--tokens-per-step", help="Tokens per step (all processes).")] = 4096,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per packed chunk.")] = 512,
+    lr: Annotated[float, typer.Option("--lr", help="Learning-rate scale (torch lr = lr*(1-momentum), as the reference).")] = 1.0,
+    weight_decay: Annotated[float, typer.Option("--weight-decay")] = 1e-3,
+    grad_clip: Annotated[float, typer.Option("--grad-clip", help="Max gradient norm (0 = off).")] = 1.0,
+    warmup: Annotated[int, typer.Option("--warmup", help="Linear warmup steps.")] = 0,
+    loss: Annotated[str, typer.Option("--loss", help="kl (to the final distribution) or ce (to the next token).")] = "kl",
+    seed: Annotated[int, typer.Option("--seed", help="Data order.")] = 0,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Use at most this many training tokens (0 = all).")] = 0,
+    val_fraction: Annotated[float, typer.Option("--val-fraction", help="Documents held out for eval.")] = 0.1,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Checkpoint every N steps (0 = at the end).")] = 10,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint in --out.")] = False,
+    gemm_dtype: Annotated[str, typer.Option("--gemm-dtype", help="float32 or bfloat16 inputs of the training LM-head GEMMs.")] = "float32",
+    chunk_rows: Annotated[int, typer.Option("--chunk-rows", help="(layer, token) rows per LM-head GEMM; memory ~ 3*rows*V*4 bytes.")] = 2048,
+    threads: Annotated[int, typer.Option("--threads", help="torch threads (0 = torch's default).")] = 0,
+    init: Annotated[str, typer.Option("--init", help="zero (= the logit lens, as the paper) or regression (least-squares start, see regression_init).")] = "zero",
+    init_tokens: Annotated[int, typer.Option("--init-tokens", help="Training tokens for --init regression's fit.")] = 8192,
+    save_dtype: Annotated[str, typer.Option("--save-dtype", help="float32 or bfloat16 storage of the saved lens.")] = "float32",
+    force: Annotated[bool, typer.Option("--force", help="Replace a lens already in --out.")] = False,
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Train a tuned lens (Belrose et al. 2023) on a frozen model; checkpoints go to --out."""
+    import torch
+
+    from vocablens.lens.tuned import LENS_FILE, TrainSettings, TunedLens, train
+
+    settings = TrainSettings(steps=steps, tokens_per_step=tokens_per_step, seq_len=seq_len, lr=lr,
+                             weight_decay=weight_decay, grad_clip=grad_clip, warmup_steps=warmup, loss=loss,
+                             seed=seed, chunk_rows=chunk_rows, gemm_dtype=gemm_dtype)
+    settings.validate()
+    if init not in ("zero", "regression"):
+        raise BadInput(f"--init must be zero or regression; got {init!r}")
+    if save_dtype not in ("float32", "bfloat16"):
+        raise BadInput(f"--save-dtype must be float32 or bfloat16; got {save_dtype!r}")
+    if (out_dir / LENS_FILE).exists() and not force:
+        raise OutputExists(f"{out_dir} already holds a tuned lens; pass --force to replace it")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputExists(f"{out_dir} exists and is not a directory")
+    _threads(threads)
+    rank, world = _init_distributed()
+    quiet = json_ or rank != 0
+    from vocablens.corpus import load_documents
+
+    docs = load_documents(corpus)  # a missing or empty corpus fails before the model loads
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=quiet)
+    rows, info = _rows(lm, corpus, "train", seq_len, max_tokens or None, val_fraction, 0, seed, docs)
+    info["model"] = model
+    if not quiet:
+        err.print(f"[dim]training data: {info['tokens']} tokens in {rows.shape[0]} chunks of {seq_len} "
+                  f"from {info['documents']} documents of {corpus}[/dim]")
+    lens = TunedLens.for_model(lm.borders, name=lm.provenance.name)
+    t0 = time.perf_counter()
+    init_info = {"init": init}
+    if init == "regression" and not resume:
+        from vocablens.lens.tuned import regression_init
+
+        n_fit = max(1, min(rows.shape[0] - 1, init_tokens // seq_len))
+        if not quiet:
+            err.print(f"[dim]least-squares start on {n_fit * seq_len} tokens ...[/dim]")
+        lens, alphas = regression_init(lm.borders, rows[:n_fit], lens=lens, calib=rows[n_fit: n_fit + 1])
+        init_info.update({"init_tokens": n_fit * seq_len, "init_alphas": alphas,
+                          "init_seconds": round(time.perf_counter() - t0, 1)})
+    with _progress(quiet, steps) as on_step:
+        res = train(lm.borders, rows, settings, lens=lens, checkpoint_dir=out_dir / "checkpoint",
+                    checkpoint_every=checkpoint_every, resume=resume, data_info=info, on_step=on_step,
+                    name=lm.provenance.name)
+    wall = time.perf_counter() - t0
+    if rank == 0:
+        res.lens.settings.update(init_info)
+        res.lens.settings["command"] = "vocablens lens train " + " ".join(_argv_tail())
+        res.lens.settings["seconds"] = round(wall, 1)
+        res.lens.save(out_dir, dtype=torch.bfloat16 if save_dtype == "bfloat16" else torch.float32, force=True)
+        summary = {"out": str(out_dir), "steps": steps, "resumed_from": res.resumed_from,
+                   "tokens": res.tokens, "seconds": round(wall, 2),
+                   "tokens_per_s": res.tokens / wall if wall > 0 else None,
+                   "final_loss": res.history[-1].loss if res.history else None,
+                   "final_layer_loss": res.history[-1].layer_loss if res.history else None,
+                   "world_size": world, "data": info}
+        if json_:
+            emit_json(summary)
+        else:
+            out.print(f"saved the tuned lens to {out_dir} ({res.tokens} tokens in {wall:.0f} s, "
+                      f"{summary['tokens_per_s']:.1f} tokens/s; final loss {summary['final_loss']:.4f} nats summed over layers)")
+
+
+def _argv_tail() -> list[str]:
+    import shlex
+    import sys
+
+    args = sys.argv[1:]
+    if "train" in args:
+        args = args[args.index("train") + 1:]
+    return [shlex.quote(a) for a in args]
+
+
+class _progress:
+    """A rich progress bar on stderr with loss and tokens/s (a line per 10 steps when not a terminal)."""
+
+    def __init__(self, quiet: bool, steps: int) -> None:
+        self.quiet, self.steps, self.bar, self.task = quiet, steps, None, None
+
+    def __enter__(self):
+        if self.quiet:
+            return None
+        if err.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+                                TimeRemainingColumn(), console=err)
+            self.bar.start()
+            self.task = self.bar.add_task("train", total=self.steps, loss="-", tps="-")
+
+        def on_step(info):
+            if self.bar is not None:
+                self.bar.update(self.task, completed=info.step, loss=f"{info.loss:.4f}",
+                                tps=f"{info.tokens_per_s:.1f}")
+            elif info.step == 1 or info.step % 10 == 0 or info.step == info.steps:
+                err.print(f"step {info.step}/{info.steps} loss {info.loss:.4f} nats "
+                          f"(layer 0 {info.layer_loss[0]:.3f}, layer {len(info.layer_loss) - 1} "
+                          f"{info.layer_loss[-1]:.3f}) lr {info.lr:.4f} |g| {info.grad_norm:.3f} "
+                          f"{info.tokens_per_s:.1f} tok/s", soft_wrap=True)
+
+        return on_step
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
+
+
+@lens_app.command("eval")
+def lens_eval(
+    model: ModelOpt = "smollm2",
+    lens_path: Annotated[str, typer.Option("--lens", help="Lens directory (default: the lens shipped for the model).")] = "",
+    corpus: CorpusOpt = "",
+    split: Annotated[str, typer.Option("--split", help="validation (held out, default) or train or all.")] = "validation",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens to score.")] = 4096,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per chunk.")] = 512,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write a plot: .html (plotly) or .png (matplotlib).")] = None,
+    threads: Annotated[int, typer.Option("--threads", help="torch threads (0 = torch's default).")] = 0,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --plot file.")] = False,
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Per layer, logit lens vs tuned lens on held-out text: KL to final, CE (nats, bits/byte), entropy, top-1 agreement."""
+    from vocablens.lens.tuned import evaluate, shipped_lens_path, text_bytes
+    from vocablens.render.tuned import print_eval, save_eval_plot
+
+    if max_tokens < 2 or seq_len < 2:
+        raise BadInput("--max-tokens and --seq-len must be at least 2")
+    if split not in ("validation", "train", "all"):
+        raise BadInput(f"--split must be validation, train or all; got {split!r}")
+    if plot is not None and plot.exists() and not force:
+        raise OutputExists(f"{plot} exists; pass --force to replace it")
+    if plot is not None and plot.suffix.lower() not in (".html", ".png"):
+        raise BadInput(f"--plot must end in .html or .png; got {plot}")
+    _threads(threads)
+    from vocablens.corpus import load_documents, pack_tokens
+    from vocablens.lens.tuned import TunedLens
+
+    path = lens_path or shipped_lens_path(model)
+    if not path:
+        raise BadInput(f"no tuned lens shipped for {model!r}; give --lens DIR (train one with `vocablens lens train`)")
+    lens = TunedLens.load(path)  # checked against the model below
+    data = lens.settings.get("data") or {}
+    corpus = corpus or data.get("corpus") or "pydoc-topics"
+    docs = load_documents(corpus)  # a missing or empty corpus fails before the model loads
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    lens.check_model(lm.borders)
+    val_fraction = float(data.get("val_fraction", 0.1)) if split != "all" else 0.0
+    seq = min(seq_len, max_tokens)
+    if split == "all":
+        rows = pack_tokens(docs, lm.tokenizer, seq, max_tokens=max_tokens)
+        info = {"corpus": corpus, "split": "all"}
+    else:
+        rows, info = _rows(lm, corpus, split, seq, max_tokens, val_fraction, int(data.get("split_seed", 0)),
+                           None, docs)
+    rows = rows[: max(1, max_tokens // seq)]
+    if not json_:
+        err.print(f"[dim]scoring {rows.numel()} tokens of {corpus} ({split}) at {lm.borders.n_layers + 1} layers ...[/dim]")
+    res = evaluate(lm.borders, lens, rows, n_bytes=text_bytes(lm.tokenizer, rows))
+    d = res.to_dict()
+    d.update({"model": lm.provenance.to_dict(), "lens": str(path), "data": info})
+    if plot is not None:
+        save_eval_plot(res, plot, title=f"{lm.provenance.name}: logit vs tuned lens on {corpus} ({split})")
+        d["plot"] = str(plot)
+    if json_:
+        emit_json(d)
+    else:
+        print_eval(res, title=f"{lm.provenance.name}, {rows.numel()} tokens of {corpus} ({split}), lens {path}")
+        if plot is not None:
+            err.print(f"[dim]wrote {plot}[/dim]")

@@ -1,0 +1,220 @@
+"""Rendering of the tuned lens: the evaluation table and plot, and the report's trajectory heatmaps.
+
+The heatmaps follow Belrose et al. (2023, Fig. 1): layers on y, positions on x, the colour one of
+entropy, KL to the final layer, or probability of the final top-1 token, the text the lens's top
+token; logit lens and tuned lens side by side.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from vocablens.lens.logit import LensResult
+from vocablens.lens.tuned import LensEval
+from vocablens.render.html import Section, esc, figure_html
+
+COLOURS = {
+    "entropy": ("entropy (nats)", "entropy"),
+    "kl": ("KL(final ‖ lens) (nats)", "kl_to_final"),
+    "final_prob": ("probability of the final top-1 token", "final_top1_prob"),
+}
+
+
+def _f(x: float) -> str:
+    """At most 5 characters: 114, 13.2, 1.31, nan."""
+    if x != x:
+        return "nan"
+    a = abs(x)
+    return f"{x:.0f}" if a >= 99.95 else f"{x:.1f}" if a >= 9.995 else f"{x:.2f}"
+
+
+def eval_table(res: LensEval, title: str = "") -> Table:
+    """One row per layer: KL, CE (nats and bits/byte), entropy, top-1 agreement, logit | tuned."""
+    from rich import box
+
+    t = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False,
+              show_edge=False)
+    t.add_column("layer", justify="right", min_width=2, no_wrap=True)
+    for name in ("KL\nlogit", "KL\ntuned", "CE\nlogit", "CE\ntuned", "bpb\nlogit", "bpb\ntuned",
+                 "H\nlogit", "H\ntuned", "top1\nlogit", "top1\ntuned"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for i in range(res.n_layers + 1):
+        better = res.tuned_kl[i] < res.logit_kl[i]
+        t.add_row(str(i), _f(res.logit_kl[i]),
+                  (f"[green]{_f(res.tuned_kl[i])}[/green]" if better else _f(res.tuned_kl[i])),
+                  _f(res.logit_ce[i]), _f(res.tuned_ce[i]),
+                  _f(res.logit_bpb[i]), _f(res.tuned_bpb[i]),
+                  _f(res.logit_entropy[i]), _f(res.tuned_entropy[i]),
+                  _f(res.logit_top1[i]), _f(res.tuned_top1[i]))
+    return t
+
+
+def print_eval(res: LensEval, title: str = "") -> None:
+    """Print :func:`eval_table` and a one-line verdict on stdout."""
+    from vocablens.cli.common import out
+
+    out.print(eval_table(res, title))
+    n_better = sum(res.tuned_kl[i] < res.logit_kl[i] for i in range(res.n_layers))
+    out.print(f"tuned KL below logit KL at {n_better} of {res.n_layers} layers 0..{res.n_layers - 1} "
+              f"({res.tokens} tokens; KL, CE, entropy in nats; bpb = bits per byte)")
+
+
+def eval_figure(res: LensEval, title: str = ""):
+    """A plotly figure: KL, CE and top-1 agreement per layer, logit vs tuned (layers on x)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    x = list(range(res.n_layers + 1))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("KL to final (nats)", "CE vs next token (nats)",
+                                                         "top-1 agreement with final"))
+    for col, (lg, tu) in enumerate(((res.logit_kl, res.tuned_kl), (res.logit_ce, res.tuned_ce),
+                                    (res.logit_top1, res.tuned_top1)), start=1):
+        fig.add_trace(go.Scatter(x=x, y=lg, name="logit lens", line=dict(color="#d62728"),
+                                 showlegend=col == 1, legendgroup="logit"), row=1, col=col)
+        fig.add_trace(go.Scatter(x=x, y=tu, name="tuned lens", line=dict(color="#1f77b4"),
+                                 showlegend=col == 1, legendgroup="tuned"), row=1, col=col)
+        fig.update_xaxes(title_text="layer", row=1, col=col)
+    fig.update_yaxes(type="log", row=1, col=1)
+    fig.update_layout(title=title or None, height=380, margin=dict(l=40, r=20, t=60, b=40))
+    return fig
+
+
+def save_eval_plot(res: LensEval, path: str | Path, title: str = "") -> Path:
+    """Write the evaluation plot: ``.html`` (plotly, self-contained) or ``.png`` (matplotlib), atomically."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent or ".")
+    os.close(fd)
+    try:
+        if path.suffix.lower() == ".png":
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            x = list(range(res.n_layers + 1))
+            fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+            for ax, (lg, tu, name) in zip(axes, ((res.logit_kl, res.tuned_kl, "KL to final (nats)"),
+                                                 (res.logit_ce, res.tuned_ce, "CE vs next token (nats)"),
+                                                 (res.logit_top1, res.tuned_top1, "top-1 agreement"))):
+                ax.plot(x, lg, color="#d62728", label="logit lens")
+                ax.plot(x, tu, color="#1f77b4", label="tuned lens")
+                ax.set_xlabel("layer")
+                ax.set_title(name)
+            axes[0].set_yscale("log")
+            axes[0].legend()
+            if title:
+                fig.suptitle(title)
+            fig.tight_layout()
+            fig.savefig(tmp, dpi=110)
+            plt.close(fig)
+        else:
+            eval_figure(res, title).write_html(tmp, include_plotlyjs=True, full_html=True)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def _grid(res: LensResult, field: str):
+    """[L+1, P] values of one LensLayer field, and the [L+1, P] top-token ids."""
+    z = [[float(v) for v in getattr(ly, field).tolist()] for ly in res.layers]
+    top = [[int(t) for t in ly.top_ids[:, 0].tolist()] for ly in res.layers]
+    return z, top
+
+
+def trajectory_figure(logit: LensResult, tuned: LensResult, tokenizer, colour: str = "entropy"):
+    """Two heatmaps side by side (logit | tuned): layers x positions, colour by ``colour``
+    (``entropy``, ``kl`` or ``final_prob``), text = the lens's top token.
+
+    Raises:
+        BadInput: unknown colour.
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from vocablens.errors import BadInput
+    from vocablens.models.tokens import token_str
+
+    if colour not in COLOURS:
+        raise BadInput(f"colour must be one of {', '.join(COLOURS)}; got {colour!r}")
+    label, field = COLOURS[colour]
+    pos = logit.positions.tolist()
+    xs = [f"{p}:{token_str(tokenizer, int(logit.input_ids[p]))}" for p in pos]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("logit lens", "tuned lens"), horizontal_spacing=0.06)
+    zmax = None
+    grids = [_grid(logit, field), _grid(tuned, field)]
+    if colour == "final_prob":
+        zmin, zmax = 0.0, 1.0
+    else:
+        zmin = 0.0
+        zmax = max(max(max(r) for r in g[0]) for g in grids) or 1.0
+    for col, (z, top) in enumerate(grids, start=1):
+        text = [[token_str(tokenizer, t) for t in row] for row in top]
+        fig.add_trace(go.Heatmap(z=z, x=xs, y=[ly.layer for ly in logit.layers], text=text,
+                                 texttemplate="%{text}", textfont=dict(size=9), zmin=zmin, zmax=zmax,
+                                 colorscale="Viridis" if colour != "final_prob" else "Blues",
+                                 colorbar=dict(title=label) if col == 2 else None, showscale=col == 2,
+                                 hovertemplate="layer %{y}, position %{x}<br>top %{text}<br>"
+                                               + label + " %{z:.3f}<extra></extra>"), row=1, col=col)
+        fig.update_xaxes(tickangle=-45, row=1, col=col)
+        fig.update_yaxes(title_text="layer" if col == 1 else None, row=1, col=col)
+    fig.update_layout(height=max(400, 18 * len(logit.layers) + 140), margin=dict(l=50, r=20, t=50, b=90))
+    return fig
+
+
+def tuned_lens_section(borders, tokenizer, input_ids, lens=None, colours=("entropy", "kl", "final_prob"),
+                       eval_result: LensEval | None = None, max_positions: int = 24) -> Section:
+    """The report section: prediction trajectories of one prompt through both lenses.
+
+    Args:
+        borders: the model.
+        tokenizer: its tokenizer.
+        input_ids: [T] int64 prompt (the last ``max_positions`` positions are drawn).
+        lens: a :class:`~vocablens.lens.tuned.TunedLens` (default: the one shipped for smollm2, when it
+            fits the model).
+        colours: one heatmap pair per colour (``entropy``, ``kl``, ``final_prob``).
+        eval_result: an optional :class:`LensEval` to plot per-layer KL/CE/agreement too.
+
+    Returns:
+        :class:`Section` with id ``tuned-lens``.
+
+    Raises:
+        BadInput: no lens given and none shipped for this model.
+        CheckpointMismatch: the lens belongs to another model.
+    """
+    import torch
+
+    from vocablens.errors import BadInput
+    from vocablens.lens.logit import logit_lens
+    from vocablens.lens.tuned import TunedLens, shipped_lens_path
+
+    if lens is None:
+        p = shipped_lens_path("smollm2")
+        if p is None:
+            raise BadInput("no tuned lens given and none shipped; train one with `vocablens lens train`")
+        lens = TunedLens.load(p, borders)
+    else:
+        lens.check_model(borders)
+    ids = torch.as_tensor(input_ids).flatten()
+    T = int(ids.numel())
+    positions = list(range(max(0, T - max_positions), T))
+    lo = logit_lens(borders, ids, positions=positions, k=1)
+    tu = logit_lens(borders, ids, positions=positions, k=1, translator=lens)
+    parts = [f"<p>Prediction trajectories (Belrose et al. 2023, Fig. 1) of {T} tokens, positions "
+             f"{positions[0]}..{positions[-1]}: each cell is one layer (rows, 0 = embedding output, "
+             f"{borders.n_layers} = model output) at one position; the text is the lens's top token. "
+             f"Left: logit lens; right: tuned lens ({esc(lens.identity.get('name') or 'trained')}, "
+             f"{esc(lens.settings.get('tokens', '?'))} training tokens).</p>"]
+    for c in colours:
+        parts.append(f"<h3>{esc(COLOURS[c][0])}</h3>")
+        parts.append(figure_html(trajectory_figure(lo, tu, tokenizer, c), f"tuned-lens-{c}"))
+    if eval_result is not None:
+        parts.append("<h3>Per-layer quality on held-out text</h3>")
+        parts.append(figure_html(eval_figure(eval_result), "tuned-lens-eval"))
+    return Section(id="tuned-lens", title="Tuned lens vs logit lens", html="\n".join(parts))
