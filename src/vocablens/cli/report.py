@@ -24,6 +24,7 @@ def report(
     model: ModelOpt = "smollm2",
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt for the lens sections.")] = DEFAULT_PROMPT,
     out_path: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("vocablens-report.html"),
+    lens_path: Annotated[str, typer.Option("--lens", help="Tuned-lens directory (default: the lens shipped for the model, if any).")] = "",
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
@@ -119,6 +120,26 @@ def report(
         results["settle"] = res
         sections.append(rv.settle_section(res))
 
+    def step_tuned():
+        from vocablens.errors import CheckpointMismatch
+        from vocablens.lens.tuned import load_for_model
+        from vocablens.render.html import Section, esc
+        from vocablens.render.tuned import tuned_lens_section
+
+        try:
+            lens = load_for_model(borders, model, lens_path or None)
+        except (BadInput, CheckpointMismatch) as exc:
+            if lens_path:
+                raise
+            results["tuned"] = None
+            sections.append(Section("tuned-lens", "Tuned lens", (
+                f"<p class='note'>No tuned lens for this model ({esc(exc)}). Train one with "
+                f"<code>vocablens lens train --model {esc(model)} --out DIR</code> and pass "
+                f"<code>--lens DIR</code>.</p>")))
+            return
+        results["tuned"] = logit_lens(borders, ids, positions="all", k=5, translator=lens)
+        sections.append(tuned_lens_section(borders, tok, ids[0], lens=lens))
+
     def step_argmax():
         ma = argmax_for_borders(borders)
         results["argmax"] = ma
@@ -130,6 +151,7 @@ def report(
         ("embedding neighbours", step_neighbors),
         ("3-D PCA of word embeddings", step_pca),
         ("logit lens", step_lens),
+        ("tuned lens", step_tuned),
         ("tokens that can never win (argmax geometry)", step_argmax),
         ("value vectors in vocabulary space", step_value_vectors),
         ("what built the prediction", step_explain),
@@ -163,6 +185,7 @@ def report(
             "tie_check": results["tie"].to_dict(),
             "neighbors": neighbors_to_dict(results["neighbors"], tok),
             "lens": lens_to_dict(results["lens"], tok),
+            "tuned_lens": lens_to_dict(results["tuned"], tok) if results.get("tuned") is not None else None,
             "argmax": argmax_to_dict(results["argmax"], tok, per_token=False),
             "explain": rv.explanation_to_dict(results["explain"], tok),
             "settle": rv.settle_to_dict(results["settle"]),
