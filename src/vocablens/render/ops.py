@@ -50,7 +50,7 @@ def score_table(res: ScoreResult, tokenizer, max_rows: int = 200) -> Table:
         row = [str(j + 1), quoted(token_str(tokenizer, ids[j + 1])), f"{float(res.logprobs[j]):.3f}",
                f"{float(res.entropy[j]):.3f}"]
         if res.topk_ids.shape[-1]:
-            row.append(", ".join(f"{token_str(tokenizer, i)!r} {lp:.2f}" for i, lp in
+            row.append(", ".join(f"{quoted(token_str(tokenizer, i))} {lp:.2f}" for i, lp in
                                  zip(res.topk_ids[j].tolist(), res.topk_logprobs[j].tolist())))
         t.add_row(*row)
     if n > max_rows:

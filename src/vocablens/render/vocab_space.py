@@ -143,7 +143,7 @@ def vectors_table(res: VectorProjection, tokenizer, n: int = 8) -> Table:
 
 
 def search_table(res: TokenSearch, tokenizer, tops: VectorProjection | None = None) -> Table:
-    t = Table(title=f"value vectors that promote / suppress {token_str(tokenizer, res.token_id)!r}", title_justify="left")
+    t = Table(title=f"value vectors that promote / suppress {quoted(token_str(tokenizer, res.token_id))}", title_justify="left")
     for c, j in (("", "left"), ("layer", "right"), ("neuron", "right"), ("score", "right"), ("vector's top tokens", "left")):
         t.add_column(c, justify=j)
     k = len(res.promote_scores)
@@ -171,8 +171,8 @@ def explanation_tables(e: Explanation, tokenizer) -> list:
     """Two tables: per-layer updates, and the largest FFN sub-updates overall."""
     tgt, con = token_str(tokenizer, e.target), token_str(tokenizer, e.contrast)
     top1 = token_str(tokenizer, e.top1)
-    t = Table(title=(f"position {e.position}: top-1 {top1!r} (log p {e.top1_logprob:.3f}); DLA of logit[{tgt!r}] - "
-                     f"logit[{con!r}]"), title_justify="left")
+    t = Table(title=(f"position {e.position}: top-1 {quoted(top1)} (log p {e.top1_logprob:.3f}); DLA of logit[{quoted(tgt)}] - "
+                     f"logit[{quoted(con)}]"), title_justify="left")
     cols = ["layer", "Δlogp top-1 attn", "Δlogp top-1 mlp"]
     if e.token is not None:
         cols += ["Δlogp token attn", "Δlogp token mlp"]
