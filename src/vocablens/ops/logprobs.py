@@ -412,17 +412,73 @@ def _fused_chunk(h_c, weight, bias, tc, valid, rs, cfg: _Cfg, buf32, lowbuf, aux
     rs = rs * cfg.logit_scale
     if gb32 is not None:
         gb32 += torch.mv(z.t(), rs)
-    if gh_c is not None:
-        if weight.dtype == torch.float32:
+    if weight.dtype == torch.float32:
+        if gh_c is not None:
             torch.mm(z, weight, out=gh_c)
             gh_c.mul_(rs[:, None])
-        else:
-            lo = lowbuf[: z.numel()].view_as(z)
-            lo.copy_(z)
-            gh_c.copy_(torch.mm(lo, weight).float() * rs[:, None])
+        if gW32 is not None:
+            gW32.addmm_(z.t(), h_c.float() * rs[:, None])
+        return loss
+    # low precision: G rounded once to the input dtype, then input-dtype GEMMs (fp32 accumulation inside)
+    lo = lowbuf[: z.numel()].view_as(z)
+    lo.copy_(z)
+    if gh_c is not None:
+        gh_c.copy_(torch.mm(lo, weight).float() * rs[:, None])
     if gW32 is not None:
-        gW32.addmm_(z.t(), h_c.float() * rs[:, None])
+        _add_weight_grad_lowp(gW32, lo, h_c, rs)
     return loss
+
+
+#: vocabulary rows per weight-gradient GEMM slice on the low-precision path (a [S, d] product stays in cache)
+WGRAD_SLICE = 4096
+
+
+def _add_weight_grad_lowp(blocks: list[torch.Tensor], G: torch.Tensor, h_c: torch.Tensor, rs: torch.Tensor) -> None:
+    """Float32 weight-gradient blocks += Gᵀ (rs·h) for one low-precision chunk, with low-precision GEMMs.
+
+    ``blocks``: float32 [S_i, d] row blocks of the [V, d] accumulator (see :func:`_lowp_wgrad_blocks`);
+    ``G`` [n, V] and ``h_c`` [n, d] bf16/fp16; ``rs`` [n] float32 row scales. Each block's product is one
+    input-dtype GEMM (oneDNN accumulates in float32 internally over the n tokens), rounded once to the input
+    dtype per chunk and added into its float32 block, so the sum over chunks stays in float32 (Liger #512).
+    On CPU a sliced bf16 GEMM + float32 add measured ~1.5-2x faster than one float32 [V, d] GEMM on the
+    float32 copy of G, and the temporary stays [S, d]. When the nonzero row scales are all equal (scalar
+    reductions), the GEMM takes h masked exactly (0/1) and the scale is applied in float32 in the add.
+    """
+    nz = rs != 0
+    if not bool(nz.any()):
+        return
+    c = rs[nz]
+    c0 = float(c[0])
+    if bool((c == c0).all()):
+        hs, alpha = torch.where(nz[:, None], h_c, torch.zeros((), dtype=h_c.dtype, device=h_c.device)), c0
+    else:  # pragma: no cover - the fused path only sees uniform scales
+        hs, alpha = (h_c.float() * rs[:, None]).to(h_c.dtype), 1.0
+    tmp = torch.empty(blocks[0].shape, dtype=h_c.dtype, device=h_c.device)
+    v0 = 0
+    for blk in blocks:
+        k = blk.shape[0]
+        t = tmp[:k]
+        torch.mm(G[:, v0:v0 + k].t(), hs, out=t)
+        blk.add_(t, alpha=alpha)
+        v0 += k
+
+
+def _lowp_wgrad_blocks(V: int, d: int, device) -> list[torch.Tensor]:
+    """Zeroed float32 accumulator for a [V, d] weight gradient as row blocks of :data:`WGRAD_SLICE` rows.
+
+    Separate blocks let :func:`_blocks_to` free each float32 block as soon as it is cast, so the end
+    of the pass holds ~[V, d] float32 + one block instead of float32 and the cast copy together.
+    """
+    return [torch.zeros(min(WGRAD_SLICE, V - v0), d, dtype=torch.float32, device=device)
+            for v0 in range(0, V, WGRAD_SLICE)]
+
+
+def _blocks_to(blocks: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """Concatenate float32 row blocks into one [V, d] tensor of ``dtype``, freeing each block once cast (empties the list)."""
+    parts = []
+    while blocks:
+        parts.append(blocks.pop(0).to(dtype))
+    return torch.cat(parts, 0)
 
 
 def _lse_pass(h_c, weight, bias, tc, valid, cfg: _Cfg, buf32, lowbuf):
@@ -560,7 +616,10 @@ class LinearCrossEntropy(torch.autograd.Function):
         gh = torch.empty_like(h) if need_h else None
         gW32 = None
         if need_w:
-            gW32 = torch.zeros(weight.shape, dtype=torch.float32, device=dev)
+            if weight.dtype == torch.float32:
+                gW32 = torch.zeros(weight.shape, dtype=torch.float32, device=dev)
+            else:  # low precision: float32 row blocks, cast block by block at the end
+                gW32 = _lowp_wgrad_blocks(V, weight.shape[1], dev)
         gb32 = torch.zeros(V, dtype=torch.float32, device=dev) if need_b else None
         scale = 1.0 / cfg.count if (cfg.reduction == "mean" and cfg.count > 0) else 1.0
         losses = torch.empty(N, dtype=torch.float32, device=dev)
@@ -572,6 +631,8 @@ class LinearCrossEntropy(torch.autograd.Function):
             losses[a:b] = _fused_chunk(h[a:b], weight, bias, tc, valid, rs, cfg, buf32, lowbuf, aux32,
                                        gh[a:b] if gh is not None else None, gW32, gb32)
         del buf32, lowbuf, aux32
+        if isinstance(gW32, list):
+            gW32 = _blocks_to(gW32, weight.dtype)
         ctx.grads = (gh, None if gW32 is None else gW32.to(weight.dtype),
                      None if gb32 is None else gb32.to(bias.dtype))
         return _reduce(losses, cfg)
