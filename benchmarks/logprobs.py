@@ -13,7 +13,8 @@ Every 5th target is ignore_index (-100); reduction="sum" so the loss can also be
 float64 reference (chunked, computed in its own subprocess for bf16 configurations).
 Ratios printed: vocablens / naive and vocablens / torch for peak memory and time, fwd and fwd+bwd.
 
-Usage: ``python benchmarks/logprobs.py [--quick] [--threads 2] [--reps 1] [--json out.json]``.
+Usage: ``python benchmarks/logprobs.py [--quick] [--threads 2] [--reps 1] [--json out.json]
+[--config N,d,V,dtype ...]``.
 The CPU may be shared: timings are noisy; compare ratios measured in the same run.
 """
 
@@ -114,6 +115,7 @@ def child(spec: dict) -> dict:
         del out
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     grads = sum(x.grad.numel() * x.grad.element_size() for x in (h, W) if x.grad is not None)
+    print("times", [round(x, 3) for x in times], file=sys.stderr)
     return {"time_s": min(times[1:]) if len(times) > 1 else times[0], "peak_extra_bytes": max(0, peak - base),
             "grad_bytes": grads, "workspace_bytes": max(0, peak - base - grads), "loss": loss}
 
@@ -140,12 +142,20 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1, help="timed repetitions after one warm-up (best is kept)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement")
     ap.add_argument("--json", default="", help="also write all measurements to this file")
+    ap.add_argument("--config", action="append", default=[], metavar="N,d,V,dtype",
+                    help="run only this configuration (repeatable), e.g. 2048,576,49152,bfloat16")
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         print(json.dumps(child(json.loads(a.child))))
         return
     grid = QUICK if a.quick else FULL
+    if a.config:
+        grid = []
+        for c in a.config:
+            N, d, V, dt = c.split(",")
+            grid.append((int(N), int(d), int(V), dt))
     import torch
 
     print(f"torch {torch.__version__}, {a.threads} threads, {os.cpu_count()} CPUs; peak = RSS high-water mark "
@@ -160,6 +170,9 @@ def main() -> None:
         res = {}
         for method in METHODS:
             for mode in ("fwd", "fwdbwd"):
+                if method not in a.methods.split(","):
+                    res[(method, mode)] = {"skipped": "not in --methods"}
+                    continue
                 spec = dict(N=N, d=d, V=V, dtype=dt, method=method, mode=mode, threads=a.threads, reps=a.reps)
                 if method == "naive" and naive_need > 0.7 * _mem_available():
                     r = {"skipped": f"needs ~{naive_need / 2**30:.1f} GiB, {_mem_available() / 2**30:.1f} GiB available"}

@@ -264,3 +264,15 @@ def test_underflowed_target_prob_and_masked_column_fall_back_exactly(reduction):
     torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-3)
     torch.testing.assert_close(hh.grad.double(), h2.grad, rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(WW.grad.double(), W2.grad, rtol=1e-4, atol=1e-3)
+
+
+
+def test_train_chunk_sizes_low_precision_grad_uses_256_token_chunks():
+    from vocablens.ops.logprobs import train_chunk_sizes
+
+    # N=2048, V=49152: 128-token full-row chunks by default, 256 for bf16/fp16 with gradients
+    assert train_chunk_sizes(2048, 49152) == (128, 49152)
+    assert train_chunk_sizes(2048, 49152, low_precision_grad=True) == (256, 49152)
+    assert train_chunk_sizes(100, 49152, low_precision_grad=True) == (100, 49152)
+    # an explicit budget is honoured as before
+    assert train_chunk_sizes(2048, 49152, 4 * 2**20, low_precision_grad=True) == train_chunk_sizes(2048, 49152, 4 * 2**20)
