@@ -52,7 +52,7 @@ def test_unknown_specs_are_clear_errors(tmp_path):
     with pytest.raises(ModelNotFound) as ei:
         load("nobody-here/not-a-model-xyz")
     msg = str(ei.value)
-    assert "\n" not in msg and "huggingface-cli download nobody-here/not-a-model-xyz" in msg
+    assert "\n" not in msg and "hf download nobody-here/not-a-model-xyz" in msg
 
 
 def test_corrupt_gguf_file(tmp_path):

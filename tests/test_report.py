@@ -2,6 +2,8 @@
 
 import io
 import json
+import os
+import stat
 import shutil
 
 import numpy as np
@@ -23,6 +25,10 @@ def test_report_writes_html(cli, report_file):
     assert d["model"]["tensor_types"]["embedding"] == "Q8_0"
     assert d["tie_check"]["tied"] and d["tie_check"]["max_abs_diff"] == 0.0
     assert d["lens"]["layers"][-1]["positions"][-1]["top_tokens"][0] == " Paris"
+    # the rename keeps the usual permissions (mkstemp's 0600 would make the page unreadable to others)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(report_file.stat().st_mode) == 0o666 & ~umask
     html = report_file.read_text()
     assert "<script src=" not in html and "<link " not in html  # plotly.js inlined, nothing external
     for sid in d["sections"]:

@@ -105,6 +105,8 @@ def bottleneck_cmd(
         fd, tmp = tempfile.mkstemp(dir=p.parent if str(p.parent) else ".", suffix=".tmp")
         os.close(fd)
         bottleneck_figure(res).write_html(tmp, include_plotlyjs=True)
+        from vocablens.render.report import publish_mode
+        publish_mode(tmp)
         os.replace(tmp, p)
     if json_:
         d = bottleneck_to_dict(res)

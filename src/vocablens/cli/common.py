@@ -19,7 +19,9 @@ from typer.core import TyperGroup
 from vocablens.errors import VocabLensError
 
 #: stdout: tables and results; stderr: progress, notes and errors (stdout stays pure JSON with --json).
-out = Console(highlight=False, soft_wrap=False)
+# Piped output keeps wide tables (rich would fall back to 80 columns); COLUMNS still wins.
+_width = None if (sys.stdout.isatty() or os.environ.get("COLUMNS")) else 120
+out = Console(highlight=False, soft_wrap=False, width=_width)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 app = typer.Typer(
@@ -136,6 +138,13 @@ def run_app(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130
+    except BrokenPipeError:  # `vocablens ... | head`: the reader left; not an error of ours
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except OSError:
+            pass
+        return 0
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0

@@ -251,7 +251,7 @@ def resolve_spec(spec: str | os.PathLike | None) -> tuple[str, Path | None, str 
 def _hub_error(spec: str, exc: Exception) -> ModelNotFound:
     return ModelNotFound(
         f"model {spec!r} is not a local path and is not in the Hugging Face cache "
-        f"(offline); download it where the hub is reachable (huggingface-cli download {spec}) "
+        f"(offline); download it where the hub is reachable (hf download {spec}) "
         f"or pass a local directory or .gguf file"
     )
 

@@ -52,6 +52,14 @@ def render_report(title: str, subtitle_lines: list[str], sections: list[Section]
     )
 
 
+def publish_mode(tmp: str | os.PathLike) -> None:
+    """Give a temporary file the usual permissions (0666 minus the umask): ``mkstemp`` makes it 0600,
+    and the rename would carry that onto the user's file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+
+
 def write_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write text to ``path`` through a temporary file in the same directory and a rename.
 
@@ -64,6 +72,7 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        publish_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

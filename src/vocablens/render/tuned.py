@@ -114,6 +114,8 @@ def save_eval_plot(res: LensEval, path: str | Path, title: str = "") -> Path:
             plt.close(fig)
         else:
             eval_figure(res, title).write_html(tmp, include_plotlyjs=True, full_html=True)
+        from vocablens.render.report import publish_mode
+        publish_mode(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -287,6 +287,8 @@ def write_settle_plot(res: SettleResult, path) -> None:
             fig.tight_layout()
             fig.savefig(tmp)
             plt.close(fig)
+        from vocablens.render.report import publish_mode
+        publish_mode(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
