@@ -228,7 +228,19 @@ def lens_eval(
         raise BadInput(f"no tuned lens shipped for {model!r}; give --lens DIR (train one with `vocablens lens train`)")
     lens = TunedLens.load(path)  # checked against the model below
     data = lens.settings.get("data") or {}
-    corpus = corpus or data.get("corpus") or "pydoc-topics"
+    if not corpus:
+        from pathlib import Path
+
+        from vocablens.corpus import NAMED_CORPORA
+
+        trained_on = str(data.get("corpus") or "")
+        if trained_on and (trained_on in NAMED_CORPORA or Path(trained_on).exists()):
+            corpus = trained_on
+        else:
+            corpus = "pydoc-topics"
+            if trained_on and not json_:
+                err.print(f"[dim]the lens was trained on {trained_on}, which is not here; evaluating on "
+                          f"{corpus} ({split}); give --corpus to choose[/dim]")
     docs = load_documents(corpus)  # a missing or empty corpus fails before the model loads
     lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
     lens.check_model(lm.borders)
