@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from vocablens.errors import BadInput, CorruptModelFile, ModelNotFound, VocabLensError
+from vocablens.models.borders import config_value as _cfg
 
 #: Bytes per parameter for the weight formats :class:`Anatomy` reports.
 WEIGHT_FORMATS: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0, "int4": 0.5}
@@ -193,12 +194,6 @@ def _position_embeddings(model: nn.Module, token_embedding: nn.Module, head: nn.
     return out
 
 
-def _cfg(config, *names, default=None):
-    for n in names:
-        v = getattr(config, n, None)
-        if v is not None:
-            return v
-    return default
 
 
 def _bytes(n: int, per: float) -> int:

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from vocablens.errors import UnsupportedArchitecture
+from vocablens.models.borders import config_value as _cfg
 
 _ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention")
 _MLP_NAMES = ("mlp", "feed_forward", "ffn")
@@ -82,12 +83,6 @@ def _get(mod: nn.Module, names) -> tuple[str | None, nn.Module | None]:
     return None, None
 
 
-def _cfg(config, *names, default=None):
-    for n in names:
-        v = getattr(config, n, None)
-        if v is not None:
-            return v
-    return default
 
 
 @dataclass(frozen=True)

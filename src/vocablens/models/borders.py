@@ -63,12 +63,17 @@ def _find_blocks(decoder: nn.Module, n_layers: int | None) -> nn.ModuleList | No
     return max(lists, key=len) if lists else None
 
 
-def _cfg(config, *names, default=None):
+def config_value(config, *names, default=None):
+    """The first of ``names`` that the config sets (not None), else ``default``: families name the
+    same thing differently (``hidden_size`` / ``n_embd`` / ``d_model``)."""
     for n in names:
         v = getattr(config, n, None)
         if v is not None:
             return v
     return default
+
+
+_cfg = config_value
 
 
 @dataclass(frozen=True, eq=False)
