@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from vocablens.errors import BadInput, UnsupportedArchitecture
+from vocablens.models.unembed import Unembedding
 
 _NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "final_layernorm", "final_norm", "norm_f", "ln_out")
 _BLOCK_NAMES = ("layers", "h", "blocks", "block", "decoder_layers")
@@ -263,25 +264,24 @@ class Borders:
         return x
 
     def normed(self, resid: torch.Tensor) -> torch.Tensor:
-        """Residual stream [..., d_model] -> input of the LM head [..., d_emb], float32.
+        """Residual stream [..., d_model] -> input of the LM head [..., d_emb], in W_U's dtype.
 
         Applies the final norm exactly once (when the model has one) and ``project_out``.
         """
-        h = resid.to(self.W_U.dtype)
-        if self.final_norm is not None:
-            h = self.final_norm(h)
-        if self.project_out is not None:
-            h = self.project_out(h)
-        return h
+        return self.unembedding.normed(resid)
+
+    @property
+    def unembedding(self) -> Unembedding:
+        """The :class:`~vocablens.models.unembed.Unembedding` (final norm, project_out, W_U, bias,
+        scale, softcap, real-vocabulary mask) that every analysis and op reads logits through."""
+        key = ("unembedding", self.W_U._version, self.tokenizer_vocab_size)
+        if key not in self._memo:
+            self._memo[key] = Unembedding.from_borders(self)
+        return self._memo[key]
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """LM head on already-normed states [..., d_emb] -> logits [..., V] float32 (+bias, scale, softcap)."""
-        logits = self.lm_head(h.to(self.W_U.dtype)).float()
-        if self.logit_scale != 1.0:
-            logits = logits * self.logit_scale
-        if self.softcap is not None:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        return self.unembedding.logits(h)
 
     def unembed(self, resid: torch.Tensor) -> torch.Tensor:
         """Residual stream [..., d_model] -> logits [..., V], float32.

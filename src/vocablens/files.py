@@ -1,0 +1,133 @@
+"""Layer 0: the one place vocablens writes files — a temporary path in the destination's directory,
+the usual permissions, then a rename, so a destination holds either its complete old content or the
+complete new one (never a partial file), and a failure leaves nothing behind.
+
+Every writer (the HTML report, figures, JSON, tuned-lens files, checkpoints, edited model
+directories, the GGUF cache) goes through :func:`atomic_path` / :func:`atomic_write` /
+:func:`atomic_dir`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from vocablens.errors import VocabLensError
+
+
+class WriteFailed(VocabLensError):
+    """The destination cannot be written (read-only, disk full, a missing directory); nothing changed."""
+
+
+def _umask() -> int:
+    m = os.umask(0)
+    os.umask(m)
+    return m
+
+
+def publish_mode(path: str | os.PathLike, directory: bool = False) -> None:
+    """Give a temporary file (0666) or directory (0777) the usual permissions minus the umask:
+    ``mkstemp``/``mkdtemp`` make them 0600/0700, and the rename would carry that onto the user's path."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
+def _explain(err: OSError, path: Path) -> WriteFailed:
+    why = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",
+           errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+           errno.ENOENT: "its directory does not exist", errno.EDQUOT: "the disk quota is exceeded",
+           }.get(err.errno, err.strerror or type(err).__name__)
+    return WriteFailed(f"cannot write {path}: {why}; nothing was written (choose another path or free space)")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
+    """Yield a temporary file path next to ``path``; on a clean exit it is renamed onto ``path``
+    with the usual permissions, on any exception it is removed and ``path`` is untouched.
+
+    Args:
+        path: the destination file.
+        suffix: the temporary file's suffix (default: the destination's, so writers that choose a
+            format by suffix — plotly HTML vs matplotlib PNG — still see it).
+
+    Raises:
+        WriteFailed: the directory is missing, read-only or full (an ``OSError`` of the writer too).
+    """
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix if suffix is None else suffix,
+                                   dir=directory)
+    except OSError as e:
+        raise _explain(e, path) from None
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        publish_mode(tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise _explain(e, path) from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
+    """Write ``data`` (text as UTF-8, or bytes) to ``path`` atomically (see :func:`atomic_path`).
+
+    Raises:
+        WriteFailed: as :func:`atomic_path`.
+    """
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        if isinstance(data, str):
+            tmp.write_text(data, encoding="utf-8")
+        else:
+            tmp.write_bytes(data)
+    return path
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary directory next to ``path``; on a clean exit it replaces ``path`` (an existing
+    one is moved aside first and removed after the swap), with the usual permissions on the directory
+    and its files. On an exception the temporary directory is removed and ``path`` is untouched.
+
+    Checking whether ``path`` may be replaced (``--force``) is the caller's job.
+
+    Raises:
+        WriteFailed: the parent is missing, read-only or full.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    except OSError as e:
+        raise _explain(e, path) from None
+    try:
+        yield tmp
+        publish_mode(tmp, directory=True)
+        for f in tmp.rglob("*"):
+            publish_mode(f, directory=f.is_dir())
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            os.rmdir(old)
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, path)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _explain(e, path) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+__all__ = ["WriteFailed", "atomic_dir", "atomic_path", "atomic_write", "publish_mode"]
