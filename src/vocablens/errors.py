@@ -70,3 +70,7 @@ class UnsupportedTokenizer(VocabLensError):
 
 class TrainingDiverged(VocabLensError):
     """Training produced a non-finite loss or gradient; the message names the layer."""
+
+
+class WriteFailed(VocabLensError):
+    """The destination cannot be written (read-only, disk full, a missing directory); nothing changed."""

@@ -17,11 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from vocablens.errors import VocabLensError
-
-
-class WriteFailed(VocabLensError):
-    """The destination cannot be written (read-only, disk full, a missing directory); nothing changed."""
+from vocablens.errors import WriteFailed
 
 
 def _umask() -> int:
