@@ -2,14 +2,23 @@
 
 * :mod:`~vocablens.ops.embedding` — the lookup as a gather with two backwards, and its address arithmetic.
 * :mod:`~vocablens.ops.head` — the LM head at the last (or chosen) positions only.
-* :mod:`~vocablens.ops.logprobs` — chunked log-probabilities, top-k, entropy, logsumexp, and a fused
-  chunked cross-entropy with backward, never materializing [N, V].
+* :mod:`~vocablens.ops.chunking` — the chunked path over V: chunk sizes, reused buffers, one chunk of
+  logits through :func:`vocablens.logit_transform.transform_logits`, exact row statistics.
+* :mod:`~vocablens.ops.topk` — deterministic top-k (lowest id first among ties), merged across tiles.
+* :mod:`~vocablens.ops.logprobs` — chunked log-probabilities of targets, top-k, entropy, logsumexp.
+* :mod:`~vocablens.ops.cross_entropy` (with :mod:`~vocablens.ops.ce_passes`) — a fused chunked
+  cross-entropy with backward, never materializing [N, V].
 * :mod:`~vocablens.ops.vocab_parallel` — vocabulary-parallel embedding and LM head on torch.distributed.
+
+Every log-probability and loss here depends only on logit differences (exact for a target 100+ nats
+below the max and for logits offset by 1e8), and every public function validates its arguments
+(:class:`vocablens.errors.BadInput` naming the argument).
 """
 
 from vocablens.ops.embedding import LookupCost, embedding_lookup, lookup_cost
 from vocablens.ops.head import lm_head_last
-from vocablens.ops.logprobs import LinearCrossEntropy, TokenLogprobs, linear_cross_entropy, token_logprobs
+from vocablens.ops.cross_entropy import LinearCrossEntropy, linear_cross_entropy
+from vocablens.ops.logprobs import TokenLogprobs, token_logprobs
 from vocablens.ops.vocab_parallel import (
     VocabParallelEmbedding, VocabParallelLMHead, copy_to_region, reduce_from_region, shard_range, shard_sizes,
     vocab_parallel_argmax, vocab_parallel_cross_entropy, vocab_parallel_embedding, vocab_parallel_gather_logits,

@@ -10,7 +10,19 @@ from __future__ import annotations
 import torch
 
 from vocablens.errors import BadInput, ShapeMismatch
-from vocablens.ops._checks import check_head, check_softcap
+from vocablens.logit_transform import transform_logits
+from vocablens.ops._checks import INT_DTYPES, check_head, check_head_transform, check_int
+
+
+def _int_positions(positions):
+    """Positions as ints or an integer tensor (a float, bool or str is a BadInput, not a silent truncation)."""
+    if isinstance(positions, torch.Tensor):
+        if positions.dtype not in INT_DTYPES:
+            raise BadInput(f"positions must hold integers; got a {positions.dtype} tensor")
+        return positions
+    if isinstance(positions, (list, tuple)):
+        return [check_int("positions", p) for p in positions]
+    return check_int("positions", positions)
 
 
 def lm_head_last(hidden: torch.Tensor, W_U: torch.Tensor, bias: torch.Tensor | None = None,
@@ -21,7 +33,8 @@ def lm_head_last(hidden: torch.Tensor, W_U: torch.Tensor, bias: torch.Tensor | N
     Args:
         hidden: [B, T, d] (or [T, d], treated as B=1) normed hidden states.
         W_U: [V, d] unembedding, same dtype as hidden. bias: [V] or None.
-        softcap: final-logit softcap c (c·tanh(x/c)) or None; logit_scale: factor before it.
+        softcap: final-logit softcap c or None; logit_scale: factor before it (both applied by
+            :func:`vocablens.logit_transform.transform_logits`).
         positions: None (the last position, or the last attended one per row when
             ``attention_mask`` is given), a list/1-D tensor of positions shared by every row (negative
             counts from the end), or a [B] tensor with one position per row.
@@ -32,11 +45,11 @@ def lm_head_last(hidden: torch.Tensor, W_U: torch.Tensor, bias: torch.Tensor | N
         [B, V] float32 (one position per row) or [B, P, V] for a list of P shared positions.
 
     Raises:
-        ShapeMismatch: d / dtype / mask shape disagree. BadInput: empty sequence, position out of
-        [-T, T), a row with no attended token.
+        ShapeMismatch: d / dtype / mask shape disagree. BadInput: empty sequence, position not an
+        integer or out of [-T, T), a row with no attended token, bad logit_scale / softcap.
     """
     check_head(hidden, W_U, bias)
-    check_softcap(softcap)
+    logit_scale, softcap = check_head_transform(logit_scale, softcap)
     if hidden.dim() == 2:
         hidden = hidden[None]
         if attention_mask is not None and attention_mask.dim() == 1:
@@ -60,7 +73,7 @@ def lm_head_last(hidden: torch.Tensor, W_U: torch.Tensor, bias: torch.Tensor | N
         else:
             sel = hidden[:, -1]
     else:
-        pos = torch.as_tensor(positions, dtype=torch.int64, device=hidden.device)
+        pos = torch.as_tensor(_int_positions(positions), dtype=torch.int64, device=hidden.device)
         if pos.numel() == 0:
             raise BadInput("positions is empty")
         if bool(((pos < -T) | (pos >= T)).any()):
@@ -72,9 +85,4 @@ def lm_head_last(hidden: torch.Tensor, W_U: torch.Tensor, bias: torch.Tensor | N
             sel = hidden[:, int(pos)]
         else:
             sel = hidden[:, pos]  # [B, P, d]
-    logits = torch.nn.functional.linear(sel, W_U, bias).float()
-    if logit_scale != 1.0:
-        logits = logits * logit_scale
-    if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
-    return logits
+    return transform_logits(torch.nn.functional.linear(sel, W_U, bias).float(), logit_scale, softcap)
