@@ -1,8 +1,9 @@
 """Score a text under a model: per-token log-probabilities through the chunked LM-head path (layer 3).
 
-The residual stream at the last layer goes through the model's final norm (``Borders.normed``) and
-then :func:`vocablens.ops.token_logprobs` on ``W_U`` / ``b_U`` / logit scale / softcap, so the
-[T, V] logits are never materialized. Token t (t >= 1) is scored by the distribution at position
+The residual stream at the last layer goes through the model's unembedding (``borders.unembedding``:
+final norm and project_out by ``U.normed``) and then :func:`vocablens.ops.token_logprobs` on
+``U.weight`` with ``U.head_kwargs()`` (bias, logit scale, softcap), so the [T, V] logits are never
+materialized. Token t (t >= 1) is scored by the distribution at position
 t - 1; the first token has no prefix and is not scored.
 """
 
@@ -77,14 +78,13 @@ def score_ids(borders, input_ids: torch.Tensor, top_k: int = 0, n_bytes: int = 0
     ids = input_ids.reshape(-1).to(torch.int64)
     if ids.numel() < 2:
         raise BadInput(f"the text has {ids.numel()} token(s): scoring needs at least 2 (the first has no prefix)")
-    V = borders.W_U.shape[0]
-    if not 0 <= top_k <= V:
-        raise BadInput(f"--top-k must be in [0, {V}]; got {top_k}")
+    U = borders.unembedding
+    V = U.vocab_size
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= V:
+        raise BadInput(f"--top-k must be an int in [0, {V}]; got {top_k!r}")
     resid, _ = borders.residual_stream(ids[None])
-    L = borders.n_layers
-    h = borders.normed(resid[L][0])  # [T, d_emb]
-    r = token_logprobs(h[:-1], borders.W_U, ids[1:], bias=borders.b_U, logit_scale=borders.logit_scale,
-                       softcap=borders.softcap, top_k=top_k, entropy=True)
+    h = U.normed(resid[borders.n_layers][0])  # [T, d_emb]
+    r = token_logprobs(h[:-1], U.weight, ids[1:], **U.head_kwargs(), top_k=top_k, entropy=True)
     k = top_k
     empty_i = torch.zeros(ids.numel() - 1, 0, dtype=torch.int64)
     empty_f = torch.zeros(ids.numel() - 1, 0, dtype=torch.float32)

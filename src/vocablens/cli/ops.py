@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, load_model
+from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, load_model, out
 from vocablens.errors import BadInput
 
 
@@ -48,4 +48,4 @@ def score(
         d["model"] = lm.provenance.to_dict()
         emit_json(d)
     else:
-        print_score(res, lm.tokenizer, lm.provenance)
+        print_score(res, lm.tokenizer, out, lm.provenance)

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from vocablens.logit_transform import transform_logits_backward
-from vocablens.ops.chunking import ChunkBuffers, fused_inplace, logits_into, merge_row_stats, mm_low, safe_max, tile_row_stats
+from vocablens.ops.chunking import (
+    ChunkBuffers, fused_inplace, logits_into, merge_row_stats, mm_low, safe_max, tile_row_stats,
+)
 
 
 @dataclass(frozen=True)

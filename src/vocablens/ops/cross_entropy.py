@@ -13,9 +13,10 @@ passes live in :mod:`vocablens.ops.ce_passes`):
   al. 2024, arXiv 2411.09009, §4); backward recomputes each tile once and applies per-token upstream
   gradients before any sum over tokens (the Liger #968 bug).
 
-Numerics: logits may come out of the GEMM in the input dtype (bf16 GEMMs are the fast path), but the
-max, the exp-sum, the per-token loss and every reduction are float32 (sums over tokens in float64);
-the loss depends only on logit differences; weight and bias gradients are accumulated across chunks
+Numerics: bf16/fp16 inputs run float32 GEMMs on CPU (exact products, float32 sums; see
+:func:`vocablens.ops.chunking.gemm_operands`) and low-precision GEMMs on accelerators; the max,
+the exp-sum, the per-token loss and every reduction are float32 (sums over tokens in float64); the
+loss depends only on logit differences; weight and bias gradients are accumulated across chunks
 in float32 and cast once at the end (Liger #512, PR #830); the loss is float32 whatever the input
 dtype (torch 2.13's chunked bf16 path returns a bf16 sum ~3% off).
 """
@@ -30,7 +31,7 @@ from vocablens.ops._checks import (
     check_size,
 )
 from vocablens.ops.ce_passes import CEConfig, fused_chunk, grad_pass, lse_pass, token_loss
-from vocablens.ops.chunking import ChunkBuffers, flatten_tokens, override_sizes, train_chunk_sizes
+from vocablens.ops.chunking import ChunkBuffers, flatten_tokens, gemm_operands, override_sizes, train_chunk_sizes
 
 
 def _mean_scale(cfg: CEConfig) -> float:
@@ -47,6 +48,7 @@ def _reduce(losses: torch.Tensor, cfg: CEConfig) -> torch.Tensor:
 def _loss_all(h, weight, bias, t, cfg: CEConfig):
     """Forward of the two-pass strategy: per-token losses [N], row max [N] and log s [N] (float32)."""
     N = h.shape[0]
+    h, weight, bias = gemm_operands(h, weight, bias)
     bufs = ChunkBuffers(cfg.n_tok, cfg.n_voc, h.dtype, h.device)
     losses, ms, lss = (torch.empty(N, dtype=torch.float32, device=h.device) for _ in range(3))
     for a in range(0, N, cfg.n_tok):
@@ -75,7 +77,8 @@ class LinearCrossEntropy(torch.autograd.Function):
             ctx.save_for_backward(h, weight, bias, t, ms, lss)
             return _reduce(losses, cfg)
         N, dev = h.shape[0], h.device
-        bufs = ChunkBuffers(cfg.n_tok, cfg.n_voc, h.dtype, dev, aux=cfg.softcap is not None)
+        hg, Wg, bg = gemm_operands(h, weight, bias)
+        bufs = ChunkBuffers(cfg.n_tok, cfg.n_voc, hg.dtype, dev, aux=cfg.softcap is not None)
         gh = torch.empty_like(h) if need_h else None
         gW32 = torch.zeros(weight.shape, dtype=torch.float32, device=dev) if need_w else None
         gb32 = torch.zeros(cfg.V, dtype=torch.float32, device=dev) if need_b else None
@@ -84,7 +87,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             b = min(N, a + cfg.n_tok)
             valid = t[a:b] != cfg.ignore_index
             rs = valid.to(torch.float32) * _mean_scale(cfg)
-            losses[a:b] = fused_chunk(h[a:b], weight, bias, t[a:b], valid, rs, cfg, bufs,
+            losses[a:b] = fused_chunk(hg[a:b], Wg, bg, t[a:b], valid, rs, cfg, bufs,
                                       None if gh is None else gh[a:b], gW32, gb32)
         ctx.grads = (gh, None if gW32 is None else gW32.to(weight.dtype),
                      None if gb32 is None else gb32.to(bias.dtype))
@@ -103,7 +106,8 @@ class LinearCrossEntropy(torch.autograd.Function):
         h, weight, bias, t, ms, lss = ctx.saved_tensors
         N, dev = h.shape[0], h.device
         row = go.reshape(-1) if cfg.reduction == "none" else (go * _mean_scale(cfg)).expand(N)
-        bufs = ChunkBuffers(cfg.n_tok, cfg.n_voc, h.dtype, dev, aux=cfg.softcap is not None)
+        hg, Wg, bg = gemm_operands(h, weight, bias)
+        bufs = ChunkBuffers(cfg.n_tok, cfg.n_voc, hg.dtype, dev, aux=cfg.softcap is not None)
         gh = torch.zeros_like(h) if need_h else None
         gW = torch.empty_like(weight) if need_w else None
         gW_acc = None
@@ -115,7 +119,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             b = min(N, a + cfg.n_tok)
             valid = t[a:b] != cfg.ignore_index
             rs = row[a:b] * valid.to(torch.float32)
-            grad_pass(h[a:b], weight, bias, t[a:b], valid, ms[a:b], lss[a:b], rs, cfg, bufs,
+            grad_pass(hg[a:b], Wg, bg, t[a:b], valid, ms[a:b], lss[a:b], rs, cfg, bufs,
                       None if gh is None else gh[a:b], gW, gW_acc, gb32)
         if gW_acc is not None and gW_acc is not gW:
             gW.copy_(gW_acc)
@@ -155,9 +159,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
         label_smoothing outside [0, 1], z_loss negative, a chunk size not None or an int >= 1, bad
         logit_scale / softcap.
 
-    Memory: one [n, v] float32 tile (two with softcap, plus one in the input dtype for bf16/fp16
-    inputs), two floats per token, and the gradients (plus a float32 [V, d] accumulator for
-    low-precision weights). Under ``torch.no_grad()`` or when no input requires grad, only the
+    Memory: one [n, v] float32 tile (two with softcap), two floats per token, and the gradients;
+    for bf16/fp16 inputs also a float32 [V, d] gradient accumulator and, on CPU, a float32 copy of
+    W (elsewhere one tile in the input dtype). Under ``torch.no_grad()`` or when no input requires grad, only the
     forward pass runs.
     """
     check_choice("reduction", reduction, REDUCTIONS)

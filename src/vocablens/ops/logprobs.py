@@ -18,9 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from vocablens.ops._checks import check_bool, check_head, check_head_transform, check_ids, check_int, check_nonempty, check_size
+from vocablens.ops._checks import (
+    check_bool, check_head, check_head_transform, check_ids, check_int, check_nonempty, check_size,
+)
 from vocablens.ops.chunking import (
-    ChunkBuffers, chunk_sizes, default_chunk_bytes, flatten_tokens, logits_into, override_sizes, safe_max,
+    ChunkBuffers, chunk_sizes, default_chunk_bytes, flatten_tokens, gemm_operands, logits_into, override_sizes,
+    safe_max,
 )
 from vocablens.ops.topk import merge_topk, topk_lowest_id
 
@@ -117,8 +120,9 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
         outside [0, V), top_k not an int in [0, V], entropy not a bool, a chunk size not None or an
         int >= 1, bad logit_scale / softcap.
 
-    Peak extra memory is one [n, v] float32 chunk (plus one in the input dtype for low-precision
-    inputs) and O(N·k) outputs; every reduction is float32.
+    Peak extra memory is one [n, v] float32 chunk and O(N·k) outputs (plus, for bf16/fp16 inputs, a
+    float32 copy of W on CPU or one chunk in the input dtype elsewhere; see
+    :func:`~vocablens.ops.chunking.gemm_operands`); every reduction is float32.
     """
     check_head(hidden, weight, bias)
     logit_scale, softcap = check_head_transform(logit_scale, softcap)
@@ -134,6 +138,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     N = h.shape[0]
     n_tok, n_voc = override_sizes(*chunk_sizes(N, V, sizes[0]), N, V, sizes[1], sizes[2])
     dev = h.device
+    h, W, bias = gemm_operands(h, weight, bias)
     bufs = ChunkBuffers(n_tok, n_voc, h.dtype, dev)
     f32 = dict(dtype=torch.float32, device=dev)
     lse_out = torch.empty(N, **f32)
@@ -145,7 +150,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
         b = min(N, a + n_tok)
         st = _RowState(b - a, dev, entropy, t is not None)
         for v0 in range(0, V, n_voc):
-            z = logits_into(h[a:b], weight, bias, v0, min(V, v0 + n_voc), logit_scale, softcap, bufs)
+            z = logits_into(h[a:b], W, bias, v0, min(V, v0 + n_voc), logit_scale, softcap, bufs)
             if t is not None:
                 st.add_target(z, t[a:b], v0, n_voc >= V)
             if k:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.console import Console
 from rich.table import Table
 
 from vocablens.models.tokens import quoted, token_str
@@ -58,9 +59,8 @@ def score_table(res: ScoreResult, tokenizer, max_rows: int = 200) -> Table:
     return t
 
 
-def print_score(res: ScoreResult, tokenizer, provenance=None) -> None:
-    from vocablens.cli.common import out
-
+def print_score(res: ScoreResult, tokenizer, out: Console, provenance=None) -> None:
+    """Print the per-token table and the totals line on the rich console ``out`` (the CLI's stdout console)."""
     if provenance is not None:
         out.print(f"[dim]model: {provenance.describe()}[/dim]")
     out.print(score_table(res, tokenizer))
