@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from vocablens.errors import BadInput, ShapeMismatch
-from vocablens.ops._checks import check_float, check_ids
+from vocablens.ops._checks import check_choice, check_float, check_ids, check_int, check_real
 
 BACKWARDS = ("index_add", "sort")
 
@@ -87,7 +87,8 @@ def embedding_lookup(W: torch.Tensor, ids: torch.Tensor, scale: float | None = N
 
     Raises:
         ShapeMismatch: W is not 2-D float, ids are not integers. BadInput: an id outside [0, V)
-        (never a silent wrong row), padding_idx outside [-V, V), unknown backward, V = 0.
+        (never a silent wrong row), padding_idx not an int in [-V, V), unknown backward, scale not a
+        finite number, V = 0.
     """
     check_float("W", W)
     if W.dim() != 2:
@@ -95,11 +96,12 @@ def embedding_lookup(W: torch.Tensor, ids: torch.Tensor, scale: float | None = N
     V = W.shape[0]
     if V == 0:
         raise BadInput(f"W {tuple(W.shape)} has no rows")
-    if backward not in BACKWARDS:
-        raise BadInput(f"backward must be one of {BACKWARDS}; got {backward!r}")
+    check_choice("backward", backward, BACKWARDS)
+    if scale is not None:
+        scale = check_real("scale", scale)
     check_ids("ids", ids, V)
     if padding_idx is not None:
-        if not -V <= padding_idx < V:
+        if not -V <= check_int("padding_idx", padding_idx) < V:
             raise BadInput(f"padding_idx {padding_idx} outside [-{V}, {V}) for W {tuple(W.shape)}")
         padding_idx = padding_idx % V
     flat = ids.reshape(-1).to(torch.int64)

@@ -21,18 +21,23 @@ from vocablens.ops.vocab_parallel.functional import check_shard
 
 
 def _row_stats(z: torch.Tensor, group):
-    """Global row max (safe: 0 for all -inf rows), e = exp(z - max) (local), local Σ e."""
+    """Global row max m (safe: 0 for all -inf rows) and this rank's e = exp(z - m) [..., V_r]."""
     m = safe_max(all_reduce(z.detach().amax(-1), dist.ReduceOp.MAX, group))
-    e = torch.exp(z - m[..., None])
-    return m, e
+    return m, torch.exp(z - m[..., None])
+
+
+def _normalizer(ctx, z: torch.Tensor, group):
+    """Global (m, s = Σ exp(z - m)) of the row; saves (e, s) for backward."""
+    m, e = _row_stats(z, group)
+    s = all_reduce(e.sum(-1), group=group)
+    ctx.save_for_backward(e, s)
+    return m, s
 
 
 class _VPLogSumExp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, group):
-        m, e = _row_stats(z, group)
-        s = all_reduce(e.sum(-1), group=group)
-        ctx.save_for_backward(e, s)
+        m, s = _normalizer(ctx, z, group)
         return m + torch.log(s)
 
     @staticmethod
@@ -44,9 +49,7 @@ class _VPLogSumExp(torch.autograd.Function):
 class _VPLogSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, group):
-        m, e = _row_stats(z, group)
-        s = all_reduce(e.sum(-1), group=group)
-        ctx.save_for_backward(e, s)
+        m, s = _normalizer(ctx, z, group)
         ctx.group = group
         return (z - m[..., None]) - torch.log(s)[..., None]
 
