@@ -16,12 +16,13 @@ from tiny_models import make_tiny
 from vocablens.errors import (
     BadInput, CheckpointMismatch, CorruptModelFile, OutputExists, TrainingDiverged,
 )
-from vocablens.lens.logit import logit_lens
-from vocablens.lens.tuned import (
-    TrainSettings, TunedLens, _Head, _loss_and_grad, evaluate, lens_from_checkpoint, load_checkpoint,
-    model_identity, regression_init, shipped_lens_path, train,
-)
+from vocablens.lens.evaluate import evaluate
+from vocablens.lens.logit import lens_pair, logit_lens
+from vocablens.lens.regression import regression_init
+from vocablens.lens.train import TrainSettings, lens_from_checkpoint, load_checkpoint, train
+from vocablens.lens.tuned import TunedLens, find_lens, model_identity, shipped_lens_path
 from vocablens.models import Borders
+from vocablens.ops import linear_kl
 
 TESTS = Path(__file__).parent
 
@@ -95,10 +96,11 @@ def test_chunked_kl_and_ce_and_their_gradients_equal_autograd(family):
     lq = torch.log_softmax(b.unembed(lens.translate_all(H)).float(), -1)
     kl_ref = (flp.exp() * (flp - lq)).sum(-1).mean(-1)
     gW, gb = torch.autograd.grad(kl_ref.sum(), [lens.weight, lens.bias], retain_graph=True)
-    head = _Head(b)
-    X = head.normed(lens.translate_all(H))
-    losses, G = _loss_and_grad(head, X.detach(), flp, None, None, 1.0 / N, chunk_rows=5)
-    X.backward(G)
+    U = b.unembedding.float32()
+    X = U.normed(lens.translate_all(H), torch.float32)
+    res = linear_kl(X.detach(), U.weight, logits.reshape(N, -1), **U.head_kwargs(), grad_scale=1.0 / N, chunk_rows=5)
+    losses = res.loss
+    X.backward(res.grad)
     torch.testing.assert_close(losses.float() / N, kl_ref.detach(), rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(lens.weight.grad, gW, rtol=1e-4, atol=1e-7)
     torch.testing.assert_close(lens.bias.grad, gb, rtol=1e-4, atol=1e-7)
@@ -111,9 +113,11 @@ def test_chunked_kl_and_ce_and_their_gradients_equal_autograd(family):
     lq4 = lq.view(L, 2, 9, -1)[:, :, :-1]
     ce_ref = -lq4.gather(3, ids[:, 1:].view(1, 2, 8, 1).expand(L, 2, 8, 1)).mean((1, 2, 3))
     gW, gb = torch.autograd.grad(ce_ref.sum(), [lens.weight, lens.bias])
-    X = head.normed(lens.translate_all(H))
-    losses, G = _loss_and_grad(head, X.detach(), None, tg.reshape(-1), valid.reshape(-1), 1.0 / 16, chunk_rows=3)
-    X.backward(G)
+    X = U.normed(lens.translate_all(H), torch.float32)
+    res = linear_kl(X.detach(), U.weight, targets=tg.reshape(-1), valid=valid.reshape(-1), **U.head_kwargs(),
+                    grad_scale=1.0 / 16, chunk_rows=3)
+    losses = res.loss
+    X.backward(res.grad)
     torch.testing.assert_close(losses.float() / 16, ce_ref.detach(), rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(lens.weight.grad, gW, rtol=1e-4, atol=1e-7)
 
@@ -341,11 +345,15 @@ def test_report_section_and_plots(tmp_path):
 
     lens = random_lens(b)
     ids = rows_for(b, 1, 8)[0]
-    sec = tuned_lens_section(b, Tok(), ids, lens=lens, eval_result=evaluate(b, lens, rows_for(b, 1, 8)))
+    lo, tu = lens_pair(b, ids, lens, max_positions=6)
+    assert lo.positions.tolist() == [2, 3, 4, 5, 6, 7] and tu.kind == "tuned"
+    sec = tuned_lens_section(lo, tu, Tok(), lens.info(), eval_result=evaluate(b, lens, rows_for(b, 1, 8)))
     assert isinstance(sec, Section) and sec.id == "tuned-lens"
     assert sec.html.count('class="figure"') == 4
     with pytest.raises(CheckpointMismatch):
-        tuned_lens_section(tiny("llama", seed=9), Tok(), ids, lens=lens)
+        lens_pair(tiny("llama", seed=9), ids, lens)
+    with pytest.raises(BadInput, match="colour"):
+        tuned_lens_section(lo, tu, Tok(), colours=("hue",))
     ev = evaluate(b, lens, rows_for(b, 1, 8))
     assert save_eval_plot(ev, tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
     assert "plotly" in save_eval_plot(ev, tmp_path / "e.html").read_text()[:100000].lower()
