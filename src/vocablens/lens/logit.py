@@ -169,17 +169,22 @@ def logit_lens(borders: Borders, input_ids: torch.Tensor, positions="last", k: i
     head = U.head_kwargs()
     with torch.no_grad():
         resid, model_logits = borders.residual_stream(input_ids[None])
-        resid = resid[:, 0, pos]  # [L+1, P, d]
-        ref = model_logits[0, pos]  # [P, V] the model's own output
+        every = len(pos) == T and bool((pos == torch.arange(T)).all())
+        resid = resid[:, 0] if every else resid[:, 0, pos]  # [L+1, P, d]
+        ref = model_logits[0] if every else model_logits[0, pos]  # [P, V] the model's own output (no copy)
         del model_logits
         final_top1 = ref[:, :real].argmax(dim=-1)
         stats = dict(targets=final_top1, rank=True, top_k=k, topk_cols=real, entropy=True, **head)
         early = [ly for ly in wanted if ly < L]
+        X_early = lens_states(borders, resid, early, translator) if early else None
+        X_last = lens_states(borders, resid, [L])
+        del resid
         reads = {}
         if early:
-            r = kl_readout(lens_states(borders, resid, early, translator), U.weight, ref, **stats)
+            r = kl_readout(X_early, U.weight, ref, **stats)
             reads.update({ly: (r, i) for i, ly in enumerate(early)})
-        last = kl_readout(lens_states(borders, resid, [L]), U.weight, ref, max_abs_dp=True, **stats)
+            del X_early
+        last = kl_readout(X_last, U.weight, ref, max_abs_dp=True, **stats)
         reads[L] = (last, 0)
         diff = float(last.max_abs_dp.max())
         out = [LensLayer(layer=ly, top_ids=r.topk_ids[i], top_probs=r.topk_logprobs[i].exp(),
