@@ -375,6 +375,71 @@ def test_cli_bad_input_exits_2_before_loading_a_model(tmp_path, capsys):
     assert run_app(["lens", "train", "--out", str(tmp_path / "have")]) == 2
     assert "--force" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+    assert run_app(["lens", "some text", "--lens", str(tmp_path / "have")]) == 2  # --kind logit reads no lens
+    assert "--kind tuned" in capsys.readouterr().err
+    assert run_app(["lens", "some text", "--kind", "tuned", "--lens", str(tmp_path)]) == 2
+    assert "lens directory" in capsys.readouterr().err
+    assert run_app(["lens", "eval", "--lens", str(tmp_path / "missing")]) == 2
+    assert "lens directory" in capsys.readouterr().err
+
+
+def test_lens_help_lists_the_lens_options_and_the_subcommands(capsys):
+    from vocablens.cli.common import run_app
+
+    assert run_app(["lens", "--help"]) == 0
+    text = capsys.readouterr().out
+    for opt in ("--top-k", "--positions", "--layers", "--kind", "--lens", "--chat", "--json", "train", "eval"):
+        assert opt in text, opt
+    assert "0..L" in text
+
+
+# ------------------------------------------------------------------ corpora (issue 11 §2, issue 15)
+NOTES = "\n\n".join(f"Note {i}. " + " ".join(f"word{(i * 7 + j) % 50}" for j in range(60)) for i in range(40))
+
+
+def test_one_long_text_is_split_into_documents_and_recorded_without_its_path(tmp_path):
+    from vocablens.corpus import corpus_record, load_documents, split_documents, split_text
+
+    (tmp_path / "my_notes.txt").write_text(NOTES)
+    docs = load_documents(tmp_path / "my_notes.txt")
+    assert len(docs) == len(NOTES) // 2000 or len(docs) == len(NOTES) // 2000 + 1
+    assert len(docs) >= 5 and all(d.name.startswith(str(tmp_path / "my_notes.txt") + "#") for d in docs)
+    # nothing lost, nothing reordered, cut at paragraph boundaries
+    assert "\n\n".join(d.text for d in docs) == NOTES
+    assert all(len(d.text) >= 2000 for d in docs[:-1])
+    train_docs, val_docs = split_documents(docs, 0.1, 0)
+    assert train_docs and val_docs
+    rec = corpus_record(tmp_path / "my_notes.txt", docs)
+    assert rec["corpus"] == "my_notes.txt" and str(tmp_path) not in json.dumps(rec)
+    # the same text elsewhere hashes the same; other text does not
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "my_notes.txt").write_text(NOTES)
+    assert corpus_record(tmp_path / "b" / "my_notes.txt", load_documents(tmp_path / "b" / "my_notes.txt")) == rec
+    assert corpus_record("x", docs[:-1])["corpus_sha256"] != rec["corpus_sha256"]
+    short = split_text(docs[0].__class__("s", "one paragraph"))
+    assert [d.text for d in short] == ["one paragraph"]
+    one_line = split_text(docs[0].__class__("l", "x" * 9000))  # no paragraph, no line, no space: hard cuts
+    assert "".join(d.text for d in one_line) == "x" * 9000 and len(one_line) == 5
+
+
+def test_find_lens_is_the_one_way_to_find_a_lens(tmp_path):
+    assert find_lens("smollm2") == shipped_lens_path("smollm2")
+    with pytest.raises(BadInput, match="no tuned lens shipped"):
+        find_lens("other-model")
+    with pytest.raises(BadInput, match="lens directory"):
+        find_lens("smollm2", tmp_path)
+    b = tiny()
+    random_lens(b).save(tmp_path / "l")
+    assert find_lens("anything", tmp_path / "l") == tmp_path / "l"
+    assert find_lens("anything", tmp_path / "l" / "config.json") == tmp_path / "l"
+
+
+def test_shipped_config_records_no_local_path():
+    cfg = (shipped_lens_path("smollm2") / "config.json").read_text()
+    for root in ("/work", "/home", "/root", "/tmp", "/usr"):
+        assert root not in cfg
+    data = json.loads(cfg)["training"]["data"]
+    assert data["corpus"] == "mix" and len(data["corpus_sha256"]) == 64
 
 
 # ------------------------------------------------------------------ the shipped lens on the real model
@@ -390,6 +455,7 @@ HELD_OUT = (
 )
 
 
+@pytest.mark.slow
 def test_shipped_lens_beats_the_logit_lens_at_every_layer_via_cli(smollm2, monkeypatch, capsys, tmp_path):
     """`vocablens lens eval` on held-out text (written for this test, never trained on): tuned KL <
     logit KL at every layer 0..L-1."""
@@ -409,6 +475,28 @@ def test_shipped_lens_beats_the_logit_lens_at_every_layer_via_cli(smollm2, monke
     assert d["layers"][30]["tuned"]["kl"] == 0.0
 
 
+@pytest.mark.slow
+def test_lens_eval_on_a_one_file_corpus_and_no_unasked_path(smollm2, monkeypatch, capsys, tmp_path):
+    """`vocablens lens eval --corpus my_notes.txt` (one long text) scores its held-out part; no output
+    names a path the user did not give (the shipped lens's directory, the training machine's corpus)."""
+    import vocablens.cli.tuned as cli_tuned
+    from vocablens.cli.common import run_app
+
+    (tmp_path / "my_notes.txt").write_text(NOTES)
+    monkeypatch.setattr(cli_tuned, "load_model", lambda *a, **k: smollm2)
+    assert run_app(["lens", "eval", "--corpus", str(tmp_path / "my_notes.txt"), "--max-tokens", "64",
+                    "--seq-len", "64", "--json"]) == 0
+    cap = capsys.readouterr()
+    d = json.loads(cap.out)
+    assert d["tokens"] == 64 and d["data"]["split"] == "validation" and d["data"]["corpus"] == "my_notes.txt"
+    assert d["lens"] == "shipped for smollm2" and cap.err == ""
+    assert str(shipped_lens_path("smollm2")) not in cap.out
+    assert run_app(["lens", "eval", "--max-tokens", "32", "--seq-len", "32"]) == 0  # trained-on corpus absent
+    cap = capsys.readouterr()
+    assert "'mix'" in cap.err and "/work" not in cap.err + cap.out and "site-packages" not in cap.out
+
+
+@pytest.mark.slow
 def test_lens_show_kind_both_on_the_real_model(smollm2, monkeypatch, capsys):
     import vocablens.cli.core as cli_core
     from vocablens.cli.common import run_app

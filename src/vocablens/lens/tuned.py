@@ -148,8 +148,12 @@ class TunedLens(nn.Module):
 
     # ------------------------------------------------------------------ files
     def config_dict(self) -> dict:
-        from vocablens import __version__
+        from importlib.metadata import PackageNotFoundError, version
 
+        try:
+            __version__ = version("vocablens")  # not the package root: nothing below cli imports it
+        except PackageNotFoundError:
+            __version__ = "unknown"
         return {"format": FORMAT, "format_version": FORMAT_VERSION, "d_model": self.d_model,
                 "n_layers": self.n_layers, "model": self.identity, "training": self.settings,
                 "vocablens_version": __version__}
