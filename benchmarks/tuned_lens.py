@@ -1,4 +1,4 @@
-"""Benchmark of tuned-lens training (vocablens.lens.tuned.train) on the default model.
+"""Benchmark of tuned-lens training (vocablens.lens.train.train) on the default model.
 
 Measured in one run, on the same token rows:
 
@@ -38,7 +38,7 @@ def main() -> None:
 
     import vocablens
     from vocablens.corpus import load_documents, pack_tokens
-    from vocablens.lens.tuned import TrainSettings, train
+    from vocablens.lens.train import TrainSettings, train
 
     lm = vocablens.load("smollm2")
     b = lm.borders

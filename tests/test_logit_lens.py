@@ -61,6 +61,7 @@ def test_bad_arguments():
         logit_lens(b, torch.zeros(0, dtype=torch.long))
 
 
+@pytest.mark.slow
 def test_real_model_paris(smollm2):
     model, tok, b, _ = smollm2
     x = encode_prompt(tok, "The capital of France is")

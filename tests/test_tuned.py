@@ -16,12 +16,13 @@ from tiny_models import make_tiny
 from vocablens.errors import (
     BadInput, CheckpointMismatch, CorruptModelFile, OutputExists, TrainingDiverged,
 )
-from vocablens.lens.logit import logit_lens
-from vocablens.lens.tuned import (
-    TrainSettings, TunedLens, _Head, _loss_and_grad, evaluate, lens_from_checkpoint, load_checkpoint,
-    model_identity, regression_init, shipped_lens_path, train,
-)
+from vocablens.lens.evaluate import evaluate
+from vocablens.lens.logit import lens_pair, logit_lens
+from vocablens.lens.regression import regression_init
+from vocablens.lens.train import TrainSettings, lens_from_checkpoint, load_checkpoint, train
+from vocablens.lens.tuned import TunedLens, find_lens, model_identity, shipped_lens_path
 from vocablens.models import Borders
+from vocablens.ops import linear_kl
 
 TESTS = Path(__file__).parent
 
@@ -95,10 +96,11 @@ def test_chunked_kl_and_ce_and_their_gradients_equal_autograd(family):
     lq = torch.log_softmax(b.unembed(lens.translate_all(H)).float(), -1)
     kl_ref = (flp.exp() * (flp - lq)).sum(-1).mean(-1)
     gW, gb = torch.autograd.grad(kl_ref.sum(), [lens.weight, lens.bias], retain_graph=True)
-    head = _Head(b)
-    X = head.normed(lens.translate_all(H))
-    losses, G = _loss_and_grad(head, X.detach(), flp, None, None, 1.0 / N, chunk_rows=5)
-    X.backward(G)
+    U = b.unembedding.float32()
+    X = U.normed(lens.translate_all(H), torch.float32)
+    res = linear_kl(X.detach(), U.weight, logits.reshape(N, -1), **U.head_kwargs(), grad_scale=1.0 / N, chunk_rows=5)
+    losses = res.loss
+    X.backward(res.grad)
     torch.testing.assert_close(losses.float() / N, kl_ref.detach(), rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(lens.weight.grad, gW, rtol=1e-4, atol=1e-7)
     torch.testing.assert_close(lens.bias.grad, gb, rtol=1e-4, atol=1e-7)
@@ -111,9 +113,11 @@ def test_chunked_kl_and_ce_and_their_gradients_equal_autograd(family):
     lq4 = lq.view(L, 2, 9, -1)[:, :, :-1]
     ce_ref = -lq4.gather(3, ids[:, 1:].view(1, 2, 8, 1).expand(L, 2, 8, 1)).mean((1, 2, 3))
     gW, gb = torch.autograd.grad(ce_ref.sum(), [lens.weight, lens.bias])
-    X = head.normed(lens.translate_all(H))
-    losses, G = _loss_and_grad(head, X.detach(), None, tg.reshape(-1), valid.reshape(-1), 1.0 / 16, chunk_rows=3)
-    X.backward(G)
+    X = U.normed(lens.translate_all(H), torch.float32)
+    res = linear_kl(X.detach(), U.weight, targets=tg.reshape(-1), valid=valid.reshape(-1), **U.head_kwargs(),
+                    grad_scale=1.0 / 16, chunk_rows=3)
+    losses = res.loss
+    X.backward(res.grad)
     torch.testing.assert_close(losses.float() / 16, ce_ref.detach(), rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(lens.weight.grad, gW, rtol=1e-4, atol=1e-7)
 
@@ -341,11 +345,15 @@ def test_report_section_and_plots(tmp_path):
 
     lens = random_lens(b)
     ids = rows_for(b, 1, 8)[0]
-    sec = tuned_lens_section(b, Tok(), ids, lens=lens, eval_result=evaluate(b, lens, rows_for(b, 1, 8)))
+    lo, tu = lens_pair(b, ids, lens, max_positions=6)
+    assert lo.positions.tolist() == [2, 3, 4, 5, 6, 7] and tu.kind == "tuned"
+    sec = tuned_lens_section(lo, tu, Tok(), lens.info(), eval_result=evaluate(b, lens, rows_for(b, 1, 8)))
     assert isinstance(sec, Section) and sec.id == "tuned-lens"
     assert sec.html.count('class="figure"') == 4
     with pytest.raises(CheckpointMismatch):
-        tuned_lens_section(tiny("llama", seed=9), Tok(), ids, lens=lens)
+        lens_pair(tiny("llama", seed=9), ids, lens)
+    with pytest.raises(BadInput, match="colour"):
+        tuned_lens_section(lo, tu, Tok(), colours=("hue",))
     ev = evaluate(b, lens, rows_for(b, 1, 8))
     assert save_eval_plot(ev, tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
     assert "plotly" in save_eval_plot(ev, tmp_path / "e.html").read_text()[:100000].lower()
@@ -367,6 +375,71 @@ def test_cli_bad_input_exits_2_before_loading_a_model(tmp_path, capsys):
     assert run_app(["lens", "train", "--out", str(tmp_path / "have")]) == 2
     assert "--force" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+    assert run_app(["lens", "some text", "--lens", str(tmp_path / "have")]) == 2  # --kind logit reads no lens
+    assert "--kind tuned" in capsys.readouterr().err
+    assert run_app(["lens", "some text", "--kind", "tuned", "--lens", str(tmp_path)]) == 2
+    assert "lens directory" in capsys.readouterr().err
+    assert run_app(["lens", "eval", "--lens", str(tmp_path / "missing")]) == 2
+    assert "lens directory" in capsys.readouterr().err
+
+
+def test_lens_help_lists_the_lens_options_and_the_subcommands(capsys):
+    from vocablens.cli.common import run_app
+
+    assert run_app(["lens", "--help"]) == 0
+    text = capsys.readouterr().out
+    for opt in ("--top-k", "--positions", "--layers", "--kind", "--lens", "--chat", "--json", "train", "eval"):
+        assert opt in text, opt
+    assert "0..L" in text
+
+
+# ------------------------------------------------------------------ corpora (issue 11 §2, issue 15)
+NOTES = "\n\n".join(f"Note {i}. " + " ".join(f"word{(i * 7 + j) % 50}" for j in range(60)) for i in range(40))
+
+
+def test_one_long_text_is_split_into_documents_and_recorded_without_its_path(tmp_path):
+    from vocablens.corpus import corpus_record, load_documents, split_documents, split_text
+
+    (tmp_path / "my_notes.txt").write_text(NOTES)
+    docs = load_documents(tmp_path / "my_notes.txt")
+    assert len(docs) == len(NOTES) // 2000 or len(docs) == len(NOTES) // 2000 + 1
+    assert len(docs) >= 5 and all(d.name.startswith(str(tmp_path / "my_notes.txt") + "#") for d in docs)
+    # nothing lost, nothing reordered, cut at paragraph boundaries
+    assert "\n\n".join(d.text for d in docs) == NOTES
+    assert all(len(d.text) >= 2000 for d in docs[:-1])
+    train_docs, val_docs = split_documents(docs, 0.1, 0)
+    assert train_docs and val_docs
+    rec = corpus_record(tmp_path / "my_notes.txt", docs)
+    assert rec["corpus"] == "my_notes.txt" and str(tmp_path) not in json.dumps(rec)
+    # the same text elsewhere hashes the same; other text does not
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "my_notes.txt").write_text(NOTES)
+    assert corpus_record(tmp_path / "b" / "my_notes.txt", load_documents(tmp_path / "b" / "my_notes.txt")) == rec
+    assert corpus_record("x", docs[:-1])["corpus_sha256"] != rec["corpus_sha256"]
+    short = split_text(docs[0].__class__("s", "one paragraph"))
+    assert [d.text for d in short] == ["one paragraph"]
+    one_line = split_text(docs[0].__class__("l", "x" * 9000))  # no paragraph, no line, no space: hard cuts
+    assert "".join(d.text for d in one_line) == "x" * 9000 and len(one_line) == 5
+
+
+def test_find_lens_is_the_one_way_to_find_a_lens(tmp_path):
+    assert find_lens("smollm2") == shipped_lens_path("smollm2")
+    with pytest.raises(BadInput, match="no tuned lens shipped"):
+        find_lens("other-model")
+    with pytest.raises(BadInput, match="lens directory"):
+        find_lens("smollm2", tmp_path)
+    b = tiny()
+    random_lens(b).save(tmp_path / "l")
+    assert find_lens("anything", tmp_path / "l") == tmp_path / "l"
+    assert find_lens("anything", tmp_path / "l" / "config.json") == tmp_path / "l"
+
+
+def test_shipped_config_records_no_local_path():
+    cfg = (shipped_lens_path("smollm2") / "config.json").read_text()
+    for root in ("/work", "/home", "/root", "/tmp", "/usr"):
+        assert root not in cfg
+    data = json.loads(cfg)["training"]["data"]
+    assert data["corpus"] == "mix" and len(data["corpus_sha256"]) == 64
 
 
 # ------------------------------------------------------------------ the shipped lens on the real model
@@ -382,6 +455,7 @@ HELD_OUT = (
 )
 
 
+@pytest.mark.slow
 def test_shipped_lens_beats_the_logit_lens_at_every_layer_via_cli(smollm2, monkeypatch, capsys, tmp_path):
     """`vocablens lens eval` on held-out text (written for this test, never trained on): tuned KL <
     logit KL at every layer 0..L-1."""
@@ -401,6 +475,28 @@ def test_shipped_lens_beats_the_logit_lens_at_every_layer_via_cli(smollm2, monke
     assert d["layers"][30]["tuned"]["kl"] == 0.0
 
 
+@pytest.mark.slow
+def test_lens_eval_on_a_one_file_corpus_and_no_unasked_path(smollm2, monkeypatch, capsys, tmp_path):
+    """`vocablens lens eval --corpus my_notes.txt` (one long text) scores its held-out part; no output
+    names a path the user did not give (the shipped lens's directory, the training machine's corpus)."""
+    import vocablens.cli.tuned as cli_tuned
+    from vocablens.cli.common import run_app
+
+    (tmp_path / "my_notes.txt").write_text(NOTES)
+    monkeypatch.setattr(cli_tuned, "load_model", lambda *a, **k: smollm2)
+    assert run_app(["lens", "eval", "--corpus", str(tmp_path / "my_notes.txt"), "--max-tokens", "64",
+                    "--seq-len", "64", "--json"]) == 0
+    cap = capsys.readouterr()
+    d = json.loads(cap.out)
+    assert d["tokens"] == 64 and d["data"]["split"] == "validation" and d["data"]["corpus"] == "my_notes.txt"
+    assert d["lens"] == "shipped for smollm2" and cap.err == ""
+    assert str(shipped_lens_path("smollm2")) not in cap.out
+    assert run_app(["lens", "eval", "--max-tokens", "32", "--seq-len", "32"]) == 0  # trained-on corpus absent
+    cap = capsys.readouterr()
+    assert "'mix'" in cap.err and "/work" not in cap.err + cap.out and "site-packages" not in cap.out
+
+
+@pytest.mark.slow
 def test_lens_show_kind_both_on_the_real_model(smollm2, monkeypatch, capsys):
     import vocablens.cli.core as cli_core
     from vocablens.cli.common import run_app

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from test_tuned import SMALL, rows_for, tiny
-from vocablens.lens.tuned import train
+from vocablens.lens.train import train
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

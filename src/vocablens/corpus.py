@@ -10,7 +10,13 @@ A corpus is a list of :class:`Document`. Sources:
   ``python-docs`` (English prose, Debian ``python3.11-doc``) and ``debian-handbook`` (English
   prose, Debian ``debian-handbook``); each says the command that installs it.
 
-Train/validation splits are by document, deterministic (a hash of the document name).
+Train/validation splits are by document, deterministic (a hash of the document name). A corpus that
+is one long text (a single file: ``--corpus my_notes.txt``) is cut into documents of about
+:data:`PART_CHARS` characters at paragraph (else line, else sentence) boundaries, so it splits into
+training and validation parts like any other (:func:`split_text`).
+
+:func:`corpus_record` describes a corpus for files that vocablens writes (a tuned lens's config): its
+name (a named corpus, or the file or directory's own name, never a local path) and a content hash.
 """
 
 from __future__ import annotations
@@ -176,7 +182,82 @@ def load_documents(spec: str | Path, max_docs: int | None = None) -> list[Docume
     docs = [d for d in docs if d.text.strip()][: max_docs or None]
     if not docs:
         raise BadInput(f"corpus {str(spec)!r} holds no text")
+    if len(docs) == 1:  # one long text (a notes file): documents as a reader would cut it
+        docs = split_text(docs[0])[: max_docs or None]
     return docs
+
+
+#: target size of the documents a single long text is cut into (characters; about 500 tokens of prose).
+PART_CHARS = 2000
+
+
+def _units(text: str, limit: int) -> list[str]:
+    """Paragraphs of ``text``; a paragraph over ``limit`` characters is cut at lines, then sentences,
+    then whitespace."""
+    import re
+
+    out: list[str] = []
+    for para in re.split(r"\n\s*\n", text):
+        if not para.strip():
+            continue
+        pieces = [para]
+        for sep in ("\n", ". ", " "):
+            nxt = []
+            for piece in pieces:
+                if len(piece) <= limit:
+                    nxt.append(piece)
+                    continue
+                parts = piece.split(sep)
+                nxt += [x + (sep if i < len(parts) - 1 and sep != "\n" else "") for i, x in enumerate(parts)]
+            pieces = nxt
+        for piece in pieces:  # a single word longer than the limit: hard cut
+            out += [piece[i: i + limit] for i in range(0, len(piece), limit)] if len(piece) > limit else [piece]
+    return [u for u in out if u.strip()]
+
+
+def split_text(doc: Document, part_chars: int = PART_CHARS) -> list[Document]:
+    """Cut one long document into consecutive documents of about ``part_chars`` characters (at least
+    ``part_chars``, except the last), at paragraph boundaries where it can; names ``NAME#1``, ``NAME#2``...
+
+    A text no longer than twice ``part_chars`` stays one document.
+
+    Raises:
+        BadInput: ``part_chars`` < 1.
+    """
+    if part_chars < 1:
+        raise BadInput(f"part_chars must be at least 1; got {part_chars}")
+    if len(doc.text) <= 2 * part_chars:
+        return [doc]
+    parts: list[str] = []
+    cur: list[str] = []
+    size = 0
+    for u in _units(doc.text, part_chars):
+        cur.append(u)
+        size += len(u)
+        if size >= part_chars:
+            parts.append("\n\n".join(cur))
+            cur, size = [], 0
+    if cur:
+        if parts and size < part_chars // 2:
+            parts[-1] += "\n\n" + "\n\n".join(cur)
+        else:
+            parts.append("\n\n".join(cur))
+    return [Document(f"{doc.name}#{i + 1}", t) for i, t in enumerate(parts)]
+
+
+def corpus_record(spec: str | Path, docs: list[Document]) -> dict:
+    """How a file that vocablens writes names a corpus: ``{"corpus": NAME, "corpus_sha256": HEX,
+    "documents": N}``.
+
+    NAME is the named corpus, or the last component of the path the user gave (never the path: a
+    lens file travels to other machines). The hash is SHA-256 over the SHA-256 of each document's
+    UTF-8 text, in load order, so the same content hashes the same wherever it lies.
+    """
+    name = str(spec) if str(spec) in NAMED_CORPORA else (Path(str(spec)).expanduser().name or str(spec))
+    h = hashlib.sha256()
+    for d in docs:
+        h.update(hashlib.sha256(d.text.encode("utf-8")).digest())
+    return {"corpus": name, "corpus_sha256": h.hexdigest(), "documents": len(docs)}
 
 
 def split_documents(docs: list[Document], val_fraction: float = 0.1, seed: int = 0
@@ -201,11 +282,16 @@ def split_documents(docs: list[Document], val_fraction: float = 0.1, seed: int =
 
 
 def pack_tokens(docs: Iterable[Document], tokenizer, seq_len: int, eos_id: int | None = None,
-                max_tokens: int | None = None) -> torch.Tensor:
+                max_tokens: int | None = None, shrink: bool = False) -> torch.Tensor:
     """Token-pack documents into rows of ``seq_len`` ids with EOS between documents.
 
+    Args:
+        shrink: when the text holds fewer than ``seq_len`` (but at least 2) tokens, return one
+            shorter row of all of them instead of failing (evaluation on a small held-out part).
+
     Returns:
-        [N, seq_len] int64; the tail that does not fill a row is dropped.
+        [N, seq_len] int64 (or [1, n < seq_len] with ``shrink``); the tail that does not fill a row
+        is dropped.
 
     Raises:
         BadInput: ``seq_len`` < 2, or too little text for one row.
@@ -222,6 +308,8 @@ def pack_tokens(docs: Iterable[Document], tokenizer, seq_len: int, eos_id: int |
         if max_tokens is not None and len(stream) >= max_tokens:
             stream = stream[:max_tokens]
             break
+    if shrink and 2 <= len(stream) < seq_len:
+        seq_len = len(stream)
     n = len(stream) // seq_len
     if n == 0:
         raise BadInput(f"corpus has {len(stream)} tokens, fewer than one row of {seq_len}")

@@ -11,8 +11,31 @@ from vocablens.cli.common import (
 )
 from vocablens.errors import BadInput
 
-lens_app = typer.Typer(cls=DefaultCommandGroup, no_args_is_help=True, add_completion=False,
-                       help="Read the residual stream through the LM head: `vocablens lens PROMPT`.")
+
+
+class LensGroup(DefaultCommandGroup):
+    """``vocablens lens``: ``lens PROMPT [OPTIONS]`` runs ``lens show``; ``--help`` shows its options
+    and then the subcommands (train, eval)."""
+
+    def format_help(self, ctx, formatter):
+        import click
+
+        from rich.console import Console
+        from rich.panel import Panel
+        from rich.table import Table
+
+        show = self.get_command(ctx, "show")
+        show.format_help(click.Context(show, info_name=ctx.info_name, parent=ctx.parent), formatter)
+        rows = Table.grid(padding=(0, 2))
+        for name in self.list_commands(ctx):
+            if name != "show":
+                rows.add_row(f"[bold cyan]{name}[/]", (self.get_command(ctx, name).help or "").strip().splitlines()[0])
+        Console(highlight=False).print(Panel(rows, title="Commands (`vocablens lens COMMAND --help`)",
+                                             title_align="left", border_style="dim"))
+
+
+lens_app = typer.Typer(cls=LensGroup, no_args_is_help=True, add_completion=False,
+                       help="Train (`lens train`) and evaluate (`lens eval`) a tuned lens.")
 app.add_typer(lens_app, name="lens")
 
 
@@ -22,15 +45,16 @@ def lens_show(
     model: ModelOpt = "smollm2",
     k: Annotated[int, typer.Option("-k", "--top-k", help="Top tokens per layer.")] = 5,
     positions: Annotated[str, typer.Option("--positions", help="last, all, or comma-separated positions.")] = "last",
-    layers: Annotated[str, typer.Option("--layers", help="Comma-separated layers (default all 0..L).")] = "",
+    layers: Annotated[str, typer.Option("--layers", help="Comma-separated stream layers 0..L (0 = embedding output, L = last block's output; default all).")] = "",
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the chat template (user turn).")] = False,
     prefix: Annotated[str, typer.Option("--prefix", help="Text that starts the assistant turn (with --chat) or follows the prompt.")] = "",
     kind: Annotated[str, typer.Option("--kind", help="logit, tuned (the shipped or --lens tuned lens) or both.")] = "logit",
-    lens_path: Annotated[str, typer.Option("--lens", help="Tuned-lens directory for --kind tuned/both (default: shipped).")] = "",
+    lens_path: Annotated[str, typer.Option("--lens", help="Tuned-lens directory for --kind tuned/both (default: the lens shipped for the model).")] = "",
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
-    """Logit lens: top tokens, entropy and KL to the final distribution at every layer 0..L."""
+    """Read the residual stream through the LM head: `vocablens lens PROMPT`. Top tokens, entropy and KL
+    to the final distribution at every stream layer 0..L (logit lens, tuned lens, or both)."""
     from vocablens.lens import lens_to_dict, logit_lens
     from vocablens.models.tokens import context_length, encode_prompt
     from vocablens.render.lens import print_lens
@@ -43,13 +67,18 @@ def lens_show(
         raise BadInput(f"-k must be at least 1; got {k}")
     if kind not in ("logit", "tuned", "both"):
         raise BadInput(f"--kind must be logit, tuned or both; got {kind!r}")
+    if lens_path and kind == "logit":
+        raise BadInput("--lens DIR reads a tuned lens: add --kind tuned or --kind both")
+    from vocablens.lens.tuned import find_lens
+
+    found = find_lens(model, lens_path) if kind != "logit" else None  # before the model loads
     lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
     ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat, prefix=prefix)
     tuned = None
-    if kind != "logit":
-        from vocablens.lens.tuned import load_for_model
+    if found is not None:
+        from vocablens.lens.tuned import TunedLens
 
-        tuned = load_for_model(lm.borders, model, lens_path)
+        tuned = TunedLens.load(found, lm.borders)
     results = [logit_lens(lm.borders, ids, positions=pos, k=k, layers=lay, translator=t)
                for t in ([None] if kind == "logit" else [tuned] if kind == "tuned" else [None, tuned])]
     if json_:
@@ -64,9 +93,12 @@ def lens_show(
 
 def _parse_ints(s: str, what: str) -> list[int]:
     try:
-        return [int(x) for x in s.split(",") if x.strip()]
+        vals = [int(x) for x in s.split(",") if x.strip()]
     except ValueError:
         raise BadInput(f"{what} takes comma-separated integers; got {s!r}") from None
+    if not vals:
+        raise BadInput(f"{what} takes comma-separated integers; got {s!r}")
+    return vals
 
 
 def _parse_positions(s: str):

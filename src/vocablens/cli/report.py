@@ -138,7 +138,9 @@ def report(
                 f"<code>--lens DIR</code>.</p>")))
             return
         results["tuned"] = logit_lens(borders, ids, positions="all", k=5, translator=lens)
-        sections.append(tuned_lens_section(borders, tok, ids[0], lens=lens))
+        from vocablens.lens.logit import lens_pair
+
+        sections.append(tuned_lens_section(*lens_pair(borders, ids[0], lens), tok, lens.info()))
 
     def step_argmax():
         ma = argmax_for_borders(borders)

@@ -13,6 +13,7 @@ from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, emit_json, err, lo
 from vocablens.cli.core import lens_app
 from vocablens.errors import BadInput, OutputExists
 
+ProgressOpt = Annotated[bool, typer.Option("--progress", help="Show progress on stderr even with --json.")]
 CorpusOpt = Annotated[str, typer.Option("--corpus", help="A named corpus (python-docs, debian-handbook, pydoc-topics, cpython-stdlib) or a path (text, jsonl, HTML, directory).")]
 
 
@@ -35,23 +36,26 @@ def _init_distributed():
 
 
 def _rows(lm, corpus: str, split: str, seq_len: int, max_tokens: int | None, val_fraction: float,
-          split_seed: int, shuffle_seed: int | None, docs=None):
-    """Pack one split of a corpus into [N, seq_len] rows; returns (rows, info)."""
+          split_seed: int, shuffle_seed: int | None, docs=None, shrink: bool = False):
+    """Pack one split of a corpus into [N, seq_len] rows; returns (rows, info). ``info`` names the
+    corpus by name and content hash (:func:`vocablens.corpus.corpus_record`), never by a local path."""
     import random
 
-    from vocablens.corpus import load_documents, pack_tokens, split_documents
+    from vocablens.corpus import corpus_record, load_documents, pack_tokens, split_documents
 
     docs = load_documents(corpus) if docs is None else docs
     train_docs, val_docs = split_documents(docs, val_fraction=val_fraction, seed=split_seed)
     part = train_docs if split == "train" else val_docs
     if not part:
-        raise BadInput(f"corpus {corpus!r} has no {split} documents (it holds {len(docs)}); give more documents")
+        raise BadInput(f"corpus {corpus!r} has no {split} documents (it holds {len(docs)}); give more text")
     if shuffle_seed is not None:
         part = list(part)
         random.Random(shuffle_seed).shuffle(part)
-    rows = pack_tokens(part, lm.tokenizer, seq_len, max_tokens=max_tokens)
-    info = {"corpus": corpus, "split": split, "val_fraction": val_fraction, "split_seed": split_seed,
-            "documents": len(part), "tokens": int(rows.numel()), "seq_len": seq_len}
+    rows = pack_tokens(part, lm.tokenizer, seq_len, max_tokens=max_tokens, shrink=shrink)
+    rec = corpus_record(corpus, docs)
+    info = {"corpus": rec["corpus"], "corpus_sha256": rec["corpus_sha256"], "split": split,
+            "val_fraction": val_fraction, "split_seed": split_seed, "documents": len(part),
+            "tokens": int(rows.numel()), "seq_len": int(rows.shape[1])}
     return rows, info
 
 
@@ -80,13 +84,15 @@ def lens_train(
     init_tokens: Annotated[int, typer.Option("--init-tokens", help="Training tokens for --init regression's fit.")] = 8192,
     save_dtype: Annotated[str, typer.Option("--save-dtype", help="float32 or bfloat16 storage of the saved lens.")] = "float32",
     force: Annotated[bool, typer.Option("--force", help="Replace a lens already in --out.")] = False,
+    progress: ProgressOpt = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
     """Train a tuned lens (Belrose et al. 2023) on a frozen model; checkpoints go to --out."""
     import torch
 
-    from vocablens.lens.tuned import LENS_FILE, TrainSettings, TunedLens, train
+    from vocablens.lens.train import TrainSettings, train
+    from vocablens.lens.tuned import LENS_FILE, TunedLens
 
     settings = TrainSettings(steps=steps, tokens_per_step=tokens_per_step, seq_len=seq_len, lr=lr,
                              weight_decay=weight_decay, grad_clip=grad_clip, warmup_steps=warmup, loss=loss,
@@ -102,21 +108,21 @@ def lens_train(
         raise OutputExists(f"{out_dir} exists and is not a directory")
     _threads(threads)
     rank, world = _init_distributed()
-    quiet = json_ or rank != 0
+    quiet = (json_ and not progress) or rank != 0
     from vocablens.corpus import load_documents
 
     docs = load_documents(corpus)  # a missing or empty corpus fails before the model loads
     lm = load_model(model, trust_remote_code=trust_remote_code, quiet=quiet)
     rows, info = _rows(lm, corpus, "train", seq_len, max_tokens or None, val_fraction, 0, seed, docs)
-    info["model"] = model
+    info["model"] = lm.provenance.name
     if not quiet:
         err.print(f"[dim]training data: {info['tokens']} tokens in {rows.shape[0]} chunks of {seq_len} "
-                  f"from {info['documents']} documents of {corpus}[/dim]")
+                  f"from {info['documents']} documents of {corpus}[/dim]", soft_wrap=True)
     lens = TunedLens.for_model(lm.borders, name=lm.provenance.name)
     t0 = time.perf_counter()
     init_info = {"init": init}
     if init == "regression" and not resume:
-        from vocablens.lens.tuned import regression_init
+        from vocablens.lens.regression import regression_init
 
         n_fit = max(1, min(rows.shape[0] - 1, init_tokens // seq_len))
         if not quiet:
@@ -148,13 +154,20 @@ def lens_train(
 
 
 def _argv_tail() -> list[str]:
+    """The command's arguments after ``train``, with each path reduced to its last component (the
+    lens's config travels to other machines; a local path means nothing there)."""
     import shlex
     import sys
 
     args = sys.argv[1:]
     if "train" in args:
         args = args[args.index("train") + 1:]
-    return [shlex.quote(a) for a in args]
+    out = []
+    for a in args:
+        if not a.startswith("-") and ("/" in a or os.sep in a) and Path(a).expanduser().name:
+            a = Path(a).expanduser().name
+        out.append(shlex.quote(a))
+    return out
 
 
 class _progress:
@@ -193,10 +206,33 @@ class _progress:
         return False
 
 
+class _rows_bar:
+    """A rich progress bar with ETA on stderr for evaluation rows (nothing when quiet)."""
+
+    def __init__(self, quiet: bool, total: int, label: str) -> None:
+        self.quiet, self.total, self.label, self.bar, self.task = quiet, total, label, None, None
+
+    def __enter__(self):
+        if self.quiet:
+            return None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
+                            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err)
+        self.bar.start()
+        self.task = self.bar.add_task(self.label, total=self.total)
+        return lambda done, total: self.bar.update(self.task, completed=done)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
+
+
 @lens_app.command("eval")
 def lens_eval(
     model: ModelOpt = "smollm2",
-    lens_path: Annotated[str, typer.Option("--lens", help="Lens directory (default: the lens shipped for the model).")] = "",
+    lens_path: Annotated[str, typer.Option("--lens", help="Tuned-lens directory (default: the lens shipped for the model).")] = "",
     corpus: CorpusOpt = "",
     split: Annotated[str, typer.Option("--split", help="validation (held out, default) or train or all.")] = "validation",
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens to score.")] = 4096,
@@ -204,11 +240,14 @@ def lens_eval(
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a plot: .html (plotly) or .png (matplotlib).")] = None,
     threads: Annotated[int, typer.Option("--threads", help="torch threads (0 = torch's default).")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --plot file.")] = False,
+    progress: ProgressOpt = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
     """Per layer, logit lens vs tuned lens on held-out text: KL to final, CE (nats, bits/byte), entropy, top-1 agreement."""
-    from vocablens.lens.tuned import evaluate, shipped_lens_path, text_bytes
+    from vocablens.corpus import NAMED_CORPORA, corpus_record, load_documents, pack_tokens
+    from vocablens.lens.evaluate import evaluate, text_bytes
+    from vocablens.lens.tuned import TunedLens, find_lens
     from vocablens.render.tuned import print_eval, save_eval_plot
 
     if max_tokens < 2 or seq_len < 2:
@@ -220,50 +259,53 @@ def lens_eval(
     if plot is not None and plot.suffix.lower() not in (".html", ".png"):
         raise BadInput(f"--plot must end in .html or .png; got {plot}")
     _threads(threads)
-    from vocablens.corpus import load_documents, pack_tokens
-    from vocablens.lens.tuned import TunedLens
-
-    path = lens_path or shipped_lens_path(model)
-    if not path:
-        raise BadInput(f"no tuned lens shipped for {model!r}; give --lens DIR (train one with `vocablens lens train`)")
+    quiet = json_ and not progress
+    path = find_lens(model, lens_path)
     lens = TunedLens.load(path)  # checked against the model below
+    lens_label = lens_path or f"shipped for {model}"  # never a path the user did not give
     data = lens.settings.get("data") or {}
+    docs = None
     if not corpus:
-        from pathlib import Path
-
-        from vocablens.corpus import NAMED_CORPORA
-
-        trained_on = str(data.get("corpus") or "")
-        if trained_on and (trained_on in NAMED_CORPORA or Path(trained_on).exists()):
+        trained_on, trained_sha = str(data.get("corpus") or ""), data.get("corpus_sha256")
+        if trained_on in NAMED_CORPORA:
             corpus = trained_on
-        else:
+        elif trained_on and trained_sha and Path(trained_on).exists():
+            here = load_documents(trained_on)
+            if corpus_record(trained_on, here)["corpus_sha256"] == trained_sha:
+                corpus, docs = trained_on, here
+        if not corpus:
             corpus = "pydoc-topics"
-            if trained_on and not json_:
-                err.print(f"[dim]the lens was trained on {trained_on}, which is not here; evaluating on "
-                          f"{corpus} ({split}); give --corpus to choose[/dim]")
-    docs = load_documents(corpus)  # a missing or empty corpus fails before the model loads
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+            if trained_on and not quiet:
+                err.print(f"[dim]the lens was trained on the corpus {trained_on!r}"
+                          f"{' (sha256 ' + trained_sha[:12] + ')' if trained_sha else ''}, which is not here; "
+                          f"evaluating on {corpus} ({split}); give --corpus to choose[/dim]")
+    docs = load_documents(corpus) if docs is None else docs  # a missing or empty corpus fails before the model loads
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=quiet)
     lens.check_model(lm.borders)
     val_fraction = float(data.get("val_fraction", 0.1)) if split != "all" else 0.0
     seq = min(seq_len, max_tokens)
     if split == "all":
-        rows = pack_tokens(docs, lm.tokenizer, seq, max_tokens=max_tokens)
-        info = {"corpus": corpus, "split": "all"}
+        rows = pack_tokens(docs, lm.tokenizer, seq, max_tokens=max_tokens, shrink=True)
+        rec = corpus_record(corpus, docs)
+        info = {"corpus": rec["corpus"], "corpus_sha256": rec["corpus_sha256"], "split": "all"}
     else:
         rows, info = _rows(lm, corpus, split, seq, max_tokens, val_fraction, int(data.get("split_seed", 0)),
-                           None, docs)
-    rows = rows[: max(1, max_tokens // seq)]
-    if not json_:
-        err.print(f"[dim]scoring {rows.numel()} tokens of {corpus} ({split}) at {lm.borders.n_layers + 1} layers ...[/dim]")
-    res = evaluate(lm.borders, lens, rows, n_bytes=text_bytes(lm.tokenizer, rows))
+                           None, docs, shrink=True)
+    rows = rows[: max(1, max_tokens // rows.shape[1])]
+    name = info["corpus"]
+    if not quiet:
+        err.print(f"[dim]scoring {rows.numel()} tokens of {name} ({split}) at {lm.borders.n_layers + 1} layers, "
+                  f"both lenses[/dim]", soft_wrap=True)
+    with _rows_bar(quiet, int(rows.shape[0]), "lens eval") as on_row:
+        res = evaluate(lm.borders, lens, rows, n_bytes=text_bytes(lm.tokenizer, rows), on_row=on_row)
     d = res.to_dict()
-    d.update({"model": lm.provenance.to_dict(), "lens": str(path), "data": info})
+    d.update({"model": lm.provenance.to_dict(), "lens": lens_label, "data": info})
     if plot is not None:
-        save_eval_plot(res, plot, title=f"{lm.provenance.name}: logit vs tuned lens on {corpus} ({split})")
+        save_eval_plot(res, plot, title=f"{lm.provenance.name}: logit vs tuned lens on {name} ({split})")
         d["plot"] = str(plot)
     if json_:
         emit_json(d)
     else:
-        print_eval(res, title=f"{lm.provenance.name}, {rows.numel()} tokens of {corpus} ({split}), lens {path}")
+        print_eval(res, out, title=f"{lm.provenance.name}, {rows.numel()} tokens of {name} ({split}), lens {lens_label}")
         if plot is not None:
             err.print(f"[dim]wrote {plot}[/dim]")

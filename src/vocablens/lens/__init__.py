@@ -1,5 +1,14 @@
-"""Lenses over the residual stream: the logit lens here, the tuned lens in :mod:`vocablens.lens.tuned`."""
+"""Lenses over the residual stream.
 
-from vocablens.lens.logit import LensLayer, LensResult, Translator, layer_logprobs, lens_to_dict, logit_lens
+* :mod:`~vocablens.lens.logit` — the logit lens (and any translator, e.g. a tuned lens) over layers 0..L.
+* :mod:`~vocablens.lens.tuned` — the tuned lens, its files, and :func:`~vocablens.lens.tuned.find_lens`.
+* :mod:`~vocablens.lens.train` — training a tuned lens (checkpoints, exact resume, data-parallel).
+* :mod:`~vocablens.lens.regression` — the least-squares start of ``--init regression``.
+* :mod:`~vocablens.lens.evaluate` — logit lens vs tuned lens per layer on held-out text.
+"""
 
-__all__ = ["LensLayer", "LensResult", "Translator", "layer_logprobs", "lens_to_dict", "logit_lens"]
+from vocablens.lens.logit import (
+    LensLayer, LensResult, Translator, layer_logprobs, lens_pair, lens_to_dict, logit_lens,
+)
+
+__all__ = ["LensLayer", "LensResult", "Translator", "layer_logprobs", "lens_pair", "lens_to_dict", "logit_lens"]

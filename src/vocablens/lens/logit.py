@@ -6,7 +6,8 @@ before the final norm, so the layer-L row is the model's own output distribution
 applied exactly once). A *translator* (the tuned lens, Belrose et al. 2023, §3) can be plugged in:
 any object with ``translate(layer, h [P, d]) -> h' [P, d]``; layer L is never translated.
 
-Only one layer's [P, V] distribution is held at a time; all math is float32.
+All layers are read through one chunked pass (:func:`vocablens.ops.kl_readout`): no [P, V]
+log-probabilities and never [L+1, P, V]; all math is float32.
 """
 
 from __future__ import annotations
@@ -95,20 +96,41 @@ def resolve_positions(T: int, positions: str | int | Sequence[int] | None) -> to
 
 def layer_logprobs(borders: Borders, h: torch.Tensor, layer: int,
                    translator: Translator | None = None) -> torch.Tensor:
-    """Residual stream at one layer [P, d_model] -> log-probabilities [P, V] float32.
+    """Residual stream at one layer [P, d_model] -> the full log-probabilities [P, V] float32.
 
-    The translator (if any) is applied to layers < L only.
+    For callers that need every column of a few rows; the lens itself never forms [P, V] log-probs
+    (:func:`logit_lens` reads through :func:`vocablens.ops.kl_readout`). The translator (if any) is
+    applied to layers < L only.
     """
     if translator is not None and layer < borders.n_layers:
-        h = translator.translate(layer, h.float()).to(h.dtype)
-    logits = borders.unembed(h)
-    return torch.log_softmax(logits.float(), dim=-1)
+        h = translator.translate(layer, h.float())
+    U = borders.unembedding.float32()
+    z = U.logits(U.normed(h, torch.float32))
+    return z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))
+
+
+def lens_states(borders: Borders, resid: torch.Tensor, layers: Sequence[int],
+                translator: Translator | None = None) -> torch.Tensor:
+    """Head inputs of the lens at the given layers: [S, P, d_emb] float32 from resid [L+1, P, d_model].
+
+    The translator (tuned lens) maps layers < L; layer L is read as it is. The final norm (and
+    project_out) run in float32 (:meth:`~vocablens.models.unembed.Unembedding.float32`).
+    """
+    U = borders.unembedding.float32()
+    L = borders.n_layers
+    hs = [translator.translate(ly, resid[ly].float()) if (translator is not None and ly < L) else resid[ly].float()
+          for ly in layers]
+    return U.normed(torch.stack(hs), torch.float32)
 
 
 def logit_lens(borders: Borders, input_ids: torch.Tensor, positions="last", k: int = 5,
                translator: Translator | None = None, kind: str | None = None,
                layers: Sequence[int] | None = None) -> LensResult:
     """Read the residual stream of one prompt through the lens at every layer.
+
+    One forward pass, then one LM-head GEMM per (layer, position) through
+    :func:`vocablens.ops.kl_readout`, token-chunked: no [L+1, P, V] tensor and no [P, V]
+    log-probabilities exist; the statistics are compared with the model's own logits [P, V].
 
     Args:
         borders: the model's :class:`Borders`.
@@ -124,6 +146,8 @@ def logit_lens(borders: Borders, input_ids: torch.Tensor, positions="last", k: i
     Raises:
         BadInput: empty prompt, k out of range, a layer outside 0..L, a bad position.
     """
+    from vocablens.ops import kl_readout
+
     if input_ids.dim() == 2:
         if input_ids.shape[0] != 1:
             raise BadInput(f"logit_lens reads one prompt; got a batch of {input_ids.shape[0]}")
@@ -132,40 +156,65 @@ def logit_lens(borders: Borders, input_ids: torch.Tensor, positions="last", k: i
     if T == 0:
         raise BadInput("empty prompt: give some text")
     V = borders.vocab_size
-    if not 1 <= k <= V:
-        raise BadInput(f"-k must be between 1 and V={V}; got {k}")
+    real = borders.real_vocab_size
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= real:
+        raise BadInput(f"-k must be an integer between 1 and V={real}; got {k!r}")
     L = borders.n_layers
     wanted = list(range(L + 1)) if layers is None else sorted(set(int(x) for x in layers))
     bad = [x for x in wanted if not 0 <= x <= L]
     if bad:
         raise BadInput(f"layer {bad[0]} is outside 0..{L}")
     pos = resolve_positions(T, positions)
-    real = borders.real_vocab_size
+    U = borders.unembedding.float32()
+    head = U.head_kwargs()
     with torch.no_grad():
         resid, model_logits = borders.residual_stream(input_ids[None])
-        resid = resid[:, 0, pos]  # [L+1, P, d]
-        model_lp = torch.log_softmax(model_logits[0, pos].float(), dim=-1)
-        final_lp = layer_logprobs(borders, resid[L], L)
-        diff = float((final_lp.exp() - model_lp.exp()).abs().max())
-        final_p = final_lp.exp()
-        final_top1 = final_lp[:, :real].argmax(dim=-1)
-        out: list[LensLayer] = []
-        for layer in range(L + 1):
-            if layer not in wanted:
-                continue
-            lp = final_lp if layer == L else layer_logprobs(borders, resid[layer], layer, translator)
-            p = lp.exp()
-            top = torch.topk(lp[:, :real], k, dim=-1)
-            ent = -(p * lp).nan_to_num().sum(-1)
-            kl = (final_p * (final_lp - lp)).nan_to_num().sum(-1).clamp_min(0.0)
-            tgt = lp.gather(1, final_top1[:, None])
-            rank = (lp[:, :real] > tgt).sum(-1)
-            out.append(LensLayer(layer=layer, top_ids=top.indices, top_probs=top.values.exp(),
-                                 entropy=ent, kl_to_final=kl, final_top1_rank=rank,
-                                 final_top1_prob=tgt[:, 0].exp()))
+        every = len(pos) == T and bool((pos == torch.arange(T)).all())
+        resid = resid[:, 0] if every else resid[:, 0, pos]  # [L+1, P, d]
+        ref = model_logits[0] if every else model_logits[0, pos]  # [P, V] the model's own output (no copy)
+        del model_logits
+        final_top1 = ref[:, :real].argmax(dim=-1)
+        stats = dict(targets=final_top1, rank=True, top_k=k, topk_cols=real, entropy=True, **head)
+        early = [ly for ly in wanted if ly < L]
+        X_early = lens_states(borders, resid, early, translator) if early else None
+        X_last = lens_states(borders, resid, [L])
+        del resid
+        reads = {}
+        if early:
+            r = kl_readout(X_early, U.weight, ref, **stats)
+            reads.update({ly: (r, i) for i, ly in enumerate(early)})
+            del X_early
+        last = kl_readout(X_last, U.weight, ref, max_abs_dp=True, **stats)
+        reads[L] = (last, 0)
+        diff = float(last.max_abs_dp.max())
+        out = [LensLayer(layer=ly, top_ids=r.topk_ids[i], top_probs=r.topk_logprobs[i].exp(),
+                         entropy=r.entropy[i], kl_to_final=r.kl[i], final_top1_rank=r.target_rank[i],
+                         final_top1_prob=r.target_logprob[i].exp())
+               for ly, (r, i) in sorted(reads.items()) if ly in wanted]
     return LensResult(kind=kind or ("logit" if translator is None else "tuned"),
                       input_ids=input_ids.detach().cpu(), positions=pos, layers=out,
                       final_top1=final_top1, model_max_abs_diff=diff, n_layers=L)
+
+
+def lens_pair(borders: Borders, input_ids: torch.Tensor, translator: Translator,
+              max_positions: int = 24, k: int = 1) -> tuple[LensResult, LensResult]:
+    """The logit lens and a tuned lens over the last ``max_positions`` positions of one prompt
+    (the report's prediction trajectories, Belrose et al. 2023, Fig. 1).
+
+    Returns:
+        ``(logit, tuned)`` :class:`LensResult` over the same positions.
+
+    Raises:
+        BadInput: as :func:`logit_lens`. CheckpointMismatch: a tuned lens of another model.
+    """
+    check = getattr(translator, "check_model", None)
+    if callable(check):
+        check(borders)
+    ids = torch.as_tensor(input_ids).flatten()
+    T = int(ids.numel())
+    positions = list(range(max(0, T - max_positions), T))
+    return (logit_lens(borders, ids, positions=positions, k=k),
+            logit_lens(borders, ids, positions=positions, k=k, translator=translator))
 
 
 def lens_to_dict(result: LensResult, tokenizer=None) -> dict:

@@ -101,7 +101,7 @@ class Unembedding:
             W = W[r]
             b = None if b is None else b[r]
         z = nn.functional.linear(h.to(W.dtype), W, b).float()
-        return transform_logits(z, self.logit_scale, self.softcap, inplace=True)
+        return transform_logits(z, self.logit_scale, self.softcap, inplace=not z.requires_grad)  # autograd needs the cap's output intact
 
     def __call__(self, resid: torch.Tensor, rows: torch.Tensor | list[int] | None = None) -> torch.Tensor:
         """Residual stream [..., d_model] -> float32 logits [..., V]: the model's own output at layer L."""

@@ -33,3 +33,4 @@ __all__ = [
     "vocab_parallel_gather_logits", "vocab_parallel_log_softmax", "vocab_parallel_logits",
     "vocab_parallel_logsumexp", "vocab_parallel_topk",
 ]
+from vocablens.ops.kl import KLReadout, LinearKL, kl_readout, linear_kl  # noqa: E402,F401  (KL to a reference, with gradient)

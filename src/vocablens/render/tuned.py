@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.table import Table
 
 from vocablens.lens.logit import LensResult
-from vocablens.lens.tuned import LensEval
+from vocablens.lens.evaluate import LensEval
 from vocablens.render.html import Section, esc, figure_html
 
 COLOURS = {
@@ -51,10 +51,8 @@ def eval_table(res: LensEval, title: str = "") -> Table:
     return t
 
 
-def print_eval(res: LensEval, title: str = "") -> None:
-    """Print :func:`eval_table` and a one-line verdict on stdout."""
-    from vocablens.cli.common import out
-
+def print_eval(res: LensEval, out, title: str = "") -> None:
+    """Print :func:`eval_table` and a one-line verdict to the rich console ``out`` (stdout)."""
     out.print(eval_table(res, title))
     n_better = sum(res.tuned_kl[i] < res.logit_kl[i] for i in range(res.n_layers))
     out.print(f"tuned KL below logit KL at {n_better} of {res.n_layers} layers 0..{res.n_layers - 1} "
@@ -83,13 +81,10 @@ def eval_figure(res: LensEval, title: str = ""):
 
 def save_eval_plot(res: LensEval, path: str | Path, title: str = "") -> Path:
     """Write the evaluation plot: ``.html`` (plotly, self-contained) or ``.png`` (matplotlib), atomically."""
-    import os
-    import tempfile
+    from vocablens.files import atomic_path
 
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent or ".")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         if path.suffix.lower() == ".png":
             import matplotlib
 
@@ -110,16 +105,10 @@ def save_eval_plot(res: LensEval, path: str | Path, title: str = "") -> Path:
             if title:
                 fig.suptitle(title)
             fig.tight_layout()
-            fig.savefig(tmp, dpi=110)
+            fig.savefig(tmp, dpi=110, format="png")
             plt.close(fig)
         else:
-            eval_figure(res, title).write_html(tmp, include_plotlyjs=True, full_html=True)
-        from vocablens.render.report import publish_mode
-        publish_mode(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+            eval_figure(res, title).write_html(str(tmp), include_plotlyjs=True, full_html=True)
     return path
 
 
@@ -170,16 +159,15 @@ def trajectory_figure(logit: LensResult, tuned: LensResult, tokenizer, colour: s
     return fig
 
 
-def tuned_lens_section(borders, tokenizer, input_ids, lens=None, colours=("entropy", "kl", "final_prob"),
-                       eval_result: LensEval | None = None, max_positions: int = 24) -> Section:
+def tuned_lens_section(logit: LensResult, tuned: LensResult, tokenizer, lens_info: dict | None = None,
+                       colours=("entropy", "kl", "final_prob"), eval_result: LensEval | None = None) -> Section:
     """The report section: prediction trajectories of one prompt through both lenses.
 
     Args:
-        borders: the model.
-        tokenizer: its tokenizer.
-        input_ids: [T] int64 prompt (the last ``max_positions`` positions are drawn).
-        lens: a :class:`~vocablens.lens.tuned.TunedLens` (default: the one shipped for smollm2, when it
-            fits the model).
+        logit, tuned: the two lenses over the same positions of one prompt
+            (:func:`vocablens.lens.logit.lens_pair`).
+        tokenizer: the model's tokenizer.
+        lens_info: ``{"name", "tokens"}`` of the tuned lens (its model name, training tokens).
         colours: one heatmap pair per colour (``entropy``, ``kl``, ``final_prob``).
         eval_result: an optional :class:`LensEval` to plot per-layer KL/CE/agreement too.
 
@@ -187,35 +175,21 @@ def tuned_lens_section(borders, tokenizer, input_ids, lens=None, colours=("entro
         :class:`Section` with id ``tuned-lens``.
 
     Raises:
-        BadInput: no lens given and none shipped for this model.
-        CheckpointMismatch: the lens belongs to another model.
+        BadInput: an unknown colour.
     """
-    import torch
-
-    from vocablens.errors import BadInput
-    from vocablens.lens.logit import logit_lens
-    from vocablens.lens.tuned import TunedLens, shipped_lens_path
-
-    if lens is None:
-        p = shipped_lens_path("smollm2")
-        if p is None:
-            raise BadInput("no tuned lens given and none shipped; train one with `vocablens lens train`")
-        lens = TunedLens.load(p, borders)
-    else:
-        lens.check_model(borders)
-    ids = torch.as_tensor(input_ids).flatten()
-    T = int(ids.numel())
-    positions = list(range(max(0, T - max_positions), T))
-    lo = logit_lens(borders, ids, positions=positions, k=1)
-    tu = logit_lens(borders, ids, positions=positions, k=1, translator=lens)
+    info = lens_info or {}
+    positions = logit.positions.tolist()
+    T = int(logit.input_ids.numel())
     parts = [f"<p>Prediction trajectories (Belrose et al. 2023, Fig. 1) of {T} tokens, positions "
              f"{positions[0]}..{positions[-1]}: each cell is one layer (rows, 0 = embedding output, "
-             f"{borders.n_layers} = model output) at one position; the text is the lens's top token. "
-             f"Left: logit lens; right: tuned lens ({esc(lens.identity.get('name') or 'trained')}, "
-             f"{esc(lens.settings.get('tokens', '?'))} training tokens).</p>"]
+             f"{logit.n_layers} = model output) at one position; the text is the lens's top token. "
+             f"Left: logit lens; right: tuned lens ({esc(info.get('name') or 'trained')}, "
+             f"{esc(info.get('tokens', '?'))} training tokens).</p>"]
     for c in colours:
+        if c not in COLOURS:
+            trajectory_figure(logit, tuned, tokenizer, c)  # raises BadInput naming the colours
         parts.append(f"<h3>{esc(COLOURS[c][0])}</h3>")
-        parts.append(figure_html(trajectory_figure(lo, tu, tokenizer, c), f"tuned-lens-{c}"))
+        parts.append(figure_html(trajectory_figure(logit, tuned, tokenizer, c), f"tuned-lens-{c}"))
     if eval_result is not None:
         parts.append("<h3>Per-layer quality on held-out text</h3>")
         parts.append(figure_html(eval_figure(eval_result), "tuned-lens-eval"))

@@ -1,0 +1,156 @@
+"""Evaluating a tuned lens against the logit lens on held-out text (Belrose et al. 2023, §4)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from vocablens.errors import BadInput
+from vocablens.lens.tuned import TunedLens
+from vocablens.models import Borders
+from vocablens.ops.kl import kl_readout
+
+
+@dataclass(frozen=True)
+class LensEval:
+    """Per-layer quality of the logit lens and the tuned lens on held-out text (layers 0..L).
+
+    All arrays are [L+1] float64 means over the counted positions; layer L is the model itself
+    (KL 0, agreement 1) for both lenses.
+
+    Attributes:
+        n_layers: L.
+        tokens: positions scored for KL / entropy / agreement.
+        ce_tokens: positions scored for CE (those with a next token).
+        n_bytes: UTF-8 bytes of the predicted text (for bits per byte), or 0 when unknown.
+        logit_kl, tuned_kl: KL(final ‖ lens), nats.
+        logit_ce, tuned_ce: cross-entropy against the actual next token, nats.
+        logit_bpb, tuned_bpb: the same in bits per byte (nan when n_bytes is 0).
+        logit_entropy, tuned_entropy: entropy of the lens distribution, nats.
+        logit_top1, tuned_top1: fraction of positions whose top-1 equals the final layer's.
+    """
+
+    n_layers: int
+    tokens: int
+    ce_tokens: int
+    n_bytes: int
+    logit_kl: list[float]
+    tuned_kl: list[float]
+    logit_ce: list[float]
+    tuned_ce: list[float]
+    logit_bpb: list[float]
+    tuned_bpb: list[float]
+    logit_entropy: list[float]
+    tuned_entropy: list[float]
+    logit_top1: list[float]
+    tuned_top1: list[float]
+
+    def to_dict(self) -> dict:
+        """JSON-ready: ``{"n_layers", "tokens", ..., "layers": [{"layer", "logit": {...}, "tuned": {...}}]}``."""
+        layers = []
+        for i in range(self.n_layers + 1):
+            layers.append({"layer": i,
+                           "logit": {"kl": self.logit_kl[i], "ce": self.logit_ce[i], "bpb": self.logit_bpb[i],
+                                     "entropy": self.logit_entropy[i], "top1_agreement": self.logit_top1[i]},
+                           "tuned": {"kl": self.tuned_kl[i], "ce": self.tuned_ce[i], "bpb": self.tuned_bpb[i],
+                                     "entropy": self.tuned_entropy[i], "top1_agreement": self.tuned_top1[i]}})
+        return {"n_layers": self.n_layers, "tokens": self.tokens, "ce_tokens": self.ce_tokens,
+                "n_bytes": self.n_bytes,
+                "tuned_below_logit_every_layer": all(self.tuned_kl[i] < self.logit_kl[i] for i in range(self.n_layers)),
+                "layers": layers}
+
+
+def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int = 0,
+             chunk_rows: int | None = None, real_vocab_only: bool = True,
+             on_row: Callable[[int, int], None] | None = None) -> LensEval:
+    """Score the logit lens and the tuned lens at every layer on held-out chunks (float32 throughout).
+
+    Belrose et al. (2023, §4, Fig. 3 and 4): KL to the final distribution, cross-entropy, and
+    agreement per layer. Each row is one forward pass; both lenses read the same residual stream,
+    and all their layers (and layer L) go through one :func:`vocablens.ops.kl_readout` call per
+    row: one LM-head GEMM per (lens, layer, token), nothing else over V. Cost per token:
+    one forward plus (2L + 1)·2·V·d FLOPs.
+
+    Args:
+        borders: the model.
+        lens: the tuned lens (checked against the model).
+        rows: [N, T] int64 held-out token chunks.
+        n_bytes: UTF-8 bytes of the text predicted (the tokens at positions 1..T-1 of each row), for
+            bits per byte; 0 = unknown.
+        chunk_rows: (layer, token) rows per LM-head GEMM (default: a 48 MiB float32 buffer, :data:`vocablens.ops.kl.DEFAULT_CHUNK_BYTES`).
+        real_vocab_only: top-1 agreement over real tokens only (padding rows excluded).
+        on_row: called as ``on_row(done, total)`` after each row (progress).
+
+    Returns:
+        :class:`LensEval`.
+
+    Raises:
+        BadInput: empty rows.
+        CheckpointMismatch: the lens belongs to another model.
+    """
+    if rows.dim() != 2 or rows.numel() == 0 or rows.shape[1] < 2:
+        raise BadInput(f"evaluation needs token rows [N >= 1, T >= 2]; got {list(rows.shape)}")
+    lens.check_model(borders)
+    U = borders.unembedding.float32()
+    W = U.weight.detach().float()
+    L = borders.n_layers
+    sums = torch.zeros(2 * L + 1, 4, dtype=torch.float64)  # [logit 0..L-1, tuned 0..L-1, layer L] x [KL, CE, H, top1]
+    n_tok = n_ce = 0
+    real = borders.real_vocab_size if real_vocab_only else borders.vocab_size
+    with torch.no_grad():
+        for r in range(rows.shape[0]):
+            ids = rows[r: r + 1]
+            T = ids.shape[1]
+            resid, logits = borders.residual_stream(ids)
+            H = resid[:, 0].float()  # [L+1, T, d]
+            ref = logits[0]  # [T, V] the model's own output
+            final_top = ref[:, :real].argmax(-1)
+            targets = torch.zeros(T, dtype=torch.long)
+            targets[:-1] = ids[0, 1:]
+            valid = torch.ones(T, dtype=torch.float64)
+            valid[-1] = 0
+            X = U.normed(torch.cat([H[:L], lens.translate_all(H[:L]), H[L:]]), torch.float32)
+            res = kl_readout(X, W, ref, targets=targets, top_k=1, topk_cols=real, entropy=True,
+                             chunk_rows=chunk_rows, **U.head_kwargs())
+            sums[:, 0] += res.kl.double().sum(1)
+            sums[:, 1] += (-res.target_logprob.double() * valid).sum(1)
+            sums[:, 2] += res.entropy.double().sum(1)
+            sums[:, 3] += (res.topk_ids[..., 0] == final_top).double().sum(1)
+            n_tok += T
+            n_ce += T - 1
+            if on_row is not None:
+                on_row(r + 1, int(rows.shape[0]))
+
+    def col(j: int, tuned: bool, denom: int, final_value: float) -> list[float]:
+        part = sums[L: 2 * L, j] if tuned else sums[:L, j]
+        return [float(x) / denom for x in part] + [final_value]
+
+    final_ce = float(sums[2 * L, 1]) / n_ce
+    final_ent = float(sums[2 * L, 2]) / n_tok
+    to_bpb = (n_ce / n_bytes / math.log(2)) if n_bytes else float("nan")
+
+    def bpb(ce: list[float]) -> list[float]:
+        return [x * to_bpb for x in ce]
+
+    logit_ce, tuned_ce = col(1, False, n_ce, final_ce), col(1, True, n_ce, final_ce)
+    return LensEval(
+        n_layers=L, tokens=n_tok, ce_tokens=n_ce, n_bytes=int(n_bytes),
+        logit_kl=col(0, False, n_tok, 0.0), tuned_kl=col(0, True, n_tok, 0.0),
+        logit_ce=logit_ce, tuned_ce=tuned_ce, logit_bpb=bpb(logit_ce), tuned_bpb=bpb(tuned_ce),
+        logit_entropy=col(2, False, n_tok, final_ent), tuned_entropy=col(2, True, n_tok, final_ent),
+        logit_top1=col(3, False, n_tok, 1.0), tuned_top1=col(3, True, n_tok, 1.0),
+    )
+
+
+def text_bytes(tokenizer, rows: torch.Tensor) -> int:
+    """UTF-8 bytes of the text the rows' positions 1..T-1 spell (special tokens skipped)."""
+    total = 0
+    for r in rows:
+        total += len(tokenizer.decode(r[1:].tolist(), skip_special_tokens=True).encode("utf-8"))
+    return total
+
+
+__all__ = ["LensEval", "evaluate", "text_bytes"]

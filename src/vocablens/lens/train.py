@@ -1,0 +1,370 @@
+"""Training a tuned lens (Belrose et al. 2023, §3): settings, the loop, checkpoints and exact resume.
+
+Defaults and where ours differ from the paper: :mod:`vocablens.lens.tuned`'s docstring. Per step the
+frozen model runs once without gradients; the loss of every layer (KL(final ‖ lens), or CE to the next
+token) and its gradient with respect to the lens states come from :func:`vocablens.ops.linear_kl`
+(token-chunked, analytic: ``softmax(lens) - p_final``), so the [T, V] distributions of all layers
+never exist at once and autograd only sees the translators and the final norm. Checkpoints
+(``checkpoint.safetensors`` + ``checkpoint.json``) are written through :mod:`vocablens.files`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from vocablens.errors import BadInput, CheckpointMismatch, CorruptModelFile, TrainingDiverged
+from vocablens.lens.tuned import FORMAT, TunedLens, read_json, read_safetensors, save_files
+from vocablens.models import Borders
+from vocablens.ops.kl import linear_kl
+
+CKPT_FILE = "checkpoint.safetensors"
+CKPT_META = "checkpoint.json"
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Settings of :func:`train` (saved with the lens and in checkpoints).
+
+    Attributes:
+        steps: optimizer steps (>= 1).
+        tokens_per_step: tokens per step over all processes (rounded to whole chunks).
+        seq_len: tokens per packed chunk.
+        lr: learning-rate scale (the reference's ``lr_scale``; torch lr = lr·(1-momentum)).
+        momentum: Nesterov momentum.
+        weight_decay: L2 on A and b (pulls towards the identity translator).
+        grad_clip: max global gradient norm (0 = off).
+        warmup_steps: linear warmup steps before the linear decay.
+        loss: ``kl`` (to the final distribution) or ``ce`` (to the next token).
+        seed: data order.
+        chunk_rows: (layer, token) rows per LM-head GEMM (memory: ~3 · rows · V · 4 bytes).
+        gemm_dtype: ``float32`` or ``bfloat16`` inputs of the training GEMMs (float32 accumulation
+            of the softmax and loss either way).
+        micro_batch: chunks per model forward.
+    """
+
+    steps: int = 250
+    tokens_per_step: int = 4096
+    seq_len: int = 512
+    lr: float = 1.0
+    momentum: float = 0.9
+    weight_decay: float = 1e-3
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    loss: str = "kl"
+    seed: int = 0
+    chunk_rows: int = 2048
+    gemm_dtype: str = "float32"
+    micro_batch: int = 1
+
+    def validate(self) -> None:
+        """Raises BadInput for out-of-range settings."""
+        if self.steps < 1:
+            raise BadInput(f"--steps must be at least 1; got {self.steps}")
+        if self.seq_len < 2:
+            raise BadInput(f"--seq-len must be at least 2; got {self.seq_len}")
+        if self.tokens_per_step < 1:
+            raise BadInput(f"--tokens-per-step must be at least 1; got {self.tokens_per_step}")
+        if self.loss not in ("kl", "ce"):
+            raise BadInput(f"--loss must be kl or ce; got {self.loss!r}")
+        if self.gemm_dtype not in ("float32", "bfloat16"):
+            raise BadInput(f"--gemm-dtype must be float32 or bfloat16; got {self.gemm_dtype!r}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise BadInput(f"--lr must be a positive number; got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise BadInput(f"momentum must be in [0, 1); got {self.momentum}")
+        if self.chunk_rows < 1 or self.micro_batch < 1 or self.warmup_steps < 0 or self.weight_decay < 0:
+            raise BadInput("chunk_rows and micro_batch must be >= 1, warmup_steps and weight_decay >= 0")
+
+    def rows_per_step(self) -> int:
+        return max(1, round(self.tokens_per_step / self.seq_len))
+
+    def lr_at(self, step: int) -> float:
+        """Torch learning rate at optimizer step ``step`` (0-based): warmup, then linear decay to 0."""
+        base = self.lr * (1.0 - self.momentum) if self.momentum > 0 else self.lr
+        if step < self.warmup_steps:
+            return base * (step + 1) / (self.warmup_steps + 1)
+        rest = max(1, self.steps - self.warmup_steps)
+        return base * max(0.0, 1.0 - (step - self.warmup_steps) / rest)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """Progress of one optimizer step (for progress bars and logs).
+
+    Attributes: step (1-based), steps, loss (sum over layers of mean per-token loss, nats),
+    layer_loss ([L] floats, nats), tokens (seen so far, all processes), tokens_per_s (this run),
+    lr, grad_norm (before clipping).
+    """
+
+    step: int
+    steps: int
+    loss: float
+    layer_loss: list[float]
+    tokens: int
+    tokens_per_s: float
+    lr: float
+    grad_norm: float
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What :func:`train` did. ``lens`` is trained; ``history`` holds one StepInfo per step run."""
+
+    lens: TunedLens
+    history: list[StepInfo]
+    seconds: float
+    tokens: int
+    resumed_from: int = 0
+
+
+def _dist():
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist, dist.get_rank(), dist.get_world_size()
+    return None, 0, 1
+
+
+def save_checkpoint(dirpath: str | Path, lens: TunedLens, opt: torch.optim.Optimizer, step: int,
+                    settings: TrainSettings, data_info: dict, history: list[StepInfo]) -> None:
+    """Write ``checkpoint.safetensors`` (lens + momentum buffers) and ``checkpoint.json`` atomically."""
+    tensors = {"weight": lens.weight.detach().clone(), "bias": lens.bias.detach().clone()}
+    for name, p in (("weight", lens.weight), ("bias", lens.bias)):
+        buf = opt.state.get(p, {}).get("momentum_buffer")
+        if buf is not None:
+            tensors[f"momentum.{name}"] = buf.detach().clone()
+    meta = {"format": FORMAT + "-checkpoint", "step": step, "settings": asdict(settings),
+            "data": data_info, "model": lens.identity, "d_model": lens.d_model, "n_layers": lens.n_layers,
+            "history": [asdict(h) for h in history]}
+    save_files(Path(dirpath), tensors, meta, CKPT_FILE, CKPT_META)
+
+
+def load_checkpoint(dirpath: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """Read a checkpoint written by :func:`save_checkpoint`.
+
+    Raises:
+        BadInput: no checkpoint there.
+        CorruptModelFile: truncated / malformed files.
+    """
+    dirpath = Path(dirpath)
+    if not (dirpath / CKPT_META).exists() or not (dirpath / CKPT_FILE).exists():
+        raise BadInput(f"no checkpoint in {dirpath} (expected {CKPT_FILE} and {CKPT_META})")
+    meta = read_json(dirpath / CKPT_META)
+    if meta.get("format") != FORMAT + "-checkpoint":
+        raise CorruptModelFile(f"{dirpath / CKPT_META} is not a vocablens tuned-lens checkpoint")
+    return read_safetensors(dirpath / CKPT_FILE), meta
+
+
+def lens_from_checkpoint(dirpath: str | Path, borders: Borders | None = None) -> TunedLens:
+    """The lens held by a training checkpoint (e.g. of an interrupted run), with its settings,
+    data provenance and ``stopped_at_step`` in ``settings``.
+
+    Raises:
+        BadInput: no checkpoint there.
+        CorruptModelFile: truncated / malformed checkpoint.
+        CheckpointMismatch: ``borders`` given and the checkpoint is for another model.
+    """
+    tensors, meta = load_checkpoint(dirpath)
+    d, L = int(meta["d_model"]), int(meta["n_layers"])
+    hist = meta.get("history") or []
+    settings = {**(meta.get("settings") or {}), "data": meta.get("data") or {},
+                "stopped_at_step": int(meta["step"]),
+                "tokens": int(meta["step"]) * TrainSettings(**meta["settings"]).rows_per_step()
+                * int(meta["settings"]["seq_len"]),
+                "final_loss": hist[-1]["loss"] if hist else None}
+    lens = TunedLens(d, L, meta.get("model") or {}, settings)
+    with torch.no_grad():
+        lens.weight.copy_(tensors["weight"].float())
+        lens.bias.copy_(tensors["bias"].float())
+    if borders is not None:
+        lens.check_model(borders)
+    return lens
+
+
+def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainSettings(),
+          lens: TunedLens | None = None, checkpoint_dir: str | Path | None = None,
+          checkpoint_every: int = 0, resume: bool = False, data_info: dict | None = None,
+          on_step: Callable[[StepInfo], None] | None = None, name: str | None = None) -> TrainResult:
+    """Train a tuned lens on a frozen model (Belrose et al. 2023, §3; defaults: module docstring).
+
+    Per step: ``rows_per_step`` packed chunks [seq_len] are read (seeded order; with several
+    torch.distributed processes, rank r takes chunks r, r+W, ...), the model runs once without
+    gradients, the residual streams of layers 0..L-1 are translated and decoded, and the loss (sum
+    over layers of the mean KL(final ‖ lens) per token, nats; or CE to the next token) is
+    back-propagated into the translators only. Cost per token: one frozen forward plus, per layer,
+    an LM-head forward and backward (2·V·d FLOPs each).
+
+    Args:
+        borders: the model (frozen; nothing of it is modified).
+        rows: [N, seq_len] int64 packed token ids (:func:`vocablens.corpus.pack_tokens`).
+        settings: :class:`TrainSettings`.
+        lens: start from this lens (default: a zero lens = the logit lens).
+        checkpoint_dir: where checkpoints go (rank 0 writes).
+        checkpoint_every: write a checkpoint every N steps (0 = only at the end).
+        resume: continue from ``checkpoint_dir``'s checkpoint (exactly: same data order, momentum).
+        data_info: provenance of the data (corpus, token count), stored in checkpoints and settings.
+        on_step: called after each step with a :class:`StepInfo` (rank 0 only).
+
+    Returns:
+        :class:`TrainResult`.
+
+    Raises:
+        BadInput: bad settings, rows of the wrong shape, resume without checkpoint.
+        CheckpointMismatch: the checkpoint to resume is for another model or other settings.
+        TrainingDiverged: a non-finite loss or gradient (names the layer); the last good checkpoint
+            stays as it was.
+    """
+    settings.validate()
+    if rows.dim() != 2 or rows.shape[0] < 1 or rows.shape[1] != settings.seq_len:
+        raise BadInput(f"training rows must be [N >= 1, seq_len={settings.seq_len}]; got {list(rows.shape)}")
+    dist, rank, world = _dist()
+    L = borders.n_layers
+    data_info = dict(data_info or {})
+    data_info.setdefault("n_rows", int(rows.shape[0]))
+    data_info.setdefault("rows_sha256", hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16])
+    if lens is None:
+        lens = TunedLens.for_model(borders, name)
+    else:
+        lens.check_model(borders)
+    gemm_dtype = torch.bfloat16 if settings.gemm_dtype == "bfloat16" else torch.float32
+    U = borders.unembedding.float32()
+    weight = U.weight.detach().to(gemm_dtype)
+    opt = torch.optim.SGD([lens.weight, lens.bias], lr=settings.lr_at(0), momentum=settings.momentum,
+                          nesterov=settings.momentum > 0, weight_decay=settings.weight_decay)
+    start = 0
+    history: list[StepInfo] = []
+    if resume:
+        if checkpoint_dir is None:
+            raise BadInput("--resume needs a checkpoint directory")
+        tensors, meta = load_checkpoint(checkpoint_dir)
+        if meta.get("model", {}).get("unembed_sha256") != lens.identity.get("unembed_sha256"):
+            raise CheckpointMismatch(f"the checkpoint in {checkpoint_dir} is for another model")
+        if meta.get("settings") != asdict(settings):
+            diff = {k: (v, asdict(settings).get(k)) for k, v in (meta.get("settings") or {}).items()
+                    if asdict(settings).get(k) != v}
+            raise CheckpointMismatch(f"the checkpoint in {checkpoint_dir} was made with other settings: {diff}")
+        if meta.get("data", {}).get("rows_sha256") != data_info["rows_sha256"]:
+            raise CheckpointMismatch(f"the checkpoint in {checkpoint_dir} was made on other data")
+        with torch.no_grad():
+            lens.weight.copy_(tensors["weight"])
+            lens.bias.copy_(tensors["bias"])
+        for nm, p in (("weight", lens.weight), ("bias", lens.bias)):
+            if f"momentum.{nm}" in tensors:
+                opt.state[p]["momentum_buffer"] = tensors[f"momentum.{nm}"].clone()
+        start = int(meta["step"])
+        history = [StepInfo(**h) for h in meta.get("history", [])]
+        if start >= settings.steps:
+            raise BadInput(f"the checkpoint in {checkpoint_dir} is already at step {start} of {settings.steps}")
+    rps = settings.rows_per_step()
+    n_rows = int(rows.shape[0])
+    tokens_per_step = rps * settings.seq_len
+    t0 = time.perf_counter()
+    tokens_run = 0
+    perm_cache: dict[int, torch.Tensor] = {}
+
+    def step_rows(step: int) -> list[int]:
+        out = []
+        for g in range(step * rps, (step + 1) * rps):
+            epoch, i = divmod(g, n_rows)
+            if epoch not in perm_cache:
+                perm_cache.clear()
+                perm_cache[epoch] = torch.randperm(
+                    n_rows, generator=torch.Generator().manual_seed(settings.seed * 1_000_003 + epoch))
+            out.append(int(perm_cache[epoch][i]))
+        return out
+
+    for step in range(start, settings.steps):
+        lr = settings.lr_at(step)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        mine = step_rows(step)[rank::world]
+        opt.zero_grad(set_to_none=False)
+        layer_loss = torch.zeros(L, dtype=torch.float64)
+        per_row = settings.seq_len if settings.loss == "kl" else settings.seq_len - 1
+        scale = 1.0 / (rps * per_row)
+        for mb in range(0, len(mine), settings.micro_batch):
+            ids = rows[mine[mb: mb + settings.micro_batch]]
+            ll = _train_microbatch(U, weight, lens, borders, ids, settings, scale)
+            layer_loss += ll
+        if dist is not None:
+            packed = torch.cat([lens.weight.grad.flatten(), lens.bias.grad.flatten(), layer_loss.float()])
+            dist.all_reduce(packed)
+            nW = lens.weight.numel()
+            lens.weight.grad.copy_(packed[:nW].view_as(lens.weight))
+            lens.bias.grad.copy_(packed[nW: nW + lens.bias.numel()].view_as(lens.bias))
+            layer_loss = packed[nW + lens.bias.numel():].double()
+        layer_mean = layer_loss * scale
+        bad = [i for i in range(L) if not math.isfinite(float(layer_mean[i]))]
+        if not bad:
+            gfin = torch.isfinite(lens.weight.grad).flatten(1).all(1) & torch.isfinite(lens.bias.grad).all(1)
+            bad = [i for i in range(L) if not bool(gfin[i])]
+        if bad:
+            where = f"; the last good checkpoint in {checkpoint_dir} is kept" if checkpoint_dir else ""
+            raise TrainingDiverged(
+                f"training diverged at step {step + 1}: non-finite loss or gradient at layer {bad[0]}"
+                f" (layers {bad[:8]}); lower --lr{where}")
+        if settings.grad_clip > 0:
+            gnorm = float(torch.nn.utils.clip_grad_norm_([lens.weight, lens.bias], settings.grad_clip))
+        else:
+            gnorm = float(torch.sqrt(lens.weight.grad.pow(2).sum() + lens.bias.grad.pow(2).sum()))
+        opt.step()
+        if not (torch.isfinite(lens.weight).all() and torch.isfinite(lens.bias).all()):
+            raise TrainingDiverged(f"training diverged at step {step + 1}: the translators became non-finite")
+        tokens_run += tokens_per_step
+        info = StepInfo(step=step + 1, steps=settings.steps, loss=float(layer_mean.sum()),
+                        layer_loss=[float(x) for x in layer_mean], tokens=(step + 1) * tokens_per_step,
+                        tokens_per_s=tokens_run / max(1e-9, time.perf_counter() - t0), lr=lr, grad_norm=gnorm)
+        history.append(info)
+        if rank == 0:
+            last = step + 1 == settings.steps
+            if checkpoint_dir is not None and (last or (checkpoint_every and (step + 1) % checkpoint_every == 0)):
+                save_checkpoint(checkpoint_dir, lens, opt, step + 1, settings, data_info, history)
+            if on_step is not None:
+                on_step(info)
+    lens.settings = {**asdict(settings), "data": data_info, "tokens": settings.steps * tokens_per_step,
+                     "world_size": world, "final_loss": history[-1].loss if history else None}
+    return TrainResult(lens=lens, history=history, seconds=time.perf_counter() - t0, tokens=tokens_run,
+                       resumed_from=start)
+
+
+def _train_microbatch(U, weight: torch.Tensor, lens: TunedLens, borders: Borders, ids: torch.Tensor,
+                      settings: TrainSettings, scale: float) -> torch.Tensor:
+    """Accumulate gradients of one micro-batch into the lens; returns the summed loss per layer [L].
+
+    The loss and its gradient with respect to the normed lens states come from
+    :func:`vocablens.ops.linear_kl` (token-chunked, analytic); autograd only runs the translators
+    and the float32 final norm.
+    """
+    L = borders.n_layers
+    with torch.no_grad():
+        resid, logits = borders.residual_stream(ids)
+        B, T = ids.shape
+        N = B * T
+        H = resid[:L].reshape(L, N, -1).float()
+        del resid
+        kw: dict = {}
+        if settings.loss == "kl":
+            kw["reference"] = logits.reshape(N, -1)
+        else:
+            targets = torch.zeros(B, T, dtype=torch.long)
+            targets[:, :-1] = ids[:, 1:]
+            valid = torch.ones(B, T, dtype=torch.bool)
+            valid[:, -1] = False
+            kw.update(targets=targets.reshape(N), valid=valid.reshape(N))
+    with torch.enable_grad():
+        X = U.normed(lens.translate_all(H), torch.float32)
+        res = linear_kl(X.detach(), weight, **kw, **U.head_kwargs(), grad_scale=scale,
+                        chunk_rows=settings.chunk_rows)
+        X.backward(res.grad)
+    return res.loss
+
+
+__all__ = ["CKPT_FILE", "CKPT_META", "StepInfo", "TrainResult", "TrainSettings", "lens_from_checkpoint",
+           "load_checkpoint", "save_checkpoint", "train"]

@@ -1,0 +1,108 @@
+"""vocablens.ops.kl: chunked KL(reference ‖ q) through the LM head, values and gradients against float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vocablens.errors import BadInput, ShapeMismatch
+from vocablens.ops import kl_readout, linear_kl
+
+
+def _case(S=3, N=7, d=12, V=97, seed=0, offset=0.0, wscale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    H = torch.randn(S, N, d, generator=g)
+    W = torch.randn(V, d, generator=g) * wscale
+    b = torch.randn(V, generator=g)
+    ref = torch.randn(N, V, generator=g) * 3 + offset
+    return H, W, b, ref
+
+
+def _ref64(H, W, b, ref, scale, softcap):
+    z = (H.double() @ W.double().T + b.double()) * scale
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    lq = torch.log_softmax(z, -1)
+    lp = torch.log_softmax(ref.double(), -1)
+    return z, lq, lp
+
+
+@pytest.mark.parametrize("scale,softcap", [(1.0, None), (0.37, None), (1.0, 5.0), (2.5, 3.0)])
+@pytest.mark.parametrize("chunk_rows", [None, 4, 5])
+def test_readout_equals_float64(scale, softcap, chunk_rows):
+    H, W, b, ref = _case()
+    t = torch.tensor([0, 5, 96, 3, 3, 50, 1])
+    r = kl_readout(H, W, ref, bias=b, logit_scale=scale, softcap=softcap, targets=t, rank=True, top_k=4,
+                   entropy=True, max_abs_dp=True, chunk_rows=chunk_rows)
+    z, lq, lp = _ref64(H, W, b, ref, scale, softcap)
+    kl = (lp.exp() * (lp - lq)).sum(-1)
+    torch.testing.assert_close(r.kl.double(), kl, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(r.lse.double(), torch.logsumexp(z, -1), rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(r.entropy.double(), -(lq.exp() * lq).sum(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(r.target_logprob.double(), lq[..., t].diagonal(dim1=1, dim2=2), rtol=1e-5, atol=1e-5)
+    tv, ti = torch.topk(lq, 4, -1)
+    # ids: exactly torch.topk's wherever float32 can tell the values apart (softcaps squeeze them)
+    torch.testing.assert_close(lq.gather(2, r.topk_ids), tv, rtol=1e-5, atol=1e-5)
+    gaps = (tv[..., :-1] - tv[..., 1:]).amin(-1) > 1e-4
+    assert torch.equal(r.topk_ids[gaps], ti[gaps]) and bool(gaps.any())
+    torch.testing.assert_close(r.topk_logprobs.double(), tv, rtol=1e-5, atol=1e-5)
+    zt = z.gather(2, t.view(1, -1, 1).expand(3, -1, 1))
+    tie = ((z - zt).abs() < 1e-5).sum(-1) > 1  # float32 cannot order near-ties of the target
+    assert torch.equal(r.target_rank[~tie], (z > zt).sum(-1)[~tie])
+    torch.testing.assert_close(r.max_abs_dp.double(), (lq.exp() - lp.exp()).abs().amax(-1), rtol=1e-4, atol=1e-6)
+
+
+def test_readout_depends_only_on_logit_differences_and_handles_masked_reference():
+    H, W, b, ref = _case(N=4)
+    for off in (1e4, 1e6, 1e8):
+        shifted = ref + off  # float32: the offset costs the inputs' own precision, nothing more
+        r = kl_readout(H, W, shifted, bias=b)
+        _, lq, lp = _ref64(H, W, b, shifted, 1.0, None)
+        torch.testing.assert_close(r.kl.double(), (lp.exp() * (lp - lq)).sum(-1), rtol=1e-5, atol=1e-5)
+    masked = ref.clone()
+    masked[:, 50:] = float("-inf")
+    r = kl_readout(H, W, masked, bias=b)
+    _, lq, lp = _ref64(H, W, b, masked, 1.0, None)
+    kl = (lp.exp() * (lp - lq)).nan_to_num().sum(-1)
+    assert torch.isfinite(r.kl).all()
+    torch.testing.assert_close(r.kl.double(), kl, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scale,softcap", [(1.0, None), (0.5, 4.0)])
+def test_linear_kl_and_ce_gradients_equal_float64_autograd(scale, softcap):
+    H, W, b, ref = _case(N=6)
+    valid = torch.tensor([True, True, False, True, True, True])
+    t = torch.tensor([1, 2, 3, 90, 0, 7])
+    for mode in ("kl", "ce"):
+        H64 = H.double().requires_grad_(True)
+        z, lq, lp = _ref64(H64, W, b, ref, scale, softcap)
+        if mode == "kl":
+            per = (lp.exp() * (lp - lq)).sum(-1)
+        else:
+            per = -lq.gather(2, t.view(1, -1, 1).expand(3, -1, 1))[..., 0]
+        per = per * valid.double()
+        (g64,) = torch.autograd.grad(per.sum() * 0.25, H64)
+        kw = dict(reference=ref) if mode == "kl" else dict(targets=t)
+        got = linear_kl(H, W, valid=valid, bias=b, logit_scale=scale, softcap=softcap, grad_scale=0.25,
+                        chunk_rows=5, **kw)
+        torch.testing.assert_close(got.loss, per.detach().sum(-1), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.grad.double(), g64, rtol=1e-4, atol=1e-6)
+        off = linear_kl(H, W, valid=valid, bias=b, logit_scale=scale, softcap=softcap, want_grad=False, **kw)
+        assert off.grad is None
+        torch.testing.assert_close(off.loss, got.loss, rtol=1e-6, atol=1e-6)
+
+
+def test_bad_arguments_are_named():
+    H, W, b, ref = _case()
+    with pytest.raises(BadInput, match="top_k"):
+        kl_readout(H, W, ref, top_k=True)
+    with pytest.raises(BadInput, match="top_k"):
+        kl_readout(H, W, ref, top_k=1.5)
+    with pytest.raises(ShapeMismatch, match="reference"):
+        kl_readout(H, W, ref[:, :5])
+    with pytest.raises(BadInput, match="rank"):
+        kl_readout(H, W, ref, rank=True)
+    with pytest.raises(BadInput):
+        linear_kl(H, W, ref, torch.zeros(7, dtype=torch.long))
+    with pytest.raises(BadInput, match="softcap"):
+        kl_readout(H, W, ref, softcap=-1.0)
