@@ -62,7 +62,9 @@ class StderrProgress:
             return
         self.last = now
         el = now - self.start[stage]
-        eta = el / done * (total - done) if done else float("nan")
+        # the all-pairs stage walks the upper triangle: rows done = i covers 1 - (1 - i/n)^2 of it
+        frac = 1 - (1 - done / total) ** 2 if stage == "gemm" else done / max(total, 1)
+        eta = el / frac * (1 - frac) if frac > 0 else float("nan")
         print(f"  [{stage}] {done}/{total} rows, {el:.0f} s, ETA {eta:.0f} s", file=sys.stderr, flush=True)
 
 

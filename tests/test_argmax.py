@@ -610,3 +610,46 @@ def test_reserved_tokens_are_their_own_group_and_the_cli_budget(capsys, monkeypa
     assert j["reserved"]["counts"]["undecided"] == 6 and len(j["reserved"]["undecided"]) == 6
     assert run_app(["argmax", "--budget", "-1"]) == 2
     assert "--budget must be" in capsys.readouterr().err
+
+
+_DIST_SCRIPT = r"""
+import json, sys
+import numpy as np, torch
+import torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+from test_argmax import planted
+from vocablens.argmax import find_unargmaxable
+dist.init_process_group("gloo")
+W, _ = planted(V=250, d=8, n_planted=4, seed=3, offset=2.0)
+b = torch.from_numpy(np.random.default_rng(1).standard_normal(250).astype(np.float32)) * 0.5
+out = {}
+for name, bias in (("nobias", None), ("bias", b)):
+    r = find_unargmaxable(W, bias, block=64)
+    out[name] = {"verdict": r.verdict.tolist(), "settled": r.settled, "n_combos": len(r.combos)}
+if dist.get_rank() == 0:
+    print("RESULT " + json.dumps(out))
+dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_with_gloo_give_the_single_process_verdicts(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "dist.py"
+    script.write_text(_DIST_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", "29517", str(script), os.path.dirname(__file__)],
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads([l for l in out.stdout.splitlines() if l.startswith("RESULT ")][0][7:])
+    W, _ = planted(V=250, d=8, n_planted=4, seed=3, offset=2.0)
+    b = torch.from_numpy(np.random.default_rng(1).standard_normal(250).astype(np.float32)) * 0.5
+    for name, bias in (("nobias", None), ("bias", b)):
+        ref = find_unargmaxable(W, bias, block=64)
+        assert got[name]["verdict"] == ref.verdict.tolist()
+        assert got[name]["settled"] == ref.settled | {"verify": got[name]["settled"]["verify"]}
+        assert got[name]["n_combos"] == len(ref.combos)
+        assert ref.counts()["unargmaxable"] > 4                  # the proofs had work to share

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 
+from vocablens.argmax.distributed import allreduce_max, world
 from vocablens.argmax.result import DUPLICATE, UNDECIDED
 from vocablens.argmax.state import U32, ScanState
 
@@ -98,9 +99,13 @@ def stage_gemm(st: ScanState, block: int) -> None:
         diag[s:s + 16384] = (qi * qi).sum(1)
     col_chunk = max(block, 8192)
     done = 0
+    rank, size = world()
     try:
-        for i0 in range(0, n, block):
-            st.check_time()
+        for bi, i0 in enumerate(range(0, n, block)):
+            if bi % size != rank:
+                continue                                # another rank's block
+            if size == 1:
+                st.check_time()
             i1 = min(n, i0 + block)
             QI = Qt[i0:i1]
             for c0 in range(i0, n, col_chunk):
@@ -116,6 +121,9 @@ def stage_gemm(st: ScanState, block: int) -> None:
             st.progress("gemm", i1, n)
     except OutOfTime:
         st.cut("gemm")
+    if size > 1:
+        allreduce_max(best)
+        done = n
     # z_j . y = s^2 q_j . q_t + e_j . y with |e_j . y| <= ||e_j|| ||y||, y = s q_t
     qs = st.qs
     dg = diag.double().numpy()

@@ -53,6 +53,9 @@ import time
 import torch
 
 from vocablens.argmax.certificates import stage_gemm, stage_reflect, stage_verify, verify_argmaxable
+from vocablens.argmax.distributed import gather as dist_gather
+from vocablens.argmax.distributed import share as dist_share
+from vocablens.argmax.distributed import world as dist_world
 from vocablens.argmax.preparation import apply_masks, as_numpy, check_input, dedupe, whiten
 from vocablens.argmax.proofs import screen_interior, stage_bias, stage_proof
 from vocablens.argmax.result import (
@@ -158,16 +161,23 @@ def _timed(st: ScanState, name: str, fn):
 
 
 def _run_stages(st: ScanState, reflect_iters: int, block: int, max_rounds: int, row_budget_s) -> None:
-    """gemm -> reflect -> proof -> bias, each skipped (and named cut short) once time is up."""
+    """gemm -> reflect -> proof -> bias, each skipped (and named cut short) once time is up.
+    Under torch.distributed the all-pairs stage is split by blocks and the open rows by rank
+    (:mod:`~vocablens.argmax.distributed`); every rank ends with the same state."""
     screen = screen_interior if st.bn is None else None
     fails: dict = {}
     stages = (("gemm", lambda: stage_gemm(st, block)),
               ("reflect", lambda: stage_reflect(st, reflect_iters, screen)),
               ("proof", lambda: fails.update(stage_proof(st, max_rounds, row_budget_s))),
               ("bias", lambda: stage_bias(st, fails, max_rounds) if st.bn is not None else None))
+    rank, size = dist_world()
+    mine = before = None
     for name, fn in stages:
+        if size > 1 and name == "reflect":
+            before, mine = dict(st.settled), dist_share(st)
+            st.left = mine
         if st.interrupted:
-            return
+            break
         if st.cut_short or st.time_left() <= 0:
             if name == "gemm" or (name == "bias" and fails) or (name != "bias" and len(st.left)):
                 st.cut(name)
@@ -176,6 +186,8 @@ def _run_stages(st: ScanState, reflect_iters: int, block: int, max_rounds: int, 
             _timed(st, name, fn)
         except OutOfTime:
             st.cut(name)
+    if size > 1 and mine is not None:
+        dist_gather(st, mine, st.left, before)
 
 
 __all__ = [

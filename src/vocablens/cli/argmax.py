@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -30,6 +31,19 @@ def _progress_bar(quiet: bool):
     return cb, prog.stop
 
 
+def _rank() -> int:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1): gloo on CPU, NCCL on
+    GPU. Returns this process's rank (0 without torchrun)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank()
+
+
 @app.command("argmax")
 def argmax_cmd(
     model: ModelOpt = "smollm2",
@@ -41,7 +55,9 @@ def argmax_cmd(
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
-    """Tokens that can never be the top prediction: exact verdicts with certificates, per stage."""
+    """Tokens that can never be the top prediction: exact verdicts with certificates, per stage.
+
+    Runs on several processes with ``torchrun --nproc-per-node N -m vocablens argmax``."""
 
     from vocablens.argmax.model import argmax_for_borders
     from vocablens.render.argmax import argmax_tables, argmax_to_dict
@@ -50,8 +66,10 @@ def argmax_cmd(
         raise BadInput(f"--bias must be auto, on or off; got {bias!r}")
     if not budget >= 0:
         raise BadInput(f"--budget must be a number of seconds >= 0 (0: no limit); got {budget}")
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
-    cb, close = _progress_bar(json_)
+    rank = _rank()                  # torchrun: the rows are split across ranks, rank 0 prints
+    quiet = json_ or rank != 0
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=quiet)
+    cb, close = _progress_bar(quiet) if rank == 0 else ((lambda *_: None), (lambda: None))
     try:
         ma = argmax_for_borders(lm.borders, bias=bias, include_padding=include_padding,
                                 include_untrained=include_padding, norm=norm,
@@ -59,6 +77,8 @@ def argmax_cmd(
                                 time_budget_s=budget or None, tokenizer=lm.tokenizer)
     finally:
         close()
+    if rank != 0:
+        return
     if ma.result.interrupted:
         err.print("[yellow]interrupted: unsettled tokens are reported as undecided[/yellow]")
     elif ma.result.cut_short:
