@@ -57,7 +57,8 @@ from vocablens.argmax.distributed import gather as dist_gather
 from vocablens.argmax.distributed import share as dist_share
 from vocablens.argmax.distributed import world as dist_world
 from vocablens.argmax.preparation import apply_masks, as_numpy, check_input, dedupe, whiten
-from vocablens.argmax.proofs import screen_interior, stage_bias, stage_proof
+from vocablens.argmax.lp import stage_bias
+from vocablens.argmax.proofs import screen_interior, stage_proof
 from vocablens.argmax.result import (
     ARGMAXABLE, BUDGET, DUPLICATE, PADDING, STAGES, UNARGMAXABLE, UNDECIDED, UNTRAINED, VERDICTS,
     ArgmaxResult, Progress,

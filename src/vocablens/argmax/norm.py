@@ -192,7 +192,6 @@ def norm_reachability(
     refresh, M = 20, min(len(ids), 512)
     ar = torch.arange(k)
     Wt = Wf[tp]                                                    # [k, d] own rows
-    ct = c[tp].float()
     cf = c.float()
     for it0 in range(0, iters, refresh):
         Lg = Wf @ U.float() + cf[:, None]                          # [n, k]

@@ -1,4 +1,4 @@
-"""Exact proofs for the rows the certificate stages left open: stages ``proof`` and ``bias``.
+"""Exact proofs for the rows the certificate stages left open: stage ``proof`` (no bias).
 
 No bias (stage ``proof``), for row t with whitened ``z_t`` (the rows are centred: their mean is 0):
 
@@ -18,10 +18,8 @@ No bias (stage ``proof``), for row t with whitened ``z_t`` (the rows are centred
 Work is shared across rows: rows are proved in batches of 64; their first competitors come from one
 ``Z Z_B^T`` product and each round checks the whole batch's directions with one ``Z Y`` product.
 Every not-argmaxable certificate is re-checked in float64 in the original coordinates. A solver
-failure never becomes a verdict; a row over its own time budget is ``undecided``.
-
-With bias (stage ``bias``): the lifted LP of Grivas et al. (2022), reformulated so the verdict comes
-from the optimal value, for the no-bias failures only (a bias can only rescue a token).
+failure never becomes a verdict; a row over its own time budget is ``undecided``. The LPs (the
+fallback here, and stage ``bias``) are in :mod:`~vocablens.argmax.lp`.
 """
 
 from __future__ import annotations
@@ -32,7 +30,8 @@ import time
 import numpy as np
 import torch
 
-from vocablens.argmax.state import U32, OutOfTime, ScanState
+from vocablens.argmax.lp import lp_proof, slack
+from vocablens.argmax.state import ScanState
 
 #: rows proved together (one product for their start sets, one per round for their directions)
 BATCH = 64
@@ -252,25 +251,19 @@ def _interior_found(st: ScanState, k: int, pos: np.ndarray, w: np.ndarray, fails
         fails[t] = (ids, w)
 
 
-def _slack(st: ScanState, Y: torch.Tensor) -> np.ndarray:
-    """Bound on the float32 rounding of ``Z y`` for each column of Y [r, m] (float64 [m])."""
-    r = st.r
-    return 2.02 * (r * U32 / (1 - r * U32) + 3 * U32) * Y.double().norm(dim=0).numpy() * st.zmax + 1e-300
-
-
 def _check_directions(st: ScanState, probe: list, max_rounds: int, row_budget_s, fails: dict) -> list:
     """One ``Z Y`` product for the batch's directions: settle the separated rows, extend the rest."""
     if not probe:
         return []
     Y = torch.from_numpy(np.stack([row.y for row in probe], axis=1)).float()   # [r, m]
-    slack = _slack(st, Y)
+    sl = slack(st, Y)
     SC = st.Zt @ Y                                               # [n, m]
     nxt = []
     for q, row in enumerate(probe):
         sc = SC[:, q].double().numpy()
         own = sc[row.k]
         sc[row.k] = -np.inf
-        viol = np.nonzero(sc >= own - slack[q])[0]
+        viol = np.nonzero(sc >= own - sl[q])[0]
         t = int(st.reps[row.k])
         if len(viol) == 0:
             # report the certificate at the token's own whitened norm (margins comparable to stage 1)
@@ -307,96 +300,4 @@ def _fallback(st: ScanState, row: _Row, why: str, fails: dict) -> None:
         st.reasons[t] = f"{why}; LP: {res[1]}"
 
 
-# ----------------------------------------------------------------------------------------- LP
-def lp_proof(st: ScanState, bz: np.ndarray | None, k: int, S, max_rounds: int):
-    """HiGHS LP with constraint generation (Grivas et al.'s Chebyshev LP, reformulated).
-
-    max tau  s.t.  (z_j - z_k).y + (b_j - b_k) s + tau <= 0  (j in S),  -1 <= y <= 1,
-    0 <= s <= 1 (s fixed to 0 without bias), tau <= 1. Its optimum is
-    ``min_{mu in simplex} ||sum mu_j (z_j - z_k)||_1 + max(0, sum mu_j (b_k - b_j))``; the row duals
-    are ``mu``. The verdict comes from the optimal value, never from a solver status.
-
-    Returns ``("arg", y, s, margin)``, ``("int", positions, weights)`` or ``("undecided", why)``.
-    """
-    from scipy.optimize import linprog
-
-    r = st.r
-    zt = st.z64([k])[0]
-    S = np.asarray(S, dtype=np.int64)
-    Sset = set(S.tolist())
-    has_b = bz is not None
-    for _ in range(max_rounds):
-        D = st.z64(S) - zt
-        bcol = (bz[S] - bz[k])[:, None] if has_b else np.zeros((len(S), 1))
-        Aub = np.hstack([D, bcol, np.ones((len(S), 1))])
-        c = np.zeros(r + 2)
-        c[-1] = -1.0
-        bounds = [(-1.0, 1.0)] * r + [(0.0, 1.0 if has_b else 0.0), (None, 1.0)]
-        try:
-            res = linprog(c, A_ub=Aub, b_ub=np.zeros(len(S)), bounds=bounds, method="highs",
-                          options={"primal_feasibility_tolerance": 1e-10,
-                                   "dual_feasibility_tolerance": 1e-10})
-        except Exception as exc:  # noqa: BLE001
-            return ("undecided", f"HiGHS failed ({exc})")
-        if res.status != 0 or res.x is None:
-            return ("undecided", f"HiGHS status {res.status}: {res.message}")
-        tau = float(res.x[-1])
-        scaleD = float(np.median(np.abs(D).sum(1))) + 1e-30
-        if tau <= st.tol * scaleD:
-            mu = np.clip(-np.asarray(res.ineqlin.marginals), 0, None)
-            if mu.sum() <= 0:
-                return ("undecided", "HiGHS gave no dual multipliers")
-            mu /= mu.sum()
-            sup = mu > 1e-15
-            return ("int", S[sup], mu[sup] / mu[sup].sum())
-        y, s_ = res.x[:r], float(res.x[r])
-        if has_b and s_ <= 0:
-            # tau > 0 with s = 0 would be a no-bias certificate; it cannot happen for a no-bias
-            # failure, but use it if it does (scale the bias away)
-            s_ = 1e-12
-        yt = torch.from_numpy(np.ascontiguousarray(y)).float()
-        sc = (st.Zt @ yt).double().numpy()
-        slack = float(_slack(st, yt[:, None])[0])
-        if has_b:
-            sc = sc / s_ + bz
-            slack = slack / s_
-        own = sc[k]
-        sc[k] = -np.inf
-        viol = np.nonzero(sc >= own - slack)[0]
-        if len(viol) == 0:
-            return ("arg", y, s_ if has_b else 1.0, float(own - sc.max()))
-        new = [int(v) for v in viol[np.argsort(-sc[viol])] if int(v) not in Sset][:500]
-        if not new:
-            return ("undecided", "LP constraint generation stalled")
-        Sset.update(new)
-        S = np.concatenate([S, np.array(new, dtype=np.int64)])
-    return ("undecided", "LP did not converge")
-
-
-def stage_bias(st: ScanState, fails: dict, max_rounds: int) -> None:
-    """The lifted LP for each no-bias failure (bias in play); settles argmaxable or dominated."""
-    bz = st.bn[st.reps]
-    items = list(fails.items())
-    for q, (t, (ids, wts)) in enumerate(items):
-        st.check_time()
-        k = int(st.row_of[t])
-        out = lp_proof(st, bz, k, st.row_of[np.asarray(ids, dtype=np.int64)], max_rounds)
-        if out[0] == "arg":
-            y, s_, m0 = out[1], out[2], out[3]
-            st.x_extra[t] = torch.from_numpy(st.A @ (y / s_))
-            st.settle_arg(t, 4, m0)
-        elif out[0] == "int":
-            ids2, wts2 = st.reps[out[1]], out[2]
-            rvec = st.Wn[ids2].astype(np.float64).T @ wts2 - st.Wn[t].astype(np.float64)
-            rn = float(np.linalg.norm(rvec))
-            gap = float(st.bn[ids2] @ wts2 - st.bn[t])
-            if rn <= st.tol * st.wscale and gap >= -st.tol * (1.0 + abs(st.bn[t])):
-                st.settle_unarg(t, ids2, wts2, rn, 4)
-            else:
-                st.reasons[t] = f"lifted LP certificate failed its check (residual {rn:.3g}, bias gap {gap:.3g})"
-        else:
-            st.reasons[t] = out[1]
-        st.progress("bias", q + 1, len(items))
-
-
-__all__ = ["screen_interior", "stage_proof", "stage_bias", "lp_proof", "OutOfTime"]
+__all__ = ["Ball", "screen_interior", "sparse_certificate", "stage_proof"]
