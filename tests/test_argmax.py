@@ -605,6 +605,12 @@ def test_reserved_tokens_are_their_own_group_and_the_cli_budget(capsys, monkeypa
     assert d["reserved"]["count"] == 6 and d["reserved"]["first_id"] == V - 6
     assert d["reserved"]["counts"]["argmaxable"] == sum(int(ref.verdict[t]) == 0 for t in range(V - 6, V))
     assert ma.result.verdict.tolist() == ref.verdict.tolist()      # deferring changes no verdict
+    from vocablens.render.argmax import argmax_section
+
+    cut = argmax_for_borders(b, tokenizer=tok, time_budget_s=0)
+    assert cut.norm_note.startswith("skipped") and cut.result.cut_short
+    html = argmax_section(cut, tok).html
+    assert "Cut short" in html and "vocablens argmax" in html and "Reserved / unused special tokens" in html
     lm = types.SimpleNamespace(borders=b, tokenizer=tok, provenance=types.SimpleNamespace(to_dict=lambda: {}))
     monkeypatch.setattr(cli_mod, "load_model", lambda *a, **k: lm)
     assert run_app(["argmax", "--json", "--budget", "0.000001", "--no-norm"]) == 0

@@ -193,6 +193,15 @@ def argmax_section(ma: ModelArgmax, tokenizer=None) -> Section:
              table_html(["verdict", "tokens"], [[k, v] for k, v in d["counts"].items()]),
              table_html(["stage", "seconds", "settled"],
                         [[s, f"{d['timings_s'].get(s, 0):.2f}", d["settled"].get(s, 0)] for s in STAGES])]
+    if d.get("cut_short"):
+        parts.insert(1, f"<p class='note'>Cut short: the time budget of {d['budget_s']:g} s ran out in "
+                        f"{esc(', '.join(d['cut_short']))}; {d['counts']['undecided']} tokens are undecided "
+                        "(never guessed). Run <code>vocablens argmax</code> for the exact answer.</p>")
+    if d.get("reserved"):
+        g = d["reserved"]
+        parts.append(f"<h3>Reserved / unused special tokens</h3><p>{g['count']} tokens (ids {g['first_id']}"
+                     f"..{g['last_id']}), reported apart: "
+                     + ", ".join(f"{k} {v}" for k, v in g["counts"].items() if v) + ".</p>")
     if d["unargmaxable"]:
         parts.append("<h3>Not argmaxable</h3>" + table_html(
             ["id", "token", "residual", "support"],
