@@ -9,15 +9,16 @@
 """
 
 from vocablens.argmax.bottleneck import Bottleneck, context_hidden, softmax_bottleneck
-from vocablens.argmax.exact import (
-    ARGMAXABLE, DUPLICATE, PADDING, STAGES, UNARGMAXABLE, UNDECIDED, UNTRAINED, VERDICTS,
-    ArgmaxResult, find_unargmaxable, verify_argmaxable,
+from vocablens.argmax.exact import find_unargmaxable, verify_argmaxable
+from vocablens.argmax.result import (
+    ARGMAXABLE, BUDGET, DUPLICATE, PADDING, STAGES, UNARGMAXABLE, UNDECIDED, UNTRAINED, VERDICTS,
+    ArgmaxResult,
 )
 from vocablens.argmax.model import ModelArgmax, argmax_for_borders
 from vocablens.argmax.norm import NormModel, NormReach, norm_reachability, probe_norm
 
 __all__ = [
-    "ARGMAXABLE", "DUPLICATE", "PADDING", "STAGES", "UNARGMAXABLE", "UNDECIDED", "UNTRAINED",
+    "ARGMAXABLE", "BUDGET", "DUPLICATE", "PADDING", "STAGES", "UNARGMAXABLE", "UNDECIDED", "UNTRAINED",
     "VERDICTS", "ArgmaxResult", "find_unargmaxable", "verify_argmaxable", "ModelArgmax",
     "argmax_for_borders", "NormModel", "NormReach", "norm_reachability", "probe_norm", "Bottleneck",
     "context_hidden", "softmax_bottleneck",

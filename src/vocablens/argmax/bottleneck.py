@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from vocablens.errors import BadInput, ShapeMismatch
+from vocablens.logit_transform import transform_logits
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,9 +107,7 @@ def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias
         L = H @ Wd.T
         if bias is not None:
             L = L + bias.detach().cpu().double()
-        L = L * logit_scale
-        if softcap:
-            L = torch.tanh(L / softcap) * softcap
+        L = transform_logits(L, logit_scale, softcap or None)      # the head's own transform
         A = L - torch.logsumexp(L, 1, keepdim=True)                  # [N, V] log-probs, nats
         GA = A @ A.T if N <= V else A.T @ A                          # Gram, float64
         evA = torch.linalg.eigvalsh(GA).flip(0).clamp_min(0)
@@ -130,8 +129,9 @@ def context_hidden(borders, ids: torch.Tensor, batch: int = 4) -> torch.Tensor:
     if ids.numel() == 0:
         raise BadInput("no contexts: the token batch is empty")
     out = []
+    U = borders.unembedding
     with torch.no_grad():
         for s in range(0, ids.shape[0], batch):
             resid, _ = borders.residual_stream(ids[s:s + batch])
-            out.append(borders.normed(resid[-1]).float().reshape(-1, borders.d_emb))
+            out.append(U.normed(resid[-1]).float().reshape(-1, U.d_emb))
     return torch.cat(out)

@@ -1,16 +1,26 @@
-"""The thin ``Borders``-taking wrappers: a model's LM head through :mod:`vocablens.argmax`."""
+"""The thin ``Borders``-taking wrappers: a model's LM head through :mod:`vocablens.argmax`.
+
+The head is read through ``borders.unembedding`` (:class:`~vocablens.models.unembed.Unembedding`):
+its ``weight``, ``bias``, ``real_mask``, ``final_norm``, ``project_out`` and ``logit_scale``. The
+softcap is monotone and the logit scale positive, so neither changes which token is the argmax.
+"""
 
 from __future__ import annotations
 
+import re
+import time
 from dataclasses import dataclass
 
 import torch
 
-from vocablens.argmax.exact import (
-    ARGMAXABLE, DUPLICATE, UNARGMAXABLE, ArgmaxResult, Progress, find_unargmaxable,
-)
+from vocablens.argmax.exact import find_unargmaxable
 from vocablens.argmax.norm import NormReach, norm_reachability, probe_norm
+from vocablens.argmax.result import ARGMAXABLE, DUPLICATE, UNARGMAXABLE, ArgmaxResult, Progress
 from vocablens.errors import BadInput
+
+#: names of reserved / unused special tokens: ``<|reserved_special_token_12|>`` (Llama 3),
+#: ``<unused17>`` (Gemma), ``[unused3]`` (BERT), ``<|reserved_0|>``, ``<reserved_5>`` ...
+RESERVED_NAME = re.compile(r"^(<\|?|\[)(reserved|unused)[A-Za-z_\- ]*\d+(\|?>|\])$", re.IGNORECASE)
 
 
 @dataclass(frozen=True, eq=False)
@@ -18,11 +28,13 @@ class ModelArgmax:
     """Argmax geometry of one model's LM head.
 
     Attributes:
-        result: the exact verdicts (:class:`~vocablens.argmax.exact.ArgmaxResult`).
+        result: the exact verdicts (:class:`~vocablens.argmax.result.ArgmaxResult`).
         reach: reachability under the final norm for selected tokens, or None.
         norm_note: why ``reach`` is None, or what was probed.
         bias_mode: ``"on"`` or ``"off"`` as applied.
         vocab_size: V; padding_rows / untrained_rows: rows flagged (excluded unless included).
+        reserved: int64 [k], ids of reserved / unused special tokens (by name,
+            :data:`RESERVED_NAME`), reported as their own group and proved last.
     """
 
     result: ArgmaxResult
@@ -32,21 +44,42 @@ class ModelArgmax:
     vocab_size: int
     padding_rows: int
     untrained_rows: int
+    reserved: torch.Tensor | None = None
+
+
+def reserved_tokens(tokenizer, V: int) -> torch.Tensor:
+    """Bool [V]: tokens whose name marks them reserved or unused (:data:`RESERVED_NAME`); all
+    False without a tokenizer. Such rows are usually barely trained and sit at the top of the id
+    range (Llama 3: 250 ``<|reserved_special_token_N|>``; Gemma 3: 6,000+ ``<unusedN>``)."""
+    mask = torch.zeros(V, dtype=torch.bool)
+    if tokenizer is None or not hasattr(tokenizer, "convert_ids_to_tokens"):
+        return mask
+    n = min(V, len(tokenizer))
+    names = tokenizer.convert_ids_to_tokens(list(range(n)))
+    for i, s in enumerate(names):
+        if isinstance(s, str) and RESERVED_NAME.match(s):
+            mask[i] = True
+    return mask
 
 
 def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = False,
                        include_untrained: bool = False, norm: bool = True, norm_tokens: int = 24,
-                       progress: Progress | None = None, **kwargs) -> ModelArgmax:
-    """Run :func:`~vocablens.argmax.exact.find_unargmaxable` on ``borders.W_U`` (+ ``b_U``).
+                       progress: Progress | None = None, time_budget_s: float | None = None,
+                       tokenizer=None, **kwargs) -> ModelArgmax:
+    """Run :func:`~vocablens.argmax.exact.find_unargmaxable` on the model's unembedding.
 
     Args:
-        borders: a :class:`~vocablens.models.Borders`.
+        borders: a :class:`~vocablens.models.Borders`; its ``unembedding`` is read.
         bias: ``"auto"`` (use the head's bias when it has one), ``"on"`` (require it), ``"off"``.
         include_padding: let rows beyond the tokenizer take part (excluded by default).
         include_untrained: let never-trained rows (all-zero rows, groups of >= 8 bit-identical rows)
             take part (excluded by default).
         norm: also bound what the final norm lets each selected token reach (flagged tokens first,
             then the argmaxable tokens with the smallest margins; ``norm_tokens`` in all).
+        time_budget_s: wall seconds for the whole analysis (None: no limit). Tokens left open when
+            it runs out are ``undecided`` with reason ``"budget"``; the result's ``cut_short``
+            names the stages cut short; the norm bounds are skipped once it is spent.
+        tokenizer: optional; names the reserved / unused special tokens (their own group).
         kwargs: passed to ``find_unargmaxable`` (``reflect_iters``, ``tol``, ``verify`` ...).
 
     Raises:
@@ -54,35 +87,45 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
     """
     from vocablens.models.borders import untrained_rows
 
+    t0 = time.perf_counter()
     if bias not in ("auto", "on", "off"):
         raise BadInput(f"--bias must be auto, on or off; got {bias!r}")
-    b = borders.b_U
+    U = borders.unembedding
+    b = U.bias
     if bias == "on" and b is None:
         raise BadInput("--bias on: this model's LM head has no bias (use --bias auto or off)")
-    use_b = b if bias in ("auto", "on") else None
-    W = borders.W_U.detach()
-    real = borders.real_token_mask()
+    use_b = None if b is None or bias == "off" else b.detach()
+    W = U.weight.detach()
+    V = int(W.shape[0])
+    real = U.real_mask if U.real_mask is not None else torch.ones(V, dtype=torch.bool)
     padding = ~real
     untrained = untrained_rows(W) & real
+    reserved = reserved_tokens(tokenizer, V)
+    left = None if time_budget_s is None else max(0.0, time_budget_s - (time.perf_counter() - t0))
     res = find_unargmaxable(W, use_b, padding=padding, untrained=untrained,
                             include_padding=include_padding, include_untrained=include_untrained,
-                            progress=progress, **kwargs)
+                            defer=reserved if bool(reserved.any()) else None, progress=progress,
+                            time_budget_s=left, **kwargs)
     reach, note = None, "not requested"
     if norm:
-        reach, note = _reach(borders, W, use_b, res, norm_tokens)
+        if time_budget_s is not None and time.perf_counter() - t0 >= time_budget_s:
+            note = "skipped: the time budget ran out"
+        else:
+            reach, note = _reach(U, W, use_b, res, norm_tokens)
     return ModelArgmax(result=res, reach=reach, norm_note=note,
-                       bias_mode="on" if use_b is not None else "off", vocab_size=int(W.shape[0]),
-                       padding_rows=int(padding.sum()), untrained_rows=int(untrained.sum()))
+                       bias_mode="on" if use_b is not None else "off", vocab_size=V,
+                       padding_rows=int(padding.sum()), untrained_rows=int(untrained.sum()),
+                       reserved=reserved.nonzero().flatten())
 
 
-def _reach(borders, W, bias, res: ArgmaxResult, n_tokens: int):
-    if borders.final_norm is None:
+def _reach(U, W, bias, res: ArgmaxResult, n_tokens: int):
+    if U.final_norm is None:
         return None, "the model has no final norm: the hidden vector is not bounded"
-    if borders.project_out is not None:
+    if U.project_out is not None:
         return None, "a projection follows the final norm: reachability is not computed"
-    model = probe_norm(borders.final_norm, int(W.shape[1]))
+    model = probe_norm(U.final_norm, int(W.shape[1]))
     if model is None:
-        return None, f"the final norm ({type(borders.final_norm).__name__}) does not act as gain*x/rms+shift"
+        return None, f"the final norm ({type(U.final_norm).__name__}) does not act as gain*x/rms+shift"
     flagged = [int(t) for t in torch.cat([res.ids("unargmaxable"), res.ids("undecided")])]
     reps = [int(t) for t in res.ids("duplicate") if not torch.isnan(res.margin[t])]
     chosen = (flagged + reps)[: max(0, n_tokens // 2)] if n_tokens else []
@@ -95,7 +138,7 @@ def _reach(borders, W, bias, res: ArgmaxResult, n_tokens: int):
     homog = {int(t): int(res.verdict[t]) == ARGMAXABLE for t in chosen
              if int(res.verdict[t]) in (ARGMAXABLE, UNARGMAXABLE)}
     reach = norm_reachability(W, chosen, model, bias=bias, competitors=res.in_play,
-                              logit_scale=float(borders.logit_scale), homogeneous_verdicts=homog)
+                              logit_scale=float(U.logit_scale), homogeneous_verdicts=homog)
     for q, t in enumerate(chosen):
         if int(res.verdict[t]) in (DUPLICATE, UNARGMAXABLE):
             reach.argmaxable[q] = 0          # a tie or a dominated row never wins strictly

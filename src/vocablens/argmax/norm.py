@@ -157,20 +157,23 @@ def norm_reachability(
     ids = keep.nonzero().flatten()
     pos = torch.full((V,), -1, dtype=torch.long)
     pos[ids] = torch.arange(len(ids))
-    Wd = W.detach().cpu().double()[ids]
-    Wg = Wd * model.gain                                            # [n, d]
+    # memory: one float64 and one float32 copy of the rows in play ([n, d]); the rest by blocks
+    Wg = W.detach().cpu()[ids].double()                             # [n, d]
+    c = Wg @ model.shift
+    Wg.mul_(model.gain)
     if model.centred:
-        Wg = Wg - Wg.mean(1, keepdim=True)                          # rows projected on sum(u) = 0
-    c = Wd @ model.shift
+        Wg.sub_(Wg.mean(1, keepdim=True))                           # rows projected on sum(u) = 0
     if bias is not None:
         c = c + bias.detach().cpu().double()[ids]
-    Wg, c = Wg * logit_scale, c * logit_scale
+    Wg.mul_(logit_scale)
+    c = c * logit_scale
     R = model.radius
     k = len(tok)
     tp = pos[tok]
     Wf = Wg.float()
     mu = Wg.mean(0)
-    L = float(((Wg - mu) ** 2).sum(1).max()) + 1e-12             # Var_p(v.w) <= max ||w - mu||^2             # Lipschitz constant of grad f
+    # Lipschitz constant of grad f: Var_p(v.w) <= max ||w - mu||^2
+    L = max(float(((Wg[s:s + 16384] - mu) ** 2).sum(1).max()) for s in range(0, len(ids), 16384)) + 1e-12
     U = torch.zeros(d, k, dtype=torch.float64)
     Yv = U.clone()
     tk = 1.0
@@ -189,7 +192,6 @@ def norm_reachability(
     refresh, M = 20, min(len(ids), 512)
     ar = torch.arange(k)
     Wt = Wf[tp]                                                    # [k, d] own rows
-    ct = c[tp].float()
     cf = c.float()
     for it0 in range(0, iters, refresh):
         Lg = Wf @ U.float() + cf[:, None]                          # [n, k]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -17,10 +16,10 @@ def _progress_bar(quiet: bool):
     """A (callback, close) pair that shows one rich progress bar per stage on stderr."""
     if quiet and not err.is_terminal:
         return (lambda *_: None), (lambda: None)
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     prog = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TimeElapsedColumn(), console=err, transient=False)
+                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=False)
     tasks: dict[str, int] = {}
     prog.start()
 
@@ -32,6 +31,19 @@ def _progress_bar(quiet: bool):
     return cb, prog.stop
 
 
+def _rank() -> int:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1): gloo on CPU, NCCL on
+    GPU. Returns this process's rank (0 without torchrun)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank()
+
+
 @app.command("argmax")
 def argmax_cmd(
     model: ModelOpt = "smollm2",
@@ -39,26 +51,40 @@ def argmax_cmd(
     include_padding: Annotated[bool, typer.Option("--include-padding", help="Let rows beyond the tokenizer (padding) and never-trained rows compete (excluded by default).")] = False,
     norm: Annotated[bool, typer.Option("--norm/--no-norm", help="Also bound the highest probability flagged and borderline tokens can reach under the final norm.")] = True,
     verify_all: Annotated[bool, typer.Option("--verify-all", help="Re-check every certificate in float64 (V^2 d FLOPs), not only the borderline ones.")] = False,
+    budget: Annotated[float, typer.Option("--budget", help="Wall seconds for the analysis (0: no limit); tokens left open are reported undecided (reason: budget).")] = 0.0,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
-    """Tokens that can never be the top prediction: exact verdicts with certificates, per stage."""
+    """Tokens that can never be the top prediction: exact verdicts with certificates, per stage.
+
+    Runs on several processes with ``torchrun --nproc-per-node N -m vocablens argmax``."""
 
     from vocablens.argmax.model import argmax_for_borders
     from vocablens.render.argmax import argmax_tables, argmax_to_dict
 
     if bias not in ("auto", "on", "off"):
         raise BadInput(f"--bias must be auto, on or off; got {bias!r}")
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
-    cb, close = _progress_bar(json_)
+    if not budget >= 0:
+        raise BadInput(f"--budget must be a number of seconds >= 0 (0: no limit); got {budget}")
+    rank = _rank()                  # torchrun: the rows are split across ranks, rank 0 prints
+    quiet = json_ or rank != 0
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=quiet)
+    cb, close = _progress_bar(quiet) if rank == 0 else ((lambda *_: None), (lambda: None))
     try:
         ma = argmax_for_borders(lm.borders, bias=bias, include_padding=include_padding,
                                 include_untrained=include_padding, norm=norm,
-                                verify="all" if verify_all else "borderline", progress=cb)
+                                verify="all" if verify_all else "borderline", progress=cb,
+                                time_budget_s=budget or None, tokenizer=lm.tokenizer)
     finally:
         close()
+    if rank != 0:
+        return
     if ma.result.interrupted:
         err.print("[yellow]interrupted: unsettled tokens are reported as undecided[/yellow]")
+    elif ma.result.cut_short:
+        err.print(f"[yellow]the --budget of {budget:g} s ran out in: {', '.join(ma.result.cut_short)}; "
+                  f"{ma.result.counts()['undecided']} tokens are undecided (run without --budget for "
+                  "the exact answer)[/yellow]")
     if json_:
         d = argmax_to_dict(ma, lm.tokenizer)
         d["model"] = lm.provenance.to_dict()
@@ -99,15 +125,13 @@ def bottleneck_cmd(
     if ids.numel() < n:
         raise BadInput(f"corpus {corpus!r} gives {ids.numel()} tokens, fewer than --contexts {n}")
     H = context_hidden(b, ids)[:n]
-    res = softmax_bottleneck(b.W_U, H, bias=b.b_U, logit_scale=b.logit_scale, softcap=b.softcap)
+    U = b.unembedding
+    res = softmax_bottleneck(U.weight, H, bias=U.bias, logit_scale=U.logit_scale, softcap=U.softcap)
     if plot:
-        p = Path(plot)
-        fd, tmp = tempfile.mkstemp(dir=p.parent if str(p.parent) else ".", suffix=".tmp")
-        os.close(fd)
-        bottleneck_figure(res).write_html(tmp, include_plotlyjs=True)
-        from vocablens.render.report import publish_mode
-        publish_mode(tmp)
-        os.replace(tmp, p)
+        from vocablens.files import atomic_path
+
+        with atomic_path(plot) as tmp:
+            bottleneck_figure(res).write_html(str(tmp), include_plotlyjs=True)
     if json_:
         d = bottleneck_to_dict(res)
         d["corpus"] = corpus

@@ -7,7 +7,7 @@ import math
 from rich.table import Table
 
 from vocablens.argmax.bottleneck import Bottleneck
-from vocablens.argmax.exact import STAGES, VERDICTS
+from vocablens.argmax.result import STAGES, VERDICTS
 from vocablens.argmax.model import ModelArgmax
 from vocablens.models.tokens import token_str, quoted
 from vocablens.render.html import Section, esc, figure_html, table_html
@@ -20,13 +20,38 @@ def _f(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _yes_no(v) -> str:
+    return {True: "yes", False: "no"}.get(v, "undecided")
+
+
+def _reserved(ma: ModelArgmax) -> list[int]:
+    return [] if ma.reserved is None else [int(t) for t in ma.reserved.tolist()]
+
+
+def reserved_group(ma: ModelArgmax, item=None) -> dict:
+    """The reserved / unused special tokens as their own group: how many, their id range, verdicts
+    among them, and (with ``item``, a token -> dict function) the flagged ones."""
+    ids = _reserved(ma)
+    res = ma.result
+    counts = {k: 0 for k in VERDICTS}
+    for t in ids:
+        counts[VERDICTS[int(res.verdict[t])]] += 1
+    g = {"count": len(ids), "first_id": min(ids, default=None), "last_id": max(ids, default=None),
+         "counts": counts}
+    if item is not None:
+        for v in ("unargmaxable", "undecided"):
+            g[v] = [item(t) for t in ids if VERDICTS[int(res.verdict[t])] == v]
+    return g
+
+
 def duplicate_groups(ma: ModelArgmax) -> list[dict]:
-    """Exact-duplicate groups: ``[{"group", "ids", "can_tie"}]`` sorted by first id."""
+    """Exact-duplicate groups: ``[{"group", "ids", "can_tie"}]`` sorted by first id (``can_tie``
+    None when the group's question was left open, e.g. by the time budget)."""
     res = ma.result
     out: dict[int, list[int]] = {}
     for t in (res.group >= 0).nonzero().flatten().tolist():
         out.setdefault(int(res.group[t]), []).append(t)
-    return [{"group": g, "ids": sorted(ids), "can_tie": bool(res.group_can_tie.get(g, False))}
+    return [{"group": g, "ids": sorted(ids), "can_tie": res.group_can_tie.get(g)}
             for g, ids in sorted(out.items(), key=lambda kv: min(kv[1]))]
 
 
@@ -34,6 +59,7 @@ def argmax_to_dict(ma: ModelArgmax, tokenizer=None, per_token: bool = True) -> d
     """Plain data for ``--json``: counts, stages, flagged tokens (decoded), per-token verdicts."""
     res = ma.result
     dec = (lambda t: token_str(tokenizer, t)) if tokenizer is not None else (lambda t: None)
+    reserved = set(_reserved(ma))
 
     def item(t):
         t = int(t)
@@ -46,6 +72,9 @@ def argmax_to_dict(ma: ModelArgmax, tokenizer=None, per_token: bool = True) -> d
             d["support"] = int(len(ids))
             d["top_weights"] = [{"id": int(ids[k]), "token": dec(int(ids[k])), "weight": float(w[k])}
                                 for k in order.tolist()]
+            if t in res.combo_mean:
+                # plus this weight on the mean of every other distinct row in play
+                d["mean_of_other_rows_weight"] = float(res.combo_mean[t])
         if not math.isnan(float(res.margin[t])):
             d["margin"] = _f(res.margin[t])
         if t in res.reasons:
@@ -65,12 +94,17 @@ def argmax_to_dict(ma: ModelArgmax, tokenizer=None, per_token: bool = True) -> d
         "timings_s": {k: round(v, 4) for k, v in res.timings.items()},
         "settled": dict(res.settled),
         "verified_f64": res.verified_f64,
-        "unargmaxable": [item(t) for t in res.ids("unargmaxable").tolist()],
-        "undecided": [item(t) for t in res.ids("undecided").tolist()],
+        "unargmaxable": [item(t) for t in res.ids("unargmaxable").tolist() if t not in reserved],
+        "undecided": [item(t) for t in res.ids("undecided").tolist() if t not in reserved],
         "duplicates": [dict(g, tokens=[dec(t) for t in g["ids"]]) for g in duplicate_groups(ma)],
         "norm": None,
         "norm_note": ma.norm_note,
     }
+    if res.budget_s is not None:
+        out["budget_s"] = res.budget_s
+        out["cut_short"] = list(res.cut_short)
+    if reserved:
+        out["reserved"] = reserved_group(ma, item)
     if ma.reach is not None:
         r = ma.reach
         out["norm"] = {
@@ -135,7 +169,7 @@ def argmax_tables(ma: ModelArgmax, tokenizer=None) -> list[Table]:
         t4.add_column("can tie for first", justify="right")
         for g in groups[:_LIST_MAX]:
             t4.add_row(", ".join(map(str, g["ids"])), ", ".join(dec(t) for t in g["ids"]),
-                       "yes" if g["can_tie"] else "no")
+                       _yes_no(g["can_tie"]))
         tables.append(t4)
     if ma.reach is not None:
         r = ma.reach
@@ -159,6 +193,15 @@ def argmax_section(ma: ModelArgmax, tokenizer=None) -> Section:
              table_html(["verdict", "tokens"], [[k, v] for k, v in d["counts"].items()]),
              table_html(["stage", "seconds", "settled"],
                         [[s, f"{d['timings_s'].get(s, 0):.2f}", d["settled"].get(s, 0)] for s in STAGES])]
+    if d.get("cut_short"):
+        parts.insert(1, f"<p class='note'>Cut short: the time budget of {d['budget_s']:g} s ran out in "
+                        f"{esc(', '.join(d['cut_short']))}; {d['counts']['undecided']} tokens are undecided "
+                        "(never guessed). Run <code>vocablens argmax</code> for the exact answer.</p>")
+    if d.get("reserved"):
+        g = d["reserved"]
+        parts.append(f"<h3>Reserved / unused special tokens</h3><p>{g['count']} tokens (ids {g['first_id']}"
+                     f"..{g['last_id']}), reported apart: "
+                     + ", ".join(f"{k} {v}" for k, v in g["counts"].items() if v) + ".</p>")
     if d["unargmaxable"]:
         parts.append("<h3>Not argmaxable</h3>" + table_html(
             ["id", "token", "residual", "support"],
@@ -166,7 +209,7 @@ def argmax_section(ma: ModelArgmax, tokenizer=None) -> Section:
     if d["duplicates"]:
         parts.append("<h3>Exact duplicates</h3>" + table_html(
             ["ids", "tokens", "can tie for first"],
-            [[", ".join(map(str, g["ids"])), ", ".join(map(str, g["tokens"])), "yes" if g["can_tie"] else "no"]
+            [[", ".join(map(str, g["ids"])), ", ".join(map(str, g["tokens"])), _yes_no(g["can_tie"])]
              for g in d["duplicates"][:_LIST_MAX]]))
     if d["norm"]:
         parts.append(f"<h3>Under the final norm</h3><p>{esc(d['norm_note'])}</p>" + table_html(

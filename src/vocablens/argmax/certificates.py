@@ -1,0 +1,292 @@
+"""Argmaxable certificates: stage ``gemm`` (all pairs, exact int8 grid), stage ``reflect`` (batched
+Braid reflections) and stage ``verify`` (float64 re-check in the original coordinates).
+
+- ``gemm``: the certificate ``y = q_i`` (the whitened row on the global int8 grid) for every token
+  at once. ``Q Q^T`` by blocks, exact integer arithmetic, over the upper triangle only (it is
+  symmetric: each block serves its rows and its columns), with a rigorous bound for the rounding
+  ``z - q``. A token is settled when ``q_i.q_i`` beats every other ``q_j.q_i`` by more than the bound.
+- ``reflect``: float32 re-check of the failures and at most ``reflect_iters`` reflections of the
+  near misses across the hyperplane that separates them from their current winner (the "Braid
+  reflect" of Grivas, Bogoychev and Lopez 2022, §4), by blocks of at most 256 columns.
+- ``verify``: float64 margins at the certificates, chunked so the scores stay under 128 MiB.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from vocablens.argmax.distributed import allreduce_max, world
+from vocablens.argmax.result import DUPLICATE, UNDECIDED
+from vocablens.argmax.state import U32, ScanState
+
+#: reflect columns at a time (the scores are [n, this] float32)
+REFLECT_COLS = 256
+#: float64 scores kept at once by the verify stage, bytes
+VERIFY_BYTES = 128 * 2 ** 20
+
+
+def _fp32_exact_mm(r: int):
+    """``(A, B) -> A @ B^T`` for int8 blocks via float32 GEMMs on column slices of at most 1,040:
+    each product is <= 127^2 and 127^2 * 1040 < 2^24, so every partial sum is an exact integer."""
+    step = max(1, min(r, (2 ** 24 - 1) // (127 * 127)))
+    if step >= r:
+        return lambda A, B: (A.float() @ B.float().T).int()
+
+    def f(A, B):
+        out = None
+        for c in range(0, r, step):
+            part = (A[:, c:c + step].float() @ B[:, c:c + step].float().T).int()
+            out = part if out is None else out.add_(part)
+        return out
+    return f
+
+
+def exact_int_matmul(Q: torch.Tensor):
+    """An exact ``(A, B) -> A @ B^T`` for int8 row blocks of Q, int32 result; the faster of two.
+
+    ``torch._int_mm`` (int8 products, int32 sums; fast with AVX512-VNNI/AMX, a slow fallback on
+    plain AVX2) counts only when it reproduces an int64 reference on a sample of Q's own rows (it is
+    wrong for some shapes, e.g. one column); Q is padded with zero columns to a multiple of 8 for it.
+    The other kernel is float32 GEMMs on column slices (exact, see :func:`_fp32_exact_mm`). Both give
+    the same integers; a short timing on Q's rows picks one.
+    """
+    n, r = Q.shape
+    pad = (-r) % 8
+    sample = Q[: min(n, 64)]
+    ref = sample.long() @ sample.long().T
+    fp = _fp32_exact_mm(r)
+    if not hasattr(torch, "_int_mm"):
+        return fp
+
+    def im(A, B):
+        if pad:
+            A = torch.nn.functional.pad(A, (0, pad))
+            B = torch.nn.functional.pad(B, (0, pad))
+        return torch._int_mm(A.contiguous(), B.contiguous().T)
+    try:
+        if not torch.equal(im(sample, sample).long(), ref):
+            return fp
+    except RuntimeError:
+        return fp
+    A, B = Q[: min(n, 256)], Q[: min(n, 1024)]
+    times = []
+    for f in (im, fp):
+        f(A, B)
+        t = time.perf_counter()
+        f(A, B)
+        times.append(time.perf_counter() - t)
+    return im if times[0] <= times[1] else fp
+
+
+def stage_gemm(st: ScanState, block: int) -> None:
+    """Stage 1 for every open row; leaves the failures in ``st.left``.
+
+    On :class:`~vocablens.argmax.state.OutOfTime` the rows whose maximum is complete (the blocks
+    done so far) are still judged; the rest stay open.
+    """
+    from vocablens.argmax.state import OutOfTime
+
+    n, Qt = st.n, st.Qt
+    imm = exact_int_matmul(Qt)
+    best = torch.full((n,), torch.iinfo(torch.int32).min, dtype=torch.int32)
+    diag = torch.empty(n, dtype=torch.int32)
+    for s in range(0, n, 16384):
+        qi = Qt[s:s + 16384].int()
+        diag[s:s + 16384] = (qi * qi).sum(1)
+    col_chunk = max(block, 8192)
+    done = 0
+    rank, size = world()
+    try:
+        for bi, i0 in enumerate(range(0, n, block)):
+            if bi % size != rank:
+                continue                                # another rank's block
+            if size == 1:
+                st.check_time()
+            i1 = min(n, i0 + block)
+            QI = Qt[i0:i1]
+            for c0 in range(i0, n, col_chunk):
+                c1 = min(n, c0 + col_chunk)
+                S = imm(QI, Qt[c0:c1])                      # [bi, bc] int32, exact
+                if c0 == i0:
+                    k = min(i1, c1) - i0
+                    ar = torch.arange(k)
+                    S[ar, ar] = torch.iinfo(torch.int32).min
+                best[i0:i1] = torch.maximum(best[i0:i1], S.amax(1))
+                best[c0:c1] = torch.maximum(best[c0:c1], S.amax(0))
+            done = i1
+            st.progress("gemm", i1, n)
+    except OutOfTime:
+        st.cut("gemm")
+    if size > 1:
+        allreduce_max(best)
+        done = n
+    # z_j . y = s^2 q_j . q_t + e_j . y with |e_j . y| <= ||e_j|| ||y||, y = s q_t
+    qs = st.qs
+    dg = diag.double().numpy()
+    qn = np.sqrt(dg)
+    ynorm = qs * qn
+    m1 = qs * qs * (dg - best.double().numpy()) - (st.enorm + st.emax) * ynorm * 1.001
+    ok = (m1 > 0) & (qn > 0)
+    ok[done:] = False
+    for k in np.nonzero(ok)[0]:
+        t = int(st.reps[k])
+        s, m = st.bias_scaled(t, float(m1[k]))
+        st.scale[t] = s
+        st.settle_arg(t, 1, m)
+    st.left = np.nonzero(~ok)[0]
+    st.s1_ratio = np.where(ok, m1 / ((st.enorm + st.emax) * ynorm + 1e-300), 0.0)
+
+
+def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
+    """Stage 2 on ``st.left``, by blocks of :data:`REFLECT_COLS` columns; failures stay in ``st.left``.
+
+    Args:
+        iters: reflections per column at most.
+        screen: optional ``(state, cols, S) -> bool mask`` called once per block with the scores
+            ``S [n, m]`` at ``y = z_t`` (own scores masked out) for the columns the float32 re-check
+            did not settle; it returns the columns it settled itself (a quick interior proof), which
+            then skip the reflections.
+    """
+    if not len(st.left) or iters <= 0:
+        return
+    Zt, coef = st.Zt, (st.r * U32 / (1 - st.r * U32) + 3 * U32) * 1.01
+    still: list[np.ndarray] = []
+    left = st.left
+    for b0 in range(0, len(left), REFLECT_COLS):
+        if st.time_left() <= 0:
+            st.cut("reflect")
+            still.append(left[b0:])
+            break
+        cols = torch.from_numpy(left[b0:b0 + REFLECT_COLS])
+        Y = Zt[cols].T.clone()                          # [r, m]
+        for it in range(iters):
+            S = Zt @ Y                                  # [n, m]
+            ar = torch.arange(len(cols))
+            own = S[cols, ar].clone()
+            S[cols, ar] = -math.inf
+            bestv, jstar = S.max(0)
+            ynorm = Y.double().norm(dim=0).numpy()
+            mm = (own - bestv).double().numpy()
+            bnd = coef * ynorm * (st.znorm[cols.numpy()] + st.zmax) + 1e-30
+            done = mm > bnd
+            for q in np.nonzero(done)[0]:
+                t = int(st.reps[int(cols[q])])
+                st.settle_arg_y(t, 2, Y[:, q].double().numpy(), float(mm[q] - bnd[q]))
+            if it == 0 and screen is not None and not done.all():
+                rest = np.nonzero(~done)[0]
+                proved = np.zeros(len(done), dtype=bool)
+                proved[rest] = screen(st, cols[rest].numpy(), S[:, rest])
+                done = done | proved
+            keepc = torch.from_numpy(~done)
+            Y, cols, jstar = Y[:, keepc], cols[keepc], jstar[keepc]
+            if len(cols) == 0:
+                break
+            if st.time_left() <= 0:
+                st.cut("reflect")
+                break
+            nv = Zt[cols].T - Zt[jstar].T                # [r, m]  z_t - z_j
+            coefr = (nv * Y).sum(0) / (nv * nv).sum(0).clamp_min(1e-30)
+            Y = Y - 2.0 * coefr * nv
+        still.append(cols.numpy())
+        st.progress("reflect", min(b0 + REFLECT_COLS, len(left)), len(left))
+    st.left = np.concatenate(still) if still else np.zeros(0, dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------------------- verify
+def _row_scores64(Wn: np.ndarray, rows: np.ndarray | None, X: np.ndarray, chunk: int = 8192) -> np.ndarray:
+    """float64 ``W[rows] @ X`` computed in row chunks: [n, k]."""
+    idx = np.arange(Wn.shape[0]) if rows is None else rows
+    out = np.empty((len(idx), X.shape[1]), dtype=np.float64)
+    for s in range(0, len(idx), chunk):
+        out[s:s + chunk] = Wn[idx[s:s + chunk]].astype(np.float64) @ X
+    return out
+
+
+def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int = 512, progress=None,
+                      deadline: float | None = None):
+    """float64 margins ``l_t(x_t) - max_{j in play, j != t, j not a twin} l_j(x_t)`` for tokens [k].
+
+    Args:
+        Wn: rows ``[V, d]`` (numpy, float32 or float64); bn: bias [V] or None; in_play: bool [V].
+        tokens: int64 [k]; cert: ``t -> x`` float64 [d].
+        chunk: tokens per float64 product (lowered so the [n_play, chunk] scores fit 128 MiB).
+        deadline: ``time.perf_counter()`` value after which no new chunk starts.
+
+    Returns:
+        float64 [k] margins (logit units); NaN for tokens not reached before the deadline.
+    """
+    tokens = np.asarray(tokens, dtype=np.int64)
+    out = np.full(len(tokens), np.nan)
+    play = np.nonzero(in_play)[0]
+    pos = np.full(len(in_play), -1)
+    pos[play] = np.arange(len(play))
+    chunk = max(1, min(chunk, VERIFY_BYTES // (8 * max(1, len(play)))))
+    bplay = None if bn is None else bn[play][:, None]
+    for s in range(0, len(tokens), chunk):
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
+        tk = tokens[s:s + chunk]
+        X = np.stack([cert(t) for t in tk], axis=1)               # [d, k]
+        L = _row_scores64(Wn, play, X)                             # [n_play, k]
+        if bplay is not None:
+            L += bplay
+        for q, t in enumerate(tk):
+            own = L[pos[t], q]
+            L[pos[t], q] = -np.inf
+            if twins_of is not None:
+                tw = twins_of(t)
+                if len(tw):
+                    L[pos[tw], q] = -np.inf
+            out[s + q] = own - L[:, q].max() if L.shape[0] > 1 else math.inf
+        if progress:
+            progress(min(s + chunk, len(tokens)), len(tokens))
+    return out
+
+
+def cert_x(st: ScanState, t: int) -> np.ndarray:
+    """The argmaxable certificate of token t in the original coordinates, float64 [d]."""
+    t = int(t)
+    if t in st.x_extra:
+        return st.x_extra[t].numpy()
+    return st.scale[t] * (st.A @ (st.qs * st.Qt[st.row_of[t]].numpy().astype(np.float64)))
+
+
+def stage_verify(st: ScanState, mode: str) -> None:
+    """float64 re-check of the certificates from stages 2+ and (``"borderline"``) of the 256
+    stage-1 certificates with the smallest margin relative to their error bound, or (``"all"``)
+    of every certificate. A failed re-check never leaves a verdict standing: the token becomes
+    undecided. With a budget, certificates not reached keep their certified float32 margins."""
+    cand = np.nonzero((st.stage >= 1) & ~np.isnan(st.margin))[0]
+    if mode == "all":
+        chosen = cand.astype(np.int64)
+    else:
+        s1 = cand[st.stage[cand] == 1]
+        later = cand[st.stage[cand] != 1]
+        pick = np.zeros(0, dtype=np.int64)
+        if len(s1):
+            ratio = st.s1_ratio[st.row_of[s1]]
+            pick = s1[np.argsort(ratio)[:256]]
+        chosen = np.unique(np.concatenate([later, pick])).astype(np.int64)
+    res = verify_argmaxable(st.Wn, st.bn, st.in_play, chosen, lambda t: cert_x(st, t),
+                            twins_of=lambda t: st.twins.get(int(t), np.zeros(0, dtype=np.int64)),
+                            progress=lambda a, b: st.progress("verify", a, b), deadline=st.deadline)
+    for t, m in zip(chosen, res):
+        if np.isnan(m):
+            st.cut("verify")
+            continue
+        st.verified += 1
+        if m > 0:
+            st.margin[t] = m
+        else:
+            # never report a verdict the float64 check does not confirm
+            if st.verdict[t] == DUPLICATE:
+                st.group_can_tie.pop(int(st.group[t]), None)
+            else:
+                st.verdict[t] = UNDECIDED
+            st.reasons[int(t)] = f"float64 re-check of the certificate gave margin {m:.3g}"
+            st.margin[t] = np.nan
+    st.settled["verify"] = st.verified

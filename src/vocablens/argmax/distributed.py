@@ -1,0 +1,89 @@
+"""The exact argmax check over several processes (``torch.distributed``, launched by torchrun).
+
+When a process group is initialised (gloo on CPU, NCCL on GPU) with more than one rank:
+
+- stage ``gemm``: rank k takes the query blocks k, k + W, k + 2W ... of the upper triangle; the
+  per-row maxima are combined with one ``all_reduce(MAX)`` (exact integers, so the result equals
+  one process's bit for bit);
+- stages ``reflect``, ``proof`` and ``bias``: the open rows are dealt round-robin; each rank settles
+  its share, then every rank receives every settlement (``all_gather_object``), so all ranks hold
+  the same state and rank 0 prints the one result. Every row is decided by the same code as in one
+  process, so the verdicts are the same.
+
+The time budget applies per rank to its own share (the all-pairs stage always runs to the end).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vocablens.argmax.state import ScanState
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of the default process group, or (0, 1) without one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def allreduce_max(best: torch.Tensor) -> None:
+    """In-place elementwise maximum of an int32 tensor over all ranks."""
+    import torch.distributed as dist
+
+    t = best.long()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    best.copy_(t.to(best.dtype))
+
+
+_FIELDS = ("verdict", "stage", "margin", "residual", "scale")
+
+
+def share(st: ScanState) -> np.ndarray:
+    """This rank's share of the open rows (positions into ``reps``); the rest are set aside."""
+    rank, size = world()
+    return st.left[rank::size]
+
+
+def gather(st: ScanState, mine: np.ndarray, still_open: np.ndarray, before: dict) -> None:
+    """Exchange the settlements of every rank's share and the rows each left open.
+
+    Args:
+        mine: positions this rank worked on; still_open: those it left open; before: the settled
+            counts before the stage (this rank's new settlements are the difference).
+    """
+    import torch.distributed as dist
+
+    toks = [int(t) for t in st.reps[mine]]
+    twins = {int(st.group[t]) for t in toks if int(st.group[t]) >= 0}
+    rec = {
+        "rows": {t: tuple(getattr(st, f)[t] for f in _FIELDS) for t in toks},
+        "x": {t: st.x_extra[t] for t in toks if t in st.x_extra},
+        "combos": {t: st.combos[t] for t in toks if t in st.combos},
+        "means": {t: st.combo_mean[t] for t in toks if t in st.combo_mean},
+        "reasons": {t: st.reasons[t] for t in toks if t in st.reasons},
+        "tie": {g: st.group_can_tie[g] for g in twins if g in st.group_can_tie},
+        "settled": {k: st.settled[k] - before[k] for k in st.settled},
+        "open": still_open, "cut": list(st.cut_short),
+    }
+    out: list = [None] * world()[1]
+    dist.all_gather_object(out, rec)
+    opened = []
+    for k, r in enumerate(out):
+        for t, vals in r["rows"].items():
+            for f, v in zip(_FIELDS, vals):
+                getattr(st, f)[t] = v
+        st.x_extra.update(r["x"])
+        st.combos.update(r["combos"])
+        st.combo_mean.update(r["means"])
+        st.reasons.update(r["reasons"])
+        st.group_can_tie.update(r["tie"])
+        opened.append(np.asarray(r["open"], dtype=np.int64))
+        for c in r["cut"]:
+            st.cut(c)
+    for key in st.settled:
+        st.settled[key] = before[key] + sum(r["settled"][key] for r in out)
+    st.left = np.sort(np.concatenate(opened)) if opened else np.zeros(0, dtype=np.int64)

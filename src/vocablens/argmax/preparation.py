@@ -1,0 +1,212 @@
+"""Stage ``prepare`` of the exact argmax check: validation, masks, exact duplicates, whitening.
+
+- Rows beyond the tokenizer (padding) and never-trained rows are excluded unless asked for.
+- Bit-identical rows (and with bias, equal biases) are grouped: a group can never hold the strict
+  argmax (``duplicate``); one representative is checked with its twins removed. With bias, a twin
+  with a smaller bias is dominated by its larger-bias twin (``mu = e_top``).
+- The distinct rows are centred and whitened on their numerical range in float64,
+  ``Z = (W - mu) A``, and rounded to one global int8 grid ``Q`` (step ``qs``) for stage 1, with a
+  rigorous bound ``enorm`` on ``||z - qs q||`` (rounding to the grid and to float32).
+
+Memory: every pass runs over blocks of 16,384 rows, so the peak is the float32 ``Z`` and the int8
+``Q`` ([n, r] each) plus one block.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from vocablens.argmax.result import DUPLICATE, PADDING, UNARGMAXABLE, UNDECIDED, UNTRAINED
+from vocablens.argmax.state import U32, ScanState
+from vocablens.errors import BadInput, ShapeMismatch
+
+_BLOCK = 16384
+
+
+def as_numpy(W: torch.Tensor) -> np.ndarray:
+    """Rows as numpy without losing precision: float64 stays float64, everything else float32."""
+    W = W.detach().cpu()
+    if W.dtype == torch.float64:
+        return W.numpy()
+    return W.float().numpy()
+
+
+def check_input(W, bias, masks: dict):
+    """Validate ``W [V, d]``, ``bias [V]`` and bool masks ``[V]``; returns (W, bias) as tensors.
+
+    Raises:
+        ShapeMismatch: W not a non-empty float matrix, bias or a mask of the wrong shape.
+        BadInput: NaN/inf rows or biases (ids named).
+    """
+    if not isinstance(W, torch.Tensor):
+        W = torch.as_tensor(W)
+    if W.dim() != 2:
+        raise ShapeMismatch(f"W must be a matrix [V, d]; got shape {tuple(W.shape)}")
+    V, d = W.shape
+    if V < 1 or d < 1:
+        raise ShapeMismatch(f"W must have at least one row and one column; got shape {tuple(W.shape)}")
+    if not W.is_floating_point():
+        raise ShapeMismatch(f"W must be floating point; got {W.dtype}")
+    bad = torch.zeros(V, dtype=torch.bool)
+    for s in range(0, V, _BLOCK):
+        bad[s:s + _BLOCK] = ~torch.isfinite(W[s:s + _BLOCK]).all(dim=1)
+    if bool(bad.any()):
+        ids = bad.nonzero().flatten()
+        raise BadInput(f"W has {len(ids)} row(s) with NaN or inf (ids {ids[:8].tolist()}"
+                       f"{' ...' if len(ids) > 8 else ''}): argmaxability is undefined for them; "
+                       "fix or mask the rows first")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            bias = torch.as_tensor(bias)
+        if bias.shape != (V,):
+            raise ShapeMismatch(f"bias must have shape [V] = [{V}]; got {tuple(bias.shape)}")
+        badb = ~torch.isfinite(bias)
+        if bool(badb.any()):
+            ids = badb.nonzero().flatten()
+            raise BadInput(f"bias has {len(ids)} NaN/inf entries (ids {ids[:8].tolist()})")
+    for name, m in masks.items():
+        if m is not None and (not isinstance(m, torch.Tensor) or m.shape != (V,) or m.dtype != torch.bool):
+            raise ShapeMismatch(f"{name} must be a bool tensor [V] = [{V}]")
+    return W, bias
+
+
+def group_identical(Wn: np.ndarray, ids: np.ndarray):
+    """Groups of bit-identical rows among ``Wn[ids]``.
+
+    Returns ``(inv, cnt, order)``: group of each row [m], group sizes [g], and the rows sorted by
+    group (stable) so that group g is ``ids[order[sum(cnt[:g]):sum(cnt[:g+1])]]``.
+    """
+    m = len(ids)
+    itype = np.int32 if Wn.dtype == np.float32 else np.int64
+    rng = np.random.default_rng(0)
+    R = rng.integers(-(2 ** 62), 2 ** 62, size=(Wn.shape[1], 2), dtype=np.int64)
+    keys = np.empty((m, 2), dtype=np.int64)
+    with np.errstate(over="ignore"):
+        for s in range(0, m, 8192):
+            bits = (Wn[ids[s:s + 8192]] + Wn.dtype.type(0)).view(itype).astype(np.int64)
+            keys[s:s + 8192] = bits @ R          # wraps modulo 2^64: an exact function of the bits
+    _, inv, cnt = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+    inv = inv.ravel()
+    if (cnt > 1).any():
+        # confirm bitwise; split a (vanishingly rare) hash collision into its true groups
+        nxt = len(cnt)
+        for g in np.nonzero(cnt > 1)[0]:
+            mem = np.nonzero(inv == g)[0]
+            rows = Wn[ids[mem]] + Wn.dtype.type(0)
+            sub = np.unique(rows.view(itype), axis=0, return_inverse=True)[1].ravel()
+            for k in range(1, sub.max() + 1):
+                inv[mem[sub == k]] = nxt
+                nxt += 1
+        _, inv = np.unique(inv, return_inverse=True)
+        inv = inv.ravel()
+        cnt = np.bincount(inv)
+    order = np.argsort(inv, kind="stable")
+    return inv, cnt, order
+
+
+def apply_masks(st: ScanState, padding, untrained, include_padding: bool, include_untrained: bool) -> None:
+    """Exclude padding and never-trained rows (unless included): verdict set, out of play."""
+    if padding is not None and not include_padding:
+        pm = padding.cpu().numpy()
+        st.verdict[pm] = PADDING
+        st.in_play &= ~pm
+    if untrained is not None and not include_untrained:
+        um = untrained.cpu().numpy() & st.in_play
+        st.verdict[um] = UNTRAINED
+        st.in_play &= ~um
+    st.verdict[st.in_play] = UNDECIDED
+
+
+def dedupe(st: ScanState) -> None:
+    """Group bit-identical rows in play; fills ``reps``, ``row_of``, ``twins``, ``group``."""
+    play_ids = np.nonzero(st.in_play)[0]
+    inv, cnt, order = group_identical(st.Wn, play_ids)
+    bn = st.bn
+    reps: list[int] = []
+    gid = 0
+    bounds = np.concatenate([[0], np.cumsum(cnt)])
+    for g in range(len(cnt)):
+        members = play_ids[order[bounds[g]:bounds[g + 1]]]
+        if len(members) == 1:
+            reps.append(int(members[0]))
+            continue
+        if bn is None:
+            top = members
+        else:
+            bmax = bn[members].max()
+            top = members[bn[members] == bmax]
+            for m in members[bn[members] < bmax]:
+                # dominated by an identical row with a larger bias: mu = e_top
+                st.verdict[m] = UNARGMAXABLE
+                st.stage[m] = 0
+                st.residual[m] = 0.0
+                st.combos[int(m)] = (torch.tensor([int(top[0])]), torch.tensor([1.0], dtype=torch.float64))
+        if len(top) > 1:
+            st.group[members] = gid
+            st.verdict[top] = DUPLICATE
+            st.stage[top] = 0
+            st.twins[int(top[0])] = top[1:]
+            gid += 1
+        reps.append(int(top[0]))
+    st.reps = np.array(sorted(reps), dtype=np.int64)
+    st.settled["prepare"] = int(np.sum(st.stage == 0))
+    st.row_of = np.full(st.V, -1, dtype=np.int64)
+    st.row_of[st.reps] = np.arange(len(st.reps))
+
+
+def whiten(st: ScanState) -> None:
+    """Centre and whiten the distinct rows (float64) and put them on the int8 grid.
+
+    Any invertible A gives the same answer; A only has to keep every direction the rows use, so it
+    is the inverse square root of the row covariance on its numerical range (eigenvalues above
+    1e-12 of the largest).
+    """
+    n, d, Wn, reps = st.n, st.d, st.Wn, st.reps
+    blocks = [reps[s:s + _BLOCK] for s in range(0, n, _BLOCK)]
+    mu_t = torch.zeros(d, dtype=torch.float64)
+    for b in blocks:
+        mu_t += torch.from_numpy(Wn[b]).double().sum(0)
+    mu_t /= n
+    C = torch.zeros(d, d, dtype=torch.float64)
+    for b in blocks:
+        Xc = torch.from_numpy(Wn[b]).double() - mu_t
+        C += Xc.T @ Xc
+    lam, vec = torch.linalg.eigh(C)
+    lam, vec = lam.numpy(), vec.numpy()
+    keep = lam > max(lam[-1], 0.0) * 1e-12
+    if not keep.any():
+        keep[-1] = True
+    A = vec[:, keep] / np.sqrt(lam[keep])           # [d, r]
+    r = A.shape[1]
+    At = torch.from_numpy(A)
+    Z = np.empty((n, r), dtype=np.float32)
+    wsq = 0.0
+    s_ = 0
+    for b in blocks:
+        Xc = torch.from_numpy(Wn[b]).double() - mu_t
+        wsq = max(wsq, float((Xc * Xc).sum(1).max()))
+        Z[s_:s_ + len(b)] = (Xc @ At).float().numpy()
+        s_ += len(b)
+    st.mu, st.A = mu_t.numpy(), A
+    st.wscale = math.sqrt(wsq) or 1.0
+    st.Zt = torch.from_numpy(Z)
+    # global int8 grid for stage 1: q = round(z / qs), e = z - qs q (z exact: + float32 rounding)
+    qs = float(np.abs(Z).max()) * (1 + 1e-6) / 127.0 or 1.0
+    Q = np.empty((n, r), dtype=np.int8)
+    enorm = np.empty(n)
+    znorm = np.empty(n)
+    for s in range(0, n, _BLOCK):
+        zc = Z[s:s + _BLOCK].astype(np.float64)
+        qc = np.rint(zc / qs)
+        Q[s:s + _BLOCK] = qc.astype(np.int8)
+        zn = np.linalg.norm(zc, axis=1)
+        enorm[s:s + _BLOCK] = np.linalg.norm(zc - qs * qc, axis=1) + 1.01 * U32 * zn
+        znorm[s:s + _BLOCK] = zn
+    st.Qt, st.qs = torch.from_numpy(Q), qs
+    st.enorm, st.emax = enorm, float(enorm.max())
+    st.znorm, st.zmax = znorm, float(znorm.max())
+    st.bmax = float(st.bn[reps].max()) if st.bn is not None else 0.0
+    st.left = np.arange(n)

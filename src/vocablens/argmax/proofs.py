@@ -1,0 +1,303 @@
+"""Exact proofs for the rows the certificate stages left open: stage ``proof`` (no bias).
+
+No bias (stage ``proof``), for row t with whitened ``z_t`` (the rows are centred: their mean is 0):
+
+1. Sparse first try (:func:`sparse_certificate`, also run inside the reflect stage): NNLS over the
+   32 rows that score highest at ``z_t`` and the centroid 0, then a shared inner polytope
+   (:class:`Ball`: the means of the rows on either side of each whitened axis, built once per run)
+   absorbs the remaining gap inside the centroid's share. A point that sits between a few rows and
+   the centre (a planted midpoint, a barely trained row) gets a certificate in O(k r^2) instead of
+   an NNLS with support r + 1.
+2. Column generation: NNLS over a set S of competitors (first the ``2(r+1)`` highest scoring),
+   minimising ``||sum_j mu_j (z_j - z_t)||^2 + omega^2 (sum mu - 1)^2``. Either the normalised
+   weights reach ``z_t`` (residual <= ``tol``: not argmaxable, the convex combination is the
+   certificate) or ``y = z_t - (nearest hull point)`` separates t from S; one product with all rows
+   tells whether it separates t from every row (argmaxable, ``y`` is the certificate) or which rows
+   to add (the most violated 500). HiGHS LP as the fallback.
+
+Work is shared across rows: rows are proved in batches of 64; their first competitors come from one
+``Z Z_B^T`` product and each round checks the whole batch's directions with one ``Z Y`` product.
+Every not-argmaxable certificate is re-checked in float64 in the original coordinates. A solver
+failure never becomes a verdict; a row over its own time budget is ``undecided``. The LPs (the
+fallback here, and stage ``bias``) are in :mod:`~vocablens.argmax.lp`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from vocablens.argmax.lp import lp_proof, slack
+from vocablens.argmax.state import ScanState
+
+#: rows proved together (one product for their start sets, one per round for their directions)
+BATCH = 64
+#: competitors of the sparse first try (screen in the reflect stage, first round of a proof)
+SPARSE_COLS = 32
+
+
+# ----------------------------------------------------------------------------------------- NNLS
+def _nnls(D: np.ndarray, maxiter: int | None = None):
+    """Nearest point to z_t of the hull of the columns in the NNLS metric.
+
+    Args:
+        D: float64 [m, r] rows ``p_j - z_t`` for hull points p_j.
+
+    Returns:
+        ``(w [m], g [r], scale)``: normalised weights (sum 1), the gap ``g = sum w_j p_j - z_t``
+        and the median column norm; None when NNLS fails.
+    """
+    from scipy.optimize import nnls
+
+    dn = np.linalg.norm(D, axis=1)
+    med = float(np.median(dn)) + 1e-30
+    om = 10.0 * med
+    M = np.vstack([D.T, np.full((1, len(D)), om)])
+    rhs = np.zeros(M.shape[0])
+    rhs[-1] = om
+    try:
+        mu, _ = nnls(M, rhs, maxiter=maxiter or 50 * (len(D) + M.shape[0]))
+    except Exception:  # noqa: BLE001 — a solver failure is never a verdict
+        return None
+    tot = mu.sum()
+    if tot <= 0:
+        return None
+    w = mu / tot
+    return w, w @ D, med
+
+
+class Ball:
+    """A shared inner polytope of the hull: for each whitened axis k the mean of the distinct rows
+    with ``Q[j, k] > 0`` (``q_k``) and the mean of the others (exactly ``-gamma_k q_k``, since the
+    rows are centred). Any v with ``a = Q^{-1} v`` and ``sum_k beta_k <= 1`` (``beta_k = a_k``, or
+    ``-a_k / gamma_k`` when negative) is ``sum beta_k (half-space mean) + (1 - sum beta) 0``: a point
+    of the hull, with a certificate in O(r^2). Built once per run (2 n r d float64 FLOPs)."""
+
+    def __init__(self, st: ScanState):
+        n, r, d = st.n, st.r, st.d
+        pos_sum = np.zeros((r, d))
+        self.size = np.zeros(r)
+        for s in range(0, n, 16384):
+            B = (st.Qt[s:s + 16384] > 0).double().numpy()             # [c, r]
+            pos_sum += B.T @ st.Wn[st.reps[s:s + 16384]].astype(np.float64)
+            self.size += B.sum(0)
+        self.ok = bool((self.size > 0).all() and (self.size < n).all())
+        if not self.ok:
+            return
+        total = n * st.mu
+        self.mean_pos = pos_sum / self.size[:, None]                      # [r, d] original coords
+        self.mean_neg = (total - pos_sum) / (n - self.size)[:, None]
+        self.gamma = self.size / (n - self.size)
+        Qm = (self.mean_pos - st.mu) @ st.A                               # [r(k), r]
+        cond = np.linalg.cond(Qm)
+        self.ok = bool(np.isfinite(cond) and cond < 1e8)
+        if self.ok:
+            self.Qinv = np.linalg.inv(Qm.T)                               # a = Q^{-1} v
+
+    def weights(self, v: np.ndarray) -> np.ndarray | None:
+        """Signed weights h [r] (h_k > 0: on the positive half's mean, < 0: on the other half's)
+        with ``sum |h| <= 1`` that represent v, or None when v is outside the inner polytope."""
+        a = self.Qinv @ v
+        h = np.where(a >= 0, a, a / self.gamma)
+        return h if float(np.abs(h).sum()) <= 1.0 - 1e-9 else None
+
+
+def _ball(st: ScanState) -> Ball | None:
+    if st.ball is None:
+        st.ball = Ball(st) if st.n > st.r + 1 else False
+    return st.ball if st.ball and st.ball.ok else None
+
+
+def sparse_certificate(st: ScanState, k: int, Spos: np.ndarray) -> bool:
+    """Prove row k interior from a few competitors: NNLS over ``Spos`` and the centroid 0 (the mean
+    of all distinct rows), then the :class:`Ball` absorbs the remaining gap inside the centroid's
+    share. Settles the row (stage ``proof``) and returns True, or returns False (no verdict).
+
+    The combination includes row k itself (through the means) with weight ``omega < 1``; removing
+    it and renormalising gives a combination of the other rows (``ArgmaxResult.combination``).
+    """
+    ball = _ball(st)
+    if ball is None or st.bn is not None:
+        return False
+    zt = st.z64([k])[0]
+    D = np.vstack([st.z64(Spos) - zt, -zt[None, :]])
+    out = _nnls(D, maxiter=20 * (len(D) + st.r))
+    if out is None:
+        return False
+    w, g, _ = out
+    w0 = float(w[-1])
+    if w0 <= 0:
+        return False
+    h = ball.weights(-g / w0)
+    if h is None:
+        return False
+    t = int(st.reps[k])
+    keep = w[:-1] > 0
+    pos, wj = Spos[keep], w[:-1][keep]
+    h = w0 * h
+    m_all = w0 - float(np.abs(h).sum())
+    rn, omega = _structured_residual(st, ball, t, pos, wj, m_all, h)
+    if not rn <= st.tol * st.wscale:
+        return False
+    st.settle_unarg(t, st.reps[pos], wj, rn, 3, (m_all, h))
+    return True
+
+
+def _structured_residual(st: ScanState, ball: Ball, t: int, pos, wj, m_all: float, h: np.ndarray):
+    """float64 residual ``||w_t - combination of the other rows||`` in the original coordinates."""
+    x = st.Wn[st.reps[pos]].astype(np.float64).T @ wj + m_all * st.mu
+    x += np.clip(h, 0, None) @ ball.mean_pos + np.clip(-h, 0, None) @ ball.mean_neg
+    qt = st.Qt[st.row_of[t]].numpy() > 0
+    sizes = np.where(h >= 0, ball.size, st.n - ball.size)
+    inside = np.where(h >= 0, qt, ~qt)
+    omega = m_all / st.n + float((np.abs(h) * inside / sizes).sum())
+    wt = st.Wn[t].astype(np.float64)
+    return float(np.linalg.norm(x - wt)) / (1.0 - omega), omega
+
+
+def screen_interior(st: ScanState, cols: np.ndarray, S: torch.Tensor) -> np.ndarray:
+    """Quick interior proofs inside the reflect stage (:func:`sparse_certificate` with the
+    :data:`SPARSE_COLS` highest scoring rows).
+
+    Args:
+        cols: positions (into ``reps``) [m]; S: float32 scores ``Z z_t`` [n, m], own entries -inf.
+
+    Returns:
+        bool [m], the rows settled here.
+    """
+    ok = np.zeros(len(cols), dtype=bool)
+    if st.n < 3 or _ball(st) is None:
+        return ok
+    top = torch.topk(S, min(SPARSE_COLS, st.n - 1), dim=0).indices.T.numpy()     # [m, k]
+    for q, k in enumerate(cols):
+        ok[q] = sparse_certificate(st, int(k), top[q])
+    return ok
+
+
+# ----------------------------------------------------------------------------------------- stage proof
+class _Row:
+    """Column-generation state of one row."""
+
+    __slots__ = ("k", "S", "Sset", "t0", "rounds", "y")
+
+    def __init__(self, k: int, S: np.ndarray):
+        self.k, self.S, self.Sset = k, S, set(S.tolist())
+        self.t0, self.rounds, self.y = time.perf_counter(), 0, None
+
+
+def stage_proof(st: ScanState, max_rounds: int, row_budget_s: float | None) -> dict:
+    """Prove every row in ``st.left`` (deferred rows last). Returns the no-bias failures
+    ``token -> (ids, weights)`` when a bias takes part (the bias stage decides them).
+
+    Raises:
+        OutOfTime: the run's budget ran out (rows not settled stay open).
+    """
+    n, r, Zt = st.n, st.r, st.Zt
+    rows = st.left
+    if st.defer is not None and len(rows):
+        rows = rows[np.argsort(st.defer[st.reps[rows]], kind="stable")]
+    fails: dict = {}
+    n0 = min(n - 1, 2 * (r + 1))
+    for b0 in range(0, len(rows), BATCH):
+        st.check_time()
+        ks = rows[b0:b0 + BATCH]
+        kt = torch.from_numpy(ks)
+        S0 = Zt @ Zt[kt].T                                       # [n, B]
+        S0[kt, torch.arange(len(ks))] = -math.inf
+        top = torch.topk(S0, n0, dim=0).indices.T.numpy()        # [B, n0], best first
+        del S0
+        active = []
+        for q, k in enumerate(ks):
+            if not sparse_certificate(st, int(k), top[q, :SPARSE_COLS]):
+                active.append(_Row(int(k), top[q]))
+        while active:
+            st.check_time()
+            probe = [row for row in active if _round(st, row, fails)]
+            active = _check_directions(st, probe, max_rounds, row_budget_s, fails)
+        st.progress("proof", min(b0 + BATCH, len(rows)), len(rows))
+    return fails
+
+
+def _round(st: ScanState, row: _Row, fails: dict) -> bool:
+    """One float64 NNLS round; settles the row (False) or leaves a direction to check (True)."""
+    k = row.k
+    zt = st.z64([k])[0]
+    out = _nnls(st.z64(row.S) - zt)
+    if out is None:
+        _fallback(st, row, "NNLS failed", fails)
+        return False
+    w, g, med = out
+    if np.linalg.norm(g) <= st.tol * med:
+        sup = w > 0
+        _interior_found(st, k, row.S[sup], w[sup], fails)
+        return False
+    row.y = -g
+    return True
+
+
+def _interior_found(st: ScanState, k: int, pos: np.ndarray, w: np.ndarray, fails: dict) -> None:
+    t = int(st.reps[k])
+    ids = st.reps[pos]
+    rvec = st.Wn[ids].astype(np.float64).T @ w - st.Wn[t].astype(np.float64)
+    rn = float(np.linalg.norm(rvec))
+    if rn > st.tol * st.wscale:
+        st.reasons[t] = f"convex combination found but its residual {rn:.3g} exceeds the tolerance"
+    elif st.bn is None:
+        st.settle_unarg(t, ids, w, rn, 3)
+    else:
+        fails[t] = (ids, w)
+
+
+def _check_directions(st: ScanState, probe: list, max_rounds: int, row_budget_s, fails: dict) -> list:
+    """One ``Z Y`` product for the batch's directions: settle the separated rows, extend the rest."""
+    if not probe:
+        return []
+    Y = torch.from_numpy(np.stack([row.y for row in probe], axis=1)).float()   # [r, m]
+    sl = slack(st, Y)
+    SC = st.Zt @ Y                                               # [n, m]
+    nxt = []
+    for q, row in enumerate(probe):
+        sc = SC[:, q].double().numpy()
+        own = sc[row.k]
+        sc[row.k] = -np.inf
+        viol = np.nonzero(sc >= own - sl[q])[0]
+        t = int(st.reps[row.k])
+        if len(viol) == 0:
+            # report the certificate at the token's own whitened norm (margins comparable to stage 1)
+            y = row.y                                            # float64; Y is its float32 copy
+            f = float(np.linalg.norm(st.z64([row.k])[0])) / float(np.linalg.norm(y))
+            st.settle_arg_y(t, 3, f * y, f * float(own - sc.max()))
+            continue
+        new = [int(v) for v in viol[np.argsort(-sc[viol])] if int(v) not in row.Sset][:500]
+        row.rounds += 1
+        if not new:
+            _fallback(st, row, "NNLS column generation stalled", fails)
+        elif row.rounds >= max_rounds:
+            _fallback(st, row, "NNLS did not converge", fails)
+        elif row_budget_s is not None and time.perf_counter() - row.t0 > row_budget_s:
+            st.reasons[t] = f"row budget: not decided within {row_budget_s:g} s"
+        else:
+            row.Sset.update(new)
+            row.S = np.concatenate([row.S, np.array(new, dtype=np.int64)])
+            nxt.append(row)
+    return nxt
+
+
+def _fallback(st: ScanState, row: _Row, why: str, fails: dict) -> None:
+    """A HiGHS LP on the row's set; settles the row or records why not."""
+    k, t = row.k, int(st.reps[row.k])
+    res = lp_proof(st, None, k, row.S, max_rounds=40)
+    if res[0] == "arg":
+        zt = st.z64([k])[0]
+        f = float(np.linalg.norm(zt)) / float(np.linalg.norm(res[1]))
+        st.settle_arg_y(t, 3, f * res[1], f * res[3])
+    elif res[0] == "int":
+        _interior_found(st, k, res[1], res[2], fails)
+    else:
+        st.reasons[t] = f"{why}; LP: {res[1]}"
+
+
+__all__ = ["Ball", "screen_interior", "sparse_certificate", "stage_proof"]

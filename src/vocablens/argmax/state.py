@@ -1,0 +1,198 @@
+"""The mutable state the stages of the exact argmax check pass along, and its time budget.
+
+One :class:`ScanState` holds the verdict arrays (one entry per token), the prepared geometry
+(distinct rows, whitening, int8 grid) and the clock. Each stage (``preparation``,
+``certificates``, ``proofs``) reads it and settles tokens through its ``settle_*`` methods, so a
+stage function is plain code over one object instead of a closure over many locals.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from vocablens.argmax.result import (
+    ARGMAXABLE, BUDGET, DUPLICATE, STAGES, UNARGMAXABLE, UNDECIDED, ArgmaxResult, Progress,
+)
+
+U32 = 2.0 ** -24  # unit roundoff of float32
+
+
+class OutOfTime(Exception):
+    """Raised inside a stage when the run's time budget is spent (caught by the driver)."""
+
+
+@dataclass(eq=False)
+class ScanState:
+    """Everything the stages share. Arrays are numpy, indexed by token id ([V]) unless noted.
+
+    Token-level: ``verdict``, ``stage``, ``margin``, ``residual``, ``group``, ``scale``,
+    ``in_play``; dicts ``x_extra``, ``combos``, ``combo_mean``, ``reasons``, ``group_can_tie``.
+    Prepared geometry (filled by :func:`vocablens.argmax.preparation.prepare`): ``Wn`` rows
+    [V, d] (float32 or float64), ``bn`` bias [V] float64 or None, ``reps`` int64 [n] the distinct
+    rows' representatives, ``row_of`` [V] their position, ``twins`` rep -> its exact twins, ``mu``
+    float64 [d], ``A`` float64 [d, r], ``Zt`` float32 [n, r] (whitened rows), ``Qt`` int8 [n, r]
+    and ``qs`` (the int8 grid), ``enorm`` [n] rounding bounds, ``znorm`` [n], ``left`` int64
+    positions (into ``reps``) of the rows still open.
+    """
+
+    V: int
+    d: int
+    tol: float
+    progress: Progress
+    deadline: float | None = None
+    budget_s: float | None = None
+    t0: float = field(default_factory=time.perf_counter)
+    verdict: np.ndarray = None
+    stage: np.ndarray = None
+    margin: np.ndarray = None
+    residual: np.ndarray = None
+    group: np.ndarray = None
+    scale: np.ndarray = None
+    in_play: np.ndarray = None
+    x_extra: dict = field(default_factory=dict)
+    combos: dict = field(default_factory=dict)
+    combo_mean: dict = field(default_factory=dict)
+    reasons: dict = field(default_factory=dict)
+    group_can_tie: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=lambda: {s: 0.0 for s in STAGES})
+    settled: dict = field(default_factory=lambda: {s: 0 for s in STAGES})
+    cut_short: list = field(default_factory=list)
+    interrupted: bool = False
+    verified: int = 0
+    # prepared geometry
+    Wn: np.ndarray = None
+    bn: np.ndarray | None = None
+    reps: np.ndarray = None
+    row_of: np.ndarray = None
+    twins: dict = field(default_factory=dict)
+    defer: np.ndarray | None = None
+    mu: np.ndarray = None
+    A: np.ndarray = None
+    Zt: torch.Tensor = None
+    Qt: torch.Tensor = None
+    qs: float = 1.0
+    enorm: np.ndarray = None
+    emax: float = 0.0
+    znorm: np.ndarray = None
+    zmax: float = 0.0
+    wscale: float = 1.0
+    bmax: float = 0.0
+    s1_ratio: np.ndarray = None
+    left: np.ndarray = None
+    ball: object = None          # proofs.Ball, built on first use
+
+    @classmethod
+    def new(cls, V: int, d: int, tol: float, progress: Progress | None, budget_s: float | None) -> "ScanState":
+        t0 = time.perf_counter()
+        st = cls(V=V, d=d, tol=tol, progress=progress or (lambda *_: None), budget_s=budget_s, t0=t0,
+                 deadline=None if budget_s is None else t0 + float(budget_s))
+        st.verdict = np.full(V, UNDECIDED, dtype=np.int8)
+        st.stage = np.full(V, -1, dtype=np.int8)
+        st.margin = np.full(V, np.nan)
+        st.residual = np.full(V, np.nan)
+        st.group = np.full(V, -1, dtype=np.int64)
+        st.scale = np.ones(V)
+        st.in_play = np.ones(V, dtype=bool)
+        st.left = np.zeros(0, dtype=np.int64)
+        return st
+
+    # ------------------------------------------------------------------ sizes and the clock
+    @property
+    def n(self) -> int:
+        """Distinct rows in play."""
+        return 0 if self.reps is None else len(self.reps)
+
+    @property
+    def r(self) -> int:
+        """Dimension after whitening."""
+        return 0 if self.A is None else int(self.A.shape[1])
+
+    def time_left(self) -> float:
+        """Seconds left in the budget (inf without one)."""
+        return math.inf if self.deadline is None else self.deadline - time.perf_counter()
+
+    def check_time(self) -> None:
+        """Raise :class:`OutOfTime` when the budget is spent."""
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            raise OutOfTime
+
+    # ------------------------------------------------------------------ settling tokens
+    def settle_arg(self, t: int, st: int, m: float) -> None:
+        """Token t is argmaxable (a duplicate representative: its group can tie), margin m."""
+        if self.verdict[t] == DUPLICATE:
+            self.group_can_tie[int(self.group[t])] = True
+        else:
+            self.verdict[t] = ARGMAXABLE
+        self.stage[t] = st
+        self.margin[t] = m
+        self.settled[STAGES[st]] += 1
+
+    def settle_unarg(self, t: int, ids, wts, rn: float, st: int, means=None) -> None:
+        """Token t is dominated by ``sum wts[k] w[ids[k]]`` plus, when ``means = (m_all, h)``, weights
+        on means of the distinct rows (see :attr:`ArgmaxResult.combo_mean`)."""
+        if self.verdict[t] == DUPLICATE:
+            self.group_can_tie[int(self.group[t])] = False
+        else:
+            self.verdict[t] = UNARGMAXABLE
+        self.stage[t] = st
+        self.residual[t] = rn
+        self.combos[int(t)] = (torch.from_numpy(np.asarray(ids, dtype=np.int64)),
+                               torch.from_numpy(np.asarray(wts, dtype=np.float64)))
+        if means is not None:
+            self.combo_mean[int(t)] = (float(means[0]), torch.from_numpy(np.asarray(means[1], dtype=np.float64)))
+        self.settled[STAGES[st]] += 1
+
+    def bias_scaled(self, t: int, m0: float) -> tuple[float, float]:
+        """Scale s of a no-bias certificate with margin m0 so the biases cannot change the winner,
+        and the margin it then has (with bias); (1, m0) without bias."""
+        if self.bn is None:
+            return 1.0, m0
+        s = 2.0 * max(1.0, (self.bmax - self.bn[t]) / m0)
+        return s, s * m0 - (self.bmax - self.bn[t])
+
+    def settle_arg_y(self, t: int, st: int, y: np.ndarray, m0: float) -> None:
+        """Settle t with the whitened no-bias certificate y [r] and margin m0 (scaled for the bias)."""
+        s, m = self.bias_scaled(t, m0)
+        self.x_extra[int(t)] = torch.from_numpy(s * (self.A @ y))
+        self.settle_arg(t, st, m)
+
+    def z64(self, pos) -> np.ndarray:
+        """Whitened rows at positions ``pos`` (into ``reps``) in float64, computed afresh from W: [k, r]."""
+        return (self.Wn[self.reps[np.asarray(pos)]].astype(np.float64) - self.mu) @ self.A
+
+    def cut(self, stage: str) -> None:
+        """Record that ``stage`` was cut short (or skipped) by the budget."""
+        if stage not in self.cut_short:
+            self.cut_short.append(stage)
+
+    # ------------------------------------------------------------------ the result
+    def result(self) -> ArgmaxResult:
+        """Freeze into an :class:`ArgmaxResult` (open tokens become undecided with a reason)."""
+        why = "interrupted" if self.interrupted else (BUDGET if self.cut_short else "not settled")
+        for t in np.nonzero(self.verdict == UNDECIDED)[0]:
+            self.reasons.setdefault(int(t), why)
+        for t in self.twins:
+            if int(self.group[t]) not in self.group_can_tie:      # the group's question is open
+                self.reasons.setdefault(int(t), why)
+        self.timings["total"] = time.perf_counter() - self.t0
+        d = self.d
+        center = torch.zeros(d, dtype=torch.float64) if self.mu is None else torch.from_numpy(self.mu)
+        A = torch.zeros(d, 0, dtype=torch.float64) if self.A is None else torch.from_numpy(self.A)
+        Q = torch.zeros(self.n, 0, dtype=torch.int8) if self.Qt is None else self.Qt
+        row = np.full(self.V, -1, dtype=np.int64) if self.row_of is None else self.row_of
+        return ArgmaxResult(
+            verdict=torch.from_numpy(self.verdict), stage=torch.from_numpy(self.stage),
+            margin=torch.from_numpy(self.margin), residual=torch.from_numpy(self.residual),
+            group=torch.from_numpy(self.group), group_can_tie=self.group_can_tie,
+            in_play=torch.from_numpy(self.in_play), center=center, whiten=A,
+            scale=torch.from_numpy(self.scale), quant=Q, quant_scale=self.qs,
+            row=torch.from_numpy(row), x_extra=self.x_extra, combos=self.combos,
+            combo_mean=self.combo_mean, reasons=self.reasons, timings=self.timings,
+            settled=self.settled, bias_used=self.bn is not None, rank=self.r, n_unique=self.n,
+            tol=self.tol, verified_f64=self.verified, interrupted=self.interrupted,
+            budget_s=self.budget_s, cut_short=tuple(self.cut_short))
