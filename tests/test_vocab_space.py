@@ -262,6 +262,8 @@ def test_search_ranks_by_specificity_not_norm(tiny_cache):
     b = tiny(tiny_cache, "llama")
     t = 7
     before = vs.search_token(b, t, k=1)
+    stats = vs.value_stats(b)
+    assert vs.value_stats(b) is stats  # kept while the weights are unchanged
     ly, n = int(before.promote_layers[0]), int(before.promote_neurons[0])
     other = (ly + 1) % b.n_layers
     W = block_view(b, other).mlp_out.weight  # [d, d_ff]: column j is value vector j
@@ -269,6 +271,7 @@ def test_search_ranks_by_specificity_not_norm(tiny_cache):
     try:
         with torch.no_grad():
             W.mul_(100.0)
+        assert vs.value_stats(b) is not stats  # an in-place edit is seen
         after = vs.search_token(b, t, k=1)
         assert (int(after.promote_layers[0]), int(after.promote_neurons[0])) == (ly, n)
         assert float(after.promote_z[0]) == pytest.approx(float(before.promote_z[0]), rel=1e-4)

@@ -29,7 +29,7 @@ from vocablens.errors import BadInput, UnsupportedArchitecture
 from vocablens.models import Borders
 from vocablens.models.blocks import block_views, capture_updates, linear_bias, linearize_norm
 from vocablens.ops import token_logprobs
-from vocablens.vocab_space.readout import check_k, check_token
+from vocablens.vocab_space.readout import CHUNK_BYTES, check_k, check_token
 
 APPROXIMATION = (
     "direct logit attribution reads every part of the residual stream through the final norm linearized "
@@ -136,6 +136,17 @@ class Explanation:
     approximation: str = APPROXIMATION
 
 
+def _through_post(post, raw: torch.Tensor, r2: torch.Tensor):
+    """Readout rows r2 [2, d] pulled back through a block's post-transform (post-norm linearized at its
+    actual input ``raw`` [d], then the residual multiplier): ``(rows [2, d], constant [2], the
+    linearization or None)``, so that ``r2 · post(u) == rows · u + constant``."""
+    r = r2 * post.scale
+    if post.norm is None:
+        return r, torch.zeros(2), None
+    lin = linearize_norm(post.norm, raw)
+    return lin.readout(r), r @ lin.bias, lin
+
+
 def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token_id: int | None = None,
             k: int = 5, n_sub: int = 5) -> Explanation:
     """Per-layer attention and FFN updates, FFN sub-updates and per-head direct logit attribution.
@@ -205,7 +216,8 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
         states[1::2] = x[:-1] + attn_u
         hidden = U.normed(states.to(resid.device, resid.dtype))
         pad = U.vocab_size - real  # top-k over padding rows too, keeping the first real ones
-        tl = token_logprobs(hidden, U.weight, top_k=min(U.vocab_size, 2 + pad), **U.head_kwargs())
+        tl = token_logprobs(hidden, U.weight, top_k=min(U.vocab_size, 2 + pad), chunk_bytes=CHUNK_BYTES,
+                            **U.head_kwargs())
         top2 = [int(i) for i in tl.topk_ids[2 * L].tolist() if i < real][:2]
         top1 = top2[0]
         target = int(token_id) if token_id is not None else top1
@@ -240,12 +252,7 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
         sub_vecs: list[torch.Tensor] = []
         for i, (v, c) in enumerate(zip(views, caps)):
             # attention: heads, bias, post-transform
-            a_lin = linearize_norm(v.attn_post.norm, c.attn_raw[0, 0]) if v.attn_post.norm is not None else None
-            ra = r2 * v.attn_post.scale
-            a_const = torch.zeros(2)
-            if a_lin is not None:
-                a_const = ra @ a_lin.bias
-                ra = a_lin.readout(ra)
+            ra, a_const, _ = _through_post(v.attn_post, c.attn_raw[0, 0], r2)
             z = c.z[0, 0].float().cpu().view(v.n_heads, v.d_head)
             WO = v.W_O.detach().float().cpu()  # [H, dh, d]
             head_out = torch.einsum("hk,hkd->hd", z, WO)  # [H, d]
@@ -254,12 +261,7 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
             a_bias = (ra @ bO.detach().float().cpu() if bO is not None else torch.zeros(2)) + a_const
             attn_dla = head_dla.sum(0) + a_bias
             # MLP: sub-updates, bias, post-transform
-            m_lin = linearize_norm(v.mlp_post.norm, c.mlp_raw[0, 0]) if v.mlp_post.norm is not None else None
-            rm = r2 * v.mlp_post.scale
-            m_const = torch.zeros(2)
-            if m_lin is not None:
-                m_const = rm @ m_lin.bias
-                rm = m_lin.readout(rm)
+            rm, m_const, m_lin = _through_post(v.mlp_post, c.mlp_raw[0, 0], r2)
             act = c.act[0, 0].float().cpu()  # [d_ff]
             Wout = v.W_out.detach().float().cpu()  # [d_ff, d]
             sub = act[:, None] * (Wout @ rm.t())  # [d_ff, 2]

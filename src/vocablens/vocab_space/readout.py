@@ -15,6 +15,8 @@ from vocablens.models import Borders
 from vocablens.models.blocks import linear_weight
 
 _CHUNK_ELEMS = 1 << 24  # at most 16M float32 scores (64 MiB) per chunk
+#: the same budget in bytes, for the chunked ops (:func:`vocablens.ops.token_logprobs`)
+CHUNK_BYTES = 4 * _CHUNK_ELEMS
 
 
 def rows_per_chunk(V: int, rows: int | None = None) -> int:

@@ -18,6 +18,7 @@ for projecting every vector); each searched token then costs 2·N·d FLOPs.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -52,16 +53,38 @@ class ValueStats:
     apply_norm_gain: bool
 
 
+#: value_stats results per unembedding object (Borders makes a new one when W_U changes), keyed by the
+#: versions of every tensor they read, so an in-place edit of the weights is never served stale stats
+_STATS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _stats_key(borders: Borders, apply_norm_gain: bool) -> tuple:
+    mods = [borders.final_norm, borders.project_out, *(v.mlp_out for v in block_views(borders))]
+    return (bool(apply_norm_gain), borders.real_vocab_size,
+            tuple((p.data_ptr(), p._version) for m in mods if m is not None for p in m.parameters()))
+
+
 def value_stats(borders: Borders, apply_norm_gain: bool = True) -> ValueStats:
     """Exact per-vector moments of the value vectors' logits over the vocabulary (see the module docstring).
 
     Cost: 2·V·d² FLOPs for the readout's covariance (accumulated over row chunks, float32) and 2·N·d²
-    for the N = L·d_ff quadratic forms; memory O(d² + d_ff·d). Pass the result to
-    :func:`search_tokens` to search several tokens for the price of one.
+    for the N = L·d_ff quadratic forms; memory O(d² + d_ff·d). The result is kept for this model's
+    unembedding while its weights are unchanged (in-place edits are detected), so repeated searches
+    pay it once; :func:`search_tokens` also takes it explicitly.
 
     Raises:
         UnsupportedArchitecture: a block without a dense MLP (mixture of experts).
     """
+    memo = _STATS.setdefault(borders.unembedding, {})
+    key = _stats_key(borders, apply_norm_gain)
+    if key not in memo:
+        if len(memo) >= 4:  # weights edited in place again and again: keep only recent readings
+            memo.clear()
+        memo[key] = _value_stats(borders, apply_norm_gain)
+    return memo[key]
+
+
+def _value_stats(borders: Borders, apply_norm_gain: bool) -> ValueStats:
     R = readout(borders, apply_norm_gain)  # [V, d]
     V = R.shape[0]
     mu = R.mean(0)

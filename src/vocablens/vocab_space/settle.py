@@ -21,6 +21,7 @@ from vocablens.errors import BadInput
 from vocablens.lens.logit import Translator
 from vocablens.models import Borders
 from vocablens.ops import token_logprobs
+from vocablens.vocab_space.readout import CHUNK_BYTES
 
 #: default early-exit confidence thresholds (lens top-1 probability)
 DEFAULT_THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
@@ -97,7 +98,7 @@ def _lens_top1(U, h: torch.Tensor, layer: int, L: int, real: int, translator: Tr
         h = translator.translate(layer, h.float()).to(h.dtype)
     pad = U.vocab_size - real  # top-k over the padding rows too; the first real id is the top-1
     tl = token_logprobs(U.normed(h), U.weight, top_k=min(U.vocab_size, 1 + pad), chunk_tokens=chunk_rows,
-                        **U.head_kwargs())
+                        chunk_bytes=CHUNK_BYTES, **U.head_kwargs())
     ids, lps = tl.topk_ids, tl.topk_logprobs
     if pad:
         first = (ids < real).int().argmax(1, keepdim=True)
@@ -116,7 +117,7 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
             :func:`vocablens.corpus.pack_tokens`; every position of every row is read.
         thresholds: early-exit confidences in (0, 1].
         translator: a :class:`~vocablens.lens.logit.Translator` (tuned lens) or None (logit lens).
-        chunk_rows: positions decoded at once (default: :func:`vocablens.ops.token_logprobs`'s budget).
+        chunk_rows: positions decoded at once (default: 64 MiB of logits).
         min_layer: the first stream layer where an exit is checked (0 = the embedding itself; with tied
             embeddings the logit lens there confidently predicts the input token, a poor exit).
 

@@ -132,17 +132,26 @@ def circuit_table(res: HeadCircuit, tokenizer) -> Table:
     return t
 
 
+def _intro(apply_norm_gain: bool) -> str:
+    gain = "with the final norm's gain applied" if apply_norm_gain else "without the final norm's gain"
+    return (f"Each FFN neuron writes a fixed <em>value vector</em> (a row of the down projection's transpose) "
+            f"scaled by its activation. Read through the unembedding ({esc(gain)}), a value vector is a ranking "
+            f"of tokens: what it promotes and what it suppresses (Geva et al. 2022; Dar et al. 2022).")
+
+
+def _vector_rows(res: VectorProjection, tokenizer, n: int, middle: list[str]) -> list[list]:
+    """Table rows ``[block, neuron, middle[j], promotes, suppresses]`` of a projection."""
+    return [[int(res.layers[j]), int(res.neurons[j]), middle[j],
+             " ".join(quoted(x) for x in toks(tokenizer, res.top_ids[j])[:n]),
+             " ".join(quoted(x) for x in toks(tokenizer, res.bottom_ids[j])[:n])] for j in range(len(res.layers))]
+
+
 def value_vectors_section(res: VectorProjection, tokenizer, n: int = 8, note: str | None = None) -> Section:
     """Report section: top and bottom tokens of a sample of value vectors per layer (``note`` replaces
     the sentence that introduces the table)."""
-    rows = [[int(res.layers[j]), int(res.neurons[j]), f"{float(res.norms[j]):.3f}",
-             " ".join(quoted(t) for t in toks(tokenizer, res.top_ids[j])[:n]),
-             " ".join(quoted(t) for t in toks(tokenizer, res.bottom_ids[j])[:n])] for j in range(len(res.layers))]
-    gain = "with the final norm's gain applied" if res.apply_norm_gain else "without the final norm's gain"
-    intro = (f"<p>Each FFN neuron writes a fixed <em>value vector</em> (a row of the down projection's "
-             f"transpose) scaled by its activation. Read through the unembedding ({esc(gain)}), a value vector "
-             f"is a ranking of tokens: what it promotes and what it suppresses (Geva et al. 2022; Dar et al. "
-             f"2022). {esc(note) if note else 'A random sample of neurons per layer:'}</p>")
+    rows = _vector_rows(res, tokenizer, n, [f"{float(x):.3f}" for x in res.norms.tolist()])
+    intro = (f"<p>{_intro(res.apply_norm_gain)} "
+             f"{esc(note) if note else 'A random sample of neurons per layer:'}</p>")
     return Section(id="value-vectors", title="FFN value vectors in vocabulary space",
                    html=intro + table_html(["layer", "neuron", "norm", "promotes", "suppresses"], rows))
 
@@ -185,14 +194,8 @@ def value_vectors_report_section(searches: list[TokenSearch], tops: VectorProjec
                          f"{float(s.promote_z[j]):.1f}", int(s.promote_ranks[j]),
                          " ".join(quoted(x) for x in toks(tokenizer, tops.top_ids[off + j])[:n])])
         off += k + len(s.suppress_z)
-    v = interp.vectors
-    irows = [[int(v.layers[j]), int(v.neurons[j]), f"{float(interp.top_z[j]):.1f}",
-              " ".join(quoted(x) for x in toks(tokenizer, v.top_ids[j])[:n]),
-              " ".join(quoted(x) for x in toks(tokenizer, v.bottom_ids[j])[:n])] for j in range(len(v.layers))]
-    gain = "with the final norm's gain applied" if v.apply_norm_gain else "without the final norm's gain"
-    html = (f"<p>Each FFN neuron writes a fixed <em>value vector</em> (a row of the down projection's transpose) "
-            f"scaled by its activation. Read through the unembedding ({esc(gain)}), a value vector is a ranking of "
-            f"tokens: what it promotes and what it suppresses (Geva et al. 2022; Dar et al. 2022).</p>"
+    irows = _vector_rows(interp.vectors, tokenizer, n, [f"{z:.1f}" for z in interp.top_z.tolist()])
+    html = (f"<p>{_intro(interp.vectors.apply_norm_gain)}</p>"
             f"<p>The value vectors that most single out each probe token, ranked by the {esc(searches[0].criterion)}; "
             f"rank is the target's place among the vector's own logits (0 = its top token):</p>"
             + table_html(["target", "block", "neuron", "z", "rank", "the vector promotes"], rows)
