@@ -567,10 +567,15 @@ def test_reverse_search_finds_themed_neurons_smollm2(smollm2):
 
 @pytest.mark.slow
 def test_interpretable_vectors_smollm2(smollm2):
-    """The chosen vectors' top tokens stand far out of their own logits (the stated criterion)."""
+    """The best vector's top tokens stand far out of its own logits (the stated criterion) and are one
+    word in several spellings (block 29 neuron 250: ' with' 'with' ' With' 'With' ' WITH' ...)."""
+    from collections import Counter
+
     res = vs.interpretable_vectors(smollm2.borders, n=6, per_layer=8, k=8, max_per_layer=2)
     assert len(res.vectors.layers) == 6 and res.n_candidates == 240
-    assert float(res.top_z[-1]) > 8.0 and res.top_z.tolist() == sorted(res.top_z.tolist(), reverse=True)
+    assert float(res.top_z[0]) > 10.0 and res.top_z.tolist() == sorted(res.top_z.tolist(), reverse=True)
+    forms = Counter(smollm2.tokenizer.decode([i]).strip().lower() for i in res.vectors.top_ids[0].tolist())
+    assert forms.most_common(1)[0][1] >= 5, forms
     assert max(res.vectors.layers.tolist().count(x) for x in set(res.vectors.layers.tolist())) <= 2
 
 
