@@ -4,8 +4,12 @@
    bytes of scores held (by construction) and time.
 2. A head's OV circuit: the low-rank streamed product ([c, d_head] @ [d_head, V]) vs the dense route
    ([c, d] @ [d, V] after forming E·W_V·W_O), over the same source tokens — time ratio, same top pairs.
-3. Reverse token search over all layers (one [d_ff] vector per layer) vs scoring every value vector
-   against the whole vocabulary — time for one layer, extrapolated to all layers.
+3. Reverse token search over all blocks, ranked by the token's z-score within each vector's own logits:
+   the exact moments of every vector (``value_stats``: 2·V·d² + 2·N·d² FLOPs, once per model) plus
+   one [d_ff] score vector per block and token, vs scoring every value vector against the whole
+   vocabulary (2·N·V·d) — time for one block, extrapolated to all blocks; and the z-scores of that
+   block checked against the dense scores.
+4. ``interpretable_vectors`` (32 sampled neurons per block, projected in full) vs projecting every vector.
 
 Run: ``PYTHONPATH=src python benchmarks/vocab_space.py [--threads 2] [--sources 4096]``.
 """
@@ -39,6 +43,7 @@ def main() -> None:
     import vocablens
     from vocablens import vocab_space as vs
     from vocablens.models.blocks import block_view
+    from vocablens.vocab_space.readout import rows_per_chunk
 
     lm = vocablens.load("smollm2")
     b = lm.borders
@@ -49,12 +54,12 @@ def main() -> None:
 
     # 1. one layer's value vectors
     layers, neurons = [a.layer] * d_ff, list(range(d_ff))
-    chunk = vs._chunk_rows(V, None)
+    chunk = rows_per_chunk(V)
     t_stream, res = _t(lambda: vs.project_vectors(b, layers, neurons, k=10))
-    R = vs._Readout.of(b, True)
+    R = vs.readout(b, True)
 
     def dense():
-        S = R.scores(v.W_out.detach().float())  # [d_ff, V] at once
+        S = v.W_out.detach().float() @ R.t()  # [d_ff, V] at once
         torch.topk(S, 10, dim=-1, largest=False)  # both ends, as the streamed path
         return torch.topk(S, 10, dim=-1).indices
 
@@ -69,16 +74,16 @@ def main() -> None:
     # 2. OV circuit, low rank vs dense
     n = min(a.sources, V)
     t_low, hc = _t(lambda: vs.head_circuit(b, a.layer, 0, "ov", k=10, max_sources=n))
-    E = vs._input_embedding(b)[:n]
+    E = vs.input_embedding(b)[:n]
     Wv, Wo = (w.detach().float() for w in v.W_OV(0))
 
     def dense_ov():
         OV = Wv @ Wo  # [d, d]
         best = torch.empty(0)
         best_i = torch.empty(0, dtype=torch.long)
-        step = vs._chunk_rows(V, None)
+        step = rows_per_chunk(V)
         for i in range(0, n, step):
-            S = R.scores(E[i:i + step] @ OV)
+            S = (E[i:i + step] @ OV) @ R.t()
             t = torch.topk(S.flatten(), 10)
             s = torch.cat([best, t.values])
             f = torch.cat([best_i, (t.indices // V + i) * V + t.indices % V])
@@ -91,12 +96,27 @@ def main() -> None:
     print(f"[ov] layer {a.layer} head 0, {n} sources: low-rank {t_low:.2f} s vs dense {t_dense_ov:.2f} s: "
           f"speed-up {t_dense_ov / t_low:.2f}x (d/d_head = {b.d_model / v.d_head:.0f}); same top pairs: {same}")
 
-    # 3. reverse search
+    # 3. reverse search (z-score ranking)
     tid = lm.tokenizer(" three", add_special_tokens=False).input_ids[0]
-    t_search, s = _t(lambda: vs.search_token(b, tid, k=10))
-    print(f"[search] ' three' over {b.n_layers} layers: {t_search:.2f} s; full projection of every value vector "
-          f"would take ~{t_dense * b.n_layers:.1f} s (ratio {t_dense * b.n_layers / t_search:.0f}x); "
-          f"top: layer {int(s.promote_layers[0])} neuron {int(s.promote_neurons[0])}")
+    full = t_dense * b.n_layers  # every value vector against the whole vocabulary
+    t_stats, st = _t(lambda: vs.value_stats(b, True))
+    t_tok, s = _t(lambda: vs.search_token(b, tid, k=10, stats=st), reps=3)
+    Sd = v.W_out.detach().float() @ R.t()
+    sd, mu = torch.std_mean(Sd, dim=1, correction=0)
+    here = st.layers == a.layer
+    err_z = float(((Sd[:, tid] - mu) / sd - (Sd[:, tid] - st.mean[here]) / st.std[here]).abs().max())
+    print(f"[search] ' three' over {b.n_layers} blocks: value_stats {t_stats:.2f} s once per model, then "
+          f"{t_tok:.3f} s per token; projecting every value vector would take ~{full:.1f} s: ratio "
+          f"{full / (t_stats + t_tok):.0f}x for the first token, {full / t_tok:.0f}x for each further token; "
+          f"max |z error| on block {a.layer} vs the dense scores {err_z:.1e}; first row: block "
+          f"{int(s.promote_layers[0])} neuron {int(s.promote_neurons[0])} (z {float(s.promote_z[0]):.2f}, rank "
+          f"{int(s.promote_ranks[0])})")
+
+    # 4. interpretable vectors
+    t_int, iv = _t(lambda: vs.interpretable_vectors(b, n=20, per_layer=32))
+    print(f"[interpretable] 20 of {iv.n_candidates} sampled vectors: {t_int:.2f} s vs ~{full:.1f} s to project "
+          f"every vector (ratio {full / t_int:.0f}x); best: block {int(iv.vectors.layers[0])} neuron "
+          f"{int(iv.vectors.neurons[0])}, top z {float(iv.top_z[0]):.1f}")
 
 
 if __name__ == "__main__":

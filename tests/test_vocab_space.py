@@ -214,19 +214,118 @@ def test_project_streams_in_chunks(tiny_cache):
     assert torch.equal(whole.top_ids, chunked.top_ids) and torch.equal(whole.bottom_ids, chunked.bottom_ids)
 
 
+def _all_scores(b, gain=True):
+    """Every value vector projected through the readout, [N, V] (brute force, tiny models only)."""
+    R = vs.readout(b, gain)
+    return torch.cat([v.W_out.detach().float() @ R.t() for v in block_views(b)])
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox", "falcon", "opt_project", "gemma2"])
+def test_value_stats_equal_brute_force(tiny_cache, family):
+    """The closed-form moments (μ·v, vᵀCv) equal the mean and std of each vector's projected logits."""
+    b = tiny(tiny_cache, family)
+    for gain in (True, False):
+        S = _all_scores(b, gain)
+        st = vs.value_stats(b, gain)
+        std, mean = torch.std_mean(S, dim=1, correction=0)
+        torch.testing.assert_close(st.mean, mean, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(st.std, std, rtol=1e-4, atol=1e-5)
+        d_ff = block_view(b, 0).d_ff
+        assert st.layers.tolist() == [i // d_ff for i in range(len(S))]
+        assert st.neurons.tolist() == [i % d_ff for i in range(len(S))]
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt_neox", "falcon"])
 def test_search_token_equals_brute_force(tiny_cache, family):
+    """Rows are ranked by the token's z-score within each vector's own logits, found exactly."""
     b = tiny(tiny_cache, family)
     t = 11
-    gain_res = vs.search_token(b, t, k=6)
-    R = vs._Readout.of(b, True)
-    allv = torch.cat([v.W_out.detach().float() @ R.U[t] for v in block_views(b)])
+    res = vs.search_token(b, t, k=6)
+    S = _all_scores(b)
+    std, mean = torch.std_mean(S, dim=1, correction=0)
+    z = (S[:, t] - mean) / std
     d_ff = block_view(b, 0).d_ff
-    top = torch.topk(allv, 6)
-    bot = torch.topk(allv, 6, largest=False)
-    torch.testing.assert_close(gain_res.promote_scores, top.values)
-    torch.testing.assert_close(gain_res.suppress_scores, bot.values)
-    assert (gain_res.promote_layers * d_ff + gain_res.promote_neurons).tolist() == top.indices.tolist()
+    top, bot = torch.topk(z, 6), torch.topk(z, 6, largest=False)
+    assert (res.promote_layers * d_ff + res.promote_neurons).tolist() == top.indices.tolist()
+    assert (res.suppress_layers * d_ff + res.suppress_neurons).tolist() == bot.indices.tolist()
+    torch.testing.assert_close(res.promote_z, top.values, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(res.suppress_z, bot.values, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(res.promote_scores, S[top.indices, t])
+    # rank: the token's place among the vector's logits, from the top (promote) or the bottom (suppress)
+    assert res.promote_ranks.tolist() == [int((S[i] > S[i, t]).sum()) for i in top.indices.tolist()]
+    assert res.suppress_ranks.tolist() == [int((S[i] < S[i, t]).sum()) for i in bot.indices.tolist()]
+    assert res.criterion == vs.CRITERION and "z-score" in res.criterion
+
+
+def test_search_ranks_by_specificity_not_norm(tiny_cache):
+    """A vector scaled up 100x keeps its z-score: a high norm alone does not win the reverse search."""
+    b = tiny(tiny_cache, "llama")
+    t = 7
+    before = vs.search_token(b, t, k=1)
+    stats = vs.value_stats(b)
+    assert vs.value_stats(b) is stats  # kept while the weights are unchanged
+    ly, n = int(before.promote_layers[0]), int(before.promote_neurons[0])
+    other = (ly + 1) % b.n_layers
+    W = block_view(b, other).mlp_out.weight  # [d, d_ff]: column j is value vector j
+    saved = W.detach().clone()
+    try:
+        with torch.no_grad():
+            W.mul_(100.0)
+        assert vs.value_stats(b) is not stats  # an in-place edit is seen
+        after = vs.search_token(b, t, k=1)
+        assert (int(after.promote_layers[0]), int(after.promote_neurons[0])) == (ly, n)
+        assert float(after.promote_z[0]) == pytest.approx(float(before.promote_z[0]), rel=1e-4)
+        # ranked by the raw logit, a vector of the scaled block would now come first
+        raw = block_view(b, other).W_out.detach().float() @ vs.readout(b)[t]
+        assert float(raw.max()) > float(after.promote_scores[0])
+    finally:
+        with torch.no_grad():
+            W.copy_(saved)
+
+
+def test_search_several_tokens(tiny_cache):
+    b = tiny(tiny_cache, "gpt2")
+    st = vs.value_stats(b)
+    many = vs.search_tokens(b, [3, 9, 3], k=4, stats=st)
+    assert [s.token_id for s in many] == [3, 9, 3]
+    one = vs.search_token(b, 9, k=4)
+    for f in ("promote_layers", "promote_neurons", "suppress_layers", "suppress_neurons", "promote_ranks"):
+        assert torch.equal(getattr(many[1], f), getattr(one, f)), f
+    assert torch.equal(many[0].promote_neurons, many[2].promote_neurons)
+    from vocablens.render import vocab_space as rv
+
+    L, N = rv.search_vectors(many)
+    assert len(L) == 3 * 8 and (L[4], N[4]) == (int(many[0].suppress_layers[0]), int(many[0].suppress_neurons[0]))
+    tops = vs.project_vectors(b, L, N, k=2)
+    d = rv.search_to_dict(many, None, tops)
+    assert [r["target_id"] for r in d["promote"]] == [3] * 4 + [9] * 4 + [3] * 4
+    assert d["token_ids"] == [3, 9, 3] and d["token_id"] == 3 and "z-score" in d["criterion"]
+    assert d["suppress"][4]["neuron"] == int(many[1].suppress_neurons[0])
+    assert d["suppress"][4]["top_tokens"] == [str(i) for i in tops.top_ids[12].tolist()]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_interpretable_vectors_criterion(tiny_cache, family):
+    """The chosen rows are the sampled vectors with the largest mean z-score of their top-k logits,
+    at most max_per_layer per block, best first."""
+    b = tiny(tiny_cache, family)
+    res = vs.interpretable_vectors(b, n=3, per_layer=10, k=4, max_per_layer=1, seed=5, chunk_rows=7)
+    layers, neurons = vs.sample_neurons(b, 10, seed=5)
+    S = torch.cat([block_view(b, ly).W_out[n].detach().float()[None] for ly, n in zip(layers, neurons)]) @ vs.readout(b).t()
+    std, mean = torch.std_mean(S, dim=1, correction=0)
+    crit = ((torch.topk(S, 4).values - mean[:, None]) / std[:, None]).mean(1)
+    expect, seen = [], set()
+    for j in torch.argsort(crit, descending=True).tolist():
+        if layers[j] not in seen and len(expect) < 3:
+            expect.append(j)
+            seen.add(layers[j])
+    assert len(res.vectors.layers) == min(3, b.n_layers)
+    assert [(int(a), int(c)) for a, c in zip(res.vectors.layers, res.vectors.neurons)] == \
+        [(layers[j], neurons[j]) for j in expect]
+    torch.testing.assert_close(res.top_z, crit[expect], rtol=1e-4, atol=1e-4)
+    assert res.vectors.top_ids.tolist() == torch.topk(S[expect], 4).indices.tolist()
+    assert res.n_candidates == 10 * b.n_layers and "z-score" in res.criterion and "10 per block" in res.criterion
+    assert res.top_z.tolist() == sorted(res.top_z.tolist(), reverse=True)
 
 
 @pytest.mark.parametrize("family,circuit", [("llama", "ov"), ("llama", "qk"), ("falcon", "ov"), ("gpt2", "ov"),
@@ -239,7 +338,7 @@ def test_head_circuit_equals_full_matrix(tiny_cache, family, circuit):
     E = b.W_E.float() * b.embed_scale
     if circuit == "ov":
         Wv, Wo = v.W_OV(h)
-        M = vs._Readout.of(b, True).scores(E @ Wv.float() @ Wo.float())
+        M = (E @ Wv.float() @ Wo.float()) @ vs.readout(b, True).t()
     else:
         Wq, Wk = v.W_QK(h)
         M = (E @ Wq.float()) @ (E @ Wk.float()).t() / v.d_head ** 0.5
@@ -254,7 +353,7 @@ def test_head_circuit_equals_full_matrix(tiny_cache, family, circuit):
 
 def test_bad_parameters(tiny_cache):
     b = tiny(tiny_cache, "llama")
-    with pytest.raises(BadInput, match="layer 2 is out of range"):
+    with pytest.raises(BadInput, match="block 2 is out of range"):
         vs.project_vectors(b, [2], [0])
     with pytest.raises(BadInput, match="neuron 96 is out of range"):
         vs.project_vectors(b, [0], [96])
@@ -264,6 +363,16 @@ def test_bad_parameters(tiny_cache):
         vs.project_vectors(b, [0], [0], k=0)
     with pytest.raises(BadInput):
         vs.search_token(b, 10_000)
+    for bad in (0, 2.0, True, "3"):
+        with pytest.raises(BadInput, match="-k"):
+            vs.search_token(b, 3, k=bad)
+    with pytest.raises(BadInput, match="no token"):
+        vs.search_tokens(b, [])
+    with pytest.raises(BadInput, match="apply_norm_gain"):
+        vs.search_token(b, 3, stats=vs.value_stats(b, apply_norm_gain=False))
+    for kw in ({"n": 0}, {"per_layer": 0}, {"max_per_layer": 0}, {"k": 10_000}, {"n": 2.5}):
+        with pytest.raises(BadInput):
+            vs.interpretable_vectors(b, **kw)
     with pytest.raises(BadInput, match="position 9"):
         vs.explain(b, ids(1, 5)[0], position=9)
 
@@ -315,6 +424,39 @@ def test_explanation_softcap_before_cap(tiny_cache):
         _, logits = b.residual_stream(ids(1, 6))
     capped = 5.0 * torch.tanh(torch.tensor([e.logit_target_model]) / 5.0)
     assert float(capped) == pytest.approx(float(logits[0, -1, e.target]), abs=1e-5)
+
+
+def test_explain_and_settle_skip_padding_rows():
+    """The last rows are padding (beyond the tokenizer) and dominate the logits at the explained
+    position: the real top-1 skips them, log-probabilities still normalize over all V rows."""
+    from dataclasses import replace
+
+    b = Borders.from_model(make_tiny("llama"))
+    pad = 3
+    real = b.vocab_size - pad
+    x = ids(1, 6, seed=1)[0] % real
+    with torch.no_grad():
+        _, logits = b.residual_stream(x[None])
+        top = int(logits[0, -1].argmax())
+        b.W_U[-pad:] = 3.0 * b.W_U[top]  # unused as inputs (ids < real), so only the head changes
+    b = replace(b, tokenizer_vocab_size=real)
+    with torch.no_grad():
+        resid, logits = b.residual_stream(x[None])
+    lpL = torch.log_softmax(logits[0, -1].float(), -1)
+    assert int(lpL.argmax()) >= real  # a padding row wins: the case under test
+    e = vs.explain(b, x)
+    assert e.top1 == int(lpL[:real].argmax()) and e.top1 < real
+    assert e.top1_logprob == pytest.approx(float(lpL[e.top1]), abs=1e-5)
+    rows = ids(2, 7, seed=3) % real
+    res = vs.settle(b, rows, thresholds=(0.5,))
+    with torch.no_grad():
+        resid, logits = b.residual_stream(rows)
+    lp = torch.stack([torch.log_softmax(b.unembed(resid[i]).float(), -1) for i in range(b.n_layers + 1)])
+    conf = lp[..., :real].max(-1).values.exp().reshape(b.n_layers + 1, -1)
+    hit = conf >= 0.5
+    hit[-1] = True
+    assert res.exits[0].mean_exit_layer == pytest.approx(float(hit.int().argmax(0).float().mean()))
+    assert float(res.top1_agreement[-1]) == 1.0
 
 
 # ---------------------------------------------------------------------------------------------- settle
@@ -384,6 +526,7 @@ def test_settle_with_translator_and_bad_input(tiny_cache):
         vs.settle(b, [torch.zeros(0, 4, dtype=torch.long)])
 
 
+@pytest.mark.slow
 # ---------------------------------------------------------------------------------------------- real model
 def test_known_value_vectors_smollm2(smollm2):
     """SmolLM2-135M: neuron 935 of block 22 writes number words; 219 of block 24 days and months."""
@@ -398,11 +541,42 @@ def test_known_value_vectors_smollm2(smollm2):
              "november", "december", "yesterday"}
     assert sum(w.strip().lower() in dates for w in words[1]) >= 5, words[1]
     assert sum(w.strip().lower() in numbers for w in words[2]) >= 7, words[2]
-    # and the reverse search finds the number neuron first for " three"
-    three = tok(" three", add_special_tokens=False).input_ids
-    assert len(three) == 1
-    s = vs.search_token(b, three[0], k=3)
-    assert (int(s.promote_layers[0]), int(s.promote_neurons[0])) == (22, 935)
+
+
+@pytest.mark.slow
+def test_reverse_search_finds_themed_neurons_smollm2(smollm2):
+    """Issue 15: ranked by the raw logit, block 29 neuron 645 (top tokens 'Intf', 'firehose' ...) came
+    first for ' Monday' and ' France'. Ranked by z-score, the first row serves its target's theme."""
+    b, tok = smollm2.borders, smollm2.tokenizer
+    probes = [" Monday", " three", " France", " red"]
+    tids = [tok(p, add_special_tokens=False).input_ids for p in probes]
+    assert all(len(x) == 1 for x in tids)
+    found = vs.search_tokens(b, [x[0] for x in tids], k=3)
+    firsts = [(int(s.promote_layers[0]), int(s.promote_neurons[0])) for s in found]
+    tops = vs.project_vectors(b, [f[0] for f in firsts], [f[1] for f in firsts], k=8)
+    words = [[tok.decode([i]).strip().lower() for i in row] for row in tops.top_ids.tolist()]
+    days = {"day", "days", "week", "weeks", "weekend", "monday", "tuesday", "morning", "night", "month"}
+    numbers = {"one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"}
+    assert days & set(words[0]), words[0]
+    assert numbers & set(words[1]), words[1]
+    assert firsts[1] == (22, 935)  # the number-word neuron of test_known_value_vectors_smollm2
+    assert (29, 645) not in firsts
+    # each first row holds its target high among its own logits, far above the old first row (rank 41,868)
+    assert all(int(s.promote_ranks[0]) < 500 for s in found), [int(s.promote_ranks[0]) for s in found]
+
+
+@pytest.mark.slow
+def test_interpretable_vectors_smollm2(smollm2):
+    """The best vector's top tokens stand far out of its own logits (the stated criterion) and are one
+    word in several spellings (block 29 neuron 250: ' with' 'with' ' With' 'With' ' WITH' ...)."""
+    from collections import Counter
+
+    res = vs.interpretable_vectors(smollm2.borders, n=6, per_layer=8, k=8, max_per_layer=2)
+    assert len(res.vectors.layers) == 6 and res.n_candidates == 240
+    assert float(res.top_z[0]) > 10.0 and res.top_z.tolist() == sorted(res.top_z.tolist(), reverse=True)
+    forms = Counter(smollm2.tokenizer.decode([i]).strip().lower() for i in res.vectors.top_ids[0].tolist())
+    assert forms.most_common(1)[0][1] >= 5, forms
+    assert max(res.vectors.layers.tolist().count(x) for x in set(res.vectors.layers.tolist())) <= 2
 
 
 @pytest.fixture(scope="module")
@@ -411,6 +585,7 @@ def france(smollm2):
     return vs.explain(smollm2.borders, ids_, k=5, n_sub=5)
 
 
+@pytest.mark.slow
 def test_capital_of_france_sums_to_logit_difference(smollm2, france):
     e = france
     tok = smollm2.tokenizer
@@ -431,6 +606,7 @@ def _patch_model(monkeypatch, lm):
     monkeypatch.setattr(cvs, "load_model", lambda *a, **kw: lm)
 
 
+@pytest.mark.slow
 def test_cli_explain_json(smollm2, monkeypatch, capsys):
     from vocablens.cli.common import run_app
 
@@ -446,29 +622,49 @@ def test_cli_explain_json(smollm2, monkeypatch, capsys):
     assert "linearized" in d["approximation"]
 
 
+@pytest.mark.slow
 def test_cli_project_json(smollm2, monkeypatch, capsys):
     from vocablens.cli.common import run_app
 
     _patch_model(monkeypatch, smollm2)
+    assert run_app(["project", "--block", "22", "--neuron", "935", "-k", "4", "--json"]) == 0
+    cap = capsys.readouterr()
+    d = json.loads(cap.out)
+    assert d["vectors"][0]["top_tokens"] == [" two", " three", " four", "two"] and d["vectors"][0]["layer"] == 22
+    assert cap.err == ""
+    # --layer still works as a deprecated alias of --block, with one note on stderr
     assert run_app(["project", "--layer", "22", "--neuron", "935", "-k", "4", "--json"]) == 0
-    d = json.loads(capsys.readouterr().out)
-    assert d["vectors"][0]["top_tokens"] == [" two", " three", " four", "two"]
+    cap = capsys.readouterr()
+    assert json.loads(cap.out) == d
+    assert "deprecated" in cap.err and "--block" in cap.err and len(cap.err.strip().splitlines()) == 1
     assert run_app(["project", "--token", " three", "-k", "2", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert (d["promote"][0]["layer"], d["promote"][0]["neuron"]) == (22, 935)
-    assert run_app(["project", "--layer", "3", "--head", "2", "--max-sources", "256", "-k", "3", "--json"]) == 0
+    assert d["promote"][0]["target"] == " three" and "z-score" in d["criterion"]
+    assert run_app(["project", "--token", " Monday", "--token", " three", "-k", "2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [r["target"] for r in d["promote"]] == [" Monday", " Monday", " three", " three"]
+    assert d["tokens"] == [" Monday", " three"] and all(len(r["top_tokens"]) == 8 for r in d["suppress"])
+    assert run_app(["project", "--block", "3", "--head", "2", "--max-sources", "256", "-k", "3", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["kv_head"] == 0 and len(d["pairs"]) == 3 and d["n_sources"] == 256
-    assert run_app(["project", "--layer", "5", "--sample", "2", "-k", "2", "--keys", "--json"]) == 0
+    assert run_app(["project", "--block", "5", "--sample", "2", "-k", "2", "--keys", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["kind"] == "key" and [v["layer"] for v in d["vectors"]] == [5, 5]
     assert all(len(v["top_tokens"]) == 2 for v in d["vectors"])
+    assert run_app(["project", "--interpretable", "3", "--sample", "4", "-k", "5", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["mode"] == "interpretable" and len(d["vectors"]) == 3 and "4 per block" in d["criterion"]
+    assert all(len(v["top_tokens"]) == 5 and v["top_z"] > 0 for v in d["vectors"])
 
 
 @pytest.mark.parametrize("argv,msg", [
-    (["project", "--layer", "30", "--neuron", "0"], "layer 30 is out of range"),
-    (["project", "--layer", "0", "--neuron", "1536"], "neuron 1536 is out of range"),
-    (["project", "--layer", "0", "--head", "9"], "head 9 is out of range"),
+    (["project", "--block", "30", "--neuron", "0"], "block 30 is out of range"),
+    (["project", "--block", "0", "--neuron", "1536"], "neuron 1536 is out of range"),
+    (["project", "--block", "0", "--head", "9"], "head 9 is out of range"),
+    (["project", "--head", "1"], "--head needs --block"),
+    (["project", "--block", "1", "--layer", "2", "--neuron", "0"], "disagree"),
+    (["project", "--token", " three", "--interpretable", "3"], "give one of"),
     (["project", "--token", " Ouagadougou"], "is 6 tokens"),
     (["explain", "The capital of France is", "--token", " Ouagadougou"], "give a single token"),
     (["explain", "The capital of France is", "--position", "40"], "position 40"),
@@ -482,17 +678,19 @@ def test_cli_bad_input_exit_2(smollm2, monkeypatch, capsys, argv, msg):
     assert msg in cap.err and "Traceback" not in cap.err and cap.out == ""
 
 
+@pytest.mark.slow
 def test_cli_moe_exit_2(smollm2, monkeypatch, capsys, tiny_cache):
     from vocablens.cli.common import run_app
     from vocablens.models import LoadedModel
 
     b = tiny(tiny_cache, "mixtral")
     _patch_model(monkeypatch, LoadedModel(b.model, smollm2.tokenizer, b, smollm2.provenance))
-    assert run_app(["project", "--layer", "0", "--neuron", "1"]) == 2
+    assert run_app(["project", "--block", "0", "--neuron", "1"]) == 2
     err = capsys.readouterr().err
     assert "unsupported architecture 'mixtral'" in err and "mixture-of-experts" in err
 
 
+@pytest.mark.slow
 def test_cli_settle_tiny_corpus(smollm2, monkeypatch, capsys, tmp_path):
     from vocablens.cli.common import run_app
 
@@ -516,6 +714,7 @@ def test_cli_settle_tiny_corpus(smollm2, monkeypatch, capsys, tmp_path):
     assert "exists" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_report_sections(smollm2, france, tiny_cache):
     from vocablens.render import vocab_space as rv
     from vocablens.render.html import Section
@@ -529,9 +728,16 @@ def test_report_sections(smollm2, france, tiny_cache):
     assert all(isinstance(s, Section) for s in (s1, s2, s3))
     assert "&#x27; three&#x27;" in s1.html or "' three'" in s1.html
     assert "Paris" in s2.html and f"{france.logit_diff_model:.4f}" in s2.html
+    found = vs.search_tokens(b, [tok(" three", add_special_tokens=False).input_ids[0]], k=2)
+    L, N = rv.search_vectors(found)
+    interp = vs.interpretable_vectors(b, n=2, per_layer=2, k=4)
+    s4 = rv.value_vectors_report_section(found, vs.project_vectors(b, L, N, k=8), interp, tok)
+    assert s4.id == "value-vectors" and "z-score" in s4.html and "2 per block" in s4.html
+    assert s4.html.count("<tr>") >= 2 + 2 + 2  # header rows + 2 probe rows + 2 interpretable rows
     assert 'data-figure="settle-curve"' in s3.html
 
 
+@pytest.mark.slow
 def test_tuned_lens_wiring(smollm2):
     """``--lens tuned`` uses vocablens.lens.tuned only when it is importable, else a clear error."""
     import importlib.util
@@ -551,6 +757,7 @@ def test_tuned_lens_wiring(smollm2):
             assert t.translate(5, h).shape == (3, smollm2.borders.d_model)
 
 
+@pytest.mark.slow
 def test_single_token_helper(smollm2):
     from vocablens.cli.vocab_space import _single_token
 

@@ -32,16 +32,28 @@ def _ints(s: str, what: str) -> list[int]:
         raise BadInput(f"{what} takes comma-separated integers; got {s!r}") from None
 
 
+def _block(block: int | None, layer: int | None) -> int | None:
+    """``--block``, or the deprecated ``--layer`` alias (one note on stderr); both must agree."""
+    if layer is None:
+        return block
+    err.print("[yellow]note:[/yellow] project --layer is deprecated: it counts blocks (0..L-1); use --block")
+    if block is not None and block != layer:
+        raise BadInput(f"--block {block} and --layer {layer} disagree; give --block only")
+    return layer
+
+
 @app.command("project")
 def project_cmd(
     model: ModelOpt = "smollm2",
-    layer: Annotated[int | None, typer.Option("--layer", "-l", help="Block (0..L-1); default all blocks.")] = None,
-    neuron: Annotated[str, typer.Option("--neuron", "-n", help="Neuron(s) of --layer, comma-separated.")] = "",
-    token: Annotated[str, typer.Option("--token", "-t", help="Reverse search: the value vectors that most promote / suppress this token.")] = "",
-    head: Annotated[int | None, typer.Option("--head", help="Read this attention head of --layer (OV or QK circuit).")] = None,
+    block: Annotated[int | None, typer.Option("--block", "-b", help="Block 0..L-1 (block i reads stream layer i and writes i+1); default: all blocks.")] = None,
+    layer: Annotated[int | None, typer.Option("--layer", "-l", hidden=True, help="Deprecated alias of --block.")] = None,
+    neuron: Annotated[str, typer.Option("--neuron", "-n", help="Neuron(s) of --block, comma-separated.")] = "",
+    token: Annotated[list[str] | None, typer.Option("--token", "-t", help="Reverse search: the value vectors that most single out this token, ranked by its z-score among each vector's own logits (repeat for several tokens).")] = None,
+    interpretable: Annotated[int, typer.Option("--interpretable", help="List the N most interpretable value vectors of a sample (--sample per block, default 32), by the mean z-score of their top -k tokens.")] = 0,
+    head: Annotated[int | None, typer.Option("--head", help="Read this attention head of --block (OV or QK circuit).")] = None,
     circuit: Annotated[str, typer.Option("--circuit", help="ov (what the head copies/writes) or qk (what attends to what).")] = "ov",
     keys: Annotated[bool, typer.Option("--keys", help="Project key vectors (gate/up rows) through the input embedding instead of value vectors.")] = False,
-    sample: Annotated[int, typer.Option("--sample", help="Without --neuron: neurons drawn per layer.")] = 4,
+    sample: Annotated[int | None, typer.Option("--sample", help="Without --neuron: neurons drawn per block (default 4; 32 with --interpretable).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the neuron sample.")] = 0,
     max_sources: Annotated[int | None, typer.Option("--max-sources", help="Head circuits: scan only the first N source token ids.")] = None,
     k: KOpt = 10,
@@ -49,50 +61,69 @@ def project_cmd(
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
-    """Parameters in vocabulary space: FFN value/key vectors, reverse token search, head OV/QK circuits."""
+    """Parameters in vocabulary space: FFN value/key vectors, reverse token search, head OV/QK circuits.
+
+    --block counts blocks 0..L-1 (block i reads residual-stream layer i and writes layer i+1); the
+    JSON field "layer" of vectors and rows is that block index.
+    """
     from vocablens import vocab_space as vs
     from vocablens.render import vocab_space as rv
 
+    block = _block(block, layer)
+    tokens = list(token or [])
     if k < 1:
         raise BadInput(f"-k must be at least 1; got {k}")
     if circuit not in ("ov", "qk"):
         raise BadInput(f"--circuit must be ov or qk; got {circuit!r}")
-    if head is not None and layer is None:
-        raise BadInput("--head needs --layer")
-    if token and head is not None:
-        raise BadInput("give either --token (reverse search) or --head (circuit), not both")
+    if head is not None and block is None:
+        raise BadInput("--head needs --block")
+    if sum(bool(x) for x in (tokens, head is not None, interpretable)) > 1:
+        raise BadInput("give one of --token (reverse search), --head (circuit) or --interpretable")
+    if interpretable < 0:
+        raise BadInput(f"--interpretable must be >= 1; got {interpretable}")
     lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
     b, tok = lm.borders, lm.tokenizer
     gain = not no_norm_gain
-    if layer is not None and not 0 <= layer < b.n_layers:
-        raise BadInput(f"layer {layer} is out of range: this model has blocks 0..{b.n_layers - 1}")
-    if token:
-        tid = _single_token(tok, token, b.vocab_size)
-        res = vs.search_token(b, tid, k=k, apply_norm_gain=gain)
-        L = res.promote_layers.tolist() + res.suppress_layers.tolist()
-        N = res.promote_neurons.tolist() + res.suppress_neurons.tolist()
-        tops = vs.project_vectors(b, L, N, k=min(8, b.real_vocab_size), apply_norm_gain=gain)
+    if block is not None and not 0 <= block < b.n_layers:
+        raise BadInput(f"block {block} is out of range: this model has blocks 0..{b.n_layers - 1}")
+    if tokens:
+        tids = [_single_token(tok, x, b.vocab_size) for x in tokens]
+        if not json_:
+            err.print(f"[dim]scoring {b.n_layers} blocks of value vectors against the vocabulary ...[/dim]")
+        res = vs.search_tokens(b, tids, k=k, apply_norm_gain=gain)
+        layers, neurons = rv.search_vectors(res)
+        tops = vs.project_vectors(b, layers, neurons, k=min(8, b.real_vocab_size), apply_norm_gain=gain)
         if json_:
             emit_json({**rv.search_to_dict(res, tok, tops), "model": lm.provenance.to_dict()})
         else:
             out.print(rv.search_table(res, tok, tops))
         return
+    if interpretable:
+        if not json_:
+            err.print(f"[dim]reading {sample or 32} value vectors per block ...[/dim]")
+        res = vs.interpretable_vectors(b, n=interpretable, per_layer=sample or 32, k=k, seed=seed,
+                                       apply_norm_gain=gain)
+        if json_:
+            emit_json({**rv.interpretable_to_dict(res, tok), "model": lm.provenance.to_dict()})
+        else:
+            out.print(rv.interpretable_table(res, tok))
+        return
     if head is not None:
-        res = vs.head_circuit(b, layer, head, circuit=circuit, k=k, apply_norm_gain=gain, max_sources=max_sources)
+        res = vs.head_circuit(b, block, head, circuit=circuit, k=k, apply_norm_gain=gain, max_sources=max_sources)
         if json_:
             emit_json({**rv.circuit_to_dict(res, tok), "model": lm.provenance.to_dict()})
         else:
             out.print(rv.circuit_table(res, tok))
         return
     if neuron:
-        if layer is None:
-            raise BadInput("--neuron needs --layer")
+        if block is None:
+            raise BadInput("--neuron needs --block")
         ns = _ints(neuron, "--neuron")
-        layers, neurons = [layer] * len(ns), ns
+        layers, neurons = [block] * len(ns), ns
     else:
-        layers, neurons = vs.sample_neurons(b, sample, seed)
-        if layer is not None:
-            pairs = [(ly, n) for ly, n in zip(layers, neurons) if ly == layer]
+        layers, neurons = vs.sample_neurons(b, 4 if sample is None else sample, seed)
+        if block is not None:
+            pairs = [(ly, n) for ly, n in zip(layers, neurons) if ly == block]
             layers, neurons = [p[0] for p in pairs], [p[1] for p in pairs]
     res = vs.project_vectors(b, layers, neurons, k=k, kind="key" if keys else "value", apply_norm_gain=gain)
     if json_:
@@ -184,7 +215,7 @@ def settle_cmd(
     thresholds: Annotated[str, typer.Option("--thresholds", help="Comma-separated exit confidences in (0, 1].")] = "0.5,0.7,0.8,0.9,0.95,0.99",
     lens: Annotated[str, typer.Option("--lens", help="logit (default) or tuned (when vocablens.lens.tuned is installed).")] = "logit",
     tuned_path: Annotated[str, typer.Option("--tuned-path", help="Tuned lens directory (default: the one shipped for the model).")] = "",
-    min_layer: Annotated[int, typer.Option("--min-layer", help="First stream layer where an early exit is checked.")] = 0,
+    min_layer: Annotated[int, typer.Option("--min-layer", help="First residual-stream layer where an early exit is checked (0 = the embedding output .. L = the last block's output).")] = 0,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the settle plot here (.html, .png, .svg, .pdf).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --plot file.")] = False,
     json_: JsonOpt = False,

@@ -1,0 +1,222 @@
+"""Rendering of update readings: one prediction explained, and where predictions settle (JSON-ready
+dicts, rich tables, the settle figure, report sections). Computes nothing."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from vocablens.files import atomic_path
+from vocablens.models.tokens import quoted, token_str
+from vocablens.render.html import Section, esc, figure_html, table_html
+from vocablens.render.vocab_space._fmt import join, rnd, toks
+from vocablens.vocab_space import Explanation, SettleResult
+
+
+def explanation_to_dict(e: Explanation, tokenizer) -> dict:
+    """All of :class:`~vocablens.vocab_space.Explanation` as plain data (tokens as readable strings)."""
+    def tok(i):
+        return None if i is None else token_str(tokenizer, i)
+
+    layers = []
+    for ly in e.layers:
+        layers.append({
+            "layer": ly.layer,
+            "attn_dlogprob_top1": rnd(ly.attn_dlogprob_top1, 6), "mlp_dlogprob_top1": rnd(ly.mlp_dlogprob_top1, 6),
+            "attn_dlogprob_token": None if ly.attn_dlogprob_token is None else rnd(ly.attn_dlogprob_token, 6),
+            "mlp_dlogprob_token": None if ly.mlp_dlogprob_token is None else rnd(ly.mlp_dlogprob_token, 6),
+            "attn_dla": rnd(ly.attn_dla, 6), "mlp_dla": rnd(ly.mlp_dla, 6),
+            "head_dla": [rnd(x, 6) for x in ly.head_dla.tolist()],
+            "attn_bias_dla": rnd(ly.attn_bias_dla, 6), "mlp_bias_dla": rnd(ly.mlp_bias_dla, 6),
+            "attn_top_tokens": toks(tokenizer, ly.attn_top_ids), "mlp_top_tokens": toks(tokenizer, ly.mlp_top_ids),
+            "sub_updates": [{"neuron": s.neuron, "activation": rnd(s.activation, 6), "dla": rnd(s.dla, 6),
+                             "dla_target": rnd(s.dla_target, 6), "top_tokens": toks(tokenizer, s.top_ids)}
+                            for s in ly.sub_updates],
+            "sub_update_error": ly.sub_update_error,
+        })
+    return {
+        "tokens": toks(tokenizer, e.input_ids), "position": e.position,
+        "top1": tok(e.top1), "top1_logprob": rnd(e.top1_logprob, 6),
+        "token": tok(e.token), "token_logprob": None if e.token_logprob is None else rnd(e.token_logprob, 6),
+        "target": tok(e.target), "contrast": tok(e.contrast),
+        "logit_diff_model": rnd(e.logit_diff_model, 6), "logit_diff_sum": rnd(e.logit_diff_sum, 6),
+        "logit_target_model": rnd(e.logit_target_model, 6), "logit_target_sum": rnd(e.logit_target_sum, 6),
+        "embed_dla": rnd(e.embed_dla, 6), "const_dla": rnd(e.const_dla, 6),
+        "resid_error": e.resid_error, "final_sigma": rnd(e.final_sigma, 6), "softcap": e.softcap,
+        "approximation": e.approximation, "layers": layers,
+    }
+
+
+def settle_to_dict(res: SettleResult) -> dict:
+    """``{"kind", "n_positions", "n_layers", "histogram", "settled_fraction", "top1_agreement",
+    "mean_settle_layer", "block_flops", "head_flops", "exits": [{"threshold", "mean_exit_layer",
+    "saved_block_fraction", "saved_flops_fraction", "agreement"}]}``."""
+    return {
+        "kind": res.kind, "n_positions": res.n_positions, "n_layers": res.n_layers, "min_layer": res.min_layer,
+        "histogram": res.histogram.tolist(),
+        "settled_fraction": [rnd(x, 6) for x in res.settled_fraction.tolist()],
+        "top1_agreement": [rnd(x, 6) for x in res.top1_agreement.tolist()],
+        "mean_settle_layer": rnd(res.settle_layer.float().mean(), 4),
+        "block_flops": res.block_flops, "head_flops": res.head_flops,
+        "exits": [{"threshold": x.threshold, "mean_exit_layer": rnd(x.mean_exit_layer, 4),
+                   "saved_block_fraction": rnd(x.saved_block_fraction, 6),
+                   "saved_flops_fraction": rnd(x.saved_flops_fraction, 6), "agreement": rnd(x.agreement, 6)}
+                  for x in res.exits],
+    }
+
+
+def explanation_tables(e: Explanation, tokenizer) -> list:
+    """Two tables: per-layer updates, and the largest FFN sub-updates overall."""
+    tgt, con = token_str(tokenizer, e.target), token_str(tokenizer, e.contrast)
+    top1 = token_str(tokenizer, e.top1)
+    t = Table(title=(f"position {e.position}: top-1 {quoted(top1)} (log p {e.top1_logprob:.3f}); DLA of logit[{quoted(tgt)}] - "
+                     f"logit[{quoted(con)}]"), title_justify="left")
+    cols = ["layer", "Δlogp top-1 attn", "Δlogp top-1 mlp"]
+    if e.token is not None:
+        cols += ["Δlogp token attn", "Δlogp token mlp"]
+    cols += ["DLA attn", "top head", "DLA mlp", "mlp promotes"]
+    for c in cols:
+        t.add_column(c, justify="left" if "promotes" in c else "right")
+    for ly in e.layers:
+        h = int(ly.head_dla.abs().argmax())
+        row = [str(ly.layer), f"{ly.attn_dlogprob_top1:+.3f}", f"{ly.mlp_dlogprob_top1:+.3f}"]
+        if e.token is not None:
+            row += [f"{ly.attn_dlogprob_token:+.3f}", f"{ly.mlp_dlogprob_token:+.3f}"]
+        row += [f"{ly.attn_dla:+.3f}", f"h{h} {float(ly.head_dla[h]):+.3f}", f"{ly.mlp_dla:+.3f}",
+                join(toks(tokenizer, ly.mlp_top_ids), 3)]
+        t.add_row(*row)
+    s = Table(title="largest FFN sub-updates (activation x value vector) by |DLA|", title_justify="left")
+    for c in ("layer", "neuron", "activation", "DLA", "promotes"):
+        s.add_column(c, justify="left" if c == "promotes" else "right")
+    subs = sorted((x for ly in e.layers for x in ly.sub_updates), key=lambda x: -abs(x.dla))[:12]
+    for x in subs:
+        s.add_row(str(x.layer), str(x.neuron), f"{x.activation:+.3f}", f"{x.dla:+.3f}", join(toks(tokenizer, x.top_ids), 5))
+    return [t, s]
+
+
+def explanation_footer(e: Explanation) -> str:
+    return (f"sum of contributions {e.logit_diff_sum:.4f} vs the model's logit difference {e.logit_diff_model:.4f} "
+            f"(embedding {e.embed_dla:+.3f}, biases {e.const_dla:+.3f}); {e.approximation}"
+            + ("; before the final softcap" if e.softcap else ""))
+
+
+def settle_tables(res: SettleResult) -> list:
+    L = res.n_layers
+    t = Table(title=f"{res.kind} lens: where the top-1 settles ({res.n_positions} positions, {L} blocks)",
+              title_justify="left")
+    for c in ("layer", "settles here", "settled by", "top-1 = final"):
+        t.add_column(c, justify="right")
+    for layer in range(L + 1):
+        t.add_row(str(layer), str(int(res.histogram[layer])), f"{float(res.settled_fraction[layer]):.1%}",
+                  f"{float(res.top1_agreement[layer]):.1%}")
+    x = Table(title=(f"early exit at a confidence threshold, checked from layer {res.min_layer} "
+                     f"(lens read: {res.head_flops / 1e6:.2f} MFLOP, "
+                     f"block: {res.block_flops / 1e6:.2f} MFLOP per token)"), title_justify="left")
+    for c in ("threshold", "mean exit layer", "blocks saved", "FLOPs saved (net)", "agreement"):
+        x.add_column(c, justify="right")
+    for e in res.exits:
+        x.add_row(f"{e.threshold:g}", f"{e.mean_exit_layer:.2f}", f"{e.saved_block_fraction:.1%}",
+                  f"{e.saved_flops_fraction:+.1%}", f"{e.agreement:.1%}")
+    return [t, x]
+
+
+def settle_figure(res: SettleResult):
+    """Plotly figure: settled fraction and top-1 agreement by layer, and the exit trade-off per threshold."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    L = res.n_layers
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("where the top-1 settles", "early exit by threshold"))
+    layers = list(range(L + 1))
+    fig.add_trace(go.Bar(x=layers, y=(res.histogram.float() / res.n_positions).tolist(), name="settles at layer",
+                         marker_color="#bbb"), 1, 1)
+    fig.add_trace(go.Scatter(x=layers, y=res.settled_fraction.tolist(), name="settled by layer", mode="lines+markers"), 1, 1)
+    fig.add_trace(go.Scatter(x=layers, y=res.top1_agreement.tolist(), name="top-1 = final", mode="lines"), 1, 1)
+    th = [e.threshold for e in res.exits]
+    fig.add_trace(go.Scatter(x=th, y=[e.saved_block_fraction for e in res.exits], name="blocks saved",
+                             mode="lines+markers"), 1, 2)
+    fig.add_trace(go.Scatter(x=th, y=[e.saved_flops_fraction for e in res.exits], name="FLOPs saved (net)",
+                             mode="lines+markers"), 1, 2)
+    fig.add_trace(go.Scatter(x=th, y=[e.agreement for e in res.exits], name="agreement kept",
+                             mode="lines+markers"), 1, 2)
+    fig.update_xaxes(title_text="stream layer", row=1, col=1)
+    fig.update_xaxes(title_text="confidence threshold", row=1, col=2)
+    fig.update_yaxes(title_text="fraction of positions", row=1, col=1)
+    fig.update_layout(height=420, margin=dict(l=40, r=20, t=40, b=40), legend=dict(orientation="h"))
+    return fig
+
+
+def write_settle_plot(res: SettleResult, path) -> None:
+    """Write the settle figure to ``path`` (``.html``: plotly with plotly.js inlined; ``.png``/``.svg``/
+    ``.pdf``: matplotlib), through :func:`vocablens.files.atomic_path` (an existing file is replaced only
+    once the new one is complete).
+
+    Raises:
+        WriteFailed: the directory is missing, read-only or full.
+    """
+    with atomic_path(path) as tmp:
+        if tmp.suffix.lower() in (".html", ".htm"):
+            settle_figure(res).write_html(tmp, include_plotlyjs=True, full_html=True)
+            return
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+        L = res.n_layers
+        a.bar(range(L + 1), (res.histogram.float() / res.n_positions).tolist(), color="#bbb", label="settles at layer")
+        a.plot(range(L + 1), res.settled_fraction.tolist(), marker="o", label="settled by layer")
+        a.plot(range(L + 1), res.top1_agreement.tolist(), label="top-1 = final")
+        a.set_xlabel("stream layer")
+        a.set_ylabel("fraction of positions")
+        a.legend(fontsize=8)
+        th = [e.threshold for e in res.exits]
+        b.plot(th, [e.saved_block_fraction for e in res.exits], marker="o", label="blocks saved")
+        b.plot(th, [e.saved_flops_fraction for e in res.exits], marker="o", label="FLOPs saved (net)")
+        b.plot(th, [e.agreement for e in res.exits], marker="o", label="agreement kept")
+        b.set_xlabel("confidence threshold")
+        b.legend(fontsize=8)
+        fig.suptitle(f"{res.kind} lens, {res.n_positions} positions")
+        fig.tight_layout()
+        fig.savefig(tmp)
+        plt.close(fig)
+
+
+
+def explanation_section(e: Explanation, tokenizer, prompt: str | None = None) -> Section:
+    """Report section: per-layer updates and the largest sub-updates behind the report prompt's prediction."""
+    tgt, con = token_str(tokenizer, e.target), token_str(tokenizer, e.contrast)
+    rows = []
+    for ly in e.layers:
+        h = int(ly.head_dla.abs().argmax())
+        rows.append([ly.layer, f"{ly.attn_dlogprob_top1:+.3f}", f"{ly.mlp_dlogprob_top1:+.3f}",
+                     f"{ly.attn_dla:+.3f}", f"h{h} {float(ly.head_dla[h]):+.3f}", f"{ly.mlp_dla:+.3f}",
+                     " ".join(quoted(t) for t in toks(tokenizer, ly.mlp_top_ids)[:4])])
+    subs = sorted((x for ly in e.layers for x in ly.sub_updates), key=lambda x: -abs(x.dla))[:10]
+    srows = [[x.layer, x.neuron, f"{x.activation:+.3f}", f"{x.dla:+.3f}",
+              " ".join(quoted(t) for t in toks(tokenizer, x.top_ids)[:5])] for x in subs]
+    head = f"<p>Prompt: <code>{esc(prompt)}</code>. " if prompt else "<p>"
+    html = (head + f"The model's top-1 is <code>{esc(quoted(token_str(tokenizer, e.top1)))}</code> "
+            f"(log p = {e.top1_logprob:.3f}). Per layer: the change in the logit-lens log-probability of the "
+            f"top-1 when the attention and then the FFN update are added, and direct logit attribution (DLA) to "
+            f"logit[{esc(quoted(tgt))}] − logit[{esc(quoted(con))}]. The contributions sum to "
+            f"{e.logit_diff_sum:.4f}; the model's logit difference is {e.logit_diff_model:.4f}. "
+            f"Approximation: {esc(e.approximation)}.</p>"
+            + table_html(["layer", "Δlogp attn", "Δlogp mlp", "DLA attn", "top head", "DLA mlp", "mlp promotes"], rows)
+            + "<p>The FFN sub-updates (activation × value vector) with the largest direct effect:</p>"
+            + table_html(["layer", "neuron", "activation", "DLA", "promotes"], srows))
+    return Section(id="explain", title="What built the prediction", html=html)
+
+
+def settle_section(res: SettleResult, div_id: str = "settle-curve") -> Section:
+    """Report section: the settle curve and the early-exit table."""
+    rows = [[f"{e.threshold:g}", f"{e.mean_exit_layer:.2f}", f"{e.saved_block_fraction:.1%}",
+             f"{e.saved_flops_fraction:+.1%}", f"{e.agreement:.1%}"] for e in res.exits]
+    html = (f"<p>Over {res.n_positions} corpus positions, the first layer from which the {esc(res.kind)} lens's "
+            f"top-1 equals the model's final top-1 and stays (mean {float(res.settle_layer.float().mean()):.2f} of "
+            f"{res.n_layers}). An early exit stops at the first layer whose lens top-1 probability reaches the "
+            f"threshold (checked from layer {res.min_layer}); net FLOPs count the lens read ({res.head_flops / 1e6:.2f} MFLOP per token) at every "
+            f"checked layer against {res.block_flops / 1e6:.2f} MFLOP per block.</p>"
+            + figure_html(settle_figure(res), div_id)
+            + table_html(["threshold", "mean exit layer", "blocks saved", "FLOPs saved (net)", "agreement"], rows))
+    return Section(id="settle", title="Where predictions settle (early exit)", html=html)

@@ -1,0 +1,112 @@
+"""One attention head's OV and QK circuits read token to token (Dar et al. 2022 §2.2; Elhage et al. 2021).
+
+OV: ``E W_V W_O Rᵀ`` — a source token attended to, and the tokens the head's output then promotes (R
+the readout, :mod:`.readout`). QK: ``E W_Q W_Kᵀ Eᵀ / sqrt(d_head)`` — a query token and the key
+tokens it attends to. E is the input embedding; the grouped-query head a query head reads is mapped
+with ``kv_head(h)``. Both [V, V] matrices have rank <= d_head and are streamed, never built.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from vocablens.errors import BadInput
+from vocablens.models import Borders
+from vocablens.models.blocks import block_view
+from vocablens.vocab_space.readout import check_block, check_k, input_embedding, readout, rows_per_chunk
+
+
+@dataclass(frozen=True)
+class HeadCircuit:
+    """One attention head's OV or QK circuit read token to token.
+
+    Attributes:
+        layer, head: the block and the query head read; ``kv_head`` the key/value head it shares (GQA).
+        circuit: ``ov`` (source token attended to -> token the head's output promotes; scores are logits
+            per unit attention) or ``qk`` (query token -> key token; scores are attention logits
+            before softmax, divided by sqrt(d_head)).
+        src_ids, tgt_ids, scores: [k] the top pairs over all source x target tokens.
+        self_top1_fraction: fraction of source tokens whose top target is the token itself (a copying
+            head for OV, a same-token-attending head for QK).
+        n_sources: source tokens scanned.
+        apply_norm_gain: final norm gain applied (OV only).
+    """
+
+    layer: int
+    head: int
+    kv_head: int
+    circuit: str
+    src_ids: torch.Tensor
+    tgt_ids: torch.Tensor
+    scores: torch.Tensor
+    self_top1_fraction: float
+    n_sources: int
+    apply_norm_gain: bool
+
+
+def head_circuit(borders: Borders, layer: int, head: int, circuit: str = "ov", k: int = 20,
+                 apply_norm_gain: bool = True, max_sources: int | None = None, chunk_rows: int | None = None
+                 ) -> HeadCircuit:
+    """Top token pairs of one head's OV circuit ``E W_V W_O (g ⊙ U)ᵀ`` or QK circuit ``E W_Q W_Kᵀ Eᵀ``.
+
+    Dar et al. 2022 §2.2 (attention parameters in embedding space); Elhage et al. 2021 ("A Mathematical
+    Framework for Transformer Circuits", the OV and QK circuits). E is the input embedding (input scale,
+    ``project_in``; no positions, no norm before the attention), so the circuits ignore positions,
+    rotary embeddings, q/k norms and biases. The [V, V] matrix is never built: it has rank <= d_head,
+    so sources are streamed in chunks of ``[c, d_head] @ [d_head, V]``; cost 2·n_sources·V·d_head FLOPs.
+
+    Args:
+        layer, head: block 0..L-1 and query head 0..H-1.
+        circuit: ``ov`` or ``qk``.
+        k: pairs kept.
+        max_sources: scan only the first n source token ids (default: the whole real vocabulary).
+
+    Raises:
+        BadInput: layer/head out of range, bad circuit, k or max_sources.
+        UnsupportedArchitecture: no attention of the expected shape.
+    """
+    if circuit not in ("ov", "qk"):
+        raise BadInput(f"circuit must be 'ov' or 'qk'; got {circuit!r}")
+    check_block(borders, layer)
+    v = block_view(borders, int(layer))
+    if not 0 <= int(head) < v.n_heads:
+        raise BadInput(f"head {head} is out of range: block {layer} has heads 0..{v.n_heads - 1}")
+    real = borders.real_vocab_size
+    n_src = real if max_sources is None else int(max_sources)
+    if not 1 <= n_src <= real:
+        raise BadInput(f"max_sources must be between 1 and {real}; got {max_sources}")
+    check_k(k, n_src * real)
+    E = input_embedding(borders)[:real]
+    with torch.no_grad():
+        if circuit == "ov":
+            Wv, Wo = (w.detach().float() for w in v.W_OV(int(head)))
+            A = E[:n_src] @ Wv  # [n, dh]
+            R = readout(borders, apply_norm_gain)
+            B = (Wo.to(R.device) @ R.t()).to(E.device)  # [dh, V]: what each head dim promotes
+        else:
+            Wq, Wk = (w.detach().float() for w in v.W_QK(int(head)))
+            A = E[:n_src] @ Wq / math.sqrt(v.d_head)
+            B = (E @ Wk).t().contiguous()  # [dh, V]
+    step = rows_per_chunk(real, chunk_rows)
+    best_s = torch.empty(0)
+    best_i = torch.empty(0, dtype=torch.long)
+    self_top = 0
+    with torch.no_grad():
+        for i in range(0, n_src, step):
+            S = A[i:i + step] @ B  # [c, V]
+            rows = torch.arange(i, i + S.shape[0])
+            self_top += int((S.argmax(dim=1) == rows).sum())
+            kk = min(k, S.numel())
+            t = torch.topk(S.flatten(), kk)
+            flat = (t.indices // S.shape[1] + i) * real + t.indices % S.shape[1]
+            s = torch.cat([best_s, t.values])
+            f = torch.cat([best_i, flat])
+            t2 = torch.topk(s, min(k, len(s)))
+            best_s, best_i = t2.values, f[t2.indices]
+    return HeadCircuit(layer=int(layer), head=int(head), kv_head=v.kv_head(int(head)), circuit=circuit,
+                       src_ids=best_i // real, tgt_ids=best_i % real, scores=best_s,
+                       self_top1_fraction=self_top / n_src, n_sources=n_src,
+                       apply_norm_gain=bool(apply_norm_gain and circuit == "ov"))

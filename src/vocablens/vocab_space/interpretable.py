@@ -1,0 +1,105 @@
+"""The value vectors a reader learns most from: those whose top tokens stand out of their own logits.
+
+Projecting every value vector costs 2·N·V·d FLOPs (SmolLM2-135M: 2.6 TFLOP), so a fixed random
+sample of neurons per block is read, and each is scored by how far its top-k tokens stand above its
+own distribution of logits over the vocabulary: the mean z-score of its k largest logits,
+``mean_{t in top-k} (s_t - mean_w s_w) / std_w s_w`` (the criterion of the reverse search,
+:mod:`.search`, applied to the vector's own top tokens; Geva et al. 2022 §3 read a vector by its top
+tokens, Dar et al. 2022 §3 likewise). A vector whose top tokens are one theme (' he' ' him' ' his',
+or number words) scores ~15-20; one whose top is a spread of unrelated fragments scores ~5. It is
+scale-free, so high-norm late neurons are not favoured for their norm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vocablens.errors import BadInput
+from vocablens.models import Borders
+from vocablens.vocab_space.readout import check_k, readout, rows_per_chunk, top_bottom
+from vocablens.vocab_space.vectors import VectorProjection, gather_vectors, sample_neurons
+
+
+@dataclass(frozen=True)
+class InterpretableVectors:
+    """The chosen value vectors, best first, and how they were chosen.
+
+    Attributes:
+        vectors: :class:`~vocablens.vocab_space.vectors.VectorProjection` of the chosen rows (k tokens
+            at each end), best first.
+        top_z: [n] float32, each row's criterion: the mean z-score of its k top logits.
+        criterion: the criterion and the sample, in words.
+        n_candidates: vectors read (per_layer per block).
+    """
+
+    vectors: VectorProjection
+    top_z: torch.Tensor
+    criterion: str
+    n_candidates: int
+
+
+def _int(name: str, x, lo: int) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or x < lo:
+        raise BadInput(f"{name} must be an integer >= {lo}; got {x!r}")
+    return x
+
+
+def interpretable_vectors(borders: Borders, n: int = 20, per_layer: int = 32, k: int = 8,
+                          max_per_layer: int | None = 2, seed: int = 0, apply_norm_gain: bool = True,
+                          chunk_rows: int | None = None) -> InterpretableVectors:
+    """The ``n`` most interpretable of ``per_layer`` random value vectors per block (see the module docstring).
+
+    Args:
+        borders: the model's borders.
+        n: vectors returned (fewer when the sample is smaller).
+        per_layer: neurons drawn per block (:func:`~vocablens.vocab_space.vectors.sample_neurons`, ``seed``).
+        k: top tokens the criterion averages over, and tokens listed at each end.
+        max_per_layer: at most this many vectors from one block (None: no cap), so the list spans depth.
+        apply_norm_gain: read through the final norm's gain.
+        chunk_rows: vectors projected at once (default: 64 MiB of logits).
+
+    Returns:
+        :class:`InterpretableVectors`. Cost: 2·L·per_layer·V·d FLOPs (SmolLM2-135M, per_layer 32:
+        56 GFLOP); memory: one [chunk, V] float32 block of logits.
+
+    Raises:
+        BadInput: n, per_layer, k or max_per_layer out of range.
+        UnsupportedArchitecture: a block without a dense MLP.
+    """
+    _int("n", n, 1)
+    if max_per_layer is not None:
+        _int("max_per_layer", max_per_layer, 1)
+    check_k(k, borders.real_vocab_size)
+    layers, neurons = sample_neurons(borders, _int("per_layer", per_layer, 1), seed)
+    X = gather_vectors(borders, layers, neurons)
+    R = readout(borders, apply_norm_gain)
+    X = X.to(R.device)
+    step = rows_per_chunk(R.shape[0], chunk_rows)
+    crit, parts = [], []
+    for i in range(0, len(X), step):
+        S = X[i:i + step] @ R.t()  # [c, V]
+        std, mean = torch.std_mean(S, dim=1, correction=0)
+        tb = top_bottom(S, k)
+        crit.append(((tb[1] - mean[:, None]) / std.clamp_min(torch.finfo(S.dtype).tiny)[:, None]).mean(1))
+        parts.append(tb)
+    score = torch.cat(crit).cpu()
+    order = torch.argsort(score, descending=True, stable=True).tolist()
+    chosen, per = [], {}
+    for j in order:
+        if len(chosen) == n:
+            break
+        if max_per_layer is None or per.get(layers[j], 0) < max_per_layer:
+            chosen.append(j)
+            per[layers[j]] = per.get(layers[j], 0) + 1
+    sel = torch.tensor(chosen, dtype=torch.long)
+    ti, tv, bi, bv = (torch.cat([p[q] for p in parts]).cpu()[sel] for q in range(4))
+    proj = VectorProjection(kind="value", layers=torch.tensor(layers)[sel], neurons=torch.tensor(neurons)[sel],
+                            norms=X.norm(dim=-1).cpu()[sel], top_ids=ti, top_scores=tv, bottom_ids=bi,
+                            bottom_scores=bv, apply_norm_gain=bool(apply_norm_gain))
+    cap = "" if max_per_layer is None else f", at most {max_per_layer} per block"
+    criterion = (f"the mean z-score of each vector's top {k} logits within its own logits over the vocabulary "
+                 f"(how far its top tokens stand out), best {len(chosen)} of {len(layers)} random neurons "
+                 f"({per_layer} per block, seed {seed}){cap}")
+    return InterpretableVectors(vectors=proj, top_z=score[sel], criterion=criterion, n_candidates=len(layers))

@@ -1,0 +1,204 @@
+"""Reverse search: the FFN value vectors that single out a token (Geva et al. 2022 §3, reversed).
+
+A value vector v scores every token t with the logit it adds per unit of activation, ``s_t(v) = R[t]·v``
+(R the readout, :mod:`.readout`). Ranking vectors by the raw ``s_t(v)`` favours high-norm late
+neurons, whichever tokens they really push: on SmolLM2-135M, block 29 neuron 645 (top tokens 'Intf',
+'firehose' ...) ranks first for ' Monday' and ' France', although ' Monday' sits at rank 41,868 of
+its 49,152 logits. Here a vector is ranked by how strongly it singles the token out among its own
+logits over the vocabulary, the z-score
+
+    z_t(v) = (s_t(v) - mean_w s_w(v)) / std_w s_w(v)        (w over the real vocabulary)
+
+(the reading of Geva et al. 2022 §3 and Dar et al. 2022 §3, where a vector means its top-ranked
+tokens). Both moments are exact and need no [N, V] projection: ``mean_w s_w(v) = μ·v`` and
+``var_w s_w(v) = vᵀ C v`` with μ [d] the mean readout row and C [d, d] the readout rows' covariance.
+:func:`value_stats` computes them once for all N value vectors (2·V·d² + 2·N·d² FLOPs, vs 2·N·V·d
+for projecting every vector); each searched token then costs 2·N·d FLOPs.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from vocablens.errors import BadInput
+from vocablens.models import Borders
+from vocablens.models.blocks import block_views
+from vocablens.vocab_space.readout import check_token, readout, rows_per_chunk
+from vocablens.vocab_space.vectors import gather_vectors
+
+#: the ranking criterion of :func:`search_tokens`, in words (shown by the CLI and the report)
+CRITERION = ("z-score of the token's logit among the vector's own logits over the vocabulary, "
+             "(s_t - mean s) / std s (Geva et al. 2022; Dar et al. 2022), not the raw logit s_t")
+
+
+@dataclass(frozen=True)
+class ValueStats:
+    """Mean and standard deviation of every value vector's logits over the real vocabulary.
+
+    Attributes:
+        layers, neurons: [N] int64, block and neuron of each value vector (block-major).
+        mean: [N] float32, ``mean_w R[w]·v`` (logits per unit of activation).
+        std: [N] float32, the population standard deviation ``std_w R[w]·v``.
+        apply_norm_gain: whether R includes the final norm's gain.
+    """
+
+    layers: torch.Tensor
+    neurons: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+    apply_norm_gain: bool
+
+
+#: value_stats results per unembedding object (Borders makes a new one when W_U changes), keyed by the
+#: versions of every tensor they read, so an in-place edit of the weights is never served stale stats
+_STATS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _stats_key(borders: Borders, apply_norm_gain: bool) -> tuple:
+    mods = [borders.final_norm, borders.project_out, *(v.mlp_out for v in block_views(borders))]
+    return (bool(apply_norm_gain), borders.real_vocab_size,
+            tuple((p.data_ptr(), p._version) for m in mods if m is not None for p in m.parameters()))
+
+
+def value_stats(borders: Borders, apply_norm_gain: bool = True) -> ValueStats:
+    """Exact per-vector moments of the value vectors' logits over the vocabulary (see the module docstring).
+
+    Cost: 2·V·d² FLOPs for the readout's covariance (accumulated over row chunks, float32) and 2·N·d²
+    for the N = L·d_ff quadratic forms; memory O(d² + d_ff·d). The result is kept for this model's
+    unembedding while its weights are unchanged (in-place edits are detected), so repeated searches
+    pay it once; :func:`search_tokens` also takes it explicitly.
+
+    Raises:
+        UnsupportedArchitecture: a block without a dense MLP (mixture of experts).
+    """
+    memo = _STATS.setdefault(borders.unembedding, {})
+    key = _stats_key(borders, apply_norm_gain)
+    if key not in memo:
+        if len(memo) >= 4:  # weights edited in place again and again: keep only recent readings
+            memo.clear()
+        memo[key] = _value_stats(borders, apply_norm_gain)
+    return memo[key]
+
+
+def _value_stats(borders: Borders, apply_norm_gain: bool) -> ValueStats:
+    R = readout(borders, apply_norm_gain)  # [V, d]
+    V = R.shape[0]
+    mu = R.mean(0)
+    C = torch.zeros(R.shape[1], R.shape[1], device=R.device)
+    step = 1 << 14  # readout rows per covariance update
+    for i in range(0, V, step):
+        Rc = R[i:i + step] - mu
+        C.addmm_(Rc.t(), Rc)
+    C /= V
+    layers, neurons, means, stds = [], [], [], []
+    for v in block_views(borders):
+        W = v.W_out.detach().to(R.device, torch.float32)  # [d_ff, d]
+        means.append(W @ mu)
+        stds.append(((W @ C) * W).sum(-1).clamp_min(0).sqrt())
+        layers.append(torch.full((W.shape[0],), v.index, dtype=torch.long))
+        neurons.append(torch.arange(W.shape[0]))
+    return ValueStats(layers=torch.cat(layers), neurons=torch.cat(neurons), mean=torch.cat(means).cpu(),
+                      std=torch.cat(stds).cpu(), apply_norm_gain=bool(apply_norm_gain))
+
+
+@dataclass(frozen=True)
+class TokenSearch:
+    """The value vectors that most single out one token, promoting it or suppressing it, over all blocks.
+
+    Attributes:
+        token_id: the token searched (the target every row serves).
+        promote_layers, promote_neurons: [k] block and neuron, best first (largest z).
+        promote_z: [k] the ranking key, ``z_t(v)`` (see the module docstring).
+        promote_scores: [k] the raw logit per unit, ``R[t]·v``.
+        promote_ranks: [k] int64, the token's rank among the vector's logits (0 = its top token).
+        suppress_layers, suppress_neurons, suppress_z, suppress_scores: the same for the most negative z.
+        suppress_ranks: [k] int64, the token's rank from the bottom (0 = the vector's most suppressed).
+        apply_norm_gain: whether the final norm's gain was applied.
+        criterion: the ranking criterion, in words.
+    """
+
+    token_id: int
+    promote_layers: torch.Tensor
+    promote_neurons: torch.Tensor
+    promote_z: torch.Tensor
+    promote_scores: torch.Tensor
+    promote_ranks: torch.Tensor
+    suppress_layers: torch.Tensor
+    suppress_neurons: torch.Tensor
+    suppress_z: torch.Tensor
+    suppress_scores: torch.Tensor
+    suppress_ranks: torch.Tensor
+    apply_norm_gain: bool
+    criterion: str = CRITERION
+
+
+def _z(stats: ValueStats, raw: torch.Tensor) -> torch.Tensor:
+    """z-scores [N]; a vector with zero spread over the vocabulary (e.g. all zeros) gets 0."""
+    std = stats.std
+    return torch.where(std > 0, (raw - stats.mean) / std.clamp_min(torch.finfo(std.dtype).tiny), 0.0)
+
+
+def search_tokens(borders: Borders, token_ids: Sequence[int], k: int = 10, apply_norm_gain: bool = True,
+                  stats: ValueStats | None = None) -> list[TokenSearch]:
+    """For each token, the k value vectors with the largest and the k with the most negative z-score.
+
+    Args:
+        borders: the model's borders.
+        token_ids: tokens of the real vocabulary (at least one).
+        k: vectors kept at each end, per token (1..N).
+        apply_norm_gain: read through the final norm's gain (the model's own map, up to scale).
+        stats: :func:`value_stats` of this model with the same ``apply_norm_gain`` (computed when None).
+
+    Returns:
+        One :class:`TokenSearch` per token, in the order given. Cost after the stats: 2·N·d FLOPs per
+        token for the scores, plus 2·(2k)·V·d to rank the token inside the 2k vectors listed.
+
+    Raises:
+        BadInput: no token, a token outside the real vocabulary, bad k, stats of another reading.
+        UnsupportedArchitecture: a block without a dense MLP.
+    """
+    ids = [check_token(borders, t) for t in token_ids]
+    if not ids:
+        raise BadInput("no token to search: give at least one")
+    if stats is None:
+        stats = value_stats(borders, apply_norm_gain)
+    elif stats.apply_norm_gain != bool(apply_norm_gain):
+        raise BadInput("stats were computed with a different apply_norm_gain than this search")
+    N = len(stats.mean)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= N:
+        raise BadInput(f"-k must be an integer between 1 and the number of value vectors {N}; got {k!r}")
+    R = readout(borders, apply_norm_gain)
+    views = block_views(borders)
+    rows = R[ids]  # [T, d]
+    raw = torch.cat([v.W_out.detach().to(R.device, torch.float32) @ rows.t() for v in views]).cpu()  # [N, T]
+    out = []
+    for j, t in enumerate(ids):
+        z = _z(stats, raw[:, j])
+        hi = torch.topk(z, k)
+        lo = torch.topk(z, k, largest=False)
+        idx = torch.cat([hi.indices, lo.indices])
+        X = gather_vectors(borders, stats.layers[idx].tolist(), stats.neurons[idx].tolist()).to(R.device)
+        sign = torch.cat([torch.ones(k), -torch.ones(k)]).to(R.device)[:, None]  # suppress rows: from the bottom
+        step = rows_per_chunk(R.shape[0])
+        ranks = []
+        for i in range(0, 2 * k, step):
+            S = (X[i:i + step] @ R.t()) * sign[i:i + step]  # [c, V]
+            ranks.append((S > S[:, t:t + 1]).sum(1))
+        ranks = torch.cat(ranks).cpu()
+        out.append(TokenSearch(
+            token_id=t, promote_layers=stats.layers[hi.indices], promote_neurons=stats.neurons[hi.indices],
+            promote_z=hi.values, promote_scores=raw[hi.indices, j], promote_ranks=ranks[:k],
+            suppress_layers=stats.layers[lo.indices], suppress_neurons=stats.neurons[lo.indices],
+            suppress_z=lo.values, suppress_scores=raw[lo.indices, j], suppress_ranks=ranks[k:],
+            apply_norm_gain=bool(apply_norm_gain)))
+    return out
+
+
+def search_token(borders: Borders, token_id: int, k: int = 10, apply_norm_gain: bool = True,
+                 stats: ValueStats | None = None) -> TokenSearch:
+    """:func:`search_tokens` for one token: the value vectors that most single out ``token_id``."""
+    return search_tokens(borders, [token_id], k=k, apply_norm_gain=apply_norm_gain, stats=stats)[0]

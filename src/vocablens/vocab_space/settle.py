@@ -1,0 +1,187 @@
+"""Where predictions settle over a corpus, and what an early exit would save (Geva et al. 2022 §5.2).
+
+For each position of a corpus, the first stream layer from which the lens's top-1 equals the model's
+final top-1 and stays equal; its distribution; and an early exit that stops at the first layer whose
+lens top-1 probability reaches a threshold (Geva et al. reported ~20% of layers saved): the fraction of
+blocks saved, the net fraction of FLOPs saved once the lens's own cost at every checked layer is paid,
+and the agreement with the full model kept. Any :class:`~vocablens.lens.logit.Translator` (a tuned
+lens) can be used instead of the plain logit lens. Layers count the residual stream: 0 = the embedding
+output, L = the last block's output. The lens is read through ``borders.unembedding`` and
+:func:`vocablens.ops.token_logprobs` (chunked over V; the top-1 and its log-probability only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import torch
+
+from vocablens.errors import BadInput
+from vocablens.lens.logit import Translator
+from vocablens.models import Borders
+from vocablens.ops import token_logprobs
+from vocablens.vocab_space.readout import CHUNK_BYTES
+
+#: default early-exit confidence thresholds (lens top-1 probability)
+DEFAULT_THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
+
+
+@dataclass(frozen=True)
+class ExitPoint:
+    """An early exit at one confidence threshold.
+
+    Attributes:
+        threshold: exit at the first layer whose lens top-1 probability is >= this.
+        mean_exit_layer: mean stream layer at which positions exit (L = never exited early).
+        saved_block_fraction: mean (L - exit layer) / L, the share of blocks skipped.
+        saved_flops_fraction: FLOPs saved net of the lens run at every checked layer m..e:
+            ``1 - mean(e·F_block + (e-m+1)·F_head) / (L·F_block + F_head)``; negative when checking costs
+            more than the blocks skipped (a large vocabulary and a narrow model).
+        agreement: fraction of positions whose exit top-1 equals the full model's top-1.
+    """
+
+    threshold: float
+    mean_exit_layer: float
+    saved_block_fraction: float
+    saved_flops_fraction: float
+    agreement: float
+
+
+@dataclass(frozen=True)
+class SettleResult:
+    """Where predictions settle over a corpus (see :func:`settle`).
+
+    Attributes:
+        kind: ``logit`` or ``tuned``.
+        n_positions: positions read; n_layers: L.
+        settle_layer: [N] int64, the first stream layer from which the lens top-1 equals the final top-1
+            at every later layer (L when only the model's own output has it).
+        histogram: [L+1] int64 counts of ``settle_layer``.
+        settled_fraction: [L+1] float32, fraction of positions settled at or before each layer.
+        top1_agreement: [L+1] float32, fraction of positions whose lens top-1 at a layer equals the final.
+        exits: one :class:`ExitPoint` per threshold.
+        min_layer: m, the first layer where exits were checked.
+        block_flops: forward FLOPs of one block for one token (2 per multiply-add, weights plus attention
+            over the mean context); head_flops: FLOPs of one lens read (2·V·d).
+    """
+
+    kind: str
+    n_positions: int
+    n_layers: int
+    settle_layer: torch.Tensor
+    histogram: torch.Tensor
+    settled_fraction: torch.Tensor
+    top1_agreement: torch.Tensor
+    exits: list[ExitPoint]
+    block_flops: float
+    head_flops: float
+    thresholds: tuple[float, ...] = field(default=DEFAULT_THRESHOLDS)
+    min_layer: int = 0
+
+
+def _block_flops(borders: Borders, mean_context: float) -> float:
+    """FLOPs per token of one (average) block: 2 per weight of its matrices + attention scores and mix."""
+    L = borders.n_layers
+    weights = sum(p.numel() for blk in borders.blocks for p in blk.parameters() if p.dim() >= 2) / L
+    cfg = borders.config
+    H = int(getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 1) or 1)
+    dh = int(getattr(cfg, "head_dim", None) or borders.d_model // H)
+    return 2.0 * weights + 4.0 * H * dh * mean_context
+
+
+def _lens_top1(U, h: torch.Tensor, layer: int, L: int, real: int, translator: Translator | None,
+               chunk_rows: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lens's top-1 among the real tokens [P] int64 and its probability [P] float32, for the stream
+    at one layer h [P, d_model] (the translator, if any, applies to layers < L)."""
+    if translator is not None and layer < L:
+        h = translator.translate(layer, h.float()).to(h.dtype)
+    pad = U.vocab_size - real  # top-k over the padding rows too; the first real id is the top-1
+    tl = token_logprobs(U.normed(h), U.weight, top_k=min(U.vocab_size, 1 + pad), chunk_tokens=chunk_rows,
+                        chunk_bytes=CHUNK_BYTES, **U.head_kwargs())
+    ids, lps = tl.topk_ids, tl.topk_logprobs
+    if pad:
+        first = (ids < real).int().argmax(1, keepdim=True)
+        ids, lps = ids.gather(1, first), lps.gather(1, first)
+    return ids[:, 0].cpu(), lps[:, 0].exp().cpu()
+
+
+def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
+           thresholds: Sequence[float] = DEFAULT_THRESHOLDS, translator: Translator | None = None,
+           kind: str | None = None, chunk_rows: int | None = None, min_layer: int = 0) -> SettleResult:
+    """Settling layers and early exits over a corpus (Geva et al. 2022 §5.2, with any lens).
+
+    Args:
+        borders: the model's borders.
+        batches: token rows [N, T] int64 (or an iterable of [B, T] batches), e.g. from
+            :func:`vocablens.corpus.pack_tokens`; every position of every row is read.
+        thresholds: early-exit confidences in (0, 1].
+        translator: a :class:`~vocablens.lens.logit.Translator` (tuned lens) or None (logit lens).
+        chunk_rows: positions decoded at once (default: 64 MiB of logits).
+        min_layer: the first stream layer where an exit is checked (0 = the embedding itself; with tied
+            embeddings the logit lens there confidently predicts the input token, a poor exit).
+
+    Returns:
+        :class:`SettleResult`. Memory: one batch's residual stream plus one chunk of [c, V] logits.
+
+    Raises:
+        BadInput: no tokens, a threshold outside (0, 1], min_layer outside 0..L.
+    """
+    if not 0 <= int(min_layer) <= borders.n_layers:
+        raise BadInput(f"min_layer must be in 0..{borders.n_layers}; got {min_layer}")
+    m = int(min_layer)
+    ths = tuple(float(t) for t in thresholds)
+    if not ths or any(not 0 < t <= 1 for t in ths):
+        raise BadInput(f"thresholds must be in (0, 1]; got {list(thresholds)}")
+    if isinstance(batches, torch.Tensor):
+        batches = [batches if batches.dim() == 2 else batches[None]]
+    L = borders.n_layers
+    real = borders.real_vocab_size
+    U = borders.unembedding
+    top1s, confs = [], []
+    ctx_sum, n_tok = 0.0, 0
+    with torch.no_grad():
+        for ids in batches:
+            if ids.numel() == 0:
+                continue
+            resid, _ = borders.residual_stream(ids)
+            B, T = ids.shape
+            ctx_sum += B * T * (T + 1) / 2
+            n_tok += B * T
+            h = resid.reshape(L + 1, B * T, -1)
+            t1 = torch.empty(L + 1, B * T, dtype=torch.long)
+            cf = torch.empty(L + 1, B * T)
+            for layer in range(L + 1):
+                t1[layer], cf[layer] = _lens_top1(U, h[layer], layer, L, real, translator, chunk_rows)
+            top1s.append(t1)
+            confs.append(cf)
+    if n_tok == 0:
+        raise BadInput("no tokens to read: the corpus is empty")
+    top1 = torch.cat(top1s, 1)  # [L+1, N]
+    conf = torch.cat(confs, 1)
+    agree = top1 == top1[L]  # [L+1, N]
+    stays = agree.flip(0).int().cumprod(0).flip(0)  # 1 where this and every later layer agree
+    settle_layer = (L + 1) - stays.sum(0)
+    hist = torch.bincount(settle_layer, minlength=L + 1)
+    N = top1.shape[1]
+    F_block = _block_flops(borders, ctx_sum / n_tok)
+    F_head = 2.0 * real * borders.d_emb
+    base = L * F_block + F_head
+    exits = []
+    for t in ths:
+        hit = conf >= t
+        hit[:m] = False
+        hit[L] = True
+        e = hit.int().argmax(0)  # first layer reaching the threshold
+        chosen = top1.gather(0, e[None])[0]
+        ef = e.float()
+        cost = ef * F_block + (ef - m + 1) * F_head
+        exits.append(ExitPoint(threshold=t, mean_exit_layer=float(ef.mean()),
+                               saved_block_fraction=float(((L - ef) / L).mean()),
+                               saved_flops_fraction=float(1 - cost.mean() / base),
+                               agreement=float((chosen == top1[L]).float().mean())))
+    return SettleResult(kind=kind or ("logit" if translator is None else "tuned"), n_positions=N, n_layers=L,
+                        min_layer=m,
+                        settle_layer=settle_layer, histogram=hist,
+                        settled_fraction=(hist.cumsum(0).float() / N), top1_agreement=agree.float().mean(1),
+                        exits=exits, block_flops=F_block, head_flops=F_head, thresholds=ths)
