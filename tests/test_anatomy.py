@@ -4,14 +4,12 @@ import json
 from dataclasses import replace
 
 import pytest
-import torch
 from torch import nn
 
 from tiny_models import FAMILIES, make_tiny
-from vocablens.anatomy import (
-    anatomy, anatomy_of, catalogue, catalogue_entry, count_parameters, logits_memory, lookup_bytes,
-    meta_model, resolve_config,
-)
+from vocablens.anatomy import anatomy, anatomy_of, count_parameters, logits_memory, lookup_bytes
+from vocablens.models.catalogue import catalogue, catalogue_entry
+from vocablens.models.config import meta_model, resolve_config
 from vocablens.cli.common import run_app
 from vocablens.errors import BadInput, ModelNotFound
 from vocablens.models import Borders
