@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import tempfile
 from pathlib import Path
 
+from vocablens.files import atomic_write, publish_mode  # noqa: F401  (publish_mode: old import path)
 from vocablens.render.html import Section, esc
 
 _CSS = """
@@ -52,32 +52,13 @@ def render_report(title: str, subtitle_lines: list[str], sections: list[Section]
     )
 
 
-def publish_mode(tmp: str | os.PathLike) -> None:
-    """Give a temporary file the usual permissions (0666 minus the umask): ``mkstemp`` makes it 0600,
-    and the rename would carry that onto the user's file."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-
-
 def write_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write text to ``path`` through a temporary file in the same directory and a rename.
+    """Write the report's HTML to ``path`` through :func:`vocablens.files.atomic_write`.
 
     Raises:
-        OSError: the directory does not exist or is not writable (the target is untouched).
+        WriteFailed: the directory is missing, read-only or full (the target is untouched).
     """
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        publish_mode(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, text)
 
 
 def stamp() -> str:
