@@ -52,8 +52,8 @@ _ENTRY_POINTS: dict[str, str] = {
     "trim_vocab": "vocablens.surgery",
     "verify_expansion": "vocablens.surgery",
     "verify_trim": "vocablens.surgery",
-    # the HTML report
-    "write_report": "vocablens.report",
+    # the report's plan and runner (the page itself: vocablens.render.report)
+    "run_report": "vocablens.report",
 }
 
 __all__ = ["__version__", *_ENTRY_POINTS]
