@@ -46,23 +46,22 @@ def build_tokenizer(out: Path) -> None:
     words = [t for t in vocab if t.startswith("Ġ") and t[1:].isalpha() and len(t) > 3]
     tails = [t for t in vocab if t.isalpha() and 2 <= len(t) <= 5]
     rng = random.Random(0)
-    for a in list(j.get("added_tokens", [])):
-        vocab.pop(a["content"], None)
-    j["added_tokens"] = []
-    while len(vocab) < N_TOKENS:
+    next_id = max(vocab.values()) + 1  # SmolLM2's own special tokens keep their ids
+    while next_id < N_TOKENS:
         a, b = rng.choice(words), rng.choice(tails)
         if a + b in vocab:
             continue
-        vocab[a + b] = len(vocab)
+        vocab[a + b] = next_id
+        next_id += 1
         merges.append([a, b] if as_pairs else f"{a} {b}")
     for k in range(N_SPECIAL):
-        name = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"][k] if k < 3 else f"<|extra_{k}|>"
-        j["added_tokens"].append({"id": len(vocab) + k, "content": name, "single_word": False, "lstrip": False,
-                                  "rstrip": False, "normalized": False, "special": True})
+        j["added_tokens"].append({"id": N_TOKENS + k, "content": f"<|extra_{k}|>", "single_word": False,
+                                  "lstrip": False, "rstrip": False, "normalized": False, "special": True})
     out.mkdir(parents=True, exist_ok=True)
     Tokenizer.from_str(json.dumps(j)).save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "bos_token": None,
+        "pad_token": "<|endoftext|>",
         "model_max_length": 32768}))
 
 
