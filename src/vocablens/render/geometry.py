@@ -143,13 +143,13 @@ def pca_figure(wp: WordPCA):
     ]
     fig.update_layout(
         title=dict(text=_title(wp, "PCA"), font=dict(size=14), x=0.01, y=0.98, yanchor="top"),
-        height=680, margin=dict(l=0, r=0, t=80, b=0),
+        height=660, margin=dict(l=0, r=0, t=80, b=0),
         updatemenus=[dict(type="buttons", direction="right", x=0.0, y=1.0, xanchor="left", yanchor="bottom",
                           pad=dict(t=0, b=4), buttons=buttons, showactive=True, active=0)],
         # the scene keeps clear of the title and buttons; the camera sits far enough out that
         # the cube and its axis titles fit inside the figure at every rotation
         scene=dict(domain=dict(x=[0.0, 0.84], y=[0.0, 0.94]), aspectmode="cube",
-                   camera=dict(eye=dict(x=1.55, y=1.55, z=0.95), center=dict(x=0, y=0, z=-0.08)),
+                   camera=dict(eye=dict(x=1.5, y=1.5, z=0.9), center=dict(x=0, y=0, z=-0.05)),
                    xaxis_title=f"PC 1 ({100 * ev[0]:.1f}% var.)", yaxis_title=f"PC 2 ({100 * ev[1]:.1f}% var.)",
                    zaxis_title=f"PC 3 ({100 * ev[2]:.1f}% var.)"),
         legend=dict(itemsizing="constant", x=0.86, y=0.5, yanchor="middle"),
@@ -157,14 +157,22 @@ def pca_figure(wp: WordPCA):
     return fig
 
 
-def _outermost(coords, groups, order) -> set[int]:
-    """Per group, the index of the word farthest from the centre of all words (the one label kept)."""
-    dist = (coords - coords.mean(0)).norm(dim=1)
-    out = set()
+def _outermost(coords, groups, order, min_gap: float = 0.18) -> set[int]:
+    """The words that keep a fixed label: per group its word farthest from the centre of all words,
+    kept only when no other kept label lies within ``min_gap`` of the scene's extent (the dense
+    centre keeps hover text only, so labels never pile into a blob)."""
+    centre = coords.mean(0)
+    dist = (coords - centre).norm(dim=1)
+    gap = min_gap * float((coords.max(0).values - coords.min(0).values).norm())
+    candidates = []
     for g in order:
         idx = [i for i, gg in enumerate(groups) if gg == g]
-        out.add(max(idx, key=lambda i: float(dist[i])))
-    return out
+        candidates.append(max(idx, key=lambda i: float(dist[i])))
+    kept: list[int] = []
+    for i in sorted(candidates, key=lambda i: -float(dist[i])):
+        if all(float((coords[i] - coords[j]).norm()) >= gap for j in kept):
+            kept.append(i)
+    return set(kept)
 
 
 def _title(wp: WordPCA, view: str) -> str:
@@ -182,8 +190,8 @@ def pca_section(wp: WordPCA, div_id: str = "pca-3d") -> Section:
     text = (f"Embedding rows (W_E) of {len(wp.words)} common words in {len(set(wp.groups))} groups. "
             f"PCA is fitted on these rows only (centred on their mean): the top three directions keep "
             f"{100 * float(p.explained_variance.sum()):.1f}% of their variance, three random orthonormal "
-            f"directions {100 * float(p.random_explained_variance.sum()):.1f}%. Each group labels its outermost word; "
-            f"hover a point for its word. Drag to rotate; the buttons switch views.")
+            f"directions {100 * float(p.random_explained_variance.sum()):.1f}%. Labels mark each group's outermost word where "
+            f"they do not overlap; hover any point for its word. Drag to rotate; the buttons switch views.")
     if wp.skipped:
         text += f" Skipped (several tokens here): {', '.join(wp.skipped)}."
     return Section(id="pca", title="Word embeddings in 3-D", html=f"<p>{esc(text)}</p>" + figure_html(pca_figure(wp), div_id))

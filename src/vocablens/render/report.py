@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 from pathlib import Path
 
 from vocablens.files import atomic_write, publish_mode  # noqa: F401  (publish_mode: old import path)
@@ -75,7 +76,7 @@ def report_sections(run, lm, model: str) -> list[Section]:
         key, res = sr.plan.key, sr.result
         if res is None and (key != "tuned" or sr.cut_short):
             out.append(Section(key.replace("_", "-"), sr.plan.title[:1].upper() + sr.plan.title[1:],
-                               f"<p class='note cut'>{esc(sr.cut_short or sr.note or 'not available')}</p>"))
+                               f"<p class='note cut'>{_prose(sr.cut_short or sr.note or 'not available')}</p>"))
             continue
         if key == "anatomy":
             sec = anatomy_section([res])
@@ -107,7 +108,7 @@ def report_sections(run, lm, model: str) -> list[Section]:
         else:
             sec = rv.settle_section(res)
         if sr.cut_short:
-            sec = Section(sec.id, sec.title, sec.html + f"<p class='note cut'>Cut short: {esc(sr.cut_short)}.</p>")
+            sec = Section(sec.id, sec.title, sec.html + f"<p class='note cut'>Cut short: {_prose(sr.cut_short)}.</p>")
         out.append(sec)
     return out
 
@@ -134,9 +135,14 @@ def argmax_notes(ma) -> str:
     return "".join(f"<p class='note'>{esc(p)}</p>" for p in parts)
 
 
+def _prose(text: str) -> str:
+    """Escaped text with `backquoted` commands as ``<code>``."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", esc(text))
+
+
 def cut_short_html(run) -> str:
     """The banner at the top of the page: the time budget and each section that was cut short."""
-    items = "".join(f"<li><b>{esc(s.plan.title)}</b>: {esc(s.cut_short)}</li>" for s in run.sections if s.cut_short)
+    items = "".join(f"<li><b>{esc(s.plan.title)}</b>: {_prose(s.cut_short)}</li>" for s in run.sections if s.cut_short)
     head = (f"All sections ran within the report's {run.budget_s:.0f} s budget ({run.seconds:.0f} s)."
             if not items else
             f"The report's {run.budget_s:.0f} s budget cut these sections short ({run.seconds:.0f} s in all):")
