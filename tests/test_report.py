@@ -167,6 +167,7 @@ def test_report_renders_in_headless_chromium(cli, report_file):
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync"])
         page = browser.new_page(viewport={"width": 1300, "height": 900})
+        page.set_default_timeout(180_000)  # a 5 MB page on a busy 2-core machine
         page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: problems.append(str(e)))
 
