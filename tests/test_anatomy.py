@@ -284,6 +284,7 @@ def test_cli_load_alias_loads_hub_id(smollm2, monkeypatch, capsys):
     capsys.readouterr()
 
 
+@pytest.mark.slow  # reads the default model's GGUF file (its header: seconds)
 def test_cli_default_model(capsys):
     assert run_app(["anatomy", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)

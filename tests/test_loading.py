@@ -64,6 +64,7 @@ def test_corrupt_gguf_file(tmp_path):
         load(str(bad))
 
 
+@pytest.mark.slow  # copies and parses the real default model's GGUF file
 def test_truncated_copy_of_default_gguf(tmp_path):
     src = default_gguf_path()
     bad = tmp_path / "trunc.gguf"
