@@ -1,8 +1,10 @@
 """CLI end to end (in-process): lens, errors, exit codes."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from vocablens.models.tokens import token_str
 
@@ -57,10 +59,15 @@ def test_prompt_longer_than_context(cli):
     assert code == 2 and "context" in err
 
 
+#: a child Python that imports this checkout's vocablens (not an installed copy)
+_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent / "src"),
+                                                      os.environ.get("PYTHONPATH", "")])}
+
+
 def test_console_script_usage_error_exit_2():
-    p = subprocess.run([sys.executable, "-m", "vocablens", "lens", "show"], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "vocablens", "lens", "show"], capture_output=True, text=True, env=_ENV)
     assert p.returncode == 2
-    p = subprocess.run([sys.executable, "-m", "vocablens", "--help"], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "vocablens", "--help"], capture_output=True, text=True, env=_ENV)
     assert p.returncode == 0 and "lens" in p.stdout and "report" in p.stdout
 
 
@@ -98,7 +105,8 @@ def test_import_vocablens_is_lazy_and_exposes_entry_points():
     code = ("import sys, vocablens; assert 'torch' not in sys.modules, 'torch imported'; "
             "names = [n for n in vocablens.__all__ if n != '__version__']; "
             "[getattr(vocablens, n) for n in names]; print(len(names))")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    src = str(Path(__file__).parent.parent / "src")
+    p = subprocess.run([sys.executable, "-c", code, src], capture_output=True, text=True, env=_ENV)
     assert p.returncode == 0, p.stderr
     import vocablens
 
