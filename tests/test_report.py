@@ -195,3 +195,21 @@ def test_report_renders_in_headless_chromium(cli, report_file):
         browser.close()
     assert problems == [], problems
     assert requests == [], requests
+
+
+def test_final_norm_note_names_the_duplicates():
+    """The "argmaxable: no" rows under the final norm that are exact duplicates are called so, and
+    both probability columns are explained."""
+    from types import SimpleNamespace
+
+    from vocablens.argmax import ARGMAXABLE, DUPLICATE
+    from vocablens.render.report import argmax_notes
+
+    verdict = torch.full((10,), ARGMAXABLE, dtype=torch.int8)
+    verdict[[2, 3, 7]] = DUPLICATE
+    reach = SimpleNamespace(tokens=torch.tensor([2, 3, 5, 7]), argmaxable=torch.tensor([0, 0, 0, 1]))
+    html = argmax_notes(SimpleNamespace(result=SimpleNamespace(verdict=verdict), reach=reach))
+    assert "2 of the 3 tokens marked &quot;no&quot; under the final norm are the exact duplicates" in html
+    assert "&quot;max prob &gt;=&quot; is a probability the token certainly reaches" in html
+    assert "&quot;max prob &lt;=&quot; a proven upper bound" in html
+    assert argmax_notes(SimpleNamespace(result=SimpleNamespace(verdict=verdict), reach=None)) == ""
