@@ -10,10 +10,15 @@ tokenizer extended with merges of its own tokens; rows beyond it are padding as 
 report's work depends on these shapes, not on the weights' values — except the argmax section, whose
 exact work on a trained head differs: there the time budget is what bounds it.
 
-Prints per section: budget, wall seconds, cut short or not; and the whole command's wall and CPU
-seconds (CPU time is the contention-free figure on a shared machine).
+Prints per section its budget, CPU and wall seconds and whether it was cut short (each section run
+alone, so on a busy machine one overrun does not skip the rest; CPU time is the contention-free
+figure on a shared machine), or with ``--command`` the whole command's wall and CPU seconds.
 
-    PYTHONPATH=src python benchmarks/report.py [--dir /tmp/vocablens-qwen05-shape] [--budget 150]
+Measured on the shared 2-core machine (load average ~25; in-process, budget 150 s): load 7 s,
+neighbours 5.6, PCA 0.2, logit lens 10.8, argmax 42.6 (cut by its 67.5 s budget), value vectors 6.5,
+explain 7.6, settle 41.1 (128 of 256 tokens), page 4.5: 126 CPU seconds in all for two threads.
+
+    PYTHONPATH=src python benchmarks/report.py [--dir /tmp/vocablens-qwen05-shape] [--budget 150] [--command]
 """
 
 from __future__ import annotations
@@ -78,11 +83,49 @@ def build_model(out: Path) -> None:
     model.save_pretrained(str(out), safe_serialization=True)
 
 
+def measure(spec: str, budget: float, out: str) -> None:
+    """Each section alone (so an overrun of one never skips the next), its planned budget, CPU and
+    wall seconds; then the page. CPU seconds count both torch threads."""
+    import torch
+
+    from vocablens.models import load
+    from vocablens.render.report import cut_short_html, render_report, report_sections, write_atomic
+    from vocablens.report import ORDER, ReportRun, run_report
+
+    total_cpu = total_wall = 0.0
+
+    def row(name, c0, w0, budget_s=None, note=""):
+        nonlocal total_cpu, total_wall
+        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+        total_cpu, total_wall = total_cpu + cpu, total_wall + wall
+        b = f"budget {budget_s:5.1f} s" if budget_s is not None else " " * 14
+        print(f"  {name:<14} cpu {cpu:6.1f} s  wall {wall:6.1f} s  {b}  {note[:110]}", flush=True)
+
+    c0, w0 = time.process_time(), time.perf_counter()
+    lm = load(spec)
+    row("load", c0, w0)
+    runs = []
+    for key in ORDER:
+        c0, w0 = time.process_time(), time.perf_counter()
+        r = run_report(lm, model=spec, budget_s=budget, only=(key,))
+        runs.append(r.sections[0])
+        row(key, c0, w0, r.sections[0].plan.budget_s, r.sections[0].cut_short or "")
+    c0, w0 = time.process_time(), time.perf_counter()
+    run = ReportRun(prompt=r.prompt, input_ids=r.input_ids, budget_s=budget, seconds=total_wall, sections=runs)
+    write_atomic(out, render_report(f"vocablens report — {lm.provenance.name}", [lm.provenance.describe()],
+                                    report_sections(run, lm, spec), banner=cut_short_html(run)))
+    row("page", c0, w0)
+    print(f"total: CPU {total_cpu:.0f} s, wall {total_wall:.0f} s, torch threads {torch.get_num_threads()} "
+          "(target: <= 180 s wall on 2 free cores)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/vocablens-qwen05-shape")
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--out", default="/tmp/vocablens-qwen05-report.html")
+    ap.add_argument("--command", action="store_true",
+                    help="time the `vocablens report` command as a whole instead of each section")
     args = ap.parse_args()
     d = Path(args.dir)
     if not (d / "model.safetensors").is_file() and not any(d.glob("model-*.safetensors")):
@@ -90,6 +133,9 @@ def main() -> None:
         build_tokenizer(d)
         build_model(d)
         print(f"built {d} in {time.perf_counter() - t0:.0f} s")
+    if not args.command:
+        measure(str(d), args.budget, args.out)
+        return
     cmd = [sys.executable, "-m", "vocablens", "report", "--model", str(d), "--out", args.out,
            "--budget", str(args.budget), "--json"]
     t0 = time.perf_counter()
