@@ -10,6 +10,18 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+#: fixtures that load the real default model: a test using one is ``slow``
+_REAL_MODEL_FIXTURES = {"smollm2", "cli"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that loads the real model as ``slow`` (``-m "not slow"`` skips them all):
+    those using a real-model fixture here; tests that load it otherwise carry the marker themselves."""
+    for item in items:
+        if _REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """The real default model (SmolLM2-135M-Instruct, Q4_1 GGUF, dequantized), loaded once per session."""

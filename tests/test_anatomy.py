@@ -4,14 +4,12 @@ import json
 from dataclasses import replace
 
 import pytest
-import torch
 from torch import nn
 
 from tiny_models import FAMILIES, make_tiny
-from vocablens.anatomy import (
-    anatomy, anatomy_of, catalogue, catalogue_entry, count_parameters, logits_memory, lookup_bytes,
-    meta_model, resolve_config,
-)
+from vocablens.anatomy import anatomy, anatomy_of, count_parameters, logits_memory, lookup_bytes
+from vocablens.models.catalogue import catalogue, catalogue_entry
+from vocablens.models.config import meta_model, resolve_config
 from vocablens.cli.common import run_app
 from vocablens.errors import BadInput, ModelNotFound
 from vocablens.models import Borders
@@ -286,6 +284,7 @@ def test_cli_load_alias_loads_hub_id(smollm2, monkeypatch, capsys):
     capsys.readouterr()
 
 
+@pytest.mark.slow  # reads the default model's GGUF file (its header: seconds)
 def test_cli_default_model(capsys):
     assert run_app(["anatomy", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
@@ -302,3 +301,45 @@ def test_cli_bad_input_exit_2(argv, capsys):
     assert run_app(argv) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1].startswith("error:") and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------------- helpers
+def test_attention_shape_and_flops():
+    """heads x head_dim from the config (head_dim may differ from d/heads: Qwen3), kv heads for GQA."""
+    from types import SimpleNamespace
+
+    from vocablens.models.flops import attention_flops, attention_shape, head_flops
+
+    qwen3 = SimpleNamespace(num_attention_heads=16, num_key_value_heads=8, head_dim=128)
+    s = attention_shape(qwen3, 1024)
+    assert (s.heads, s.kv_heads, s.head_dim, s.d_attn) == (16, 8, 128, 2048)
+    gpt2 = SimpleNamespace(n_head=12)
+    assert attention_shape(gpt2, 768).d_attn == 768 and attention_shape(gpt2, 768).kv_heads == 12
+    assert attention_shape(SimpleNamespace(), 64).d_attn == 64
+    assert attention_flops(28, 4096, 2048) == 2 * 28 * 4096 * 2048
+    assert attention_flops(28, 4096, 2048, per_matmul=True) == 2 * attention_flops(28, 4096, 2048)
+    assert head_flops(151_936, 1024) == 311_164_928
+    a = anatomy_of("qwen3-0.6b", context=4096)
+    assert a.d_attn == 2048 and a.flops_attention == attention_flops(28, 4096, 2048)
+
+
+def test_one_dtype_table():
+    import torch
+
+    from vocablens.models.dtypes import canonical_dtype, dtype_bytes, torch_dtype
+
+    assert [canonical_dtype(x) for x in ("bf16", "torch.float16", "FP32", torch.float64)] == [
+        "bfloat16", "float16", "float32", "float64"]
+    assert [dtype_bytes(x) for x in ("bf16", "float32", "half", "fp64")] == [2, 4, 2, 8]
+    assert torch_dtype("bf16") is torch.bfloat16 and torch_dtype(None) is None
+    with pytest.raises(BadInput, match="unknown logits dtype 'int8'"):
+        canonical_dtype("int8", "logits dtype")
+
+
+def test_parse_int_list():
+    from vocablens.cli.common import parse_int_list
+
+    assert parse_int_list("0, 10,20,", "--layers") == [0, 10, 20]
+    assert parse_int_list("", "--layers") == [] and parse_int_list(None, "--layers") == []
+    with pytest.raises(BadInput, match="--layers takes comma-separated integers; got '1,x'"):
+        parse_int_list("1,x", "--layers")

@@ -1,8 +1,10 @@
 """CLI end to end (in-process): lens, errors, exit codes."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from vocablens.models.tokens import token_str
 
@@ -57,10 +59,15 @@ def test_prompt_longer_than_context(cli):
     assert code == 2 and "context" in err
 
 
+#: a child Python that imports this checkout's vocablens (not an installed copy)
+_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent / "src"),
+                                                      os.environ.get("PYTHONPATH", "")])}
+
+
 def test_console_script_usage_error_exit_2():
-    p = subprocess.run([sys.executable, "-m", "vocablens", "lens", "show"], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "vocablens", "lens", "show"], capture_output=True, text=True, env=_ENV)
     assert p.returncode == 2
-    p = subprocess.run([sys.executable, "-m", "vocablens", "--help"], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "vocablens", "--help"], capture_output=True, text=True, env=_ENV)
     assert p.returncode == 0 and "lens" in p.stdout and "report" in p.stdout
 
 
@@ -70,3 +77,40 @@ def test_token_str_readable(smollm2):
     assert token_str(tok, nl[0]) == "\\n"
     sp = tok(" king", add_special_tokens=False).input_ids
     assert token_str(tok, sp[0]) == " king"
+
+
+def _readme_python_example() -> str:
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    section = text[text.index("## Python API"):]
+    return section[section.index("```python") + len("```python"):section.index("```\n", section.index("```python") + 9)]
+
+
+def test_readme_python_example_runs(smollm2, monkeypatch, capsys):
+    """README's Python API example runs as written and prints what the model predicts."""
+    import vocablens
+
+    monkeypatch.setattr(vocablens, "load", lambda spec="smollm2", **kw: smollm2)
+    exec(compile(_readme_python_example(), "README.md", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("' Paris']")
+    assert "queen" in lines[1]
+    top1, diff_model, diff_sum = lines[-1].rsplit(" ", 2)
+    assert top1 == " Paris" and abs(float(diff_model) - float(diff_sum)) <= 0.02
+
+
+def test_import_vocablens_is_lazy_and_exposes_entry_points():
+    """`import vocablens` loads no torch; every name in __all__ resolves to its entry point."""
+    code = ("import sys, vocablens; assert 'torch' not in sys.modules, 'torch imported'; "
+            "names = [n for n in vocablens.__all__ if n != '__version__']; "
+            "[getattr(vocablens, n) for n in names]; print(len(names))")
+    src = str(Path(__file__).parent.parent / "src")
+    p = subprocess.run([sys.executable, "-c", code, src], capture_output=True, text=True, env=_ENV)
+    assert p.returncode == 0, p.stderr
+    import vocablens
+
+    assert int(p.stdout) == len(vocablens.__all__) - 1
+    for name in ("load", "logit_lens", "TunedLens", "nearest_neighbors", "find_unargmaxable", "token_logprobs",
+                 "linear_cross_entropy", "expand_vocab", "explain", "Unembedding"):
+        assert name in vocablens.__all__ and callable(getattr(vocablens, name))

@@ -64,6 +64,7 @@ def test_corrupt_gguf_file(tmp_path):
         load(str(bad))
 
 
+@pytest.mark.slow  # copies and parses the real default model's GGUF file
 def test_truncated_copy_of_default_gguf(tmp_path):
     src = default_gguf_path()
     bad = tmp_path / "trunc.gguf"
@@ -121,7 +122,7 @@ def test_gguf_cache_round_trip(tmp_path, monkeypatch, smollm2):
 
 
 def test_cache_off(monkeypatch):
-    from vocablens.models.loading import cache_root
+    from vocablens.models.gguf_cache import cache_root
 
     monkeypatch.setenv("VOCABLENS_CACHE", "off")
     assert cache_root() is None

@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -36,19 +37,126 @@ def test_report_writes_html(cli, report_file):
     assert "Q4_1 GGUF" in html and "Q8_0" in html
 
 
-def test_report_keeps_existing_file_on_error(cli, tmp_path):
+def test_report_keeps_existing_file_when_the_write_fails(cli, tmp_path, monkeypatch):
+    """The page is rendered, then the disk fills up half-way through writing it: the old file stays
+    as it was, no temporary file is left, and the CLI says why (exit 2)."""
+    import errno
+    import pathlib
+
     target = tmp_path / "keep.html"
     target.write_text("precious")
-    code, out, err = cli("report", "--out", target, "--prompt", "")
-    assert code == 2 and target.read_text() == "precious"
+    real_write = pathlib.Path.write_text
+    writes = []
+
+    def full_disk(self, data, *a, **k):
+        if self.parent == tmp_path and self.name.startswith(".keep.html."):
+            writes.append(len(data))
+            real_write(self, data[: len(data) // 2], *a, **k)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, data, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full_disk)
+    code, out, err = cli("report", "--out", target, "--budget", "0.001")
+    assert writes and writes[0] > 100_000  # the whole page (plotly.js inlined) reached the writer
+    assert code == 2 and "disk is full" in err and "Traceback" not in err
+    assert target.read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.html"]
+
+
+def test_plan_shares_the_budget():
+    from vocablens.errors import BadInput
+    from vocablens.report import ORDER, plan_report
+
+    plans = plan_report("m.gguf", 150)
+    assert [p.key for p in plans] == list(ORDER)
+    assert abs(sum(p.budget_s for p in plans) - 150) < 1e-9
+    argmax = next(p for p in plans if p.key == "argmax")
+    assert argmax.budget_s == pytest.approx(67.5) and argmax.command == "vocablens argmax --model m.gguf"
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(BadInput, match="--budget"):
+            plan_report("m", bad)
+
+
+def test_settle_reads_fewer_tokens_on_a_bigger_model():
+    """SmolLM2 (V=49,152, d=576, 30 blocks of 106M weights) reads all 256 tokens in its 33.75 s share
+    at 2e10 FLOP/s; a 0.5B model (151,936 x 896, 24 blocks of 358M weights) reads one row of 128."""
+    from vocablens.report import SETTLE_SEQ_LEN, settle_tokens
+
+    assert settle_tokens(49_152, 576, 30, 106_000_000, 33.75, 15) == 256
+    per_token = 2 * 358_000_000 + 13 * 2 * 151_936 * 896  # 4.26e9 FLOPs: 158 tokens fit
+    assert int(33.75 * 2e10 / per_token) == 158
+    assert settle_tokens(151_936, 896, 24, 358_000_000, 33.75, 12) == 128
+    assert settle_tokens(151_936, 896, 24, 358_000_000, 0.0, 12) == SETTLE_SEQ_LEN  # never less than a row
+    assert settle_tokens(151_936, 896, 24, 358_000_000, 1e4, 12) == 256  # never more than the sample
+
+
+def test_argmax_section_passes_its_budget_and_says_what_is_undecided(smollm2, monkeypatch):
+    import vocablens.argmax as A
+    from vocablens.report import run_report
+
+    seen = {}
+
+    class Fake:
+        def __init__(self, V):
+            self.result = type("R", (), {"verdict": torch.zeros(V, dtype=torch.int8)})()
+            self.result.verdict[:7] = A.UNDECIDED
+
+    def fake(borders, progress=None, time_budget_s=None, **kw):
+        seen["budget"] = time_budget_s
+        progress("gemm", 1, 2)
+        return Fake(borders.vocab_size)
+
+    monkeypatch.setattr(A, "argmax_for_borders", fake)
+    lines = []
+    run = run_report(smollm2, model="smollm2", budget_s=100, only=("argmax",),
+                     progress=lambda d, done, total: lines.append((d, done, total)))
+    assert seen["budget"] == pytest.approx(45.0)
+    why = run.cut_short["argmax"]
+    assert why.startswith("7 tokens left undecided within the 45 s budget")
+    assert "`vocablens argmax --model smollm2`" in why
+    assert lines[0] == ("tokens that can never win (argmax geometry)", 0.0, pytest.approx(45.0))
+    assert ("tokens that can never win (argmax geometry): gemm 1/2", 0.0, pytest.approx(45.0)) in lines
+    assert lines[-1][0] == "done" and lines[-1][1] == pytest.approx(45.0)
+
+
+def test_spent_budget_skips_sections_and_the_page_says_how_to_complete_them(cli, tmp_path):
+    """With no time left after the first sections, the rest are skipped; the page and --json name
+    each one with the command that gives its answer."""
+    target = tmp_path / "short.html"
+    code, out, err = cli("report", "--out", target, "--budget", "0.001", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["anatomy"]["vocab_size"] == 49152 and d["tie_check"]["tied"]  # always run
+    assert set(d["cut_short"]) == {"neighbors", "pca", "lens", "tuned", "argmax", "value_vectors", "explain",
+                                   "settle"}
+    assert d["argmax"] is None and "run `vocablens argmax --model smollm2`" in d["cut_short"]["argmax"]
+    html = target.read_text()
+    assert "budget cut these sections short" in html
+    assert html.count("skipped: the report") == 2 * 8  # the banner and each section
+
+
+def test_display_token_shows_whitespace(smollm2):
+    from vocablens.render.tokens import display_token, special_note, visible
+
+    tok = smollm2.tokenizer
+    ids = {t: tok(t, add_special_tokens=False).input_ids[0] for t in (" Paris", "\n", " ")}
+    assert display_token(tok, ids[" Paris"]) == "␣Paris"
+    assert display_token(tok, ids["\n"]) == "⏎"
+    assert display_token(tok, ids[" "]) == "␣"
+    assert visible("a\tb  c") == "a⇥b␣␣c"
+    note = special_note(tok, [ids[" Paris"], tok.convert_tokens_to_ids("<filename>")])
+    assert note.startswith("<filename>: special tokens")
+    assert special_note(tok, [ids[" Paris"]]) is None
 
 
 @pytest.mark.browser
 def test_report_renders_in_headless_chromium(cli, report_file):
     from matplotlib.image import imread
-    from playwright.sync_api import sync_playwright
 
-    assert CHROMIUM, "Debian's chromium is needed for this test: apt-get install -y chromium"
+    if not CHROMIUM:
+        pytest.skip("Chromium is not installed: apt-get install -y --no-install-recommends chromium")
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    sync_playwright = playwright.sync_playwright
 
     if not report_file.exists():
         code, _, err = cli("report", "--out", report_file)
@@ -59,6 +167,7 @@ def test_report_renders_in_headless_chromium(cli, report_file):
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync"])
         page = browser.new_page(viewport={"width": 1300, "height": 900})
+        page.set_default_timeout(180_000)  # a 5 MB page on a busy 2-core machine
         page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: problems.append(str(e)))
 
@@ -86,3 +195,21 @@ def test_report_renders_in_headless_chromium(cli, report_file):
         browser.close()
     assert problems == [], problems
     assert requests == [], requests
+
+
+def test_final_norm_note_names_the_duplicates():
+    """The "argmaxable: no" rows under the final norm that are exact duplicates are called so, and
+    both probability columns are explained."""
+    from types import SimpleNamespace
+
+    from vocablens.argmax import ARGMAXABLE, DUPLICATE
+    from vocablens.render.report import argmax_notes
+
+    verdict = torch.full((10,), ARGMAXABLE, dtype=torch.int8)
+    verdict[[2, 3, 7]] = DUPLICATE
+    reach = SimpleNamespace(tokens=torch.tensor([2, 3, 5, 7]), argmaxable=torch.tensor([0, 0, 0, 1]))
+    html = argmax_notes(SimpleNamespace(result=SimpleNamespace(verdict=verdict), reach=reach))
+    assert "2 of the 3 tokens marked &quot;no&quot; under the final norm are the exact duplicates" in html
+    assert "&quot;max prob &gt;=&quot; is a probability the token certainly reaches" in html
+    assert "&quot;max prob &lt;=&quot; a proven upper bound" in html
+    assert argmax_notes(SimpleNamespace(result=SimpleNamespace(verdict=verdict), reach=None)) == ""

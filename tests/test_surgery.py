@@ -406,3 +406,38 @@ def test_token_list_reads_ids_and_vocabulary_strings(tiny_tok):
     assert read_token_list(["17", s, "", "  "], tiny_tok) == {17, 300}
     with pytest.raises(BadInput, match="line 1"):
         read_token_list(["not-a-token-\u2603\u2603"], tiny_tok)
+
+
+def test_failed_save_with_force_keeps_the_existing_directory(tiny_tok, tmp_path):
+    """--force replaces ``out`` only once the new directory is complete and checked: a save that
+    fails after writing the weights leaves the old directory exactly as it was, and no temporary."""
+    from vocablens.errors import CheckpointMismatch
+
+    out = tmp_path / "q"
+    out.mkdir()
+    (out / "config.json").write_text("old")
+    m = _tiny("qwen2", len(tiny_tok))
+    ex = expand_vocab(m, tiny_tok, [" objectstatement"])
+    with pytest.raises(CheckpointMismatch):
+        save_model_dir(ex.model, ex.tokenizer, out, force=True, probe_texts=[_corpus()[4][:400]])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]
+    assert [p.name for p in out.iterdir()] == ["config.json"] and (out / "config.json").read_text() == "old"
+
+
+def test_trim_acceptance_rule():
+    """A trim is kept only when tokenization is identical and log-probs agree within 1e-5 nats."""
+    from dataclasses import replace
+
+    from vocablens.errors import VocabLensError
+    from vocablens.surgery import TRIM_LOGPROB_TOLERANCE, TrimVerification, accept_trim
+
+    fields = {f: 0 for f in TrimVerification.__dataclass_fields__}
+    ok = TrimVerification(**{**fields, "tokenization_identical": True, "logprobs_max_abs_diff": 3e-6})
+    accept_trim(ok, 0)
+    assert TRIM_LOGPROB_TOLERANCE == 1e-5
+    for v, mismatches, what in ((ok, 1, "1 corpus documents"),
+                                (replace(ok, tokenization_identical=False), 0, "0 corpus documents"),
+                                (replace(ok, logprobs_max_abs_diff=2e-5), 0, "2.00e-05"),
+                                (replace(ok, logprobs_max_abs_diff=float("nan")), 0, "nan")):
+        with pytest.raises(VocabLensError, match=what):
+            accept_trim(v, mismatches)

@@ -1,18 +1,73 @@
-"""vocablens: the embedding and the unembedding (LM head) of decoder-only language models."""
+"""vocablens: the embedding and the unembedding (LM head) of decoder-only language models.
 
-__version__ = "0.1.0"
+The main entry points, importable from the package root (each is loaded on first use, so
+``import vocablens`` stays fast)::
+
+    import vocablens
+    model, tok, borders, prov = vocablens.load("smollm2")
+    ids = tok("The capital of France is", return_tensors="pt").input_ids
+    lens = vocablens.logit_lens(borders, ids, k=3)          # every layer, last position
+
+Library code inside the package imports from the topic modules (``vocablens.lens``,
+``vocablens.ops`` ...), never from this root (layer rule: only the CLI and users stand above it).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from vocablens.version import __version__
+
+#: public name -> the module that defines it
+_ENTRY_POINTS: dict[str, str] = {
+    # models: loading and the two borders
+    "load": "vocablens.models.loading",
+    "LoadedModel": "vocablens.models.loading",
+    "Borders": "vocablens.models.borders",
+    "Provenance": "vocablens.models.provenance",
+    "Unembedding": "vocablens.models.unembed",
+    # accounting and geometry
+    "anatomy": "vocablens.anatomy",
+    "anatomy_of": "vocablens.anatomy",
+    "tie_check": "vocablens.tying",
+    "nearest_neighbors": "vocablens.geometry",
+    "word_pca": "vocablens.geometry",
+    # reading the residual stream
+    "logit_lens": "vocablens.lens.logit",
+    "TunedLens": "vocablens.lens.tuned",
+    "explain": "vocablens.vocab_space",
+    "project_vectors": "vocablens.vocab_space",
+    "search_token": "vocablens.vocab_space",
+    "settle": "vocablens.vocab_space",
+    # argmax geometry
+    "find_unargmaxable": "vocablens.argmax",
+    "argmax_for_borders": "vocablens.argmax",
+    "softmax_bottleneck": "vocablens.argmax",
+    # computing through the head
+    "token_logprobs": "vocablens.ops",
+    "linear_cross_entropy": "vocablens.ops",
+    "score_ids": "vocablens.score",
+    # surgery
+    "expand_vocab": "vocablens.surgery",
+    "trim_vocab": "vocablens.surgery",
+    "verify_expansion": "vocablens.surgery",
+    "verify_trim": "vocablens.surgery",
+    # the report's plan and runner (the page itself: vocablens.render.report)
+    "run_report": "vocablens.report",
+}
+
+__all__ = ["__version__", *_ENTRY_POINTS]
 
 
-def load(spec="smollm2", dtype=None, device="cpu", trust_remote_code=False):
-    """Load a model with its tokenizer, :class:`Borders` and provenance; see :func:`vocablens.models.load`."""
-    from vocablens.models import load as _load
+def __getattr__(name: str):
+    """Import an entry point on first use (PEP 562) and keep it as a module attribute."""
+    module = _ENTRY_POINTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vocablens' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
-    return _load(spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
 
-
-def __getattr__(name):
-    if name in ("Borders", "Provenance"):
-        from vocablens import models
-
-        return getattr(models, name)
-    raise AttributeError(name)
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

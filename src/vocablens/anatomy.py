@@ -27,28 +27,23 @@ Resolving a config (catalogue, file, directory, GGUF, hub cache) goes through ``
 
 from __future__ import annotations
 
-import copy
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from vocablens.errors import BadInput, CorruptModelFile, ModelNotFound, VocabLensError
+from vocablens.errors import BadInput, CorruptModelFile, VocabLensError
 from vocablens.models.borders import config_value as _cfg
+from vocablens.models.catalogue import catalogue_entry
+from vocablens.models.config import meta_model, resolve_config
+from vocablens.models.dtypes import canonical_dtype, dtype_bytes
+from vocablens.models.flops import attention_flops, attention_shape, head_flops
 
 #: Bytes per parameter for the weight formats :class:`Anatomy` reports.
 WEIGHT_FORMATS: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0, "int4": 0.5}
-#: Bytes per element of a logits tensor, by dtype name.
-LOGITS_DTYPES: dict[str, int] = {
-    "float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float64": 8, "fp64": 8,
-}
 
 DEFAULT_CONTEXT = 4096
 
@@ -194,8 +189,6 @@ def _position_embeddings(model: nn.Module, token_embedding: nn.Module, head: nn.
     return out
 
 
-
-
 def _bytes(n: int, per: float) -> int:
     return int(math.ceil(n * per))
 
@@ -217,11 +210,8 @@ def logits_memory(vocab_size: int, batch: int = 1, context: int = DEFAULT_CONTEX
     """
     if batch < 1 or context < 1:
         raise BadInput(f"--batch and --context must be at least 1; got batch={batch}, context={context}")
-    key = str(dtype).lower().replace("torch.", "")
-    if key not in LOGITS_DTYPES:
-        raise BadInput(f"unknown logits dtype {dtype!r}; use float32, bfloat16, float16 or float64")
-    el = LOGITS_DTYPES[key]
-    canon = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp64": "float64"}.get(key, key)
+    canon = canonical_dtype(dtype, "logits dtype")
+    el = dtype_bytes(canon)
     per = vocab_size * el
     all_ = batch * context * per
     last = batch * per
@@ -285,14 +275,10 @@ def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEF
     non_emb = total - emb - unemb - pos
     n_layers = borders.n_layers
     d_model = borders.d_model
-    heads = _cfg(cfg, "num_attention_heads", "n_head", "num_heads")
-    head_dim = _cfg(cfg, "head_dim")
-    if heads and not head_dim:
-        head_dim = d_model // int(heads)
-    d_attn = int(heads) * int(head_dim) if heads else d_model
-    flops_head = 2 * V * d_emb
+    d_attn = attention_shape(cfg, d_model).d_attn
+    flops_head = head_flops(V, d_emb)
     flops_ne = 2 * non_emb
-    flops_attn = 2 * n_layers * int(context) * d_attn
+    flops_attn = attention_flops(n_layers, context, d_attn)
     fwd = flops_ne + flops_head + flops_attn
     notes: list[str] = []
     n_experts = _cfg(cfg, "num_local_experts", "num_experts", "n_routed_experts")
@@ -320,139 +306,6 @@ def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEF
     )
 
 
-# ---------------------------------------------------------------------------------------- configs
-@dataclass(frozen=True)
-class CatalogueEntry:
-    """One model of the built-in catalogue (``vocablens/data/configs/*.json``).
-
-    Attributes:
-        hub_id: the Hugging Face id (``Qwen/Qwen3-0.6B``).
-        aliases: short names (``qwen3-0.6b``).
-        tokenizer_vocab_size: ``len(tokenizer)`` of the published tokenizer, or None when not recorded.
-        config: the published config.json's architecture values.
-    """
-
-    hub_id: str
-    aliases: tuple[str, ...]
-    tokenizer_vocab_size: int | None
-    config: dict
-
-
-@lru_cache(maxsize=1)
-def catalogue() -> dict[str, CatalogueEntry]:
-    """The built-in catalogue, keyed by hub id (configs only: no weights, no network)."""
-    out: dict[str, CatalogueEntry] = {}
-    root = resources.files("vocablens") / "data" / "configs"
-    for f in sorted(root.iterdir(), key=lambda p: p.name):
-        if not f.name.endswith(".json"):
-            continue
-        d = json.loads(f.read_text())
-        out[d["hub_id"]] = CatalogueEntry(d["hub_id"], tuple(d.get("aliases", ())),
-                                          d.get("tokenizer_vocab_size"), d["config"])
-    return out
-
-
-def catalogue_entry(spec: str) -> CatalogueEntry | None:
-    """The catalogue entry whose hub id or alias is ``spec`` (case-insensitive), or None."""
-    s = str(spec).strip().lower()
-    for e in catalogue().values():
-        if s == e.hub_id.lower() or s in (a.lower() for a in e.aliases):
-            return e
-    return None
-
-
-@lru_cache(maxsize=8)
-def _gguf_config(path: str, mtime_ns: int, size: int):
-    """A GGUF file's config, parsed once per file version (reading the header takes seconds)."""
-    from vocablens.models import load_config
-
-    return load_config(path)
-
-
-def resolve_config(spec: str | os.PathLike) -> tuple[Any, int | None, str]:
-    """A model's config, its tokenizer size when known, and where the config came from.
-
-    Order: the built-in catalogue (hub id or alias), a ``config.json`` file, a model directory, a
-    ``.gguf`` file (or ``smollm2``), and finally a hub id in the local cache — all through
-    :func:`vocablens.models.load_config`, no weights read.
-
-    Returns:
-        ``(config, tokenizer_vocab_size or None, source)``; source is ``catalogue``, ``config``, ``gguf``
-        or ``hub cache``.
-
-    Raises:
-        ModelNotFound: nothing under that spec (the message lists the catalogue's aliases).
-        CorruptModelFile: a file that cannot be read as a config.
-    """
-    from transformers import AutoConfig
-
-    from vocablens.models import load_config, resolve_spec
-
-    entry = catalogue_entry(str(spec))
-    if entry is not None:
-        cfg = AutoConfig.for_model(**entry.config)
-        cfg.name_or_path = entry.hub_id
-        return cfg, entry.tokenizer_vocab_size, "catalogue"
-    p = Path(str(spec)).expanduser()
-    try:
-        kind, path, _hub = resolve_spec(str(spec)) if not (p.is_file() and p.suffix == ".json") else ("json", p, None)
-        if kind == "gguf":
-            st = path.stat()
-            cfg = copy.deepcopy(_gguf_config(str(path), st.st_mtime_ns, st.st_size))
-        else:
-            cfg = load_config(spec)
-    except ModelNotFound:
-        names = ", ".join(sorted(a for e in catalogue().values() for a in e.aliases[:1]))
-        raise ModelNotFound(f"{spec!r} is not a config file, model directory, .gguf file, cached hub id "
-                            f"or a catalogue model ({names})") from None
-    if kind == "json":
-        return cfg, None, "config"
-    if kind == "gguf":
-        # A GGUF file's token list has one entry per matrix row (converters pad it with [PAD] tokens),
-        # so its tokenizer size is V.
-        cfg.name_or_path = str(spec)
-        return cfg, int(cfg.vocab_size), "gguf"
-    if kind == "dir":
-        tvs = _dir_tokenizer_size(path)
-        return cfg, tvs, "config"
-    return cfg, None, "hub cache"
-
-
-def _dir_tokenizer_size(path: Path) -> int | None:
-    tj = path / "tokenizer.json"
-    if not tj.is_file():
-        return None
-    try:
-        d = json.loads(tj.read_text())
-        ids = set(d.get("model", {}).get("vocab", {}).values()) if isinstance(
-            d.get("model", {}).get("vocab"), dict) else set(range(len(d.get("model", {}).get("vocab", []))))
-        ids |= {t["id"] for t in d.get("added_tokens", [])}
-        return len(ids) or None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def meta_model(config) -> nn.Module:
-    """Build a causal LM from its config on the meta device: shapes and sharing, no storage.
-
-    Uses ``with torch.device("meta")`` (which keeps tied heads tied), not accelerate's
-    ``init_empty_weights`` (which, in transformers 5.x, leaves them untied).
-
-    Raises:
-        UnsupportedArchitecture: transformers has no causal-LM class for ``config.model_type``.
-    """
-    from transformers import AutoModelForCausalLM
-
-    from vocablens.errors import UnsupportedArchitecture
-
-    try:
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config)
-    except (ValueError, KeyError) as exc:
-        raise UnsupportedArchitecture(str(getattr(config, "model_type", "?")), "none",
-                                      str(exc).splitlines()[0] if str(exc) else "no causal LM class") from None
-
-
 def anatomy_of(spec: str | os.PathLike, batch: int = 1, context: int = DEFAULT_CONTEXT,
                logits_dtype: str = "float32") -> Anatomy:
     """:func:`anatomy` of a model named by a spec, from its config alone (no weights allocated).
@@ -465,7 +318,7 @@ def anatomy_of(spec: str | os.PathLike, batch: int = 1, context: int = DEFAULT_C
     Raises:
         ModelNotFound, CorruptModelFile, UnsupportedArchitecture, BadInput.
     """
-    from vocablens.models import Borders
+    from vocablens.models.borders import Borders
 
     cfg, tvs, source = resolve_config(spec)
     try:
@@ -483,7 +336,6 @@ def anatomy_of(spec: str | os.PathLike, batch: int = 1, context: int = DEFAULT_C
 
 
 __all__ = [
-    "Anatomy", "LogitsMemory", "CatalogueEntry", "WEIGHT_FORMATS", "LOGITS_DTYPES", "DEFAULT_CONTEXT",
-    "anatomy", "anatomy_of", "catalogue", "catalogue_entry", "count_parameters", "logits_memory", "lookup_bytes",
-    "meta_model", "resolve_config",
+    "Anatomy", "LogitsMemory", "WEIGHT_FORMATS", "DEFAULT_CONTEXT",
+    "anatomy", "anatomy_of", "count_parameters", "logits_memory", "lookup_bytes",
 ]

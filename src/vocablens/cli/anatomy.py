@@ -28,7 +28,8 @@ def anatomy_cmd(
     No weights are read unless --load: the model is built from its config on the meta device.
     With --json: one object for one model, {"models": [...]} for several.
     """
-    from vocablens.anatomy import anatomy, anatomy_of, catalogue_entry, logits_memory
+    from vocablens.anatomy import anatomy, anatomy_of, logits_memory
+    from vocablens.models.catalogue import catalogue_entry
     from vocablens.render.anatomy import print_anatomy
 
     logits_memory(1, batch, context, dtype)  # validates --batch/--context/--dtype before any loading

@@ -16,7 +16,7 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from typer.core import TyperGroup
 
-from vocablens.errors import VocabLensError
+from vocablens.errors import BadInput, VocabLensError
 
 #: stdout: tables and results; stderr: progress, notes and errors (stdout stays pure JSON with --json).
 # Piped output keeps wide tables (rich would fall back to 80 columns); COLUMNS still wins.
@@ -51,6 +51,18 @@ class DefaultCommandGroup(TyperGroup):
         if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
             args = [self.default_command, *args]
         return super().parse_args(ctx, args)
+
+
+def parse_int_list(text: str | None, option: str) -> list[int]:
+    """``"0,10, 20"`` -> ``[0, 10, 20]`` (None or blank -> ``[]``): the CLI's one parser of integer lists.
+
+    Raises:
+        BadInput: an item that is not an integer (the message names ``option``, e.g. ``--layers``).
+    """
+    try:
+        return [int(x) for x in str(text or "").split(",") if x.strip()]
+    except ValueError:
+        raise BadInput(f"{option} takes comma-separated integers; got {text!r}") from None
 
 
 def emit_json(obj: Any) -> None:

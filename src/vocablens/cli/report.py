@@ -1,22 +1,21 @@
-"""`vocablens report`: the main job — analyses of one model in a self-contained HTML file."""
+"""`vocablens report`: the main job — analyses of one model in a self-contained HTML file.
+
+The plan (sections, their time budgets, what to say when one is cut short) is the library's
+(:mod:`vocablens.report`); the page is :mod:`vocablens.render.report`. This command parses, shows
+progress on stderr and prints.
+"""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Callable
+from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out
 from vocablens.errors import BadInput
-
-DEFAULT_PROMPT = "The capital of France is"
-#: tokens whose neighbours the report shows (single tokens in most English vocabularies)
-REPORT_NEIGHBOR_TOKENS = (" king", " Paris", " three", " Monday", " dog", " happy")
-#: tokens whose strongest promoting FFN value vectors the report shows
-REPORT_PROBE_TOKENS = (" three", " Monday", " France", " red")
+from vocablens.report import DEFAULT_BUDGET_S, DEFAULT_PROMPT
 
 
 @app.command("report")
@@ -25,25 +24,19 @@ def report(
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt for the lens sections.")] = DEFAULT_PROMPT,
     out_path: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("vocablens-report.html"),
     lens_path: Annotated[str, typer.Option("--lens", help="Tuned-lens directory (default: the lens shipped for the model, if any).")] = "",
+    budget: Annotated[float, typer.Option("--budget", help="Seconds for all analyses (shared out over the sections; "
+                                                           "loading and writing come on top).")] = DEFAULT_BUDGET_S,
+    progress: Annotated[bool, typer.Option("--progress", help="Show progress on stderr even with --json.")] = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
-    """Write one self-contained HTML report (plotly inlined) and print a terminal summary."""
-    from vocablens import vocab_space as vs
-    from vocablens.anatomy import anatomy
-    from vocablens.argmax import argmax_for_borders
-    from vocablens.render.argmax import argmax_section, argmax_to_dict
-    from vocablens.corpus import load_documents, pack_tokens
-    from vocablens.render import vocab_space as rv
-    from vocablens.geometry import nearest_neighbors, word_pca
-    from vocablens.lens import logit_lens
-    from vocablens.render.anatomy import anatomy_section, anatomy_table
-    from vocablens.render.geometry import neighbors_section, neighbors_tables, neighbors_to_dict, pca_section
-    from vocablens.models.tokens import context_length, encode_prompt
-    from vocablens.render.borders import borders_section, borders_table
-    from vocablens.render.lens import lens_section, lens_table
-    from vocablens.render.report import render_report, stamp, write_atomic
-    from vocablens.tying import tie_check
+    """Write one self-contained HTML report (plotly inlined) and print a terminal summary.
+
+    Every section runs within its share of --budget; the page lists the ones cut short and the
+    command that completes each.
+    """
+    from vocablens.report import plan_report, run_report
+    from vocablens.render.report import cut_short_html, render_report, report_sections, stamp, write_atomic
 
     if not prompt.strip():
         raise BadInput("empty prompt: give some text with --prompt")
@@ -52,155 +45,113 @@ def report(
         raise BadInput(f"--out {out_path} is a directory; give a file name")
     if not out_path.parent.exists():
         raise BadInput(f"--out: directory {out_path.parent} does not exist")
+    plan_report(model, budget)  # validates --budget before loading
+    quiet = json_ and not progress
     timings: dict[str, float] = {}
     t_all = time.perf_counter()
-    t0 = time.perf_counter()
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
-    timings["load"] = time.perf_counter() - t0
-    tok, borders, prov = lm.tokenizer, lm.borders, lm.provenance
-    ids = encode_prompt(tok, prompt, context_length(lm.model.config))
-
-    results: dict = {}
-    sections = []
-    steps: list[tuple[str, Callable[[], None]]] = []
-
-    def step_borders():
-        tie = tie_check(borders)
-        results["tie"] = tie
-        sections.append(borders_section(borders, tie, prov))
-
-    def step_lens():
-        res = logit_lens(borders, ids, positions="all", k=5)
-        results["lens"] = res
-        sections.append(lens_section(res, tok, prompt))
-
-    def step_anatomy():
-        a = anatomy(borders, name=prov.name)
-        results["anatomy"] = a
-        sections.append(anatomy_section([a]))
-
-    def step_neighbors():
-        queries = [q for q in REPORT_NEIGHBOR_TOKENS if len(tok(q, add_special_tokens=False).input_ids) >= 1]
-        nb = nearest_neighbors(borders, tok, queries, k=8)
-        results["neighbors"] = nb
-        sections.append(neighbors_section(nb, tok))
-
-    def step_pca():
-        wp = word_pca(borders, tok)
-        results["pca"] = wp
-        sections.append(pca_section(wp))
-
-    def step_value_vectors():
-        # first the strongest promoter of a few probe tokens, then a random sample of 2 per layer
-        lead_l, lead_n, probes = [], [], []
-        for q in REPORT_PROBE_TOKENS:
-            q_ids = tok(q, add_special_tokens=False).input_ids
-            if len(q_ids) != 1:
-                continue
-            found = vs.search_token(borders, q_ids[0], k=1)
-            lead_l.append(int(found.promote_layers[0]))
-            lead_n.append(int(found.promote_neurons[0]))
-            probes.append(q)
-        layers, neurons = vs.sample_neurons(borders, 2, seed=0)
-        res = vs.project_vectors(borders, lead_l + layers, lead_n + neurons, k=8)
-        results["value_vectors"] = res
-        note = (f"The first {len(probes)} rows are the value vectors that most promote "
-                + ", ".join(repr(q) for q in probes)
-                + " (reverse search over all layers); then a random sample of 2 neurons per layer:")
-        sections.append(rv.value_vectors_section(res, tok, note=note))
-
-    def step_explain():
-        e = vs.explain(borders, ids)
-        results["explain"] = e
-        sections.append(rv.explanation_section(e, tok, prompt))
-
-    def step_settle():
-        rows = pack_tokens(load_documents("pydoc-topics", max_docs=8), tok, 128, max_tokens=256)
-        res = vs.settle(borders, rows, min_layer=borders.n_layers // 2)
-        results["settle"] = res
-        sections.append(rv.settle_section(res))
-
-    def step_tuned():
-        from vocablens.errors import CheckpointMismatch
-        from vocablens.lens.tuned import load_for_model
-        from vocablens.render.html import Section, esc
-        from vocablens.render.tuned import tuned_lens_section
-
-        try:
-            lens = load_for_model(borders, model, lens_path or None)
-        except (BadInput, CheckpointMismatch) as exc:
-            if lens_path:
-                raise
-            results["tuned"] = None
-            sections.append(Section("tuned-lens", "Tuned lens", (
-                f"<p class='note'>No tuned lens for this model ({esc(exc)}). Train one with "
-                f"<code>vocablens lens train --model {esc(model)} --out DIR</code> and pass "
-                f"<code>--lens DIR</code>.</p>")))
-            return
-        results["tuned"] = logit_lens(borders, ids, positions="all", k=5, translator=lens)
-        from vocablens.lens.logit import lens_pair
-
-        sections.append(tuned_lens_section(*lens_pair(borders, ids[0], lens), tok, lens.info()))
-
-    def step_argmax():
-        ma = argmax_for_borders(borders)
-        results["argmax"] = ma
-        sections.append(argmax_section(ma, tok))
-
-    steps += [
-        ("anatomy", step_anatomy),
-        ("borders and tied check", step_borders),
-        ("embedding neighbours", step_neighbors),
-        ("3-D PCA of word embeddings", step_pca),
-        ("logit lens", step_lens),
-        ("tuned lens", step_tuned),
-        ("tokens that can never win (argmax geometry)", step_argmax),
-        ("value vectors in vocabulary space", step_value_vectors),
-        ("what built the prediction", step_explain),
-        ("where predictions settle", step_settle),
-    ]
-
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                  console=err, transient=True, disable=json_) as progress:
-        task = progress.add_task("analyses", total=len(steps))
-        for name, fn in steps:
-            progress.update(task, description=name)
-            t0 = time.perf_counter()
-            fn()
-            timings[name] = time.perf_counter() - t0
-            progress.advance(task)
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=quiet)
+    timings["load"] = time.perf_counter() - t_all
+    with _ProgressBar(disabled=quiet) as bar:
+        run = run_report(lm, model=model, prompt=prompt, lens_path=lens_path or None, budget_s=budget,
+                         progress=bar.update)
+    for s in run.sections:
+        timings[s.plan.title] = s.seconds
+    if not quiet:
+        err.print("[dim]writing the page ...[/dim]")
+    sections = report_sections(run, lm, model)
+    prov = lm.provenance
     html = render_report(
         f"vocablens report — {prov.name}",
-        [f"Weights: {prov.describe()}", f"Prompt: {prompt!r}", f"Made {stamp()} by vocablens"],
-        sections,
+        [f"Weights: {prov.describe()}", f"Prompt: {prompt!r}",
+         f"Made {stamp()} by vocablens; analyses within a {budget:.0f} s budget"],
+        sections, banner=cut_short_html(run),
     )
     write_atomic(out_path, html)
     timings["total"] = time.perf_counter() - t_all
     if json_:
-        from vocablens.lens import lens_to_dict
-
-        emit_json({
-            "out": str(out_path),
-            "model": prov.to_dict(),
-            "borders": borders.describe(),
-            "anatomy": results["anatomy"].to_dict(),
-            "tie_check": results["tie"].to_dict(),
-            "neighbors": neighbors_to_dict(results["neighbors"], tok),
-            "lens": lens_to_dict(results["lens"], tok),
-            "tuned_lens": lens_to_dict(results["tuned"], tok) if results.get("tuned") is not None else None,
-            "argmax": argmax_to_dict(results["argmax"], tok, per_token=False),
-            "explain": rv.explanation_to_dict(results["explain"], tok),
-            "settle": rv.settle_to_dict(results["settle"]),
-            "sections": [s.id for s in sections],
-            "timings_s": {k: round(v, 3) for k, v in timings.items()},
-        })
+        _emit(run, lm, out_path, sections, timings)
         return
-    out.print(f"[bold]vocablens report[/bold] — {prov.describe()}")
-    out.print(anatomy_table([results["anatomy"]]))
-    out.print(borders_table(borders, results["tie"]))
-    for t in neighbors_tables(results["neighbors"], tok)[:3]:
-        out.print(t)
-    res = results["lens"]
-    out.print(lens_table(res, tok, len(res.positions) - 1, k=3, every=5))
+    _summary(run, lm, out_path, timings)
+
+
+class _ProgressBar:
+    """A rich bar on stderr over the sections' budgets (with an ETA), one line per section when
+    stderr is not a terminal; nothing when disabled."""
+
+    def __init__(self, disabled: bool):
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.disabled = disabled
+        self.live = err.is_terminal and not disabled
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=err,
+                                 transient=True, disable=not self.live)
+        self.task = None
+        self.last = ""
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+    def update(self, description: str, done: float, total: float) -> None:
+        if self.disabled:
+            return
+        if self.live:
+            if self.task is None:
+                self.task = self.progress.add_task(description, total=total)
+            self.progress.update(self.task, description=description, completed=done)
+        elif ":" not in description and description not in (self.last, "done"):  # stages, not sub-steps
+            self.last = description
+            err.print(f"[dim]{description} ...[/dim]")
+
+
+def _emit(run, lm, out_path: Path, sections, timings: dict[str, float]) -> None:
+    from vocablens.lens import lens_to_dict
+    from vocablens.render import vocab_space as rv
+    from vocablens.render.argmax import argmax_to_dict
+    from vocablens.render.geometry import neighbors_to_dict
+
+    tok, r = lm.tokenizer, run.result
+    emit_json({
+        "out": str(out_path),
+        "model": lm.provenance.to_dict(),
+        "borders": lm.borders.describe(),
+        "anatomy": r("anatomy").to_dict() if r("anatomy") is not None else None,
+        "tie_check": r("borders").to_dict() if r("borders") is not None else None,
+        "neighbors": neighbors_to_dict(r("neighbors"), tok) if r("neighbors") is not None else None,
+        "lens": lens_to_dict(r("lens"), tok) if r("lens") is not None else None,
+        "tuned_lens": lens_to_dict(r("tuned"), tok) if r("tuned") is not None else None,
+        "argmax": argmax_to_dict(r("argmax"), tok, per_token=False) if r("argmax") is not None else None,
+        "explain": rv.explanation_to_dict(r("explain"), tok) if r("explain") is not None else None,
+        "settle": rv.settle_to_dict(r("settle")) if r("settle") is not None else None,
+        "sections": [s.id for s in sections],
+        "cut_short": run.cut_short,
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+    })
+
+
+def _summary(run, lm, out_path: Path, timings: dict[str, float]) -> None:
+    from vocablens.render.anatomy import anatomy_table
+    from vocablens.render.borders import borders_table
+    from vocablens.render.geometry import neighbors_tables
+    from vocablens.render.lens import lens_table
+
+    tok, r = lm.tokenizer, run.result
+    out.print(f"[bold]vocablens report[/bold] — {lm.provenance.describe()}")
+    if r("anatomy") is not None:
+        out.print(anatomy_table([r("anatomy")]))
+    if r("borders") is not None:
+        out.print(borders_table(lm.borders, r("borders")))
+    if r("neighbors") is not None:
+        for t in neighbors_tables(r("neighbors"), tok)[:3]:
+            out.print(t)
+    res = r("lens")
+    if res is not None:
+        out.print(lens_table(res, tok, len(res.positions) - 1, k=3, every=5))
+    for key, why in run.cut_short.items():
+        out.print(f"[yellow]cut short[/yellow] {run.get(key).plan.title}: {why}")
     out.print(f"wrote [bold]{out_path}[/bold] ({out_path.stat().st_size / 2**20:.1f} MiB) in "
               f"{timings['total']:.1f} s (load {timings['load']:.1f} s)")

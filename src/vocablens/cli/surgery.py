@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, status
-from vocablens.errors import BadInput, VocabLensError
+from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out, status
+from vocablens.errors import BadInput
 
 OutOpt = Annotated[str, typer.Option("--out", "-o", help="Output directory (a Hugging Face model directory).")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")]
@@ -49,14 +49,12 @@ def expand(
     from vocablens.surgery import expand_vocab, verify_expansion
     from vocablens.surgery.io import check_out, chunk_texts, heldout_texts, save_model_dir
 
-    if not out_dir:
-        raise BadInput("--out DIR is required")
+    out_path = check_out(out_dir, force)
     tokens = list(add or []) + (_read_lines(add_file) if add_file else [])
     if not tokens:
         raise BadInput("no tokens to add: give --add TOKEN (repeatable) or --add-file FILE")
     if eval_texts < 1 or eval_chars < 10:
         raise BadInput("--eval-texts must be >= 1 and --eval-chars >= 10")
-    out_path = check_out(out_dir, force)
     texts = chunk_texts([eval_text], eval_texts, eval_chars) if eval_text.strip() else \
         heldout_texts(eval_corpus, eval_texts, eval_chars)
     lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
@@ -75,7 +73,7 @@ def expand(
     if json_:
         emit_json({"model": lm.provenance.to_dict(), "out": str(out_path), **{k: record[k] for k in ("expansion", "verification")}})
     else:
-        print_expand(res, v, out_path, lm.provenance)
+        print_expand(res, v, out_path, out, lm.provenance)
 
 
 @app.command("trim")
@@ -97,12 +95,11 @@ def trim(
     from vocablens.surgery import corpus_token_ids, trim_vocab, verify_trim
     from vocablens.surgery.io import check_out, save_model_dir
     from vocablens.surgery.trim import read_token_list, tokenization_mismatches
+    from vocablens.surgery.verify import accept_trim
 
-    if not out_dir:
-        raise BadInput("--out DIR is required")
+    out_path = check_out(out_dir, force)
     if not corpus and not token_list:
         raise BadInput("give --corpus F (or --token-list F): the tokens to keep")
-    out_path = check_out(out_dir, force)
     texts = [d.text for d in load_documents(corpus, max_docs=max_docs or None)] if corpus else []
     token_lines = _read_lines(token_list) if token_list else []
     lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
@@ -115,10 +112,7 @@ def trim(
         v = verify_trim(lm.model, lm.tokenizer, tr.model, tr.tokenizer, tr.kept_old_ids, checks,
                         max_tokens=verify_tokens)
         mismatches = tokenization_mismatches(lm.tokenizer, tr.tokenizer, tr.kept_old_ids, texts)
-    if mismatches or not v.tokenization_identical or not v.logprobs_max_abs_diff <= 1e-5:
-        raise VocabLensError(
-            f"the trimmed model does not reproduce the original ({mismatches} corpus documents tokenized "
-            f"differently; max |Δ log-prob| {v.logprobs_max_abs_diff:.2e}); nothing written")
+    accept_trim(v, mismatches)
     vocab_map = {"kept_old_ids": tr.kept_old_ids, "old_to_new": {str(o): n for n, o in enumerate(tr.kept_old_ids)},
                  "rows_before": tr.result.rows_before}
     record = {"command": "trim", "source_model": lm.provenance.to_dict(), "corpus": corpus or None,
@@ -131,5 +125,5 @@ def trim(
                    "trim": tr.result.to_dict(), "verification": {**v.to_dict(), "corpus_documents_checked": len(texts),
                                                                   "corpus_documents_tokenized_differently": mismatches}})
     else:
-        print_trim(tr.result, v, out_path, lm.provenance, corpus_docs=len(texts), corpus_docs_different=mismatches)
+        print_trim(tr.result, v, out_path, out, lm.provenance, corpus_docs=len(texts), corpus_docs_different=mismatches)
     err.print(f"[dim]id map: {out_path / 'vocab_map.json'}[/dim]") if not json_ else None

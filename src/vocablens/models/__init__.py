@@ -1,16 +1,16 @@
-"""Layer 1: everything that knows about model families, files and the default model."""
+"""Layer 1: everything that knows about model families, files and the default model.
+
+Modules: ``spec`` (where a spec points), ``config`` (a config without weights, meta models),
+``catalogue`` (built-in configs), ``provenance``, ``gguf_cache``, ``loading`` (:func:`load`),
+``borders`` (the family adapter), ``unembed`` (the one unembedding), ``blocks``, ``tokens``,
+``dtypes`` (the one dtype table), ``flops`` (attention shape and FLOP counts).
+"""
 
 from vocablens.models.borders import Borders, untrained_rows
-from vocablens.models.loading import (
-    DEFAULT_MODEL,
-    LoadedModel,
-    Provenance,
-    default_gguf_path,
-    gguf_provenance,
-    load,
-    load_config,
-    resolve_spec,
-)
+from vocablens.models.config import load_config
+from vocablens.models.loading import LoadedModel, load
+from vocablens.models.provenance import Provenance, gguf_provenance
+from vocablens.models.spec import DEFAULT_MODEL, default_gguf_path, resolve_spec
 
 __all__ = [
     "Borders", "untrained_rows", "DEFAULT_MODEL", "LoadedModel", "Provenance", "default_gguf_path",

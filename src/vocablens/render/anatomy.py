@@ -132,8 +132,11 @@ def params_figure(results: Sequence[Anatomy]):
         if any(vals):
             fig.add_bar(y=names, x=vals, name=label, orientation="h", marker_color=color,
                         hovertemplate="%{y}: %{x:,} " + label + "<extra></extra>")
-    fig.update_layout(barmode="stack", height=160 + 40 * len(results), margin=dict(l=10, r=10, t=30, b=30),
-                      xaxis_title="parameters", legend=dict(orientation="h", y=1.15))
+    # legend above the plot area (never over the bars), in the bars' own left-to-right order
+    fig.update_layout(barmode="stack", height=190 + 40 * len(results), margin=dict(l=10, r=10, t=50, b=40),
+                      xaxis_title="parameters",
+                      legend=dict(orientation="h", traceorder="normal", x=0, xanchor="left", y=1.02,
+                                  yanchor="bottom"))
     return fig
 
 

@@ -14,6 +14,7 @@ from rich.table import Table
 from vocablens.geometry import Neighbors, WordPCA
 from vocablens.models.tokens import token_str, quoted
 from vocablens.render.html import Section, esc, figure_html, table_html
+from vocablens.render.tokens import LEGEND, display_token, visible
 
 _PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2", "#9d755d", "#eeca3b",
             "#ff9da6", "#bab0ac"]
@@ -77,10 +78,10 @@ def print_neighbors(res: Neighbors, tokenizer, console) -> None:
 
 def neighbors_section(res: Neighbors, tokenizer) -> Section:
     """The report's neighbours section: one HTML table per query."""
-    parts = [f"<p>{esc(_header(res))}</p><div class='cards'>"]
+    parts = [f"<p>{esc(_header(res))}. {esc(LEGEND)}</p><div class='cards'>"]
     for q in res.results:
-        label = token_str(tokenizer, q.query_ids[0]) if q.used == "token" else q.query
-        parts.append(f"<div class='card'><h3>{esc(quoted(label))}</h3>")
+        label = display_token(tokenizer, q.query_ids[0]) if q.used == "token" else visible(q.query)
+        parts.append(f"<div class='card'><h3>{esc(label)}</h3>")
         if q.note:
             parts.append(f"<p class='note'>{esc(q.note)}</p>")
         headers = ["#"]
@@ -90,7 +91,7 @@ def neighbors_section(res: Neighbors, tokenizer) -> Section:
         for r in range(res.k):
             row: list = [r + 1]
             for lst in q.lists:
-                row += [quoted(token_str(tokenizer, int(lst.ids[r]))), f"{float(lst.cosines[r]):.3f}"]
+                row += [display_token(tokenizer, int(lst.ids[r])), f"{float(lst.cosines[r]):.3f}"]
             rows.append(row)
         parts.append(table_html(headers, rows) + "</div>")
     parts.append("</div>")
@@ -111,15 +112,19 @@ def pca_figure(wp: WordPCA):
     order = list(dict.fromkeys(wp.groups))
     fig = go.Figure()
     for view, coords in (("pca", p.coords), ("random", p.random_coords)):
+        labelled = _outermost(coords, wp.groups, order)
         for gi, g in enumerate(order):
             idx = [i for i, gg in enumerate(wp.groups) if gg == g]
             xyz = coords[idx].tolist()
+            # every word on hover; a fixed label only on each group's outermost word, so the dense
+            # centre stays readable
             fig.add_trace(go.Scatter3d(
                 x=[c[0] for c in xyz], y=[c[1] for c in xyz], z=[c[2] for c in xyz],
-                mode="markers+text", text=[wp.words[i] for i in idx], name=g, legendgroup=g,
-                showlegend=(view == "pca"), visible=(view == "pca"),
-                marker=dict(size=4, color=_PALETTE[gi % len(_PALETTE)]), textfont=dict(size=10),
-                hovertemplate="%{text} (" + g + ")<extra></extra>",
+                mode="markers+text", text=[wp.words[i] if i in labelled else "" for i in idx],
+                hovertext=[wp.words[i] for i in idx], name=g, legendgroup=g,
+                showlegend=(view == "pca"), visible=(view == "pca"), textposition="top center",
+                marker=dict(size=5, color=_PALETTE[gi % len(_PALETTE)]), textfont=dict(size=11),
+                hovertemplate="%{hovertext} (" + g + ")<extra></extra>",
             ))
     G = len(order)
     ev, rev = p.explained_variance.tolist(), p.random_explained_variance.tolist()
@@ -137,14 +142,37 @@ def pca_figure(wp: WordPCA):
                    {"title.text": _title(wp, "random"), **axes("random", rev)}]),
     ]
     fig.update_layout(
-        title=dict(text=_title(wp, "PCA"), font=dict(size=14)), height=620, margin=dict(l=0, r=0, t=50, b=0),
-        updatemenus=[dict(type="buttons", direction="right", x=0.0, y=1.0, xanchor="left", yanchor="top",
-                          buttons=buttons, showactive=True, active=0)],
-        scene=dict(xaxis_title=f"PC 1 ({100 * ev[0]:.1f}% var.)", yaxis_title=f"PC 2 ({100 * ev[1]:.1f}% var.)",
+        title=dict(text=_title(wp, "PCA"), font=dict(size=14), x=0.01, y=0.98, yanchor="top"),
+        height=660, margin=dict(l=0, r=0, t=80, b=0),
+        updatemenus=[dict(type="buttons", direction="right", x=0.0, y=1.0, xanchor="left", yanchor="bottom",
+                          pad=dict(t=0, b=4), buttons=buttons, showactive=True, active=0)],
+        # the scene keeps clear of the title and buttons; the camera sits far enough out that
+        # the cube and its axis titles fit inside the figure at every rotation
+        scene=dict(domain=dict(x=[0.0, 0.84], y=[0.0, 0.94]), aspectmode="cube",
+                   camera=dict(eye=dict(x=1.5, y=1.5, z=0.9), center=dict(x=0, y=0, z=-0.05)),
+                   xaxis_title=f"PC 1 ({100 * ev[0]:.1f}% var.)", yaxis_title=f"PC 2 ({100 * ev[1]:.1f}% var.)",
                    zaxis_title=f"PC 3 ({100 * ev[2]:.1f}% var.)"),
-        legend=dict(itemsizing="constant"),
+        legend=dict(itemsizing="constant", x=0.86, y=0.5, yanchor="middle"),
     )
     return fig
+
+
+def _outermost(coords, groups, order, min_gap: float = 0.18) -> set[int]:
+    """The words that keep a fixed label: per group its word farthest from the centre of all words,
+    kept only when no other kept label lies within ``min_gap`` of the scene's extent (the dense
+    centre keeps hover text only, so labels never pile into a blob)."""
+    centre = coords.mean(0)
+    dist = (coords - centre).norm(dim=1)
+    gap = min_gap * float((coords.max(0).values - coords.min(0).values).norm())
+    candidates = []
+    for g in order:
+        idx = [i for i, gg in enumerate(groups) if gg == g]
+        candidates.append(max(idx, key=lambda i: float(dist[i])))
+    kept: list[int] = []
+    for i in sorted(candidates, key=lambda i: -float(dist[i])):
+        if all(float((coords[i] - coords[j]).norm()) >= gap for j in kept):
+            kept.append(i)
+    return set(kept)
 
 
 def _title(wp: WordPCA, view: str) -> str:
@@ -162,7 +190,8 @@ def pca_section(wp: WordPCA, div_id: str = "pca-3d") -> Section:
     text = (f"Embedding rows (W_E) of {len(wp.words)} common words in {len(set(wp.groups))} groups. "
             f"PCA is fitted on these rows only (centred on their mean): the top three directions keep "
             f"{100 * float(p.explained_variance.sum()):.1f}% of their variance, three random orthonormal "
-            f"directions {100 * float(p.random_explained_variance.sum()):.1f}%. Drag to rotate; the buttons switch views.")
+            f"directions {100 * float(p.random_explained_variance.sum()):.1f}%. Labels mark each group's outermost word where "
+            f"they do not overlap; hover any point for its word. Drag to rotate; the buttons switch views.")
     if wp.skipped:
         text += f" Skipped (several tokens here): {', '.join(wp.skipped)}."
     return Section(id="pca", title="Word embeddings in 3-D", html=f"<p>{esc(text)}</p>" + figure_html(pca_figure(wp), div_id))

@@ -47,17 +47,19 @@ def lens_heatmap(res: LensResult, tokenizer, title: str | None = None):
     position, colour = its probability; hover shows the top-k with probabilities."""
     import plotly.graph_objects as go
 
+    from vocablens.render.tokens import display_token
+
     P = len(res.positions)
-    in_toks = [token_str(tokenizer, res.input_ids[int(p)]) for p in res.positions]
+    in_toks = [display_token(tokenizer, res.input_ids[int(p)]) for p in res.positions]
     xlabels = [f"{j}: {t}" for j, t in zip(res.positions.tolist(), in_toks)]
     z, text, hover = [], [], []
     ylabels = []
     for ly in res.layers:
         ylabels.append(str(ly.layer))
         z.append([float(ly.top_probs[j, 0]) for j in range(P)])
-        text.append([token_str(tokenizer, int(ly.top_ids[j, 0])) for j in range(P)])
+        text.append([display_token(tokenizer, int(ly.top_ids[j, 0])) for j in range(P)])
         hover.append([
-            "<br>".join(f"'{token_str(tokenizer, int(i))}': {float(p):.3f}"
+            "<br>".join(f"{display_token(tokenizer, int(i))}: {float(p):.3f}"
                         for i, p in zip(ly.top_ids[j], ly.top_probs[j]))
             + f"<br>entropy {float(ly.entropy[j]):.2f} nats, KL to final {float(ly.kl_to_final[j]):.2f}"
             for j in range(P)
@@ -78,12 +80,13 @@ def lens_heatmap(res: LensResult, tokenizer, title: str | None = None):
 def lens_section(res: LensResult, tokenizer, prompt: str):
     """Report section: the logit-lens heatmap of the report's prompt and the last position's table."""
     from vocablens.render.html import Section, esc, figure_html, table_html
+    from vocablens.render.tokens import LEGEND, display_token, special_note
 
     last = len(res.positions) - 1
     rows = []
     for ly in res.layers:
         rows.append([ly.layer,
-                     ", ".join(f"'{token_str(tokenizer, int(i))}' {float(p):.3f}"
+                     ", ".join(f"{display_token(tokenizer, int(i))} {float(p):.3f}"
                                for i, p in zip(ly.top_ids[last][:5], ly.top_probs[last][:5])),
                      f"{float(ly.entropy[last]):.3f}", f"{float(ly.kl_to_final[last]):.3f}",
                      int(ly.final_top1_rank[last])])
@@ -91,7 +94,9 @@ def lens_section(res: LensResult, tokenizer, prompt: str):
         f'<p>Prompt: <span class="tok">{esc(prompt)}</span>. Each layer\'s residual stream is decoded through '
         f"the final norm and the LM head (nostalgebraist 2020). Layer 0 is the embedding output, layer "
         f"{res.n_layers} the last block's output; its row equals the model's own distribution "
-        f"(max |&Delta;p| = {res.model_max_abs_diff:.1e}).</p>"
+        f"(max |&Delta;p| = {res.model_max_abs_diff:.1e}). {esc(LEGEND)}</p>"
+        + "".join(f"<p class='note'>{esc(n)}</p>" for n in [special_note(
+            tokenizer, [int(i) for ly in res.layers for i in ly.top_ids[:, 0].tolist()])] if n)
         + figure_html(lens_heatmap(res, tokenizer), "logit-lens-heatmap")
         + "<p class=\"note\">Last position, every layer:</p>"
         + table_html(["layer", "top tokens", "entropy (nats)", "KL(final‖layer) (nats)", "rank of final top-1"], rows)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import tempfile
+import re
 from pathlib import Path
 
+from vocablens.files import atomic_write, publish_mode  # noqa: F401  (publish_mode: old import path)
 from vocablens.render.html import Section, esc
 
 _CSS = """
@@ -32,11 +33,14 @@ code,.tok{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;background:#f3
 .figure{margin:8px 0}
 .cards{display:flex;flex-wrap:wrap;gap:6px 22px;align-items:flex-start}
 .card h3{margin:8px 0 2px 0;font-size:15px}
+.budget{background:#fff8e6;border:1px solid #f0d48a;border-radius:8px;padding:8px 16px;margin:18px 0;font-size:13px}
+.cut{color:#8a5a00}
 """
 
 
-def render_report(title: str, subtitle_lines: list[str], sections: list[Section]) -> str:
-    """The whole report as one HTML string: header, navigation, sections, inlined plotly.js."""
+def render_report(title: str, subtitle_lines: list[str], sections: list[Section], banner: str = "") -> str:
+    """The whole report as one HTML string: header, navigation, ``banner`` (trusted HTML, e.g.
+    :func:`cut_short_html`), sections, inlined plotly.js."""
     from plotly.offline import get_plotlyjs
 
     nav = "".join(f'<a href="#{esc(s.id)}">{esc(s.title)}</a>' for s in sections)
@@ -48,36 +52,106 @@ def render_report(title: str, subtitle_lines: list[str], sections: list[Section]
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{esc(title)}</title><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
         f"<style>{_CSS}</style><script type=\"text/javascript\">{get_plotlyjs()}</script></head><body>"
-        f"<header><h1>{esc(title)}</h1>{sub}</header><nav>{nav}</nav><main>{body}</main></body></html>"
+        f"<header><h1>{esc(title)}</h1>{sub}</header><nav>{nav}</nav><main>{banner}{body}</main></body></html>"
     )
 
 
-def publish_mode(tmp: str | os.PathLike) -> None:
-    """Give a temporary file the usual permissions (0666 minus the umask): ``mkstemp`` makes it 0600,
-    and the rename would carry that onto the user's file."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
+def report_sections(run, lm, model: str) -> list[Section]:
+    """The page's sections from a :class:`vocablens.report.ReportRun`, in its order.
+
+    A section that was skipped becomes a short note saying how to get it; one that was cut short
+    shows its result followed by what was left and the command that completes it.
+    """
+    from vocablens.render import vocab_space as rv
+    from vocablens.render.anatomy import anatomy_section
+    from vocablens.render.argmax import argmax_section
+    from vocablens.render.borders import borders_section
+    from vocablens.render.geometry import neighbors_section, pca_section
+    from vocablens.render.lens import lens_section
+    from vocablens.render.tuned import tuned_lens_section
+
+    tok, borders = lm.tokenizer, lm.borders
+    out: list[Section] = []
+    for sr in run.sections:
+        key, res = sr.plan.key, sr.result
+        if res is None and (key != "tuned" or sr.cut_short):
+            out.append(Section(key.replace("_", "-"), sr.plan.title[:1].upper() + sr.plan.title[1:],
+                               f"<p class='note cut'>{_prose(sr.cut_short or sr.note or 'not available')}</p>"))
+            continue
+        if key == "anatomy":
+            sec = anatomy_section([res])
+        elif key == "borders":
+            sec = borders_section(borders, res, lm.provenance)
+        elif key == "neighbors":
+            sec = neighbors_section(res, tok)
+        elif key == "pca":
+            sec = pca_section(res)
+        elif key == "lens":
+            sec = lens_section(res, tok, run.prompt)
+        elif key == "tuned":
+            sec = (tuned_lens_section(*sr.extra["pair"], tok, sr.extra["lens"].info()) if res is not None
+                   else Section("tuned-lens", "Tuned lens", (
+                       f"<p class='note'>No tuned lens for this model ({esc(sr.note)}). Train one with "
+                       f"<code>vocablens lens train --model {esc(model)} --out DIR</code> and pass "
+                       f"<code>--lens DIR</code>.</p>")))
+        elif key == "argmax":
+            sec = argmax_section(res, tok)
+            sec = Section(sec.id, sec.title, sec.html + argmax_notes(res))
+        elif key == "value_vectors":
+            sec = rv.value_vectors_report_section(sr.extra["searches"], res, sr.extra["interp"], tok)
+        elif key == "explain":
+            sec = rv.explanation_section(res, tok, run.prompt)
+        else:
+            sec = rv.settle_section(res)
+        if sr.cut_short:
+            sec = Section(sec.id, sec.title, sec.html + f"<p class='note cut'>Cut short: {_prose(sr.cut_short)}.</p>")
+        out.append(sec)
+    return out
+
+
+def argmax_notes(ma) -> str:
+    """What the argmax section's final-norm table means: its "no" rows that are exact duplicates,
+    and the two probability columns."""
+    from vocablens.argmax import DUPLICATE
+
+    parts = []
+    reach = ma.reach
+    if reach is not None and len(reach.tokens):
+        no = [int(t) for q, t in enumerate(reach.tokens.tolist()) if int(reach.argmaxable[q]) == 0]
+        dups = [t for t in no if int(ma.result.verdict[t]) == DUPLICATE]
+        if dups:
+            parts.append(
+                f"{len(dups)} of the {len(no)} tokens marked \"no\" under the final norm are the exact "
+                "duplicates listed above: bit-identical rows always tie, so none of them can be a strict "
+                "argmax. They count as \"duplicate\", not as \"unargmaxable\", in the verdict table.")
+        parts.append(
+            "Under the final norm, \"max prob >=\" is a probability the token certainly reaches at some "
+            "hidden state the norm can produce (found by search, so a lower bound on its best case), and "
+            "\"max prob <=\" a proven upper bound on the highest probability it can ever get.")
+    return "".join(f"<p class='note'>{esc(p)}</p>" for p in parts)
+
+
+def _prose(text: str) -> str:
+    """Escaped text with `backquoted` commands as ``<code>``."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", esc(text))
+
+
+def cut_short_html(run) -> str:
+    """The banner at the top of the page: the time budget and each section that was cut short."""
+    items = "".join(f"<li><b>{esc(s.plan.title)}</b>: {_prose(s.cut_short)}</li>" for s in run.sections if s.cut_short)
+    head = (f"All sections ran within the report's {run.budget_s:.0f} s budget ({run.seconds:.0f} s)."
+            if not items else
+            f"The report's {run.budget_s:.0f} s budget cut these sections short ({run.seconds:.0f} s in all):")
+    return f"<div class='budget'><p>{esc(head)}</p>" + (f"<ul>{items}</ul>" if items else "") + "</div>"
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write text to ``path`` through a temporary file in the same directory and a rename.
+    """Write the report's HTML to ``path`` through :func:`vocablens.files.atomic_write`.
 
     Raises:
-        OSError: the directory does not exist or is not writable (the target is untouched).
+        WriteFailed: the directory is missing, read-only or full (the target is untouched).
     """
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        publish_mode(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, text)
 
 
 def stamp() -> str:

@@ -51,9 +51,9 @@ def expand_verification_table(res: ExpandResult, v: ExpandVerification) -> Table
     return t
 
 
-def print_expand(res: ExpandResult, v: ExpandVerification, out_path, provenance=None) -> None:
-    from vocablens.cli.common import out
-
+def print_expand(res: ExpandResult, v: ExpandVerification, out_path, console, provenance=None) -> None:
+    """Print what ``expand`` did and its verification on a rich ``console`` (the CLI's stdout)."""
+    out = console
     if provenance is not None:
         out.print(f"[dim]model: {provenance.describe()}[/dim]")
     out.print(new_tokens_table(res))
@@ -89,10 +89,10 @@ def trim_table(res: TrimResult, v: TrimVerification) -> Table:
     return t
 
 
-def print_trim(res: TrimResult, v: TrimVerification, out_path, provenance=None,
+def print_trim(res: TrimResult, v: TrimVerification, out_path, console, provenance=None,
                corpus_docs: int | None = None, corpus_docs_different: int = 0) -> None:
-    from vocablens.cli.common import out
-
+    """Print what ``trim`` saved and its equality check on a rich ``console`` (the CLI's stdout)."""
+    out = console
     if provenance is not None:
         out.print(f"[dim]model: {provenance.describe()}[/dim]")
     out.print(trim_table(res, v))

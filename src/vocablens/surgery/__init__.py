@@ -15,11 +15,12 @@ from vocablens.surgery.expand import (
 )
 from vocablens.surgery.trim import TrimResult, Trimmed, corpus_token_ids, plan_bpe_trim, trim_vocab
 from vocablens.surgery.verify import (
-    ExpandVerification, TrimVerification, verify_expansion, verify_trim,
+    TRIM_LOGPROB_TOLERANCE, ExpandVerification, TrimVerification, accept_trim, verify_expansion, verify_trim,
 )
 
 __all__ = [
     "INIT_METHODS", "ExpandResult", "Expansion", "NewToken", "expand_vocab", "init_rows",
     "TrimResult", "Trimmed", "corpus_token_ids", "plan_bpe_trim", "trim_vocab",
-    "ExpandVerification", "TrimVerification", "verify_expansion", "verify_trim",
+    "ExpandVerification", "TrimVerification", "verify_expansion", "verify_trim", "accept_trim",
+    "TRIM_LOGPROB_TOLERANCE",
 ]

@@ -3,16 +3,14 @@ and pick held-out texts from a corpus.
 
 The directory holds ``model.safetensors`` (+ ``config.json``, ``generation_config.json``) and the
 tokenizer files, so ``AutoModelForCausalLM.from_pretrained(out)`` and ``AutoTokenizer.from_pretrained(out)``
-reload it with no vocablens code. It is written to a temporary sibling directory and renamed into
-place; an existing ``out`` is replaced only with ``force``.
+reload it with no vocablens code. It is written through :func:`vocablens.files.atomic_dir` (a
+temporary sibling directory renamed into place); an existing ``out`` is replaced only with ``force``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,13 @@ from vocablens.errors import BadInput, OutputExists
 
 
 def check_out(out: str | os.PathLike, force: bool) -> Path:
-    """Raise :class:`OutputExists` when ``out`` exists and ``force`` is off; returns the path."""
+    """Raise :class:`OutputExists` when ``out`` exists and ``force`` is off; returns the path.
+
+    Raises:
+        BadInput: no ``out`` given, or ``out`` is a file. OutputExists: as above.
+    """
+    if not str(out or "").strip():
+        raise BadInput("--out DIR is required")
     p = Path(out).expanduser()
     if p.exists() and not force:
         raise OutputExists(f"{p} exists; pass --force to replace it (nothing written)")
@@ -86,33 +90,17 @@ def save_model_dir(model, tokenizer, out: str | os.PathLike, force: bool = False
             encodes differently (transformers picks tokenizer classes by ``model_type``); nothing
             is written.
     """
+    from vocablens.files import atomic_dir
+
     p = check_out(out, force)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=p.parent))
-    try:
+    with atomic_dir(p) as tmp:
         _drop_gguf_quantizer(model)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         _check_tokenizer_reload(tmp, tokenizer, probe_texts)
         for name, obj in (extra_json or {}).items():
             (tmp / name).write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)
-        for f in tmp.iterdir():
-            os.chmod(f, 0o666 & ~umask)
-        check_out(p, force)
-        if p.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{p.name}.old-", dir=p.parent))
-            os.rmdir(old)
-            os.rename(p, old)
-            os.rename(tmp, p)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, p)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        check_out(p, force)  # again: something may have appeared at ``out`` while we wrote
     return p
 
 

@@ -243,3 +243,26 @@ def verify_trim(old_model, old_tokenizer, new_model, new_tokenizer, kept_old_ids
         logprobs_max_abs_diff=dp, dropped_mass=float(torch.cat(dropped).mean()),
         perplexity_before=math.exp(nb / cnt), perplexity_after=math.exp(na / cnt),
     )
+
+
+#: the largest |Δ log-prob| (nats) a trimmed model may differ from the original by (float32 rounding)
+TRIM_LOGPROB_TOLERANCE = 1e-5
+
+
+def accept_trim(v: TrimVerification, documents_tokenized_differently: int,
+                tol: float = TRIM_LOGPROB_TOLERANCE) -> None:
+    """The acceptance rule of a trim: the trimmed model must reproduce the original.
+
+    Accepted when every corpus document tokenizes the same (ids mapped), the check texts tokenize
+    the same, and the log-probabilities over the kept tokens (renormalised) differ by at most
+    ``tol`` nats. A NaN difference is a rejection.
+
+    Raises:
+        VocabLensError: the rule fails; the message says by how much (the caller writes nothing).
+    """
+    from vocablens.errors import VocabLensError
+
+    if documents_tokenized_differently or not v.tokenization_identical or not v.logprobs_max_abs_diff <= tol:
+        raise VocabLensError(
+            f"the trimmed model does not reproduce the original ({documents_tokenized_differently} corpus "
+            f"documents tokenized differently; max |Δ log-prob| {v.logprobs_max_abs_diff:.2e}); nothing written")

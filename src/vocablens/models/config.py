@@ -1,0 +1,140 @@
+"""A model's config without its weights: from a file, a directory, a GGUF header, the hub cache or
+the built-in catalogue, and a meta-device model built from it (shapes and sharing, no storage).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vocablens.errors import CorruptModelFile, ModelNotFound
+from vocablens.models.catalogue import catalogue_entry, catalogue_names
+from vocablens.models.spec import DEFAULT_MODEL, hub_kwargs, reading, resolve_spec
+
+
+def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False):
+    """Load only a model's config (no weights): default model, directory, config.json, ``.gguf`` or hub id.
+
+    Raises:
+        ModelNotFound, CorruptModelFile.
+    """
+    from transformers import AutoConfig
+
+    spec_s = DEFAULT_MODEL if spec is None else str(spec)
+    p = Path(spec_s).expanduser()
+    if p.is_file() and p.suffix == ".json":
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CorruptModelFile(f"cannot read config {p}: {exc}") from None
+        mt = data.get("model_type")
+        if not mt:
+            raise CorruptModelFile(f"{p} has no model_type")
+        try:
+            return AutoConfig.for_model(**data)
+        except Exception as exc:
+            raise CorruptModelFile(f"cannot build a config from {p}: {exc}".splitlines()[0]) from None
+    kind, path, hub = resolve_spec(spec_s)
+    with reading(spec_s, kind, hub, "read the config of"):
+        if kind == "gguf":
+            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        if kind == "dir":
+            return AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        return AutoConfig.from_pretrained(hub, trust_remote_code=trust_remote_code, **hub_kwargs(hub))
+
+
+@lru_cache(maxsize=8)
+def _gguf_config(path: str, mtime_ns: int, size: int):
+    """A GGUF file's config, parsed once per file version (reading the header takes seconds)."""
+    return load_config(path)
+
+
+def resolve_config(spec: str | os.PathLike) -> tuple[Any, int | None, str]:
+    """A model's config, its tokenizer size when known, and where the config came from.
+
+    Order: the built-in catalogue (hub id or alias), a ``config.json`` file, a model directory, a
+    ``.gguf`` file (or ``smollm2``), and finally a hub id in the local cache — all through
+    :func:`vocablens.models.load_config`, no weights read.
+
+    Returns:
+        ``(config, tokenizer_vocab_size or None, source)``; source is ``catalogue``, ``config``, ``gguf``
+        or ``hub cache``.
+
+    Raises:
+        ModelNotFound: nothing under that spec (the message lists the catalogue's aliases).
+        CorruptModelFile: a file that cannot be read as a config.
+    """
+    from transformers import AutoConfig
+
+    entry = catalogue_entry(str(spec))
+    if entry is not None:
+        cfg = AutoConfig.for_model(**entry.config)
+        cfg.name_or_path = entry.hub_id
+        return cfg, entry.tokenizer_vocab_size, "catalogue"
+    p = Path(str(spec)).expanduser()
+    try:
+        kind, path, _hub = resolve_spec(str(spec)) if not (p.is_file() and p.suffix == ".json") else ("json", p, None)
+        if kind == "gguf":
+            st = path.stat()
+            cfg = copy.deepcopy(_gguf_config(str(path), st.st_mtime_ns, st.st_size))
+        else:
+            cfg = load_config(spec)
+    except ModelNotFound:
+        raise ModelNotFound(f"{spec!r} is not a config file, model directory, .gguf file, cached hub id "
+                            f"or a catalogue model ({catalogue_names()})") from None
+    if kind == "json":
+        return cfg, None, "config"
+    if kind == "gguf":
+        # A GGUF file's token list has one entry per matrix row (converters pad it with [PAD] tokens),
+        # so its tokenizer size is V.
+        cfg.name_or_path = str(spec)
+        return cfg, int(cfg.vocab_size), "gguf"
+    if kind == "dir":
+        tvs = _dir_tokenizer_size(path)
+        return cfg, tvs, "config"
+    return cfg, None, "hub cache"
+
+
+def _dir_tokenizer_size(path: Path) -> int | None:
+    tj = path / "tokenizer.json"
+    if not tj.is_file():
+        return None
+    try:
+        d = json.loads(tj.read_text())
+        ids = set(d.get("model", {}).get("vocab", {}).values()) if isinstance(
+            d.get("model", {}).get("vocab"), dict) else set(range(len(d.get("model", {}).get("vocab", []))))
+        ids |= {t["id"] for t in d.get("added_tokens", [])}
+        return len(ids) or None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def meta_model(config) -> nn.Module:
+    """Build a causal LM from its config on the meta device: shapes and sharing, no storage.
+
+    Uses ``with torch.device("meta")`` (which keeps tied heads tied), not accelerate's
+    ``init_empty_weights`` (which, in transformers 5.x, leaves them untied).
+
+    Raises:
+        UnsupportedArchitecture: transformers has no causal-LM class for ``config.model_type``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from vocablens.errors import UnsupportedArchitecture
+
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config)
+    except (ValueError, KeyError) as exc:
+        raise UnsupportedArchitecture(str(getattr(config, "model_type", "?")), "none",
+                                      str(exc).splitlines()[0] if str(exc) else "no causal LM class") from None
+
+
+__all__ = ["load_config", "resolve_config", "meta_model"]

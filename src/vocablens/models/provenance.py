@@ -1,0 +1,157 @@
+"""Provenance: where a model's weights came from and how they were stored, read from the files.
+
+A GGUF file's header gives the model name, the file type and each tensor group's storage type; a
+model directory's ``config.json`` gives its dtype or quantization method.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vocablens.errors import CorruptModelFile
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a model's weights came from and how they were stored.
+
+    Attributes:
+        spec: what the user asked for (``smollm2``, a path, a hub id).
+        name: a human name for the model (``SmolLM2-135M-Instruct``).
+        source: the file or directory the weights were read from.
+        format: ``gguf``, ``safetensors``, ``pytorch`` or ``config`` (no weights).
+        quantization: one phrase read from the files (``Q4_1 GGUF``, ``bf16 safetensors``).
+        tensor_types: storage type of tensor groups, e.g. ``{"token_embd": "Q8_0", "blocks": "Q4_1"}``.
+        dequantized: whether the weights were dequantized on load.
+        dtype: the torch dtype of the loaded parameters (``float32``).
+    """
+
+    spec: str
+    name: str
+    source: str
+    format: str
+    quantization: str
+    tensor_types: dict[str, str] = field(default_factory=dict)
+    dequantized: bool = False
+    dtype: str = ""
+    loaded_from: str = ""
+
+    def describe(self) -> str:
+        """One line for every output: ``SmolLM2-135M-Instruct, Q4_1 GGUF, dequantized``."""
+        parts = [self.name, self.quantization]
+        if self.dequantized:
+            parts.append("dequantized")
+        line = ", ".join(p for p in parts if p)
+        if self.tensor_types:
+            line += " (" + ", ".join(f"{k} {v}" for k, v in self.tensor_types.items()) + ")"
+        if self.dtype:
+            line += f" -> {self.dtype}"
+        return line + f"; from {self.source}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "name": self.name,
+            "source": self.source,
+            "format": self.format,
+            "quantization": self.quantization,
+            "tensor_types": dict(self.tensor_types),
+            "dequantized": self.dequantized,
+            "dtype": self.dtype,
+            "loaded_from": self.loaded_from or self.source,
+            "description": self.describe(),
+        }
+
+
+_GGUF_NAME_SUFFIXES = ("-Q", ".Q", "-q", ".q", "-F16", ".F16", "-f16", ".f16", "-BF16", ".BF16", "-F32", ".F32")
+
+
+def gguf_provenance(path: Path, spec: str) -> Provenance:
+    """Read a GGUF file's header: model name, file type and the storage type of each tensor group.
+
+    Raises:
+        CorruptModelFile: the file is not a readable GGUF file.
+    """
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(path))
+    except Exception as exc:  # gguf raises ValueError/struct.error/... on a bad file
+        raise CorruptModelFile(f"cannot read GGUF file {path}: {exc}".splitlines()[0]) from None
+    groups: dict[str, Counter] = {}
+    for t in reader.tensors:
+        name = t.name
+        if name.startswith("token_embd"):
+            g = "embedding"
+        elif name.startswith("output."):
+            g = "lm_head"
+        elif "norm" in name:
+            g = "norms"
+        elif name.startswith("blk."):
+            g = "blocks"
+        else:
+            g = "other"
+        groups.setdefault(g, Counter())[t.tensor_type.name] += 1
+    tensor_types = {
+        g: "/".join(k for k, _ in c.most_common()) for g, c in groups.items() if g != "other"
+    }
+    # The file's headline type: general.file_type when present, else the blocks' type.
+    file_type = None
+    ft = reader.fields.get("general.file_type")
+    if ft is not None:
+        try:
+            from gguf import LlamaFileType
+
+            file_type = LlamaFileType(int(ft.parts[ft.data[0]][0])).name.replace("MOSTLY_", "")
+        except Exception:
+            file_type = None
+    if not file_type:
+        file_type = tensor_types.get("blocks", "unknown")
+    stem = path.name[: -len(".gguf")] if path.name.endswith(".gguf") else path.stem
+    name = stem
+    for suf in _GGUF_NAME_SUFFIXES:
+        i = stem.find(suf)
+        if i > 0:
+            name = stem[:i]
+            break
+    return Provenance(
+        spec=spec,
+        name=name,
+        source=str(path),
+        format="gguf",
+        quantization=f"{file_type} GGUF",
+        tensor_types=tensor_types,
+        dequantized=True,
+    )
+
+
+def dir_provenance(path: Path, spec: str) -> Provenance:
+    files = {p.name for p in path.iterdir()} if path.is_dir() else set()
+    fmt = "safetensors" if any(f.endswith(".safetensors") for f in files) else (
+        "pytorch" if any(f.endswith(".bin") for f in files) else "config"
+    )
+    quant = ""
+    cfg_path = path / "config.json"
+    name = path.name
+    if cfg_path.is_file():
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CorruptModelFile(f"cannot read {cfg_path}: {exc}") from None
+        qc = cfg.get("quantization_config")
+        if isinstance(qc, dict):
+            quant = f"{qc.get('quant_method', 'quantized')} quantized"
+        else:
+            dt = cfg.get("torch_dtype") or cfg.get("dtype") or ""
+            quant = f"{dt} {fmt}".strip()
+        name = cfg.get("_name_or_path") or name
+        if not name or "/" in str(name) and Path(str(name)).exists():
+            name = path.name
+    return Provenance(spec=spec, name=str(name), source=str(path), format=fmt, quantization=quant)
+
+
+__all__ = ["Provenance", "gguf_provenance", "dir_provenance"]

@@ -1,0 +1,56 @@
+"""Tokens as a reader sees them in figures and tables: whitespace made visible.
+
+A token that is a space looks like an empty cell, and a leading space (the mark of a word-initial
+token in byte-level BPE) vanishes in HTML; so every figure and table shows ``' '`` as ``␣``, a
+newline as ``⏎`` and a tab as ``⇥`` (other control characters as ``\\xNN``). JSON keeps the plain
+text of :func:`vocablens.models.tokens.token_str`.
+"""
+
+from __future__ import annotations
+
+from vocablens.models.tokens import token_str
+
+#: what each whitespace character of a token is shown as (escaped forms from ``token_str`` too)
+VISIBLE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍", "\u00a0": "⍽", "\u3000": "␣"}
+_ESCAPED = {"\\n": "⏎", "\\t": "⇥", "\\r": "␍"}
+#: one line for the page, shown wherever the symbols appear
+LEGEND = "Whitespace in tokens is shown as ␣ (space), ⏎ (newline) and ⇥ (tab)."
+
+
+def visible(text: str) -> str:
+    """``' Paris'`` -> ``'␣Paris'``, ``'\\n'`` -> ``'⏎'``; the text of one token, whitespace visible."""
+    for k, v in _ESCAPED.items():
+        text = text.replace(k, v)
+    return "".join(VISIBLE.get(ch, ch) for ch in text)
+
+
+def display_token(tokenizer, token_id: int) -> str:
+    """One token for a figure or a table: :func:`~vocablens.models.tokens.token_str` with visible
+    whitespace (``'␣Paris'``, ``'⏎'``)."""
+    return visible(token_str(tokenizer, int(token_id)))
+
+
+def display_tokens(tokenizer, ids) -> list[str]:
+    """:func:`display_token` of every id of a list or 1-D tensor."""
+    if hasattr(ids, "flatten"):
+        ids = ids.flatten().tolist()
+    return [display_token(tokenizer, i) for i in ids]
+
+
+def special_note(tokenizer, ids) -> str | None:
+    """One line explaining the tokenizer's special tokens among ``ids`` (e.g. ``<filename>`` in early
+    layers of the logit lens), or None when there are none."""
+    specials = set(getattr(tokenizer, "all_special_ids", []) or [])
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    specials |= {int(i) for i, t in added.items() if getattr(t, "special", False)}
+    if hasattr(ids, "flatten"):
+        ids = ids.flatten().tolist()
+    found = sorted({int(i) for i in ids if int(i) in specials})
+    if not found:
+        return None
+    names = ", ".join(token_str(tokenizer, i) for i in found[:6])
+    return (f"{names}: special tokens of the tokenizer (document and role markers used in training, not "
+            "text); the lens at early layers, before a prediction has formed, often ranks such tokens first.")
+
+
+__all__ = ["VISIBLE", "LEGEND", "visible", "display_token", "display_tokens", "special_note"]
