@@ -77,7 +77,7 @@ def main() -> None:
                             fn(g)
                             best[k] = min(best[k], time.perf_counter() - t0)
                     r_sort, r_hf = best["ours"] / best["sort"], best["ours"] / best["hf"]
-                    filt = f"top-p 0.9" if top_k is None else "top-k 50 + top-p"
+                    filt = "top-p 0.9" if top_k is None else "top-k 50 + top-p"
                     ratios.append((kind, filt, r_sort))
                     print(f"{kind:7} {V:7d} {B:3d} {filt:16} {best['ours'] * 1e3:9.2f} {best['sort'] * 1e3:9.2f} "
                           f"{best['hf'] * 1e3:9.2f} {r_sort:9.3f} {r_hf:8.3f}  {path}", flush=True)

@@ -148,41 +148,51 @@ def _window_plan(s: torch.Tensor, top_k, top_p, min_p, window: int) -> _Plan | N
     return _Plan(ids=ids, probs=w / w.sum(1, keepdim=True))
 
 
-def _top_p_threshold(s: torch.Tensor, p: float, small: int = 2048) -> torch.Tensor:
+def _top_p_threshold(s: torch.Tensor, p: float, small: int = 2048, sample: int = 4096) -> torch.Tensor:
     """Sort-free top-p cut per row, [B]: the largest logit value t among the row's values with
     sum_{s_i >= t} softmax(s)_i >= p.
 
-    A selection by value (quickselect with the midpoint of the remaining values as pivot): the cut
-    lies in a candidate set C with M < p <= M + mass(C), M the mass above C. Each step splits C at
-    the pivot and keeps the half that holds the cut, so the work shrinks with C (about 2V element
-    operations in all, against V log V for a sort); once C has at most ``small`` values, a sort of
-    C alone finishes it.
+    A selection by value: the cut lies in a candidate set C with M < p <= M + mass(C), M the exact
+    mass above C. Each round sorts a strided sample of C (``sample`` values) to estimate where the
+    cumulative mass crosses p, takes two pivots a few standard errors either side of it, measures
+    the exact mass above each (one pass over C) and keeps the part of C that holds the cut
+    (FlashInfer's dual-pivot idea; the pivots only narrow the search, the masses are exact). Once C
+    has at most ``small`` values, a sort of C alone finishes it. A round that cannot narrow C splits
+    it at the midpoint of its values instead.
     """
     lse = torch.logsumexp(s, 1, keepdim=True)
     e = torch.exp(s - lse)
     cut = torch.empty(s.shape[0], dtype=s.dtype)
     for r in range(s.shape[0]):
         c, ec = s[r], e[r]
-        if bool(c[0:1].isinf().any()) or float(c.min()) == -math.inf:
+        if float(c.min()) == -math.inf:
             fin = torch.isfinite(c)
             c, ec = c[fin], ec[fin]
         M = 0.0
-        lo, hi = float(c.min()), float(c.max())
-        while c.numel() > small and lo < hi:
-            t = (lo + hi) / 2
-            if not lo < t <= hi:
-                t = hi
-            up = c >= t
-            m_up = M + float(ec[up].sum())
-            if m_up >= p:
-                c, ec = c[up], ec[up]
-                lo = t
+        while c.numel() > small:
+            n = c.numel()
+            sub_c, sub_e = c[:: max(1, n // sample)], ec[:: max(1, n // sample)]
+            sv, so = torch.sort(sub_c, descending=True)
+            est = M + (n / sub_c.numel()) * sub_e[so].cumsum(0)
+            j = int((est < p).sum())
+            delta = max(16, int(4 * math.sqrt(sub_c.numel())))
+            hi_t, lo_t = sv[max(j - delta, 0)], sv[min(j + delta, sv.numel() - 1)]
+            above_hi, below_lo = c > hi_t, c < lo_t
+            m_hi = M + float(ec[above_hi].sum())
+            if m_hi >= p:
+                keep = above_hi
             else:
-                c, ec = c[~up], ec[~up]
-                M, hi = m_up, t
-            if c.numel() <= small:
-                break
-            lo, hi = float(c.min()), float(c.max())
+                m_lo = m_hi + float(ec[~above_hi & ~below_lo].sum())
+                keep, M = (below_lo, m_lo) if m_lo < p else (~above_hi & ~below_lo, m_hi)
+            if int(keep.sum()) == n:  # no progress: split at the midpoint of the values
+                lo, hi = float(c.min()), float(c.max())
+                if lo == hi:
+                    break
+                t = (lo + hi) / 2
+                up = c >= (t if lo < t <= hi else hi)
+                m_up = M + float(ec[up].sum())
+                keep, M = (up, M) if m_up >= p else (~up, m_up)
+            c, ec = c[keep], ec[keep]
         vals, order = torch.sort(c, descending=True)
         cum = M + ec[order].cumsum(0)
         m = min(int((cum < p).sum()), vals.numel() - 1)
