@@ -7,7 +7,7 @@ actually spent (blocks + K/V fills + lens reads + head) against the full model's
 the full model's, token agreement with full greedy decoding (position by position, and the mean
 length of the agreeing prefix), and the full model's perplexity on the early-exit text (the full
 greedy text's perplexity alongside). The ``candidates`` exit test (the lens on the previous token's
-top-32 rows first) runs for the logit lens at each threshold. The same full-greedy sequences are fed
+top-32 rows first) runs for each lens at each threshold. The same full-greedy sequences are fed
 to ``settle`` (teacher-forced estimate) for comparison, next to Geva et al.'s ~20% saved compute.
 
 The issue asks for 20 prompts x 64 new tokens (the defaults); on a shared 2-core machine run fewer:
@@ -99,7 +99,7 @@ def main() -> None:
     print(hdr)
     rows = []
     configs = [(lens, "full", th) for lens in a.lenses.split(",") for th in ths]
-    configs += [("logit", "candidates", th) for th in ths]
+    configs += [(lens, "candidates", th) for lens in a.lenses.split(",") for th in ths]
     for lens, test, th in configs:
         rule = ExitRule(lens=lens, threshold=th, min_layer=a.min_layer, test=test, candidates=32,
                         tuned=tuned if lens == "tuned" else None)
