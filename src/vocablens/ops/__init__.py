@@ -8,6 +8,7 @@
 * :mod:`~vocablens.ops.logprobs` — chunked log-probabilities of targets, top-k, entropy, logsumexp.
 * :mod:`~vocablens.ops.cross_entropy` (with :mod:`~vocablens.ops.ce_passes`) — a fused chunked
   cross-entropy with backward, never materializing [N, V].
+* :mod:`~vocablens.ops.sampling` — temperature, top-k, top-p, min-p sampling without a full sort.
 * :mod:`~vocablens.ops.vocab_parallel` — vocabulary-parallel embedding and LM head on torch.distributed.
 
 Every log-probability and loss here depends only on logit differences (exact for a target 100+ nats
@@ -19,6 +20,7 @@ from vocablens.ops.embedding import LookupCost, embedding_lookup, lookup_cost
 from vocablens.ops.head import lm_head_last
 from vocablens.ops.cross_entropy import LinearCrossEntropy, linear_cross_entropy
 from vocablens.ops.logprobs import TokenLogprobs, token_logprobs
+from vocablens.ops.sampling import probs_after_filters, sample
 from vocablens.ops.vocab_parallel import (
     VocabParallelEmbedding, VocabParallelLMHead, copy_to_region, reduce_from_region, shard_range, shard_sizes,
     vocab_parallel_argmax, vocab_parallel_cross_entropy, vocab_parallel_embedding, vocab_parallel_gather_logits,
@@ -27,7 +29,7 @@ from vocablens.ops.vocab_parallel import (
 
 __all__ = [
     "LookupCost", "embedding_lookup", "lookup_cost", "lm_head_last",
-    "LinearCrossEntropy", "TokenLogprobs", "linear_cross_entropy", "token_logprobs",
+    "LinearCrossEntropy", "TokenLogprobs", "linear_cross_entropy", "token_logprobs", "probs_after_filters", "sample",
     "VocabParallelEmbedding", "VocabParallelLMHead", "copy_to_region", "reduce_from_region", "shard_range",
     "shard_sizes", "vocab_parallel_argmax", "vocab_parallel_cross_entropy", "vocab_parallel_embedding",
     "vocab_parallel_gather_logits", "vocab_parallel_log_softmax", "vocab_parallel_logits",

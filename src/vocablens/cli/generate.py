@@ -1,0 +1,99 @@
+"""``vocablens generate PROMPT``: KV-cached generation through the borders, with an optional early exit."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model
+from vocablens.errors import BadInput
+
+
+def stop_ids(model, tokenizer) -> list[int]:
+    """EOS ids from the generation config and the tokenizer (generation ends after one)."""
+    ids: set[int] = set()
+    gc = getattr(model, "generation_config", None)
+    for src in (getattr(gc, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(i) for i in src)
+    return sorted(ids)
+
+
+@app.command("generate")
+def generate_cmd(
+    prompt: Annotated[str, typer.Argument(help="Text to continue.")],
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 64,
+    temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy (default).")] = 0.0,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens (ties kept).")] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus: keep the smallest top set with mass >= p.")] = None,
+    min_p: Annotated[Optional[float], typer.Option("--min-p", help="Keep tokens with p >= min_p * p_max.")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed for sampling (same seed, same text).")] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the chat template as a user turn.")] = False,
+    top: Annotated[int, typer.Option("--top", help="Alternatives recorded per token (--json).")] = 5,
+    early_exit: Annotated[Optional[str], typer.Option(
+        "--early-exit", help="Exit each step at the first layer whose lens (logit|tuned) is confident.")] = None,
+    threshold: Annotated[float, typer.Option("--threshold", help="Early exit: top-1 probability to reach.")] = 0.9,
+    min_layer: Annotated[Optional[int], typer.Option(
+        "--min-layer", help="Early exit: first layer checked (default: half the blocks).")] = None,
+    exit_test: Annotated[str, typer.Option(
+        "--exit-test", help="full (lens over all V) or candidates (previous token's top-k rows first).")] = "full",
+    candidates: Annotated[int, typer.Option("--candidates", help="k for --exit-test candidates.")] = 32,
+    lens_path: Annotated[Optional[str], typer.Option("--lens", help="Tuned lens directory (default: the shipped one).")] = None,
+    model: ModelOpt = "smollm2",
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Generate text, streamed to stdout as it comes; notes on stderr; --json for tokens and logprobs."""
+    from vocablens.generate import ExitRule, generate, load_tuned_lens
+    from vocablens.models.tokens import context_length, encode_prompt
+    from vocablens.ops.sampling import check_sampling_args
+    from vocablens.render.generate import TextStream, generation_to_dict, summary_lines
+
+    if max_new_tokens < 1:
+        raise BadInput(f"--max-new-tokens must be at least 1; got {max_new_tokens}")
+    if top < 0:
+        raise BadInput(f"--top must be >= 0; got {top}")
+    try:
+        check_sampling_args(temperature, top_k, top_p, min_p)
+    except BadInput as e:  # name the flags, not the Python arguments
+        msg = str(e)
+        for name in ("temperature", "top_k", "top_p", "min_p"):
+            msg = msg.replace(name, "--" + name.replace("_", "-"), 1) if msg.startswith(name) else msg
+        raise BadInput(msg) from None
+    if early_exit is not None and early_exit not in ("logit", "tuned"):
+        raise BadInput(f"--early-exit must be 'logit' or 'tuned'; got {early_exit!r}")
+    if not 0 < threshold <= 1:
+        raise BadInput(f"--threshold must be in (0, 1]; got {threshold}")
+    if exit_test not in ("full", "candidates"):
+        raise BadInput(f"--exit-test must be 'full' or 'candidates'; got {exit_test!r}")
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    borders, tok = lm.borders, lm.tokenizer
+    ids = encode_prompt(tok, prompt, max_len=context_length(borders.config), chat=chat)
+    rule = None
+    if early_exit is not None:
+        m = borders.n_layers // 2 if min_layer is None else min_layer
+        tuned = load_tuned_lens(borders, model, lens_path) if early_exit == "tuned" else None
+        rule = ExitRule(lens=early_exit, threshold=threshold, min_layer=m, test=exit_test,
+                        candidates=candidates, tuned=tuned)
+        rule.validate(borders.n_layers)
+    stream = TextStream(tok)
+
+    def on_token(t) -> None:
+        if not json_:
+            sys.stdout.write(stream.push(t.id))
+            sys.stdout.flush()
+
+    res = generate(borders, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                   top_p=top_p, min_p=min_p, seed=seed, stop_ids=stop_ids(lm.model, tok), top_n=top,
+                   early_exit=rule, on_token=on_token)
+    if json_:
+        emit_json(generation_to_dict(res, tok))
+        return
+    sys.stdout.write(stream.flush() + "\n")
+    sys.stdout.flush()
+    for line in summary_lines(res):
+        err.print(f"[dim]{line}[/dim]")

@@ -1,0 +1,230 @@
+"""Early exit, executed: stop a decoding step at the first block whose lens read is confident.
+
+At each new token (after the prefill, which runs every block for every prompt position), the stream
+after block l (stream layer l, from ``min_layer`` on) is read through a lens: the logit lens
+(the model's own final norm and head on the intermediate state; nostalgebraist 2020, Geva et al.
+2022 §5.2 for the exit rule) or the tuned lens (Belrose et al. 2023: an affine translator first).
+When the top-1 probability reaches ``threshold``, that read's distribution emits the token and the
+blocks above are skipped.
+
+Skipped layers still owe keys and values to later tokens. We follow CALM's *state propagation*
+(Schuster et al. 2022, §5; google/flaxformer ``calm_t5``, ``only_propagate_state``): the exit
+layer's hidden state is copied upward as the input of every skipped block, and each skipped block
+runs only what writes its cache (input norm, K and V projections, rotary embedding), then returns
+its input unchanged. Every layer's cache therefore has the same length after each step. For
+families whose attention this module does not know (anything but llama / mistral / qwen2 / qwen3)
+the skipped block runs whole and its output is discarded: the same keys and values, no saving.
+
+Cheaper exit test (``test="candidates"``): the lens is first read on the rows of the previous
+token's top-k candidates only (``Unembedding.logits(h, rows=...)``, 2·k·d FLOPs instead of 2·V·d).
+Since softmax over a subset R bounds the full probability from above (p_full(v) <= p_R(v)), a
+subset maximum below the threshold rejects the exit exactly for every token in R; a pass is
+confirmed by one full read. The rule then differs from the full test only when the confident token
+lies outside R (that exit is missed and happens later).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vocablens.errors import BadInput
+
+#: families whose skipped blocks fill their cache with K/V projections only (tested in test_generate)
+KV_ONLY_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def load_tuned_lens(borders, model_spec: str = "smollm2", path=None):
+    """The tuned lens for ``borders`` (the shipped one for ``model_spec`` unless ``path``).
+
+    The only place :mod:`vocablens.generate` imports the tuned lens.
+    """
+    try:
+        from vocablens.lens import load_for_model
+    except ImportError:  # vocablens.lens does not export the loader (yet)
+        from vocablens.lens.tuned import load_for_model
+    return load_for_model(borders, model_spec, path)
+
+
+@dataclass(frozen=True)
+class ExitRule:
+    """When to leave a decoding step early.
+
+    Attributes:
+        lens: ``logit`` or ``tuned``.
+        threshold: exit when the lens top-1 probability is >= this, in (0, 1].
+        min_layer: first stream layer checked (1..L; layer l is the output of block l).
+        test: ``full`` (the lens over all V rows at each checked layer) or ``candidates`` (first the
+            rows of the previous token's top ``candidates`` ids; see the module doc).
+        candidates: k for ``test="candidates"``.
+        tuned: the :class:`~vocablens.lens.tuned.TunedLens` for ``lens="tuned"``.
+    """
+
+    lens: str = "logit"
+    threshold: float = 0.9
+    min_layer: int = 1
+    test: str = "full"
+    candidates: int = 32
+    tuned: Any = field(default=None, repr=False, compare=False)
+
+    def validate(self, n_layers: int) -> None:
+        """Raise :class:`BadInput` naming the bad field."""
+        if self.lens not in ("logit", "tuned"):
+            raise BadInput(f"--early-exit must be 'logit' or 'tuned'; got {self.lens!r}")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) \
+                or not 0 < float(self.threshold) <= 1:
+            raise BadInput(f"--threshold must be in (0, 1]; got {self.threshold}")
+        if isinstance(self.min_layer, bool) or not isinstance(self.min_layer, int) \
+                or not 1 <= self.min_layer <= n_layers:
+            raise BadInput(f"--min-layer must be an int in 1..{n_layers}; got {self.min_layer}")
+        if self.test not in ("full", "candidates"):
+            raise BadInput(f"exit test must be 'full' or 'candidates'; got {self.test!r}")
+        if isinstance(self.candidates, bool) or not isinstance(self.candidates, int) or self.candidates < 1:
+            raise BadInput(f"candidates must be an int >= 1; got {self.candidates}")
+        if self.lens == "tuned" and self.tuned is None:
+            raise BadInput("lens='tuned' needs a tuned lens (see load_tuned_lens)")
+
+
+@dataclass
+class StepRecord:
+    """What one decoding step did: exit layer (L = ran every block), lens reads, cache fills."""
+
+    exit_layer: int
+    full_reads: int = 0
+    row_reads: int = 0
+    kv_fills: int = 0
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def fill_kv_only(block, hidden: torch.Tensor, kwargs: dict) -> bool:
+    """Write block ``block``'s keys and values for ``hidden`` [B, T, d] into the cache passed in
+    ``kwargs`` (``cache`` or ``past_key_values``), running only its input norm, K/V projections,
+    K norm (Qwen3) and rotary embedding. Returns False (nothing written) when the block is not a
+    llama-style one this function knows."""
+    attn = getattr(block, "self_attn", None)
+    norm = getattr(block, "input_layernorm", None)
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    pos = kwargs.get("position_embeddings")
+    if attn is None or norm is None or cache is None or pos is None or not all(
+            hasattr(attn, n) for n in ("k_proj", "v_proj", "layer_idx", "head_dim")):
+        return False
+    x = norm(hidden)
+    B, T, _ = x.shape
+    k = attn.k_proj(x).view(B, T, -1, attn.head_dim)
+    if getattr(attn, "k_norm", None) is not None:
+        k = attn.k_norm(k)
+    k = k.transpose(1, 2)
+    v = attn.v_proj(x).view(B, T, -1, attn.head_dim).transpose(1, 2)
+    cos, sin = pos
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    k = k * cos + _rotate_half(k) * sin
+    cache.update(k, v, attn.layer_idx)
+    return True
+
+
+class ExitController:
+    """Wraps each block's ``forward`` (restored on exit of :meth:`installed`) so that one decoder
+    call runs blocks until the lens is confident, then only fills the skipped blocks' caches.
+
+    Args:
+        borders: the model's borders; rule: a validated :class:`ExitRule`; mask: bool [V] of rows
+            that may be emitted (the real vocabulary).
+    """
+
+    def __init__(self, borders, rule: ExitRule, mask: torch.Tensor | None = None) -> None:
+        rule.validate(borders.n_layers)
+        self.borders, self.rule, self.U = borders, rule, borders.unembedding
+        self.L = borders.n_layers
+        self.mask = mask
+        self.kv_only = borders.family in KV_ONLY_FAMILIES
+        self.on = False
+        self.candidates: torch.Tensor | None = None  # ids for the candidates test
+        self.record: StepRecord | None = None
+        self.logits: torch.Tensor | None = None
+        self._tuple_out = False
+
+    # ------------------------------------------------------------------ the lens
+    def _normed(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        if self.rule.lens == "tuned":
+            h = self.rule.tuned.translate(layer, h)
+        return self.U.normed(h)
+
+    def _masked(self, z: torch.Tensor) -> torch.Tensor:
+        return z if self.mask is None else z.masked_fill(~self.mask.to(z.device), float("-inf"))
+
+    @staticmethod
+    def _top1_prob(z: torch.Tensor) -> float:
+        return float(torch.exp(z.amax(-1) - torch.logsumexp(z, -1)).max())
+
+    def check(self, layer: int, h: torch.Tensor) -> bool:
+        """Read stream layer ``layer`` (h [B, d], last position) and decide whether to exit here."""
+        rec, rule = self.record, self.rule
+        x = self._normed(layer, h)
+        if rule.test == "candidates" and self.candidates is not None:
+            rec.row_reads += 1
+            if self._top1_prob(self.U.logits(x, rows=self.candidates)) < rule.threshold:
+                return False
+        rec.full_reads += 1
+        z = self._masked(self.U.logits(x))
+        if self._top1_prob(z) >= rule.threshold:
+            self.logits = z
+            return True
+        return False
+
+    # ------------------------------------------------------------------ one step
+    def begin(self) -> None:
+        """Arm the controller for the next decoder call (one new token)."""
+        self.on, self.logits = True, None
+        self.record = StepRecord(exit_layer=self.L)
+        self._exit_state: torch.Tensor | None = None
+
+    def end(self, candidates: torch.Tensor | None) -> StepRecord:
+        """Disarm; ``candidates`` [k] are the ids the next step's candidates test reads."""
+        self.on = False
+        self.candidates = candidates
+        return self.record
+
+    def _wrap(self, i: int, orig):
+        layer = i + 1
+
+        def forward(hidden_states, *args, **kwargs):
+            if not self.on:
+                return orig(hidden_states, *args, **kwargs)
+            if self._exit_state is not None:  # a skipped block: propagate the state, fill the cache
+                self.record.kv_fills += 1
+                if not (self.kv_only and fill_kv_only(self.borders.blocks[i], hidden_states, kwargs)):
+                    orig(hidden_states, *args, **kwargs)  # unknown attention: run it, drop the output
+                return (hidden_states,) if self._tuple_out else hidden_states
+            out = orig(hidden_states, *args, **kwargs)
+            self._tuple_out = isinstance(out, tuple)
+            h = out[0] if self._tuple_out else out
+            if self.rule.min_layer <= layer < self.L and self.check(layer, h[:, -1]):
+                self.record.exit_layer = layer
+                self._exit_state = h
+            return out
+
+        return forward
+
+    @contextlib.contextmanager
+    def installed(self):
+        """Install the wrapped forwards on every block for the duration of the block."""
+        blocks = list(self.borders.blocks)
+        for i, blk in enumerate(blocks):
+            blk.forward = self._wrap(i, blk.forward)
+        try:
+            yield self
+        finally:
+            for blk in blocks:
+                if "forward" in blk.__dict__:
+                    del blk.forward
+            self.on = False
+
+
+__all__ = ["ExitController", "ExitRule", "KV_ONLY_FAMILIES", "StepRecord", "fill_kv_only", "load_tuned_lens"]

@@ -1,0 +1,241 @@
+"""The generation loop: prefill with the head at the last position only, then one token per step
+through the model's KV cache, each token read through :attr:`Borders.unembedding`.
+
+Prefill runs the base decoder (``model.get_decoder()``, not the ``*ForCausalLM`` wrapper, so no
+[T, V] logits are made) over the prompt, filling a transformers ``DynamicCache``, and applies the
+unembedding to the last hidden state only: (T-1)·2·V·d head FLOPs are never spent (vLLM's
+``logits_indices``, transformers' ``logits_to_keep``). Each decode step feeds one token.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from vocablens.errors import BadInput, UnsupportedArchitecture
+from vocablens.generate.early_exit import ExitController, ExitRule, StepRecord
+from vocablens.ops.sampling import check_sampling_args, sample
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    """One new token: ``id``, its ``logprob`` (nats) under the distribution that emitted it (the
+    model's, or the exit layer's lens; temperature 1, before any filter), the ``top`` alternatives
+    [(id, logprob)] of that distribution, and ``exit_layer`` (None without early exit)."""
+
+    id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+    exit_layer: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """What :func:`generate` returns.
+
+    Attributes:
+        prompt_ids: [T] int64; tokens: the new tokens, in order.
+        prefill_head_flops_saved: 2·V·d·(T-1), the head FLOPs a full-position prefill would add.
+        time_s: wall time of prefill plus decoding (seconds); prefill_s: the prefill's part.
+        n_layers: L of the model.
+        steps: per decode step, what the early exit did (empty without one).
+        flops: estimated forward FLOPs spent (``blocks``, ``kv_fill``, ``lens``, ``head``, ``total``)
+            and ``full_model`` for the same tokens without early exit (only with early exit).
+    """
+
+    prompt_ids: torch.Tensor
+    tokens: tuple[GeneratedToken, ...]
+    prefill_head_flops_saved: int
+    time_s: float
+    prefill_s: float
+    n_layers: int = 0
+    rule: ExitRule | None = None
+    steps: tuple[StepRecord, ...] = ()
+    flops: dict = field(default_factory=dict)
+
+    @property
+    def ids(self) -> list[int]:
+        return [t.id for t in self.tokens]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.time_s if self.time_s > 0 else float("inf")
+
+
+def base_decoder(borders):
+    """The module that runs embedding + blocks + final norm and returns hidden states (no head)."""
+    model = borders.model
+    dec = model.get_decoder() if callable(getattr(model, "get_decoder", None)) else None
+    if not isinstance(dec, torch.nn.Module) or dec is model or not any(
+            m is borders.blocks[0] for m in dec.modules()):
+        raise UnsupportedArchitecture(borders.family, [type(model).__name__],
+                                      "no base decoder holding the blocks (get_decoder)")
+    return dec
+
+
+def new_cache(model):
+    """An empty transformers ``DynamicCache`` for ``model``."""
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers
+        return DynamicCache()
+
+
+def _cache_kw(decoder) -> str:
+    params = inspect.signature(decoder.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def block_flops(borders, context: float) -> float:
+    """Forward FLOPs of one average block for one token attending ``context`` positions: 2 per weight
+    of its matrices plus 4·H·d_head·context for the scores and the mix."""
+    L = borders.n_layers
+    weights = sum(p.numel() for blk in borders.blocks for p in blk.parameters() if p.dim() >= 2) / L
+    cfg = borders.config
+    H = int(getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 1) or 1)
+    dh = int(getattr(cfg, "head_dim", None) or borders.d_model // H)
+    return 2.0 * weights + 4.0 * H * dh * context
+
+
+def kv_fill_flops(borders) -> float:
+    """FLOPs of one skipped block's K/V fill for one token (2 per weight of k_proj and v_proj)."""
+    attn = getattr(borders.blocks[0], "self_attn", None)
+    n = sum(getattr(attn, m).weight.numel() for m in ("k_proj", "v_proj") if hasattr(attn, m)) if attn else 0
+    return 2.0 * n if n else block_flops(borders, 0)
+
+
+def _step_flops(borders, rule: ExitRule | None, steps, contexts) -> dict:
+    V, d, L = borders.vocab_size, borders.d_emb, borders.n_layers
+    head = 2.0 * V * d
+    read = head + (2.0 * borders.d_model ** 2 if rule is not None and rule.lens == "tuned" else 0.0)
+    k = rule.candidates if rule is not None else 0
+    kv = kv_fill_flops(borders)
+    tot = {"blocks": 0.0, "kv_fill": 0.0, "lens": 0.0, "head": 0.0}
+    full = 0.0
+    for rec, ctx in zip(steps, contexts):
+        bf = block_flops(borders, ctx)
+        tot["blocks"] += rec.exit_layer * bf
+        tot["kv_fill"] += rec.kv_fills * kv
+        tot["lens"] += rec.full_reads * read + rec.row_reads * 2.0 * k * d
+        tot["head"] += head if rec.exit_layer == L else 0.0
+        full += L * bf + head
+    tot["total"] = sum(tot.values())
+    tot["full_model"] = full
+    return tot
+
+
+def _emit(logits: torch.Tensor, tok: int, top_n: int, exit_layer) -> GeneratedToken:
+    lp = torch.log_softmax(logits.float(), -1)
+    n = min(top_n, lp.shape[-1])
+    tv, ti = torch.topk(lp, n) if n else (lp[:0], lp[:0].long())
+    return GeneratedToken(id=tok, logprob=float(lp[tok]),
+                          top=tuple((int(i), float(v)) for i, v in zip(ti.tolist(), tv.tolist())),
+                          exit_layer=exit_layer)
+
+
+def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+             seed: int | None = None, stop_ids=(), top_n: int = 5, early_exit: ExitRule | None = None,
+             on_token: Callable[[GeneratedToken], None] | None = None) -> GenerationResult:
+    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (one sequence).
+
+    Args:
+        borders: the model's :class:`~vocablens.models.Borders`.
+        input_ids: [T] or [1, T] int64 prompt ids.
+        temperature, top_k, top_p, min_p: see :func:`vocablens.ops.sample`; temperature 0 is greedy
+            (equal to transformers' ``generate(do_sample=False)`` token for token).
+        seed: seeds the sampling generator (same seed, same tokens).
+        stop_ids: ids that end generation once emitted (e.g. the tokenizer's EOS).
+        top_n: alternatives recorded per token.
+        early_exit: an :class:`~vocablens.generate.early_exit.ExitRule`, or None for the full model.
+        on_token: called with each :class:`GeneratedToken` as soon as it exists (streaming).
+
+    Returns:
+        :class:`GenerationResult`. Memory: the KV cache, 2·L·(T+N)·kv_dim floats, and one [V] row.
+
+    Raises:
+        BadInput: empty prompt, max_new_tokens < 1, bad sampling or exit arguments, a prompt plus new
+            tokens longer than the model's context.
+    """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise BadInput(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}")
+    if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0:
+        raise BadInput(f"top_n must be an int >= 0; got {top_n!r}")
+    check_sampling_args(temperature, top_k, top_p, min_p)
+    ids = torch.as_tensor(input_ids, dtype=torch.int64).reshape(1, -1).to(borders.device)
+    if ids.shape[1] == 0:
+        raise BadInput("empty prompt: no tokens to continue")
+    ctx = getattr(borders.config, "max_position_embeddings", None)
+    if isinstance(ctx, int) and ids.shape[1] + max_new_tokens > ctx:
+        raise BadInput(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                       f"model's context of {ctx}")
+    U = borders.unembedding
+    mask = U.real_mask
+    if mask is not None and bool(mask.all()):
+        mask = None
+    gen = torch.Generator(device=borders.device).manual_seed(int(seed)) if seed is not None else None
+    dec, model = base_decoder(borders), borders.model
+    cache = new_cache(model)
+    kw = {_cache_kw(dec): cache, "use_cache": True}
+    stop = {int(s) for s in stop_ids}
+    ctl = ExitController(borders, early_exit, mask) if early_exit is not None else None
+    tokens: list[GeneratedToken] = []
+    steps: list[StepRecord] = []
+    contexts: list[int] = []
+
+    def pick(logits: torch.Tensor) -> int:
+        return int(sample(logits, temperature, top_k, top_p, min_p, generator=gen, mask=mask)[0])
+
+    t0 = time.perf_counter()
+    with torch.no_grad(), (ctl.installed() if ctl else _null()):
+        h = dec(input_ids=ids, **kw).last_hidden_state[:, -1]  # [1, d_emb], already normed
+        logits = U.logits(h)
+        prefill_s = time.perf_counter() - t0
+        exit_layer = borders.n_layers if ctl else None
+        while True:
+            tok = pick(logits)
+            t = _emit(logits[0], tok, top_n, exit_layer)
+            tokens.append(t)
+            if on_token is not None:
+                on_token(t)
+            if tok in stop or len(tokens) >= max_new_tokens:
+                break
+            step_in = torch.tensor([[tok]], device=ids.device)
+            if ctl is None:
+                logits = U.logits(dec(input_ids=step_in, **kw).last_hidden_state[:, -1])
+                continue
+            ctl.begin()
+            h = dec(input_ids=step_in, **kw).last_hidden_state[:, -1]
+            logits = ctl.logits if ctl.logits is not None else U.logits(h)
+            if ctl.logits is None and mask is not None:
+                logits = logits.masked_fill(~mask.to(logits.device), float("-inf"))
+            cand = torch.topk(logits[0], min(early_exit.candidates, logits.shape[-1])).indices
+            rec = ctl.end(cand)
+            steps.append(rec)
+            contexts.append(ids.shape[1] + len(tokens))
+            exit_layer = rec.exit_layer
+    T = ids.shape[1]
+    flops = _step_flops(borders, early_exit, steps, contexts) if ctl else {}
+    return GenerationResult(prompt_ids=ids[0].cpu(), tokens=tuple(tokens),
+                            prefill_head_flops_saved=int(2 * U.vocab_size * U.d_emb * (T - 1)),
+                            time_s=time.perf_counter() - t0, prefill_s=prefill_s, n_layers=borders.n_layers,
+                            rule=early_exit,
+                            steps=tuple(steps), flops=flops)
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+__all__ = ["GeneratedToken", "GenerationResult", "base_decoder", "block_flops", "generate", "kv_fill_flops",
+           "new_cache"]
