@@ -147,7 +147,8 @@ def create_app(state: ServerState) -> FastAPI:
         """The model and its provenance, the argmax scan's state, forward passes run so far."""
         d = adapters.health_json(state.lm, state.tuned_note)
         job = state.argmax
-        d["argmax"] = ("done" if job.done else "failed" if job.error else "pending")
+        d["argmax"] = ("off" if not state.want_argmax else "done" if job.done else "failed" if job.error
+                       else "pending")
         d["forward_passes"] = state.forward_passes
         d["max_tokens"] = state.max_tokens
         return JSONResponse(d)
@@ -163,8 +164,10 @@ def create_app(state: ServerState) -> FastAPI:
         with state.lock:
             tuned = state.need_tuned() if req.kind != "logit" else None
             e = state.entry(req.prompt, req.chat)
-            return JSONResponse(cached(e, ("lens", req.kind, req.k),
-                                       lambda: adapters.lens_json(state.lm, e.ids, req.kind, req.k, tuned)))
+            d = cached(e, ("lens", req.kind, req.k),
+                       lambda: adapters.lens_json(state.lm, e.ids, req.kind, req.k, tuned))
+            state.resid(e)  # the clicks that follow read the prompt's residual stream without a forward pass
+            return JSONResponse(d)
 
     @app.post("/api/trajectory")
     def trajectory(req: TrajectoryReq):
@@ -201,10 +204,13 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/api/argmax", responses={202: {"description": "the scan is still running"}})
     def argmax(req: ArgmaxReq):
         """Can this token ever be the top prediction: its verdict from the cached whole-vocabulary scan."""
-        tid = adapters.token_id(state.lm, req.token)
+        with state.lock:  # the tokenizer is shared with the model's requests
+            tid = adapters.token_id(state.lm, req.token)
         job = state.argmax
         if job.error:
             return _err(503, job.error)
+        if not state.want_argmax:
+            return _err(503, "the argmax scan is off (the server was started with --no-argmax)")
         if not job.done:
             return JSONResponse({"status": "pending", "progress": job.progress}, status_code=202)
         return JSONResponse(adapters.argmax_token_json(state.lm, job.ma, job.full, tid))

@@ -118,14 +118,14 @@ class ServerState:
                 raise
             self.tuned, self.tuned_note = None, str(exc)
         self.argmax = ArgmaxJob(lm)
-        self._want_argmax = argmax
+        self.want_argmax = argmax
 
     def _count(self, *_):
         self.forward_passes += 1
 
     def start(self) -> None:
         """Start the background work (the argmax scan)."""
-        if self._want_argmax:
+        if self.want_argmax:
             self.argmax.start()
 
     def entry(self, prompt: str, chat: bool) -> PromptEntry:

@@ -264,11 +264,12 @@ async function loadExplain(pos, tok) {
   } catch (e) { $("attr-summary").textContent = ""; status(e.message, true); }
 }
 
-async function loadNeighbors(id, box) {
+async function loadNeighbors(id, box, onQuery = null) {
   box.replaceChildren(el("span", { class: "dim", text: "…" }));
   try {
     const { data } = await api("/api/neighbors", { token: id, k: 10 });
     const q = data.queries[0];
+    if (onQuery) onQuery(q);
     box.replaceChildren();
     for (const [m, label] of [["input", data.tied ? "embedding = LM head (tied)" : "input embedding"], ["output", "output (LM head)"]]) {
       if (!q[m]) continue;
@@ -283,9 +284,10 @@ async function loadNeighbors(id, box) {
 function selectToken(id, text) {
   S.token = id;
   $("token-panel").hidden = false;
-  $("token-title").replaceChildren(`Token `, el("span", { class: "tok", text: vis(text) }), ` (id ${id})`);
+  const title = (t) => $("token-title").replaceChildren(`Token `, el("span", { class: "tok", text: vis(t) }), ` (id ${id})`);
+  title(text === null ? "…" : text);
   writeURL();
-  loadNeighbors(id, $("tok-neighbors"));
+  loadNeighbors(id, $("tok-neighbors"), text === null ? (q) => title(q.tokens[0]) : null);
   loadArgmax(id);
   loadProject(id);
   $("token-panel").scrollIntoView({ behavior: "smooth", block: "nearest" });
@@ -362,10 +364,10 @@ async function start() {
       const base = lensOf("logit");
       if (u.cell.layer < base.layers.length && u.cell.pos < base.tokens.length) selectCell(u.cell.layer, u.cell.pos);
     }
-    if (u.token !== null) selectToken(u.token, `id ${u.token}`);
   } else {
     $("prompt").focus();
   }
+  if (u.token !== null) selectToken(u.token, null);
 }
 
 start();
