@@ -149,7 +149,7 @@ def test_page_and_assets_come_from_the_package(server):
     assert get(url, "/static/plotly.min.js").decode() == plotly.offline.get_plotlyjs()
     js = get(url, "/static/app.js").decode()
     assert "fetch(" in js and "http" not in js.replace("/api/", "")
-    for path in ("/static/../pyproject.toml", "/static/%2e%2e/app.py", "/static/index.html/..", "/etc/passwd",
+    for path in ("/docs", "/redoc", "/static/../pyproject.toml", "/static/%2e%2e/app.py", "/static/index.html/..", "/etc/passwd",
                  "/static/adapters.py"):
         code, body = _open(urllib.request.Request(url + path))
         assert code == 404 and json.loads(body) == {"error": "Not Found"}, path

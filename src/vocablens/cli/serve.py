@@ -22,7 +22,7 @@ def serve_cmd(
     no_argmax: Annotated[bool, typer.Option("--no-argmax", help="Skip the background argmax scan.")] = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
-    """Serve the explorer page and its JSON API (/docs, /openapi.json); Ctrl-C stops it."""
+    """Serve the explorer page and its JSON API (schema at /openapi.json); Ctrl-C stops it."""
     from vocablens.serve import LOCAL_HOSTS, ServerState, serve
 
     if not 0 <= port <= 65535:

@@ -150,13 +150,15 @@ def trajectory_json(lm, ids: torch.Tensor, resid: torch.Tensor, position: int, t
             if name == "tuned" and tuned is None:
                 out[name] = None
                 continue
-            ranks, probs, top = [], [], []
-            for layer in range(L + 1):
-                lp = layer_logprobs(b, resid[layer, p:p + 1], layer, tr)[0, :real]  # [V_real]
-                ranks.append(int((lp > lp[tid]).sum()))
-                probs.append(float(lp[tid].exp()))
-                top.append(token_str(lm.tokenizer, int(lp.argmax())))
-            out[name] = {"rank": ranks, "prob": probs, "top1": top}
+            h = resid[:, p]  # [L+1, d]
+            if tr is not None:  # the tuned lens's translators act on layers < L only
+                h = torch.cat([torch.stack([tr.translate(ly, h[ly:ly + 1].float())[0].to(h.dtype)
+                                            for ly in range(L)]), h[L:]])
+            # one read of W_U for all layers: rows are independent, and at layer L nothing is translated
+            lp = layer_logprobs(b, h, L)[:, :real]  # [L+1, V_real]
+            tgt = lp[:, tid:tid + 1]
+            out[name] = {"rank": (lp > tgt).sum(-1).tolist(), "prob": tgt[:, 0].exp().tolist(),
+                         "top1": [token_str(lm.tokenizer, i) for i in lp.argmax(-1).tolist()]}
     return _with_model(out, lm)
 
 

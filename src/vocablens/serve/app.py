@@ -101,7 +101,8 @@ def create_app(state: ServerState) -> FastAPI:
         state.start()
         yield
 
-    app = FastAPI(title="vocablens serve", version="1", lifespan=lifespan,
+    # no /docs or /redoc: FastAPI's Swagger and ReDoc pages load their scripts from a CDN
+    app = FastAPI(title="vocablens serve", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="The embedding and the unembedding of one model, explored in the browser. "
                               "Each POST endpoint answers the JSON of the matching CLI command's --json.")
     app.state.vl = state
