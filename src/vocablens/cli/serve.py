@@ -1,0 +1,46 @@
+"""``vocablens serve``: the interactive explorer in the browser (a local web server)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Annotated
+
+import typer
+
+from vocablens.cli.common import ModelOpt, TrustOpt, app, err, load_model
+from vocablens.errors import BadInput
+
+
+@app.command("serve")
+def serve_cmd(
+    model: ModelOpt = "smollm2",
+    host: Annotated[str, typer.Option("--host", help="Address to bind; anything but 127.0.0.1/localhost "
+                                                     "lets others on the network use the model.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8765,
+    lens: Annotated[str, typer.Option("--lens", help="Tuned-lens directory (default: the one shipped for the model).")] = "",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Longest prompt read, in tokens.")] = 128,
+    no_argmax: Annotated[bool, typer.Option("--no-argmax", help="Skip the background argmax scan.")] = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Serve the explorer page and its JSON API (schema at /openapi.json); Ctrl-C stops it."""
+    from vocablens.serve import LOCAL_HOSTS, ServerState, serve
+
+    if not 0 <= port <= 65535:
+        raise BadInput(f"--port must be 0..65535; got {port}")
+    if max_tokens < 1:
+        raise BadInput(f"--max-tokens must be at least 1; got {max_tokens}")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+        except OSError as exc:
+            raise BadInput(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port") from None
+    if host not in LOCAL_HOSTS:
+        err.print(f"[bold yellow]warning:[/bold yellow] listening on {host}: anyone who can reach this machine "
+                  "can use the model; use --host 127.0.0.1 to keep it local")
+    lm = load_model(model, trust_remote_code=trust_remote_code)
+    state = ServerState(lm, model_spec=model, lens_path=lens, max_tokens=max_tokens, argmax=not no_argmax)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"vocablens serve: http://{shown}:{port}/  (Ctrl-C stops)", flush=True)
+    serve(state, host=host, port=port)
+    err.print("[dim]stopped[/dim]")

@@ -1,0 +1,237 @@
+"""Every call the server makes into the library and into the ``--json`` builders, one function per endpoint.
+
+Each function returns the same plain dict the matching CLI command prints with ``--json`` (the CLI
+adds ``"model": provenance``; so do these), so a view in the browser can be reproduced on the command
+line. This is the only module of :mod:`vocablens.serve` that imports analyses or renderers: when those
+move, only the imports below change.
+
+=================  ==========================================================================
+endpoint           CLI equivalent
+=================  ==========================================================================
+``/api/lens``      ``vocablens lens PROMPT --positions all --kind KIND -k K [--chat] --json``
+``/api/neighbors`` ``vocablens neighbors TOKEN -k K --json``
+``/api/explain``   ``vocablens explain PROMPT -p POS -t TARGET [--chat] --json``
+``/api/project``   ``vocablens project --token TOKEN -k K --json``
+``/api/argmax``    one token's entries of ``vocablens argmax --json``
+``/api/trajectory`` the ``final_top1_rank`` / ``final_top1_prob`` columns of ``vocablens lens PROMPT
+                   --positions POS --kind both --json`` when TOKEN is the final top-1, for any token
+=================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from vocablens.errors import BadInput, TokenNotInVocabulary
+from vocablens.geometry import nearest_neighbors
+from vocablens.lens import lens_to_dict, logit_lens
+from vocablens.lens.logit import layer_logprobs, resolve_positions
+from vocablens.models.tokens import context_length, encode_prompt, single_token_id, token_str
+from vocablens.render.argmax import argmax_to_dict
+from vocablens.render.geometry import neighbors_to_dict
+from vocablens.render.vocab_space import explanation_to_dict, search_to_dict
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def clean(o: Any) -> Any:
+    """JSON-ready copy of ``o``: NaN/inf -> None, tensors -> lists (as ``cli.common.emit_json`` does)."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {str(k): clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [clean(v) for v in o]
+    if isinstance(o, torch.Tensor):
+        return clean(o.tolist())
+    if hasattr(o, "item") and callable(o.item):
+        return clean(o.item())
+    return o
+
+
+def _with_model(d: dict, lm) -> dict:
+    return clean({**d, "model": lm.provenance.to_dict()})
+
+
+def encode(lm, prompt: str, chat: bool, max_tokens: int) -> torch.Tensor:
+    """Prompt text -> input ids [1, T] int64, as the CLI encodes it (chat template with ``chat``).
+
+    Raises:
+        BadInput: empty prompt, no chat template; PromptTooLong: over ``max_tokens`` or the context.
+    """
+    from vocablens.errors import PromptTooLong
+
+    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat)
+    if ids.shape[1] > max_tokens:
+        raise PromptTooLong(f"the prompt has {ids.shape[1]} tokens; this server reads at most {max_tokens} "
+                            f"(start it with --max-tokens N for more)")
+    return ids
+
+
+def token_id(lm, token: str | int) -> int:
+    """A single token given as its text (``" Paris"``) or its id -> the id.
+
+    Raises:
+        TokenNotInVocabulary: empty, several tokens, or an id outside the real vocabulary.
+    """
+    real = lm.borders.real_vocab_size
+    if isinstance(token, int):
+        if not 0 <= token < real:
+            raise TokenNotInVocabulary(f"token id {token} is outside the vocabulary 0..{real - 1}")
+        return token
+    ids, note = single_token_id(lm.tokenizer, token, lm.borders.vocab_size)
+    if len(ids) != 1:
+        raise TokenNotInVocabulary(f"{note}; give a single token (e.g. with its leading space)")
+    return int(ids[0])
+
+
+def position(ids: torch.Tensor, position: int) -> int:
+    """A position of the prompt ids [1, T] (negative counts from the end) -> 0..T-1.
+
+    Raises:
+        BadInput: outside [-T, T).
+    """
+    return int(resolve_positions(int(ids.shape[-1]), [position])[0])
+
+
+def token_query(lm, token: str | int) -> str:
+    """The string to look a token up by: the text itself, or for an id its vocabulary entry (exact)."""
+    if isinstance(token, int):
+        token_id(lm, token)
+        return lm.tokenizer.convert_ids_to_tokens(token)
+    if token == "":
+        raise TokenNotInVocabulary("empty token string")
+    return token
+
+
+def load_tuned(lm, model_spec: str, path: str = ""):
+    """The tuned lens (``path``, or the one shipped for ``model_spec``) or None when there is none."""
+    from vocablens.lens.tuned import load_for_model
+
+    return load_for_model(lm.borders, model_spec, path or None)
+
+
+def residual_stream(lm, ids: torch.Tensor) -> torch.Tensor:
+    """One forward pass: the residual stream [L+1, T, d] of one prompt (ids [1, T])."""
+    with torch.no_grad():
+        resid, _ = lm.borders.residual_stream(ids)
+    return resid[:, 0]
+
+
+# ---------------------------------------------------------------------------------------- endpoints
+def lens_json(lm, ids: torch.Tensor, kind: str, k: int, tuned) -> dict:
+    """``/api/lens``: every layer x every position; the dict of ``lens --positions all --json``."""
+    if kind not in ("logit", "tuned", "both"):
+        raise BadInput(f"kind must be logit, tuned or both; got {kind!r}")
+    translators = [None] if kind == "logit" else [tuned] if kind == "tuned" else [None, tuned]
+    results = [logit_lens(lm.borders, ids, positions="all", k=k, translator=t) for t in translators]
+    ds = [lens_to_dict(r, lm.tokenizer) for r in results]
+    d = ds[0] if len(ds) == 1 else {"kind": "both", "logit": ds[0], "tuned": ds[1]}
+    return _with_model(d, lm)
+
+
+def trajectory_json(lm, ids: torch.Tensor, resid: torch.Tensor, position: int, tid: int, tuned) -> dict:
+    """``/api/trajectory``: rank (0 = top) and probability of token ``tid`` at every layer 0..L at one
+    position, through the logit lens and the tuned lens (``tuned`` None: logit only).
+
+    Uses the prompt's cached residual stream ``resid`` [L+1, T, d] (no forward pass); ranks count
+    real tokens only, as ``lens``'s ``final_top1_rank`` does.
+    """
+    T = int(ids.shape[-1])
+    p = int(resolve_positions(T, [position])[0])
+    b = lm.borders
+    L, real = b.n_layers, b.real_vocab_size
+    out: dict[str, Any] = {"tokens": [token_str(lm.tokenizer, i) for i in ids[0].tolist()], "position": p,
+                           "token": token_str(lm.tokenizer, tid), "token_id": tid, "n_layers": L}
+    with torch.no_grad():
+        for name, tr in (("logit", None), ("tuned", tuned)):
+            if name == "tuned" and tuned is None:
+                out[name] = None
+                continue
+            h = resid[:, p]  # [L+1, d]
+            if tr is not None:  # the tuned lens's translators act on layers < L only
+                h = torch.cat([torch.stack([tr.translate(ly, h[ly:ly + 1].float())[0].to(h.dtype)
+                                            for ly in range(L)]), h[L:]])
+            # one read of W_U for all layers: rows are independent, and at layer L nothing is translated
+            lp = layer_logprobs(b, h, L)[:, :real]  # [L+1, V_real]
+            tgt = lp[:, tid:tid + 1]
+            out[name] = {"rank": (lp > tgt).sum(-1).tolist(), "prob": tgt[:, 0].exp().tolist(),
+                         "top1": [token_str(lm.tokenizer, i) for i in lp.argmax(-1).tolist()]}
+    return _with_model(out, lm)
+
+
+def explain_json(lm, ids: torch.Tensor, position: int, tid: int | None) -> dict:
+    """``/api/explain``: the dict of ``explain PROMPT -p POS -t TARGET --json`` (k=5, 5 sub-updates)."""
+    from vocablens import vocab_space as vs
+
+    e = vs.explain(lm.borders, ids, position=position, token_id=tid, k=5, n_sub=5)
+    return _with_model(explanation_to_dict(e, lm.tokenizer), lm)
+
+
+def neighbors_json(lm, query: str, k: int) -> dict:
+    """``/api/neighbors``: the dict of ``neighbors TOKEN -k K --json`` (input and, untied, output rows)."""
+    res = nearest_neighbors(lm.borders, lm.tokenizer, [query], k=k)
+    return _with_model(neighbors_to_dict(res, lm.tokenizer), lm)
+
+
+def project_json(lm, tid: int, k: int) -> dict:
+    """``/api/project``: the dict of ``project --token TOKEN -k K --json``: the FFN value vectors that
+    most promote / suppress the token, with what each promotes."""
+    from vocablens import vocab_space as vs
+
+    b = lm.borders
+    res = vs.search_token(b, tid, k=k, apply_norm_gain=True)
+    layers = res.promote_layers.tolist() + res.suppress_layers.tolist()
+    neurons = res.promote_neurons.tolist() + res.suppress_neurons.tolist()
+    tops = vs.project_vectors(b, layers, neurons, k=min(8, b.real_vocab_size), apply_norm_gain=True)
+    return _with_model(search_to_dict(res, lm.tokenizer, tops), lm)
+
+
+def argmax_scan(lm, progress=None):
+    """The whole-vocabulary argmax scan of ``vocablens argmax`` (defaults): a ``ModelArgmax``."""
+    from vocablens.argmax.model import argmax_for_borders
+
+    return argmax_for_borders(lm.borders, bias="auto", include_padding=False, include_untrained=False,
+                              norm=True, verify="borderline", progress=progress)
+
+
+_SCAN_KEYS = ("vocab_size", "bias", "counts", "padding_rows", "untrained_rows", "unique_rows", "rank",
+              "tolerance", "interrupted", "settled", "verified_f64", "norm_note")
+
+
+def argmax_full_json(lm, ma) -> dict:
+    """The dict ``vocablens argmax --json`` prints (computed once per server from the cached scan)."""
+    return _with_model(argmax_to_dict(ma, lm.tokenizer), lm)
+
+
+def argmax_token_json(lm, ma, full: dict, tid: int) -> dict:
+    """``/api/argmax``: one token's entries of ``argmax --json``: its verdict and margin (per_token), its
+    full record when flagged (certificate's combination, reason), its duplicate group, its reachable
+    probability under the final norm when probed, the stage that settled it, and the scan's summary."""
+    from vocablens.argmax.exact import STAGES
+
+    names = full["per_token"]["verdict_names"]
+    flagged = {it["id"]: it for it in full["unargmaxable"] + full["undecided"]}
+    st = int(ma.result.stage[tid])
+    rec: dict[str, Any] = {"id": tid, "token": token_str(lm.tokenizer, tid),
+                           "verdict": names[full["per_token"]["verdict"][tid]],
+                           "stage": STAGES[st] if st >= 0 else None,
+                           "margin": full["per_token"]["margin"][tid]}
+    rec.update(flagged.get(tid, {}))
+    rec["duplicates"] = next((g for g in full["duplicates"] if tid in g["ids"]), None)
+    norm = full["norm"]
+    rec["norm"] = None if norm is None else next((t for t in norm["tokens"] if t["id"] == tid), None)
+    rec["scan"] = {k: full[k] for k in _SCAN_KEYS}
+    rec["status"] = "done"
+    rec["model"] = full["model"]
+    return rec
+
+
+def health_json(lm, tuned_note: str) -> dict:
+    """``GET /api/health``: the model's name and provenance, its sizes, and whether a tuned lens is loaded."""
+    b = lm.borders
+    return clean({"model": lm.provenance.name, "provenance": lm.provenance.to_dict(),
+                  "n_layers": b.n_layers, "vocab_size": b.vocab_size, "real_vocab_size": b.real_vocab_size,
+                  "d_model": b.d_emb, "tuned": tuned_note})

@@ -1,0 +1,147 @@
+"""The server's state: the loaded model behind one lock, the per-prompt cache, the background argmax scan.
+
+Requests are serialized around the model (one ``threading.Lock``): the ASGI server runs the sync
+endpoints in a thread pool, and a torch model is not safe to run from several threads at once (its
+hooks capture into shared dicts). Each prompt's forward pass is cached (``PromptCache``), so clicks
+on the cells of a prompt already read do no forward pass; the counter ``forward_passes`` proves it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from vocablens.serve import adapters
+
+
+@dataclass
+class PromptEntry:
+    """One prompt's cached work: ids [1, T], the residual stream [L+1, T, d] (filled on first need), and
+    the JSON answers already computed, keyed by endpoint and arguments."""
+
+    ids: torch.Tensor
+    resid: torch.Tensor | None = None
+    answers: dict[tuple, dict] = field(default_factory=dict)
+
+
+class PromptCache:
+    """Least-recently-used cache of :class:`PromptEntry`, keyed by ``(prompt, chat)``."""
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self._d: OrderedDict[tuple[str, bool], PromptEntry] = OrderedDict()
+
+    def get(self, key: tuple[str, bool], make: Callable[[], torch.Tensor]) -> PromptEntry:
+        if key in self._d:
+            self._d.move_to_end(key)
+            return self._d[key]
+        entry = PromptEntry(ids=make())
+        self._d[key] = entry
+        while len(self._d) > self.size:
+            self._d.popitem(last=False)
+        return entry
+
+
+class ArgmaxJob:
+    """The whole-vocabulary argmax scan, run once in a daemon thread after start-up."""
+
+    def __init__(self, lm) -> None:
+        self.lm = lm
+        self.ma = None
+        self.full: dict | None = None
+        self.error: str | None = None
+        self.progress: dict[str, Any] = {}
+        self.seconds: float | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="vocablens-argmax", daemon=True)
+            self._thread.start()
+
+    def _cb(self, stage: str, done: int, total: int) -> None:
+        self.progress = {"stage": stage, "done": int(done), "total": int(total)}
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            # reads W_U (and b_U, the final norm) only: no forward pass, so no model lock
+            ma = adapters.argmax_scan(self.lm, progress=self._cb)
+            self.full = adapters.argmax_full_json(self.lm, ma)
+            self.ma = ma
+        except Exception as exc:  # reported by /api/argmax, the server keeps serving
+            self.error = f"the argmax scan failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        self.seconds = time.perf_counter() - t0
+
+    @property
+    def done(self) -> bool:
+        return self.ma is not None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.done
+
+
+class ServerState:
+    """The loaded model, its tuned lens (or why there is none), the lock, the caches and counters.
+
+    Args:
+        lm: a :class:`~vocablens.models.LoadedModel`.
+        model_spec: the ``--model`` it was loaded from (names the shipped tuned lens).
+        lens_path: a tuned-lens directory, or "" for the shipped one.
+        max_tokens: longest prompt accepted, in tokens (the lens reads every position: cost ~ T).
+        argmax: start the background argmax scan (``start()``).
+    """
+
+    def __init__(self, lm, model_spec: str = "smollm2", lens_path: str = "", max_tokens: int = 128,
+                 argmax: bool = True) -> None:
+        from vocablens.errors import VocabLensError
+
+        self.lm = lm
+        self.model_spec = model_spec
+        self.max_tokens = max_tokens
+        self.lock = threading.Lock()
+        self.prompts = PromptCache()
+        self.forward_passes = 0
+        lm.borders.model.register_forward_pre_hook(self._count)
+        try:
+            self.tuned = adapters.load_tuned(lm, model_spec, lens_path)
+            self.tuned_note = "loaded"
+        except VocabLensError as exc:
+            if lens_path:
+                raise
+            self.tuned, self.tuned_note = None, str(exc)
+        self.argmax = ArgmaxJob(lm)
+        self.want_argmax = argmax
+
+    def _count(self, *_):
+        self.forward_passes += 1
+
+    def start(self) -> None:
+        """Start the background work (the argmax scan)."""
+        if self.want_argmax:
+            self.argmax.start()
+
+    def entry(self, prompt: str, chat: bool) -> PromptEntry:
+        """The prompt's cache entry (encodes it on first use). Call with ``self.lock`` held."""
+        return self.prompts.get((prompt, chat), lambda: adapters.encode(self.lm, prompt, chat, self.max_tokens))
+
+    def resid(self, e: PromptEntry) -> torch.Tensor:
+        """The prompt's residual stream, computed once. Call with ``self.lock`` held."""
+        if e.resid is None:
+            e.resid = adapters.residual_stream(self.lm, e.ids)
+        return e.resid
+
+    def need_tuned(self):
+        """The tuned lens, or :class:`BadInput` saying why there is none."""
+        from vocablens.errors import BadInput
+
+        if self.tuned is None:
+            raise BadInput(f"no tuned lens: {self.tuned_note}")
+        return self.tuned
