@@ -43,6 +43,9 @@ def tie_check(borders: Borders, chunk: int = 8192) -> TieCheck:
     """Check tying by storage and by value; rows beyond the tokenizer are left out of the cosine.
 
     Cost: one pass over both [V, d] matrices in chunks of ``chunk`` rows (float32).
+
+    Returns:
+        :class:`TieCheck`; ``saved_params`` is V·d_emb when tied, else 0.
     """
     cfg = borders.config
     flag = getattr(cfg, "tie_word_embeddings", None) if cfg is not None else None

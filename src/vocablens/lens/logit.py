@@ -58,8 +58,9 @@ class LensResult:
         kind: ``logit`` or ``tuned``.
         input_ids: [T] int64, the prompt.
         positions: [P] int64, the positions read.
-        layers: L+1 :class:`LensLayer`, index = layer.
-        final_logprobs_top1: [P] int64, the model's own top-1 at each position.
+        layers: one :class:`LensLayer` per layer asked for, in increasing order (all L+1 by default,
+            then index = layer).
+        final_top1: [P] int64, the model's own top-1 at each position.
         model_max_abs_diff: max |p_lens(L) - p_model| over the positions read (should be ~0).
         n_layers: L, the model's number of blocks.
     """
@@ -141,7 +142,7 @@ def logit_lens(borders: Borders, input_ids: torch.Tensor, positions="last", k: i
         layers: subset of layers to report (default all 0..L); layer L is always computed.
 
     Returns:
-        :class:`LensResult`; ``layers[L]`` equals the model's own distribution.
+        :class:`LensResult`; its layer-L entry (when reported) equals the model's own distribution.
 
     Raises:
         BadInput: empty prompt, k out of range, a layer outside 0..L, a bad position.
