@@ -23,6 +23,7 @@ from vocablens.cli import ops as _ops  # noqa: F401,E402
 from vocablens.cli import tuned as _tuned  # noqa: F401,E402
 from vocablens.cli import align as _align  # noqa: F401,E402
 from vocablens.cli import anomaly as _anomaly  # noqa: F401,E402
+from vocablens.cli import steer as _steer  # noqa: F401,E402
 
 
 def main(argv: list[str] | None = None) -> None:
