@@ -59,3 +59,50 @@ def test_every_token_of_the_default_vocabulary_round_trips():
         if i >= 17 and "<0x" not in s:
             assert token_bytes(tok, i).decode() == tok.decode([i], clean_up_tokenization_spaces=False)
     assert partial == 313
+
+
+def _bos_tokenizer():
+    """The SentencePiece-style tokenizer, adding <s> in front of every text (as Llama-2 / Mistral do)."""
+    from tokenizers import processors
+
+    tok, vocab = _sentencepiece_tokenizer()
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return tok, vocab
+
+
+def test_never_a_doubled_bos():
+    from vocablens.models.tokens import adds_bos, encode_prompt
+
+    tok, vocab = _bos_tokenizer()
+    assert adds_bos(tok)
+    with pytest.warns(UserWarning, match="special tokens"):
+        ids = encode_prompt(tok, "<s> the cat")[0].tolist()
+    assert ids[0] == 1 and ids[1] != 1                      # one BOS, then the text
+    assert ids == encode_prompt(tok, " the cat")[0].tolist()
+
+
+def test_special_tokens_parse_or_plain():
+    import warnings
+
+    from vocablens.errors import VocabLensNote
+    from vocablens.models.tokens import encode_text
+
+    tok, vocab = _sentencepiece_tokenizer()
+    with pytest.warns(VocabLensNote, match="</s>"):
+        parsed = encode_text(tok, "ab</s>ab", add_special_tokens=False)
+    assert vocab["</s>"] in parsed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                       # plain: no note, no special token
+        plain = encode_text(tok, "ab</s>ab", "plain", add_special_tokens=False)
+    assert vocab["</s>"] not in plain
+
+
+def test_lone_surrogate_is_bad_input():
+    from vocablens.errors import BadInput
+    from vocablens.models.tokens import encode_prompt, encode_text
+
+    tok, _ = _sentencepiece_tokenizer()
+    for fn in (lambda: encode_prompt(tok, "x\udced\udca0\udc80y"), lambda: encode_text(tok, "a\udc80"),
+               lambda: encode_text(tok, b"bytes")):
+        with pytest.raises(BadInput):
+            fn()

@@ -74,3 +74,8 @@ class TrainingDiverged(VocabLensError):
 
 class WriteFailed(VocabLensError):
     """The destination cannot be written (read-only, disk full, a missing directory); nothing changed."""
+
+
+class VocabLensNote(UserWarning):
+    """Not an error: something the user should know about their input (the CLI prints it on stderr
+    as one ``note:`` line; Python shows it as a warning)."""

@@ -168,29 +168,100 @@ def token_strs(tokenizer, ids) -> list[str]:
     return [token_str(tokenizer, i) for i in ids]
 
 
+def check_text(text, what: str = "text") -> str:
+    """``text`` if a tokenizer can take it, else :class:`BadInput`: not a string, or a lone surrogate
+    (what Python makes of bytes that are not UTF-8 in a command-line argument or a file name)."""
+    if not isinstance(text, str):
+        raise BadInput(f"{what} must be a string; got {type(text).__name__}")
+    for i, ch in enumerate(text):
+        if 0xD800 <= ord(ch) <= 0xDFFF:
+            raise BadInput(f"{what} holds U+{ord(ch):04X} at character {i + 1}: bytes that are not UTF-8 "
+                           "(pass the text as UTF-8, or in a UTF-8 file with --file)")
+    return text
+
+
+def special_strings(tokenizer) -> list[str]:
+    """The special tokens' strings (BOS, EOS, chat markers, added special tokens), longest first."""
+    got = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(tok, "special", False):
+            got.add(str(tok.content))
+    return sorted((t for t in got if t), key=len, reverse=True)
+
+
+def adds_bos(tokenizer) -> bool:
+    """Whether the tokenizer puts BOS in front of a text by itself (then the first text token is
+    scored; without it the first token has no prefix and is not)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return False
+    try:
+        ids = tokenizer("a").input_ids
+    except Exception:  # pragma: no cover
+        return False
+    return bool(ids) and ids[0] == bos
+
+
+def encode_text(tokenizer, text: str, special_text: str = "parse", add_special_tokens: bool = True) -> list[int]:
+    """Text -> token ids, by THE rule every command uses for user text.
+
+    * Text a tokenizer cannot take (a lone surrogate, not a string) is :class:`BadInput`.
+    * ``special_text="parse"`` (default): special-token strings in the text (``<|im_end|>``, ``<s>``)
+      become those tokens, and a :class:`~vocablens.errors.VocabLensNote` warning names them (the
+      CLI prints it on stderr as a note); ``"plain"``: they are tokenized as ordinary text.
+    * Never a doubled BOS: when the tokenizer adds BOS and the text starts with it, one is dropped.
+
+    Raises:
+        BadInput: as above, or ``special_text`` not parse|plain.
+    """
+    import warnings
+
+    from vocablens.errors import VocabLensNote
+
+    check_text(text)
+    if special_text not in ("parse", "plain"):
+        raise BadInput(f"special_text must be parse or plain; got {special_text!r}")
+    if special_text == "plain":
+        ids = list(tokenizer(text, add_special_tokens=add_special_tokens, split_special_tokens=True).input_ids)
+    else:
+        ids = list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+        found = [t for t in special_strings(tokenizer) if t in text]
+        if found:
+            warnings.warn(VocabLensNote(
+                f"the text contains special tokens {found}, read as those tokens (--special-text plain "
+                "reads them as ordinary text)"), stacklevel=2)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if add_special_tokens and bos is not None and len(ids) >= 2 and ids[0] == ids[1] == bos and adds_bos(tokenizer):
+        ids = ids[1:]
+    return ids
+
+
 def encode_prompt(tokenizer, prompt: str, max_len: int | None = None, chat: bool = False,
-                  prefix: str = "") -> torch.Tensor:
-    """Prompt text -> input ids [1, T] int64.
+                  prefix: str = "", special_text: str = "parse") -> torch.Tensor:
+    """Prompt text -> input ids [1, T] int64, by the rule of :func:`encode_text`.
 
     Args:
         chat: wrap the prompt in the tokenizer's chat template as a user turn, open the assistant
             turn, and continue it with ``prefix``.
         max_len: the model's context length; longer prompts raise.
+        special_text: ``parse`` or ``plain`` (see :func:`encode_text`).
 
     Raises:
-        BadInput: empty prompt, or ``chat`` without a chat template.
+        BadInput: empty prompt, text a tokenizer cannot take, or ``chat`` without a chat template.
         PromptTooLong: more tokens than ``max_len``.
     """
     if prompt is None or not str(prompt).strip():
         raise BadInput("empty prompt: give some text")
+    check_text(prompt, "the prompt")
+    check_text(prefix or "", "--prefix")
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise BadInput("--chat: this tokenizer has no chat template")
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True) + (prefix or "")
-        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+        ids = torch.tensor([tokenizer(text, add_special_tokens=False).input_ids], dtype=torch.int64)
     else:
-        ids = tokenizer((prompt + (prefix or "")), return_tensors="pt").input_ids
+        ids = torch.tensor([encode_text(tokenizer, prompt + (prefix or ""), special_text)], dtype=torch.int64)
     if ids.numel() == 0:
         raise BadInput("the prompt encodes to no tokens")
     if max_len is not None and ids.shape[1] > max_len:
