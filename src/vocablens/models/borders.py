@@ -270,7 +270,9 @@ class Borders:
                 for name, p in params:
                     if p.is_meta or not p.is_floating_point():
                         continue
-                    n = int((~torch.isfinite(p)).sum())
+                    flat = p.reshape(-1)
+                    n = sum(int(flat[i:i + 2**22].isfinite().logical_not().count_nonzero())
+                            for i in range(0, flat.numel(), 2**22))  # chunks: no [numel] temporaries
                     if n:
                         bad[name] = n
             for k in [k for k in self._memo if isinstance(k, tuple) and k[0] == "nonfinite"]:
@@ -397,6 +399,9 @@ class Borders:
             raise BadInput("empty input: no tokens to run")
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
+        if any(p.is_meta for p in self.blocks.parameters()):
+            raise BadInput("this model was loaded with its borders only (no blocks): load it whole for a "
+                           "forward pass")
         self.check_finite(input_ids)
         with self.capture() as store:
             out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask,
@@ -438,11 +443,12 @@ def untrained_rows(W: torch.Tensor, min_group: int = 8) -> torch.Tensor:
         W: [V, d] any float dtype.
     """
     V = W.shape[0]
-    out = (W == 0).all(dim=1)
+    out = torch.cat([(W[i:i + 8192] == 0).all(dim=1) for i in range(0, V, 8192)]) if V else (W == 0).all(dim=1)
     # Identical rows: hash each row by two random projections (float64), then confirm exactly.
     g = torch.Generator().manual_seed(0)
     P = torch.randn(W.shape[1], 2, generator=g, dtype=torch.float64)
-    keys = W.detach().to("cpu", torch.float64) @ P
+    Wd = W.detach()
+    keys = torch.cat([Wd[i:i + 8192].to("cpu", torch.float64) @ P for i in range(0, V, 8192)])  # O(chunk·d) extra
     _, inverse, counts = torch.unique(keys, dim=0, return_inverse=True, return_counts=True)
     big = counts[inverse] >= min_group
     if big.any():
