@@ -56,6 +56,10 @@ class ShapeMismatch(BadInput):
     """Tensors whose shapes or dtypes do not fit together; the message names the shapes."""
 
 
+class NonFiniteWeights(CorruptModelFile):
+    """The weights hold NaN or inf where a result would depend on them; the message names the tensor."""
+
+
 class CheckpointMismatch(VocabLensError):
     """A saved lens or edited model belongs to another model than the one it is applied to."""
 
@@ -74,3 +78,8 @@ class TrainingDiverged(VocabLensError):
 
 class WriteFailed(VocabLensError):
     """The destination cannot be written (read-only, disk full, a missing directory); nothing changed."""
+
+
+class VocabLensNote(UserWarning):
+    """Not an error: something the user should know about their input (the CLI prints it on stderr
+    as one ``note:`` line; Python shows it as a warning)."""

@@ -23,6 +23,9 @@ from vocablens.cli import ops as _ops  # noqa: F401,E402
 from vocablens.cli import tuned as _tuned  # noqa: F401,E402
 from vocablens.cli import generate as _generate  # noqa: F401,E402
 from vocablens.cli import serve as _serve  # noqa: F401,E402
+from vocablens.cli import align as _align  # noqa: F401,E402
+from vocablens.cli import anomaly as _anomaly  # noqa: F401,E402
+from vocablens.cli import steer as _steer  # noqa: F401,E402
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from vocablens.errors import BadInput, UnsupportedArchitecture
+from vocablens.errors import BadInput, NonFiniteWeights, UnsupportedArchitecture
 from vocablens.models.unembed import Unembedding
 
 _NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "final_layernorm", "final_norm", "norm_f", "ln_out")
@@ -244,6 +244,9 @@ class Borders:
             return self._memo[key].clone()
         mask = torch.zeros(self.vocab_size, dtype=torch.bool)
         mask[: self.real_vocab_size] = True
+        bad = self.nonfinite_rows()
+        if bad.numel():
+            mask[bad] = False
         if exclude_untrained:
             mask &= ~untrained_rows(self.W_E)
             if not self.tied:
@@ -254,6 +257,62 @@ class Borders:
     @property
     def device(self) -> torch.device:
         return self.W_E.device
+
+    # ------------------------------------------------------------------ non-finite weights
+    def nonfinite(self) -> dict[str, int]:
+        """Parameters holding NaN or ±inf: ``{name: count}`` (empty for a healthy model). One pass over
+        the weights, done once and kept while they are unchanged (in-place edits are noticed)."""
+        params = list(self.model.named_parameters())
+        key = ("nonfinite", tuple(p._version for _, p in params))
+        if key not in self._memo:
+            bad = {}
+            with torch.no_grad():
+                for name, p in params:
+                    if p.is_meta or not p.is_floating_point():
+                        continue
+                    flat = p.reshape(-1)
+                    n = sum(int(flat[i:i + 2**22].isfinite().logical_not().count_nonzero())
+                            for i in range(0, flat.numel(), 2**22))  # chunks: no [numel] temporaries
+                    if n:
+                        bad[name] = n
+            for k in [k for k in self._memo if isinstance(k, tuple) and k[0] == "nonfinite"]:
+                del self._memo[k]  # an older reading of weights edited since
+            self._memo[key] = bad
+        return dict(self._memo[key])
+
+    def nonfinite_rows(self) -> torch.Tensor:
+        """int64 ids of vocabulary rows whose embedding or LM-head row holds NaN or ±inf (sorted)."""
+        if not self.nonfinite():
+            return torch.zeros(0, dtype=torch.int64)
+        rows = (~torch.isfinite(self.W_E.detach())).any(1)
+        if not self.tied:
+            rows |= (~torch.isfinite(self.W_U.detach())).any(1)
+        if self.b_U is not None:
+            rows |= ~torch.isfinite(self.b_U.detach())
+        return rows.nonzero().flatten().cpu()
+
+    def check_finite(self, ids: torch.Tensor | None = None) -> None:
+        """Refuse a forward pass whose result a non-finite weight would poison.
+
+        Every block, the final norm and the LM head must be finite (one bad LM-head row changes every
+        position's normalization); embedding rows only matter for the tokens in ``ids``.
+
+        Raises:
+            NonFiniteWeights: naming the tensor, how many values, and the rows of the matrices.
+        """
+        bad = self.nonfinite()
+        if not bad:
+            return
+        emb = {n for n, p in self.model.named_parameters() if p is self.W_E}
+        rows = self.nonfinite_rows()
+        if set(bad) <= emb and not self.tied:
+            if ids is None or not bool(torch.isin(ids.flatten().cpu(), rows).any()):
+                return
+        first = sorted(bad)[0]
+        where = f"; vocabulary rows {rows.tolist()[:8]}{' ...' if rows.numel() > 8 else ''}" if rows.numel() else ""
+        raise NonFiniteWeights(f"the weights hold NaN or inf: {first} has {bad[first]} non-finite values"
+                               f"{f' (and {len(bad) - 1} more tensors)' if len(bad) > 1 else ''}{where}; "
+                               "the checkpoint is damaged: download or convert it again")
 
     # ------------------------------------------------------------------ computing through the borders
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -340,6 +399,10 @@ class Borders:
             raise BadInput("empty input: no tokens to run")
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
+        if any(p.is_meta for p in self.blocks.parameters()):
+            raise BadInput("this model was loaded with its borders only (no blocks): load it whole for a "
+                           "forward pass")
+        self.check_finite(input_ids)
         with self.capture() as store:
             out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask,
                              use_cache=False)
@@ -380,11 +443,12 @@ def untrained_rows(W: torch.Tensor, min_group: int = 8) -> torch.Tensor:
         W: [V, d] any float dtype.
     """
     V = W.shape[0]
-    out = (W == 0).all(dim=1)
+    out = torch.cat([(W[i:i + 8192] == 0).all(dim=1) for i in range(0, V, 8192)]) if V else (W == 0).all(dim=1)
     # Identical rows: hash each row by two random projections (float64), then confirm exactly.
     g = torch.Generator().manual_seed(0)
     P = torch.randn(W.shape[1], 2, generator=g, dtype=torch.float64)
-    keys = W.detach().to("cpu", torch.float64) @ P
+    Wd = W.detach()
+    keys = torch.cat([Wd[i:i + 8192].to("cpu", torch.float64) @ P for i in range(0, V, 8192)])  # O(chunk·d) extra
     _, inverse, counts = torch.unique(keys, dim=0, return_inverse=True, return_counts=True)
     big = counts[inverse] >= min_group
     if big.any():

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import re
+
 import torch
 
 from vocablens.errors import BadInput, PromptTooLong, TokenNotInVocabulary
 
-_CONTROL = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_CONTROL = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
+_UNESCAPE = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def _escape(s: str) -> str:
@@ -21,32 +26,133 @@ def _escape(s: str) -> str:
     return "".join(out)
 
 
-def token_str(tokenizer, token_id: int) -> str:
-    """A readable form of one token: byte-level ``Ġ``/``Ċ`` and SentencePiece ``▁`` decoded to
-    space/newline, control characters escaped (``\\n``), partial UTF-8 bytes shown as ``<0xE4>``."""
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """The inverse of GPT-2's byte-to-unicode table (byte-level BPE stores byte b as a printable char)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def _vocab_kind(tokenizer) -> str:
+    """``"bytelevel"`` (GPT-2/Llama-3/Qwen style), ``"sentencepiece"`` (▁ and <0xNN> byte fallback) or
+    ``"plain"`` (decode token by token), from the fast tokenizer's decoder; cached on the tokenizer."""
+    kind = getattr(tokenizer, "_vocablens_kind", None)
+    if kind is not None:
+        return kind
+    kind = "plain"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    dec = repr(getattr(backend, "decoder", None)) if backend is not None else ""
+    if "ByteLevel" in dec:
+        kind = "bytelevel"
+    elif "Metaspace" in dec or "ByteFallback" in dec or "<0x00>" in (tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}):
+        kind = "sentencepiece"
+    try:
+        tokenizer._vocablens_kind = kind
+    except Exception:  # pragma: no cover - a tokenizer that refuses attributes
+        pass
+    return kind
+
+
+def _specials(tokenizer) -> set[int]:
+    got = getattr(tokenizer, "_vocablens_specials", None)
+    if got is None:
+        got = set(int(i) for i in getattr(tokenizer, "all_special_ids", []) or [])
+        got |= set(int(i) for i in (getattr(tokenizer, "added_tokens_decoder", None) or {}))
+        try:
+            tokenizer._vocablens_specials = got
+        except Exception:  # pragma: no cover
+            pass
+    return got
+
+
+def token_bytes(tokenizer, token_id: int) -> bytes | None:
+    """The bytes token ``token_id`` stands for (what it adds to decoded text), or None when the
+    tokenizer has no such id. Special and added tokens are their own text, UTF-8 encoded."""
     token_id = int(token_id)
     try:
-        text = tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    except Exception:
-        text = None
-    if text is None or "\ufffd" in text or text == "":
         raw = tokenizer.convert_ids_to_tokens(token_id)
-        if raw is None:
-            return f"<id {token_id}>"
-        if text and "\ufffd" in text and len(raw) <= 2:
-            # a lone byte of a multi-byte character (byte-level BPE)
-            try:
-                try:
-                    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
-                except ImportError:  # transformers 5.x moved it
-                    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    except (IndexError, KeyError, ValueError, OverflowError, TypeError):
+        return None
+    if raw is None:
+        return None
+    if token_id in _specials(tokenizer):
+        return raw.encode("utf-8")
+    kind = _vocab_kind(tokenizer)
+    if kind == "bytelevel":
+        dec = _byte_decoder()
+        if all(c in dec for c in raw):
+            return bytes(dec[c] for c in raw)
+        return raw.encode("utf-8")
+    if kind == "sentencepiece":
+        m = _BYTE.fullmatch(raw)
+        if m:
+            return bytes([int(m.group(1), 16)])
+        return raw.replace("▁", " ").encode("utf-8")
+    try:
+        return tokenizer.decode([token_id], skip_special_tokens=False,
+                                clean_up_tokenization_spaces=False).encode("utf-8", "surrogatepass")
+    except Exception:
+        return raw.encode("utf-8")
 
-                inv = {v: k for k, v in bytes_to_unicode().items()}
-                return "".join(f"<0x{inv[c]:02X}>" if c in inv else c for c in raw)
-            except Exception:
-                pass
-        text = raw.replace("Ġ", " ").replace("Ċ", "\n").replace("▁", " ")
-    return _escape(text)
+
+def show_bytes(b: bytes) -> str:
+    """Bytes as readable text: complete UTF-8 characters as themselves (control characters and the
+    backslash escaped: ``\\n``, ``\\t``, ``\\x1b``, ``\\\\``), every byte that is not part of a complete
+    character as ``<0xNN>``. :func:`shown_to_bytes` inverts it."""
+    out, i = [], 0
+    while i < len(b):
+        for n in (1, 2, 3, 4):
+            try:
+                ch = b[i:i + n].decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            if len(ch) == 1:
+                break
+        else:
+            out.append(f"<0x{b[i]:02X}>")
+            i += 1
+            continue
+        out.append(_escape(ch))
+        i += n
+    return "".join(out)
+
+
+def shown_to_bytes(s: str) -> bytes:
+    """The inverse of :func:`show_bytes`: ``<0xNN>`` and the escapes back to bytes."""
+    out, i = bytearray(), 0
+    while i < len(s):
+        m = _BYTE.match(s, i)
+        if m:
+            out.append(int(m.group(1), 16))
+            i = m.end()
+        elif s[i] == "\\" and i + 1 < len(s) and s[i + 1] in _UNESCAPE:
+            out += _UNESCAPE[s[i + 1]].encode()
+            i += 2
+        elif s[i] == "\\" and s[i + 1:i + 2] == "x":
+            out.append(int(s[i + 2:i + 4], 16))
+            i += 4
+        else:
+            out += s[i].encode("utf-8")
+            i += 1
+    return bytes(out)
+
+
+def token_str(tokenizer, token_id: int) -> str:
+    """A readable form of one token: its bytes (:func:`token_bytes`: byte-level ``Ġ``/``Ċ`` and
+    SentencePiece ``▁`` become space/newline) shown by :func:`show_bytes` — complete characters as
+    text, control characters escaped (``\\n``), bytes of an incomplete UTF-8 sequence as ``<0xE2>``.
+    Unknown ids are ``<id N>``."""
+    b = token_bytes(tokenizer, token_id)
+    if b is None:
+        return f"<id {int(token_id)}>"
+    return show_bytes(b)
 
 
 def quoted(text: str) -> str:
@@ -62,29 +168,100 @@ def token_strs(tokenizer, ids) -> list[str]:
     return [token_str(tokenizer, i) for i in ids]
 
 
+def check_text(text, what: str = "text") -> str:
+    """``text`` if a tokenizer can take it, else :class:`BadInput`: not a string, or a lone surrogate
+    (what Python makes of bytes that are not UTF-8 in a command-line argument or a file name)."""
+    if not isinstance(text, str):
+        raise BadInput(f"{what} must be a string; got {type(text).__name__}")
+    for i, ch in enumerate(text):
+        if 0xD800 <= ord(ch) <= 0xDFFF:
+            raise BadInput(f"{what} holds U+{ord(ch):04X} at character {i + 1}: bytes that are not UTF-8 "
+                           "(pass the text as UTF-8, or in a UTF-8 file with --file)")
+    return text
+
+
+def special_strings(tokenizer) -> list[str]:
+    """The special tokens' strings (BOS, EOS, chat markers, added special tokens), longest first."""
+    got = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(tok, "special", False):
+            got.add(str(tok.content))
+    return sorted((t for t in got if t), key=len, reverse=True)
+
+
+def adds_bos(tokenizer) -> bool:
+    """Whether the tokenizer puts BOS in front of a text by itself (then the first text token is
+    scored; without it the first token has no prefix and is not)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return False
+    try:
+        ids = tokenizer("a").input_ids
+    except Exception:  # pragma: no cover
+        return False
+    return bool(ids) and ids[0] == bos
+
+
+def encode_text(tokenizer, text: str, special_text: str = "parse", add_special_tokens: bool = True) -> list[int]:
+    """Text -> token ids, by THE rule every command uses for user text.
+
+    * Text a tokenizer cannot take (a lone surrogate, not a string) is :class:`BadInput`.
+    * ``special_text="parse"`` (default): special-token strings in the text (``<|im_end|>``, ``<s>``)
+      become those tokens, and a :class:`~vocablens.errors.VocabLensNote` warning names them (the
+      CLI prints it on stderr as a note); ``"plain"``: they are tokenized as ordinary text.
+    * Never a doubled BOS: when the tokenizer adds BOS and the text starts with it, one is dropped.
+
+    Raises:
+        BadInput: as above, or ``special_text`` not parse|plain.
+    """
+    import warnings
+
+    from vocablens.errors import VocabLensNote
+
+    check_text(text)
+    if special_text not in ("parse", "plain"):
+        raise BadInput(f"special_text must be parse or plain; got {special_text!r}")
+    if special_text == "plain":
+        ids = list(tokenizer(text, add_special_tokens=add_special_tokens, split_special_tokens=True).input_ids)
+    else:
+        ids = list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+        found = [t for t in special_strings(tokenizer) if t in text]
+        if found:
+            warnings.warn(VocabLensNote(
+                f"the text contains special tokens {found}, read as those tokens (--special-text plain "
+                "reads them as ordinary text)"), stacklevel=2)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if add_special_tokens and bos is not None and len(ids) >= 2 and ids[0] == ids[1] == bos and adds_bos(tokenizer):
+        ids = ids[1:]
+    return ids
+
+
 def encode_prompt(tokenizer, prompt: str, max_len: int | None = None, chat: bool = False,
-                  prefix: str = "") -> torch.Tensor:
-    """Prompt text -> input ids [1, T] int64.
+                  prefix: str = "", special_text: str = "parse") -> torch.Tensor:
+    """Prompt text -> input ids [1, T] int64, by the rule of :func:`encode_text`.
 
     Args:
         chat: wrap the prompt in the tokenizer's chat template as a user turn, open the assistant
             turn, and continue it with ``prefix``.
         max_len: the model's context length; longer prompts raise.
+        special_text: ``parse`` or ``plain`` (see :func:`encode_text`).
 
     Raises:
-        BadInput: empty prompt, or ``chat`` without a chat template.
+        BadInput: empty prompt, text a tokenizer cannot take, or ``chat`` without a chat template.
         PromptTooLong: more tokens than ``max_len``.
     """
     if prompt is None or not str(prompt).strip():
         raise BadInput("empty prompt: give some text")
+    check_text(prompt, "the prompt")
+    check_text(prefix or "", "--prefix")
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise BadInput("--chat: this tokenizer has no chat template")
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True) + (prefix or "")
-        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+        ids = torch.tensor([tokenizer(text, add_special_tokens=False).input_ids], dtype=torch.int64)
     else:
-        ids = tokenizer((prompt + (prefix or "")), return_tensors="pt").input_ids
+        ids = torch.tensor([encode_text(tokenizer, prompt + (prefix or ""), special_text)], dtype=torch.int64)
     if ids.numel() == 0:
         raise BadInput("the prompt encodes to no tokens")
     if max_len is not None and ids.shape[1] > max_len:

@@ -1,0 +1,300 @@
+"""Align the parameters of two models through a shared vocabulary, with no forward pass.
+
+Dar et al. (2022), "Analyzing Transformers in Embedding Space", §5: once parameters are read in
+vocabulary space they live in a space that does not depend on the model, so the units of two models
+that share a tokenizer can be compared and matched directly.
+
+* FFN value vectors (``what="ffn"``): value vector v of model A is read as the scores p_a = R_A v
+  over the shared tokens (R_A: the readout of :meth:`~vocablens.models.unembed.Unembedding.readout`,
+  final-norm gain folded in). Two vectors are compared by the Pearson correlation of their scores
+  over the shared vocabulary. With R_c the readout centred over tokens, that correlation is
+  ``v_a C v_b / sqrt(v_a G_A v_a · v_b G_B v_b)`` with C = R_Acᵀ R_Bc [d_A, d_B] and G = R_cᵀ R_c, so
+  no [n, V] score matrix is ever formed: each layer pair costs one [n_A, d] x [d, n_B] product.
+* Attention heads (``what="heads"``): head h's OV circuit read in vocabulary space is
+  X_h = E_c W_V W_O R_cᵀ [S, S] (E: input embedding as it enters the stream). Two heads are compared
+  by the cosine of those token-centred matrices, tr(X_aᵀ X_b) / (|X_a| |X_b|), computed from the
+  factors and the [d, d] cross-Gram matrices of E and R (again no [S, S] matrix).
+
+For every layer of A the layer-to-layer map gives each layer of B the mean, over A's units, of their
+best correlation there; the best layer is then matched one-to-one with the Hungarian algorithm
+(``scipy.optimize.linear_sum_assignment``, maximizing total correlation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from vocablens.errors import BadInput
+
+
+
+@dataclass(frozen=True)
+class SharedVocabulary:
+    """Rows of the two vocabularies that hold the same token string.
+
+    Attributes:
+        ids_a, ids_b: [S] int64, row ids in model A and model B (same order, same token).
+        identical: both tokenizers map every real token to the same id.
+    """
+
+    ids_a: torch.Tensor
+    ids_b: torch.Tensor
+    identical: bool
+
+    @property
+    def size(self) -> int:
+        return int(self.ids_a.numel())
+
+
+@dataclass(frozen=True)
+class LayerMatch:
+    """One layer of model A matched one-to-one into its most similar layer of model B.
+
+    Attributes:
+        layer_a, layer_b: block indices (0-based).
+        partner: [n_A] int64, the unit of ``layer_b`` matched to each unit of ``layer_a`` (-1: none,
+            when B's layer has fewer units).
+        corr: [n_A] float32, the correlation of each matched pair (NaN for unmatched units).
+    """
+
+    layer_a: int
+    layer_b: int
+    partner: torch.Tensor
+    corr: torch.Tensor
+
+    @property
+    def mean_corr(self) -> float:
+        c = self.corr[~torch.isnan(self.corr)]
+        return float(c.mean()) if c.numel() else float("nan")
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """Result of :func:`align_models`.
+
+    Attributes:
+        what: ``"ffn"`` (units are FFN neurons) or ``"heads"`` (units are attention heads).
+        layers_a, layers_b: the block indices compared.
+        layer_similarity: [len(layers_a), len(layers_b)] float32: mean over A's units of their best
+            correlation in B's layer.
+        matches: one :class:`LayerMatch` per layer of A, into its most similar layer of B.
+        shared: the shared vocabulary used.
+    """
+
+    what: str
+    layers_a: list[int]
+    layers_b: list[int]
+    layer_similarity: torch.Tensor
+    matches: list[LayerMatch]
+    shared: SharedVocabulary
+
+
+def shared_vocabulary(tokenizer_a, tokenizer_b, real_a: int, real_b: int, min_shared: int = 2
+                      ) -> SharedVocabulary:
+    """Pair the rows of two vocabularies by token string (``get_vocab()``), real rows only.
+
+    Args:
+        real_a, real_b: rows of each matrix that are real tokens (rows at or beyond are padding).
+        min_shared: fewest tokens in common that make the readouts comparable (:func:`align_models`
+            asks for more than the wider model's d, so that its readout has full rank).
+
+    Raises:
+        BadInput: fewer than ``min_shared`` tokens in common.
+    """
+    va = {t: i for t, i in tokenizer_a.get_vocab().items() if i < real_a}
+    vb = {t: i for t, i in tokenizer_b.get_vocab().items() if i < real_b}
+    common = sorted(set(va) & set(vb), key=lambda t: va[t])
+    if len(common) < min_shared:
+        raise BadInput(f"the two models share {len(common)} token strings (need at least {min_shared}): "
+                       "their parameters cannot be compared through the vocabulary")
+    ids_a = torch.tensor([va[t] for t in common], dtype=torch.int64)
+    ids_b = torch.tensor([vb[t] for t in common], dtype=torch.int64)
+    identical = len(common) == len(va) == len(vb) and bool(torch.equal(ids_a, ids_b))
+    return SharedVocabulary(ids_a=ids_a, ids_b=ids_b, identical=identical)
+
+
+def _centred(M: torch.Tensor) -> torch.Tensor:
+    M = M.double()
+    return M - M.mean(0, keepdim=True)
+
+
+def _input_embedding(borders, rows: torch.Tensor) -> torch.Tensor:
+    """Embedding rows as they enter the stream (input scale, project_in) [S, d_model] float64."""
+    from vocablens.models.blocks import linear_weight
+
+    E = borders.W_E.detach()[rows].double() * float(borders.embed_scale)
+    if borders.project_in is not None:
+        E = E @ linear_weight(borders.project_in).detach().double().t()
+    return E
+
+
+def _units(borders, what: str, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor:
+    from vocablens.models.blocks import block_view
+
+    view = block_view(borders, layer)
+    if what == "ffn":
+        return view.W_out.detach().double()  # [d_ff, d]
+    return [tuple(f.detach().double() for f in view.W_OV(h)) for h in range(view.n_heads)]
+
+
+def _ffn_sides(Va: torch.Tensor, Vb: torch.Tensor, C: torch.Tensor, Ga: torch.Tensor, Gb: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 factors (A' [n_A, d_B], B' [n_B, d_B]) with A' B'ᵀ = the Pearson correlations [n_A, n_B] of
+    value vectors' vocabulary scores, v_a C v_b / sqrt(v_a G_A v_a · v_b G_B v_b) (module docstring)."""
+    na = torch.einsum("id,de,ie->i", Va, Ga, Va).clamp_min(1e-300).sqrt()
+    nb = torch.einsum("id,de,ie->i", Vb, Gb, Vb).clamp_min(1e-300).sqrt()
+    return ((Va @ C) / na[:, None]).float(), (Vb / nb[:, None]).float()
+
+
+def _head_sides(H: list[tuple[torch.Tensor, torch.Tensor]], left: torch.Tensor, right: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack a layer's OV factors: (W_Vᵀ · left) [H·k, d'] and (right · W_Oᵀ) [d', H·k] for the traces below."""
+    X = torch.cat([v.t() @ left for v, _ in H])          # [H·k, d']
+    Y = torch.cat([right @ o.t() for _, o in H], dim=1)  # [d', H·k]
+    return X, Y
+
+
+def _block_traces(M: torch.Tensor, N: torch.Tensor, ka: int, kb: int) -> torch.Tensor:
+    """[H_A, H_B] of tr(M_ab N_ba) for the k_a x k_b blocks of M [H_A·k_a, H_B·k_b] and N [H_B·k_b, H_A·k_a]."""
+    P = M * N.t()
+    Ha, Hb = M.shape[0] // ka, M.shape[1] // kb
+    return P.reshape(Ha, ka, Hb, kb).sum(dim=(1, 3))
+
+
+def _head_corr(Ha, Hb, KE, KR, EAA, RAA, EBB, RBB) -> torch.Tensor:
+    """Cosines [H_A, H_B] of token-centred vocabulary-space OV matrices X = E_c W_V W_O R_cᵀ.
+
+    tr(X_aᵀ X_b) = tr((W_Vaᵀ K_E W_Vb)(W_Ob K_Rᵀ W_Oaᵀ)) with K_E = E_Acᵀ E_Bc, K_R = R_Acᵀ R_Bc, all
+    heads of a layer pair in two GEMMs.
+    """
+    ka, kb = Ha[0][0].shape[1], Hb[0][0].shape[1]
+    XA, YA = _head_sides(Ha, KE, KR.t())                   # [H_A k, d_B], [d_B, H_A k]
+    VB = torch.cat([v for v, _ in Hb], dim=1)              # [d_B, H_B k]
+    OB = torch.cat([o for _, o in Hb])                     # [H_B k, d_B]
+    cross = _block_traces(XA @ VB, OB @ YA, ka, kb)
+    XAs, YAs = _head_sides(Ha, EAA, RAA)
+    VA, OA = torch.cat([v for v, _ in Ha], dim=1), torch.cat([o for _, o in Ha])
+    na = _block_traces(XAs @ VA, OA @ YAs, ka, ka).diagonal()
+    XBs, YBs = _head_sides(Hb, EBB, RBB)
+    nb = _block_traces(XBs @ VB, OB @ YBs, kb, kb).diagonal()
+    return cross / (na.clamp_min(1e-300)[:, None] * nb.clamp_min(1e-300)[None, :]).sqrt()
+
+
+def _hungarian(corr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from scipy.optimize import linear_sum_assignment
+
+    c = corr.double().numpy()
+    rows, cols = linear_sum_assignment(c, maximize=True)
+    partner = torch.full((corr.shape[0],), -1, dtype=torch.int64)
+    got = torch.full((corr.shape[0],), float("nan"), dtype=torch.float32)
+    partner[torch.as_tensor(rows)] = torch.as_tensor(cols, dtype=torch.int64)
+    got[torch.as_tensor(rows)] = torch.as_tensor(c[rows, cols], dtype=torch.float32)
+    return partner, got
+
+
+def _check_layers(layers: Sequence[int] | None, L: int, which: str) -> list[int]:
+    if layers is None:
+        return list(range(L))
+    out = [int(x) for x in layers]
+    bad = [x for x in out if not 0 <= x < L]
+    if bad or not out:
+        raise BadInput(f"blocks of model {which} must lie in 0..{L - 1}; got {list(layers)}")
+    return out
+
+
+def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ffn",
+                 layers_a: Sequence[int] | None = None, layers_b: Sequence[int] | None = None,
+                 fold_norm_gain: bool = True, progress: Callable[[int, int], None] | None = None) -> Alignment:
+    """Match the FFN neurons (or attention heads) of model A to those of model B through the vocabulary.
+
+    Args:
+        borders_a, borders_b: :class:`~vocablens.models.Borders` of the two models (dense blocks).
+        tokenizer_a, tokenizer_b: their tokenizers (the shared vocabulary is found by token string).
+        what: ``"ffn"`` (value vectors, rows of W_out [d_ff, d]) or ``"heads"`` (OV circuits).
+        layers_a, layers_b: block indices to compare (default: all).
+        fold_norm_gain: read through the final norm's gain (Geva et al. 2022, §2).
+        progress: called as ``progress(done, total)`` after each layer of A.
+
+    Returns:
+        :class:`Alignment`: the [|A|, |B|] layer map of mean best correlations, and for each layer of
+        A a one-to-one matching (Hungarian) into its most similar layer of B. Correlations are
+        dimensionless in [-1, 1]; everything is computed in float64 from the [d, d] Gram matrices
+        (cost O(L_A · L_B · n_A · n_B · d) FLOPs, memory O(S · d + n_A · n_B)).
+
+    Raises:
+        BadInput: ``what`` not ffn|heads, a block out of range, or no shared vocabulary.
+        UnsupportedArchitecture: a block without a dense MLP (mixture of experts).
+    """
+    if what not in ("ffn", "heads"):
+        raise BadInput(f"--what must be ffn or heads; got {what!r}")
+    la = _check_layers(layers_a, borders_a.n_layers, "A")
+    lb = _check_layers(layers_b, borders_b.n_layers, "B")
+    shared = shared_vocabulary(tokenizer_a, tokenizer_b, borders_a.real_vocab_size, borders_b.real_vocab_size,
+                               min_shared=max(borders_a.d_model, borders_b.d_model) + 1)
+    with torch.no_grad():
+        RA = _centred(borders_a.unembedding.readout(fold_norm_gain, rows=shared.ids_a))
+        RB = _centred(borders_b.unembedding.readout(fold_norm_gain, rows=shared.ids_b))
+        C, Ga, Gb = RA.t() @ RB, RA.t() @ RA, RB.t() @ RB
+        if what == "heads":
+            EA = _centred(_input_embedding(borders_a, shared.ids_a))
+            EB = _centred(_input_embedding(borders_b, shared.ids_b))
+            KE, EAA, EBB = EA.t() @ EB, EA.t() @ EA, EB.t() @ EB
+            del EA, EB
+        del RA, RB
+        units_b = {m: _units(borders_b, what, m) for m in lb}
+        sides_b = {}
+        sim = torch.empty(len(la), len(lb), dtype=torch.float32)
+        matches: list[LayerMatch] = []
+        for i, l in enumerate(la):
+            ua = _units(borders_a, what, l)
+            corrs = {}
+            for j, m in enumerate(lb):
+                if what == "ffn":
+                    if m not in sides_b:
+                        _, sides_b[m] = _ffn_sides(units_b[m][:1], units_b[m], C, Ga, Gb)
+                    if j == 0:
+                        side_a, _ = _ffn_sides(ua, units_b[m][:1], C, Ga, Gb)
+                    c = side_a @ sides_b[m].t()
+                else:
+                    c = _head_corr(ua, units_b[m], KE, C, EAA, Ga, EBB, Gb).float()
+                corrs[m] = c
+                sim[i, j] = float(c.max(1).values.mean())
+            best = lb[int(sim[i].argmax())]
+            partner, got = _hungarian(corrs[best])
+            matches.append(LayerMatch(layer_a=l, layer_b=best, partner=partner, corr=got))
+            del corrs
+            if progress is not None:
+                progress(i + 1, len(la))
+    return Alignment(what=what, layers_a=la, layers_b=lb, layer_similarity=sim, matches=matches, shared=shared)
+
+
+def unit_top_tokens(borders, what: str, layer: int, unit: int, k: int = 5, fold_norm_gain: bool = True
+                    ) -> list[int]:
+    """The ``k`` real tokens a unit writes most: for a value vector, the top of its scores R v; for a
+    head, the top of R u with u the output side of the largest singular direction of W_V W_O (its
+    sign chosen so that the largest score is positive).
+
+    Returns:
+        Token ids [k], highest score first.
+    """
+    from vocablens.models.blocks import block_view
+
+    real = borders.real_vocab_size
+    with torch.no_grad():
+        view = block_view(borders, layer)
+        if what == "ffn":
+            v = view.W_out[unit].detach().float()
+        else:
+            Wv, Wo = view.W_OV(unit)
+            _, _, Vh = torch.linalg.svd(Wv.detach().float() @ Wo.detach().float(), full_matrices=False)
+            v = Vh[0]
+        scores = borders.unembedding.readout(fold_norm_gain)[:real] @ v
+        if what != "ffn" and float(scores.max()) < -float(scores.min()):
+            scores = -scores
+        return [int(t) for t in torch.topk(scores, min(k, real)).indices]
+
+
+__all__ = ["Alignment", "LayerMatch", "SharedVocabulary", "align_models", "shared_vocabulary", "unit_top_tokens"]

@@ -1,0 +1,73 @@
+"""``vocablens align MODEL_A MODEL_B``: match FFN neurons or attention heads through the vocabulary."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from vocablens.cli.common import JsonOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.errors import BadInput
+
+
+def _blocks(s: str | None, L: int, which: str) -> list[int] | None:
+    """'A..B' (inclusive) or 'a,b,c' -> block indices; None -> all."""
+    if not s:
+        return None
+    try:
+        if ".." in s:
+            a, b = s.split("..", 1)
+            return list(range(int(a), int(b) + 1))
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise BadInput(f"--blocks-{which} must be 'A..B' or a comma list of block indices; got {s!r}") from None
+
+
+@app.command("align")
+def align_cmd(
+    model_a: Annotated[str, typer.Argument(help="Model A: smollm2, a model directory, a .gguf file or a hub id.")],
+    model_b: Annotated[str, typer.Argument(help="Model B (must share A's vocabulary, fully or in part).")],
+    what: Annotated[str, typer.Option("--what", help="ffn: FFN value vectors; heads: attention OV circuits.")] = "ffn",
+    blocks_a: Annotated[str, typer.Option("--blocks-a", help="Blocks of A to match, 'A..B' or '0,5,7' (default all).")] = "",
+    blocks_b: Annotated[str, typer.Option("--blocks-b", help="Blocks of B to search (default all).")] = "",
+    top: Annotated[int, typer.Option("--top", help="Best matched pairs to list with their top tokens.")] = 8,
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Align two models' parameters through their shared vocabulary (Dar et al. 2022, §5): each unit is
+    read in vocabulary space, units are compared by correlation, and each block of A is matched
+    one-to-one (Hungarian) to its most similar block of B. No forward pass."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from vocablens.align import align_models, unit_top_tokens
+    from vocablens.render.align import alignment_tables, alignment_to_dict, token_names, top_matches
+
+    if what not in ("ffn", "heads"):
+        raise BadInput(f"--what must be ffn or heads; got {what!r}")
+    if isinstance(top, bool) or top < 0:
+        raise BadInput(f"--top must be 0 or more; got {top}")
+    A = load_model(model_a, trust_remote_code=trust_remote_code, quiet=json_)
+    B = A if model_b == model_a else load_model(model_b, trust_remote_code=trust_remote_code, quiet=json_)
+    la = _blocks(blocks_a, A.borders.n_layers, "a")
+    lb = _blocks(blocks_b, B.borders.n_layers, "b")
+    with Progress(TextColumn("aligning {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} blocks"),
+                  TimeRemainingColumn(), console=err, transient=True, disable=json_) as bar:
+        task = bar.add_task(what, total=len(la) if la else A.borders.n_layers)
+        res = align_models(A.borders, A.tokenizer, B.borders, B.tokenizer, what=what, layers_a=la, layers_b=lb,
+                           progress=lambda done, total: bar.update(task, completed=done, total=total))
+
+    def names(side: str, layer: int, unit: int) -> list[str]:
+        lm = A if side == "a" else B
+        return token_names(lm.tokenizer, unit_top_tokens(lm.borders, what, layer, unit, k=5))
+
+    best = top_matches(res, names, top)
+    if json_:
+        d = alignment_to_dict(res, best)
+        d["model_a"], d["model_b"] = A.provenance.to_dict(), B.provenance.to_dict()
+        emit_json(d)
+        return
+    vocab = ("identical vocabularies" if res.shared.identical
+             else f"{res.shared.size:,} shared tokens (mapped by string)")
+    out.print(f"{what}: {vocab}; units compared by the correlation of their vocabulary-space projections")
+    for t in alignment_tables(res, best, model_a, model_b):
+        out.print(t)

@@ -1,0 +1,89 @@
+"""``vocablens lens anomaly``: odd inputs from their lens trajectories (Belrose et al. 2023, §5)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, emit_json, err, load_model, out
+from vocablens.cli.core import lens_app
+from vocablens.errors import BadInput
+
+
+@lens_app.command("anomaly")
+def lens_anomaly(
+    normal: Annotated[str, typer.Option("--normal", help="Normal inputs: a .txt (one per line), a .jsonl "
+                                                        "({\"text\"}) or a directory of them.")],
+    test: Annotated[str, typer.Option("--test", help="Inputs to score; a .jsonl with \"label\" (0 normal, 1 odd) "
+                                                    "on every line also gives the AUROC.")],
+    kind: Annotated[str, typer.Option("--kind", help="Trajectories of the logit lens, the tuned lens, or both.")] = "both",
+    lens: Annotated[str, typer.Option("--lens", help="Tuned-lens directory (default: the lens shipped for the model).")] = "",
+    detector: Annotated[str, typer.Option("--detector", help="iforest, lof or both.")] = "both",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the isolation forest.")] = 0,
+    model: ModelOpt = "smollm2",
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Fit anomaly detectors on the normal inputs' prediction trajectories (per layer: KL to the final
+    distribution, entropy, rank of the final token; logit and tuned lens) and score the test inputs."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.table import Table
+
+    from vocablens.anomaly import DETECTORS, detect, read_inputs, trajectory_features
+
+    if kind not in ("logit", "tuned", "both"):
+        raise BadInput(f"--kind must be logit, tuned or both; got {kind!r}")
+    if detector not in (*DETECTORS, "both"):
+        raise BadInput(f"--detector must be iforest, lof or both; got {detector!r}")
+    kinds = ("logit", "tuned") if kind == "both" else (kind,)
+    dets = DETECTORS if detector == "both" else (detector,)
+    normal_texts, _ = read_inputs(normal)
+    test_texts, labels = read_inputs(test)
+    if len(normal_texts) < 5:
+        raise BadInput(f"--normal needs at least 5 inputs to fit a detector; {normal} holds {len(normal_texts)}")
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    tl = None
+    if "tuned" in kinds:
+        from vocablens.lens.tuned import load_for_model
+
+        tl = load_for_model(lm.borders, model, lens or None)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeRemainingColumn(), console=err, transient=True, disable=json_) as bar:
+        feats = []
+        for name, texts in (("normal inputs", normal_texts), ("test inputs", test_texts)):
+            task = bar.add_task(f"trajectories of {name}", total=len(texts))
+            feats.append(trajectory_features(lm.borders, lm.tokenizer, texts, lens=tl, kinds=kinds,
+                                             progress=lambda d, n, t=task: bar.update(t, completed=d)))
+    rep = detect(feats[0], feats[1], labels, detectors=dets, seed=seed)
+    if json_:
+        emit_json({"model": lm.provenance.to_dict(), "kinds": list(kinds), "detectors": list(dets),
+                   "n_normal": rep.n_normal, "n_test": rep.n_test, "auroc": rep.auroc or None,
+                   "inputs": [{"index": i, "label": None if labels is None else int(labels[i]),
+                               "text": test_texts[i][:200],
+                               "scores": {k: round(float(v[i]), 6) for k, v in rep.scores.items()}}
+                              for i in range(rep.n_test)]})
+        return
+    out.print(f"fitted on {rep.n_normal} normal inputs; {rep.n_test} test inputs; higher score = odder")
+    if rep.auroc:
+        t = Table(title="AUROC (test labels: 1 = odd)")
+        t.add_column("trajectories")
+        for d in dets:
+            t.add_column(d, justify="right")
+        groups = sorted({k.split("/")[0] for k in rep.auroc}, key=lambda g: (len(g), g))
+        for g in groups:
+            t.add_row(g, *[f"{rep.auroc[f'{g}/{d}']:.3f}" for d in dets])
+        out.print(t)
+    t = Table(title="scores per test input")
+    t.add_column("#", justify="right")
+    if labels is not None:
+        t.add_column("label", justify="right")
+    t.add_column("input")
+    keys = list(rep.scores)
+    for k in keys:
+        t.add_column(k, justify="right")
+    for i, text in enumerate(test_texts):
+        short = text.replace("\n", "⏎")[:48] + ("…" if len(text) > 48 else "")
+        row = [str(i)] + ([str(int(labels[i]))] if labels is not None else []) + [short]
+        t.add_row(*row, *[f"{float(rep.scores[k][i]):.3f}" for k in keys])
+    out.print(t)

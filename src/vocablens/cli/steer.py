@@ -1,0 +1,140 @@
+"""``vocablens steer``: scale the FFN value vectors that promote / suppress tokens (Geva et al. 2022, §5.1)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.errors import BadInput
+
+
+def _token_ids(tokenizer, texts: list[str], V: int, quiet: bool) -> list[int]:
+    from vocablens.models.tokens import single_token_id
+
+    ids = []
+    for t in texts:
+        got, note = single_token_id(tokenizer, t, V)
+        if note and not quiet:
+            err.print(f"[dim]note: {note}[/dim]")
+        ids.append(int(got[0]))
+    return list(dict.fromkeys(ids))
+
+
+def _stream_layers(s: str, L: int) -> list[int] | None:
+    """'A..B' stream layers (1..L: layer l is written by block l-1) -> block indices."""
+    if not s:
+        return None
+    try:
+        a, b = (int(x) for x in s.split("..", 1)) if ".." in s else (int(s), int(s))
+    except ValueError:
+        raise BadInput(f"--layers takes A..B (stream layers 1..{L}); got {s!r}") from None
+    if not 1 <= a <= b <= L:
+        raise BadInput(f"--layers A..B must satisfy 1 <= A <= B <= {L} (layer l is written by block l-1); got {s!r}")
+    return list(range(a - 1, b))
+
+
+@app.command("steer")
+def steer_cmd(
+    promote: Annotated[list[str], typer.Option("--promote", help="A token to promote (repeat the option).")] = [],  # noqa: B006
+    suppress: Annotated[list[str], typer.Option("--suppress", help="A token to suppress (repeat the option).")] = [],  # noqa: B006
+    top_n: Annotated[int, typer.Option("--top-n", help="Value vectors chosen per token set.")] = 10,
+    scale: Annotated[float, typer.Option("--scale", help="Factor on the chosen vectors' activations.")] = 8.0,
+    layers: Annotated[str, typer.Option("--layers", help="Only the blocks that write stream layers A..B "
+                                                       "(layer l = output of block l-1), e.g. 15..30.")] = "",
+    suppress_mode: Annotated[str, typer.Option("--suppress-mode", help="boost: scale up the vectors that push "
+                                               "the set down; ablate: switch off those that push it up.")] = "boost",
+    prompt: Annotated[str, typer.Option("--prompt", help="Text to measure on and to continue greedily.")] = "",
+    corpus: Annotated[str, typer.Option("--corpus", help="Measure on a corpus instead (named or a path).")] = "",
+    heldout: Annotated[str, typer.Option("--heldout", help="Corpus for the perplexity (fluency cost).")] = "pydoc-topics",
+    new_tokens: Annotated[int, typer.Option("--new-tokens", help="Greedy continuation length (0: none).")] = 24,
+    save: Annotated[str, typer.Option("--save", help="Write the steered model (factors folded into the "
+                                                    "weights) as a Hugging Face directory.")] = "",
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --save directory.")] = False,
+    model: ModelOpt = "smollm2",
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Steer by value vectors: find those that single out the tokens in vocabulary space, scale their
+    activations with a forward hook (no weight edit), and report the tokens' probability mass,
+    the held-out perplexity and greedy continuations, before and after."""
+    from rich.table import Table
+
+    from vocablens.models.tokens import quoted, token_str
+    from vocablens.steer import steer
+    from vocablens.steer_eval import measure
+
+    if not promote and not suppress:
+        raise BadInput("give --promote TOKEN and/or --suppress TOKEN")
+    if prompt and corpus:
+        raise BadInput("give --prompt or --corpus, not both")
+    if isinstance(new_tokens, bool) or new_tokens < 0 or new_tokens > 512:
+        raise BadInput(f"--new-tokens must be in 0..512; got {new_tokens}")
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    b, tok = lm.borders, lm.tokenizer
+    blocks = _stream_layers(layers, b.n_layers)
+    sets = {"promote": _token_ids(tok, promote, b.vocab_size, json_),
+            "suppress": _token_ids(tok, suppress, b.vocab_size, json_)}
+    st = steer(b, promote=sets["promote"], suppress=sets["suppress"], top_n=top_n, scale=scale, blocks=blocks,
+               suppress_mode=suppress_mode)
+    from vocablens.surgery.io import heldout_texts
+
+    def enc(t: str):
+        return tok(t, return_tensors="pt").input_ids[0][:256]
+
+    probes = [enc(prompt or "The weather today is")] if not corpus else [enc(t) for t in heldout_texts(corpus, 4, 600)]
+    held = [enc(t) for t in heldout_texts(heldout, 4, 800)]
+    if not json_:
+        err.print(f"[dim]measuring {len(st.vectors)} vectors on {len(probes)} probe text(s) and "
+                  f"{len(held)} held-out texts, unsteered and steered ...[/dim]")
+    eff = measure(b, st, probes, sets, heldout=held, max_new_tokens=new_tokens if not corpus else 0)
+    vec_rows = []
+    from vocablens.models.blocks import block_view
+
+    for v in st.vectors:
+        w = block_view(b, v.block).W_out[v.neuron].detach().float()
+        top = (b.unembedding.readout(True)[: b.real_vocab_size] @ w).topk(6).indices.tolist()
+        vec_rows.append({"role": v.role, "block": v.block, "layer": v.block + 1, "neuron": v.neuron,
+                         "z": round(v.z, 4), "factor": v.factor, "top_tokens": [token_str(tok, i) for i in top]})
+    cont = {}
+    if eff.continuation_before is not None:
+        cont = {"before": tok.decode(eff.continuation_before), "after": tok.decode(eff.continuation_after)}
+    saved = None
+    if save:
+        from vocablens.surgery.io import save_model_dir
+
+        with st.folded():
+            saved = str(save_model_dir(lm.model, tok, save, force=force))
+    if json_:
+        emit_json({"model": lm.provenance.to_dict(),
+                   "promote": [token_str(tok, i) for i in sets["promote"]],
+                   "suppress": [token_str(tok, i) for i in sets["suppress"]],
+                   "top_n": top_n, "scale": scale, "suppress_mode": suppress_mode, "vectors": vec_rows,
+                   "mass_before": eff.mean_mass_before, "mass_after": eff.mean_mass_after,
+                   "mass_per_position": {k: {"before": eff.mass_before[k].tolist(), "after": eff.mass_after[k].tolist()}
+                                         for k in eff.mass_before},
+                   "perplexity_before": eff.ppl_before, "perplexity_after": eff.ppl_after,
+                   "continuation": cont or None, "saved": saved})
+        return
+    t = Table(title="value vectors chosen (z: the token set's z-score among the vector's logits)")
+    for c in ("role", "layer (block)", "neuron", "z", "factor", "top tokens"):
+        t.add_column(c, justify="right" if c in ("neuron", "z", "factor") else "left")
+    for r in vec_rows:
+        t.add_row(r["role"], f"{r['layer']} ({r['block']})", str(r["neuron"]), f"{r['z']:+.2f}", f"{r['factor']:g}",
+                  " ".join(quoted(s) for s in r["top_tokens"]))
+    out.print(t)
+    m = Table(title="effect (mean next-token probability of each set over the probe positions)")
+    for c in ("measure", "before", "after", "ratio"):
+        m.add_column(c, justify="left" if c == "measure" else "right")
+    for k in eff.mean_mass_before:
+        a, z = eff.mean_mass_before[k], eff.mean_mass_after[k]
+        m.add_row(f"mass of the {k} set", f"{a:.4g}", f"{z:.4g}", f"{z / a:.3f}x" if a > 0 else "-")
+    m.add_row("held-out perplexity", f"{eff.ppl_before:.3f}", f"{eff.ppl_after:.3f}",
+              f"{eff.ppl_after / eff.ppl_before:.3f}x")
+    out.print(m)
+    if cont:
+        out.print(f"before: {cont['before']!r}")
+        out.print(f"after:  {cont['after']!r}")
+    if saved:
+        out.print(f"wrote the steered model to {save} (reloads with AutoModelForCausalLM)")

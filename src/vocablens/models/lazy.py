@@ -1,0 +1,180 @@
+"""Load only the two borders: the embedding, the LM head (and bias) and the final norm.
+
+Analyses over the vocabulary matrices alone (neighbours, the tie check, argmax geometry, the softmax
+bottleneck) need a few hundred MB of a multi-GB checkpoint. :func:`load_borders_only` builds the model
+skeleton on the ``meta`` device (no storage, ``accelerate.init_empty_weights``), then reads just those
+tensors from the checkpoint's safetensors files through ``safe_open`` (memory-mapped; one tensor at a
+time; sharded checkpoints through their index), in the checkpoint's own dtype unless one is asked
+for. The blocks stay on ``meta``: a forward pass is refused (:class:`~vocablens.errors.BadInput`).
+
+A ``.gguf`` file is read from vocablens's safetensors cache of it when present (see
+:func:`vocablens.models.load`); otherwise it is loaded whole once, which writes that cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from vocablens.errors import BadInput, CorruptModelFile, VocabLensError
+
+
+def _shard_files(d: Path) -> dict[str, Path]:
+    """tensor name -> the safetensors file holding it, for a model directory (single file or sharded)."""
+    from safetensors import safe_open
+
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            wm = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as e:
+            raise CorruptModelFile(f"cannot read {index}: {e}; download the checkpoint again") from None
+        return {k: d / v for k, v in wm.items()}
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise BadInput(f"{d} has no safetensors weights; reading only the borders needs them "
+                       "(load the whole model instead)")
+    out = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                out.update({k: f for k in h.keys()})
+        except Exception as e:  # safetensors raises its own error types for a damaged header
+            raise CorruptModelFile(f"cannot read {f}: {str(e).splitlines()[0]}; download it again") from None
+    return out
+
+
+def _checkpoint_name(param: str, available: dict[str, Path], prefix: str) -> str | None:
+    """The checkpoint key of a model parameter (checkpoints may omit or add the base-model prefix)."""
+    cands = [param]
+    if prefix and param.startswith(prefix + "."):
+        cands.append(param[len(prefix) + 1:])
+    elif prefix:
+        cands.append(f"{prefix}.{param}")
+    return next((c for c in cands if c in available), None)
+
+
+def _materialize(model, names: list[str], files: dict[str, Path], dtype: torch.dtype | None) -> None:
+    """Replace the meta parameters ``names`` of ``model`` by the checkpoint's tensors."""
+    from safetensors import safe_open
+
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    params = dict(model.named_parameters())
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for n in names:
+        key = _checkpoint_name(n, files, prefix)
+        if key is None:
+            raise CorruptModelFile(f"the checkpoint has no tensor for {n}; it does not match its config")
+        by_file.setdefault(files[key], []).append((n, key))
+    for f, pairs in by_file.items():
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                for n, key in pairs:
+                    t = h.get_tensor(key)
+                    if dtype is not None:
+                        t = t.to(dtype)
+                    p = params[n]
+                    if tuple(t.shape) != tuple(p.shape):
+                        raise CorruptModelFile(f"{f.name}: {key} has shape {tuple(t.shape)}, the config says "
+                                               f"{tuple(p.shape)}; the config and the weights disagree")
+                    mod_name, _, attr = n.rpartition(".")
+                    mod = model.get_submodule(mod_name) if mod_name else model
+                    setattr(mod, attr, torch.nn.Parameter(t, requires_grad=False))
+        except VocabLensError:
+            raise
+        except Exception as e:
+            raise CorruptModelFile(f"cannot read {f}: {str(e).splitlines()[0]}; download it again") from None
+
+
+def _source_dir(spec: str) -> tuple[Path, object]:
+    """The safetensors directory to read and the provenance of ``spec``."""
+    from vocablens.models import loading as L
+
+    kind, path, hub = L.resolve_spec(spec)
+    if kind == "gguf":
+        cdir = L._gguf_cache_dir(path)
+        mark = cdir / L._CACHE_MARK if cdir is not None else None
+        if mark is None or not mark.is_file():
+            L.load(spec)  # dequantizes once and writes the cache (the whole model, this time only)
+            mark = cdir / L._CACHE_MARK if cdir is not None else None
+            if mark is None or not mark.is_file():
+                raise BadInput("the GGUF cache is off (VOCABLENS_CACHE=off): load the whole model instead")
+        prov = L.Provenance(**{**json.loads(mark.read_text()), "spec": spec, "loaded_from": str(cdir)})
+        return cdir, prov
+    if kind == "dir":
+        return path, L._dir_provenance(path, spec)
+    from huggingface_hub import snapshot_download
+
+    try:
+        d = Path(snapshot_download(hub, local_files_only=True, allow_patterns=["*.json", "*.safetensors", "*.model",
+                                                                              "*.txt", "*.jinja"]))
+    except Exception:
+        raise L._hub_error(hub, OSError("not in the local cache")) from None
+    return d, L.Provenance(spec=spec, name=hub, source=f"hub:{hub}", format="hub", quantization="")
+
+
+def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_remote_code: bool = False):
+    """The model with only its embedding, LM head (+ bias) and final norm in memory.
+
+    Args:
+        spec: as :func:`vocablens.models.load` (``smollm2``, a directory, a ``.gguf`` file, a hub id).
+        dtype: torch dtype or name; default: the checkpoint's own (float32 for a dequantized GGUF).
+
+    Returns:
+        :class:`~vocablens.models.LoadedModel` whose ``borders`` has real ``W_E``, ``W_U``, ``b_U``
+        and final norm, and blocks on the ``meta`` device. Peak memory: about the bytes of those
+        tensors (one [V, d] matrix when tied) plus the tokenizer.
+
+    Raises:
+        ModelNotFound, CorruptModelFile: as :func:`vocablens.models.load`; CorruptModelFile also when
+            the config and the weights disagree. BadInput: a checkpoint without safetensors.
+    """
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from vocablens.models import loading as L
+    from vocablens.models.borders import Borders
+
+    spec_s = str(spec)
+    d, prov = _source_dir(spec_s)
+    tdtype = L._torch_dtype(dtype)
+    try:
+        config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(str(d), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise CorruptModelFile(f"cannot read the config or tokenizer in {d}: {str(e).splitlines()[0]}") from None
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    files = _shard_files(d)
+    skel = Borders.from_model(model)
+    wanted = [skel.embedding, skel.lm_head, skel.final_norm, skel.project_in, skel.project_out]
+    ids = {id(p) for m in wanted if m is not None for p in m.parameters()}
+    # named_parameters lists a tied matrix once (under the embedding's name): read it once, then let
+    # the head share the new tensor again
+    names = [n for n, p in model.named_parameters() if id(p) in ids]
+    head_name = next((n for n, p in model.named_parameters() if p is skel.lm_head.weight), None)
+    tie_cfg = bool(getattr(config.get_text_config() if hasattr(config, "get_text_config") else config,
+                           "tie_word_embeddings", False))
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    tied = skel.lm_head.weight is skel.embedding.weight or (
+        tie_cfg and head_name is not None and _checkpoint_name(head_name, files, prefix) is None)
+    if tied:
+        names = [n for n in names if n != head_name]
+    _materialize(model, names, files, tdtype)
+    if tied:
+        skel.lm_head.weight = model.get_input_embeddings().weight
+    for mod in (skel.final_norm,):  # non-persistent buffers (e.g. rotary) stay on meta; norms have none
+        if mod is not None:
+            for n, b in list(mod.named_buffers()):
+                if b.is_meta:
+                    raise CorruptModelFile(f"the final norm's buffer {n} is not in the checkpoint")
+    model.eval()
+    pdtype = model.get_input_embeddings().weight.dtype
+    prov = L.Provenance(**{**prov.__dict__, "dtype": str(pdtype).replace("torch.", "")})
+    return L.LoadedModel(model, tok, Borders.from_model(model, tokenizer=tok), prov)
+
+
+__all__ = ["load_borders_only"]

@@ -1,0 +1,75 @@
+"""Rendering of a parameter alignment between two models: JSON, the per-layer table, best matches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from rich.table import Table
+
+from vocablens.align import Alignment
+from vocablens.models.tokens import quoted, token_str
+
+
+def _unit(what: str) -> str:
+    return "neuron" if what == "ffn" else "head"
+
+
+def best_pairs(res: Alignment, n: int) -> list[tuple[int, int, int, int, float]]:
+    """The ``n`` matched pairs with the highest correlation: (layer_a, unit_a, layer_b, unit_b, corr)."""
+    rows = []
+    for m in res.matches:
+        ok = ~torch.isnan(m.corr)
+        for i in ok.nonzero().flatten().tolist():
+            rows.append((m.layer_a, i, m.layer_b, int(m.partner[i]), float(m.corr[i])))
+    return sorted(rows, key=lambda r: -r[4])[:n]
+
+
+def alignment_to_dict(res: Alignment, top: list[dict[str, Any]]) -> dict[str, Any]:
+    """Plain data for ``--json``: the layer map, each layer's matching summary, the best pairs."""
+    return {
+        "what": res.what,
+        "unit": _unit(res.what),
+        "shared_tokens": res.shared.size,
+        "identical_vocabularies": res.shared.identical,
+        "layers_a": res.layers_a,
+        "layers_b": res.layers_b,
+        "layer_similarity": [[round(float(x), 6) for x in row] for row in res.layer_similarity],
+        "layers": [{"layer_a": m.layer_a, "layer_b": m.layer_b, "units": int(m.partner.numel()),
+                    "matched_mean_corr": round(m.mean_corr, 6),
+                    "identity_fraction": round(float((m.partner == torch.arange(m.partner.numel())).float().mean()), 6),
+                    "partner": m.partner.tolist()} for m in res.matches],
+        "best_matches": top,
+    }
+
+
+def top_matches(res: Alignment, top_tokens, n: int) -> list[dict[str, Any]]:
+    """The ``n`` best pairs with the top tokens of both units (``top_tokens(side, layer, unit)`` -> names)."""
+    return [{"layer_a": la, "unit_a": ua, "layer_b": lb, "unit_b": ub, "corr": round(c, 6),
+             "top_tokens_a": top_tokens("a", la, ua), "top_tokens_b": top_tokens("b", lb, ub)}
+            for la, ua, lb, ub, c in best_pairs(res, n)]
+
+
+def alignment_tables(res: Alignment, top: list[dict[str, Any]], name_a: str, name_b: str) -> list[Table]:
+    """Two rich tables: per layer of A its best layer of B (mean best and matched correlation), and the
+    best matched pairs with their top tokens."""
+    unit = _unit(res.what)
+    t = Table(title=f"{name_a} -> {name_b}: each block's most similar block ({unit}s matched one-to-one)")
+    for c in ("block A", "block B", f"{unit}s", "mean best corr", "matched mean corr", "same index"):
+        t.add_column(c, justify="right")
+    for i, m in enumerate(res.matches):
+        j = res.layers_b.index(m.layer_b)
+        same = float((m.partner == torch.arange(m.partner.numel())).float().mean())
+        t.add_row(str(m.layer_a), str(m.layer_b), str(m.partner.numel()),
+                  f"{float(res.layer_similarity[i, j]):.3f}", f"{m.mean_corr:.3f}", f"{same:.1%}")
+    b = Table(title=f"best matched {unit}s and what they promote")
+    for c in ("A", "B", "corr", "A's top tokens", "B's top tokens"):
+        b.add_column(c, justify="right" if c in ("A", "B", "corr") else "left")
+    for r in top:
+        b.add_row(f"{r['layer_a']}/{r['unit_a']}", f"{r['layer_b']}/{r['unit_b']}", f"{r['corr']:.3f}",
+                  " ".join(quoted(s) for s in r["top_tokens_a"]), " ".join(quoted(s) for s in r["top_tokens_b"]))
+    return [t, b]
+
+
+def token_names(tokenizer, ids: list[int]) -> list[str]:
+    return [token_str(tokenizer, i) for i in ids]
