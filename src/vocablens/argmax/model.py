@@ -85,7 +85,7 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
     Raises:
         BadInput: ``bias="on"`` for a head without bias, or an unknown ``bias`` mode.
     """
-    from vocablens.models.borders import untrained_rows
+    from vocablens.models.rows import untrained_rows
 
     t0 = time.perf_counter()
     if bias not in ("auto", "on", "off"):

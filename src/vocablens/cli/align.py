@@ -34,9 +34,10 @@ def align_cmd(
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
-    """Align two models' parameters through their shared vocabulary (Dar et al. 2022, §5): each unit is
-    read in vocabulary space, units are compared by correlation, and each block of A is matched
-    one-to-one (Hungarian) to its most similar block of B. No forward pass."""
+    """Match two models' FFN neurons or heads through their shared vocabulary (no forward pass).
+
+    Each unit is read in vocabulary space and compared by correlation; each block of A is matched
+    one-to-one (Hungarian) to its most similar block of B (Dar et al. 2022, §5)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from vocablens.align import align_models, unit_top_tokens

@@ -25,8 +25,10 @@ def lens_anomaly(
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
-    """Fit anomaly detectors on the normal inputs' prediction trajectories (per layer: KL to the final
-    distribution, entropy, rank of the final token; logit and tuned lens) and score the test inputs."""
+    """Score inputs by how odd their lens trajectories are (Belrose et al. 2023, §5).
+
+    Detectors are fitted on the normal inputs' trajectories (per layer: KL to the final distribution,
+    entropy, rank of the final token; logit and tuned lens)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
     from rich.table import Table
 

@@ -68,7 +68,7 @@ def argmax_cmd(
         raise BadInput(f"--budget must be a number of seconds >= 0 (0: no limit); got {budget}")
     rank = _rank()                  # torchrun: the rows are split across ranks, rank 0 prints
     quiet = json_ or rank != 0
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=quiet)
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=quiet, borders_only=True)
     cb, close = _progress_bar(quiet) if rank == 0 else ((lambda *_: None), (lambda: None))
     try:
         ma = argmax_for_borders(lm.borders, bias=bias, include_padding=include_padding,

@@ -101,11 +101,19 @@ def status(msg: str, quiet: bool = False):
         yield
 
 
-def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = False, quiet: bool = False):
-    """Load a model for a command, with progress on stderr; returns :class:`~vocablens.models.LoadedModel`."""
+def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = False, quiet: bool = False,
+               borders_only: bool = False):
+    """Load a model for a command, with progress on stderr; returns :class:`~vocablens.models.LoadedModel`.
+
+    ``borders_only``: read just the embedding, LM head and final norm
+    (:func:`vocablens.models.lazy.load_borders_only`), for commands that run no forward pass.
+    """
     import time
 
     from vocablens.models import load
+
+    if borders_only:
+        from vocablens.models.lazy import load_borders_only as load
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF dequantization bar; we show our own
@@ -142,6 +150,17 @@ def fail(message: str) -> None:
 
 def run_app(argv: list[str] | None = None) -> int:
     """Run the typer app; VocabLensError -> one line on stderr, exit code 2, no traceback."""
+    import warnings
+
+    from vocablens.errors import VocabLensNote
+
+    def show_note(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, VocabLensNote):
+            err.print(f"[dim]note: {message}[/dim]", soft_wrap=True, markup=True, highlight=False)
+        else:
+            previous(message, category, filename, lineno, file, line)
+
+    previous, warnings.showwarning = warnings.showwarning, show_note
     try:
         app(args=argv, prog_name="vocablens")
     except VocabLensError as exc:
@@ -159,4 +178,6 @@ def run_app(argv: list[str] | None = None) -> int:
         return 0
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        warnings.showwarning = previous
     return 0

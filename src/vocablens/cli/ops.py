@@ -16,12 +16,18 @@ def score(
     text: Annotated[Optional[str], typer.Argument(help="Text to score (or use --file).")] = None,
     file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the text from this UTF-8 file.")] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", help="Alternatives per position (0 = none).")] = 3,
+    special_text: Annotated[str, typer.Option("--special-text", help="parse: special-token strings in the text "
+                                              "(<|im_end|>) become those tokens (a note says so); plain: "
+                                              "read them as ordinary text.")] = "parse",
     model: ModelOpt = "smollm2",
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
-    """Per-token log-probabilities of a text: total, per byte, and the top-k alternatives per position."""
-    from vocablens.models.tokens import context_length, encode_prompt
+    """Per-token log-probabilities of a text: total, per byte, and the top-k alternatives per position.
+
+    The first token is scored only when the tokenizer adds BOS (it then has a prefix); bits per byte
+    divide by the bytes of exactly the scored tokens."""
+    from vocablens.models.tokens import context_length, encode_prompt, token_bytes
     from vocablens.render.ops import print_score, score_to_dict
     from vocablens.score import score_ids
 
@@ -39,9 +45,10 @@ def score(
     if not text or not text.strip():
         raise BadInput("empty text: nothing to score")
     lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
-    ids = encode_prompt(lm.tokenizer, text, context_length(lm.model.config))[0]
-    n_bytes = len(lm.tokenizer.decode(ids[1:].tolist(), skip_special_tokens=True,
-                                      clean_up_tokenization_spaces=False).encode("utf-8")) if ids.numel() > 1 else 0
+    ids = encode_prompt(lm.tokenizer, text, context_length(lm.model.config), special_text=special_text)[0]
+    # bits per byte over one span: the bytes of exactly the tokens whose log-probability is summed
+    # (ids[1:]; special tokens count with their text)
+    n_bytes = sum(len(token_bytes(lm.tokenizer, int(i)) or b"") for i in ids[1:])
     res = score_ids(lm.borders, ids, top_k=top_k, n_bytes=n_bytes)
     if json_:
         d = score_to_dict(res, lm.tokenizer)

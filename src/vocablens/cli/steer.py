@@ -56,9 +56,11 @@ def steer_cmd(
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
-    """Steer by value vectors: find those that single out the tokens in vocabulary space, scale their
-    activations with a forward hook (no weight edit), and report the tokens' probability mass,
-    the held-out perplexity and greedy continuations, before and after."""
+    """Scale the FFN value vectors that promote / suppress tokens, and measure the effect.
+
+    The vectors are chosen by the tokens' z-score in vocabulary space (Geva et al. 2022, §5.1) and
+    scaled with a forward hook (no weight edit); reported before and after: the tokens' probability
+    mass, the held-out perplexity and greedy continuations."""
     from rich.table import Table
 
     from vocablens.models.tokens import quoted, token_str

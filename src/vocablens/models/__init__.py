@@ -6,7 +6,8 @@ Modules: ``spec`` (where a spec points), ``config`` (a config without weights, m
 ``dtypes`` (the one dtype table), ``flops`` (attention shape and FLOP counts).
 """
 
-from vocablens.models.borders import Borders, untrained_rows
+from vocablens.models.borders import Borders
+from vocablens.models.rows import untrained_rows
 from vocablens.models.config import load_config
 from vocablens.models.loading import LoadedModel, load
 from vocablens.models.provenance import Provenance, gguf_provenance

@@ -18,61 +18,13 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from vocablens.errors import BadInput, NonFiniteWeights, UnsupportedArchitecture
+from vocablens.errors import BadInput, UnsupportedArchitecture
 from vocablens.models.unembed import Unembedding
 
 _NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "final_layernorm", "final_norm", "norm_f", "ln_out")
-_BLOCK_NAMES = ("layers", "h", "blocks", "block", "decoder_layers")
 
 
-def _named_children(mod: nn.Module) -> dict[str, str]:
-    return {n: type(m).__name__ for n, m in mod.named_children()}
-
-
-def _find_decoder(model: nn.Module) -> nn.Module:
-    """The module that holds the blocks (``model.model``, ``transformer``, ``gpt_neox``, ``model.decoder``)."""
-    cand: list[nn.Module] = []
-    for getter in ("get_decoder",):
-        fn = getattr(model, getter, None)
-        if callable(fn):
-            try:
-                dec = fn()
-            except Exception:
-                dec = None
-            if isinstance(dec, nn.Module) and dec is not model:
-                cand.append(dec)
-    base = getattr(model, "base_model", None)
-    if isinstance(base, nn.Module) and base is not model:
-        cand.append(base)
-        dec = getattr(base, "decoder", None)
-        if isinstance(dec, nn.Module):
-            cand.insert(0, dec)
-    for c in cand:
-        if any(isinstance(getattr(c, n, None), nn.ModuleList) for n in _BLOCK_NAMES):
-            return c
-    return cand[0] if cand else model
-
-
-def _find_blocks(decoder: nn.Module, n_layers: int | None) -> nn.ModuleList | None:
-    for n in _BLOCK_NAMES:
-        m = getattr(decoder, n, None)
-        if isinstance(m, nn.ModuleList) and len(m) > 0:
-            return m
-    lists = [m for m in decoder.children() if isinstance(m, nn.ModuleList)]
-    if n_layers:
-        lists = [m for m in lists if len(m) == n_layers] or lists
-    return max(lists, key=len) if lists else None
-
-
-def config_value(config, *names, default=None):
-    """The first of ``names`` that the config sets (not None), else ``default``: families name the
-    same thing differently (``hidden_size`` / ``n_embd`` / ``d_model``)."""
-    for n in names:
-        v = getattr(config, n, None)
-        if v is not None:
-            return v
-    return default
-
+from vocablens.models.find import _find_blocks, _find_decoder, _named_children, config_value  # noqa: E402,F401
 
 _cfg = config_value
 
@@ -92,7 +44,7 @@ class Borders:
         project_in: OPT-style projection from d_emb to d_model before block 0, or None.
         project_out: OPT-style projection from d_model to d_emb after the final norm, or None.
         lm_head: the output linear layer; its weight is ``W_U`` [V, d_emb], bias optional.
-        softcap: final-logit softcap c (logits = c·tanh(logits/c)), or None.
+        softcap: the final-logit soft cap c (Gemma 2), or None (see :mod:`vocablens.logit_transform`).
         logit_scale: factor applied to the head's output before the softcap (Cohere ``logit_scale``,
             Granite 1/``logits_scaling``); 1.0 for most families.
         tied: whether ``W_U`` and ``W_E`` share storage (decided by storage, not by config).
@@ -248,6 +200,8 @@ class Borders:
         if bad.numel():
             mask[bad] = False
         if exclude_untrained:
+            from vocablens.models.rows import untrained_rows
+
             mask &= ~untrained_rows(self.W_E)
             if not self.tied:
                 mask &= ~untrained_rows(self.W_U)
@@ -260,59 +214,26 @@ class Borders:
 
     # ------------------------------------------------------------------ non-finite weights
     def nonfinite(self) -> dict[str, int]:
-        """Parameters holding NaN or ±inf: ``{name: count}`` (empty for a healthy model). One pass over
-        the weights, done once and kept while they are unchanged (in-place edits are noticed)."""
-        params = list(self.model.named_parameters())
-        key = ("nonfinite", tuple(p._version for _, p in params))
-        if key not in self._memo:
-            bad = {}
-            with torch.no_grad():
-                for name, p in params:
-                    if p.is_meta or not p.is_floating_point():
-                        continue
-                    flat = p.reshape(-1)
-                    n = sum(int(flat[i:i + 2**22].isfinite().logical_not().count_nonzero())
-                            for i in range(0, flat.numel(), 2**22))  # chunks: no [numel] temporaries
-                    if n:
-                        bad[name] = n
-            for k in [k for k in self._memo if isinstance(k, tuple) and k[0] == "nonfinite"]:
-                del self._memo[k]  # an older reading of weights edited since
-            self._memo[key] = bad
-        return dict(self._memo[key])
+        """Parameters holding NaN or ±inf: ``{name: count}`` (see :func:`vocablens.models.rows.nonfinite`)."""
+        from vocablens.models.rows import nonfinite
+
+        return nonfinite(self)
 
     def nonfinite_rows(self) -> torch.Tensor:
         """int64 ids of vocabulary rows whose embedding or LM-head row holds NaN or ±inf (sorted)."""
-        if not self.nonfinite():
-            return torch.zeros(0, dtype=torch.int64)
-        rows = (~torch.isfinite(self.W_E.detach())).any(1)
-        if not self.tied:
-            rows |= (~torch.isfinite(self.W_U.detach())).any(1)
-        if self.b_U is not None:
-            rows |= ~torch.isfinite(self.b_U.detach())
-        return rows.nonzero().flatten().cpu()
+        from vocablens.models.rows import nonfinite_rows
+
+        return nonfinite_rows(self)
 
     def check_finite(self, ids: torch.Tensor | None = None) -> None:
-        """Refuse a forward pass whose result a non-finite weight would poison.
-
-        Every block, the final norm and the LM head must be finite (one bad LM-head row changes every
-        position's normalization); embedding rows only matter for the tokens in ``ids``.
+        """Refuse a forward pass a non-finite weight would poison (:func:`vocablens.models.rows.check_finite`).
 
         Raises:
-            NonFiniteWeights: naming the tensor, how many values, and the rows of the matrices.
+            NonFiniteWeights: naming the tensor, how many values, and the matrices' rows.
         """
-        bad = self.nonfinite()
-        if not bad:
-            return
-        emb = {n for n, p in self.model.named_parameters() if p is self.W_E}
-        rows = self.nonfinite_rows()
-        if set(bad) <= emb and not self.tied:
-            if ids is None or not bool(torch.isin(ids.flatten().cpu(), rows).any()):
-                return
-        first = sorted(bad)[0]
-        where = f"; vocabulary rows {rows.tolist()[:8]}{' ...' if rows.numel() > 8 else ''}" if rows.numel() else ""
-        raise NonFiniteWeights(f"the weights hold NaN or inf: {first} has {bad[first]} non-finite values"
-                               f"{f' (and {len(bad) - 1} more tensors)' if len(bad) > 1 else ''}{where}; "
-                               "the checkpoint is damaged: download or convert it again")
+        from vocablens.models.rows import check_finite
+
+        check_finite(self, ids)
 
     # ------------------------------------------------------------------ computing through the borders
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -434,30 +355,3 @@ class Borders:
             "logit_scale": self.logit_scale,
             "dtype": str(self.W_E.dtype).replace("torch.", ""),
         }
-
-
-def untrained_rows(W: torch.Tensor, min_group: int = 8) -> torch.Tensor:
-    """Bool [V]: rows that look never trained — all zeros, or one of >= ``min_group`` identical rows.
-
-    Args:
-        W: [V, d] any float dtype.
-    """
-    V = W.shape[0]
-    out = torch.cat([(W[i:i + 8192] == 0).all(dim=1) for i in range(0, V, 8192)]) if V else (W == 0).all(dim=1)
-    # Identical rows: hash each row by two random projections (float64), then confirm exactly.
-    g = torch.Generator().manual_seed(0)
-    P = torch.randn(W.shape[1], 2, generator=g, dtype=torch.float64)
-    Wd = W.detach()
-    keys = torch.cat([Wd[i:i + 8192].to("cpu", torch.float64) @ P for i in range(0, V, 8192)])  # O(chunk·d) extra
-    _, inverse, counts = torch.unique(keys, dim=0, return_inverse=True, return_counts=True)
-    big = counts[inverse] >= min_group
-    if big.any():
-        idx = big.nonzero().flatten()
-        for grp in torch.unique(inverse[idx]):
-            members = idx[inverse[idx] == grp]
-            ref = W[members[0]]
-            same = (W[members] == ref).all(dim=1)
-            if int(same.sum()) >= min_group:
-                out[members[same]] = True
-    assert out.shape == (V,)
-    return out

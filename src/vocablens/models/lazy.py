@@ -91,29 +91,31 @@ def _materialize(model, names: list[str], files: dict[str, Path], dtype: torch.d
 
 def _source_dir(spec: str) -> tuple[Path, object]:
     """The safetensors directory to read and the provenance of ``spec``."""
-    from vocablens.models import loading as L
+    from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
+    from vocablens.models.loading import load
+    from vocablens.models.provenance import Provenance, dir_provenance
+    from vocablens.models.spec import hub_error, resolve_spec
 
-    kind, path, hub = L.resolve_spec(spec)
+    kind, path, hub = resolve_spec(spec)
     if kind == "gguf":
-        cdir = L._gguf_cache_dir(path)
-        mark = cdir / L._CACHE_MARK if cdir is not None else None
+        cdir = cache_dir(path)
+        mark = cdir / CACHE_MARK if cdir is not None else None
         if mark is None or not mark.is_file():
-            L.load(spec)  # dequantizes once and writes the cache (the whole model, this time only)
-            mark = cdir / L._CACHE_MARK if cdir is not None else None
+            load(spec)  # dequantizes once and writes the cache (the whole model, this time only)
             if mark is None or not mark.is_file():
-                raise BadInput("the GGUF cache is off (VOCABLENS_CACHE=off): load the whole model instead")
-        prov = L.Provenance(**{**json.loads(mark.read_text()), "spec": spec, "loaded_from": str(cdir)})
+                raise BadInput("the GGUF cache is off or not writable (VOCABLENS_CACHE): load the whole model instead")
+        prov = Provenance(**{**json.loads(mark.read_text()), "spec": spec, "loaded_from": str(cdir)})
         return cdir, prov
     if kind == "dir":
-        return path, L._dir_provenance(path, spec)
+        return path, dir_provenance(path, spec)
     from huggingface_hub import snapshot_download
 
     try:
         d = Path(snapshot_download(hub, local_files_only=True, allow_patterns=["*.json", "*.safetensors", "*.model",
                                                                               "*.txt", "*.jinja"]))
     except Exception:
-        raise L._hub_error(hub, OSError("not in the local cache")) from None
-    return d, L.Provenance(spec=spec, name=hub, source=f"hub:{hub}", format="hub", quantization="")
+        raise hub_error(hub) from None
+    return d, Provenance(spec=spec, name=hub, source=f"hub:{hub}", format="hub", quantization="")
 
 
 def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_remote_code: bool = False):
@@ -135,12 +137,14 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from vocablens.models import loading as L
     from vocablens.models.borders import Borders
+    from vocablens.models.dtypes import torch_dtype
+    from vocablens.models.loading import LoadedModel
+    from vocablens.models.provenance import Provenance
 
     spec_s = str(spec)
     d, prov = _source_dir(spec_s)
-    tdtype = L._torch_dtype(dtype)
+    tdtype = torch_dtype(dtype, "dtype")
     try:
         config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
         tok = AutoTokenizer.from_pretrained(str(d), trust_remote_code=trust_remote_code)
@@ -173,8 +177,8 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
                     raise CorruptModelFile(f"the final norm's buffer {n} is not in the checkpoint")
     model.eval()
     pdtype = model.get_input_embeddings().weight.dtype
-    prov = L.Provenance(**{**prov.__dict__, "dtype": str(pdtype).replace("torch.", "")})
-    return L.LoadedModel(model, tok, Borders.from_model(model, tokenizer=tok), prov)
+    prov = Provenance(**{**prov.__dict__, "dtype": str(pdtype).replace("torch.", "")})
+    return LoadedModel(model, tok, Borders.from_model(model, tokenizer=tok), prov)
 
 
 __all__ = ["load_borders_only"]

@@ -39,7 +39,8 @@ import torch
 from torch import nn
 
 from vocablens.errors import BadInput, UnsupportedArchitecture
-from vocablens.models.borders import Borders, untrained_rows
+from vocablens.models.borders import Borders
+from vocablens.models.rows import untrained_rows
 from vocablens.models.tokens import token_str
 
 INIT_METHODS = ("subtoken-mean", "mean", "interpolate", "zeros", "random")
