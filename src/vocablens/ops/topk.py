@@ -7,8 +7,6 @@ was tiled or sharded. NaN counts as the largest value, as in torch.topk / torch.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 
@@ -19,11 +17,17 @@ def topk_lowest_id(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
         ``(values [..., k], ids [..., k] int64)``: the values of torch.topk, the ids of a stable
         descending sort. Only the candidates >= the k-th value are sorted unless ties are heavy.
     """
-    vals, _ = torch.topk(z, k, dim=-1)
+    vals, idx = torch.topk(z, k, dim=-1)
     thr = vals[..., -1:]
     cand = (z >= thr) | torch.isnan(z)
-    src = torch.where(cand, z, torch.full_like(z, -math.inf)) if bool((cand.sum(-1) == k).all()) else z
-    sv, si = torch.sort(src, dim=-1, descending=True, stable=True)
+    if bool((cand.sum(-1) == k).all()):
+        # no tie crosses the k-th value: the candidates are exactly torch.topk's k entries, so only
+        # they are ordered (by id, then stably by value), never the whole [..., v] row
+        order = torch.argsort(idx, dim=-1)
+        v, i = vals.gather(-1, order), idx.gather(-1, order)
+        sv, si = torch.sort(v, dim=-1, descending=True, stable=True)
+        return sv, i.gather(-1, si)
+    sv, si = torch.sort(z, dim=-1, descending=True, stable=True)
     return sv[..., :k].clone(), si[..., :k].clone()
 
 
