@@ -137,8 +137,9 @@ def _window_plan(s: torch.Tensor, top_k, top_p, min_p, window: int) -> _Plan | N
             cum_end = probs.sum(1)
             cut = _cut_sorted(vals, probs, top_p)
             # the nucleus must end inside the window, and its last logit must not tie the window's edge
-            if not bool(((cum_end >= top_p) & (cut > vals[:, -1])).all()):
-                return None
+            inside = (cum_end >= top_p) & (cut > vals[:, -1])
+            if not bool(inside.all()):
+                return _mixed(s, vals, ids, inside, top_p, min_p) if bool(inside.any()) else None
         else:
             cut = _cut_sorted(vals, probs, top_p)
         keep &= vals >= cut[:, None]
@@ -146,6 +147,15 @@ def _window_plan(s: torch.Tensor, top_k, top_p, min_p, window: int) -> _Plan | N
         keep &= torch.exp(vals - vals[:, :1]) >= min_p
     w = torch.where(keep, torch.exp(vals - vals[:, :1]), torch.zeros_like(vals))
     return _Plan(ids=ids, probs=w / w.sum(1, keepdim=True))
+
+
+def _mixed(s, vals, ids, inside, top_p, min_p) -> _Plan:
+    """Rows whose nucleus fits the window keep its result; the others take the dense path."""
+    out = torch.zeros_like(s)
+    win = _window_plan(s[inside], None, top_p, min_p, vals.shape[1])
+    out[inside] = torch.zeros_like(s[inside]).scatter_(1, win.ids, win.probs)
+    out[~inside] = _dense_plan(s[~inside], None, top_p, min_p).probs
+    return _Plan(ids=None, probs=out)
 
 
 def _top_p_threshold(s: torch.Tensor, p: float, small: int = 2048, sample: int = 4096) -> torch.Tensor:
