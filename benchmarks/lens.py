@@ -85,8 +85,6 @@ def main() -> None:
     import vocablens
     from vocablens.corpus import load_documents, pack_tokens
     from vocablens.lens import logit_lens
-    from vocablens.lens.evaluate import evaluate
-    from vocablens.lens.tuned import load_for_model
 
     lm = vocablens.load("smollm2")
     b = lm.borders
@@ -124,6 +122,9 @@ def main() -> None:
     print(f"  memory ratio growth / budget: {lens_mem.growth / budget:.3f}   (target <= 1.0)")
     if args.skip_eval:
         return
+
+    from vocablens.lens.evaluate import evaluate
+    from vocablens.lens.tuned import load_for_model
 
     lens = load_for_model(b, "smollm2")
     ev_rows = pack_tokens(load_documents("pydoc-topics"), lm.tokenizer, args.seq_len, max_tokens=args.eval_tokens)
