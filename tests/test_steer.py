@@ -67,13 +67,18 @@ def test_hook_scales_exactly_the_chosen_activations(tiny):
     st = steer(tiny, promote=[2], top_n=3, scale=5.0, blocks=[0])
     mod = block_view(tiny, 0).mlp_out
     seen = {}
-    h = mod.register_forward_hook(lambda m, a, o: seen.setdefault("in", a[0].detach().clone()))
-    with torch.no_grad():
-        tiny.model(input_ids=ids())
-        plain = seen.pop("in")
-        with st:
+    def record(_mod, args, _out):  # returns None: a forward hook's return value would replace the output
+        seen["in"] = args[0].detach().clone()
+
+    h = mod.register_forward_hook(record)
+    try:
+        with torch.no_grad():
             tiny.model(input_ids=ids())
-    h.remove()
+            plain = seen.pop("in")
+            with st:
+                tiny.model(input_ids=ids())
+    finally:
+        h.remove()
     idx = torch.tensor([v.neuron for v in st.vectors])
     # the hook runs before this forward hook sees the (scaled) input
     steered = seen["in"]
