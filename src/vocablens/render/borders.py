@@ -48,7 +48,7 @@ def borders_section(borders: Borders, tie: TieCheck, provenance: Provenance) -> 
     html = (
         f"<p>Weights: <b>{esc(provenance.name)}</b> — {esc(provenance.quantization)}"
         f"{', dequantized to ' + esc(provenance.dtype) if provenance.dequantized else ''}"
-        f" (tensor storage read from the file: {esc(quant)}); source <code>{esc(provenance.source)}</code>.</p>"
+        f" (tensor storage read from the file: {esc(quant)}); source <code>{esc(provenance.shown_source)}</code>.</p>"
         + table_html(["what", "value"], [list(r) for r in _rows(borders, tie)])
         + ("<p class=\"note\">Tied: the LM head reads the same memory as the embedding, so every row is "
            "both a token's input vector and its output vector.</p>" if tie.tied else
