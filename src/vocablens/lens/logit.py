@@ -61,7 +61,8 @@ class LensResult:
         layers: one :class:`LensLayer` per layer asked for, in increasing order (all L+1 by default,
             then index = layer).
         final_top1: [P] int64, the model's own top-1 at each position.
-        model_max_abs_diff: max |p_lens(L) - p_model| over the positions read (should be ~0).
+        model_max_abs_diff: max_v |p_lens(L) - p_model| at the prompt's last position (should be ~0;
+            NaN when that position is not read).
         n_layers: L, the model's number of blocks.
     """
 
@@ -187,7 +188,9 @@ def logit_lens(borders: Borders, input_ids: torch.Tensor, positions="last", k: i
             del X_early
         last = kl_readout(X_last, U.weight, ref, max_abs_dp=True, **stats)
         reads[L] = (last, 0)
-        diff = float(last.max_abs_dp.max())
+        # one number for every caller (CLI, report, server): the check at the prompt's last position
+        at = (pos == T - 1).nonzero().flatten()
+        diff = float(last.max_abs_dp[0, int(at[0])]) if at.numel() else float("nan")
         out = [LensLayer(layer=ly, top_ids=r.topk_ids[i], top_probs=r.topk_logprobs[i].exp(),
                          entropy=r.entropy[i], kl_to_final=r.kl[i], final_top1_rank=r.target_rank[i],
                          final_top1_prob=r.target_logprob[i].exp())
