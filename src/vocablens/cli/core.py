@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from vocablens.cli.common import (
+    parse_int_list,
     DefaultCommandGroup, JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out,
 )
 from vocablens.errors import BadInput
@@ -92,10 +93,8 @@ def lens_show(
 
 
 def _parse_ints(s: str, what: str) -> list[int]:
-    try:
-        vals = [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise BadInput(f"{what} takes comma-separated integers; got {s!r}") from None
+    """:func:`~vocablens.cli.common.parse_int_list`, refusing an empty list."""
+    vals = parse_int_list(s, what)
     if not vals:
         raise BadInput(f"{what} takes comma-separated integers; got {s!r}")
     return vals

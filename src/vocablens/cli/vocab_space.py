@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.cli.common import parse_int_list, JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out
 from vocablens.errors import BadInput, OutputExists, TokenNotInVocabulary
 
 KOpt = Annotated[int, typer.Option("-k", "--top-k", help="Tokens (or pairs, or vectors) listed.")]
@@ -23,13 +23,6 @@ def _single_token(tokenizer, text: str, V: int) -> int:
     if len(ids) != 1:
         raise TokenNotInVocabulary(f"{note}; give a single token (e.g. with its leading space)")
     return int(ids[0])
-
-
-def _ints(s: str, what: str) -> list[int]:
-    try:
-        return [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise BadInput(f"{what} takes comma-separated integers; got {s!r}") from None
 
 
 def _block(block: int | None, layer: int | None) -> int | None:
@@ -118,7 +111,7 @@ def project_cmd(
     if neuron:
         if block is None:
             raise BadInput("--neuron needs --block")
-        ns = _ints(neuron, "--neuron")
+        ns = parse_int_list(neuron, "--neuron")
         layers, neurons = [block] * len(ns), ns
     else:
         layers, neurons = vs.sample_neurons(b, 4 if sample is None else sample, seed)

@@ -16,6 +16,8 @@ from typing import Callable
 
 import torch
 
+from vocablens.models.flops import block_flops
+
 from vocablens.errors import BadInput, UnsupportedArchitecture
 from vocablens.generate.early_exit import ExitController, ExitRule, StepRecord
 from vocablens.ops.sampling import check_sampling_args, sample
@@ -90,17 +92,6 @@ def new_cache(model):
 def _cache_kw(decoder) -> str:
     params = inspect.signature(decoder.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
-
-
-def block_flops(borders, context: float) -> float:
-    """Forward FLOPs of one average block for one token attending ``context`` positions: 2 per weight
-    of its matrices plus 4·H·d_head·context for the scores and the mix."""
-    L = borders.n_layers
-    weights = sum(p.numel() for blk in borders.blocks for p in blk.parameters() if p.dim() >= 2) / L
-    cfg = borders.config
-    H = int(getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 1) or 1)
-    dh = int(getattr(cfg, "head_dim", None) or borders.d_model // H)
-    return 2.0 * weights + 4.0 * H * dh * context
 
 
 def kv_fill_flops(borders) -> float:

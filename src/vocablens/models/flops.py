@@ -62,4 +62,14 @@ def attention_flops(n_layers: int, context: int, d_attn: int, per_matmul: bool =
     return (4 if per_matmul else 2) * int(n_layers) * int(context) * int(d_attn)
 
 
-__all__ = ["AttentionShape", "attention_shape", "head_flops", "attention_flops"]
+def block_flops(borders, context: float) -> float:
+    """Forward FLOPs of one average block of a loaded model for one token attending ``context``
+    earlier positions: 2 per weight of its matrices plus the two context matmuls of every head,
+    ``4·H·head_dim·context`` (:func:`attention_flops` with ``per_matmul=True``, one layer)."""
+    L = borders.n_layers
+    weights = sum(p.numel() for blk in borders.blocks for p in blk.parameters() if p.dim() >= 2) / L
+    shape = attention_shape(borders.config, borders.d_model)
+    return 2.0 * weights + 4.0 * shape.d_attn * context
+
+
+__all__ = ["AttentionShape", "attention_shape", "attention_flops", "block_flops", "head_flops"]

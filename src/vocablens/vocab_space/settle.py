@@ -17,6 +17,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from vocablens.models.flops import block_flops
 from vocablens.errors import BadInput
 from vocablens.lens.logit import Translator
 from vocablens.models import Borders
@@ -78,16 +79,6 @@ class SettleResult:
     head_flops: float
     thresholds: tuple[float, ...] = field(default=DEFAULT_THRESHOLDS)
     min_layer: int = 0
-
-
-def _block_flops(borders: Borders, mean_context: float) -> float:
-    """FLOPs per token of one (average) block: 2 per weight of its matrices + attention scores and mix."""
-    L = borders.n_layers
-    weights = sum(p.numel() for blk in borders.blocks for p in blk.parameters() if p.dim() >= 2) / L
-    cfg = borders.config
-    H = int(getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 1) or 1)
-    dh = int(getattr(cfg, "head_dim", None) or borders.d_model // H)
-    return 2.0 * weights + 4.0 * H * dh * mean_context
 
 
 def _lens_top1(U, h: torch.Tensor, layer: int, L: int, real: int, translator: Translator | None,
@@ -164,7 +155,7 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
     settle_layer = (L + 1) - stays.sum(0)
     hist = torch.bincount(settle_layer, minlength=L + 1)
     N = top1.shape[1]
-    F_block = _block_flops(borders, ctx_sum / n_tok)
+    F_block = block_flops(borders, ctx_sum / n_tok)
     F_head = 2.0 * real * borders.d_emb
     base = L * F_block + F_head
     exits = []
