@@ -96,7 +96,9 @@ def steer_cmd(
 
     for v in st.vectors:
         w = block_view(b, v.block).W_out[v.neuron].detach().float()
-        top = (b.unembedding.readout(True)[: b.real_vocab_size] @ w).topk(6).indices.tolist()
+        scores = b.unembedding.readout(True)[: b.real_vocab_size] @ w
+        # what the vector does to its target: the tokens it pushes up (promote, ablate) or down (suppress)
+        top = (-scores if v.role == "suppress" else scores).topk(6).indices.tolist()
         vec_rows.append({"role": v.role, "block": v.block, "layer": v.block + 1, "neuron": v.neuron,
                          "z": round(v.z, 4), "factor": v.factor, "top_tokens": [token_str(tok, i) for i in top]})
     cont = {}
@@ -119,8 +121,9 @@ def steer_cmd(
                    "perplexity_before": eff.ppl_before, "perplexity_after": eff.ppl_after,
                    "continuation": cont or None, "saved": saved})
         return
-    t = Table(title="value vectors chosen (z: the token set's z-score among the vector's logits)")
-    for c in ("role", "layer (block)", "neuron", "z", "factor", "top tokens"):
+    t = Table(title="value vectors chosen (z: the token set's z-score among the vector's logits; tokens: what "
+                    "the vector pushes up, or down for a suppressor)")
+    for c in ("role", "layer (block)", "neuron", "z", "factor", "tokens"):
         t.add_column(c, justify="right" if c in ("neuron", "z", "factor") else "left")
     for r in vec_rows:
         t.add_row(r["role"], f"{r['layer']} ({r['block']})", str(r["neuron"]), f"{r['z']:+.2f}", f"{r['factor']:g}",
