@@ -106,3 +106,12 @@ def test_lone_surrogate_is_bad_input():
                lambda: encode_text(tok, b"bytes")):
         with pytest.raises(BadInput):
             fn()
+
+
+def test_lone_surrogate_in_a_token_is_bad_input():
+    from vocablens.errors import BadInput
+    from vocablens.models.tokens import single_token_id
+
+    tok, _ = _sentencepiece_tokenizer()
+    with pytest.raises(BadInput, match="U\\+DCED"):
+        single_token_id(tok, "x\udced\udca0\udc80y")

@@ -282,6 +282,7 @@ def single_token_id(tokenizer, text: str, vocab_size: int | None = None, use_mea
     """
     if text is None or text == "":
         raise TokenNotInVocabulary("empty token string")
+    check_text(text, "the token")
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     if text in vocab:
         return [int(vocab[text])], None
