@@ -347,5 +347,6 @@ def test_ctrl_c_stops_the_server_cleanly(server):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     # uvicorn shuts down gracefully, then re-raises the signal: the CLI's Ctrl-C convention, exit 130
-    assert proc.returncode == 130 and "interrupted" in err, err[-2000:]
+    assert proc.returncode == 130, err[-2000:]
+    assert "terminate called" not in err            # the argmax thread was stopped before exit (no abort)
     assert f"{url}/" in out and "Traceback" not in err

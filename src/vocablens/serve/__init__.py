@@ -29,7 +29,10 @@ def serve(state: ServerState, host: str = "127.0.0.1", port: int = 8765, log_lev
 
     config = uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level, access_log=False,
                             lifespan="on")
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        state.argmax.cancel()  # never leave torch running in a thread while the interpreter exits
 
 
 __all__ = ["LOCAL_HOSTS", "ServerState", "create_app", "serve"]

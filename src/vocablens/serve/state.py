@@ -47,10 +47,17 @@ class PromptCache:
         return entry
 
 
+class _Cancelled(Exception):
+    """Raised from the scan's progress callback when the server stops."""
+
+
 class ArgmaxJob:
-    """The whole-vocabulary argmax scan, run once in a daemon thread after start-up."""
+    """The whole-vocabulary argmax scan, run once in a background thread after start-up; :meth:`cancel`
+    stops it at its next progress report (the interpreter must not exit while torch runs in a thread:
+    that aborts the process)."""
 
     def __init__(self, lm) -> None:
+        self._stop = threading.Event()
         self.lm = lm
         self.ma = None
         self.full: dict | None = None
@@ -65,7 +72,15 @@ class ArgmaxJob:
             self._thread.start()
 
     def _cb(self, stage: str, done: int, total: int) -> None:
+        if self._stop.is_set():
+            raise _Cancelled()
         self.progress = {"stage": stage, "done": int(done), "total": int(total)}
+
+    def cancel(self, timeout: float = 60.0) -> None:
+        """Ask the scan to stop and wait (at most ``timeout`` s) until its thread has ended."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def _run(self) -> None:
         t0 = time.perf_counter()
@@ -74,6 +89,8 @@ class ArgmaxJob:
             ma = adapters.argmax_scan(self.lm, progress=self._cb)
             self.full = adapters.argmax_full_json(self.lm, ma)
             self.ma = ma
+        except _Cancelled:
+            self.error = "the argmax scan was stopped"
         except Exception as exc:  # reported by /api/argmax, the server keeps serving
             self.error = f"the argmax scan failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         self.seconds = time.perf_counter() - t0
