@@ -47,7 +47,10 @@ def generate_cmd(
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
-    """Generate text, streamed to stdout as it comes; notes on stderr; --json for tokens and logprobs."""
+    """Generate text, streamed to stdout as it comes; notes on stderr; --json for tokens and logprobs.
+
+    Under torchrun (WORLD_SIZE > 1) the embedding and LM head rows are split over the ranks (no
+    --early-exit then) and rank 0 prints."""
     from vocablens.generate import ExitRule, generate, load_tuned_lens
     from vocablens.models.tokens import context_length, encode_prompt
     from vocablens.ops.sampling import check_sampling_args
@@ -70,7 +73,12 @@ def generate_cmd(
         raise BadInput(f"--threshold must be in (0, 1]; got {threshold}")
     if exit_test not in ("full", "candidates"):
         raise BadInput(f"--exit-test must be 'full' or 'candidates'; got {exit_test!r}")
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    from vocablens.distributed import VocabParallelModel, init_from_env
+
+    rank, world = init_from_env()
+    if world > 1 and early_exit is not None:
+        raise BadInput("--early-exit reads the whole LM head at every layer: run it without torchrun")
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_ or rank != 0)
     borders, tok = lm.borders, lm.tokenizer
     ids = encode_prompt(tok, prompt, max_len=context_length(borders.config), chat=chat)
     rule = None
@@ -83,13 +91,17 @@ def generate_cmd(
     stream = TextStream(tok)
 
     def on_token(t) -> None:
-        if not json_:
+        if not json_ and rank == 0:
             sys.stdout.write(stream.push(t.id))
             sys.stdout.flush()
 
+    stops = stop_ids(lm.model, tok)
+    head = VocabParallelModel(borders) if world > 1 else None  # each rank keeps V/world rows
     res = generate(borders, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                   top_p=top_p, min_p=min_p, seed=seed, stop_ids=stop_ids(lm.model, tok), top_n=top,
-                   early_exit=rule, on_token=on_token)
+                   top_p=top_p, min_p=min_p, seed=seed, stop_ids=stops, top_n=top,
+                   early_exit=rule, on_token=on_token, head=head)
+    if rank != 0:
+        return
     if json_:
         emit_json(generation_to_dict(res, tok))
         return

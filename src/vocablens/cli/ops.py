@@ -26,7 +26,8 @@ def score(
     """Per-token log-probabilities of a text: total, per byte, and the top-k alternatives per position.
 
     The first token is scored only when the tokenizer adds BOS (it then has a prefix); bits per byte
-    divide by the bytes of exactly the scored tokens."""
+    divide by the bytes of exactly the scored tokens. Under torchrun (WORLD_SIZE > 1) the embedding
+    and LM head rows are split over the ranks and rank 0 prints."""
     from vocablens.models.tokens import context_length, encode_prompt, token_bytes
     from vocablens.render.ops import print_score, score_to_dict
     from vocablens.score import score_ids
@@ -44,12 +45,20 @@ def score(
         raise BadInput(f"--top-k must be >= 0; got {top_k}")
     if not text or not text.strip():
         raise BadInput("empty text: nothing to score")
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    from vocablens.distributed import VocabParallelModel, init_from_env
+
+    rank, world = init_from_env()
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_ or rank != 0)
     ids = encode_prompt(lm.tokenizer, text, context_length(lm.model.config), special_text=special_text)[0]
     # bits per byte over one span: the bytes of exactly the tokens whose log-probability is summed
     # (ids[1:]; special tokens count with their text)
     n_bytes = sum(len(token_bytes(lm.tokenizer, int(i)) or b"") for i in ids[1:])
-    res = score_ids(lm.borders, ids, top_k=top_k, n_bytes=n_bytes)
+    if world > 1:  # each rank keeps V/world rows of the embedding and head
+        res = VocabParallelModel(lm.borders).score(ids, top_k=top_k, n_bytes=n_bytes)
+    else:
+        res = score_ids(lm.borders, ids, top_k=top_k, n_bytes=n_bytes)
+    if rank != 0:
+        return
     if json_:
         d = score_to_dict(res, lm.tokenizer)
         d["model"] = lm.provenance.to_dict()

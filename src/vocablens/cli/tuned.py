@@ -259,7 +259,10 @@ def lens_eval(
     if plot is not None and plot.suffix.lower() not in (".html", ".png"):
         raise BadInput(f"--plot must end in .html or .png; got {plot}")
     _threads(threads)
-    quiet = json_ and not progress
+    from vocablens.distributed import init_from_env, share
+
+    rank, _ = init_from_env()  # under torchrun: rows split over ranks, sums all-reduced, rank 0 prints
+    quiet = (json_ and not progress) or rank != 0
     path = find_lens(model, lens_path)
     lens = TunedLens.load(path)  # checked against the model below
     lens_label = lens_path or f"shipped for {model}"  # never a path the user did not give
@@ -296,8 +299,11 @@ def lens_eval(
     if not quiet:
         err.print(f"[dim]scoring {rows.numel()} tokens of {name} ({split}) at {lm.borders.n_layers + 1} layers, "
                   f"both lenses[/dim]", soft_wrap=True)
-    with _rows_bar(quiet, int(rows.shape[0]), "lens eval") as on_row:
+    start, stop = share(int(rows.shape[0]))
+    with _rows_bar(quiet, stop - start, "lens eval") as on_row:
         res = evaluate(lm.borders, lens, rows, n_bytes=text_bytes(lm.tokenizer, rows), on_row=on_row)
+    if rank != 0:
+        return
     d = res.to_dict()
     d.update({"model": lm.provenance.to_dict(), "lens": lens_label, "data": info})
     if plot is not None:

@@ -234,13 +234,19 @@ def settle_cmd(
         if plot.suffix.lower() not in (".html", ".htm", ".png", ".svg", ".pdf"):
             raise BadInput(f"--plot must end in .html, .png, .svg or .pdf; got {plot.name!r}")
     load_documents(corpus, max_docs=1)  # fail early on a missing corpus, before loading the model
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    from vocablens.distributed import init_from_env
+
+    rank, _ = init_from_env()  # under torchrun: batches split over ranks, rank 0 prints
+    quiet = json_ or rank != 0
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=quiet)
     rows = _corpus_rows(corpus, lm.tokenizer, seq_len, max_tokens)
     translator = load_translator(lm.borders, model, tuned_path) if lens == "tuned" else None
-    if not json_:
+    if not quiet:
         err.print(f"[dim]reading {rows.numel()} tokens ({rows.shape[0]} rows of {seq_len}) ...[/dim]")
     res = vs.settle(lm.borders, [rows[i:i + batch] for i in range(0, len(rows), batch)], thresholds=ths,
                     translator=translator, min_layer=min_layer)
+    if rank != 0:
+        return
     if plot is not None:
         rv.write_settle_plot(res, plot)
     if json_:

@@ -133,7 +133,7 @@ def _emit(logits: torch.Tensor, tok: int, top_n: int, exit_layer) -> GeneratedTo
 def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
              seed: int | None = None, stop_ids=(), top_n: int = 5, early_exit: ExitRule | None = None,
-             on_token: Callable[[GeneratedToken], None] | None = None) -> GenerationResult:
+             on_token: Callable[[GeneratedToken], None] | None = None, head=None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (one sequence).
 
     Args:
@@ -146,13 +146,17 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
         top_n: alternatives recorded per token.
         early_exit: an :class:`~vocablens.generate.early_exit.ExitRule`, or None for the full model.
         on_token: called with each :class:`GeneratedToken` as soon as it exists (streaming).
+        head: what turns the decoder's last hidden state [1, d_emb] into float32 logits [1, V]: an
+            object with ``logits(h)``, ``vocab_size``, ``d_emb`` and ``real_mask`` (default
+            ``borders.unembedding``; :class:`vocablens.distributed.VocabParallelModel` splits it over
+            ranks). Not combined with ``early_exit``.
 
     Returns:
         :class:`GenerationResult`. Memory: the KV cache, 2·L·(T+N)·kv_dim floats, and one [V] row.
 
     Raises:
         BadInput: empty prompt, max_new_tokens < 1, bad sampling or exit arguments, a prompt plus new
-            tokens longer than the model's context.
+            tokens longer than the model's context, ``head`` given with ``early_exit``.
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise BadInput(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}")
@@ -166,7 +170,9 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
     if isinstance(ctx, int) and ids.shape[1] + max_new_tokens > ctx:
         raise BadInput(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                        f"model's context of {ctx}")
-    U = borders.unembedding
+    if head is not None and early_exit is not None:
+        raise BadInput("early exit reads the full LM head at every layer: it does not run with a split head")
+    U = borders.unembedding if head is None else head
     mask = U.real_mask
     if mask is not None and bool(mask.all()):
         mask = None

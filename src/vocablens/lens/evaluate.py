@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from vocablens.distributed import allreduce_sum, share, world
 from vocablens.errors import BadInput
 from vocablens.lens.tuned import TunedLens
 from vocablens.models import Borders
@@ -65,7 +66,7 @@ class LensEval:
 
 def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int = 0,
              chunk_rows: int | None = None, real_vocab_only: bool = True,
-             on_row: Callable[[int, int], None] | None = None) -> LensEval:
+             on_row: Callable[[int, int], None] | None = None, split_ranks: bool = True) -> LensEval:
     """Score the logit lens and the tuned lens at every layer on held-out chunks (float32 throughout).
 
     Belrose et al. (2023, §4, Fig. 3 and 4): KL to the final distribution, cross-entropy, and
@@ -82,7 +83,11 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
             bits per byte; 0 = unknown.
         chunk_rows: (layer, token) rows per LM-head GEMM (default: a 48 MiB float32 buffer, :data:`vocablens.ops.kl.DEFAULT_CHUNK_BYTES`).
         real_vocab_only: top-1 agreement over real tokens only (padding rows excluded).
-        on_row: called as ``on_row(done, total)`` after each row (progress).
+        on_row: called as ``on_row(done, total)`` after each row (progress; this rank's rows).
+        split_ranks: under an initialised process group of W > 1 ranks (torchrun), each rank scores its
+            contiguous share of the rows (:func:`vocablens.distributed.share`) and the float64 sums and
+            counts are all-reduced: every rank returns the one-process result up to float rounding.
+            False: every rank scores all rows.
 
     Returns:
         :class:`LensEval`.
@@ -100,6 +105,9 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
     sums = torch.zeros(2 * L + 1, 4, dtype=torch.float64)  # [logit 0..L-1, tuned 0..L-1, layer L] x [KL, CE, H, top1]
     n_tok = n_ce = 0
     real = borders.real_vocab_size if real_vocab_only else borders.vocab_size
+    if split_ranks:
+        start, stop = share(rows.shape[0])
+        rows = rows[start:stop]
     with torch.no_grad():
         for r in range(rows.shape[0]):
             ids = rows[r: r + 1]
@@ -123,6 +131,9 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
             n_ce += T - 1
             if on_row is not None:
                 on_row(r + 1, int(rows.shape[0]))
+    if split_ranks and world()[1] > 1:
+        sums = allreduce_sum(sums)
+        n_tok, n_ce = (int(x) for x in allreduce_sum(torch.tensor([n_tok, n_ce], dtype=torch.float64)))
 
     def col(j: int, tuned: bool, denom: int, final_value: float) -> list[float]:
         part = sums[L: 2 * L, j] if tuned else sums[:L, j]

@@ -17,8 +17,9 @@ from typing import Iterable, Sequence
 
 import torch
 
-from vocablens.models.flops import block_flops
+from vocablens.distributed import allreduce_sum, gather_columns, share, world
 from vocablens.errors import BadInput
+from vocablens.models.flops import block_flops
 from vocablens.lens.logit import Translator
 from vocablens.models import Borders
 from vocablens.ops import token_logprobs
@@ -99,7 +100,8 @@ def _lens_top1(U, h: torch.Tensor, layer: int, L: int, real: int, translator: Tr
 
 def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
            thresholds: Sequence[float] = DEFAULT_THRESHOLDS, translator: Translator | None = None,
-           kind: str | None = None, chunk_rows: int | None = None, min_layer: int = 0) -> SettleResult:
+           kind: str | None = None, chunk_rows: int | None = None, min_layer: int = 0,
+           split_ranks: bool = True) -> SettleResult:
     """Settling layers and early exits over a corpus (Geva et al. 2022 §5.2, with any lens).
 
     Args:
@@ -111,6 +113,10 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
         chunk_rows: positions decoded at once (default: 64 MiB of logits).
         min_layer: the first stream layer where an exit is checked (0 = the embedding itself; with tied
             embeddings the logit lens there confidently predicts the input token, a poor exit).
+        split_ranks: under an initialised process group of W > 1 ranks (torchrun), each rank reads its
+            contiguous share of the batches (:func:`vocablens.distributed.share`); the per-position
+            top-1s and confidences are gathered back in row order and the token counts summed, so
+            every rank returns the one-process result. False: every rank reads every batch.
 
     Returns:
         :class:`SettleResult`. Memory: one batch's residual stream plus one chunk of [c, V] logits.
@@ -126,6 +132,11 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
         raise BadInput(f"thresholds must be in (0, 1]; got {list(thresholds)}")
     if isinstance(batches, torch.Tensor):
         batches = [batches if batches.dim() == 2 else batches[None]]
+    parallel = split_ranks and world()[1] > 1
+    if parallel:
+        batches = list(batches)
+        start, stop = share(len(batches))
+        batches = batches[start:stop]
     L = borders.n_layers
     real = borders.real_vocab_size
     U = borders.unembedding
@@ -146,10 +157,14 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
                 t1[layer], cf[layer] = _lens_top1(U, h[layer], layer, L, real, translator, chunk_rows)
             top1s.append(t1)
             confs.append(cf)
+    top1 = torch.cat(top1s, 1) if top1s else torch.zeros(L + 1, 0, dtype=torch.long)  # [L+1, N]
+    conf = torch.cat(confs, 1) if confs else torch.zeros(L + 1, 0)
+    if parallel:  # back in row order on every rank: the rest is the one-process computation
+        top1, conf = gather_columns(top1), gather_columns(conf)
+        ctx_sum, n_tok = (x.item() for x in allreduce_sum(torch.tensor([ctx_sum, n_tok], dtype=torch.float64)))
+        n_tok = int(n_tok)
     if n_tok == 0:
         raise BadInput("no tokens to read: the corpus is empty")
-    top1 = torch.cat(top1s, 1)  # [L+1, N]
-    conf = torch.cat(confs, 1)
     agree = top1 == top1[L]  # [L+1, N]
     stays = agree.flip(0).int().cumprod(0).flip(0)  # 1 where this and every later layer agree
     settle_layer = (L + 1) - stays.sum(0)

@@ -1,0 +1,206 @@
+"""Running analyses over several processes (``torch.distributed``, launched by torchrun).
+
+Two ways of splitting the work, both active only when a process group with more than one rank is
+initialised (:func:`init_from_env` joins the one torchrun describes; without it everything runs as a
+world of one and nothing changes):
+
+- **Rows** (data parallel: ``lens eval``, ``settle``): :func:`share` gives each rank a contiguous
+  slice of the token rows (the first ``N % world`` ranks one row more; a rank may get none), each rank
+  computes sums over its slice, and :func:`allreduce_sum` adds them in float64, so the means equal one
+  process's up to float rounding. Per-position results are put back in row order by
+  :func:`gather_columns` (exact).
+- **Vocabulary** (model parallel over V: ``score``, ``generate``): :class:`VocabParallelModel` keeps
+  only this rank's contiguous slice of the embedding and LM head rows
+  (:class:`~vocablens.ops.vocab_parallel.VocabParallelEmbedding` /
+  :class:`~vocablens.ops.vocab_parallel.VocabParallelLMHead`, Megatron-LM, Shoeybi et al. 2019 §3)
+  and frees the full matrices; log-probabilities, entropies and top-k come from logsumexp and
+  all-reduces over the shards, never from gathered [T, V] logits.
+
+Every rank must call the same functions in the same order (they are collectives).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from vocablens.errors import BadInput
+from vocablens.ops.vocab_parallel import VocabParallelEmbedding, VocabParallelLMHead
+from vocablens.ops.vocab_parallel.comm import all_gather_cat, ws_rank
+from vocablens.ops.vocab_parallel.functional import vocab_parallel_gather_logits, vocab_parallel_topk
+from vocablens.ops.vocab_parallel.losses import vocab_parallel_logsumexp
+
+
+def init_from_env(device: str = "cpu") -> tuple[int, int]:
+    """Join the process group torchrun describes (``WORLD_SIZE`` > 1 in the environment): gloo for a
+    CPU ``device``, NCCL for CUDA. Returns ``(rank, world)``; ``(0, 1)`` when not under torchrun.
+    Idempotent (a group already initialised is reused)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if str(device).startswith("cuda") else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def world() -> tuple[int, int]:
+    """``(rank, world size)`` of the default process group, or ``(0, 1)`` without one."""
+    ws, rank = ws_rank()
+    return rank, ws
+
+
+def share(n: int, rank: int | None = None, size: int | None = None) -> tuple[int, int]:
+    """This rank's contiguous range ``[start, stop)`` of ``n`` items (rows, batches): the first
+    ``n % size`` ranks take one more; ranks beyond ``n`` get an empty range."""
+    r, s = world()
+    rank, size = (r if rank is None else rank), (s if size is None else size)
+    base, extra = divmod(int(n), int(size))
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def allreduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of ``t`` over all ranks, in float64 (a new tensor; ``t`` itself when the world is one)."""
+    if world()[1] == 1:
+        return t
+    import torch.distributed as dist
+
+    x = t.to(torch.float64).clone()
+    dist.all_reduce(x, op=dist.ReduceOp.SUM)
+    return x
+
+
+def gather_columns(t: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's [..., n_r] along the last dim, in rank order (uneven n_r, zero allowed);
+    with :func:`share` this puts per-position results back in the order one process makes them."""
+    rank, size = world()
+    if size == 1:
+        return t
+    import torch.distributed as dist
+
+    n = torch.tensor([t.shape[-1]], dtype=torch.int64)
+    parts = [torch.zeros_like(n) for _ in range(size)]
+    dist.all_gather(parts, n)
+    sizes = [int(p) for p in parts]
+    if max(sizes) == 0:
+        return t
+    return all_gather_cat(t, sizes)
+
+
+class _ShardedEmbedding(nn.Module):
+    """Stands in for the model's token embedding: this rank's rows only, output the same on every rank."""
+
+    def __init__(self, inner: VocabParallelEmbedding) -> None:
+        super().__init__()
+        self.inner = inner
+        self.weight = inner.weight  # [V_r, d]: for code that reads the dtype or device of the embedding
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.inner(ids)
+
+
+class VocabParallelModel:
+    """A loaded model whose embedding and LM head rows are split over the ranks of ``group``.
+
+    Built from a :class:`~vocablens.models.Borders` on every rank: each rank copies its contiguous
+    slice ``[vocab_start, vocab_stop)`` of W_E and W_U (and b_U) and then frees the full matrices
+    (the model's parameters are emptied in place: the borders' W_E / W_U become [0, d] and must not
+    be used afterwards). The model's input embedding is replaced by the sharded one, so the base
+    decoder runs unchanged (one all-reduce of [B, T, d] per forward). Per rank, the two matrices
+    take ``(V_r/V)`` of their former bytes.
+
+    Implements the head protocol of :func:`vocablens.generate.generate` (``logits``, ``vocab_size``,
+    ``d_emb``, ``real_mask``).
+
+    Raises:
+        BadInput: world size larger than V, or a model loaded with its borders only.
+    """
+
+    def __init__(self, borders, group=None) -> None:
+        from vocablens.generate.loop import base_decoder
+
+        if any(p.is_meta for p in borders.blocks.parameters()):
+            raise BadInput("the vocab-parallel model needs the whole model (it was loaded with its borders only)")
+        U = borders.unembedding
+        self.borders, self.group = borders, group
+        self.decoder = base_decoder(borders)
+        self.vocab_size, self.d_emb = U.vocab_size, U.d_emb
+        self.real_mask = U.real_mask
+        W, b = U.weight.detach(), None if U.bias is None else U.bias.detach()
+        self.head = VocabParallelLMHead.from_full(W, b, group, softcap=U.softcap, logit_scale=U.logit_scale)
+        emb = borders.embedding
+        inside = getattr(emb, "embed_scale", None) is not None  # the module scales (Gemma 3), not the model
+        vp = VocabParallelEmbedding.from_full(emb.weight.detach(), group,
+                                              scale=borders.embed_scale if inside and borders.embed_scale != 1.0 else None)
+        self.vocab_start, self.vocab_stop = self.head.vocab_start, self.head.vocab_stop
+        borders.model.set_input_embeddings(_ShardedEmbedding(vp))
+        for p in {id(x): x for x in (emb.weight, borders.W_U, borders.b_U) if x is not None}.values():
+            p.data = p.data.new_empty((0,) + tuple(p.shape[1:]))  # free the full [V, d] (tied: once)
+
+    def held_rows(self) -> int:
+        """Vocabulary rows of W_U this rank holds (V_r)."""
+        return int(self.head.weight.shape[0])
+
+    @torch.no_grad()
+    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids [B, T] -> the head's input [B, T, d_emb] (after the final norm), the same on every rank."""
+        return self.decoder(input_ids=ids.to(self.head.weight.device), use_cache=False).last_hidden_state
+
+    @torch.no_grad()
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Head input [..., d_emb] -> the full float32 logits [..., V] on every rank (one all-gather)."""
+        return vocab_parallel_gather_logits(self.head(h), self.vocab_size, self.group)
+
+    @torch.no_grad()
+    def token_logprobs(self, h: torch.Tensor, targets: torch.Tensor, top_k: int = 0):
+        """Per-position log p(target), entropy and top-k from sharded logits, without gathering them.
+
+        Args:
+            h: [N, d_emb] head inputs; targets: [N] int64 in [0, V); top_k: 0..V.
+
+        Returns:
+            ``(logprob [N], entropy [N], topk_ids [N, k], topk_logprobs [N, k])``, float32 nats,
+            the same on every rank. Cost per rank: 2·N·V_r·d FLOPs and three all-reduces of [N].
+        """
+        z = self.head(h)  # [N, V_r] float32
+        lse = vocab_parallel_logsumexp(z, self.group)  # [N]
+        t = targets.to(z.device).long()
+        mine = (t >= self.vocab_start) & (t < self.vocab_stop)
+        zt = torch.where(mine, z.gather(1, (t - self.vocab_start).clamp(0, z.shape[1] - 1)[:, None])[:, 0],
+                         torch.zeros((), dtype=z.dtype, device=z.device))
+        p = torch.exp(z - lse[:, None])
+        pz = torch.where(p > 0, p * z, torch.zeros((), dtype=z.dtype, device=z.device)).sum(1)
+        both = torch.stack([zt, pz])
+        if world()[1] > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(both, group=self.group)
+        logprob, entropy = both[0] - lse, lse - both[1]
+        if top_k:
+            vals, ids = vocab_parallel_topk(z, top_k, self.vocab_start, self.vocab_size, self.group)
+            return logprob, entropy, ids, vals - lse[:, None]
+        return logprob, entropy, torch.zeros(len(t), 0, dtype=torch.int64), torch.zeros(len(t), 0)
+
+    def score(self, input_ids: torch.Tensor, top_k: int = 0, n_bytes: int = 0):
+        """:func:`vocablens.score.score_ids` with the head split over ranks (same result within 1e-5 nats).
+
+        Raises:
+            BadInput: fewer than 2 tokens, top_k outside [0, V].
+        """
+        from vocablens.score import ScoreResult
+
+        ids = input_ids.reshape(-1).to(torch.int64)
+        if ids.numel() < 2:
+            raise BadInput(f"the text has {ids.numel()} token(s): scoring needs at least 2 (the first has no prefix)")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= self.vocab_size:
+            raise BadInput(f"--top-k must be an int in [0, {self.vocab_size}]; got {top_k!r}")
+        h = self.hidden(ids[None])[0, :-1]
+        lp, ent, ti, tl = self.token_logprobs(h, ids[1:], top_k)
+        return ScoreResult(input_ids=ids, logprobs=lp.cpu(), entropy=ent.cpu(), topk_ids=ti.cpu(),
+                           topk_logprobs=tl.cpu(), n_bytes=int(n_bytes))
+
+
+__all__ = ["VocabParallelModel", "allreduce_sum", "gather_columns", "init_from_env", "share", "world"]
