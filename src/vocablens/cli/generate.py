@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model
 from vocablens.errors import BadInput
 
 
@@ -46,6 +46,7 @@ def generate_cmd(
     model: ModelOpt = "smollm2",
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Generate text, streamed to stdout as it comes; notes on stderr; --json for tokens and logprobs."""
     from vocablens.generate import ExitRule, generate, load_tuned_lens
@@ -70,7 +71,7 @@ def generate_cmd(
         raise BadInput(f"--threshold must be in (0, 1]; got {threshold}")
     if exit_test not in ("full", "candidates"):
         raise BadInput(f"--exit-test must be 'full' or 'candidates'; got {exit_test!r}")
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
     borders, tok = lm.borders, lm.tokenizer
     ids = encode_prompt(tok, prompt, max_len=context_length(borders.config), chat=chat)
     rule = None
