@@ -125,7 +125,7 @@ def _input_embedding(borders, rows: torch.Tensor) -> torch.Tensor:
     """Embedding rows as they enter the stream (input scale, project_in) [S, d_model] float64."""
     from vocablens.models.blocks import linear_weight
 
-    E = borders.W_E.detach()[rows].double() * float(borders.embed_scale)
+    E = borders.W_E.detach()[rows.to(borders.W_E.device)].double() * float(borders.embed_scale)
     if borders.project_in is not None:
         E = E @ linear_weight(borders.project_in).detach().double().t()
     return E
@@ -186,13 +186,13 @@ def _head_corr(Ha, Hb, KE, KR, EAA, RAA, EBB, RBB) -> torch.Tensor:
 def _hungarian(corr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     from scipy.optimize import linear_sum_assignment
 
-    c = corr.double().numpy()
+    c = corr.double().cpu().numpy()  # cpu: scipy's Hungarian solver runs on the host
     rows, cols = linear_sum_assignment(c, maximize=True)
     partner = torch.full((corr.shape[0],), -1, dtype=torch.int64)
     got = torch.full((corr.shape[0],), float("nan"), dtype=torch.float32)
     partner[torch.as_tensor(rows)] = torch.as_tensor(cols, dtype=torch.int64)
     got[torch.as_tensor(rows)] = torch.as_tensor(c[rows, cols], dtype=torch.float32)
-    return partner, got
+    return partner.to(corr.device), got.to(corr.device)
 
 
 def _check_layers(layers: Sequence[int] | None, L: int, which: str) -> list[int]:
@@ -246,7 +246,7 @@ def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ff
         del RA, RB
         units_b = {m: _units(borders_b, what, m) for m in lb}
         sides_b = {}
-        sim = torch.empty(len(la), len(lb), dtype=torch.float32)
+        sim = torch.empty(len(la), len(lb), dtype=torch.float32, device=borders_a.device)
         matches: list[LayerMatch] = []
         for i, l in enumerate(la):
             ua = _units(borders_a, what, l)
@@ -261,7 +261,7 @@ def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ff
                 else:
                     c = _head_corr(ua, units_b[m], KE, C, EAA, Ga, EBB, Gb).float()
                 corrs[m] = c
-                sim[i, j] = float(c.max(1).values.mean())
+                sim[i, j] = c.max(1).values.mean()  # stays on the device: one sync per layer of A, below
             best = lb[int(sim[i].argmax())]
             partner, got = _hungarian(corrs[best])
             matches.append(LayerMatch(layer_a=l, layer_b=best, partner=partner, corr=got))

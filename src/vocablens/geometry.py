@@ -119,17 +119,18 @@ def cosine_neighbors(W: torch.Tensor, query: torch.Tensor, k: int, mask: torch.T
     V, d = W.shape
     if query.shape != (d,):
         raise ShapeMismatch(f"query has shape {tuple(query.shape)}; W is [{V}, {d}]")
-    eligible = torch.ones(V, dtype=torch.bool) if mask is None else mask.clone().bool().cpu()
+    dev = W.device  # everything stays where W lives; only the [k] result is read by the caller
+    eligible = torch.ones(V, dtype=torch.bool, device=dev) if mask is None else mask.clone().bool().to(dev)
     if exclude:
-        eligible[torch.as_tensor(list(exclude), dtype=torch.long)] = False
+        eligible[torch.as_tensor(list(exclude), dtype=torch.long, device=dev)] = False
     n = int(eligible.sum())
     if not 1 <= k <= n:
         raise BadInput(f"-k must be between 1 and {n} (the eligible rows); got {k}")
-    q = query.detach().float().cpu()
+    q = query.detach().float().to(dev)
     q = q / q.norm().clamp_min(1e-12)
-    sims = torch.empty(V, dtype=torch.float32)
+    sims = torch.empty(V, dtype=torch.float32, device=dev)
     for s in range(0, V, _CHUNK):
-        rows = W[s:s + _CHUNK].detach().float().cpu()
+        rows = W[s:s + _CHUNK].detach().float()
         sims[s:s + _CHUNK] = (rows @ q) / rows.norm(dim=1).clamp_min(1e-12)
     sims[~eligible] = float("-inf")
     top = sims.topk(k)
@@ -137,7 +138,7 @@ def cosine_neighbors(W: torch.Tensor, query: torch.Tensor, k: int, mask: torch.T
 
 
 def _real_mask(borders) -> torch.Tensor:
-    return borders.real_token_mask(exclude_untrained=True).cpu()
+    return borders.real_token_mask(exclude_untrained=True).to(borders.device)
 
 
 def nearest_neighbors(borders, tokenizer, queries: Sequence[str], k: int = 10, use_mean: bool = False
@@ -185,7 +186,7 @@ def nearest_neighbors(borders, tokenizer, queries: Sequence[str], k: int = 10, u
             note = f"{note}; {extra}" if note else extra
         lists = []
         for name, W in mats:
-            qv = W[torch.as_tensor(chosen)].detach().float().mean(dim=0)
+            qv = W[torch.as_tensor(chosen, device=W.device)].detach().float().mean(dim=0)
             nid, cos = cosine_neighbors(W, qv, k, mask=mask, exclude=chosen)
             lists.append(NeighborList(name, nid, cos))
         results.append(TokenNeighbors(text, tuple(int(i) for i in ids), used, note, tuple(lists)))

@@ -75,7 +75,7 @@ def score_ids(borders, input_ids: torch.Tensor, top_k: int = 0, n_bytes: int = 0
     Raises:
         BadInput: fewer than 2 tokens, top_k outside [0, V].
     """
-    ids = input_ids.reshape(-1).to(torch.int64)
+    ids = input_ids.reshape(-1).to(borders.device, torch.int64)
     if ids.numel() < 2:
         raise BadInput(f"the text has {ids.numel()} token(s): scoring needs at least 2 (the first has no prefix)")
     U = borders.unembedding
@@ -86,8 +86,8 @@ def score_ids(borders, input_ids: torch.Tensor, top_k: int = 0, n_bytes: int = 0
     h = U.normed(resid[borders.n_layers][0])  # [T, d_emb]
     r = token_logprobs(h[:-1], U.weight, ids[1:], **U.head_kwargs(), top_k=top_k, entropy=True)
     k = top_k
-    empty_i = torch.zeros(ids.numel() - 1, 0, dtype=torch.int64)
-    empty_f = torch.zeros(ids.numel() - 1, 0, dtype=torch.float32)
+    empty_i = torch.zeros(ids.numel() - 1, 0, dtype=torch.int64, device=ids.device)
+    empty_f = torch.zeros(ids.numel() - 1, 0, dtype=torch.float32, device=ids.device)
     return ScoreResult(input_ids=ids, logprobs=r.logprob, entropy=r.entropy,
                        topk_ids=r.topk_ids if k else empty_i, topk_logprobs=r.topk_logprobs if k else empty_f,
                        n_bytes=int(n_bytes))

@@ -77,6 +77,11 @@ class Steering:
         if self._handles:
             raise BadInput("this Steering is already active")
         for b, (idx, fac) in self.factors().items():
+            mod = block_view(self.borders, b).mlp_out
+            w = next(mod.parameters(), None)
+            if w is not None:  # on the block's device once, not at every forward
+                idx, fac = idx.to(w.device), fac.to(w.device)
+
             def pre_hook(_mod, args, kwargs, idx=idx, fac=fac):
                 x = args[0] if args else kwargs["input"]
                 x = x.clone()
@@ -86,7 +91,6 @@ class Steering:
                 kwargs = dict(kwargs, input=x)
                 return args, kwargs
 
-            mod = block_view(self.borders, b).mlp_out
             self._handles.append(mod.register_forward_pre_hook(pre_hook, with_kwargs=True))
         return self
 
@@ -145,7 +149,7 @@ def concept_scores(borders, token_ids: Sequence[int], apply_norm_gain: bool = Tr
         raise BadInput(f"token ids {bad} are outside the real vocabulary 0..{real - 1}")
     st = value_stats(borders, apply_norm_gain)
     r = borders.unembedding.readout(apply_norm_gain, scaled=True, rows=ids).mean(0)  # [d]
-    s = torch.cat([v.W_out.detach().float() @ r.to(v.W_out.device) for v in block_views(borders)]).cpu()
+    s = torch.cat([v.W_out.detach().float() @ r.to(v.W_out.device) for v in block_views(borders)])
     z = (s - st.mean) / st.std.clamp_min(1e-12)
     return st.layers, st.neurons, z
 
@@ -196,7 +200,8 @@ def steer(borders, promote: Sequence[int] = (), suppress: Sequence[int] = (), to
         plan.append(("suppress", suppress, -1.0, float(scale)) if suppress_mode == "boost"
                     else ("ablate", suppress, +1.0, 0.0))
     for role, ids, sign, factor in plan:
-        layers, neurons, z = concept_scores(borders, ids, apply_norm_gain)
+        # cpu: the [N] scores, once per concept; choosing a few vectors below is a host loop
+        layers, neurons, z = (t.cpu() for t in concept_scores(borders, ids, apply_norm_gain))
         key = sign * z
         if allowed is not None:
             keep = torch.isin(layers, torch.tensor(allowed))

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.cli.common import JsonOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out
 from vocablens.errors import BadInput
 
 
@@ -33,6 +33,7 @@ def align_cmd(
     top: Annotated[int, typer.Option("--top", help="Best matched pairs to list with their top tokens.")] = 8,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Match two models' FFN neurons or heads through their shared vocabulary (no forward pass).
 
@@ -47,8 +48,9 @@ def align_cmd(
         raise BadInput(f"--what must be ffn or heads; got {what!r}")
     if isinstance(top, bool) or top < 0:
         raise BadInput(f"--top must be 0 or more; got {top}")
-    A = load_model(model_a, trust_remote_code=trust_remote_code, quiet=json_)
-    B = A if model_b == model_a else load_model(model_b, trust_remote_code=trust_remote_code, quiet=json_)
+    A = load_model(model_a, trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    B = A if model_b == model_a else load_model(model_b, trust_remote_code=trust_remote_code, device=device,
+                                                quiet=json_)
     la = _blocks(blocks_a, A.borders.n_layers, "a")
     lb = _blocks(blocks_b, B.borders.n_layers, "b")
     with Progress(TextColumn("aligning {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} blocks"),

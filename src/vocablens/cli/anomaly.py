@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, emit_json, err, load_model, out
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, emit_json, err, load_model, out
 from vocablens.cli.core import lens_app
 from vocablens.errors import BadInput
 
@@ -24,6 +24,7 @@ def lens_anomaly(
     model: ModelOpt = "smollm2",
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Score inputs by how odd their lens trajectories are (Belrose et al. 2023, §5).
 
@@ -44,7 +45,7 @@ def lens_anomaly(
     test_texts, labels = read_inputs(test)
     if len(normal_texts) < 5:
         raise BadInput(f"--normal needs at least 5 inputs to fit a detector; {normal} holds {len(normal_texts)}")
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
     tl = None
     if "tuned" in kinds:
         from vocablens.lens.tuned import load_for_model

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out
 from vocablens.errors import BadInput, OutputExists
 
 
@@ -54,6 +54,7 @@ def argmax_cmd(
     budget: Annotated[float, typer.Option("--budget", help="Wall seconds for the analysis (0: no limit); tokens left open are reported undecided (reason: budget).")] = 0.0,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Tokens that can never be the top prediction: exact verdicts with certificates, per stage.
 
@@ -68,7 +69,7 @@ def argmax_cmd(
         raise BadInput(f"--budget must be a number of seconds >= 0 (0: no limit); got {budget}")
     rank = _rank()                  # torchrun: the rows are split across ranks, rank 0 prints
     quiet = json_ or rank != 0
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=quiet, borders_only=True)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=quiet, borders_only=True)
     cb, close = _progress_bar(quiet) if rank == 0 else ((lambda *_: None), (lambda: None))
     try:
         ma = argmax_for_borders(lm.borders, bias=bias, include_padding=include_padding,
@@ -104,6 +105,7 @@ def bottleneck_cmd(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --plot file.")] = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Softmax bottleneck: spectra and numerical ranks of W_U and of the log-probabilities over N > d contexts."""
     from vocablens.argmax.bottleneck import context_hidden, softmax_bottleneck
@@ -114,7 +116,7 @@ def bottleneck_cmd(
         raise OutputExists(f"{plot} exists; pass --force to replace it")
     if seq_len < 2:
         raise BadInput(f"--seq-len must be at least 2; got {seq_len}")
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
     b = lm.borders
     n = contexts or (b.d_emb + 64)
     if n <= b.d_emb:

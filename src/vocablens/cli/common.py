@@ -39,6 +39,44 @@ TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow the m
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Weights dtype: float32 (default for GGUF), bfloat16, float16, auto.")]
 
 
+def resolve_device(text: str | None) -> str:
+    """``--device`` -> a canonical torch device string: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
+
+    Under torchrun (``LOCAL_RANK`` set), a bare ``cuda`` means ``cuda:LOCAL_RANK``.
+
+    Raises:
+        BadInput: an unknown device, CUDA (or MPS) asked for but not available, ``cuda:N`` beyond
+            the devices present.
+    """
+    import torch
+
+    raw = (text or "cpu").strip()
+    try:
+        dev = torch.device(raw.lower())
+    except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda", "mps"):
+        raise BadInput(f"--device {raw!r} is not a device vocablens runs on; use cpu, cuda, cuda:N or mps")
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise BadInput(f"--device {raw}: CUDA is not available here (torch {torch.__version__}, {build}); "
+                           "use --device cpu")
+        if dev.index is None and os.environ.get("LOCAL_RANK", "").isdigit():
+            dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % n)
+        if dev.index is not None and dev.index >= n:
+            raise BadInput(f"--device {raw}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise BadInput(f"--device {raw}: MPS (Apple GPU) is not available here; use --device cpu")
+    return "cpu" if dev.type == "cpu" else str(dev)
+
+
+DeviceOpt = Annotated[str, typer.Option(
+    "--device", callback=resolve_device,
+    help="Where the model's tensors live and the work runs: cpu (default), cuda, cuda:N, mps.")]
+
+
 class DefaultCommandGroup(TyperGroup):
     """A group whose first argument, when it names no subcommand, goes to the ``show`` command.
 
@@ -102,11 +140,12 @@ def status(msg: str, quiet: bool = False):
 
 
 def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = False, quiet: bool = False,
-               borders_only: bool = False):
+               borders_only: bool = False, device: str = "cpu"):
     """Load a model for a command, with progress on stderr; returns :class:`~vocablens.models.LoadedModel`.
 
     ``borders_only``: read just the embedding, LM head and final norm
     (:func:`vocablens.models.lazy.load_borders_only`), for commands that run no forward pass.
+    ``device``: where the weights go (:func:`resolve_device`); analyses then compute there.
     """
     import time
 
@@ -120,11 +159,39 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
     _quiet_libraries()
     t0 = time.perf_counter()
     with status(f"loading {spec} ...", quiet=quiet):
+        kw = {} if borders_only else {"device": resolve_device(device)}
         lm = load(spec, dtype=None if dtype in (None, "", "auto") else dtype,
-                  trust_remote_code=trust_remote_code)
+                  trust_remote_code=trust_remote_code, **kw)
+        if borders_only:
+            lm = _borders_to(lm, resolve_device(device))
     if not quiet:
         err.print(f"[dim]loaded {lm.provenance.describe()} in {time.perf_counter() - t0:.1f} s[/dim]")
     return lm
+
+
+def _borders_to(lm, device: str):
+    """Move a borders-only model's real tensors to ``device`` (the blocks stay on ``meta``); a tied
+    matrix stays one tensor. Returns a :class:`~vocablens.models.LoadedModel` with fresh borders."""
+    import torch
+
+    from vocablens.models import LoadedModel
+    from vocablens.models.borders import Borders
+
+    dev = torch.device(device)
+    moved: dict[int, tuple] = {}  # id -> (old, new): the old tensor is kept alive so ids stay unique
+    for mod in lm.model.modules():
+        for store in (mod._parameters, mod._buffers):
+            for name, t in list(store.items()):
+                if t is None or t.is_meta or t.device == dev:
+                    continue
+                if id(t) not in moved:
+                    new = t.detach().to(dev)
+                    moved[id(t)] = (t, torch.nn.Parameter(new, requires_grad=False)
+                                    if isinstance(t, torch.nn.Parameter) else new)
+                store[name] = moved[id(t)][1]
+    if not moved:
+        return lm
+    return LoadedModel(lm.model, lm.tokenizer, Borders.from_model(lm.model, tokenizer=lm.tokenizer), lm.provenance)
 
 
 def _quiet_libraries() -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model
 from vocablens.errors import BadInput
 
 
@@ -46,6 +46,7 @@ def generate_cmd(
     model: ModelOpt = "smollm2",
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Generate text, streamed to stdout as it comes; notes on stderr; --json for tokens and logprobs.
 
@@ -78,7 +79,7 @@ def generate_cmd(
     rank, world = init_from_env()
     if world > 1 and early_exit is not None:
         raise BadInput("--early-exit reads the whole LM head at every layer: run it without torchrun")
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_ or rank != 0)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0)
     borders, tok = lm.borders, lm.tokenizer
     ids = encode_prompt(tok, prompt, max_len=context_length(borders.config), chat=chat)
     rule = None

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, load_model, out
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, load_model, out
 from vocablens.errors import BadInput
 
 
@@ -20,6 +20,7 @@ def neighbors_cmd(
     model: ModelOpt = "smollm2",
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Cosine nearest neighbours over the real vocabulary (padding and never-trained rows excluded)."""
     from vocablens.geometry import nearest_neighbors
@@ -31,7 +32,7 @@ def neighbors_cmd(
         from vocablens.errors import TokenNotInVocabulary
 
         raise TokenNotInVocabulary("empty token string")
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_, borders_only=True)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_, borders_only=True)
     res = nearest_neighbors(lm.borders, lm.tokenizer, tokens, k=k, use_mean=mean)
     if json_:
         d = neighbors_to_dict(res, lm.tokenizer)

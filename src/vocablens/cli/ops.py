@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, load_model, out
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, load_model, out
 from vocablens.errors import BadInput
 
 
@@ -22,6 +22,7 @@ def score(
     model: ModelOpt = "smollm2",
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Per-token log-probabilities of a text: total, per byte, and the top-k alternatives per position.
 
@@ -48,7 +49,7 @@ def score(
     from vocablens.distributed import VocabParallelModel, init_from_env
 
     rank, world = init_from_env()
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_ or rank != 0)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0)
     ids = encode_prompt(lm.tokenizer, text, context_length(lm.model.config), special_text=special_text)[0]
     # bits per byte over one span: the bytes of exactly the tokens whose log-probability is summed
     # (ids[1:]; special tokens count with their text)

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out
 from vocablens.errors import BadInput
 from vocablens.report import DEFAULT_BUDGET_S, DEFAULT_PROMPT
 
@@ -29,6 +29,7 @@ def report(
     progress: Annotated[bool, typer.Option("--progress", help="Show progress on stderr even with --json.")] = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Write one self-contained HTML report (plotly inlined) and print a terminal summary.
 
@@ -49,7 +50,7 @@ def report(
     quiet = json_ and not progress
     timings: dict[str, float] = {}
     t_all = time.perf_counter()
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=quiet)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=quiet)
     timings["load"] = time.perf_counter() - t_all
     with _ProgressBar(disabled=quiet) as bar:
         run = run_report(lm, model=model, prompt=prompt, lens_path=lens_path or None, budget_s=budget,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import ModelOpt, TrustOpt, app, err, load_model
+from vocablens.cli.common import ModelOpt, DeviceOpt, TrustOpt, app, err, load_model
 from vocablens.errors import BadInput
 
 
@@ -21,6 +21,7 @@ def serve_cmd(
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Longest prompt read, in tokens.")] = 128,
     no_argmax: Annotated[bool, typer.Option("--no-argmax", help="Skip the background argmax scan.")] = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Serve the explorer page and its JSON API (schema at /openapi.json); Ctrl-C stops it."""
     from vocablens.serve import LOCAL_HOSTS, ServerState, serve
@@ -38,7 +39,7 @@ def serve_cmd(
     if host not in LOCAL_HOSTS:
         err.print(f"[bold yellow]warning:[/bold yellow] listening on {host}: anyone who can reach this machine "
                   "can use the model; use --host 127.0.0.1 to keep it local")
-    lm = load_model(model, trust_remote_code=trust_remote_code)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device)
     state = ServerState(lm, model_spec=model, lens_path=lens, max_tokens=max_tokens, argmax=not no_argmax)
     shown = f"[{host}]" if ":" in host else host
     print(f"vocablens serve: http://{shown}:{port}/  (Ctrl-C stops)", flush=True)

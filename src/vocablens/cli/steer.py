@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out
 from vocablens.errors import BadInput
 
 
@@ -55,6 +55,7 @@ def steer_cmd(
     model: ModelOpt = "smollm2",
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Scale the FFN value vectors that promote / suppress tokens, and measure the effect.
 
@@ -73,7 +74,7 @@ def steer_cmd(
         raise BadInput("give --prompt or --corpus, not both")
     if isinstance(new_tokens, bool) or new_tokens < 0 or new_tokens > 512:
         raise BadInput(f"--new-tokens must be in 0..512; got {new_tokens}")
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
     b, tok = lm.borders, lm.tokenizer
     blocks = _stream_layers(layers, b.n_layers)
     sets = {"promote": _token_ids(tok, promote, b.vocab_size, json_),

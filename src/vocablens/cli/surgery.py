@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out, status
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out, status
 from vocablens.errors import BadInput
 
 OutOpt = Annotated[str, typer.Option("--out", "-o", help="Output directory (a Hugging Face model directory).")]
@@ -43,6 +43,7 @@ def expand(
     force: ForceOpt = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Add tokens: subtoken-mean rows on both ends (tied stays tied), verified on held-out text."""
     from vocablens.render.surgery import print_expand
@@ -57,7 +58,7 @@ def expand(
         raise BadInput("--eval-texts must be >= 1 and --eval-chars >= 10")
     texts = chunk_texts([eval_text], eval_texts, eval_chars) if eval_text.strip() else \
         heldout_texts(eval_corpus, eval_texts, eval_chars)
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
     with status("expanding the vocabulary ...", quiet=json_):
         ex = expand_vocab(lm.model, lm.tokenizer, tokens, init=init, special=special,
                           interpolation=interpolation, seed=seed)
@@ -88,6 +89,7 @@ def trim(
     force: ForceOpt = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Keep only the tokens a corpus uses (plus specials, bytes, merge parts); slice both matrices."""
     from vocablens.corpus import load_documents
@@ -102,7 +104,7 @@ def trim(
         raise BadInput("give --corpus F (or --token-list F): the tokens to keep")
     texts = [d.text for d in load_documents(corpus, max_docs=max_docs or None)] if corpus else []
     token_lines = _read_lines(token_list) if token_list else []
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
     with status("trimming the vocabulary ...", quiet=json_):
         used = corpus_token_ids(lm.tokenizer, texts) | read_token_list(token_lines, lm.tokenizer)
         tr = trim_vocab(lm.model, lm.tokenizer, used)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, emit_json, err, load_model, out
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, emit_json, err, load_model, out
 from vocablens.cli.core import lens_app
 from vocablens.errors import BadInput, OutputExists
 
@@ -87,6 +87,7 @@ def lens_train(
     progress: ProgressOpt = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Train a tuned lens (Belrose et al. 2023) on a frozen model; checkpoints go to --out."""
     import torch
@@ -112,7 +113,7 @@ def lens_train(
     from vocablens.corpus import load_documents
 
     docs = load_documents(corpus)  # a missing or empty corpus fails before the model loads
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=quiet)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=quiet)
     rows, info = _rows(lm, corpus, "train", seq_len, max_tokens or None, val_fraction, 0, seed, docs)
     info["model"] = lm.provenance.name
     if not quiet:
@@ -243,6 +244,7 @@ def lens_eval(
     progress: ProgressOpt = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Per layer, logit lens vs tuned lens on held-out text: KL to final, CE (nats, bits/byte), entropy, top-1 agreement."""
     from vocablens.corpus import NAMED_CORPORA, corpus_record, load_documents, pack_tokens
@@ -283,7 +285,7 @@ def lens_eval(
                           f"{' (sha256 ' + trained_sha[:12] + ')' if trained_sha else ''}, which is not here; "
                           f"evaluating on {corpus} ({split}); give --corpus to choose[/dim]")
     docs = load_documents(corpus) if docs is None else docs  # a missing or empty corpus fails before the model loads
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=quiet)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=quiet)
     lens.check_model(lm.borders)
     val_fraction = float(data.get("val_fraction", 0.1)) if split != "all" else 0.0
     seq = min(seq_len, max_tokens)

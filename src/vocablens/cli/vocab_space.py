@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import parse_int_list, JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.cli.common import (
+    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out, parse_int_list,
+)
 from vocablens.errors import BadInput, OutputExists, TokenNotInVocabulary
 
 KOpt = Annotated[int, typer.Option("-k", "--top-k", help="Tokens (or pairs, or vectors) listed.")]
@@ -53,6 +55,7 @@ def project_cmd(
     no_norm_gain: NoGainOpt = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Parameters in vocabulary space: FFN value/key vectors, reverse token search, head OV/QK circuits.
 
@@ -74,7 +77,7 @@ def project_cmd(
         raise BadInput("give one of --token (reverse search), --head (circuit) or --interpretable")
     if interpretable < 0:
         raise BadInput(f"--interpretable must be >= 1; got {interpretable}")
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
     b, tok = lm.borders, lm.tokenizer
     gain = not no_norm_gain
     if block is not None and not 0 <= block < b.n_layers:
@@ -136,6 +139,7 @@ def explain_cmd(
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the chat template (user turn).")] = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """What built a prediction: per-layer attention/FFN updates, FFN sub-updates, per-head logit attribution."""
     from vocablens import vocab_space as vs
@@ -146,7 +150,7 @@ def explain_cmd(
         raise BadInput("empty prompt: give some text")
     if k < 1:
         raise BadInput(f"-k must be at least 1; got {k}")
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
     ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat)
     tid = _single_token(lm.tokenizer, token, lm.borders.vocab_size) if token else None
     e = vs.explain(lm.borders, ids, position=position, token_id=tid, k=k, n_sub=subs)
@@ -213,6 +217,7 @@ def settle_cmd(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --plot file.")] = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Where predictions settle over a corpus, and what an early exit would save and keep."""
     from vocablens import vocab_space as vs
@@ -238,7 +243,7 @@ def settle_cmd(
 
     rank, _ = init_from_env()  # under torchrun: batches split over ranks, rank 0 prints
     quiet = json_ or rank != 0
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=quiet)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=quiet)
     rows = _corpus_rows(corpus, lm.tokenizer, seq_len, max_tokens)
     translator = load_translator(lm.borders, model, tuned_path) if lens == "tuned" else None
     if not quiet:

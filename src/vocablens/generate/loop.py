@@ -125,8 +125,10 @@ def _emit(logits: torch.Tensor, tok: int, top_n: int, exit_layer) -> GeneratedTo
     lp = torch.log_softmax(logits.float(), -1)
     n = min(top_n, lp.shape[-1])
     tv, ti = torch.topk(lp, n) if n else (lp[:0], lp[:0].long())
-    return GeneratedToken(id=tok, logprob=float(lp[tok]),
-                          top=tuple((int(i), float(v)) for i, v in zip(ti.tolist(), tv.tolist())),
+    # one host transfer per token: the token's logprob, the top values and their ids (exact in float64)
+    row = torch.cat([lp[tok].reshape(1).double(), tv.double(), ti.double()]).tolist()
+    return GeneratedToken(id=tok, logprob=row[0],
+                          top=tuple((int(i), v) for i, v in zip(row[1 + n:], row[1: 1 + n])),
                           exit_layer=exit_layer)
 
 
@@ -219,7 +221,7 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
             exit_layer = rec.exit_layer
     T = ids.shape[1]
     flops = _step_flops(borders, early_exit, steps, contexts) if ctl else {}
-    return GenerationResult(prompt_ids=ids[0].cpu(), tokens=tuple(tokens),
+    return GenerationResult(prompt_ids=ids[0].cpu(), tokens=tuple(tokens),  # cpu: the result, once
                             prefill_head_flops_saved=int(2 * U.vocab_size * U.d_emb * (T - 1)),
                             time_s=time.perf_counter() - t0, prefill_s=prefill_s, n_layers=borders.n_layers,
                             rule=early_exit,

@@ -102,7 +102,9 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
     U = borders.unembedding.float32()
     W = U.weight.detach().float()
     L = borders.n_layers
-    sums = torch.zeros(2 * L + 1, 4, dtype=torch.float64)  # [logit 0..L-1, tuned 0..L-1, layer L] x [KL, CE, H, top1]
+    dev = W.device
+    # [logit 0..L-1, tuned 0..L-1, layer L] x [KL, CE, H, top1]
+    sums = torch.zeros(2 * L + 1, 4, dtype=torch.float64, device=dev)
     n_tok = n_ce = 0
     real = borders.real_vocab_size if real_vocab_only else borders.vocab_size
     if split_ranks:
@@ -116,9 +118,9 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
             H = resid[:, 0].float()  # [L+1, T, d]
             ref = logits[0]  # [T, V] the model's own output
             final_top = ref[:, :real].argmax(-1)
-            targets = torch.zeros(T, dtype=torch.long)
+            targets = torch.zeros(T, dtype=torch.long, device=dev)
             targets[:-1] = ids[0, 1:]
-            valid = torch.ones(T, dtype=torch.float64)
+            valid = torch.ones(T, dtype=torch.float64, device=dev)
             valid[-1] = 0
             X = U.normed(torch.cat([H[:L], lens.translate_all(H[:L]), H[L:]]), torch.float32)
             res = kl_readout(X, W, ref, targets=targets, top_k=1, topk_cols=real, entropy=True,
@@ -134,6 +136,7 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
     if split_ranks and world()[1] > 1:
         sums = allreduce_sum(sums)
         n_tok, n_ce = (int(x) for x in allreduce_sum(torch.tensor([n_tok, n_ce], dtype=torch.float64)))
+    sums = sums.cpu()  # cpu: the sums, once, after the last row (and the all-reduce)
 
     def col(j: int, tuned: bool, denom: int, final_value: float) -> list[float]:
         part = sums[L: 2 * L, j] if tuned else sums[:L, j]

@@ -43,8 +43,9 @@ def regression_init(borders: Borders, rows: torch.Tensor, lens: TunedLens | None
         raise BadInput(f"regression_init needs token rows [N, T]; got {list(rows.shape)}")
     L, d = borders.n_layers, borders.d_model
     lens = lens if lens is not None else TunedLens.for_model(borders)
-    XtX = torch.zeros(L, d + 1, d + 1, dtype=torch.float64)
-    XtY = torch.zeros(L, d + 1, d, dtype=torch.float64)
+    f64 = {"dtype": torch.float64, "device": borders.device}
+    XtX = torch.zeros(L, d + 1, d + 1, **f64)
+    XtY = torch.zeros(L, d + 1, d, **f64)
     with torch.no_grad():
         for r in range(rows.shape[0]):
             resid, _ = borders.residual_stream(rows[r: r + 1])
@@ -55,18 +56,16 @@ def regression_init(borders: Borders, rows: torch.Tensor, lens: TunedLens | None
             XtX += X.transpose(1, 2) @ X
             XtY += X.transpose(1, 2) @ Y
         lam = ridge * torch.diagonal(XtX, dim1=1, dim2=2).mean(-1)
-        eye = torch.eye(d + 1, dtype=torch.float64)
+        eye = torch.eye(d + 1, **f64)
         # symmetric positive definite: Cholesky per layer (batched LU fails in some MKL builds)
         coef = torch.stack([torch.cholesky_solve(XtY[i], torch.linalg.cholesky(XtX[i] + lam[i] * eye))
                             for i in range(L)])  # [L, d+1, d]
-        A = coef[:, :d].transpose(1, 2) - torch.eye(d, dtype=torch.float64)
+        A = coef[:, :d].transpose(1, 2) - torch.eye(d, **f64)
         bvec = coef[:, d]
         calib = rows[-1:] if calib is None else calib
         U = borders.unembedding.float32()
         W = U.weight.detach().float()
-        best = torch.full((L,), float("inf"), dtype=torch.float64)
-        chosen = [0.0] * L
-        kls = torch.zeros(len(alphas), L, dtype=torch.float64)
+        kls = torch.zeros(len(alphas), L, **f64)
         for r in range(calib.shape[0]):
             resid, logits = borders.residual_stream(calib[r: r + 1])
             H = resid[:L, 0].float()
@@ -74,10 +73,8 @@ def regression_init(borders: Borders, rows: torch.Tensor, lens: TunedLens | None
                 Ht = H + a * (torch.einsum("lij,ltj->lti", A.float(), H) + bvec.float()[:, None, :])
                 kls[j] += linear_kl(U.normed(Ht, torch.float32), W, logits[0], **U.head_kwargs(),
                                     want_grad=False, chunk_rows=chunk_rows).loss
-        for i in range(L):
-            j = int(torch.argmin(kls[:, i]))
-            chosen[i] = float(alphas[j])
-        alpha = torch.tensor(chosen, dtype=torch.float64)
+        chosen = [float(alphas[j]) for j in kls.argmin(0).tolist()]  # one host transfer
+        alpha = torch.tensor(chosen, **f64)
         lens.weight.copy_((alpha[:, None, None] * A).float())
         lens.bias.copy_((alpha[:, None] * bvec).float())
     return lens, chosen

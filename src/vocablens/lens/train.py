@@ -185,6 +185,7 @@ def lens_from_checkpoint(dirpath: str | Path, borders: Borders | None = None) ->
         lens.bias.copy_(tensors["bias"].float())
     if borders is not None:
         lens.check_model(borders)
+        lens.to(borders.device)
     return lens
 
 
@@ -228,7 +229,7 @@ def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainS
     L = borders.n_layers
     data_info = dict(data_info or {})
     data_info.setdefault("n_rows", int(rows.shape[0]))
-    data_info.setdefault("rows_sha256", hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16])
+    data_info.setdefault("rows_sha256", hashlib.sha256(rows.cpu().numpy().tobytes()).hexdigest()[:16])  # cpu: once
     if lens is None:
         lens = TunedLens.for_model(borders, name)
     else:
@@ -257,7 +258,7 @@ def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainS
             lens.bias.copy_(tensors["bias"])
         for nm, p in (("weight", lens.weight), ("bias", lens.bias)):
             if f"momentum.{nm}" in tensors:
-                opt.state[p]["momentum_buffer"] = tensors[f"momentum.{nm}"].clone()
+                opt.state[p]["momentum_buffer"] = tensors[f"momentum.{nm}"].to(p.device, copy=True)
         start = int(meta["step"])
         history = [StepInfo(**h) for h in meta.get("history", [])]
         if start >= settings.steps:
@@ -267,7 +268,7 @@ def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainS
     tokens_per_step = rps * settings.seq_len
     t0 = time.perf_counter()
     tokens_run = 0
-    perm_cache: dict[int, torch.Tensor] = {}
+    perm_cache: dict[int, list[int]] = {}
 
     def step_rows(step: int) -> list[int]:
         out = []
@@ -275,9 +276,9 @@ def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainS
             epoch, i = divmod(g, n_rows)
             if epoch not in perm_cache:
                 perm_cache.clear()
-                perm_cache[epoch] = torch.randperm(
-                    n_rows, generator=torch.Generator().manual_seed(settings.seed * 1_000_003 + epoch))
-            out.append(int(perm_cache[epoch][i]))
+                perm_cache[epoch] = torch.randperm(  # cpu: the data order, the same on every device
+                    n_rows, generator=torch.Generator().manual_seed(settings.seed * 1_000_003 + epoch)).tolist()
+            out.append(perm_cache[epoch][i])
         return out
 
     for step in range(start, settings.steps):
@@ -286,7 +287,7 @@ def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainS
             g["lr"] = lr
         mine = step_rows(step)[rank::world]
         opt.zero_grad(set_to_none=False)
-        layer_loss = torch.zeros(L, dtype=torch.float64)
+        layer_loss = torch.zeros(L, dtype=torch.float64, device=weight.device)
         per_row = settings.seq_len if settings.loss == "kl" else settings.seq_len - 1
         scale = 1.0 / (rps * per_row)
         for mb in range(0, len(mine), settings.micro_batch):
@@ -301,10 +302,13 @@ def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainS
             lens.bias.grad.copy_(packed[nW: nW + lens.bias.numel()].view_as(lens.bias))
             layer_loss = packed[nW + lens.bias.numel():].double()
         layer_mean = layer_loss * scale
-        bad = [i for i in range(L) if not math.isfinite(float(layer_mean[i]))]
+        gfin = torch.isfinite(lens.weight.grad).flatten(1).all(1) & torch.isfinite(lens.bias.grad).all(1)
+        # one host transfer per step: the per-layer losses, their sum and the finite-gradient flags
+        host = torch.cat([layer_mean, layer_mean.sum()[None], gfin.double()]).tolist()
+        means, loss_sum, grad_ok = host[:L], host[L], host[L + 1:]
+        bad = [i for i in range(L) if not math.isfinite(means[i])]
         if not bad:
-            gfin = torch.isfinite(lens.weight.grad).flatten(1).all(1) & torch.isfinite(lens.bias.grad).all(1)
-            bad = [i for i in range(L) if not bool(gfin[i])]
+            bad = [i for i in range(L) if not grad_ok[i]]
         if bad:
             where = f"; the last good checkpoint in {checkpoint_dir} is kept" if checkpoint_dir else ""
             raise TrainingDiverged(
@@ -315,11 +319,11 @@ def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainS
         else:
             gnorm = float(torch.sqrt(lens.weight.grad.pow(2).sum() + lens.bias.grad.pow(2).sum()))
         opt.step()
-        if not (torch.isfinite(lens.weight).all() and torch.isfinite(lens.bias).all()):
+        if not bool(torch.isfinite(lens.weight).all() & torch.isfinite(lens.bias).all()):
             raise TrainingDiverged(f"training diverged at step {step + 1}: the translators became non-finite")
         tokens_run += tokens_per_step
-        info = StepInfo(step=step + 1, steps=settings.steps, loss=float(layer_mean.sum()),
-                        layer_loss=[float(x) for x in layer_mean], tokens=(step + 1) * tokens_per_step,
+        info = StepInfo(step=step + 1, steps=settings.steps, loss=loss_sum,
+                        layer_loss=means, tokens=(step + 1) * tokens_per_step,
                         tokens_per_s=tokens_run / max(1e-9, time.perf_counter() - t0), lr=lr, grad_norm=gnorm)
         history.append(info)
         if rank == 0:
@@ -353,9 +357,9 @@ def _train_microbatch(U, weight: torch.Tensor, lens: TunedLens, borders: Borders
         if settings.loss == "kl":
             kw["reference"] = logits.reshape(N, -1)
         else:
-            targets = torch.zeros(B, T, dtype=torch.long)
+            targets = torch.zeros(B, T, dtype=torch.long, device=logits.device)
             targets[:, :-1] = ids[:, 1:]
-            valid = torch.ones(B, T, dtype=torch.bool)
+            valid = torch.ones(B, T, dtype=torch.bool, device=logits.device)
             valid[:, -1] = False
             kw.update(targets=targets.reshape(N), valid=valid.reshape(N))
     with torch.enable_grad():

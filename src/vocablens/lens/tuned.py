@@ -93,21 +93,21 @@ class TunedLens(nn.Module):
     """
 
     def __init__(self, d_model: int, n_layers: int, identity: dict | None = None,
-                 settings: dict | None = None) -> None:
+                 settings: dict | None = None, device: torch.device | str | None = None) -> None:
         super().__init__()
         if d_model < 1 or n_layers < 1:
             raise BadInput(f"a tuned lens needs d_model >= 1 and n_layers >= 1; got {d_model}, {n_layers}")
         self.d_model = int(d_model)
         self.n_layers = int(n_layers)
-        self.weight = nn.Parameter(torch.zeros(n_layers, d_model, d_model))
-        self.bias = nn.Parameter(torch.zeros(n_layers, d_model))
+        self.weight = nn.Parameter(torch.zeros(n_layers, d_model, d_model, device=device))
+        self.bias = nn.Parameter(torch.zeros(n_layers, d_model, device=device))
         self.identity: dict = dict(identity or {})
         self.settings: dict = dict(settings or {})
 
     @classmethod
     def for_model(cls, borders: Borders, name: str | None = None, settings: dict | None = None) -> "TunedLens":
         """A zero (untrained, = logit lens) tuned lens shaped for ``borders``' model."""
-        return cls(borders.d_model, borders.n_layers, model_identity(borders, name), settings)
+        return cls(borders.d_model, borders.n_layers, model_identity(borders, name), settings, device=borders.device)
 
     def translate(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         """[..., d] residual stream at ``layer`` (0..L-1) -> translated [..., d] float32.
@@ -183,7 +183,7 @@ class TunedLens(nn.Module):
         Args:
             path: a directory holding ``lens.safetensors`` + ``config.json`` (or ``params.pt`` +
                 ``config.json``).
-            borders: when given, the lens is checked against this model.
+            borders: when given, the lens is checked against this model and moved to its device.
 
         Raises:
             BadInput: nothing readable at ``path``.
@@ -211,6 +211,7 @@ class TunedLens(nn.Module):
             lens.bias.copy_(b.float())
         if borders is not None:
             lens.check_model(borders)
+            lens.to(borders.device)
         return lens
 
 
@@ -254,6 +255,7 @@ def load_tuned_lens_library(path: str | Path, borders: Borders | None = None) ->
                 lens.bias[i].copy_(bvec.float())
     if borders is not None:
         lens.check_model(borders)
+        lens.to(borders.device)
     return lens
 
 
@@ -342,7 +344,7 @@ def save_files(dirpath: Path, tensors: dict[str, torch.Tensor], meta: dict, tens
     except OSError as exc:
         raise WriteFailed(f"cannot create {dirpath}: {exc.strerror or exc}") from None
     with atomic_path(dirpath / tensor_name) as tmp:
-        save_file(tensors, str(tmp))
+        save_file({k: t.detach().cpu().contiguous() for k, t in tensors.items()}, str(tmp))  # cpu: the file
     with atomic_path(dirpath / meta_name) as tmp:
         tmp.write_text(json.dumps(meta, indent=1, sort_keys=True), encoding="utf-8")
 

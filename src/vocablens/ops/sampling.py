@@ -84,15 +84,17 @@ def _prepare(logits: torch.Tensor, mask: torch.Tensor | None, temperature: float
         raise BadInput(f"logits {tuple(logits.shape)} are empty")
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
     s = x.to(dt)
-    if not bool((s < math.inf).all()):
-        raise BadInput("logits hold NaN or +inf: the distribution is undefined")
+    defined = (s < math.inf).all()  # checked below, with the masked rows: one host sync for both
     if mask is not None:
         if mask.dtype != torch.bool or tuple(mask.shape) not in ((s.shape[1],), tuple(s.shape)):
             raise ShapeMismatch(f"mask must be bool [V] or [B, V] for logits {tuple(s.shape)}; "
                                 f"got {mask.dtype} {tuple(mask.shape)}")
         s = s.masked_fill(~mask.to(s.device).expand_as(s), float("-inf"))
     alive = s.amax(1) > -math.inf
-    if not bool(alive.all()):
+    ok_defined, ok_alive = torch.stack([defined, alive.all()]).tolist()
+    if not ok_defined:
+        raise BadInput("logits hold NaN or +inf: the distribution is undefined")
+    if not ok_alive:
         bad = int((~alive).nonzero()[0])
         raise BadInput(f"row {bad} of the logits is masked entirely (all -inf): no token can be sampled")
     if temperature > 0 and temperature != 1.0:
@@ -172,7 +174,7 @@ def _top_p_threshold(s: torch.Tensor, p: float, small: int = 2048, sample: int =
     """
     lse = torch.logsumexp(s, 1, keepdim=True)
     e = torch.exp(s - lse)
-    cut = torch.empty(s.shape[0], dtype=s.dtype)
+    cut = torch.empty(s.shape[0], dtype=s.dtype, device=s.device)
     for r in range(s.shape[0]):
         c, ec = s[r], e[r]
         if float(c.min()) == -math.inf:

@@ -91,14 +91,15 @@ def head_circuit(borders: Borders, layer: int, head: int, circuit: str = "ov", k
             A = E[:n_src] @ Wq / math.sqrt(v.d_head)
             B = (E @ Wk).t().contiguous()  # [dh, V]
     step = rows_per_chunk(real, chunk_rows)
-    best_s = torch.empty(0)
-    best_i = torch.empty(0, dtype=torch.long)
-    self_top = 0
+    dev = A.device
+    best_s = torch.empty(0, device=dev)
+    best_i = torch.empty(0, dtype=torch.long, device=dev)
+    self_top = torch.zeros((), dtype=torch.long, device=dev)  # summed on the device, read once
     with torch.no_grad():
         for i in range(0, n_src, step):
             S = A[i:i + step] @ B  # [c, V]
-            rows = torch.arange(i, i + S.shape[0])
-            self_top += int((S.argmax(dim=1) == rows).sum())
+            rows = torch.arange(i, i + S.shape[0], device=dev)
+            self_top += (S.argmax(dim=1) == rows).sum()
             kk = min(k, S.numel())
             t = torch.topk(S.flatten(), kk)
             flat = (t.indices // S.shape[1] + i) * real + t.indices % S.shape[1]
@@ -108,5 +109,5 @@ def head_circuit(borders: Borders, layer: int, head: int, circuit: str = "ov", k
             best_s, best_i = t2.values, f[t2.indices]
     return HeadCircuit(layer=int(layer), head=int(head), kv_head=v.kv_head(int(head)), circuit=circuit,
                        src_ids=best_i // real, tgt_ids=best_i % real, scores=best_s,
-                       self_top1_fraction=self_top / n_src, n_sources=n_src,
+                       self_top1_fraction=int(self_top) / n_src, n_sources=n_src,
                        apply_norm_gain=bool(apply_norm_gain and circuit == "ov"))

@@ -136,6 +136,12 @@ class Explanation:
     approximation: str = APPROXIMATION
 
 
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """float32 on the host: explain's per-position arithmetic (one position, [2, d] readouts, [L, d]
+    updates) runs there; the products with weight matrices run on the model's device first."""
+    return t.detach().float().cpu()  # cpu: small per-position results, by design
+
+
 def _through_post(post, raw: torch.Tensor, r2: torch.Tensor):
     """Readout rows r2 [2, d] pulled back through a block's post-transform (post-norm linearized at its
     actual input ``raw`` [d], then the residual multiplier): ``(rows [2, d], constant [2], the
@@ -195,12 +201,14 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
     L = borders.n_layers
     U = borders.unembedding
     with torch.no_grad():
-        with capture_updates(views, (1, T), positions=torch.tensor([p])) as caps:
+        with capture_updates(views, (1, T), positions=torch.tensor([p], device=borders.device)) as caps:
             resid, _ = borders.residual_stream(input_ids[None])
-        # everything below is float32 on the CPU, whatever the model's device and dtype
-        x = resid[:, 0, p].float().cpu()  # [L+1, d]
-        attn_u = torch.stack([c.attn[0, 0].float().cpu() for c in caps])  # [L, d]
-        mlp_u = torch.stack([c.mlp[0, 0].float().cpu() for c in caps])
+        # the per-position arithmetic below is float32 on the host (_host); products with weight
+        # matrices ([V, d], [d_ff, d], [H, dh, d]) run on the model's device and only their results move
+        dev = resid.device
+        x = _host(resid[:, 0, p])  # [L+1, d]
+        attn_u = torch.stack([_host(c.attn[0, 0]) for c in caps])  # [L, d]
+        mlp_u = torch.stack([_host(c.mlp[0, 0]) for c in caps])
         recon = x[0] + (attn_u + mlp_u).sum(0)
         resid_error = float((recon - x[L]).abs().max())
         step_err = (x[:-1] + attn_u + mlp_u - x[1:]).abs().max()
@@ -223,28 +231,28 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
         target = int(token_id) if token_id is not None else top1
         contrast = top1 if target != top1 else top2[1]
         follow = [top1] + ([int(token_id)] if token_id is not None else [])
-        lp = (U.logits(hidden, rows=follow) - tl.lse[:, None]).cpu()  # [2L+1, 1 or 2]
+        lp = _host(U.logits(hidden, rows=follow) - tl.lse[:, None])  # [2L+1, 1 or 2]
         lp_top1 = lp[:, 0]
         lp_tok = lp[:, 1] if token_id is not None else None
 
         # Final norm linearized at x_L; readout rows (logit scale folded in, no gain) for target and contrast.
         fl = linearize_norm(borders.final_norm, x[L])
-        Uh = U.readout(fold_norm_gain=False, scaled=True).cpu()  # [V, d]
-        r2 = fl.readout(Uh[[target, contrast]])  # [2, d]
-        const = Uh[[target, contrast]] @ fl.bias
+        Uh = U.readout(fold_norm_gain=False, scaled=True)  # [V, d] on the model's device
+        Uh2 = _host(Uh[[target, contrast]])
+        r2 = fl.readout(Uh2)  # [2, d]
+        const = Uh2 @ fl.bias
         if borders.project_out is not None and linear_bias(borders.project_out) is not None:
-            W_U2 = U.weight.detach().float().cpu()[[target, contrast]]
-            const = const + U.logit_scale * (W_U2 @ linear_bias(borders.project_out).detach().float().cpu())
+            W_U2 = _host(U.weight[[target, contrast]])
+            const = const + U.logit_scale * (W_U2 @ _host(linear_bias(borders.project_out)))
         if U.bias is not None:
-            const = const + U.bias.detach().float().cpu()[[target, contrast]] * U.logit_scale
+            const = const + _host(U.bias[[target, contrast]]) * U.logit_scale
         uncapped = replace(U, softcap=None, _memo={})  # the same head, before the final-logit softcap
-        pre_logits = uncapped.logits(hidden[2 * L:], rows=[target, contrast])[0].cpu()
-        logit_t, logit_c = float(pre_logits[0]), float(pre_logits[1])
-        Ufull = fl.readout(Uh[:real])  # [V, d]: direct effect of any part on every logit
+        logit_t, logit_c = uncapped.logits(hidden[2 * L:], rows=[target, contrast])[0].tolist()
+        Ufull = fl.readout(Uh[:real])  # [V, d] on the device: direct effect of any part on every logit
 
         def top_tokens(u: torch.Tensor) -> list[list[int]]:
             """Tokens each row of u [n, d] promotes most, in one pass over the vocabulary."""
-            return torch.topk(u.float() @ Ufull.t(), k, dim=-1).indices.tolist()
+            return torch.topk(u.float().to(dev) @ Ufull.t(), k, dim=-1).indices.tolist()
 
         embed = r2 @ x[0]
         total = embed.clone() + const
@@ -253,28 +261,29 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
         for i, (v, c) in enumerate(zip(views, caps)):
             # attention: heads, bias, post-transform
             ra, a_const, _ = _through_post(v.attn_post, c.attn_raw[0, 0], r2)
-            z = c.z[0, 0].float().cpu().view(v.n_heads, v.d_head)
-            WO = v.W_O.detach().float().cpu()  # [H, dh, d]
-            head_out = torch.einsum("hk,hkd->hd", z, WO)  # [H, d]
+            z = c.z[0, 0].float().view(v.n_heads, v.d_head)
+            WO = v.W_O.detach().float()  # [H, dh, d]
+            head_out = _host(torch.einsum("hk,hkd->hd", z, WO.to(z.device)))  # [H, d]
             head_dla = head_out @ ra.t()  # [H, 2]
             bO = v.b_O
-            a_bias = (ra @ bO.detach().float().cpu() if bO is not None else torch.zeros(2)) + a_const
+            a_bias = (ra @ _host(bO) if bO is not None else torch.zeros(2)) + a_const
             attn_dla = head_dla.sum(0) + a_bias
             # MLP: sub-updates, bias, post-transform
             rm, m_const, m_lin = _through_post(v.mlp_post, c.mlp_raw[0, 0], r2)
-            act = c.act[0, 0].float().cpu()  # [d_ff]
-            Wout = v.W_out.detach().float().cpu()  # [d_ff, d]
-            sub = act[:, None] * (Wout @ rm.t())  # [d_ff, 2]
+            act_d = c.act[0, 0].float()  # [d_ff]
+            act = _host(act_d)
+            Wout = v.W_out.detach().float().to(act_d.device)  # [d_ff, d], where it lives
+            sub = act[:, None] * _host(Wout @ rm.t().to(act_d.device))  # [d_ff, 2]
             bout = v.b_out
-            m_bias = (rm @ bout.detach().float().cpu() if bout is not None else torch.zeros(2)) + m_const
+            m_bias = (rm @ _host(bout) if bout is not None else torch.zeros(2)) + m_const
             mlp_dla = sub.sum(0) + m_bias
-            raw = act @ Wout + (bout.detach().float().cpu() if bout is not None else 0.0)
-            sub_err = float((raw - c.mlp_raw[0, 0].float().cpu()).abs().max())
+            raw = act_d @ Wout + (bout.detach().float().to(act_d.device) if bout is not None else 0.0)
+            sub_err = float((raw - c.mlp_raw[0, 0].float()).abs().max())
             diff = sub[:, 0] - sub[:, 1]
             subs: list[dict] = []
             if n_sub:
                 idx = torch.topk(diff.abs(), min(n_sub, len(diff))).indices
-                contrib = act[idx, None] * Wout[idx]  # [n, d] raw sub-updates
+                contrib = act[idx, None] * _host(Wout[idx.to(Wout.device)])  # [n, d] raw sub-updates
                 if m_lin is not None:
                     contrib = m_lin.linear(contrib)
                 sub_vecs.append(contrib * v.mlp_post.scale)
@@ -306,7 +315,7 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
             ly.sub_updates[:] = made
     sigma = float(fl.sigma.flatten()[0])
     return Explanation(
-        input_ids=input_ids.detach().cpu(), position=p, top1=top1,
+        input_ids=input_ids.detach().cpu(), position=p, top1=top1,  # cpu: result
         token=None if token_id is None else int(token_id), target=target, contrast=contrast,
         top1_logprob=float(lp_top1[2 * L]),
         token_logprob=None if lp_tok is None else float(lp_tok[2 * L]),

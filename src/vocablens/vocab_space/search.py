@@ -99,10 +99,10 @@ def _value_stats(borders: Borders, apply_norm_gain: bool) -> ValueStats:
         W = v.W_out.detach().to(R.device, torch.float32)  # [d_ff, d]
         means.append(W @ mu)
         stds.append(((W @ C) * W).sum(-1).clamp_min(0).sqrt())
-        layers.append(torch.full((W.shape[0],), v.index, dtype=torch.long))
-        neurons.append(torch.arange(W.shape[0]))
-    return ValueStats(layers=torch.cat(layers), neurons=torch.cat(neurons), mean=torch.cat(means).cpu(),
-                      std=torch.cat(stds).cpu(), apply_norm_gain=bool(apply_norm_gain))
+        layers.append(torch.full((W.shape[0],), v.index, dtype=torch.long, device=R.device))
+        neurons.append(torch.arange(W.shape[0], device=R.device))
+    return ValueStats(layers=torch.cat(layers), neurons=torch.cat(neurons), mean=torch.cat(means),
+                      std=torch.cat(stds), apply_norm_gain=bool(apply_norm_gain))
 
 
 @dataclass(frozen=True)
@@ -174,21 +174,23 @@ def search_tokens(borders: Borders, token_ids: Sequence[int], k: int = 10, apply
     R = readout(borders, apply_norm_gain)
     views = block_views(borders)
     rows = R[ids]  # [T, d]
-    raw = torch.cat([v.W_out.detach().to(R.device, torch.float32) @ rows.t() for v in views]).cpu()  # [N, T]
+    raw = torch.cat([v.W_out.detach().to(R.device, torch.float32) @ rows.t() for v in views])  # [N, T]
     out = []
     for j, t in enumerate(ids):
         z = _z(stats, raw[:, j])
         hi = torch.topk(z, k)
         lo = torch.topk(z, k, largest=False)
         idx = torch.cat([hi.indices, lo.indices])
-        X = gather_vectors(borders, stats.layers[idx].tolist(), stats.neurons[idx].tolist()).to(R.device)
-        sign = torch.cat([torch.ones(k), -torch.ones(k)]).to(R.device)[:, None]  # suppress rows: from the bottom
+        ln = torch.stack([stats.layers[idx], stats.neurons[idx]]).tolist()  # one host transfer per token
+        X = gather_vectors(borders, ln[0], ln[1]).to(R.device)
+        sign = torch.ones(2 * k, 1, device=R.device)
+        sign[k:] = -1  # suppress rows: ranked from the bottom
         step = rows_per_chunk(R.shape[0])
         ranks = []
         for i in range(0, 2 * k, step):
             S = (X[i:i + step] @ R.t()) * sign[i:i + step]  # [c, V]
             ranks.append((S > S[:, t:t + 1]).sum(1))
-        ranks = torch.cat(ranks).cpu()
+        ranks = torch.cat(ranks)
         out.append(TokenSearch(
             token_id=t, promote_layers=stats.layers[hi.indices], promote_neurons=stats.neurons[hi.indices],
             promote_z=hi.values, promote_scores=raw[hi.indices, j], promote_ranks=ranks[:k],

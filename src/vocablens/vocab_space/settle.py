@@ -95,7 +95,7 @@ def _lens_top1(U, h: torch.Tensor, layer: int, L: int, real: int, translator: Tr
     if pad:
         first = (ids < real).int().argmax(1, keepdim=True)
         ids, lps = ids.gather(1, first), lps.gather(1, first)
-    return ids[:, 0].cpu(), lps[:, 0].exp().cpu()
+    return ids[:, 0], lps[:, 0].exp()
 
 
 def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
@@ -151,8 +151,8 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
             ctx_sum += B * T * (T + 1) / 2
             n_tok += B * T
             h = resid.reshape(L + 1, B * T, -1)
-            t1 = torch.empty(L + 1, B * T, dtype=torch.long)
-            cf = torch.empty(L + 1, B * T)
+            t1 = torch.empty(L + 1, B * T, dtype=torch.long, device=h.device)
+            cf = torch.empty(L + 1, B * T, device=h.device)
             for layer in range(L + 1):
                 t1[layer], cf[layer] = _lens_top1(U, h[layer], layer, L, real, translator, chunk_rows)
             top1s.append(t1)
@@ -182,10 +182,11 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
         chosen = top1.gather(0, e[None])[0]
         ef = e.float()
         cost = ef * F_block + (ef - m + 1) * F_head
-        exits.append(ExitPoint(threshold=t, mean_exit_layer=float(ef.mean()),
-                               saved_block_fraction=float(((L - ef) / L).mean()),
-                               saved_flops_fraction=float(1 - cost.mean() / base),
-                               agreement=float((chosen == top1[L]).float().mean())))
+        # one host transfer per threshold (float64 on the host, as float() of each gave)
+        mean_e, saved_b, saved_f, agree_t = torch.stack([
+            ef.mean(), ((L - ef) / L).mean(), 1 - cost.mean() / base, (chosen == top1[L]).float().mean()]).tolist()
+        exits.append(ExitPoint(threshold=t, mean_exit_layer=mean_e, saved_block_fraction=saved_b,
+                               saved_flops_fraction=saved_f, agreement=agree_t))
     return SettleResult(kind=kind or ("logit" if translator is None else "tuned"), n_positions=N, n_layers=L,
                         min_layer=m,
                         settle_layer=settle_layer, histogram=hist,

@@ -104,9 +104,10 @@ def project_vectors(borders: Borders, layers: Sequence[int], neurons: Sequence[i
     X = X.to(R.device)
     step = rows_per_chunk(real, chunk_rows)
     parts = [top_bottom(X[i:i + step] @ R.t(), k) for i in range(0, len(X), step)]
+    # cpu: the [n, k] result, once, at the end
     ti, tv, bi, bv = (torch.cat([p[j] for p in parts]).cpu() for j in range(4))
     return VectorProjection(kind=kind, layers=torch.tensor([int(x) for x in layers]),
-                            neurons=torch.tensor([int(x) for x in neurons]), norms=X.norm(dim=-1).cpu(),
+                            neurons=torch.tensor([int(x) for x in neurons]), norms=X.norm(dim=-1).cpu(),  # cpu: result
                             top_ids=ti, top_scores=tv, bottom_ids=bi, bottom_scores=bv,
                             apply_norm_gain=bool(apply_norm_gain and kind == "value"))
 
@@ -122,7 +123,7 @@ def sample_neurons(borders: Borders, per_layer: int, seed: int = 0) -> tuple[lis
     """
     if isinstance(per_layer, bool) or not isinstance(per_layer, int) or per_layer < 1:
         raise BadInput(f"--sample must be an integer of at least 1; got {per_layer!r}")
-    g = torch.Generator().manual_seed(int(seed))
+    g = torch.Generator().manual_seed(int(seed))  # cpu: the same draw on every device
     layers, neurons = [], []
     for v in block_views(borders):
         idx = torch.randperm(v.d_ff, generator=g)[: min(per_layer, v.d_ff)].sort().values

@@ -41,11 +41,11 @@ class NormLinearization:
         u = u.float()
         if self.centered:
             u = u - u.mean(-1, keepdim=True)
-        return self.scale * u
+        return self.scale.to(u.device) * u
 
     def readout(self, r: torch.Tensor) -> torch.Tensor:
         """Pull a row vector r [..., d] on the output back to the input: ``r·linear(u) == readout(r)·u``."""
-        r = self.scale * r.float()
+        r = self.scale.to(r.device) * r.float()
         if self.centered:
             r = r - r.mean(-1, keepdim=True)
         return r
