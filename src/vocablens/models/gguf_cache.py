@@ -81,9 +81,9 @@ def write_cache(cdir: Path, model, tok, prov: Provenance) -> bool:
     """Save a dequantized model as a cache entry; returns whether it was written.
 
     An entry a killed process left half-written is never read: the directory is swapped in whole
-    (:func:`vocablens.files.atomic_dir`) and read only with its mark; its leftovers are swept
-    after an hour. Caching is an optimisation: a full disk, a read-only cache or any other failure is swallowed
-    (the load that called it has its model already).
+    (:func:`vocablens.files.atomic_dir`) and read only with its mark; its leftovers are swept after
+    an hour. Caching is an optimisation: a full disk, a read-only cache or any other failure is
+    swallowed (the load that called it has its model already).
     """
     from vocablens.files import atomic_dir
 

@@ -218,5 +218,5 @@ def reading(spec: str, kind: str, hub: str | None, what: str, path: Path | None 
         raise CorruptModelFile(f"cannot {what} {spec}: {diag or msg}") from None
 
 
-__all__ = ["reading", "diagnose_dir", "file_errors", "DEFAULT_MODEL", "INSTALL_DEFAULT", "default_gguf_path", "resolve_spec", "hub_error",
-           "hub_is_cached", "hub_reachable", "hub_kwargs"]
+__all__ = ["reading", "diagnose_dir", "file_errors", "DEFAULT_MODEL", "INSTALL_DEFAULT", "default_gguf_path",
+           "resolve_spec", "hub_error", "hub_is_cached", "hub_reachable", "hub_kwargs"]
