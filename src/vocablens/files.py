@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from vocablens.errors import WriteFailed
+from vocablens.errors import VocabLensError, WriteFailed
 
 
 def _umask() -> int:
@@ -36,8 +37,26 @@ def _explain(err: OSError, path: Path) -> WriteFailed:
     why = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",
            errno.EACCES: "permission denied", errno.EPERM: "permission denied",
            errno.ENOENT: "its directory does not exist", errno.EDQUOT: "the disk quota is exceeded",
+           errno.EFBIG: "the file is larger than the file system or the file-size limit (ulimit -f) allows",
            }.get(err.errno, err.strerror or type(err).__name__)
     return WriteFailed(f"cannot write {path}: {why}; nothing was written (choose another path or free space)")
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OS error behind a writer's exception: the exception itself, its cause, or the errno that
+    libraries written in Rust or C++ only put in their message (safetensors: ``(os error 28)``)."""
+    if isinstance(exc, VocabLensError) or not isinstance(exc, Exception):
+        return None  # our own errors (OutputExists ...), KeyboardInterrupt: as they are
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return seen
+        seen = seen.__cause__
+    m = re.search(r"os error (\d+)", str(exc))
+    if m:
+        n = int(m.group(1))
+        return OSError(n, os.strerror(n))
+    return None
 
 
 @contextlib.contextmanager
@@ -68,9 +87,12 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
         raise _explain(e, path) from None
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        raise
+        oe = _os_error(e)
+        if oe is None:
+            raise
+        raise _explain(oe, path) from None
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
@@ -121,9 +143,12 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise _explain(e, path) from None
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        oe = _os_error(e)
+        if oe is None:
+            raise
+        raise _explain(oe, path) from None
 
 
 __all__ = ["WriteFailed", "atomic_dir", "atomic_path", "atomic_write", "publish_mode"]

@@ -13,6 +13,11 @@ from typing import Annotated, Any
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 import typer  # noqa: E402
+
+try:  # typer >= 0.2x carries its own copy of click; its exceptions are those
+    from typer._click import exceptions as click_exc  # noqa: E402
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_exc  # noqa: E402
 from rich.console import Console  # noqa: E402
 from typer.core import TyperGroup
 
@@ -229,7 +234,24 @@ def run_app(argv: list[str] | None = None) -> int:
 
     previous, warnings.showwarning = warnings.showwarning, show_note
     try:
-        app(args=argv, prog_name="vocablens")
+        code = app(args=argv, prog_name="vocablens", standalone_mode=False)
+        return code if isinstance(code, int) else 0
+    except click_exc.NoArgsIsHelpError as exc:
+        exc.show()  # `vocablens` alone: the help, exit 2 as click does
+        return exc.exit_code
+    except click_exc.UsageError as exc:  # an unknown option, a value of the wrong type ...
+        where = exc.ctx.command_path if exc.ctx is not None else "vocablens"
+        msg = " ".join(exc.format_message().split())
+        err.print(f"[bold red]error:[/bold red] {msg} (see {where} -h)", soft_wrap=True, markup=True,
+                  highlight=False)
+        return exc.exit_code
+    except click_exc.ClickException as exc:
+        err.print(f"[bold red]error:[/bold red] {' '.join(exc.format_message().split())}", soft_wrap=True,
+                  markup=True, highlight=False)
+        return exc.exit_code
+    except typer.Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort)
+        err.print("interrupted")
+        return 130
     except VocabLensError as exc:
         err.print(f"[bold red]error:[/bold red] {exc}", soft_wrap=True, markup=True, highlight=False)
         return exc.exit_code
@@ -247,4 +269,3 @@ def run_app(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
         warnings.showwarning = previous
-    return 0

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from vocablens.errors import BadInput, CheckpointMismatch, CorruptModelFile, TrainingDiverged
-from vocablens.lens.tuned import FORMAT, TunedLens, read_json, read_safetensors, save_files
+from vocablens.lens.tuned import FORMAT, TunedLens, read_pair, save_files
 from vocablens.models import Borders
 from vocablens.ops.kl import linear_kl
 
@@ -154,12 +154,12 @@ def load_checkpoint(dirpath: str | Path) -> tuple[dict[str, torch.Tensor], dict]
         CorruptModelFile: truncated / malformed files.
     """
     dirpath = Path(dirpath)
-    if not (dirpath / CKPT_META).exists() or not (dirpath / CKPT_FILE).exists():
+    if not (dirpath / CKPT_FILE).exists():
         raise BadInput(f"no checkpoint in {dirpath} (expected {CKPT_FILE} and {CKPT_META})")
-    meta = read_json(dirpath / CKPT_META)
+    tensors, meta = read_pair(dirpath, CKPT_FILE, CKPT_META)  # the pair written together, even if killed
     if meta.get("format") != FORMAT + "-checkpoint":
         raise CorruptModelFile(f"{dirpath / CKPT_META} is not a vocablens tuned-lens checkpoint")
-    return read_safetensors(dirpath / CKPT_FILE), meta
+    return tensors, meta
 
 
 def lens_from_checkpoint(dirpath: str | Path, borders: Borders | None = None) -> TunedLens:

@@ -56,6 +56,8 @@ from vocablens.models import Borders
 LENS_FILE = "lens.safetensors"
 CONFIG_FILE = "config.json"
 FORMAT = "vocablens-tuned-lens"
+#: the safetensors header key holding the JSON metadata saved with the tensors (see read_pair)
+META_KEY = "vocablens"
 FORMAT_VERSION = 1
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "lenses"
 
@@ -197,12 +199,14 @@ class TunedLens(nn.Module):
             return load_tuned_lens_library(path, borders)
         if not (path / LENS_FILE).exists():
             raise BadInput(f"no tuned lens at {path} (expected {LENS_FILE} and {CONFIG_FILE})")
-        cfg = read_json(path / CONFIG_FILE)
+        tensors, cfg = read_pair(path, LENS_FILE, CONFIG_FILE)
         if cfg.get("format") != FORMAT:
             raise CorruptModelFile(f"{path / CONFIG_FILE} is not a vocablens tuned-lens config")
-        tensors = read_safetensors(path / LENS_FILE)
         W, b = tensors.get("weight"), tensors.get("bias")
-        L, d = int(cfg["n_layers"]), int(cfg["d_model"])
+        try:
+            L, d = int(cfg["n_layers"]), int(cfg["d_model"])
+        except (KeyError, TypeError, ValueError):
+            raise CorruptModelFile(f"{path / CONFIG_FILE} lacks n_layers / d_model; train the lens again") from None
         if W is None or b is None or tuple(W.shape) != (L, d, d) or tuple(b.shape) != (L, d):
             raise CorruptModelFile(f"{path / LENS_FILE} does not hold weight [{L}, {d}, {d}] and bias [{L}, {d}]")
         lens = cls(d, L, cfg.get("model") or {}, cfg.get("training") or {})
@@ -328,6 +332,32 @@ def read_safetensors(p: Path) -> dict[str, torch.Tensor]:
         raise CorruptModelFile(f"{p} is truncated or not a safetensors file ({str(exc).splitlines()[0][:120]})") from None
 
 
+def read_pair(dirpath: Path, tensor_name: str, meta_name: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors and the metadata that :func:`save_files` wrote together into ``dirpath``.
+
+    The metadata is read from the safetensors header (:data:`META_KEY`) when it is there, else
+    from ``meta_name``: a save killed between its two renames leaves the new tensors beside the old
+    (or no) JSON file, and the pair read is still the one written together.
+
+    Raises:
+        BadInput: a missing file. CorruptModelFile: a truncated or malformed file.
+    """
+    from safetensors import safe_open
+
+    tensors = read_safetensors(dirpath / tensor_name)
+    with safe_open(str(dirpath / tensor_name), framework="pt") as h:
+        embedded = (h.metadata() or {}).get(META_KEY)
+    if embedded is None:
+        return tensors, read_json(dirpath / meta_name)
+    try:
+        meta = json.loads(embedded)
+    except ValueError:
+        raise CorruptModelFile(f"{dirpath / tensor_name} holds malformed metadata; save it again") from None
+    if not isinstance(meta, dict):
+        raise CorruptModelFile(f"{dirpath / tensor_name} holds malformed metadata; save it again")
+    return tensors, meta
+
+
 def save_files(dirpath: Path, tensors: dict[str, torch.Tensor], meta: dict, tensor_name: str, meta_name: str) -> None:
     """Write ``tensor_name`` (safetensors) then ``meta_name`` (JSON) into ``dirpath``, each through
     :func:`vocablens.files.atomic_path` (temporary file, usual permissions, rename: never half a file).
@@ -343,13 +373,14 @@ def save_files(dirpath: Path, tensors: dict[str, torch.Tensor], meta: dict, tens
         dirpath.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise WriteFailed(f"cannot create {dirpath}: {exc.strerror or exc}") from None
-    with atomic_path(dirpath / tensor_name) as tmp:
-        save_file({k: t.detach().cpu().contiguous() for k, t in tensors.items()}, str(tmp))  # cpu: the file
+    with atomic_path(dirpath / tensor_name) as tmp:  # the tensors carry their metadata: see read_pair
+        save_file({k: t.detach().cpu().contiguous() for k, t in tensors.items()}, str(tmp),  # cpu: the file
+                  metadata={META_KEY: json.dumps(meta, sort_keys=True)})
     with atomic_path(dirpath / meta_name) as tmp:
         tmp.write_text(json.dumps(meta, indent=1, sort_keys=True), encoding="utf-8")
 
 
 __all__ = [
     "CONFIG_FILE", "LENS_FILE", "TunedLens", "find_lens", "load_for_model", "load_tuned_lens_library",
-    "model_identity", "read_json", "read_safetensors", "save_files", "shipped_lens_path",
+    "model_identity", "read_json", "read_pair", "read_safetensors", "save_files", "shipped_lens_path",
 ]

@@ -314,12 +314,16 @@ class Borders:
             [B, T, V] float32.
 
         Raises:
-            BadInput: empty input.
+            BadInput: empty input, or a token id outside the embedding's rows.
         """
         if input_ids.numel() == 0:
             raise BadInput("empty input: no tokens to run")
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= self.W_E.shape[0]:
+            raise BadInput(f"token id {lo if lo < 0 else hi} is outside the embedding's rows "
+                           f"0..{self.W_E.shape[0] - 1}")
         if any(p.is_meta for p in self.blocks.parameters()):
             raise BadInput("this model was loaded with its borders only (no blocks): load it whole for a "
                            "forward pass")

@@ -42,7 +42,7 @@ def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False)
         except Exception as exc:
             raise CorruptModelFile(f"cannot build a config from {p}: {exc}".splitlines()[0]) from None
     kind, path, hub = resolve_spec(spec_s)
-    with reading(spec_s, kind, hub, "read the config of"):
+    with reading(spec_s, kind, hub, "read the config of", path):
         if kind == "gguf":
             return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
         if kind == "dir":

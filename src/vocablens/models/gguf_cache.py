@@ -63,14 +63,31 @@ def read_cache(cdir: Path | None, spec: str, dtype):
     return tok, model, Provenance(**{**prov.__dict__, "spec": spec, "loaded_from": str(cdir)})
 
 
+def _sweep(root: Path, age_s: float = 3600.0) -> None:
+    """Remove what a killed writer left under ``root``: temporary (``.NAME.tmp-*``) and moved-aside
+    (``.NAME.old-*``) entries older than ``age_s`` (younger ones may belong to a writer still at work)."""
+    import shutil
+    import time
+
+    for p in root.glob(".*.*-*") if root.is_dir() else ():
+        try:
+            if (".tmp-" in p.name or ".old-" in p.name) and time.time() - p.stat().st_mtime > age_s:
+                shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            pass
+
+
 def write_cache(cdir: Path, model, tok, prov: Provenance) -> bool:
     """Save a dequantized model as a cache entry; returns whether it was written.
 
-    Caching is an optimisation: a full disk, a read-only cache or any other failure is swallowed
-    (the load that called it has its model already).
+    An entry a killed process left half-written is never read: the directory is swapped in whole
+    (:func:`vocablens.files.atomic_dir`) and read only with its mark; its leftovers are swept after
+    an hour. Caching is an optimisation: a full disk, a read-only cache or any other failure is
+    swallowed (the load that called it has its model already).
     """
     from vocablens.files import atomic_dir
 
+    _sweep(cdir.parent)
     try:
         with atomic_dir(cdir) as tmp:
             model.save_pretrained(str(tmp))

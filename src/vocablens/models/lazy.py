@@ -94,13 +94,13 @@ def _source_dir(spec: str) -> tuple[Path, object]:
     from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
     from vocablens.models.loading import load
     from vocablens.models.provenance import Provenance, dir_provenance
-    from vocablens.models.spec import hub_error, resolve_spec
+    from vocablens.models.spec import diagnose_dir, hub_error, resolve_spec
 
     kind, path, hub = resolve_spec(spec)
     if kind == "gguf":
         cdir = cache_dir(path)
         mark = cdir / CACHE_MARK if cdir is not None else None
-        if mark is None or not mark.is_file():
+        if mark is None or not mark.is_file() or diagnose_dir(cdir, shapes=False) is not None:
             load(spec)  # dequantizes once and writes the cache (the whole model, this time only)
             if mark is None or not mark.is_file():
                 raise BadInput("the GGUF cache is off or not writable (VOCABLENS_CACHE): load the whole model instead")
@@ -141,6 +141,7 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
     from vocablens.models.dtypes import torch_dtype
     from vocablens.models.loading import LoadedModel
     from vocablens.models.provenance import Provenance
+    from vocablens.models.spec import file_errors, diagnose_dir
 
     spec_s = str(spec)
     d, prov = _source_dir(spec_s)
@@ -148,8 +149,9 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
     try:
         config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
         tok = AutoTokenizer.from_pretrained(str(d), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:
-        raise CorruptModelFile(f"cannot read the config or tokenizer in {d}: {str(e).splitlines()[0]}") from None
+    except file_errors() as e:
+        raise CorruptModelFile(diagnose_dir(d) or f"cannot read the config or tokenizer in {d}: "
+                               f"{str(e).splitlines()[0]}") from None
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     files = _shard_files(d)

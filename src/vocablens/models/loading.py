@@ -89,7 +89,7 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     spec_s = DEFAULT_MODEL if spec is None else str(spec)
     kind, path, hub = resolve_spec(spec_s)
     tdtype = torch_dtype(dtype, "dtype")
-    with reading(spec_s, kind, hub, "load"):
+    with reading(spec_s, kind, hub, "load", path):
         if kind == "gguf":
             tok, model, prov = _load_gguf(path, spec_s, tdtype)
         else:

@@ -93,7 +93,9 @@ def gguf_provenance(path: Path, spec: str) -> Provenance:
 
         reader = GGUFReader(str(path))
     except Exception as exc:  # gguf raises ValueError/struct.error/... on a bad file
-        raise CorruptModelFile(f"cannot read GGUF file {path}: {exc}".splitlines()[0]) from None
+        why = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+        raise CorruptModelFile(f"cannot read GGUF file {path}: it is truncated or not a GGUF file ({why}); "
+                               "download it again") from None
     groups: dict[str, Counter] = {}
     for t in reader.tensors:
         name = t.name

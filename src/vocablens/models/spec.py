@@ -115,28 +115,108 @@ def hub_kwargs(hub: str) -> dict:
     return {}
 
 
+def _shape_mismatch(path: Path) -> str | None:
+    """The first tensor whose shape in the safetensors files differs from what ``config.json`` builds."""
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    from vocablens.models.config import meta_model
+
+    try:
+        model = meta_model(AutoConfig.from_pretrained(str(path)))
+    except Exception:
+        return None
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as h:
+            for k in h.keys():
+                shape = tuple(h.get_slice(k).get_shape())
+                w = want.get(k, want.get(f"{prefix}.{k}"))
+                if w is not None and w != shape:
+                    return (f"{f.name} holds {k} as {shape}, config.json builds {w}: the config and the weights "
+                            "disagree; use the config.json that came with these weights")
+    return None
+
+
+def diagnose_dir(path: Path, shapes: bool = True) -> str | None:
+    """What is wrong with a model directory's files, as one line naming the file, or None.
+
+    Checks, cheaply (headers only): the shard index and the shards it names, each safetensors file
+    (a cut-short download fails its header check), the JSON files, and the tensor shapes against
+    ``config.json`` (unless ``shapes`` is off: that builds the model on the meta device).
+    """
+    import json
+
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return f"{index} is not a valid shard index ({type(e).__name__}); download it again"
+        missing = sorted(s for s in shards if not (path / s).is_file())
+        if missing:
+            return f"{index.name} names {missing[0]}, which is not in {path}; download the missing shard"
+    for f in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except Exception as e:  # safetensors' own error type: truncated or not safetensors
+            return (f"{f} is truncated or damaged ({str(e).splitlines()[0][:100]}); "
+                    "download it again (an interrupted download leaves a short file)")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        p = path / name
+        if p.is_file():
+            try:
+                json.loads(p.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                return f"{p} is not valid JSON ({str(e).splitlines()[0][:80]}); download or restore it"
+    return _shape_mismatch(path) if shapes else None
+
+
+def file_errors() -> tuple[type[BaseException], ...]:
+    """What the readers (transformers, safetensors, gguf, tokenizers) raise on a damaged file."""
+    import struct
+
+    errs: list[type[BaseException]] = [OSError, ValueError, KeyError, RuntimeError, IndexError, EOFError,
+                                       TypeError, struct.error]
+    try:
+        from safetensors import SafetensorError
+
+        errs.append(SafetensorError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(errs)
+
+
 @contextmanager
-def reading(spec: str, kind: str, hub: str | None, what: str):
+def reading(spec: str, kind: str, hub: str | None, what: str, path: Path | None = None):
     """Turn what transformers raises while reading ``spec`` into a :class:`VocabLensError`.
 
-    An ``OSError`` of a hub id -> :class:`ModelNotFound` (how to get it); of a file -> CorruptModelFile;
-    a ``ValueError``/``KeyError``/``RuntimeError`` naming an unknown architecture ->
-    :class:`UnsupportedArchitecture`, any other -> :class:`CorruptModelFile` ("cannot {what} {spec}").
+    An ``OSError`` of a hub id -> :class:`ModelNotFound` (how to get it); an error naming an unknown
+    architecture -> :class:`UnsupportedArchitecture`; anything else a reader raises on a damaged file
+    (``OSError``, ``ValueError``, ``SafetensorError``, ``struct.error`` ...) -> :class:`CorruptModelFile`
+    naming the file at fault (see :func:`diagnose_dir`) and what to do.
     """
     try:
         yield
     except VocabLensError:
         raise
-    except OSError as exc:
-        if kind == "hub":
+    except file_errors() as exc:
+        if isinstance(exc, OSError) and kind == "hub":
             raise hub_error(hub) from None
-        raise CorruptModelFile(f"cannot {what} {spec}: {exc}".splitlines()[0]) from None
-    except (ValueError, KeyError, RuntimeError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "does not recognize this architecture" in str(exc) or "model_type" in str(exc):
+        if not isinstance(exc, OSError) and (
+                "does not recognize this architecture" in str(exc) or "model_type" in str(exc)):
             raise UnsupportedArchitecture(spec, "none", msg) from None
-        raise CorruptModelFile(f"cannot {what} {spec}: {msg}") from None
+        if kind == "gguf":
+            raise CorruptModelFile(f"cannot {what} {spec}: the GGUF file is truncated or damaged ({msg[:120]}); "
+                                   "download it again") from None
+        diag = diagnose_dir(path) if kind == "dir" and path is not None else None
+        raise CorruptModelFile(f"cannot {what} {spec}: {diag or msg}") from None
 
 
-__all__ = ["reading", "DEFAULT_MODEL", "INSTALL_DEFAULT", "default_gguf_path", "resolve_spec", "hub_error",
-           "hub_is_cached", "hub_reachable", "hub_kwargs"]
+__all__ = ["reading", "diagnose_dir", "file_errors", "DEFAULT_MODEL", "INSTALL_DEFAULT", "default_gguf_path",
+           "resolve_spec", "hub_error", "hub_is_cached", "hub_reachable", "hub_kwargs"]

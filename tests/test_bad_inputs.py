@@ -1,0 +1,301 @@
+"""The catalogue of bad inputs: one table, every command and the main public functions.
+
+Each CLI case runs in-process against a tiny model saved once per session and must exit 2 with
+exactly one ``error:`` line (holding the expected words), no traceback and nothing on stdout. Each
+API case must raise the named :class:`~vocablens.errors.VocabLensError` subclass with a one-line
+message. Every case hashes the directory holding the user's files (the model, the corpora, the
+outputs that exist) before and after: nothing is changed, created or removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiny_dirs import save_tiny, tiny_tokenizer
+from vocablens.errors import (
+    BadInput, CheckpointMismatch, CorruptModelFile, ModelNotFound, OutputExists, ShapeMismatch,
+    TokenNotInVocabulary, VocabLensError,
+)
+
+SURROGATE = "x\udced\udca0\udc80y"  # what a shell passes for the bytes ED A0 80: not encodable text
+NOTES = "The class statement defines a new type. An object is an instance of that type.\n" * 12
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory):
+    """The user's directory: a tiny model, corpora, an existing output, a lens of another model."""
+    from vocablens.lens.tuned import TunedLens
+
+    root = tmp_path_factory.mktemp("user")
+    save_tiny(root / "tiny", tiny_tokenizer())
+    (root / "notes.txt").write_text(NOTES)
+    (root / "empty.txt").write_text("")
+    (root / "latin1.txt").write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
+    (root / "sub").mkdir()
+    (root / "exists.html").write_text("<p>keep me</p>")
+    (root / "out").mkdir()
+    (root / "out" / "keep.txt").write_text("the user's earlier output")
+    TunedLens(32, 3).save(root / "otherlens")
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(world):
+    import vocablens
+
+    return vocablens.load(str(world / "tiny"))
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
+
+
+M = ["-m", "{m}"]
+
+#: (id, argv, words the error line holds). ``{m}``: the tiny model directory, ``{d}``: the user's directory.
+CLI = [
+    # lens
+    ("lens-k-zero", ["lens", "x", *M, "-k", "0"], "-k must be at least 1"),
+    ("lens-k-negative", ["lens", "x", *M, "-k", "-3"], "-k must be at least 1"),
+    ("lens-k-huge", ["lens", "x", *M, "-k", "100000"], "between 1 and V=300"),
+    ("lens-k-wrong-type", ["lens", "x", *M, "-k", "three"], "Invalid value for '-k'"),
+    ("lens-layer-out-of-range", ["lens", "x", *M, "--layers", "3"], "outside 0..2"),
+    ("lens-layer-negative", ["lens", "x", *M, "--layers", "-1"], "outside 0..2"),
+    ("lens-layers-not-ints", ["lens", "x", *M, "--layers", "a,b"], "comma-separated integers"),
+    ("lens-position-out-of-range", ["lens", "x", *M, "--positions", "50"], "outside the prompt"),
+    ("lens-bad-kind", ["lens", "x", *M, "--kind", "bogus"], "--kind must be logit, tuned or both"),
+    ("lens-missing-lens-dir", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/nolens"], "no tuned lens"),
+    ("lens-file-as-lens-dir", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/notes.txt"], "no tuned lens"),
+    ("lens-lens-of-another-model", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/otherlens"], "d_model=32"),
+    ("lens-text-file-as-model", ["lens", "x", "-m", "{d}/notes.txt"], "neither a model directory"),
+    ("lens-dir-without-config", ["lens", "x", "-m", "{d}/sub"], "without config.json"),
+    ("lens-missing-model", ["lens", "x", "-m", "{d}/nope"], "no such model"),
+    ("lens-empty-prompt", ["lens", "", *M], "empty prompt"),
+    ("lens-lone-surrogate", ["lens", SURROGATE, *M], "U+DCED"),
+    ("lens-unknown-option", ["lens", "x", *M, "--bogus"], "No such option: --bogus"),
+    # score
+    ("score-missing-file", ["score", *M, "--file", "{d}/nofile.txt"], "no such file"),
+    ("score-dir-as-file", ["score", *M, "--file", "{d}/sub"], "cannot read it"),
+    ("score-empty-file", ["score", *M, "--file", "{d}/empty.txt"], "empty text"),
+    ("score-not-utf8", ["score", *M, "--file", "{d}/latin1.txt"], "UTF-8"),
+    ("score-k-negative", ["score", "x", *M, "-k", "-1"], "--top-k must be >= 0"),
+    ("score-bad-special-text", ["score", "x", *M, "--special-text", "bogus"], "parse or plain"),
+    ("score-no-text", ["score", *M], "give either TEXT or --file"),
+    ("score-lone-surrogate", ["score", SURROGATE, *M], "U+DCED"),
+    # neighbors
+    ("neighbors-k-zero", ["neighbors", *M, "-k", "0", "the"], "-k must be at least 1"),
+    ("neighbors-empty-token", ["neighbors", *M, ""], "empty token"),
+    ("neighbors-lone-surrogate", ["neighbors", *M, SURROGATE], "U+DCED"),
+    ("neighbors-no-token", ["neighbors", *M], "Missing argument"),
+    # anatomy
+    ("anatomy-batch-zero", ["anatomy", *M, "--batch", "0"], "at least 1"),
+    ("anatomy-context-negative", ["anatomy", *M, "--context", "-5"], "at least 1"),
+    ("anatomy-bad-dtype", ["anatomy", *M, "--dtype", "int8"], "unknown logits dtype"),
+    ("anatomy-missing-model", ["anatomy", "{d}/nope"], "not a config file"),
+    ("anatomy-batch-wrong-type", ["anatomy", *M, "--batch", "many"], "Invalid value for '--batch'"),
+    # explain
+    ("explain-position-out-of-range", ["explain", "x", *M, "--position", "99"], "outside the prompt"),
+    ("explain-token-of-several-tokens", ["explain", "x", *M, "--token", " the class"], "5 tokens"),
+    ("explain-k-zero", ["explain", "x", *M, "-k", "0"], "-k must be at least 1"),
+    ("explain-subs-negative", ["explain", "x", *M, "--subs", "-1"], "sub-updates must be >= 0"),
+    ("explain-lone-surrogate", ["explain", SURROGATE, *M], "U+DCED"),
+    # settle
+    ("settle-empty-corpus", ["settle", *M, "--corpus", "{d}/empty.txt"], "holds no text"),
+    ("settle-unknown-corpus", ["settle", *M, "--corpus", "no-such-corpus"], "does not exist"),
+    ("settle-threshold-above-one", ["settle", *M, "--corpus", "{d}/notes.txt", "--thresholds", "1.5"], "(0, 1]"),
+    ("settle-min-layer-out-of-range", ["settle", *M, "--corpus", "{d}/notes.txt", "--min-layer", "9"], "0..2"),
+    ("settle-seq-len-zero", ["settle", *M, "--corpus", "{d}/notes.txt", "--seq-len", "0"], "--seq-len >= 2"),
+    ("settle-bad-lens", ["settle", *M, "--corpus", "{d}/notes.txt", "--lens", "bogus"], "logit or tuned"),
+    ("settle-plot-exists", ["settle", *M, "--corpus", "{d}/notes.txt", "--plot", "{d}/exists.html"], "--force"),
+    # project
+    ("project-block-out-of-range", ["project", *M, "--block", "5"], "blocks 0..1"),
+    ("project-neuron-out-of-range", ["project", *M, "--block", "0", "--neuron", "99999"], "neurons 0..95"),
+    ("project-head-out-of-range", ["project", *M, "--block", "0", "--head", "9"], "heads 0..3"),
+    ("project-bad-circuit", ["project", *M, "--block", "0", "--head", "0", "--circuit", "xy"], "ov or qk"),
+    ("project-token-of-several-tokens", ["project", *M, "--token", " the class"], "5 tokens"),
+    ("project-k-zero", ["project", *M, "-k", "0"], "-k must be at least 1"),
+    # argmax, bottleneck
+    ("argmax-bad-bias", ["argmax", *M, "--bias", "maybe"], "auto, on or off"),
+    ("argmax-negative-budget", ["argmax", *M, "--budget", "-1"], ">= 0"),
+    ("bottleneck-contexts-below-d", ["bottleneck", *M, "--contexts", "5"], "must exceed d = 64"),
+    ("bottleneck-empty-corpus", ["bottleneck", *M, "--corpus", "{d}/empty.txt"], "holds no text"),
+    ("bottleneck-seq-len-zero", ["bottleneck", *M, "--seq-len", "0"], "at least 2"),
+    ("bottleneck-plot-exists", ["bottleneck", *M, "--plot", "{d}/exists.html"], "--force"),
+    # expand, trim
+    ("expand-out-exists", ["expand", *M, "--out", "{d}/out", "--add", " zz"], "exists"),
+    ("expand-no-tokens", ["expand", *M, "--out", "{d}/e1"], "no tokens to add"),
+    ("expand-bad-init", ["expand", *M, "--out", "{d}/e2", "--add", " zz", "--init", "bogus", "--eval-text", "hi there"],
+     "unknown --init"),
+    ("expand-missing-add-file", ["expand", *M, "--out", "{d}/e3", "--add-file", "{d}/nofile"], "no such file"),
+    ("expand-eval-texts-zero", ["expand", *M, "--out", "{d}/e4", "--add", " zz", "--eval-texts", "0"], "--eval-texts"),
+    ("expand-interpolation-above-one", ["expand", *M, "--out", "{d}/e5", "--add", " zz", "--init", "interpolate",
+                                        "--interpolation", "3", "--eval-text", "hello there"], "[0, 1]"),
+    ("expand-token-twice", ["expand", *M, "--out", "{d}/e6", "--add", " zz", "--add", " zz", "--eval-text", "hi"],
+     "twice"),
+    ("trim-no-corpus", ["trim", *M, "--out", "{d}/t1"], "give --corpus"),
+    ("trim-empty-corpus", ["trim", *M, "--out", "{d}/t2", "--corpus", "{d}/empty.txt"], "holds no text"),
+    ("trim-unknown-corpus", ["trim", *M, "--out", "{d}/t3", "--corpus", "no-such-corpus"], "does not exist"),
+    ("trim-missing-token-list", ["trim", *M, "--out", "{d}/t4", "--token-list", "{d}/nofile"], "no such file"),
+    ("trim-out-exists", ["trim", *M, "--out", "{d}/out", "--corpus", "{d}/notes.txt"], "exists"),
+    # report
+    ("report-out-is-a-directory", ["report", *M, "--out", "{d}/sub"], "is a directory"),
+    ("report-negative-budget", ["report", *M, "--budget", "-1", "--out", "{d}/r.html"], "positive number"),
+    ("report-zero-budget", ["report", *M, "--budget", "0", "--out", "{d}/r.html"], "positive number"),
+    ("report-missing-directory", ["report", *M, "--out", "{d}/no/dir/r.html"], "does not exist"),
+    # generate
+    ("generate-zero-tokens", ["generate", "x", *M, "-n", "0"], "at least 1"),
+    ("generate-negative-tokens", ["generate", "x", *M, "-n", "-1"], "at least 1"),
+    ("generate-negative-temperature", ["generate", "x", *M, "-t", "-1"], "--temperature must be >= 0"),
+    ("generate-top-p-above-one", ["generate", "x", *M, "--top-p", "2"], "(0, 1]"),
+    ("generate-top-k-zero", ["generate", "x", *M, "--top-k", "0"], "--top-k must be >= 1"),
+    ("generate-bad-early-exit", ["generate", "x", *M, "--early-exit", "bogus"], "'logit' or 'tuned'"),
+    ("generate-bad-exit-test", ["generate", "x", *M, "--exit-test", "bogus"], "'full' or 'candidates'"),
+    ("generate-min-layer-out-of-range", ["generate", "x", *M, "--early-exit", "logit", "--min-layer", "99"], "1..2"),
+    ("generate-lone-surrogate", ["generate", SURROGATE, *M], "U+DCED"),
+    # steer
+    ("steer-nothing-to-steer", ["steer", *M], "--promote"),
+    ("steer-layers-out-of-range", ["steer", *M, "--promote", " the", "--layers", "9..10", "--prompt", "x"], "9..10"),
+    ("steer-scale-nan", ["steer", *M, "--promote", " the", "--scale", "nan", "--prompt", "x"], "finite"),
+    ("steer-bad-suppress-mode", ["steer", *M, "--suppress", " the", "--suppress-mode", "bogus", "--prompt", "x"],
+     "boost or ablate"),
+    ("steer-top-n-zero", ["steer", *M, "--promote", " the", "--top-n", "0", "--prompt", "x"], ">= 1"),
+    ("steer-unknown-corpus", ["steer", *M, "--promote", " the", "--corpus", "no-such", "--new-tokens", "0"],
+     "does not exist"),
+    # align
+    ("align-missing-model", ["align", "{m}", "{d}/nope"], "no such model"),
+    ("align-bad-what", ["align", "{m}", "{m}", "--what", "bogus"], "ffn or heads"),
+    ("align-block-out-of-range", ["align", "{m}", "{m}", "--blocks-a", "7"], "0..1"),
+    # lens train / eval / anomaly
+    ("train-empty-corpus", ["lens", "train", *M, "--corpus", "{d}/empty.txt", "--out", "{d}/l1"], "holds no text"),
+    ("train-unknown-corpus", ["lens", "train", *M, "--corpus", "no-such", "--out", "{d}/l1"], "does not exist"),
+    ("train-zero-steps", ["lens", "train", *M, "--corpus", "{d}/notes.txt", "--out", "{d}/l2", "--steps", "0"],
+     "--steps must be at least 1"),
+    ("train-bad-loss", ["lens", "train", *M, "--corpus", "{d}/notes.txt", "--out", "{d}/l3", "--loss", "bogus"],
+     "kl or ce"),
+    ("train-negative-lr", ["lens", "train", *M, "--corpus", "{d}/notes.txt", "--out", "{d}/l4", "--lr", "-1"],
+     "positive"),
+    ("train-bad-gemm-dtype", ["lens", "train", *M, "--corpus", "{d}/notes.txt", "--out", "{d}/l5",
+                              "--gemm-dtype", "int8"], "float32 or bfloat16"),
+    ("train-bad-save-dtype", ["lens", "train", *M, "--corpus", "{d}/notes.txt", "--out", "{d}/l6",
+                              "--save-dtype", "int8"], "float32 or bfloat16"),
+    ("train-val-fraction-above-one", ["lens", "train", *M, "--corpus", "{d}/notes.txt", "--out", "{d}/l7",
+                                      "--val-fraction", "1.5"], "[0, 1)"),
+    ("train-out-is-a-file", ["lens", "train", *M, "--corpus", "{d}/notes.txt", "--out", "{d}/notes.txt"],
+     "not a directory"),
+    ("train-resume-without-checkpoint", ["lens", "train", *M, "--corpus", "{d}/notes.txt", "--out", "{d}/l8",
+                                         "--resume", "--seq-len", "16"], "no checkpoint"),
+    ("eval-missing-lens", ["lens", "eval", *M, "--lens", "{d}/nolens", "--corpus", "{d}/notes.txt"], "no tuned lens"),
+    ("eval-empty-dir-as-lens", ["lens", "eval", *M, "--lens", "{d}/sub", "--corpus", "{d}/notes.txt"], "no tuned lens"),
+    ("eval-bad-split", ["lens", "eval", *M, "--corpus", "{d}/notes.txt", "--split", "bogus"],
+     "validation, train or all"),
+    ("anomaly-missing-normal", ["lens", "anomaly", *M, "--normal", "{d}/nofile", "--test", "{d}/notes.txt",
+                                "--kind", "logit"], "no such file"),
+    ("anomaly-empty-normal", ["lens", "anomaly", *M, "--normal", "{d}/empty.txt", "--test", "{d}/notes.txt",
+                              "--kind", "logit"], "no inputs"),
+    ("anomaly-bad-kind", ["lens", "anomaly", *M, "--normal", "{d}/notes.txt", "--test", "{d}/notes.txt",
+                          "--kind", "bogus"], "logit, tuned or both"),
+    ("anomaly-bad-detector", ["lens", "anomaly", *M, "--normal", "{d}/notes.txt", "--test", "{d}/notes.txt",
+                              "--kind", "logit", "--detector", "bogus"], "iforest, lof or both"),
+    # serve (option parsing only: nothing binds)
+    ("serve-negative-port", ["serve", *M, "--port", "-1"], "0..65535"),
+    ("serve-port-too-large", ["serve", *M, "--port", "70000"], "0..65535"),
+    ("serve-zero-max-tokens", ["serve", *M, "--max-tokens", "0"], "at least 1"),
+    ("unknown-command", ["tokenize", "x"], "No such command"),
+]
+
+
+def _ids(lm, text="The class statement"):
+    return lm.tokenizer(text, return_tensors="pt").input_ids
+
+
+def _api_cases():
+    """(id, call(world, lm), expected error class, words in the message)."""
+    import vocablens
+
+    return [
+        ("load-missing-dir", lambda d, lm: vocablens.load(str(d / "nope")), ModelNotFound, "no such"),
+        ("load-text-file", lambda d, lm: vocablens.load(str(d / "notes.txt")), ModelNotFound, "neither"),
+        ("load-missing-gguf", lambda d, lm: vocablens.load(str(d / "x.gguf")), ModelNotFound, "no such GGUF"),
+        ("load-bad-dtype", lambda d, lm: vocablens.load(str(d / "tiny"), dtype="int8"), BadInput, "int8"),
+        ("logit-lens-k-zero", lambda d, lm: vocablens.logit_lens(lm.borders, _ids(lm), k=0), BadInput, "k"),
+        ("logit-lens-layer-out-of-range", lambda d, lm: vocablens.logit_lens(lm.borders, _ids(lm), layers=[7]),
+         BadInput, "layer 7"),
+        ("logit-lens-position-out-of-range", lambda d, lm: vocablens.logit_lens(lm.borders, _ids(lm), positions=[99]),
+         BadInput, "99"),
+        ("logit-lens-ids-out-of-vocab", lambda d, lm: vocablens.logit_lens(lm.borders, torch.tensor([[5, 300]])),
+         BadInput, "300"),
+        ("tuned-lens-zero-layers", lambda d, lm: vocablens.TunedLens(64, 0), BadInput, "n_layers >= 1"),
+        ("tuned-lens-of-another-model", lambda d, lm: vocablens.TunedLens.load(d / "otherlens", lm.borders),
+         CheckpointMismatch, "d_model=32"),
+        ("tuned-lens-missing", lambda d, lm: vocablens.TunedLens.load(d / "sub"), BadInput, "no tuned lens"),
+        ("neighbors-k-zero", lambda d, lm: vocablens.nearest_neighbors(lm.borders, lm.tokenizer, [" the"], k=0),
+         BadInput, "k"),
+        ("neighbors-surrogate", lambda d, lm: vocablens.nearest_neighbors(lm.borders, lm.tokenizer, [SURROGATE]),
+         BadInput, "U+DCED"),
+        ("token-logprobs-shape", lambda d, lm: vocablens.token_logprobs(torch.zeros(3, 8), torch.zeros(10, 9)),
+         ShapeMismatch, "8"),
+        ("token-logprobs-target-out-of-range",
+         lambda d, lm: vocablens.token_logprobs(torch.zeros(3, 8), torch.zeros(10, 8), torch.tensor([0, 1, 10])),
+         BadInput, "10"),
+        ("cross-entropy-bad-reduction",
+         lambda d, lm: vocablens.linear_cross_entropy(torch.zeros(3, 8), torch.zeros(10, 8), torch.tensor([0, 1, 2]),
+                                                      reduction="bogus"), BadInput, "bogus"),
+        ("cross-entropy-target-shape",
+         lambda d, lm: vocablens.linear_cross_entropy(torch.zeros(3, 8), torch.zeros(10, 8), torch.tensor([0, 1])),
+         ShapeMismatch, "3"),
+        ("expand-empty-list", lambda d, lm: vocablens.expand_vocab(lm.model, lm.tokenizer, []), BadInput, "token"),
+        ("expand-existing-token", lambda d, lm: vocablens.expand_vocab(lm.model, lm.tokenizer, [" the"]),
+         BadInput, "the"),
+        ("explain-position-out-of-range", lambda d, lm: vocablens.explain(lm.borders, _ids(lm), position=99),
+         BadInput, "99"),
+        ("explain-token-out-of-vocab", lambda d, lm: vocablens.explain(lm.borders, _ids(lm), token_id=10**6),
+         BadInput, str(10**6)),
+        ("settle-threshold-zero", lambda d, lm: vocablens.settle(lm.borders, _ids(lm), thresholds=[0.0]),
+         BadInput, "thresholds"),
+        ("score-ids-empty", lambda d, lm: vocablens.score_ids(lm.borders, torch.zeros(1, 0, dtype=torch.long)),
+         BadInput, "0 token"),
+        ("anatomy-of-missing", lambda d, lm: vocablens.anatomy_of(str(d / "nope")), ModelNotFound, "nope"),
+        ("search-token-out-of-vocab", lambda d, lm: vocablens.search_token(lm.borders, 10**6), BadInput, str(10**6)),
+    ]
+
+
+
+
+def _all_cases():
+    cases = [pytest.param("cli", argv, words, None, id=f"cli-{name}") for name, argv, words in CLI]
+    cases += [pytest.param("api", call, words, exc, id=f"api-{name}") for name, call, exc, words in _api_cases()]
+    return cases
+
+
+def test_catalogue_size():
+    assert len(CLI) + len(_api_cases()) >= 60
+
+
+@pytest.mark.parametrize("kind, what, words, exc_type", _all_cases())
+def test_bad_input(kind, what, words, exc_type, world, tiny_lm, capsys):
+    from vocablens.cli.common import run_app
+
+    before = _digest(world)
+    if kind == "cli":
+        argv = [a.replace("{m}", str(world / "tiny")).replace("{d}", str(world)) for a in what]
+        capsys.readouterr()
+        code = run_app(argv)
+        out, err = capsys.readouterr()
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        errors = [ln for ln in lines if ln.startswith("error:")]
+        assert code == 2, (argv, code, err)
+        assert len(errors) == 1 and len(errors[0]) > len("error: "), err
+        assert "Traceback" not in err + out and out == "", (out, err)
+        assert words.replace("{d}", str(world)) in errors[0], errors[0]
+    else:
+        with pytest.raises(VocabLensError) as info:
+            what(world, tiny_lm)
+        assert isinstance(info.value, exc_type), (type(info.value), info.value)
+        msg = str(info.value)
+        assert msg and "\n" not in msg and words in msg, msg
+    assert _digest(world) == before, "the user's files changed"

@@ -1,0 +1,99 @@
+"""Tiny model directories on disk (a random llama with a byte-level BPE tokenizer trained here), for
+CLI tests that need ``--model DIR``: built in well under a second, no download."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def _corpus() -> list[str]:
+    from pydoc_data.topics import topics
+
+    return [topics[k] for k in sorted(topics)[:30]]
+
+
+def tiny_tokenizer(vocab: int = 300):
+    """A byte-level BPE (``vocab`` entries, BOS ``<s>``, EOS ``</s>``) trained on pydoc topics."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tr = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<s>", "</s>", "<pad>"],
+                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tk.train_from_iterator(_corpus(), tr)
+    tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def save_tiny(d: Path, tok, family: str = "llama", seed: int = 0) -> Path:
+    """A tiny random ``family`` model with ``tok``'s vocabulary, saved (safetensors) with it in ``d``."""
+    from tiny_models import _config
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = _config(family)
+    cfg.vocab_size = len(tok)
+    cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = 0, 1, 2
+    m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        m.get_output_embeddings().weight.mul_(20.0)
+    m.eval()
+    d.mkdir(parents=True, exist_ok=True)
+    m.save_pretrained(d, safe_serialization=True)
+    tok.save_pretrained(d)
+    return d
+
+
+def save_tiny_gguf(path: Path, tok, seed: int = 0) -> Path:
+    """A tiny tied llama as a float32 ``.gguf`` file (``gguf.GGUFWriter``) with ``tok``'s BPE vocabulary,
+    readable by transformers' GGUF loader (config, tokenizer and weights)."""
+    import json
+
+    import gguf
+    from tiny_models import _config
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = _config("llama_tied")
+    cfg.vocab_size = len(tok)
+    m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(len(tok))
+    tj = json.loads(tok.backend_tokenizer.to_str())
+    vocab = sorted(tj["model"]["vocab"].items(), key=lambda kv: kv[1])
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([t for t, _ in vocab])
+    w.add_token_types([3 if t in ("<s>", "</s>", "<pad>") else 1 for t, _ in vocab])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    parts = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    for name, p in m.state_dict().items():
+        if name == "lm_head.weight":
+            continue
+        if name.startswith("model.layers."):
+            i, rest = name[len("model.layers."):].split(".", 1)
+            gname = f"blk.{i}.{parts[rest.rsplit('.', 1)[0]]}.weight"
+        else:
+            gname = names[name]
+        w.add_tensor(gname, p.detach().numpy().copy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
