@@ -119,36 +119,69 @@ def settle_tables(res: SettleResult) -> list:
     return [t, x]
 
 
+# one quantity per y axis: positions (shares of the corpus positions) or compute (shares of a forward pass)
+POSITIONS = "share of positions"
+COMPUTE = "FLOPs saved (share of a forward)"
+
+
+def settle_panels(res: SettleResult) -> list[dict]:
+    """The settle figure as three panels, each ``{"title", "x_title", "y_title", "traces": [{"name", "x",
+    "y", "kind" ("bar"|"line"), "quantity"}]}`` with every trace of a panel in the panel's one quantity:
+    where the top-1 settles by layer (positions), the top-1 kept by an early exit (positions), and the
+    compute it saves before and after the lens reads (compute; net may be negative)."""
+    L = res.n_layers
+    layers = list(range(L + 1))
+    th = [e.threshold for e in res.exits]
+
+    def tr(name, x, y, kind="line", quantity=POSITIONS):
+        return {"name": name, "x": x, "y": [float(v) for v in y], "kind": kind, "quantity": quantity}
+
+    return [
+        {"title": "where the top-1 settles", "x_title": "stream layer", "y_title": POSITIONS,
+         "traces": [tr("settles at this layer", layers, (res.histogram.float() / res.n_positions).tolist(), "bar"),
+                    tr("settled by this layer", layers, res.settled_fraction.tolist()),
+                    tr("lens top-1 = final", layers, res.top1_agreement.tolist())]},
+        {"title": "early exit: top-1 kept", "x_title": "confidence threshold", "y_title": POSITIONS,
+         "traces": [tr("exit top-1 = final", th, [e.agreement for e in res.exits])]},
+        {"title": "early exit: compute saved", "x_title": "confidence threshold", "y_title": COMPUTE,
+         "traces": [tr("blocks skipped (before lens reads)", th, [e.saved_block_fraction for e in res.exits], quantity=COMPUTE),
+                    tr("net FLOPs saved (after lens reads)", th, [e.saved_flops_fraction for e in res.exits], quantity=COMPUTE)]},
+    ]
+
+
 def settle_figure(res: SettleResult):
-    """Plotly figure: settled fraction and top-1 agreement by layer, and the exit trade-off per threshold."""
+    """Plotly figure of :func:`settle_panels`: three panels side by side, each with its own legend
+    below its x-axis title (never over a plot or an axis title), y axes as shares (percent ticks)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    L = res.n_layers
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("where the top-1 settles", "early exit by threshold"))
-    layers = list(range(L + 1))
-    fig.add_trace(go.Bar(x=layers, y=(res.histogram.float() / res.n_positions).tolist(), name="settles at layer",
-                         marker_color="#bbb"), 1, 1)
-    fig.add_trace(go.Scatter(x=layers, y=res.settled_fraction.tolist(), name="settled by layer", mode="lines+markers"), 1, 1)
-    fig.add_trace(go.Scatter(x=layers, y=res.top1_agreement.tolist(), name="top-1 = final", mode="lines"), 1, 1)
-    th = [e.threshold for e in res.exits]
-    fig.add_trace(go.Scatter(x=th, y=[e.saved_block_fraction for e in res.exits], name="blocks saved",
-                             mode="lines+markers"), 1, 2)
-    fig.add_trace(go.Scatter(x=th, y=[e.saved_flops_fraction for e in res.exits], name="FLOPs saved (net)",
-                             mode="lines+markers"), 1, 2)
-    fig.add_trace(go.Scatter(x=th, y=[e.agreement for e in res.exits], name="agreement kept",
-                             mode="lines+markers"), 1, 2)
-    fig.update_xaxes(title_text="stream layer", row=1, col=1)
-    fig.update_xaxes(title_text="confidence threshold", row=1, col=2)
-    fig.update_yaxes(title_text="fraction of positions", row=1, col=1)
-    fig.update_layout(height=420, margin=dict(l=40, r=20, t=40, b=40), legend=dict(orientation="h"))
+    panels = settle_panels(res)
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p["title"] for p in panels],
+                        horizontal_spacing=0.09)
+    colours = iter(["#bbb", "#e4572e", "#17bebb", "#2e86ab", "#76b041", "#9b5de5"])
+    for col, p in enumerate(panels, 1):
+        legend = "legend" if col == 1 else f"legend{col}"
+        for t in p["traces"]:
+            c = next(colours)
+            kw = dict(x=t["x"], y=t["y"], name=t["name"], legend=legend, meta=t["quantity"],
+                      hovertemplate="%{x}: %{y:.1%}")
+            fig.add_trace(go.Bar(marker_color=c, **kw) if t["kind"] == "bar"
+                          else go.Scatter(mode="lines+markers", line_color=c, marker_size=5, **kw), 1, col)
+        fig.update_xaxes(title_text=p["x_title"], title_standoff=4, row=1, col=col)
+        fig.update_yaxes(title_text=p["y_title"], title_standoff=4, tickformat=".0%", row=1, col=col,
+                         range=[-0.03, 1.03] if p["y_title"] == POSITIONS else None)
+        dom = fig.layout[f"xaxis{'' if col == 1 else col}"].domain
+        fig.layout[legend] = dict(orientation="v", x=dom[0], xanchor="left", y=-0.17, yanchor="top",
+                                  bgcolor="rgba(0,0,0,0)")
+    fig.add_hline(y=0, line_dash="dot", line_color="#888", row=1, col=len(panels))
+    fig.update_layout(height=450, margin=dict(l=60, r=20, t=40, b=100), bargap=0.2)
     return fig
 
 
 def write_settle_plot(res: SettleResult, path) -> None:
     """Write the settle figure to ``path`` (``.html``: plotly with plotly.js inlined; ``.png``/``.svg``/
-    ``.pdf``: matplotlib), through :func:`vocablens.files.atomic_path` (an existing file is replaced only
-    once the new one is complete).
+    ``.pdf``: matplotlib, the same three panels), through :func:`vocablens.files.atomic_path` (an existing
+    file is replaced only once the new one is complete).
 
     Raises:
         WriteFailed: the directory is missing, read-only or full.
@@ -161,26 +194,24 @@ def write_settle_plot(res: SettleResult, path) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import PercentFormatter
 
-        fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-        L = res.n_layers
-        a.bar(range(L + 1), (res.histogram.float() / res.n_positions).tolist(), color="#bbb", label="settles at layer")
-        a.plot(range(L + 1), res.settled_fraction.tolist(), marker="o", label="settled by layer")
-        a.plot(range(L + 1), res.top1_agreement.tolist(), label="top-1 = final")
-        a.set_xlabel("stream layer")
-        a.set_ylabel("fraction of positions")
-        a.legend(fontsize=8)
-        th = [e.threshold for e in res.exits]
-        b.plot(th, [e.saved_block_fraction for e in res.exits], marker="o", label="blocks saved")
-        b.plot(th, [e.saved_flops_fraction for e in res.exits], marker="o", label="FLOPs saved (net)")
-        b.plot(th, [e.agreement for e in res.exits], marker="o", label="agreement kept")
-        b.set_xlabel("confidence threshold")
-        b.legend(fontsize=8)
+        panels = settle_panels(res)
+        fig, axes = plt.subplots(1, len(panels), figsize=(13, 4.2))
+        for ax, p in zip(axes, panels):
+            handles = [ax.bar(t["x"], t["y"], color="#bbb", label=t["name"]) if t["kind"] == "bar"
+                       else ax.plot(t["x"], t["y"], marker="o", markersize=3, label=t["name"])[0]
+                       for t in p["traces"]]
+            ax.set(title=p["title"], xlabel=p["x_title"], ylabel=p["y_title"])
+            if p["y_title"] == POSITIONS:
+                ax.set_ylim(-0.03, 1.03)
+            ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+            ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+        axes[-1].axhline(0, color="#888", linestyle=":")
         fig.suptitle(f"{res.kind} lens, {res.n_positions} positions")
         fig.tight_layout()
         fig.savefig(tmp)
         plt.close(fig)
-
 
 
 def explanation_section(e: Explanation, tokenizer, prompt: str | None = None) -> Section:
