@@ -21,6 +21,7 @@ Every rank must call the same functions in the same order (they are collectives)
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -163,7 +164,8 @@ class VocabParallelModel:
 
         Returns:
             ``(logprob [N], entropy [N], topk_ids [N, k], topk_logprobs [N, k])``, float32 nats,
-            the same on every rank. Cost per rank: 2·N·V_r·d FLOPs and three all-reduces of [N].
+            the same on every rank. Cost per rank: 2·N·V_r·d FLOPs and a few all-reduces of [N]
+            (the entropy -Σ p log p accumulated in float64).
         """
         z = self.head(h)  # [N, V_r] float32
         lse = vocab_parallel_logsumexp(z, self.group)  # [N]
@@ -171,14 +173,14 @@ class VocabParallelModel:
         mine = (t >= self.vocab_start) & (t < self.vocab_stop)
         zt = torch.where(mine, z.gather(1, (t - self.vocab_start).clamp(0, z.shape[1] - 1)[:, None])[:, 0],
                          torch.zeros((), dtype=z.dtype, device=z.device))
-        p = torch.exp(z - lse[:, None])
-        pz = torch.where(p > 0, p * z, torch.zeros((), dtype=z.dtype, device=z.device)).sum(1)
-        both = torch.stack([zt, pz])
+        lp = z - lse[:, None]
+        plp = torch.where(lp > -math.inf, lp.exp() * lp, torch.zeros((), dtype=z.dtype, device=z.device))
+        both = torch.stack([zt.double(), plp.sum(1, dtype=torch.float64)])  # -Σ p log p: no cancellation
         if world()[1] > 1:
             import torch.distributed as dist
 
             dist.all_reduce(both, group=self.group)
-        logprob, entropy = both[0] - lse, lse - both[1]
+        logprob, entropy = both[0].float() - lse, (-both[1]).float()
         if top_k:
             vals, ids = vocab_parallel_topk(z, top_k, self.vocab_start, self.vocab_size, self.group)
             return logprob, entropy, ids, vals - lse[:, None]
