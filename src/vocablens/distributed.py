@@ -63,6 +63,18 @@ def share(n: int, rank: int | None = None, size: int | None = None) -> tuple[int
     return start, start + base + (1 if rank < extra else 0)
 
 
+def common_seed(seed: int | None) -> int | None:
+    """``seed`` itself, or when it is None in a world of several ranks one seed drawn on rank 0 and
+    broadcast, so sampling draws the same tokens on every rank (their collectives stay in step)."""
+    if seed is not None or world()[1] == 1:
+        return seed
+    import torch.distributed as dist
+
+    t = torch.randint(0, 2 ** 62, (1,), generator=torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 2))
+    dist.broadcast(t, src=0)
+    return int(t)
+
+
 def allreduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum of ``t`` over all ranks, in float64 (a new tensor; ``t`` itself when the world is one)."""
     if world()[1] == 1:
@@ -205,4 +217,4 @@ class VocabParallelModel:
                            topk_logprobs=tl.cpu(), n_bytes=int(n_bytes))
 
 
-__all__ = ["VocabParallelModel", "allreduce_sum", "gather_columns", "init_from_env", "share", "world"]
+__all__ = ["VocabParallelModel", "allreduce_sum", "common_seed", "gather_columns", "init_from_env", "share", "world"]
