@@ -59,7 +59,7 @@ def world(tmp_path_factory):
         ["score", TEXT, "-m", untied, "--top-k", "4", "--json"],
         ["score", TEXT, "-m", tied, "--top-k", "3", "--json"],
         ["generate", "t3 t17 t5", "-m", untied, "-n", "12", "--json"],
-        ["generate", "t3 t17 t5", "-m", tied, "-n", "12", "--json"],
+        ["generate", "t3 t17 t5", "-m", untied, "-n", "8", "-t", "1.5", "--json"],  # no seed: one drawn for all ranks
     ]
     return {"commands": cmds, "models": [untied, tied]}
 
@@ -115,7 +115,9 @@ def test_two_ranks_print_the_one_process_results(world, two_ranks, capsys):
         ref_code, ref = _one_process(capsys, argv)
         assert code == ref_code == 0, argv
         g, r = json.loads(got), json.loads(ref)
-        if argv[0] == "generate":
+        if "-t" in argv:  # sampled without a seed: the ranks agreed on one (else they would hang)
+            assert 1 <= len(g["tokens"]) <= 8
+        elif argv[0] == "generate":
             assert [t["id"] for t in g["tokens"]] == [t["id"] for t in r["tokens"]]  # the same greedy tokens
             assert len(g["tokens"]) == 12
             _close(_drop_time(g), _drop_time(r), 1e-5)
@@ -136,11 +138,11 @@ def test_each_rank_holds_only_its_slice_of_the_vocabulary(world, two_ranks):
             assert h["full_params"] == []  # no [V, ...] parameter left on the rank
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text", "gpt2", "opt_project", "granite", "cohere"])
+@pytest.mark.parametrize("family", ["gemma3_text", "opt_project", "granite", "cohere"])
 def test_vocab_parallel_model_of_one_rank_scores_as_the_model(family):
     """The sharded path (embedding module swapped, head from logsumexp) on one rank equals score_ids
     for families with an input scale inside the embedding (Gemma 3), in the model (Granite), a logit
-    scale (Cohere), project_out (OPT) and tied rows (GPT-2)."""
+    scale (Cohere) and project_out (OPT); untied and tied llama run on two ranks above."""
     ids = torch.tensor([5, 17, 3, 3, 60, 22, 9, 41])
     ref = score_ids(Borders.from_model(make_tiny(family, seed=2)), ids, top_k=3)
     b = Borders.from_model(make_tiny(family, seed=2))

@@ -21,6 +21,7 @@ Every rank must call the same functions in the same order (they are collectives)
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -60,6 +61,18 @@ def share(n: int, rank: int | None = None, size: int | None = None) -> tuple[int
     base, extra = divmod(int(n), int(size))
     start = rank * base + min(rank, extra)
     return start, start + base + (1 if rank < extra else 0)
+
+
+def common_seed(seed: int | None) -> int | None:
+    """``seed`` itself, or when it is None in a world of several ranks one seed drawn on rank 0 and
+    broadcast, so sampling draws the same tokens on every rank (their collectives stay in step)."""
+    if seed is not None or world()[1] == 1:
+        return seed
+    import torch.distributed as dist
+
+    t = torch.randint(0, 2 ** 62, (1,), generator=torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 2))
+    dist.broadcast(t, src=0)
+    return int(t)
 
 
 def allreduce_sum(t: torch.Tensor) -> torch.Tensor:
@@ -163,7 +176,8 @@ class VocabParallelModel:
 
         Returns:
             ``(logprob [N], entropy [N], topk_ids [N, k], topk_logprobs [N, k])``, float32 nats,
-            the same on every rank. Cost per rank: 2·N·V_r·d FLOPs and three all-reduces of [N].
+            the same on every rank. Cost per rank: 2·N·V_r·d FLOPs and a few all-reduces of [N]
+            (the entropy -Σ p log p accumulated in float64).
         """
         z = self.head(h)  # [N, V_r] float32
         lse = vocab_parallel_logsumexp(z, self.group)  # [N]
@@ -171,14 +185,14 @@ class VocabParallelModel:
         mine = (t >= self.vocab_start) & (t < self.vocab_stop)
         zt = torch.where(mine, z.gather(1, (t - self.vocab_start).clamp(0, z.shape[1] - 1)[:, None])[:, 0],
                          torch.zeros((), dtype=z.dtype, device=z.device))
-        p = torch.exp(z - lse[:, None])
-        pz = torch.where(p > 0, p * z, torch.zeros((), dtype=z.dtype, device=z.device)).sum(1)
-        both = torch.stack([zt, pz])
+        lp = z - lse[:, None]
+        plp = torch.where(lp > -math.inf, lp.exp() * lp, torch.zeros((), dtype=z.dtype, device=z.device))
+        both = torch.stack([zt.double(), plp.sum(1, dtype=torch.float64)])  # -Σ p log p: no cancellation
         if world()[1] > 1:
             import torch.distributed as dist
 
             dist.all_reduce(both, group=self.group)
-        logprob, entropy = both[0] - lse, lse - both[1]
+        logprob, entropy = both[0].float() - lse, (-both[1]).float()
         if top_k:
             vals, ids = vocab_parallel_topk(z, top_k, self.vocab_start, self.vocab_size, self.group)
             return logprob, entropy, ids, vals - lse[:, None]
@@ -203,4 +217,4 @@ class VocabParallelModel:
                            topk_logprobs=tl.cpu(), n_bytes=int(n_bytes))
 
 
-__all__ = ["VocabParallelModel", "allreduce_sum", "gather_columns", "init_from_env", "share", "world"]
+__all__ = ["VocabParallelModel", "allreduce_sum", "common_seed", "gather_columns", "init_from_env", "share", "world"]

@@ -74,7 +74,7 @@ def generate_cmd(
         raise BadInput(f"--threshold must be in (0, 1]; got {threshold}")
     if exit_test not in ("full", "candidates"):
         raise BadInput(f"--exit-test must be 'full' or 'candidates'; got {exit_test!r}")
-    from vocablens.distributed import VocabParallelModel, init_from_env
+    from vocablens.distributed import VocabParallelModel, common_seed, init_from_env
 
     rank, world = init_from_env()
     if world > 1 and early_exit is not None:
@@ -98,6 +98,7 @@ def generate_cmd(
 
     stops = stop_ids(lm.model, tok)
     head = VocabParallelModel(borders) if world > 1 else None  # each rank keeps V/world rows
+    seed = common_seed(seed)  # under torchrun every rank must draw the same tokens
     res = generate(borders, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                    top_p=top_p, min_p=min_p, seed=seed, stop_ids=stops, top_n=top,
                    early_exit=rule, on_token=on_token, head=head)
