@@ -141,6 +141,8 @@ CLI = [
     ("trim-empty-corpus", ["trim", *M, "--out", "{d}/t2", "--corpus", "{d}/empty.txt"], "holds no text"),
     ("trim-unknown-corpus", ["trim", *M, "--out", "{d}/t3", "--corpus", "no-such-corpus"], "does not exist"),
     ("trim-missing-token-list", ["trim", *M, "--out", "{d}/t4", "--token-list", "{d}/nofile"], "no such file"),
+    ("trim-negative-max-docs", ["trim", *M, "--out", "{d}/t5", "--corpus", "{d}/notes.txt", "--max-docs", "-1"],
+     "must be >= 0"),
     ("trim-out-exists", ["trim", *M, "--out", "{d}/out", "--corpus", "{d}/notes.txt"], "exists"),
     # report
     ("report-out-is-a-directory", ["report", *M, "--out", "{d}/sub"], "is a directory"),

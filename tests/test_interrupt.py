@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tiny_dirs import run_cli as _run
 from tiny_dirs import save_tiny, save_tiny_gguf, tiny_tokenizer
 
 CHILD = r"""
@@ -91,15 +92,6 @@ def tiny(tmp_path_factory):
     (root / "notes.txt").write_text(TEXT)
     save_tiny_gguf(root / "tiny.gguf", tiny_tokenizer())
     return root
-
-
-def _run(capsys, *argv) -> tuple[int, str, str]:
-    from vocablens.cli.common import run_app
-
-    capsys.readouterr()
-    code = run_app([str(a) for a in argv])
-    o = capsys.readouterr()
-    return code, o.out, o.err
 
 
 # ------------------------------------------------------------------------------------ kill -9

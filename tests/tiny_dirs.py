@@ -33,6 +33,16 @@ def tiny_tokenizer(vocab: int = 300, words: list[str] | None = None):
     return tok
 
 
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    """Run the CLI in-process: ``code, stdout, stderr = run_cli(capsys, "score", "x", "-m", d)``."""
+    from vocablens.cli.common import run_app
+
+    capsys.readouterr()
+    code = run_app([str(a) for a in argv])
+    o = capsys.readouterr()
+    return code, o.out, o.err
+
+
 def save_tiny(d: Path, tok, family: str = "llama", seed: int = 0) -> Path:
     """A tiny random ``family`` model with ``tok``'s vocabulary, saved (safetensors) with it in ``d``."""
     from tiny_models import _config
