@@ -16,10 +16,7 @@ import pytest
 import torch
 
 from tiny_dirs import save_tiny, tiny_tokenizer
-from vocablens.errors import (
-    BadInput, CheckpointMismatch, CorruptModelFile, ModelNotFound, OutputExists, ShapeMismatch,
-    TokenNotInVocabulary, VocabLensError,
-)
+from vocablens.errors import BadInput, CheckpointMismatch, ModelNotFound, ShapeMismatch, VocabLensError
 
 SURROGATE = "x\udced\udca0\udc80y"  # what a shell passes for the bytes ED A0 80: not encodable text
 NOTES = "The class statement defines a new type. An object is an instance of that type.\n" * 12
