@@ -16,10 +16,7 @@ import pytest
 import torch
 
 from tiny_dirs import save_tiny, tiny_tokenizer
-from vocablens.errors import (
-    BadInput, CheckpointMismatch, CorruptModelFile, ModelNotFound, OutputExists, ShapeMismatch,
-    TokenNotInVocabulary, VocabLensError,
-)
+from vocablens.errors import BadInput, CheckpointMismatch, ModelNotFound, ShapeMismatch, VocabLensError
 
 SURROGATE = "x\udced\udca0\udc80y"  # what a shell passes for the bytes ED A0 80: not encodable text
 NOTES = "The class statement defines a new type. An object is an instance of that type.\n" * 12
@@ -141,6 +138,8 @@ CLI = [
     ("trim-empty-corpus", ["trim", *M, "--out", "{d}/t2", "--corpus", "{d}/empty.txt"], "holds no text"),
     ("trim-unknown-corpus", ["trim", *M, "--out", "{d}/t3", "--corpus", "no-such-corpus"], "does not exist"),
     ("trim-missing-token-list", ["trim", *M, "--out", "{d}/t4", "--token-list", "{d}/nofile"], "no such file"),
+    ("trim-negative-max-docs", ["trim", *M, "--out", "{d}/t5", "--corpus", "{d}/notes.txt", "--max-docs", "-1"],
+     "must be >= 0"),
     ("trim-out-exists", ["trim", *M, "--out", "{d}/out", "--corpus", "{d}/notes.txt"], "exists"),
     # report
     ("report-out-is-a-directory", ["report", *M, "--out", "{d}/sub"], "is a directory"),

@@ -14,8 +14,9 @@ def _corpus() -> list[str]:
     return [topics[k] for k in sorted(topics)[:30]]
 
 
-def tiny_tokenizer(vocab: int = 300):
-    """A byte-level BPE (``vocab`` entries, BOS ``<s>``, EOS ``</s>``) trained on pydoc topics."""
+def tiny_tokenizer(vocab: int = 300, words: list[str] | None = None):
+    """A byte-level BPE (``vocab`` entries, BOS ``<s>``, EOS ``</s>``) trained on pydoc topics, plus
+    ``words`` as added tokens (e.g. the words the report's PCA wants as single tokens)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -26,7 +27,20 @@ def tiny_tokenizer(vocab: int = 300):
                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tk.train_from_iterator(_corpus(), tr)
     tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    if words:
+        tok.add_tokens(list(words))
+    return tok
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    """Run the CLI in-process: ``code, stdout, stderr = run_cli(capsys, "score", "x", "-m", d)``."""
+    from vocablens.cli.common import run_app
+
+    capsys.readouterr()
+    code = run_app([str(a) for a in argv])
+    o = capsys.readouterr()
+    return code, o.out, o.err
 
 
 def save_tiny(d: Path, tok, family: str = "llama", seed: int = 0) -> Path:

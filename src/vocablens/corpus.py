@@ -160,8 +160,10 @@ def load_documents(spec: str | Path, max_docs: int | None = None) -> list[Docume
 
     Raises:
         BadInput: the path does not exist, a named corpus is not installed (with the command that
-            installs it), or the corpus holds no text.
+            installs it), the corpus holds no text, or ``max_docs`` is negative.
     """
+    if max_docs is not None and max_docs < 0:
+        raise BadInput(f"the number of documents to read must be >= 0 (0 = all); got {max_docs}")
     if str(spec) in NAMED_CORPORA:
         docs = _named(str(spec), max_docs)
     else:

@@ -329,7 +329,8 @@ def read_safetensors(p: Path) -> dict[str, torch.Tensor]:
     except FileNotFoundError:
         raise BadInput(f"{p} does not exist") from None
     except Exception as exc:
-        raise CorruptModelFile(f"{p} is truncated or not a safetensors file ({str(exc).splitlines()[0][:120]})") from None
+        raise CorruptModelFile(f"{p} is truncated or not a safetensors file ({str(exc).splitlines()[0][:120]}); "
+                               "save, train or download it again") from None
 
 
 def read_pair(dirpath: Path, tensor_name: str, meta_name: str) -> tuple[dict[str, torch.Tensor], dict]:
