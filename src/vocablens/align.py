@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from vocablens.errors import BadInput
@@ -110,8 +111,8 @@ def shared_vocabulary(tokenizer_a, tokenizer_b, real_a: int, real_b: int, min_sh
     if len(common) < min_shared:
         raise BadInput(f"the two models share {len(common)} token strings (need at least {min_shared}): "
                        "their parameters cannot be compared through the vocabulary")
-    ids_a = torch.tensor([va[t] for t in common], dtype=torch.int64)
-    ids_b = torch.tensor([vb[t] for t in common], dtype=torch.int64)
+    ids_a = torch.tensor([va[t] for t in common], dtype=torch.int64)  # cpu: row indices
+    ids_b = torch.tensor([vb[t] for t in common], dtype=torch.int64)  # cpu: row indices
     identical = len(common) == len(va) == len(vb) and bool(torch.equal(ids_a, ids_b))
     return SharedVocabulary(ids_a=ids_a, ids_b=ids_b, identical=identical)
 
@@ -188,11 +189,11 @@ def _hungarian(corr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     c = corr.double().cpu().numpy()  # cpu: scipy's Hungarian solver runs on the host
     rows, cols = linear_sum_assignment(c, maximize=True)
-    partner = torch.full((corr.shape[0],), -1, dtype=torch.int64)
-    got = torch.full((corr.shape[0],), float("nan"), dtype=torch.float32)
-    partner[torch.as_tensor(rows)] = torch.as_tensor(cols, dtype=torch.int64)
-    got[torch.as_tensor(rows)] = torch.as_tensor(c[rows, cols], dtype=torch.float32)
-    return partner.to(corr.device), got.to(corr.device)
+    partner = np.full(corr.shape[0], -1, dtype=np.int64)
+    got = np.full(corr.shape[0], np.nan, dtype=np.float32)
+    partner[rows] = cols
+    got[rows] = c[rows, cols]
+    return torch.from_numpy(partner).to(corr.device), torch.from_numpy(got).to(corr.device)
 
 
 def _check_layers(layers: Sequence[int] | None, L: int, which: str) -> list[int]:

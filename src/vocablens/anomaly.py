@@ -190,7 +190,7 @@ def fit_detector(features: torch.Tensor, method: str = "iforest", seed: int = 0)
 
     if method not in DETECTORS:
         raise BadInput(f"detector must be one of {DETECTORS}; got {method!r}")
-    X = features.double().numpy()
+    X = features.double().cpu().numpy()  # cpu: scikit-learn runs on the host
     if X.shape[0] < 5:
         raise BadInput(f"fit a detector on at least 5 normal inputs; got {X.shape[0]}")
     if method == "iforest":
@@ -203,7 +203,8 @@ def fit_detector(features: torch.Tensor, method: str = "iforest", seed: int = 0)
 def anomaly_scores(detector, features: torch.Tensor) -> torch.Tensor:
     """[N] float64 anomaly scores (higher = less like the normal inputs): minus the detector's
     ``score_samples``."""
-    return -torch.as_tensor(detector.score_samples(features.double().numpy()), dtype=torch.float64)
+    X = features.double().cpu().numpy()  # cpu: scikit-learn runs on the host
+    return -torch.as_tensor(detector.score_samples(X), dtype=torch.float64)  # cpu: scores of the host detector
 
 
 def auroc(scores: torch.Tensor, labels: torch.Tensor) -> float:
@@ -217,7 +218,7 @@ def auroc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     y = labels.long()
     if not bool(((y == 0) | (y == 1)).all()) or y.unique().numel() != 2:
         raise BadInput("AUROC needs labels 0 (normal) and 1 (anomalous), both present")
-    return float(roc_auc_score(y.numpy(), scores.numpy()))
+    return float(roc_auc_score(y.cpu().numpy(), scores.cpu().numpy()))  # cpu: scikit-learn
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,8 @@ class Steering:
         by: dict[int, list[SteerVector]] = {}
         for v in self.vectors:
             by.setdefault(v.block, []).append(v)
-        return {b: (torch.tensor([v.neuron for v in vs], dtype=torch.int64),
+        # cpu: small host tensors; __enter__ moves them to each block's device once
+        return {b: (torch.tensor([v.neuron for v in vs], dtype=torch.int64),  # cpu: see above
                     torch.tensor([v.factor for v in vs], dtype=torch.float32)) for b, vs in by.items()}
 
     def __enter__(self) -> "Steering":

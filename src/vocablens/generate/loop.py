@@ -165,7 +165,7 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
     if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0:
         raise BadInput(f"top_n must be an int >= 0; got {top_n!r}")
     check_sampling_args(temperature, top_k, top_p, min_p)
-    ids = torch.as_tensor(input_ids, dtype=torch.int64).reshape(1, -1).to(borders.device)
+    ids = torch.as_tensor(input_ids, dtype=torch.int64, device=borders.device).reshape(1, -1)
     if ids.shape[1] == 0:
         raise BadInput("empty prompt: no tokens to continue")
     ctx = getattr(borders.config, "max_position_embeddings", None)

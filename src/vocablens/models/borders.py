@@ -202,9 +202,9 @@ class Borders:
         if exclude_untrained:
             from vocablens.models.rows import untrained_rows
 
-            mask &= ~untrained_rows(self.W_E)
+            mask &= ~untrained_rows(self.W_E).to(mask.device)
             if not self.tied:
-                mask &= ~untrained_rows(self.W_U)
+                mask &= ~untrained_rows(self.W_U).to(mask.device)
         self._memo[key] = mask
         return mask.clone()
 

@@ -88,7 +88,7 @@ def untrained_rows(W: torch.Tensor, min_group: int = 8) -> torch.Tensor:
         for grp in torch.unique(inverse[idx]):
             members = idx[inverse[idx] == grp]
             ref = W[members[0]]
-            same = (W[members] == ref).all(dim=1)
+            same = (W[members] == ref).all(dim=1).cpu()  # cpu: members is a host index
             if int(same.sum()) >= min_group:
                 out[members[same]] = True
     assert out.shape == (V,)

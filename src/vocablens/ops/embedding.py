@@ -156,7 +156,7 @@ def lookup_cost(W: torch.Tensor, ids: torch.Tensor) -> LookupCost:
         raise ShapeMismatch(f"W must be [V, d]; got shape {tuple(W.shape)}")
     V, d = W.shape
     check_ids("ids", ids, V)
-    flat = ids.reshape(-1).to(torch.int64).cpu()
+    flat = ids.reshape(-1).to(torch.int64).cpu()  # cpu: an accounting of addresses, not a compute path
     es = W.element_size()
     offsets = flat * (W.stride(0) * es)
     base = 0 if W.device.type == "meta" else W.data_ptr()

@@ -148,7 +148,7 @@ def _through_post(post, raw: torch.Tensor, r2: torch.Tensor):
     linearization or None)``, so that ``r2 · post(u) == rows · u + constant``."""
     r = r2 * post.scale
     if post.norm is None:
-        return r, torch.zeros(2), None
+        return r, torch.zeros(2), None  # cpu: host arithmetic (_host)
     lin = linearize_norm(post.norm, raw)
     return lin.readout(r), r @ lin.bias, lin
 
@@ -219,7 +219,7 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
 
         # Lens log-probs at x_l, x_l + attn_l, x_{l+1} (row 2L is x_L: the model's own output),
         # through the unembedding and the chunked ops (never a full [N, V] log-softmax here).
-        states = torch.empty(2 * L + 1, x.shape[1])
+        states = torch.empty(2 * L + 1, x.shape[1])  # cpu: built from host rows, then moved
         states[0::2] = x
         states[1::2] = x[:-1] + attn_u
         hidden = U.normed(states.to(resid.device, resid.dtype))
@@ -266,7 +266,7 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
             head_out = _host(torch.einsum("hk,hkd->hd", z, WO.to(z.device)))  # [H, d]
             head_dla = head_out @ ra.t()  # [H, 2]
             bO = v.b_O
-            a_bias = (ra @ _host(bO) if bO is not None else torch.zeros(2)) + a_const
+            a_bias = (ra @ _host(bO) if bO is not None else torch.zeros(2)) + a_const  # cpu: host
             attn_dla = head_dla.sum(0) + a_bias
             # MLP: sub-updates, bias, post-transform
             rm, m_const, m_lin = _through_post(v.mlp_post, c.mlp_raw[0, 0], r2)
@@ -275,7 +275,7 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
             Wout = v.W_out.detach().float().to(act_d.device)  # [d_ff, d], where it lives
             sub = act[:, None] * _host(Wout @ rm.t().to(act_d.device))  # [d_ff, 2]
             bout = v.b_out
-            m_bias = (rm @ _host(bout) if bout is not None else torch.zeros(2)) + m_const
+            m_bias = (rm @ _host(bout) if bout is not None else torch.zeros(2)) + m_const  # cpu: host
             mlp_dla = sub.sum(0) + m_bias
             raw = act_d @ Wout + (bout.detach().float().to(act_d.device) if bout is not None else 0.0)
             sub_err = float((raw - c.mlp_raw[0, 0].float()).abs().max())

@@ -84,7 +84,7 @@ def interpretable_vectors(borders: Borders, n: int = 20, per_layer: int = 32, k:
         tb = top_bottom(S, k)
         crit.append(((tb[1] - mean[:, None]) / std.clamp_min(torch.finfo(S.dtype).tiny)[:, None]).mean(1))
         parts.append(tb)
-    score = torch.cat(crit).cpu()
+    score = torch.cat(crit).cpu()  # cpu: once; the selection below is a host loop
     order = torch.argsort(score, descending=True, stable=True).tolist()
     chosen, per = [], {}
     for j in order:
@@ -93,10 +93,12 @@ def interpretable_vectors(borders: Borders, n: int = 20, per_layer: int = 32, k:
         if max_per_layer is None or per.get(layers[j], 0) < max_per_layer:
             chosen.append(j)
             per[layers[j]] = per.get(layers[j], 0) + 1
-    sel = torch.tensor(chosen, dtype=torch.long)
-    ti, tv, bi, bv = (torch.cat([p[q] for p in parts]).cpu()[sel] for q in range(4))
-    proj = VectorProjection(kind="value", layers=torch.tensor(layers)[sel], neurons=torch.tensor(neurons)[sel],
-                            norms=X.norm(dim=-1).cpu()[sel], top_ids=ti, top_scores=tv, bottom_ids=bi,
+    sel = torch.tensor(chosen, dtype=torch.long)  # cpu: indices into the host result
+    ti, tv, bi, bv = (torch.cat([p[q] for p in parts]).cpu()[sel] for q in range(4))  # cpu: the result, once
+    layers_t, neurons_t = torch.tensor(layers)[sel], torch.tensor(neurons)[sel]  # cpu: result labels
+    norms = X.norm(dim=-1).cpu()[sel]  # cpu: the result
+    proj = VectorProjection(kind="value", layers=layers_t, neurons=neurons_t,
+                            norms=norms, top_ids=ti, top_scores=tv, bottom_ids=bi,
                             bottom_scores=bv, apply_norm_gain=bool(apply_norm_gain))
     cap = "" if max_per_layer is None else f", at most {max_per_layer} per block"
     criterion = (f"the mean z-score of each vector's top {k} logits within its own logits over the vocabulary "

@@ -104,10 +104,11 @@ def project_vectors(borders: Borders, layers: Sequence[int], neurons: Sequence[i
     X = X.to(R.device)
     step = rows_per_chunk(real, chunk_rows)
     parts = [top_bottom(X[i:i + step] @ R.t(), k) for i in range(0, len(X), step)]
-    # cpu: the [n, k] result, once, at the end
+    # cpu: the [n, k] result and its labels, once, at the end
     ti, tv, bi, bv = (torch.cat([p[j] for p in parts]).cpu() for j in range(4))
-    return VectorProjection(kind=kind, layers=torch.tensor([int(x) for x in layers]),
-                            neurons=torch.tensor([int(x) for x in neurons]), norms=X.norm(dim=-1).cpu(),  # cpu: result
+    layers_t = torch.tensor([int(x) for x in layers])  # cpu: result labels
+    neurons_t = torch.tensor([int(x) for x in neurons])  # cpu: result labels
+    return VectorProjection(kind=kind, layers=layers_t, neurons=neurons_t, norms=X.norm(dim=-1).cpu(),  # cpu: result
                             top_ids=ti, top_scores=tv, bottom_ids=bi, bottom_scores=bv,
                             apply_norm_gain=bool(apply_norm_gain and kind == "value"))
 
@@ -126,7 +127,7 @@ def sample_neurons(borders: Borders, per_layer: int, seed: int = 0) -> tuple[lis
     g = torch.Generator().manual_seed(int(seed))  # cpu: the same draw on every device
     layers, neurons = [], []
     for v in block_views(borders):
-        idx = torch.randperm(v.d_ff, generator=g)[: min(per_layer, v.d_ff)].sort().values
+        idx = torch.randperm(v.d_ff, generator=g)[: min(per_layer, v.d_ff)].sort().values  # cpu: seeded draw
         layers += [v.index] * len(idx)
         neurons += idx.tolist()
     return layers, neurons
