@@ -200,11 +200,12 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
         targets = targets.to(torch.int64)
     elif rank:
         raise BadInput("rank needs targets")
-    n_tok = min(N, _tokens_per_chunk(S, V, chunk_bytes or READOUT_CHUNK_BYTES, chunk_rows))
+    n_tok = _tokens_per_chunk(S, V, chunk_bytes or READOUT_CHUNK_BYTES, chunk_rows)
+    n_tok = min(N, n_tok - n_tok % PAIR_TOKENS if n_tok > PAIR_TOKENS else n_tok)  # whole pair blocks
     dev = H.device
     f32 = dict(dtype=torch.float32, device=dev)
     zbuf = torch.empty(n_tok * S * V, **f32)
-    ebuf, xbuf = torch.empty(STATS_ROWS * V, **f32), torch.empty(STATS_ROWS * V, **f32)
+    ebuf = torch.empty(STATS_ROWS * V, **f32)
     pbuf = torch.empty(PAIR_TOKENS * V, **f32)
     o = _ReadoutRows(N * S, top_k, targets is not None, rank, entropy, max_abs_dp, dev)
     plogp = torch.empty(N, **f32)
@@ -218,7 +219,7 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
             tgt = None if targets is None else targets[t0:t1].repeat_interleave(S)
             for r0 in range((t0 - a) * S, (t1 - a) * S, STATS_ROWS):
                 r1 = min((t1 - a) * S, r0 + STATS_ROWS)
-                _block_stats(z[r0:r1], p, (r0 + a * S) - t0 * S, S, ebuf, xbuf, o, r0 + a * S, cols,
+                _block_stats(z[r0:r1], p, (r0 + a * S) - t0 * S, S, ebuf, o, r0 + a * S, cols,
                              None if tgt is None else tgt[r0 - (t0 - a) * S: r1 - (t0 - a) * S])
     return o.result(plogp, N, S, two)
 
@@ -256,14 +257,13 @@ class _ReadoutRows:
             target_rank=None if self.rk is None else out(self.rk.to(torch.int64)), max_abs_dp=out(self.dp))
 
 
-def _block_stats(z: torch.Tensor, p: torch.Tensor, j0: int, S: int, ebuf: torch.Tensor, xbuf: torch.Tensor,
-                 o: _ReadoutRows, g0: int, cols: int, tgt: torch.Tensor | None) -> None:
+def _block_stats(z: torch.Tensor, p: torch.Tensor, j0: int, S: int, ebuf: torch.Tensor, o: _ReadoutRows,
+                 g0: int, cols: int, tgt: torch.Tensor | None) -> None:
     """Statistics of one cache-sized block of logit rows ``z [r, V]`` (overwritten by z - m) into
     rows ``g0 .. g0+r`` of ``o``. Row i belongs to token (j0 + i) // S of the references ``p [n, V]``."""
     r, V = z.shape
     sl = slice(g0, g0 + r)
     e = ebuf[: r * V].view(r, V)
-    x = xbuf[: r * V].view(r, V)
     bm = z.view(r, V // 64, 64).amax(2) if V % 64 == 0 else None  # block maxima: the max and the top-k
     torch.amax(z if bm is None else bm, 1, keepdim=True, out=o.m[sl])
     m = o.m[sl]
@@ -271,20 +271,20 @@ def _block_stats(z: torch.Tensor, p: torch.Tensor, j0: int, S: int, ebuf: torch.
         o.tv[sl], o.ti[sl] = topk_by_blocks(z[:, :cols], o.tv.shape[1], block_max=bm if cols == V else None)
     if o.zt is not None:
         zt = z.gather(1, tgt[:, None])
-        if o.rk is not None:  # columns above the target
-            torch.gt(z[:, :cols], zt, out=x[:, :cols])
-            torch.sum(x[:, :cols], 1, out=o.rk[sl])
+        if o.rk is not None:  # columns above the target (e is scratch until the exp)
+            torch.sum(torch.gt(z[:, :cols], zt, out=e[:, :cols]), 1, out=o.rk[sl])
         torch.sub(zt, m, out=o.zt[sl])
+    floor = bool((z.amin(1, keepdim=True) - m < EXP_FLOOR).any())
     z.sub_(m)  # shifted logits z - m: every sum depends on logit differences only
-    torch.exp(torch.clamp(z, min=EXP_FLOOR, out=e), out=e)
+    torch.exp(torch.clamp(z, min=EXP_FLOOR, out=e) if floor else z, out=e)
     torch.sum(e, 1, keepdim=True, out=o.s[sl])
     tok = torch.arange(j0, j0 + r, device=z.device) // S
     o.pz[sl] = torch.mm(z, p.t()).gather(1, tok[:, None]).view(r)  # Σ_v p (z - m)
-    if o.ez is not None:  # Σ_v e (z - m), for H(q) = log s - Σ e (z - m) / s
-        torch.sum(torch.mul(z, e, out=x), 1, keepdim=True, out=o.ez[sl])
+    if o.ez is not None:  # Σ_v e (z - m), for H(q) = log s - Σ e (z - m) / s (z is not needed after this)
+        torch.sum(z.mul_(e), 1, keepdim=True, out=o.ez[sl])
     if o.dp is not None:
         e.div_(o.s[sl])
-        torch.amax(torch.sub(e, p.index_select(0, tok), out=x).abs_(), 1, out=o.dp[sl])
+        torch.amax(e.sub_(p.index_select(0, tok)).abs_(), 1, out=o.dp[sl])
 
 
 @dataclass(frozen=True)
