@@ -31,6 +31,7 @@ import torch
 from vocablens.errors import BadInput, ShapeMismatch
 from vocablens.logit_transform import check_transform, transform_logits, transform_logits_backward
 from vocablens.ops._checks import check_float, check_ids
+from vocablens.ops.topk import topk_by_blocks
 
 #: default budget of one [rows, V] float32 buffer, bytes (two such buffers are live per chunk): 256
 #: rows of V = 49,152. CPU GEMMs of 256+ rows run ~1.5x faster than 64-row ones (measured, 2-core EPYC:
@@ -110,21 +111,6 @@ def _logits_into(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return transform_logits(z, logit_scale, softcap, inplace=True)
 
 
-def _topk(z: torch.Tensor, k: int, block: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch.topk(z, k, dim=1) for [R, C] rows, read in one pass: the k blocks of ``block`` columns
-    with the largest maxima hold every top-k value, so only those k·block candidates are ranked."""
-    R, C = z.shape
-    nb = C // block
-    if k * block * 4 > C:
-        return torch.topk(z, k, dim=1)
-    bi = torch.topk(z[:, : nb * block].reshape(R, nb, block).amax(2), k, dim=1).indices  # [R, k]
-    idx = (bi[:, :, None] * block + torch.arange(block, device=z.device)).view(R, k * block)
-    if C > nb * block:  # the tail columns are always candidates
-        idx = torch.cat([idx, torch.arange(nb * block, C, device=z.device).expand(R, -1)], 1)
-    v, j = torch.topk(z.gather(1, idx), k, dim=1)
-    return v, idx.gather(1, j)
-
-
 def _pair_dot(z: torch.Tensor, p: torch.Tensor, n: int, S: int) -> torch.Tensor:
     """Σ_v z[j·S + s, v] p[j, v] for token-major rows z [n·S, V] and p [n, V] -> [n, S] (one GEMM)."""
     full = torch.mm(z, p.t()).view(n, S, n)  # n x more products than needed, but one pass over z
@@ -145,6 +131,25 @@ def _reference_chunk(ref: torch.Tensor, pbuf: torch.Tensor) -> tuple[torch.Tenso
     return p, plogp
 
 
+#: rows of logits whose statistics are read at a time: [16, V] float32 is 3 MiB at V = 49,152, so
+#: the block stays in cache through its ~10 passes (max, top-k, rank, shift, exp, sums, products);
+#: read [rows, V]-at-a-time, each pass streamed the whole chunk through memory again (measured, one
+#: thread, 240 x 49,152 logits: 200 ms for those passes unblocked, 80 ms in 16-row blocks).
+STATS_ROWS = 16
+#: tokens per pair-dot GEMM: Σ_v p (z - m) for the token-major rows z [n·S, V] of n tokens and their
+#: references p [n, V] is one GEMM [n·S, V] x [V, n], of which the n·S (row, own token) products are
+#: read. n <= 8 keeps the surplus small (n/d of the head GEMM) and fixes the float32 summation order.
+PAIR_TOKENS = 8
+#: exp's input floor: exp(-87) = 1.6e-38 is still a normal float32. Below about -87.3, exp returns
+#: subnormals or 0 and runs 15-50x slower on x86 (measured: a layer-0 logit-lens row has two thirds of
+#: its logits more than 87 nats below the max); each clamped term is < 1.7e-38, far below the half-ulp
+#: of s = Σ exp(z - m) >= 1 (the max's term is 1), so the sums come out the same.
+EXP_FLOOR = -87.0
+#: default budget of kl_readout's [rows, V] float32 logits buffer: 512 rows at V = 49,152 (CPU
+#: GEMMs of 512 rows run ~10% faster than those of 240).
+READOUT_CHUNK_BYTES = 96 * 2**20
+
+
 @torch.no_grad()
 def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tensor, *,
                bias: torch.Tensor | None = None, logit_scale: float = 1.0, softcap: float | None = None,
@@ -152,6 +157,10 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
                topk_cols: int | None = None, entropy: bool = False, max_abs_dp: bool = False,
                chunk_bytes: int | None = None, chunk_rows: int | None = None) -> KLReadout:
     """Forward-only KL(reference ‖ q) and the lens statistics of S layers, one LM-head GEMM per row.
+
+    Each chunk's logits are written once by the GEMM; the statistics are then read off them in
+    cache-sized blocks of :data:`STATS_ROWS` rows (max, top-k, rank, exp, sums), so apart from the GEMM
+    the chunk streams through memory about once. Only what is asked for is computed.
 
     Args:
         hidden: [S, N, d] (or [N, d]) head inputs (already normed), any float dtype; the GEMM runs
@@ -164,8 +173,9 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
         topk_cols: top-k and rank consider the first ``topk_cols`` columns only (real tokens;
             default all V).
         entropy: also return the entropy of q. max_abs_dp: also return max_v |q_v - p_v|.
-        chunk_bytes: budget of one [rows, V] float32 buffer (default 48 MiB; three such buffers
-            live at once: logits, exp, the chunk's reference); chunk_rows: rows per GEMM instead.
+        chunk_bytes: budget of the [rows, V] float32 logits buffer (default
+            :data:`READOUT_CHUNK_BYTES`, 96 MiB; besides it only [STATS_ROWS + PAIR_TOKENS, V]
+            scratch is live); chunk_rows: rows per GEMM instead.
 
     Returns:
         :class:`KLReadout`, tensors [S, N] ([N] for a 2-D ``hidden``).
@@ -190,61 +200,91 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
         targets = targets.to(torch.int64)
     elif rank:
         raise BadInput("rank needs targets")
-    n_tok = min(N, _tokens_per_chunk(S, V, chunk_bytes, chunk_rows))
+    n_tok = _tokens_per_chunk(S, V, chunk_bytes or READOUT_CHUNK_BYTES, chunk_rows)
+    n_tok = min(N, n_tok - n_tok % PAIR_TOKENS if n_tok > PAIR_TOKENS else n_tok)  # whole pair blocks
     dev = H.device
-    zbuf = torch.empty(n_tok * S * V, dtype=torch.float32, device=dev)
-    ebuf = torch.empty_like(zbuf)
-    pbuf = torch.empty(n_tok * V, dtype=torch.float32, device=dev)
     f32 = dict(dtype=torch.float32, device=dev)
-    kl_o, lse_o = torch.empty(N, S, **f32), torch.empty(N, S, **f32)
-    ent_o = torch.empty(N, S, **f32) if entropy else None
-    dp_o = torch.empty(N, S, **f32) if max_abs_dp else None
-    tv_o = torch.empty(N, S, top_k, **f32) if top_k else None
-    ti_o = torch.empty(N, S, top_k, dtype=torch.int64, device=dev) if top_k else None
-    tl_o = torch.empty(N, S, **f32) if targets is not None else None
-    rk_o = torch.empty(N, S, dtype=torch.int64, device=dev) if rank else None
+    zbuf = torch.empty(n_tok * S * V, **f32)
+    ebuf = torch.empty(STATS_ROWS * V, **f32)
+    pbuf = torch.empty(PAIR_TOKENS * V, **f32)
+    o = _ReadoutRows(N * S, top_k, targets is not None, rank, entropy, max_abs_dp, dev)
+    plogp = torch.empty(N, **f32)
     for a in range(0, N, n_tok):
         b = min(N, a + n_tok)
-        n, R = b - a, (b - a) * S
-        p, plogp = _reference_chunk(reference[a:b], pbuf)
-        z = _logits_into(H[:, a:b].transpose(0, 1).reshape(R, -1), weight, bias, logit_scale, softcap, zbuf)
-        e = ebuf[: R * V].view(R, V)
-        m = z.amax(1, keepdim=True)  # rows are token-major: row j*S + s = token a+j at layer s
-        if top_k:
-            tv, ti = _topk(z[:, :cols], top_k)
-            ti_o[a:b] = ti.view(n, S, top_k)
-        if targets is not None:
-            zt = z.view(n, S, V).gather(2, targets[a:b].view(n, 1, 1).expand(n, S, 1)).view(R, 1)
-            if rank:  # columns above the target: ceil(clamp(z - z_t, 0, 1)) is 1 exactly there
-                torch.sub(z[:, :cols], zt, out=e[:, :cols]).clamp_(0.0, 1.0).ceil_()
-                rk_o[a:b] = e[:, :cols].sum(1).view(n, S).to(torch.int64)
-            zt = zt - m
-        z.sub_(m)  # shifted logits z - m: every sum below depends on logit differences only
-        torch.exp(z, out=e)
-        s = e.sum(1, keepdim=True)
-        log_s = s.log()
-        pz = _pair_dot(z, p, n, S)  # Σ_v p (z - m)
-        kl_o[a:b] = (plogp[:, None] - pz + log_s.view(n, S)).clamp_min_(0.0)
-        lse_o[a:b] = (m + log_s).view(n, S)
-        if top_k:
-            tv_o[a:b] = (tv - m - log_s).view(n, S, top_k)
-        if targets is not None:
-            tl_o[a:b] = (zt - log_s).view(n, S)
-        if entropy:  # H(q) = log s - Σ e (z - m) / s  (z is not needed after this)
-            ez = z.mul_(e).sum(1, keepdim=True)
-            ent_o[a:b] = (log_s - ez / s).view(n, S)
-        if max_abs_dp:
-            e.div_(s)
-            dp_o[a:b] = (e.view(n, S, V) - p[:, None, :]).abs_().amax(2)
+        z = _logits_into(H[:, a:b].transpose(0, 1).reshape((b - a) * S, -1), weight, bias, logit_scale,
+                         softcap, zbuf)  # rows are token-major: row j*S + s = token a+j at layer s
+        for t0 in range(a, b, PAIR_TOKENS):  # Σ p log p and Σ p (z - m): one small GEMM per token block
+            t1 = min(b, t0 + PAIR_TOKENS)
+            p, plogp[t0:t1] = _reference_chunk(reference[t0:t1], pbuf)
+            tgt = None if targets is None else targets[t0:t1].repeat_interleave(S)
+            for r0 in range((t0 - a) * S, (t1 - a) * S, STATS_ROWS):
+                r1 = min((t1 - a) * S, r0 + STATS_ROWS)
+                _block_stats(z[r0:r1], p, (r0 + a * S) - t0 * S, S, ebuf, o, r0 + a * S, cols,
+                             None if tgt is None else tgt[r0 - (t0 - a) * S: r1 - (t0 - a) * S])
+    return o.result(plogp, N, S, two)
 
-    def out(x):
-        if x is None:
-            return None
-        x = x.transpose(0, 1).contiguous()
-        return x[0] if two else x
 
-    return KLReadout(kl=out(kl_o), lse=out(lse_o), entropy=out(ent_o), topk_logprobs=out(tv_o),
-                     topk_ids=out(ti_o), target_logprob=out(tl_o), target_rank=out(rk_o), max_abs_dp=out(dp_o))
+class _ReadoutRows:
+    """Per-row outputs of :func:`kl_readout` over all N·S token-major rows, filled block by block."""
+
+    def __init__(self, R: int, top_k: int, target: bool, rank: bool, entropy: bool, dp: bool, dev) -> None:
+        f32 = dict(dtype=torch.float32, device=dev)
+        self.m, self.s, self.pz = torch.empty(R, 1, **f32), torch.empty(R, 1, **f32), torch.empty(R, **f32)
+        self.ez = torch.empty(R, 1, **f32) if entropy else None
+        self.dp = torch.empty(R, **f32) if dp else None
+        self.tv = torch.empty(R, top_k, **f32) if top_k else None
+        self.ti = torch.empty(R, top_k, dtype=torch.int64, device=dev) if top_k else None
+        self.zt = torch.empty(R, 1, **f32) if target else None
+        self.rk = torch.empty(R, **f32) if rank else None
+
+    def result(self, plogp: torch.Tensor, N: int, S: int, two: bool) -> KLReadout:
+        """The [S, N] (or [N]) :class:`KLReadout` of the filled rows; log s = log Σ exp(z - m)."""
+        log_s = self.s.log()
+
+        def out(x, *tail):
+            if x is None:
+                return None
+            x = x.view(N, S, *tail).transpose(0, 1).contiguous()
+            return x[0] if two else x
+
+        kl = (plogp[:, None] - self.pz.view(N, S) + log_s.view(N, S)).clamp_min_(0.0)
+        k = 0 if self.tv is None else self.tv.shape[1]
+        return KLReadout(
+            kl=out(kl), lse=out(self.m + log_s),
+            entropy=None if self.ez is None else out(log_s - self.ez / self.s),
+            topk_logprobs=None if self.tv is None else out(self.tv - self.m - log_s, k),
+            topk_ids=out(self.ti, k), target_logprob=None if self.zt is None else out(self.zt - log_s),
+            target_rank=None if self.rk is None else out(self.rk.to(torch.int64)), max_abs_dp=out(self.dp))
+
+
+def _block_stats(z: torch.Tensor, p: torch.Tensor, j0: int, S: int, ebuf: torch.Tensor, o: _ReadoutRows,
+                 g0: int, cols: int, tgt: torch.Tensor | None) -> None:
+    """Statistics of one cache-sized block of logit rows ``z [r, V]`` (overwritten by z - m) into
+    rows ``g0 .. g0+r`` of ``o``. Row i belongs to token (j0 + i) // S of the references ``p [n, V]``."""
+    r, V = z.shape
+    sl = slice(g0, g0 + r)
+    e = ebuf[: r * V].view(r, V)
+    bm = z.view(r, V // 64, 64).amax(2) if V % 64 == 0 else None  # block maxima: the max and the top-k
+    torch.amax(z if bm is None else bm, 1, keepdim=True, out=o.m[sl])
+    m = o.m[sl]
+    if o.tv is not None:
+        o.tv[sl], o.ti[sl] = topk_by_blocks(z[:, :cols], o.tv.shape[1], block_max=bm if cols == V else None)
+    if o.zt is not None:
+        zt = z.gather(1, tgt[:, None])
+        if o.rk is not None:  # columns above the target (e is scratch until the exp)
+            torch.sum(torch.gt(z[:, :cols], zt, out=e[:, :cols]), 1, out=o.rk[sl])
+        torch.sub(zt, m, out=o.zt[sl])
+    floor = bool((z.amin(1, keepdim=True) - m < EXP_FLOOR).any())
+    z.sub_(m)  # shifted logits z - m: every sum depends on logit differences only
+    torch.exp(torch.clamp(z, min=EXP_FLOOR, out=e) if floor else z, out=e)
+    torch.sum(e, 1, keepdim=True, out=o.s[sl])
+    tok = torch.arange(j0, j0 + r, device=z.device) // S
+    o.pz[sl] = torch.mm(z, p.t()).gather(1, tok[:, None]).view(r)  # Σ_v p (z - m)
+    if o.ez is not None:  # Σ_v e (z - m), for H(q) = log s - Σ e (z - m) / s (z is not needed after this)
+        torch.sum(z.mul_(e), 1, keepdim=True, out=o.ez[sl])
+    if o.dp is not None:
+        e.div_(o.s[sl])
+        torch.amax(e.sub_(p.index_select(0, tok)).abs_(), 1, out=o.dp[sl])
 
 
 @dataclass(frozen=True)
@@ -347,4 +387,4 @@ def linear_kl(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tenso
     return LinearKL(loss=losses[0:1] if two else losses, grad=(G[0] if two and G is not None else G))
 
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "KLReadout", "LinearKL", "kl_readout", "linear_kl"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "PAIR_TOKENS", "READOUT_CHUNK_BYTES", "STATS_ROWS", "KLReadout", "LinearKL", "kl_readout", "linear_kl"]

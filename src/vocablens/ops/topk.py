@@ -31,6 +31,32 @@ def topk_lowest_id(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     return sv[..., :k].clone(), si[..., :k].clone()
 
 
+def topk_by_blocks(z: torch.Tensor, k: int, block: int = 64,
+                   block_max: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk(z, k, dim=1)`` of float32 rows ``z [R, C]``, reading ``z`` once.
+
+    The k blocks of ``block`` columns with the largest maxima hold every top-k value, so only those
+    k·block candidates (plus the C mod block tail columns) are ranked. ``block_max`` [R, C // block]
+    (the block maxima, when the caller already has them) saves that one pass. Small rows
+    (k·block·4 > C) go straight to torch.topk.
+
+    Returns:
+        ``(values [R, k], ids [R, k] int64)``, the values of torch.topk.
+    """
+    R, C = z.shape
+    nb = C // block
+    if k * block * 4 > C:
+        return torch.topk(z, k, dim=1)
+    if block_max is None:
+        block_max = z[:, : nb * block].reshape(R, nb, block).amax(2)
+    bi = torch.topk(block_max, k, dim=1).indices  # [R, k]
+    idx = (bi[:, :, None] * block + torch.arange(block, device=z.device)).view(R, k * block)
+    if C > nb * block:  # the tail columns are always candidates
+        idx = torch.cat([idx, torch.arange(nb * block, C, device=z.device).expand(R, -1)], 1)
+    v, j = torch.topk(z.gather(1, idx), k, dim=1)
+    return v, idx.gather(1, j)
+
+
 def merge_topk(v1: torch.Tensor, i1: torch.Tensor, v2: torch.Tensor, i2: torch.Tensor,
                k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two top-k lists ``(values [..., k1], ids [..., k1])`` and ``(.., k2)`` into the top-k of
@@ -45,4 +71,4 @@ def merge_topk(v1: torch.Tensor, i1: torch.Tensor, v2: torch.Tensor, i2: torch.T
     return sv[..., :k], i.gather(-1, si[..., :k])
 
 
-__all__ = ["merge_topk", "topk_lowest_id"]
+__all__ = ["merge_topk", "topk_by_blocks", "topk_lowest_id"]
