@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, load_model, out
+from vocablens.cli.common import JsonOpt, MaxMemOpt, ModelOpt, TrustOpt, app, emit_json, load_model, out
 from vocablens.errors import BadInput
 
 
@@ -22,6 +22,7 @@ def score(
     model: ModelOpt = "smollm2",
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    max_memory: MaxMemOpt = "",
 ) -> None:
     """Per-token log-probabilities of a text: total, per byte, and the top-k alternatives per position.
 
@@ -44,7 +45,7 @@ def score(
         raise BadInput(f"--top-k must be >= 0; got {top_k}")
     if not text or not text.strip():
         raise BadInput("empty text: nothing to score")
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_, max_memory=max_memory)
     ids = encode_prompt(lm.tokenizer, text, context_length(lm.model.config), special_text=special_text)[0]
     # bits per byte over one span: the bytes of exactly the tokens whose log-probability is summed
     # (ids[1:]; special tokens count with their text)

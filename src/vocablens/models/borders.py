@@ -320,7 +320,7 @@ class Borders:
             raise BadInput("empty input: no tokens to run")
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
-        if any(p.is_meta for p in self.blocks.parameters()):
+        if not getattr(self.model, "vocablens_streamed", False) and any(p.is_meta for p in self.blocks.parameters()):
             raise BadInput("this model was loaded with its borders only (no blocks): load it whole for a "
                            "forward pass")
         self.check_finite(input_ids)
