@@ -24,12 +24,14 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-BLOCK = 5
+BLOCK = 22
+SRC = Path(__file__).resolve().parent.parent / "src"
 COMMANDS = {
     "neighbors": (["neighbors", " king", "-k", "5", "--json"], "matrices"),
     "argmax": (["argmax", "--json", "--no-norm"], "borders"),
-    "project-block": (["project", "--block", str(BLOCK), "--head", "2", "--json"], "block"),
+    "project-block": (["project", "--block", str(BLOCK), "--neuron", "935", "--json"], "block"),
     "project-token": (["project", "--token", " three", "-k", "4", "--json"], "all"),
     "bottleneck": (["bottleneck", "--json"], "all"),
     "score": (["score", "The capital of France is Paris.", "--json"], "all"),
@@ -38,22 +40,24 @@ COMMANDS = {
 STREAMED = ("score", "lens")
 
 _PEAK = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, "
-         "stderr=subprocess.PIPE); print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+         "stderr=subprocess.PIPE); u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+         "print(r.returncode, u.ru_maxrss, u.ru_utime + u.ru_stime)")
 
 
-def peak_kib(argv: list[str]) -> tuple[int, int, float]:
-    """(exit code, peak RSS in KiB, wall seconds) of ``argv`` run alone in a child process."""
+def peak_kib(argv: list[str]) -> tuple[int, int, float, float]:
+    """(exit code, peak RSS in KiB, wall s, CPU s) of ``argv`` run alone in a child process."""
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", _PEAK, *argv], capture_output=True, text=True, check=True)
-    rc, kib = out.stdout.split()
-    return int(rc), int(kib), time.perf_counter() - t0
+    rc, kib, cpu = out.stdout.split()
+    return int(rc), int(kib), time.perf_counter() - t0, float(cpu)
 
 
 def needed_bytes(model: str) -> dict[str, int]:
     """Bytes of the tensors each kind of command reads, from the checkpoint read lazily (only the
     borders and block ``BLOCK`` are loaded here; the other blocks are counted at the checkpoint dtype)."""
     code = (
-        "import json, sys; sys.path.insert(0, 'src'); from vocablens.models.lazy import load_borders_only; "
+        f"import json, sys; sys.path.insert(0, {str(SRC)!r}); "
+        "from vocablens.models.lazy import load_borders_only; "
         f"lm = load_borders_only({model!r}, blocks=[{BLOCK}]); b = lm.borders; "
         "nb = lambda ts: sum(t.numel() * t.element_size() for t in ts); "
         "mat = nb([b.W_E] + ([] if b.tied else [b.W_U])); "
@@ -71,27 +75,30 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--commands", default=",".join(COMMANDS))
     ap.add_argument("--max-memory", default="", help="also run score/lens streamed under this cap (e.g. 200MB)")
+    ap.add_argument("--src", default=str(SRC), help="vocablens sources the commands run from (e.g. an older "
+                    "checkout's src, for a before/after table); the needed bytes always come from this one")
     a = ap.parse_args()
     env_cmd = [sys.executable, "-m", "vocablens"]
-    os.environ["PYTHONPATH"] = os.pathsep.join(["src", os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    _, bare, _ = peak_kib([sys.executable, "-c", "import torch, transformers.modeling_utils"])
-    _, lazy_bare, _ = peak_kib([sys.executable, "-c", "import torch, transformers"])
+    os.environ["PYTHONPATH"] = os.pathsep.join([a.src, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    bare = peak_kib([sys.executable, "-c", "import torch, transformers.modeling_utils"])[1]
+    lazy_bare = peak_kib([sys.executable, "-c", "import torch, transformers"])[1]
     need = needed_bytes(a.model)
     print(f"model {a.model}: matrices {need['matrices'] / 2**20:.1f} MiB, borders {need['borders'] / 2**20:.1f}, "
           f"borders + block {BLOCK} {need['block'] / 2**20:.1f}, all parameters {need['all'] / 2**20:.1f} MiB")
     print(f"bare interpreter: torch + transformers.modeling_utils {bare / 1024:.1f} MiB "
           f"(torch + lazy `import transformers`: {lazy_bare / 1024:.1f} MiB)")
-    print(f"{'command':<22}{'reads':>9}{'needs':>11}{'peak RSS':>11}{'target':>11}{'met':>5}{'wall s':>8}")
+    print(f"load average at start: {os.getloadavg()[0]:.1f}")
+    print(f"{'command':<22}{'reads':>9}{'needs':>11}{'peak RSS':>11}{'target':>11}{'met':>5}{'wall s':>8}{'CPU s':>7}")
     runs = [(n, COMMANDS[n][0], COMMANDS[n][1]) for n in a.commands.split(",")]
     if a.max_memory:
         runs += [(f"{n} --max-memory", COMMANDS[n][0] + ["--max-memory", a.max_memory], "all")
                  for n in STREAMED if n in a.commands.split(",")]
     for name, args, what in runs:
-        rc, kib, wall = peak_kib([*env_cmd, *args, "--model", a.model])
+        rc, kib, wall, cpu = peak_kib([*env_cmd, *args, "--model", a.model])
         target = 1.3 * need[what] / 1024 + bare
         ok = "yes" if kib <= target else "no"
         print(f"{name:<22}{what:>9}{need[what] / 2**20:>9.1f}Mi{kib / 1024:>9.1f}Mi{target / 1024:>9.1f}Mi{ok:>5}"
-              f"{wall:>8.1f}" + ("" if rc == 0 else f"  (exit {rc})"), flush=True)
+              f"{wall:>8.1f}{cpu:>7.1f}" + ("" if rc == 0 else f"  (exit {rc})"), flush=True)
 
 
 if __name__ == "__main__":

@@ -122,6 +122,27 @@ def test_one_block_equals_full_load(saved):
         load_borders_only(str(d), blocks=[2])
 
 
+def _same(a, b):
+    import dataclasses
+
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f.name
+
+
+def test_value_vectors_only_equal_full_load(saved):
+    from vocablens import vocab_space as vs
+    from vocablens.models import load
+
+    family, model, d = saved
+    full = load(str(d)).borders
+    vals = load_borders_only(str(d), value_vectors=True).borders
+    assert any(p.is_meta for p in vals.blocks.parameters())  # attention and keys were not read
+    for a, b in zip(vs.search_tokens(full, [5, 9], k=3), vs.search_tokens(vals, [5, 9], k=3)):
+        _same(a, b)
+    _same(vs.project_vectors(full, [0, 1], [2, 7], k=4), vs.project_vectors(vals, [0, 1], [2, 7], k=4))
+
+
 @pytest.mark.slow
 def test_default_model_matrices_only_neighbors_equal_full():
     from vocablens.geometry import nearest_neighbors

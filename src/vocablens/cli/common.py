@@ -104,12 +104,13 @@ def status(msg: str, quiet: bool = False):
 
 
 def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = False, quiet: bool = False,
-               borders_only: bool = False, matrices_only: bool = False, blocks=None, max_memory: str = ""):
+               borders_only: bool = False, matrices_only: bool = False, blocks=None, max_memory: str = "",
+               value_vectors: bool = False):
     """Load a model for a command, with progress on stderr; returns :class:`~vocablens.models.LoadedModel`.
 
     ``borders_only``: read just the embedding, LM head and final norm
     (:func:`vocablens.models.lazy.load_borders_only`), for commands that run no forward pass; with
-    ``blocks`` (block indices), those blocks too. ``matrices_only``: just the embedding and the head,
+    ``blocks`` (block indices), those blocks too; with ``value_vectors``, every block's FFN value vectors. ``matrices_only``: just the embedding and the head,
     without transformers' modeling code (:func:`vocablens.models.matrices.load_matrices_only`).
     ``max_memory``: stream the blocks that do not fit (:func:`vocablens.models.streaming.load_streaming`).
     """
@@ -127,7 +128,7 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
     elif borders_only:
         from vocablens.models.lazy import load_borders_only
 
-        load = functools.partial(load_borders_only, blocks=blocks)
+        load = functools.partial(load_borders_only, blocks=blocks, value_vectors=value_vectors)
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF dequantization bar; we show our own

@@ -75,8 +75,9 @@ def project_cmd(
     if interpretable < 0:
         raise BadInput(f"--interpretable must be >= 1; got {interpretable}")
     one_block = block is not None and not tokens and not interpretable  # that block + head + final norm
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_, borders_only=one_block,
-                    blocks=[block] if one_block else None)
+    values = not one_block and not keys  # every block's value vectors + head + final norm
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_, borders_only=one_block or values,
+                    blocks=[block] if one_block else None, value_vectors=values)
     b, tok = lm.borders, lm.tokenizer
     gain = not no_norm_gain
     if block is not None and not 0 <= block < b.n_layers:

@@ -127,7 +127,7 @@ def _source_dir(spec: str) -> tuple[Path, object]:
 
 
 def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_remote_code: bool = False,
-                      blocks=None):
+                      blocks=None, value_vectors: bool = False):
     """The model with only its embedding, LM head (+ bias) and final norm in memory.
 
     Args:
@@ -135,6 +135,8 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
         dtype: torch dtype or name; default: the checkpoint's own (float32 for a dequantized GGUF).
         blocks: block indices (0..L-1) whose weights are read too (``project --block N``: one block
             plus the head and final norm); the other blocks stay on ``meta``.
+        value_vectors: also read every block's MLP output projection (the FFN value vectors that
+            ``project --token`` / ``--interpretable`` rank), nothing else of the blocks.
 
     Returns:
         :class:`~vocablens.models.LoadedModel` whose ``borders`` has real ``W_E``, ``W_U``, ``b_U``
@@ -171,6 +173,10 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
         if not 0 <= int(i) < skel.n_layers:
             raise BadInput(f"block {i} is out of range: this model has blocks 0..{skel.n_layers - 1}")
         wanted.append(skel.blocks[int(i)])
+    if value_vectors:
+        from vocablens.models.blocks import block_views
+
+        wanted += [v.mlp_out for v in block_views(skel)]
     ids = {id(p) for m in wanted if m is not None for p in m.parameters()}
     # named_parameters lists a tied matrix once (under the embedding's name): read it once, then let
     # the head share the new tensor again
