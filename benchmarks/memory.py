@@ -8,8 +8,8 @@ transformers`` alone is lazy and loads nothing), measured in the same run. What 
 - ``matrices``: the embedding and an untied head (``neighbors``);
 - ``borders``: + head bias and final norm (``argmax``);
 - ``block``: + the weights of one block (``project --block N``, head circuits);
-- ``all``: every parameter (a forward pass: ``score``, ``lens``, ``bottleneck``; ``project --token``
-  reads every block's value vectors).
+- ``values``: borders + every block's FFN value vectors (``project --token``);
+- ``all``: every parameter (a forward pass: ``score``, ``lens``, ``bottleneck``).
 
 Run: ``python benchmarks/memory.py [--model smollm2] [--commands neighbors,project-block,score]``;
 ``--max-memory 200MB`` adds the streamed forward (``score``/``lens`` with ``--max-memory``).
@@ -32,7 +32,7 @@ COMMANDS = {
     "neighbors": (["neighbors", " king", "-k", "5", "--json"], "matrices"),
     "argmax": (["argmax", "--json", "--no-norm"], "borders"),
     "project-block": (["project", "--block", str(BLOCK), "--neuron", "935", "--json"], "block"),
-    "project-token": (["project", "--token", " three", "-k", "4", "--json"], "all"),
+    "project-token": (["project", "--token", " three", "-k", "4", "--json"], "values"),
     "bottleneck": (["bottleneck", "--json"], "all"),
     "score": (["score", "The capital of France is Paris.", "--json"], "all"),
     "lens": (["lens", "The capital of France is", "--json"], "all"),
@@ -65,9 +65,40 @@ def needed_bytes(model: str) -> dict[str, int]:
         "+ list(b.final_norm.parameters() if b.final_norm is not None else [])); "
         f"blk = bor + nb(b.blocks[{BLOCK}].parameters()); es = b.W_E.element_size(); "
         "tot = sum(p.numel() * (es if p.is_meta else p.element_size()) for p in b.model.parameters()); "
-        "print(json.dumps({'matrices': mat, 'borders': bor, 'block': blk, 'all': tot}))")
+        "from vocablens.models.blocks import block_views; "
+        "val = bor + sum(p.numel() * es for v in block_views(b) for p in v.mlp_out.parameters()); "
+        "print(json.dumps({'matrices': mat, 'borders': bor, 'block': blk, 'values': val, 'all': tot}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def stream_timing(model: str, max_memory: str, tokens: int = 128, reps: int = 3) -> None:
+    """CPU and wall seconds of one forward over ``tokens`` tokens, normal load vs blocks streamed under
+    ``max_memory`` (one process, alternating, median of ``reps``), and the load times."""
+    code = f"""
+import sys, time, statistics, torch; sys.path.insert(0, {str(SRC)!r})
+from vocablens.models import load
+from vocablens.models.streaming import load_streaming
+def t(f):
+    c, w = time.process_time(), time.perf_counter(); r = f(); return r, time.process_time() - c, time.perf_counter() - w
+full, cl, wl = t(lambda: load({model!r}))
+st, cs, ws = t(lambda: load_streaming({model!r}, {max_memory!r}))
+print(f"load: normal {{wl:.1f}} s wall / {{cl:.1f}} s CPU; streamed {{ws:.1f}} s wall / {{cs:.1f}} s CPU; "
+      f"{{len(st.model.vocablens_streamers)}} of {{st.borders.n_layers}} blocks streamed")
+ids = torch.randint(0, 30000, ({tokens},))
+res = {{"normal": [], "streamed": []}}
+for _ in range({reps}):
+    for name, lm in (("normal", full), ("streamed", st)):
+        r, c, w = t(lambda: lm.borders.residual_stream(ids))
+        res[name].append((c, w))
+    assert torch.equal(full.borders.residual_stream(ids)[1], st.borders.residual_stream(ids)[1])
+m = {{k: (statistics.median(c for c, _ in v), statistics.median(w for _, w in v)) for k, v in res.items()}}
+print(f"forward over {tokens} tokens (median of {reps}): normal {{m['normal'][1]:.3f}} s wall / {{m['normal'][0]:.3f}} s CPU, "
+      f"streamed {{m['streamed'][1]:.3f}} s wall / {{m['streamed'][0]:.3f}} s CPU: x{{m['streamed'][0] / m['normal'][0]:.2f}} CPU, "
+      f"x{{m['streamed'][1] / m['normal'][1]:.2f}} wall; logits identical")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    print(out.stdout.strip())
 
 
 def main() -> None:
@@ -84,7 +115,7 @@ def main() -> None:
     lazy_bare = peak_kib([sys.executable, "-c", "import torch, transformers"])[1]
     need = needed_bytes(a.model)
     print(f"model {a.model}: matrices {need['matrices'] / 2**20:.1f} MiB, borders {need['borders'] / 2**20:.1f}, "
-          f"borders + block {BLOCK} {need['block'] / 2**20:.1f}, all parameters {need['all'] / 2**20:.1f} MiB")
+          f"borders + block {BLOCK} {need['block'] / 2**20:.1f}, borders + value vectors {need['values'] / 2**20:.1f}, all parameters {need['all'] / 2**20:.1f} MiB")
     print(f"bare interpreter: torch + transformers.modeling_utils {bare / 1024:.1f} MiB "
           f"(torch + lazy `import transformers`: {lazy_bare / 1024:.1f} MiB)")
     print(f"load average at start: {os.getloadavg()[0]:.1f}")
@@ -93,6 +124,8 @@ def main() -> None:
     if a.max_memory:
         runs += [(f"{n} --max-memory", COMMANDS[n][0] + ["--max-memory", a.max_memory], "all")
                  for n in STREAMED if n in a.commands.split(",")]
+    if a.max_memory:
+        stream_timing(a.model, a.max_memory)
     for name, args, what in runs:
         rc, kib, wall, cpu = peak_kib([*env_cmd, *args, "--model", a.model])
         target = 1.3 * need[what] / 1024 + bare
