@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.cli.common import JsonOpt, MaxMemOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out
 from vocablens.errors import BadInput, OutputExists
 
 
@@ -104,6 +104,7 @@ def bottleneck_cmd(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --plot file.")] = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
+    max_memory: MaxMemOpt = "",
 ) -> None:
     """Softmax bottleneck: spectra and numerical ranks of W_U and of the log-probabilities over N > d contexts."""
     from vocablens.argmax.bottleneck import context_hidden, softmax_bottleneck
@@ -114,7 +115,7 @@ def bottleneck_cmd(
         raise OutputExists(f"{plot} exists; pass --force to replace it")
     if seq_len < 2:
         raise BadInput(f"--seq-len must be at least 2; got {seq_len}")
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_)
+    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_, max_memory=max_memory)
     b = lm.borders
     n = contexts or (b.d_emb + 64)
     if n <= b.d_emb:
