@@ -6,6 +6,7 @@ import torch
 from tiny_models import make_tiny
 from vocablens.errors import BadInput, CorruptModelFile
 from vocablens.models.lazy import load_borders_only
+from vocablens.models.matrices import MatricesOnly, load_matrices_only
 
 
 @pytest.fixture(scope="module", params=["llama", "llama_tied", "gpt2", "opt", "qwen3", "gemma3_text"])
@@ -70,6 +71,95 @@ def test_config_that_disagrees_with_the_weights(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CorruptModelFile, match="disagree"):
         load_borders_only(str(tmp_path))
+
+
+def test_matrices_only_equal_full_load(saved):
+    from transformers import AutoTokenizer
+
+    from vocablens.geometry import nearest_neighbors
+    from vocablens.models import load
+
+    family, model, d = saved
+    full = load(str(d))
+    lm = load_matrices_only(str(d))
+    b = lm.borders
+    assert torch.equal(b.W_E, full.borders.W_E) and torch.equal(b.W_U, full.borders.W_U)
+    assert b.tied == full.borders.tied and b.vocab_size == full.borders.vocab_size
+    assert b.real_vocab_size == full.borders.real_vocab_size and b.family == full.borders.family
+    assert type(lm.tokenizer) is type(AutoTokenizer.from_pretrained(str(d)))
+    assert lm.tokenizer("t3 t5 t7")["input_ids"] == full.tokenizer("t3 t5 t7")["input_ids"]
+    assert lm.provenance.describe() == full.provenance.describe()
+    a = nearest_neighbors(full.borders, full.tokenizer, ["t5"], k=4).results[0]
+    c = nearest_neighbors(b, lm.tokenizer, ["t5"], k=4).results[0]
+    for x, y in zip(a.lists, c.lists):
+        assert torch.equal(x.ids, y.ids) and torch.equal(x.cosines, y.cosines)
+    if isinstance(lm.model, MatricesOnly):  # read without transformers' model classes
+        assert b.tied == (b.W_U.data_ptr() == b.W_E.data_ptr())
+        with pytest.raises(BadInput, match="two matrices only"):
+            b.unembedding(torch.randn(2, b.d_model))
+        with pytest.raises(BadInput, match="borders only"):
+            b.residual_stream(torch.tensor([[1, 2, 3]]))
+    else:  # OPT keeps project_in/out: the borders loader reads it, same matrices
+        assert family == "opt"
+
+
+def test_one_block_equals_full_load(saved):
+    from vocablens import vocab_space as vs
+    from vocablens.models import load
+
+    family, model, d = saved
+    full = load(str(d)).borders
+    one = load_borders_only(str(d), blocks=[1]).borders
+    for (n, p), (_, q) in zip(full.blocks[1].named_parameters(), one.blocks[1].named_parameters()):
+        assert torch.equal(p, q), n
+    assert all(p.is_meta for p in one.blocks[0].parameters())
+    for kind in ("value", "key"):
+        a = vs.project_vectors(full, [1, 1], [0, 3], k=5, kind=kind)
+        c = vs.project_vectors(one, [1, 1], [0, 3], k=5, kind=kind)
+        for f in ("norms", "top_ids", "top_scores", "bottom_ids", "bottom_scores"):
+            assert torch.equal(getattr(a, f), getattr(c, f)), (kind, f)
+    with pytest.raises(BadInput, match="out of range"):
+        load_borders_only(str(d), blocks=[2])
+
+
+def _same(a, b):
+    import dataclasses
+
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f.name
+
+
+def test_value_vectors_only_equal_full_load(saved):
+    from vocablens import vocab_space as vs
+    from vocablens.models import load
+
+    family, model, d = saved
+    full = load(str(d)).borders
+    vals = load_borders_only(str(d), value_vectors=True).borders
+    assert any(p.is_meta for p in vals.blocks.parameters())  # attention and keys were not read
+    for a, b in zip(vs.search_tokens(full, [5, 9], k=3), vs.search_tokens(vals, [5, 9], k=3)):
+        _same(a, b)
+    _same(vs.project_vectors(full, [0, 1], [2, 7], k=4), vs.project_vectors(vals, [0, 1], [2, 7], k=4))
+
+
+@pytest.mark.slow
+def test_default_model_matrices_only_neighbors_equal_full():
+    from vocablens.geometry import nearest_neighbors
+    from vocablens.models import load
+
+    full = load("smollm2")
+    lm = load_matrices_only("smollm2")
+    assert isinstance(lm.model, MatricesOnly) and lm.borders.tied
+    assert torch.equal(full.borders.W_E, lm.borders.W_E)
+    assert type(lm.tokenizer) is type(full.tokenizer) and len(lm.tokenizer) == len(full.tokenizer)
+    ids = list(range(0, lm.borders.vocab_size, 97))
+    assert lm.tokenizer.convert_ids_to_tokens(ids) == full.tokenizer.convert_ids_to_tokens(ids)
+    text = "The capital of France is Paris. <|im_start|>user\n naïve 日本"
+    assert lm.tokenizer(text)["input_ids"] == full.tokenizer(text)["input_ids"]
+    a = nearest_neighbors(full.borders, full.tokenizer, [" king"], k=5).results[0].lists[0]
+    b = nearest_neighbors(lm.borders, lm.tokenizer, [" king"], k=5).results[0].lists[0]
+    assert torch.equal(a.ids, b.ids) and torch.equal(a.cosines, b.cosines)
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TrustOpt, app, emit_json, err, load_model, out
 from vocablens.errors import BadInput, OutputExists
 
 
@@ -106,6 +106,7 @@ def bottleneck_cmd(
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
+    max_memory: MaxMemOpt = "",
 ) -> None:
     """Softmax bottleneck: spectra and numerical ranks of W_U and of the log-probabilities over N > d contexts."""
     from vocablens.argmax.bottleneck import context_hidden, softmax_bottleneck
@@ -116,7 +117,7 @@ def bottleneck_cmd(
         raise OutputExists(f"{plot} exists; pass --force to replace it")
     if seq_len < 2:
         raise BadInput(f"--seq-len must be at least 2; got {seq_len}")
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, max_memory=max_memory, quiet=json_)
     b = lm.borders
     n = contexts or (b.d_emb + 64)
     if n <= b.d_emb:

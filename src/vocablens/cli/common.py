@@ -41,6 +41,8 @@ app = typer.Typer(
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 (default), a model directory, a .gguf file or a hub id.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout, nothing else on stdout.")]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow the model's own Python code (off by default).")]
+MaxMemOpt = Annotated[str, typer.Option("--max-memory", help="Keep at most this much of the weights in memory "
+                                        "(e.g. 200MB, 2GiB); the other blocks are read from the checkpoint at each forward.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Weights dtype: float32 (default for GGUF), bfloat16, float16, auto.")]
 
 
@@ -145,30 +147,47 @@ def status(msg: str, quiet: bool = False):
 
 
 def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = False, quiet: bool = False,
-               borders_only: bool = False, device: str = "cpu"):
+               borders_only: bool = False, matrices_only: bool = False, blocks=None, max_memory: str = "",
+               value_vectors: bool = False, device: str = "cpu"):
     """Load a model for a command, with progress on stderr; returns :class:`~vocablens.models.LoadedModel`.
 
     ``borders_only``: read just the embedding, LM head and final norm
-    (:func:`vocablens.models.lazy.load_borders_only`), for commands that run no forward pass.
+    (:func:`vocablens.models.lazy.load_borders_only`), for commands that run no forward pass; with
+    ``blocks`` (block indices), those blocks too; with ``value_vectors``, every block's FFN value vectors. ``matrices_only``: just the embedding and the head,
+    without transformers' modeling code (:func:`vocablens.models.matrices.load_matrices_only`).
+    ``max_memory``: stream the blocks that do not fit (:func:`vocablens.models.streaming.load_streaming`).
     ``device``: where the weights go (:func:`resolve_device`); analyses then compute there.
     """
+    import functools
     import time
 
     from vocablens.models import load
 
-    if borders_only:
-        from vocablens.models.lazy import load_borders_only as load
+    if matrices_only:
+        from vocablens.models.matrices import load_matrices_only as load
+    elif max_memory:
+        from vocablens.models.streaming import load_streaming
+
+        load = functools.partial(load_streaming, max_memory=max_memory)
+    elif borders_only:
+        from vocablens.models.lazy import load_borders_only
+
+        load = functools.partial(load_borders_only, blocks=blocks, value_vectors=value_vectors)
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF dequantization bar; we show our own
     _quiet_libraries()
     t0 = time.perf_counter()
     with status(f"loading {spec} ...", quiet=quiet):
-        kw = {} if borders_only else {"device": resolve_device(device)}
+        partial = borders_only or matrices_only or bool(max_memory)  # these loaders read onto the CPU
+        dev = resolve_device(device)
+        if max_memory and dev != "cpu":
+            raise BadInput("--max-memory streams blocks through CPU memory; run it without --device")
+        kw = {} if partial else {"device": dev}
         lm = load(spec, dtype=None if dtype in (None, "", "auto") else dtype,
                   trust_remote_code=trust_remote_code, **kw)
-        if borders_only:
-            lm = _borders_to(lm, resolve_device(device))
+        if partial and not max_memory:
+            lm = _borders_to(lm, dev)
     if not quiet:
         err.print(f"[dim]loaded {lm.provenance.describe()} in {time.perf_counter() - t0:.1f} s[/dim]")
     return lm

@@ -8,7 +8,7 @@ import typer
 
 from vocablens.cli.common import (
     parse_int_list,
-    DefaultCommandGroup, JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out,
+    DefaultCommandGroup, JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TrustOpt, app, emit_json, err, load_model, out,
 )
 from vocablens.errors import BadInput
 
@@ -54,6 +54,7 @@ def lens_show(
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
+    max_memory: MaxMemOpt = "",
 ) -> None:
     """Read the residual stream through the LM head: `vocablens lens PROMPT`. Top tokens, entropy and KL
     to the final distribution at every stream layer 0..L (logit lens, tuned lens, or both)."""
@@ -74,7 +75,7 @@ def lens_show(
     from vocablens.lens.tuned import find_lens
 
     found = find_lens(model, lens_path) if kind != "logit" else None  # before the model loads
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, max_memory=max_memory, quiet=json_)
     ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat, prefix=prefix)
     tuned = None
     if found is not None:

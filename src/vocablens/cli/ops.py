@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, load_model, out
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TrustOpt, app, emit_json, load_model, out
 from vocablens.errors import BadInput
 
 
@@ -23,6 +23,7 @@ def score(
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
+    max_memory: MaxMemOpt = "",
 ) -> None:
     """Per-token log-probabilities of a text: total, per byte, and the top-k alternatives per position.
 

@@ -77,7 +77,10 @@ def project_cmd(
         raise BadInput("give one of --token (reverse search), --head (circuit) or --interpretable")
     if interpretable < 0:
         raise BadInput(f"--interpretable must be >= 1; got {interpretable}")
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    one_block = block is not None and not tokens and not interpretable  # that block + head + final norm
+    values = not one_block and not keys  # every block's value vectors + head + final norm
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_, borders_only=one_block or values,
+                    blocks=[block] if one_block else None, value_vectors=values)
     b, tok = lm.borders, lm.tokenizer
     gain = not no_norm_gain
     if block is not None and not 0 <= block < b.n_layers:

@@ -324,7 +324,7 @@ class Borders:
         if lo < 0 or hi >= self.W_E.shape[0]:
             raise BadInput(f"token id {lo if lo < 0 else hi} is outside the embedding's rows "
                            f"0..{self.W_E.shape[0] - 1}")
-        if any(p.is_meta for p in self.blocks.parameters()):
+        if not getattr(self.model, "vocablens_streamed", False) and any(p.is_meta for p in self.blocks.parameters()):
             raise BadInput("this model was loaded with its borders only (no blocks): load it whole for a "
                            "forward pass")
         self.check_finite(input_ids)

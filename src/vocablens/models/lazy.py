@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from vocablens.errors import BadInput, CorruptModelFile, VocabLensError
+from vocablens.errors import BadInput, CorruptModelFile
 
 
 def _shard_files(d: Path) -> dict[str, Path]:
@@ -57,36 +57,44 @@ def _checkpoint_name(param: str, available: dict[str, Path], prefix: str) -> str
     return next((c for c in cands if c in available), None)
 
 
-def _materialize(model, names: list[str], files: dict[str, Path], dtype: torch.dtype | None) -> None:
-    """Replace the meta parameters ``names`` of ``model`` by the checkpoint's tensors."""
+def _read_tensors(keys: list[str], files: dict[str, Path], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """The checkpoint tensors ``keys`` (memory-mapped by ``safe_open``; converted when ``dtype`` is given)."""
     from safetensors import safe_open
 
+    by_file: dict[Path, list[str]] = {}
+    for k in keys:
+        by_file.setdefault(files[k], []).append(k)
+    out = {}
+    for f, ks in by_file.items():
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                for k in ks:
+                    t = h.get_tensor(k)
+                    out[k] = t if dtype is None else t.to(dtype)
+        except Exception as e:  # safetensors raises its own error types for a damaged file
+            raise CorruptModelFile(f"cannot read {f}: {str(e).splitlines()[0]}; download it again") from None
+    return out
+
+
+def _materialize(model, names: list[str], files: dict[str, Path], dtype: torch.dtype | None) -> None:
+    """Replace the meta parameters ``names`` of ``model`` by the checkpoint's tensors."""
     prefix = getattr(model, "base_model_prefix", "") or ""
     params = dict(model.named_parameters())
-    by_file: dict[Path, list[tuple[str, str]]] = {}
+    pairs = []
     for n in names:
         key = _checkpoint_name(n, files, prefix)
         if key is None:
             raise CorruptModelFile(f"the checkpoint has no tensor for {n}; it does not match its config")
-        by_file.setdefault(files[key], []).append((n, key))
-    for f, pairs in by_file.items():
-        try:
-            with safe_open(str(f), framework="pt") as h:
-                for n, key in pairs:
-                    t = h.get_tensor(key)
-                    if dtype is not None:
-                        t = t.to(dtype)
-                    p = params[n]
-                    if tuple(t.shape) != tuple(p.shape):
-                        raise CorruptModelFile(f"{f.name}: {key} has shape {tuple(t.shape)}, the config says "
-                                               f"{tuple(p.shape)}; the config and the weights disagree")
-                    mod_name, _, attr = n.rpartition(".")
-                    mod = model.get_submodule(mod_name) if mod_name else model
-                    setattr(mod, attr, torch.nn.Parameter(t, requires_grad=False))
-        except VocabLensError:
-            raise
-        except Exception as e:
-            raise CorruptModelFile(f"cannot read {f}: {str(e).splitlines()[0]}; download it again") from None
+        pairs.append((n, key))
+    ts = _read_tensors([k for _, k in pairs], files, dtype)
+    for n, key in pairs:
+        t, p = ts[key], params[n]
+        if tuple(t.shape) != tuple(p.shape):
+            raise CorruptModelFile(f"{files[key].name}: {key} has shape {tuple(t.shape)}, the config says "
+                                   f"{tuple(p.shape)}; the config and the weights disagree")
+        mod_name, _, attr = n.rpartition(".")
+        mod = model.get_submodule(mod_name) if mod_name else model
+        setattr(mod, attr, torch.nn.Parameter(t, requires_grad=False))
 
 
 def _source_dir(spec: str) -> tuple[Path, object]:
@@ -118,12 +126,17 @@ def _source_dir(spec: str) -> tuple[Path, object]:
     return d, Provenance(spec=spec, name=hub, source=f"hub:{hub}", format="hub", quantization="")
 
 
-def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_remote_code: bool = False):
+def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_remote_code: bool = False,
+                      blocks=None, value_vectors: bool = False):
     """The model with only its embedding, LM head (+ bias) and final norm in memory.
 
     Args:
         spec: as :func:`vocablens.models.load` (``smollm2``, a directory, a ``.gguf`` file, a hub id).
         dtype: torch dtype or name; default: the checkpoint's own (float32 for a dequantized GGUF).
+        blocks: block indices (0..L-1) whose weights are read too (``project --block N``: one block
+            plus the head and final norm); the other blocks stay on ``meta``.
+        value_vectors: also read every block's MLP output projection (the FFN value vectors that
+            ``project --token`` / ``--interpretable`` rank), nothing else of the blocks.
 
     Returns:
         :class:`~vocablens.models.LoadedModel` whose ``borders`` has real ``W_E``, ``W_U``, ``b_U``
@@ -132,7 +145,8 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
 
     Raises:
         ModelNotFound, CorruptModelFile: as :func:`vocablens.models.load`; CorruptModelFile also when
-            the config and the weights disagree. BadInput: a checkpoint without safetensors.
+            the config and the weights disagree. BadInput: a checkpoint without safetensors, or a
+            block index out of range.
     """
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -157,6 +171,14 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
     files = _shard_files(d)
     skel = Borders.from_model(model)
     wanted = [skel.embedding, skel.lm_head, skel.final_norm, skel.project_in, skel.project_out]
+    for i in blocks or ():
+        if not 0 <= int(i) < skel.n_layers:
+            raise BadInput(f"block {i} is out of range: this model has blocks 0..{skel.n_layers - 1}")
+        wanted.append(skel.blocks[int(i)])
+    if value_vectors:
+        from vocablens.models.blocks import block_views
+
+        wanted += [v.mlp_out for v in block_views(skel)]
     ids = {id(p) for m in wanted if m is not None for p in m.parameters()}
     # named_parameters lists a tied matrix once (under the embedding's name): read it once, then let
     # the head share the new tensor again

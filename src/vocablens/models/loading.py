@@ -61,7 +61,7 @@ def _load_gguf(path: Path, spec: str, tdtype):
 
 
 def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str = "cpu",
-         trust_remote_code: bool = False) -> LoadedModel:
+         trust_remote_code: bool = False, max_memory: str | int | None = None) -> LoadedModel:
     """Load a causal LM, its tokenizer, its :class:`~vocablens.models.Borders` and provenance.
 
     Args:
@@ -74,6 +74,8 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
             checkpoint's own dtype otherwise.
         device: torch device string.
         trust_remote_code: passed to transformers; off unless the user turns it on.
+        max_memory: bytes or a size (``"200MB"``) for the resident weights; blocks beyond it are
+            streamed from the checkpoint at each forward (:func:`vocablens.models.streaming.load_streaming`).
 
     Returns:
         :class:`LoadedModel` (unpacks to ``model, tokenizer, borders, provenance``); the model is in
@@ -86,6 +88,10 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if max_memory is not None:
+        from vocablens.models.streaming import load_streaming
+
+        return load_streaming(DEFAULT_MODEL if spec is None else spec, max_memory, dtype, trust_remote_code)
     spec_s = DEFAULT_MODEL if spec is None else str(spec)
     kind, path, hub = resolve_spec(spec_s)
     tdtype = torch_dtype(dtype, "dtype")

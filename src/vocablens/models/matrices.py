@@ -1,0 +1,178 @@
+"""The two vocabulary matrices alone, read without transformers' modeling code.
+
+:func:`load_matrices_only` serves analyses that read nothing but the embedding ``W_E`` [V, d] and
+the LM head ``W_U`` [V, d] (cosine neighbours). It reads the tensor names from the checkpoint
+(``safe_open`` headers), the sizes from ``config.json`` and the tokenizer with its own class (no
+``Auto*`` lookup), so neither transformers' model classes nor its config classes are imported: that
+import alone is ~140 MB of resident memory, more than the matrix of a 135M model (see
+``benchmarks/memory.py``). The matrices stay memory-mapped in the checkpoint's dtype.
+
+What is not read raises instead of guessing: the final norm and the blocks are placeholders whose
+use raises :class:`~vocablens.errors.BadInput`, and the input scale is NaN (Gemma's sqrt(d) is a
+family default this view does not know). Any checkpoint the view cannot read exactly (sub-configs,
+remote code, a head bias, OPT's projections, unknown tensor names) is loaded by
+:func:`vocablens.models.lazy.load_borders_only` instead, so callers always get the same matrices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from vocablens.errors import BadInput
+
+_EMB_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight",
+                 "tok_embeddings.weight")
+_HEAD_NAMES = ("lm_head.weight", "embed_out.weight", "output.weight")
+_REFUSE = ("project_in", "project_out", "lm_head.bias", "embed_out.bias")
+
+
+class _NotRead(nn.Module):
+    """A part of the checkpoint this view did not read: using it raises."""
+
+    def __init__(self, what: str, shape: tuple[int, ...] = (0,)):
+        super().__init__()
+        self.what = what
+        self.weight = nn.Parameter(torch.empty(shape, device="meta"), requires_grad=False)
+
+    def forward(self, *args, **kwargs):
+        raise BadInput(f"{self.what} was not read (this model was loaded with its two matrices only): "
+                       "load the borders or the whole model for this analysis")
+
+
+class _Decoder(nn.Module):
+    def __init__(self, emb: nn.Module, n_layers: int, d: int):
+        super().__init__()
+        self.embed_tokens = emb
+        self.layers = nn.ModuleList(_NotRead(f"block {i}") for i in range(n_layers))
+        self.norm = _NotRead("the final norm", (d,))
+
+
+class MatricesOnly(nn.Module):
+    """Module tree of the view: ``model.embed_tokens``, ``model.layers`` (placeholders),
+    ``model.norm`` (placeholder) and ``lm_head``, which :meth:`Borders.from_model` reads."""
+
+    def __init__(self, config, emb: nn.Embedding, head: nn.Linear, n_layers: int):
+        super().__init__()
+        self.config = config
+        self.model = _Decoder(emb, n_layers, int(emb.weight.shape[1]))
+        self.lm_head = head
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def get_decoder(self):
+        return self.model
+
+
+class _Config(SimpleNamespace):
+    """``config.json`` as attributes (no transformers config class: its import is the cost avoided)."""
+
+    def get_text_config(self, *args, **kwargs):
+        return self
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def light_tokenizer(d: Path, trust_remote_code: bool = False):
+    """The tokenizer of a model directory through the class its ``tokenizer_config.json`` names
+    (the class ``AutoTokenizer`` would pick), without importing transformers' config machinery;
+    ``AutoTokenizer`` when the class is not named, not exported or needs remote code."""
+    import transformers
+
+    cfg_path = d / "tokenizer_config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    except (OSError, ValueError):
+        cfg = {}
+    name = cfg.get("tokenizer_class")
+    if name and not trust_remote_code and "auto_map" not in cfg and (d / "tokenizer.json").is_file():
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls.from_pretrained(str(d))
+    return transformers.AutoTokenizer.from_pretrained(str(d), trust_remote_code=trust_remote_code)
+
+
+def _plan(d: Path, files: dict[str, Path]):
+    """``(config, emb_key, head_key or None, tied)`` when this view can read ``d`` exactly, else None."""
+    p = d / "config.json"
+    try:
+        cfg = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict) or "auto_map" in cfg or "model_type" not in cfg or \
+            any(k.endswith("_config") and isinstance(v, dict) for k, v in cfg.items()) or \
+            not isinstance(cfg.get("tie_word_embeddings"), bool) or \
+            any(r in k for k in files for r in _REFUSE):
+        return None
+    embs = [k for k in files if k.endswith(_EMB_SUFFIXES)]
+    heads = [k for k in files if k in _HEAD_NAMES or any(k.endswith("." + h) for h in _HEAD_NAMES)]
+    tied = cfg["tie_word_embeddings"]
+    if len(embs) != 1 or len(heads) > 1 or (not tied and not heads):
+        return None
+    return _Config(**cfg), embs[0], (None if tied else heads[0]), tied
+
+
+def load_matrices_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_remote_code: bool = False):
+    """The model's embedding and LM head only, read without transformers' modeling code.
+
+    Args:
+        spec: as :func:`vocablens.models.load`.
+        dtype: torch dtype or name; default: the checkpoint's own (bf16 stays bf16).
+        trust_remote_code: passed to the tokenizer (and the fallback).
+
+    Returns:
+        :class:`~vocablens.models.LoadedModel` whose ``borders`` has ``W_E`` and ``W_U`` [V, d]
+        (memory-mapped; one matrix when tied), no head bias, ``embed_scale`` NaN, and a final norm
+        and blocks that raise :class:`~vocablens.errors.BadInput` when used. Peak memory: the
+        matrices plus the tokenizer. A checkpoint this view cannot read exactly is loaded by
+        :func:`vocablens.models.lazy.load_borders_only` (same matrices, more memory).
+
+    Raises:
+        As :func:`vocablens.models.lazy.load_borders_only`.
+    """
+    from vocablens.models.borders import Borders
+    from vocablens.models.dtypes import torch_dtype
+    from vocablens.models.lazy import _read_tensors, _shard_files, _source_dir, load_borders_only
+    from vocablens.models.loading import LoadedModel
+    from vocablens.models.provenance import Provenance
+
+    d, prov = _source_dir(str(spec))
+    files = _shard_files(d)
+    plan = _plan(d, files)
+    if plan is None:
+        return load_borders_only(spec, dtype=dtype, trust_remote_code=trust_remote_code)
+    config, emb_key, head_key, tied = plan
+    tdtype = torch_dtype(dtype, "dtype")
+    keys = [emb_key] + ([head_key] if head_key else [])
+    ts = _read_tensors(keys, files, tdtype)
+    W_E = ts[emb_key]
+    if W_E.dim() != 2 or (head_key and tuple(ts[head_key].shape) != tuple(W_E.shape)):
+        return load_borders_only(spec, dtype=dtype, trust_remote_code=trust_remote_code)
+    V, dm = W_E.shape
+    # modules around the tensors as they are (a meta-device init would import torch's meta kernels: ~70 MB)
+    emb = nn.Embedding.from_pretrained(W_E, freeze=True)
+    emb.register_buffer("embed_scale", torch.empty((), device="meta"), persistent=False)  # unknown here
+    head = nn.Linear(1, 1, bias=False)
+    head.in_features, head.out_features = dm, V
+    head.weight = emb.weight if tied else nn.Parameter(ts[head_key], requires_grad=False)
+    n_layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0)
+                   or getattr(config, "num_layers", 0) or 0)
+    if n_layers < 1:
+        return load_borders_only(spec, dtype=dtype, trust_remote_code=trust_remote_code)
+    model = MatricesOnly(config, emb, head, n_layers).eval()
+    tok = light_tokenizer(d, trust_remote_code)
+    prov = Provenance(**{**prov.__dict__, "dtype": str(W_E.dtype).replace("torch.", "")})
+    return LoadedModel(model, tok, Borders.from_model(model, tokenizer=tok), prov)
+
+
+__all__ = ["MatricesOnly", "light_tokenizer", "load_matrices_only"]

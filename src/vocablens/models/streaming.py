@@ -1,0 +1,182 @@
+"""Models larger than memory: the full forward with blocks streamed from the checkpoint.
+
+:func:`load_streaming` keeps the borders (embedding, LM head, final norm) and as many blocks as fit
+in ``max_memory`` resident; every other block stays on the ``meta`` device and is read from the
+safetensors checkpoint just before its forward (``safe_open``: memory-mapped, zero-copy when the
+dtype is the checkpoint's) and dropped right after it, with the file's mapping closed so its pages
+leave the process. The forward therefore holds the borders, the resident blocks, one streamed
+block and the residual stream: the same layer-by-layer idea as accelerate's disk offload
+(``device_map`` + ``max_memory``), without copying the checkpoint to an offload folder.
+
+Results are the same tensors as the normal load (same weights, same kernels, same order); the cost
+is reading each streamed block once per forward (see ``benchmarks/memory.py --max-memory``).
+Weights of a streamed block are on ``meta`` outside its forward: analyses that read block weights
+directly (``explain``'s head attribution, ``project``) need the whole model or the one-block load
+(:func:`vocablens.models.lazy.load_borders_only` with ``blocks``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from vocablens.errors import BadInput
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str | int) -> int:
+    """``"200MB"`` -> 200_000_000 (kB/MB/GB are powers of 10, KiB/MiB/GiB of 2; a bare number is bytes).
+
+    Raises:
+        BadInput: not a positive size.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        n = text
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise BadInput(f"--max-memory takes a size such as 200MB, 1.5GB or 800MiB; got {text!r}")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise BadInput(f"--max-memory must be positive; got {text!r}")
+    return n
+
+
+def _nbytes(params) -> int:
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+class BlockStreamer:
+    """Reads one block's tensors before its forward and drops them after it (forward hooks).
+
+    Args:
+        block: the block module (its parameters on ``meta``).
+        keys: parameter or buffer name inside the block -> (checkpoint key, file).
+        dtype: dtype to convert to, or None for the checkpoint's.
+    """
+
+    def __init__(self, block: torch.nn.Module, keys: dict[str, tuple[str, Path]], dtype: torch.dtype | None):
+        self.block, self.keys, self.dtype = block, keys, dtype
+        self.loads = 0
+        self._handles: list = []
+        self._hooks = [block.register_forward_pre_hook(self._load, with_kwargs=True),
+                       block.register_forward_hook(self._drop, with_kwargs=True, always_call=True)]
+
+    def _set(self, name: str, t: torch.Tensor) -> None:
+        mod_name, _, attr = name.rpartition(".")
+        mod = self.block.get_submodule(mod_name) if mod_name else self.block
+        if attr in mod._parameters:
+            mod._parameters[attr] = torch.nn.Parameter(t, requires_grad=False)
+        else:
+            mod._buffers[attr] = t
+
+    def _load(self, module, args, kwargs):
+        from safetensors import safe_open
+
+        files = {}
+        for name, (key, f) in self.keys.items():
+            if f not in files:
+                files[f] = safe_open(str(f), framework="pt")
+            t = files[f].get_tensor(key)
+            self._set(name, t if self.dtype is None else t.to(self.dtype))
+        self._handles = list(files.values())
+        self.loads += 1
+
+    def _drop(self, module, args, kwargs, output):
+        for name in self.keys:
+            mod_name, _, attr = name.rpartition(".")
+            mod = self.block.get_submodule(mod_name) if mod_name else self.block
+            old = mod._parameters.get(attr, mod._buffers.get(attr))
+            self._set(name, torch.empty(old.shape, dtype=old.dtype, device="meta"))
+        self._handles = []  # closes the mappings: the block's pages leave the process
+
+    def remove(self) -> None:
+        """Detach the hooks (the block stays on ``meta``)."""
+        for h in self._hooks:
+            h.remove()
+
+
+def checkpoint_bytes(d: Path) -> int:
+    """Bytes of a safetensors checkpoint directory (the files, headers included)."""
+    from vocablens.models.lazy import _shard_files
+
+    return sum(f.stat().st_size for f in set(_shard_files(d).values()))
+
+
+def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = "1GB", dtype=None,
+                   trust_remote_code: bool = False):
+    """Load a model whose weights need not fit in memory: blocks beyond ``max_memory`` are streamed.
+
+    Args:
+        spec: as :func:`vocablens.models.load` (safetensors checkpoints; a ``.gguf`` file through its
+            float32 cache, which the first load writes).
+        max_memory: bytes (int) or a size string (``"200MB"``, ``"2GiB"``) for the weights kept
+            resident: the borders always, then blocks 0, 1, ... while they fit; the rest stream.
+        dtype: torch dtype or name; default: the checkpoint's own.
+
+    Returns:
+        :class:`~vocablens.models.LoadedModel` whose forward (``borders.residual_stream``,
+        ``model(...)``) equals the normal load's. ``model.vocablens_streamers`` lists the
+        :class:`BlockStreamer` of each streamed block (``loads`` counts the reads).
+
+    Raises:
+        BadInput: a bad ``max_memory``; a block holding a buffer the checkpoint does not store.
+        As :func:`vocablens.models.lazy.load_borders_only` otherwise.
+    """
+    from vocablens.errors import UnsupportedArchitecture
+    from vocablens.models.dtypes import torch_dtype
+    from vocablens.models.find import _named_children
+    from vocablens.models.lazy import _checkpoint_name, _materialize, _shard_files, _source_dir, load_borders_only
+
+    cap = parse_bytes(max_memory)
+    lm = load_borders_only(spec, dtype=dtype, trust_remote_code=trust_remote_code)
+    b, model = lm.borders, lm.model
+    d, _ = _source_dir(str(spec))
+    files = _shard_files(d)
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    tdtype = torch_dtype(dtype, "dtype")
+    esize = b.W_E.element_size()
+    in_blocks = {id(t) for blk in b.blocks for t in [*blk.parameters(), *blk.buffers()]}
+    rest = [n for n, p in model.named_parameters() if p.is_meta and id(p) not in in_blocks]
+    _materialize(model, rest, files, tdtype)  # learned positions (GPT-2, OPT) and the like: resident
+    lost = [n for n, t in model.named_buffers() if t.is_meta and id(t) not in in_blocks]
+    if lost:
+        raise UnsupportedArchitecture(b.family, _named_children(model), f"buffer {lost[0]} is not in the "
+                                      "checkpoint, so the model cannot be streamed; load it whole")
+    used = _nbytes({id(p): p for p in model.parameters() if not p.is_meta}.values())
+    block_names = {id(blk): n for n, blk in model.named_modules() if any(blk is x for x in b.blocks)}
+    streamers, resident = [], []
+    for i, blk in enumerate(b.blocks):
+        need = sum(p.numel() * (esize if tdtype is None else p.element_size()) for p in blk.parameters())
+        bname = block_names[id(blk)]
+        keys: dict[str, tuple[str, Path]] = {}
+        for n, t in [*blk.named_parameters(), *blk.named_buffers()]:
+            if not t.is_meta:
+                continue
+            key = _checkpoint_name(f"{bname}.{n}", files, prefix)
+            if key is None:
+                raise UnsupportedArchitecture(b.family, _named_children(blk),
+                                              f"block {i}: {n} is not in the checkpoint, so it cannot be "
+                                              "streamed; load the whole model (no --max-memory)")
+            keys[n] = (key, files[key])
+        if not streamers and used + need <= cap:
+            resident.append((blk, keys))
+            used += need
+        else:
+            streamers.append(BlockStreamer(blk, keys, tdtype))
+    for blk, keys in resident:  # read once and kept
+        s = BlockStreamer(blk, keys, tdtype)
+        s._load(blk, (), {})
+        s._handles = []
+        s.remove()
+    model.vocablens_streamers = streamers
+    model.vocablens_streamed = True
+    return lm
+
+
+__all__ = ["BlockStreamer", "checkpoint_bytes", "load_streaming", "parse_bytes"]
