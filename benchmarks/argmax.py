@@ -22,6 +22,7 @@ Usage: PYTHONPATH=src python benchmarks/argmax.py [--quick] [--V 262144 --d 640 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import time
@@ -81,16 +82,17 @@ def allpairs_fp32_estimate(V: int, d: int) -> float:
 
 
 def run(name: str, W: torch.Tensor, expect: list[int] | None, ref_s: float | None, budget: float | None):
-    print(f"\n== {name}: W [{W.shape[0]} x {W.shape[1]}]", flush=True)
+    print(f"\n== {name}: W [{W.shape[0]} x {W.shape[1]}]  (load average {os.getloadavg()[0]:.1f})", flush=True)
     c0 = time.process_time()
     t0 = time.perf_counter()
     res = find_unargmaxable(W, progress=StderrProgress(), time_budget_s=budget)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
-    print(f"{'stage':8s} {'wall s':>9s} {'settled':>9s}")
+    print(f"{'stage':8s} {'wall s':>9s} {'CPU s':>9s} {'settled':>9s}")
     for s in STAGES:
-        print(f"{s:8s} {res.timings[s]:9.2f} {res.settled[s]:9d}")
-    print(f"{'total':8s} {wall:9.2f}   (process CPU {cpu:.1f} s; peak RSS "
+        print(f"{s:8s} {res.timings[s]:9.2f} {res.cpu_s[s]:9.2f} {res.settled[s]:9d}")
+    print(f"{'total':8s} {wall:9.2f} {cpu:9.2f}   (load average now {os.getloadavg()[0]:.1f}; "
+          f"on 2 free cores about {cpu / 2:.0f} s wall; peak RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20:.2f} GiB; matrix "
           f"{W.numel() * 4 / 2 ** 30:.2f} GiB as float32)")
     print("verdicts:", res.counts(), "cut short:", list(res.cut_short) or "no")
