@@ -15,6 +15,16 @@ against the reference checker's times measured on this machine (Grivas et al.'s 
 in place of Gurobi; research note unargmaxable.md: 658 s for the default model's matrix, 389 s for
 32,000 x 256), and against one plain all-pairs float32 product V^2 d extrapolated from a block.
 
+The all-pairs stage is the floor of any certificate-per-row method: one direction certifies at
+most one row (its argmax) and checking it costs a pass over all rows, so V rows cost V^2 r
+multiply-adds whichever directions are used (random ones included); the symmetric product gets
+each row its own direction at half that (V^2 r FLOPs). Measured (shared 2-core machine, load
+average 13-15; CPU seconds are the contention-free figure): 65,536 x 640 + 500 planted: all found,
+86 CPU-s (prepare 18, all-pairs 60, reflect 6.7, verify 1.2), peak RSS 1.06 GiB; the all-pairs
+stage is 0.58 of one plain V x V x d float32 product. Extrapolated to 262,144 x 640 + 2,000
+(all-pairs x16, prepare and verify x4, reflect x16): about 1,150 CPU-s, ~9.5 minutes on 2 free
+cores.
+
 Usage: PYTHONPATH=src python benchmarks/argmax.py [--quick] [--V 262144 --d 640 --planted 2000]
        [--threads 2] [--skip-model] [--skip-random] [--budget SECONDS]
 """
