@@ -15,6 +15,16 @@ against the reference checker's times measured on this machine (Grivas et al.'s 
 in place of Gurobi; research note unargmaxable.md: 658 s for the default model's matrix, 389 s for
 32,000 x 256), and against one plain all-pairs float32 product V^2 d extrapolated from a block.
 
+The all-pairs stage is the floor of any certificate-per-row method: one direction certifies at
+most one row (its argmax) and checking it costs a pass over all rows, so V rows cost V^2 r
+multiply-adds whichever directions are used (random ones included); the symmetric product gets
+each row its own direction at half that (V^2 r FLOPs). Measured (shared 2-core machine, load
+average 13-15; CPU seconds are the contention-free figure): 65,536 x 640 + 500 planted: all found,
+86 CPU-s (prepare 18, all-pairs 60, reflect 6.7, verify 1.2), peak RSS 1.06 GiB; the all-pairs
+stage is 0.58 of one plain V x V x d float32 product. Extrapolated to 262,144 x 640 + 2,000
+(all-pairs x16, prepare and verify x4, reflect x16): about 1,150 CPU-s, ~9.5 minutes on 2 free
+cores.
+
 Usage: PYTHONPATH=src python benchmarks/argmax.py [--quick] [--V 262144 --d 640 --planted 2000]
        [--threads 2] [--skip-model] [--skip-random] [--budget SECONDS]
 """
@@ -22,6 +32,7 @@ Usage: PYTHONPATH=src python benchmarks/argmax.py [--quick] [--V 262144 --d 640 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import time
@@ -81,16 +92,17 @@ def allpairs_fp32_estimate(V: int, d: int) -> float:
 
 
 def run(name: str, W: torch.Tensor, expect: list[int] | None, ref_s: float | None, budget: float | None):
-    print(f"\n== {name}: W [{W.shape[0]} x {W.shape[1]}]", flush=True)
+    print(f"\n== {name}: W [{W.shape[0]} x {W.shape[1]}]  (load average {os.getloadavg()[0]:.1f})", flush=True)
     c0 = time.process_time()
     t0 = time.perf_counter()
     res = find_unargmaxable(W, progress=StderrProgress(), time_budget_s=budget)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
-    print(f"{'stage':8s} {'wall s':>9s} {'settled':>9s}")
+    print(f"{'stage':8s} {'wall s':>9s} {'CPU s':>9s} {'settled':>9s}")
     for s in STAGES:
-        print(f"{s:8s} {res.timings[s]:9.2f} {res.settled[s]:9d}")
-    print(f"{'total':8s} {wall:9.2f}   (process CPU {cpu:.1f} s; peak RSS "
+        print(f"{s:8s} {res.timings[s]:9.2f} {res.cpu_s[s]:9.2f} {res.settled[s]:9d}")
+    print(f"{'total':8s} {wall:9.2f} {cpu:9.2f}   (load average now {os.getloadavg()[0]:.1f}; "
+          f"on 2 free cores about {cpu / 2:.0f} s wall; peak RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20:.2f} GiB; matrix "
           f"{W.numel() * 4 / 2 ** 30:.2f} GiB as float32)")
     print("verdicts:", res.counts(), "cut short:", list(res.cut_short) or "no")

@@ -469,9 +469,32 @@ def test_zero_budget_leaves_every_row_undecided():
     res = find_unargmaxable(W, time_budget_s=0)
     assert res.counts()["undecided"] == 400
     assert set(res.reasons.values()) == {"budget"}
-    assert res.cut_short[0] == "gemm" and res.budget_s == 0
+    assert res.cut_short[0] == "prepare" and res.budget_s == 0
     with pytest.raises(BadInput, match="time_budget_s"):
         find_unargmaxable(W, time_budget_s=-1)
+
+
+def test_budget_is_kept_inside_every_stage_and_never_guesses():
+    # the budget is checked once per block inside every stage (prepare included), so a run ends
+    # within about a block of its budget; whatever it decided agrees with the unbudgeted run
+    import time as _time
+
+    W, pl = planted(V=6000, d=24, n_planted=8, seed=2)
+    full = find_unargmaxable(W)
+    assert set(pl) <= set(full.ids("unargmaxable").tolist())
+    seen_cuts = set()
+    for budget in (0.005, 0.05, 0.3, 1.0):
+        t0 = _time.perf_counter()
+        res = find_unargmaxable(W, time_budget_s=budget)
+        wall = _time.perf_counter() - t0
+        assert wall <= 1.1 * budget + 2.0, (budget, wall)        # a block's time, on a loaded machine
+        und = res.verdict == 3
+        assert torch.equal(res.verdict[~und], full.verdict[~und]), budget
+        if res.cut_short:
+            seen_cuts.add(res.cut_short[0])
+            assert all(res.reasons[int(t)] == "budget" for t in und.nonzero().flatten())
+        check_certificates(W, None, res, tokens=torch.nonzero(~und).flatten()[::7])
+    assert "prepare" in seen_cuts or "gemm" in seen_cuts
 
 
 def test_budget_cut_after_the_certificates_never_guesses():
@@ -530,25 +553,35 @@ def test_exact_int_matmul_wide_rows_are_split_exactly():
 
 
 _MEMORY_SCRIPT = r"""
-import os, resource, sys, time
+import json, resource, sys
 import numpy as np, torch
 torch.set_num_threads(1)
+sys.path.insert(0, sys.argv[1])
+from test_argmax import planted
 from vocablens.argmax import find_unargmaxable
-V, d, cap_mb = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-W = torch.from_numpy(np.random.default_rng(0).standard_normal((V, d)).astype(np.float32))
-find_unargmaxable(W[:300])                     # warm up every code path's libraries
+V, d, n_pl, cap_mb = (int(a) for a in sys.argv[2:6])
+W, pl = planted(V=V, d=d, n_planted=n_pl, seed=0)
+W[1] = W[0]                                     # a duplicate pair: settled in stage prepare
+b = torch.from_numpy(np.random.default_rng(1).standard_normal(V).astype(np.float32)) * 0.01
+for bias in (None, b):                          # warm up every code path's libraries
+    find_unargmaxable(W[:400], None if bias is None else bias[:400])
 vm = int([l for l in open("/proc/self/status") if l.startswith("VmSize")][0].split()[1]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + cap_mb * 2 ** 20, resource.RLIM_INFINITY))
-res = find_unargmaxable(W, time_budget_s=float(sys.argv[4]))
-c = res.counts()
-print("OK", sum(c.values()), c["argmaxable"], c["unargmaxable"], c["undecided"], ",".join(res.cut_short))
+out = {"planted": pl}
+for name, bias in (("nobias", None), ("bias", b)):
+    r = find_unargmaxable(W, bias)
+    out[name] = {"settled": r.settled, "timings": r.timings, "counts": r.counts(),
+                 "unarg": r.ids("unargmaxable").tolist(), "cut": list(r.cut_short)}
+print("OK " + json.dumps(out))
 """
 
 
 def test_scan_memory_stays_linear_in_V_under_an_address_space_cap(tmp_path):
-    # 60,000 x 8 Gaussian rows: most are interior, so ~50,000 rows leave the certificate stage;
-    # their scores at once would need ~12 GB (V^2 bytes order); the cap allows 600 MB over the
-    # process's own baseline. The 120 s budget keeps the test short (rows left are "undecided").
+    # 12,000 x 32 rows with 12 planted interior rows and a duplicate pair, without and with a bias,
+    # under an address-space cap of 400 MiB over the process's own baseline: the scores of all
+    # pairs at once would need 576 MB in float32 (V^2 order); every stage must be reached and
+    # settle its share (prepare: the twins; gemm: most rows; reflect: the near misses; proof: the
+    # planted rows, through the screen without bias; bias: the lifted LPs; verify: re-checks).
     import os
     import subprocess
     import sys
@@ -557,12 +590,24 @@ def test_scan_memory_stays_linear_in_V_under_an_address_space_cap(tmp_path):
     script.write_text(_MEMORY_SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                MALLOC_ARENA_MAX="2", PYTHONPATH=os.pathsep.join(sys.path))
-    out = subprocess.run([sys.executable, str(script), "60000", "8", "600", "120"], env=env,
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run([sys.executable, str(script), os.path.dirname(__file__), "12000", "32", "12", "400"],
+                         env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
-    line = [l for l in out.stdout.splitlines() if l.startswith("OK")][0].split()
-    total, arg, unarg, und = map(int, line[1:5])
-    assert total == 60000 and arg > 0 and arg + unarg + und == 60000
+    got = json.loads([l for l in out.stdout.splitlines() if l.startswith("OK ")][0][3:])
+    nb, wb = got["nobias"], got["bias"]
+    assert nb["unarg"] == got["planted"] and nb["counts"]["duplicate"] == 2 and not nb["cut"]
+    assert nb["counts"]["argmaxable"] == 12000 - 14 and nb["counts"]["undecided"] == 0
+    for stage in ("prepare", "gemm", "reflect", "proof", "verify"):
+        assert nb["settled"][stage] > 0, stage
+    assert nb["settled"]["gemm"] > 11000 and nb["settled"]["proof"] == 12
+    # with a bias: the lower-bias twin is dominated in prepare, the planted rows go through the
+    # NNLS proofs (no bias) to the lifted LP of stage bias
+    b = np.random.default_rng(1).standard_normal(12000).astype(np.float32)[:2]
+    loser = 0 if b[0] < b[1] else 1                          # the twin with the smaller bias
+    assert wb["unarg"] == sorted(set(got["planted"]) | {loser}) and wb["counts"]["undecided"] == 0
+    assert wb["settled"]["prepare"] == 1 and wb["settled"]["bias"] == 12 and not wb["cut"]
+    for stage in ("prepare", "gemm", "reflect", "proof", "bias", "verify"):
+        assert wb["timings"][stage] > 0, stage
 
 
 class _NamedTokenizer:

@@ -224,8 +224,9 @@ def _argmax(ctx, plan, run):
     run.result = res
     n = int((res.result.verdict == UNDECIDED).sum())
     if n:
-        run.cut_short = (f"{n:,} tokens left undecided within the {plan.budget_s:.0f} s budget (only the "
-                         f"certificate stages ran for them); run `{plan.command}` for the exact answer")
+        cut = ", ".join(res.result.cut_short) or "none"
+        run.cut_short = (f"{n:,} tokens left undecided within the {plan.budget_s:.0f} s budget (stages cut "
+                         f"short: {cut}; a verdict is never guessed); run `{plan.command}` for the exact answer")
 
 
 def _value_vectors(ctx, plan, run):

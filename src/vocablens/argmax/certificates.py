@@ -30,11 +30,15 @@ VERIFY_BYTES = 128 * 2 ** 20
 
 
 def _fp32_exact_mm(r: int):
-    """``(A, B) -> A @ B^T`` for int8 blocks via float32 GEMMs on column slices of at most 1,040:
-    each product is <= 127^2 and 127^2 * 1040 < 2^24, so every partial sum is an exact integer."""
+    """``(A, B) -> A @ B^T`` for int8 blocks (or their float32 copies) via float32 GEMMs.
+
+    Each product is <= 127^2, so with at most 1,040 columns (127^2 * 1040 < 2^24) every partial
+    sum is an exact integer in float32: one GEMM, float32 result (exact integers). Wider rows are
+    cut into column slices of 1,040 whose exact partial results are summed in int32.
+    """
     step = max(1, min(r, (2 ** 24 - 1) // (127 * 127)))
     if step >= r:
-        return lambda A, B: (A.float() @ B.float().T).int()
+        return lambda A, B: A.float() @ B.float().T
 
     def f(A, B):
         out = None
@@ -46,13 +50,14 @@ def _fp32_exact_mm(r: int):
 
 
 def exact_int_matmul(Q: torch.Tensor):
-    """An exact ``(A, B) -> A @ B^T`` for int8 row blocks of Q, int32 result; the faster of two.
+    """An exact ``(A, B) -> A @ B^T`` for int8 row blocks of Q (int32, or float32 holding exact
+    integers); the faster of two kernels.
 
     ``torch._int_mm`` (int8 products, int32 sums; fast with AVX512-VNNI/AMX, a slow fallback on
     plain AVX2) counts only when it reproduces an int64 reference on a sample of Q's own rows (it is
     wrong for some shapes, e.g. one column); Q is padded with zero columns to a multiple of 8 for it.
-    The other kernel is float32 GEMMs on column slices (exact, see :func:`_fp32_exact_mm`). Both give
-    the same integers; a short timing on Q's rows picks one.
+    The other kernel is float32 GEMMs (exact, see :func:`_fp32_exact_mm`). Both give the same
+    integers; a short timing on Q's rows picks one.
     """
     n, r = Q.shape
     pad = (-r) % 8
@@ -82,41 +87,57 @@ def exact_int_matmul(Q: torch.Tensor):
     return im if times[0] <= times[1] else fp
 
 
+#: columns per product of the all-pairs stage (the scores are [block, this] float32: 64 MiB)
+GEMM_COLS = 8192
+
+
 def stage_gemm(st: ScanState, block: int) -> None:
     """Stage 1 for every open row; leaves the failures in ``st.left``.
 
-    On :class:`~vocablens.argmax.state.OutOfTime` the rows whose maximum is complete (the blocks
-    done so far) are still judged; the rest stay open.
+    The upper triangle of ``Q Q^T`` by blocks of ``block`` rows x :data:`GEMM_COLS` columns: each
+    product serves its rows (maxima along its rows) and its columns (along its columns), so
+    V^2 r FLOPs in all (one multiply-add per pair, half of the full product) and the rows' maxima
+    are complete once their own row block is done. Memory: the maxima [n] and one block of scores.
+    The budget is checked before each product; on :class:`~vocablens.argmax.state.OutOfTime` the
+    rows whose maximum is complete (the row blocks done) are still judged, the rest stay open.
+
+    A row certified here is the strict argmax of its own (quantised whitened) direction; no other
+    certificate can be cheaper in general: one direction certifies at most one row (its argmax),
+    and checking a direction costs a pass over all n rows, so n certificates cost n^2 r multiply-adds
+    whichever directions they use (random directions included); the symmetric product halves that.
     """
     from vocablens.argmax.state import OutOfTime
 
     n, Qt = st.n, st.Qt
     imm = exact_int_matmul(Qt)
-    best = torch.full((n,), torch.iinfo(torch.int32).min, dtype=torch.int32)
-    diag = torch.empty(n, dtype=torch.int32)
+    probe = imm(Qt[:2], Qt[:2])
+    low = -math.inf if probe.is_floating_point() else torch.iinfo(torch.int32).min
+    best = torch.full((n,), low, dtype=probe.dtype)
+    diag = torch.empty(n, dtype=torch.float64)
     for s in range(0, n, 16384):
-        qi = Qt[s:s + 16384].int()
-        diag[s:s + 16384] = (qi * qi).sum(1)
-    col_chunk = max(block, 8192)
+        qi = Qt[s:s + 16384].long()
+        diag[s:s + 16384] = (qi * qi).sum(1).double()
+    col_chunk = max(block, GEMM_COLS)
     done = 0
     rank, size = world()
     try:
         for bi, i0 in enumerate(range(0, n, block)):
             if bi % size != rank:
                 continue                                # another rank's block
-            if size == 1:
-                st.check_time()
             i1 = min(n, i0 + block)
-            QI = Qt[i0:i1]
+            QI = Qt[i0:i1].float() if probe.is_floating_point() else Qt[i0:i1]
             for c0 in range(i0, n, col_chunk):
+                if size == 1:
+                    st.check_time()
                 c1 = min(n, c0 + col_chunk)
-                S = imm(QI, Qt[c0:c1])                      # [bi, bc] int32, exact
+                S = imm(QI, Qt[c0:c1])                      # [bi, bc] exact integers
                 if c0 == i0:
                     k = min(i1, c1) - i0
                     ar = torch.arange(k)
-                    S[ar, ar] = torch.iinfo(torch.int32).min
-                best[i0:i1] = torch.maximum(best[i0:i1], S.amax(1))
-                best[c0:c1] = torch.maximum(best[c0:c1], S.amax(0))
+                    S[ar, ar] = low
+                torch.maximum(best[i0:i1], S.amax(1), out=best[i0:i1])
+                torch.maximum(best[c0:c1], S.amax(0), out=best[c0:c1])
+                del S
             done = i1
             st.progress("gemm", i1, n)
     except OutOfTime:
@@ -126,7 +147,7 @@ def stage_gemm(st: ScanState, block: int) -> None:
         done = n
     # z_j . y = s^2 q_j . q_t + e_j . y with |e_j . y| <= ||e_j|| ||y||, y = s q_t
     qs = st.qs
-    dg = diag.double().numpy()
+    dg = diag.numpy()
     qn = np.sqrt(dg)
     ynorm = qs * qn
     m1 = qs * qs * (dg - best.double().numpy()) - (st.enorm + st.emax) * ynorm * 1.001

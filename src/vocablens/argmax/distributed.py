@@ -31,10 +31,11 @@ def world() -> tuple[int, int]:
 
 
 def allreduce_max(best: torch.Tensor) -> None:
-    """In-place elementwise maximum of an int32 tensor over all ranks."""
+    """In-place elementwise maximum of a tensor over all ranks (int32, or float32 holding exact
+    integers and -inf: sent as float64, exact)."""
     import torch.distributed as dist
 
-    t = best.long()
+    t = best.double() if best.is_floating_point() else best.long()
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     best.copy_(t.to(best.dtype))
 

@@ -63,7 +63,7 @@ from vocablens.argmax.result import (
     ARGMAXABLE, BUDGET, DUPLICATE, PADDING, STAGES, UNARGMAXABLE, UNDECIDED, UNTRAINED, VERDICTS,
     ArgmaxResult, Progress,
 )
-from vocablens.argmax.state import OutOfTime, ScanState
+from vocablens.argmax.state import OutOfTime, ScanState, one_blas_thread
 from vocablens.errors import BadInput
 
 
@@ -134,31 +134,36 @@ def find_unargmaxable(
     st.Wn = as_numpy(W)
     st.bn = None if bias is None else bias.detach().cpu().double().numpy()
     st.defer = None if defer is None else defer.cpu().numpy()
-    dedupe(st)
-    if st.n == 1:
-        # one distinct row: it wins (or ties with its twins) everywhere; x = 0 is a certificate
-        t = int(st.reps[0])
-        st.x_extra[t] = torch.zeros(d, dtype=torch.float64)
-        st.settle_arg(t, 0, math.inf)
-    if st.n <= 1:
-        st.timings["prepare"] = time.perf_counter() - st.t0
-        return st.result()
-    whiten(st)
+    try:
+        dedupe(st)
+        if st.n == 1:
+            # one distinct row: it wins (or ties with its twins) everywhere; x = 0 is a certificate
+            t = int(st.reps[0])
+            st.x_extra[t] = torch.zeros(d, dtype=torch.float64)
+            st.settle_arg(t, 0, math.inf)
+        if st.n > 1:
+            whiten(st)
+    except OutOfTime:
+        st.cut("prepare")
     st.timings["prepare"] = time.perf_counter() - st.t0
+    st.cpu["prepare"] = time.process_time() - st.c0
+    if st.n <= 1 or st.cut_short:
+        return st.result()
     _run_stages(st, reflect_iters, block, max_rounds, row_budget_s)
     _timed(st, "verify", lambda: stage_verify(st, verify))
     return st.result()
 
 
 def _timed(st: ScanState, name: str, fn):
-    """Run one stage, add its wall time; Ctrl-C marks the run interrupted."""
-    ts = time.perf_counter()
+    """Run one stage, add its wall and CPU time; Ctrl-C marks the run interrupted."""
+    ts, cs = time.perf_counter(), time.process_time()
     try:
         return fn()
     except KeyboardInterrupt:
         st.interrupted = True
     finally:
         st.timings[name] += time.perf_counter() - ts
+        st.cpu[name] += time.process_time() - cs
 
 
 def _run_stages(st: ScanState, reflect_iters: int, block: int, max_rounds: int, row_budget_s) -> None:
@@ -184,9 +189,14 @@ def _run_stages(st: ScanState, reflect_iters: int, block: int, max_rounds: int, 
                 st.cut(name)
             continue
         try:
-            _timed(st, name, fn)
+            if name == "gemm":
+                _timed(st, name, fn)
+            else:
+                with one_blas_thread():
+                    _timed(st, name, fn)
         except OutOfTime:
             st.cut(name)
+            st.left = st.still_open(st.left)
     if size > 1 and mine is not None:
         dist_gather(st, mine, st.left, before)
 

@@ -25,6 +25,9 @@ def lp_proof(st: ScanState, bz: np.ndarray | None, k: int, S, max_rounds: int):
     are ``mu``. The verdict comes from the optimal value, never from a solver status.
 
     Returns ``("arg", y, s, margin)``, ``("int", positions, weights)`` or ``("undecided", why)``.
+
+    Raises:
+        OutOfTime: the run's budget ran out (checked once per constraint-generation round).
     """
     from scipy.optimize import linprog
 
@@ -34,6 +37,7 @@ def lp_proof(st: ScanState, bz: np.ndarray | None, k: int, S, max_rounds: int):
     Sset = set(S.tolist())
     has_b = bz is not None
     for _ in range(max_rounds):
+        st.check_time()
         D = st.z64(S) - zt
         bcol = (bz[S] - bz[k])[:, None] if has_b else np.zeros((len(S), 1))
         Aub = np.hstack([D, bcol, np.ones((len(S), 1))])

@@ -9,7 +9,7 @@
   rigorous bound ``enorm`` on ``||z - qs q||`` (rounding to the grid and to float32).
 
 Memory: every pass runs over blocks of 16,384 rows, so the peak is the float32 ``Z`` and the int8
-``Q`` ([n, r] each) plus one block.
+``Q`` ([n, r] each) plus one block; each block checks the time budget.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from vocablens.argmax.result import DUPLICATE, PADDING, UNARGMAXABLE, UNDECIDED, UNTRAINED
-from vocablens.argmax.state import U32, ScanState
+from vocablens.argmax.state import U32, ScanState, one_blas_thread
 from vocablens.errors import BadInput, ShapeMismatch
 
 _BLOCK = 16384
@@ -73,8 +73,9 @@ def check_input(W, bias, masks: dict):
     return W, bias
 
 
-def group_identical(Wn: np.ndarray, ids: np.ndarray):
-    """Groups of bit-identical rows among ``Wn[ids]``.
+def group_identical(Wn: np.ndarray, ids: np.ndarray, tick=None):
+    """Groups of bit-identical rows among ``Wn[ids]``; ``tick()`` is called once per block of rows
+    (the time budget's check: it may raise).
 
     Returns ``(inv, cnt, order)``: group of each row [m], group sizes [g], and the rows sorted by
     group (stable) so that group g is ``ids[order[sum(cnt[:g]):sum(cnt[:g+1])]]``.
@@ -86,6 +87,8 @@ def group_identical(Wn: np.ndarray, ids: np.ndarray):
     keys = np.empty((m, 2), dtype=np.int64)
     with np.errstate(over="ignore"):
         for s in range(0, m, 8192):
+            if tick is not None:
+                tick()
             bits = (Wn[ids[s:s + 8192]] + Wn.dtype.type(0)).view(itype).astype(np.int64)
             keys[s:s + 8192] = bits @ R          # wraps modulo 2^64: an exact function of the bits
     _, inv, cnt = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
@@ -123,16 +126,13 @@ def apply_masks(st: ScanState, padding, untrained, include_padding: bool, includ
 def dedupe(st: ScanState) -> None:
     """Group bit-identical rows in play; fills ``reps``, ``row_of``, ``twins``, ``group``."""
     play_ids = np.nonzero(st.in_play)[0]
-    inv, cnt, order = group_identical(st.Wn, play_ids)
+    inv, cnt, order = group_identical(st.Wn, play_ids, st.check_time)
     bn = st.bn
-    reps: list[int] = []
-    gid = 0
     bounds = np.concatenate([[0], np.cumsum(cnt)])
-    for g in range(len(cnt)):
+    reps: list[int] = play_ids[order[bounds[:-1][cnt == 1]]].tolist()      # the unique rows
+    gid = 0
+    for g in np.nonzero(cnt > 1)[0]:
         members = play_ids[order[bounds[g]:bounds[g + 1]]]
-        if len(members) == 1:
-            reps.append(int(members[0]))
-            continue
         if bn is None:
             top = members
         else:
@@ -165,17 +165,20 @@ def whiten(st: ScanState) -> None:
     1e-12 of the largest).
     """
     n, d, Wn, reps = st.n, st.d, st.Wn, st.reps
-    blocks = [reps[s:s + _BLOCK] for s in range(0, n, _BLOCK)]
+    blocks = [reps[s:s + _BLOCK // 4] for s in range(0, n, _BLOCK // 4)]   # float64: ~0.1 s each
     mu_t = torch.zeros(d, dtype=torch.float64)
     for b in blocks:
+        st.check_time()
         mu_t += torch.from_numpy(Wn[b]).double().sum(0)
     mu_t /= n
     C = torch.zeros(d, d, dtype=torch.float64)
     for b in blocks:
+        st.check_time()
         Xc = torch.from_numpy(Wn[b]).double() - mu_t
         C += Xc.T @ Xc
-    lam, vec = torch.linalg.eigh(C)
-    lam, vec = lam.numpy(), vec.numpy()
+    st.check_time()
+    with one_blas_thread():                         # threaded LAPACK: 20x slower on a shared machine
+        lam, vec = np.linalg.eigh(C.numpy())
     keep = lam > max(lam[-1], 0.0) * 1e-12
     if not keep.any():
         keep[-1] = True
@@ -186,6 +189,7 @@ def whiten(st: ScanState) -> None:
     wsq = 0.0
     s_ = 0
     for b in blocks:
+        st.check_time()
         Xc = torch.from_numpy(Wn[b]).double() - mu_t
         wsq = max(wsq, float((Xc * Xc).sum(1).max()))
         Z[s_:s_ + len(b)] = (Xc @ At).float().numpy()
@@ -199,6 +203,7 @@ def whiten(st: ScanState) -> None:
     enorm = np.empty(n)
     znorm = np.empty(n)
     for s in range(0, n, _BLOCK):
+        st.check_time()
         zc = Z[s:s + _BLOCK].astype(np.float64)
         qc = np.rint(zc / qs)
         Q[s:s + _BLOCK] = qc.astype(np.int8)

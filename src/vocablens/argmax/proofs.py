@@ -81,6 +81,7 @@ class Ball:
         pos_sum = np.zeros((r, d))
         self.size = np.zeros(r)
         for s in range(0, n, 16384):
+            st.check_time()
             B = (st.Qt[s:s + 16384] > 0).double().numpy()             # [c, r]
             pos_sum += B.T @ st.Wn[st.reps[s:s + 16384]].astype(np.float64)
             self.size += B.sum(0)
@@ -173,6 +174,8 @@ def screen_interior(st: ScanState, cols: np.ndarray, S: torch.Tensor) -> np.ndar
         return ok
     top = torch.topk(S, min(SPARSE_COLS, st.n - 1), dim=0).indices.T.numpy()     # [m, k]
     for q, k in enumerate(cols):
+        if st.time_left() <= 0:
+            break                               # the reflect stage records the cut
         ok[q] = sparse_certificate(st, int(k), top[q])
     return ok
 
@@ -211,11 +214,15 @@ def stage_proof(st: ScanState, max_rounds: int, row_budget_s: float | None) -> d
         del S0
         active = []
         for q, k in enumerate(ks):
+            st.check_time()
             if not sparse_certificate(st, int(k), top[q, :SPARSE_COLS]):
                 active.append(_Row(int(k), top[q]))
         while active:
-            st.check_time()
-            probe = [row for row in active if _round(st, row, fails)]
+            probe = []
+            for row in active:
+                st.check_time()                  # once per row and round
+                if _round(st, row, fails):
+                    probe.append(row)
             active = _check_directions(st, probe, max_rounds, row_budget_s, fails)
         st.progress("proof", min(b0 + BATCH, len(rows)), len(rows))
     return fails

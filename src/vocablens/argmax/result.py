@@ -65,6 +65,8 @@ class ArgmaxResult:
         interrupted: the run was stopped (Ctrl-C); unsettled tokens are ``undecided``.
         budget_s: the time budget the run was given (seconds), or None.
         cut_short: names of the stages the budget cut short or skipped (empty: ran to the end).
+        cpu_s: stage -> CPU seconds of the process (all threads; the contention-free figure on a
+            shared machine).
     """
 
     verdict: torch.Tensor
@@ -94,6 +96,7 @@ class ArgmaxResult:
     interrupted: bool = False
     budget_s: float | None = None
     cut_short: tuple = ()
+    cpu_s: dict = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         """Tokens per verdict, every verdict present (zeros included)."""

@@ -26,6 +26,19 @@ class OutOfTime(Exception):
     """Raised inside a stage when the run's time budget is spent (caught by the driver)."""
 
 
+def one_blas_thread():
+    """Context manager: numpy's BLAS on one thread. The proofs run many small float64 products
+    ([k, d] @ [d, r]); on a shared machine a threaded BLAS spends more time waking its threads
+    than computing (measured: 80 ms with two threads, 4 ms with one, for 33 x 640 x 640)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+        import contextlib
+
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
+
+
 @dataclass(eq=False)
 class ScanState:
     """Everything the stages share. Arrays are numpy, indexed by token id ([V]) unless noted.
@@ -60,6 +73,8 @@ class ScanState:
     reasons: dict = field(default_factory=dict)
     group_can_tie: dict = field(default_factory=dict)
     timings: dict = field(default_factory=lambda: {s: 0.0 for s in STAGES})
+    cpu: dict = field(default_factory=lambda: {s: 0.0 for s in STAGES})
+    c0: float = field(default_factory=time.process_time)
     settled: dict = field(default_factory=lambda: {s: 0 for s in STAGES})
     cut_short: list = field(default_factory=list)
     interrupted: bool = False
@@ -117,9 +132,16 @@ class ScanState:
         return math.inf if self.deadline is None else self.deadline - time.perf_counter()
 
     def check_time(self) -> None:
-        """Raise :class:`OutOfTime` when the budget is spent."""
+        """Raise :class:`OutOfTime` when the budget is spent. Every stage calls it once per block
+        of work (a block of rows, a column chunk, one proof round), so a run ends within about one
+        block's time of its budget whatever V."""
         if self.deadline is not None and time.perf_counter() >= self.deadline:
             raise OutOfTime
+
+    def still_open(self, pos: np.ndarray) -> np.ndarray:
+        """The positions (into ``reps``) among ``pos`` whose token no stage has settled yet."""
+        pos = np.asarray(pos, dtype=np.int64)
+        return pos[self.stage[self.reps[pos]] < 1] if len(pos) else pos
 
     # ------------------------------------------------------------------ settling tokens
     def settle_arg(self, t: int, st: int, m: float) -> None:
@@ -180,6 +202,7 @@ class ScanState:
             if int(self.group[t]) not in self.group_can_tie:      # the group's question is open
                 self.reasons.setdefault(int(t), why)
         self.timings["total"] = time.perf_counter() - self.t0
+        self.cpu["total"] = time.process_time() - self.c0
         d = self.d
         center = torch.zeros(d, dtype=torch.float64) if self.mu is None else torch.from_numpy(self.mu)
         A = torch.zeros(d, 0, dtype=torch.float64) if self.A is None else torch.from_numpy(self.A)
@@ -195,4 +218,4 @@ class ScanState:
             combo_mean=self.combo_mean, reasons=self.reasons, timings=self.timings,
             settled=self.settled, bias_used=self.bn is not None, rank=self.r, n_unique=self.n,
             tol=self.tol, verified_f64=self.verified, interrupted=self.interrupted,
-            budget_s=self.budget_s, cut_short=tuple(self.cut_short))
+            budget_s=self.budget_s, cut_short=tuple(self.cut_short), cpu_s=dict(self.cpu))
