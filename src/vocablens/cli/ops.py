@@ -50,7 +50,8 @@ def score(
     from vocablens.distributed import VocabParallelModel, init_from_env
 
     rank, world = init_from_env()
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, max_memory=max_memory,
+                    quiet=json_ or rank != 0)
     ids = encode_prompt(lm.tokenizer, text, context_length(lm.model.config), special_text=special_text)[0]
     # bits per byte over one span: the bytes of exactly the tokens whose log-probability is summed
     # (ids[1:]; special tokens count with their text)
