@@ -14,9 +14,15 @@ Prints per section its budget, CPU and wall seconds and whether it was cut short
 alone, so on a busy machine one overrun does not skip the rest; CPU time is the contention-free
 figure on a shared machine), or with ``--command`` the whole command's wall and CPU seconds.
 
-Measured on the shared 2-core machine (load average ~25; in-process, budget 150 s): load 7 s,
-neighbours 5.6, PCA 0.2, logit lens 10.8, argmax 42.6 (cut by its 67.5 s budget), value vectors 6.5,
-explain 7.6, settle 41.1 (128 of 256 tokens), page 4.5: 126 CPU seconds in all for two threads.
+Measured on the shared 2-core machine (load average 10-13; in-process, budget 150 s), CPU seconds
+(wall in brackets): load 7.0 (37), neighbours 17.1 (87, budget 3), PCA 0.3, logit lens 4.8 (24),
+argmax 14.5 (75.6 for a 67.5 s budget: cut in its preparation stage at that load, every token
+undecided, none guessed), value vectors 16.0 (62, budget 12), explain 6.8 (25), settle 50.7 (108,
+budget 34; 128 of 256 tokens), page 5.2 (11): 123 CPU seconds in all for two threads. On 2 free
+cores: the argmax section's 67.5 s of wall clock plus 108 CPU-s of the rest (54-108 s wall,
+depending on how well two threads overlap): 2.0-2.9 minutes, within the 3-minute target. The
+argmax section is bounded by wall time (its budget is checked per block in every stage); the
+sections over their share in CPU seconds are neighbours, value vectors and settle.
 
     PYTHONPATH=src python benchmarks/report.py [--dir /tmp/vocablens-qwen05-shape] [--budget 150] [--command]
 """

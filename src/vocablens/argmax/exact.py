@@ -105,8 +105,9 @@ def find_unargmaxable(
             others are covered by the rigorous bound of the exact int8 stage) or ``"all"``
             (float64 re-check of every certificate; 2 V^2 d float64 FLOPs).
         max_rounds: constraint-generation rounds per token before the LP fallback.
-        row_budget_s: wall seconds one row may spend in the proof stage before it is declared
-            undecided (None: no limit).
+        row_budget_s: wall seconds one row's own NNLS rounds may take in the proof stage before it
+            is declared undecided (None: no limit); the products its batch shares are not counted,
+            so a busy machine does not turn a slow batch into undecided rows.
         time_budget_s: wall seconds for the whole run (None: no limit). When it runs out the
             tokens not yet decided are ``undecided`` with reason ``"budget"`` (never a guessed
             verdict) and :attr:`ArgmaxResult.cut_short` names the stages cut short.
