@@ -4,7 +4,8 @@ For hidden states of S stacked layers ``hidden [S, N, d]`` (the lens states of o
 layers) and one reference distribution per token, given by its logits ``reference [N, V]`` (the
 model's own output), the lens distribution is ``q = softmax(softcap(scale · (h Wᵀ + b)))``. Tokens are
 processed in chunks: one GEMM writes the logits of all S layers of a chunk (``rows = S · n`` rows)
-into a reused float32 buffer, and every statistic is read off that buffer before the next chunk.
+into a reused float32 buffer; every statistic is read off it in cache-sized row blocks (one CPU
+thread per block range, :func:`vocablens.ops.chunking.run_blocks`) before the next chunk.
 
 * :func:`kl_readout` (forward only): per (layer, token) KL(reference ‖ q), the logsumexp, and on
   request the entropy, the top-k, the log-probability and rank of a target token, and
