@@ -106,3 +106,34 @@ def test_bad_arguments_are_named():
         linear_kl(H, W, ref, torch.zeros(7, dtype=torch.long))
     with pytest.raises(BadInput, match="softcap"):
         kl_readout(H, W, ref, softcap=-1.0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_readout_cache_blocks_threads_and_far_tail_equal_float64(threads):
+    """Row blocks of the statistics pass (block-maxima top-k, V a multiple of 64), pair blocks of 8
+    tokens across chunks, one or two worker threads, and logits spread over ~1000 nats (exp's input
+    floored at -87 where the far tail would underflow) all give the float64 values."""
+    H, W, b, ref = _case(S=3, N=21, d=16, V=64 * 40, seed=3, wscale=12.0)
+    t = torch.arange(21) * 101
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        outs = [kl_readout(H, W, ref, bias=b, targets=t, rank=True, top_k=3, entropy=True, max_abs_dp=True, **kw)
+                for kw in ({}, {"chunk_rows": 7})]
+    finally:
+        torch.set_num_threads(old)
+    z, lq, lp = _ref64(H, W, b, ref, 1.0, None)
+    assert float((z.amax(-1, keepdim=True) - z).amax()) > 300  # the underflow regime
+    for r in outs:
+        torch.testing.assert_close(r.kl.double(), (lp.exp() * (lp - lq)).sum(-1), rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(r.lse.double(), torch.logsumexp(z, -1), rtol=1e-6, atol=1e-4)
+        torch.testing.assert_close(r.entropy.double(), -(lq.exp() * lq).sum(-1), rtol=1e-4, atol=1e-6)
+        tv, ti = torch.topk(lq, 3, -1)
+        torch.testing.assert_close(r.topk_logprobs.double(), tv, rtol=1e-5, atol=1e-4)
+        assert torch.equal(r.topk_ids, ti)
+        torch.testing.assert_close(r.target_logprob.double(), lq[..., t].diagonal(dim1=1, dim2=2), rtol=1e-5, atol=1e-4)
+        zt = z.gather(2, t.view(1, -1, 1).expand(3, -1, 1))
+        assert torch.equal(r.target_rank, (z > zt).sum(-1))
+        torch.testing.assert_close(r.max_abs_dp.double(), (lq.exp() - lp.exp()).abs().amax(-1), rtol=1e-4, atol=1e-6)
+    for f in ("kl", "lse", "entropy", "topk_logprobs", "target_logprob"):  # chunking changes no value
+        torch.testing.assert_close(getattr(outs[0], f), getattr(outs[1], f), rtol=1e-5, atol=1e-4)

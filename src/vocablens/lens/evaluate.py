@@ -81,7 +81,7 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
         rows: [N, T] int64 held-out token chunks.
         n_bytes: UTF-8 bytes of the text predicted (the tokens at positions 1..T-1 of each row), for
             bits per byte; 0 = unknown.
-        chunk_rows: (layer, token) rows per LM-head GEMM (default: a 48 MiB float32 buffer, :data:`vocablens.ops.kl.DEFAULT_CHUNK_BYTES`).
+        chunk_rows: (layer, token) rows per LM-head GEMM (default: a 96 MiB float32 buffer, :data:`vocablens.ops.kl.READOUT_CHUNK_BYTES`).
         real_vocab_only: top-1 agreement over real tokens only (padding rows excluded).
         on_row: called as ``on_row(done, total)`` after each row (progress; this rank's rows).
         split_ranks: under an initialised process group of W > 1 ranks (torchrun), each rank scores its

@@ -4,7 +4,8 @@ For hidden states of S stacked layers ``hidden [S, N, d]`` (the lens states of o
 layers) and one reference distribution per token, given by its logits ``reference [N, V]`` (the
 model's own output), the lens distribution is ``q = softmax(softcap(scale · (h Wᵀ + b)))``. Tokens are
 processed in chunks: one GEMM writes the logits of all S layers of a chunk (``rows = S · n`` rows)
-into a reused float32 buffer, and every statistic is read off that buffer before the next chunk.
+into a reused float32 buffer; every statistic is read off it in cache-sized row blocks (one CPU
+thread per block range, :func:`vocablens.ops.chunking.run_blocks`) before the next chunk.
 
 * :func:`kl_readout` (forward only): per (layer, token) KL(reference ‖ q), the logsumexp, and on
   request the entropy, the top-k, the log-probability and rank of a target token, and
@@ -31,6 +32,7 @@ import torch
 from vocablens.errors import BadInput, ShapeMismatch
 from vocablens.logit_transform import check_transform, transform_logits, transform_logits_backward
 from vocablens.ops._checks import check_float, check_ids
+from vocablens.ops.chunking import run_blocks
 from vocablens.ops.topk import topk_by_blocks
 
 #: default budget of one [rows, V] float32 buffer, bytes (two such buffers are live per chunk): 256
@@ -205,22 +207,29 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
     dev = H.device
     f32 = dict(dtype=torch.float32, device=dev)
     zbuf = torch.empty(n_tok * S * V, **f32)
-    ebuf = torch.empty(STATS_ROWS * V, **f32)
-    pbuf = torch.empty(PAIR_TOKENS * V, **f32)
     o = _ReadoutRows(N * S, top_k, targets is not None, rank, entropy, max_abs_dp, dev)
     plogp = torch.empty(N, **f32)
+
+    def stats(a: int, z: torch.Tensor, blocks: list[tuple[int, int, int]]) -> None:
+        """Statistics of the chunk's row blocks (r0, r1, first token of their pair block), in order."""
+        ebuf, pbuf = torch.empty(STATS_ROWS * V, **f32), torch.empty(PAIR_TOKENS * V, **f32)
+        t_ref = None
+        for r0, r1, t0 in blocks:
+            if t0 != t_ref:  # Σ p log p, and the references of this pair block
+                t_ref, t1 = t0, min(N, t0 + PAIR_TOKENS)
+                p, plogp[t0:t1] = _reference_chunk(reference[t0:t1], pbuf)
+                tgt = None if targets is None else targets[t0:t1].repeat_interleave(S)
+            g0, j0 = r0 + a * S, r0 + (a - t0) * S  # global row; row within the pair block
+            _block_stats(z[r0:r1], p, j0, S, ebuf, o, g0, cols, None if tgt is None else tgt[j0: j0 + r1 - r0])
+
     for a in range(0, N, n_tok):
         b = min(N, a + n_tok)
         z = _logits_into(H[:, a:b].transpose(0, 1).reshape((b - a) * S, -1), weight, bias, logit_scale,
                          softcap, zbuf)  # rows are token-major: row j*S + s = token a+j at layer s
-        for t0 in range(a, b, PAIR_TOKENS):  # Σ p log p and Σ p (z - m): one small GEMM per token block
-            t1 = min(b, t0 + PAIR_TOKENS)
-            p, plogp[t0:t1] = _reference_chunk(reference[t0:t1], pbuf)
-            tgt = None if targets is None else targets[t0:t1].repeat_interleave(S)
-            for r0 in range((t0 - a) * S, (t1 - a) * S, STATS_ROWS):
-                r1 = min((t1 - a) * S, r0 + STATS_ROWS)
-                _block_stats(z[r0:r1], p, (r0 + a * S) - t0 * S, S, ebuf, o, r0 + a * S, cols,
-                             None if tgt is None else tgt[r0 - (t0 - a) * S: r1 - (t0 - a) * S])
+        blocks = [(r0, min((t1 - a) * S, r0 + STATS_ROWS), t0)  # no block straddles two pair blocks
+                  for t0 in range(a, b, PAIR_TOKENS) for t1 in [min(b, t0 + PAIR_TOKENS)]
+                  for r0 in range((t0 - a) * S, (t1 - a) * S, STATS_ROWS)]
+        run_blocks(lambda lo, hi, w: stats(a, z, blocks[lo:hi]), len(blocks), dev)
     return o.result(plogp, N, S, two)
 
 
