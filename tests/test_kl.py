@@ -137,3 +137,19 @@ def test_readout_cache_blocks_threads_and_far_tail_equal_float64(threads):
         torch.testing.assert_close(r.max_abs_dp.double(), (lq.exp() - lp.exp()).abs().amax(-1), rtol=1e-4, atol=1e-6)
     for f in ("kl", "lse", "entropy", "topk_logprobs", "target_logprob"):  # chunking changes no value
         torch.testing.assert_close(getattr(outs[0], f), getattr(outs[1], f), rtol=1e-5, atol=1e-4)
+
+
+def test_readout_worker_threads_keep_no_grad_for_inputs_that_require_grad():
+    """The statistics' worker threads run under the caller's grad mode (grad mode is thread-local):
+    a reference and hidden states that require grad (a model's own outputs) read as without grad.
+    Failed before: 'exp(): functions with out=... arguments don't support automatic differentiation'."""
+    H, W, b, ref = _case(S=2, N=40, d=16, V=64 * 8, seed=5, wscale=1.0)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = kl_readout(H.requires_grad_(), W.requires_grad_(), ref.requires_grad_(), bias=b, entropy=True)
+        want = kl_readout(H.detach(), W.detach(), ref.detach(), bias=b, entropy=True)
+    finally:
+        torch.set_num_threads(old)
+    assert not got.kl.requires_grad
+    assert torch.equal(got.kl, want.kl) and torch.equal(got.entropy, want.entropy)

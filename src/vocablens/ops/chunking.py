@@ -263,11 +263,13 @@ def run_blocks(work: Callable[[int, int, int], None], n_jobs: int, device: torch
         work(0, n_jobs, 0)
         return
     threads = torch.get_num_threads()
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()  # thread-local: carry them
 
     def run(w: int) -> None:
         torch.get_num_threads()  # this thread's lazy thread-count init, then one thread for its ops
         torch.set_num_threads(1)
-        work(w * n_jobs // n, (w + 1) * n_jobs // n, w)
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            work(w * n_jobs // n, (w + 1) * n_jobs // n, w)
 
     try:
         with ThreadPoolExecutor(n) as pool:
