@@ -7,6 +7,7 @@ without the plotly library (the report inlines plotly.js once, so it opens with 
 from __future__ import annotations
 
 import html as _html
+import re
 from dataclasses import dataclass
 
 
@@ -37,8 +38,23 @@ def figure_html(fig, div_id: str) -> str:
     return f'<div class="figure" data-figure="{esc(div_id)}">{body}</div>'
 
 
+_NUMBER = re.compile(r"^\s*[+\-−]?(\d[\d,]*(\.\d*)?|\.\d+|nan|inf)(e[+\-]?\d+)?\s*%?\s*$", re.IGNORECASE)
+
+
+def text_columns(rows: list[list]) -> set[int]:
+    """Indices of the columns holding any cell that is not a number (``12``, ``-0.5``, ``+20.7%``,
+    ``2.4e-07``, ``49,152``): tokens and words, which read left-aligned."""
+    return {j for r in rows for j, c in enumerate(r) if not _NUMBER.match(str(c))}
+
+
 def table_html(headers: list[str], rows: list[list], cls: str = "data") -> str:
-    """A plain HTML table; cells are escaped."""
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
+    """A plain HTML table; cells are escaped. Columns of numbers are right-aligned (the stylesheet's
+    default), columns of text get ``class="txt"`` (left-aligned)."""
+    txt = text_columns(rows)
+
+    def cell(tag, j, c):
+        return f'<{tag} class="txt">{esc(c)}</{tag}>' if j in txt else f"<{tag}>{esc(c)}</{tag}>"
+
+    head = "".join(cell("th", j, h) for j, h in enumerate(headers))
+    body = "".join("<tr>" + "".join(cell("td", j, c) for j, c in enumerate(r)) + "</tr>" for r in rows)
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
