@@ -38,13 +38,18 @@ def figure_html(fig, div_id: str) -> str:
     return f'<div class="figure" data-figure="{esc(div_id)}">{body}</div>'
 
 
-_NUMBER = re.compile(r"^\s*[+\-−]?(\d[\d,]*(\.\d*)?|\.\d+|nan|inf)(e[+\-]?\d+)?\s*%?\s*$", re.IGNORECASE)
+_NUMERIC = re.compile(r"^\s*[+\-−]?[\d.]")
 
 
 def text_columns(rows: list[list]) -> set[int]:
-    """Indices of the columns holding any cell that is not a number (``12``, ``-0.5``, ``+20.7%``,
-    ``2.4e-07``, ``49,152``): tokens and words, which read left-aligned."""
-    return {j for r in rows for j, c in enumerate(r) if not _NUMBER.match(str(c))}
+    """Indices of the columns whose cells mostly do not start with a number (tokens, words, ``h4
+    +0.119``), which read left-aligned; a column of numbers, with or without units (``12``, ``-0.5``,
+    ``+20.7%``, ``134,515,008 (134.5 M)``), stays right-aligned."""
+    counts: dict[int, list[int]] = {}
+    for r in rows:
+        for j, c in enumerate(r):
+            counts.setdefault(j, [0, 0])[0 if _NUMERIC.match(str(c)) else 1] += 1
+    return {j for j, (num, text) in counts.items() if text > num}
 
 
 def table_html(headers: list[str], rows: list[list], cls: str = "data") -> str:
