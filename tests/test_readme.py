@@ -1,6 +1,7 @@
 """README's commands run as written: every shown `$ vocablens ...` line parses with the options it
 names, and the quick ones print the numbers README shows."""
 
+import json
 import re
 import shlex
 import subprocess
@@ -56,3 +57,34 @@ def test_readme_anatomy_numbers():
     assert len(shown) >= 8
     for number in shown:
         assert number in r.stdout, number
+
+
+def _shown_lens_rows(command: str) -> dict[int, tuple[float, float, int, list[str]]]:
+    """README's table under ``$ vocablens lens ...``: layer -> (entropy, KL, rank of final, top tokens)."""
+    text = README.read_text(encoding="utf-8")
+    block = text[text.index("$ vocablens " + command):]
+    block = block[: block.index("```")]
+    rows = {}
+    for m in re.finditer(r"^│\s+(\d+) │ (.*?)│\s+([\d.]+) │\s+([\d.]+) │\s+(\d+) │$", block, re.M):
+        rows[int(m.group(1))] = (float(m.group(3)), float(m.group(4)), int(m.group(5)),
+                                 re.findall(r"'(.*?)' \d", m.group(2)))
+    return rows
+
+
+@pytest.mark.parametrize("command", ['lens "The capital of France is" -k 3 --layers 0,10,20,25,28,29,30',
+                                     'lens "The capital of France is" --kind tuned -k 3 --layers 0,20,25,29,30'])
+def test_readme_lens_output_is_what_lens_prints(cli, command):
+    """The lens tables README shows are what `vocablens lens` prints: the same top tokens and ranks,
+    entropy and KL to the last digit shown (within 0.002, or 1e-4 of the value: float32 sums differ
+    in the last places between CPUs and thread counts; KL 106.839 on one install, 106.843 on another)."""
+    argv = shlex.split(command)
+    rows = _shown_lens_rows(command)
+    assert sorted(rows) == [int(x) for x in argv[argv.index("--layers") + 1].split(",")]
+    code, out, err = cli(*argv, "--json")
+    assert code == 0, err
+    got = {ly["layer"]: ly for ly in json.loads(out)["layers"]}
+    for layer, (entropy, kl, rank, tokens) in rows.items():
+        assert got[layer]["top_tokens"] == tokens, layer
+        assert got[layer]["final_top1_rank"] == rank, layer
+        for key, shown in (("entropy", entropy), ("kl_to_final", kl)):
+            assert got[layer][key] == pytest.approx(shown, abs=0.002, rel=1e-4), (layer, key)

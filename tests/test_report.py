@@ -157,6 +157,7 @@ def test_report_renders_in_headless_chromium(cli, report_file):
         pytest.skip("Chromium is not installed: apt-get install -y --no-install-recommends chromium")
     playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
     sync_playwright = playwright.sync_playwright
+    from test_figures import BOXES_JS, layout_problems
 
     if not report_file.exists():
         code, _, err = cli("report", "--out", report_file)
@@ -192,6 +193,9 @@ def test_report_renders_in_headless_chromium(cli, report_file):
             # a drawn plot has many colours; a blank area has one or two
             assert len(colours) > 50 and img.std() > 0.05, fig.get_attribute("data-figure")
             assert fig.query_selector(".main-svg") is not None
+            # no legend over a plot, an axis title, tick labels or another legend; nothing clipped
+            div = fig.query_selector(".plotly-graph-div").get_attribute("id")
+            assert layout_problems(page.evaluate(BOXES_JS, div)) == [], div
         browser.close()
     assert problems == [], problems
     assert requests == [], requests
@@ -213,3 +217,37 @@ def test_final_norm_note_names_the_duplicates():
     assert "&quot;max prob &gt;=&quot; is a probability the token certainly reaches" in html
     assert "&quot;max prob &lt;=&quot; a proven upper bound" in html
     assert argmax_notes(SimpleNamespace(result=SimpleNamespace(verdict=verdict), reach=None)) == ""
+
+
+def test_layer_L_check_is_one_number_whatever_the_positions(smollm2):
+    """The check "layer L vs the model's own output" is read at the prompt's last position alone, so
+    `lens` (last position), `lens --positions all` and the report (every position) print one number."""
+    from vocablens.lens import logit_lens
+
+    ids = smollm2.tokenizer("The capital of France is", return_tensors="pt").input_ids[0]
+    last = [smollm2.borders.n_layers]
+    diffs = {str(p): logit_lens(smollm2.borders, ids, positions=p, k=5, layers=last).model_max_abs_diff
+             for p in ("last", "all")}
+    assert len(set(diffs.values())) == 1, diffs
+    assert f"{diffs['last']:.2e}" == "2.38e-07"  # README's `vocablens lens` example prints this
+
+
+def test_tuned_lens_heatmaps_and_report_tables_show_whitespace(smollm2):
+    """Cells whose top token is a space show ␣ (never an empty-looking cell), position labels keep
+    their leading space as ␣, newlines show as ⏎; token lists in tables are quoted, whitespace
+    visible, in a left-aligned column."""
+    from vocablens.lens.logit import lens_pair
+    from vocablens.lens.tuned import load_for_model
+    from vocablens.render.html import table_html
+    from vocablens.render.tuned import trajectory_figure
+
+    tok = smollm2.tokenizer
+    ids = tok("The capital of France is", return_tensors="pt").input_ids[0]
+    logit, tuned = lens_pair(smollm2.borders, ids, load_for_model(smollm2.borders, "smollm2"))
+    fig = trajectory_figure(logit, tuned, tok, "entropy")
+    cells = [c for trace in fig.data for row in trace.text for c in row]
+    assert cells.count("␣") >= 10 and "⏎" in cells  # ' ' in the logit lens, '\n' in the tuned lens
+    assert all(c.strip() and c == c.strip() and "\\n" not in c for c in cells)
+    assert list(fig.data[0].x) == ["0: The", "1: ␣capital", "2: ␣of", "3: ␣France", "4: ␣is"]
+    html = table_html(["layer", "top tokens", "entropy"], [[0, "'␣is' 1.000, ',' 0.000", "0.000"]])
+    assert html.count('class="txt"') == 2 and "<td>0.000</td>" in html and "<td>0</td>" in html

@@ -188,9 +188,15 @@ def logit_lens(borders: Borders, input_ids: torch.Tensor, positions="last", k: i
             del X_early
         last = kl_readout(X_last, U.weight, ref, max_abs_dp=True, **stats)
         reads[L] = (last, 0)
-        # one number for every caller (CLI, report, server): the check at the prompt's last position
+        # one number for every caller (CLI, report, server): the check at the prompt's last position,
+        # read alone ([1, d]) whatever else was read, as the default `positions="last"` does
         at = (pos == T - 1).nonzero().flatten()
-        diff = float(last.max_abs_dp[0, int(at[0])]) if at.numel() else float("nan")
+        if at.numel() and len(pos) > 1:
+            j = int(at[0])
+            diff = float(kl_readout(X_last[:, j:j + 1], U.weight, ref[j:j + 1], max_abs_dp=True,
+                                    **head).max_abs_dp[0, 0])
+        else:
+            diff = float(last.max_abs_dp[0, 0]) if at.numel() else float("nan")
         out = [LensLayer(layer=ly, top_ids=r.topk_ids[i], top_probs=r.topk_logprobs[i].exp(),
                          entropy=r.entropy[i], kl_to_final=r.kl[i], final_top1_rank=r.target_rank[i],
                          final_top1_prob=r.target_logprob[i].exp())

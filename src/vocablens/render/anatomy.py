@@ -137,6 +137,7 @@ def params_figure(results: Sequence[Anatomy]):
                       xaxis_title="parameters",
                       legend=dict(orientation="h", traceorder="normal", x=0, xanchor="left", y=1.02,
                                   yanchor="bottom"))
+    fig.update_yaxes(ticksuffix="  ")  # a gap between the model's name and its bar
     return fig
 
 

@@ -11,6 +11,12 @@ from vocablens.argmax.result import STAGES, VERDICTS
 from vocablens.argmax.model import ModelArgmax
 from vocablens.models.tokens import token_str, quoted
 from vocablens.render.html import Section, esc, figure_html, table_html
+from vocablens.render.tokens import shown as _shown
+
+
+def shown(token: str | None) -> str:
+    """A token of the tables, quoted with whitespace visible; empty without a tokenizer."""
+    return "" if token is None else _shown(token)
 
 _LIST_MAX = 200
 
@@ -205,16 +211,16 @@ def argmax_section(ma: ModelArgmax, tokenizer=None) -> Section:
     if d["unargmaxable"]:
         parts.append("<h3>Not argmaxable</h3>" + table_html(
             ["id", "token", "residual", "support"],
-            [[x["id"], x["token"], f"{x.get('residual', 0):.2e}", x.get("support", "")] for x in d["unargmaxable"][:_LIST_MAX]]))
+            [[x["id"], shown(x["token"]), f"{x.get('residual', 0):.2e}", x.get("support", "")] for x in d["unargmaxable"][:_LIST_MAX]]))
     if d["duplicates"]:
         parts.append("<h3>Exact duplicates</h3>" + table_html(
             ["ids", "tokens", "can tie for first"],
-            [[", ".join(map(str, g["ids"])), ", ".join(map(str, g["tokens"])), _yes_no(g["can_tie"])]
+            [[", ".join(map(str, g["ids"])), " ".join(shown(t) for t in g["tokens"]), _yes_no(g["can_tie"])]
              for g in d["duplicates"][:_LIST_MAX]]))
     if d["norm"]:
         parts.append(f"<h3>Under the final norm</h3><p>{esc(d['norm_note'])}</p>" + table_html(
             ["id", "token", "argmaxable", "max prob >=", "max prob <="],
-            [[x["id"], x["token"], {True: "yes", False: "no"}.get(x["argmaxable"], "undecided"),
+            [[x["id"], shown(x["token"]), {True: "yes", False: "no"}.get(x["argmaxable"], "undecided"),
               f"{x['p_lower']:.4f}", f"{x['p_upper']:.4f}"] for x in d["norm"]["tokens"]]))
     return Section(id="argmax", title="Argmax geometry", html="\n".join(parts))
 

@@ -7,6 +7,7 @@ without the plotly library (the report inlines plotly.js once, so it opens with 
 from __future__ import annotations
 
 import html as _html
+import re
 from dataclasses import dataclass
 
 
@@ -37,8 +38,28 @@ def figure_html(fig, div_id: str) -> str:
     return f'<div class="figure" data-figure="{esc(div_id)}">{body}</div>'
 
 
+_NUMERIC = re.compile(r"^\s*[+\-−]?[\d.]")
+
+
+def text_columns(rows: list[list]) -> set[int]:
+    """Indices of the columns whose cells mostly do not start with a number (tokens, words, ``h4
+    +0.119``), which read left-aligned; a column of numbers, with or without units (``12``, ``-0.5``,
+    ``+20.7%``, ``134,515,008 (134.5 M)``), stays right-aligned."""
+    counts: dict[int, list[int]] = {}
+    for r in rows:
+        for j, c in enumerate(r):
+            counts.setdefault(j, [0, 0])[0 if _NUMERIC.match(str(c)) else 1] += 1
+    return {j for j, (num, text) in counts.items() if text > num}
+
+
 def table_html(headers: list[str], rows: list[list], cls: str = "data") -> str:
-    """A plain HTML table; cells are escaped."""
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
+    """A plain HTML table; cells are escaped. Columns of numbers are right-aligned (the stylesheet's
+    default), columns of text get ``class="txt"`` (left-aligned)."""
+    txt = text_columns(rows)
+
+    def cell(tag, j, c):
+        return f'<{tag} class="txt">{esc(c)}</{tag}>' if j in txt else f"<{tag}>{esc(c)}</{tag}>"
+
+    head = "".join(cell("th", j, h) for j, h in enumerate(headers))
+    body = "".join("<tr>" + "".join(cell("td", j, c) for j, c in enumerate(r)) + "</tr>" for r in rows)
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'

@@ -80,13 +80,13 @@ def lens_heatmap(res: LensResult, tokenizer, title: str | None = None):
 def lens_section(res: LensResult, tokenizer, prompt: str):
     """Report section: the logit-lens heatmap of the report's prompt and the last position's table."""
     from vocablens.render.html import Section, esc, figure_html, table_html
-    from vocablens.render.tokens import LEGEND, display_token, special_note
+    from vocablens.render.tokens import LEGEND, shown, special_note
 
     last = len(res.positions) - 1
     rows = []
     for ly in res.layers:
         rows.append([ly.layer,
-                     ", ".join(f"{display_token(tokenizer, int(i))} {float(p):.3f}"
+                     ", ".join(f"{shown(token_str(tokenizer, int(i)))} {float(p):.3f}"
                                for i, p in zip(ly.top_ids[last][:5], ly.top_probs[last][:5])),
                      f"{float(ly.entropy[last]):.3f}", f"{float(ly.kl_to_final[last]):.3f}",
                      int(ly.final_top1_rank[last])])

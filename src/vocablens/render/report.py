@@ -28,6 +28,7 @@ table.data{border-collapse:collapse;font-size:13px;margin:8px 0}
 table.data th,table.data td{border:1px solid #dde2ea;padding:4px 8px;text-align:right}
 table.data th{background:#f3f5f9}
 table.data td:first-child,table.data th:first-child{text-align:left}
+table.data td.txt,table.data th.txt{text-align:left}
 .note{color:#5b6478;font-size:13px}
 code,.tok{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;background:#f3f5f9;padding:0 3px;border-radius:3px}
 .figure{margin:8px 0}

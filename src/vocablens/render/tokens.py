@@ -24,6 +24,12 @@ def visible(text: str) -> str:
     return "".join(VISIBLE.get(ch, ch) for ch in text)
 
 
+def shown(text: str) -> str:
+    """A token in a list of tokens: quoted, whitespace visible (``' Paris'`` -> ``'␣Paris'``), so that
+    punctuation tokens (``','``) stay apart from the list's separators."""
+    return f"'{visible(text)}'"
+
+
 def display_token(tokenizer, token_id: int) -> str:
     """One token for a figure or a table: :func:`~vocablens.models.tokens.token_str` with visible
     whitespace (``'␣Paris'``, ``'⏎'``)."""
@@ -53,4 +59,4 @@ def special_note(tokenizer, ids) -> str | None:
             "text); the lens at early layers, before a prediction has formed, often ranks such tokens first.")
 
 
-__all__ = ["VISIBLE", "LEGEND", "visible", "display_token", "display_tokens", "special_note"]
+__all__ = ["VISIBLE", "LEGEND", "visible", "shown", "display_token", "display_tokens", "special_note"]

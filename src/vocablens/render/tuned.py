@@ -130,13 +130,13 @@ def trajectory_figure(logit: LensResult, tuned: LensResult, tokenizer, colour: s
     from plotly.subplots import make_subplots
 
     from vocablens.errors import BadInput
-    from vocablens.models.tokens import token_str
+    from vocablens.render.tokens import display_token
 
     if colour not in COLOURS:
         raise BadInput(f"colour must be one of {', '.join(COLOURS)}; got {colour!r}")
     label, field = COLOURS[colour]
     pos = logit.positions.tolist()
-    xs = [f"{p}:{token_str(tokenizer, int(logit.input_ids[p]))}" for p in pos]
+    xs = [f"{p}: {display_token(tokenizer, int(logit.input_ids[p]))}" for p in pos]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("logit lens", "tuned lens"), horizontal_spacing=0.06)
     zmax = None
     grids = [_grid(logit, field), _grid(tuned, field)]
@@ -146,11 +146,11 @@ def trajectory_figure(logit: LensResult, tuned: LensResult, tokenizer, colour: s
         zmin = 0.0
         zmax = max(max(max(r) for r in g[0]) for g in grids) or 1.0
     for col, (z, top) in enumerate(grids, start=1):
-        text = [[token_str(tokenizer, t) for t in row] for row in top]
+        text = [[display_token(tokenizer, t) for t in row] for row in top]
         fig.add_trace(go.Heatmap(z=z, x=xs, y=[ly.layer for ly in logit.layers], text=text,
                                  texttemplate="%{text}", textfont=dict(size=9), zmin=zmin, zmax=zmax,
                                  colorscale="Viridis" if colour != "final_prob" else "Blues",
-                                 colorbar=dict(title=label) if col == 2 else None, showscale=col == 2,
+                                 colorbar=dict(title=dict(text=label, side="right")) if col == 2 else None, showscale=col == 2,
                                  hovertemplate="layer %{y}, position %{x}<br>top %{text}<br>"
                                                + label + " %{z:.3f}<extra></extra>"), row=1, col=col)
         fig.update_xaxes(tickangle=-45, row=1, col=col)
@@ -177,6 +177,8 @@ def tuned_lens_section(logit: LensResult, tuned: LensResult, tokenizer, lens_inf
     Raises:
         BadInput: an unknown colour.
     """
+    from vocablens.render.tokens import LEGEND, special_note
+
     info = lens_info or {}
     positions = logit.positions.tolist()
     T = int(logit.input_ids.numel())
@@ -184,7 +186,11 @@ def tuned_lens_section(logit: LensResult, tuned: LensResult, tokenizer, lens_inf
              f"{positions[0]}..{positions[-1]}: each cell is one layer (rows, 0 = embedding output, "
              f"{logit.n_layers} = model output) at one position; the text is the lens's top token. "
              f"Left: logit lens; right: tuned lens ({esc(info.get('name') or 'trained')}, "
-             f"{esc(info.get('tokens', '?'))} training tokens).</p>"]
+             f"{esc(info.get('tokens', '?'))} training tokens). {esc(LEGEND)}</p>"]
+    note = special_note(tokenizer, [int(ly.top_ids[p, 0]) for res in (logit, tuned) for ly in res.layers
+                                    for p in range(len(positions))])
+    if note:
+        parts.append(f"<p class='note'>{esc(note)}</p>")
     for c in colours:
         if c not in COLOURS:
             trajectory_figure(logit, tuned, tokenizer, c)  # raises BadInput naming the colours

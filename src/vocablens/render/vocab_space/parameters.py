@@ -7,6 +7,7 @@ from rich.table import Table
 
 from vocablens.models.tokens import quoted, token_str
 from vocablens.render.html import Section, esc, table_html
+from vocablens.render.tokens import LEGEND, shown
 from vocablens.render.vocab_space._fmt import join, rnd, toks
 from vocablens.vocab_space import HeadCircuit, InterpretableVectors, TokenSearch, VectorProjection
 
@@ -139,11 +140,12 @@ def _intro(apply_norm_gain: bool) -> str:
             f"of tokens: what it promotes and what it suppresses (Geva et al. 2022; Dar et al. 2022).")
 
 
-def _vector_rows(res: VectorProjection, tokenizer, n: int, middle: list[str]) -> list[list]:
-    """Table rows ``[block, neuron, middle[j], promotes, suppresses]`` of a projection."""
+def _vector_rows(res: VectorProjection, tokenizer, n: int, middle: list[str], show=quoted) -> list[list]:
+    """Table rows ``[block, neuron, middle[j], promotes, suppresses]`` of a projection (each token
+    through ``show``)."""
     return [[int(res.layers[j]), int(res.neurons[j]), middle[j],
-             " ".join(quoted(x) for x in toks(tokenizer, res.top_ids[j])[:n]),
-             " ".join(quoted(x) for x in toks(tokenizer, res.bottom_ids[j])[:n])] for j in range(len(res.layers))]
+             " ".join(show(x) for x in toks(tokenizer, res.top_ids[j])[:n]),
+             " ".join(show(x) for x in toks(tokenizer, res.bottom_ids[j])[:n])] for j in range(len(res.layers))]
 
 
 def value_vectors_section(res: VectorProjection, tokenizer, n: int = 8, note: str | None = None) -> Section:
@@ -190,12 +192,12 @@ def value_vectors_report_section(searches: list[TokenSearch], tops: VectorProjec
     for s in searches:
         k = len(s.promote_z)
         for j in range(k):
-            rows.append([quoted(token_str(tokenizer, s.token_id)), int(s.promote_layers[j]), int(s.promote_neurons[j]),
+            rows.append([shown(token_str(tokenizer, s.token_id)), int(s.promote_layers[j]), int(s.promote_neurons[j]),
                          f"{float(s.promote_z[j]):.1f}", int(s.promote_ranks[j]),
-                         " ".join(quoted(x) for x in toks(tokenizer, tops.top_ids[off + j])[:n])])
+                         " ".join(shown(x) for x in toks(tokenizer, tops.top_ids[off + j])[:n])])
         off += k + len(s.suppress_z)
-    irows = _vector_rows(interp.vectors, tokenizer, n, [f"{z:.1f}" for z in interp.top_z.tolist()])
-    html = (f"<p>{_intro(interp.vectors.apply_norm_gain)}</p>"
+    irows = _vector_rows(interp.vectors, tokenizer, n, [f"{z:.1f}" for z in interp.top_z.tolist()], shown)
+    html = (f"<p>{_intro(interp.vectors.apply_norm_gain)} {esc(LEGEND)}</p>"
             f"<p>The value vectors that most single out each probe token, ranked by the {esc(searches[0].criterion)}; "
             f"rank is the target's place among the vector's own logits (0 = its top token):</p>"
             + table_html(["target", "block", "neuron", "z", "rank", "the vector promotes"], rows)

@@ -8,6 +8,7 @@ from rich.table import Table
 from vocablens.files import atomic_path
 from vocablens.models.tokens import quoted, token_str
 from vocablens.render.html import Section, esc, figure_html, table_html
+from vocablens.render.tokens import LEGEND, shown
 from vocablens.render.vocab_space._fmt import join, rnd, toks
 from vocablens.vocab_space import Explanation, SettleResult
 
@@ -222,15 +223,15 @@ def explanation_section(e: Explanation, tokenizer, prompt: str | None = None) ->
         h = int(ly.head_dla.abs().argmax())
         rows.append([ly.layer, f"{ly.attn_dlogprob_top1:+.3f}", f"{ly.mlp_dlogprob_top1:+.3f}",
                      f"{ly.attn_dla:+.3f}", f"h{h} {float(ly.head_dla[h]):+.3f}", f"{ly.mlp_dla:+.3f}",
-                     " ".join(quoted(t) for t in toks(tokenizer, ly.mlp_top_ids)[:4])])
+                     " ".join(shown(t) for t in toks(tokenizer, ly.mlp_top_ids)[:4])])
     subs = sorted((x for ly in e.layers for x in ly.sub_updates), key=lambda x: -abs(x.dla))[:10]
     srows = [[x.layer, x.neuron, f"{x.activation:+.3f}", f"{x.dla:+.3f}",
-              " ".join(quoted(t) for t in toks(tokenizer, x.top_ids)[:5])] for x in subs]
+              " ".join(shown(t) for t in toks(tokenizer, x.top_ids)[:5])] for x in subs]
     head = f"<p>Prompt: <code>{esc(prompt)}</code>. " if prompt else "<p>"
-    html = (head + f"The model's top-1 is <code>{esc(quoted(token_str(tokenizer, e.top1)))}</code> "
+    html = (head + f"The model's top-1 is <code>{esc(shown(token_str(tokenizer, e.top1)))}</code> "
             f"(log p = {e.top1_logprob:.3f}). Per layer: the change in the logit-lens log-probability of the "
             f"top-1 when the attention and then the FFN update are added, and direct logit attribution (DLA) to "
-            f"logit[{esc(quoted(tgt))}] − logit[{esc(quoted(con))}]. The contributions sum to "
+            f"logit[{esc(shown(tgt))}] − logit[{esc(shown(con))}]. {esc(LEGEND)} The contributions sum to "
             f"{e.logit_diff_sum:.4f}; the model's logit difference is {e.logit_diff_model:.4f}. "
             f"Approximation: {esc(e.approximation)}.</p>"
             + table_html(["layer", "Δlogp attn", "Δlogp mlp", "DLA attn", "top head", "DLA mlp", "mlp promotes"], rows)
