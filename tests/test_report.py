@@ -251,3 +251,21 @@ def test_tuned_lens_heatmaps_and_report_tables_show_whitespace(smollm2):
     assert list(fig.data[0].x) == ["0: The", "1: ␣capital", "2: ␣of", "3: ␣France", "4: ␣is"]
     html = table_html(["layer", "top tokens", "entropy"], [[0, "'␣is' 1.000, ',' 0.000", "0.000"]])
     assert html.count('class="txt"') == 2 and "<td>0.000</td>" in html and "<td>0</td>" in html
+
+
+def test_report_skips_pca_when_too_few_words_are_single_tokens(tmp_path, capsys):
+    """A small vocabulary (none of the PCA words is one token): the PCA section is skipped with a
+    note and the page is still written. Failed before: 'only 0 of the words are single tokens; PCA
+    needs at least 4', exit 2, no page."""
+    from tiny_dirs import run_cli, save_tiny, tiny_tokenizer
+
+    model = save_tiny(tmp_path / "model", tiny_tokenizer())
+    out = tmp_path / "r.html"
+    code, stdout, stderr = run_cli(capsys, "report", "-m", model, "--out", out, "--budget", "5", "--json")
+    assert code == 0, stderr
+    import json
+
+    d = json.loads(stdout)
+    page = out.read_text(encoding="utf-8")
+    assert "PCA needs at least 4" in page and "skipped" in page
+    assert "pca" not in d.get("cut_short", {})

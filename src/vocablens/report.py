@@ -182,9 +182,13 @@ def _neighbors(ctx, plan, run):
 
 
 def _pca(ctx, plan, run):
+    from vocablens.errors import BadInput
     from vocablens.geometry import word_pca
 
-    run.result = word_pca(ctx["borders"], ctx["tokenizer"])
+    try:
+        run.result = word_pca(ctx["borders"], ctx["tokenizer"])
+    except BadInput as exc:  # a small vocabulary: too few of the words are single tokens
+        run.note = f"skipped: {exc}"
 
 
 def _lens(ctx, plan, run):
@@ -234,6 +238,9 @@ def _value_vectors(ctx, plan, run):
 
     borders, tok = ctx["borders"], ctx["tokenizer"]
     probes = [q for q in PROBE_TOKENS if len(tok(q, add_special_tokens=False).input_ids) == 1]
+    if not probes:  # a small vocabulary
+        run.note = f"skipped: none of the probe words ({', '.join(map(repr, PROBE_TOKENS))}) is a single token"
+        return
     found = vs.search_tokens(borders, [tok(q, add_special_tokens=False).input_ids[0] for q in probes], k=1)
     layers, neurons = [], []
     for s in found:  # the order the report's table reads them: per search, promote rows then suppress rows

@@ -146,6 +146,31 @@ def status(msg: str, quiet: bool = False):
         yield
 
 
+class count_bar:
+    """A rich progress bar with ETA on stderr over ``total`` units (nothing when quiet); entering gives
+    ``tick(done)``, which sets how many units are done."""
+
+    def __init__(self, quiet: bool, total: int, label: str, unit: str = "rows") -> None:
+        self.quiet, self.total, self.label, self.unit, self.bar, self.task = quiet, total, label, unit, None, None
+
+    def __enter__(self):
+        if self.quiet:
+            return lambda done: None
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        self.bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TextColumn(self.unit),
+                            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err)
+        self.bar.start()
+        self.task = self.bar.add_task(self.label, total=self.total)
+        return lambda done: self.bar.update(self.task, completed=done)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
+
+
 def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = False, quiet: bool = False,
                borders_only: bool = False, matrices_only: bool = False, blocks=None, max_memory: str = "",
                value_vectors: bool = False, device: str = "cpu"):

@@ -102,7 +102,8 @@ def trim(
     out_path = check_out(out_dir, force)
     if not corpus and not token_list:
         raise BadInput("give --corpus F (or --token-list F): the tokens to keep")
-    texts = [d.text for d in load_documents(corpus, max_docs=max_docs or None)] if corpus else []
+    with status(f"reading the corpus {corpus} ...", quiet=json_ or not corpus):
+        texts = [d.text for d in load_documents(corpus, max_docs=max_docs or None)] if corpus else []
     token_lines = _read_lines(token_list) if token_list else []
     lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
     with status("trimming the vocabulary ...", quiet=json_):

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, emit_json, err, load_model, out
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, count_bar, emit_json, err, load_model, out
 from vocablens.cli.core import lens_app
 from vocablens.errors import BadInput, OutputExists
 
@@ -207,29 +207,6 @@ class _progress:
         return False
 
 
-class _rows_bar:
-    """A rich progress bar with ETA on stderr for evaluation rows (nothing when quiet)."""
-
-    def __init__(self, quiet: bool, total: int, label: str) -> None:
-        self.quiet, self.total, self.label, self.bar, self.task = quiet, total, label, None, None
-
-    def __enter__(self):
-        if self.quiet:
-            return None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        self.bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
-                            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err)
-        self.bar.start()
-        self.task = self.bar.add_task(self.label, total=self.total)
-        return lambda done, total: self.bar.update(self.task, completed=done)
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-        return False
-
-
 @lens_app.command("eval")
 def lens_eval(
     model: ModelOpt = "smollm2",
@@ -302,8 +279,10 @@ def lens_eval(
         err.print(f"[dim]scoring {rows.numel()} tokens of {name} ({split}) at {lm.borders.n_layers + 1} layers, "
                   f"both lenses[/dim]", soft_wrap=True)
     start, stop = share(int(rows.shape[0]))
-    with _rows_bar(quiet, stop - start, "lens eval") as on_row:
-        res = evaluate(lm.borders, lens, rows, n_bytes=text_bytes(lm.tokenizer, rows), on_row=on_row)
+    T = int(rows.shape[1])
+    with count_bar(quiet, (stop - start) * T, "lens eval", "tokens") as tick:
+        res = evaluate(lm.borders, lens, rows, n_bytes=text_bytes(lm.tokenizer, rows),
+                       on_row=lambda done, total: tick(done * T))
     if rank != 0:
         return
     d = res.to_dict()

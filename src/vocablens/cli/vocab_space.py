@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from vocablens.cli.common import (
-    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out, parse_int_list,
+    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, count_bar, emit_json, err, load_model, out, parse_int_list,
 )
 from vocablens.errors import BadInput, OutputExists, TokenNotInVocabulary
 
@@ -244,15 +244,23 @@ def settle_cmd(
     load_documents(corpus, max_docs=1)  # fail early on a missing corpus, before loading the model
     from vocablens.distributed import init_from_env
 
-    rank, _ = init_from_env()  # under torchrun: batches split over ranks, rank 0 prints
+    rank, world = init_from_env()  # under torchrun: batches split over ranks, rank 0 prints
     quiet = json_ or rank != 0
     lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=quiet)
     rows = _corpus_rows(corpus, lm.tokenizer, seq_len, max_tokens)
     translator = load_translator(lm.borders, model, tuned_path) if lens == "tuned" else None
-    if not quiet:
-        err.print(f"[dim]reading {rows.numel()} tokens ({rows.shape[0]} rows of {seq_len}) ...[/dim]")
-    res = vs.settle(lm.borders, [rows[i:i + batch] for i in range(0, len(rows), batch)], thresholds=ths,
-                    translator=translator, min_layer=min_layer)
+    batches = [rows[i:i + batch] for i in range(0, len(rows), batch)]
+    with count_bar(quiet or world > 1, rows.numel(), "settle", "tokens") as tick:
+
+        def ticking():  # one process: the bar advances as settle reads each batch
+            done = 0
+            for b in batches:
+                yield b
+                done += b.numel()
+                tick(done)
+
+        res = vs.settle(lm.borders, batches if world > 1 else ticking(), thresholds=ths,
+                        translator=translator, min_layer=min_layer)
     if rank != 0:
         return
     if plot is not None:
