@@ -189,3 +189,25 @@ def test_expand_output_read_back_truncated(files, capsys, tmp_path):
     for argv in (["score", "hello"], ["neighbors", " zzq"]):
         line = _one_error_line(*_run(capsys, *argv, "-m", out))
         assert str(out / "model.safetensors") in line and "again" in line, line
+
+
+def test_gguf_cache_key_follows_content_not_location(tmp_path, monkeypatch):
+    """The same GGUF file elsewhere (a fresh virtual environment, a copy with a new mtime) maps to the
+    same cache entry; one changed byte of tensor data maps to another. Before, the key held the path
+    and mtime, so each new environment converted again and left a second 0.5 GB entry."""
+    import shutil
+
+    from tiny_dirs import save_tiny_gguf, tiny_tokenizer
+    from vocablens.models.gguf_cache import cache_dir
+
+    monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "a").mkdir()
+    a = save_tiny_gguf(tmp_path / "a" / "tiny.gguf", tiny_tokenizer())
+    (tmp_path / "b").mkdir()
+    b = tmp_path / "b" / "tiny.gguf"
+    shutil.copyfile(a, b)  # a new path and a new mtime
+    assert cache_dir(a) == cache_dir(b)
+    data = bytearray(b.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    b.write_bytes(bytes(data))
+    assert cache_dir(a) != cache_dir(b)

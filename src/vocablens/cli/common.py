@@ -203,7 +203,10 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
     os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF dequantization bar; we show our own
     _quiet_libraries()
     t0 = time.perf_counter()
-    with status(f"loading {spec} ...", quiet=quiet):
+    first = _first_gguf_load(spec)
+    what = (f"loading {spec} (first load of {first}: dequantizing it to a float32 cache, once; about a "
+            f"minute per 100M parameters, later loads take seconds) ..." if first else f"loading {spec} ...")
+    with status(what, quiet=quiet):
         partial = borders_only or matrices_only or bool(max_memory)  # these loaders read onto the CPU
         dev = resolve_device(device)
         if max_memory and dev != "cpu":
@@ -216,6 +219,19 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
     if not quiet:
         err.print(f"[dim]loaded {lm.provenance.describe()} in {time.perf_counter() - t0:.1f} s[/dim]")
     return lm
+
+
+def _first_gguf_load(spec: str) -> str | None:
+    """The GGUF file's name when loading ``spec`` will dequantize it (no cache entry yet), else None."""
+    from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
+    from vocablens.models.spec import resolve_spec
+
+    try:
+        kind, path, _ = resolve_spec(spec)
+        cdir = cache_dir(path) if kind == "gguf" else None
+    except (VocabLensError, OSError):
+        return None  # the load itself says what is wrong
+    return path.name if cdir is not None and not (cdir / CACHE_MARK).is_file() else None
 
 
 def _borders_to(lm, device: str):

@@ -1,8 +1,8 @@
 """The cache of dequantized GGUF models: a float32 safetensors directory per GGUF file version.
 
 Dequantizing a GGUF file with transformers takes seconds to minutes; the result is saved once under
-:func:`cache_root` (``gguf/<stem>-<hash>``, the hash over the file's path, size, mtime and the
-vocablens and transformers versions) and loaded from there next time in about a second. The
+:func:`cache_root` (``gguf/<stem>-<hash>``, the hash over the file's content identity (:func:`file_identity`)
+and the vocablens and transformers versions) and loaded from there next time in about a second. The
 directory is written through :func:`vocablens.files.atomic_dir`, so a reader never sees half of it.
 Disk: about 4 bytes per parameter (SmolLM2-135M: 0.54 GB).
 """
@@ -41,10 +41,25 @@ def cache_dir(path: Path) -> Path | None:
     root = cache_root()
     if root is None:
         return None
-    st = path.stat()
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{__version__}|{transformers.__version__}"
+    key = f"{file_identity(path)}|{__version__}|{transformers.__version__}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return root / "gguf" / f"{path.stem}-{digest}"
+
+
+def file_identity(path: Path, sample: int = 1 << 20) -> str:
+    """What names one GGUF file's content, read in milliseconds: its name, its size and the SHA-256 of
+    its first, middle and last ``sample`` bytes (the header with all metadata, and tensor data).
+
+    Not its location or mtime: the same file installed again (a fresh virtual environment, a copy)
+    finds its cache entry instead of writing a second one.
+    """
+    size = path.stat().st_size
+    h = hashlib.sha256(f"{path.name}|{size}".encode())
+    with open(path, "rb") as f:
+        for start in sorted({0, max(0, size // 2 - sample // 2), max(0, size - sample)}):
+            f.seek(start)
+            h.update(f.read(sample))
+    return h.hexdigest()
 
 
 def read_cache(cdir: Path | None, spec: str, dtype):

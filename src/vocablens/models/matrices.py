@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from vocablens.errors import BadInput
+from vocablens.errors import BadInput, CorruptModelFile
 
 _EMB_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight",
                  "tok_embeddings.weight")
@@ -145,6 +145,7 @@ def load_matrices_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_re
     from vocablens.models.lazy import _read_tensors, _shard_files, _source_dir, load_borders_only
     from vocablens.models.loading import LoadedModel
     from vocablens.models.provenance import Provenance
+    from vocablens.models.spec import diagnose_dir, file_errors
 
     d, prov = _source_dir(str(spec))
     files = _shard_files(d)
@@ -159,6 +160,10 @@ def load_matrices_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_re
     if W_E.dim() != 2 or (head_key and tuple(ts[head_key].shape) != tuple(W_E.shape)):
         return load_borders_only(spec, dtype=dtype, trust_remote_code=trust_remote_code)
     V, dm = W_E.shape
+    if any(isinstance(getattr(config, k, None), int) and getattr(config, k) != dm
+           for k in ("hidden_size", "n_embd", "d_model")) and not hasattr(config, "embedding_size"):
+        # the config disagrees with the weights: the borders-only load names the tensor and both shapes
+        return load_borders_only(spec, dtype=dtype, trust_remote_code=trust_remote_code)
     # modules around the tensors as they are (a meta-device init would import torch's meta kernels: ~70 MB)
     emb = nn.Embedding.from_pretrained(W_E, freeze=True)
     emb.register_buffer("embed_scale", torch.empty((), device="meta"), persistent=False)  # unknown here
@@ -170,7 +175,11 @@ def load_matrices_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_re
     if n_layers < 1:
         return load_borders_only(spec, dtype=dtype, trust_remote_code=trust_remote_code)
     model = MatricesOnly(config, emb, head, n_layers).eval()
-    tok = light_tokenizer(d, trust_remote_code)
+    try:
+        tok = light_tokenizer(d, trust_remote_code)
+    except file_errors() as e:
+        raise CorruptModelFile(diagnose_dir(d, shapes=False) or f"cannot read the tokenizer in {d}: "
+                               f"{str(e).splitlines()[0]}") from None
     prov = Provenance(**{**prov.__dict__, "dtype": str(W_E.dtype).replace("torch.", "")})
     return LoadedModel(model, tok, Borders.from_model(model, tokenizer=tok), prov)
 
