@@ -98,7 +98,7 @@ def test_argmax_section_passes_its_budget_and_says_what_is_undecided(smollm2, mo
 
     class Fake:
         def __init__(self, V):
-            self.result = type("R", (), {"verdict": torch.zeros(V, dtype=torch.int8)})()
+            self.result = type("R", (), {"verdict": torch.zeros(V, dtype=torch.int8), "cut_short": ("proof",)})()
             self.result.verdict[:7] = A.UNDECIDED
 
     def fake(borders, progress=None, time_budget_s=None, **kw):
@@ -113,7 +113,7 @@ def test_argmax_section_passes_its_budget_and_says_what_is_undecided(smollm2, mo
     assert seen["budget"] == pytest.approx(45.0)
     why = run.cut_short["argmax"]
     assert why.startswith("7 tokens left undecided within the 45 s budget")
-    assert "`vocablens argmax --model smollm2`" in why
+    assert "`vocablens argmax --model smollm2`" in why and "proof" in why  # names the stages cut
     assert lines[0] == ("tokens that can never win (argmax geometry)", 0.0, pytest.approx(45.0))
     assert ("tokens that can never win (argmax geometry): gemm 1/2", 0.0, pytest.approx(45.0)) in lines
     assert lines[-1][0] == "done" and lines[-1][1] == pytest.approx(45.0)
