@@ -114,3 +114,42 @@ def test_import_vocablens_is_lazy_and_exposes_entry_points():
     for name in ("load", "logit_lens", "TunedLens", "nearest_neighbors", "find_unargmaxable", "token_logprobs",
                  "linear_cross_entropy", "expand_vocab", "explain", "Unembedding"):
         assert name in vocablens.__all__ and callable(getattr(vocablens, name))
+
+
+def test_under_torchrun_only_rank_0_speaks(monkeypatch, capsys):
+    """Under torchrun a command that does not split over processes runs on rank 0 alone (with a note),
+    and an error is printed once, by rank 0. Failed before: `torchrun --nproc-per-node 2 -m vocablens
+    neighbors ' king'` printed every table twice, and a bad argument printed its error line twice."""
+    from vocablens.cli.common import run_app
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert run_app(["anatomy", "smollm2", "--json"]) == 0  # rank 1: nothing run, nothing printed
+    assert capsys.readouterr() == ("", "")
+    assert run_app(["score", "   "]) == 2  # a command that splits: same exit code on every rank ...
+    assert capsys.readouterr() == ("", "")  # ... but only rank 0 prints the line
+    monkeypatch.setenv("RANK", "0")
+    assert run_app(["anatomy", "smollm2", "--json"]) == 0
+    o, e = capsys.readouterr()
+    assert json.loads(o)["vocab_size"] == 49152 and "does not split over processes; rank 0 runs it alone" in e
+    assert run_app(["score", "   "]) == 2
+    assert capsys.readouterr().err.count("error:") == 1
+
+
+def test_empty_device_is_an_error(capsys):
+    from vocablens.cli.common import run_app
+
+    assert run_app(["score", "hi", "--device", ""]) == 2
+    assert capsys.readouterr().err.strip() == "error: --device is empty; use cpu, cuda, cuda:N or mps"
+
+
+def test_max_memory_is_refused_under_torchrun_before_loading(monkeypatch, capsys):
+    """`torchrun ... score --max-memory 200MB` failed after loading with 'the vocab-parallel model needs
+    the whole model (it was loaded with its borders only)'; now one line before anything loads."""
+    import vocablens.distributed as D
+    from vocablens.cli.common import run_app
+
+    monkeypatch.setattr(D, "init_from_env", lambda device="cpu": (0, 2))
+    assert run_app(["score", "hi", "--max-memory", "200MB", "--model", "/nonexistent/model"]) == 2
+    e = capsys.readouterr().err
+    assert e.count("\n") == 1 and "--max-memory does not run under torchrun" in e

@@ -57,6 +57,8 @@ def resolve_device(text: str | None) -> str:
     """
     import torch
 
+    if text is not None and not str(text).strip():
+        raise BadInput("--device is empty; use cpu, cuda, cuda:N or mps")
     raw = (text or "cpu").strip()
     try:
         dev = torch.device(raw.lower())
@@ -280,6 +282,22 @@ def fail(message: str) -> None:
     raise VocabLensError(message)
 
 
+#: commands that split their work over torchrun ranks (the others run on rank 0 alone)
+DISTRIBUTED = {("argmax",), ("lens", "eval"), ("lens", "train"), ("settle",), ("score",), ("generate",)}
+
+
+def _torchrun_rank() -> int | None:
+    """This process's rank under torchrun (``WORLD_SIZE`` > 1), else None."""
+    try:
+        return int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    except ValueError:
+        return None
+
+
+def _splits_over_ranks(words: list[str]) -> bool:
+    return (words[0],) in DISTRIBUTED or tuple(words[:2]) in DISTRIBUTED
+
+
 def run_app(argv: list[str] | None = None) -> int:
     """Run the typer app; VocabLensError -> one line on stderr, exit code 2, no traceback."""
     import warnings
@@ -293,6 +311,15 @@ def run_app(argv: list[str] | None = None) -> int:
             previous(message, category, filename, lineno, file, line)
 
     previous, warnings.showwarning = warnings.showwarning, show_note
+    rank = _torchrun_rank()
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")][:2]
+    if rank is not None and words and not _splits_over_ranks(words):
+        if rank != 0:
+            return 0  # a command that does not split over processes: rank 0 runs it alone
+        err.print(f"[dim]note: `vocablens {words[0]}` does not split over processes; rank 0 runs it alone[/dim]")
+    was_quiet = err.quiet
+    if rank:  # under torchrun only rank 0 speaks: every rank raises the same error
+        err.quiet = True
     try:
         code = app(args=argv, prog_name="vocablens", standalone_mode=False)
         return code if isinstance(code, int) else 0
@@ -329,3 +356,4 @@ def run_app(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
         warnings.showwarning = previous
+        err.quiet = was_quiet

@@ -50,6 +50,9 @@ def score(
     from vocablens.distributed import VocabParallelModel, init_from_env
 
     rank, world = init_from_env()
+    if world > 1 and max_memory:
+        raise BadInput("--max-memory does not run under torchrun (the ranks split the LM head of a whole "
+                       "model); run it in one process")
     lm = load_model(model, trust_remote_code=trust_remote_code, device=device, max_memory=max_memory,
                     quiet=json_ or rank != 0)
     ids = encode_prompt(lm.tokenizer, text, context_length(lm.model.config), special_text=special_text)[0]
