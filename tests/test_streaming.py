@@ -78,3 +78,13 @@ def test_cli_score_with_max_memory_equals_normal(tmp_path, capsys):
         outs.append(json.loads(capsys.readouterr().out))
     assert outs[0]["tokens"] == outs[1]["tokens"] and outs[0]["total_logprob"] == outs[1]["total_logprob"]
     assert run_app(["score", "t3 t9", "--model", str(tmp_path), "--max-memory", "lots"]) == 2
+
+
+def test_bad_max_memory_is_one_line_before_loading(capsys):
+    """`score hi --max-memory abc` printed 'loading smollm2 ...' before its error: now one line."""
+    from vocablens.cli.common import run_app
+
+    for bad in ("abc", "0", "-5MB"):
+        assert run_app(["score", "hi", "--max-memory", bad]) == 2
+        e = capsys.readouterr().err
+        assert e.count("\n") == 1 and e.startswith("error:") and "loading" not in e, e

@@ -205,6 +205,10 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
     os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF dequantization bar; we show our own
     _quiet_libraries()
     t0 = time.perf_counter()
+    if max_memory:  # a bad size is one line, before anything loads
+        from vocablens.models.streaming import parse_bytes
+
+        parse_bytes(max_memory)
     first = _first_gguf_load(spec)
     what = (f"loading {spec} (first load of {first}: dequantizing it to a float32 cache, once; about a "
             f"minute per 100M parameters, later loads take seconds) ..." if first else f"loading {spec} ...")
