@@ -343,3 +343,9 @@ def test_parse_int_list():
     assert parse_int_list("", "--layers") == [] and parse_int_list(None, "--layers") == []
     with pytest.raises(BadInput, match="--layers takes comma-separated integers; got '1,x'"):
         parse_int_list("1,x", "--layers")
+
+
+def test_missing_gguf_file_says_no_such_file(capsys):
+    """`anatomy nope.gguf` said "'nope.gguf' is not a config file, model directory, .gguf file ..."."""
+    assert run_app(["anatomy", "nope.gguf"]) == 2
+    assert "error: no such GGUF file: nope.gguf" in capsys.readouterr().err

@@ -87,6 +87,8 @@ def resolve_config(spec: str | os.PathLike) -> tuple[Any, int | None, str]:
         else:
             cfg = load_config(spec)
     except ModelNotFound:
+        if p.suffix == ".gguf":
+            raise  # a named file: resolve_spec's own line says it is missing ("no such GGUF file: ...")
         raise ModelNotFound(f"{spec!r} is not a config file, model directory, .gguf file, cached hub id "
                             f"or a catalogue model ({catalogue_names()})") from None
     if kind == "json":
