@@ -153,3 +153,14 @@ def test_max_memory_is_refused_under_torchrun_before_loading(monkeypatch, capsys
     assert run_app(["score", "hi", "--max-memory", "200MB", "--model", "/nonexistent/model"]) == 2
     e = capsys.readouterr().err
     assert e.count("\n") == 1 and "--max-memory does not run under torchrun" in e
+
+
+def test_help_paragraphs_are_not_cut_mid_sentence(capsys, monkeypatch):
+    # typer kept the docstring's line breaks in every paragraph but the first: `score -h` printed
+    # "bits per byte" at the end of one line and "divide by ..." alone on the next
+    from vocablens.cli import run_app
+
+    monkeypatch.setenv("COLUMNS", "300")
+    assert run_app(["score", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "bits per byte divide by the bytes of exactly the scored tokens. Under torchrun" in out

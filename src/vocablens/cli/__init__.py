@@ -28,6 +28,20 @@ from vocablens.cli import anomaly as _anomaly  # noqa: F401,E402
 from vocablens.cli import steer as _steer  # noqa: F401,E402
 
 
+def _reflow_help(*apps) -> None:
+    """Join the wrapped lines of every paragraph of each command's docstring (typer keeps the line
+    breaks of all paragraphs but the first, so ``-h`` showed sentences cut mid-line)."""
+    import inspect
+
+    for a in apps:
+        for c in a.registered_commands:
+            doc = inspect.cleandoc(c.help or (c.callback.__doc__ if c.callback else "") or "")
+            c.help = "\n\n".join(" ".join(p.split("\n")) for p in doc.split("\n\n")) or None
+
+
+_reflow_help(app, _core.lens_app)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     sys.exit(run_app(argv))
