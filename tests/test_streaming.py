@@ -77,6 +77,10 @@ def test_cli_score_with_max_memory_equals_normal(tmp_path, capsys):
         assert run_app(["score", "t3 t9 t4 t7", "--model", str(tmp_path), "--json", *extra]) == 0
         outs.append(json.loads(capsys.readouterr().out))
     assert outs[0]["tokens"] == outs[1]["tokens"] and outs[0]["total_logprob"] == outs[1]["total_logprob"]
+    # without --json the loading lines say how many blocks stream (nothing fits in 1 kB)
+    assert run_app(["score", "t3 t9", "--model", str(tmp_path), "--max-memory", "1kB"]) == 0
+    n = model.config.num_hidden_layers
+    assert f"--max-memory 1kB: 0 of {n} blocks resident, {n} read from the checkpoint" in capsys.readouterr().err
     assert run_app(["score", "t3 t9", "--model", str(tmp_path), "--max-memory", "lots"]) == 2
 
 

@@ -224,6 +224,11 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
             lm = _borders_to(lm, dev)
     if not quiet:
         err.print(f"[dim]loaded {lm.provenance.describe()} in {time.perf_counter() - t0:.1f} s[/dim]")
+        streamed = getattr(lm.model, "vocablens_streamers", None)
+        if max_memory and streamed is not None:
+            n = len(lm.borders.blocks)
+            err.print(f"[dim]--max-memory {max_memory}: {n - len(streamed)} of {n} blocks resident, "
+                      f"{len(streamed)} read from the checkpoint at each forward[/dim]")
     return lm
 
 
