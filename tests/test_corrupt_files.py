@@ -48,6 +48,11 @@ DAMAGE = {
     "config-not-json": (lambda d: (d / "config.json").write_text("{"), ["config.json"]),
     "config-sizes-disagree": (lambda d: _json_edit(d / "config.json", hidden_size=128),
                               ["the config and the weights disagree"]),
+    # `{}` as config.json gave transformers' cut-off "Couldn't instantiate the backend tokenizer from one of:"
+    "config-empty": (lambda d: (d / "config.json").write_text("{}"), ["config.json", "model_type"]),
+    "no-weights": (lambda d: (d / "model.safetensors").unlink(), ["no", "weights"]),
+    "no-tokenizer": (lambda d: [(d / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json")
+                                if (d / n).exists()], ["tokenizer"]),
 }
 #: command -> argv before ``-m DIR``
 COMMANDS = {

@@ -35,6 +35,8 @@ def _shard_files(d: Path) -> dict[str, Path]:
         return {k: d / v for k, v in wm.items()}
     files = sorted(d.glob("*.safetensors"))
     if not files:
+        if not any(d.glob("pytorch_model*.bin")):
+            raise CorruptModelFile(f"{d} holds no weights (*.safetensors); download the checkpoint into it")
         raise BadInput(f"{d} has no safetensors weights; reading only the borders needs them "
                        "(load the whole model instead)")
     out = {}
@@ -102,7 +104,7 @@ def _source_dir(spec: str) -> tuple[Path, object]:
     from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
     from vocablens.models.loading import load
     from vocablens.models.provenance import Provenance, dir_provenance
-    from vocablens.models.spec import diagnose_dir, hub_error, resolve_spec
+    from vocablens.models.spec import diagnose_dir, hub_error, missing_parts, resolve_spec
 
     kind, path, hub = resolve_spec(spec)
     if kind == "gguf":
@@ -155,7 +157,7 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
     from vocablens.models.dtypes import torch_dtype
     from vocablens.models.loading import LoadedModel
     from vocablens.models.provenance import Provenance
-    from vocablens.models.spec import file_errors, diagnose_dir
+    from vocablens.models.spec import diagnose_dir, file_errors, missing_parts
 
     spec_s = str(spec)
     d, prov = _source_dir(spec_s)
@@ -164,7 +166,7 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
         config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
         tok = AutoTokenizer.from_pretrained(str(d), trust_remote_code=trust_remote_code)
     except file_errors() as e:
-        raise CorruptModelFile(diagnose_dir(d) or f"cannot read the config or tokenizer in {d}: "
+        raise CorruptModelFile(diagnose_dir(d) or missing_parts(d) or f"cannot read the config or tokenizer in {d}: "
                                f"{str(e).splitlines()[0]}") from None
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)

@@ -145,7 +145,7 @@ def load_matrices_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_re
     from vocablens.models.lazy import _read_tensors, _shard_files, _source_dir, load_borders_only
     from vocablens.models.loading import LoadedModel
     from vocablens.models.provenance import Provenance
-    from vocablens.models.spec import diagnose_dir, file_errors
+    from vocablens.models.spec import diagnose_dir, file_errors, missing_parts
 
     d, prov = _source_dir(str(spec))
     files = _shard_files(d)
@@ -178,7 +178,7 @@ def load_matrices_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_re
     try:
         tok = light_tokenizer(d, trust_remote_code)
     except file_errors() as e:
-        raise CorruptModelFile(diagnose_dir(d, shapes=False) or f"cannot read the tokenizer in {d}: "
+        raise CorruptModelFile(diagnose_dir(d, shapes=False) or missing_parts(d) or f"cannot read the tokenizer in {d}: "
                                f"{str(e).splitlines()[0]}") from None
     prov = Provenance(**{**prov.__dict__, "dtype": str(W_E.dtype).replace("torch.", "")})
     return LoadedModel(model, tok, Borders.from_model(model, tokenizer=tok), prov)

@@ -176,6 +176,26 @@ def diagnose_dir(path: Path, shapes: bool = True) -> str | None:
     return _shape_mismatch(path) if shapes else None
 
 
+def missing_parts(path: Path) -> str | None:
+    """What a model directory lacks, as one line, or None: a config that names no ``model_type``,
+    no weights, no tokenizer files (checked after :func:`diagnose_dir` found nothing damaged)."""
+    import json
+
+    cfg = path / "config.json"
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8")) if cfg.is_file() else None
+    except (OSError, ValueError):
+        data = None
+    if cfg.is_file() and not (isinstance(data, dict) and data.get("model_type")):
+        return (f"{cfg} names no model_type, so it describes no architecture; use the config.json that came "
+                "with the weights")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
+        return f"{path} holds no weights (*.safetensors); download the checkpoint into it"
+    if not any((path / n).is_file() for n in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")):
+        return f"{path} holds no tokenizer files (tokenizer.json, tokenizer.model or vocab.json); copy them from the model's repository"
+    return None
+
+
 def file_errors() -> tuple[type[BaseException], ...]:
     """What the readers (transformers, safetensors, gguf, tokenizers) raise on a damaged file."""
     import struct
@@ -210,11 +230,14 @@ def reading(spec: str, kind: str, hub: str | None, what: str, path: Path | None 
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if not isinstance(exc, OSError) and (
                 "does not recognize this architecture" in str(exc) or "model_type" in str(exc)):
+            lack = missing_parts(path) if kind == "dir" and path is not None else None
+            if lack:
+                raise CorruptModelFile(f"cannot {what} {spec}: {lack}") from None
             raise UnsupportedArchitecture(spec, "none", msg) from None
         if kind == "gguf":
             raise CorruptModelFile(f"cannot {what} {spec}: the GGUF file is truncated or damaged ({msg[:120]}); "
                                    "download it again") from None
-        diag = diagnose_dir(path) if kind == "dir" and path is not None else None
+        diag = (diagnose_dir(path) or missing_parts(path)) if kind == "dir" and path is not None else None
         raise CorruptModelFile(f"cannot {what} {spec}: {diag or msg}") from None
 
 
