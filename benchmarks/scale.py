@@ -88,7 +88,7 @@ def worker(job: dict) -> None:
             dist.barrier()
         t, c = time.perf_counter(), time.process_time()
         res = find_unargmaxable(W, row_budget_s=None)
-        rec.update(wall=time.perf_counter() - t, cpu=time.process_time() - c, timings=res.timings,
+        rec.update(wall=time.perf_counter() - t, cpu=time.process_time() - c, timings=res.timings, cpu_s=res.cpu_s,
                    settled=res.settled, found=torch.nonzero(res.verdict == UNARGMAXABLE)[:, 0].tolist() == planted)
     else:
         import vocablens.lens.evaluate as ev
@@ -148,7 +148,8 @@ def run_argmax(args, ranks: list[int]) -> dict:
         if w == 1:  # CPU seconds of the all-pairs stage, from its share of the wall time (one thread)
             r0 = recs[0]
             rate = args.V ** 2 / 2 * args.d / (r0["cpu"] * r0["timings"]["gemm"] / r0["timings"]["total"])
-        print(f"{w:>5} {wall:8.2f} {base / wall:8.2f} {cpu:11.2f} {max(r['cpu'] for r in recs):16.2f} {gemm:7.2f} "
+        print(f"{w:>5} {wall:8.2f} {base / wall:8.2f} {cpu:11.2f} {max(r['cpu'] for r in recs):16.2f} "
+              f"{max(r['cpu_s']['prepare'] for r in recs):13.2f} {gemm:7.2f} "
               f"{_fmt_bytes(max(r['rss_peak'] for r in recs)):>14} {_fmt_bytes(max(r['rss_before'] for r in recs)):>15} "
               f"{str(all(r['found'] for r in recs)):>13}", flush=True)
     return {"gemm_rate": rate}
@@ -216,8 +217,9 @@ def paper_table(f32_rate: float, gemm_rate: float | None) -> None:
     print("One core per rank; times are FLOPs / (ranks x per-core rate), communication not counted.")
     lens_flops = 1000 * (a.flops_forward + (2 * L + 1) * a.flops_head + 2 * L * a.d_model ** 2)
     rows = [
-        ("argmax prepare (centre, whiten: 4 V d^2)", lambda w: 4 * V * d * d / f32_rate,
-         lambda w: V * d * (2 + 4 + 1), "every rank, not split"),
+        ("argmax prepare (centre, whiten: 4 V d^2; eigh ~9 d^3)",
+         lambda w: (4 * V * d * d / w + 9 * d ** 3) / f32_rate,
+         lambda w: V * d * (2 + 4 + 1), "row blocks split, sums all-reduced; eigh on every rank"),
         ("argmax gemm (all pairs: V^2 d / 2 mult-adds)", lambda w: V * V * d / 2 / (w * gr),
          lambda w: V * d * (2 + 4 + 1) + 2048 * V * 4, "query blocks split"),
         ("head split over V (score/generate), per token", lambda w: a.flops_head / (w * f32_rate),

@@ -681,6 +681,12 @@ out = {}
 for name, bias in (("nobias", None), ("bias", b)):
     r = find_unargmaxable(W, bias, block=64, row_budget_s=None)
     out[name] = {"verdict": r.verdict.tolist(), "settled": r.settled, "n_combos": len(r.combos)}
+import vocablens.argmax.preparation as prep
+prep._BLOCK = 64                # 16-row whitening blocks: both ranks whiten a share, then all-reduce
+calls, inner = [], prep._sum_over_ranks
+prep._sum_over_ranks = lambda t, size, op="sum": (calls.append((tuple(t.shape), op)), inner(t, size, op))
+r = find_unargmaxable(W, None, block=64, row_budget_s=None)
+out["split"] = {"verdict": r.verdict.tolist(), "calls": calls}
 if dist.get_rank() == 0:
     print("RESULT " + json.dumps(out))
 dist.destroy_process_group()
@@ -713,3 +719,6 @@ def test_two_ranks_with_gloo_give_the_single_process_verdicts(tmp_path):
         assert got[name]["settled"] == ref.settled | {"verify": got[name]["settled"]["verify"]}
         assert got[name]["n_combos"] == len(ref.combos)
         assert ref.counts()["unargmaxable"] > 4                  # the proofs had work to share
+    # the whitening split over the ranks (its sums all-reduced) gives the same verdicts
+    assert got["split"]["verdict"] == find_unargmaxable(W, None, block=64, row_budget_s=None).verdict.tolist()
+    assert got["split"]["calls"] == [[[8], "sum"], [[8, 8], "sum"], [[250, 8], "sum"], [[1], "max"]]

@@ -2,6 +2,9 @@
 
 When a process group is initialised (gloo on CPU, NCCL on GPU) with more than one rank:
 
+- stage ``prepare``: the whitening's row blocks are dealt round-robin; the mean, the covariance
+  and the whitened rows are summed with ``all_reduce`` (:func:`~vocablens.argmax.preparation.whiten`);
+  under more than one rank no budget check stops a rank alone before a collective;
 - stage ``gemm``: rank k takes the query blocks k, k + W, k + 2W ... of the upper triangle; the
   per-row maxima are combined with one ``all_reduce(MAX)`` (exact integers, so the result equals
   one process's bit for bit);

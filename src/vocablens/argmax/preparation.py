@@ -19,6 +19,7 @@ import math
 import numpy as np
 import torch
 
+from vocablens.argmax.distributed import world
 from vocablens.argmax.result import DUPLICATE, PADDING, UNARGMAXABLE, UNDECIDED, UNTRAINED
 from vocablens.argmax.state import U32, ScanState, one_blas_thread
 from vocablens.errors import BadInput, ShapeMismatch
@@ -126,7 +127,8 @@ def apply_masks(st: ScanState, padding, untrained, include_padding: bool, includ
 def dedupe(st: ScanState) -> None:
     """Group bit-identical rows in play; fills ``reps``, ``row_of``, ``twins``, ``group``."""
     play_ids = np.nonzero(st.in_play)[0]
-    inv, cnt, order = group_identical(st.Wn, play_ids, st.check_time)
+    # under torch.distributed no rank may stop alone before the collectives of whiten and gemm
+    inv, cnt, order = group_identical(st.Wn, play_ids, st.check_time if world()[1] == 1 else None)
     bn = st.bn
     bounds = np.concatenate([[0], np.cumsum(cnt)])
     reps: list[int] = play_ids[order[bounds[:-1][cnt == 1]]].tolist()      # the unique rows
@@ -157,26 +159,43 @@ def dedupe(st: ScanState) -> None:
     st.row_of[st.reps] = np.arange(len(st.reps))
 
 
+def _sum_over_ranks(t: torch.Tensor, size: int, op: str = "sum") -> None:
+    """In place: the sum (or max) of ``t`` over the ranks of the default process group (no-op alone)."""
+    if size > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+
+
 def whiten(st: ScanState) -> None:
     """Centre and whiten the distinct rows (float64) and put them on the int8 grid.
 
     Any invertible A gives the same answer; A only has to keep every direction the rows use, so it
     is the inverse square root of the row covariance on its numerical range (eigenvalues above
-    1e-12 of the largest).
+    1e-12 of the largest). Under torch.distributed the row blocks are dealt round-robin over the
+    ranks (the mean, the covariance and the whitened rows are all-reduced), so its 2 n d (d + r)
+    float64 FLOPs split over them; the sums then differ from one process's in float64 rounding only,
+    and the verdicts, being certified, are the same. It then runs to the end whatever the budget.
     """
     n, d, Wn, reps = st.n, st.d, st.Wn, st.reps
-    blocks = [reps[s:s + _BLOCK // 4] for s in range(0, n, _BLOCK // 4)]   # float64: ~0.1 s each
+    step = _BLOCK // 4                                                    # float64: ~0.1 s a block
+    starts = list(range(0, n, step))
+    rank, size = world()
+    tick = st.check_time if size == 1 else (lambda: None)   # ranks must reach each all_reduce together
+    mine = starts[rank::size]           # under torch.distributed each rank whitens every size-th block
     mu_t = torch.zeros(d, dtype=torch.float64)
-    for b in blocks:
-        st.check_time()
-        mu_t += torch.from_numpy(Wn[b]).double().sum(0)
+    for s in mine:
+        tick()
+        mu_t += torch.from_numpy(Wn[reps[s:s + step]]).double().sum(0)
+    _sum_over_ranks(mu_t, size)
     mu_t /= n
     C = torch.zeros(d, d, dtype=torch.float64)
-    for b in blocks:
-        st.check_time()
-        Xc = torch.from_numpy(Wn[b]).double() - mu_t
+    for s in mine:
+        tick()
+        Xc = torch.from_numpy(Wn[reps[s:s + step]]).double() - mu_t
         C += Xc.T @ Xc
-    st.check_time()
+    _sum_over_ranks(C, size)
+    tick()
     with one_blas_thread():                         # threaded LAPACK: 20x slower on a shared machine
         lam, vec = np.linalg.eigh(C.numpy())
     keep = lam > max(lam[-1], 0.0) * 1e-12
@@ -185,15 +204,17 @@ def whiten(st: ScanState) -> None:
     A = vec[:, keep] / np.sqrt(lam[keep])           # [d, r]
     r = A.shape[1]
     At = torch.from_numpy(A)
-    Z = np.empty((n, r), dtype=np.float32)
-    wsq = 0.0
-    s_ = 0
-    for b in blocks:
-        st.check_time()
-        Xc = torch.from_numpy(Wn[b]).double() - mu_t
-        wsq = max(wsq, float((Xc * Xc).sum(1).max()))
-        Z[s_:s_ + len(b)] = (Xc @ At).float().numpy()
-        s_ += len(b)
+    Z = (np.zeros if size > 1 else np.empty)((n, r), dtype=np.float32)
+    wsq = torch.zeros(1, dtype=torch.float64)
+    for s in mine:
+        tick()
+        Xc = torch.from_numpy(Wn[reps[s:s + step]]).double() - mu_t
+        wsq = torch.maximum(wsq, (Xc * Xc).sum(1).max())
+        Z[s:s + len(Xc)] = (Xc @ At).float().numpy()
+    if size > 1:                        # every rank needs every whitened row: the others' are zeros here
+        _sum_over_ranks(torch.from_numpy(Z), size)
+        _sum_over_ranks(wsq, size, "max")
+    wsq = float(wsq)
     st.mu, st.A = mu_t.numpy(), A
     st.wscale = math.sqrt(wsq) or 1.0
     st.Zt = torch.from_numpy(Z)
@@ -203,7 +224,7 @@ def whiten(st: ScanState) -> None:
     enorm = np.empty(n)
     znorm = np.empty(n)
     for s in range(0, n, _BLOCK):
-        st.check_time()
+        tick()
         zc = Z[s:s + _BLOCK].astype(np.float64)
         qc = np.rint(zc / qs)
         Q[s:s + _BLOCK] = qc.astype(np.int8)
