@@ -61,30 +61,124 @@ def _share(sig: torch.Tensor, ks) -> dict[int, float]:
     return {int(k): float(e[:k].sum()) / tot for k in ks if k <= len(e)}
 
 
+#: bytes of one float64 block (rows of W, or columns of the [N, V] log-probabilities) of the scan
+BLOCK_BYTES = 8 * 2**20
+
+
+def _finite64(W: torch.Tensor) -> torch.Tensor:
+    """W (a small matrix) as float64 on the CPU; NaN/inf refused."""
+    Wd = W.detach().cpu().double()
+    if not bool(torch.isfinite(Wd).all()):
+        raise BadInput("W has NaN or inf entries: its spectrum is undefined")
+    return Wd
+
+
+def _w_blocks(W: torch.Tensor, rows: int):
+    """``(start, W[start:start + rows] as float64 on the CPU)`` for every block of rows. Every block is
+    written into one reused buffer and nothing else of block size is allocated (fresh blocks and
+    temporaries per step let the C allocator keep them: measured, +150 MB of RSS for 16 MiB blocks
+    over V = 49,152), so a block is only valid until the next one is read."""
+    V, d = W.shape
+    buf = torch.empty(min(rows, V) * d, dtype=torch.float64)
+    for a in range(0, V, rows):
+        Wb = buf[: min(rows, V - a) * d].view(-1, d)
+        Wb.copy_(W[a:a + rows].detach())
+        yield a, Wb
+
+
+def _gram_w(W: torch.Tensor, block_bytes: int) -> torch.Tensor:
+    """float64 Gram of W: ``W^T W`` [d, d] summed over row blocks when V >= d, else ``W W^T`` [V, V].
+
+    Raises:
+        BadInput: W holds NaN or inf (seen on the Gram's diagonal, the columns' sums of squares).
+    """
+    V, d = W.shape
+    if V < d:  # fewer rows than columns: W itself is smaller than the [d, d] Gram
+        Wd = _finite64(W)
+        return Wd @ Wd.T
+    G = torch.zeros(d, d, dtype=torch.float64)
+    for _, Wb in _w_blocks(W, max(1, block_bytes // (8 * d))):
+        G.addmm_(Wb.T, Wb)
+    if not bool(torch.isfinite(G.diagonal()).all()):
+        raise BadInput("W has NaN or inf entries: its spectrum is undefined")
+    return G
+
+
+def _logits_into(out: torch.Tensor, H: torch.Tensor, Wb: torch.Tensor, bb: torch.Tensor | None,
+                 logit_scale: float, softcap: float | None) -> torch.Tensor:
+    """float64 logits [N, n] of one block of rows of W written into ``out`` (flat buffer): bias, scale
+    and softcap as the head applies them."""
+    L = out[: H.shape[0] * Wb.shape[0]].view(H.shape[0], Wb.shape[0])
+    torch.mm(H, Wb.T, out=L)
+    if bb is not None:
+        L += bb
+    return transform_logits(L, logit_scale, softcap or None, inplace=True)
+
+
+def _gram_logprobs(W: torch.Tensor, H: torch.Tensor, bias: torch.Tensor | None, logit_scale: float,
+                   softcap: float | None, block_bytes: int) -> torch.Tensor:
+    """float64 Gram of the log-probabilities A = L - lse 1^T: ``A A^T`` [N, N] when N <= V, else
+    ``A^T A`` [V, V]; [N, V] is never held, only [N, block] (or [block, V]) slices of it.
+
+    N <= V: a first pass over column blocks of V gets each row's log-sum-exp, streamed in float64
+    (lse = logaddexp(lse, m_b + log Σ exp(L_b - m_b)), m_b the block's row max); a second pass
+    recomputes each block's logits and adds ``A_b A_b^T``. N > V (then V is small): blocks of rows
+    of A are complete rows, and ``A^T A`` is summed over them.
+    """
+    N, V = H.shape[0], W.shape[0]
+    b64 = None if bias is None else bias.detach().cpu().double()
+    if N > V:
+        Wd = _finite64(W)
+        GA = torch.zeros(V, V, dtype=torch.float64)
+        n = max(1, block_bytes // (8 * V))
+        buf = torch.empty(min(n, N) * V, dtype=torch.float64)
+        for i in range(0, N, n):
+            L = _logits_into(buf, H[i:i + n], Wd, b64, logit_scale, softcap)
+            L -= torch.logsumexp(L, 1, keepdim=True)  # [n, V] log-probs, nats
+            GA.addmm_(L.T, L)
+        return GA
+    cols = max(1, block_bytes // (8 * max(N, W.shape[1])))  # [N, cols] logits and [cols, d] rows of W
+    buf = torch.empty(N * min(cols, V), dtype=torch.float64)
+    lse = torch.full((N,), -float("inf"), dtype=torch.float64)
+    for a, Wb in _w_blocks(W, cols):
+        L = _logits_into(buf, H, Wb, None if b64 is None else b64[a:a + len(Wb)], logit_scale, softcap)
+        m = L.amax(1)
+        lse = torch.logaddexp(lse, m + L.sub_(m[:, None]).exp_().sum(1).log())
+    GA = torch.zeros(N, N, dtype=torch.float64)
+    for a, Wb in _w_blocks(W, cols):
+        A = _logits_into(buf, H, Wb, None if b64 is None else b64[a:a + len(Wb)], logit_scale, softcap)
+        A -= lse[:, None]  # [N, cols] log-probs, nats
+        GA.addmm_(A, A.T)
+    return GA
+
+
 def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                        logit_scale: float = 1.0, softcap: float | None = None,
-                       top_k: tuple[int, ...] = (1, 10, 64, 128, 256)) -> Bottleneck:
+                       top_k: tuple[int, ...] = (1, 10, 64, 128, 256), block_bytes: int | None = None) -> Bottleneck:
     """Singular spectra and numerical ranks of ``W`` and of ``log_softmax(hidden W^T + b)``.
 
     Args:
-        W: unembedding ``[V, d]``.
+        W: unembedding ``[V, d]``, any float dtype and device (read block by block).
         hidden: LM-head inputs ``[N, d]`` of N real contexts (after the final norm), or None.
         bias: ``[V]`` or None; logit_scale, softcap: applied as the model does.
         top_k: directions for the variance shares.
+        block_bytes: size of one float64 block of the scan (default :data:`BLOCK_BYTES`, 8 MiB).
 
     Returns:
-        :class:`Bottleneck`. Cost: ``2 V d^2 + 2 N V d + 2 N^2 V`` float64 FLOPs.
+        :class:`Bottleneck`. Cost: ``2 V d^2 + 4 N V d + 2 N^2 V`` float64 FLOPs (the logits are
+        computed twice: once for the log-normaliser, once for the Gram). Memory: the two Gram matrices
+        (d x d and N x N float64) and one block; neither W in float64 nor the [N, V] logits is ever
+        whole. The Grams are sums over blocks, so they equal the whole-matrix products up to float64
+        rounding.
 
     Raises:
         ShapeMismatch: hidden width differs from W's. BadInput: NaN/inf in W or hidden.
     """
     if W.dim() != 2 or W.shape[0] < 1 or W.shape[1] < 1:
         raise ShapeMismatch(f"W must be a non-empty matrix [V, d]; got {tuple(W.shape)}")
-    Wd = W.detach().cpu().double()
-    if not bool(torch.isfinite(Wd).all()):
-        raise BadInput("W has NaN or inf entries: its spectrum is undefined")
-    V, d = Wd.shape
-    G = Wd.T @ Wd if V >= d else Wd @ Wd.T
+    block_bytes = int(block_bytes or BLOCK_BYTES)
+    V, d = W.shape
+    G = _gram_w(W, block_bytes)
     ev = torch.linalg.eigvalsh(G).flip(0).clamp_min(0)
     sig = ev.sqrt()
     eps = torch.finfo(torch.float64).eps
@@ -104,15 +198,10 @@ def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias
         if not bool(torch.isfinite(H).all()):
             raise BadInput("hidden states have NaN or inf entries")
         N = H.shape[0]
-        L = H @ Wd.T
-        if bias is not None:
-            L = L + bias.detach().cpu().double()
-        L = transform_logits(L, logit_scale, softcap or None)      # the head's own transform
-        A = L - torch.logsumexp(L, 1, keepdim=True)                  # [N, V] log-probs, nats
-        GA = A @ A.T if N <= V else A.T @ A                          # Gram, float64
+        GA = _gram_logprobs(W, H, bias, logit_scale, softcap, block_bytes)  # Gram, float64
         evA = torch.linalg.eigvalsh(GA).flip(0).clamp_min(0)
         sigA = evA.sqrt()
-        tolA = float(max(A.shape) * eps * float(evA[0])) ** 0.5 if float(evA[0]) > 0 else 0.0
+        tolA = float(max(N, V) * eps * float(evA[0])) ** 0.5 if float(evA[0]) > 0 else 0.0
         rankA = int((sigA > tolA).sum())
     return Bottleneck(sigma_W=sig, rank_W=rankW, tol_W=tolW, stable_rank_W=stable, entropy_rank_W=ent,
                       sigma_A=sigA, rank_A=rankA, tol_A=tolA, bound_A=d + (2 if bias is not None else 1),
@@ -120,18 +209,47 @@ def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias
                       softcap=bool(softcap))
 
 
+class _Stop(Exception):
+    """Raised by the hook on the last block: the final norm and the head of the model are not run."""
+
+
+def _last_block_output(borders, ids: torch.Tensor) -> torch.Tensor:
+    """The last block's output [B, T, d_model] (residual-stream layer L, before the final norm): the
+    model's forward stopped right after its last block, so neither the other layers' streams nor the
+    [B, T, V] logits are kept."""
+    store: dict[str, torch.Tensor] = {}
+
+    def hook(_mod, _args, output):
+        store["x"] = output[0] if isinstance(output, (tuple, list)) else output
+        raise _Stop
+
+    handle = borders.blocks[-1].register_forward_hook(hook)
+    try:
+        borders.model(input_ids=ids.to(borders.device), use_cache=False)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    return store["x"]
+
+
 def context_hidden(borders, ids: torch.Tensor, batch: int = 4) -> torch.Tensor:
     """LM-head inputs (after the final norm) for every position of ``ids [B, T]``: [B*T, d_emb] float32.
 
+    The same values as ``U.normed(borders.residual_stream(ids)[0][-1])``; each batch's forward stops
+    after the last block (memory: one batch's activations, not L+1 streams and [batch, T, V] logits).
+
     Raises:
-        BadInput: empty ids.
+        BadInput: empty ids, or a token id outside the embedding's rows.
     """
     if ids.numel() == 0:
         raise BadInput("no contexts: the token batch is empty")
+    if int(ids.min()) < 0 or int(ids.max()) >= borders.W_E.shape[0]:
+        raise BadInput(f"token ids must lie in 0..{borders.W_E.shape[0] - 1}")
     out = []
     U = borders.unembedding
     with torch.no_grad():
         for s in range(0, ids.shape[0], batch):
-            resid, _ = borders.residual_stream(ids[s:s + batch])
-            out.append(U.normed(resid[-1]).float().reshape(-1, U.d_emb))
+            x = _last_block_output(borders, ids[s:s + batch])
+            out.append(U.normed(x).float().reshape(-1, U.d_emb))
     return torch.cat(out)

@@ -37,6 +37,36 @@ def _block(block: int | None, layer: int | None) -> int | None:
     return layer
 
 
+def _check_block_early(spec: str, block: int) -> None:
+    """``--block`` against the block count in the model's own ``config.json`` (a model directory, or
+    the cache of a ``.gguf`` file), so a bad block is one line, before the loading line. When that
+    needs more than reading one small file (a hub id, a GGUF file not cached yet, a config transformers
+    cannot parse), the loader checks the block instead."""
+    from vocablens.errors import VocabLensError
+    from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
+    from vocablens.models.spec import resolve_spec
+
+    if block < 0:
+        raise BadInput(f"block {block} is out of range: blocks count from 0")
+    try:
+        kind, path, _ = resolve_spec(spec)
+        if kind == "gguf":
+            path = cache_dir(path)
+            if path is None or not (path / CACHE_MARK).is_file():
+                return
+        elif kind != "dir":
+            return
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(str(path))
+        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        n = getattr(cfg, "num_hidden_layers", None)
+    except (VocabLensError, ValueError, KeyError, TypeError, AttributeError, OSError):
+        return
+    if isinstance(n, int) and not isinstance(n, bool) and block >= n:
+        raise BadInput(f"block {block} is out of range: this model has blocks 0..{n - 1}")
+
+
 @app.command("project")
 def project_cmd(
     model: ModelOpt = "smollm2",
@@ -77,6 +107,12 @@ def project_cmd(
         raise BadInput("give one of --token (reverse search), --head (circuit) or --interpretable")
     if interpretable < 0:
         raise BadInput(f"--interpretable must be >= 1; got {interpretable}")
+    uses_neuron = bool(neuron) and not tokens and not interpretable and head is None
+    if uses_neuron and block is None:
+        raise BadInput("--neuron needs --block")
+    ns = parse_int_list(neuron, "--neuron") if uses_neuron else []
+    if block is not None:
+        _check_block_early(model, block)  # one line, before the loading line
     one_block = block is not None and not tokens and not interpretable  # that block + head + final norm
     values = not one_block and not keys  # every block's value vectors + head + final norm
     lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_, borders_only=one_block or values,
@@ -115,9 +151,6 @@ def project_cmd(
             out.print(rv.circuit_table(res, tok))
         return
     if neuron:
-        if block is None:
-            raise BadInput("--neuron needs --block")
-        ns = parse_int_list(neuron, "--neuron")
         layers, neurons = [block] * len(ns), ns
     else:
         layers, neurons = vs.sample_neurons(b, 4 if sample is None else sample, seed)

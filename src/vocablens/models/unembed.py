@@ -108,8 +108,13 @@ class Unembedding:
         return self.logits(self.normed(resid), rows)
 
     def readout(self, fold_norm_gain: bool = True, *, scaled: bool = False,
-                rows: torch.Tensor | list[int] | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                rows: torch.Tensor | list[int] | slice | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The matrix that reads a direction of the stream in vocabulary space, [V, d] (or [R, d]).
+
+        ``rows``: vocabulary ids (gathered), or a ``slice`` (a contiguous block of rows read as a view,
+        so streaming the readout block by block never holds more than one block): the same float32
+        operations per row as the whole matrix, hence the same rows bit for bit (with ``project_out``,
+        a GEMM per block, equal up to the GEMM's rounding).
 
         Without ``project_out`` this is W_U, with the final norm's elementwise gain g folded in when
         ``fold_norm_gain`` (row v becomes W_U[v] ⊙ g, so ``readout() @ u`` = W_U (g ⊙ u): the
@@ -121,7 +126,9 @@ class Unembedding:
         from vocablens.models.blocks import linear_weight, norm_gain  # blocks imports nothing of ours
 
         W = self.weight.detach()
-        if rows is not None:
+        if isinstance(rows, slice):
+            W = W[rows]  # a view of the block, no gather
+        elif rows is not None:
             W = W[torch.as_tensor(rows, dtype=torch.int64, device=W.device)]
         W = W.to(dtype)
         if self.project_out is not None:

@@ -16,7 +16,7 @@ import torch
 from vocablens.errors import BadInput
 from vocablens.models import Borders
 from vocablens.models.blocks import block_view
-from vocablens.vocab_space.readout import check_block, check_k, input_embedding, readout, rows_per_chunk
+from vocablens.vocab_space.readout import check_block, check_k, rows_per_chunk, stream_rows
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,12 @@ class HeadCircuit:
     self_top1_fraction: float
     n_sources: int
     apply_norm_gain: bool
+
+
+def _rows_times(borders: Borders, V: int, kind: str, M: torch.Tensor, apply_norm_gain: bool) -> torch.Tensor:
+    """``rows[:V] @ M`` [V, m] for the input embedding (``kind='key'``) or the readout (``'value'``),
+    one block of rows at a time."""
+    return torch.cat([R @ M for _, _, R in stream_rows(borders, V, kind, apply_norm_gain)])
 
 
 def head_circuit(borders: Borders, layer: int, head: int, circuit: str = "ov", k: int = 20,
@@ -79,17 +85,20 @@ def head_circuit(borders: Borders, layer: int, head: int, circuit: str = "ov", k
     if not 1 <= n_src <= real:
         raise BadInput(f"max_sources must be between 1 and {real}; got {max_sources}")
     check_k(k, n_src * real)
-    E = input_embedding(borders)[:real]
+    dev = borders.W_E.device
     with torch.no_grad():
+        # the [V, d] embedding and readout are streamed by blocks of rows; only [n, d_head] and
+        # [d_head, V] products are kept
         if circuit == "ov":
             Wv, Wo = (w.detach().float() for w in v.W_OV(int(head)))
-            A = E[:n_src] @ Wv  # [n, dh]
-            R = readout(borders, apply_norm_gain)
-            B = (Wo.to(R.device) @ R.t()).to(E.device)  # [dh, V]: what each head dim promotes
+            A = _rows_times(borders, n_src, "key", Wv.to(dev), True)  # [n, dh]: E W_V
+            Wo = Wo.to(borders.W_U.device)
+            B = torch.cat([(Wo @ R.t()).to(dev) for _, _, R in stream_rows(borders, real, "value", apply_norm_gain)],
+                          1)  # [dh, V]: what each head dim promotes
         else:
-            Wq, Wk = (w.detach().float() for w in v.W_QK(int(head)))
-            A = E[:n_src] @ Wq / math.sqrt(v.d_head)
-            B = (E @ Wk).t().contiguous()  # [dh, V]
+            Wq, Wk = (w.detach().float().to(dev) for w in v.W_QK(int(head)))
+            A = _rows_times(borders, n_src, "key", Wq, True) / math.sqrt(v.d_head)
+            B = _rows_times(borders, real, "key", Wk, True).t().contiguous()  # [dh, V]
     step = rows_per_chunk(real, chunk_rows)
     dev = A.device
     best_s = torch.empty(0, device=dev)

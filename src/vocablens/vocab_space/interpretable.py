@@ -18,7 +18,7 @@ import torch
 
 from vocablens.errors import BadInput
 from vocablens.models import Borders
-from vocablens.vocab_space.readout import check_k, readout, rows_per_chunk, top_bottom
+from vocablens.vocab_space.readout import TopBottom, check_k, rows_per_chunk, stream_rows
 from vocablens.vocab_space.vectors import VectorProjection, gather_vectors, sample_neurons
 
 
@@ -62,7 +62,9 @@ def interpretable_vectors(borders: Borders, n: int = 20, per_layer: int = 32, k:
 
     Returns:
         :class:`InterpretableVectors`. Cost: 2·L·per_layer·V·d FLOPs (SmolLM2-135M, per_layer 32:
-        56 GFLOP); memory: one [chunk, V] float32 block of logits.
+        56 GFLOP); memory: one 8 MiB block of readout rows and its scores against a chunk of vectors.
+        Each vector's mean and variance over the vocabulary are sums over the blocks accumulated in
+        float64.
 
     Raises:
         BadInput: n, per_layer, k or max_per_layer out of range.
@@ -73,17 +75,26 @@ def interpretable_vectors(borders: Borders, n: int = 20, per_layer: int = 32, k:
         _int("max_per_layer", max_per_layer, 1)
     check_k(k, borders.real_vocab_size)
     layers, neurons = sample_neurons(borders, _int("per_layer", per_layer, 1), seed)
-    X = gather_vectors(borders, layers, neurons)
-    R = readout(borders, apply_norm_gain)
-    X = X.to(R.device)
-    step = rows_per_chunk(R.shape[0], chunk_rows)
-    crit, parts = [], []
-    for i in range(0, len(X), step):
-        S = X[i:i + step] @ R.t()  # [c, V]
-        std, mean = torch.std_mean(S, dim=1, correction=0)
-        tb = top_bottom(S, k)
-        crit.append(((tb[1] - mean[:, None]) / std.clamp_min(torch.finfo(S.dtype).tiny)[:, None]).mean(1))
-        parts.append(tb)
+    X = gather_vectors(borders, layers, neurons).to(borders.W_U.device)
+    real = borders.real_vocab_size
+    step = rows_per_chunk(real, chunk_rows)
+    chunks = list(range(0, len(X), step))
+    tbs = [TopBottom(k) for _ in chunks]
+    s1 = torch.zeros(len(X), dtype=torch.float64, device=X.device)  # Σ_w s_w, Σ_w s_w² in float64
+    s2 = torch.zeros_like(s1)
+    for a, _, R in stream_rows(borders, real, "value", apply_norm_gain):  # [rows, d] blocks, never [V, d]
+        for tb, i in zip(tbs, chunks):
+            S = X[i:i + step] @ R.t()  # [c, rows]
+            tb.add(S, a)
+            S64 = S.double()
+            s1[i:i + step] += S64.sum(1)
+            s2[i:i + step] += (S64 * S64).sum(1)
+    mean = s1 / real
+    std = (s2 / real - mean * mean).clamp_min(0).sqrt()
+    parts = [tb.result() for tb in tbs]
+    tiny = torch.finfo(torch.float32).tiny
+    crit = [((p[1].double() - mean[i:i + step, None]) / std[i:i + step, None].clamp_min(tiny)).mean(1).float()
+            for p, i in zip(parts, chunks)]
     score = torch.cat(crit).cpu()  # cpu: once; the selection below is a host loop
     order = torch.argsort(score, descending=True, stable=True).tolist()
     chosen, per = [], {}

@@ -8,11 +8,14 @@ norm's per-position scale (Dar et al. 2022 §3; Geva et al. 2022 §2). Nothing h
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from vocablens.errors import BadInput
 from vocablens.models import Borders
 from vocablens.models.blocks import linear_weight
+from vocablens.ops.topk import merge_topk, topk_lowest_id
 
 _CHUNK_ELEMS = 1 << 24  # at most 16M float32 scores (64 MiB) per chunk
 #: the same budget in bytes, for the chunked ops (:func:`vocablens.ops.token_logprobs`)
@@ -24,20 +27,32 @@ def rows_per_chunk(V: int, rows: int | None = None) -> int:
     return max(1, rows or _CHUNK_ELEMS // max(V, 1))
 
 
+#: bytes of one float32 block of readout (or embedding) rows when the vocabulary is streamed
+BLOCK_BYTES = 8 * 2**20
+
+
 def readout(borders: Borders, apply_norm_gain: bool = True) -> torch.Tensor:
     """The readout of the real vocabulary, [real V, d_model] float32 on the head's device.
 
     ``logit_scale · W_U · P_out`` (``P_out`` = OPT's ``project_out``, when present), each column times
     the final norm's gain g when ``apply_norm_gain``; ``u @ readout().T`` scores u [n, d_model] against
-    every real token (logits per unit of u, before any softcap).
+    every real token (logits per unit of u, before any softcap). A float32 copy of the whole head
+    (4·V·d bytes): the analyses here stream it instead (:func:`readout_rows`, :func:`vocab_blocks`).
     """
     R = borders.unembedding.readout(fold_norm_gain=apply_norm_gain, scaled=True)
     return R[: borders.real_vocab_size]
 
 
-def input_embedding(borders: Borders, ids: torch.Tensor | None = None) -> torch.Tensor:
+def readout_rows(borders: Borders, rows: slice | Sequence[int], apply_norm_gain: bool = True) -> torch.Tensor:
+    """Some rows of :func:`readout`, [n, d_model] float32: a slice (read from a view of W_U) or token
+    ids (gathered). The same values as the whole matrix's rows bit for bit (the same elementwise
+    float32 operations per row; with ``project_out``, up to its GEMM's rounding)."""
+    return borders.unembedding.readout(fold_norm_gain=apply_norm_gain, scaled=True, rows=rows)
+
+
+def input_embedding(borders: Borders, ids: torch.Tensor | slice | None = None) -> torch.Tensor:
     """Token embeddings as they enter the residual stream (input scale, ``project_in``; no positions),
-    [V or n, d_model] float32."""
+    [V or n, d_model] float32; ``ids`` a tensor of ids or a slice of rows (a view, no gather)."""
     W = borders.W_E.detach() if ids is None else borders.W_E.detach()[ids]
     E = W.float() * borders.embed_scale
     if borders.project_in is not None:
@@ -45,11 +60,57 @@ def input_embedding(borders: Borders, ids: torch.Tensor | None = None) -> torch.
     return E
 
 
+def vocab_blocks(V: int, width: int, block_bytes: int | None = None) -> list[tuple[int, int]]:
+    """Contiguous row ranges ``[(start, stop), ...]`` covering 0..V, each a float32 [rows, width] block
+    of about ``block_bytes`` (default :data:`BLOCK_BYTES`, 8 MiB: 3,640 rows of width 576)."""
+    n = max(1, int(block_bytes or BLOCK_BYTES) // (4 * max(int(width), 1)))
+    return [(a, min(V, a + n)) for a in range(0, V, n)]
+
+
+def stream_rows(borders: Borders, V: int, kind: str = "value", apply_norm_gain: bool = True):
+    """Yield ``(start, stop, rows)`` over the first V rows of the readout (``kind='value'``) or of the
+    input embedding (``kind='key'``), one :func:`vocab_blocks` block of float32 rows [stop - start, d] at
+    a time: the per-row values of :func:`readout` / :func:`input_embedding`, never the whole matrix."""
+    d = int(borders.d_model)
+    for a, b in vocab_blocks(V, d):
+        yield a, b, (readout_rows(borders, slice(a, b), apply_norm_gain) if kind == "value"
+                     else input_embedding(borders, slice(a, b)))
+
+
+class TopBottom:
+    """The k largest and k smallest scores of n rows, merged over blocks of columns (vocabulary ids).
+
+    :meth:`add` takes the scores [n, stop - start] of columns start..stop-1; :meth:`result` returns
+    ``(top ids, top values, bottom ids, bottom values)``, each [n, k], values in torch.topk's order
+    (descending top, ascending bottom) and, among equal values, the lowest id first
+    (:func:`vocablens.ops.topk.topk_lowest_id`, :func:`~vocablens.ops.topk.merge_topk`), so the result
+    does not depend on the blocks.
+    """
+
+    def __init__(self, k: int) -> None:
+        self.k = int(k)
+        self.top: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.bot: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def add(self, scores: torch.Tensor, start: int) -> None:
+        kk = min(self.k, scores.shape[1])
+        tv, ti = topk_lowest_id(scores, kk)
+        bv, bi = topk_lowest_id(-scores, kk)  # negation is exact: the bottom as a top
+        ti, bi = ti + start, bi + start
+        self.top = (tv, ti) if self.top is None else merge_topk(*self.top, tv, ti, self.k)
+        self.bot = (bv, bi) if self.bot is None else merge_topk(*self.bot, bv, bi, self.k)
+
+    def result(self):
+        assert self.top is not None and self.bot is not None, "no block added"
+        return self.top[1], self.top[0], self.bot[1], -self.bot[0]
+
+
 def top_bottom(scores: torch.Tensor, k: int):
-    """``(top ids, top values, bottom ids, bottom values)`` of scores [n, V] along V, k each."""
-    top = torch.topk(scores, k, dim=-1)
-    bot = torch.topk(scores, k, dim=-1, largest=False)
-    return top.indices, top.values, bot.indices, bot.values
+    """``(top ids, top values, bottom ids, bottom values)`` of scores [n, V] along V, k each (see
+    :class:`TopBottom`: lowest id first among equal values)."""
+    tb = TopBottom(k)
+    tb.add(scores, 0)
+    return tb.result()
 
 
 def check_k(k: int, V: int) -> None:

@@ -27,7 +27,7 @@ import torch
 from vocablens.errors import BadInput
 from vocablens.models import Borders
 from vocablens.models.blocks import block_views
-from vocablens.vocab_space.readout import check_token, readout, rows_per_chunk
+from vocablens.vocab_space.readout import check_token, readout_rows, rows_per_chunk, stream_rows, vocab_blocks
 from vocablens.vocab_space.vectors import gather_vectors
 
 #: the ranking criterion of :func:`search_tokens`, in words (shown by the CLI and the report)
@@ -67,8 +67,11 @@ def _stats_key(borders: Borders, apply_norm_gain: bool) -> tuple:
 def value_stats(borders: Borders, apply_norm_gain: bool = True) -> ValueStats:
     """Exact per-vector moments of the value vectors' logits over the vocabulary (see the module docstring).
 
-    Cost: 2·V·d² FLOPs for the readout's covariance (accumulated over row chunks, float32) and 2·N·d²
-    for the N = L·d_ff quadratic forms; memory O(d² + d_ff·d). The result is kept for this model's
+    Cost: 2·V·d² FLOPs for the readout's covariance and 2·N·d² for the N = L·d_ff quadratic forms;
+    memory O(d² + d_ff·d) and one 8 MiB block of readout rows. The readout is streamed twice by
+    blocks (:func:`~vocablens.vocab_space.readout.vocab_blocks`): the mean row and the covariance are
+    sums over blocks accumulated in float64 (each block's Gram one float32 GEMM), then rounded to
+    float32. The result is kept for this model's
     unembedding while its weights are unchanged (in-place edits are detected), so repeated searches
     pay it once; :func:`search_tokens` also takes it explicitly.
 
@@ -85,22 +88,26 @@ def value_stats(borders: Borders, apply_norm_gain: bool = True) -> ValueStats:
 
 
 def _value_stats(borders: Borders, apply_norm_gain: bool) -> ValueStats:
-    R = readout(borders, apply_norm_gain)  # [V, d]
-    V = R.shape[0]
-    mu = R.mean(0)
-    C = torch.zeros(R.shape[1], R.shape[1], device=R.device)
-    step = 1 << 14  # readout rows per covariance update
-    for i in range(0, V, step):
-        Rc = R[i:i + step] - mu
-        C.addmm_(Rc.t(), Rc)
-    C /= V
+    V, d = borders.real_vocab_size, int(borders.d_model)
+    dev = borders.W_U.device
+    # two passes over blocks of readout rows (never the [V, d] matrix): the mean row, then the
+    # covariance of the centred rows; both accumulated across blocks in float64
+    s = torch.zeros(d, dtype=torch.float64, device=dev)
+    for _, _, R in stream_rows(borders, V, "value", apply_norm_gain):
+        s += R.sum(0, dtype=torch.float64)
+    mu = (s / V).float()
+    C64 = torch.zeros(d, d, dtype=torch.float64, device=dev)
+    for _, _, R in stream_rows(borders, V, "value", apply_norm_gain):
+        Rc = R - mu
+        C64 += (Rc.t() @ Rc).double()  # one float32 GEMM per block, summed in float64
+    C = (C64 / V).float()
     layers, neurons, means, stds = [], [], [], []
     for v in block_views(borders):
-        W = v.W_out.detach().to(R.device, torch.float32)  # [d_ff, d]
+        W = v.W_out.detach().to(dev, torch.float32)  # [d_ff, d]
         means.append(W @ mu)
         stds.append(((W @ C) * W).sum(-1).clamp_min(0).sqrt())
-        layers.append(torch.full((W.shape[0],), v.index, dtype=torch.long, device=R.device))
-        neurons.append(torch.arange(W.shape[0], device=R.device))
+        layers.append(torch.full((W.shape[0],), v.index, dtype=torch.long, device=dev))
+        neurons.append(torch.arange(W.shape[0], device=dev))
     return ValueStats(layers=torch.cat(layers), neurons=torch.cat(neurons), mean=torch.cat(means),
                       std=torch.cat(stds), apply_norm_gain=bool(apply_norm_gain))
 
@@ -142,6 +149,25 @@ def _z(stats: ValueStats, raw: torch.Tensor) -> torch.Tensor:
     return torch.where(std > 0, (raw - stats.mean) / std.clamp_min(torch.finfo(std.dtype).tiny), 0.0)
 
 
+def _ranks(borders: Borders, X: torch.Tensor, t: int, k: int, step: int, apply_norm_gain: bool) -> torch.Tensor:
+    """Token t's rank among each vector's logits over the real vocabulary, [2k] int64: from the top for
+    X[:k], from the bottom for X[k:]. Streamed over blocks of readout rows, the block holding t first
+    (the reference score s_t comes from the same GEMM kernel as every other column's)."""
+    V = borders.real_vocab_size
+    sign = torch.ones(len(X), 1, device=X.device)
+    sign[k:] = -1  # suppress rows: ranked from the bottom
+    blocks = sorted(vocab_blocks(V, int(borders.d_model)), key=lambda ab: not ab[0] <= t < ab[1])
+    ranks = torch.zeros(len(X), dtype=torch.long, device=X.device)
+    ref = None
+    for a, b in blocks:
+        R = readout_rows(borders, slice(a, b), apply_norm_gain)
+        S = torch.cat([(X[i:i + step] @ R.t()) * sign[i:i + step] for i in range(0, len(X), step)])  # [2k, b-a]
+        if ref is None:
+            ref = S[:, t - a:t - a + 1].clone()
+        ranks += (S > ref).sum(1)
+    return ranks
+
+
 def search_tokens(borders: Borders, token_ids: Sequence[int], k: int = 10, apply_norm_gain: bool = True,
                   stats: ValueStats | None = None) -> list[TokenSearch]:
     """For each token, the k value vectors with the largest and the k with the most negative z-score.
@@ -171,10 +197,12 @@ def search_tokens(borders: Borders, token_ids: Sequence[int], k: int = 10, apply
     N = len(stats.mean)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= N:
         raise BadInput(f"-k must be an integer between 1 and the number of value vectors {N}; got {k!r}")
-    R = readout(borders, apply_norm_gain)
+    dev = borders.W_U.device
     views = block_views(borders)
-    rows = R[ids]  # [T, d]
-    raw = torch.cat([v.W_out.detach().to(R.device, torch.float32) @ rows.t() for v in views])  # [N, T]
+    rows = readout_rows(borders, ids, apply_norm_gain)  # [T, d], the readout's rows bit for bit
+    raw = torch.cat([v.W_out.detach().to(dev, torch.float32) @ rows.t() for v in views])  # [N, T]
+    real = borders.real_vocab_size
+    step = rows_per_chunk(real)
     out = []
     for j, t in enumerate(ids):
         z = _z(stats, raw[:, j])
@@ -182,15 +210,8 @@ def search_tokens(borders: Borders, token_ids: Sequence[int], k: int = 10, apply
         lo = torch.topk(z, k, largest=False)
         idx = torch.cat([hi.indices, lo.indices])
         ln = torch.stack([stats.layers[idx], stats.neurons[idx]]).tolist()  # one host transfer per token
-        X = gather_vectors(borders, ln[0], ln[1]).to(R.device)
-        sign = torch.ones(2 * k, 1, device=R.device)
-        sign[k:] = -1  # suppress rows: ranked from the bottom
-        step = rows_per_chunk(R.shape[0])
-        ranks = []
-        for i in range(0, 2 * k, step):
-            S = (X[i:i + step] @ R.t()) * sign[i:i + step]  # [c, V]
-            ranks.append((S > S[:, t:t + 1]).sum(1))
-        ranks = torch.cat(ranks)
+        X = gather_vectors(borders, ln[0], ln[1]).to(dev)
+        ranks = _ranks(borders, X, t, k, step, apply_norm_gain)
         out.append(TokenSearch(
             token_id=t, promote_layers=stats.layers[hi.indices], promote_neurons=stats.neurons[hi.indices],
             promote_z=hi.values, promote_scores=raw[hi.indices, j], promote_ranks=ranks[:k],

@@ -18,7 +18,7 @@ import torch
 from vocablens.errors import BadInput
 from vocablens.models import Borders
 from vocablens.models.blocks import BlockView, block_view, block_views
-from vocablens.vocab_space.readout import check_block, check_k, input_embedding, readout, rows_per_chunk, top_bottom
+from vocablens.vocab_space.readout import TopBottom, check_block, check_k, rows_per_chunk, stream_rows
 
 
 @dataclass(frozen=True)
@@ -85,10 +85,13 @@ def project_vectors(borders: Borders, layers: Sequence[int], neurons: Sequence[i
             (:func:`~vocablens.vocab_space.readout.readout`); ``key``: row i of the gate (gated MLPs) or
             up projection read against the input embedding ``E k`` (input scale and ``project_in``).
         apply_norm_gain: apply the final norm's gain before the unembedding (values only).
-        chunk_rows: vectors scored per chunk (default: 64 MiB of scores).
+        chunk_rows: vectors scored per chunk (default: as many as 64 MiB of [rows, V] scores).
 
     Returns:
-        :class:`VectorProjection` with n = len(layers) rows, in the order given. Cost: 2·n·V·d FLOPs.
+        :class:`VectorProjection` with n = len(layers) rows, in the order given; among equal scores
+        the lowest token id comes first. Cost: 2·n·V·d FLOPs; memory: one block of readout (or
+        embedding) rows (:func:`~vocablens.vocab_space.readout.vocab_blocks`, 8 MiB) and its scores
+        against a chunk of vectors, never the [V, d] matrix.
 
     Raises:
         BadInput: unequal lengths, a block or neuron out of range, bad k or kind.
@@ -97,13 +100,13 @@ def project_vectors(borders: Borders, layers: Sequence[int], neurons: Sequence[i
     X = gather_vectors(borders, layers, neurons, kind)  # [n, d_model]
     real = borders.real_vocab_size
     check_k(k, real)
-    if kind == "value":
-        R = readout(borders, apply_norm_gain)
-    else:
-        R = input_embedding(borders)[:real]
-    X = X.to(R.device)
+    X = X.to(borders.W_U.device if kind == "value" else borders.W_E.device)
     step = rows_per_chunk(real, chunk_rows)
-    parts = [top_bottom(X[i:i + step] @ R.t(), k) for i in range(0, len(X), step)]
+    parts = [TopBottom(k) for _ in range(0, len(X), step)]
+    for a, _, R in stream_rows(borders, real, kind, apply_norm_gain):  # [rows, d] blocks, never [V, d]
+        for j, i in enumerate(range(0, len(X), step)):
+            parts[j].add(X[i:i + step] @ R.t(), a)
+    parts = [p.result() for p in parts]
     # cpu: the [n, k] result and its labels, once, at the end
     ti, tv, bi, bv = (torch.cat([p[j] for p in parts]).cpu() for j in range(4))
     layers_t = torch.tensor([int(x) for x in layers])  # cpu: result labels
