@@ -578,8 +578,10 @@ print("OK " + json.dumps(out))
 
 def test_scan_memory_stays_linear_in_V_under_an_address_space_cap(tmp_path):
     # 12,000 x 32 rows with 12 planted interior rows and a duplicate pair, without and with a bias,
-    # under an address-space cap of 400 MiB over the process's own baseline: the scores of all
-    # pairs at once would need 576 MB in float32 (V^2 order); every stage must be reached and
+    # under an address-space cap of 150 MiB over the process's own baseline (every transient is one
+    # block of 16-32 MiB: the scan needs about 110 MiB here, 140 MiB before the blocks were capped
+    # by bytes): the scores of all pairs at once would need 576 MB in float32 (V^2 order); every
+    # stage must be reached and
     # settle its share (prepare: the twins; gemm: most rows; reflect: the near misses; proof: the
     # planted rows, through the screen without bias; bias: the lifted LPs; verify: re-checks).
     import os
@@ -590,7 +592,7 @@ def test_scan_memory_stays_linear_in_V_under_an_address_space_cap(tmp_path):
     script.write_text(_MEMORY_SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                MALLOC_ARENA_MAX="2", PYTHONPATH=os.pathsep.join(sys.path))
-    out = subprocess.run([sys.executable, str(script), os.path.dirname(__file__), "12000", "32", "12", "400"],
+    out = subprocess.run([sys.executable, str(script), os.path.dirname(__file__), "12000", "32", "12", "150"],
                          env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads([l for l in out.stdout.splitlines() if l.startswith("OK ")][0][3:])
@@ -682,7 +684,7 @@ for name, bias in (("nobias", None), ("bias", b)):
     r = find_unargmaxable(W, bias, block=64, row_budget_s=None)
     out[name] = {"verdict": r.verdict.tolist(), "settled": r.settled, "n_combos": len(r.combos)}
 import vocablens.argmax.preparation as prep
-prep._BLOCK = 64                # 16-row whitening blocks: both ranks whiten a share, then all-reduce
+prep.BLOCK_BYTES = 512          # 16-row whitening blocks: both ranks whiten a share, then all-reduce
 calls, inner = [], prep._sum_over_ranks
 prep._sum_over_ranks = lambda t, size, op="sum": (calls.append((tuple(t.shape), op)), inner(t, size, op))
 r = find_unargmaxable(W, None, block=64, row_budget_s=None)

@@ -7,8 +7,9 @@ Braid reflections) and stage ``verify`` (float64 re-check in the original coordi
   ``z - q``. A token is settled when ``q_i.q_i`` beats every other ``q_j.q_i`` by more than the bound.
 - ``reflect``: float32 re-check of the failures and at most ``reflect_iters`` reflections of the
   near misses across the hyperplane that separates them from their current winner (the "Braid
-  reflect" of Grivas, Bogoychev and Lopez 2022, §4), by blocks of at most 256 columns.
-- ``verify``: float64 margins at the certificates, chunked so the scores stay under 128 MiB.
+  reflect" of Grivas, Bogoychev and Lopez 2022, §4), by blocks of at most 256 columns
+  (fewer when the scores [n, columns] would pass 16 MiB).
+- ``verify``: float64 margins at the certificates, by blocks of rows (running maxima per token).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import torch
 
 from vocablens.argmax.distributed import allreduce_max, world
 from vocablens.argmax.result import DUPLICATE, UNDECIDED
-from vocablens.argmax.state import U32, ScanState
+from vocablens.argmax.state import U32, ScanState, rows_per_block
 
-#: reflect columns at a time (the scores are [n, this] float32)
+#: reflect columns at a time at most (the scores are [n, this] float32, capped at
+#: :data:`~vocablens.argmax.state.BLOCK_BYTES`)
 REFLECT_COLS = 256
-#: float64 scores kept at once by the verify stage, bytes
-VERIFY_BYTES = 128 * 2 ** 20
+#: columns handed to the interior screen at a time (it takes their scores [n, this] as a copy)
+SCREEN_COLS = 32
 
 
 def _fp32_exact_mm(r: int):
@@ -87,17 +89,18 @@ def exact_int_matmul(Q: torch.Tensor):
     return im if times[0] <= times[1] else fp
 
 
-#: columns per product of the all-pairs stage (the scores are [block, this] float32: 64 MiB)
-GEMM_COLS = 8192
+#: bytes of one product's scores in the all-pairs stage ([block, columns] float32 or int32)
+GEMM_BYTES = 32 * 2 ** 20
 
 
 def stage_gemm(st: ScanState, block: int) -> None:
     """Stage 1 for every open row; leaves the failures in ``st.left``.
 
-    The upper triangle of ``Q Q^T`` by blocks of ``block`` rows x :data:`GEMM_COLS` columns: each
+    The upper triangle of ``Q Q^T`` by blocks of ``block`` rows x as many columns as fit :data:`GEMM_BYTES`: each
     product serves its rows (maxima along its rows) and its columns (along its columns), so
     V^2 r FLOPs in all (one multiply-add per pair, half of the full product) and the rows' maxima
-    are complete once their own row block is done. Memory: the maxima [n] and one block of scores.
+    are complete once their own row block is done. Memory: the maxima [n] and one block of scores
+    (:data:`GEMM_BYTES`).
     The budget is checked before each product; on :class:`~vocablens.argmax.state.OutOfTime` the
     rows whose maximum is complete (the row blocks done) are still judged, the rest stay open.
 
@@ -114,10 +117,13 @@ def stage_gemm(st: ScanState, block: int) -> None:
     low = -math.inf if probe.is_floating_point() else torch.iinfo(torch.int32).min
     best = torch.full((n,), low, dtype=probe.dtype)
     diag = torch.empty(n, dtype=torch.float64)
-    for s in range(0, n, 16384):
-        qi = Qt[s:s + 16384].long()
-        diag[s:s + 16384] = (qi * qi).sum(1).double()
-    col_chunk = max(block, GEMM_COLS)
+    step = rows_per_block(Qt.shape[1])
+    for s in range(0, n, step):
+        qi = Qt[s:s + step].long()
+        diag[s:s + step] = (qi * qi).sum(1).double()
+    # columns per product: the scores [block, cols] and the columns' float32 copy [cols, r] fit
+    # GEMM_BYTES (at least the block itself: the diagonal square is masked in the first product)
+    col_chunk = max(block, rows_per_block(max(block, Qt.shape[1]), 4, GEMM_BYTES))
     done = 0
     rank, size = world()
     try:
@@ -163,11 +169,13 @@ def stage_gemm(st: ScanState, block: int) -> None:
 
 
 def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
-    """Stage 2 on ``st.left``, by blocks of :data:`REFLECT_COLS` columns; failures stay in ``st.left``.
+    """Stage 2 on ``st.left``, by blocks of at most :data:`REFLECT_COLS` columns (their scores [n, m]
+    fit :data:`~vocablens.argmax.state.BLOCK_BYTES`); failures stay in ``st.left``.
 
     Args:
         iters: reflections per column at most.
-        screen: optional ``(state, cols, S) -> bool mask`` called once per block with the scores
+        screen: optional ``(state, cols, S) -> bool mask`` called (for at most :data:`SCREEN_COLS`
+            columns at a time) with the scores
             ``S [n, m]`` at ``y = z_t`` (own scores masked out) for the columns the float32 re-check
             did not settle; it returns the columns it settled itself (a quick interior proof), which
             then skip the reflections.
@@ -177,12 +185,13 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
     Zt, coef = st.Zt, (st.r * U32 / (1 - st.r * U32) + 3 * U32) * 1.01
     still: list[np.ndarray] = []
     left = st.left
-    for b0 in range(0, len(left), REFLECT_COLS):
+    ncol = rows_per_block(st.n, 4, most=REFLECT_COLS)        # the scores [n, ncol] fit BLOCK_BYTES
+    for b0 in range(0, len(left), ncol):
         if st.time_left() <= 0:
             st.cut("reflect")
             still.append(left[b0:])
             break
-        cols = torch.from_numpy(left[b0:b0 + REFLECT_COLS])
+        cols = torch.from_numpy(left[b0:b0 + ncol])
         Y = Zt[cols].T.clone()                          # [r, m]
         for it in range(iters):
             S = Zt @ Y                                  # [n, m]
@@ -200,7 +209,9 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
             if it == 0 and screen is not None and not done.all():
                 rest = np.nonzero(~done)[0]
                 proved = np.zeros(len(done), dtype=bool)
-                proved[rest] = screen(st, cols[rest].numpy(), S[:, rest])
+                for j in range(0, len(rest), SCREEN_COLS):        # S[:, part] is a copy: small parts
+                    part = rest[j:j + SCREEN_COLS]
+                    proved[part] = screen(st, cols[part].numpy(), S[:, part])
                 done = done | proved
             keepc = torch.from_numpy(~done)
             Y, cols, jstar = Y[:, keepc], cols[keepc], jstar[keepc]
@@ -213,20 +224,11 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
             coefr = (nv * Y).sum(0) / (nv * nv).sum(0).clamp_min(1e-30)
             Y = Y - 2.0 * coefr * nv
         still.append(cols.numpy())
-        st.progress("reflect", min(b0 + REFLECT_COLS, len(left)), len(left))
+        st.progress("reflect", min(b0 + ncol, len(left)), len(left))
     st.left = np.concatenate(still) if still else np.zeros(0, dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------------------- verify
-def _row_scores64(Wn: np.ndarray, rows: np.ndarray | None, X: np.ndarray, chunk: int = 8192) -> np.ndarray:
-    """float64 ``W[rows] @ X`` computed in row chunks: [n, k]."""
-    idx = np.arange(Wn.shape[0]) if rows is None else rows
-    out = np.empty((len(idx), X.shape[1]), dtype=np.float64)
-    for s in range(0, len(idx), chunk):
-        out[s:s + chunk] = Wn[idx[s:s + chunk]].astype(np.float64) @ X
-    return out
-
-
 def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int = 512, progress=None,
                       deadline: float | None = None):
     """float64 margins ``l_t(x_t) - max_{j in play, j != t, j not a twin} l_j(x_t)`` for tokens [k].
@@ -234,35 +236,48 @@ def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int =
     Args:
         Wn: rows ``[V, d]`` (numpy, float32 or float64); bn: bias [V] or None; in_play: bool [V].
         tokens: int64 [k]; cert: ``t -> x`` float64 [d].
-        chunk: tokens per float64 product (lowered so the [n_play, chunk] scores fit 128 MiB).
-        deadline: ``time.perf_counter()`` value after which no new chunk starts.
+        chunk: tokens per pass over the rows (lowered so their certificates ``[d, chunk]`` fit
+            :data:`~vocablens.argmax.state.BLOCK_BYTES`).
+        deadline: ``time.perf_counter()`` value after which no new pass starts.
 
     Returns:
         float64 [k] margins (logit units); NaN for tokens not reached before the deadline.
+
+    Memory: one block of rows in float64 and their scores ``[rows, chunk]`` (about
+    :data:`~vocablens.argmax.state.BLOCK_BYTES` each), whatever V: the maxima are kept per token.
     """
     tokens = np.asarray(tokens, dtype=np.int64)
     out = np.full(len(tokens), np.nan)
     play = np.nonzero(in_play)[0]
     pos = np.full(len(in_play), -1)
     pos[play] = np.arange(len(play))
-    chunk = max(1, min(chunk, VERIFY_BYTES // (8 * max(1, len(play)))))
-    bplay = None if bn is None else bn[play][:, None]
+    d = Wn.shape[1]
+    chunk = rows_per_block(d, 8, most=chunk)
+    step = min(rows_per_block(chunk, 8), rows_per_block(d, 8))
     for s in range(0, len(tokens), chunk):
         if deadline is not None and time.perf_counter() >= deadline:
             break
         tk = tokens[s:s + chunk]
         X = np.stack([cert(t) for t in tk], axis=1)               # [d, k]
-        L = _row_scores64(Wn, play, X)                             # [n_play, k]
-        if bplay is not None:
-            L += bplay
-        for q, t in enumerate(tk):
-            own = L[pos[t], q]
-            L[pos[t], q] = -np.inf
-            if twins_of is not None:
-                tw = twins_of(t)
-                if len(tw):
-                    L[pos[tw], q] = -np.inf
-            out[s + q] = own - L[:, q].max() if L.shape[0] > 1 else math.inf
+        # (row, column) entries left out of each token's maximum: its own row and its twins
+        mr = [np.atleast_1d(pos[t]) for t in tk]
+        if twins_of is not None:
+            mr = [np.concatenate([m, pos[np.asarray(twins_of(t), dtype=np.int64)]]) for m, t in zip(mr, tk)]
+        mrow = np.concatenate(mr)
+        mcol = np.repeat(np.arange(len(tk)), [len(m) for m in mr])
+        own = np.full(len(tk), np.nan)
+        best = np.full(len(tk), -np.inf)
+        for r0 in range(0, len(play), step):
+            rows = play[r0:r0 + step]
+            L = Wn[rows].astype(np.float64) @ X                    # [rows, k]
+            if bn is not None:
+                L += bn[rows][:, None]
+            q = np.nonzero((pos[tk] >= r0) & (pos[tk] < r0 + step))[0]
+            own[q] = L[pos[tk[q]] - r0, q]
+            sel = (mrow >= r0) & (mrow < r0 + step)
+            L[mrow[sel] - r0, mcol[sel]] = -np.inf
+            np.maximum(best, L.max(0), out=best)
+        out[s:s + len(tk)] = own - best if len(play) > 1 else math.inf
         if progress:
             progress(min(s + chunk, len(tokens)), len(tokens))
     return out

@@ -119,6 +119,77 @@ def probe_norm(norm: torch.nn.Module, d: int) -> NormModel | None:
                      kind="layernorm" if centred else "rmsnorm", max_error=err)
 
 
+#: float64 bytes of one block of the norm problem's rows (W' is never held whole)
+NORM_BLOCK_BYTES = 16 * 2 ** 20
+
+
+class _Rows:
+    """The rows ``W' = (W[ids] diag(gain), centred for a LayerNorm) * logit_scale`` [n, d] float64,
+    made afresh from W by blocks of :data:`NORM_BLOCK_BYTES` (each row exactly as a whole float64
+    copy would hold it), so the norm bounds need W plus one block, not two more copies of W."""
+
+    def __init__(self, W: torch.Tensor, ids: torch.Tensor, model: NormModel, scale: float):
+        self.W, self.ids, self.model, self.scale = W, ids, model, scale
+        self.step = max(1, NORM_BLOCK_BYTES // (8 * max(1, int(W.shape[1]))))
+        self.whole = len(ids) == W.shape[0]                 # every row: slices, no gather
+
+    def _raw(self, s: int, e: int) -> torch.Tensor:
+        rows = self.W[s:e] if self.whole else self.W[self.ids[s:e]]
+        return rows.to(torch.float64, copy=True)            # a copy even when W is float64 (folded in place)
+
+    def _fold(self, X: torch.Tensor) -> torch.Tensor:
+        X.mul_(self.model.gain)
+        if self.model.centred:
+            X.sub_(X.mean(1, keepdim=True))                 # rows projected on sum(u) = 0
+        return X.mul_(self.scale) if self.scale != 1.0 else X
+
+    def shift_and_mean(self, shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``W[ids] @ shift`` (the rows before the gain) [n] and the mean row of W' [d], one pass."""
+        cs, tot = [], torch.zeros(self.W.shape[1], dtype=torch.float64)
+        for s in range(0, len(self.ids), self.step):
+            X = self._raw(s, s + self.step)
+            cs.append(X @ shift)
+            tot += self._fold(X).sum(0)
+        c = torch.cat(cs) if cs else torch.zeros(0, dtype=torch.float64)
+        return c, tot / max(1, len(self.ids))
+
+    def blocks(self):
+        """``(start, W'[start:start + b])`` by blocks, float64 [b, d]."""
+        for s in range(0, len(self.ids), self.step):
+            yield s, self._fold(self._raw(s, s + self.step))
+
+    def take(self, pos: torch.Tensor) -> torch.Tensor:
+        """``W'[pos]`` float64 [len(pos), d] for positions into ``ids``."""
+        return self._fold(self.W[self.ids[pos]].to(torch.float64, copy=True))
+
+    def take32(self, pos: torch.Tensor) -> torch.Tensor:
+        """``W'[pos]`` rounded to float32 [len(pos), d], made by blocks (one float32 result)."""
+        out = torch.empty(len(pos), self.W.shape[1], dtype=torch.float32)
+        for s in range(0, len(pos), self.step):
+            out[s:s + self.step] = self.take(pos[s:s + self.step])
+        return out
+
+    def select_scores(self, U: torch.Tensor) -> torch.Tensor:
+        """``W' U`` in float32 [n, k] for U [d, k], as ``W (gain * U') * scale`` (``U'`` centred for
+        a LayerNorm): the gain acts on the hidden side, so no float64 copy of the rows is made.
+        Only picks the active set (the rounding differs from W' in float32 by a few ulps; the
+        bounds are evaluated exactly in float64 over every row)."""
+        if self.model.centred:
+            U = U - U.mean(0, keepdim=True)
+        X = (U * self.model.gain[:, None] * self.scale).float()    # [d, k]
+        if self.whole and self.W.dtype == torch.float32:
+            return self.W @ X
+        return torch.cat([(self.W[self.ids[s:s + self.step]].float() @ X)
+                          for s in range(0, len(self.ids), self.step)])
+
+    def t_matmul(self, P: torch.Tensor) -> torch.Tensor:
+        """``W'^T P`` float64 [d, k] for P [n, k], summed over the blocks."""
+        out = torch.zeros(self.W.shape[1], P.shape[1], dtype=torch.float64)
+        for s, Wb in self.blocks():
+            out += Wb.T @ P[s:s + len(Wb)]
+        return out
+
+
 def norm_reachability(
     W: torch.Tensor,
     tokens: torch.Tensor | list[int],
@@ -157,47 +228,36 @@ def norm_reachability(
     ids = keep.nonzero().flatten()
     pos = torch.full((V,), -1, dtype=torch.long)
     pos[ids] = torch.arange(len(ids))
-    # memory: one float64 and one float32 copy of the rows in play ([n, d]); the rest by blocks
-    Wg = W.detach().cpu()[ids].double()                             # [n, d]
-    c = Wg @ model.shift
-    Wg.mul_(model.gain)
-    if model.centred:
-        Wg.sub_(Wg.mean(1, keepdim=True))                           # rows projected on sum(u) = 0
+    # memory: the rows W' = (W diag(gain), centred) * logit_scale are never held whole; they are
+    # made afresh by blocks of NORM_BLOCK_BYTES (float64), so the peak is W itself plus [n, k] scores
+    rows = _Rows(W.detach().cpu(), ids, model, logit_scale)
+    n = len(ids)
+    c, mu = rows.shift_and_mean(model.shift)                    # [n], [d] float64
     if bias is not None:
         c = c + bias.detach().cpu().double()[ids]
-    Wg.mul_(logit_scale)
     c = c * logit_scale
     R = model.radius
     k = len(tok)
     tp = pos[tok]
-    Wf = Wg.float()
-    mu = Wg.mean(0)
     # Lipschitz constant of grad f: Var_p(v.w) <= max ||w - mu||^2
-    L = max(float(((Wg[s:s + 16384] - mu) ** 2).sum(1).max()) for s in range(0, len(ids), 16384)) + 1e-12
+    L = max(float(((Wb - mu) ** 2).sum(1).max()) for _, Wb in rows.blocks()) + 1e-12
     U = torch.zeros(d, k, dtype=torch.float64)
     Yv = U.clone()
     tk = 1.0
-
-    def f_and_grad(Uc: torch.Tensor):
-        """Exact float64 objective, gradient, logits and softmax over all rows at Uc [d, k]."""
-        Lg = Wg @ Uc + c[:, None]                                  # [n, k]
-        lse = torch.logsumexp(Lg, 0)
-        own = Lg[tp, torch.arange(k)]
-        P = torch.softmax(Lg, 0)
-        G = (P.T @ Wg).T - Wg[tp].T
-        return lse - own, G, Lg, P
+    Wown = rows.take(tp)                                           # [k, d] float64 own rows
 
     # Accelerated projected gradient on an active set: every `refresh` steps the M rows with the
     # largest logits (per token) are taken from one full product; the final bounds use all rows.
-    refresh, M = 20, min(len(ids), 512)
+    refresh, M = 20, min(n, 512)
     ar = torch.arange(k)
-    Wt = Wf[tp]                                                    # [k, d] own rows
+    Wt = Wown.float()                                              # [k, d] own rows
     cf = c.float()
     for it0 in range(0, iters, refresh):
-        Lg = Wf @ U.float() + cf[:, None]                          # [n, k]
+        Lg = rows.select_scores(U) + cf[:, None]                   # [n, k] float32
         Lg[tp, ar] = math.inf
         top = torch.topk(Lg, M, dim=0).indices.T                    # [k, M], own row included
-        Ws = Wf[top]                                               # [k, M, d]
+        del Lg
+        Ws = rows.take32(top.reshape(-1)).reshape(k, M, d)        # [k, M, d]
         cs = cf[top]                                               # [k, M]
         Uf, Yf = U.T.float().contiguous(), Yv.T.float().contiguous()
         for _ in range(min(refresh, iters - it0)):
@@ -213,7 +273,14 @@ def norm_reachability(
         U, Yv = Uf.T.double(), Yf.T.double()
     best_U = U
     # exact float64 evaluation at the final vectors
-    fE, GE, LgE, PE = f_and_grad(best_U)
+    LgE = torch.cat([Wb @ best_U for _, Wb in rows.blocks()]) + c[:, None]    # [n, k]
+    fE = torch.logsumexp(LgE, 0) - LgE[tp, torch.arange(k)]
+    PE = torch.softmax(LgE, 0)
+    Pm = PE.clone()
+    Pm[tp, torch.arange(k)] = 0
+    Pm = Pm / Pm.sum(0, keepdim=True).clamp_min(1e-300)
+    WP = rows.t_matmul(torch.cat([PE, Pm], 1))                    # [d, 2k]: one pass for both
+    GE = WP[:, :k] - Wown.T                                        # gradient of f at best_U
     p_lower = torch.exp(-fE)
     gap_lb = fE - (GE * best_U).sum(0) - R * GE.norm(dim=0)        # lower bound on f*
     p_upper = torch.exp(-torch.clamp(gap_lb, min=0.0))
@@ -221,10 +288,7 @@ def norm_reachability(
     Lx = LgE.clone()
     Lx[tp, torch.arange(k)] = -math.inf
     m_lo = own - Lx.max(0).values
-    Pm = PE.clone()
-    Pm[tp, torch.arange(k)] = 0
-    Pm = Pm / Pm.sum(0, keepdim=True).clamp_min(1e-300)
-    diff = Wg[tp].T - Wg.T @ Pm                                     # sum mu_j (w'_t - w'_j) [d, k]
+    diff = Wown.T - WP[:, k:]                                      # sum mu_j (w'_t - w'_j) [d, k]
     m_up = R * diff.norm(dim=0) + (c[tp] - Pm.T @ c)
     verdict = torch.full((k,), -1, dtype=torch.int8)
     verdict[m_lo > 0] = 1

@@ -8,8 +8,9 @@
   ``Z = (W - mu) A``, and rounded to one global int8 grid ``Q`` (step ``qs``) for stage 1, with a
   rigorous bound ``enorm`` on ``||z - qs q||`` (rounding to the grid and to float32).
 
-Memory: every pass runs over blocks of 16,384 rows, so the peak is the float32 ``Z`` and the int8
-``Q`` ([n, r] each) plus one block; each block checks the time budget.
+Memory: every pass runs over blocks of rows of about :data:`~vocablens.argmax.state.BLOCK_BYTES`
+(float64), so the peak is the float32 ``Z`` and the int8 ``Q`` ([n, r] each) plus a few such blocks,
+whatever V and d; each block checks the time budget.
 """
 
 from __future__ import annotations
@@ -21,10 +22,8 @@ import torch
 
 from vocablens.argmax.distributed import world
 from vocablens.argmax.result import DUPLICATE, PADDING, UNARGMAXABLE, UNDECIDED, UNTRAINED
-from vocablens.argmax.state import U32, ScanState, one_blas_thread
+from vocablens.argmax.state import BLOCK_BYTES, U32, ScanState, one_blas_thread, rows_per_block
 from vocablens.errors import BadInput, ShapeMismatch
-
-_BLOCK = 16384
 
 
 def as_numpy(W: torch.Tensor) -> np.ndarray:
@@ -52,8 +51,9 @@ def check_input(W, bias, masks: dict):
     if not W.is_floating_point():
         raise ShapeMismatch(f"W must be floating point; got {W.dtype}")
     bad = torch.zeros(V, dtype=torch.bool)
-    for s in range(0, V, _BLOCK):
-        bad[s:s + _BLOCK] = ~torch.isfinite(W[s:s + _BLOCK]).all(dim=1)
+    step = rows_per_block(d, 4 * W.element_size())   # isfinite keeps a few temporaries of the block
+    for s in range(0, V, step):
+        bad[s:s + step] = ~torch.isfinite(W[s:s + step]).all(dim=1)
     if bool(bad.any()):
         ids = bad.nonzero().flatten()
         raise BadInput(f"W has {len(ids)} row(s) with NaN or inf (ids {ids[:8].tolist()}"
@@ -86,12 +86,13 @@ def group_identical(Wn: np.ndarray, ids: np.ndarray, tick=None):
     rng = np.random.default_rng(0)
     R = rng.integers(-(2 ** 62), 2 ** 62, size=(Wn.shape[1], 2), dtype=np.int64)
     keys = np.empty((m, 2), dtype=np.int64)
+    step = rows_per_block(Wn.shape[1])           # int64 bits: one BLOCK_BYTES block
     with np.errstate(over="ignore"):
-        for s in range(0, m, 8192):
+        for s in range(0, m, step):
             if tick is not None:
                 tick()
-            bits = (Wn[ids[s:s + 8192]] + Wn.dtype.type(0)).view(itype).astype(np.int64)
-            keys[s:s + 8192] = bits @ R          # wraps modulo 2^64: an exact function of the bits
+            bits = (Wn[ids[s:s + step]] + Wn.dtype.type(0)).view(itype).astype(np.int64)
+            keys[s:s + step] = bits @ R          # wraps modulo 2^64: an exact function of the bits
     _, inv, cnt = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
     inv = inv.ravel()
     if (cnt > 1).any():
@@ -178,7 +179,7 @@ def whiten(st: ScanState) -> None:
     and the verdicts, being certified, are the same. It then runs to the end whatever the budget.
     """
     n, d, Wn, reps = st.n, st.d, st.Wn, st.reps
-    step = _BLOCK // 4                                                    # float64: ~0.1 s a block
+    step = rows_per_block(d, 8, 2 * BLOCK_BYTES, most=4096)       # float64 rows: ~0.1 s each
     starts = list(range(0, n, step))
     rank, size = world()
     tick = st.check_time if size == 1 else (lambda: None)   # ranks must reach each all_reduce together
@@ -192,7 +193,7 @@ def whiten(st: ScanState) -> None:
     C = torch.zeros(d, d, dtype=torch.float64)
     for s in mine:
         tick()
-        Xc = torch.from_numpy(Wn[reps[s:s + step]]).double() - mu_t
+        Xc = torch.from_numpy(Wn[reps[s:s + step]]).double().sub_(mu_t)     # a copy: in place is safe
         C += Xc.T @ Xc
     _sum_over_ranks(C, size)
     tick()
@@ -206,11 +207,13 @@ def whiten(st: ScanState) -> None:
     At = torch.from_numpy(A)
     Z = (np.zeros if size > 1 else np.empty)((n, r), dtype=np.float32)
     wsq = torch.zeros(1, dtype=torch.float64)
+    zstep = rows_per_block(max(d, r), 8, BLOCK_BYTES // 2)        # row by row: any block size
     for s in mine:
-        tick()
-        Xc = torch.from_numpy(Wn[reps[s:s + step]]).double() - mu_t
-        wsq = torch.maximum(wsq, (Xc * Xc).sum(1).max())
-        Z[s:s + len(Xc)] = (Xc @ At).float().numpy()
+        for s_ in range(s, min(s + step, n), zstep):
+            tick()
+            Xc = torch.from_numpy(Wn[reps[s_:min(s_ + zstep, s + step)]]).double().sub_(mu_t)
+            wsq = torch.maximum(wsq, (Xc * Xc).sum(1).max())
+            Z[s_:s_ + len(Xc)] = (Xc @ At).float().numpy()
     if size > 1:                        # every rank needs every whitened row: the others' are zeros here
         _sum_over_ranks(torch.from_numpy(Z), size)
         _sum_over_ranks(wsq, size, "max")
@@ -219,18 +222,23 @@ def whiten(st: ScanState) -> None:
     st.wscale = math.sqrt(wsq) or 1.0
     st.Zt = torch.from_numpy(Z)
     # global int8 grid for stage 1: q = round(z / qs), e = z - qs q (z exact: + float32 rounding)
-    qs = float(np.abs(Z).max()) * (1 + 1e-6) / 127.0 or 1.0
+    step = rows_per_block(r)                        # three float64 blocks at a time
+    zabs = max(float(np.abs(Z[s:s + step]).max()) for s in range(0, n, step))   # no [n, r] copy
+    qs = zabs * (1 + 1e-6) / 127.0 or 1.0
     Q = np.empty((n, r), dtype=np.int8)
     enorm = np.empty(n)
     znorm = np.empty(n)
-    for s in range(0, n, _BLOCK):
+    for s in range(0, n, step):
         tick()
-        zc = Z[s:s + _BLOCK].astype(np.float64)
-        qc = np.rint(zc / qs)
-        Q[s:s + _BLOCK] = qc.astype(np.int8)
+        zc = Z[s:s + step].astype(np.float64)
+        qc = np.divide(zc, qs)
+        np.rint(qc, out=qc)
+        Q[s:s + step] = qc.astype(np.int8)
         zn = np.linalg.norm(zc, axis=1)
-        enorm[s:s + _BLOCK] = np.linalg.norm(zc - qs * qc, axis=1) + 1.01 * U32 * zn
-        znorm[s:s + _BLOCK] = zn
+        np.multiply(qc, qs, out=qc)
+        np.subtract(zc, qc, out=qc)                 # z - qs q, the rounding to the grid
+        enorm[s:s + step] = np.linalg.norm(qc, axis=1) + 1.01 * U32 * zn
+        znorm[s:s + step] = zn
     st.Qt, st.qs = torch.from_numpy(Q), qs
     st.enorm, st.emax = enorm, float(enorm.max())
     st.znorm, st.zmax = znorm, float(znorm.max())

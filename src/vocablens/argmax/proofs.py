@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from vocablens.argmax.lp import lp_proof, slack
-from vocablens.argmax.state import ScanState
+from vocablens.argmax.state import ScanState, rows_per_block
 
 #: rows proved together (one product for their start sets, one per round for their directions)
 BATCH = 64
@@ -80,10 +80,11 @@ class Ball:
         n, r, d = st.n, st.r, st.d
         pos_sum = np.zeros((r, d))
         self.size = np.zeros(r)
-        for s in range(0, n, 16384):
+        step = rows_per_block(max(r, d))                               # float64 blocks
+        for s in range(0, n, step):
             st.check_time()
-            B = (st.Qt[s:s + 16384] > 0).double().numpy()             # [c, r]
-            pos_sum += B.T @ st.Wn[st.reps[s:s + 16384]].astype(np.float64)
+            B = (st.Qt[s:s + step] > 0).double().numpy()              # [c, r]
+            pos_sum += B.T @ st.Wn[st.reps[s:s + step]].astype(np.float64)
             self.size += B.sum(0)
         self.ok = bool((self.size > 0).all() and (self.size < n).all())
         if not self.ok:
@@ -204,14 +205,11 @@ def stage_proof(st: ScanState, max_rounds: int, row_budget_s: float | None) -> d
         rows = rows[np.argsort(st.defer[st.reps[rows]], kind="stable")]
     fails: dict = {}
     n0 = min(n - 1, 2 * (r + 1))
+    per = rows_per_block(n, 4, most=BATCH)          # columns of one [n, per] float32 score block
     for b0 in range(0, len(rows), BATCH):
         st.check_time()
         ks = rows[b0:b0 + BATCH]
-        kt = torch.from_numpy(ks)
-        S0 = Zt @ Zt[kt].T                                       # [n, B]
-        S0[kt, torch.arange(len(ks))] = -math.inf
-        top = torch.topk(S0, n0, dim=0).indices.T.numpy()        # [B, n0], best first
-        del S0
+        top = np.concatenate([_start_sets(Zt, ks[j:j + per], n0) for j in range(0, len(ks), per)])
         active = []
         for q, k in enumerate(ks):
             st.check_time()
@@ -228,6 +226,14 @@ def stage_proof(st: ScanState, max_rounds: int, row_budget_s: float | None) -> d
             active = _check_directions(st, probe, max_rounds, row_budget_s, fails)
         st.progress("proof", min(b0 + BATCH, len(rows)), len(rows))
     return fails
+
+
+def _start_sets(Zt: torch.Tensor, ks: np.ndarray, n0: int) -> np.ndarray:
+    """The ``n0`` rows scoring highest at ``z_k`` for each k in ks (k itself left out): int64 [len(ks), n0]."""
+    kt = torch.from_numpy(ks)
+    S0 = Zt @ Zt[kt].T                                           # [n, B]
+    S0[kt, torch.arange(len(ks))] = -math.inf
+    return torch.topk(S0, n0, dim=0).indices.T.numpy()           # [B, n0], best first
 
 
 def _round(st: ScanState, row: _Row, fails: dict) -> bool:
@@ -261,13 +267,20 @@ def _interior_found(st: ScanState, k: int, pos: np.ndarray, w: np.ndarray, fails
 
 
 def _check_directions(st: ScanState, probe: list, max_rounds: int, row_budget_s, fails: dict) -> list:
-    """One ``Z Y`` product for the batch's directions: settle the separated rows, extend the rest."""
-    if not probe:
-        return []
+    """``Z Y`` products for the batch's directions (as many columns at a time as fit one block):
+    settle the separated rows, extend the rest; returns the rows still open."""
+    nxt: list = []
+    per = rows_per_block(st.n, 4, most=BATCH)       # columns of one [n, per] float32 score block
+    for j in range(0, len(probe), per):
+        _check_some(st, probe[j:j + per], max_rounds, row_budget_s, fails, nxt)
+    return nxt
+
+
+def _check_some(st: ScanState, probe: list, max_rounds: int, row_budget_s, fails: dict, nxt: list) -> None:
+    """One ``Z Y`` product [n, len(probe)]; the rows to extend are appended to ``nxt``."""
     Y = torch.from_numpy(np.stack([row.y for row in probe], axis=1)).float()   # [r, m]
     sl = slack(st, Y)
     SC = st.Zt @ Y                                               # [n, m]
-    nxt = []
     for q, row in enumerate(probe):
         sc = SC[:, q].double().numpy()
         own = sc[row.k]
@@ -292,7 +305,6 @@ def _check_directions(st: ScanState, probe: list, max_rounds: int, row_budget_s,
             row.Sset.update(new)
             row.S = np.concatenate([row.S, np.array(new, dtype=np.int64)])
             nxt.append(row)
-    return nxt
 
 
 def _fallback(st: ScanState, row: _Row, why: str, fails: dict) -> None:

@@ -61,12 +61,14 @@ def argmax_cmd(
     Runs on several processes with ``torchrun --nproc-per-node N -m vocablens argmax``."""
 
     from vocablens.argmax.model import argmax_for_borders
+    from vocablens.argmax.state import blocks_back_to_the_os
     from vocablens.render.argmax import argmax_tables, argmax_to_dict
 
     if bias not in ("auto", "on", "off"):
         raise BadInput(f"--bias must be auto, on or off; got {bias!r}")
     if not budget >= 0:
         raise BadInput(f"--budget must be a number of seconds >= 0 (0: no limit); got {budget}")
+    blocks_back_to_the_os()         # freed blocks leave the resident set (peak: live data + a block)
     rank = _rank()                  # torchrun: the rows are split across ranks, rank 0 prints
     quiet = json_ or rank != 0
     lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=quiet, borders_only=True)
