@@ -33,7 +33,7 @@ from vocablens.errors import BadInput, ShapeMismatch
 from vocablens.logit_transform import check_transform, transform_logits, transform_logits_backward
 from vocablens.ops._checks import check_float, check_ids
 from vocablens.ops.chunking import run_blocks
-from vocablens.ops.topk import topk_by_blocks
+from vocablens.ops.kl_block import PAIR_TOKENS, STATS_ROWS, ReadoutRows, block_stats, reference_chunk
 
 #: default budget of one [rows, V] float32 buffer, bytes (two such buffers are live per chunk): 256
 #: rows of V = 49,152. CPU GEMMs of 256+ rows run ~1.5x faster than 64-row ones (measured, 2-core EPYC:
@@ -119,34 +119,6 @@ def _pair_dot(z: torch.Tensor, p: torch.Tensor, n: int, S: int) -> torch.Tensor:
     return full.diagonal(dim1=0, dim2=2).t()
 
 
-def _reference_chunk(ref: torch.Tensor, pbuf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference logits [n, V] -> (p [n, V] float32 in ``pbuf``, Σ_v p log p [n])."""
-    n, V = ref.shape
-    r = ref.float().clone() if ref.dtype == torch.float32 else ref.float()
-    m = r.amax(1, keepdim=True)
-    r.sub_(m).clamp_min_(torch.finfo(torch.float32).min)  # -inf (masked) columns: p = 0, p·r = 0
-    p = pbuf[: n * V].view(n, V)
-    torch.exp(r, out=p)
-    s = p.sum(1, keepdim=True)
-    p.div_(s)
-    plogp = torch.mm(p, r.t()).diagonal() - s.log().view(n)
-    return p, plogp
-
-
-#: rows of logits whose statistics are read at a time: [16, V] float32 is 3 MiB at V = 49,152, so
-#: the block stays in cache through its ~10 passes (max, top-k, rank, shift, exp, sums, products);
-#: read [rows, V]-at-a-time, each pass streamed the whole chunk through memory again (measured, one
-#: thread, 240 x 49,152 logits: 200 ms for those passes unblocked, 80 ms in 16-row blocks).
-STATS_ROWS = 16
-#: tokens per pair-dot GEMM: Σ_v p (z - m) for the token-major rows z [n·S, V] of n tokens and their
-#: references p [n, V] is one GEMM [n·S, V] x [V, n], of which the n·S (row, own token) products are
-#: read. n <= 8 keeps the surplus small (n/d of the head GEMM) and fixes the float32 summation order.
-PAIR_TOKENS = 8
-#: exp's input floor: exp(-87) = 1.6e-38 is still a normal float32. Below about -87.3, exp returns
-#: subnormals or 0 and runs 15-50x slower on x86 (measured: a layer-0 logit-lens row has two thirds of
-#: its logits more than 87 nats below the max); each clamped term is < 1.7e-38, far below the half-ulp
-#: of s = Σ exp(z - m) >= 1 (the max's term is 1), so the sums come out the same.
-EXP_FLOOR = -87.0
 #: default budget of kl_readout's [rows, V] float32 logits buffer: 512 rows at V = 49,152 (CPU
 #: GEMMs of 512 rows run ~10% faster than those of 240).
 READOUT_CHUNK_BYTES = 96 * 2**20
@@ -207,7 +179,7 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
     dev = H.device
     f32 = dict(dtype=torch.float32, device=dev)
     zbuf = torch.empty(n_tok * S * V, **f32)
-    o = _ReadoutRows(N * S, top_k, targets is not None, rank, entropy, max_abs_dp, dev)
+    o = ReadoutRows(N * S, top_k, targets is not None, rank, entropy, max_abs_dp, dev)
     plogp = torch.empty(N, **f32)
 
     def stats(a: int, z: torch.Tensor, blocks: list[tuple[int, int, int]]) -> None:
@@ -217,10 +189,13 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
         for r0, r1, t0 in blocks:
             if t0 != t_ref:  # Σ p log p, and the references of this pair block
                 t_ref, t1 = t0, min(N, t0 + PAIR_TOKENS)
-                p, plogp[t0:t1] = _reference_chunk(reference[t0:t1], pbuf)
+                p, plogp[t0:t1] = reference_chunk(reference[t0:t1], pbuf)
                 tgt = None if targets is None else targets[t0:t1].repeat_interleave(S)
             g0, j0 = r0 + a * S, r0 + (a - t0) * S  # global row; row within the pair block
-            _block_stats(z[r0:r1], p, j0, S, ebuf, o, g0, cols, None if tgt is None else tgt[j0: j0 + r1 - r0])
+            tokens = [(max(j * S, j0) - j0, min((j + 1) * S, j0 + r1 - r0) - j0, j)
+                      for j in range(j0 // S, (j0 + r1 - r0 - 1) // S + 1)]  # rows of each token
+            block_stats(z[r0:r1], p, tokens, ebuf, o, g0, cols,
+                        None if tgt is None else tgt[j0: j0 + r1 - r0])
 
     for a in range(0, N, n_tok):
         b = min(N, a + n_tok)
@@ -230,70 +205,27 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
                   for t0 in range(a, b, PAIR_TOKENS) for t1 in [min(b, t0 + PAIR_TOKENS)]
                   for r0 in range((t0 - a) * S, (t1 - a) * S, STATS_ROWS)]
         run_blocks(lambda lo, hi, w: stats(a, z, blocks[lo:hi]), len(blocks), dev)
-    return o.result(plogp, N, S, two)
+    return _result(o, plogp, N, S, two)
 
 
-class _ReadoutRows:
-    """Per-row outputs of :func:`kl_readout` over all N·S token-major rows, filled block by block."""
+def _result(o: ReadoutRows, plogp: torch.Tensor, N: int, S: int, two: bool) -> KLReadout:
+    """The [S, N] (or [N]) :class:`KLReadout` of the filled rows; log s = log Σ exp(z - m)."""
+    log_s = o.s.log()
 
-    def __init__(self, R: int, top_k: int, target: bool, rank: bool, entropy: bool, dp: bool, dev) -> None:
-        f32 = dict(dtype=torch.float32, device=dev)
-        self.m, self.s, self.pz = torch.empty(R, 1, **f32), torch.empty(R, 1, **f32), torch.empty(R, **f32)
-        self.ez = torch.empty(R, 1, **f32) if entropy else None
-        self.dp = torch.empty(R, **f32) if dp else None
-        self.tv = torch.empty(R, top_k, **f32) if top_k else None
-        self.ti = torch.empty(R, top_k, dtype=torch.int64, device=dev) if top_k else None
-        self.zt = torch.empty(R, 1, **f32) if target else None
-        self.rk = torch.empty(R, **f32) if rank else None
+    def out(x, *tail):
+        if x is None:
+            return None
+        x = x.view(N, S, *tail).transpose(0, 1).contiguous()
+        return x[0] if two else x
 
-    def result(self, plogp: torch.Tensor, N: int, S: int, two: bool) -> KLReadout:
-        """The [S, N] (or [N]) :class:`KLReadout` of the filled rows; log s = log Σ exp(z - m)."""
-        log_s = self.s.log()
-
-        def out(x, *tail):
-            if x is None:
-                return None
-            x = x.view(N, S, *tail).transpose(0, 1).contiguous()
-            return x[0] if two else x
-
-        kl = (plogp[:, None] - self.pz.view(N, S) + log_s.view(N, S)).clamp_min_(0.0)
-        k = 0 if self.tv is None else self.tv.shape[1]
-        return KLReadout(
-            kl=out(kl), lse=out(self.m + log_s),
-            entropy=None if self.ez is None else out(log_s - self.ez / self.s),
-            topk_logprobs=None if self.tv is None else out(self.tv - self.m - log_s, k),
-            topk_ids=out(self.ti, k), target_logprob=None if self.zt is None else out(self.zt - log_s),
-            target_rank=None if self.rk is None else out(self.rk.to(torch.int64)), max_abs_dp=out(self.dp))
-
-
-def _block_stats(z: torch.Tensor, p: torch.Tensor, j0: int, S: int, ebuf: torch.Tensor, o: _ReadoutRows,
-                 g0: int, cols: int, tgt: torch.Tensor | None) -> None:
-    """Statistics of one cache-sized block of logit rows ``z [r, V]`` (overwritten by z - m) into
-    rows ``g0 .. g0+r`` of ``o``. Row i belongs to token (j0 + i) // S of the references ``p [n, V]``."""
-    r, V = z.shape
-    sl = slice(g0, g0 + r)
-    e = ebuf[: r * V].view(r, V)
-    bm = z.view(r, V // 64, 64).amax(2) if V % 64 == 0 else None  # block maxima: the max and the top-k
-    torch.amax(z if bm is None else bm, 1, keepdim=True, out=o.m[sl])
-    m = o.m[sl]
-    if o.tv is not None:
-        o.tv[sl], o.ti[sl] = topk_by_blocks(z[:, :cols], o.tv.shape[1], block_max=bm if cols == V else None)
-    if o.zt is not None:
-        zt = z.gather(1, tgt[:, None])
-        if o.rk is not None:  # columns above the target (e is scratch until the exp)
-            torch.sum(torch.gt(z[:, :cols], zt, out=e[:, :cols]), 1, out=o.rk[sl])
-        torch.sub(zt, m, out=o.zt[sl])
-    floor = bool((z.amin(1, keepdim=True) - m < EXP_FLOOR).any())
-    z.sub_(m)  # shifted logits z - m: every sum depends on logit differences only
-    torch.exp(torch.clamp(z, min=EXP_FLOOR, out=e) if floor else z, out=e)
-    torch.sum(e, 1, keepdim=True, out=o.s[sl])
-    tok = torch.arange(j0, j0 + r, device=z.device) // S
-    o.pz[sl] = torch.mm(z, p.t()).gather(1, tok[:, None]).view(r)  # Σ_v p (z - m)
-    if o.ez is not None:  # Σ_v e (z - m), for H(q) = log s - Σ e (z - m) / s (z is not needed after this)
-        torch.sum(z.mul_(e), 1, keepdim=True, out=o.ez[sl])
-    if o.dp is not None:
-        e.div_(o.s[sl])
-        torch.amax(e.sub_(p.index_select(0, tok)).abs_(), 1, out=o.dp[sl])
+    kl = (plogp[:, None] - o.pz.view(N, S) + log_s.view(N, S)).clamp_min_(0.0)
+    k = 0 if o.tv is None else o.tv.shape[1]
+    return KLReadout(
+        kl=out(kl), lse=out(o.m + log_s),
+        entropy=None if o.ez is None else out(log_s - o.ez / o.s),
+        topk_logprobs=None if o.tv is None else out(o.tv - o.m - log_s, k),
+        topk_ids=out(o.ti, k), target_logprob=None if o.zt is None else out(o.zt - log_s),
+        target_rank=None if o.rk is None else out(o.rk.to(torch.int64)), max_abs_dp=out(o.dp))
 
 
 @dataclass(frozen=True)
@@ -372,7 +304,7 @@ def linear_kl(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tenso
         s = e.sum(1, keepdim=True)
         log_s = s.log().view(n, S)
         if reference is not None:
-            p, plogp = _reference_chunk(reference[a:b], pbuf)
+            p, plogp = reference_chunk(reference[a:b], pbuf)
             loss = plogp[:, None] - _pair_dot(z, p, n, S) + log_s
         else:
             idx = targets[a:b].view(n, 1, 1).expand(n, S, 1)
