@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from vocablens.argmax.result import DUPLICATE, PADDING, UNARGMAXABLE, UNDECIDED, UNTRAINED
-from vocablens.argmax.state import BLOCK_BYTES, U32, ScanState, one_blas_thread, rows_per_block
+from vocablens.argmax.state import U32, ScanState, one_blas_thread, rows_per_block
 from vocablens.errors import BadInput, ShapeMismatch
 
 
@@ -166,7 +166,7 @@ def whiten(st: ScanState) -> None:
     1e-12 of the largest).
     """
     n, d, Wn, reps = st.n, st.d, st.Wn, st.reps
-    step = rows_per_block(d, 8, 2 * BLOCK_BYTES, most=4096)       # float64 rows: ~0.1 s each
+    step = rows_per_block(d, 4, most=4096)          # float64 rows, two blocks' worth: ~0.1 s each
     blocks = [reps[s:s + step] for s in range(0, n, step)]
     mu_t = torch.zeros(d, dtype=torch.float64)
     for b in blocks:
@@ -189,7 +189,7 @@ def whiten(st: ScanState) -> None:
     At = torch.from_numpy(A)
     Z = np.empty((n, r), dtype=np.float32)
     wsq = 0.0
-    zstep = rows_per_block(max(d, r), 8, BLOCK_BYTES // 2)        # row by row: any block size
+    zstep = rows_per_block(max(d, r), 16)           # half blocks (Z is row by row: any size)
     for s_ in range(0, n, zstep):
         st.check_time()
         Xc = torch.from_numpy(Wn[reps[s_:s_ + zstep]]).double().sub_(mu_t)
