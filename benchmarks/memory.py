@@ -6,7 +6,7 @@ an interpreter with torch and transformers imported (``transformers.modeling_uti
 transformers`` alone is lazy and loads nothing), measured in the same run. What each command needs:
 
 - ``matrices``: the embedding and an untied head (``neighbors``);
-- ``borders``: + head bias and final norm (``argmax``);
+- ``borders``: + head bias and final norm (``argmax``; ``argmax-norm`` adds the final-norm bounds);
 - ``block``: + the weights of one block (``project --block N``, head circuits);
 - ``values``: borders + every block's FFN value vectors (``project --token``);
 - ``all``: every parameter (a forward pass: ``score``, ``lens``, ``bottleneck``).
@@ -31,6 +31,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 COMMANDS = {
     "neighbors": (["neighbors", " king", "-k", "5", "--json"], "matrices"),
     "argmax": (["argmax", "--json", "--no-norm"], "borders"),
+    "argmax-norm": (["argmax", "--json"], "borders"),
     "project-block": (["project", "--block", str(BLOCK), "--neuron", "935", "--json"], "block"),
     "project-token": (["project", "--token", " three", "-k", "4", "--json"], "values"),
     "bottleneck": (["bottleneck", "--json"], "all"),

@@ -552,6 +552,54 @@ def test_exact_int_matmul_wide_rows_are_split_exactly():
     assert torch.equal(f(Q, Q).long(), Q.long() @ Q.long().T)
 
 
+def test_tiny_blocks_give_the_same_verdicts_and_bounds(monkeypatch):
+    # every block shrunk to a few KiB, so block edges fall everywhere: dedupe and whitening by ~20
+    # rows, the all-pairs product by 256 x 256, reflect and proofs one column at a time, verify's
+    # own and twin rows masked across row blocks, the norm rows W' made by blocks (whole and
+    # gathered); verdicts equal to the default blocks', certificates valid
+    import vocablens.argmax.certificates as cert
+    import vocablens.argmax.norm as nm
+    import vocablens.argmax.state as state
+
+    W, pl = planted(V=900, d=24, n_planted=5, seed=3)
+    W[1] = W[0]
+    b = torch.from_numpy(np.random.default_rng(2).standard_normal(900).astype(np.float32)) * 0.01
+    g = torch.Generator().manual_seed(5)
+    model = NormModel(gain=torch.rand(24, generator=g, dtype=torch.float64) + 0.5,
+                      shift=torch.randn(24, generator=g, dtype=torch.float64) * 0.1, radius=24 ** 0.5,
+                      centred=True, kind="layernorm", max_error=0.0)
+    comp = torch.ones(900, dtype=torch.bool)
+    comp[::7] = False
+    toks = pl[:3] + [20, 21, 22]
+
+    def run():
+        res = {k: find_unargmaxable(W, bias, verify="all", block=256) for k, bias in (("nb", None), ("b", b))}
+        reach = [norm_reachability(W, toks, model, bias=b, competitors=c, logit_scale=1.5, iters=40)
+                 for c in (None, comp)]
+        return res, reach
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                    # hundreds of tiny products: no thread wake-ups
+    try:
+        ref, ref_reach = run()
+        monkeypatch.setattr(state, "BLOCK_BYTES", 4096)
+        monkeypatch.setattr(cert, "GEMM_BYTES", 4096)
+        monkeypatch.setattr(nm, "NORM_BLOCK_BYTES", 2048)
+        got, got_reach = run()
+    finally:
+        torch.set_num_threads(threads)
+    for k, bias in (("nb", None), ("b", b)):
+        assert torch.equal(got[k].verdict, ref[k].verdict), k
+        assert got[k].ids("unargmaxable").tolist() == ref[k].ids("unargmaxable").tolist()
+        assert got[k].counts()["undecided"] == 0 and got[k].verified_f64 >= 899 - 5
+        assert check_certificates(W, bias, got[k]) >= 899
+    assert sorted(got["nb"].ids("unargmaxable").tolist()) == pl
+    for r0, r1 in zip(ref_reach, got_reach):
+        assert torch.equal(r0.argmaxable, r1.argmaxable)
+        for f in ("p_lower", "p_upper", "margin_lower", "margin_upper"):
+            assert torch.allclose(getattr(r0, f), getattr(r1, f), rtol=1e-9, atol=1e-12), f
+
+
 _MEMORY_SCRIPT = r"""
 import json, resource, sys
 import numpy as np, torch
@@ -581,9 +629,9 @@ def test_scan_memory_stays_linear_in_V_under_an_address_space_cap(tmp_path):
     # under an address-space cap of 150 MiB over the process's own baseline (every transient is one
     # block of 16-32 MiB: the scan needs about 110 MiB here, 140 MiB before the blocks were capped
     # by bytes): the scores of all pairs at once would need 576 MB in float32 (V^2 order); every
-    # stage must be reached and
-    # settle its share (prepare: the twins; gemm: most rows; reflect: the near misses; proof: the
-    # planted rows, through the screen without bias; bias: the lifted LPs; verify: re-checks).
+    # stage must be reached and settle its share (prepare: the twins; gemm: most rows; reflect: the
+    # near misses; proof: the planted rows, through the screen without bias; bias: the lifted LPs;
+    # verify: re-checks).
     import os
     import subprocess
     import sys
@@ -684,7 +732,8 @@ for name, bias in (("nobias", None), ("bias", b)):
     r = find_unargmaxable(W, bias, block=64, row_budget_s=None)
     out[name] = {"verdict": r.verdict.tolist(), "settled": r.settled, "n_combos": len(r.combos)}
 import vocablens.argmax.preparation as prep
-prep.BLOCK_BYTES = 512          # 16-row whitening blocks: both ranks whiten a share, then all-reduce
+import vocablens.argmax.state as state
+state.BLOCK_BYTES = 512         # 16-row whitening blocks: both ranks whiten a share, then all-reduce
 calls, inner = [], prep._sum_over_ranks
 prep._sum_over_ranks = lambda t, size, op="sum": (calls.append((tuple(t.shape), op)), inner(t, size, op))
 r = find_unargmaxable(W, None, block=64, row_budget_s=None)

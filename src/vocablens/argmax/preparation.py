@@ -22,7 +22,7 @@ import torch
 
 from vocablens.argmax.distributed import world
 from vocablens.argmax.result import DUPLICATE, PADDING, UNARGMAXABLE, UNDECIDED, UNTRAINED
-from vocablens.argmax.state import BLOCK_BYTES, U32, ScanState, one_blas_thread, rows_per_block
+from vocablens.argmax.state import U32, ScanState, one_blas_thread, rows_per_block
 from vocablens.errors import BadInput, ShapeMismatch
 
 
@@ -179,7 +179,7 @@ def whiten(st: ScanState) -> None:
     and the verdicts, being certified, are the same. It then runs to the end whatever the budget.
     """
     n, d, Wn, reps = st.n, st.d, st.Wn, st.reps
-    step = rows_per_block(d, 8, 2 * BLOCK_BYTES, most=4096)       # float64 rows: ~0.1 s each
+    step = rows_per_block(d, 4, most=4096)          # float64 rows, two blocks' worth: ~0.1 s each
     starts = list(range(0, n, step))
     rank, size = world()
     tick = st.check_time if size == 1 else (lambda: None)   # ranks must reach each all_reduce together
@@ -207,7 +207,7 @@ def whiten(st: ScanState) -> None:
     At = torch.from_numpy(A)
     Z = (np.zeros if size > 1 else np.empty)((n, r), dtype=np.float32)
     wsq = torch.zeros(1, dtype=torch.float64)
-    zstep = rows_per_block(max(d, r), 8, BLOCK_BYTES // 2)        # row by row: any block size
+    zstep = rows_per_block(max(d, r), 16)           # half blocks (Z is row by row: any size)
     for s in mine:
         for s_ in range(s, min(s + step, n), zstep):
             tick()

@@ -25,10 +25,10 @@ U32 = 2.0 ** -24  # unit roundoff of float32
 BLOCK_BYTES = 16 * 2 ** 20
 
 
-def rows_per_block(width: int, itemsize: int = 8, budget: int = BLOCK_BYTES, most: int | None = None) -> int:
-    """Rows of ``width`` entries of ``itemsize`` bytes that fit ``budget`` bytes (at least 1, at most
-    ``most``)."""
-    k = max(1, budget // (itemsize * max(1, int(width))))
+def rows_per_block(width: int, itemsize: int = 8, budget: int | None = None, most: int | None = None) -> int:
+    """Rows of ``width`` entries of ``itemsize`` bytes that fit ``budget`` bytes (default
+    :data:`BLOCK_BYTES`, read at each call); at least 1, at most ``most``."""
+    k = max(1, (BLOCK_BYTES if budget is None else budget) // (itemsize * max(1, int(width))))
     return k if most is None else max(1, min(k, most))
 
 
