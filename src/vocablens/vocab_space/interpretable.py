@@ -92,6 +92,8 @@ def interpretable_vectors(borders: Borders, n: int = 20, per_layer: int = 32, k:
             delta = mean_b.double() - mean[i:i + step]
             mean[i:i + step] += delta * ((b - a) / b)
             m2[i:i + step] += var_b.double() * (b - a) + delta * delta * (a * (b - a) / b)
+            del S
+        del R  # before the next block is made
     std = (m2 / real).sqrt()
     parts = [tb.result() for tb in tbs]
     tiny = torch.finfo(torch.float32).tiny

@@ -96,11 +96,14 @@ def _value_stats(borders: Borders, apply_norm_gain: bool) -> ValueStats:
     s = torch.zeros(d, dtype=torch.float64, device=dev)
     for _, _, R in stream_rows(borders, V, "value", apply_norm_gain):
         s += R.sum(0).double()
+        del R  # the next block is made before the loop rebinds R: free this one first
     mu = (s / V).float()
     C64 = torch.zeros(d, d, dtype=torch.float64, device=dev)
     for _, _, R in stream_rows(borders, V, "value", apply_norm_gain):
         Rc = R - mu
+        del R
         C64 += (Rc.t() @ Rc).double()  # one float32 GEMM per block, summed in float64
+        del Rc
     C = (C64 / V).float()
     layers, neurons, means, stds = [], [], [], []
     for v in block_views(borders):
@@ -166,6 +169,7 @@ def _ranks(borders: Borders, X: torch.Tensor, t: int, k: int, step: int, apply_n
         if ref is None:
             ref = S[:, t - a:t - a + 1].clone()
         ranks += (S > ref).sum(1)
+        del R, S  # before the next block is made
     return ranks
 
 
