@@ -19,6 +19,17 @@ def test_healthy_model_has_nothing_to_report():
     b.check_finite()
 
 
+def test_count_is_exact_when_finite_values_overflow_a_sum():
+    """The scan skips chunks whose sum is finite; a chunk of huge finite values (its float32 sum is inf)
+    is counted exactly, so it holds no non-finite value, and +inf and -inf in one chunk are both seen."""
+    b = _borders()
+    with torch.no_grad():
+        b.W_U[:4] = 3e38
+        assert b.nonfinite() == {}
+        b.W_U[7, 0], b.W_U[7, 1] = float("inf"), -float("inf")
+        assert b.nonfinite() == {"lm_head.weight": 2}
+
+
 def test_nan_row_in_the_head_refuses_the_lens():
     b = _borders("llama")                      # untied: W_U is its own matrix
     with torch.no_grad():

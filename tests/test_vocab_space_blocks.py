@@ -125,3 +125,23 @@ def test_interpretable_and_circuits_blocked(models, small_blocks, family):
         assert torch.equal(g.src_ids, c.src_ids) and torch.equal(g.tgt_ids, c.tgt_ids)
         torch.testing.assert_close(g.scores, c.scores, rtol=1e-6, atol=1e-7)
         assert g.self_top1_fraction == c.self_top1_fraction
+
+
+def test_cli_block_out_of_range_is_one_line_before_loading(tmp_path, monkeypatch, capsys):
+    """``project --block 5`` on a 2-block model: one error line from the config alone, nothing loaded."""
+    import transformers
+
+    import vocablens.cli.vocab_space as cli_vs
+    from vocablens.cli.common import run_app
+
+    transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=48, num_attention_heads=2,
+                             vocab_size=64).save_pretrained(tmp_path)
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(cli_vs, "load_model", no_load)
+    for block, words in (("5", "blocks 0..1"), ("-1", "blocks count from 0")):
+        assert run_app(["project", "--model", str(tmp_path), "--block", block, "--neuron", "1"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("error:") and words in err, err

@@ -63,8 +63,8 @@ def interpretable_vectors(borders: Borders, n: int = 20, per_layer: int = 32, k:
     Returns:
         :class:`InterpretableVectors`. Cost: 2·L·per_layer·V·d FLOPs (SmolLM2-135M, per_layer 32:
         56 GFLOP); memory: one 8 MiB block of readout rows and its scores against a chunk of vectors.
-        Each vector's mean and variance over the vocabulary are sums over the blocks accumulated in
-        float64.
+        Each vector's mean and variance over the vocabulary are per-block float32 moments merged
+        across blocks in float64.
 
     Raises:
         BadInput: n, per_layer, k or max_per_layer out of range.
@@ -80,17 +80,21 @@ def interpretable_vectors(borders: Borders, n: int = 20, per_layer: int = 32, k:
     step = rows_per_chunk(real, chunk_rows)
     chunks = list(range(0, len(X), step))
     tbs = [TopBottom(k) for _ in chunks]
-    s1 = torch.zeros(len(X), dtype=torch.float64, device=X.device)  # Σ_w s_w, Σ_w s_w² in float64
-    s2 = torch.zeros_like(s1)
-    for a, _, R in stream_rows(borders, real, "value", apply_norm_gain):  # [rows, d] blocks, never [V, d]
+    # each vector's mean and M2 = Σ (s - mean)² over the vocabulary: per block in float32 (var_mean),
+    # merged across blocks in float64 (Chan, Golub and LeVeque 1979's pairwise update)
+    mean = torch.zeros(len(X), dtype=torch.float64, device=X.device)
+    m2 = torch.zeros_like(mean)
+    for a, b, R in stream_rows(borders, real, "value", apply_norm_gain):  # [rows, d] blocks, never [V, d]
         for tb, i in zip(tbs, chunks):
             S = X[i:i + step] @ R.t()  # [c, rows]
             tb.add(S, a)
-            S64 = S.double()
-            s1[i:i + step] += S64.sum(1)
-            s2[i:i + step] += (S64 * S64).sum(1)
-    mean = s1 / real
-    std = (s2 / real - mean * mean).clamp_min(0).sqrt()
+            var_b, mean_b = torch.var_mean(S, dim=1, correction=0)
+            delta = mean_b.double() - mean[i:i + step]
+            mean[i:i + step] += delta * ((b - a) / b)
+            m2[i:i + step] += var_b.double() * (b - a) + delta * delta * (a * (b - a) / b)
+            del S
+        del R  # before the next block is made
+    std = (m2 / real).sqrt()
     parts = [tb.result() for tb in tbs]
     tiny = torch.finfo(torch.float32).tiny
     crit = [((p[1].double() - mean[i:i + step, None]) / std[i:i + step, None].clamp_min(tiny)).mean(1).float()

@@ -70,7 +70,7 @@ def value_stats(borders: Borders, apply_norm_gain: bool = True) -> ValueStats:
     Cost: 2·V·d² FLOPs for the readout's covariance and 2·N·d² for the N = L·d_ff quadratic forms;
     memory O(d² + d_ff·d) and one 8 MiB block of readout rows. The readout is streamed twice by
     blocks (:func:`~vocablens.vocab_space.readout.vocab_blocks`): the mean row and the covariance are
-    sums over blocks accumulated in float64 (each block's Gram one float32 GEMM), then rounded to
+    sums over blocks accumulated in float64 (each block's sum and Gram in float32), then rounded to
     float32. The result is kept for this model's
     unembedding while its weights are unchanged (in-place edits are detected), so repeated searches
     pay it once; :func:`search_tokens` also takes it explicitly.
@@ -91,15 +91,19 @@ def _value_stats(borders: Borders, apply_norm_gain: bool) -> ValueStats:
     V, d = borders.real_vocab_size, int(borders.d_model)
     dev = borders.W_U.device
     # two passes over blocks of readout rows (never the [V, d] matrix): the mean row, then the
-    # covariance of the centred rows; both accumulated across blocks in float64
+    # covariance of the centred rows; each block's sum is float32 (as the whole-matrix mean was), the
+    # sums over blocks are float64 (a float64 copy of the block would cost 2x its memory)
     s = torch.zeros(d, dtype=torch.float64, device=dev)
     for _, _, R in stream_rows(borders, V, "value", apply_norm_gain):
-        s += R.sum(0, dtype=torch.float64)
+        s += R.sum(0).double()
+        del R  # the next block is made before the loop rebinds R: free this one first
     mu = (s / V).float()
     C64 = torch.zeros(d, d, dtype=torch.float64, device=dev)
     for _, _, R in stream_rows(borders, V, "value", apply_norm_gain):
         Rc = R - mu
+        del R
         C64 += (Rc.t() @ Rc).double()  # one float32 GEMM per block, summed in float64
+        del Rc
     C = (C64 / V).float()
     layers, neurons, means, stds = [], [], [], []
     for v in block_views(borders):
@@ -165,6 +169,7 @@ def _ranks(borders: Borders, X: torch.Tensor, t: int, k: int, step: int, apply_n
         if ref is None:
             ref = S[:, t - a:t - a + 1].clone()
         ranks += (S > ref).sum(1)
+        del R, S  # before the next block is made
     return ranks
 
 

@@ -106,6 +106,7 @@ def project_vectors(borders: Borders, layers: Sequence[int], neurons: Sequence[i
     for a, _, R in stream_rows(borders, real, kind, apply_norm_gain):  # [rows, d] blocks, never [V, d]
         for j, i in enumerate(range(0, len(X), step)):
             parts[j].add(X[i:i + step] @ R.t(), a)
+        del R  # before the next block is made
     parts = [p.result() for p in parts]
     # cpu: the [n, k] result and its labels, once, at the end
     ti, tv, bi, bv = (torch.cat([p[j] for p in parts]).cpu() for j in range(4))
