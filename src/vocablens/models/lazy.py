@@ -151,12 +151,13 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
             block index out of range.
     """
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from vocablens.models.borders import Borders
     from vocablens.models.dtypes import torch_dtype
     from vocablens.models.loading import LoadedModel
     from vocablens.models.provenance import Provenance
+    from vocablens.models.matrices import light_tokenizer
     from vocablens.models.spec import diagnose_dir, file_errors, missing_parts
 
     spec_s = str(spec)
@@ -164,7 +165,7 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
     tdtype = torch_dtype(dtype, "dtype")
     try:
         config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
-        tok = AutoTokenizer.from_pretrained(str(d), trust_remote_code=trust_remote_code)
+        tok = light_tokenizer(d, trust_remote_code)   # AutoTokenizer parses tokenizer.json twice (~45 MiB kept)
     except file_errors() as e:
         raise CorruptModelFile(diagnose_dir(d) or missing_parts(d) or f"cannot read the config or tokenizer in {d}: "
                                f"{str(e).splitlines()[0]}") from None
