@@ -153,3 +153,19 @@ def test_readout_worker_threads_keep_no_grad_for_inputs_that_require_grad():
         torch.set_num_threads(old)
     assert not got.kl.requires_grad
     assert torch.equal(got.kl, want.kl) and torch.equal(got.entropy, want.entropy)
+
+
+@pytest.mark.parametrize("S,N", [(1, 9), (5, 19)])
+def test_readout_of_the_reference_itself_is_kl_zero_and_far_kl_is_exact(S, N):
+    """A lens row whose logits are its reference gives KL 0 to float32 rounding (the reference side
+    goes through the same shift, exp and sums as the lens side), and a KL of hundreds of nats is
+    within 2e-6 relative of float64 (the products p·(z - m) are summed by ATen's row sums, not a
+    sequential dot)."""
+    H, W, b, _ = _case(S=S, N=N, d=16, V=64 * 40, seed=7, wscale=6.0)
+    ref = H[-1] @ W.T + b  # the last layer's own logits: the same GEMM the readout runs
+    r = kl_readout(H, W, ref, bias=b, entropy=True)
+    assert float(r.kl[-1].abs().max()) <= 1e-6
+    z, lq, lp = _ref64(H, W, b, ref, 1.0, None)
+    kl = (lp.exp() * (lp - lq)).sum(-1)
+    assert float(kl.max()) > 50 or S == 1
+    torch.testing.assert_close(r.kl.double(), kl, rtol=2e-6, atol=2e-6)

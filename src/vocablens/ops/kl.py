@@ -133,7 +133,8 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
     """Forward-only KL(reference ‖ q) and the lens statistics of S layers, one LM-head GEMM per row.
 
     Each chunk's logits are written once by the GEMM; the statistics are then read off them in
-    cache-sized blocks of :data:`STATS_ROWS` rows (max, top-k, rank, exp, sums), so apart from the GEMM
+    cache-sized blocks of :data:`STATS_ROWS` rows (:func:`vocablens.ops.kl_block.block_stats`: max,
+    top-k, rank, exp, sums), so apart from the GEMM
     the chunk streams through memory about once. Only what is asked for is computed.
 
     Args:
