@@ -36,28 +36,6 @@ class OutOfTime(Exception):
     """Raised inside a stage when the run's time budget is spent (caught by the driver)."""
 
 
-def blocks_back_to_the_os(threshold: int = 2 ** 20) -> bool:
-    """Have glibc's malloc serve every allocation of at least ``threshold`` bytes by its own
-    ``mmap`` (and give it back on free), for the rest of the process.
-
-    The scan allocates and frees many block-sized arrays (:data:`BLOCK_BYTES`). By default glibc
-    raises its mmap threshold to the largest block freed (up to 32 MiB), after which such blocks
-    come from the heap, which fragments and keeps the freed memory resident: measured on the
-    default model, the resident set crept from 0.68 to 0.90 GB over the stages with the same live
-    data. A fixed threshold keeps the resident set at the live data plus one block (a page-fault
-    cost of about 1 ms per 16 MiB block). A process-wide setting, so the CLI calls it, not the
-    library. Returns False where glibc is not the allocator (nothing changed).
-    """
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(-3, int(threshold)))          # -3: M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False
-
-
 def one_blas_thread():
     """Context manager: numpy's BLAS on one thread. The proofs run many small float64 products
     ([k, d] @ [d, r]); on a shared machine a threaded BLAS spends more time waking its threads

@@ -8,7 +8,9 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.cli.common import (
+    DeviceOpt, JsonOpt, MaxMemOpt, ModelOpt, TrustOpt, app, blocks_back_to_the_os, emit_json, err, load_model, out,
+)
 from vocablens.errors import BadInput, OutputExists
 
 
@@ -61,7 +63,6 @@ def argmax_cmd(
     Runs on several processes with ``torchrun --nproc-per-node N -m vocablens argmax``."""
 
     from vocablens.argmax.model import argmax_for_borders
-    from vocablens.argmax.state import blocks_back_to_the_os
     from vocablens.render.argmax import argmax_tables, argmax_to_dict
 
     if bias not in ("auto", "on", "off"):

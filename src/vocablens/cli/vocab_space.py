@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from vocablens.cli.common import (
-    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, count_bar, emit_json, err, load_model, out, parse_int_list,
+    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, blocks_back_to_the_os, count_bar, emit_json, err, load_model, out,
+    parse_int_list,
 )
 from vocablens.errors import BadInput, OutputExists, TokenNotInVocabulary
 
@@ -115,6 +116,7 @@ def project_cmd(
         _check_block_early(model, block)  # one line, before the loading line
     one_block = block is not None and not tokens and not interpretable  # that block + head + final norm
     values = not one_block and not keys  # every block's value vectors + head + final norm
+    blocks_back_to_the_os()  # the readout's freed row blocks leave the resident set
     lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_, borders_only=one_block or values,
                     blocks=[block] if one_block else None, value_vectors=values)
     b, tok = lm.borders, lm.tokenizer
