@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover
 from rich.console import Console  # noqa: E402
 from typer.core import TyperGroup
 
+from vocablens.cli.heap import blocks_back_to_the_os, trim_heap  # noqa: F401  (re-exported for the commands)
 from vocablens.errors import BadInput, VocabLensError
 
 #: stdout: tables and results; stderr: progress, notes and errors (stdout stays pure JSON with --json).
@@ -173,28 +174,6 @@ class count_bar:
         return False
 
 
-def blocks_back_to_the_os(threshold: int = 2 ** 20) -> bool:
-    """Have glibc's malloc serve every allocation of at least ``threshold`` bytes by its own
-    ``mmap`` (and give it back on free), for the rest of the process.
-
-    Block-wise analyses (the argmax scan, the readout in row blocks) allocate and free many
-    block-sized arrays. By default glibc raises its mmap threshold to the largest block freed (up
-    to 32 MiB), after which such blocks come from the heap, which fragments and keeps the freed
-    memory resident: measured on the default model, argmax's resident set crept from 0.68 to 0.90 GB
-    over the stages with the same live data. A fixed threshold keeps the resident set at the live
-    data plus one block (a page-fault cost of about 1 ms per 16 MiB block). A process-wide setting,
-    so commands call it (argmax, project), never the library. Returns False where glibc is not the allocator (nothing changed).
-    """
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(-3, int(threshold)))          # -3: M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False
-
-
 def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = False, quiet: bool = False,
                borders_only: bool = False, matrices_only: bool = False, blocks=None, max_memory: str = "",
                value_vectors: bool = False, device: str = "cpu"):
@@ -244,6 +223,7 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
                   trust_remote_code=trust_remote_code, **kw)
         if partial and not max_memory:
             lm = _borders_to(lm, dev)
+    trim_heap()  # the loaders' freed scratch (tokenizer and config parsing: ~14 MiB) leaves the resident set
     if not quiet:
         err.print(f"[dim]loaded {lm.provenance.describe()} in {time.perf_counter() - t0:.1f} s[/dim]")
         streamed = getattr(lm.model, "vocablens_streamers", None)
