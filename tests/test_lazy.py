@@ -175,3 +175,23 @@ def test_default_model_borders_only_equal_full():
     a = nearest_neighbors(full.borders, full.tokenizer, [" king"], k=5).results[0].lists[0]
     b = nearest_neighbors(lazy.borders, lazy.tokenizer, [" king"], k=5).results[0].lists[0]
     assert torch.equal(a.ids, b.ids) and torch.equal(a.cosines, b.cosines)
+
+
+@pytest.mark.parametrize("cls", ["GPT2Tokenizer", "LlamaTokenizer", "PreTrainedTokenizerFast"])
+def test_light_tokenizer_picks_the_class_autotokenizer_picks(tmp_path, cls):
+    """The borders-only load reads the tokenizer through light_tokenizer (AutoTokenizer parsed
+    tokenizer.json twice); it must be the fast class AutoTokenizer gives, also where the config names
+    the slow one (transformers 4 exports both)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from vocablens.models.matrices import light_tokenizer
+
+    _write_tokenizer(tmp_path, 50)
+    p = tmp_path / "tokenizer_config.json"
+    p.write_text(json.dumps({**json.loads(p.read_text()), "tokenizer_class": cls}))
+    light, auto = light_tokenizer(tmp_path), AutoTokenizer.from_pretrained(str(tmp_path))
+    assert type(light) is type(auto)
+    assert light("t3 t7 t49")["input_ids"] == auto("t3 t7 t49")["input_ids"]
+    assert light.get_vocab() == auto.get_vocab()

@@ -96,7 +96,9 @@ def light_tokenizer(d: Path, trust_remote_code: bool = False):
         cfg = {}
     name = cfg.get("tokenizer_class")
     if name and not trust_remote_code and "auto_map" not in cfg and (d / "tokenizer.json").is_file():
-        cls = getattr(transformers, name, None)
+        # the fast class, as AutoTokenizer(use_fast=True) picks it (transformers 4 names the slow one)
+        cls = None if name.endswith("Fast") else getattr(transformers, name + "Fast", None)
+        cls = cls or getattr(transformers, name, None)
         if cls is not None:
             return cls.from_pretrained(str(d))
     return transformers.AutoTokenizer.from_pretrained(str(d), trust_remote_code=trust_remote_code)
