@@ -136,8 +136,8 @@ def launch(world: int, job: dict) -> list[dict]:
 def run_argmax(args, ranks: list[int]) -> dict:
     print(f"\n(a) argmax scan, random {args.V:,} x {args.d:,} with {args.planted} planted interior rows "
           f"(1 thread per rank)")
-    print(f"{'ranks':>5} {'wall s':>8} {'speed-up':>8} {'CPU s (all)':>11} {'CPU s (max rank)':>16} {'gemm s':>7} "
-          f"{'RSS/rank peak':>14} {'RSS/rank before':>15} {'planted found':>13}")
+    print(f"{'ranks':>5} {'wall s':>8} {'speed-up':>8} {'CPU s (all)':>11} {'CPU s (max rank)':>16} {'prepare CPU s':>13} "
+          f"{'gemm s':>7} {'RSS/rank peak':>14} {'RSS/rank before':>15} {'planted found':>13}")
     base, rate = None, None
     for w in ranks:
         recs = launch(w, {"worker": "argmax", "V": args.V, "d": args.d, "planted": args.planted, "threads": args.threads})
