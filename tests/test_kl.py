@@ -169,3 +169,34 @@ def test_readout_of_the_reference_itself_is_kl_zero_and_far_kl_is_exact(S, N):
     kl = (lp.exp() * (lp - lq)).sum(-1)
     assert float(kl.max()) > 50 or S == 1
     torch.testing.assert_close(r.kl.double(), kl, rtol=2e-6, atol=2e-6)
+
+
+def test_run_blocks_dynamic_runs_each_job_once_and_a_stalled_worker_leaves_its_share():
+    """With ``dynamic``, worker threads pull jobs one at a time: every job runs exactly once, and a
+    worker the OS deschedules (here: sleeping in its first job) leaves the rest to the other one
+    instead of holding half the jobs (the static split gives each worker 20 of 40)."""
+    import threading
+    import time
+
+    from vocablens.ops.chunking import run_blocks
+
+    seen, lock, slept = [], threading.Lock(), []
+
+    def work(lo, hi, w):
+        if w == 0 and not slept:
+            slept.append(1)
+            time.sleep(0.5)
+        with lock:
+            seen.extend((i, w) for i in range(lo, hi))
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        run_blocks(work, 40, "cpu", dynamic=True)
+        static = []
+        run_blocks(lambda lo, hi, w: static.append((lo, hi, w)), 40, "cpu")
+    finally:
+        torch.set_num_threads(old)
+    assert sorted(i for i, _ in seen) == list(range(40))
+    assert sum(w == 1 for _, w in seen) >= 30
+    assert sorted(static) == [(0, 20, 0), (20, 40, 1)]

@@ -16,6 +16,7 @@ al. 2024, arXiv 2411.09009, §3), again in the relative form.
 
 from __future__ import annotations
 
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -248,9 +249,15 @@ def tile_row_stats(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 
-def run_blocks(work: Callable[[int, int, int], None], n_jobs: int, device: torch.device | str = "cpu") -> None:
-    """Run jobs 0..n_jobs-1 as ``work(lo, hi, worker)`` calls over contiguous ranges [lo, hi): on CPU,
-    one range per ``torch.get_num_threads()`` Python thread, each running its ops single-threaded.
+def run_blocks(work: Callable[[int, int, int], None], n_jobs: int, device: torch.device | str = "cpu",
+               dynamic: bool = False) -> None:
+    """Run jobs 0..n_jobs-1 as ``work(lo, hi, worker)`` calls: on CPU, one Python thread per
+    ``torch.get_num_threads()``, each running its ops single-threaded.
+
+    By default each thread gets one contiguous range [lo, hi). With ``dynamic`` the threads pull one
+    job at a time (``work(i, i + 1, worker)``) until none is left, so a thread the OS deschedules for
+    a while on a shared machine leaves its jobs to the others instead of holding everyone at the end
+    of the call.
 
     For many small ops (the statistics of cache-sized blocks of logits), one op per thread beats every
     op split over all threads: each split op ends in a barrier, and on a busy machine a barrier waits
@@ -264,12 +271,17 @@ def run_blocks(work: Callable[[int, int, int], None], n_jobs: int, device: torch
         return
     threads = torch.get_num_threads()
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()  # thread-local: carry them
+    jobs = itertools.count()  # next() on a count is atomic under the GIL: each job goes to one thread
 
     def run(w: int) -> None:
         torch.get_num_threads()  # this thread's lazy thread-count init, then one thread for its ops
         torch.set_num_threads(1)
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-            work(w * n_jobs // n, (w + 1) * n_jobs // n, w)
+            if not dynamic:
+                work(w * n_jobs // n, (w + 1) * n_jobs // n, w)
+                return
+            while (i := next(jobs)) < n_jobs:
+                work(i, i + 1, w)
 
     try:
         with ThreadPoolExecutor(n) as pool:

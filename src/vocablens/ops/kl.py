@@ -124,6 +124,45 @@ def _pair_dot(z: torch.Tensor, p: torch.Tensor, n: int, S: int) -> torch.Tensor:
 READOUT_CHUNK_BYTES = 96 * 2**20
 
 
+#: tokens whose reference probabilities [n, V] are held at once by :func:`kl_readout` (a multiple of
+#: :data:`PAIR_TOKENS`): 64 x 49,152 float32 is 12 MiB.
+REF_TOKENS = 64
+
+
+def _group_stats(z: torch.Tensor, a: int, g0: int, g1: int, S: int, reference: torch.Tensor,
+                 targets: torch.Tensor | None, pall: torch.Tensor, plogp: torch.Tensor, ebufs: list,
+                 o: ReadoutRows, cols: int) -> None:
+    """Statistics of tokens g0..g1 of the chunk whose logits ``z`` [rows, V] start at token ``a``.
+
+    First the references of their pair blocks (p into ``pall``, Σ p log p into ``plogp``), one pair
+    block per job; then every row block of STATS_ROWS rows is one job, pulled by whichever worker
+    thread is free (:func:`~vocablens.ops.chunking.run_blocks` with ``dynamic``)."""
+    V, dev = z.shape[1], z.device
+    pairs = list(range(g0, g1, PAIR_TOKENS))
+
+    def refs(lo: int, hi: int, w: int) -> None:
+        for t0 in pairs[lo:hi]:
+            t1 = min(g1, t0 + PAIR_TOKENS)
+            plogp[t0:t1] = reference_chunk(reference[t0:t1], pall[(t0 - g0) * V:])[1]
+
+    # no block straddles two pair blocks: (first row, end row, first token of its pair block), rows of z
+    blocks = [(r0, min((t1 - a) * S, r0 + STATS_ROWS), t0) for t0 in pairs for t1 in [min(g1, t0 + PAIR_TOKENS)]
+              for r0 in range((t0 - a) * S, (t1 - a) * S, STATS_ROWS)]
+
+    def stats(lo: int, hi: int, w: int) -> None:
+        for r0, r1, t0 in blocks[lo:hi]:
+            n = min(g1, t0 + PAIR_TOKENS) - t0
+            p = pall[(t0 - g0) * V:(t0 - g0 + n) * V].view(n, V)
+            j0 = r0 - (t0 - a) * S  # row within the pair block
+            tokens = [(max(j * S, j0) - j0, min((j + 1) * S, j0 + r1 - r0) - j0, j)
+                      for j in range(j0 // S, (j0 + r1 - r0 - 1) // S + 1)]  # rows of each token
+            tgt = None if targets is None else targets[t0 + torch.arange(j0, j0 + r1 - r0, device=dev) // S]
+            block_stats(z[r0:r1], p, tokens, ebufs[w], o, a * S + r0, cols, tgt)
+
+    run_blocks(refs, len(pairs), dev)
+    run_blocks(stats, len(blocks), dev, dynamic=True)
+
+
 @torch.no_grad()
 def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tensor, *,
                bias: torch.Tensor | None = None, logit_scale: float = 1.0, softcap: float | None = None,
@@ -149,8 +188,8 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
             default all V).
         entropy: also return the entropy of q. max_abs_dp: also return max_v |q_v - p_v|.
         chunk_bytes: budget of the [rows, V] float32 logits buffer (default
-            :data:`READOUT_CHUNK_BYTES`, 96 MiB; besides it only [STATS_ROWS + PAIR_TOKENS, V]
-            scratch is live); chunk_rows: rows per GEMM instead.
+            :data:`READOUT_CHUNK_BYTES`, 96 MiB; besides it only the references of :data:`REF_TOKENS`
+            tokens and [STATS_ROWS, V] scratch per thread are live); chunk_rows: rows per GEMM instead.
 
     Returns:
         :class:`KLReadout`, tensors [S, N] ([N] for a 2-D ``hidden``).
@@ -180,32 +219,18 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
     dev = H.device
     f32 = dict(dtype=torch.float32, device=dev)
     zbuf = torch.empty(n_tok * S * V, **f32)
+    group = min(n_tok, REF_TOKENS)  # tokens whose reference probabilities are live at once
+    pall = torch.empty(group * V, **f32)
+    workers = max(1, torch.get_num_threads()) if dev.type == "cpu" else 1
+    ebufs = [torch.empty(STATS_ROWS * V, **f32) for _ in range(workers)]  # one scratch block per thread
     o = ReadoutRows(N * S, top_k, targets is not None, rank, entropy, max_abs_dp, dev)
     plogp = torch.empty(N, **f32)
-
-    def stats(a: int, z: torch.Tensor, blocks: list[tuple[int, int, int]]) -> None:
-        """Statistics of the chunk's row blocks (r0, r1, first token of their pair block), in order."""
-        ebuf, pbuf = torch.empty(STATS_ROWS * V, **f32), torch.empty(PAIR_TOKENS * V, **f32)
-        t_ref = None
-        for r0, r1, t0 in blocks:
-            if t0 != t_ref:  # Σ p log p, and the references of this pair block
-                t_ref, t1 = t0, min(N, t0 + PAIR_TOKENS)
-                p, plogp[t0:t1] = reference_chunk(reference[t0:t1], pbuf)
-                tgt = None if targets is None else targets[t0:t1].repeat_interleave(S)
-            g0, j0 = r0 + a * S, r0 + (a - t0) * S  # global row; row within the pair block
-            tokens = [(max(j * S, j0) - j0, min((j + 1) * S, j0 + r1 - r0) - j0, j)
-                      for j in range(j0 // S, (j0 + r1 - r0 - 1) // S + 1)]  # rows of each token
-            block_stats(z[r0:r1], p, tokens, ebuf, o, g0, cols,
-                        None if tgt is None else tgt[j0: j0 + r1 - r0])
-
     for a in range(0, N, n_tok):
         b = min(N, a + n_tok)
         z = _logits_into(H[:, a:b].transpose(0, 1).reshape((b - a) * S, -1), weight, bias, logit_scale,
                          softcap, zbuf)  # rows are token-major: row j*S + s = token a+j at layer s
-        blocks = [(r0, min((t1 - a) * S, r0 + STATS_ROWS), t0)  # no block straddles two pair blocks
-                  for t0 in range(a, b, PAIR_TOKENS) for t1 in [min(b, t0 + PAIR_TOKENS)]
-                  for r0 in range((t0 - a) * S, (t1 - a) * S, STATS_ROWS)]
-        run_blocks(lambda lo, hi, w: stats(a, z, blocks[lo:hi]), len(blocks), dev)
+        for g in range(a, b, group):
+            _group_stats(z, a, g, min(b, g + group), S, reference, targets, pall, plogp, ebufs, o, cols)
     return _result(o, plogp, N, S, two)
 
 
@@ -329,4 +354,4 @@ def linear_kl(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tenso
     return LinearKL(loss=losses[0:1] if two else losses, grad=(G[0] if two and G is not None else G))
 
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "PAIR_TOKENS", "READOUT_CHUNK_BYTES", "STATS_ROWS", "KLReadout", "LinearKL", "kl_readout", "linear_kl"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "PAIR_TOKENS", "READOUT_CHUNK_BYTES", "REF_TOKENS", "STATS_ROWS", "KLReadout", "LinearKL", "kl_readout", "linear_kl"]
