@@ -200,3 +200,26 @@ def test_run_blocks_dynamic_runs_each_job_once_and_a_stalled_worker_leaves_its_s
     assert sorted(i for i, _ in seen) == list(range(40))
     assert sum(w == 1 for _, w in seen) >= 30
     assert sorted(static) == [(0, 20, 0), (20, 40, 1)]
+
+
+def test_logits_readout_gives_kl_readouts_statistics_of_the_same_logits():
+    """Statistics of given logits (no GEMM) equal kl_readout's over the same logits, and float64's."""
+    from vocablens.ops import logits_readout
+
+    H, W, b, ref = _case(S=1, N=19, d=16, V=64 * 40, seed=11, wscale=4.0)
+    t = torch.arange(19) * 7
+    kw = dict(targets=t, rank=True, top_k=4, entropy=True, max_abs_dp=True)
+    z = torch.addmm(b, H[0], W.T)
+    got = logits_readout(z, ref, **kw)
+    want = kl_readout(H[0], W, ref, bias=b, **kw)
+    for f in ("kl", "lse", "entropy", "topk_logprobs", "target_logprob", "max_abs_dp"):
+        torch.testing.assert_close(getattr(got, f), getattr(want, f), rtol=1e-5, atol=1e-5)
+    assert torch.equal(got.topk_ids, want.topk_ids) and torch.equal(got.target_rank, want.target_rank)
+    _, lq, lp = _ref64(H[0], W, b, ref, 1.0, None)
+    torch.testing.assert_close(got.kl.double(), (lp.exp() * (lp - lq)).sum(-1), rtol=1e-5, atol=1e-4)
+    self_kl = logits_readout(ref, ref, entropy=True)
+    assert float(self_kl.kl.abs().max()) <= 1e-6
+    with pytest.raises(ShapeMismatch):
+        logits_readout(z[:, :5], ref)
+    with pytest.raises(BadInput):
+        logits_readout(z, ref, top_k=1.5)

@@ -73,3 +73,23 @@ def test_real_model_paris(smollm2):
     # the answer appears only late: rank of " Paris" at layer 0 is far from the top
     assert d["layers"][0]["final_top1_rank"] > 100
     assert set(d["layers"][0]) >= {"layer", "top_tokens", "top_probs", "entropy", "kl_to_final"}
+
+
+def test_layer_L_comes_from_the_model_logits_and_the_check_still_reads_the_lens_path(monkeypatch):
+    """Layer L's statistics are read off the model's own logits (no second GEMM), so they do not move
+    when the lens path is broken; ``model_max_abs_diff`` still runs the lens path (final norm, head)
+    at the last position, so a broken path shows there."""
+    import vocablens.lens.logit as LL
+
+    b = Borders.from_model(make_tiny(FAMILIES[0]))
+    x = ids(batch=1, T=6)[0]
+    ok = logit_lens(b, x, positions="all", k=3)
+    assert ok.model_max_abs_diff <= 1e-5
+    assert logit_lens(b, x, k=3).model_max_abs_diff == ok.model_max_abs_diff  # same row read
+    real = LL.lens_states
+    monkeypatch.setattr(LL, "lens_states", lambda *a, **kw: real(*a, **kw) * 1.5)  # a wrong head input
+    bad = logit_lens(b, x, positions="all", k=3)
+    assert bad.model_max_abs_diff > 1e-3
+    assert torch.equal(bad.layers[-1].top_ids, ok.layers[-1].top_ids)
+    assert torch.equal(bad.layers[-1].entropy, ok.layers[-1].entropy)
+    assert not torch.equal(bad.layers[0].entropy, ok.layers[0].entropy)

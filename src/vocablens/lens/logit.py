@@ -6,8 +6,9 @@ before the final norm, so the layer-L row is the model's own output distribution
 applied exactly once). A *translator* (the tuned lens, Belrose et al. 2023, §3) can be plugged in:
 any object with ``translate(layer, h [P, d]) -> h' [P, d]``; layer L is never translated.
 
-All layers are read through one chunked pass (:func:`vocablens.ops.kl_readout`): no [P, V]
-log-probabilities and never [L+1, P, V]; all math is float32.
+Layers 0..L-1 are read through one chunked pass (:func:`vocablens.ops.kl_readout`), layer L off the
+model's own logits, which the forward pass computed already: no [P, V] log-probabilities and never
+[L+1, P, V]; all math is float32.
 """
 
 from __future__ import annotations
@@ -130,9 +131,11 @@ def logit_lens(borders: Borders, input_ids: torch.Tensor, positions="last", k: i
                layers: Sequence[int] | None = None) -> LensResult:
     """Read the residual stream of one prompt through the lens at every layer.
 
-    One forward pass, then one LM-head GEMM per (layer, position) through
+    One forward pass, then one LM-head GEMM per (layer < L, position) through
     :func:`vocablens.ops.kl_readout`, token-chunked: no [L+1, P, V] tensor and no [P, V]
-    log-probabilities exist; the statistics are compared with the model's own logits [P, V].
+    log-probabilities exist; the statistics are compared with the model's own logits [P, V]. Layer L
+    is read off those logits (:func:`vocablens.ops.logits_readout`); the lens's own path at layer L
+    (final norm, LM head) is checked against them at the last position (``model_max_abs_diff``).
 
     Args:
         borders: the model's :class:`Borders`.
@@ -148,7 +151,7 @@ def logit_lens(borders: Borders, input_ids: torch.Tensor, positions="last", k: i
     Raises:
         BadInput: empty prompt, k out of range, a layer outside 0..L, a bad position.
     """
-    from vocablens.ops import kl_readout
+    from vocablens.ops import kl_readout, logits_readout
 
     if input_ids.dim() == 2:
         if input_ids.shape[0] != 1:
@@ -179,24 +182,21 @@ def logit_lens(borders: Borders, input_ids: torch.Tensor, positions="last", k: i
         stats = dict(targets=final_top1, rank=True, top_k=k, topk_cols=real, entropy=True, **head)
         early = [ly for ly in wanted if ly < L]
         X_early = lens_states(borders, resid, early, translator) if early else None
-        X_last = lens_states(borders, resid, [L])
+        at = (pos == T - 1).nonzero().flatten()
+        # the lens path at layer L, read at the prompt's last position only: the check of the reading
+        X_check = lens_states(borders, resid[:, at[:1]], [L]) if at.numel() else None
         del resid
         reads = {}
         if early:
             r = kl_readout(X_early, U.weight, ref, **stats)
             reads.update({ly: (r, i) for i, ly in enumerate(early)})
             del X_early
-        last = kl_readout(X_last, U.weight, ref, max_abs_dp=True, **stats)
-        reads[L] = (last, 0)
-        # one number for every caller (CLI, report, server): the check at the prompt's last position,
-        # read alone ([1, d]) whatever else was read, as the default `positions="last"` does
-        at = (pos == T - 1).nonzero().flatten()
-        if at.numel() and len(pos) > 1:
-            j = int(at[0])
-            diff = float(kl_readout(X_last[:, j:j + 1], U.weight, ref[j:j + 1], max_abs_dp=True,
-                                    **head).max_abs_dp[0, 0])
-        else:
-            diff = float(last.max_abs_dp[0, 0]) if at.numel() else float("nan")
+        # layer L is the model's own output: its statistics are read off the model's logits (no GEMM)
+        reads[L] = (logits_readout(ref, ref, **{k: v for k, v in stats.items() if k not in head}), slice(None))
+        # one number for every caller (CLI, report, server): max |p_lens(L) - p_model| at the prompt's
+        # last position, the lens's own path (final norm, LM head) against the model's output
+        diff = float("nan") if X_check is None else float(
+            kl_readout(X_check, U.weight, ref[at[:1]], max_abs_dp=True, **head).max_abs_dp[0, 0])
         out = [LensLayer(layer=ly, top_ids=r.topk_ids[i], top_probs=r.topk_logprobs[i].exp(),
                          entropy=r.entropy[i], kl_to_final=r.kl[i], final_top1_rank=r.target_rank[i],
                          final_top1_prob=r.target_logprob[i].exp())

@@ -35,4 +35,4 @@ __all__ = [
     "vocab_parallel_gather_logits", "vocab_parallel_log_softmax", "vocab_parallel_logits",
     "vocab_parallel_logsumexp", "vocab_parallel_topk",
 ]
-from vocablens.ops.kl import KLReadout, LinearKL, kl_readout, linear_kl  # noqa: E402,F401  (KL to a reference, with gradient)
+from vocablens.ops.kl import KLReadout, LinearKL, kl_readout, linear_kl, logits_readout  # noqa: E402,F401  (KL to a reference, with gradient)

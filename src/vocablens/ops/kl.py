@@ -202,6 +202,44 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
     S, N, _ = H.shape
     V = int(weight.shape[0])
     _check_reference(reference, N, V)
+
+    def chunk(a: int, b: int, buf: torch.Tensor) -> torch.Tensor:  # rows token-major: j*S + s = token a+j, layer s
+        return _logits_into(H[:, a:b].transpose(0, 1).reshape((b - a) * S, -1), weight, bias, logit_scale,
+                            softcap, buf)
+
+    o, plogp = _readout(chunk, S, N, V, H.device, reference, targets, rank, top_k, topk_cols, entropy,
+                        max_abs_dp, chunk_bytes, chunk_rows)
+    return _result(o, plogp, N, S, two)
+
+
+@torch.no_grad()
+def logits_readout(logits: torch.Tensor, reference: torch.Tensor, *, targets: torch.Tensor | None = None,
+                   rank: bool = False, top_k: int = 0, topk_cols: int | None = None, entropy: bool = False,
+                   max_abs_dp: bool = False, chunk_bytes: int | None = None) -> KLReadout:
+    """:func:`kl_readout`'s statistics of logits already computed, ``logits [N, V]`` (after the
+    head's transform), against ``reference [N, V]``: no GEMM. The logit lens reads its last layer
+    this way from the model's own output logits (the distribution that layer's entry must equal).
+
+    Returns:
+        :class:`KLReadout`, tensors [N]. Raises: as :func:`kl_readout`.
+    """
+    check_float("logits", logits)
+    if logits.dim() != 2 or 0 in logits.shape:
+        raise ShapeMismatch(f"logits must be a non-empty [N, V]; got {tuple(logits.shape)}")
+    N, V = (int(x) for x in logits.shape)
+    _check_reference(reference, N, V)
+
+    def chunk(a: int, b: int, buf: torch.Tensor) -> torch.Tensor:
+        return buf[: (b - a) * V].view(b - a, V).copy_(logits[a:b])
+
+    o, plogp = _readout(chunk, 1, N, V, logits.device, reference, targets, rank, top_k, topk_cols, entropy,
+                        max_abs_dp, chunk_bytes, None)
+    return _result(o, plogp, N, 1, True)
+
+
+def _readout(chunk, S: int, N: int, V: int, dev, reference, targets, rank, top_k, topk_cols, entropy, max_abs_dp,
+             chunk_bytes, chunk_rows) -> tuple[ReadoutRows, torch.Tensor]:
+    """The chunk loop of :func:`kl_readout` over ``chunk(a, b, buf) -> logits [(b - a)·S, V]`` (in buf)."""
     cols = V if topk_cols is None else int(topk_cols)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= cols:
         raise BadInput(f"top_k must be an int in [0, {cols}]; got {top_k!r}")
@@ -216,7 +254,6 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
         raise BadInput("rank needs targets")
     n_tok = _tokens_per_chunk(S, V, chunk_bytes or READOUT_CHUNK_BYTES, chunk_rows)
     n_tok = min(N, n_tok - n_tok % PAIR_TOKENS if n_tok > PAIR_TOKENS else n_tok)  # whole pair blocks
-    dev = H.device
     f32 = dict(dtype=torch.float32, device=dev)
     zbuf = torch.empty(n_tok * S * V, **f32)
     group = min(n_tok, REF_TOKENS)  # tokens whose reference probabilities are live at once
@@ -227,11 +264,10 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
     plogp = torch.empty(N, **f32)
     for a in range(0, N, n_tok):
         b = min(N, a + n_tok)
-        z = _logits_into(H[:, a:b].transpose(0, 1).reshape((b - a) * S, -1), weight, bias, logit_scale,
-                         softcap, zbuf)  # rows are token-major: row j*S + s = token a+j at layer s
+        z = chunk(a, b, zbuf)
         for g in range(a, b, group):
             _group_stats(z, a, g, min(b, g + group), S, reference, targets, pall, plogp, ebufs, o, cols)
-    return _result(o, plogp, N, S, two)
+    return o, plogp
 
 
 def _result(o: ReadoutRows, plogp: torch.Tensor, N: int, S: int, two: bool) -> KLReadout:
@@ -354,4 +390,5 @@ def linear_kl(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tenso
     return LinearKL(loss=losses[0:1] if two else losses, grad=(G[0] if two and G is not None else G))
 
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "PAIR_TOKENS", "READOUT_CHUNK_BYTES", "REF_TOKENS", "STATS_ROWS", "KLReadout", "LinearKL", "kl_readout", "linear_kl"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "PAIR_TOKENS", "READOUT_CHUNK_BYTES", "REF_TOKENS", "STATS_ROWS", "KLReadout", "LinearKL", "kl_readout", "linear_kl",
+           "logits_readout"]
