@@ -33,22 +33,25 @@ class LoadedModel:
     def __iter__(self):
         return iter((self.model, self.tokenizer, self.borders, self.provenance))
 
-    def release_tokenizer(self):
-        """Swap the tokenizer for a :class:`~vocablens.models.tokens.TokenTable` of its token strings
-        and let the tokenizer go (~14 MiB resident for SmolLM2, ~3 MiB for the table).
+    def without_tokenizer(self) -> "LoadedModel":
+        """This model with its tokenizer swapped for a :class:`~vocablens.models.token_table.TokenTable`
+        of its token strings (~0.6 MiB for SmolLM2's 49,152 tokens; the tokenizer holds ~14 MiB).
 
         For commands that encode a little input, then run a memory-heavy analysis, then print token
-        strings (``project``): encode first, then call this before the heavy phase. Afterwards
-        ``self.tokenizer`` is the table: :func:`~vocablens.models.tokens.token_str` gives the same
-        strings, but nothing can be encoded. The borders keep no reference to the tokenizer; a caller
-        that kept its own must drop it too. The freed heap returns to the OS only after a
-        ``malloc_trim`` (the CLI's ``trim_heap``). Idempotent; returns the table.
+        strings (``project``): encode first, then ``lm = lm.without_tokenizer()`` before the heavy
+        phase. The new object's ``tokenizer`` gives the same :func:`~vocablens.models.tokens.token_str`
+        strings but cannot encode; the model, borders and provenance are shared. ``self`` is left as it
+        is (a caller's model keeps its tokenizer), so the tokenizer is freed only once nothing else
+        refers to it (the borders keep no reference); its heap returns to the OS after a
+        ``malloc_trim`` (the CLI's ``trim_heap``). On a model that has a table already: itself.
         """
-        from vocablens.models.tokens import TokenTable
+        import dataclasses
 
-        if not isinstance(self.tokenizer, TokenTable):
-            self.tokenizer = TokenTable(self.tokenizer)  # no reference cycles: freed here, no gc pass
-        return self.tokenizer
+        from vocablens.models.token_table import TokenTable
+
+        if isinstance(self.tokenizer, TokenTable):
+            return self
+        return dataclasses.replace(self, tokenizer=TokenTable(self.tokenizer))
 
 
 def _load_gguf(path: Path, spec: str, tdtype):
