@@ -43,12 +43,15 @@ def test_token_table_gives_the_tokenizers_strings():
         assert token_str(table, len(tok) + 2) == f"<id {len(tok) + 2}>"
 
 
-def test_without_tokenizer_frees_it_and_keeps_the_strings(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "m", tiny_tokenizer(300))
+
+
+def test_without_tokenizer_frees_it_and_keeps_the_strings(tiny_dir):
     from vocablens.models.lazy import load_borders_only
 
-    tok = tiny_tokenizer(300)
-    d = save_tiny(tmp_path / "m", tok)
-    lm = load_borders_only(str(d))
+    lm = load_borders_only(str(tiny_dir))
     ids = list(range(len(lm.tokenizer)))
     want = [token_str(lm.tokenizer, i) for i in ids]
     ref = weakref.ref(lm.tokenizer)
@@ -124,3 +127,28 @@ def test_read_once_scan_keeps_one_chunk(mapped):
     present, n = _pagemap_present(M)
     assert present <= 2 * 2**18 * 4 // pages._page_size() + 2  # at most the last chunk, about
     assert torch.equal(M, W)
+
+
+def test_analyses_with_release_on_equal_the_full_load(tiny_dir, monkeypatch):
+    """project's analyses on a borders-only load whose read pages go: the full load's results, and
+    the head's pages are no longer all resident afterwards."""
+    from test_lazy import _same
+    from vocablens import vocab_space as vs
+    from vocablens.models import load
+    from vocablens.models.lazy import load_borders_only
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("page release is Linux only (madvise, /proc/self/pagemap)")
+    full = load(str(tiny_dir)).borders
+    want = (vs.search_tokens(full, [5, 9], k=3), vs.project_vectors(full, [0, 1], [2, 7], k=4),
+            vs.project_vectors(full, [1], [3], k=4, kind="key"))
+    monkeypatch.setattr(pages, "_ON", True)
+    lazy = load_borders_only(str(tiny_dir), value_vectors=True).borders
+    got = (vs.search_tokens(lazy, [5, 9], k=3), vs.project_vectors(lazy, [0, 1], [2, 7], k=4))
+    for a, b in zip(want[0], got[0]):
+        _same(a, b)
+    _same(want[1], got[1])
+    present, n = _pagemap_present(lazy.W_U)
+    assert n > 0 and present < n  # read, then let go
+    lazy = load_borders_only(str(tiny_dir), blocks=[1]).borders
+    _same(want[2], vs.project_vectors(lazy, [1], [3], k=4, kind="key"))
