@@ -94,6 +94,8 @@ def project_cmd(
     JSON field "layer" of vectors and rows is that block index.
     """
     from vocablens import vocab_space as vs
+    from vocablens.cli.heap import trim_heap
+    from vocablens.models.pages import release_after_reading
     from vocablens.render import vocab_space as rv
 
     block = _block(block, layer)
@@ -117,14 +119,18 @@ def project_cmd(
     one_block = block is not None and not tokens and not interpretable  # that block + head + final norm
     values = not one_block and not keys  # every block's value vectors + head + final norm
     blocks_back_to_the_os()  # the readout's freed row blocks leave the resident set
+    release_after_reading()  # and so do the checkpoint pages of the rows it has read
     lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_, borders_only=one_block or values,
                     blocks=[block] if one_block else None, value_vectors=values)
-    b, tok = lm.borders, lm.tokenizer
+    b = lm.borders
     gain = not no_norm_gain
     if block is not None and not 0 <= block < b.n_layers:
         raise BadInput(f"block {block} is out of range: this model has blocks 0..{b.n_layers - 1}")
+    tids = [_single_token(lm.tokenizer, x, b.vocab_size) for x in tokens]
+    lm = lm.without_tokenizer()  # encoding is done: token strings only from here on (~14 MiB less)
+    tok = lm.tokenizer
+    trim_heap()
     if tokens:
-        tids = [_single_token(tok, x, b.vocab_size) for x in tokens]
         if not json_:
             err.print(f"[dim]scoring {b.n_layers} blocks of value vectors against the vocabulary ...[/dim]")
         res = vs.search_tokens(b, tids, k=k, apply_norm_gain=gain)

@@ -142,8 +142,11 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
 
     Returns:
         :class:`~vocablens.models.LoadedModel` whose ``borders`` has real ``W_E``, ``W_U``, ``b_U``
-        and final norm, and blocks on the ``meta`` device. Peak memory: about the bytes of those
-        tensors (one [V, d] matrix when tied) plus the tokenizer.
+        and final norm, and blocks on the ``meta`` device. The tensors stay memory-mapped: a page
+        becomes resident when an analysis reads it. Peak memory: about the bytes of those tensors
+        (one [V, d] matrix when tied) plus the tokenizer; less for a command that lets read pages go
+        (:mod:`vocablens.models.pages`) and the tokenizer too
+        (:meth:`~vocablens.models.LoadedModel.without_tokenizer`), as ``project`` does.
 
     Raises:
         ModelNotFound, CorruptModelFile: as :func:`vocablens.models.load`; CorruptModelFile also when

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from vocablens.errors import NonFiniteWeights
+from vocablens.models.pages import read_once
 
 
 def nonfinite(borders) -> dict[str, int]:
@@ -28,7 +29,7 @@ def nonfinite(borders) -> dict[str, int]:
                 # would make the sum NaN or ±inf), so only the others are counted: no per-chunk
                 # temporary (a bool chunk per step left ~40 MiB with the C allocator) and 5x faster
                 n = sum(0 if bool(torch.isfinite(c.sum())) else int(c.isfinite().logical_not().count_nonzero())
-                        for c in flat.split(2**22))
+                        for c in read_once(flat.split(2**22)))  # mapped pages go (models.pages)
                 if n:
                     bad[name] = n
         for k in [k for k in borders._memo if isinstance(k, tuple) and k[0] == "nonfinite"]:

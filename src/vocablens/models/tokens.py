@@ -72,14 +72,19 @@ def _specials(tokenizer) -> set[int]:
     return got
 
 
+def _piece(tokenizer, token_id: int) -> str | None:
+    """The tokenizer's own string for ``token_id`` (``convert_ids_to_tokens``), or None (no such id)."""
+    try:
+        return tokenizer.convert_ids_to_tokens(token_id)
+    except (IndexError, KeyError, ValueError, OverflowError, TypeError):
+        return None
+
+
 def token_bytes(tokenizer, token_id: int) -> bytes | None:
     """The bytes token ``token_id`` stands for (what it adds to decoded text), or None when the
     tokenizer has no such id. Special and added tokens are their own text, UTF-8 encoded."""
     token_id = int(token_id)
-    try:
-        raw = tokenizer.convert_ids_to_tokens(token_id)
-    except (IndexError, KeyError, ValueError, OverflowError, TypeError):
-        return None
+    raw = _piece(tokenizer, token_id)
     if raw is None:
         return None
     if token_id in _specials(tokenizer):

@@ -15,6 +15,7 @@ import torch
 from vocablens.errors import BadInput
 from vocablens.models import Borders
 from vocablens.models.blocks import linear_weight
+from vocablens.models.pages import release_pages
 from vocablens.ops.topk import merge_topk, topk_lowest_id
 
 _CHUNK_ELEMS = 1 << 24  # at most 16M float32 scores (64 MiB) per chunk
@@ -70,11 +71,15 @@ def vocab_blocks(V: int, width: int, block_bytes: int | None = None) -> list[tup
 def stream_rows(borders: Borders, V: int, kind: str = "value", apply_norm_gain: bool = True):
     """Yield ``(start, stop, rows)`` over the first V rows of the readout (``kind='value'``) or of the
     input embedding (``kind='key'``), one :func:`vocab_blocks` block of float32 rows [stop - start, d] at
-    a time: the per-row values of :func:`readout` / :func:`input_embedding`, never the whole matrix."""
+    a time: the per-row values of :func:`readout` / :func:`input_embedding`, never the whole matrix.
+    Once a block is used, the pages of its checkpoint rows leave the resident set where the command
+    allows it (:func:`vocablens.models.pages.release_pages`)."""
     d = int(borders.d_model)
+    src = (borders.W_U if kind == "value" else borders.W_E).detach()
     for a, b in vocab_blocks(V, d):
         yield a, b, (readout_rows(borders, slice(a, b), apply_norm_gain) if kind == "value"
                      else input_embedding(borders, slice(a, b)))
+        release_pages(src[a:b])
 
 
 class TopBottom:

@@ -27,6 +27,7 @@ import torch
 from vocablens.errors import BadInput
 from vocablens.models import Borders
 from vocablens.models.blocks import block_views
+from vocablens.models.pages import release_pages
 from vocablens.vocab_space.readout import check_token, readout_rows, rows_per_chunk, stream_rows, vocab_blocks
 from vocablens.vocab_space.vectors import gather_vectors
 
@@ -112,6 +113,8 @@ def _value_stats(borders: Borders, apply_norm_gain: bool) -> ValueStats:
         stds.append(((W @ C) * W).sum(-1).clamp_min(0).sqrt())
         layers.append(torch.full((W.shape[0],), v.index, dtype=torch.long, device=dev))
         neurons.append(torch.arange(W.shape[0], device=dev))
+        del W
+        release_pages(v.W_out.detach())  # read once: its checkpoint pages may go (models.pages)
     return ValueStats(layers=torch.cat(layers), neurons=torch.cat(neurons), mean=torch.cat(means),
                       std=torch.cat(stds), apply_norm_gain=bool(apply_norm_gain))
 
@@ -170,6 +173,7 @@ def _ranks(borders: Borders, X: torch.Tensor, t: int, k: int, step: int, apply_n
             ref = S[:, t - a:t - a + 1].clone()
         ranks += (S > ref).sum(1)
         del R, S  # before the next block is made
+        release_pages(borders.W_U.detach()[a:b])
     return ranks
 
 
@@ -205,7 +209,12 @@ def search_tokens(borders: Borders, token_ids: Sequence[int], k: int = 10, apply
     dev = borders.W_U.device
     views = block_views(borders)
     rows = readout_rows(borders, ids, apply_norm_gain)  # [T, d], the readout's rows bit for bit
-    raw = torch.cat([v.W_out.detach().to(dev, torch.float32) @ rows.t() for v in views])  # [N, T]
+    raw = []
+    for v in views:
+        W = v.W_out.detach()
+        raw.append(W.to(dev, torch.float32) @ rows.t())
+        release_pages(W)  # read once here: its checkpoint pages may go (models.pages)
+    raw = torch.cat(raw)  # [N, T]
     real = borders.real_vocab_size
     step = rows_per_chunk(real)
     out = []

@@ -18,6 +18,7 @@ import torch
 from vocablens.errors import BadInput
 from vocablens.models import Borders
 from vocablens.models.blocks import BlockView, block_view, block_views
+from vocablens.models.pages import release_pages
 from vocablens.vocab_space.readout import TopBottom, check_block, check_k, rows_per_chunk, stream_rows
 
 
@@ -69,7 +70,10 @@ def gather_vectors(borders: Borders, layers: Sequence[int], neurons: Sequence[in
         if not 0 <= n < v.d_ff:
             raise BadInput(f"neuron {n} is out of range: block {ly} has neurons 0..{v.d_ff - 1}")
         vecs.append((v.W_out[n] if kind == "value" else v.keys[n]).detach().float())
-    return torch.stack(vecs)
+    out = torch.stack(vecs)
+    for v in views.values():  # a row of W_out is a column of the down projection: every page was read
+        release_pages((v.W_out if kind == "value" else v.keys).detach())
+    return out
 
 
 def project_vectors(borders: Borders, layers: Sequence[int], neurons: Sequence[int], k: int = 10,
