@@ -58,6 +58,7 @@ from vocablens.argmax.distributed import share as dist_share
 from vocablens.argmax.distributed import world as dist_world
 from vocablens.argmax.preparation import apply_masks, as_numpy, check_input, dedupe, whiten
 from vocablens.argmax.lp import stage_bias
+from vocablens.argmax.pages import PageRelease
 from vocablens.argmax.proofs import screen_interior, stage_proof
 from vocablens.argmax.result import (
     ARGMAXABLE, BUDGET, DUPLICATE, PADDING, STAGES, UNARGMAXABLE, UNDECIDED, UNTRAINED, VERDICTS,
@@ -133,6 +134,7 @@ def find_unargmaxable(
     st = ScanState.new(V, d, tol, progress, time_budget_s)
     apply_masks(st, padding, untrained, include_padding, include_untrained)
     st.Wn = as_numpy(W)
+    st.pages = PageRelease(st.Wn)       # W's pages go back after each pass once Z is being built
     st.bn = None if bias is None else bias.detach().cpu().double().numpy()
     st.defer = None if defer is None else defer.cpu().numpy()
     try:

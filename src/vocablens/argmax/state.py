@@ -110,6 +110,7 @@ class ScanState:
     s1_ratio: np.ndarray = None
     left: np.ndarray = None
     ball: object = None          # proofs.Ball, built on first use
+    pages: object = None         # pages.PageRelease over Wn (a no-op unless Wn is a read-only file mapping)
 
     @classmethod
     def new(cls, V: int, d: int, tol: float, progress: Progress | None, budget_s: float | None) -> "ScanState":
@@ -193,9 +194,23 @@ class ScanState:
         self.x_extra[int(t)] = torch.from_numpy(s * (self.A @ y))
         self.settle_arg(t, st, m)
 
+    def rows64(self, ids) -> np.ndarray:
+        """Rows ``W[ids]`` in float64 [k, d] (a copy); their pages then go back (:meth:`release`)."""
+        out = self.Wn[np.asarray(ids, dtype=np.int64)].astype(np.float64)
+        if self.pages is not None:
+            self.pages.release_all()
+        return out
+
     def z64(self, pos) -> np.ndarray:
         """Whitened rows at positions ``pos`` (into ``reps``) in float64, computed afresh from W: [k, r]."""
-        return (self.Wn[self.reps[np.asarray(pos)]].astype(np.float64) - self.mu) @ self.A
+        return (self.rows64(self.reps[np.asarray(pos)]) - self.mu) @ self.A
+
+    def release(self, s: int, e: int) -> None:
+        """Give back the resident pages of the distinct rows ``reps[s:e]`` after a pass has read
+        them (:mod:`~vocablens.argmax.pages`: only for a read-only file mapping; results unchanged)."""
+        e = min(e, self.n)
+        if self.pages is not None and e > s:
+            self.pages.release(self.reps[s], self.reps[e - 1] + 1)
 
     def cut(self, stage: str) -> None:
         """Record that ``stage`` was cut short (or skipped) by the budget."""
