@@ -90,7 +90,7 @@ def exact_int_matmul(Q: torch.Tensor):
 
 
 #: bytes of one product's scores in the all-pairs stage ([block, columns] float32 or int32)
-GEMM_BYTES = 32 * 2 ** 20
+GEMM_BYTES = 16 * 2 ** 20
 
 
 def stage_gemm(st: ScanState, block: int) -> None:
@@ -292,7 +292,8 @@ def cert_x(st: ScanState, t: int) -> np.ndarray:
     t = int(t)
     if t in st.x_extra:
         return st.x_extra[t].numpy()
-    return st.scale[t] * (st.A @ (st.qs * st.Qt[st.row_of[t]].numpy().astype(np.float64)))
+    k = int(st.row_of[t])
+    return st.scale[t] * (st.A @ (st.qs * st.q_rows(k, k + 1)[0].numpy().astype(np.float64)))
 
 
 def stage_verify(st: ScanState, mode: str) -> None:

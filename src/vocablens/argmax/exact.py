@@ -153,6 +153,7 @@ def find_unargmaxable(
     if st.n <= 1 or st.cut_short:
         return st.result()
     _run_stages(st, reflect_iters, block, max_rounds, row_budget_s)
+    st.z_to_q()                         # the re-check and the result read Q only: Z goes
     _timed(st, "verify", lambda: stage_verify(st, verify))
     return st.result()
 
@@ -194,6 +195,7 @@ def _run_stages(st: ScanState, reflect_iters: int, block: int, max_rounds: int, 
         try:
             if name == "gemm":
                 _timed(st, name, fn)
+                st.set_q_aside()        # until z_to_q: Z alone is resident, Q's rows are made from it
             else:
                 with one_blas_thread():
                     _timed(st, name, fn)
