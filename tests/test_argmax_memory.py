@@ -20,12 +20,18 @@ from vocablens.models.lazy import load_borders_only
 from vocablens.models.matrices import MatricesOnly, load_head_only
 
 
-@pytest.fixture(scope="module", params=["llama", "llama_tied", "qwen3", "phi3", "gpt2", "gemma3_text"])
-def saved(request, tmp_path_factory):
-    model = make_tiny(request.param)
-    d = tmp_path_factory.mktemp(request.param)
+def _save_tiny(family: str, d):
+    """A tiny model of ``family`` saved as safetensors with a word-level tokenizer in d; the model."""
+    model = make_tiny(family)
     model.save_pretrained(d, safe_serialization=True)
     _write_tokenizer(d, model.config.vocab_size)
+    return model
+
+
+@pytest.fixture(scope="module", params=["llama", "llama_tied", "qwen3", "phi3", "gpt2", "gemma3_text"])
+def saved(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp(request.param)
+    _save_tiny(request.param, d)
     return request.param, d
 
 
@@ -60,9 +66,7 @@ def test_head_only_equals_borders_only(saved):
 
 
 def test_head_only_falls_back_where_it_cannot_read_exactly(tmp_path):
-    model = make_tiny("llama")
-    model.save_pretrained(tmp_path, safe_serialization=True)
-    _write_tokenizer(tmp_path, model.config.vocab_size)
+    model = _save_tiny("llama", tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     del cfg["rms_norm_eps"]                                # the family default is not guessed
     (tmp_path / "config.json").write_text(json.dumps(cfg))
@@ -178,9 +182,7 @@ def test_cli_argmax_on_a_saved_model_reads_the_tokenizer_again(tmp_path, capsys)
     from vocablens.cli.common import run_app
 
     d = tmp_path
-    model = make_tiny("llama")
-    model.save_pretrained(d, safe_serialization=True)
-    _write_tokenizer(d, model.config.vocab_size)
+    _save_tiny("llama", d)
     assert run_app(["argmax", "--model", str(d), "--json"]) == 0
     j = json.loads(capsys.readouterr().out)
     ref = argmax_for_borders(load_borders_only(str(d)).borders)
