@@ -42,7 +42,11 @@ as a shared column, HiGHS LPs as the fallback; the lifted LP with a bias) and ``
 
 A solver failure never becomes a verdict: such tokens are ``undecided`` with a reason; so are the
 tokens left open when the time budget runs out (reason ``"budget"``; the result names the stages
-cut short). Memory: the whitened rows (float32 and int8, [n, r] each) plus fixed-size blocks.
+cut short). Memory: one [n, r] float32 matrix at a time plus fixed-size blocks: the whitened
+rows Z and their int8 grid Q during ``gemm``; Z alone in ``reflect``, ``proof`` and ``bias`` (the
+rows of Q they need are made again from Z); Q alone in ``verify`` and in the result. When W is a
+read-only file mapping (:func:`vocablens.models.matrices.load_head_only`), its pages go back to
+the page cache after each pass (:mod:`~vocablens.argmax.pages`), so W does not add to that.
 """
 
 from __future__ import annotations

@@ -75,7 +75,9 @@ class ScanState:
     rows' representatives, ``row_of`` [V] their position, ``twins`` rep -> its exact twins, ``mu``
     float64 [d], ``A`` float64 [d, r], ``Zt`` float32 [n, r] (whitened rows), ``Qt`` int8 [n, r]
     and ``qs`` (the int8 grid), ``enorm`` [n] rounding bounds, ``znorm`` [n], ``left`` int64
-    positions (into ``reps``) of the rows still open.
+    positions (into ``reps``) of the rows still open. ``Qt`` is None between the all-pairs stage
+    and the re-check (:meth:`set_q_aside`; read its rows through :meth:`q_rows`), ``Zt`` None from
+    the re-check on (:meth:`z_to_q`); ``pages`` releases W's pages after a pass.
     """
 
     V: int

@@ -7,6 +7,10 @@ the LM head ``W_U`` [V, d] (cosine neighbours). It reads the tensor names from t
 import alone is ~140 MB of resident memory, more than the matrix of a 135M model (see
 ``benchmarks/memory.py``). The matrices stay memory-mapped in the checkpoint's dtype.
 
+:func:`load_head_only` adds the final norm for the families whose final norm is transformers'
+``LlamaRMSNorm`` (``argmax`` reads the head and the norm) and maps the matrices read-only, so
+``argmax`` can hand their pages back after each pass (:mod:`vocablens.argmax.pages`).
+
 What is not read raises instead of guessing: the final norm and the blocks are placeholders whose
 use raises :class:`~vocablens.errors.BadInput`, and the input scale is NaN (Gemma's sqrt(d) is a
 family default this view does not know). Any checkpoint the view cannot read exactly (sub-configs,
