@@ -90,7 +90,7 @@ def exact_int_matmul(Q: torch.Tensor):
 
 
 #: bytes of one product's scores in the all-pairs stage ([block, columns] float32 or int32)
-GEMM_BYTES = 32 * 2 ** 20
+GEMM_BYTES = 16 * 2 ** 20
 
 
 def stage_gemm(st: ScanState, block: int) -> None:
@@ -230,7 +230,7 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
 
 # ----------------------------------------------------------------------------------------- verify
 def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int = 512, progress=None,
-                      deadline: float | None = None):
+                      deadline: float | None = None, release=None):
     """float64 margins ``l_t(x_t) - max_{j in play, j != t, j not a twin} l_j(x_t)`` for tokens [k].
 
     Args:
@@ -239,6 +239,8 @@ def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int =
         chunk: tokens per pass over the rows (lowered so their certificates ``[d, chunk]`` fit
             :data:`~vocablens.argmax.state.BLOCK_BYTES`).
         deadline: ``time.perf_counter()`` value after which no new pass starts.
+        release: optional ``(start, stop)`` callback after each block of rows ``[start, stop)`` is
+            read (:class:`~vocablens.argmax.pages.PageRelease`: hands their pages back).
 
     Returns:
         float64 [k] margins (logit units); NaN for tokens not reached before the deadline.
@@ -277,6 +279,8 @@ def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int =
             sel = (mrow >= r0) & (mrow < r0 + step)
             L[mrow[sel] - r0, mcol[sel]] = -np.inf
             np.maximum(best, L.max(0), out=best)
+            if release is not None:
+                release(rows[0], rows[-1] + 1)
         out[s:s + len(tk)] = own - best if len(play) > 1 else math.inf
         if progress:
             progress(min(s + chunk, len(tokens)), len(tokens))
@@ -288,7 +292,8 @@ def cert_x(st: ScanState, t: int) -> np.ndarray:
     t = int(t)
     if t in st.x_extra:
         return st.x_extra[t].numpy()
-    return st.scale[t] * (st.A @ (st.qs * st.Qt[st.row_of[t]].numpy().astype(np.float64)))
+    k = int(st.row_of[t])
+    return st.scale[t] * (st.A @ (st.qs * st.q_rows(k, k + 1)[0].numpy().astype(np.float64)))
 
 
 def stage_verify(st: ScanState, mode: str) -> None:
@@ -309,7 +314,8 @@ def stage_verify(st: ScanState, mode: str) -> None:
         chosen = np.unique(np.concatenate([later, pick])).astype(np.int64)
     res = verify_argmaxable(st.Wn, st.bn, st.in_play, chosen, lambda t: cert_x(st, t),
                             twins_of=lambda t: st.twins.get(int(t), np.zeros(0, dtype=np.int64)),
-                            progress=lambda a, b: st.progress("verify", a, b), deadline=st.deadline)
+                            progress=lambda a, b: st.progress("verify", a, b), deadline=st.deadline,
+                            release=None if st.pages is None else st.pages.release)
     for t, m in zip(chosen, res):
         if np.isnan(m):
             st.cut("verify")

@@ -42,7 +42,11 @@ as a shared column, HiGHS LPs as the fallback; the lifted LP with a bias) and ``
 
 A solver failure never becomes a verdict: such tokens are ``undecided`` with a reason; so are the
 tokens left open when the time budget runs out (reason ``"budget"``; the result names the stages
-cut short). Memory: the whitened rows (float32 and int8, [n, r] each) plus fixed-size blocks.
+cut short). Memory: one [n, r] float32 matrix at a time plus fixed-size blocks: the whitened
+rows Z and their int8 grid Q during ``gemm``; Z alone in ``reflect``, ``proof`` and ``bias`` (the
+rows of Q they need are made again from Z); Q alone in ``verify`` and in the result. When W is a
+read-only file mapping (:func:`vocablens.models.matrices.load_head_only`), its pages go back to
+the page cache after each pass (:mod:`~vocablens.argmax.pages`), so W does not add to that.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from vocablens.argmax.distributed import share as dist_share
 from vocablens.argmax.distributed import world as dist_world
 from vocablens.argmax.preparation import apply_masks, as_numpy, check_input, dedupe, whiten
 from vocablens.argmax.lp import stage_bias
+from vocablens.argmax.pages import PageRelease
 from vocablens.argmax.proofs import screen_interior, stage_proof
 from vocablens.argmax.result import (
     ARGMAXABLE, BUDGET, DUPLICATE, PADDING, STAGES, UNARGMAXABLE, UNDECIDED, UNTRAINED, VERDICTS,
@@ -133,6 +138,7 @@ def find_unargmaxable(
     st = ScanState.new(V, d, tol, progress, time_budget_s)
     apply_masks(st, padding, untrained, include_padding, include_untrained)
     st.Wn = as_numpy(W)
+    st.pages = PageRelease(st.Wn)       # W's pages go back after each pass once Z is being built
     st.bn = None if bias is None else bias.detach().cpu().double().numpy()
     st.defer = None if defer is None else defer.cpu().numpy()
     try:
@@ -151,6 +157,7 @@ def find_unargmaxable(
     if st.n <= 1 or st.cut_short:
         return st.result()
     _run_stages(st, reflect_iters, block, max_rounds, row_budget_s)
+    st.z_to_q()                         # the re-check and the result read Q only: Z goes
     _timed(st, "verify", lambda: stage_verify(st, verify))
     return st.result()
 
@@ -192,6 +199,7 @@ def _run_stages(st: ScanState, reflect_iters: int, block: int, max_rounds: int, 
         try:
             if name == "gemm":
                 _timed(st, name, fn)
+                st.set_q_aside()        # until z_to_q: Z alone is resident, Q's rows are made from it
             else:
                 with one_blas_thread():
                     _timed(st, name, fn)

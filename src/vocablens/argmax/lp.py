@@ -99,7 +99,7 @@ def stage_bias(st: ScanState, fails: dict, max_rounds: int) -> None:
             st.settle_arg(t, 4, m0)
         elif out[0] == "int":
             ids2, wts2 = st.reps[out[1]], out[2]
-            rvec = st.Wn[ids2].astype(np.float64).T @ wts2 - st.Wn[t].astype(np.float64)
+            rvec = st.rows64(ids2).T @ wts2 - st.rows64([t])[0]
             rn = float(np.linalg.norm(rvec))
             gap = float(st.bn[ids2] @ wts2 - st.bn[t])
             if rn <= st.tol * st.wscale and gap >= -st.tol * (1.0 + abs(st.bn[t])):

@@ -65,7 +65,7 @@ def reserved_tokens(tokenizer, V: int) -> torch.Tensor:
 def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = False,
                        include_untrained: bool = False, norm: bool = True, norm_tokens: int = 24,
                        progress: Progress | None = None, time_budget_s: float | None = None,
-                       tokenizer=None, **kwargs) -> ModelArgmax:
+                       tokenizer=None, reserved: torch.Tensor | None = None, **kwargs) -> ModelArgmax:
     """Run :func:`~vocablens.argmax.exact.find_unargmaxable` on the model's unembedding.
 
     Args:
@@ -80,6 +80,8 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
             it runs out are ``undecided`` with reason ``"budget"``; the result's ``cut_short``
             names the stages cut short; the norm bounds are skipped once it is spent.
         tokenizer: optional; names the reserved / unused special tokens (their own group).
+        reserved: bool [V], those tokens already found (:func:`reserved_tokens`); overrides
+            ``tokenizer`` (a caller can then free the tokenizer before the scan).
         kwargs: passed to ``find_unargmaxable`` (``reflect_iters``, ``tol``, ``verify`` ...).
 
     Raises:
@@ -100,7 +102,9 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
     real = U.real_mask if U.real_mask is not None else torch.ones(V, dtype=torch.bool)
     padding = ~real
     untrained = untrained_rows(W) & real
-    reserved = reserved_tokens(tokenizer, V)
+    reserved = reserved_tokens(tokenizer, V) if reserved is None else reserved.bool().cpu()
+    if reserved.shape != (V,):
+        raise BadInput(f"reserved must be a bool mask of shape [V] = [{V}]; got {tuple(reserved.shape)}")
     left = None if time_budget_s is None else max(0.0, time_budget_s - (time.perf_counter() - t0))
     res = find_unargmaxable(W, use_b, padding=padding, untrained=untrained,
                             include_padding=include_padding, include_untrained=include_untrained,

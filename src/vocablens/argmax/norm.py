@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vocablens.argmax.state import GATHER_ROWS
 from vocablens.errors import BadInput, ShapeMismatch
 
 
@@ -129,13 +130,22 @@ class _Rows:
     copy would hold it), so the norm bounds need W plus one block, not two more copies of W."""
 
     def __init__(self, W: torch.Tensor, ids: torch.Tensor, model: NormModel, scale: float):
+        from vocablens.argmax.pages import PageRelease
+
         self.W, self.ids, self.model, self.scale = W, ids, model, scale
         self.step = max(1, NORM_BLOCK_BYTES // (8 * max(1, int(W.shape[1]))))
         self.whole = len(ids) == W.shape[0]                 # every row: slices, no gather
+        # a read-only mapped W gives its pages back after each block (results unchanged)
+        self.pages = PageRelease(W.numpy() if W.dtype in (torch.float32, torch.float64) else None)
 
     def _raw(self, s: int, e: int) -> torch.Tensor:
         rows = self.W[s:e] if self.whole else self.W[self.ids[s:e]]
-        return rows.to(torch.float64, copy=True)            # a copy even when W is float64 (folded in place)
+        out = rows.to(torch.float64, copy=True)             # a copy even when W is float64 (folded in place)
+        if self.whole:
+            self.pages.release(s, e)
+        else:
+            self.pages.release_all()
+        return out
 
     def _fold(self, X: torch.Tensor) -> torch.Tensor:
         X.mul_(self.model.gain)
@@ -160,7 +170,14 @@ class _Rows:
 
     def take(self, pos: torch.Tensor) -> torch.Tensor:
         """``W'[pos]`` float64 [len(pos), d] for positions into ``ids``."""
-        return self._fold(self.W[self.ids[pos]].to(torch.float64, copy=True))
+        rows = self.ids[pos]
+        if not self.pages.active:
+            return self._fold(self.W[rows].to(torch.float64, copy=True))
+        X = torch.empty(len(rows), self.W.shape[1], dtype=torch.float64)
+        for s in range(0, len(rows), GATHER_ROWS):      # scattered rows: a few pages at a time
+            X[s:s + GATHER_ROWS] = self.W[rows[s:s + GATHER_ROWS]]
+            self.pages.release_all()
+        return self._fold(X)
 
     def take32(self, pos: torch.Tensor) -> torch.Tensor:
         """``W'[pos]`` rounded to float32 [len(pos), d], made by blocks (one float32 result)."""
@@ -178,9 +195,12 @@ class _Rows:
             U = U - U.mean(0, keepdim=True)
         X = (U * self.model.gain[:, None] * self.scale).float()    # [d, k]
         if self.whole and self.W.dtype == torch.float32:
-            return self.W @ X
-        return torch.cat([(self.W[self.ids[s:s + self.step]].float() @ X)
-                          for s in range(0, len(self.ids), self.step)])
+            out = self.W @ X
+        else:
+            out = torch.cat([(self.W[self.ids[s:s + self.step]].float() @ X)
+                             for s in range(0, len(self.ids), self.step)])
+        self.pages.release_all()
+        return out
 
     def t_matmul(self, P: torch.Tensor) -> torch.Tensor:
         """``W'^T P`` float64 [d, k] for P [n, k], summed over the blocks."""
@@ -252,7 +272,9 @@ def norm_reachability(
     ar = torch.arange(k)
     Wt = Wown.float()                                              # [k, d] own rows
     cf = c.float()
+    Ws = cs = None
     for it0 in range(0, iters, refresh):
+        Ws = cs = None                          # the last refresh's rows [k, M, d] go before W is read whole
         Lg = rows.select_scores(U) + cf[:, None]                   # [n, k] float32
         Lg[tp, ar] = math.inf
         top = torch.topk(Lg, M, dim=0).indices.T                    # [k, M], own row included

@@ -214,6 +214,7 @@ def whiten(st: ScanState) -> None:
             Xc = torch.from_numpy(Wn[reps[s_:min(s_ + zstep, s + step)]]).double().sub_(mu_t)
             wsq = torch.maximum(wsq, (Xc * Xc).sum(1).max())
             Z[s_:s_ + len(Xc)] = (Xc @ At).float().numpy()
+            st.release(s_, s_ + len(Xc))            # W's pages out as Z's come in: one [n, d] matrix
     if size > 1:                        # every rank needs every whitened row: the others' are zeros here
         _sum_over_ranks(torch.from_numpy(Z), size)
         _sum_over_ranks(wsq, size, "max")

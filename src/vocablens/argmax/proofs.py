@@ -83,8 +83,9 @@ class Ball:
         step = rows_per_block(max(r, d))                               # float64 blocks
         for s in range(0, n, step):
             st.check_time()
-            B = (st.Qt[s:s + step] > 0).double().numpy()              # [c, r]
+            B = (st.q_rows(s, s + step) > 0).double().numpy()         # [c, r]
             pos_sum += B.T @ st.Wn[st.reps[s:s + step]].astype(np.float64)
+            st.release(s, s + step)                                   # W's pages back (Z is resident)
             self.size += B.sum(0)
         self.ok = bool((self.size > 0).all() and (self.size < n).all())
         if not self.ok:
@@ -150,13 +151,14 @@ def sparse_certificate(st: ScanState, k: int, Spos: np.ndarray) -> bool:
 
 def _structured_residual(st: ScanState, ball: Ball, t: int, pos, wj, m_all: float, h: np.ndarray):
     """float64 residual ``||w_t - combination of the other rows||`` in the original coordinates."""
-    x = st.Wn[st.reps[pos]].astype(np.float64).T @ wj + m_all * st.mu
+    x = st.rows64(st.reps[pos]).T @ wj + m_all * st.mu
     x += np.clip(h, 0, None) @ ball.mean_pos + np.clip(-h, 0, None) @ ball.mean_neg
-    qt = st.Qt[st.row_of[t]].numpy() > 0
+    k = int(st.row_of[t])
+    qt = st.q_rows(k, k + 1)[0].numpy() > 0
     sizes = np.where(h >= 0, ball.size, st.n - ball.size)
     inside = np.where(h >= 0, qt, ~qt)
     omega = m_all / st.n + float((np.abs(h) * inside / sizes).sum())
-    wt = st.Wn[t].astype(np.float64)
+    wt = st.rows64([t])[0]
     return float(np.linalg.norm(x - wt)) / (1.0 - omega), omega
 
 
@@ -240,7 +242,9 @@ def _round(st: ScanState, row: _Row, fails: dict) -> bool:
     """One float64 NNLS round; settles the row (False) or leaves a direction to check (True)."""
     k = row.k
     zt = st.z64([k])[0]
-    out = _nnls(st.z64(row.S) - zt)
+    D = st.z64(row.S)
+    D -= zt                                      # in place: [|S|, r] float64 is the stage's largest array
+    out = _nnls(D)
     if out is None:
         _fallback(st, row, "NNLS failed", fails)
         return False
@@ -256,7 +260,7 @@ def _round(st: ScanState, row: _Row, fails: dict) -> bool:
 def _interior_found(st: ScanState, k: int, pos: np.ndarray, w: np.ndarray, fails: dict) -> None:
     t = int(st.reps[k])
     ids = st.reps[pos]
-    rvec = st.Wn[ids].astype(np.float64).T @ w - st.Wn[t].astype(np.float64)
+    rvec = st.rows64(ids).T @ w - st.rows64([t])[0]
     rn = float(np.linalg.norm(rvec))
     if rn > st.tol * st.wscale:
         st.reasons[t] = f"convex combination found but its residual {rn:.3g} exceeds the tolerance"

@@ -32,6 +32,21 @@ def rows_per_block(width: int, itemsize: int = 8, budget: int | None = None, mos
     return k if most is None else max(1, min(k, most))
 
 
+def quantize(z: np.ndarray, qs: float) -> np.ndarray:
+    """Whitened rows z (float32 [k, r]) on the int8 grid of step qs: ``rint(z / qs)`` in float64,
+    elementwise, so any block of rows gives the same bits (int8 [k, r])."""
+    q = z.astype(np.float64)
+    np.divide(q, qs, out=q)
+    np.rint(q, out=q)
+    return q.astype(np.int8)
+
+
+#: rows per gather of scattered rows from a read-only mapped W, whose pages then go back: the
+#: kernel maps up to 16 pages around each faulting one (fault-around), so each row read can make
+#: 64 KiB resident: 128 rows, at most 8 MiB (:mod:`~vocablens.argmax.pages`)
+GATHER_ROWS = 128
+
+
 class OutOfTime(Exception):
     """Raised inside a stage when the run's time budget is spent (caught by the driver)."""
 
@@ -60,7 +75,9 @@ class ScanState:
     rows' representatives, ``row_of`` [V] their position, ``twins`` rep -> its exact twins, ``mu``
     float64 [d], ``A`` float64 [d, r], ``Zt`` float32 [n, r] (whitened rows), ``Qt`` int8 [n, r]
     and ``qs`` (the int8 grid), ``enorm`` [n] rounding bounds, ``znorm`` [n], ``left`` int64
-    positions (into ``reps``) of the rows still open.
+    positions (into ``reps``) of the rows still open. ``Qt`` is None between the all-pairs stage
+    and the re-check (:meth:`set_q_aside`; read its rows through :meth:`q_rows`), ``Zt`` None from
+    the re-check on (:meth:`z_to_q`); ``pages`` releases W's pages after a pass.
     """
 
     V: int
@@ -110,6 +127,7 @@ class ScanState:
     s1_ratio: np.ndarray = None
     left: np.ndarray = None
     ball: object = None          # proofs.Ball, built on first use
+    pages: object = None         # pages.PageRelease over Wn (a no-op unless Wn is a read-only file mapping)
 
     @classmethod
     def new(cls, V: int, d: int, tol: float, progress: Progress | None, budget_s: float | None) -> "ScanState":
@@ -193,9 +211,52 @@ class ScanState:
         self.x_extra[int(t)] = torch.from_numpy(s * (self.A @ y))
         self.settle_arg(t, st, m)
 
+    def q_rows(self, s: int, e: int) -> torch.Tensor:
+        """int8 grid rows ``Q[s:e]`` [k, r]: the stored Q, or, while it is set aside
+        (:meth:`set_q_aside`), made again from Z by :func:`quantize` (the same bits)."""
+        if self.Qt is not None:
+            return self.Qt[s:e]
+        return torch.from_numpy(quantize(self.Zt[s:e].numpy(), self.qs))
+
+    def set_q_aside(self) -> None:
+        """Drop Q after the all-pairs stage (the later stages read single rows or blocks of it,
+        made again from Z): the resident set holds one [n, r] float32 matrix, not it plus Q."""
+        if self.Zt is not None:
+            self.Qt = None
+
+    def z_to_q(self) -> None:
+        """Q made again from Z (if set aside), then Z dropped: the re-check and the result read Q only."""
+        if self.Qt is None and self.Zt is not None:
+            step = rows_per_block(self.r, 8, BLOCK_BYTES // 4)     # beside Z and Q: a small block
+            Q = np.empty((self.n, self.r), dtype=np.int8)
+            for s in range(0, self.n, step):
+                Q[s:s + step] = quantize(self.Zt[s:s + step].numpy(), self.qs)
+            self.Qt = torch.from_numpy(Q)
+        self.Zt = None
+
+    def rows64(self, ids) -> np.ndarray:
+        """Rows ``W[ids]`` in float64 [k, d] (a copy); their pages then go back (:meth:`release`)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        out = np.empty((len(ids), self.d), dtype=np.float64)
+        step = GATHER_ROWS
+        for s in range(0, len(ids), step):
+            out[s:s + step] = self.Wn[ids[s:s + step]]  # exact cast, row by row
+            if self.pages is not None:
+                self.pages.release_all()
+        return out
+
     def z64(self, pos) -> np.ndarray:
         """Whitened rows at positions ``pos`` (into ``reps``) in float64, computed afresh from W: [k, r]."""
-        return (self.Wn[self.reps[np.asarray(pos)]].astype(np.float64) - self.mu) @ self.A
+        X = self.rows64(self.reps[np.asarray(pos)])
+        X -= self.mu                                    # in place: the same numbers, one copy less
+        return X @ self.A
+
+    def release(self, s: int, e: int) -> None:
+        """Give back the resident pages of the distinct rows ``reps[s:e]`` after a pass has read
+        them (:mod:`~vocablens.argmax.pages`: only for a read-only file mapping; results unchanged)."""
+        e = min(e, self.n)
+        if self.pages is not None and e > s:
+            self.pages.release(self.reps[s], self.reps[e - 1] + 1)
 
     def cut(self, stage: str) -> None:
         """Record that ``stage`` was cut short (or skipped) by the budget."""

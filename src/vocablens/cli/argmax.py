@@ -11,6 +11,7 @@ import typer
 from vocablens.cli.common import (
     DeviceOpt, JsonOpt, MaxMemOpt, ModelOpt, TrustOpt, app, blocks_back_to_the_os, emit_json, err, load_model, out,
 )
+from vocablens.cli.heap import trim_heap
 from vocablens.errors import BadInput, OutputExists
 
 
@@ -31,6 +32,18 @@ def _progress_bar(quiet: bool):
         prog.update(tasks[stage], completed=done, total=total)
 
     return cb, prog.stop
+
+
+def _set_aside(tokenizer, trust_remote_code: bool):
+    """``(tokenizer or None, reload)``: None when the tokenizer can be read again from the directory
+    it came from (``name_or_path``, as :func:`~vocablens.models.matrices.light_tokenizer` loads it),
+    so the caller can free it during the scan; ``reload()`` reads it again (the same class and files)."""
+    from vocablens.models.matrices import light_tokenizer
+
+    src = getattr(tokenizer, "name_or_path", None)
+    if not isinstance(src, str) or not src or not (Path(src) / "tokenizer_config.json").is_file():
+        return tokenizer, lambda: tokenizer
+    return None, lambda: light_tokenizer(Path(src), trust_remote_code)
 
 
 def _rank() -> int:
@@ -62,7 +75,7 @@ def argmax_cmd(
 
     Runs on several processes with ``torchrun --nproc-per-node N -m vocablens argmax``."""
 
-    from vocablens.argmax.model import argmax_for_borders
+    from vocablens.argmax.model import argmax_for_borders, reserved_tokens
     from vocablens.render.argmax import argmax_tables, argmax_to_dict
 
     if bias not in ("auto", "on", "off"):
@@ -72,17 +85,23 @@ def argmax_cmd(
     blocks_back_to_the_os()         # freed blocks leave the resident set (peak: live data + a block)
     rank = _rank()                  # torchrun: the rows are split across ranks, rank 0 prints
     quiet = json_ or rank != 0
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=quiet, borders_only=True)
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=quiet, head_only=True)
+    borders, provenance = lm.borders, lm.provenance
+    reserved = reserved_tokens(lm.tokenizer, borders.vocab_size)
+    tokenizer, reload = _set_aside(lm.tokenizer, trust_remote_code)
+    del lm                          # the tokenizer (~30 MiB) is read again for the tables, after the scan
+    trim_heap()
     cb, close = _progress_bar(quiet) if rank == 0 else ((lambda *_: None), (lambda: None))
     try:
-        ma = argmax_for_borders(lm.borders, bias=bias, include_padding=include_padding,
+        ma = argmax_for_borders(borders, bias=bias, include_padding=include_padding,
                                 include_untrained=include_padding, norm=norm,
                                 verify="all" if verify_all else "borderline", progress=cb,
-                                time_budget_s=budget or None, tokenizer=lm.tokenizer)
+                                time_budget_s=budget or None, reserved=reserved)
     finally:
         close()
     if rank != 0:
         return
+    tokenizer = tokenizer if tokenizer is not None else reload()
     if ma.result.interrupted:
         err.print("[yellow]interrupted: unsettled tokens are reported as undecided[/yellow]")
     elif ma.result.cut_short:
@@ -90,11 +109,11 @@ def argmax_cmd(
                   f"{ma.result.counts()['undecided']} tokens are undecided (run without --budget for "
                   "the exact answer)[/yellow]")
     if json_:
-        d = argmax_to_dict(ma, lm.tokenizer)
-        d["model"] = lm.provenance.to_dict()
+        d = argmax_to_dict(ma, tokenizer)
+        d["model"] = provenance.to_dict()
         emit_json(d)
     else:
-        for t in argmax_tables(ma, lm.tokenizer):
+        for t in argmax_tables(ma, tokenizer):
             out.print(t)
 
 

@@ -176,13 +176,14 @@ class count_bar:
 
 def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = False, quiet: bool = False,
                borders_only: bool = False, matrices_only: bool = False, blocks=None, max_memory: str = "",
-               value_vectors: bool = False, device: str = "cpu"):
+               value_vectors: bool = False, device: str = "cpu", head_only: bool = False):
     """Load a model for a command, with progress on stderr; returns :class:`~vocablens.models.LoadedModel`.
 
     ``borders_only``: read just the embedding, LM head and final norm
     (:func:`vocablens.models.lazy.load_borders_only`), for commands that run no forward pass; with
     ``blocks`` (block indices), those blocks too; with ``value_vectors``, every block's FFN value vectors. ``matrices_only``: just the embedding and the head,
-    without transformers' modeling code (:func:`vocablens.models.matrices.load_matrices_only`).
+    without transformers' modeling code (:func:`vocablens.models.matrices.load_matrices_only`);
+    ``head_only``: the LM head and final norm likewise (:func:`vocablens.models.matrices.load_head_only`).
     ``max_memory``: stream the blocks that do not fit (:func:`vocablens.models.streaming.load_streaming`).
     ``device``: where the weights go (:func:`resolve_device`); analyses then compute there.
     """
@@ -193,6 +194,8 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
 
     if matrices_only:
         from vocablens.models.matrices import load_matrices_only as load
+    elif head_only:
+        from vocablens.models.matrices import load_head_only as load
     elif max_memory:
         from vocablens.models.streaming import load_streaming
 
@@ -214,7 +217,7 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
     what = (f"loading {spec} (first load of {first}: dequantizing it to a float32 cache, once; about a "
             f"minute per 100M parameters, later loads take seconds) ..." if first else f"loading {spec} ...")
     with status(what, quiet=quiet):
-        partial = borders_only or matrices_only or bool(max_memory)  # these loaders read onto the CPU
+        partial = borders_only or matrices_only or head_only or bool(max_memory)  # these loaders read onto the CPU
         dev = resolve_device(device)
         if max_memory and dev != "cpu":
             raise BadInput("--max-memory streams blocks through CPU memory; run it without --device")
