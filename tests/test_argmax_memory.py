@@ -14,7 +14,7 @@ from test_argmax import planted
 from test_lazy import _write_tokenizer
 from tiny_models import make_tiny
 from vocablens.argmax import find_unargmaxable
-from vocablens.argmax.pages import PageRelease, read_only_file_mapping
+from vocablens.models.pages import PageRelease, read_only_file_mapping
 from vocablens.errors import BadInput
 from vocablens.models.lazy import load_borders_only
 from vocablens.models.matrices import MatricesOnly, load_head_only
@@ -136,7 +136,7 @@ def test_page_release_drops_pages_of_a_read_only_mapping_only(tmp_path):
 def test_scan_on_a_read_only_mapping_gives_the_in_memory_results(tmp_path, monkeypatch):
     """Whitening, the shared ball, the proofs' gathers and the float64 re-check release pages as
     they go; every number of the result is the in-memory run's."""
-    import vocablens.argmax.pages as pages
+    import vocablens.models.pages as pages
 
     W, pl = planted(V=1500, d=24, n_planted=6, seed=2)
     M = _save_rows(tmp_path / "w.safetensors", W)

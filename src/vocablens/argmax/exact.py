@@ -46,7 +46,7 @@ cut short). Memory: one [n, r] float32 matrix at a time plus fixed-size blocks: 
 rows Z and their int8 grid Q during ``gemm``; Z alone in ``reflect``, ``proof`` and ``bias`` (the
 rows of Q they need are made again from Z); Q alone in ``verify`` and in the result. When W is a
 read-only file mapping (:func:`vocablens.models.matrices.load_head_only`), its pages go back to
-the page cache after each pass (:mod:`~vocablens.argmax.pages`), so W does not add to that.
+the page cache after each pass (:mod:`~vocablens.models.pages`), so W does not add to that.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from vocablens.argmax.distributed import share as dist_share
 from vocablens.argmax.distributed import world as dist_world
 from vocablens.argmax.preparation import apply_masks, as_numpy, check_input, dedupe, whiten
 from vocablens.argmax.lp import stage_bias
-from vocablens.argmax.pages import PageRelease
+from vocablens.models.pages import PageRelease
 from vocablens.argmax.proofs import screen_interior, stage_proof
 from vocablens.argmax.result import (
     ARGMAXABLE, BUDGET, DUPLICATE, PADDING, STAGES, UNARGMAXABLE, UNDECIDED, UNTRAINED, VERDICTS,

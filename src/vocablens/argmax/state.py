@@ -43,7 +43,7 @@ def quantize(z: np.ndarray, qs: float) -> np.ndarray:
 
 #: rows per gather of scattered rows from a read-only mapped W, whose pages then go back: the
 #: kernel maps up to 16 pages around each faulting one (fault-around), so each row read can make
-#: 64 KiB resident: 128 rows, at most 8 MiB (:mod:`~vocablens.argmax.pages`)
+#: 64 KiB resident: 128 rows, at most 8 MiB (:mod:`~vocablens.models.pages`)
 GATHER_ROWS = 128
 
 
@@ -253,7 +253,7 @@ class ScanState:
 
     def release(self, s: int, e: int) -> None:
         """Give back the resident pages of the distinct rows ``reps[s:e]`` after a pass has read
-        them (:mod:`~vocablens.argmax.pages`: only for a read-only file mapping; results unchanged)."""
+        them (:mod:`~vocablens.models.pages`: only for a read-only file mapping; results unchanged)."""
         e = min(e, self.n)
         if self.pages is not None and e > s:
             self.pages.release(self.reps[s], self.reps[e - 1] + 1)

@@ -9,7 +9,7 @@ import alone is ~140 MB of resident memory, more than the matrix of a 135M model
 
 :func:`load_head_only` adds the final norm for the families whose final norm is transformers'
 ``LlamaRMSNorm`` (``argmax`` reads the head and the norm) and maps the matrices read-only, so
-``argmax`` can hand their pages back after each pass (:mod:`vocablens.argmax.pages`).
+``argmax`` can hand their pages back after each pass (:mod:`vocablens.models.pages`).
 
 What is not read raises instead of guessing: the final norm and the blocks are placeholders whose
 use raises :class:`~vocablens.errors.BadInput`, and the input scale is NaN (Gemma's sqrt(d) is a
@@ -175,7 +175,7 @@ def load_head_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_remote
     transformers' ``LlamaRMSNorm`` (:data:`RMS_FAMILIES`; rebuilt as :class:`RMSNorm` from the
     checkpoint's gain and ``rms_norm_eps``); in the checkpoint's dtype the matrices are mapped
     read-only from the safetensors file, so a pass over them can hand their pages back to the
-    page cache (:mod:`vocablens.argmax.pages`). Writing into them raises SIGSEGV: this view is for
+    page cache (:mod:`vocablens.models.pages`). Writing into them raises SIGSEGV: this view is for
     read-only analyses. Any other checkpoint (a head bias, another family, a config without
     ``rms_norm_eps``) is loaded by :func:`vocablens.models.lazy.load_borders_only`: the same
     tensors and norm outputs, more memory.

@@ -13,6 +13,12 @@ by an edit of the weights, is private anonymous memory and would be lost; a tens
 memory is anonymous too, so nothing happens to it). Process-wide and off unless a command turns it on
 (:func:`release_after_reading`): a library caller that reads the same matrix again and again keeps its
 pages.
+
+:class:`PageRelease` serves the exact argmax check, which makes many passes over the rows of a
+numpy matrix ``W`` [V, d] while it holds the whitened rows: when the whole matrix is a file mapping
+*without write permission* (as :func:`vocablens.models.matrices.load_head_only` maps it), no page
+can differ from the file, so one check of ``/proc/self/maps`` replaces the per-page check and each
+release is one system call.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import functools
 import os
 import sys
 
+import numpy as np
 import torch
 
 _ON = False
@@ -72,8 +79,6 @@ def read_once(chunks):
 
 def _all_file_pages(lo: int, hi: int, page: int) -> bool:
     """Whether every present page of [lo, hi) is a file page and none is swapped out."""
-    import numpy as np
-
     n = (hi - lo) // page
     try:
         with open("/proc/self/pagemap", "rb") as f:
@@ -110,4 +115,78 @@ def _libc():
     return libc
 
 
-__all__ = ["read_once", "release_after_reading", "release_pages"]
+# ---------------------------------------------------------------- rows of a read-only mapping
+def read_only_file_mapping(lo: int, hi: int) -> bool:
+    """True when the address range ``[lo, hi)`` lies wholly in file mappings (a path, an inode)
+    without write permission, according to ``/proc/self/maps``; False otherwise or unreadable."""
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    pos = lo
+    for line in lines:                              # sorted by address
+        f = line.split(maxsplit=5)
+        if len(f) < 6:
+            continue
+        s, e = (int(x, 16) for x in f[0].split("-"))
+        if e <= pos:
+            continue
+        if s > pos or "w" in f[1] or f[4] == "0" or not f[5].startswith("/"):
+            return False
+        pos = e
+        if pos >= hi:
+            return True
+    return False
+
+
+class PageRelease:
+    """Drops the pages of rows of a C-contiguous numpy matrix [V, d] after they were read.
+
+    ``release(start, stop)`` gives back the pages of rows ``[start, stop)``, ``release_all()``
+    those of the whole matrix; they do nothing unless the whole matrix is a read-only file mapping
+    (:func:`read_only_file_mapping`, checked once here). Results never change: a dropped page is
+    read again from the file when it is next touched.
+    """
+
+    def __init__(self, a) -> None:
+        self.base = 0
+        self.row = self.n = self.nbytes = 0
+        self.calls = 0
+        if not isinstance(a, np.ndarray) or a.ndim != 2 or not a.flags.c_contiguous or a.nbytes < 2 * _page_size():
+            return
+        lo = a.ctypes.data
+        if not read_only_file_mapping(lo, lo + a.nbytes):
+            return
+        libc = _libc()
+        if libc is None:  # pragma: no cover - not Linux
+            return
+        self._madvise = libc.madvise
+        self.base, self.row, self.n, self.nbytes = lo, a.strides[0], a.shape[0], a.nbytes
+
+    @property
+    def active(self) -> bool:
+        """Whether releases reach the kernel (the matrix is a read-only file mapping)."""
+        return self.base != 0
+
+    def release(self, start: int, stop: int) -> None:
+        """Drop the pages holding rows ``[start, stop)`` (clipped to the matrix; the pages at both
+        ends may hold neighbouring rows too: those are read again when next touched)."""
+        if not self.base:
+            return
+        start, stop = max(0, int(start)), min(self.n, int(stop))
+        if stop <= start:
+            return
+        page = _page_size()
+        a = (self.base + start * self.row) // page * page
+        b = -(-(self.base + stop * self.row) // page) * page
+        self._madvise(a, b - a, _MADV_DONTNEED)
+        self.calls += 1
+
+    def release_all(self) -> None:
+        """Drop every resident page of the matrix (after a gather of scattered rows; one system
+        call, whose cost is the page-table walk over the matrix: microseconds)."""
+        self.release(0, self.n)
+
+
+__all__ = ["PageRelease", "read_once", "read_only_file_mapping", "release_after_reading", "release_pages"]
