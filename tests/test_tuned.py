@@ -157,6 +157,12 @@ def test_evaluate_matches_the_logit_lens_per_position():
                                    rtol=1e-4, atol=1e-5)
     ev_b = evaluate(b, lens, rows, n_bytes=100)
     assert ev_b.tuned_bpb[0] == pytest.approx(ev_b.tuned_ce[0] * ev_b.ce_tokens / 100 / math.log(2))
+    # layer L (read off the model's own logits) is the model's cross-entropy on the next token
+    with torch.no_grad():
+        ce = sum(torch.nn.functional.cross_entropy(b.model(r[None]).logits[0, :-1].double(), r[1:], reduction="sum")
+                 for r in rows) / ev.ce_tokens
+    assert ev.logit_ce[-1] == ev.tuned_ce[-1] == pytest.approx(float(ce), rel=1e-5)
+    assert ev.logit_top1[-1] == 1.0 and ev.logit_kl[-1] == 0.0
 
 
 def test_training_is_deterministic_for_a_seed_and_the_seed_matters():

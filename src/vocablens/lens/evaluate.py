@@ -12,7 +12,7 @@ from vocablens.distributed import allreduce_sum, share, world
 from vocablens.errors import BadInput
 from vocablens.lens.tuned import TunedLens
 from vocablens.models import Borders
-from vocablens.ops.kl import kl_readout
+from vocablens.ops.kl import kl_readout, logits_readout
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,9 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
 
     Belrose et al. (2023, §4, Fig. 3 and 4): KL to the final distribution, cross-entropy, and
     agreement per layer. Each row is one forward pass; both lenses read the same residual stream,
-    and all their layers (and layer L) go through one :func:`vocablens.ops.kl_readout` call per
-    row: one LM-head GEMM per (lens, layer, token), nothing else over V. Cost per token:
-    one forward plus (2L + 1)·2·V·d FLOPs.
+    and all their layers go through one :func:`vocablens.ops.kl_readout` call per row: one LM-head
+    GEMM per (lens, layer < L, token), nothing else over V; layer L is read off the model's own
+    logits (:func:`vocablens.ops.logits_readout`). Cost per token: one forward plus 2L·2·V·d FLOPs.
 
     Args:
         borders: the model.
@@ -122,13 +122,15 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
             targets[:-1] = ids[0, 1:]
             valid = torch.ones(T, dtype=torch.float64, device=dev)
             valid[-1] = 0
-            X = U.normed(torch.cat([H[:L], lens.translate_all(H[:L]), H[L:]]), torch.float32)
-            res = kl_readout(X, W, ref, targets=targets, top_k=1, topk_cols=real, entropy=True,
-                             chunk_rows=chunk_rows, **U.head_kwargs())
-            sums[:, 0] += res.kl.double().sum(1)
-            sums[:, 1] += (-res.target_logprob.double() * valid).sum(1)
-            sums[:, 2] += res.entropy.double().sum(1)
-            sums[:, 3] += (res.topk_ids[..., 0] == final_top).double().sum(1)
+            X = U.normed(torch.cat([H[:L], lens.translate_all(H[:L])]), torch.float32)
+            stats = dict(targets=targets, top_k=1, topk_cols=real, entropy=True)
+            res = kl_readout(X, W, ref, chunk_rows=chunk_rows, **stats, **U.head_kwargs())
+            fin = logits_readout(ref, ref, **stats)  # layer L: the model's own logits, no GEMM
+            for rows_, r_ in ((slice(0, 2 * L), res), (2 * L, fin)):
+                sums[rows_, 0] += r_.kl.double().sum(-1)
+                sums[rows_, 1] += (-r_.target_logprob.double() * valid).sum(-1)
+                sums[rows_, 2] += r_.entropy.double().sum(-1)
+                sums[rows_, 3] += (r_.topk_ids[..., 0] == final_top).double().sum(-1)
             n_tok += T
             n_ce += T - 1
             if on_row is not None:
