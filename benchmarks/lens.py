@@ -13,7 +13,7 @@ Measured in one run, on the same machine state:
 2. ``lens eval`` (:func:`vocablens.lens.evaluate.evaluate`, both lenses, all L layers, on
    ``--eval-tokens`` tokens in rows of ``--seq-len``) against its floor: the forwards plus
    (2L + 1) LM-head rows per token (logit and tuned lens at L layers, and layer L), run as plain
-   GEMMs right after. Target: ratio <= 1.3.
+   GEMMs; forward, eval and GEMM are timed row by row, interleaved. Target: ratio <= 1.3.
 
 Every ratio is printed twice: wall time, and process CPU time (user + system of all threads), which
 other processes on a shared machine disturb less; ``--threads 1`` makes the CPU-time ratio exact (with
@@ -105,7 +105,7 @@ class PeakRSS:
 
 
 class Clock:
-    """Wall and process-CPU seconds of a block: ``.wall``, ``.cpu``."""
+    """Wall and process-CPU seconds of a block: ``.wall``, ``.cpu``; :meth:`add` sums clocks."""
 
     def __enter__(self):
         self.w0, self.c0 = time.perf_counter(), time.process_time()
@@ -114,6 +114,16 @@ class Clock:
     def __exit__(self, *exc):
         self.wall, self.cpu = time.perf_counter() - self.w0, time.process_time() - self.c0
         return False
+
+    @classmethod
+    def zero(cls) -> "Clock":
+        c = cls()
+        c.wall = c.cpu = 0.0
+        return c
+
+    def add(self, other: "Clock") -> None:
+        self.wall += other.wall
+        self.cpu += other.cpu
 
 
 def gemm_seconds(W: torch.Tensor, n_rows: int, block: int = 512) -> Clock:
@@ -195,13 +205,19 @@ def bench_eval(args, lm, W: torch.Tensor) -> None:
     lens = load_for_model(b, "smollm2")
     ev_rows = pack_tokens(load_documents("pydoc-topics"), lm.tokenizer, args.seq_len, max_tokens=args.eval_tokens)
     n_tok = ev_rows.numel()
-    with torch.no_grad(), Clock() as t_fwd:
-        for r in range(ev_rows.shape[0]):
-            b.residual_stream(ev_rows[r: r + 1])
-    with Clock() as t_eval:
-        evaluate(b, lens, ev_rows)
-    with torch.no_grad():
-        t_gemm = gemm_seconds(W, (2 * L + 1) * n_tok)
+    # interleaved, row by row (forward, eval, GEMM): a slow drift of the machine's speed (measured:
+    # the plain GEMM alone at 110 or 138 GFLOP/s a few minutes apart) reaches the eval and its floor alike
+    t_fwd, t_eval, t_gemm = Clock.zero(), Clock.zero(), Clock.zero()
+    for r in range(ev_rows.shape[0]):
+        row = ev_rows[r: r + 1]
+        with torch.no_grad(), Clock() as c:
+            b.residual_stream(row)
+        t_fwd.add(c)
+        with Clock() as c:
+            evaluate(b, lens, row)
+        t_eval.add(c)
+        with torch.no_grad():
+            t_gemm.add(gemm_seconds(W, (2 * L + 1) * row.numel()))
     floor = t_fwd.wall + t_gemm.wall
     per_row = t_gemm.wall / ((2 * L + 1) * n_tok)
     print(f"lens eval, both lenses, {n_tok} tokens, {L} layers: {t_eval.wall:.1f} s; forwards {t_fwd.wall:.1f} s + "
