@@ -10,7 +10,9 @@ A corpus is a list of :class:`Document`. Sources:
   ``python-docs`` (English prose, Debian ``python3.11-doc``) and ``debian-handbook`` (English
   prose, Debian ``debian-handbook``); each says the command that installs it.
 
-Train/validation splits are by document, deterministic (a hash of the document name). A corpus that
+Train/validation splits are by document, deterministic (a hash of the document name). A document's
+name is relative to the corpus (a file's own name, a path inside the directory, ``stdlib/abc.py``),
+never where the corpus lies on disk, so a corpus moved or copied elsewhere splits the same. A corpus that
 is one long text (a single file: ``--corpus my_notes.txt``) is cut into documents of about
 :data:`PART_CHARS` characters at paragraph (else line, else sentence) boundaries, so it splits into
 training and validation parts like any other (:func:`split_text`).
@@ -100,14 +102,17 @@ def html_to_text(html: str) -> str:
     return "\n".join(out).strip()
 
 
-def _read_file(p: Path) -> list[Document]:
+def _read_file(p: Path, name: str | None = None) -> list[Document]:
+    """The documents of one file, named ``name`` (default: the file's own name), ``name#i`` for the
+    i-th line of a JSONL file."""
     suf = p.suffix.lower()
+    name = p.name if name is None else name
     try:
         raw = p.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise BadInput(f"cannot read {p}: {exc.strerror or exc}") from None
     if suf in HTML_SUFFIXES:
-        return [Document(str(p), html_to_text(raw))]
+        return [Document(name, html_to_text(raw))]
     if suf in JSONL_SUFFIXES:
         docs = []
         for i, line in enumerate(raw.splitlines()):
@@ -121,9 +126,9 @@ def _read_file(p: Path) -> list[Document]:
             text = obj.get("text") if isinstance(obj, dict) else obj if isinstance(obj, str) else None
             if not isinstance(text, str):
                 raise BadInput(f"{p}:{i + 1} has no 'text' field")
-            docs.append(Document(f"{p}#{i + 1}", text))
+            docs.append(Document(f"{name}#{i + 1}", text))
         return docs
-    return [Document(str(p), raw)]
+    return [Document(name, raw)]
 
 
 def _named(name: str, max_docs: int | None) -> list[Document]:
@@ -134,7 +139,7 @@ def _named(name: str, max_docs: int | None) -> list[Document]:
         return [Document(f"pydoc:{k}", topics[k]) for k in sorted(topics)][:max_docs]
     if name == "cpython-stdlib":
         files = sorted(_stdlib_dir().glob("*.py"))[: max_docs or None]
-        return [Document(str(f), f.read_text(encoding="utf-8", errors="replace")) for f in files]
+        return [Document(f"stdlib/{f.name}", f.read_text(encoding="utf-8", errors="replace")) for f in files]
     root = Path(info["path"])
     if not root.is_dir():
         raise BadInput(f"corpus {name!r} is not installed; install it with: {info['install']}")
@@ -142,7 +147,7 @@ def _named(name: str, max_docs: int | None) -> list[Document]:
     files = sorted(f for f in root.rglob("*.html") if not any(part.startswith("_") for part in f.relative_to(root).parts))
     docs: list[Document] = []
     for f in files:
-        docs.extend(_read_file(f))
+        docs.extend(_read_file(f, f.relative_to(root).as_posix()))
         if max_docs and len(docs) >= max_docs:
             break
     return docs
@@ -178,7 +183,7 @@ def load_documents(spec: str | Path, max_docs: int | None = None) -> list[Docume
             files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in suffixes)
             docs = []
             for f in files:
-                docs.extend(_read_file(f))
+                docs.extend(_read_file(f, f.relative_to(p).as_posix()))
                 if max_docs and len(docs) >= max_docs:
                     break
     docs = [d for d in docs if d.text.strip()][: max_docs or None]

@@ -110,6 +110,11 @@ def lens_train(
     _threads(threads)
     rank, world = _init_distributed()
     quiet = (json_ and not progress) or rank != 0
+    if resume:  # fail before reading the corpus or loading the model
+        from vocablens.lens.train import CKPT_FILE
+
+        if not (out_dir / "checkpoint" / CKPT_FILE).exists():
+            raise BadInput(f"--resume: no checkpoint in {out_dir / 'checkpoint'} (train without --resume first)")
     from vocablens.corpus import load_documents
 
     docs = load_documents(corpus)  # a missing or empty corpus fails before the model loads
