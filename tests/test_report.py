@@ -229,7 +229,10 @@ def test_layer_L_check_is_one_number_whatever_the_positions(smollm2):
     diffs = {str(p): logit_lens(smollm2.borders, ids, positions=p, k=5, layers=last).model_max_abs_diff
              for p in ("last", "all")}
     assert len(set(diffs.values())) == 1, diffs
-    assert f"{diffs['last']:.2e}" == "2.38e-07"  # README's `vocablens lens` example prints this
+    # A probability difference between two float32 paths: rounding, never a fixed figure (one CPU
+    # prints 2.38e-07, another 1.49e-08), so only a bound well above float32 noise and below a real
+    # disagreement (a wrong norm or head gives > 1e-3).
+    assert 0.0 <= diffs["last"] < 1e-5, diffs
 
 
 def test_tuned_lens_heatmaps_and_report_tables_show_whitespace(smollm2):
