@@ -14,11 +14,16 @@ from vocablens.errors import BadInput
 @app.command("serve")
 def serve_cmd(
     model: ModelOpt = "smollm2",
-    host: Annotated[str, typer.Option("--host", help="Address to bind; anything but 127.0.0.1/localhost "
-                                                     "lets others on the network use the model.")] = "127.0.0.1",
+    host: Annotated[str, typer.Option("--host", help=(
+        "Address to bind; anything but 127.0.0.1/localhost lets others on the network use the model. "
+        "Requests must name the server in their Host header (a guard against DNS rebinding): 127.0.0.1, "
+        "localhost or [::1], any port; --host NAME also answers NAME (e.g. --host myhost.lan), and "
+        "--host 0.0.0.0 also this machine's host name and any IP address. Others get 421."))] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8765,
     lens: Annotated[str, typer.Option("--lens", help="Tuned-lens directory (default: the one shipped for the model).")] = "",
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Longest prompt read, in tokens.")] = 128,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help=(
+        "Longest prompt read, in tokens (and 32 characters per token); request bodies are capped to "
+        "match (413 beyond)."))] = 128,
     no_argmax: Annotated[bool, typer.Option("--no-argmax", help="Skip the background argmax scan.")] = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",

@@ -12,11 +12,12 @@ from vocablens.serve.state import ServerState
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
-def create_app(state: ServerState):
-    """The FastAPI app for ``state`` (see :mod:`vocablens.serve.app`)."""
+def create_app(state: ServerState, host: str = "127.0.0.1"):
+    """The FastAPI app for ``state``, answering the Host names of a server bound to ``host`` (see
+    :mod:`vocablens.serve.app` and :mod:`vocablens.serve.guard`)."""
     from vocablens.serve.app import create_app as _create
 
-    return _create(state)
+    return _create(state, host=host)
 
 
 def serve(state: ServerState, host: str = "127.0.0.1", port: int = 8765, log_level: str = "warning") -> None:
@@ -27,7 +28,7 @@ def serve(state: ServerState, host: str = "127.0.0.1", port: int = 8765, log_lev
     """
     import uvicorn
 
-    config = uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level, access_log=False,
+    config = uvicorn.Config(create_app(state, host=host), host=host, port=port, log_level=log_level, access_log=False,
                             lifespan="on")
     try:
         uvicorn.Server(config).run()

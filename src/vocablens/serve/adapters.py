@@ -65,13 +65,16 @@ def encode(lm, prompt: str, chat: bool, max_tokens: int) -> torch.Tensor:
 
     ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat)
     if ids.shape[1] > max_tokens:
-        raise PromptTooLong(f"the prompt has {ids.shape[1]} tokens; this server reads at most {max_tokens} "
-                            f"(start it with --max-tokens N for more)")
+        raise PromptTooLong(f"the prompt has {ids.shape[1]} tokens; this server reads prompts of at most "
+                            f"{max_tokens} tokens (start it with --max-tokens N for more)")
     return ids
 
 
 def token_id(lm, token: str | int) -> int:
-    """A single token given as its text (``" Paris"``) or its id -> the id.
+    """A single token given as its text (``" Paris"``) or its id -> the id: the one rule of every endpoint
+    that takes a token (neighbors, project, trajectory, explain's target, argmax).
+
+    A text that spells several tokens is refused (never silently replaced by its first token).
 
     Raises:
         TokenNotInVocabulary: empty, several tokens, or an id outside the real vocabulary.
@@ -81,9 +84,13 @@ def token_id(lm, token: str | int) -> int:
         if not 0 <= token < real:
             raise TokenNotInVocabulary(f"token id {token} is outside the vocabulary 0..{real - 1}")
         return token
-    ids, note = single_token_id(lm.tokenizer, token, lm.borders.vocab_size)
+    ids, _ = single_token_id(lm.tokenizer, token, lm.borders.vocab_size)
     if len(ids) != 1:
-        raise TokenNotInVocabulary(f"{note}; give a single token (e.g. with its leading space)")
+        shown = [token_str(lm.tokenizer, i) for i in ids[:6]] + (["..."] if len(ids) > 6 else [])
+        raise TokenNotInVocabulary(f"{token[:40]!r}{'...' if len(token) > 40 else ''} is {len(ids)} tokens "
+                                   f"{shown}; give a single token (its text with its leading space, or its id)")
+    if not 0 <= int(ids[0]) < real:
+        raise TokenNotInVocabulary(f"{token!r} is token {ids[0]}, outside the real vocabulary 0..{real - 1}")
     return int(ids[0])
 
 
@@ -97,13 +104,14 @@ def position(ids: torch.Tensor, position: int) -> int:
 
 
 def token_query(lm, token: str | int) -> str:
-    """The string to look a token up by: the text itself, or for an id its vocabulary entry (exact)."""
-    if isinstance(token, int):
-        token_id(lm, token)
-        return lm.tokenizer.convert_ids_to_tokens(token)
-    if token == "":
-        raise TokenNotInVocabulary("empty token string")
-    return token
+    """The string ``neighbors`` looks a token up by: the text itself, or for an id its vocabulary entry
+    (exact). Checked by :func:`token_id` first (the same rule as every endpoint).
+
+    Raises:
+        TokenNotInVocabulary: as :func:`token_id`.
+    """
+    tid = token_id(lm, token)
+    return lm.tokenizer.convert_ids_to_tokens(tid) if isinstance(token, int) else token
 
 
 def load_tuned(lm, model_spec: str, path: str = ""):
@@ -113,20 +121,43 @@ def load_tuned(lm, model_spec: str, path: str = ""):
     return load_for_model(lm.borders, model_spec, path or None)
 
 
-def residual_stream(lm, ids: torch.Tensor) -> torch.Tensor:
-    """One forward pass: the residual stream [L+1, T, d] of one prompt (ids [1, T])."""
+def forward(lm, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass of one prompt (ids [1, T]): ``(resid [L+1, 1, T, d], logits [1, T, V] float32)``,
+    what :meth:`Borders.residual_stream` returns; the server caches it per prompt."""
     with torch.no_grad():
-        resid, _ = lm.borders.residual_stream(ids)
-    return resid[:, 0]
+        return lm.borders.residual_stream(ids)
+
+
+class _Replayed:
+    """``lm.borders`` with one prompt's forward pass already run: :meth:`residual_stream` of those ids
+    answers the cached ``(resid, logits)``, any other call goes to the real Borders. The lens's readout
+    (k, kind) then reads a cached forward; the lens itself is unchanged."""
+
+    def __init__(self, borders, ids: torch.Tensor, stream: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self._borders, self._ids, self._stream = borders, ids.reshape(1, -1), stream
+
+    def residual_stream(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        if attention_mask is None and torch.equal(input_ids.reshape(1, -1).cpu(), self._ids.cpu()):
+            return self._stream
+        return self._borders.residual_stream(input_ids, attention_mask)
+
+    def __getattr__(self, name: str):
+        return getattr(self._borders, name)
 
 
 # ---------------------------------------------------------------------------------------- endpoints
-def lens_json(lm, ids: torch.Tensor, kind: str, k: int, tuned) -> dict:
-    """``/api/lens``: every layer x every position; the dict of ``lens --positions all --json``."""
+def lens_json(lm, ids: torch.Tensor, kind: str, k: int, tuned,
+              stream: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
+    """``/api/lens``: every layer x every position; the dict of ``lens --positions all --json``.
+
+    ``stream``: the prompt's cached :func:`forward` (None: run it); both lenses of ``kind="both"``
+    read the same forward pass.
+    """
     if kind not in ("logit", "tuned", "both"):
         raise BadInput(f"kind must be logit, tuned or both; got {kind!r}")
+    b = _Replayed(lm.borders, ids, stream if stream is not None else forward(lm, ids))
     translators = [None] if kind == "logit" else [tuned] if kind == "tuned" else [None, tuned]
-    results = [logit_lens(lm.borders, ids, positions="all", k=k, translator=t) for t in translators]
+    results = [logit_lens(b, ids, positions="all", k=k, translator=t) for t in translators]
     ds = [lens_to_dict(r, lm.tokenizer) for r in results]
     d = ds[0] if len(ds) == 1 else {"kind": "both", "logit": ds[0], "tuned": ds[1]}
     return _with_model(d, lm)

@@ -1,11 +1,14 @@
 """The ASGI application: the page, its assets and the JSON API (FastAPI on Starlette, served by uvicorn).
 
-Every ``POST /api/*`` takes a JSON body checked by a strict schema (extra fields, wrong types, k <= 0
-are 422) and answers the dict of the matching CLI command's ``--json`` (see
+Every ``POST /api/*`` takes a JSON body checked by a strict schema (extra fields, wrong types, k <= 0,
+a string over its cap are 422; every string field has a cap, so no request holds the model lock
+longer than valid input can) and answers the dict of the matching CLI command's ``--json`` (see
 :mod:`vocablens.serve.adapters`). Errors are ``{"error": "one line"}``: 400 for a
-:class:`~vocablens.errors.VocabLensError` (empty or over-long prompt, unknown token, position out of
-range), 404 for an unknown path, 422 for a malformed body. ``/api/argmax`` answers 202
-``{"status": "pending"}`` until the background scan is done.
+:class:`~vocablens.errors.VocabLensError` (empty or over-long prompt, unknown token, a text of several
+tokens, position out of range), 404 for an unknown path, 405 for a wrong method, 413 for a body over
+the cap, 421 for a Host the server does not answer (:mod:`vocablens.serve.guard`), 422 for a malformed
+body. ``/api/argmax`` answers 202 ``{"status": "pending"}`` until the background scan is done, 409
+when the server runs without it (``--no-argmax``), 503 when it failed or was stopped.
 
 Assets are read once from the package (and plotly.js from the installed ``plotly``) into memory and
 looked up by exact name; no part of a request ever becomes a file path.
@@ -14,105 +17,177 @@ looked up by exact name; no part of a request ever becomes a file path.
 from __future__ import annotations
 
 from importlib import resources
-from typing import Literal, Union
+from typing import Annotated, Literal, Optional, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
+from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException
 
 from vocablens.errors import VocabLensError
 from vocablens.serve import adapters
 from vocablens.serve.state import ServerState
 
-MAX_PROMPT_CHARS = 4000
-Token = Union[StrictStr, StrictInt]
+MAX_TOKEN_CHARS = 1024      # one token's text: the longest entry of common vocabularies is < 300 characters
+CHARS_PER_TOKEN = 32        # the prompt's character cap is this many per token of --max-tokens
 
 _ASSETS = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
+
+
+def prompt_chars(max_tokens: int) -> int:
+    """The longest prompt text accepted, in characters, for a server that reads ``max_tokens`` tokens
+    (checked before tokenizing: tokenizing never holds the lock long)."""
+    return CHARS_PER_TOKEN * int(max_tokens)
+
+
+def body_bytes(max_tokens: int) -> int:
+    """The largest request body accepted, in bytes: the longest prompt with every character
+    JSON-escaped as a surrogate pair (12 bytes), plus 16 KiB for the other fields."""
+    return 12 * prompt_chars(max_tokens) + 16 * 1024
+
+
+def _json_int(v):
+    """An integer as JSON has it: ``5`` or ``5.0`` (JSON Schema's integer), never ``true``, ``"5"`` or ``5.5``."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return v
+
+
+StrictInt = Annotated[int, BeforeValidator(_json_int)]
 
 
 class _Req(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class LensReq(_Req):
-    prompt: StrictStr = Field(max_length=MAX_PROMPT_CHARS)
-    kind: Literal["logit", "tuned", "both"] = "both"
-    k: StrictInt = Field(5, ge=1, le=50)
-    chat: StrictBool = False
+def request_models(max_tokens: int) -> dict[str, type[BaseModel]]:
+    """The request bodies of the POST endpoints, their string fields capped for ``max_tokens``.
 
+    Every field is bounded: the prompt by :func:`prompt_chars`, a token's text by
+    :data:`MAX_TOKEN_CHARS`, ``k`` by its range; what is left (kind, chat) is an enum or a bool.
+    """
+    n = prompt_chars(max_tokens)
+    Prompt = Annotated[StrictStr, Field(max_length=n, description=f"the text, at most {max_tokens} tokens "
+                                                                  f"(--max-tokens) and {n} characters")]
+    TokenText = Annotated[StrictStr, Field(max_length=MAX_TOKEN_CHARS)]
+    TokenF = Annotated[Union[TokenText, StrictInt], Field(
+        description="one token: its text (with its leading space, e.g. \" Paris\") or its id; "
+                    "a text that is several tokens is refused (400)")]
 
-class TokenKReq(_Req):
-    token: Token
-    k: StrictInt = Field(10, ge=1, le=200)
+    class LensReq(_Req):
+        prompt: Prompt
+        kind: Literal["logit", "tuned", "both"] = "both"
+        k: StrictInt = Field(5, ge=1, le=50)
+        chat: StrictBool = False
 
+    class TokenKReq(_Req):
+        token: TokenF
+        k: StrictInt = Field(10, ge=1, le=200)
 
-class ExplainReq(_Req):
-    prompt: StrictStr = Field(max_length=MAX_PROMPT_CHARS)
-    position: StrictInt = -1
-    target: Token | None = None
-    chat: StrictBool = False
+    class ExplainReq(_Req):
+        prompt: Prompt
+        position: StrictInt = -1
+        target: Optional[TokenF] = None
+        chat: StrictBool = False
 
+    class TrajectoryReq(_Req):
+        prompt: Prompt
+        position: StrictInt = -1
+        token: TokenF
+        chat: StrictBool = False
 
-class TrajectoryReq(_Req):
-    prompt: StrictStr = Field(max_length=MAX_PROMPT_CHARS)
-    position: StrictInt = -1
-    token: Token
-    chat: StrictBool = False
+    class ArgmaxReq(_Req):
+        token: TokenF
 
-
-class ArgmaxReq(_Req):
-    token: Token
+    return {"lens": LensReq, "token_k": TokenKReq, "explain": ExplainReq, "trajectory": TrajectoryReq,
+            "argmax": ArgmaxReq}
 
 
 def _err(status: int, msg: str) -> JSONResponse:
     return JSONResponse({"error": " ".join(str(msg).split())[:500]}, status_code=status)
 
 
-def _validation_line(exc: RequestValidationError) -> str:
+def _validation_line(exc: RequestValidationError, max_tokens: int) -> str:
+    """One line for a body the schema refuses: the first problem, named by its field."""
     errs = exc.errors()
     if not errs:
         return "bad request body"
     e = errs[0]
-    if e.get("type") == "json_invalid":
+    kind = e.get("type")
+    if kind == "json_invalid":
         return "the body is not valid JSON"
-    loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-    if loc == "" and e.get("type") in ("missing", "model_attributes_type", "dict_type"):
+    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+    field = loc[0] if loc else ""
+    if field == "" and kind in ("missing", "model_attributes_type", "dict_type", "model_type"):
         return "send a JSON object as the request body (Content-Type: application/json)"
-    return f"{loc or 'body'}: {e.get('msg', 'invalid')}"
+    if kind == "string_too_long" and field == "prompt":
+        n = prompt_chars(max_tokens)
+        return (f"prompt: over {n} characters; this server reads prompts of at most {max_tokens} tokens "
+                f"(start it with --max-tokens N for more; the text may hold {CHARS_PER_TOKEN} characters per token)")
+    if kind == "string_too_long":
+        return f"{field}: over {MAX_TOKEN_CHARS} characters: give one token's text or its id"
+    if field in ("token", "target") and len(loc) > 1:  # a union: say what the field takes, not each branch
+        return f"{field}: give one token as a string (its text) or an integer (its id)"
+    return f"{field or 'body'}: {e.get('msg', 'invalid')}"
 
 
 def _asset(name: str) -> bytes:
     return resources.files("vocablens.serve").joinpath("static", name).read_bytes()
 
 
-def create_app(state: ServerState) -> FastAPI:
-    """The FastAPI app around a loaded :class:`ServerState` (the argmax scan starts with the app)."""
+def _body(model: type[BaseModel]):
+    """Give an endpoint's ``req`` parameter its (per-server) body model."""
+    def wrap(fn):
+        fn.__annotations__["req"] = model
+        return fn
+    return wrap
+
+
+def create_app(state: ServerState, host: str = "127.0.0.1") -> FastAPI:
+    """The FastAPI app around a loaded :class:`ServerState` (the argmax scan starts with the app).
+
+    Args:
+        state: the loaded model and its caches.
+        host: the address the server is bound to: names the ``Host`` headers it answers
+            (:class:`~vocablens.serve.guard.HostPolicy`; 421 for any other).
+    """
     from contextlib import asynccontextmanager
 
     import plotly.offline
 
+    from vocablens.serve.guard import BodyLimit, HostGuard, HostPolicy
+
     assets = {name: (_asset(name), mime) for name, mime in _ASSETS.items()}
     assets["plotly.min.js"] = (plotly.offline.get_plotlyjs().encode("utf-8"), "text/javascript")
+    M = request_models(state.max_tokens)
 
     @asynccontextmanager
     async def lifespan(_app):
         state.start()
         yield
+        state.argmax.cancel()  # never leave torch running in a thread while the interpreter exits
 
     # no /docs or /redoc: FastAPI's Swagger and ReDoc pages load their scripts from a CDN
     app = FastAPI(title="vocablens serve", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="The embedding and the unembedding of one model, explored in the browser. "
                               "Each POST endpoint answers the JSON of the matching CLI command's --json.")
     app.state.vl = state
+    # outermost first: the Host check, then the body cap, before FastAPI reads anything
+    app.add_middleware(BodyLimit, max_bytes=body_bytes(state.max_tokens))
+    app.add_middleware(HostGuard, policy=HostPolicy(host))
 
     @app.exception_handler(RequestValidationError)
     async def _bad_body(_req: Request, exc: RequestValidationError):
-        return _err(422, _validation_line(exc))
+        return _err(422, _validation_line(exc, state.max_tokens))
 
     @app.exception_handler(HTTPException)
     async def _http(_req: Request, exc: HTTPException):
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            return _err(400, "the body could not be parsed as JSON (a number too long to read?)")
         return _err(exc.status_code, exc.detail if isinstance(exc.detail, str) else "request failed")
 
     @app.exception_handler(VocabLensError)
@@ -160,18 +235,22 @@ def create_app(state: ServerState) -> FastAPI:
         return e.answers[key]
 
     @app.post("/api/lens")
-    def lens(req: LensReq):
-        """Every layer x every position of the prompt through the logit and/or tuned lens, top-k each."""
+    @_body(M["lens"])
+    def lens(req):
+        """Every layer x every position of the prompt through the logit and/or tuned lens, top-k each.
+
+        The prompt's forward pass is cached apart from the readout: another ``k`` or ``kind`` on the
+        same prompt reads the cached residual stream (no forward pass)."""
         with state.lock:
             tuned = state.need_tuned() if req.kind != "logit" else None
             e = state.entry(req.prompt, req.chat)
             d = cached(e, ("lens", req.kind, req.k),
-                       lambda: adapters.lens_json(state.lm, e.ids, req.kind, req.k, tuned))
-            state.resid(e)  # the clicks that follow read the prompt's residual stream without a forward pass
+                       lambda: adapters.lens_json(state.lm, e.ids, req.kind, req.k, tuned, state.forward(e)))
             return JSONResponse(d)
 
     @app.post("/api/trajectory")
-    def trajectory(req: TrajectoryReq):
+    @_body(M["trajectory"])
+    def trajectory(req):
         """One token's rank and probability at every layer at one position, both lenses."""
         with state.lock:
             tid = adapters.token_id(state.lm, req.token)
@@ -181,7 +260,8 @@ def create_app(state: ServerState) -> FastAPI:
                 state.lm, e.ids, state.resid(e), p, tid, state.tuned)))
 
     @app.post("/api/explain")
-    def explain(req: ExplainReq):
+    @_body(M["explain"])
+    def explain(req):
         """Attribution of the prediction at one position to layers, heads and FFN sub-updates."""
         with state.lock:
             tid = None if req.target is None else adapters.token_id(state.lm, req.target)
@@ -191,19 +271,22 @@ def create_app(state: ServerState) -> FastAPI:
                                        lambda: adapters.explain_json(state.lm, e.ids, p, tid)))
 
     @app.post("/api/neighbors")
-    def neighbors(req: TokenKReq):
+    @_body(M["token_k"])
+    def neighbors(req):
         """Cosine nearest neighbours of one token in the embedding (and an untied head)."""
         with state.lock:
             return JSONResponse(adapters.neighbors_json(state.lm, adapters.token_query(state.lm, req.token), req.k))
 
     @app.post("/api/project")
-    def project(req: TokenKReq):
+    @_body(M["token_k"])
+    def project(req):
         """The FFN value vectors that most promote / suppress one token."""
         with state.lock:
             return JSONResponse(adapters.project_json(state.lm, adapters.token_id(state.lm, req.token), req.k))
 
     @app.post("/api/argmax", responses={202: {"description": "the scan is still running"}})
-    def argmax(req: ArgmaxReq):
+    @_body(M["argmax"])
+    def argmax(req):
         """Can this token ever be the top prediction: its verdict from the cached whole-vocabulary scan."""
         with state.lock:  # the tokenizer is shared with the model's requests
             tid = adapters.token_id(state.lm, req.token)
@@ -211,7 +294,7 @@ def create_app(state: ServerState) -> FastAPI:
         if job.error:
             return _err(503, job.error)
         if not state.want_argmax:
-            return _err(503, "the argmax scan is off (the server was started with --no-argmax)")
+            return _err(409, "the argmax scan is off (the server was started with --no-argmax)")
         if not job.done:
             return JSONResponse({"status": "pending", "progress": job.progress}, status_code=202)
         return JSONResponse(adapters.argmax_token_json(state.lm, job.ma, job.full, tid))

@@ -21,19 +21,27 @@ from vocablens.serve import adapters
 
 @dataclass
 class PromptEntry:
-    """One prompt's cached work: ids [1, T], the residual stream [L+1, T, d] (filled on first need), and
-    the JSON answers already computed, keyed by endpoint and arguments."""
+    """One prompt's cached work: ids [1, T], its forward pass ``stream`` = (resid [L+1, 1, T, d], the
+    model's logits [1, T, V] float32; filled on first need), and the JSON answers already computed,
+    keyed by endpoint and arguments. The forward is keyed by the prompt alone: readout parameters
+    (the lens's k and kind, a trajectory's position and token) all read the same ``stream``."""
 
     ids: torch.Tensor
-    resid: torch.Tensor | None = None
+    stream: tuple[torch.Tensor, torch.Tensor] | None = None
     answers: dict[tuple, dict] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.stream is None else sum(t.numel() * t.element_size() for t in self.stream)
 
 
 class PromptCache:
-    """Least-recently-used cache of :class:`PromptEntry`, keyed by ``(prompt, chat)``."""
+    """Least-recently-used cache of :class:`PromptEntry`, keyed by ``(prompt, chat)``: at most ``size``
+    prompts and ``max_bytes`` of cached forward passes (the newest prompt is always kept)."""
 
-    def __init__(self, size: int = 16) -> None:
+    def __init__(self, size: int = 16, max_bytes: int = 512 * 2 ** 20) -> None:
         self.size = size
+        self.max_bytes = max_bytes
         self._d: OrderedDict[tuple[str, bool], PromptEntry] = OrderedDict()
 
     def get(self, key: tuple[str, bool], make: Callable[[], torch.Tensor]) -> PromptEntry:
@@ -42,9 +50,17 @@ class PromptCache:
             return self._d[key]
         entry = PromptEntry(ids=make())
         self._d[key] = entry
-        while len(self._d) > self.size:
-            self._d.popitem(last=False)
+        self.trim()
         return entry
+
+    def trim(self) -> None:
+        """Drop the least recently used prompts beyond ``size`` or ``max_bytes``."""
+        while len(self._d) > 1 and (len(self._d) > self.size or
+                                    sum(e.nbytes for e in self._d.values()) > self.max_bytes):
+            self._d.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._d)
 
 
 class _Cancelled(Exception):
@@ -149,11 +165,17 @@ class ServerState:
         """The prompt's cache entry (encodes it on first use). Call with ``self.lock`` held."""
         return self.prompts.get((prompt, chat), lambda: adapters.encode(self.lm, prompt, chat, self.max_tokens))
 
+    def forward(self, e: PromptEntry) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt's forward pass (resid [L+1, 1, T, d], logits [1, T, V]), run once. Call with
+        ``self.lock`` held."""
+        if e.stream is None:
+            e.stream = adapters.forward(self.lm, e.ids)
+            self.prompts.trim()
+        return e.stream
+
     def resid(self, e: PromptEntry) -> torch.Tensor:
-        """The prompt's residual stream, computed once. Call with ``self.lock`` held."""
-        if e.resid is None:
-            e.resid = adapters.residual_stream(self.lm, e.ids)
-        return e.resid
+        """The prompt's residual stream [L+1, T, d] (from :meth:`forward`). Call with ``self.lock`` held."""
+        return self.forward(e)[0][:, 0]
 
     def need_tuned(self):
         """The tuned lens, or :class:`BadInput` saying why there is none."""
