@@ -47,7 +47,9 @@ class Borders:
         softcap: the final-logit soft cap c (Gemma 2), or None (see :mod:`vocablens.logit_transform`).
         logit_scale: factor applied to the head's output before the softcap (Cohere ``logit_scale``,
             Granite 1/``logits_scaling``); 1.0 for most families.
-        tied: whether ``W_U`` and ``W_E`` share storage (decided by storage, not by config).
+        tied: whether ``W_U`` and ``W_E`` are one matrix (share storage), decided by storage, not by
+            config: every loader ties exactly when transformers does (config ties and the checkpoint
+            stores no head, or one equal to the embedding bit for bit; :mod:`vocablens.models.tie`).
         vocab_size: V, rows of the matrices.
         tokenizer_vocab_size: tokens the tokenizer can produce (``len(tokenizer)``); rows at or
             beyond it are padding. None when no tokenizer was given.
