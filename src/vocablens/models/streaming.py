@@ -64,8 +64,11 @@ class BlockStreamer:
         self.block, self.keys, self.dtype = block, keys, dtype
         self.loads = 0
         self._handles: list = []
-        self._hooks = [block.register_forward_pre_hook(self._load, with_kwargs=True),
-                       block.register_forward_hook(self._drop, with_kwargs=True, always_call=True)]
+        from vocablens.models.hooks import ModelPatch
+
+        self._patch = ModelPatch()  # kept for the model's lifetime; remove() takes the hooks off again
+        self._patch.pre_hook(block, self._load, with_kwargs=True)
+        self._patch.post_hook(block, self._drop, with_kwargs=True, always_call=True)
 
     def _set(self, name: str, t: torch.Tensor) -> None:
         mod_name, _, attr = name.rpartition(".")
@@ -97,8 +100,7 @@ class BlockStreamer:
 
     def remove(self) -> None:
         """Detach the hooks (the block stays on ``meta``)."""
-        for h in self._hooks:
-            h.remove()
+        self._patch.close()
 
 
 def checkpoint_bytes(d: Path) -> int:
