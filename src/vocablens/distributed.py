@@ -145,9 +145,7 @@ class VocabParallelModel:
         W, b = U.weight.detach(), None if U.bias is None else U.bias.detach()
         self.head = VocabParallelLMHead.from_full(W, b, group, softcap=U.softcap, logit_scale=U.logit_scale)
         emb = borders.embedding
-        inside = getattr(emb, "embed_scale", None) is not None  # the module scales (Gemma 3), not the model
-        vp = VocabParallelEmbedding.from_full(emb.weight.detach(), group,
-                                              scale=borders.embed_scale if inside and borders.embed_scale != 1.0 else None)
+        vp = VocabParallelEmbedding.from_full(emb.weight.detach(), group, scale=borders.module_embed_scale)
         self.vocab_start, self.vocab_stop = self.head.vocab_start, self.head.vocab_stop
         borders.model.set_input_embeddings(_ShardedEmbedding(vp))
         for p in {id(x): x for x in (emb.weight, borders.W_U, borders.b_U) if x is not None}.values():

@@ -61,7 +61,7 @@ class Steering:
 
     borders: object
     vectors: list[SteerVector]
-    _handles: list = field(default_factory=list, repr=False)
+    _patch: object = field(default=None, repr=False)  # the hooks while active (vocablens.models.hooks)
 
     def factors(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Per block: (neuron ids [n] int64, factors [n] float32)."""
@@ -74,31 +74,38 @@ class Steering:
 
     def __enter__(self) -> "Steering":
         from vocablens.models.blocks import block_view
+        from vocablens.models.hooks import ModelPatch
 
-        if self._handles:
+        if self._patch is not None:
             raise BadInput("this Steering is already active")
-        for b, (idx, fac) in self.factors().items():
-            mod = block_view(self.borders, b).mlp_out
-            w = next(mod.parameters(), None)
-            if w is not None:  # on the block's device once, not at every forward
-                idx, fac = idx.to(w.device), fac.to(w.device)
+        patch = ModelPatch()
+        try:
+            for b, (idx, fac) in self.factors().items():
+                mod = block_view(self.borders, b).mlp_out
+                w = next(mod.parameters(), None)
+                if w is not None:  # on the block's device once, not at every forward
+                    idx, fac = idx.to(w.device), fac.to(w.device)
 
-            def pre_hook(_mod, args, kwargs, idx=idx, fac=fac):
-                x = args[0] if args else kwargs["input"]
-                x = x.clone()
-                x[..., idx.to(x.device)] *= fac.to(x.device, x.dtype)
-                if args:
-                    return (x, *args[1:]), kwargs
-                kwargs = dict(kwargs, input=x)
-                return args, kwargs
+                def pre_hook(_mod, args, kwargs, idx=idx, fac=fac):
+                    x = args[0] if args else kwargs["input"]
+                    x = x.clone()
+                    x[..., idx.to(x.device)] *= fac.to(x.device, x.dtype)
+                    if args:
+                        return (x, *args[1:]), kwargs
+                    kwargs = dict(kwargs, input=x)
+                    return args, kwargs
 
-            self._handles.append(mod.register_forward_pre_hook(pre_hook, with_kwargs=True))
+                patch.pre_hook(mod, pre_hook, with_kwargs=True)
+        except BaseException:
+            patch.close()  # a failed install leaves nothing behind
+            raise
+        self._patch = patch
         return self
 
     def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        patch, self._patch = self._patch, None
+        if patch is not None:
+            patch.close()
 
     @contextlib.contextmanager
     def folded(self) -> Iterator[None]:
@@ -110,22 +117,15 @@ class Steering:
         with torch.no_grad():
             try:
                 for b, (idx, fac) in self.factors().items():
-                    mod = block_view(self.borders, b).mlp_out
-                    w = mod.weight
-                    conv = type(mod).__name__ == "Conv1D"   # gpt2 stores [in, out]
-                    cols = w[idx].clone() if conv else w[:, idx].clone()
-                    saved.append((w, idx, cols, conv))
-                    if conv:
-                        w[idx] = cols * fac.to(w.dtype)[:, None]
-                    else:
-                        w[:, idx] = cols * fac.to(w.dtype)[None, :]
+                    W = block_view(self.borders, b).W_out  # [d_ff, d]: a view of the down projection's weight
+                    idx = idx.to(W.device)
+                    rows = W[idx].clone()
+                    saved.append((W, idx, rows))
+                    W[idx] = rows * fac.to(W.device, W.dtype)[:, None]
                 yield
             finally:
-                for w, idx, cols, conv in saved:
-                    if conv:
-                        w[idx] = cols
-                    else:
-                        w[:, idx] = cols
+                for W, idx, rows in reversed(saved):
+                    W[idx] = rows
 
 
 def concept_scores(borders, token_ids: Sequence[int], apply_norm_gain: bool = True

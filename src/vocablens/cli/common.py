@@ -179,32 +179,18 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
                value_vectors: bool = False, device: str = "cpu", head_only: bool = False):
     """Load a model for a command, with progress on stderr; returns :class:`~vocablens.models.LoadedModel`.
 
-    ``borders_only``: read just the embedding, LM head and final norm
-    (:func:`vocablens.models.lazy.load_borders_only`), for commands that run no forward pass; with
-    ``blocks`` (block indices), those blocks too; with ``value_vectors``, every block's FFN value vectors. ``matrices_only``: just the embedding and the head,
-    without transformers' modeling code (:func:`vocablens.models.matrices.load_matrices_only`);
-    ``head_only``: the LM head and final norm likewise (:func:`vocablens.models.matrices.load_head_only`).
-    ``max_memory``: stream the blocks that do not fit (:func:`vocablens.models.streaming.load_streaming`).
-    ``device``: where the weights go (:func:`resolve_device`); analyses then compute there.
+    Names the mode of the one loader (:func:`vocablens.models.loader.load_mode`) from the command's
+    flags: ``matrices_only`` -> ``matrices`` (embedding and head, no modeling code), ``head_only``
+    -> ``head`` (head and final norm), ``max_memory`` -> ``streaming``, ``borders_only`` ->
+    ``borders`` (with ``blocks`` / ``value_vectors``), else ``full``. ``device``: where the weights
+    go (:func:`resolve_device`); analyses then compute there.
     """
-    import functools
     import time
 
-    from vocablens.models import load
+    from vocablens.models.loader import load_mode
 
-    if matrices_only:
-        from vocablens.models.matrices import load_matrices_only as load
-    elif head_only:
-        from vocablens.models.matrices import load_head_only as load
-    elif max_memory:
-        from vocablens.models.streaming import load_streaming
-
-        load = functools.partial(load_streaming, max_memory=max_memory)
-    elif borders_only:
-        from vocablens.models.lazy import load_borders_only
-
-        load = functools.partial(load_borders_only, blocks=blocks, value_vectors=value_vectors)
-
+    mode = ("matrices" if matrices_only else "head" if head_only else "streaming" if max_memory
+            else "borders" if borders_only else "full")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF dequantization bar; we show our own
     _quiet_libraries()
@@ -217,15 +203,9 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
     what = (f"loading {spec} (first load of {first}: dequantizing it to a float32 cache, once; about a "
             f"minute per 100M parameters, later loads take seconds) ..." if first else f"loading {spec} ...")
     with status(what, quiet=quiet):
-        partial = borders_only or matrices_only or head_only or bool(max_memory)  # these loaders read onto the CPU
-        dev = resolve_device(device)
-        if max_memory and dev != "cpu":
-            raise BadInput("--max-memory streams blocks through CPU memory; run it without --device")
-        kw = {} if partial else {"device": dev}
-        lm = load(spec, dtype=None if dtype in (None, "", "auto") else dtype,
-                  trust_remote_code=trust_remote_code, **kw)
-        if partial and not max_memory:
-            lm = _borders_to(lm, dev)
+        lm = load_mode(spec, mode, dtype=dtype, device=resolve_device(device), trust_remote_code=trust_remote_code,
+                       max_memory=max_memory or None, blocks=blocks if mode == "borders" else None,
+                       value_vectors=value_vectors and mode == "borders")
     trim_heap()  # the loaders' freed scratch (tokenizer and config parsing: ~14 MiB) leaves the resident set
     if not quiet:
         err.print(f"[dim]loaded {lm.provenance.describe()} in {time.perf_counter() - t0:.1f} s[/dim]")
@@ -248,31 +228,6 @@ def _first_gguf_load(spec: str) -> str | None:
     except (VocabLensError, OSError):
         return None  # the load itself says what is wrong
     return path.name if cdir is not None and not (cdir / CACHE_MARK).is_file() else None
-
-
-def _borders_to(lm, device: str):
-    """Move a borders-only model's real tensors to ``device`` (the blocks stay on ``meta``); a tied
-    matrix stays one tensor. Returns a :class:`~vocablens.models.LoadedModel` with fresh borders."""
-    import torch
-
-    from vocablens.models import LoadedModel
-    from vocablens.models.borders import Borders
-
-    dev = torch.device(device)
-    moved: dict[int, tuple] = {}  # id -> (old, new): the old tensor is kept alive so ids stay unique
-    for mod in lm.model.modules():
-        for store in (mod._parameters, mod._buffers):
-            for name, t in list(store.items()):
-                if t is None or t.is_meta or t.device == dev:
-                    continue
-                if id(t) not in moved:
-                    new = t.detach().to(dev)
-                    moved[id(t)] = (t, torch.nn.Parameter(new, requires_grad=False)
-                                    if isinstance(t, torch.nn.Parameter) else new)
-                store[name] = moved[id(t)][1]
-    if not moved:
-        return lm
-    return LoadedModel(lm.model, lm.tokenizer, Borders.from_model(lm.model, tokenizer=lm.tokenizer), lm.provenance)
 
 
 def _quiet_libraries() -> None:

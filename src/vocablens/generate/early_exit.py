@@ -11,9 +11,10 @@ Skipped layers still owe keys and values to later tokens. We follow CALM's *stat
 (Schuster et al. 2022, §5; google/flaxformer ``calm_t5``, ``only_propagate_state``): the exit
 layer's hidden state is copied upward as the input of every skipped block, and each skipped block
 runs only what writes its cache (input norm, K and V projections, rotary embedding), then returns
-its input unchanged. Every layer's cache therefore has the same length after each step. For
-families whose attention this module does not know (anything but llama / mistral / qwen2 / qwen3)
-the skipped block runs whole and its output is discarded: the same keys and values, no saving.
+its input unchanged. Every layer's cache therefore has the same length after each step. Which
+families can do that, and how, the family adapter knows (:attr:`Borders.fills_cache_only`,
+:mod:`vocablens.models.blocks.cache_fill`); for the others the skipped block runs whole and its
+output is discarded: the same keys and values, no saving.
 
 Cheaper exit test (``test="candidates"``): the lens is first read on the rows of the previous
 token's top-k candidates only (``Unembedding.logits(h, rows=...)``, 2·k·d FLOPs instead of 2·V·d).
@@ -33,8 +34,7 @@ import torch
 
 from vocablens.errors import BadInput
 
-#: families whose skipped blocks fill their cache with K/V projections only (tested in test_generate)
-KV_ONLY_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+from vocablens.models.blocks.cache_fill import KV_ONLY_FAMILIES  # noqa: E402,F401  (re-exported; the list lives in models)
 
 
 def load_tuned_lens(borders, model_spec: str = "smollm2", path=None):
@@ -98,35 +98,13 @@ class StepRecord:
     kv_fills: int = 0
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def fill_kv_only(block, hidden: torch.Tensor, kwargs: dict) -> bool:
-    """Write block ``block``'s keys and values for ``hidden`` [B, T, d] into the cache passed in
-    ``kwargs`` (``cache`` or ``past_key_values``), running only its input norm, K/V projections,
-    K norm (Qwen3) and rotary embedding. Returns False (nothing written) when the block is not a
-    llama-style one this function knows."""
-    attn = getattr(block, "self_attn", None)
-    norm = getattr(block, "input_layernorm", None)
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    pos = kwargs.get("position_embeddings")
-    if attn is None or norm is None or cache is None or pos is None or not all(
-            hasattr(attn, n) for n in ("k_proj", "v_proj", "layer_idx", "head_dim")):
-        return False
-    x = norm(hidden)
-    B, T, _ = x.shape
-    k = attn.k_proj(x).view(B, T, -1, attn.head_dim)
-    if getattr(attn, "k_norm", None) is not None:
-        k = attn.k_norm(k)
-    k = k.transpose(1, 2)
-    v = attn.v_proj(x).view(B, T, -1, attn.head_dim).transpose(1, 2)
-    cos, sin = pos
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    k = k * cos + _rotate_half(k) * sin
-    cache.update(k, v, attn.layer_idx)
-    return True
+    """A skipped block's keys and values for ``hidden`` [B, T, d], without running the block: asks
+    the family adapter (:func:`vocablens.models.blocks.cache_fill.fill_kv_only`). False: nothing
+    written (an attention the adapter does not know)."""
+    from vocablens.models.blocks.cache_fill import fill_kv_only as fill
+
+    return fill(block, hidden, kwargs)
 
 
 class ExitController:
@@ -143,7 +121,7 @@ class ExitController:
         self.borders, self.rule, self.U = borders, rule, borders.unembedding
         self.L = borders.n_layers
         self.mask = mask
-        self.kv_only = borders.family in KV_ONLY_FAMILIES
+        self.kv_only = borders.fills_cache_only
         self.on = False
         self.candidates: torch.Tensor | None = None  # ids for the candidates test
         self.record: StepRecord | None = None
@@ -214,16 +192,17 @@ class ExitController:
 
     @contextlib.contextmanager
     def installed(self):
-        """Install the wrapped forwards on every block for the duration of the block."""
-        blocks = list(self.borders.blocks)
-        for i, blk in enumerate(blocks):
-            blk.forward = self._wrap(i, blk.forward)
+        """Install the wrapped forwards on every block for the duration of the block; on exit (also
+        through an exception) each block gets back exactly the forward it had
+        (:class:`~vocablens.models.hooks.ModelPatch`: an accelerate hook or a user's forward survives)."""
+        from vocablens.models.hooks import ModelPatch
+
         try:
-            yield self
+            with ModelPatch() as patch:
+                for i, blk in enumerate(self.borders.blocks):
+                    patch.forward(blk, lambda orig, i=i: self._wrap(i, orig))
+                yield self
         finally:
-            for blk in blocks:
-                if "forward" in blk.__dict__:
-                    del blk.forward
             self.on = False
 
 

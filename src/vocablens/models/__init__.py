@@ -3,7 +3,9 @@
 Modules: ``spec`` (where a spec points), ``config`` (a config without weights, meta models),
 ``catalogue`` (built-in configs), ``provenance``, ``gguf_cache``, ``loading`` (:func:`load`),
 ``borders`` (the family adapter), ``unembed`` (the one unembedding), ``blocks``, ``tokens``,
-``dtypes`` (the one dtype table), ``flops`` (attention shape and FLOP counts).
+``dtypes`` (the one dtype table), ``flops`` (attention shape and FLOP counts), ``loader``
+(``load_mode``: every loading mode), ``tie`` ("tied" by storage, as transformers decides it),
+``hooks`` (``ModelPatch``: whatever vocablens installs on a model, put back exactly).
 """
 
 from vocablens.models.borders import Borders

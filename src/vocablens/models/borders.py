@@ -47,7 +47,9 @@ class Borders:
         softcap: the final-logit soft cap c (Gemma 2), or None (see :mod:`vocablens.logit_transform`).
         logit_scale: factor applied to the head's output before the softcap (Cohere ``logit_scale``,
             Granite 1/``logits_scaling``); 1.0 for most families.
-        tied: whether ``W_U`` and ``W_E`` share storage (decided by storage, not by config).
+        tied: whether ``W_U`` and ``W_E`` are one matrix (share storage), decided by storage, not by
+            config: every loader ties exactly when transformers does (config ties and the checkpoint
+            stores no head, or one equal to the embedding bit for bit; :mod:`vocablens.models.tie`).
         vocab_size: V, rows of the matrices.
         tokenizer_vocab_size: tokens the tokenizer can produce (``len(tokenizer)``); rows at or
             beyond it are padding. None when no tokenizer was given.
@@ -235,6 +237,23 @@ class Borders:
 
         check_finite(self, ids)
 
+    @property
+    def module_embed_scale(self) -> float | None:
+        """The input scale the embedding *module* applies in its own forward (Gemma 3's scaled
+        embedding), or None when the module returns the rows unscaled (the model scales them
+        elsewhere, as Gemma 1/2 do, or the scale is 1). A replacement of the embedding module (the
+        vocab-parallel embedding) applies this one; the model still applies the rest."""
+        inside = getattr(self.embedding, "embed_scale", None) is not None
+        return self.embed_scale if inside and self.embed_scale != 1.0 else None
+
+    @property
+    def fills_cache_only(self) -> bool:
+        """Whether a skipped block's K/V cache can be written without running the block (early
+        exit's state propagation; :mod:`vocablens.models.blocks.cache_fill`)."""
+        from vocablens.models.blocks.cache_fill import KV_ONLY_FAMILIES
+
+        return self.family in KV_ONLY_FAMILIES
+
     # ------------------------------------------------------------------ computing through the borders
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids [...] -> embedding rows times the input scale [..., d_emb] (no positions)."""
@@ -291,14 +310,13 @@ class Borders:
 
             return post_hook
 
-        handles = [self.blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True)]
-        for i, blk in enumerate(self.blocks, start=1):
-            handles.append(blk.register_forward_hook(make_post(i)))
-        try:
+        from vocablens.models.hooks import ModelPatch
+
+        with ModelPatch() as patch:
+            patch.pre_hook(self.blocks[0], pre_hook, with_kwargs=True)
+            for i, blk in enumerate(self.blocks, start=1):
+                patch.post_hook(blk, make_post(i))
             yield store
-        finally:
-            for h in handles:
-                h.remove()
 
     def residual_stream(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -99,8 +99,10 @@ def resolve_config(spec: str | os.PathLike) -> tuple[Any, int | None, str]:
         cfg.name_or_path = str(spec)
         return cfg, int(cfg.vocab_size), "gguf"
     if kind == "dir":
+        from vocablens.models.tie import config_as_loaded
+
         tvs = _dir_tokenizer_size(path)
-        return cfg, tvs, "config"
+        return config_as_loaded(cfg, path), tvs, "config"
     return cfg, None, "hub cache"
 
 

@@ -162,6 +162,7 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
     from vocablens.models.provenance import Provenance
     from vocablens.models.matrices import light_tokenizer
     from vocablens.models.spec import diagnose_dir, file_errors, missing_parts
+    from vocablens.models.tie import stored_tie
 
     spec_s = str(spec)
     d, prov = _source_dir(spec_s)
@@ -188,15 +189,22 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
     ids = {id(p) for m in wanted if m is not None for p in m.parameters()}
     # named_parameters lists a tied matrix once (under the embedding's name): read it once, then let
     # the head share the new tensor again
-    names = [n for n, p in model.named_parameters() if id(p) in ids]
-    head_name = next((n for n, p in model.named_parameters() if p is skel.lm_head.weight), None)
+    # "tied" by what the checkpoint stores, as transformers decides it (vocablens.models.tie): the
+    # skeleton may share one meta matrix whatever the checkpoint holds
+    mod_names = {id(m): n for n, m in model.named_modules()}
+    head_name = f"{mod_names[id(skel.lm_head)]}.weight".lstrip(".")
+    emb_name = f"{mod_names[id(skel.embedding)]}.weight".lstrip(".")
     tie_cfg = bool(getattr(config.get_text_config() if hasattr(config, "get_text_config") else config,
                            "tie_word_embeddings", False))
     prefix = getattr(model, "base_model_prefix", "") or ""
-    tied = skel.lm_head.weight is skel.embedding.weight or (
-        tie_cfg and head_name is not None and _checkpoint_name(head_name, files, prefix) is None)
-    if tied:
-        names = [n for n in names if n != head_name]
+    tied = stored_tie(files, tie_cfg, _checkpoint_name(emb_name, files, prefix),
+                      _checkpoint_name(head_name, files, prefix), tdtype)
+    if not tied and skel.lm_head.weight is skel.embedding.weight:
+        skel.lm_head.weight = torch.nn.Parameter(torch.empty(skel.lm_head.weight.shape, device="meta"),
+                                                 requires_grad=False)
+        ids.add(id(skel.lm_head.weight))
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in ids]
+    names = list(dict.fromkeys(n for n in names if not (tied and n == head_name)))
     _materialize(model, names, files, tdtype)
     if tied:
         skel.lm_head.weight = model.get_input_embeddings().weight

@@ -128,7 +128,9 @@ def light_tokenizer(d: Path, trust_remote_code: bool = False):
 
 
 def _plan(d: Path, files: dict[str, Path]):
-    """``(config, emb_key, head_key or None, tied)`` when this view can read ``d`` exactly, else None."""
+    """``(config, emb_key, head_key or None, config_tied)`` when this view can read ``d`` exactly, else
+    None. ``head_key`` is the stored head whenever there is one, also under a tying config: whether
+    it is the embedding is decided by its values (:mod:`vocablens.models.tie`)."""
     p = d / "config.json"
     try:
         cfg = json.loads(p.read_text())
@@ -144,7 +146,7 @@ def _plan(d: Path, files: dict[str, Path]):
     tied = cfg["tie_word_embeddings"]
     if len(embs) != 1 or len(heads) > 1 or (not tied and not heads):
         return None
-    return _Config(**cfg), embs[0], (None if tied else heads[0]), tied
+    return _Config(**cfg), embs[0], (heads[0] if heads else None), tied
 
 
 def load_matrices_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_remote_code: bool = False):
@@ -228,6 +230,7 @@ def _load(spec: str, dtype, trust_remote_code: bool, head: bool):
     from vocablens.models.loading import LoadedModel
     from vocablens.models.provenance import Provenance
     from vocablens.models.spec import diagnose_dir, file_errors, missing_parts
+    from vocablens.models.tie import checkpoint_tied
 
     fallback = lambda: load_borders_only(spec, dtype=dtype, trust_remote_code=trust_remote_code)  # noqa: E731
     d, prov = _source_dir(spec)
@@ -244,10 +247,13 @@ def _load(spec: str, dtype, trust_remote_code: bool, head: bool):
             norm_key = norms[0]
     if plan is None:
         return fallback()
-    config, emb_key, head_key, tied = plan
+    config, emb_key, head_key, config_tied = plan
     tdtype = torch_dtype(dtype, "dtype")
     keys = [emb_key] + ([head_key] if head_key else [])
     ts = _read_tensors(keys + ([norm_key] if norm_key else []), files, tdtype)
+    tied = checkpoint_tied(config_tied, ts.get(head_key) if head_key else None, ts[emb_key])
+    if tied and head_key:                     # a stored copy of the embedding: one matrix, as transformers
+        keys, head_key = [emb_key], None
     if head and tdtype is None:               # read-only mappings of the same bytes
         for k in keys:
             t = mapped_read_only(files[k], k)

@@ -64,8 +64,11 @@ class BlockStreamer:
         self.block, self.keys, self.dtype = block, keys, dtype
         self.loads = 0
         self._handles: list = []
-        self._hooks = [block.register_forward_pre_hook(self._load, with_kwargs=True),
-                       block.register_forward_hook(self._drop, with_kwargs=True, always_call=True)]
+        from vocablens.models.hooks import ModelPatch
+
+        self._patch = ModelPatch()  # kept for the model's lifetime; remove() takes the hooks off again
+        self._patch.pre_hook(block, self._load, with_kwargs=True)
+        self._patch.post_hook(block, self._drop, with_kwargs=True, always_call=True)
 
     def _set(self, name: str, t: torch.Tensor) -> None:
         mod_name, _, attr = name.rpartition(".")
@@ -97,8 +100,7 @@ class BlockStreamer:
 
     def remove(self) -> None:
         """Detach the hooks (the block stays on ``meta``)."""
-        for h in self._hooks:
-            h.remove()
+        self._patch.close()
 
 
 def checkpoint_bytes(d: Path) -> int:
@@ -106,6 +108,45 @@ def checkpoint_bytes(d: Path) -> int:
     from vocablens.models.lazy import _shard_files
 
     return sum(f.stat().st_size for f in set(_shard_files(d).values()))
+
+
+def check_shards(d: Path, files: dict[str, Path]) -> None:
+    """Every file a checkpoint's index names exists (checked before anything loads).
+
+    Raises:
+        CorruptModelFile: one line naming the first missing shard and how many tensors it holds.
+    """
+    from vocablens.errors import CorruptModelFile
+
+    held: dict[Path, int] = {}
+    for f in files.values():
+        held[f] = held.get(f, 0) + 1
+    missing = sorted(f for f in held if not f.is_file())
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CorruptModelFile(f"{d}: shard {missing[0].name}{more} is missing; model.safetensors.index.json "
+                               f"names it for {held[missing[0]]} tensors; download the checkpoint again")
+
+
+def normal_load_dtype(config, d: Path, files: dict[str, Path]) -> torch.dtype:
+    """The dtype :func:`vocablens.models.load` gives this checkpoint (transformers'
+    ``from_pretrained(dtype="auto")``): ``config.dtype`` when set, else the index's ``metadata.dtype``,
+    else the first floating-point tensor of the first shard (file names sorted), as transformers'
+    ``get_state_dict_dtype`` finds it. Every parameter is then cast to it, as the normal load does."""
+    import json
+
+    from transformers.modeling_utils import get_state_dict_dtype, load_state_dict
+
+    cd = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if cd is not None:
+        return cd if isinstance(cd, torch.dtype) else getattr(torch, str(cd).replace("torch.", ""))
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        meta = json.loads(index.read_text()).get("metadata") or {}
+        if isinstance(meta.get("dtype"), str) and hasattr(torch, meta["dtype"]):
+            return getattr(torch, meta["dtype"])
+    first = sorted({str(f) for f in files.values()})[0]
+    return get_state_dict_dtype(load_state_dict(first, map_location="meta"))
 
 
 def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = "1GB", dtype=None,
@@ -117,15 +158,17 @@ def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = 
             float32 cache, which the first load writes).
         max_memory: bytes (int) or a size string (``"200MB"``, ``"2GiB"``) for the weights kept
             resident: the borders always, then blocks 0, 1, ... while they fit; the rest stream.
-        dtype: torch dtype or name; default: the checkpoint's own.
+        dtype: torch dtype or name; default: the normal load's (:func:`normal_load_dtype`), so a
+            checkpoint of mixed dtypes is cast to one, as :func:`vocablens.models.load` does.
 
     Returns:
-        :class:`~vocablens.models.LoadedModel` whose forward (``borders.residual_stream``,
+        :class:`~vocablens.models.LoadedModel` whose dtypes and forward (``borders.residual_stream``,
         ``model(...)``) equals the normal load's. ``model.vocablens_streamers`` lists the
         :class:`BlockStreamer` of each streamed block (``loads`` counts the reads).
 
     Raises:
         BadInput: a bad ``max_memory``; a block holding a buffer the checkpoint does not store.
+        CorruptModelFile: a shard the index names is missing (checked before anything loads).
         As :func:`vocablens.models.lazy.load_borders_only` otherwise.
     """
     from vocablens.errors import UnsupportedArchitecture
@@ -133,13 +176,22 @@ def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = 
     from vocablens.models.find import _named_children
     from vocablens.models.lazy import _checkpoint_name, _materialize, _shard_files, _source_dir, load_borders_only
 
+    from transformers import AutoConfig
+
     cap = parse_bytes(max_memory)
-    lm = load_borders_only(spec, dtype=dtype, trust_remote_code=trust_remote_code)
-    b, model = lm.borders, lm.model
     d, _ = _source_dir(str(spec))
     files = _shard_files(d)
-    prefix = getattr(model, "base_model_prefix", "") or ""
+    check_shards(d, files)  # a missing shard: one line now, not a traceback mid-forward
     tdtype = torch_dtype(dtype, "dtype")
+    if tdtype is None:  # the normal load's one dtype (a mixed checkpoint is cast, as from_pretrained does)
+        try:
+            config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
+        except (OSError, ValueError):
+            config = None   # the borders-only load below says what is wrong with the config
+        tdtype = normal_load_dtype(config, d, files) if config is not None else None
+    lm = load_borders_only(spec, dtype=tdtype, trust_remote_code=trust_remote_code)
+    b, model = lm.borders, lm.model
+    prefix = getattr(model, "base_model_prefix", "") or ""
     esize = b.W_E.element_size()
     in_blocks = {id(t) for blk in b.blocks for t in [*blk.parameters(), *blk.buffers()]}
     rest = [n for n, p in model.named_parameters() if p.is_meta and id(p) not in in_blocks]

@@ -52,7 +52,9 @@ def capture_updates(views: list[BlockView], batch_shape: tuple[int, int], positi
             ``pretraining_tp > 1`` bypasses its ``dense`` module).
     """
     caps = [BlockCapture() for _ in views]
-    handles = []
+    from vocablens.models.hooks import ModelPatch
+
+    patch = ModelPatch()  # undone in the finally below, also when installing one of the hooks fails
 
     def sel(x: torch.Tensor) -> torch.Tensor:
         x = x[0] if isinstance(x, (tuple, list)) else x
@@ -60,28 +62,29 @@ def capture_updates(views: list[BlockView], batch_shape: tuple[int, int], positi
             x = x.reshape(*batch_shape, x.shape[-1])
         return (x if positions is None else x[:, positions]).detach().clone()
 
-    for v, c in zip(views, caps):
-        def attn_pre(_m, args, c=c):
-            c.z = sel(args[0])
-
-        def attn_post(_m, _a, out, c=c, v=v):
-            c.attn_raw = sel(out)
-            c.attn = v.attn_post(c.attn_raw)
-
-        def mlp_pre(_m, args, c=c):
-            c.act = sel(args[0])
-
-        def mlp_post(_m, _a, out, c=c, v=v):
-            c.mlp_raw = sel(out)
-            c.mlp = v.mlp_post(c.mlp_raw)
-
-        handles += [v.attn_out.register_forward_pre_hook(attn_pre), v.attn_out.register_forward_hook(attn_post),
-                    v.mlp_out.register_forward_pre_hook(mlp_pre), v.mlp_out.register_forward_hook(mlp_post)]
     try:
+        for v, c in zip(views, caps):
+            def attn_pre(_m, args, c=c):
+                c.z = sel(args[0])
+
+            def attn_post(_m, _a, out, c=c, v=v):
+                c.attn_raw = sel(out)
+                c.attn = v.attn_post(c.attn_raw)
+
+            def mlp_pre(_m, args, c=c):
+                c.act = sel(args[0])
+
+            def mlp_post(_m, _a, out, c=c, v=v):
+                c.mlp_raw = sel(out)
+                c.mlp = v.mlp_post(c.mlp_raw)
+
+            patch.pre_hook(v.attn_out, attn_pre)
+            patch.post_hook(v.attn_out, attn_post)
+            patch.pre_hook(v.mlp_out, mlp_pre)
+            patch.post_hook(v.mlp_out, mlp_post)
         yield caps
     finally:
-        for h in handles:
-            h.remove()
+        patch.close()
     for v, c in zip(views, caps):
         if c.z is None or c.act is None:
             raise UnsupportedArchitecture(v.family, _children(v.block),

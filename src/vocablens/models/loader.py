@@ -1,0 +1,116 @@
+"""The one loader: every loading mode behind one function, :func:`load_mode`.
+
+=============  ====================================================================  ==============
+mode           what is in memory                                                     forward pass
+=============  ====================================================================  ==============
+``full``       the whole model (:func:`vocablens.models.load`)                         yes
+``borders``    embedding, LM head (+ bias), final norm; ``blocks`` / ``value_vectors``  no
+               add one block or every FFN value matrix
+               (:func:`vocablens.models.lazy.load_borders_only`)
+``head``       LM head and final norm, read-only mapped                                 no
+               (:func:`vocablens.models.matrices.load_head_only`)
+``matrices``   embedding and LM head, no transformers modeling code                    no
+               (:func:`vocablens.models.matrices.load_matrices_only`)
+``streaming``  borders and the blocks that fit in ``max_memory``; the rest are read     yes
+               at each forward (:func:`vocablens.models.streaming.load_streaming`)
+=============  ====================================================================  ==============
+
+Every mode reads the head the model itself uses (:mod:`vocablens.models.tie`) and places its real
+tensors on ``device`` (the partial modes read onto the CPU, then move: a tied matrix stays one
+tensor; the blocks left on ``meta`` stay there).
+"""
+
+from __future__ import annotations
+
+import os
+
+from vocablens.errors import BadInput
+
+MODES = ("full", "borders", "head", "matrices", "streaming")
+
+
+def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device: str = "cpu",
+              trust_remote_code: bool = False, max_memory: str | int | None = None, blocks=None,
+              value_vectors: bool = False):
+    """Load ``spec`` in one of :data:`MODES` (module docstring) -> :class:`~vocablens.models.LoadedModel`.
+
+    Args:
+        spec: as :func:`vocablens.models.load`.
+        mode: ``full``, ``borders``, ``head``, ``matrices`` or ``streaming``.
+        dtype: torch dtype or name, or None / ``"auto"`` for the checkpoint's (the normal load's).
+        device: a torch device string; ``streaming`` runs on the CPU only.
+        max_memory: bytes or a size string (``"200MB"``), for ``streaming`` (required there).
+        blocks, value_vectors: for ``borders`` (see :func:`~vocablens.models.lazy.load_borders_only`).
+
+    Raises:
+        BadInput: an unknown mode; ``max_memory`` missing or bad for ``streaming``, or given with
+            another mode; ``streaming`` on a device other than the CPU; ``blocks``/``value_vectors``
+            outside ``borders``. Otherwise as the mode's loader.
+    """
+    from vocablens.models.streaming import parse_bytes
+
+    if mode not in MODES:
+        raise BadInput(f"unknown loading mode {mode!r}; one of {', '.join(MODES)}")
+    if dtype in ("", "auto"):
+        dtype = None
+    if mode == "streaming":
+        if max_memory in (None, ""):
+            raise BadInput("the streaming load needs max_memory (a size such as 200MB)")
+        parse_bytes(max_memory)  # a bad size is one line, before anything loads
+        if str(device) != "cpu":
+            raise BadInput("--max-memory streams blocks through CPU memory; run it without --device")
+    elif max_memory not in (None, ""):
+        raise BadInput(f"max_memory is for the streaming mode, not {mode!r}")
+    if (blocks or value_vectors) and mode != "borders":
+        raise BadInput("blocks and value_vectors are read by the borders mode only")
+    kw = dict(dtype=dtype, trust_remote_code=trust_remote_code)
+    if mode == "full":
+        from vocablens.models.loading import load
+
+        return load(spec, device=device, **kw)
+    if mode == "streaming":
+        from vocablens.models.streaming import load_streaming
+
+        return load_streaming(spec, max_memory=max_memory, **kw)
+    if mode == "borders":
+        from vocablens.models.lazy import load_borders_only
+
+        lm = load_borders_only(spec, blocks=blocks, value_vectors=value_vectors, **kw)
+    elif mode == "head":
+        from vocablens.models.matrices import load_head_only
+
+        lm = load_head_only(spec, **kw)
+    else:
+        from vocablens.models.matrices import load_matrices_only
+
+        lm = load_matrices_only(spec, **kw)
+    return borders_to(lm, device)
+
+
+def borders_to(lm, device: str):
+    """Move a partially loaded model's real tensors to ``device`` (the blocks stay on ``meta``); a
+    tied matrix stays one tensor. Returns ``lm`` itself when nothing moves, else a
+    :class:`~vocablens.models.LoadedModel` with fresh borders."""
+    import torch
+
+    from vocablens.models.borders import Borders
+    from vocablens.models.loading import LoadedModel
+
+    dev = torch.device(device)
+    moved: dict[int, tuple] = {}  # id -> (old, new): the old tensor is kept alive so ids stay unique
+    for mod in lm.model.modules():
+        for store in (mod._parameters, mod._buffers):
+            for name, t in list(store.items()):
+                if t is None or t.is_meta or t.device == dev:
+                    continue
+                if id(t) not in moved:
+                    new = t.detach().to(dev)
+                    moved[id(t)] = (t, torch.nn.Parameter(new, requires_grad=False)
+                                    if isinstance(t, torch.nn.Parameter) else new)
+                store[name] = moved[id(t)][1]
+    if not moved:
+        return lm
+    return LoadedModel(lm.model, lm.tokenizer, Borders.from_model(lm.model, tokenizer=lm.tokenizer), lm.provenance)
+
+
+__all__ = ["MODES", "borders_to", "load_mode"]
