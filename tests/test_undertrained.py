@@ -184,7 +184,7 @@ def test_command_on_a_saved_model(untied, tmp_path, capsys):
 
 def test_default_model_figures(smollm2):
     """SmolLM2-135M: counts per class and the verified list, within bounds (not one machine's floats)."""
-    res = vocablens.undertrained(smollm2.borders, smollm2.tokenizer, candidates=200)
+    res = vocablens.undertrained(smollm2.borders, smollm2.tokenizer, candidates=64)
     c = res.counts()
     assert c["special"] == 17 and c["unreachable"] == 0 and c["padding"] == 0
     assert 200 <= c["single_byte"] <= 256 and 150 <= c["partial_utf8"] <= 250
@@ -192,7 +192,7 @@ def test_default_model_figures(smollm2):
     assert res.indicators.name == "unembedding_cosine"
     assert res.indicators.reference.tolist() == list(range(3, 17))   # the 14 code-metadata markers
     n = int(res.verified.numel())
-    assert 60 <= n <= 180, n
+    assert 25 <= n <= 60, n                                          # measured: 39 of the lowest 64
     from vocablens.models.tokens import token_str
 
     verified = {token_str(smollm2.tokenizer, i) for i in res.verified.tolist()}
