@@ -141,7 +141,7 @@ def test_argmax_verdicts_beside(tied):
     from_json = argmax_verdicts(json.loads(json.dumps(argmax_to_dict(ma, tok))), b.vocab_size)
     assert from_obj == from_json
     o = overlap(res, from_obj)
-    cw = {i for i, x in enumerate(from_obj) if x == "unargmaxable"}
+    cw = {i for i, x in enumerate(from_obj) if x in ("unargmaxable", "duplicate")}
     assert o.both == len(cw & set(res.verified.tolist())) and o.cannot_win == len(cw)
     with pytest.raises(vocablens.errors.BadInput, match="rows"):
         argmax_verdicts(ma, b.vocab_size + 1)

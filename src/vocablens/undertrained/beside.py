@@ -17,6 +17,8 @@ from vocablens.errors import BadInput
 
 #: the verdict of a row when no argmax scan is at hand
 NO_SCAN = "no scan"
+#: verdicts of rows that can never be the strict top prediction
+CANNOT_WIN = ("unargmaxable", "duplicate")
 
 
 def argmax_verdicts(scan, vocab_size: int) -> list[str]:
@@ -68,10 +70,10 @@ class Overlap:
     """Verified under-trained tokens against tokens that cannot win (argmax).
 
     Attributes:
-        verified: verified under-trained tokens. cannot_win: tokens the scan found unargmaxable.
+        verified: verified under-trained tokens. cannot_win: tokens the scan found unargmaxable or exact duplicates (:data:`CANNOT_WIN`).
         both: in both sets. verified_but_argmaxable: verified under-trained yet able to win.
-        cannot_win_but_trained: unargmaxable, tested and repeated (p >= 0.01).
-        cannot_win_not_tested: unargmaxable and not among the candidates.
+        cannot_win_but_trained: cannot win, tested and repeated (p >= 0.01).
+        cannot_win_not_tested: cannot win and not among the candidates.
         ids_both: the ids in both sets.
     """
 
@@ -89,7 +91,7 @@ def overlap(result, verdicts: list[str]) -> Overlap:
     :class:`~vocablens.undertrained.analysis.UndertrainedResult`) against the argmax verdicts."""
     ver = set(result.verified.tolist())
     tested = set(result.candidates.tolist())
-    cw = {i for i, v in enumerate(verdicts) if v == "unargmaxable"}
+    cw = {i for i, v in enumerate(verdicts) if v in CANNOT_WIN}
     both = ver & cw
     return Overlap(verified=len(ver), cannot_win=len(cw), both=len(both),
                    verified_but_argmaxable=sum(1 for i in ver if verdicts[i] == "argmaxable"),
