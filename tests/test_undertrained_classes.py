@@ -87,6 +87,9 @@ def test_sentencepiece_classes_hand_checked():
             "<s>": "special", "<unk>": "special"}
     assert {p: c.name(v[p]) for p in want} == want
     assert c.counts()["padding"] == 5 and c.counts()["special"] == 3
+    # 'A' has no piece: byte fallback gives [▁, <0x41>], and after a newline [▁, <0x0A>, <0x41>]: it comes back;
+    # a lone 0xE2 is no text
+    assert bool(c.round_trips[v["t"]]) and bool(c.round_trips[v["<0x41>"]]) and not bool(c.round_trips[v["<0xE2>"]])
     assert c.name(len(tok) + 4) == "padding"
 
 
