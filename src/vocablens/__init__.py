@@ -43,6 +43,8 @@ _ENTRY_POINTS: dict[str, str] = {
     "find_unargmaxable": "vocablens.argmax",
     "argmax_for_borders": "vocablens.argmax",
     "softmax_bottleneck": "vocablens.argmax",
+    # under-trained tokens (Land & Bartolo 2024)
+    "undertrained": "vocablens.undertrained",
     # computing through the head
     "token_logprobs": "vocablens.ops",
     "linear_cross_entropy": "vocablens.ops",

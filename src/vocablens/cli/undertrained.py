@@ -1,0 +1,77 @@
+"""``vocablens undertrained``: tokens training never reached (Land & Bartolo 2024, "Fishing for Magikarp")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vocablens.cli.common import (
+    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, count_bar, emit_json, err, load_model, out, status,
+)
+from vocablens.errors import BadInput
+
+
+def _read_scan(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise BadInput(f"--argmax {path}: no such file (save one with `vocablens argmax --json > {p.name}`)")
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadInput(f"--argmax {path}: not JSON ({e.__class__.__name__})") from None
+
+
+@app.command("undertrained")
+def undertrained_cmd(
+    model: ModelOpt = "smollm2",
+    candidates: Annotated[int, typer.Option("--candidates", "-n", help="Lowest-indicator tokens to verify by "
+                                            "prompting; 0: the paper's lowest 2% of the testable tokens.")] = 500,
+    indicator: Annotated[str, typer.Option("--indicator", help="auto (input-embedding norm when untied, "
+                                           "unembedding cosine distance when tied), unembedding_cosine or "
+                                           "embedding_norm.")] = "auto",
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="Indicators and candidates only: no prompting.")] = False,
+    argmax: Annotated[str, typer.Option("--argmax", help="A saved `vocablens argmax --json` of the same model: "
+                                        "each row also shows its argmax verdict.")] = "",
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Candidates per forward in verification.")] = 64,
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """Under-trained tokens: tokenizer classes, an indicator from the matrices, verification by prompting.
+
+    Every token is classed (normal, special, single byte, partial UTF-8, unreachable); the lowest
+    candidates of the indicator are prompted to repeat themselves, and those whose highest probability
+    stays below 0.01 are verified under-trained (Land & Bartolo 2024). With --argmax, each row also
+    shows whether the token can win at all (argmax geometry: a different question)."""
+    from vocablens.render.undertrained import undertrained_tables, undertrained_to_dict
+    from vocablens.undertrained import undertrained
+    from vocablens.undertrained.beside import argmax_verdicts
+
+    if candidates < 0:
+        raise BadInput(f"--candidates must be >= 0 (0: the paper's lowest 2%); got {candidates}")
+    if batch_size < 1:
+        raise BadInput(f"--batch-size must be >= 1; got {batch_size}")
+    scan = _read_scan(argmax) if argmax else None
+    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    verdicts = argmax_verdicts(scan, lm.borders.vocab_size) if scan is not None else None
+    bar = count_bar(json_ or no_verify, 1, "verification", "prompts")
+    with bar as tick:
+        def progress(stage, done, total):
+            if bar.bar is not None:
+                bar.bar.update(bar.task, total=total)
+            tick(done)
+
+        with status("tokenizer classes and indicators", quiet=json_):
+            res = undertrained(lm.borders, lm.tokenizer, candidates=candidates or None, indicator=indicator,
+                               verify=not no_verify, batch_size=batch_size, progress=progress)
+    d = undertrained_to_dict(res, lm.tokenizer, verdicts)
+    if json_:
+        d["model"] = lm.provenance.to_dict()
+        emit_json(d)
+        return
+    for r in undertrained_tables(d):
+        out.print(r)
+    err.print(f"[dim]timings: {', '.join(f'{k} {v:.1f} s' for k, v in d['timings_s'].items())}[/dim]")
