@@ -72,3 +72,28 @@ def test_caching_off_stores_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("VOCABLENS_CACHE", "off")
     W = _W(2)
     assert store_verdicts(find_unargmaxable(W), _key(W)) is None and load_verdicts(_key(W)) is None
+
+
+def test_argmax_for_borders_reuses_the_stored_scan_and_never_a_stale_one(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from vocablens.argmax.model import argmax_for_borders
+
+    monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path))
+    W = _W(4)
+    norm = torch.nn.LayerNorm(12)
+
+    def borders(W):
+        return SimpleNamespace(unembedding=SimpleNamespace(weight=W, bias=None, real_mask=None, final_norm=norm,
+                                                           project_out=None, logit_scale=1.0))
+    first = argmax_for_borders(borders(W), norm=False, stored="readwrite").result
+    assert len(list((tmp_path / "argmax").glob("*.json"))) == 1
+    again = argmax_for_borders(borders(W), norm=False, stored="read").result
+    _same(again, first)                          # the stored one: even its timings are the first run's
+    W2 = W.clone()
+    W2[0, 0] += 1e-6
+    fresh = argmax_for_borders(borders(W2), norm=False, stored="read").result
+    assert fresh.timings != first.timings        # computed afresh, not served stale
+    with torch.no_grad():
+        norm.weight[0] = 2.0                     # a changed final norm is another key too
+    assert argmax_for_borders(borders(W), norm=False, stored="read").result.timings != first.timings
