@@ -1,7 +1,6 @@
 """Stored verdicts (vocablens.argmax.stored): equal to the computed scan, never stale, never partial."""
 
 import numpy as np
-import pytest
 import torch
 
 from vocablens.argmax import find_unargmaxable
