@@ -51,7 +51,7 @@ def _fp32_exact_mm(r: int):
     return f
 
 
-def exact_int_matmul(Q: torch.Tensor):
+def exact_int_matmul(Q: torch.Tensor, prefer_int: bool = False):
     """An exact ``(A, B) -> A @ B^T`` for int8 row blocks of Q (int32, or float32 holding exact
     integers); the faster of two kernels.
 
@@ -79,6 +79,8 @@ def exact_int_matmul(Q: torch.Tensor):
             return fp
     except RuntimeError:
         return fp
+    if prefer_int or Q.device.type != "cpu":
+        return im
     A, B = Q[: min(n, 256)], Q[: min(n, 1024)]
     times = []
     for f in (im, fp):
@@ -109,6 +111,45 @@ def stage_gemm(st: ScanState, block: int) -> None:
     and checking a direction costs a pass over all n rows, so n certificates cost n^2 r multiply-adds
     whichever directions they use (random directions included); the symmetric product halves that.
     """
+    from vocablens.argmax.screen import MIN_WIDTH, screened_maxima
+    from vocablens.argmax.state import OutOfTime
+
+    n, Qt = st.n, st.Qt
+    rank, size = world()
+    st.gemm_pairs = (n * (n - 1) // 2, 0)
+    if getattr(st, "screen", False) and Qt.shape[1] >= MIN_WIDTH and n > 1:
+        tick = st.check_time if size == 1 else (lambda: None)
+        try:
+            best, complete, tails = screened_maxima(
+                st, block, lambda Q: exact_int_matmul(Q, prefer_int=True), tick,
+                lambda a, b: st.progress("gemm", a, b), rank, size, device=st.device)
+        except OutOfTime:
+            st.cut("gemm")
+            best, complete, tails = np.full(n, math.inf), np.zeros(n, dtype=bool), 0
+        if size > 1:
+            bt = torch.from_numpy(best)
+            allreduce_max(bt)
+            best, complete = bt.numpy(), np.ones(n, dtype=bool)
+        st.gemm_pairs = (n * (n - 1) // 2, int(tails))
+        Q64 = Qt.long()
+        dg = (Q64 * Q64).sum(1).double().numpy()
+        del Q64
+        _judge_stage1(st, dg, best, complete)
+        return
+    best_t, done = _dense_maxima(st, block, rank, size)
+    diag = torch.empty(n, dtype=torch.float64)
+    step = rows_per_block(Qt.shape[1])
+    for s in range(0, n, step):
+        qi = Qt[s:s + step].long()
+        diag[s:s + step] = (qi * qi).sum(1).double()
+    complete = np.zeros(n, dtype=bool)
+    complete[:done] = True
+    _judge_stage1(st, diag.numpy(), best_t.double().numpy(), complete)
+
+
+def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
+    """Every pair's exact product (the upper triangle of ``Q Q^T``): the rows' maxima and the
+    number of leading rows whose maximum is complete."""
     from vocablens.argmax.state import OutOfTime
 
     n, Qt = st.n, st.Qt
@@ -116,16 +157,10 @@ def stage_gemm(st: ScanState, block: int) -> None:
     probe = imm(Qt[:2], Qt[:2])
     low = -math.inf if probe.is_floating_point() else torch.iinfo(torch.int32).min
     best = torch.full((n,), low, dtype=probe.dtype)
-    diag = torch.empty(n, dtype=torch.float64)
-    step = rows_per_block(Qt.shape[1])
-    for s in range(0, n, step):
-        qi = Qt[s:s + step].long()
-        diag[s:s + step] = (qi * qi).sum(1).double()
     # columns per product: the scores [block, cols] and the columns' float32 copy [cols, r] fit
     # GEMM_BYTES (at least the block itself: the diagonal square is masked in the first product)
     col_chunk = max(block, rows_per_block(max(block, Qt.shape[1]), 4, GEMM_BYTES))
     done = 0
-    rank, size = world()
     try:
         for bi, i0 in enumerate(range(0, n, block)):
             if bi % size != rank:
@@ -151,14 +186,18 @@ def stage_gemm(st: ScanState, block: int) -> None:
     if size > 1:
         allreduce_max(best)
         done = n
+    return best, done
+
+
+def _judge_stage1(st: ScanState, dg: np.ndarray, best: np.ndarray, complete: np.ndarray) -> None:
+    """Settle the rows whose certificate ``y = qs q_t`` beats ``best`` (an upper bound on the
+    other rows' exact scores, q units) by more than the rounding bound."""
     # z_j . y = s^2 q_j . q_t + e_j . y with |e_j . y| <= ||e_j|| ||y||, y = s q_t
     qs = st.qs
-    dg = diag.numpy()
     qn = np.sqrt(dg)
     ynorm = qs * qn
-    m1 = qs * qs * (dg - best.double().numpy()) - (st.enorm + st.emax) * ynorm * 1.001
-    ok = (m1 > 0) & (qn > 0)
-    ok[done:] = False
+    m1 = qs * qs * (dg - best) - (st.enorm + st.emax) * ynorm * 1.001
+    ok = (m1 > 0) & (qn > 0) & complete
     for k in np.nonzero(ok)[0]:
         t = int(st.reps[k])
         s, m = st.bias_scaled(t, float(m1[k]))

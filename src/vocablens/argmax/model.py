@@ -65,7 +65,8 @@ def reserved_tokens(tokenizer, V: int) -> torch.Tensor:
 def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = False,
                        include_untrained: bool = False, norm: bool = True, norm_tokens: int = 24,
                        progress: Progress | None = None, time_budget_s: float | None = None,
-                       tokenizer=None, reserved: torch.Tensor | None = None, **kwargs) -> ModelArgmax:
+                       tokenizer=None, reserved: torch.Tensor | None = None, stored: str = "off",
+                       **kwargs) -> ModelArgmax:
     """Run :func:`~vocablens.argmax.exact.find_unargmaxable` on the model's unembedding.
 
     Args:
@@ -82,6 +83,8 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
         tokenizer: optional; names the reserved / unused special tokens (their own group).
         reserved: bool [V], those tokens already found (:func:`reserved_tokens`); overrides
             ``tokenizer`` (a caller can then free the tokenizer before the scan).
+        stored: ``"off"``, ``"read"`` (reuse a stored scan of the same head and settings,
+            :mod:`~vocablens.argmax.stored`) or ``"readwrite"`` (also store a completed scan).
         kwargs: passed to ``find_unargmaxable`` (``reflect_iters``, ``tol``, ``verify`` ...).
 
     Raises:
@@ -106,10 +109,28 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
     if reserved.shape != (V,):
         raise BadInput(f"reserved must be a bool mask of shape [V] = [{V}]; got {tuple(reserved.shape)}")
     left = None if time_budget_s is None else max(0.0, time_budget_s - (time.perf_counter() - t0))
-    res = find_unargmaxable(W, use_b, padding=padding, untrained=untrained,
-                            include_padding=include_padding, include_untrained=include_untrained,
-                            defer=reserved if bool(reserved.any()) else None, progress=progress,
-                            time_budget_s=left, **kwargs)
+    res, key = None, None
+    if stored in ("read", "readwrite"):
+        from vocablens.argmax.stored import load_verdicts, verdict_key
+
+        normp = {} if U.final_norm is None else {f"norm.{n}": p for n, p in U.final_norm.named_parameters()}
+        # what decides a completed scan's verdicts (the reserved rows only change the order of the
+        # proofs; a stored scan is complete): the exact head, bias, norm, masks and these settings
+        settings = {"tol": kwargs.get("tol", 1e-9), "verify": kwargs.get("verify", "borderline"),
+                    "include_padding": include_padding, "include_untrained": include_untrained}
+        key = verdict_key(W, use_b, normp, {"padding": padding, "untrained": untrained}, settings)
+        res = load_verdicts(key)
+    elif stored != "off":
+        raise BadInput(f"stored must be off, read or readwrite; got {stored!r}")
+    if res is None:
+        res = find_unargmaxable(W, use_b, padding=padding, untrained=untrained,
+                                include_padding=include_padding, include_untrained=include_untrained,
+                                defer=reserved if bool(reserved.any()) else None, progress=progress,
+                                time_budget_s=left, **kwargs)
+        if stored == "readwrite":
+            from vocablens.argmax.stored import store_verdicts
+
+            store_verdicts(res, key)
     reach, note = None, "not requested"
     if norm:
         if time_budget_s is not None and time.perf_counter() - t0 >= time_budget_s:

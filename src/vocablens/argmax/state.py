@@ -128,6 +128,9 @@ class ScanState:
     left: np.ndarray = None
     ball: object = None          # proofs.Ball, built on first use
     pages: object = None         # pages.PageRelease over Wn (a no-op unless Wn is a read-only file mapping)
+    screen: bool = False         # stage gemm by the half-width screen (:mod:`~vocablens.argmax.screen`)
+    device: str = "cpu"          # where the all-pairs screen's products run ("cuda": the GPU)
+    gemm_pairs: tuple = (0, 0)   # (pairs in the all-pairs stage, pairs whose tail the screen computed)
 
     @classmethod
     def new(cls, V: int, d: int, tol: float, progress: Progress | None, budget_s: float | None) -> "ScanState":

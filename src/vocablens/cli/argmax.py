@@ -15,10 +15,55 @@ from vocablens.cli.heap import trim_heap
 from vocablens.errors import BadInput, OutputExists
 
 
+class PlainProgress:
+    """Progress for a stderr that is not a terminal (a log file, CI): one plain line when a stage
+    starts and, from a heartbeat thread, at least one line every ``every`` seconds (stage, rows
+    settled of the total, elapsed, ETA), so a long scan never goes silent. ``close()`` stops it."""
+
+    def __init__(self, write, every: float = 10.0, clock=None):
+        import threading
+        import time
+
+        self.write, self.every, self.clock = write, every, clock or time.perf_counter
+        self.stage, self.done, self.total, self.t0 = None, 0, 0, self.clock()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread.start()
+
+    def line(self) -> str:
+        el = self.clock() - self.t0
+        frac = self.done / self.total if self.total else 0.0
+        eta = f"{el / frac * (1 - frac):.0f} s" if frac > 0 else "unknown"
+        return f"argmax: {self.stage} {self.done:,}/{self.total:,} rows, {el:.0f} s, ETA {eta}"
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        with self._lock:
+            if stage != self.stage:
+                self.stage, self.t0 = stage, self.clock()
+                self.done, self.total = done, total
+                self.write(f"argmax: stage {stage} started ({total:,} rows)")
+            self.done, self.total = done, total
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every):
+            with self._lock:
+                if self.stage is not None:
+                    self.write(self.line())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+
+
 def _progress_bar(quiet: bool):
-    """A (callback, close) pair that shows one rich progress bar per stage on stderr."""
-    if quiet and not err.is_terminal:
-        return (lambda *_: None), (lambda: None)
+    """A (callback, close) pair: one rich progress bar per stage on a terminal's stderr; plain lines
+    (:class:`PlainProgress`) on any other stderr, also with ``--json``."""
+    if not err.is_terminal:
+        import sys
+
+        pp = PlainProgress(lambda s: print(s, file=sys.stderr, flush=True))
+        return pp, pp.close
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     prog = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -96,7 +141,7 @@ def argmax_cmd(
         ma = argmax_for_borders(borders, bias=bias, include_padding=include_padding,
                                 include_untrained=include_padding, norm=norm,
                                 verify="all" if verify_all else "borderline", progress=cb,
-                                time_budget_s=budget or None, reserved=reserved)
+                                time_budget_s=budget or None, reserved=reserved, stored="readwrite")
     finally:
         close()
     if rank != 0:

@@ -1,0 +1,123 @@
+"""Stored verdicts: a completed exact argmax scan kept in the user's cache and read back when it matches.
+
+Layout: ``<cache>/argmax/<key>.safetensors`` (the result's tensors) and ``<key>.json`` (its numbers,
+dicts and the key's inputs), each written to a temporary file and renamed
+(:func:`vocablens.files.atomic_path`); the JSON is written last, and a result is read only when both
+exist and the JSON names the same key. ``<cache>`` is :func:`vocablens.models.gguf_cache.cache_root`
+(``$VOCABLENS_CACHE``, ``off`` disables storing).
+
+The key is a SHA-256 of the exact bytes (not a rounded copy: a verdict can hinge on the last bit)
+of the head ``W [V, d]``, the bias ``[V]`` as used, the final norm's parameters, the masks
+(padding, untrained, deferred rows) and the scan's settings (tolerance, verify mode, bias mode ...).
+Any change to one of them gives another key: a changed head is never served stale verdicts. Only a
+scan that ran to its end is stored (not interrupted, no stage cut short by a budget).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+
+from vocablens.argmax.result import ArgmaxResult
+
+#: bumped when the stored layout or the meaning of a verdict changes
+FORMAT = 1
+_TENSORS = ("verdict", "stage", "margin", "residual", "group", "in_play", "center", "whiten", "scale",
+            "quant", "row")
+
+
+def verdict_key(W: torch.Tensor, bias: torch.Tensor | None, norm_params: dict, masks: dict,
+                settings: dict) -> str:
+    """SHA-256 (hex) of the exact bytes of ``W [V, d]``, ``bias [V]`` (or None), the final norm's
+    parameters ``{name: tensor}``, bool masks ``{name: [V] or None}`` and the JSON-able settings."""
+    h = hashlib.sha256()
+    h.update(f"vocablens-argmax-{FORMAT}".encode())
+    items = [("W", W), ("bias", bias)] + sorted(norm_params.items()) + sorted(masks.items())
+    for name, t in items:
+        h.update(name.encode())
+        if t is None:
+            h.update(b"none")
+            continue
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    h.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def store_dir() -> Path | None:
+    """``<cache>/argmax`` or None when caching is off (``VOCABLENS_CACHE=off``)."""
+    from vocablens.models.gguf_cache import cache_root
+
+    root = cache_root()
+    return None if root is None else root / "argmax"
+
+
+def store_verdicts(res: ArgmaxResult, key: str) -> Path | None:
+    """Write a completed result under ``key``; returns the JSON path, or None when not stored
+    (caching off, or the scan was interrupted or cut short: such a result is never stored)."""
+    from safetensors.torch import save_file
+
+    from vocablens.files import atomic_path
+
+    d = store_dir()
+    if d is None or res.interrupted or res.cut_short:
+        return None
+    d.mkdir(parents=True, exist_ok=True)
+    tensors = {f"t.{n}": getattr(res, n).contiguous() for n in _TENSORS}
+    for t, x in res.x_extra.items():
+        tensors[f"x.{t}"] = x.contiguous()
+    for t, (ids, wts) in res.combos.items():
+        tensors[f"ci.{t}"] = ids.contiguous()
+        tensors[f"cw.{t}"] = wts.contiguous()
+    cmean = {}
+    for t, (m_all, hv) in res.combo_mean.items():
+        tensors[f"cm.{t}"] = hv.contiguous()
+        cmean[str(t)] = m_all
+    meta = {f.name: getattr(res, f.name) for f in fields(res)
+            if f.name not in _TENSORS and f.name not in ("x_extra", "combos", "combo_mean")}
+    meta["group_can_tie"] = {str(k): v for k, v in meta["group_can_tie"].items()}
+    meta["reasons"] = {str(k): v for k, v in meta["reasons"].items()}
+    meta["cut_short"] = list(meta["cut_short"])
+    doc = {"format": FORMAT, "key": key, "result": meta, "combo_mean": cmean}
+    with atomic_path(d / f"{key}.safetensors") as tmp:
+        save_file(tensors, str(tmp))
+    with atomic_path(d / f"{key}.json") as tmp:
+        Path(tmp).write_text(json.dumps(doc))
+    return d / f"{key}.json"
+
+
+def load_verdicts(key: str) -> ArgmaxResult | None:
+    """The stored result under ``key``, or None (none stored, caching off, or an unreadable or
+    mismatched file: never a partial result)."""
+    from safetensors.torch import load_file
+
+    d = store_dir()
+    if d is None or not (d / f"{key}.json").is_file() or not (d / f"{key}.safetensors").is_file():
+        return None
+    try:
+        doc = json.loads((d / f"{key}.json").read_text())
+        if doc.get("format") != FORMAT or doc.get("key") != key:
+            return None
+        tens = load_file(str(d / f"{key}.safetensors"))
+        meta = doc["result"]
+        meta["group_can_tie"] = {int(k): v for k, v in meta["group_can_tie"].items()}
+        meta["reasons"] = {int(k): v for k, v in meta["reasons"].items()}
+        meta["cut_short"] = tuple(meta["cut_short"])
+        x_extra, combos, cmean = {}, {}, {}
+        for name, t in tens.items():
+            kind, _, tok = name.partition(".")
+            if kind == "x":
+                x_extra[int(tok)] = t
+            elif kind == "ci":
+                combos[int(tok)] = (t, tens[f"cw.{tok}"])
+            elif kind == "cm":
+                cmean[int(tok)] = (float(doc["combo_mean"][tok]), t)
+        return ArgmaxResult(**{n: tens[f"t.{n}"] for n in _TENSORS}, x_extra=x_extra, combos=combos,
+                            combo_mean=cmean, **meta)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

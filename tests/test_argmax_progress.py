@@ -1,0 +1,43 @@
+"""Progress of the argmax scan on a stderr that is not a terminal: one line per stage and a
+heartbeat at least every 10 s (here a fast fake clock and a short interval)."""
+
+import time
+
+import numpy as np
+import torch
+
+from vocablens.argmax import find_unargmaxable
+from vocablens.cli.argmax import PlainProgress
+
+
+def test_plain_progress_one_line_per_stage_and_a_heartbeat():
+    lines = []
+    pp = PlainProgress(lines.append, every=0.05)
+    try:
+        W = torch.from_numpy(np.random.default_rng(0).standard_normal((600, 16)))
+        res = find_unargmaxable(W, progress=pp)
+        pp("slowstage", 3, 10)
+        time.sleep(0.3)                      # a stage that reports nothing for a while
+    finally:
+        pp.close()
+    assert res.counts()["undecided"] == 0
+    starts = [s for s in lines if "started" in s]
+    assert any("stage gemm started" in s for s in starts) and "argmax: stage slowstage started (10 rows)" in starts
+    beats = [s for s in lines if s.startswith("argmax: slowstage 3/10 rows")]
+    assert len(beats) >= 2 and all("ETA" in s for s in beats)
+    n = len(lines)
+    time.sleep(0.2)
+    assert len(lines) == n                   # closed: silent
+
+
+def test_cli_argmax_on_a_non_terminal_stderr_prints_plain_lines(capfd):
+    from vocablens.cli.argmax import _progress_bar
+
+    cb, close = _progress_bar(quiet=True)   # pytest's stderr is not a terminal
+    try:
+        cb("gemm", 0, 100)
+        cb("gemm", 50, 100)
+    finally:
+        close()
+    err = capfd.readouterr().err
+    assert "argmax: stage gemm started (100 rows)" in err and "\x1b[" not in err

@@ -1,0 +1,98 @@
+"""Stored verdicts (vocablens.argmax.stored): equal to the computed scan, never stale, never partial."""
+
+import numpy as np
+import torch
+
+from vocablens.argmax import find_unargmaxable
+from vocablens.argmax.stored import load_verdicts, store_verdicts, verdict_key
+
+
+def _W(seed=0, V=400, d=12):
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((V, d))
+    W[5] = 0.5 * (W[1] + W[2]) * 0.5       # an interior row (a combination certificate)
+    W[7] = W[6]                            # a duplicate pair
+    return torch.from_numpy(W.astype(np.float32))
+
+
+def _key(W, b=None, **settings):
+    return verdict_key(W, b, {}, {"padding": None}, settings)
+
+
+def _same(a, b):
+    for n in ("verdict", "stage", "margin", "residual", "group", "in_play", "quant", "row"):
+        assert torch.equal(torch.nan_to_num(getattr(a, n)), torch.nan_to_num(getattr(b, n))), n
+    assert a.counts() == b.counts() and a.group_can_tie == b.group_can_tie
+    assert set(a.x_extra) == set(b.x_extra) and set(a.combos) == set(b.combos)
+    for t in a.combos:
+        assert torch.equal(a.combos[t][1], b.combos[t][1])
+    assert a.timings == b.timings and a.cut_short == b.cut_short
+
+
+def test_stored_equals_computed_and_changed_head_misses(tmp_path, monkeypatch):
+    monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path))
+    W = _W()
+    res = find_unargmaxable(W)
+    assert res.counts()["unargmaxable"] >= 1
+    k = _key(W, tol=1e-9)
+    assert load_verdicts(k) is None
+    assert store_verdicts(res, k) is not None
+    _same(load_verdicts(k), res)
+    # one bit of one weight changed, or another setting: another key, nothing served
+    W2 = W.clone()
+    W2[3, 4] = torch.nextafter(W2[3, 4], torch.tensor(10.0))
+    assert _key(W2, tol=1e-9) != k and load_verdicts(_key(W2, tol=1e-9)) is None
+    assert _key(W, tol=1e-8) != k
+    assert _key(W, torch.zeros(400)) != _key(W)
+    # a corrupt or mismatched JSON is never a result
+    (tmp_path / "argmax" / f"{k}.json").write_text("{")
+    assert load_verdicts(k) is None
+
+
+def test_interrupted_or_budget_cut_scan_leaves_no_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path))
+    W = _W(1)
+    cut = find_unargmaxable(W, time_budget_s=0.0)
+    assert cut.cut_short
+    assert store_verdicts(cut, _key(W)) is None
+
+    import vocablens.argmax.exact as ex
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(ex, "stage_reflect", boom)
+    intr = find_unargmaxable(W, reflect_iters=5)
+    assert intr.interrupted
+    assert store_verdicts(intr, _key(W)) is None
+    assert not (tmp_path / "argmax").exists() or not list((tmp_path / "argmax").iterdir())
+
+
+def test_caching_off_stores_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("VOCABLENS_CACHE", "off")
+    W = _W(2)
+    assert store_verdicts(find_unargmaxable(W), _key(W)) is None and load_verdicts(_key(W)) is None
+
+
+def test_argmax_for_borders_reuses_the_stored_scan_and_never_a_stale_one(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from vocablens.argmax.model import argmax_for_borders
+
+    monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path))
+    W = _W(4)
+    norm = torch.nn.LayerNorm(12)
+
+    def borders(W):
+        return SimpleNamespace(unembedding=SimpleNamespace(weight=W, bias=None, real_mask=None, final_norm=norm,
+                                                           project_out=None, logit_scale=1.0))
+    first = argmax_for_borders(borders(W), norm=False, stored="readwrite").result
+    assert len(list((tmp_path / "argmax").glob("*.json"))) == 1
+    again = argmax_for_borders(borders(W), norm=False, stored="read").result
+    _same(again, first)                          # the stored one: even its timings are the first run's
+    W2 = W.clone()
+    W2[0, 0] += 1e-6
+    fresh = argmax_for_borders(borders(W2), norm=False, stored="read").result
+    assert fresh.timings != first.timings        # computed afresh, not served stale
+    with torch.no_grad():
+        norm.weight[0] = 2.0                     # a changed final norm is another key too
+    assert argmax_for_borders(borders(W), norm=False, stored="read").result.timings != first.timings
