@@ -738,6 +738,13 @@ calls, inner = [], prep._sum_over_ranks
 prep._sum_over_ranks = lambda t, size, op="sum": (calls.append((tuple(t.shape), op)), inner(t, size, op))
 r = find_unargmaxable(W, None, block=64, row_budget_s=None)
 out["split"] = {"verdict": r.verdict.tolist(), "calls": calls}
+import vocablens.argmax.certificates as cert
+prep._sum_over_ranks = inner
+kernel = cert.exact_int_matmul      # the ranks' kernels differ (each times its own): int32 vs float32
+cert.exact_int_matmul = (lambda Q, **kw: (lambda f: (lambda A, B: f(A, B).int()) if dist.get_rank() == 0
+                                          else (lambda A, B: f(A, B).float()))(kernel(Q, **kw)))
+r = find_unargmaxable(W, None, block=64, row_budget_s=None)
+out["mixed"] = {"verdict": r.verdict.tolist()}
 if dist.get_rank() == 0:
     print("RESULT " + json.dumps(out))
 dist.destroy_process_group()
@@ -772,4 +779,6 @@ def test_two_ranks_with_gloo_give_the_single_process_verdicts(tmp_path):
         assert ref.counts()["unargmaxable"] > 4                  # the proofs had work to share
     # the whitening split over the ranks (its sums all-reduced) gives the same verdicts
     assert got["split"]["verdict"] == find_unargmaxable(W, None, block=64, row_budget_s=None).verdict.tolist()
+    # ranks whose maxima come in different dtypes reduce them as numbers (failed: as raw bytes)
+    assert got["mixed"]["verdict"] == got["nobias"]["verdict"]
     assert got["split"]["calls"] == [[[8], "sum"], [[8, 8], "sum"], [[250, 8], "sum"], [[1], "max"]]

@@ -184,6 +184,10 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
     except OutOfTime:
         st.cut("gemm")
     if size > 1:
+        # each rank picks its faster kernel by timing, so one rank's maxima may be int32 and
+        # another's float32: reduce in float64, which holds both exactly (the same bytes reduced
+        # as two dtypes gave garbage maxima, re-checked into "undecided")
+        best = best.double()
         allreduce_max(best)
         done = n
     return best, done
