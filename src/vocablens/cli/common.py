@@ -18,17 +18,72 @@ try:  # typer >= 0.2x carries its own copy of click; its exceptions are those
     from typer._click import exceptions as click_exc  # noqa: E402
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exc  # noqa: E402
+import re  # noqa: E402
+
 from rich.console import Console  # noqa: E402
+from rich.text import Text  # noqa: E402
 from typer.core import TyperGroup
 
 from vocablens.cli.heap import blocks_back_to_the_os, trim_heap  # noqa: F401  (re-exported for the commands)
 from vocablens.errors import BadInput, VocabLensError
 
+#: the console styles vocablens's own strings use; any other bracket is text
+STYLES = frozenset({"dim", "bold", "italic", "red", "green", "yellow", "cyan", "bold red", "bold yellow",
+                    "bold cyan"})
+# a tag as rich reads one (rich.markup.RE_TAGS), with the backslashes before it
+_TAG = re.compile(r"(\\*)(\[([a-z#/@][^\[]*?)\])")
+
+
+def literal_markup(text: str) -> str:
+    """Markup in which only vocablens's own style tags stay tags: every other bracket, a closing tag
+    that closes nothing open, an opening tag never closed and a backslash before a tag print as the
+    characters they are. So a prompt, a path, a token or a model name (``[/x]``, ``[/bold]``,
+    ``C:\\dir\\``) interpolated into a styled line prints literally instead of raising
+    ``rich.errors.MarkupError`` or vanishing into a style."""
+    found = list(_TAG.finditer(text))
+    keep = [False] * len(found)
+    stack: list[int] = []
+    for i, m in enumerate(found):
+        name = m.group(3).strip()
+        if name in STYLES:
+            stack.append(i)
+        elif name.startswith("/") and stack:
+            closing = name[1:].strip()
+            if closing in ("", found[stack[-1]].group(3).strip()):
+                keep[stack.pop()] = keep[i] = True
+    parts, at = [], 0
+    for i, m in enumerate(found):
+        parts += [text[at:m.start()], m.group(1) * 2, "" if keep[i] else "\\", m.group(2)]
+        at = m.end()
+    parts.append(text[at:])
+    return "".join(parts)
+
+
+class LiteralConsole(Console):
+    """A rich console whose strings are read through :func:`literal_markup` (tables, titles and lines
+    alike), with emoji codes (``:smile:``) left as text: user text prints as it is, everywhere."""
+
+    def render_str(self, text: str, *args, markup: bool | None = None, **kw) -> Text:
+        if markup is not False and (markup or self._markup) and "[" in text:
+            text = literal_markup(text)
+        return super().render_str(text, *args, markup=markup, **kw)
+
+
 #: stdout: tables and results; stderr: progress, notes and errors (stdout stays pure JSON with --json).
 # Piped output keeps wide tables (rich would fall back to 80 columns); COLUMNS still wins.
 _width = None if (sys.stdout.isatty() or os.environ.get("COLUMNS")) else 120
-out = Console(highlight=False, soft_wrap=False, width=_width)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = LiteralConsole(highlight=False, soft_wrap=False, width=_width, emoji=False)
+err = LiteralConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+
+
+def print_error(message: str) -> None:
+    """The CLI's one error line on stderr: ``error: MESSAGE``, the message printed as it is."""
+    err.print(Text.assemble(("error:", "bold red"), " ", str(message)), soft_wrap=True, highlight=False)
+
+
+def print_note(message: str) -> None:
+    """One dim ``note: MESSAGE`` line on stderr, the message printed as it is."""
+    err.print(Text(f"note: {message}", style="dim"), soft_wrap=True, highlight=False)
 
 app = typer.Typer(
     name="vocablens",
@@ -142,10 +197,10 @@ def _clean(o: Any) -> Any:
 def status(msg: str, quiet: bool = False):
     """A spinner on stderr while a step runs."""
     if quiet or not err.is_terminal:
-        err.print(f"[dim]{msg}[/dim]") if not quiet else None
+        err.print(Text(msg, style="dim")) if not quiet else None
         yield
         return
-    with err.status(msg):
+    with err.status(Text(msg)):
         yield
 
 
@@ -162,7 +217,10 @@ class count_bar:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                    TimeRemainingColumn)
 
-        self.bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TextColumn(self.unit),
+        def lit(s: str) -> TextColumn:  # the label is text, not a format string nor markup
+            return TextColumn(s.replace("{", "{{").replace("}", "}}"), markup=False)
+
+        self.bar = Progress(lit(self.label), BarColumn(), MofNCompleteColumn(), lit(self.unit),
                             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err)
         self.bar.start()
         self.task = self.bar.add_task(self.label, total=self.total)
@@ -320,7 +378,7 @@ def run_app(argv: list[str] | None = None) -> int:
 
     def show_note(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, VocabLensNote):
-            err.print(f"[dim]note: {message}[/dim]", soft_wrap=True, markup=True, highlight=False)
+            print_note(str(message))
         else:
             previous(message, category, filename, lineno, file, line)
 
@@ -330,7 +388,7 @@ def run_app(argv: list[str] | None = None) -> int:
     if rank is not None and words and not _splits_over_ranks(words):
         if rank != 0:
             return 0  # a command that does not split over processes: rank 0 runs it alone
-        err.print(f"[dim]note: `vocablens {words[0]}` does not split over processes; rank 0 runs it alone[/dim]")
+        print_note(f"`vocablens {words[0]}` does not split over processes; rank 0 runs it alone")
     was_quiet = err.quiet
     if rank:  # under torchrun only rank 0 speaks: every rank raises the same error
         err.quiet = True
@@ -343,18 +401,16 @@ def run_app(argv: list[str] | None = None) -> int:
     except click_exc.UsageError as exc:  # an unknown option, a value of the wrong type ...
         where = exc.ctx.command_path if exc.ctx is not None else "vocablens"
         msg = " ".join(exc.format_message().split())
-        err.print(f"[bold red]error:[/bold red] {msg} (see {where} -h)", soft_wrap=True, markup=True,
-                  highlight=False)
+        print_error(f"{msg} (see {where} -h)")
         return exc.exit_code
     except click_exc.ClickException as exc:
-        err.print(f"[bold red]error:[/bold red] {' '.join(exc.format_message().split())}", soft_wrap=True,
-                  markup=True, highlight=False)
+        print_error(" ".join(exc.format_message().split()))
         return exc.exit_code
     except typer.Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort)
         err.print("interrupted")
         return 130
     except VocabLensError as exc:
-        err.print(f"[bold red]error:[/bold red] {exc}", soft_wrap=True, markup=True, highlight=False)
+        print_error(str(exc))
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("interrupted")
