@@ -35,9 +35,9 @@ _TAG = re.compile(r"(\\*)(\[([a-z#/@][^\[]*?)\])")
 
 
 def literal_markup(text: str) -> str:
-    """Markup in which only vocablens's own style tags stay tags: every other bracket, a closing tag
-    that closes nothing open, an opening tag never closed and a backslash before a tag print as the
-    characters they are. So a prompt, a path, a token or a model name (``[/x]``, ``[/bold]``,
+    """Markup in which only vocablens's own style tags (:data:`STYLES`, each closed by name) stay
+    tags: every other bracket, a closing tag that closes nothing open, an opening tag never closed,
+    a bare ``[/]`` and a backslash before a tag print as the characters they are. So a prompt, a path, a token or a model name (``[/x]``, ``[/bold]``,
     ``C:\\dir\\``) interpolated into a styled line prints literally instead of raising
     ``rich.errors.MarkupError`` or vanishing into a style."""
     found = list(_TAG.finditer(text))
@@ -49,7 +49,7 @@ def literal_markup(text: str) -> str:
             stack.append(i)
         elif name.startswith("/") and stack:
             closing = name[1:].strip()
-            if closing in ("", found[stack[-1]].group(3).strip()):
+            if closing == found[stack[-1]].group(3).strip():  # a bare [/] is text: we always name the tag
                 keep[stack.pop()] = keep[i] = True
     parts, at = [], 0
     for i, m in enumerate(found):
