@@ -284,6 +284,7 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
                   trust_remote_code=trust_remote_code, **kw)
         if partial and not max_memory:
             lm = _borders_to(lm, dev)
+    refuse_nonfinite(lm)  # the one check every command passes through
     trim_heap()  # the loaders' freed scratch (tokenizer and config parsing: ~14 MiB) leaves the resident set
     if not quiet:
         err.print(f"[dim]loaded {lm.provenance.describe()} in {time.perf_counter() - t0:.1f} s[/dim]")
@@ -293,6 +294,38 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
             err.print(f"[dim]--max-memory {max_memory}: {n - len(streamed)} of {n} blocks resident, "
                       f"{len(streamed)} read from the checkpoint at each forward[/dim]")
     return lm
+
+
+def refuse_nonfinite(lm) -> None:
+    """Refuse a model whose loaded weights hold NaN or inf, right after loading, for every command:
+    a PCA, a norm, a forward pass or a sampling step would otherwise fail deep inside (a LinAlgError
+    traceback in the report's PCA) or print NaN.
+
+    Raises:
+        NonFiniteWeights: one line naming the tensor, how many values and the vocabulary rows.
+    """
+    import torch
+
+    from vocablens.errors import NonFiniteWeights
+
+    b = lm.borders
+    bad = b.nonfinite()  # one chunked pass over the weights in memory, remembered on the borders
+    if bad:
+        b.check_finite(torch.arange(b.vocab_size))  # every row counts here: names the tensor and rows
+        raise NonFiniteWeights(f"the weights hold NaN or inf ({', '.join(sorted(bad))}); the checkpoint is "
+                               "damaged: download or convert it again")
+    # blocks that --max-memory streams are on meta here: read each of their tensors once, one at a time
+    for streamer in getattr(lm.model, "vocablens_streamers", None) or []:
+        from safetensors import safe_open
+
+        for name, (key, f) in streamer.keys.items():
+            with safe_open(str(f), framework="pt") as fh:
+                x = fh.get_tensor(key)
+            if x.is_floating_point() and not all(bool(torch.isfinite(c.sum())) or bool(c.isfinite().all())
+                                                 for c in x.reshape(-1).split(2**22)):
+                n = int((~torch.isfinite(x)).sum())
+                raise NonFiniteWeights(f"the weights hold NaN or inf: {key} has {n} non-finite values; the "
+                                       "checkpoint is damaged: download or convert it again")
 
 
 def _first_gguf_load(spec: str) -> str | None:
