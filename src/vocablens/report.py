@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import torch
 
+from vocablens.units import plural
+
 DEFAULT_PROMPT = "The capital of France is"
 #: tokens whose neighbours the report shows (single tokens in most English vocabularies)
 NEIGHBOR_TOKENS = (" king", " Paris", " three", " Monday", " dog", " happy")
@@ -229,7 +231,7 @@ def _argmax(ctx, plan, run):
     n = int((res.result.verdict == UNDECIDED).sum())
     if n:
         cut = ", ".join(res.result.cut_short) or "none"
-        run.cut_short = (f"{n:,} tokens left undecided within the {plan.budget_s:.0f} s budget (stages cut "
+        run.cut_short = (f"{plural(n, 'token')} left undecided within the {plan.budget_s:.0f} s budget (stages cut "
                          f"short: {cut}; a verdict is never guessed); run `{plan.command}` for the exact answer")
 
 
