@@ -39,6 +39,7 @@ def damaged(tmp_path_factory):
     cfg = _config("llama")
     TunedLens(cfg.hidden_size, cfg.num_hidden_layers).save(root / "lens")
     (root / "notes.txt").write_text(NOTES)
+    (root / "lines.txt").write_text("".join(f"Line {i} of the normal inputs, each its own.\n" for i in range(8)))
     (root / "out").mkdir()
     return root, got
 
@@ -50,7 +51,7 @@ COMMANDS = [
     ["lens", "The class", "-m", "{m}", "--max-memory", "1KB"],
     ["lens", "eval", "-m", "{m}", "--corpus", "{d}/notes.txt", "--lens", "{d}/lens"],
     ["lens", "train", "-m", "{m}", "--corpus", "{d}/notes.txt", "--out", "{d}/out/lens"],
-    ["lens", "anomaly", "-m", "{m}", "--normal", "{d}/notes.txt", "--test", "{d}/notes.txt", "--kind", "logit"],
+    ["lens", "anomaly", "-m", "{m}", "--normal", "{d}/lines.txt", "--test", "{d}/notes.txt", "--kind", "logit"],
     ["score", "The class statement", "-m", "{m}"],
     ["neighbors", "-m", "{m}", "the"],
     ["argmax", "-m", "{m}"],

@@ -18,72 +18,16 @@ try:  # typer >= 0.2x carries its own copy of click; its exceptions are those
     from typer._click import exceptions as click_exc  # noqa: E402
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exc  # noqa: E402
-import re  # noqa: E402
-
-from rich.console import Console  # noqa: E402
 from rich.text import Text  # noqa: E402
 from typer.core import TyperGroup
 
+from vocablens.cli.console import (  # noqa: F401  (re-exported: the commands print through these)
+    LiteralConsole, err, literal_markup, out, print_error, print_note,
+)
+from vocablens.cli.damaged import refuse_nonfinite
 from vocablens.cli.heap import blocks_back_to_the_os, trim_heap  # noqa: F401  (re-exported for the commands)
+from vocablens.cli.global_options import print_stats, show_version, take_stats
 from vocablens.errors import BadInput, VocabLensError
-
-#: the console styles vocablens's own strings use; any other bracket is text
-STYLES = frozenset({"dim", "bold", "italic", "red", "green", "yellow", "cyan", "bold red", "bold yellow",
-                    "bold cyan"})
-# a tag as rich reads one (rich.markup.RE_TAGS), with the backslashes before it
-_TAG = re.compile(r"(\\*)(\[([a-z#/@][^\[]*?)\])")
-
-
-def literal_markup(text: str) -> str:
-    """Markup in which only vocablens's own style tags (:data:`STYLES`, each closed by name) stay
-    tags: every other bracket, a closing tag that closes nothing open, an opening tag never closed,
-    a bare ``[/]`` and a backslash before a tag print as the characters they are. So a prompt, a path, a token or a model name (``[/x]``, ``[/bold]``,
-    ``C:\\dir\\``) interpolated into a styled line prints literally instead of raising
-    ``rich.errors.MarkupError`` or vanishing into a style."""
-    found = list(_TAG.finditer(text))
-    keep = [False] * len(found)
-    stack: list[int] = []
-    for i, m in enumerate(found):
-        name = m.group(3).strip()
-        if name in STYLES:
-            stack.append(i)
-        elif name.startswith("/") and stack:
-            closing = name[1:].strip()
-            if closing == found[stack[-1]].group(3).strip():  # a bare [/] is text: we always name the tag
-                keep[stack.pop()] = keep[i] = True
-    parts, at = [], 0
-    for i, m in enumerate(found):
-        parts += [text[at:m.start()], m.group(1) * 2, "" if keep[i] else "\\", m.group(2)]
-        at = m.end()
-    parts.append(text[at:])
-    return "".join(parts)
-
-
-class LiteralConsole(Console):
-    """A rich console whose strings are read through :func:`literal_markup` (tables, titles and lines
-    alike), with emoji codes (``:smile:``) left as text: user text prints as it is, everywhere."""
-
-    def render_str(self, text: str, *args, markup: bool | None = None, **kw) -> Text:
-        if markup is not False and (markup or self._markup) and "[" in text:
-            text = literal_markup(text)
-        return super().render_str(text, *args, markup=markup, **kw)
-
-
-#: stdout: tables and results; stderr: progress, notes and errors (stdout stays pure JSON with --json).
-# Piped output keeps wide tables (rich would fall back to 80 columns); COLUMNS still wins.
-_width = None if (sys.stdout.isatty() or os.environ.get("COLUMNS")) else 120
-out = LiteralConsole(highlight=False, soft_wrap=False, width=_width, emoji=False)
-err = LiteralConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
-
-
-def print_error(message: str) -> None:
-    """The CLI's one error line on stderr: ``error: MESSAGE``, the message printed as it is."""
-    err.print(Text.assemble(("error:", "bold red"), " ", str(message)), soft_wrap=True, highlight=False)
-
-
-def print_note(message: str) -> None:
-    """One dim ``note: MESSAGE`` line on stderr, the message printed as it is."""
-    err.print(Text(f"note: {message}", style="dim"), soft_wrap=True, highlight=False)
 
 app = typer.Typer(
     name="vocablens",
@@ -93,6 +37,18 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=show_version,
+                                          help="Print the version and exit.")] = False,
+    stats: Annotated[bool, typer.Option("--stats", help="After the command, print its wall time and the process's "
+                                        "peak memory (RSS, MiB) to stderr; also taken after the command's name "
+                                        "(`vocablens report --stats`).")] = False,
+) -> None:
+    """The embedding and the unembedding (LM head) of decoder-only language models."""
+
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 (default), a model directory, a .gguf file or a hub id.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout, nothing else on stdout.")]
@@ -296,38 +252,6 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
     return lm
 
 
-def refuse_nonfinite(lm) -> None:
-    """Refuse a model whose loaded weights hold NaN or inf, right after loading, for every command:
-    a PCA, a norm, a forward pass or a sampling step would otherwise fail deep inside (a LinAlgError
-    traceback in the report's PCA) or print NaN.
-
-    Raises:
-        NonFiniteWeights: one line naming the tensor, how many values and the vocabulary rows.
-    """
-    import torch
-
-    from vocablens.errors import NonFiniteWeights
-
-    b = lm.borders
-    bad = b.nonfinite()  # one chunked pass over the weights in memory, remembered on the borders
-    if bad:
-        b.check_finite(torch.arange(b.vocab_size))  # every row counts here: names the tensor and rows
-        raise NonFiniteWeights(f"the weights hold NaN or inf ({', '.join(sorted(bad))}); the checkpoint is "
-                               "damaged: download or convert it again")
-    # blocks that --max-memory streams are on meta here: read each of their tensors once, one at a time
-    for streamer in getattr(lm.model, "vocablens_streamers", None) or []:
-        from safetensors import safe_open
-
-        for name, (key, f) in streamer.keys.items():
-            with safe_open(str(f), framework="pt") as fh:
-                x = fh.get_tensor(key)
-            if x.is_floating_point() and not all(bool(torch.isfinite(c.sum())) or bool(c.isfinite().all())
-                                                 for c in x.reshape(-1).split(2**22)):
-                n = int((~torch.isfinite(x)).sum())
-                raise NonFiniteWeights(f"the weights hold NaN or inf: {key} has {n} non-finite values; the "
-                                       "checkpoint is damaged: download or convert it again")
-
-
 def _first_gguf_load(spec: str) -> str | None:
     """The GGUF file's name when loading ``spec`` will dequantize it (no cache entry yet), else None."""
     from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
@@ -403,11 +327,16 @@ def _splits_over_ranks(words: list[str]) -> bool:
     return (words[0],) in DISTRIBUTED or tuple(words[:2]) in DISTRIBUTED
 
 
-def run_app(argv: list[str] | None = None) -> int:
-    """Run the typer app; VocabLensError -> one line on stderr, exit code 2, no traceback."""
+def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
+    """Run the typer app; VocabLensError -> one line on stderr, exit code 2, no traceback.
+    ``whole_process``: the process runs this command alone (``--stats`` then reports its age too)."""
+    import time
     import warnings
 
     from vocablens.errors import VocabLensNote
+
+    t0 = time.perf_counter()
+    argv, stats = take_stats(list(sys.argv[1:] if argv is None else argv))
 
     def show_note(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, VocabLensNote):
@@ -417,7 +346,7 @@ def run_app(argv: list[str] | None = None) -> int:
 
     previous, warnings.showwarning = warnings.showwarning, show_note
     rank = _torchrun_rank()
-    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")][:2]
+    words = [a for a in argv if not a.startswith("-")][:2]
     if rank is not None and words and not _splits_over_ranks(words):
         if rank != 0:
             return 0  # a command that does not split over processes: rank 0 runs it alone
@@ -458,5 +387,7 @@ def run_app(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
+        if stats:
+            print_stats(t0, whole_process)
         warnings.showwarning = previous
         err.quiet = was_quiet
