@@ -298,3 +298,71 @@ def test_bad_input(kind, what, words, exc_type, world, tiny_lm, capsys):
         msg = str(info.value)
         assert msg and "\n" not in msg and words in msg, msg
     assert _digest(world) == before, "the user's files changed"
+
+
+# ------------------------------------------------------------------ hardening (issue 24): markup, damaged weights
+#: (id, argv, words the error line holds). ``{nan}`` / ``{inf}``: tiny models with a NaN embedding value
+#: and an inf block weight; ``{m}``, ``{d}`` as above.
+HARDENING_CLI = [
+    ("markup-anatomy-closing-tag", ["anatomy", "[/x]"], "'[/x]'"),
+    ("markup-anatomy-bold-and-backslash", ["anatomy", "a[/bold]\\b[x]"], "[/bold]"),
+    ("markup-model-path", ["lens", "x", "-m", "{d}/no[/bold]dir"], "no[/bold]dir"),
+    ("markup-lens-path", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/[/bold]lens"], "[/bold]lens"),
+    ("markup-corpus-path", ["settle", *M, "--corpus", "{d}/[/x]\\[y].txt"], "[/x]"),
+    ("markup-score-file", ["score", *M, "--file", "{d}/[dim]x[/dim].txt"], "[dim]x[/dim].txt"),
+    ("markup-neighbors-surrogate-brackets", ["neighbors", *M, "[/x]" + SURROGATE], "U+DCED"),
+    ("nonfinite-report-nan-embedding", ["report", "-m", "{nan}", "--out", "{d}/never.html"], "NaN or inf"),
+    ("nonfinite-report-inf-block", ["report", "-m", "{inf}", "--out", "{d}/never.html"], "NaN or inf"),
+    ("nonfinite-lens-inf-block", ["lens", "x", "-m", "{inf}"], "down_proj"),
+    ("nonfinite-neighbors-nan-embedding", ["neighbors", "-m", "{nan}", "the"], "embed_tokens"),
+    ("nonfinite-generate-nan-embedding", ["generate", "x", "-m", "{nan}", "-n", "2"], "NaN or inf"),
+    ("nonfinite-bottleneck-inf-block", ["bottleneck", "-m", "{inf}"], "NaN or inf"),
+    ("nonfinite-trim-inf-block", ["trim", "-m", "{inf}", "--corpus", "{d}/notes.txt", "--out", "{d}/t9"],
+     "NaN or inf"),
+    ("anomaly-six-copies-of-one-line", ["lens", "anomaly", *M, "--normal", "{d}/copies.txt", "--test",
+                                        "{d}/notes.txt", "--kind", "logit"], "5 distinct inputs"),
+]
+
+
+@pytest.fixture(scope="session")
+def damaged_models(tmp_path_factory):
+    """Tiny models whose checkpoints hold a NaN (embedding) or an inf (a block's down_proj)."""
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path_factory.mktemp("damaged")
+    tok = tiny_tokenizer()
+    for name, part, value in (("nan", "embed_tokens", float("nan")), ("inf", "layers.1.mlp.down_proj", float("inf"))):
+        save_tiny(root / name, tok)
+        f = root / name / "model.safetensors"
+        sd = load_file(f)
+        sd[next(k for k in sorted(sd) if part in k)][3, 0] = value
+        save_file(sd, f, metadata={"format": "pt"})
+    return root
+
+
+@pytest.mark.parametrize("argv, words", [pytest.param(a, w, id=f"cli-{n}") for n, a, w in HARDENING_CLI])
+def test_hardening_bad_input(argv, words, world, damaged_models, capsys):
+    from vocablens.cli.common import run_app
+
+    (world / "copies.txt").write_text("The class statement defines a new type.\n" * 6)
+    before = _digest(world), _digest(damaged_models)
+    argv = [a.replace("{m}", str(world / "tiny")).replace("{d}", str(world))
+            .replace("{nan}", str(damaged_models / "nan")).replace("{inf}", str(damaged_models / "inf")) for a in argv]
+    capsys.readouterr()
+    code = run_app(argv)
+    out, err = capsys.readouterr()
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2, (argv, code, err)
+    assert len(errors) == 1 and "Traceback" not in err + out and out == "", (out, err)
+    assert words in errors[0], errors[0]
+    assert (_digest(world), _digest(damaged_models)) == before, "the user's files changed"
+
+
+def test_detector_needs_five_distinct_inputs():
+    from vocablens.anomaly import fit_detector
+
+    X = torch.randn(1, 6).repeat(6, 1)  # six copies of one input used to fit (LOF scores up to 1.5e10)
+    with pytest.raises(BadInput, match=r"5 distinct normal inputs; got 6 \(1 distinct\)"):
+        fit_detector(X, "lof")
+    X[:5] += torch.arange(5.0)[:, None]  # 5 distinct rows: fits
+    fit_detector(X, "lof")

@@ -28,7 +28,7 @@ def ref_probs(logits: torch.Tensor, temperature=1.0, top_k=None, top_p=None, min
             q = np.exp(t - t.max())
             q /= q.sum()
             cum = np.cumsum(q)
-            m = min(int((cum < top_p).sum()), len(v) - 1)  # first rank reaching p
+            m = min(int((cum < top_p - 1e-5).sum()), len(v) - 1)  # first rank reaching p (within TOP_P_SLACK)
             keep &= v >= v[m]
         if min_p:
             keep &= np.exp(v - v[0]) >= min_p
@@ -195,3 +195,63 @@ def test_bad_logits():
         sample(torch.zeros(1, 3, dtype=torch.int64))
     with pytest.raises(BadInput, match="num_samples"):
         sample(torch.zeros(1, 3), num_samples=0)
+
+
+# ------------------------------------------------------------------ limits (issue 24)
+METHODS = ["auto", "dense", "sort"]
+LIMIT_FILTERS = [dict(), dict(top_p=0.9), dict(top_k=50), dict(min_p=0.1), dict(top_k=50, top_p=0.9)]
+
+
+@pytest.mark.parametrize("T", [1e-38, 1e-40, 1e-45, 5e-324])
+@pytest.mark.parametrize("kw", LIMIT_FILTERS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()) or "plain")
+def test_tiny_temperatures_are_greedy(T, kw):
+    # 1e-40 overflowed the float32 division (RuntimeError inf/nan), 1e-45 gave an IndexError with top-p
+    V = 50_000 if T == 1e-45 else 4096  # both beyond the top-p window
+    x = _logits(V, B=2, scale=3.0, seed=11).float()
+    g = torch.Generator().manual_seed(0)
+    for method in METHODS:
+        p = probs_after_filters(x, temperature=T, method=method, **kw)
+        assert torch.equal(p, torch.nn.functional.one_hot(x.argmax(1), V).float()), method
+        assert torch.equal(sample(x, temperature=T, method=method, generator=g, **kw), x.argmax(1))
+
+
+def test_small_temperature_tends_to_greedy_continuously():
+    # a row with gaps 1 and 2 below the max: softmax(s / T) in float64, by hand
+    x = torch.tensor([[3.0, 2.0, 1.0]])
+    for T in (1.0, 0.3, 0.1, 0.02):
+        w = np.exp(-np.array([0.0, 1.0, 2.0]) / T)
+        np.testing.assert_allclose(probs_after_filters(x, temperature=T)[0].double().numpy(), w / w.sum(),
+                                   rtol=1e-6, atol=1e-30)
+    # an exact tie at the maximum: the limit is uniform over the tie
+    assert probs_after_filters(torch.tensor([[1.0, 1.0, 0.0]]), temperature=1e-40)[0].tolist() == [0.5, 0.5, 0.0]
+
+
+def test_huge_temperature_is_uniform():
+    x = _logits(100, B=1).float()
+    np.testing.assert_allclose(probs_after_filters(x, temperature=1e300)[0].numpy(), np.full(100, 0.01), rtol=1e-6)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_top_p_exact_boundary_is_the_same_in_both_dtypes(method):
+    # .5 + .3 = .8 reaches top_p = .8: two tokens (float32 used to keep all four)
+    probs = torch.tensor([[0.3, 0.1, 0.1, 0.5]], dtype=torch.float64)
+    for dt in (torch.float32, torch.float64):
+        kept = probs_after_filters(probs.log().to(dt), top_p=0.8, method=method)[0] > 0
+        assert kept.tolist() == [True, False, False, True], (dt, method)
+
+
+def test_top_p_random_boundaries_agree_across_dtypes_and_methods():
+    # top_p set to an exact cumulative mass of the float64 probabilities: the kept set is the
+    # prefix reaching it (within TOP_P_SLACK: fewer tokens when the rest of the prefix weighs < 1e-5)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(400):
+        V = int(torch.randint(2, 60, (1,), generator=g))
+        q = torch.rand(V, generator=g, dtype=torch.float64) ** 2 + 1e-3
+        q /= q.sum()
+        v = q.sort(descending=True).values
+        m = int(torch.randint(0, V - 1, (1,), generator=g))
+        p = float(v[: m + 1].sum())
+        logits = (q.log() + float(torch.randn(1, generator=g)) * 20)[None]
+        counts = {(dt, meth): int((probs_after_filters(logits.to(dt), top_p=p, method=meth) > 0).sum())
+                  for dt in (torch.float32, torch.float64) for meth in METHODS}
+        assert set(counts.values()) == {m + 1}, (V, m, p, counts)

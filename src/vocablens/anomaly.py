@@ -173,7 +173,7 @@ def fit_detector(features: torch.Tensor, method: str = "iforest", seed: int = 0)
     """Fit a novelty detector on normal inputs only.
 
     Args:
-        features: [N, F] features of normal inputs (N >= 5).
+        features: [N, F] features of normal inputs (at least 5 distinct rows).
         method: ``"iforest"`` (IsolationForest, 200 trees) or ``"lof"`` (LocalOutlierFactor with
             novelty=True, k = min(20, N-1)), both after a StandardScaler fitted on the same inputs.
 
@@ -181,7 +181,8 @@ def fit_detector(features: torch.Tensor, method: str = "iforest", seed: int = 0)
         A fitted scikit-learn pipeline; :func:`anomaly_scores` reads it.
 
     Raises:
-        BadInput: unknown method, or fewer than 5 normal inputs.
+        BadInput: unknown method, or fewer than 5 distinct normal inputs (six copies of one line
+            gave LOF scores up to 1.5e10 and an AUROC of 1.0).
     """
     from sklearn.ensemble import IsolationForest
     from sklearn.neighbors import LocalOutlierFactor
@@ -191,8 +192,10 @@ def fit_detector(features: torch.Tensor, method: str = "iforest", seed: int = 0)
     if method not in DETECTORS:
         raise BadInput(f"detector must be one of {DETECTORS}; got {method!r}")
     X = features.double().cpu().numpy()  # cpu: scikit-learn runs on the host
-    if X.shape[0] < 5:
-        raise BadInput(f"fit a detector on at least 5 normal inputs; got {X.shape[0]}")
+    distinct = len({row.tobytes() for row in X})
+    if distinct < 5:  # copies of one input: a zero-variance fit that scores everything else as odd
+        raise BadInput(f"fit a detector on at least 5 distinct normal inputs; got {X.shape[0]} "
+                       f"({distinct} distinct)")
     if method == "iforest":
         det = IsolationForest(n_estimators=200, random_state=seed)
     else:

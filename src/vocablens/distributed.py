@@ -32,6 +32,7 @@ from vocablens.ops.vocab_parallel import VocabParallelEmbedding, VocabParallelLM
 from vocablens.ops.vocab_parallel.comm import all_gather_cat, ws_rank
 from vocablens.ops.vocab_parallel.functional import vocab_parallel_gather_logits, vocab_parallel_topk
 from vocablens.ops.vocab_parallel.losses import vocab_parallel_logsumexp
+from vocablens.units import plural
 
 
 def init_from_env(device: str = "cpu") -> tuple[int, int]:
@@ -206,7 +207,7 @@ class VocabParallelModel:
 
         ids = input_ids.reshape(-1).to(torch.int64)
         if ids.numel() < 2:
-            raise BadInput(f"the text has {ids.numel()} token(s): scoring needs at least 2 (the first has no prefix)")
+            raise BadInput(f"the text has {plural(ids.numel(), 'token')}: scoring needs at least 2 (the first has no prefix)")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= self.vocab_size:
             raise BadInput(f"--top-k must be an int in [0, {self.vocab_size}]; got {top_k!r}")
         h = self.hidden(ids[None])[0, :-1]

@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import torch
 
+from vocablens.units import plural
+
 DEFAULT_PROMPT = "The capital of France is"
 #: tokens whose neighbours the report shows (single tokens in most English vocabularies)
 NEIGHBOR_TOKENS = (" king", " Paris", " three", " Monday", " dog", " happy")
@@ -232,7 +234,7 @@ def _argmax(ctx, plan, run):
         cut = ", ".join(res.result.cut_short) or "none"
         V, d = ctx["borders"].unembedding.weight.shape
         est = 0.35 * 2.0 * V * V * d / 1e11       # ~0.35 of one fp32 all-pairs pass at ~100 GFLOP/s
-        run.cut_short = (f"{n:,} tokens left undecided within the {plan.budget_s:.0f} s budget (stages cut "
+        run.cut_short = (f"{plural(n, 'token')} left undecided within the {plan.budget_s:.0f} s budget (stages cut "
                          f"short: {cut}; a verdict is never guessed); run `{plan.command}` once (about "
                          f"{max(1, round(est / 60))} min on 2 free cores) and the report reads its stored verdicts")
 

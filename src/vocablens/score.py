@@ -16,6 +16,7 @@ import torch
 
 from vocablens.errors import BadInput
 from vocablens.ops import token_logprobs
+from vocablens.units import plural
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def score_ids(borders, input_ids: torch.Tensor, top_k: int = 0, n_bytes: int = 0
     """
     ids = input_ids.reshape(-1).to(borders.device, torch.int64)
     if ids.numel() < 2:
-        raise BadInput(f"the text has {ids.numel()} token(s): scoring needs at least 2 (the first has no prefix)")
+        raise BadInput(f"the text has {plural(ids.numel(), 'token')}: scoring needs at least 2 (the first has no prefix)")
     U = borders.unembedding
     V = U.vocab_size
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= V:

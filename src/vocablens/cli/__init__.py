@@ -41,11 +41,15 @@ def _reflow_help(*apps) -> None:
 
 
 _reflow_help(app, _core.lens_app)
+# `vocablens --help` names what `lens PROMPT` does first: the logit lens (the tuned lens is its sub-commands)
+_core.lens_app.info.help = ("The logit lens: `vocablens lens PROMPT` reads the residual stream through the LM head "
+                            "at every layer; `lens train`, `lens eval` and `lens anomaly` train, evaluate and use a "
+                            "tuned lens.")
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
-    sys.exit(run_app(argv))
+    sys.exit(run_app(argv, whole_process=True))
 
 
 __all__ = ["app", "main"]

@@ -43,8 +43,10 @@ def lens_anomaly(
     dets = DETECTORS if detector == "both" else (detector,)
     normal_texts, _ = read_inputs(normal)
     test_texts, labels = read_inputs(test)
-    if len(normal_texts) < 5:
-        raise BadInput(f"--normal needs at least 5 inputs to fit a detector; {normal} holds {len(normal_texts)}")
+    distinct = len(set(normal_texts))
+    if distinct < 5:
+        raise BadInput(f"--normal needs at least 5 distinct inputs to fit a detector; {normal} holds "
+                       f"{len(normal_texts)} ({distinct} distinct)")
     lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
     tl = None
     if "tuned" in kinds:

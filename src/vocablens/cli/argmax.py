@@ -13,6 +13,7 @@ from vocablens.cli.common import (
 )
 from vocablens.cli.heap import trim_heap
 from vocablens.errors import BadInput, OutputExists
+from vocablens.units import noun, plural
 
 
 class PlainProgress:
@@ -151,7 +152,7 @@ def argmax_cmd(
         err.print("[yellow]interrupted: unsettled tokens are reported as undecided[/yellow]")
     elif ma.result.cut_short:
         err.print(f"[yellow]the --budget of {budget:g} s ran out in: {', '.join(ma.result.cut_short)}; "
-                  f"{ma.result.counts()['undecided']} tokens are undecided (run without --budget for "
+                  f"{plural(ma.result.counts()['undecided'], 'token')} {noun(ma.result.counts()['undecided'], 'is')} undecided (run without --budget for "
                   "the exact answer)[/yellow]")
     if json_:
         d = argmax_to_dict(ma, tokenizer)
@@ -193,7 +194,7 @@ def bottleneck_cmd(
     docs = load_documents(corpus)
     ids = pack_tokens(docs, lm.tokenizer, seq_len, max_tokens=rows * seq_len)
     if ids.numel() < n:
-        raise BadInput(f"corpus {corpus!r} gives {ids.numel()} tokens, fewer than --contexts {n}")
+        raise BadInput(f"corpus {corpus!r} gives {plural(ids.numel(), 'token')}, fewer than --contexts {n}")
     H = context_hidden(b, ids)[:n]
     U = b.unembedding
     res = softmax_bottleneck(U.weight, H, bias=U.bias, logit_scale=U.logit_scale, softcap=U.softcap)

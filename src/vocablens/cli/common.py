@@ -18,17 +18,16 @@ try:  # typer >= 0.2x carries its own copy of click; its exceptions are those
     from typer._click import exceptions as click_exc  # noqa: E402
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exc  # noqa: E402
-from rich.console import Console  # noqa: E402
+from rich.text import Text  # noqa: E402
 from typer.core import TyperGroup
 
+from vocablens.cli.console import (  # noqa: F401  (re-exported: the commands print through these)
+    LiteralConsole, err, literal_markup, out, print_error, print_note,
+)
+from vocablens.cli.damaged import refuse_nonfinite
 from vocablens.cli.heap import blocks_back_to_the_os, trim_heap  # noqa: F401  (re-exported for the commands)
+from vocablens.cli.global_options import print_stats, show_version, take_stats
 from vocablens.errors import BadInput, VocabLensError
-
-#: stdout: tables and results; stderr: progress, notes and errors (stdout stays pure JSON with --json).
-# Piped output keeps wide tables (rich would fall back to 80 columns); COLUMNS still wins.
-_width = None if (sys.stdout.isatty() or os.environ.get("COLUMNS")) else 120
-out = Console(highlight=False, soft_wrap=False, width=_width)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 app = typer.Typer(
     name="vocablens",
@@ -38,6 +37,18 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=show_version,
+                                          help="Print the version and exit.")] = False,
+    stats: Annotated[bool, typer.Option("--stats", help="After the command, print its wall time and the process's "
+                                        "peak memory (RSS, MiB) to stderr; also taken after the command's name "
+                                        "(`vocablens report --stats`).")] = False,
+) -> None:
+    """The embedding and the unembedding (LM head) of decoder-only language models."""
+
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 (default), a model directory, a .gguf file or a hub id.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout, nothing else on stdout.")]
@@ -142,10 +153,10 @@ def _clean(o: Any) -> Any:
 def status(msg: str, quiet: bool = False):
     """A spinner on stderr while a step runs."""
     if quiet or not err.is_terminal:
-        err.print(f"[dim]{msg}[/dim]") if not quiet else None
+        err.print(Text(msg, style="dim")) if not quiet else None
         yield
         return
-    with err.status(msg):
+    with err.status(Text(msg)):
         yield
 
 
@@ -162,7 +173,10 @@ class count_bar:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                    TimeRemainingColumn)
 
-        self.bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TextColumn(self.unit),
+        def lit(s: str) -> TextColumn:  # the label is text, not a format string nor markup
+            return TextColumn(s.replace("{", "{{").replace("}", "}}"), markup=False)
+
+        self.bar = Progress(lit(self.label), BarColumn(), MofNCompleteColumn(), lit(self.unit),
                             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err)
         self.bar.start()
         self.task = self.bar.add_task(self.label, total=self.total)
@@ -206,6 +220,7 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
         lm = load_mode(spec, mode, dtype=dtype, device=resolve_device(device), trust_remote_code=trust_remote_code,
                        max_memory=max_memory or None, blocks=blocks if mode == "borders" else None,
                        value_vectors=value_vectors and mode == "borders")
+    refuse_nonfinite(lm)  # the one check every command passes through
     trim_heap()  # the loaders' freed scratch (tokenizer and config parsing: ~14 MiB) leaves the resident set
     if not quiet:
         err.print(f"[dim]loaded {lm.provenance.describe()} in {time.perf_counter() - t0:.1f} s[/dim]")
@@ -267,25 +282,30 @@ def _splits_over_ranks(words: list[str]) -> bool:
     return (words[0],) in DISTRIBUTED or tuple(words[:2]) in DISTRIBUTED
 
 
-def run_app(argv: list[str] | None = None) -> int:
-    """Run the typer app; VocabLensError -> one line on stderr, exit code 2, no traceback."""
+def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
+    """Run the typer app; VocabLensError -> one line on stderr, exit code 2, no traceback.
+    ``whole_process``: the process runs this command alone (``--stats`` then reports its age too)."""
+    import time
     import warnings
 
     from vocablens.errors import VocabLensNote
 
+    t0 = time.perf_counter()
+    argv, stats = take_stats(list(sys.argv[1:] if argv is None else argv))
+
     def show_note(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, VocabLensNote):
-            err.print(f"[dim]note: {message}[/dim]", soft_wrap=True, markup=True, highlight=False)
+            print_note(str(message))
         else:
             previous(message, category, filename, lineno, file, line)
 
     previous, warnings.showwarning = warnings.showwarning, show_note
     rank = _torchrun_rank()
-    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")][:2]
+    words = [a for a in argv if not a.startswith("-")][:2]
     if rank is not None and words and not _splits_over_ranks(words):
         if rank != 0:
             return 0  # a command that does not split over processes: rank 0 runs it alone
-        err.print(f"[dim]note: `vocablens {words[0]}` does not split over processes; rank 0 runs it alone[/dim]")
+        print_note(f"`vocablens {words[0]}` does not split over processes; rank 0 runs it alone")
     was_quiet = err.quiet
     if rank:  # under torchrun only rank 0 speaks: every rank raises the same error
         err.quiet = True
@@ -298,18 +318,16 @@ def run_app(argv: list[str] | None = None) -> int:
     except click_exc.UsageError as exc:  # an unknown option, a value of the wrong type ...
         where = exc.ctx.command_path if exc.ctx is not None else "vocablens"
         msg = " ".join(exc.format_message().split())
-        err.print(f"[bold red]error:[/bold red] {msg} (see {where} -h)", soft_wrap=True, markup=True,
-                  highlight=False)
+        print_error(f"{msg} (see {where} -h)")
         return exc.exit_code
     except click_exc.ClickException as exc:
-        err.print(f"[bold red]error:[/bold red] {' '.join(exc.format_message().split())}", soft_wrap=True,
-                  markup=True, highlight=False)
+        print_error(" ".join(exc.format_message().split()))
         return exc.exit_code
     except typer.Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort)
         err.print("interrupted")
         return 130
     except VocabLensError as exc:
-        err.print(f"[bold red]error:[/bold red] {exc}", soft_wrap=True, markup=True, highlight=False)
+        print_error(str(exc))
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("interrupted")
@@ -324,5 +342,7 @@ def run_app(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
+        if stats:
+            print_stats(t0, whole_process)
         warnings.showwarning = previous
         err.quiet = was_quiet

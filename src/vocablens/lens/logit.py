@@ -20,6 +20,7 @@ import torch
 
 from vocablens.errors import BadInput
 from vocablens.models import Borders
+from vocablens.units import plural
 
 
 class Translator(Protocol):
@@ -92,7 +93,7 @@ def resolve_positions(T: int, positions: str | int | Sequence[int] | None) -> to
     for p in positions:
         p = int(p)
         if not -T <= p < T:
-            raise BadInput(f"position {p} is outside the prompt's {T} tokens")
+            raise BadInput(f"position {p} is outside the prompt's {plural(T, 'token')}")
         out.append(p % T)
     return torch.tensor(out, dtype=torch.long)
 

@@ -33,6 +33,13 @@ from vocablens.ops._checks import check_float
 #: tokens examined by the top-p fast path when no top-k is given
 TOP_P_WINDOW = 1024
 
+#: a cumulative mass within this much of top_p counts as reaching it. Masses are summed in float64,
+#: but float32 logits hold a probability only to ~1e-7 relative per unit of logit magnitude (a
+#: logit of 64 is rounded by up to 3.8e-6), so an exact comparison at a boundary (probs .3/.1/.1/.5,
+#: top_p=0.8) would keep 2 tokens from float64 logits and 4 from the same logits in float32.
+#: With the slack both dtypes keep the same set for logits of magnitude up to ~64.
+TOP_P_SLACK = 1e-5
+
 
 @dataclass(frozen=True)
 class _Plan:
@@ -98,17 +105,27 @@ def _prepare(logits: torch.Tensor, mask: torch.Tensor | None, temperature: float
         bad = int((~alive).nonzero()[0])
         raise BadInput(f"row {bad} of the logits is masked entirely (all -inf): no token can be sampled")
     if temperature > 0 and temperature != 1.0:
-        s = s / temperature
+        s = _scale(s, temperature)
     return s, squeeze
 
 
+def _scale(s: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(s - max) / temperature, computed in float64 and returned in s's dtype: every temperature > 0
+    works, down to the smallest float (1e-40 overflows a float32 division; a gap over T that leaves
+    the float range becomes -inf, i.e. probability 0, which is the limit T -> 0 tends to)."""
+    s64 = s.to(torch.float64)
+    return ((s64 - s64.amax(1, keepdim=True)) / temperature).to(s.dtype)
+
+
 # ------------------------------------------------------------------------------------- the filters
-def _cut_sorted(vals: torch.Tensor, probs: torch.Tensor, p: float) -> torch.Tensor:
-    """Rows of descending ``vals``/``probs`` [B, n] -> logit threshold [B]: the value at the first rank
-    whose cumulative probability reaches p (the last rank when the row never reaches it)."""
-    cum = probs.cumsum(1)
-    m = (cum < p).sum(1).clamp(max=vals.shape[1] - 1)
-    return vals.gather(1, m[:, None])[:, 0]
+def _cut_sorted(vals: torch.Tensor, lse: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of descending ``vals`` [B, n] and their float64 logsumexp over the row ``lse`` [B, 1] ->
+    (logit threshold [B], float64 mass of the n values [B]). The threshold is the value at the first
+    rank whose cumulative probability reaches p (see :data:`TOP_P_SLACK`; the last rank when the row
+    never reaches it); masses are summed in float64 whatever the logits' dtype."""
+    cum = torch.exp(vals.to(torch.float64) - lse).cumsum(1)
+    m = (cum < p - TOP_P_SLACK).sum(1).clamp(max=vals.shape[1] - 1)
+    return vals.gather(1, m[:, None])[:, 0], cum[:, -1]
 
 
 def _window_plan(s: torch.Tensor, top_k, top_p, min_p, window: int) -> _Plan | None:
@@ -127,23 +144,15 @@ def _window_plan(s: torch.Tensor, top_k, top_p, min_p, window: int) -> _Plan | N
         if n_ge > n:  # ties at the k-th value: keep them all, so widen the window to hold them
             vals, ids = torch.topk(s, n_ge, dim=1, sorted=True)
             vals = vals.masked_fill(vals < kth, float("-inf"))
-        lse = torch.logsumexp(vals, 1, keepdim=True)
-    elif top_k is not None:
-        lse = torch.logsumexp(vals, 1, keepdim=True)
-    else:
-        lse = torch.logsumexp(s, 1, keepdim=True)
-    probs = torch.exp(vals - lse)
     keep = torch.isfinite(vals)
     if top_p is not None and top_p < 1:
+        lse64 = torch.logsumexp((s if top_k is None else vals).to(torch.float64), 1, keepdim=True)
+        cut, cum_end = _cut_sorted(vals, lse64, top_p)
         if top_k is None and vals.shape[1] < V:
-            cum_end = probs.sum(1)
-            cut = _cut_sorted(vals, probs, top_p)
             # the nucleus must end inside the window, and its last logit must not tie the window's edge
-            inside = (cum_end >= top_p) & (cut > vals[:, -1])
+            inside = (cum_end >= top_p - TOP_P_SLACK) & (cut > vals[:, -1])
             if not bool(inside.all()):
                 return _mixed(s, vals, ids, inside, top_p, min_p) if bool(inside.any()) else None
-        else:
-            cut = _cut_sorted(vals, probs, top_p)
         keep &= vals >= cut[:, None]
     if min_p is not None and min_p > 0:
         keep &= torch.exp(vals - vals[:, :1]) >= min_p
@@ -162,7 +171,7 @@ def _mixed(s, vals, ids, inside, top_p, min_p) -> _Plan:
 
 def _top_p_threshold(s: torch.Tensor, p: float, small: int = 2048, sample: int = 4096) -> torch.Tensor:
     """Sort-free top-p cut per row, [B]: the largest logit value t among the row's values with
-    sum_{s_i >= t} softmax(s)_i >= p.
+    sum_{s_i >= t} softmax(s)_i >= p - :data:`TOP_P_SLACK` (masses in float64).
 
     A selection by value: the cut lies in a candidate set C with M < p <= M + mass(C), M the exact
     mass above C. Each round sorts a strided sample of C (``sample`` values) to estimate where the
@@ -172,11 +181,12 @@ def _top_p_threshold(s: torch.Tensor, p: float, small: int = 2048, sample: int =
     has at most ``small`` values, a sort of C alone finishes it. A round that cannot narrow C splits
     it at the midpoint of its values instead.
     """
-    lse = torch.logsumexp(s, 1, keepdim=True)
-    e = torch.exp(s - lse)
+    s64 = s.to(torch.float64)  # masses in float64 whatever the logits' dtype; the cut is one of s's values
+    e = torch.exp(s64 - torch.logsumexp(s64, 1, keepdim=True))
+    p = p - TOP_P_SLACK
     cut = torch.empty(s.shape[0], dtype=s.dtype, device=s.device)
     for r in range(s.shape[0]):
-        c, ec = s[r], e[r]
+        c, ec = s64[r], e[r]
         if float(c.min()) == -math.inf:
             fin = torch.isfinite(c)
             c, ec = c[fin], ec[fin]
@@ -322,16 +332,16 @@ def reference_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int |
     benchmarks): [B, V] -> [B, V] probabilities in the input's dtype (float32 at least)."""
     s = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
     if temperature > 0 and temperature != 1.0:
-        s = s / temperature
+        s = _scale(s, temperature)
     vals, order = torch.sort(s, dim=1, descending=True, stable=True)
     keep = torch.isfinite(vals)
     if top_k is not None and top_k < s.shape[1]:
         keep &= vals >= vals[:, top_k - 1:top_k]
     t = vals.masked_fill(~keep, float("-inf"))
     if top_p is not None and top_p < 1:
-        probs = torch.exp(t - torch.logsumexp(t, 1, keepdim=True))
-        cum = probs.cumsum(1)
-        m = (cum < top_p).sum(1).clamp(max=s.shape[1] - 1)
+        t64 = t.to(torch.float64)
+        cum = torch.exp(t64 - torch.logsumexp(t64, 1, keepdim=True)).cumsum(1)
+        m = (cum < top_p - TOP_P_SLACK).sum(1).clamp(max=s.shape[1] - 1)
         keep &= vals >= vals.gather(1, m[:, None])
     if min_p is not None and min_p > 0:
         keep &= torch.exp(vals - vals[:, :1]) >= min_p
@@ -340,4 +350,4 @@ def reference_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int |
     return torch.zeros_like(s).scatter_(1, order, w)
 
 
-__all__ = ["TOP_P_WINDOW", "check_sampling_args", "probs_after_filters", "reference_probs", "sample"]
+__all__ = ["TOP_P_SLACK", "TOP_P_WINDOW", "check_sampling_args", "probs_after_filters", "reference_probs", "sample"]

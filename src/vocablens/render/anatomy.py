@@ -12,18 +12,10 @@ from rich.table import Table
 
 from vocablens.anatomy import WEIGHT_FORMATS, Anatomy
 from vocablens.render.html import Section, esc, figure_html, table_html
+from vocablens.units import fmt_bytes  # noqa: F401  (re-exported: the one byte renderer)
 
 
 # ---------------------------------------------------------------------------------------- formatting
-def fmt_bytes(n: float) -> str:
-    """Bytes as binary units with the decimal GB/MB alongside: ``2.32 GiB (2.49 GB)``."""
-    n = float(n)
-    for unit, div, dunit, ddiv in (("GiB", 2**30, "GB", 1e9), ("MiB", 2**20, "MB", 1e6), ("KiB", 2**10, "KB", 1e3)):
-        if n >= div:
-            return f"{n / div:,.2f} {unit} ({n / ddiv:,.2f} {dunit})"
-    return f"{int(n):,} B"
-
-
 def fmt_count(n: int) -> str:
     """An exact integer with a short form: ``596,049,920 (596.0 M)``."""
     for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):

@@ -12,6 +12,7 @@ from vocablens.argmax.model import ModelArgmax
 from vocablens.models.tokens import token_str, quoted
 from vocablens.render.html import Section, esc, figure_html, table_html
 from vocablens.render.tokens import shown as _shown
+from vocablens.units import noun, plural
 
 
 def shown(token: str | None) -> str:
@@ -201,11 +202,11 @@ def argmax_section(ma: ModelArgmax, tokenizer=None) -> Section:
                         [[s, f"{d['timings_s'].get(s, 0):.2f}", d["settled"].get(s, 0)] for s in STAGES])]
     if d.get("cut_short"):
         parts.insert(1, f"<p class='note'>Cut short: the time budget of {d['budget_s']:g} s ran out in "
-                        f"{esc(', '.join(d['cut_short']))}; {d['counts']['undecided']} tokens are undecided "
+                        f"{esc(', '.join(d['cut_short']))}; {plural(d['counts']['undecided'], 'token')} {noun(d['counts']['undecided'], 'is')} undecided "
                         "(never guessed). Run <code>vocablens argmax</code> for the exact answer.</p>")
     if d.get("reserved"):
         g = d["reserved"]
-        parts.append(f"<h3>Reserved / unused special tokens</h3><p>{g['count']} tokens (ids {g['first_id']}"
+        parts.append(f"<h3>Reserved / unused special tokens</h3><p>{plural(g['count'], 'token')} (ids {g['first_id']}"
                      f"..{g['last_id']}), reported apart: "
                      + ", ".join(f"{k} {v}" for k, v in g["counts"].items() if v) + ".</p>")
     if d["unargmaxable"]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vocablens.models.tokens import token_str
+from vocablens.units import plural
 
 
 class TextStream:
@@ -94,7 +95,7 @@ def _flops(x: float) -> str:
 def summary_lines(res) -> list[str]:
     """One-line notes for stderr after the streamed text."""
     n, T = len(res.tokens), int(res.prompt_ids.numel())
-    lines = [f"{n} new tokens in {res.time_s:.2f} s ({res.tokens_per_s:.2f} tokens/s; prefill of {T} tokens "
+    lines = [f"{plural(n, 'new token')} in {res.time_s:.2f} s ({res.tokens_per_s:.2f} tokens/s; prefill of {T} tokens "
              f"{res.prefill_s:.2f} s); last-position head saved {_flops(res.prefill_head_flops_saved)} at prefill"]
     if res.rule is not None:
         d = early_exit_to_dict(res)

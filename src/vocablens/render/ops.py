@@ -7,6 +7,7 @@ from rich.table import Table
 
 from vocablens.models.tokens import quoted, token_str
 from vocablens.score import ScoreResult
+from vocablens.units import plural
 
 
 def score_to_dict(res: ScoreResult, tokenizer) -> dict:
@@ -64,6 +65,6 @@ def print_score(res: ScoreResult, tokenizer, out: Console, provenance=None) -> N
     if provenance is not None:
         out.print(f"[dim]model: {provenance.describe()}[/dim]")
     out.print(score_table(res, tokenizer))
-    out.print(f"total log-prob {res.total_logprob:.3f} nats over {res.logprobs.numel()} tokens "
+    out.print(f"total log-prob {res.total_logprob:.3f} nats over {plural(res.logprobs.numel(), 'token')} "
               f"({res.n_bytes} bytes): {res.logprob_per_byte:.4f} nats/byte, "
               f"{res.bits_per_byte:.4f} bits/byte, perplexity {res.perplexity:.2f}")

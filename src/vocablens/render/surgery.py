@@ -7,19 +7,12 @@ from rich.table import Table
 from vocablens.surgery.expand import ExpandResult
 from vocablens.surgery.trim import TrimResult
 from vocablens.surgery.verify import ExpandVerification, TrimVerification
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
+from vocablens.units import fmt_bytes, plural
 
 
 def new_tokens_table(res: ExpandResult) -> Table:
     """One row per added token: id, old tokenization, init method."""
-    t = Table(title=f"added {len(res.new_tokens)} token(s) ({'special' if res.special else 'normal'})",
+    t = Table(title=f"added {plural(len(res.new_tokens), 'token')} ({'special' if res.special else 'normal'})",
               title_justify="left")
     t.add_column("token")
     t.add_column("id", justify="right")
@@ -35,7 +28,7 @@ def new_tokens_table(res: ExpandResult) -> Table:
 
 def expand_verification_table(res: ExpandResult, v: ExpandVerification) -> Table:
     """The proof: mass against Hewitt's bound, KL, perplexity before/after."""
-    t = Table(title=f"verification on held-out text ({v.positions} positions)", title_justify="left")
+    t = Table(title=f"verification on held-out text ({plural(v.positions, 'position')})", title_justify="left")
     t.add_column("measure")
     t.add_column("value", justify="right")
     t.add_column("reference", justify="right")
@@ -43,8 +36,8 @@ def expand_verification_table(res: ExpandResult, v: ExpandVerification) -> Table
     t.add_row("probability mass of the new tokens (mean)", f"{v.new_token_mass:.3e}", f"{v.mass_bound:.3e} {bound_note}")
     t.add_row("  (max over positions)", f"{v.new_token_mass_max:.3e}", "")
     t.add_row("KL(old ‖ new), nats (mean)", f"{v.kl_old_new:.3e}", f"{v.kl_bound:.3e} log(1+k/V)")
-    t.add_row("perplexity before", f"{v.perplexity_before:.4f}", f"{v.tokens_before} tokens")
-    t.add_row("perplexity after", f"{v.perplexity_after:.4f}", f"{v.tokens_after} tokens")
+    t.add_row("perplexity before", f"{v.perplexity_before:.4f}", plural(v.tokens_before, "token"))
+    t.add_row("perplexity after", f"{v.perplexity_after:.4f}", plural(v.tokens_after, "token"))
     t.add_row("relative change", f"{v.perplexity_relative_change:+.2e}",
               f"new tokens in the text: {v.new_tokens_in_text}")
     t.add_row("max |Δ logit| on the old vocabulary", f"{v.old_logits_max_abs_diff:.2e}", "0 = old rows untouched")
@@ -57,8 +50,8 @@ def print_expand(res: ExpandResult, v: ExpandVerification, out_path, console, pr
     if provenance is not None:
         out.print(f"[dim]model: {provenance.describe()}[/dim]")
     out.print(new_tokens_table(res))
-    grew = (f"grew {res.rows_before} -> {res.rows_after} rows" if res.rows_after > res.rows_before
-            else f"{res.rows_after} rows (new ids in existing padding rows)")
+    grew = (f"grew {res.rows_before} -> {plural(res.rows_after, 'row')}" if res.rows_after > res.rows_before
+            else f"{plural(res.rows_after, 'row')} (new ids in existing padding rows)")
     out.print(f"{grew}; tokenizer {res.tokenizer_size_before} -> {res.tokenizer_size_after}; "
               f"{'tied (one matrix, still shared)' if res.tied else 'untied (embedding and head both set)'}"
               f"{'; head bias extended' if res.has_bias else ''}")
@@ -84,8 +77,8 @@ def trim_table(res: TrimResult, v: TrimVerification) -> Table:
     t.add_row("BPE merges", f"{res.merges_before:,}", f"{res.merges_after:,}")
     t.add_row("parameters" + (" (tied matrix once)" if res.tied else ""), f"{res.params_before:,}",
               f"{res.params_after:,}")
-    t.add_row("parameter memory", _bytes(res.params_before * res.bytes_per_param),
-              _bytes(res.params_after * res.bytes_per_param))
+    t.add_row("parameter memory", fmt_bytes(res.params_before * res.bytes_per_param),
+              fmt_bytes(res.params_after * res.bytes_per_param))
     return t
 
 
@@ -97,10 +90,10 @@ def print_trim(res: TrimResult, v: TrimVerification, out_path, console, provenan
         out.print(f"[dim]model: {provenance.describe()}[/dim]")
     out.print(trim_table(res, v))
     frac = res.params_saved / res.params_before if res.params_before else 0.0
-    out.print(f"kept {res.rows_after:,} tokens: {res.used_tokens:,} used by the corpus + "
-              f"{res.kept_for_lossless:,} specials, bytes and merge parts; saved {res.rows_saved:,} rows, "
-              f"{res.params_saved:,} parameters ({frac:.1%}), {_bytes(res.bytes_saved)}")
-    out.print(f"check on {v.texts} corpus texts ({v.positions} positions): tokenization "
+    out.print(f"kept {plural(res.rows_after, 'token')}: {res.used_tokens:,} used by the corpus + "
+              f"{res.kept_for_lossless:,} specials, bytes and merge parts; saved {plural(res.rows_saved, 'row')}, "
+              f"{plural(res.params_saved, 'parameter')} ({frac:.1%}), {fmt_bytes(res.bytes_saved)}")
+    out.print(f"check on {plural(v.texts, 'corpus text')} ({plural(v.positions, 'position')}): tokenization "
               f"{'identical (ids mapped)' if v.tokenization_identical else 'DIFFERENT'}; max |Δ logit| "
               f"{v.logits_max_abs_diff:.2e}; max |Δ log-prob| vs the original renormalised over kept tokens "
               f"{v.logprobs_max_abs_diff:.2e}; the original put {v.dropped_mass:.2%} of its mass on dropped tokens; "

@@ -30,6 +30,7 @@ from vocablens.models import Borders
 from vocablens.models.blocks import block_views, capture_updates, linear_bias, linearize_norm
 from vocablens.ops import token_logprobs
 from vocablens.vocab_space.readout import CHUNK_BYTES, check_k, check_token
+from vocablens.units import plural
 
 APPROXIMATION = (
     "direct logit attribution reads every part of the residual stream through the final norm linearized "
@@ -185,7 +186,7 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
     if T == 0:
         raise BadInput("empty prompt: give some text")
     if not -T <= int(position) < T:
-        raise BadInput(f"position {position} is outside the prompt's {T} tokens")
+        raise BadInput(f"position {position} is outside the prompt's {plural(T, 'token')}")
     p = int(position) % T
     real = borders.real_vocab_size
     check_k(k, real)
