@@ -363,3 +363,56 @@ def test_report_skips_pca_when_too_few_words_are_single_tokens(tmp_path, capsys)
     page = out.read_text(encoding="utf-8")
     assert "PCA needs at least 4" in page and "skipped" in page
     assert "pca" not in d.get("cut_short", {})
+
+
+def test_summary_heads_each_neighbour_table_with_its_token(smollm2, tmp_path, capsys):
+    """The terminal summary printed three neighbour tables with nothing naming their token."""
+    from vocablens.cli.report import _summary
+    from vocablens.geometry import nearest_neighbors
+    from vocablens.report import ReportRun, SectionRun, plan_report
+
+    plans = {p.key: p for p in plan_report()}
+    nb = nearest_neighbors(smollm2.borders, smollm2.tokenizer, [" king", " Paris", " three", " dog"], k=3)
+    run = ReportRun("x", torch.zeros(1, 1, dtype=torch.long), 150.0, 1.0, [SectionRun(plans["neighbors"], result=nb)])
+    page = tmp_path / "r.html"
+    page.write_text("x")
+    _summary(run, smollm2, page, {"total": 1.0, "load": 0.5})
+    text = capsys.readouterr().out
+    heads = [text.index(f"neighbours of ' {w}'") for w in ("king", "Paris", "three")]
+    assert heads == sorted(heads) and "neighbours of ' dog'" not in text  # three tables, each headed
+    tables = [text.index("┏", h) for h in heads]  # each heading right above its own table
+    assert all(h < t for h, t in zip(heads, tables)) and all(t < h for t, h in zip(tables, heads[1:]))
+
+
+def test_lens_section_says_when_the_tokenizer_adds_no_bos(smollm2):
+    from vocablens.lens import logit_lens
+    from vocablens.render.lens import BOS_NOTE, lens_section
+
+    tok = smollm2.tokenizer
+    ids = torch.tensor([tok("The capital of France is").input_ids])
+    html = lens_section(logit_lens(smollm2.borders, ids, positions="all", k=3), tok, "The capital of France is").html
+    # the oracle: does encoding "a" start with BOS? (SmolLM2: no)
+    assert tok("a").input_ids[0] != tok.bos_token_id
+    assert "attention-sink artefact" in BOS_NOTE and "adds no BOS token" in html
+
+    class WithBos:  # the same tokenizer, but one that puts BOS first: no note
+        bos_token_id = 0
+
+        def __call__(self, text, **kw):
+            return type("E", (), {"input_ids": [0] + tok(text, **kw).input_ids})()
+
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+    from vocablens.render.lens import bos_note
+
+    assert bos_note(WithBos()) == "" and bos_note(tok) == BOS_NOTE
+
+
+def test_pca_labels_sit_beside_their_markers(smollm2):
+    """Labels drawn on their marker ("top center" in 3-D) hid behind markers ("prin…", "Spain")."""
+    from vocablens.geometry import word_pca
+    from vocablens.render.geometry import pca_figure
+
+    fig = pca_figure(word_pca(smollm2.borders, smollm2.tokenizer))
+    assert {t.textposition for t in fig.data} == {"middle right"}

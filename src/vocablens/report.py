@@ -12,12 +12,9 @@ vocabulary in <= 3 minutes on 2 cores) within one budget (:data:`DEFAULT_BUDGET_
   :data:`ARGMAX_MIN_SHARE` of it), passed to :func:`~vocablens.argmax.argmax_for_borders` as
   ``time_budget_s``: the certificate stages decide what they can, the rest stays ``undecided``.
 
-Every section that was cut short says what was left and which command completes it
-(:attr:`SectionRun.cut_short`); the page and ``--json`` list them. Progress reports the elapsed
-seconds and an estimate of the total that moves with the sections' measured cost (:func:`eta_s`).
-
-Layer 3: analyses in, results out; rendering is :mod:`vocablens.render.report`, the command is
-:mod:`vocablens.cli.report`.
+A section cut short says what was left and which command completes it (:attr:`SectionRun.cut_short`).
+Progress gives elapsed seconds and an estimated total that follows the measured cost (:func:`eta_s`).
+Layer 3: rendering is :mod:`vocablens.render.report`, the command :mod:`vocablens.cli.report`.
 """
 
 from __future__ import annotations
@@ -66,14 +63,9 @@ ReportProgress = Callable[[str, float, float], None]
 
 @dataclass(frozen=True)
 class SectionPlan:
-    """One section of the report and its time budget.
-
-    Attributes:
-        key: ``anatomy``, ``argmax`` ... (see :data:`ORDER`).
-        title: what the progress line and the page call it.
-        budget_s: seconds the section may take.
-        command: the CLI command that gives this section's complete answer.
-    """
+    """One section of the report: ``key`` (see :data:`ORDER`), ``title`` (what the progress line and the
+    page call it), ``budget_s`` (planned seconds; the argmax scan's: what it got), ``command`` (the CLI
+    command that gives this section's complete answer)."""
 
     key: str
     title: str
@@ -87,8 +79,8 @@ class SectionRun:
 
     Attributes:
         plan: its :class:`SectionPlan`.
-        seconds: wall time it took (0 when skipped).
-        result: the analysis's result (None when skipped or not available).
+        seconds: wall time it took.
+        result: the analysis's result (None when not available).
         cut_short: None when complete; else one sentence: what was left and how to complete it.
         note: why a result is missing although nothing was cut (e.g. no tuned lens for this model).
         extra: section-specific data for the page (the tuned lens object, the probe tokens ...).
@@ -123,9 +115,8 @@ class ReportRun:
         return next((s for s in self.sections if s.plan.key == key), None)
 
     def result(self, key: str) -> Any:
-        """The result of section ``key`` (None when skipped or unavailable)."""
-        s = self.get(key)
-        return None if s is None else s.result
+        """The result of section ``key`` (None when not planned or unavailable)."""
+        return getattr(self.get(key), "result", None)
 
     @property
     def cut_short(self) -> dict[str, str]:
@@ -311,11 +302,9 @@ def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | N
     running counts what its estimate has left (none once it overran). The argmax scan then takes
     what is left of the budget (:func:`argmax_share`); while it runs, its deadline bounds the rest.
 
-    Args:
-        plans: the report's sections (:func:`plan_report`), ``finished``: key -> measured seconds.
-        current: the key of the section running (None between sections); ``in_section_s`` its seconds.
-        elapsed_s: seconds since the report started; ``budget_s`` the whole budget.
-        argmax_deadline_s: while the argmax scan runs, the elapsed time at which its budget ends.
+    ``plans``: the report's sections; ``finished``: key -> measured seconds; ``current``: the section
+    running (None between sections), ``in_section_s`` seconds into it; ``elapsed_s`` since the start;
+    ``argmax_deadline_s``: while the scan runs, the elapsed time at which its budget ends.
     """
     if current == _LAST and argmax_deadline_s is not None:
         return max(argmax_deadline_s - elapsed_s, 0.0)
@@ -345,8 +334,7 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
         prompt: text for the lens and explanation sections.
         lens_path: a tuned-lens directory (default: the lens shipped for ``model``, if any).
         budget_s: seconds for all sections (:func:`plan_report`).
-        progress: called as ``progress(description, elapsed_s, elapsed_s + eta)`` before each section
-            and within the argmax scan (:func:`eta_s`).
+        progress: ``progress(description, elapsed_s, elapsed_s + eta)`` per section and argmax stage.
         only: run just these section keys (default: all of :data:`ORDER`).
         clock: seconds, monotonic (tests pass a fake one).
 
