@@ -303,9 +303,13 @@ def test_final_norm_note_names_the_duplicates():
     verdict = torch.full((10,), ARGMAXABLE, dtype=torch.int8)
     verdict[[2, 3, 7]] = DUPLICATE
     reach = SimpleNamespace(tokens=torch.tensor([2, 3, 5, 7]), argmaxable=torch.tensor([0, 0, 0, 1]))
-    html = argmax_notes(SimpleNamespace(result=SimpleNamespace(verdict=verdict), reach=reach))
+    html = argmax_notes(SimpleNamespace(result=SimpleNamespace(verdict=verdict), reach=reach,
+                                        norm_note="rmsnorm, radius sqrt(d) = 24.00, probe error 4.7e-05"))
     assert "2 of the 3 tokens marked &quot;no&quot; under the final norm are the exact duplicates" in html
-    assert "&quot;max prob &gt;=&quot; is a probability the token certainly reaches" in html
+    # how the rows were chosen, what the probe error is, and captions that start with a capital
+    assert "the 4 tokens of this table are the flagged ones first" in html and "smallest margins" in html
+    assert "The probe error is the largest difference seen between the model&#x27;s own final norm" in html
+    assert "&quot;Max prob &gt;=&quot; is a probability the token certainly reaches" in html
     assert "&quot;max prob &lt;=&quot; a proven upper bound" in html
     assert argmax_notes(SimpleNamespace(result=SimpleNamespace(verdict=verdict), reach=None)) == ""
 
@@ -416,3 +420,20 @@ def test_pca_labels_sit_beside_their_markers(smollm2):
 
     fig = pca_figure(word_pca(smollm2.borders, smollm2.tokenizer))
     assert {t.textposition for t in fig.data} == {"middle right"}
+
+
+def test_progress_eta_counts_down_between_updates():
+    """The ETA froze ("0:02:39" for 82 s): it is the library's estimate at the last update, less the
+    seconds since."""
+    import time as _time
+    from types import SimpleNamespace
+
+    from vocablens.cli.report import _ProgressBar
+
+    eta = _ProgressBar(disabled=False).progress.columns[-1]
+    now = _time.monotonic()
+    task = lambda at: SimpleNamespace(total=100.0, completed=20.0, fields={"at": at})  # noqa: E731
+    assert str(eta.render(task(now - 5))) == "eta 0:01:15"
+    assert str(eta.render(task(now - 65))) == "eta 0:00:15"
+    assert str(eta.render(task(now - 500))) == "eta 0:00:00"
+    assert str(eta.render(SimpleNamespace(total=None, completed=0, fields={}))) == "eta -:--:--"

@@ -133,7 +133,7 @@ def argmax_notes(ma) -> str:
             "probability the token certainly reaches at some hidden state the norm can produce (found by "
             "search, so a lower bound on its best case), and \"max prob <=\" a proven upper bound on the "
             "highest probability it can ever get.")
-        if " probe error " in ma.norm_note:
+        if " probe error " in getattr(ma, "norm_note", ""):
             parts.append(
                 "The probe error is the largest difference seen between the model's own final norm and the "
                 "gain·x/rms(x) model of it that the bounds use, on random inputs: a check that the model "
