@@ -184,3 +184,32 @@ def test_default_model_permuted_copy_is_recovered():
         inv = torch.argsort(perms[m.layer_a])
         assert m.layer_b == m.layer_a
         assert (m.partner == inv).float().mean() >= 0.95
+
+
+def test_best_pairs_order_ties_by_block_then_unit():
+    """Aligning a model with itself gives hundreds of correlation-1.000 ties whose order followed the
+    last float bits of each machine; now ties at the table's 3 decimals go by block of A, then unit."""
+    from types import SimpleNamespace
+
+    from vocablens.render.align import PAIR_ORDER, best_pairs
+
+    g = torch.Generator().manual_seed(0)
+    matches = []
+    for layer in (3, 1, 2):  # layers listed out of order, as a --blocks-a list may be
+        corr = 1.0 + (torch.rand(50, generator=g, dtype=torch.float64) - 0.5) * 4e-6  # 1.000 ± 2e-6
+        corr[7] = 0.9
+        corr[11] = float("nan")
+        matches.append(SimpleNamespace(layer_a=layer, layer_b=layer, partner=torch.randperm(50, generator=g),
+                                       corr=corr))
+    res = SimpleNamespace(matches=matches)
+    got = best_pairs(res, 200)
+    ones = [(la, ua) for la, ua, _, _, c in got if round(c, 3) == 1.0]
+    assert ones == sorted((la, u) for la in (1, 2, 3) for u in range(50) if u not in (7, 11))
+    assert [(la, ua) for la, ua, *_ in got[-3:]] == [(1, 7), (2, 7), (3, 7)]  # 0.9 after every tie
+    assert len(got) == 3 * 49  # NaN pairs left out
+    # the same pairs in another order (another machine's rounding) give the same list
+    for m in matches:
+        m.corr = m.corr.flip(0).flip(0) + torch.where(torch.arange(50) % 2 == 0, 1e-7, -1e-7).double()
+    assert [(la, ua) for la, ua, *_ in best_pairs(res, 200)] == [(la, ua) for la, ua, *_ in got]
+    assert [r[:4] for r in best_pairs(res, 2)] == [(1, 0, 1, int(matches[1].partner[0])), (1, 1, 1, int(matches[1].partner[1]))]
+    assert "ties by block of A, then unit of A" in PAIR_ORDER

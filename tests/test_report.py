@@ -56,6 +56,9 @@ def test_report_keeps_existing_file_when_the_write_fails(cli, tmp_path, monkeypa
         return real_write(self, data, *a, **k)
 
     monkeypatch.setattr(pathlib.Path, "write_text", full_disk)
+    import vocablens.report as R
+
+    monkeypatch.setattr(R, "ORDER", ("anatomy", "borders"))  # the page is what this test writes
     code, out, err = cli("report", "--out", target, "--budget", "0.001")
     assert writes and writes[0] > 100_000  # the whole page (plotly.js inlined) reached the writer
     assert code == 2 and "disk is full" in err and "Traceback" not in err
@@ -90,49 +93,137 @@ def test_settle_reads_fewer_tokens_on_a_bigger_model():
     assert settle_tokens(151_936, 896, 24, 358_000_000, 1e4, 12) == 256  # never more than the sample
 
 
-def test_argmax_section_passes_its_budget_and_says_what_is_undecided(smollm2, monkeypatch):
+def test_argmax_section_passes_what_is_left_and_says_what_is_undecided(smollm2, monkeypatch):
     import vocablens.argmax as A
     from vocablens.report import run_report
 
     seen = {}
 
     class Fake:
-        def __init__(self, V):
+        def __init__(self, V, n):
             self.result = type("R", (), {"verdict": torch.zeros(V, dtype=torch.int8), "cut_short": ("proof",)})()
-            self.result.verdict[:7] = A.UNDECIDED
+            self.result.verdict[:n] = A.UNDECIDED
 
-    def fake(borders, progress=None, time_budget_s=None, **kw):
-        seen["budget"] = time_budget_s
-        progress("gemm", 1, 2)
-        return Fake(borders.vocab_size)
+    for n, words in ((7, "7 tokens left undecided"), (1, "1 token left undecided")):
+        def fake(borders, progress=None, time_budget_s=None, **kw):
+            seen["budget"] = time_budget_s
+            progress("gemm", 1, 2)
+            return Fake(borders.vocab_size, n)
 
-    monkeypatch.setattr(A, "argmax_for_borders", fake)
+        monkeypatch.setattr(A, "argmax_for_borders", fake)
+        lines = []
+        t = iter(range(100))
+        run = run_report(smollm2, model="smollm2", budget_s=100, only=("argmax",), clock=lambda: float(next(t)),
+                         progress=lambda d, done, total: lines.append((d, done, total)))
+        # alone, the scan gets the whole budget less what went before it (1 s of the fake clock)
+        assert seen["budget"] == pytest.approx(99.0)
+        why = run.cut_short["argmax"]
+        assert why.startswith(f"{words} within the 99 s left for it"), why
+        assert "`vocablens argmax --model smollm2`" in why and "proof" in why  # names the stages cut
+        # elapsed, elapsed + ETA: the ETA counts down to the scan's deadline (1 + 99 s)
+        assert lines[0] == ("tokens that can never win (argmax geometry)", 2.0, pytest.approx(100.0))
+        assert lines[1] == ("tokens that can never win (argmax geometry): gemm 1/2", 3.0, pytest.approx(100.0))
+        assert lines[-1][0] == "done" and lines[-1][1] == lines[-1][2]
+
+
+def _fake_lm():
+    from types import SimpleNamespace
+
+    from tiny_dirs import tiny_tokenizer
+
+    return SimpleNamespace(tokenizer=tiny_tokenizer(), borders=None, provenance=SimpleNamespace(name="m"),
+                           model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512)))
+
+
+@pytest.mark.parametrize("slow", [1.0, 4.0])
+def test_cheap_sections_always_run_and_the_argmax_scan_gets_what_is_left(monkeypatch, slow):
+    """Fake sections on a fake clock: the cheap ones cost ``slow`` x 53 s. They all run (none is
+    dropped because an earlier one spent the budget), the argmax scan runs last with what is left
+    (at least 10% of the budget), the ETA follows the measured cost, and the banner is true."""
+    import vocablens.report as R
+    from vocablens.render.report import cut_short_html
+
+    cost = {"anatomy": 1, "borders": 1, "neighbors": 2, "pca": 2, "lens": 5, "tuned": 6, "value_vectors": 8,
+            "explain": 8, "settle": 20}
+    now, ran, seen = [0.0], [], {}
+
+    def runner(key):
+        def run(ctx, plan, r):
+            ran.append(key)
+            if key == "argmax":
+                seen["budget"] = plan.budget_s
+                for i in range(3):
+                    now[0] += plan.budget_s / 4
+                    ctx["progress"](f"{plan.title}: stage {i}")
+            else:
+                now[0] += cost[key] * slow
+            r.result = key
+        return run
+
+    monkeypatch.setattr(R, "_RUNNERS", {k: runner(k) for k in R.ORDER})
     lines = []
-    run = run_report(smollm2, model="smollm2", budget_s=100, only=("argmax",),
-                     progress=lambda d, done, total: lines.append((d, done, total)))
-    assert seen["budget"] == pytest.approx(45.0)
-    why = run.cut_short["argmax"]
-    assert why.startswith("7 tokens left undecided within the 45 s budget")
-    assert "`vocablens argmax --model smollm2`" in why and "proof" in why  # names the stages cut
-    assert lines[0] == ("tokens that can never win (argmax geometry)", 0.0, pytest.approx(45.0))
-    assert ("tokens that can never win (argmax geometry): gemm 1/2", 0.0, pytest.approx(45.0)) in lines
-    assert lines[-1][0] == "done" and lines[-1][1] == pytest.approx(45.0)
+    run = R.run_report(_fake_lm(), budget_s=150, clock=lambda: now[0],
+                       progress=lambda d, done, total: lines.append((d, done, total)))
+    assert ran == [k for k in R.ORDER if k != "argmax"] + ["argmax"]
+    assert [s.plan.key for s in run.sections] == list(R.ORDER)  # shown in the page's order
+    assert all(s.result == s.plan.key and s.cut_short is None for s in run.sections)
+    cheap = 53 * slow
+    left = max(150 - cheap, 15.0)
+    assert seen["budget"] == pytest.approx(left)
+    assert run.get("argmax").plan.budget_s == pytest.approx(left)
+    assert run.seconds == pytest.approx(cheap + 0.75 * left)
+    # planned: cheap sections 82.5 s (their shares of 150 s), then the scan's 67.5 s
+    assert lines[0] == ("anatomy", 0.0, pytest.approx(150.0))
+    # after anatomy (1·slow s for 0.75 planned) the rest of the cheap plan (81.75 s) scales by the ratio
+    ratio = slow / 0.75
+    rest = 81.75 * ratio
+    assert lines[1][0] == "borders and tied check"
+    assert lines[1][2] == pytest.approx(slow + rest + R.argmax_share(150, slow + rest))
+    # during the scan the ETA is its deadline, and it moves
+    scan = [ln for ln in lines if ln[0].endswith(tuple(f"stage {i}" for i in range(3)))]
+    etas = [total - done for _, done, total in scan]
+    assert etas == pytest.approx([0.75 * left, 0.5 * left, 0.25 * left])
+    banner = cut_short_html(run)
+    if slow == 1.0:
+        assert "in 126 s, within the report&#x27;s 150 s budget." in banner and "over" not in banner
+    else:
+        assert f"in {run.seconds:.0f} s, {run.seconds - 150:.0f} s over the report&#x27;s 150 s budget" in banner
+        assert "within" not in banner
+    assert "class='budget ok'" in banner
 
 
-def test_spent_budget_skips_sections_and_the_page_says_how_to_complete_them(cli, tmp_path):
-    """With no time left after the first sections, the rest are skipped; the page and --json name
-    each one with the command that gives its answer."""
-    target = tmp_path / "short.html"
-    code, out, err = cli("report", "--out", target, "--budget", "0.001", "--json")
-    assert code == 0, err
-    d = json.loads(out)
-    assert d["anatomy"]["vocab_size"] == 49152 and d["tie_check"]["tied"]  # always run
-    assert set(d["cut_short"]) == {"neighbors", "pca", "lens", "tuned", "argmax", "value_vectors", "explain",
-                                   "settle"}
-    assert d["argmax"] is None and "run `vocablens argmax --model smollm2`" in d["cut_short"]["argmax"]
-    html = target.read_text()
-    assert "budget cut these sections short" in html
-    assert html.count("skipped: the report") == 2 * 8  # the banner and each section
+def test_banner_counts_the_sections_cut_short():
+    from types import SimpleNamespace
+
+    from vocablens.render.report import cut_short_html
+    from vocablens.report import plural
+
+    assert plural(1, "token") == "1 token" and plural(2, "token") == "2 tokens" and plural(1024, "row") == "1,024 rows"
+    sec = lambda t, c: SimpleNamespace(plan=SimpleNamespace(title=t), cut_short=c)  # noqa: E731
+    run = SimpleNamespace(budget_s=150.0, seconds=189.0, sections=[sec("anatomy", None), sec("argmax", "1 token left")])
+    html = cut_short_html(run)
+    assert "1 section did not run to completion (189 s in all, budget 150 s)" in html
+    assert "<b>argmax</b>: 1 token left" in html and "All sections" not in html and "budget ok" not in html
+
+
+def test_a_tiny_budget_still_runs_every_cheap_section(tmp_path, capsys):
+    """--budget 0.001 on a tiny model: no section is skipped; only the argmax scan (and settle, by
+    its own cost) may be cut short, and the banner says what happened."""
+    from tiny_dirs import run_cli, save_tiny, tiny_tokenizer
+
+    model = save_tiny(tmp_path / "model", tiny_tokenizer())
+    out = tmp_path / "r.html"
+    code, stdout, stderr = run_cli(capsys, "report", "-m", model, "--out", out, "--budget", "0.001", "--json")
+    assert code == 0, stderr
+    d = json.loads(stdout)
+    assert set(d["cut_short"]) <= {"argmax", "settle"}, d["cut_short"]
+    assert not any("skipped" in v for v in d["cut_short"].values())
+    assert d["lens"] is not None and d["explain"] is not None and d["neighbors"] is not None
+    page = out.read_text(encoding="utf-8")
+    assert "skipped: the report" not in page
+    if d["cut_short"]:
+        n = len(d["cut_short"])
+        assert f"{n} section{'' if n == 1 else 's'} did not run to completion" in page
 
 
 def test_display_token_shows_whitespace(smollm2):
@@ -212,9 +303,13 @@ def test_final_norm_note_names_the_duplicates():
     verdict = torch.full((10,), ARGMAXABLE, dtype=torch.int8)
     verdict[[2, 3, 7]] = DUPLICATE
     reach = SimpleNamespace(tokens=torch.tensor([2, 3, 5, 7]), argmaxable=torch.tensor([0, 0, 0, 1]))
-    html = argmax_notes(SimpleNamespace(result=SimpleNamespace(verdict=verdict), reach=reach))
+    html = argmax_notes(SimpleNamespace(result=SimpleNamespace(verdict=verdict), reach=reach,
+                                        norm_note="rmsnorm, radius sqrt(d) = 24.00, probe error 4.7e-05"))
     assert "2 of the 3 tokens marked &quot;no&quot; under the final norm are the exact duplicates" in html
-    assert "&quot;max prob &gt;=&quot; is a probability the token certainly reaches" in html
+    # how the rows were chosen, what the probe error is, and captions that start with a capital
+    assert "the 4 tokens of this table are the flagged ones first" in html and "smallest margins" in html
+    assert "The probe error is the largest difference seen between the model&#x27;s own final norm" in html
+    assert "&quot;Max prob &gt;=&quot; is a probability the token certainly reaches" in html
     assert "&quot;max prob &lt;=&quot; a proven upper bound" in html
     assert argmax_notes(SimpleNamespace(result=SimpleNamespace(verdict=verdict), reach=None)) == ""
 
@@ -272,3 +367,73 @@ def test_report_skips_pca_when_too_few_words_are_single_tokens(tmp_path, capsys)
     page = out.read_text(encoding="utf-8")
     assert "PCA needs at least 4" in page and "skipped" in page
     assert "pca" not in d.get("cut_short", {})
+
+
+def test_summary_heads_each_neighbour_table_with_its_token(smollm2, tmp_path, capsys):
+    """The terminal summary printed three neighbour tables with nothing naming their token."""
+    from vocablens.cli.report import _summary
+    from vocablens.geometry import nearest_neighbors
+    from vocablens.report import ReportRun, SectionRun, plan_report
+
+    plans = {p.key: p for p in plan_report()}
+    nb = nearest_neighbors(smollm2.borders, smollm2.tokenizer, [" king", " Paris", " three", " dog"], k=3)
+    run = ReportRun("x", torch.zeros(1, 1, dtype=torch.long), 150.0, 1.0, [SectionRun(plans["neighbors"], result=nb)])
+    page = tmp_path / "r.html"
+    page.write_text("x")
+    _summary(run, smollm2, page, {"total": 1.0, "load": 0.5})
+    text = capsys.readouterr().out
+    heads = [text.index(f"neighbours of ' {w}'") for w in ("king", "Paris", "three")]
+    assert heads == sorted(heads) and "neighbours of ' dog'" not in text  # three tables, each headed
+    tables = [text.index("┏", h) for h in heads]  # each heading right above its own table
+    assert all(h < t for h, t in zip(heads, tables)) and all(t < h for t, h in zip(tables, heads[1:]))
+
+
+def test_lens_section_says_when_the_tokenizer_adds_no_bos(smollm2):
+    from vocablens.lens import logit_lens
+    from vocablens.render.lens import BOS_NOTE, lens_section
+
+    tok = smollm2.tokenizer
+    ids = torch.tensor([tok("The capital of France is").input_ids])
+    html = lens_section(logit_lens(smollm2.borders, ids, positions="all", k=3), tok, "The capital of France is").html
+    # the oracle: does encoding "a" start with BOS? (SmolLM2: no)
+    assert tok("a").input_ids[0] != tok.bos_token_id
+    assert "attention-sink artefact" in BOS_NOTE and "adds no BOS token" in html
+
+    class WithBos:  # the same tokenizer, but one that puts BOS first: no note
+        bos_token_id = 0
+
+        def __call__(self, text, **kw):
+            return type("E", (), {"input_ids": [0] + tok(text, **kw).input_ids})()
+
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+    from vocablens.render.lens import bos_note
+
+    assert bos_note(WithBos()) == "" and bos_note(tok) == BOS_NOTE
+
+
+def test_pca_labels_sit_beside_their_markers(smollm2):
+    """Labels drawn on their marker ("top center" in 3-D) hid behind markers ("prin…", "Spain")."""
+    from vocablens.geometry import word_pca
+    from vocablens.render.geometry import pca_figure
+
+    fig = pca_figure(word_pca(smollm2.borders, smollm2.tokenizer))
+    assert {t.textposition for t in fig.data} == {"middle right"}
+
+
+def test_progress_eta_counts_down_between_updates():
+    """The ETA froze ("0:02:39" for 82 s): it is the library's estimate at the last update, less the
+    seconds since."""
+    import time as _time
+    from types import SimpleNamespace
+
+    from vocablens.cli.report import _ProgressBar
+
+    eta = _ProgressBar(disabled=False).progress.columns[-1]
+    now = _time.monotonic()
+    task = lambda at: SimpleNamespace(total=100.0, completed=20.0, fields={"at": at})  # noqa: E731
+    assert str(eta.render(task(now - 5))) == "eta 0:01:15"
+    assert str(eta.render(task(now - 65))) == "eta 0:00:15"
+    assert str(eta.render(task(now - 500))) == "eta 0:00:00"
+    assert str(eta.render(SimpleNamespace(total=None, completed=0, fields={}))) == "eta -:--:--"

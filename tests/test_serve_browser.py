@@ -126,3 +126,225 @@ def test_explorer_in_headless_chromium(server, tmp_path):
     keep = os.environ.get("VOCABLENS_SERVE_SCREENSHOT")
     if keep:
         shutil.copyfile(shot, keep)
+
+
+# ------------------------------------------------------------------------------- the explorer's UI
+# (issue 25: header, value-vector order, clickable tokens, heatmap text, colour views, export, BOS note)
+LONG = ("In the beginning of the twentieth century, the city of Vienna was a centre of music, science and "
+        "philosophy, where composers, physicists and writers met in cafes to argue about everything from quantum "
+        "mechanics to the meaning of art. ")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM:
+        pytest.skip("Debian's chromium is not installed: apt-get install -y --no-install-recommends chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
+        yield b
+        b.close()
+
+
+def open_page(browser, url: str, query: str = "", width: int = 1000):
+    page = browser.new_page(viewport={"width": width, "height": 1400}, accept_downloads=True)
+    page.set_default_timeout(120_000)
+    page.problems = []
+    page.on("console", lambda m: page.problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: page.problems.append(str(e)))
+    page.goto(url + "/" + query)
+    page.wait_for_function("() => window.vl && window.vl.health")
+    return page
+
+
+def read(page, prompt: str) -> None:
+    n = page.evaluate("() => window.vl.seq") + 1
+    page.evaluate("() => { window.vl.map = null; window.vl.cellText = null; }")
+    page.fill("#prompt", prompt)
+    page.keyboard.press("Enter")
+    page.wait_for_function("(n) => window.vl.seq === n && window.vl.map && window.vl.cellText", arg=n)
+
+
+def prompt_of(smollm2, n: int) -> str:
+    """A prompt of exactly n tokens of the default model (no BOS is added: its tokenizer adds none)."""
+    tok = smollm2.tokenizer
+    ids = tok((LONG * 8), add_special_tokens=False).input_ids
+    k = n
+    while True:
+        text = tok.decode(ids[:k])
+        got = len(tok(text).input_ids)
+        if got == n:
+            return text
+        k += n - got
+
+
+def map_geometry(page) -> dict:
+    """Every drawn cell text against its cell, and the x-axis title against the tick labels (px)."""
+    return page.evaluate("""() => {
+        const gd = document.getElementById('heatmap'), fl = gd._fullLayout, t = gd.data[0];
+        const T = window.vl.map.tokens.length, L = window.vl.map.layers.length;
+        const cw = fl.xaxis._length / T, ch = fl.yaxis._length / L;
+        const widths = t.texttemplate ? t.text.flat().map((s) => textWidth(s, t.textfont.size)) : [];
+        const title = gd.querySelector('.g-xtitle text, .xtitle').getBoundingClientRect();
+        const ticks = [...gd.querySelectorAll('.xaxislayer-above .xtick text')].map((e) => e.getBoundingClientRect());
+        const overlap = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+        const tickClash = ticks.some((a, i) => ticks.some((b, j) => i < j && overlap(a, b)));
+        return {cw, ch, font: t.textfont.size, shown: !!t.texttemplate, widest: Math.max(0, ...widths),
+                text: t.text, top1: window.vl.map.top1.map((r) => r.map(vis)), titleTop: title.top,
+                ticksBottom: Math.max(...ticks.map((r) => r.bottom)), tickClash, nTicks: ticks.length};
+    }""")
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_heatmap_text_fits_its_cells_at_5_56_and_128_tokens(server, browser, smollm2, tmp_path):
+    page = open_page(browser, server)
+    read(page, PROMPT)
+    g = map_geometry(page)
+    assert g["shown"] and g["widest"] <= g["cw"] - 4 + 0.5  # measured, never wider than its cell
+    # wide cells show the whole token: "␣capital" (8 characters) was "␣capi…" with a 6-character cut
+    L = len(g["top1"]) - 1
+    full = [(r, c) for r in range(L + 1) for c in range(5) if g["text"][r][c] == g["top1"][r][c]]
+    assert len(full) == 5 * (L + 1), "a token that fits its cell is drawn whole"
+    assert g["titleTop"] >= g["ticksBottom"] and not g["tickClash"]
+    page.locator("#heatmap-section").screenshot(path=str(tmp_path / "map5.png"))
+    for n in (56, 128):
+        read(page, prompt_of(smollm2, n))
+        assert len(page.evaluate("() => window.vl.map.tokens")) == n
+        g = map_geometry(page)
+        if g["shown"]:
+            assert g["widest"] <= g["cw"] - 4 + 0.5, (n, g["widest"], g["cw"])
+        else:
+            assert g["cw"] < 18 or g["ch"] < g["font"] + 3  # hidden only when the cells are too small
+        assert g["titleTop"] >= g["ticksBottom"] and not g["tickClash"], n
+        page.locator("#heatmap-section").screenshot(path=str(tmp_path / f"map{n}.png"))
+    assert page.problems == []
+    page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_colour_views_and_the_map_export(server, browser):
+    import csv
+    import io
+    import json as _json
+    import math
+
+    page = open_page(browser, server)
+    read(page, PROMPT)
+    d = page.evaluate("() => window.vl.data.logit")
+    cells = [[c for c in ly["positions"]] for ly in d["layers"]]
+    want = {"p": lambda c: c["top_probs"][0], "entropy": lambda c: c["entropy"], "kl": lambda c: c["kl_to_final"],
+            "rank": lambda c: c["final_top1_rank"] + 1}
+    for metric, get in want.items():
+        page.select_option("#metric", metric)
+        z = page.evaluate("() => document.getElementById('heatmap').data[0].z")
+        for row, zr in zip(cells, z):
+            for c, v in zip(row, zr):
+                expect = math.log10(get(c)) if metric == "rank" else get(c)  # rank: log colour scale
+                assert abs(v - expect) <= 1e-9, (metric, v, expect)
+        assert f"metric={metric}" in page.url or metric == "p"
+        # export: the CSV and the JSON hold the map's values
+        with page.expect_download() as dl:
+            page.click("#export-csv")
+        rows = list(csv.DictReader(io.StringIO(open(dl.value.path(), encoding="utf-8").read())))
+        assert len(rows) == len(cells) * len(cells[0])
+        for r in rows:
+            c = cells[int(r["layer"])][int(r["position"])]
+            assert abs(float(r["value"]) - get(c)) <= 1e-9 and r["logit_top1_token"] == c["top_tokens"][0]
+            assert r["input_token"] == d["tokens"][int(r["position"])]
+        with page.expect_download() as dl:
+            page.click("#export-json")
+        j = _json.loads(open(dl.value.path(), encoding="utf-8").read())
+        assert j["metric"] == metric and j["lens"] == "logit" and j["tokens"] == d["tokens"]
+        assert j["z"] == [[get(c) for c in row] for row in cells]
+    ticks = page.evaluate("() => document.getElementById('heatmap').data[0].colorbar.ticktext")
+    assert ticks[:3] == ["1", "10", "100"]
+    with page.expect_download() as dl:
+        page.click("#export-png")
+    assert open(dl.value.path(), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    # the view survives a reload through the URL
+    page.goto(page.url)
+    page.wait_for_function("() => window.vl.map")
+    assert page.evaluate("() => window.vl.metric") == "rank" and page.input_value("#metric") == "rank"
+    assert page.problems == []
+    page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_bos_note_follows_the_tokenizer(server, browser, smollm2):
+    tok = smollm2.tokenizer
+    adds = tok.bos_token_id is not None and tok("a").input_ids[0] == tok.bos_token_id
+    assert not adds  # SmolLM2's tokenizer adds no BOS
+    page = open_page(browser, server)
+    assert page.evaluate("() => window.vl.health.adds_bos") is False
+    assert page.is_visible("#bos-note") and "attention-sink artefact" in page.inner_text("#bos-note")
+    page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_value_vectors_sorted_by_z_and_their_tokens_open_the_panel(server, browser):
+    code, pr = post(server, "/api/project", {"token": " Paris", "k": 5})
+    assert code == 200
+    tid = pr["token_id"]
+    page = open_page(browser, server, f"?token={tid}")
+    page.wait_for_function("() => document.querySelector('#project-table')")
+    head = page.evaluate("() => [...document.querySelectorAll('#project-table th')].map(h => [h.textContent, h.title])")
+    z_head = next(h for h in head if h[0].startswith("z"))
+    assert "z-score" in z_head[1] and "sorted" in z_head[1]
+    rows = page.evaluate("""() => [...document.querySelectorAll('#project-table tr[data-side]')].map(tr =>
+        [tr.dataset.side, Number(tr.cells[3].textContent), Number(tr.cells[4].textContent), tr.cells[2].textContent])""")
+    for side, key, api_rows in (("promotes", lambda r: -r["z"], pr["promote"]), ("suppresses", lambda r: r["z"], pr["suppress"])):
+        shown = [r for r in rows if r[0] == side]
+        want = sorted(api_rows, key=lambda r: (key(r), r["layer"], r["neuron"]))
+        assert [r[3] for r in shown] == [str(r["neuron"]) for r in want]
+        zs = [r[1] for r in shown]
+        assert zs == sorted(zs, reverse=side == "promotes")  # sorted by the column it shows
+    # its tokens are buttons with the vector's top ids; a click opens that token's panel
+    btn = page.locator("#project-table button.tok").first
+    first = pr["promote"] and sorted(pr["promote"], key=lambda r: (-r["z"], r["layer"], r["neuron"]))[0]
+    assert int(btn.get_attribute("data-id")) == first["top_ids"][0]
+    btn.click()
+    page.wait_for_function(f"() => window.vl.token === {first['top_ids'][0]}")
+    assert f"token={first['top_ids'][0]}" in page.url
+    assert page.problems == []
+    page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_attribution_tokens_open_the_token_panel(server, browser):
+    page = open_page(browser, server, "?prompt=The+capital+of+France+is&cell=30,4")
+    page.wait_for_function("() => window.vl.last.explain && document.querySelector('#attr-table button.tok')")
+    ex = page.evaluate("() => window.vl.last.explain")
+    ids = {i for ly in ex["layers"] for s in ly["sub_updates"] for i in s["top_ids"]}
+    btn = page.locator("#attr-table button.tok").first
+    bid = int(btn.get_attribute("data-id"))
+    assert bid in ids
+    btn.click()
+    page.wait_for_function(f"() => window.vl.token === {bid} && !document.getElementById('token-panel').hidden")
+    assert page.problems == []
+    page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_header_follows_the_argmax_scan(server, browser):
+    """The header said "argmax scan: pending" forever; it follows /api/health until the scan is done."""
+    import time
+
+    from test_serve import get
+
+    page = open_page(browser, server)
+    if get(server, "/api/health")["argmax"] == "pending":
+        assert page.inner_text("#argmax-scan") == "argmax scan: running…"
+    t0 = time.time()
+    while get(server, "/api/health")["argmax"] == "pending" and time.time() - t0 < 900:
+        time.sleep(2)
+    assert get(server, "/api/health")["argmax"] == "done"
+    page.wait_for_function("() => document.getElementById('argmax-scan').textContent === 'argmax scan: done'",
+                           timeout=15_000)  # without a reload
+    page.close()

@@ -1,20 +1,20 @@
-"""The report's plan: which analyses run, in which order, each within a stated time budget.
+"""The report's plan: which analyses run, in which order, and how one time budget is shared.
 
 ``vocablens report`` must finish on the models people bring (a 0.5B model with a 151,936-token
-vocabulary in <= 3 minutes on 2 cores), so every section gets a share of one budget
-(:data:`DEFAULT_BUDGET_S`) and runs within it:
+vocabulary in <= 3 minutes on 2 cores) within one budget (:data:`DEFAULT_BUDGET_S`). The plan:
 
-- the argmax section passes its share to :func:`~vocablens.argmax.argmax_for_borders` as
-  ``time_budget_s``: the certificate stages decide what they can, the rest stays ``undecided``;
-- the work of ``settle`` is sized from its FLOP count at :data:`ASSUMED_FLOPS_PER_S` (a
-  deterministic plan: the same model always reads the same tokens);
-- a section that would start after the whole budget is spent is skipped.
+- every cheap section always runs, whatever the budget and whatever an earlier section spent
+  (anatomy, borders, neighbours, PCA, logit and tuned lens, value vectors, what built the
+  prediction, where predictions settle); a section is cut short only by its own cost;
+- ``settle`` sizes its corpus sample from its FLOP count and its share of the budget at
+  :data:`ASSUMED_FLOPS_PER_S` (deterministic: the same model always reads the same tokens);
+- the argmax scan runs last and gets what is left of the budget (at least
+  :data:`ARGMAX_MIN_SHARE` of it), passed to :func:`~vocablens.argmax.argmax_for_borders` as
+  ``time_budget_s``: the certificate stages decide what they can, the rest stays ``undecided``.
 
-Every section that was cut short or skipped says what was left and which command completes it
-(:attr:`SectionRun.cut_short`); the page and ``--json`` list them.
-
-Layer 3: analyses in, results out; rendering is :mod:`vocablens.render.report`, the command is
-:mod:`vocablens.cli.report`.
+A section cut short says what was left and which command completes it (:attr:`SectionRun.cut_short`).
+Progress gives elapsed seconds and an estimated total that follows the measured cost (:func:`eta_s`).
+Layer 3: rendering is :mod:`vocablens.render.report`, the command :mod:`vocablens.cli.report`.
 """
 
 from __future__ import annotations
@@ -34,12 +34,16 @@ NEIGHBOR_TOKENS = (" king", " Paris", " three", " Monday", " dog", " happy")
 PROBE_TOKENS = (" three", " Monday", " France", " red")
 #: seconds for all analyses (model loading and writing the page come on top: about 30 s more)
 DEFAULT_BUDGET_S = 150.0
+#: the argmax scan gets at least this share of the budget, even when the cheap sections took it all
+ARGMAX_MIN_SHARE = 0.1
 #: float32 FLOP/s the plan assumes (2 shared cores; a faster machine simply finishes early)
 ASSUMED_FLOPS_PER_S = 2.0e10
 #: settle: tokens of the corpus read at most, in rows of this length
 SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN = 256, 128
 
-#: key -> (title, share of the budget, command that gives the complete answer; {model} is filled in)
+#: key -> (title, share of the budget, command that gives the complete answer; {model} is filled in).
+#: For the cheap sections the share is the planned cost (the ETA's first guess); for ``settle`` it
+#: sizes the corpus sample; ``argmax`` gets what the others leave.
 SECTIONS: dict[str, tuple[str, float, str]] = {
     "anatomy": ("anatomy", 0.5, "vocablens anatomy --model {model}"),
     "borders": ("borders and tied check", 1.0, "vocablens info --model {model}"),
@@ -52,23 +56,18 @@ SECTIONS: dict[str, tuple[str, float, str]] = {
     "explain": ("what built the prediction", 8.0, "vocablens explain --model {model} PROMPT"),
     "settle": ("where predictions settle", 22.5, "vocablens settle --model {model} --corpus pydoc-topics"),
 }
-#: the order the report runs and shows them
+#: the order the report shows them (the argmax scan runs last: it takes what the others leave)
 ORDER = ("anatomy", "borders", "neighbors", "pca", "lens", "tuned", "argmax", "value_vectors", "explain", "settle")
 
-#: ``progress(description, done, total)``: budget seconds of the finished sections out of all
+#: ``progress(description, done, total)``: seconds elapsed, and elapsed + the estimated rest (:func:`eta_s`)
 ReportProgress = Callable[[str, float, float], None]
 
 
 @dataclass(frozen=True)
 class SectionPlan:
-    """One section of the report and its time budget.
-
-    Attributes:
-        key: ``anatomy``, ``argmax`` ... (see :data:`ORDER`).
-        title: what the progress line and the page call it.
-        budget_s: seconds the section may take.
-        command: the CLI command that gives this section's complete answer.
-    """
+    """One section of the report: ``key`` (see :data:`ORDER`), ``title`` (what the progress line and the
+    page call it), ``budget_s`` (planned seconds; the argmax scan's: what it got), ``command`` (the CLI
+    command that gives this section's complete answer)."""
 
     key: str
     title: str
@@ -82,8 +81,8 @@ class SectionRun:
 
     Attributes:
         plan: its :class:`SectionPlan`.
-        seconds: wall time it took (0 when skipped).
-        result: the analysis's result (None when skipped or not available).
+        seconds: wall time it took.
+        result: the analysis's result (None when not available).
         cut_short: None when complete; else one sentence: what was left and how to complete it.
         note: why a result is missing although nothing was cut (e.g. no tuned lens for this model).
         extra: section-specific data for the page (the tuned lens object, the probe tokens ...).
@@ -118,9 +117,8 @@ class ReportRun:
         return next((s for s in self.sections if s.plan.key == key), None)
 
     def result(self, key: str) -> Any:
-        """The result of section ``key`` (None when skipped or unavailable)."""
-        s = self.get(key)
-        return None if s is None else s.result
+        """The result of section ``key`` (None when not planned or unavailable)."""
+        return getattr(self.get(key), "result", None)
 
     @property
     def cut_short(self) -> dict[str, str]:
@@ -129,7 +127,9 @@ class ReportRun:
 
 
 def plan_report(model: str = "smollm2", budget_s: float = DEFAULT_BUDGET_S) -> list[SectionPlan]:
-    """Split ``budget_s`` over the sections by their shares (:data:`SECTIONS`).
+    """Split ``budget_s`` over the sections by their shares (:data:`SECTIONS`): the cheap sections'
+    planned cost, settle's sizing budget, and the argmax scan's share before the run (at run time
+    it gets what is left, :func:`argmax_share`).
 
     Args:
         model: the model spec, filled into each section's completing command.
@@ -234,8 +234,8 @@ def _argmax(ctx, plan, run):
         cut = ", ".join(res.result.cut_short) or "none"
         V, d = ctx["borders"].unembedding.weight.shape
         est = 0.35 * 2.0 * V * V * d / 1e11       # ~0.35 of one fp32 all-pairs pass at ~100 GFLOP/s
-        run.cut_short = (f"{plural(n, 'token')} left undecided within the {plan.budget_s:.0f} s budget (stages cut "
-                         f"short: {cut}; a verdict is never guessed); run `{plan.command}` once (about "
+        run.cut_short = (f"{plural(n, 'token')} left undecided within the {plan.budget_s:.0f} s left for it (stages "
+                         f"cut short: {cut}; a verdict is never guessed); run `{plan.command}` once (about "
                          f"{max(1, round(est / 60))} min on 2 free cores) and the report reads its stored verdicts")
 
 
@@ -283,14 +283,55 @@ def _settle(ctx, plan, run):
 _RUNNERS = {"anatomy": _anatomy, "borders": _borders, "neighbors": _neighbors, "pca": _pca, "lens": _lens,
             "tuned": _tuned, "argmax": _argmax, "value_vectors": _value_vectors, "explain": _explain,
             "settle": _settle}
-#: sections that always run (they take well under a second whatever the model)
-_ALWAYS = ("anatomy", "borders")
+#: the section that gets what the others leave (it runs last)
+_LAST = "argmax"
+
+
+def plural(n: int, word: str) -> str:
+    """``"1 token"``, ``"2 tokens"``, ``"1,024 tokens"``."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def argmax_share(budget_s: float, elapsed_s: float) -> float:
+    """Seconds the argmax scan gets when it starts ``elapsed_s`` into a ``budget_s`` report: what is
+    left, and never less than :data:`ARGMAX_MIN_SHARE` of the budget."""
+    return max(budget_s - elapsed_s, ARGMAX_MIN_SHARE * budget_s)
+
+
+def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | None, in_section_s: float,
+          elapsed_s: float, budget_s: float, argmax_deadline_s: float | None = None) -> float:
+    """Estimated seconds until the report's sections are done.
+
+    The cheap sections not finished yet cost their planned seconds times the measured ratio of
+    actual to planned seconds of the cheap sections finished so far (1 before the first); the one
+    running counts what its estimate has left (none once it overran). The argmax scan then takes
+    what is left of the budget (:func:`argmax_share`); while it runs, its deadline bounds the rest.
+
+    ``plans``: the report's sections; ``finished``: key -> measured seconds; ``current``: the section
+    running (None between sections), ``in_section_s`` seconds into it; ``elapsed_s`` since the start;
+    ``argmax_deadline_s``: while the scan runs, the elapsed time at which its budget ends.
+    """
+    if current == _LAST and argmax_deadline_s is not None:
+        return max(argmax_deadline_s - elapsed_s, 0.0)
+    cheap = [p for p in plans if p.key != _LAST]
+    done_plan = sum(p.budget_s for p in cheap if p.key in finished)
+    ratio = sum(finished[p.key] for p in cheap if p.key in finished) / done_plan if done_plan > 0 else 1.0
+    rest = 0.0
+    for p in cheap:
+        if p.key in finished:
+            continue
+        est = p.budget_s * ratio
+        rest += max(est - in_section_s, 0.0) if p.key == current else est
+    if any(p.key == _LAST for p in plans) and _LAST not in finished:
+        rest += argmax_share(budget_s, elapsed_s + rest)
+    return rest
 
 
 def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_path: str | None = None,
                budget_s: float = DEFAULT_BUDGET_S, progress: ReportProgress | None = None,
-               only: tuple[str, ...] | None = None) -> ReportRun:
-    """Run every planned section of the report on a loaded model, each within its budget.
+               only: tuple[str, ...] | None = None, clock: Callable[[], float] = time.perf_counter) -> ReportRun:
+    """Run every planned section of the report on a loaded model: the cheap ones always, the argmax
+    scan last with what is left of the budget (module docstring).
 
     Args:
         lm: a :class:`~vocablens.models.LoadedModel` (``model, tokenizer, borders, provenance``).
@@ -298,12 +339,12 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
         prompt: text for the lens and explanation sections.
         lens_path: a tuned-lens directory (default: the lens shipped for ``model``, if any).
         budget_s: seconds for all sections (:func:`plan_report`).
-        progress: called as ``progress(description, done, total)`` before each section (and within
-            the argmax section), with the budget seconds of finished sections.
-        only: run just these section keys (default: all of :data:`ORDER`); each keeps its budget.
+        progress: ``progress(description, elapsed_s, elapsed_s + eta)`` per section and argmax stage.
+        only: run just these section keys (default: all of :data:`ORDER`).
+        clock: seconds, monotonic (tests pass a fake one).
 
     Returns:
-        :class:`ReportRun`.
+        :class:`ReportRun`, its sections in :data:`ORDER`.
 
     Raises:
         BadInput: an empty prompt, a bad budget, an unknown key in ``only``, or a ``lens_path``
@@ -311,6 +352,8 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
         PromptTooLong: more prompt tokens than the model's context.
         CheckpointMismatch: ``lens_path`` belongs to another model.
     """
+    from dataclasses import replace
+
     from vocablens.errors import BadInput
     from vocablens.models.tokens import context_length, encode_prompt
 
@@ -323,36 +366,40 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
             raise BadInput(f"unknown report section {unknown[0]!r}; sections are {', '.join(ORDER)}")
         plans = [p for p in plans if p.key in only]
     ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config))
-    total = sum(p.budget_s for p in plans)
-    done = 0.0
+    t_all = clock()
+    finished: dict[str, float] = {}
+    now = {"key": None, "t0": t_all, "deadline": None}
 
     def report(description: str) -> None:
-        if progress is not None:
-            progress(description, done, total)
+        if progress is None:
+            return
+        t = clock()
+        elapsed = t - t_all
+        rest = eta_s(plans, finished, now["key"], t - now["t0"], elapsed, budget_s, now["deadline"])
+        progress(description, elapsed, elapsed + rest)
 
     ctx = {"borders": lm.borders, "tokenizer": lm.tokenizer, "name": lm.provenance.name, "model": model,
            "ids": ids, "lens_path": lens_path, "progress": report}
-    runs: list[SectionRun] = []
-    t_all = time.perf_counter()
-    for plan in plans:
-        run = SectionRun(plan)
-        runs.append(run)
-        spent = time.perf_counter() - t_all
-        if plan.key not in _ALWAYS and spent >= budget_s:
-            run.cut_short = (f"skipped: the report's {budget_s:.0f} s budget was spent after {spent:.0f} s; "
-                             f"run `{plan.command}`")
-        else:
-            report(plan.title)
-            t0 = time.perf_counter()
-            _RUNNERS[plan.key](ctx, plan, run)
-            run.seconds = time.perf_counter() - t0
-        done += plan.budget_s
+    runs = {p.key: SectionRun(p) for p in plans}
+    for plan in sorted(plans, key=lambda p: p.key == _LAST):  # the argmax scan last
+        run = runs[plan.key]
+        t0 = clock()
+        if plan.key == _LAST:  # what the others left
+            plan = run.plan = replace(plan, budget_s=argmax_share(budget_s, t0 - t_all))
+            now["deadline"] = t0 - t_all + plan.budget_s
+        now.update(key=plan.key, t0=t0)
+        report(plan.title)
+        _RUNNERS[plan.key](ctx, plan, run)
+        run.seconds = clock() - t0
+        finished[plan.key] = run.seconds
+        now.update(key=None, t0=clock(), deadline=None)
     report("done")
-    return ReportRun(prompt=prompt, input_ids=ids, budget_s=budget_s, seconds=time.perf_counter() - t_all,
-                     sections=runs)
+    return ReportRun(prompt=prompt, input_ids=ids, budget_s=budget_s, seconds=clock() - t_all,
+                     sections=[runs[p.key] for p in plans])
 
 
 __all__ = [
-    "DEFAULT_PROMPT", "DEFAULT_BUDGET_S", "ASSUMED_FLOPS_PER_S", "NEIGHBOR_TOKENS", "PROBE_TOKENS", "SECTIONS",
-    "ORDER", "SectionPlan", "SectionRun", "ReportRun", "plan_report", "settle_tokens", "run_report",
+    "DEFAULT_PROMPT", "DEFAULT_BUDGET_S", "ASSUMED_FLOPS_PER_S", "ARGMAX_MIN_SHARE", "NEIGHBOR_TOKENS",
+    "PROBE_TOKENS", "SECTIONS", "ORDER", "SectionPlan", "SectionRun", "ReportRun", "plan_report", "settle_tokens",
+    "run_report", "eta_s", "argmax_share", "plural",
 ]

@@ -76,17 +76,29 @@ def report(
 
 
 class _ProgressBar:
-    """A rich bar on stderr over the sections' budgets (with an ETA), one line per section when
-    stderr is not a terminal; nothing when disabled."""
+    """A rich bar on stderr over the report's estimated seconds, with an ETA that counts down between
+    updates (the library re-estimates it at each section and argmax stage, :func:`vocablens.report.eta_s`);
+    one line per section when stderr is not a terminal; nothing when disabled."""
 
     def __init__(self, disabled: bool):
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.text import Text
+
+        class _Eta(ProgressColumn):
+            max_refresh = 0.5
+
+            def render(self, task) -> Text:
+                at = task.fields.get("at")
+                if at is None or task.total is None:
+                    return Text("eta -:--:--", style="progress.remaining")
+                left = max(0.0, task.total - task.completed - (time.monotonic() - at))
+                m, sec = divmod(int(round(left)), 60)
+                return Text(f"eta {m // 60}:{m % 60:02d}:{sec:02d}", style="progress.remaining")
 
         self.disabled = disabled
         self.live = err.is_terminal and not disabled
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=err,
-                                 transient=True, disable=not self.live)
+                                 TimeElapsedColumn(), _Eta(), console=err, transient=True, disable=not self.live)
         self.task = None
         self.last = ""
 
@@ -102,11 +114,12 @@ class _ProgressBar:
             return
         if self.live:
             if self.task is None:
-                self.task = self.progress.add_task(description, total=total)
-            self.progress.update(self.task, description=description, completed=done)
+                self.task = self.progress.add_task(description, total=max(total, 1e-9), at=time.monotonic())
+            self.progress.update(self.task, description=description, completed=done, total=max(total, 1e-9),
+                                 at=time.monotonic())
         elif ":" not in description and description not in (self.last, "done"):  # stages, not sub-steps
             self.last = description
-            err.print(f"[dim]{description} ...[/dim]")
+            err.print(f"[dim]{description} ... (about {max(total - done, 0):.0f} s left)[/dim]")
 
 
 def _emit(run, lm, out_path: Path, sections, timings: dict[str, float]) -> None:
@@ -137,7 +150,7 @@ def _emit(run, lm, out_path: Path, sections, timings: dict[str, float]) -> None:
 def _summary(run, lm, out_path: Path, timings: dict[str, float]) -> None:
     from vocablens.render.anatomy import anatomy_table
     from vocablens.render.borders import borders_table
-    from vocablens.render.geometry import neighbors_tables
+    from vocablens.render.geometry import neighbors_tables, query_label
     from vocablens.render.lens import lens_table
 
     tok, r = lm.tokenizer, run.result
@@ -147,7 +160,9 @@ def _summary(run, lm, out_path: Path, timings: dict[str, float]) -> None:
     if r("borders") is not None:
         out.print(borders_table(lm.borders, r("borders")))
     if r("neighbors") is not None:
-        for t in neighbors_tables(r("neighbors"), tok)[:3]:
+        res = r("neighbors")
+        for q, t in list(zip(res.results, neighbors_tables(res, tok)))[:3]:
+            out.print(query_label(q, tok), style="bold", markup=False, highlight=False)
             out.print(t)
     res = r("lens")
     if res is not None:

@@ -15,14 +15,23 @@ def _unit(what: str) -> str:
     return "neuron" if what == "ffn" else "head"
 
 
+#: the order of the best pairs, in words (the table's caption and ``--json``'s ``best_matches_order``)
+PAIR_ORDER = ("by correlation, highest first, compared at the 3 decimals the table shows (so the float "
+              "rounding of another CPU cannot reorder ties); ties by block of A, then unit of A")
+
+
 def best_pairs(res: Alignment, n: int) -> list[tuple[int, int, int, int, float]]:
-    """The ``n`` matched pairs with the highest correlation: (layer_a, unit_a, layer_b, unit_b, corr)."""
+    """The ``n`` matched pairs with the highest correlation: (layer_a, unit_a, layer_b, unit_b, corr).
+
+    Order (:data:`PAIR_ORDER`): sorted by ``(-round(corr, 3), layer_a, unit_a)``, stated and
+    deterministic: aligning a model with itself gives hundreds of correlation-1.000 ties, whose order
+    would otherwise follow the last bits of each machine's float rounding."""
     rows = []
     for m in res.matches:
         ok = ~torch.isnan(m.corr)
         for i in ok.nonzero().flatten().tolist():
             rows.append((m.layer_a, i, m.layer_b, int(m.partner[i]), float(m.corr[i])))
-    return sorted(rows, key=lambda r: -r[4])[:n]
+    return sorted(rows, key=lambda r: (-round(r[4], 3), r[0], r[1]))[:n]
 
 
 def alignment_to_dict(res: Alignment, top: list[dict[str, Any]]) -> dict[str, Any]:
@@ -40,6 +49,7 @@ def alignment_to_dict(res: Alignment, top: list[dict[str, Any]]) -> dict[str, An
                     "identity_fraction": round(float((m.partner == torch.arange(m.partner.numel())).float().mean()), 6),
                     "partner": m.partner.tolist()} for m in res.matches],
         "best_matches": top,
+        "best_matches_order": PAIR_ORDER,
     }
 
 
@@ -62,7 +72,7 @@ def alignment_tables(res: Alignment, top: list[dict[str, Any]], name_a: str, nam
         same = float((m.partner == torch.arange(m.partner.numel())).float().mean())
         t.add_row(str(m.layer_a), str(m.layer_b), str(m.partner.numel()),
                   f"{float(res.layer_similarity[i, j]):.3f}", f"{m.mean_corr:.3f}", f"{same:.1%}")
-    b = Table(title=f"best matched {unit}s and what they promote")
+    b = Table(title=f"best matched {unit}s and what they promote", caption=f"order: {PAIR_ORDER}")
     for c in ("A", "B", "corr", "A's top tokens", "B's top tokens"):
         b.add_column(c, justify="right" if c in ("A", "B", "corr") else "left")
     for r in top:

@@ -219,7 +219,7 @@ def argmax_section(ma: ModelArgmax, tokenizer=None) -> Section:
             [[", ".join(map(str, g["ids"])), " ".join(shown(t) for t in g["tokens"]), _yes_no(g["can_tie"])]
              for g in d["duplicates"][:_LIST_MAX]]))
     if d["norm"]:
-        parts.append(f"<h3>Under the final norm</h3><p>{esc(d['norm_note'])}</p>" + table_html(
+        parts.append(f"<h3>Under the final norm</h3><p>Probed as {esc(d['norm_note'])}.</p>" + table_html(
             ["id", "token", "argmaxable", "max prob >=", "max prob <="],
             [[x["id"], shown(x["token"]), {True: "yes", False: "no"}.get(x["argmaxable"], "undecided"),
               f"{x['p_lower']:.4f}", f"{x['p_upper']:.4f}"] for x in d["norm"]["tokens"]]))

@@ -48,6 +48,11 @@ def _label(q, tokenizer) -> str:
     return f"neighbours of {shown}" + ("" if q.used == "token" else f" ({q.used})")
 
 
+def query_label(q, tokenizer) -> str:
+    """The heading of one query's neighbour table: ``neighbours of '␣king'``."""
+    return _label(q, tokenizer)
+
+
 def neighbors_tables(res: Neighbors, tokenizer) -> list[Table]:
     """One rich table per query (no title): rank, then token (cosine) per matrix."""
     tables = []
@@ -122,7 +127,9 @@ def pca_figure(wp: WordPCA):
                 x=[c[0] for c in xyz], y=[c[1] for c in xyz], z=[c[2] for c in xyz],
                 mode="markers+text", text=[wp.words[i] if i in labelled else "" for i in idx],
                 hovertext=[wp.words[i] for i in idx], name=g, legendgroup=g,
-                showlegend=(view == "pca"), visible=(view == "pca"), textposition="top center",
+                showlegend=(view == "pca"), visible=(view == "pca"),
+                # the label beside its marker, not on it (centred labels hid behind markers: "prin…")
+                textposition="middle right",
                 marker=dict(size=5, color=_PALETTE[gi % len(_PALETTE)]), textfont=dict(size=11),
                 hovertemplate="%{hovertext} (" + g + ")<extra></extra>",
             ))

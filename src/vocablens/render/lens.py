@@ -77,6 +77,20 @@ def lens_heatmap(res: LensResult, tokenizer, title: str | None = None):
     return fig
 
 
+#: said wherever a lens map is shown, for a tokenizer that puts no BOS in front of a text
+BOS_NOTE = ("This model's tokenizer adds no BOS token, so position 0 (the prompt's first token) has nothing "
+            "before it, and the model uses that first position as an attention sink: its column is an "
+            "attention-sink artefact, not a reading of the text.")
+
+
+def bos_note(tokenizer) -> str:
+    """:data:`BOS_NOTE` when the tokenizer adds no BOS (encoding "a" does not start with
+    ``bos_token_id``, :func:`vocablens.models.tokens.adds_bos`), else ``""``."""
+    from vocablens.models.tokens import adds_bos
+
+    return "" if adds_bos(tokenizer) else BOS_NOTE
+
+
 def lens_section(res: LensResult, tokenizer, prompt: str):
     """Report section: the logit-lens heatmap of the report's prompt and the last position's table."""
     from vocablens.render.html import Section, esc, figure_html, table_html
@@ -96,7 +110,7 @@ def lens_section(res: LensResult, tokenizer, prompt: str):
         f"{res.n_layers} the last block's output; its row equals the model's own distribution "
         f"(max |&Delta;p| = {res.model_max_abs_diff:.1e}). {esc(LEGEND)}</p>"
         + "".join(f"<p class='note'>{esc(n)}</p>" for n in [special_note(
-            tokenizer, [int(i) for ly in res.layers for i in ly.top_ids[:, 0].tolist()])] if n)
+            tokenizer, [int(i) for ly in res.layers for i in ly.top_ids[:, 0].tolist()]), bos_note(tokenizer)] if n)
         + figure_html(lens_heatmap(res, tokenizer), "logit-lens-heatmap")
         + "<p class=\"note\">Last position, every layer:</p>"
         + table_html(["layer", "top tokens", "entropy (nats)", "KL(final‖layer) (nats)", "rank of final top-1"], rows)

@@ -35,6 +35,7 @@ code,.tok{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;background:#f3
 .cards{display:flex;flex-wrap:wrap;gap:6px 22px;align-items:flex-start}
 .card h3{margin:8px 0 2px 0;font-size:15px}
 .budget{background:#fff8e6;border:1px solid #f0d48a;border-radius:8px;padding:8px 16px;margin:18px 0;font-size:13px}
+.budget.ok{background:#eef6ee;border-color:#b7d7b7}
 .cut{color:#8a5a00}
 """
 
@@ -126,9 +127,17 @@ def argmax_notes(ma) -> str:
                 "duplicates listed above: bit-identical rows always tie, so none of them can be a strict "
                 "argmax. They count as \"duplicate\", not as \"unargmaxable\", in the verdict table.")
         parts.append(
-            "Under the final norm, \"max prob >=\" is a probability the token certainly reaches at some "
-            "hidden state the norm can produce (found by search, so a lower bound on its best case), and "
-            "\"max prob <=\" a proven upper bound on the highest probability it can ever get.")
+            f"Under the final norm: the {len(reach.tokens)} tokens of this table are the flagged ones first "
+            "(not argmaxable, undecided, and one of each duplicate group; at most half of the rows), then the "
+            "argmaxable tokens with the smallest margins, the closest to never winning. \"Max prob >=\" is a "
+            "probability the token certainly reaches at some hidden state the norm can produce (found by "
+            "search, so a lower bound on its best case), and \"max prob <=\" a proven upper bound on the "
+            "highest probability it can ever get.")
+        if " probe error " in getattr(ma, "norm_note", ""):
+            parts.append(
+                "The probe error is the largest difference seen between the model's own final norm and the "
+                "gain·x/rms(x) model of it that the bounds use, on random inputs: a check that the model "
+                "describes the norm, in the hidden state's units.")
     return "".join(f"<p class='note'>{esc(p)}</p>" for p in parts)
 
 
@@ -138,12 +147,20 @@ def _prose(text: str) -> str:
 
 
 def cut_short_html(run) -> str:
-    """The banner at the top of the page: the time budget and each section that was cut short."""
+    """The banner at the top of the page: what the budget did, true in every case: every section ran
+    to completion (within the budget or, when the sections that always run took longer, over it),
+    or which sections were cut short by their own cost and how to complete each."""
     items = "".join(f"<li><b>{esc(s.plan.title)}</b>: {_prose(s.cut_short)}</li>" for s in run.sections if s.cut_short)
-    head = (f"All sections ran within the report's {run.budget_s:.0f} s budget ({run.seconds:.0f} s)."
-            if not items else
-            f"The report's {run.budget_s:.0f} s budget cut these sections short ({run.seconds:.0f} s in all):")
-    return f"<div class='budget'><p>{esc(head)}</p>" + (f"<ul>{items}</ul>" if items else "") + "</div>"
+    b, t = run.budget_s, run.seconds
+    if not items:
+        head = (f"All sections ran to completion in {t:.0f} s, within the report's {b:.0f} s budget." if t <= b else
+                f"All sections ran to completion in {t:.0f} s, {t - b:.0f} s over the report's {b:.0f} s budget: "
+                "the cheap sections always run, whatever they cost on this machine.")
+        return f"<div class='budget ok'><p>{esc(head)}</p></div>"
+    n = sum(1 for s in run.sections if s.cut_short)
+    head = (f"{n} section{'' if n == 1 else 's'} did not run to completion ({t:.0f} s in all, budget {b:.0f} s); "
+            "each says what was left and the command that completes it:")
+    return f"<div class='budget'><p>{esc(head)}</p><ul>{items}</ul></div>"
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> Path:

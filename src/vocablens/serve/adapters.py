@@ -29,7 +29,7 @@ from vocablens.errors import BadInput, TokenNotInVocabulary
 from vocablens.geometry import nearest_neighbors
 from vocablens.lens import lens_to_dict, logit_lens
 from vocablens.lens.logit import layer_logprobs, resolve_positions
-from vocablens.models.tokens import context_length, encode_prompt, single_token_id, token_str
+from vocablens.models.tokens import adds_bos, context_length, encode_prompt, single_token_id, token_str
 from vocablens.render.argmax import argmax_to_dict
 from vocablens.render.geometry import neighbors_to_dict
 from vocablens.render.vocab_space import explanation_to_dict, search_to_dict
@@ -261,8 +261,10 @@ def argmax_token_json(lm, ma, full: dict, tid: int) -> dict:
 
 
 def health_json(lm, tuned_note: str) -> dict:
-    """``GET /api/health``: the model's name and provenance, its sizes, and whether a tuned lens is loaded."""
+    """``GET /api/health``: the model's name and provenance, its sizes, whether a tuned lens is loaded, and
+    whether the tokenizer puts BOS in front of a text by itself (``adds_bos``; without it the first
+    position of every map is an attention sink, not a reading of the text)."""
     b = lm.borders
     return clean({"model": lm.provenance.name, "provenance": lm.provenance.to_dict(),
                   "n_layers": b.n_layers, "vocab_size": b.vocab_size, "real_vocab_size": b.real_vocab_size,
-                  "d_model": b.d_emb, "tuned": tuned_note})
+                  "d_model": b.d_emb, "tuned": tuned_note, "adds_bos": adds_bos(lm.tokenizer)})

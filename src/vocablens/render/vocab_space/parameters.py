@@ -33,7 +33,7 @@ def _searches(res: TokenSearch | list[TokenSearch]) -> list[TokenSearch]:
 
 def search_to_dict(res: TokenSearch | list[TokenSearch], tokenizer, tops: VectorProjection | None = None) -> dict:
     """``{"token", "token_id", "tokens", "token_ids", "criterion", "promote": [{"target", "target_id",
-    "layer", "neuron", "z", "score", "rank", "top_tokens"}], "suppress": [...]}`` for one search or
+    "layer", "neuron", "z", "score", "rank", "top_tokens", "top_ids"}], "suppress": [...]}`` for one search or
     several (``token``/``token_id`` name the first target). ``layer`` is the block; ``z`` the ranking
     key; ``score`` the raw logit per unit; ``rank`` the target's rank among the vector's logits (from
     the top for promote rows, from the bottom for suppress rows). ``top_tokens`` (what each vector
@@ -52,6 +52,7 @@ def search_to_dict(res: TokenSearch | list[TokenSearch], tokenizer, tops: Vector
                      "z": rnd(Z[j], 4), "score": rnd(S[j], 6), "rank": int(R[j])}
                 if tops is not None:
                     d["top_tokens"] = toks(tokenizer, tops.top_ids[off + j])
+                    d["top_ids"] = tops.top_ids[off + j].tolist()
                 rows.append(d)
             off += len(Z)
     first = searches[0]

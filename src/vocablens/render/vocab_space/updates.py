@@ -30,7 +30,8 @@ def explanation_to_dict(e: Explanation, tokenizer) -> dict:
             "attn_bias_dla": rnd(ly.attn_bias_dla, 6), "mlp_bias_dla": rnd(ly.mlp_bias_dla, 6),
             "attn_top_tokens": toks(tokenizer, ly.attn_top_ids), "mlp_top_tokens": toks(tokenizer, ly.mlp_top_ids),
             "sub_updates": [{"neuron": s.neuron, "activation": rnd(s.activation, 6), "dla": rnd(s.dla, 6),
-                             "dla_target": rnd(s.dla_target, 6), "top_tokens": toks(tokenizer, s.top_ids)}
+                             "dla_target": rnd(s.dla_target, 6), "top_tokens": toks(tokenizer, s.top_ids),
+                             "top_ids": [int(i) for i in s.top_ids]}
                             for s in ly.sub_updates],
             "sub_update_error": ly.sub_update_error,
         })

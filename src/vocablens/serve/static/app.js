@@ -3,7 +3,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const S = { prompt: "", chat: false, view: "logit", cell: null, token: null, data: null, health: null,
+const S = { prompt: "", chat: false, view: "logit", metric: "p", cell: null, token: null, data: null, health: null,
             cursor: null, seq: 0 };
 window.vl = S;  // for the tests and the curious: the state and the last answers (S.last)
 S.last = {};
@@ -14,6 +14,32 @@ function vis(t) {
   return String(t).replace(/ /g, "␣").replace(/\\n/g, "⏎").replace(/\\t/g, "⇥").replace(/\\r/g, "␍");
 }
 function short(t, n) { t = vis(t); return t.length > n ? t.slice(0, n - 1) + "…" : t; }
+let _ctx = null;
+function textWidth(t, px) {
+  // the width in CSS px of t in plotly's default font at size px (canvas measureText)
+  if (!_ctx) _ctx = document.createElement("canvas").getContext("2d");
+  _ctx.font = `${px}px "Open Sans", verdana, arial, sans-serif`;
+  return _ctx.measureText(t).width;
+}
+function fit(t, width, px) {
+  // vis(t) cut (with …) to what fits in width px at font size px: measured, not a fixed count
+  t = vis(t);
+  if (textWidth(t, px) <= width) return t;
+  const chars = [...t];
+  let lo = 0, hi = chars.length;
+  while (lo < hi) {  // the longest prefix p with width(p + "…") <= width
+    const mid = (lo + hi + 1) >> 1;
+    if (textWidth(chars.slice(0, mid).join("") + "…", px) <= width) lo = mid; else hi = mid - 1;
+  }
+  return lo === 0 ? "" : chars.slice(0, lo).join("") + "…";
+}
+function download(name, text, mime) {
+  const a = el("a", { href: URL.createObjectURL(new Blob([text], { type: mime })), download: name });
+  document.body.append(a); a.click(); a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+}
+const PLOT_CONFIG = { displaylogo: false, responsive: true, modeBarButtons: [["toImage"]],
+                      toImageButtonOptions: { format: "png", scale: 2 } };
 function fmt(x, d = 3) { return x === null || x === undefined ? "–" : Number(x).toFixed(d); }
 function el(tag, attrs = {}, ...kids) {
   const e = document.createElement(tag);
@@ -40,12 +66,19 @@ function tokButton(text, id) {
                         "data-id": id, text: vis(text), onclick: () => selectToken(id, text) });
 }
 
+function tokList(texts, ids, n) {
+  // tokens in a row of a table: buttons that open the token panel (plain text when no id came)
+  return el("span", { class: "toks" }, ...(texts || []).slice(0, n).map((x, i) =>
+    ids && ids[i] !== undefined ? tokButton(x, ids[i]) : el("span", { class: "tok", text: vis(x) })));
+}
+
 // ---------------------------------------------------------------------------------------------- URL
 function writeURL() {
   const q = new URLSearchParams();
   if (S.prompt) q.set("prompt", S.prompt);
   if (S.chat) q.set("chat", "1");
   if (S.view !== "logit") q.set("view", S.view);
+  if (S.metric !== "p") q.set("metric", S.metric);
   if (S.cell) q.set("cell", `${S.cell.layer},${S.cell.pos}`);
   if (S.token !== null) q.set("token", String(S.token));
   history.replaceState(null, "", "?" + q.toString());
@@ -55,6 +88,7 @@ function readURL() {
   const cell = (q.get("cell") || "").split(",").map(Number);
   return { prompt: q.get("prompt") || "", chat: q.get("chat") === "1",
            view: ["logit", "tuned", "diff"].includes(q.get("view")) ? q.get("view") : "logit",
+           metric: Object.keys(METRICS).includes(q.get("metric")) ? q.get("metric") : "p",
            cell: cell.length === 2 && cell.every(Number.isInteger) ? { layer: cell[0], pos: cell[1] } : null,
            token: /^\d+$/.test(q.get("token") || "") ? Number(q.get("token")) : null };
 }
@@ -70,38 +104,102 @@ function cellOf(name, layer, pos) {
   return d ? d.layers[layer].positions[pos] : null;
 }
 
-function heatmapTraces() {
+// what colours the map: the lens's reading of every cell, as the report's lens tables show it
+const METRICS = {
+  p: { label: "p(top-1)", title: "probability of the lens's top-1 token", get: (c) => c.top_probs[0],
+       show: (v) => fmt(v, 3), lo: 0, hi: 1 },
+  entropy: { label: "entropy (nats)", title: "entropy of the lens's distribution, nats", get: (c) => c.entropy,
+             show: (v) => fmt(v, 2) + " nats", lo: 0, hi: null },
+  kl: { label: "KL to final (nats)", title: "KL(final ‖ layer), nats: how far this layer's reading is from the model's output",
+        get: (c) => c.kl_to_final, show: (v) => fmt(v, 2) + " nats", lo: 0, hi: null },
+  rank: { label: "rank of final top-1", title: "rank (1 = top) of the model's final top-1 token in this layer's reading; log colour scale",
+          get: (c) => c.final_top1_rank + 1, show: (v) => String(v), lo: 0, hi: null, log: true },
+};
+const CELL_PX = { font: 10, small: 8 };
+
+function mapModel() {
+  // the map as numbers: {lens, metric, tokens, z [L][T] (the metric; the difference tuned − logit in
+  // the diff view), top1 [L][T], hover [L][T]}; z is what the colour shows (rank: the rank itself)
   const lo = lensOf("logit"), tu = lensOf("tuned");
+  const diff = S.view === "diff" && tu;
   const base = S.view === "tuned" && tu ? tu : lo;
+  const m = METRICS[S.metric];
   const L = base.layers.length, T = base.tokens.length;
-  const z = [], text = [], hover = [];
+  const z = [], top1 = [], hover = [];
   for (let l = 0; l < L; l++) {
     const zr = [], tr = [], hr = [];
     for (let p = 0; p < T; p++) {
       const c = base.layers[l].positions[p];
-      if (S.view === "diff" && tu) {
+      if (diff) {
         const a = lo.layers[l].positions[p], b = tu.layers[l].positions[p];
-        zr.push(b.final_top1_prob - a.final_top1_prob);
-        tr.push(short(b.top_tokens[0], 6));
+        const v = S.metric === "p" ? b.final_top1_prob - a.final_top1_prob : m.get(b) - m.get(a);
+        zr.push(v); tr.push(b.top_tokens[0]);
         hr.push(`layer ${l}, position ${p}<br>logit top-1 ${vis(a.top_tokens[0])} (${fmt(a.top_probs[0])})` +
                 `<br>tuned top-1 ${vis(b.top_tokens[0])} (${fmt(b.top_probs[0])})` +
-                `<br>p(final top-1): tuned − logit = ${fmt(b.final_top1_prob - a.final_top1_prob)}`);
+                (S.metric === "p" ? `<br>p(final top-1): tuned − logit = ${fmt(v)}`
+                                  : `<br>${m.label}: tuned − logit = ${fmt(v)}`));
       } else {
-        zr.push(c.top_probs[0]);
-        tr.push(short(c.top_tokens[0], 6));
+        const v = m.get(c);
+        zr.push(v); tr.push(c.top_tokens[0]);
         hr.push(`layer ${l}, position ${p} (${vis(base.tokens[p])})<br>top-1 ${vis(c.top_tokens[0])} ` +
-                `p=${fmt(c.top_probs[0])}<br>entropy ${fmt(c.entropy, 2)} nats`);
+                `p=${fmt(c.top_probs[0])}<br>entropy ${fmt(c.entropy, 2)} nats; KL to final ${fmt(c.kl_to_final, 2)} nats` +
+                `<br>rank of final top-1: ${c.final_top1_rank + 1}`);
       }
     }
-    z.push(zr); text.push(tr); hover.push(hr);
+    z.push(zr); top1.push(tr); hover.push(hr);
   }
-  const diff = S.view === "diff";
-  return [{ type: "heatmap", z, text, customdata: hover, x: [...Array(T).keys()], y: [...Array(L).keys()],
-            texttemplate: "%{text}", textfont: { size: T > 24 ? 8 : 10 }, hovertemplate: "%{customdata}<extra></extra>",
-            colorscale: diff ? "RdBu" : "Viridis", zmin: diff ? -1 : 0, zmax: 1, zmid: diff ? 0 : undefined,
-            xgap: 1, ygap: 1,
-            colorbar: { title: { text: diff ? "Δp final top-1<br>(tuned − logit)" : "p(top-1)", side: "right" },
-                        thickness: 12 } }];
+  return { lens: diff ? "tuned − logit" : (base === tu ? "tuned" : "logit"), metric: S.metric,
+           metric_label: diff && S.metric === "p" ? "Δp final top-1 (tuned − logit)" : m.label,
+           tokens: base.tokens, layers: [...Array(L).keys()], z, top1, hover, diff: !!diff };
+}
+
+function cellTexts(M, cellW, cellH) {
+  // the top-1 token of each cell, cut to the cell's measured width; none when the cells are too small
+  const px = cellW >= 40 && cellH >= 14 ? CELL_PX.font : CELL_PX.small;
+  const show = cellW >= 18 && cellH >= px + 3;
+  return { px, show, text: M.top1.map((r) => r.map((t) => (show ? fit(t, cellW - 4, px) : ""))) };
+}
+
+function heatmapTraces(M, texts) {
+  const m = METRICS[S.metric];
+  let z = M.z, zmin = m.lo, zmax = m.hi, colorbar = { title: { text: M.metric_label, side: "right" }, thickness: 12 };
+  const flat = M.z.flat().filter((v) => Number.isFinite(v));
+  if (M.diff) {
+    const a = S.metric === "p" ? 1 : Math.max(1e-9, ...flat.map(Math.abs));
+    zmin = -a; zmax = a;
+  } else if (m.log) {  // rank: colour by log10(rank), ticks at the ranks
+    z = M.z.map((r) => r.map((v) => Math.log10(v)));
+    zmax = Math.max(1, Math.log10(Math.max(...flat)));
+    const ticks = [...Array(Math.ceil(zmax) + 1).keys()];
+    Object.assign(colorbar, { tickvals: ticks, ticktext: ticks.map((k) => (10 ** k).toLocaleString("en")) });
+  } else if (zmax === null) {
+    zmax = Math.max(1e-9, ...flat);
+  }
+  return [{ type: "heatmap", z, text: texts.text, customdata: M.hover, x: M.tokens.map((_, i) => i), y: M.layers,
+            texttemplate: texts.show ? "%{text}" : "", textfont: { size: texts.px },
+            hovertemplate: "%{customdata}<extra></extra>",
+            colorscale: M.diff ? "RdBu" : "Viridis", reversescale: !M.diff && S.metric !== "p",
+            zmin, zmax, zmid: M.diff ? 0 : undefined, xgap: 1, ygap: 1, colorbar }];
+}
+
+function heatmapLayout(M, plotW) {
+  const T = M.tokens.length, L = M.layers.length;
+  const cellW = plotW / T;
+  const tickPx = 10;
+  // tick labels: every position when there is room, else every n-th; each cut to a measured width
+  const every = Math.max(1, Math.ceil((tickPx + 4) / cellW));
+  const vals = M.tokens.map((_, i) => i).filter((i) => i % every === 0);
+  if (T - 1 - vals[vals.length - 1] >= every) vals.push(T - 1);
+  const angle = cellW >= 70 ? 0 : -90;
+  const room = angle === 0 ? cellW * every - 6 : 80;
+  return {
+    margin: { l: 56, r: 10, t: 10, b: 10 }, height: Math.max(320, 16 * L + 150),
+    xaxis: { tickmode: "array", tickvals: vals, ticktext: vals.map((i) => fit(M.tokens[i], room, tickPx)),
+             tickangle: angle, tickfont: { size: tickPx }, automargin: true,
+             title: { text: "position (input token)", standoff: 12 }, fixedrange: true },
+    yaxis: { title: { text: "layer", standoff: 8 }, fixedrange: true, dtick: L > 12 ? 5 : 1, automargin: true },
+    shapes: cursorShape(),
+  };
 }
 
 function cursorShape() {
@@ -114,21 +212,67 @@ function cursorShape() {
 function drawHeatmap() {
   const base = lensOf("logit") || lensOf("tuned");
   if (!base) return;
-  const T = base.tokens.length, L = base.layers.length;
-  const layout = {
-    margin: { l: 48, r: 10, t: 10, b: 90 }, height: Math.max(320, 16 * L + 110),
-    xaxis: { tickmode: "array", tickvals: [...Array(T).keys()], ticktext: base.tokens.map((t) => short(t, 10)),
-             tickangle: -45, title: { text: "position (input token)" }, fixedrange: true },
-    yaxis: { title: { text: "layer" }, fixedrange: true, dtick: 5 },
-    shapes: cursorShape(),
-  };
-  Plotly.react("heatmap", heatmapTraces(), layout, { displayModeBar: false, responsive: true });
+  const M = mapModel();
+  S.map = M;
   const gd = $("heatmap");
+  // first guess of the plot area (the colour bar and the axis labels take ~150 px), then the real one
+  let plotW = Math.max(100, gd.clientWidth - 150);
+  let layout = heatmapLayout(M, plotW);
+  let texts = cellTexts(M, plotW / M.tokens.length, (layout.height - 150) / M.layers.length);
+  Plotly.react(gd, heatmapTraces(M, texts), layout, { ...PLOT_CONFIG, toImageButtonOptions:
+    { ...PLOT_CONFIG.toImageButtonOptions, filename: "vocablens-lens-map" } });
+  const fl = gd._fullLayout;
+  const w = fl.xaxis._length, h = fl.yaxis._length;
+  const again = cellTexts(M, w / M.tokens.length, h / M.layers.length);
+  if (Math.abs(w - plotW) > 2) {
+    layout = heatmapLayout(M, w);
+    Plotly.react(gd, heatmapTraces(M, again), layout, gd._context);
+  } else if (JSON.stringify(again.text) !== JSON.stringify(texts.text) || again.show !== texts.show) {
+    Plotly.react(gd, heatmapTraces(M, again), layout, gd._context);
+  }
+  S.cellText = { width: w / M.tokens.length, height: h / M.layers.length, show: again.show, px: again.px };
   if (!gd._vlBound) {
     gd._vlBound = true;
     gd.on("plotly_click", (ev) => { const p = ev.points[0]; selectCell(p.y, p.x); });
   }
 }
+
+// ------------------------------------------------------------------------------------------ export
+function mapCSV() {
+  // one row per cell: the map's value and every reading of the cell (both lenses when loaded)
+  const M = S.map, lo = lensOf("logit"), tu = lensOf("tuned");
+  const q = (v) => { const t = String(v); return /[",\n\r]/.test(t) ? `"${t.replace(/"/g, '""')}"` : t; };
+  const head = ["layer", "position", "input_token", "value", "lens"];
+  const cols = ["top1_token", "top1_id", "top1_prob", "entropy", "kl_to_final", "final_top1_rank", "final_top1_prob"];
+  const lenses = [["logit", lo], ["tuned", tu]].filter(([, d]) => d);
+  const rows = [head.concat(...lenses.map(([n]) => cols.map((c) => `${n}_${c}`))).join(",")];
+  for (let l = 0; l < M.layers.length; l++) {
+    for (let p = 0; p < M.tokens.length; p++) {
+      const r = [l, p, q(M.tokens[p]), M.z[l][p], q(M.lens)];
+      for (const [, d] of lenses) {
+        const c = d.layers[l].positions[p];
+        r.push(q(c.top_tokens[0]), c.top_ids[0], c.top_probs[0], c.entropy, c.kl_to_final, c.final_top1_rank,
+               c.final_top1_prob);
+      }
+      rows.push(r.join(","));
+    }
+  }
+  return rows.join("\n") + "\n";
+}
+function mapJSON() {
+  const M = S.map;
+  return JSON.stringify({ prompt: S.prompt, chat: S.chat, model: S.health ? S.health.provenance : null,
+                          lens: M.lens, metric: M.metric, metric_label: M.metric_label, tokens: M.tokens,
+                          layers: M.layers, z: M.z, top1: M.top1 }, null, 1);
+}
+function exportMap(kind) {
+  if (!S.map) { status("Read a prompt first.", true); return; }
+  const name = `vocablens-lens-${M_name()}`;
+  if (kind === "csv") download(name + ".csv", mapCSV(), "text/csv");
+  else if (kind === "json") download(name + ".json", mapJSON(), "application/json");
+  else Plotly.downloadImage($("heatmap"), { format: "png", filename: name, scale: 2 });
+}
+function M_name() { return `${S.map.lens.replace(/[^a-z]+/g, "-")}-${S.map.metric}`; }
 
 function moveCursor(dl, dp) {
   const base = lensOf("logit") || lensOf("tuned");
@@ -216,7 +360,7 @@ async function loadTrajectory(pos, tok) {
       xaxis: { title: { text: "layer" } }, yaxis: { title: { text: "rank (1 = top)" }, type: "log", autorange: "reversed" },
       yaxis2: { title: { text: "probability" }, overlaying: "y", side: "right", range: [0, 1], tickmode: "linear",
                 tick0: 0, dtick: 0.2, showgrid: false },
-    }, { displayModeBar: false, responsive: true });
+    }, { ...PLOT_CONFIG, toImageButtonOptions: { ...PLOT_CONFIG.toImageButtonOptions, filename: "vocablens-trajectory" } });
     const t = $("traj-table");
     t.append(el("tr", {}, ...["layer", "logit rank", "logit p", "tuned rank", "tuned p"].map((h) => el("th", { text: h }))));
     for (const l of layers) {
@@ -242,7 +386,7 @@ async function loadExplain(pos, tok) {
       { type: "bar", x: layers, y: data.layers.map((l) => l.mlp_dla), name: "FFN", marker: { color: "#e4572e" } },
     ], { barmode: "relative", margin: { l: 50, r: 10, t: 10, b: 40 }, height: 300, legend: { orientation: "h", y: 1.12 },
          xaxis: { title: { text: "layer" } }, yaxis: { title: { text: "direct logit attribution" } } },
-       { displayModeBar: false, responsive: true });
+       { ...PLOT_CONFIG, toImageButtonOptions: { ...PLOT_CONFIG.toImageButtonOptions, filename: "vocablens-attribution" } });
     $("attr-summary").textContent =
       `target ${vis(data.target)}${data.contrast !== null ? " vs " + vis(data.contrast) : ""}: ` +
       `model logit difference ${fmt(data.logit_diff_model)}, sum of the parts ${fmt(data.logit_diff_sum)} ` +
@@ -250,8 +394,9 @@ async function loadExplain(pos, tok) {
     // the largest parts: attention heads and FFN sub-updates (neurons)
     const parts = [];
     data.layers.forEach((l) => {
-      l.head_dla.forEach((v, h) => parts.push({ what: `L${l.layer} head ${h}`, v, toks: [] }));
-      l.sub_updates.forEach((s) => parts.push({ what: `L${l.layer} FFN neuron ${s.neuron}`, v: s.dla, toks: s.top_tokens }));
+      l.head_dla.forEach((v, h) => parts.push({ what: `L${l.layer} head ${h}`, v, toks: [], ids: [] }));
+      l.sub_updates.forEach((s) => parts.push({ what: `L${l.layer} FFN neuron ${s.neuron}`, v: s.dla, toks: s.top_tokens,
+                                                ids: s.top_ids || [] }));
     });
     parts.sort((a, b) => Math.abs(b.v) - Math.abs(a.v));
     const t = $("attr-table");
@@ -259,7 +404,7 @@ async function loadExplain(pos, tok) {
                 el("th", { class: "l", text: "what it promotes" })));
     for (const p of parts.slice(0, 10)) {
       t.append(el("tr", {}, el("td", { class: "l", text: p.what }), el("td", { text: fmt(p.v) }),
-                  el("td", { class: "l" }, el("span", { class: "toks" }, ...p.toks.slice(0, 5).map((x) => el("span", { class: "tok", text: vis(x) }))))));
+                  el("td", { class: "l" }, tokList(p.toks, p.ids, 5))));
     }
   } catch (e) { $("attr-summary").textContent = ""; status(e.message, true); }
 }
@@ -305,6 +450,7 @@ async function loadArgmax(id) {
       setTimeout(() => { if (S.token === id) loadArgmax(id); }, 3000);
       return;
     }
+    showScan("done");
     const rows = [el("p", {}, el("span", { class: `verdict ${data.verdict}`, text: data.verdict }),
                      ` (settled by stage ${data.stage ?? "–"}; margin ${fmt(data.margin, 4)})`)];
     if (data.norm) rows.push(el("p", { text: `under the final norm its probability can reach ${fmt(data.norm.p_lower, 4)}–${fmt(data.norm.p_upper, 4)}` }));
@@ -321,20 +467,49 @@ async function loadProject(id) {
   box.replaceChildren(el("span", { class: "dim", text: "…" }));
   try {
     const { data } = await api("/api/project", { token: id, k: 5 });
-    const t = el("table", {}, el("tr", {}, ...["", "layer", "neuron", "score", "it promotes"].map((h) => el("th", { class: "l", text: h }))));
-    for (const [side, rows] of [["promotes", data.promote], ["suppresses", data.suppress]]) {
-      rows.forEach((r, i) => t.append(el("tr", {}, el("td", { class: "l dim", text: i === 0 ? side : "" }),
-        el("td", { text: String(r.layer) }), el("td", { text: String(r.neuron) }), el("td", { text: fmt(r.score) }),
-        el("td", { class: "l" }, el("span", { class: "toks" }, ...(r.top_tokens || []).slice(0, 6).map((x) => el("span", { class: "tok", text: vis(x) })))))));
+    if (S.token !== id) return;
+    S.last.project = data;
+    const zTip = `z: the ranking key, the ${data.criterion}. Rows are sorted by it, strongest first ` +
+                 "(promotes: largest z first; suppresses: most negative first).";
+    const sTip = "logit per unit: the raw logit the vector adds to the token per unit of the neuron's activation";
+    const head = [["", ""], ["block", "the block whose FFN holds the neuron"], ["neuron", "the neuron (row of the FFN's output matrix)"],
+                  ["z ↓", zTip], ["logit / unit", sTip], ["it promotes", "the vector's top tokens (click one)"]];
+    const t = el("table", { id: "project-table" }, el("tr", {}, ...head.map(([h, tip], i) =>
+      el("th", { class: i === 3 || i === 4 ? "" : "l", text: h, title: tip }))));
+    for (const [side, rows, sign] of [["promotes", data.promote, -1], ["suppresses", data.suppress, 1]]) {
+      const sorted = [...rows].sort((a, b) => sign * (a.z - b.z) || a.layer - b.layer || a.neuron - b.neuron);
+      sorted.forEach((r, i) => t.append(el("tr", { "data-side": side }, el("td", { class: "l dim", text: i === 0 ? side : "" }),
+        el("td", { class: "l", text: String(r.block ?? r.layer) }), el("td", { class: "l", text: String(r.neuron) }),
+        el("td", { class: "z", text: fmt(r.z, 2) }), el("td", { text: fmt(r.score) }),
+        el("td", { class: "l" }, tokList(r.top_tokens, r.top_ids, 6)))));
     }
-    box.replaceChildren(t);
+    box.replaceChildren(t, el("p", { class: "dim", text: "z (hover the header): how strongly the vector singles this token " +
+      "out among its own logits over the vocabulary; logit / unit: the raw logit it adds per unit of activation." }));
   } catch (e) { box.replaceChildren(el("span", { class: "dim", text: e.message })); }
+}
+
+// ------------------------------------------------------------------------------------ argmax scan
+const SCAN_WORDS = { pending: "running…", done: "done", failed: "failed", off: "off (--no-argmax)" };
+function showScan(state) {
+  $("argmax-scan").textContent = `argmax scan: ${SCAN_WORDS[state] || state}`;
+  $("argmax-scan").dataset.state = state;
+  if (state === "pending" && !S.scanPoll) S.scanPoll = setTimeout(pollScan, 2000);
+}
+async function pollScan() {
+  // the header follows the background scan until it ends (done, failed)
+  S.scanPoll = null;
+  try {
+    const r = await fetch("/api/health");
+    const h = await r.json();
+    S.health.argmax = h.argmax;
+    showScan(h.argmax);
+  } catch (e) { S.scanPoll = setTimeout(pollScan, 5000); }
 }
 
 // -------------------------------------------------------------------------------------------- start
 async function start() {
   const u = readURL();
-  $("prompt").value = u.prompt; $("chat").checked = u.chat; S.view = u.view;
+  $("prompt").value = u.prompt; $("chat").checked = u.chat; S.view = u.view; S.metric = u.metric;
   document.querySelector(`input[name=view][value=${u.view}]`).checked = true;
   $("prompt-form").addEventListener("submit", (e) => { e.preventDefault(); run(); });
   $("prompt").addEventListener("keydown", (e) => {
@@ -343,6 +518,9 @@ async function start() {
   for (const r of document.querySelectorAll("input[name=view]")) {
     r.addEventListener("change", () => { S.view = r.value; writeURL(); drawHeatmap(); });
   }
+  $("metric").value = S.metric;
+  $("metric").addEventListener("change", () => { S.metric = $("metric").value; writeURL(); drawHeatmap(); });
+  for (const kind of ["csv", "json", "png"]) $(`export-${kind}`).addEventListener("click", () => exportMap(kind));
   $("heatmap").addEventListener("keydown", (e) => {
     const moves = { ArrowUp: [1, 0], ArrowDown: [-1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
     if (moves[e.key]) { e.preventDefault(); moveCursor(...moves[e.key]); }
@@ -356,7 +534,8 @@ async function start() {
       `d=${S.health.d_model} · V=${S.health.vocab_size}` +
       (S.health.tuned === "loaded" ? " · tuned lens loaded" : " · no tuned lens");
     if (S.health.tuned !== "loaded") for (const v of ["tuned", "diff"]) document.querySelector(`input[name=view][value=${v}]`).disabled = true;
-    $("argmax-scan").textContent = `argmax scan: ${S.health.argmax}`;
+    showScan(S.health.argmax);
+    $("bos-note").hidden = S.health.adds_bos !== false;
   } catch (e) { status("cannot reach the server: " + e.message, true); return; }
   if (u.prompt) {
     await run();
