@@ -221,11 +221,14 @@ def project_json(lm, tid: int, k: int) -> dict:
 
 
 def argmax_scan(lm, progress=None):
-    """The whole-vocabulary argmax scan of ``vocablens argmax`` (defaults): a ``ModelArgmax``."""
+    """The whole-vocabulary argmax scan of ``vocablens argmax`` (defaults): a ``ModelArgmax``.
+
+    Starts from the verdicts ``vocablens argmax`` stored for the same head, bias, final norm and
+    settings (:mod:`vocablens.argmax.stored`; then no scan runs), and stores a completed scan."""
     from vocablens.argmax.model import argmax_for_borders
 
     return argmax_for_borders(lm.borders, bias="auto", include_padding=False, include_untrained=False,
-                              norm=True, verify="borderline", progress=progress)
+                              norm=True, verify="borderline", progress=progress, stored="readwrite")
 
 
 _SCAN_KEYS = ("vocab_size", "bias", "counts", "padding_rows", "untrained_rows", "unique_rows", "rank",
