@@ -37,6 +37,7 @@ def world(tmp_path_factory):
     (root / "out").mkdir()
     (root / "out" / "keep.txt").write_text("the user's earlier output")
     TunedLens(32, 3).save(root / "otherlens")
+    TunedLens(64, 2).save(root / "lens64")  # fits the tiny model (d=64, 2 blocks)
     return root
 
 
@@ -208,6 +209,50 @@ CLI = [
 ]
 
 
+# ------------------------------------------------- server helper (issue 24): more commands, --out targets kept
+#: (id, argv, words): every command again, and each command that writes a file refusing an existing target
+#: (``{d}/exists.html``, ``{d}/out``) with it left byte for byte as it was.
+CLI_SERVE_HELPER = [
+    ("lens-show-k-zero", ["lens", "show", "x", *M, "-k", "0"], "-k must be at least 1"),
+    ("report-bad-budget-existing-out", ["report", *M, "--budget", "-1", "--out", "{d}/exists.html"], "positive number"),
+    ("report-lens-of-another-model", ["report", *M, "--out", "{d}/r2.html", "--lens", "{d}/otherlens"], "d_model=32"),
+    ("steer-save-exists", ["steer", *M, "--promote", " the", "--save", "{d}/exists.html", "--prompt", "x"], "--force"),
+    ("steer-save-is-a-directory", ["steer", *M, "--promote", " the", "--save", "{d}/out", "--prompt", "x"], "--force"),
+    ("steer-missing-heldout", ["steer", *M, "--promote", " the", "--heldout", "{d}/nofile", "--prompt", "x"],
+     "does not exist"),
+    ("eval-plot-exists", ["lens", "eval", *M, "--lens", "{d}/lens64", "--corpus", "{d}/notes.txt", "--plot",
+                          "{d}/exists.html"], "--force"),
+    ("eval-seq-len-one", ["lens", "eval", *M, "--lens", "{d}/lens64", "--corpus", "{d}/notes.txt", "--seq-len", "1"],
+     "at least 2"),
+    ("expand-out-is-a-file", ["expand", *M, "--out", "{d}/exists.html", "--add", " zz"], "--force"),
+    ("expand-eval-chars-zero", ["expand", *M, "--out", "{d}/e9", "--add", " zz", "--eval-chars", "0"],
+     "--eval-chars >= 10"),
+    ("trim-out-is-a-file", ["trim", *M, "--out", "{d}/exists.html", "--corpus", "{d}/notes.txt"], "--force"),
+    ("train-existing-out-bad-steps", ["lens", "train", *M, "--corpus", "{d}/notes.txt", "--out", "{d}/out",
+                                      "--steps", "0"], "--steps must be at least 1"),
+    ("train-bad-init", ["lens", "train", *M, "--corpus", "{d}/notes.txt", "--out", "{d}/l9", "--init", "bogus"],
+     "zero or regression"),
+    ("neighbors-k-huge", ["neighbors", *M, "-k", "100000", "the"], "between 1 and 298"),
+    ("anatomy-context-wrong-type", ["anatomy", *M, "--context", "many"], "Invalid value for '--context'"),
+    ("argmax-budget-nan", ["argmax", *M, "--budget", "nan"], "got nan"),
+    ("align-blocks-b-not-a-range", ["align", "{m}", "{m}", "--blocks-b", "x"], "'A..B'"),
+    ("settle-batch-zero", ["settle", *M, "--corpus", "{d}/notes.txt", "--batch", "0"], "--batch >= 1"),
+    ("project-sample-zero", ["project", *M, "--block", "0", "--sample", "0", "--keys"], "--sample must be"),
+    ("project-interpretable-negative", ["project", *M, "--interpretable", "-1"], "--interpretable must be >= 1"),
+    ("explain-position-wrong-type", ["explain", "x", *M, "--position", "last"], "Invalid value for '--position'"),
+    ("score-top-k-wrong-type", ["score", "x", *M, "--top-k", "many"], "Invalid value for '--top-k'"),
+    ("bottleneck-bad-max-memory", ["bottleneck", *M, "--max-memory", "lots"], "--max-memory takes a size"),
+    ("anomaly-missing-test", ["lens", "anomaly", *M, "--normal", "{d}/notes.txt", "--test", "{d}/nofile",
+                              "--kind", "logit"], "no such file"),
+    # serve: each fails before it serves (port 0 binds anywhere, so only the case's fault is left)
+    ("serve-host-not-this-machine", ["serve", *M, "--host", "8.8.8.8", "--port", "0"], "cannot listen on 8.8.8.8"),
+    ("serve-missing-model", ["serve", "-m", "{d}/nope", "--port", "0"], "no such model"),
+    ("serve-lens-of-another-model", ["serve", *M, "--port", "0", "--lens", "{d}/otherlens", "--no-argmax"],
+     "d_model=32"),
+    ("serve-port-wrong-type", ["serve", *M, "--port", "http"], "Invalid value for '--port'"),
+]
+
+
 def _ids(lm, text="The class statement"):
     return lm.tokenizer(text, return_tensors="pt").input_ids
 
@@ -266,13 +311,38 @@ def _api_cases():
 
 
 def _all_cases():
-    cases = [pytest.param("cli", argv, words, None, id=f"cli-{name}") for name, argv, words in CLI]
+    cases = [pytest.param("cli", argv, words, None, id=f"cli-{name}") for name, argv, words in CLI + CLI_SERVE_HELPER]
     cases += [pytest.param("api", call, words, exc, id=f"api-{name}") for name, call, exc, words in _api_cases()]
     return cases
 
 
 def test_catalogue_size():
-    assert len(CLI) + len(_api_cases()) >= 60
+    assert len(CLI) + len(CLI_SERVE_HELPER) + len(_api_cases()) + len(SERVE) >= 80
+    for ids in ([c[0] for c in CLI + CLI_SERVE_HELPER], [c[0] for c in SERVE]):
+        assert len(ids) == len(set(ids)), "a case id is used twice"
+
+
+def _commands() -> set[str]:
+    """Every ``vocablens`` command, as ``vocablens --help`` lists them, and the ``lens`` subcommands."""
+    from vocablens.cli import app
+    from vocablens.cli.core import lens_app
+
+    top = {c.name or c.callback.__name__ for c in app.registered_commands}
+    top |= {g.name for g in app.registered_groups}
+    return top | {f"lens {c.name or c.callback.__name__}" for c in lens_app.registered_commands}
+
+
+def test_catalogue_covers_every_command_and_endpoint():
+    from vocablens.serve.app import create_app  # noqa: F401  (the routes below are the app's own)
+
+    covered = set()
+    for _, argv, _ in CLI + CLI_SERVE_HELPER:
+        covered.add(argv[0])
+        if argv[0] == "lens":  # `lens PROMPT` is `lens show PROMPT`
+            covered.add(f"lens {argv[1]}" if f"lens {argv[1]}" in _commands() else "lens show")
+    missing = _commands() - covered
+    assert not missing, f"commands without a bad-input case: {sorted(missing)}"
+    assert {path for _, _, path, *_ in SERVE} >= set(ENDPOINTS)
 
 
 @pytest.mark.parametrize("kind, what, words, exc_type", _all_cases())
@@ -366,3 +436,108 @@ def test_detector_needs_five_distinct_inputs():
         fit_detector(X, "lof")
     X[:5] += torch.arange(5.0)[:, None]  # 5 distinct rows: fits
     fit_detector(X, "lof")
+
+
+# ------------------------------------------------------------- server helper (issue 24): every endpoint
+LONG_TOKEN = "x" * 1025           # one over serve.app.MAX_TOKEN_CHARS
+LONG_PROMPT = "y" * (32 * 16 + 1)  # one over the character cap of a --max-tokens 16 server
+PR = "The class statement"
+ENDPOINTS = ["/api/health", "/api/lens", "/api/trajectory", "/api/explain", "/api/neighbors", "/api/project",
+             "/api/argmax"]
+
+#: (id, method, path, JSON body (or raw bytes), status, words in the error line, extra headers)
+SERVE = [
+    ("lens-empty-prompt", "POST", "/api/lens", {"prompt": ""}, 400, "empty prompt", {}),
+    ("lens-blank-prompt", "POST", "/api/lens", {"prompt": "   "}, 400, "empty prompt", {}),
+    ("lens-too-many-tokens", "POST", "/api/lens", {"prompt": "the " * 40}, 400, "at most 16 tokens", {}),
+    ("lens-over-the-character-cap", "POST", "/api/lens", {"prompt": LONG_PROMPT}, 422, "at most 16 tokens", {}),
+    ("lens-lone-surrogate", "POST", "/api/lens", b'{"prompt": "x\\ud800y"}', 422, "not valid Unicode", {}),
+    ("lens-k-zero", "POST", "/api/lens", {"prompt": PR, "k": 0}, 422, "k:", {}),
+    ("lens-k-over-50", "POST", "/api/lens", {"prompt": PR, "k": 51}, 422, "k:", {}),
+    ("lens-k-string", "POST", "/api/lens", {"prompt": PR, "k": "5"}, 422, "k:", {}),
+    ("lens-k-bool", "POST", "/api/lens", {"prompt": PR, "k": True}, 422, "k:", {}),
+    ("lens-k-fraction", "POST", "/api/lens", {"prompt": PR, "k": 2.5}, 422, "k:", {}),
+    ("lens-bad-kind", "POST", "/api/lens", {"prompt": PR, "kind": "sideways"}, 422, "kind:", {}),
+    ("lens-chat-string", "POST", "/api/lens", {"prompt": PR, "chat": "yes"}, 422, "chat:", {}),
+    ("lens-prompt-number", "POST", "/api/lens", {"prompt": 42}, 422, "prompt:", {}),
+    ("lens-extra-field", "POST", "/api/lens", {"prompt": PR, "extra": 1}, 422, "extra", {}),
+    ("lens-array-body", "POST", "/api/lens", [PR], 422, "JSON object", {}),
+    ("lens-not-json", "POST", "/api/lens", b"{not json", 422, "not valid JSON", {}),
+    ("lens-empty-body", "POST", "/api/lens", b"", 422, "JSON object", {}),
+    ("lens-huge-number", "POST", "/api/lens", b'{"prompt": "x", "k": ' + b"9" * 5000 + b"}", 400, "JSON", {}),
+    ("lens-body-over-the-cap", "POST", "/api/lens", b'{"prompt": "' + b"z" * 60_000 + b'"}', 413, "bytes", {}),
+    ("lens-content-length-over-the-cap", "POST", "/api/lens", b"{}", 413, "200000000 bytes",
+     {"content-length": "200000000"}),
+    ("lens-foreign-host", "POST", "/api/lens", {"prompt": PR}, 421, "DNS rebinding", {"host": "evil.example.com"}),
+    ("lens-get", "GET", "/api/lens", None, 405, "Method Not Allowed", {}),
+    ("trajectory-position-out-of-range", "POST", "/api/trajectory", {"prompt": PR, "position": 99, "token": " the"},
+     400, "outside the prompt", {}),
+    ("trajectory-several-tokens", "POST", "/api/trajectory", {"prompt": PR, "token": " the class"}, 400,
+     "give a single token", {}),
+    ("trajectory-no-token", "POST", "/api/trajectory", {"prompt": PR}, 422, "token:", {}),
+    ("trajectory-token-over-the-cap", "POST", "/api/trajectory", {"prompt": PR, "token": LONG_TOKEN}, 422,
+     "token:", {}),
+    ("trajectory-token-id-outside", "POST", "/api/trajectory", {"prompt": PR, "token": 10 ** 9}, 400,
+     "outside the vocabulary", {}),
+    ("trajectory-position-fraction", "POST", "/api/trajectory", {"prompt": PR, "token": " the", "position": 1.5},
+     422, "position:", {}),
+    ("explain-position-out-of-range", "POST", "/api/explain", {"prompt": PR, "position": -99}, 400,
+     "outside the prompt", {}),
+    ("explain-target-several-tokens", "POST", "/api/explain", {"prompt": PR, "target": " the class"}, 400,
+     "give a single token", {}),
+    ("explain-target-over-the-cap", "POST", "/api/explain", {"prompt": PR, "target": LONG_TOKEN}, 422,
+     "target:", {}),
+    ("explain-target-list", "POST", "/api/explain", {"prompt": PR, "target": [1, 2]}, 422, "target:", {}),
+    ("explain-prompt-over-the-cap", "POST", "/api/explain", {"prompt": LONG_PROMPT}, 422, "--max-tokens", {}),
+    ("neighbors-empty-token", "POST", "/api/neighbors", {"token": ""}, 400, "empty token", {}),
+    ("neighbors-several-tokens", "POST", "/api/neighbors", {"token": " the class"}, 400, "give a single token", {}),
+    ("neighbors-token-over-the-cap", "POST", "/api/neighbors", {"token": LONG_TOKEN}, 422, "token:", {}),
+    ("neighbors-token-bool", "POST", "/api/neighbors", {"token": True}, 422, "token:", {}),
+    ("neighbors-negative-id", "POST", "/api/neighbors", {"token": -1}, 400, "outside the vocabulary", {}),
+    ("neighbors-k-over-200", "POST", "/api/neighbors", {"token": " the", "k": 201}, 422, "k:", {}),
+    ("neighbors-lone-surrogate", "POST", "/api/neighbors", b'{"token": "\\udced"}', 422, "not valid Unicode", {}),
+    ("project-several-tokens", "POST", "/api/project", {"token": " the class"}, 400, "give a single token", {}),
+    ("project-id-outside", "POST", "/api/project", {"token": 300}, 400, "outside the vocabulary", {}),
+    ("project-k-zero", "POST", "/api/project", {"token": " the", "k": 0}, 422, "k:", {}),
+    ("argmax-empty-token", "POST", "/api/argmax", {"token": ""}, 400, "empty token", {}),
+    ("argmax-no-token", "POST", "/api/argmax", {}, 422, "token:", {}),
+    ("argmax-several-tokens", "POST", "/api/argmax", {"token": " the class"}, 400, "give a single token", {}),
+    ("argmax-token-null", "POST", "/api/argmax", {"token": None}, 422, "token:", {}),
+    ("health-post", "POST", "/api/health", {}, 405, "Method Not Allowed", {}),
+    ("health-foreign-host", "GET", "/api/health", None, 421, "DNS rebinding", {"host": "attacker.test:8765"}),
+    ("unknown-endpoint", "GET", "/api/tokenize", None, 404, "Not Found", {}),
+    ("path-outside-the-assets", "GET", "/static/../pyproject.toml", None, 404, "Not Found", {}),
+]
+
+
+@pytest.fixture(scope="module")
+def served(world, tiny_lm):
+    """The explorer app on the tiny model (lens64 as its tuned lens; argmax scan finished)."""
+    from serve_tiny import CountingLock, client
+    from vocablens.serve import ServerState, create_app
+
+    state = ServerState(tiny_lm, model_spec=str(world / "tiny"), lens_path=str(world / "lens64"), max_tokens=16)
+    state.lock = CountingLock()
+    state.start()
+    assert state.argmax.wait(300)
+    yield state, client(create_app(state))
+    state.argmax.cancel()
+
+
+@pytest.mark.parametrize("method, path, body, status, words, headers",
+                         [pytest.param(*c[1:], id=f"serve-{c[0]}") for c in SERVE])
+def test_bad_request(method, path, body, status, words, headers, world, served):
+    import json
+
+    state, c = served
+    before = _digest(world)
+    kw = {"content": body} if isinstance(body, bytes) else {} if body is None else {"json": body}
+    hdrs = {"content-type": "application/json", **headers} if body is not None else dict(headers)
+    n = state.forward_passes
+    r = c.request(method, path, headers=hdrs, **kw)
+    assert r.status_code == status, (path, body if not isinstance(body, bytes) else body[:80], r.status_code, r.text)
+    d = json.loads(r.text)
+    assert list(d) == ["error"] and isinstance(d["error"], str) and d["error"], d
+    assert "\n" not in d["error"] and "Traceback" not in r.text and words in d["error"], d["error"]
+    assert state.forward_passes == n  # a refused request runs no forward pass
+    assert _digest(world) == before, "the user's files changed"

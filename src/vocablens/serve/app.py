@@ -124,6 +124,8 @@ def _validation_line(exc: RequestValidationError, max_tokens: int) -> str:
     field = loc[0] if loc else ""
     if field == "" and kind in ("missing", "model_attributes_type", "dict_type", "model_type"):
         return "send a JSON object as the request body (Content-Type: application/json)"
+    if any(x.get("type") == "string_unicode" for x in errs):
+        return f"{field or 'body'}: not valid Unicode text (a lone surrogate such as \\ud800 has no character)"
     if kind == "string_too_long" and field == "prompt":
         n = prompt_chars(max_tokens)
         return (f"prompt: over {n} characters; this server reads prompts of at most {max_tokens} tokens "
