@@ -97,3 +97,55 @@ def test_generate_at_tiny_temperatures_is_greedy(t, tiny, capsys):
     a, b = json.loads(greedy), json.loads(cold)
     assert [x["id"] for x in a["tokens"]] == [x["id"] for x in b["tokens"]] and len(a["tokens"]) == 8
     assert a["text"] == b["text"]
+
+
+# ------------------------------------------------------------------ invisible characters in tokens (issue 25)
+INVISIBLE = [
+    (" \u200b\u200b", " \\u200b\\u200b", "␣\\u200b\\u200b"),   # space + two zero-width spaces (the lens table's blank)
+    ("\ufeff", "\\ufeff", "\\ufeff"),                          # BOM (Cf)
+    ("\u00ad", "\\u00ad", "\\u00ad"),                          # soft hyphen (Cf)
+    ("a\u2028b", "a\\u2028b", "a\\u2028b"),                    # line separator (Zl)
+    ("\u2029", "\\u2029", "\\u2029"),                          # paragraph separator (Zp)
+    ("\u2003x", "\\u2003x", "\\u2003x"),                       # em space (Zs other than " ")
+    ("\u00a0", "\\u00a0", "⍽"),                                # no-break space: its own marker
+    ("\u0301", "\\u0301", "\\u0301"),                          # a combining acute with nothing to sit on
+    (" \u0301", " \\u0301", "␣\\u0301"),                       # ... or only a space
+    ("e\u0301", "e\u0301", "e\u0301"),                         # on a base: an é, shown as it is
+    ("\x1b[0m", "\\x1b[0m", "\\x1b[0m"),                       # ESC (Cc)
+    ("\x85", "\\u0085", "\\u0085"),                            # NEL, a C1 control
+    ("x\U000e0041", "x\\U000e0041", "x\\U000e0041"),           # a tag character beyond the BMP (Cf)
+    ("\\u200b", "\\\\u200b", "\\\\u200b"),                     # a backslash and text: not an escape
+    ("\n\t", "\\n\\t", "⏎⇥"),
+]
+
+
+@pytest.mark.parametrize("raw, as_json, in_tables", INVISIBLE, ids=[repr(r) for r, _, _ in INVISIBLE])
+def test_invisible_characters_are_shown(raw, as_json, in_tables):
+    from vocablens.models.tokens import show_bytes, shown_to_bytes
+    from vocablens.render.tokens import visible
+
+    s = show_bytes(raw.encode())
+    assert s == as_json and shown_to_bytes(s) == raw.encode()
+    assert visible(s) == in_tables
+
+
+def test_a_zero_width_token_in_a_table_and_in_json():
+    import io
+
+    from rich.table import Table
+
+    from vocablens.cli.console import LiteralConsole
+    from vocablens.models.tokens import token_str
+    from vocablens.render.tokens import display_token
+
+    tok = tiny_tokenizer(words=[" \u200b\u200b", "\u2060"])
+    ids = [tok.convert_tokens_to_ids(w) for w in (" \u200b\u200b", "\u2060")]
+    assert [token_str(tok, i) for i in ids] == [" \\u200b\\u200b", "\\u2060"]
+    t = Table()
+    t.add_column("token")
+    for i in ids:
+        t.add_row(display_token(tok, i))
+    buf = io.StringIO()
+    LiteralConsole(file=buf, width=80, color_system=None).print(t)
+    assert "␣\\u200b\\u200b" in buf.getvalue() and "\\u2060" in buf.getvalue()
+    assert "\u200b" not in buf.getvalue() and "\u2060" not in buf.getvalue()

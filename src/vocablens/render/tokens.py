@@ -8,20 +8,45 @@ text of :func:`vocablens.models.tokens.token_str`.
 
 from __future__ import annotations
 
-from vocablens.models.tokens import token_str
+import re
+
+from vocablens.models.tokens import _escape, token_str
 
 #: what each whitespace character of a token is shown as (escaped forms from ``token_str`` too)
-VISIBLE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍", "\u00a0": "⍽", "\u3000": "␣"}
-_ESCAPED = {"\\n": "⏎", "\\t": "⇥", "\\r": "␍"}
+VISIBLE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍", "\u00a0": "⍽"}
+_ESCAPED = {"\\n": "⏎", "\\t": "⇥", "\\r": "␍", "\\u00a0": "⍽"}
+#: one escape of :func:`~vocablens.models.tokens.token_str`, read left to right (``\\\\n`` is a
+#: backslash and an n, not a newline)
+_ESCAPE = re.compile(r"\\(?:[\\ntr]|x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})")
 #: one line for the page, shown wherever the symbols appear
-LEGEND = "Whitespace in tokens is shown as ␣ (space), ⏎ (newline) and ⇥ (tab)."
+LEGEND = ("Whitespace in tokens is shown as ␣ (space), ⏎ (newline), ⇥ (tab) and ⍽ (no-break space); other "
+          "invisible characters as escapes such as \\u200b (zero-width space).")
 
 
 def visible(text: str) -> str:
-    """``' Paris'`` -> ``'␣Paris'``, ``'\\n'`` -> ``'⏎'``; the text of one token, whitespace visible."""
-    for k, v in _ESCAPED.items():
-        text = text.replace(k, v)
-    return "".join(VISIBLE.get(ch, ch) for ch in text)
+    """``' Paris'`` -> ``'␣Paris'``, ``'\\n'`` -> ``'⏎'``, ``' \\u200b'`` -> ``'␣\\u200b'``: the text of
+    one token (from :func:`~vocablens.models.tokens.token_str`, or raw text) with its whitespace
+    and every invisible character (format and control characters, separators, a combining mark
+    standing alone) shown."""
+    parts, at = [], 0
+    for m in _ESCAPE.finditer(text):
+        parts += [_raw(text[at:m.start()]), _ESCAPED.get(m.group(0), m.group(0))]
+        at = m.end()
+    parts.append(_raw(text[at:]))
+    return "".join(parts)
+
+
+def _raw(text: str) -> str:
+    """Raw characters: whitespace as its symbol, every other invisible character escaped."""
+    out, run = [], []
+    for ch in text + "\0":  # the sentinel flushes the last run
+        if ch in VISIBLE or ch == "\0":
+            out.append(_escape("".join(run)).replace("\\\\", "\\"))  # a raw backslash stays one
+            run = []
+            out.append(VISIBLE.get(ch, ""))
+        else:
+            run.append(ch)
+    return "".join(out)
 
 
 def shown(text: str) -> str:
