@@ -110,8 +110,8 @@ class _ProgressBar:
 
 
 def _emit(run, lm, out_path: Path, sections, timings: dict[str, float]) -> None:
-    from vocablens.lens import lens_to_dict
     from vocablens.render import vocab_space as rv
+    from vocablens.render.lens import lens_to_dict
     from vocablens.render.argmax import argmax_to_dict
     from vocablens.render.geometry import neighbors_to_dict
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 from rich.table import Table
 
-from vocablens.argmax.bottleneck import Bottleneck
+from vocablens.argmax.bottleneck import Bottleneck, softmax_bottleneck
 from vocablens.argmax.result import STAGES, VERDICTS
 from vocablens.argmax.model import ModelArgmax
 from vocablens.models.tokens import token_str, quoted
@@ -225,14 +226,25 @@ def argmax_section(ma: ModelArgmax, tokenizer=None) -> Section:
     return Section(id="argmax", title="Argmax geometry", html="\n".join(parts))
 
 
+#: the top-k counts softmax_bottleneck reports by default: always keys of the shares, null past a spectrum
+_TOP_K = tuple(inspect.signature(softmax_bottleneck).parameters["top_k"].default)
+
+
+def _share_keys(b: Bottleneck) -> list[int]:
+    return sorted(set(_TOP_K) | set(b.share_W) | set(b.share_A))
+
+
 def bottleneck_to_dict(b: Bottleneck) -> dict:
-    """Plain data for ``vocablens bottleneck --json``."""
+    """Plain data for ``vocablens bottleneck --json``; ``share_W`` and ``share_logprobs`` (variance
+    share of the top-k singular directions, keyed by k) have the same keys whatever V, d and N (the
+    default top-k counts), null where k exceeds that spectrum's length."""
     return {
         "V": b.V, "d": b.d, "rank_W": b.rank_W, "tol_W": b.tol_W, "stable_rank_W": b.stable_rank_W,
         "entropy_rank_W": b.entropy_rank_W, "n_contexts": b.n_contexts, "rank_logprobs": b.rank_A,
         "tol_logprobs": _f(b.tol_A), "rank_bound": b.bound_A, "softcap": b.softcap,
-        "share_W": {str(k): v for k, v in b.share_W.items()},
-        "share_logprobs": {str(k): v for k, v in b.share_A.items()},
+        # one key set for both whatever N: a top-k past the spectrum's length is null
+        "share_W": {str(k): b.share_W.get(k) for k in _share_keys(b)},
+        "share_logprobs": {str(k): b.share_A.get(k) for k in _share_keys(b)},
         "sigma_W": b.sigma_W.tolist(), "sigma_logprobs": b.sigma_A.tolist(),
     }
 

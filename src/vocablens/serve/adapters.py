@@ -27,11 +27,12 @@ import torch
 
 from vocablens.errors import BadInput, TokenNotInVocabulary
 from vocablens.geometry import nearest_neighbors
-from vocablens.lens import lens_to_dict, logit_lens
+from vocablens.lens import logit_lens
 from vocablens.lens.logit import layer_logprobs, resolve_positions
 from vocablens.models.tokens import context_length, encode_prompt, single_token_id, token_str
 from vocablens.render.argmax import argmax_to_dict
 from vocablens.render.geometry import neighbors_to_dict
+from vocablens.render.lens import lens_json as _lens_json
 from vocablens.render.vocab_space import explanation_to_dict, search_to_dict
 
 
@@ -127,9 +128,7 @@ def lens_json(lm, ids: torch.Tensor, kind: str, k: int, tuned) -> dict:
         raise BadInput(f"kind must be logit, tuned or both; got {kind!r}")
     translators = [None] if kind == "logit" else [tuned] if kind == "tuned" else [None, tuned]
     results = [logit_lens(lm.borders, ids, positions="all", k=k, translator=t) for t in translators]
-    ds = [lens_to_dict(r, lm.tokenizer) for r in results]
-    d = ds[0] if len(ds) == 1 else {"kind": "both", "logit": ds[0], "tuned": ds[1]}
-    return _with_model(d, lm)
+    return _with_model(_lens_json(results, lm.tokenizer), lm)
 
 
 def trajectory_json(lm, ids: torch.Tensor, resid: torch.Tensor, position: int, tid: int, tuned) -> dict:
