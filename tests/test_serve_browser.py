@@ -99,11 +99,11 @@ def test_explorer_in_headless_chromium(server, tmp_path):
         assert code == 200
         assert page.evaluate("() => window.vl.last.explain") == ex
         bars = dict(page.evaluate("() => document.getElementById('attr-plot').data.map(t => [t.name, t.y])"))
-        assert_close(bars["attention"], [ly["attn_dla"] for ly in ex["layers"]])
-        assert_close(bars["FFN"], [ly["mlp_dla"] for ly in ex["layers"]])
+        assert_close(bars["attention"], [bl["attn_dla"] for bl in ex["blocks"]])
+        assert_close(bars["FFN"], [bl["mlp_dla"] for bl in ex["blocks"]])
         assert f"{ex['logit_diff_model']:.3f}" in page.inner_text("#attr-summary")
-        parts = [(f"L{ly['layer']} head {h}", v) for ly in ex["layers"] for h, v in enumerate(ly["head_dla"])]
-        parts += [(f"L{ly['layer']} FFN neuron {s['neuron']}", s["dla"]) for ly in ex["layers"] for s in ly["sub_updates"]]
+        parts = [(f"block {bl['block']} head {h}", v) for bl in ex["blocks"] for h, v in enumerate(bl["head_dla"])]
+        parts += [(f"block {bl['block']} FFN neuron {s['neuron']}", s["dla"]) for bl in ex["blocks"] for s in bl["sub_updates"]]
         biggest = max(parts, key=lambda kv: abs(kv[1]))
         first = page.evaluate("() => [...document.querySelector('#attr-table tr:nth-child(2)').cells].map(c => c.textContent)")
         assert first[0] == biggest[0] and abs(float(first[1]) - biggest[1]) <= 5.1e-4

@@ -63,7 +63,8 @@ def duplicate_groups(ma: ModelArgmax) -> list[dict]:
 
 
 def argmax_to_dict(ma: ModelArgmax, tokenizer=None, per_token: bool = True) -> dict:
-    """Plain data for ``--json``: counts, stages, flagged tokens (decoded), per-token verdicts."""
+    """Plain data for ``--json``: counts, stages, flagged tokens (decoded), per-token verdicts; the same
+    keys whatever the model and options (``budget_s``, ``reserved``, ``norm`` null when not asked or none)."""
     res = ma.result
     dec = (lambda t: token_str(tokenizer, t)) if tokenizer is not None else (lambda t: None)
     reserved = set(_reserved(ma))
@@ -107,11 +108,10 @@ def argmax_to_dict(ma: ModelArgmax, tokenizer=None, per_token: bool = True) -> d
         "norm": None,
         "norm_note": ma.norm_note,
     }
-    if res.budget_s is not None:
-        out["budget_s"] = res.budget_s
-        out["cut_short"] = list(res.cut_short)
-    if reserved:
-        out["reserved"] = reserved_group(ma, item)
+    # always present (one schema): null / [] without a --budget, null without reserved tokens
+    out["budget_s"] = res.budget_s
+    out["cut_short"] = list(res.cut_short) if res.budget_s is not None else []
+    out["reserved"] = reserved_group(ma, item) if reserved else None
     if ma.reach is not None:
         r = ma.reach
         out["norm"] = {

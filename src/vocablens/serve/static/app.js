@@ -236,12 +236,12 @@ async function loadExplain(pos, tok) {
     const { data } = await api("/api/explain", { prompt: S.prompt, chat: S.chat, position: pos, target: tok.id });
     if (seq !== S.seq) return;
     S.last.explain = data;
-    const layers = data.layers.map((l) => l.layer);
+    const blocks = data.blocks.map((b) => b.block);
     Plotly.react("attr-plot", [
-      { type: "bar", x: layers, y: data.layers.map((l) => l.attn_dla), name: "attention", marker: { color: "#0b5cad" } },
-      { type: "bar", x: layers, y: data.layers.map((l) => l.mlp_dla), name: "FFN", marker: { color: "#e4572e" } },
+      { type: "bar", x: blocks, y: data.blocks.map((b) => b.attn_dla), name: "attention", marker: { color: "#0b5cad" } },
+      { type: "bar", x: blocks, y: data.blocks.map((b) => b.mlp_dla), name: "FFN", marker: { color: "#e4572e" } },
     ], { barmode: "relative", margin: { l: 50, r: 10, t: 10, b: 40 }, height: 300, legend: { orientation: "h", y: 1.12 },
-         xaxis: { title: { text: "layer" } }, yaxis: { title: { text: "direct logit attribution" } } },
+         xaxis: { title: { text: "block" } }, yaxis: { title: { text: "direct logit attribution" } } },
        { displayModeBar: false, responsive: true });
     $("attr-summary").textContent =
       `target ${vis(data.target)}${data.contrast !== null ? " vs " + vis(data.contrast) : ""}: ` +
@@ -249,9 +249,9 @@ async function loadExplain(pos, tok) {
       `(embedding ${fmt(data.embed_dla)}). ${data.approximation}`;
     // the largest parts: attention heads and FFN sub-updates (neurons)
     const parts = [];
-    data.layers.forEach((l) => {
-      l.head_dla.forEach((v, h) => parts.push({ what: `L${l.layer} head ${h}`, v, toks: [] }));
-      l.sub_updates.forEach((s) => parts.push({ what: `L${l.layer} FFN neuron ${s.neuron}`, v: s.dla, toks: s.top_tokens }));
+    data.blocks.forEach((b) => {
+      b.head_dla.forEach((v, h) => parts.push({ what: `block ${b.block} head ${h}`, v, toks: [] }));
+      b.sub_updates.forEach((s) => parts.push({ what: `block ${b.block} FFN neuron ${s.neuron}`, v: s.dla, toks: s.top_tokens }));
     });
     parts.sort((a, b) => Math.abs(b.v) - Math.abs(a.v));
     const t = $("attr-table");
@@ -321,10 +321,10 @@ async function loadProject(id) {
   box.replaceChildren(el("span", { class: "dim", text: "…" }));
   try {
     const { data } = await api("/api/project", { token: id, k: 5 });
-    const t = el("table", {}, el("tr", {}, ...["", "layer", "neuron", "score", "it promotes"].map((h) => el("th", { class: "l", text: h }))));
+    const t = el("table", {}, el("tr", {}, ...["", "block", "neuron", "score", "it promotes"].map((h) => el("th", { class: "l", text: h }))));
     for (const [side, rows] of [["promotes", data.promote], ["suppresses", data.suppress]]) {
       rows.forEach((r, i) => t.append(el("tr", {}, el("td", { class: "l dim", text: i === 0 ? side : "" }),
-        el("td", { text: String(r.layer) }), el("td", { text: String(r.neuron) }), el("td", { text: fmt(r.score) }),
+        el("td", { text: String(r.block) }), el("td", { text: String(r.neuron) }), el("td", { text: fmt(r.score) }),
         el("td", { class: "l" }, el("span", { class: "toks" }, ...(r.top_tokens || []).slice(0, 6).map((x) => el("span", { class: "tok", text: vis(x) })))))));
     }
     box.replaceChildren(t);
@@ -352,7 +352,7 @@ async function start() {
     const r = await fetch("/api/health");
     S.health = await r.json();
     const pv = S.health.provenance;
-    $("model").textContent = `${pv.name}${pv.quantization ? " (" + pv.quantization + ")" : ""} · ${S.health.n_layers} layers · ` +
+    $("model").textContent = `${pv.name}${pv.quantization ? " (" + pv.quantization + ")" : ""} · ${S.health.n_layers} blocks · ` +
       `d=${S.health.d_model} · V=${S.health.vocab_size}` +
       (S.health.tuned === "loaded" ? " · tuned lens loaded" : " · no tuned lens");
     if (S.health.tuned !== "loaded") for (const v of ["tuned", "diff"]) document.querySelector(`input[name=view][value=${v}]`).disabled = true;
