@@ -291,7 +291,7 @@ def lens_eval(
     if rank != 0:
         return
     d = res.to_dict()
-    d.update({"model": lm.provenance.to_dict(), "lens": lens_label, "data": info})
+    d.update({"model": lm.provenance.to_dict(), "lens": lens_label, "data": info, "plot": None})
     if plot is not None:
         save_eval_plot(res, plot, title=f"{lm.provenance.name}: logit vs tuned lens on {name} ({split})")
         d["plot"] = str(plot)

@@ -20,7 +20,6 @@ endpoint           CLI equivalent
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -32,24 +31,15 @@ from vocablens.lens.logit import layer_logprobs, resolve_positions
 from vocablens.models.tokens import context_length, encode_prompt, single_token_id, token_str
 from vocablens.render.argmax import argmax_to_dict
 from vocablens.render.geometry import neighbors_to_dict
+from vocablens.render.json import json_ready
 from vocablens.render.lens import lens_json as _lens_json
 from vocablens.render.vocab_space import explanation_to_dict, search_to_dict
 
 
 # ------------------------------------------------------------------------------------------ helpers
 def clean(o: Any) -> Any:
-    """JSON-ready copy of ``o``: NaN/inf -> None, tensors -> lists (as ``cli.common.emit_json`` does)."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {str(k): clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [clean(v) for v in o]
-    if isinstance(o, torch.Tensor):
-        return clean(o.tolist())
-    if hasattr(o, "item") and callable(o.item):
-        return clean(o.item())
-    return o
+    """JSON-ready copy of ``o``: NaN/inf -> None, tensors -> lists (the one conversion ``--json`` uses)."""
+    return json_ready(o)
 
 
 def _with_model(d: dict, lm) -> dict:
