@@ -245,7 +245,7 @@ def test_unknown_spec_is_model_not_found():
 # ---------------------------------------------------------------------------------------- CLI
 def test_cli_json_one_model(capsys):
     assert run_app(["anatomy", "qwen3-0.6b", "--json"]) == 0
-    d = json.loads(capsys.readouterr().out)
+    (d,) = json.loads(capsys.readouterr().out)["models"]  # one model: still a list of one
     for k in ("vocab_size", "d_model", "tied", "params_total", "params_embedding", "params_unembedding",
               "params_non_embedding", "embedding_share"):
         assert k in d
@@ -270,7 +270,7 @@ def test_cli_load_counts_loaded_weights(smollm2, monkeypatch, capsys):
 
     monkeypatch.setattr(ca, "load_model", lambda *a, **k: smollm2)
     assert run_app(["anatomy", "--load", "--json"]) == 0
-    d = json.loads(capsys.readouterr().out)
+    (d,) = json.loads(capsys.readouterr().out)["models"]
     assert d["params_total"] == 134_515_008 and d["tied"] is True and d["source"] == "loaded model"
 
 
@@ -287,7 +287,7 @@ def test_cli_load_alias_loads_hub_id(smollm2, monkeypatch, capsys):
 @pytest.mark.slow  # reads the default model's GGUF file (its header: seconds)
 def test_cli_default_model(capsys):
     assert run_app(["anatomy", "--json"]) == 0
-    d = json.loads(capsys.readouterr().out)
+    (d,) = json.loads(capsys.readouterr().out)["models"]
     assert d["params_total"] == 134_515_008 and d["tied"] is True and d["source"] == "gguf"
 
 

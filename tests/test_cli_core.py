@@ -15,8 +15,8 @@ def test_lens_json(cli):
     code, out, err = cli("lens", "The capital of France is", "--json", "-k", "3")
     assert code == 0, err
     d = json.loads(out)  # nothing but JSON on stdout
-    assert d["layers"][-1]["top_tokens"][0] == " Paris"
-    assert len(d["layers"]) == 31 and len(d["layers"][0]["top_probs"]) == 3
+    assert d["layers"][-1]["positions"][0]["top_tokens"][0] == " Paris"
+    assert len(d["layers"]) == 31 and len(d["layers"][0]["positions"][0]["top_probs"]) == 3
     assert d["model"]["quantization"] == "Q4_1 GGUF"
 
 
@@ -32,7 +32,7 @@ def test_lens_chat_template(cli, smollm2):
     assert code == 0, err
     d = json.loads(out)
     assert "<|im_start|>" in "".join(d["tokens"])
-    assert d["layers"][0]["top_tokens"][0] == " Paris"
+    assert d["layers"][0]["positions"][0]["top_tokens"][0] == " Paris"
 
 
 def test_errors_are_one_line_exit_2(cli, tmp_path):
@@ -133,7 +133,7 @@ def test_under_torchrun_only_rank_0_speaks(monkeypatch, capsys):
     monkeypatch.setenv("RANK", "0")
     assert run_app(["anatomy", "smollm2", "--json"]) == 0
     o, e = capsys.readouterr()
-    assert json.loads(o)["vocab_size"] == 49152 and "does not split over processes; rank 0 runs it alone" in e
+    assert json.loads(o)["models"][0]["vocab_size"] == 49152 and "does not split over processes; rank 0 runs it alone" in e
     assert run_app(["score", "   "]) == 2
     assert capsys.readouterr().err.count("error:") == 1
 

@@ -112,7 +112,7 @@ def test_anatomy_config_only_ignores_a_broken_tokenizer(files, capsys):
     """The config-only path reads no tokenizer: a broken tokenizer.json leaves its answer correct."""
     code, out, err = _run(capsys, "anatomy", "-m", files / "tokenizer-not-json", "--json")
     good = _run(capsys, "anatomy", "-m", files / "good", "--json")
-    assert code == 0 and json.loads(out)["params_total"] == json.loads(good[1])["params_total"]
+    assert code == 0 and json.loads(out)["models"][0]["params_total"] == json.loads(good[1])["models"][0]["params_total"]
 
 
 # ------------------------------------------------------------------------------------ GGUF cache

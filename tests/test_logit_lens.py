@@ -5,7 +5,8 @@ import torch
 
 from tiny_models import FAMILIES, ids, make_tiny
 from vocablens.errors import BadInput
-from vocablens.lens import lens_to_dict, logit_lens
+from vocablens.lens import logit_lens
+from vocablens.render.lens import lens_to_dict
 from vocablens.lens.logit import layer_logprobs
 from vocablens.models import Borders
 from vocablens.models.tokens import encode_prompt
@@ -67,12 +68,13 @@ def test_real_model_paris(smollm2):
     x = encode_prompt(tok, "The capital of France is")
     res = logit_lens(b, x, k=5)
     d = lens_to_dict(res, tok)
-    assert d["layers"][-1]["top_tokens"][0] == " Paris"
+    assert d["layers"][-1]["positions"][0]["top_tokens"][0] == " Paris"
     assert d["layers"][-1]["layer"] == 30 and len(d["layers"]) == 31
     assert res.model_max_abs_diff <= 1e-5
     # the answer appears only late: rank of " Paris" at layer 0 is far from the top
-    assert d["layers"][0]["final_top1_rank"] > 100
-    assert set(d["layers"][0]) >= {"layer", "top_tokens", "top_probs", "entropy", "kl_to_final"}
+    assert d["layers"][0]["positions"][0]["final_top1_rank"] > 100
+    assert set(d["layers"][0]) == {"layer", "positions"}  # one position: still a list of one
+    assert set(d["layers"][0]["positions"][0]) >= {"position", "top_tokens", "top_probs", "entropy", "kl_to_final"}
 
 
 def test_layer_L_comes_from_the_model_logits_and_the_check_still_reads_the_lens_path(monkeypatch):

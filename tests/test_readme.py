@@ -82,7 +82,7 @@ def test_readme_lens_output_is_what_lens_prints(cli, command):
     assert sorted(rows) == [int(x) for x in argv[argv.index("--layers") + 1].split(",")]
     code, out, err = cli(*argv, "--json")
     assert code == 0, err
-    got = {ly["layer"]: ly for ly in json.loads(out)["layers"]}
+    got = {ly["layer"]: ly["positions"][0] for ly in json.loads(out)["layers"]}
     for layer, (entropy, kl, rank, tokens) in rows.items():
         assert got[layer]["top_tokens"] == tokens, layer
         assert got[layer]["final_top1_rank"] == rank, layer

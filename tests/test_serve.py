@@ -199,7 +199,7 @@ def test_trajectory_matches_the_lens(server, cli):
     code, t = post(url, "/api/trajectory", {"prompt": PROMPT, "position": 2, "token": top1})
     assert code == 200 and t["position"] == 2 and t["token"] == top1
     for name in ("logit", "tuned"):
-        layers = lens[name]["layers"]
+        layers = [ly["positions"][0] for ly in lens[name]["layers"]]
         assert t[name]["rank"] == [ly["final_top1_rank"] for ly in layers]
         assert_close(t[name]["prob"], [ly["final_top1_prob"] for ly in layers])
         assert t[name]["top1"] == [ly["top_tokens"][0] for ly in layers]
@@ -207,7 +207,7 @@ def test_trajectory_matches_the_lens(server, cli):
     assert code == 200
     seen = 0
     for name in ("logit", "tuned"):
-        for ly, rank, p in zip(lens[name]["layers"], t[name]["rank"], t[name]["prob"]):
+        for ly, rank, p in zip([ly["positions"][0] for ly in lens[name]["layers"]], t[name]["rank"], t[name]["prob"]):
             if " France" in ly["top_tokens"]:
                 j = ly["top_tokens"].index(" France")
                 assert rank == j and math.isclose(p, ly["top_probs"][j], rel_tol=1e-3, abs_tol=1e-6)

@@ -99,11 +99,11 @@ def test_explorer_in_headless_chromium(server, tmp_path):
         assert code == 200
         assert page.evaluate("() => window.vl.last.explain") == ex
         bars = dict(page.evaluate("() => document.getElementById('attr-plot').data.map(t => [t.name, t.y])"))
-        assert_close(bars["attention"], [ly["attn_dla"] for ly in ex["layers"]])
-        assert_close(bars["FFN"], [ly["mlp_dla"] for ly in ex["layers"]])
+        assert_close(bars["attention"], [bl["attn_dla"] for bl in ex["blocks"]])
+        assert_close(bars["FFN"], [bl["mlp_dla"] for bl in ex["blocks"]])
         assert f"{ex['logit_diff_model']:.3f}" in page.inner_text("#attr-summary")
-        parts = [(f"L{ly['layer']} head {h}", v) for ly in ex["layers"] for h, v in enumerate(ly["head_dla"])]
-        parts += [(f"L{ly['layer']} FFN neuron {s['neuron']}", s["dla"]) for ly in ex["layers"] for s in ly["sub_updates"]]
+        parts = [(f"block {bl['block']} head {h}", v) for bl in ex["blocks"] for h, v in enumerate(bl["head_dla"])]
+        parts += [(f"block {bl['block']} FFN neuron {s['neuron']}", s["dla"]) for bl in ex["blocks"] for s in bl["sub_updates"]]
         biggest = max(parts, key=lambda kv: abs(kv[1]))
         first = page.evaluate("() => [...document.querySelector('#attr-table tr:nth-child(2)').cells].map(c => c.textContent)")
         assert first[0] == biggest[0] and abs(float(first[1]) - biggest[1]) <= 5.1e-4
@@ -348,3 +348,48 @@ def test_header_follows_the_argmax_scan(server, browser):
     page.wait_for_function("() => document.getElementById('argmax-scan').textContent === 'argmax scan: done'",
                            timeout=15_000)  # without a reload
     page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_explorer_renders_a_one_token_prompt(server):
+    """A one-token prompt draws its heatmap (one column, layers 0..L) and explains its one cell. Failed
+    before: ``lens --json`` with one position had flat layer entries, so the page's ``.positions[p]``
+    ended in "Cannot read properties of undefined (reading '0')" and no heatmap."""
+    if not CHROMIUM:
+        pytest.skip("Debian's chromium is not installed: apt-get install -y --no-install-recommends chromium")
+    from playwright.sync_api import sync_playwright
+
+    url = server
+    code, lens = post(url, "/api/lens", {"prompt": "Paris", "kind": "logit", "k": 5})
+    assert code == 200 and len(lens["tokens"]) == 1, lens.get("tokens")  # one token in SmolLM2's vocabulary
+    problems = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        page = browser.new_page(viewport={"width": 1000, "height": 1500})
+        page.set_default_timeout(600_000)
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.route("**/*", lambda r: r.continue_() if r.request.url.startswith((url + "/", "data:", "blob:"))
+                   else r.abort())
+        page.goto(url + "/")
+        page.wait_for_function("() => window.vl && window.vl.health")
+        page.fill("#prompt", "Paris")
+        page.keyboard.press("Enter")
+        page.wait_for_function("() => window.vl.data && document.querySelector('#heatmap .main-svg')")
+        L, T, column, tops = page.evaluate("""() => {
+            const d = window.vl.data.logit, gd = document.getElementById('heatmap');
+            return [d.layers.length - 1, d.tokens.length, gd.data[0].text.map(r => r.length),
+                    d.layers.map(l => l.positions[0].top_tokens[0])]; }""")
+        assert L == 30 and T == 1 and column == [1] * 31
+        assert tops == [ly["positions"][0]["top_tokens"][0] for ly in lens["layers"]]
+        page.focus("#heatmap")
+        page.keyboard.press("Enter")  # select the cursor's cell: layer L, position 0
+        page.wait_for_function("() => window.vl.last.explain && document.querySelectorAll('#attr-table tr').length > 1")
+        assert page.evaluate("() => window.vl.cell") == {"layer": L, "pos": 0}
+        first = page.evaluate("() => document.querySelector('#attr-table tr:nth-child(2)').cells[0].textContent")
+        assert first.startswith("block ")
+        browser.close()
+    assert problems == [], problems

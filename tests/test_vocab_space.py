@@ -618,7 +618,7 @@ def test_cli_explain_json(smollm2, monkeypatch, capsys):
     assert d["top1"] == " Paris" and d["token"] == " Rome" and d["target"] == " Rome" and d["contrast"] == " Paris"
     assert abs(d["logit_diff_sum"] - d["logit_diff_model"]) <= 1e-3
     assert d["logit_diff_model"] < 0
-    assert len(d["layers"]) == 30 and len(d["layers"][0]["sub_updates"]) == 2
+    assert len(d["blocks"]) == 30 and len(d["blocks"][0]["sub_updates"]) == 2
     assert "linearized" in d["approximation"]
 
 
@@ -630,7 +630,7 @@ def test_cli_project_json(smollm2, monkeypatch, capsys):
     assert run_app(["project", "--block", "22", "--neuron", "935", "-k", "4", "--json"]) == 0
     cap = capsys.readouterr()
     d = json.loads(cap.out)
-    assert d["vectors"][0]["top_tokens"] == [" two", " three", " four", "two"] and d["vectors"][0]["layer"] == 22
+    assert d["vectors"][0]["top_tokens"] == [" two", " three", " four", "two"] and d["vectors"][0]["block"] == 22
     assert cap.err == ""
     # --layer still works as a deprecated alias of --block, with one note on stderr
     assert run_app(["project", "--layer", "22", "--neuron", "935", "-k", "4", "--json"]) == 0
@@ -639,7 +639,7 @@ def test_cli_project_json(smollm2, monkeypatch, capsys):
     assert "deprecated" in cap.err and "--block" in cap.err and len(cap.err.strip().splitlines()) == 1
     assert run_app(["project", "--token", " three", "-k", "2", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert (d["promote"][0]["layer"], d["promote"][0]["neuron"]) == (22, 935)
+    assert (d["promote"][0]["block"], d["promote"][0]["neuron"]) == (22, 935)
     assert d["promote"][0]["target"] == " three" and "z-score" in d["criterion"]
     assert run_app(["project", "--token", " Monday", "--token", " three", "-k", "2", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
@@ -650,7 +650,7 @@ def test_cli_project_json(smollm2, monkeypatch, capsys):
     assert d["kv_head"] == 0 and len(d["pairs"]) == 3 and d["n_sources"] == 256
     assert run_app(["project", "--block", "5", "--sample", "2", "-k", "2", "--keys", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["kind"] == "key" and [v["layer"] for v in d["vectors"]] == [5, 5]
+    assert d["kind"] == "key" and [v["block"] for v in d["vectors"]] == [5, 5]
     assert all(len(v["top_tokens"]) == 2 for v in d["vectors"])
     assert run_app(["project", "--interpretable", "3", "--sample", "4", "-k", "5", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)

@@ -59,9 +59,9 @@ def align_cmd(
         res = align_models(A.borders, A.tokenizer, B.borders, B.tokenizer, what=what, layers_a=la, layers_b=lb,
                            progress=lambda done, total: bar.update(task, completed=done, total=total))
 
-    def names(side: str, layer: int, unit: int) -> list[str]:
+    def names(side: str, block: int, unit: int) -> list[str]:
         lm = A if side == "a" else B
-        return token_names(lm.tokenizer, unit_top_tokens(lm.borders, what, layer, unit, k=5))
+        return token_names(lm.tokenizer, unit_top_tokens(lm.borders, what, block, unit, k=5))
 
     best = top_matches(res, names, top)
     if json_:

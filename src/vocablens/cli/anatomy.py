@@ -26,11 +26,11 @@ def anatomy_cmd(
     """Parameters (total, embedding, LM head, non-embedding), bytes, FLOPs/token and logits size.
 
     No weights are read unless --load: the model is built from its config on the meta device.
-    With --json: one object for one model, {"models": [...]} for several.
+    With --json: {"models": [...]}, one object per model (also for one).
     """
     from vocablens.anatomy import anatomy, anatomy_of, logits_memory
     from vocablens.models.catalogue import catalogue_entry
-    from vocablens.render.anatomy import print_anatomy
+    from vocablens.render.anatomy import anatomy_json, print_anatomy
 
     logits_memory(1, batch, context, dtype)  # validates --batch/--context/--dtype before any loading
     specs = list(models) if models else [model]
@@ -45,7 +45,6 @@ def anatomy_cmd(
             with status(f"reading the config of {spec} ...", quiet=json_):
                 results.append(anatomy_of(spec, batch=batch, context=context, logits_dtype=dtype))
     if json_:
-        dicts = [a.to_dict() for a in results]
-        emit_json(dicts[0] if len(dicts) == 1 else {"models": dicts})
+        emit_json(anatomy_json(results))
     else:
         print_anatomy(results, out)

@@ -31,9 +31,9 @@ def lens_anomaly(
     Detectors are fitted on the normal inputs' trajectories (per layer: KL to the final distribution,
     entropy, rank of the final token; logit and tuned lens)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-    from rich.table import Table
 
     from vocablens.anomaly import DETECTORS, detect, read_inputs, trajectory_features
+    from vocablens.render.anomaly import anomaly_to_dict, print_anomaly
 
     if kind not in ("logit", "tuned", "both"):
         raise BadInput(f"--kind must be logit, tuned or both; got {kind!r}")
@@ -62,33 +62,6 @@ def lens_anomaly(
                                              progress=lambda d, n, t=task: bar.update(t, completed=d)))
     rep = detect(feats[0], feats[1], labels, detectors=dets, seed=seed)
     if json_:
-        emit_json({"model": lm.provenance.to_dict(), "kinds": list(kinds), "detectors": list(dets),
-                   "n_normal": rep.n_normal, "n_test": rep.n_test, "auroc": rep.auroc or None,
-                   "inputs": [{"index": i, "label": None if labels is None else int(labels[i]),
-                               "text": test_texts[i][:200],
-                               "scores": {k: round(float(v[i]), 6) for k, v in rep.scores.items()}}
-                              for i in range(rep.n_test)]})
-        return
-    out.print(f"fitted on {rep.n_normal} normal inputs; {rep.n_test} test inputs; higher score = odder")
-    if rep.auroc:
-        t = Table(title="AUROC (test labels: 1 = odd)")
-        t.add_column("trajectories")
-        for d in dets:
-            t.add_column(d, justify="right")
-        groups = sorted({k.split("/")[0] for k in rep.auroc}, key=lambda g: (len(g), g))
-        for g in groups:
-            t.add_row(g, *[f"{rep.auroc[f'{g}/{d}']:.3f}" for d in dets])
-        out.print(t)
-    t = Table(title="scores per test input")
-    t.add_column("#", justify="right")
-    if labels is not None:
-        t.add_column("label", justify="right")
-    t.add_column("input")
-    keys = list(rep.scores)
-    for k in keys:
-        t.add_column(k, justify="right")
-    for i, text in enumerate(test_texts):
-        short = text.replace("\n", "⏎")[:48] + ("…" if len(text) > 48 else "")
-        row = [str(i)] + ([str(int(labels[i]))] if labels is not None else []) + [short]
-        t.add_row(*row, *[f"{float(rep.scores[k][i]):.3f}" for k in keys])
-    out.print(t)
+        emit_json(anomaly_to_dict(rep, kinds, dets, test_texts, labels, lm.provenance))
+    else:
+        print_anomaly(out, rep, dets, test_texts, labels)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sys
 from contextlib import contextmanager
@@ -125,28 +123,11 @@ def parse_int_list(text: str | None, option: str) -> list[int]:
 
 
 def emit_json(obj: Any) -> None:
-    """Write one JSON document to stdout (NaN/inf become null)."""
-    sys.stdout.write(json.dumps(_clean(obj), indent=2, ensure_ascii=False) + "\n")
+    """Write one JSON document to stdout (NaN/inf become null): :func:`vocablens.render.json.dumps`."""
+    from vocablens.render.json import dumps
+
+    sys.stdout.write(dumps(obj))
     sys.stdout.flush()
-
-
-def _clean(o: Any) -> Any:
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {str(k): _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    try:
-        import torch
-
-        if isinstance(o, torch.Tensor):
-            return _clean(o.tolist())
-    except ImportError:  # pragma: no cover
-        pass
-    if hasattr(o, "item") and callable(o.item):
-        return _clean(o.item())
-    return o
 
 
 @contextmanager

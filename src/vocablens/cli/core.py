@@ -58,9 +58,9 @@ def lens_show(
 ) -> None:
     """Read the residual stream through the LM head: `vocablens lens PROMPT`. Top tokens, entropy and KL
     to the final distribution at every stream layer 0..L (logit lens, tuned lens, or both)."""
-    from vocablens.lens import lens_to_dict, logit_lens
+    from vocablens.lens import logit_lens
     from vocablens.models.tokens import context_length, encode_prompt
-    from vocablens.render.lens import print_lens
+    from vocablens.render.lens import lens_json, print_lens
 
     if not prompt.strip():
         raise BadInput("empty prompt: give some text")
@@ -85,10 +85,7 @@ def lens_show(
     results = [logit_lens(lm.borders, ids, positions=pos, k=k, layers=lay, translator=t)
                for t in ([None] if kind == "logit" else [tuned] if kind == "tuned" else [None, tuned])]
     if json_:
-        ds = [lens_to_dict(res, lm.tokenizer) for res in results]
-        d = ds[0] if len(ds) == 1 else {"kind": "both", "logit": ds[0], "tuned": ds[1]}
-        d["model"] = lm.provenance.to_dict()
-        emit_json(d)
+        emit_json(lens_json(results, lm.tokenizer, lm.provenance))
     else:
         for res in results:
             print_lens(res, lm.tokenizer, out, lm.provenance)

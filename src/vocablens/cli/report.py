@@ -123,28 +123,9 @@ class _ProgressBar:
 
 
 def _emit(run, lm, out_path: Path, sections, timings: dict[str, float]) -> None:
-    from vocablens.lens import lens_to_dict
-    from vocablens.render import vocab_space as rv
-    from vocablens.render.argmax import argmax_to_dict
-    from vocablens.render.geometry import neighbors_to_dict
+    from vocablens.render.report import report_to_dict
 
-    tok, r = lm.tokenizer, run.result
-    emit_json({
-        "out": str(out_path),
-        "model": lm.provenance.to_dict(),
-        "borders": lm.borders.describe(),
-        "anatomy": r("anatomy").to_dict() if r("anatomy") is not None else None,
-        "tie_check": r("borders").to_dict() if r("borders") is not None else None,
-        "neighbors": neighbors_to_dict(r("neighbors"), tok) if r("neighbors") is not None else None,
-        "lens": lens_to_dict(r("lens"), tok) if r("lens") is not None else None,
-        "tuned_lens": lens_to_dict(r("tuned"), tok) if r("tuned") is not None else None,
-        "argmax": argmax_to_dict(r("argmax"), tok, per_token=False) if r("argmax") is not None else None,
-        "explain": rv.explanation_to_dict(r("explain"), tok) if r("explain") is not None else None,
-        "settle": rv.settle_to_dict(r("settle")) if r("settle") is not None else None,
-        "sections": [s.id for s in sections],
-        "cut_short": run.cut_short,
-        "timings_s": {k: round(v, 3) for k, v in timings.items()},
-    })
+    emit_json(report_to_dict(run, lm, out_path, sections, timings))
 
 
 def _summary(run, lm, out_path: Path, timings: dict[str, float]) -> None:

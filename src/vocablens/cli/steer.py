@@ -62,9 +62,6 @@ def steer_cmd(
     The vectors are chosen by the tokens' z-score in vocabulary space (Geva et al. 2022, §5.1) and
     scaled with a forward hook (no weight edit); reported before and after: the tokens' probability
     mass, the held-out perplexity and greedy continuations."""
-    from rich.table import Table
-
-    from vocablens.models.tokens import quoted, token_str
     from vocablens.steer import steer
     from vocablens.steer_eval import measure
 
@@ -92,19 +89,16 @@ def steer_cmd(
         err.print(f"[dim]measuring {len(st.vectors)} vectors on {len(probes)} probe text(s) and "
                   f"{len(held)} held-out texts, unsteered and steered ...[/dim]")
     eff = measure(b, st, probes, sets, heldout=held, max_new_tokens=new_tokens if not corpus else 0)
-    vec_rows = []
     from vocablens.models.blocks import block_view
+    from vocablens.render.steer import print_steer, steer_to_dict, vector_rows
 
+    tops = []
     for v in st.vectors:
         w = block_view(b, v.block).W_out[v.neuron].detach().float()
         scores = b.unembedding.readout(True)[: b.real_vocab_size] @ w
         # what the vector does to its target: the tokens it pushes up (promote, ablate) or down (suppress)
-        top = (-scores if v.role == "suppress" else scores).topk(6).indices.tolist()
-        vec_rows.append({"role": v.role, "block": v.block, "layer": v.block + 1, "neuron": v.neuron,
-                         "z": round(v.z, 4), "factor": v.factor, "top_tokens": [token_str(tok, i) for i in top]})
-    cont = {}
-    if eff.continuation_before is not None:
-        cont = {"before": tok.decode(eff.continuation_before), "after": tok.decode(eff.continuation_after)}
+        tops.append((-scores if v.role == "suppress" else scores).topk(6).indices.tolist())
+    rows = vector_rows(st.vectors, tops, tok)
     saved = None
     if save:
         from vocablens.surgery.io import save_model_dir
@@ -112,35 +106,7 @@ def steer_cmd(
         with st.folded():
             saved = str(save_model_dir(lm.model, tok, save, force=force))
     if json_:
-        emit_json({"model": lm.provenance.to_dict(),
-                   "promote": [token_str(tok, i) for i in sets["promote"]],
-                   "suppress": [token_str(tok, i) for i in sets["suppress"]],
-                   "top_n": top_n, "scale": scale, "suppress_mode": suppress_mode, "vectors": vec_rows,
-                   "mass_before": eff.mean_mass_before, "mass_after": eff.mean_mass_after,
-                   "mass_per_position": {k: {"before": eff.mass_before[k].tolist(), "after": eff.mass_after[k].tolist()}
-                                         for k in eff.mass_before},
-                   "perplexity_before": eff.ppl_before, "perplexity_after": eff.ppl_after,
-                   "continuation": cont or None, "saved": saved})
-        return
-    t = Table(title="value vectors chosen (z: the token set's z-score among the vector's logits; tokens: what "
-                    "the vector pushes up, or down for a suppressor)")
-    for c in ("role", "layer (block)", "neuron", "z", "factor", "tokens"):
-        t.add_column(c, justify="right" if c in ("neuron", "z", "factor") else "left")
-    for r in vec_rows:
-        t.add_row(r["role"], f"{r['layer']} ({r['block']})", str(r["neuron"]), f"{r['z']:+.2f}", f"{r['factor']:g}",
-                  " ".join(quoted(s) for s in r["top_tokens"]))
-    out.print(t)
-    m = Table(title="effect (mean next-token probability of each set over the probe positions)")
-    for c in ("measure", "before", "after", "ratio"):
-        m.add_column(c, justify="left" if c == "measure" else "right")
-    for k in eff.mean_mass_before:
-        a, z = eff.mean_mass_before[k], eff.mean_mass_after[k]
-        m.add_row(f"mass of the {k} set", f"{a:.4g}", f"{z:.4g}", f"{z / a:.3f}x" if a > 0 else "-")
-    m.add_row("held-out perplexity", f"{eff.ppl_before:.3f}", f"{eff.ppl_after:.3f}",
-              f"{eff.ppl_after / eff.ppl_before:.3f}x")
-    out.print(m)
-    if cont:
-        out.print(f"before: {cont['before']!r}")
-        out.print(f"after:  {cont['after']!r}")
-    if saved:
-        out.print(f"wrote the steered model to {save} (reloads with AutoModelForCausalLM)")
+        emit_json(steer_to_dict(sets, rows, eff, tok, top_n=top_n, scale=scale, suppress_mode=suppress_mode,
+                                saved=saved, provenance=lm.provenance))
+    else:
+        print_steer(out, rows, eff, tok, save if saved else "")

@@ -46,7 +46,7 @@ def expand(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Add tokens: subtoken-mean rows on both ends (tied stays tied), verified on held-out text."""
-    from vocablens.render.surgery import print_expand
+    from vocablens.render.surgery import expand_to_dict, print_expand
     from vocablens.surgery import expand_vocab, verify_expansion
     from vocablens.surgery.io import check_out, chunk_texts, heldout_texts, save_model_dir
 
@@ -72,7 +72,7 @@ def expand(
     with status(f"writing {out_path} ...", quiet=json_):
         save_model_dir(ex.model, ex.tokenizer, out_path, force=force, probe_texts=[sample, *texts], extra_json={"vocablens_surgery.json": record})
     if json_:
-        emit_json({"model": lm.provenance.to_dict(), "out": str(out_path), **{k: record[k] for k in ("expansion", "verification")}})
+        emit_json(expand_to_dict(res, v, out_path, lm.provenance))
     else:
         print_expand(res, v, out_path, out, lm.provenance)
 
@@ -93,7 +93,7 @@ def trim(
 ) -> None:
     """Keep only the tokens a corpus uses (plus specials, bytes, merge parts); slice both matrices."""
     from vocablens.corpus import load_documents
-    from vocablens.render.surgery import print_trim
+    from vocablens.render.surgery import print_trim, trim_to_dict
     from vocablens.surgery import corpus_token_ids, trim_vocab, verify_trim
     from vocablens.surgery.io import check_out, save_model_dir
     from vocablens.surgery.trim import read_token_list, tokenization_mismatches
@@ -124,9 +124,7 @@ def trim(
         save_model_dir(tr.model, tr.tokenizer, out_path, force=force, probe_texts=checks,
                        extra_json={"vocab_map.json": vocab_map, "vocablens_surgery.json": record})
     if json_:
-        emit_json({"model": lm.provenance.to_dict(), "out": str(out_path), "corpus": corpus or None,
-                   "trim": tr.result.to_dict(), "verification": {**v.to_dict(), "corpus_documents_checked": len(texts),
-                                                                  "corpus_documents_tokenized_differently": mismatches}})
+        emit_json(trim_to_dict(tr.result, v, out_path, corpus or None, len(texts), mismatches, lm.provenance))
     else:
         print_trim(tr.result, v, out_path, out, lm.provenance, corpus_docs=len(texts), corpus_docs_different=mismatches)
     err.print(f"[dim]id map: {out_path / 'vocab_map.json'}[/dim]") if not json_ else None

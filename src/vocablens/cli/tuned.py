@@ -146,12 +146,9 @@ def lens_train(
         res.lens.settings["command"] = "vocablens lens train " + " ".join(_argv_tail())
         res.lens.settings["seconds"] = round(wall, 1)
         res.lens.save(out_dir, dtype=torch.bfloat16 if save_dtype == "bfloat16" else torch.float32, force=True)
-        summary = {"out": str(out_dir), "steps": steps, "resumed_from": res.resumed_from,
-                   "tokens": res.tokens, "seconds": round(wall, 2),
-                   "tokens_per_s": res.tokens / wall if wall > 0 else None,
-                   "final_loss": res.history[-1].loss if res.history else None,
-                   "final_layer_loss": res.history[-1].layer_loss if res.history else None,
-                   "world_size": world, "data": info}
+        from vocablens.render.tuned import train_summary_to_dict
+
+        summary = train_summary_to_dict(res, out_dir, steps, wall, world, info)
         if json_:
             emit_json(summary)
         else:
@@ -232,7 +229,7 @@ def lens_eval(
     from vocablens.corpus import NAMED_CORPORA, corpus_record, load_documents, pack_tokens
     from vocablens.lens.evaluate import evaluate, text_bytes
     from vocablens.lens.tuned import TunedLens, find_lens
-    from vocablens.render.tuned import print_eval, save_eval_plot
+    from vocablens.render.tuned import eval_to_dict, print_eval, save_eval_plot
 
     if max_tokens < 2 or seq_len < 2:
         raise BadInput("--max-tokens and --seq-len must be at least 2")
@@ -290,13 +287,10 @@ def lens_eval(
                        on_row=lambda done, total: tick(done * T))
     if rank != 0:
         return
-    d = res.to_dict()
-    d.update({"model": lm.provenance.to_dict(), "lens": lens_label, "data": info})
     if plot is not None:
         save_eval_plot(res, plot, title=f"{lm.provenance.name}: logit vs tuned lens on {name} ({split})")
-        d["plot"] = str(plot)
     if json_:
-        emit_json(d)
+        emit_json(eval_to_dict(res, lm.provenance, lens_label, info, plot))
     else:
         print_eval(res, out, title=f"{lm.provenance.name}, {rows.numel()} tokens of {name} ({split}), lens {lens_label}")
         if plot is not None:

@@ -91,7 +91,7 @@ def project_cmd(
     """Parameters in vocabulary space: FFN value/key vectors, reverse token search, head OV/QK circuits.
 
     --block counts blocks 0..L-1 (block i reads residual-stream layer i and writes layer i+1); the
-    JSON field "layer" of vectors and rows is that block index.
+    JSON field "block" of vectors and rows is that block index, as in explain's JSON.
     """
     from vocablens import vocab_space as vs
     from vocablens.cli.heap import trim_heap
@@ -179,13 +179,13 @@ def explain_cmd(
     position: Annotated[int, typer.Option("--position", "-p", help="Position explained (negative from the end).")] = -1,
     token: Annotated[str, typer.Option("--token", "-t", help="A token to follow and attribute (default: the top-1).")] = "",
     k: KOpt = 5,
-    subs: Annotated[int, typer.Option("--subs", help="FFN sub-updates kept per layer.")] = 5,
+    subs: Annotated[int, typer.Option("--subs", help="FFN sub-updates kept per block.")] = 5,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the chat template (user turn).")] = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
 ) -> None:
-    """What built a prediction: per-layer attention/FFN updates, FFN sub-updates, per-head logit attribution."""
+    """What built a prediction: per-block attention/FFN updates, FFN sub-updates, per-head logit attribution."""
     from vocablens import vocab_space as vs
     from vocablens.models.tokens import context_length, encode_prompt
     from vocablens.render import vocab_space as rv

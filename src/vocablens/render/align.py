@@ -1,4 +1,5 @@
-"""Rendering of a parameter alignment between two models: JSON, the per-layer table, best matches."""
+"""Rendering of a parameter alignment between two models: JSON, the per-block table, best matches.
+Blocks count 0..L-1 (block i reads stream layer i and writes layer i+1)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ PAIR_ORDER = ("by correlation, highest first, compared at the 3 decimals the tab
 
 
 def best_pairs(res: Alignment, n: int) -> list[tuple[int, int, int, int, float]]:
-    """The ``n`` matched pairs with the highest correlation: (layer_a, unit_a, layer_b, unit_b, corr).
+    """The ``n`` matched pairs with the highest correlation: (block_a, unit_a, block_b, unit_b, corr).
 
-    Order (:data:`PAIR_ORDER`): sorted by ``(-round(corr, 3), layer_a, unit_a)``, stated and
+    Order (:data:`PAIR_ORDER`): sorted by ``(-round(corr, 3), block_a, unit_a)``, stated and
     deterministic: aligning a model with itself gives hundreds of correlation-1.000 ties, whose order
     would otherwise follow the last bits of each machine's float rounding."""
     rows = []
@@ -35,16 +36,19 @@ def best_pairs(res: Alignment, n: int) -> list[tuple[int, int, int, int, float]]
 
 
 def alignment_to_dict(res: Alignment, top: list[dict[str, Any]]) -> dict[str, Any]:
-    """Plain data for ``--json``: the layer map, each layer's matching summary, the best pairs."""
+    """Plain data for ``--json``: the block map, each block's matching summary, the best pairs:
+    ``{"what", "unit", "shared_tokens", "identical_vocabularies", "blocks_a", "blocks_b",
+    "block_similarity" [A][B], "blocks": [{"block_a", "block_b", "units", "matched_mean_corr",
+    "identity_fraction", "partner"}], "best_matches": [{"block_a", "unit_a", "block_b", "unit_b", ...}]}``."""
     return {
         "what": res.what,
         "unit": _unit(res.what),
         "shared_tokens": res.shared.size,
         "identical_vocabularies": res.shared.identical,
-        "layers_a": res.layers_a,
-        "layers_b": res.layers_b,
-        "layer_similarity": [[round(float(x), 6) for x in row] for row in res.layer_similarity],
-        "layers": [{"layer_a": m.layer_a, "layer_b": m.layer_b, "units": int(m.partner.numel()),
+        "blocks_a": res.layers_a,
+        "blocks_b": res.layers_b,
+        "block_similarity": [[round(float(x), 6) for x in row] for row in res.layer_similarity],
+        "blocks": [{"block_a": m.layer_a, "block_b": m.layer_b, "units": int(m.partner.numel()),
                     "matched_mean_corr": round(m.mean_corr, 6),
                     "identity_fraction": round(float((m.partner == torch.arange(m.partner.numel())).float().mean()), 6),
                     "partner": m.partner.tolist()} for m in res.matches],
@@ -54,14 +58,14 @@ def alignment_to_dict(res: Alignment, top: list[dict[str, Any]]) -> dict[str, An
 
 
 def top_matches(res: Alignment, top_tokens, n: int) -> list[dict[str, Any]]:
-    """The ``n`` best pairs with the top tokens of both units (``top_tokens(side, layer, unit)`` -> names)."""
-    return [{"layer_a": la, "unit_a": ua, "layer_b": lb, "unit_b": ub, "corr": round(c, 6),
+    """The ``n`` best pairs with the top tokens of both units (``top_tokens(side, block, unit)`` -> names)."""
+    return [{"block_a": la, "unit_a": ua, "block_b": lb, "unit_b": ub, "corr": round(c, 6),
              "top_tokens_a": top_tokens("a", la, ua), "top_tokens_b": top_tokens("b", lb, ub)}
             for la, ua, lb, ub, c in best_pairs(res, n)]
 
 
 def alignment_tables(res: Alignment, top: list[dict[str, Any]], name_a: str, name_b: str) -> list[Table]:
-    """Two rich tables: per layer of A its best layer of B (mean best and matched correlation), and the
+    """Two rich tables: per block of A its best block of B (mean best and matched correlation), and the
     best matched pairs with their top tokens."""
     unit = _unit(res.what)
     t = Table(title=f"{name_a} -> {name_b}: each block's most similar block ({unit}s matched one-to-one)")
@@ -76,7 +80,7 @@ def alignment_tables(res: Alignment, top: list[dict[str, Any]], name_a: str, nam
     for c in ("A", "B", "corr", "A's top tokens", "B's top tokens"):
         b.add_column(c, justify="right" if c in ("A", "B", "corr") else "left")
     for r in top:
-        b.add_row(f"{r['layer_a']}/{r['unit_a']}", f"{r['layer_b']}/{r['unit_b']}", f"{r['corr']:.3f}",
+        b.add_row(f"{r['block_a']}/{r['unit_a']}", f"{r['block_b']}/{r['unit_b']}", f"{r['corr']:.3f}",
                   " ".join(quoted(s) for s in r["top_tokens_a"]), " ".join(quoted(s) for s in r["top_tokens_b"]))
     return [t, b]
 

@@ -36,6 +36,12 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def anatomy_json(results: Sequence[Anatomy]) -> dict:
+    """The dict ``anatomy --json`` prints: ``{"models": [Anatomy.to_dict(), ...]}``, one entry per model
+    (also for one model: one schema whatever the number of models)."""
+    return {"models": [a.to_dict() for a in results]}
+
+
 def anatomy_rows(results: Sequence[Anatomy]) -> list[tuple[str, list[str]]]:
     """The table's rows: ``(label, [cell per model])`` — shared by the terminal and the HTML report."""
     first = results[0]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 from rich.table import Table
 
-from vocablens.argmax.bottleneck import Bottleneck
+from vocablens.argmax.bottleneck import Bottleneck, softmax_bottleneck
 from vocablens.argmax.result import STAGES, VERDICTS
 from vocablens.argmax.model import ModelArgmax
 from vocablens.models.tokens import token_str, quoted
@@ -63,7 +64,8 @@ def duplicate_groups(ma: ModelArgmax) -> list[dict]:
 
 
 def argmax_to_dict(ma: ModelArgmax, tokenizer=None, per_token: bool = True) -> dict:
-    """Plain data for ``--json``: counts, stages, flagged tokens (decoded), per-token verdicts."""
+    """Plain data for ``--json``: counts, stages, flagged tokens (decoded), per-token verdicts; the same
+    keys whatever the model and options (``budget_s``, ``reserved``, ``norm`` null when not asked or none)."""
     res = ma.result
     dec = (lambda t: token_str(tokenizer, t)) if tokenizer is not None else (lambda t: None)
     reserved = set(_reserved(ma))
@@ -107,11 +109,10 @@ def argmax_to_dict(ma: ModelArgmax, tokenizer=None, per_token: bool = True) -> d
         "norm": None,
         "norm_note": ma.norm_note,
     }
-    if res.budget_s is not None:
-        out["budget_s"] = res.budget_s
-        out["cut_short"] = list(res.cut_short)
-    if reserved:
-        out["reserved"] = reserved_group(ma, item)
+    # always present (one schema): null / [] without a --budget, null without reserved tokens
+    out["budget_s"] = res.budget_s
+    out["cut_short"] = list(res.cut_short) if res.budget_s is not None else []
+    out["reserved"] = reserved_group(ma, item) if reserved else None
     if ma.reach is not None:
         r = ma.reach
         out["norm"] = {
@@ -226,14 +227,25 @@ def argmax_section(ma: ModelArgmax, tokenizer=None) -> Section:
     return Section(id="argmax", title="Argmax geometry", html="\n".join(parts))
 
 
+#: the top-k counts softmax_bottleneck reports by default: always keys of the shares, null past a spectrum
+_TOP_K = tuple(inspect.signature(softmax_bottleneck).parameters["top_k"].default)
+
+
+def _share_keys(b: Bottleneck) -> list[int]:
+    return sorted(set(_TOP_K) | set(b.share_W) | set(b.share_A))
+
+
 def bottleneck_to_dict(b: Bottleneck) -> dict:
-    """Plain data for ``vocablens bottleneck --json``."""
+    """Plain data for ``vocablens bottleneck --json``; ``share_W`` and ``share_logprobs`` (variance
+    share of the top-k singular directions, keyed by k) have the same keys whatever V, d and N (the
+    default top-k counts), null where k exceeds that spectrum's length."""
     return {
         "V": b.V, "d": b.d, "rank_W": b.rank_W, "tol_W": b.tol_W, "stable_rank_W": b.stable_rank_W,
         "entropy_rank_W": b.entropy_rank_W, "n_contexts": b.n_contexts, "rank_logprobs": b.rank_A,
         "tol_logprobs": _f(b.tol_A), "rank_bound": b.bound_A, "softcap": b.softcap,
-        "share_W": {str(k): v for k, v in b.share_W.items()},
-        "share_logprobs": {str(k): v for k, v in b.share_A.items()},
+        # one key set for both whatever N: a top-k past the spectrum's length is null
+        "share_W": {str(k): b.share_W.get(k) for k in _share_keys(b)},
+        "share_logprobs": {str(k): b.share_A.get(k) for k in _share_keys(b)},
         "sigma_W": b.sigma_W.tolist(), "sigma_logprobs": b.sigma_A.tolist(),
     }
 

@@ -17,7 +17,7 @@ def _rows(borders: Borders, tie: TieCheck) -> list[tuple[str, str]]:
         ("tokenizer vocabulary", f"{d['tokenizer_vocab_size']:,}" if d["tokenizer_vocab_size"] else "unknown"),
         ("padding rows", f"{d['padding_rows']:,}"),
         ("d_model", str(d["d_model"])),
-        ("layers (blocks)", str(d["n_layers"])),
+        ("blocks", str(d["n_layers"])),
         ("input scale", f"{d['embed_scale']:g}"),
         ("final norm", str(d["final_norm"])),
         ("LM head bias", "yes" if d["lm_head_bias"] else "no"),

@@ -1,4 +1,4 @@
-"""Terminal rendering of a lens result (rich tables)."""
+"""Rendering of a lens result: the ``--json`` dict, rich tables, the heatmap and the report section."""
 
 from __future__ import annotations
 
@@ -6,6 +6,54 @@ from rich.table import Table
 
 from vocablens.lens.logit import LensResult
 from vocablens.models.tokens import token_str
+
+
+def lens_to_dict(result: LensResult, tokenizer=None) -> dict:
+    """Plain JSON-ready data, one schema whatever the number of positions read:
+    ``{"kind", "tokens", "positions", "final_top1", "model_max_abs_diff", "n_layers", "layers":
+    [{"layer", "positions": [{"position", "top_tokens", "top_ids", "top_probs", "entropy",
+    "kl_to_final", "final_top1_rank", "final_top1_prob"}]}]}``: ``layers[i]["positions"][j]`` is stream
+    layer ``layers[i]["layer"]`` (0..L) at position ``positions[j]``, also when one position is read.
+    Probabilities are plain, entropy and KL in nats."""
+    def tok(i):
+        return token_str(tokenizer, i) if tokenizer is not None else str(int(i))
+
+    P = len(result.positions)
+    layers = []
+    for ly in result.layers:
+        rows = []
+        for j in range(P):
+            rows.append({
+                "position": int(result.positions[j]),
+                "top_tokens": [tok(i) for i in ly.top_ids[j].tolist()],
+                "top_ids": ly.top_ids[j].tolist(),
+                "top_probs": [round(float(x), 6) for x in ly.top_probs[j]],
+                "entropy": float(ly.entropy[j]),
+                "kl_to_final": float(ly.kl_to_final[j]),
+                "final_top1_rank": int(ly.final_top1_rank[j]),
+                "final_top1_prob": float(ly.final_top1_prob[j]),
+            })
+        layers.append({"layer": ly.layer, "positions": rows})
+    return {
+        "kind": result.kind,
+        "tokens": [tok(i) for i in result.input_ids.tolist()],
+        "positions": result.positions.tolist(),
+        "final_top1": [tok(i) for i in result.final_top1.tolist()],
+        "model_max_abs_diff": result.model_max_abs_diff,
+        "n_layers": result.n_layers,
+        "layers": layers,
+    }
+
+
+def lens_json(results: list[LensResult], tokenizer, provenance=None) -> dict:
+    """The dict ``lens --json`` prints (and the explorer's ``/api/lens`` answers): one lens's
+    :func:`lens_to_dict`, or for two (logit, tuned) ``{"kind": "both", "logit": ..., "tuned": ...}``;
+    plus ``"model"`` (the provenance) when given."""
+    ds = [lens_to_dict(r, tokenizer) for r in results]
+    d = ds[0] if len(ds) == 1 else {"kind": "both", "logit": ds[0], "tuned": ds[1]}
+    if provenance is not None:
+        d["model"] = provenance.to_dict()
+    return d
 
 
 def lens_table(res: LensResult, tokenizer, j: int = 0, k: int | None = None,

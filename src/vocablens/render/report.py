@@ -111,6 +111,38 @@ def report_sections(run, lm, model: str) -> list[Section]:
     return out
 
 
+def report_to_dict(run, lm, out_path, sections: list[Section], timings: dict[str, float]) -> dict:
+    """The dict ``report --json`` prints: the output path, the model's provenance and borders, each
+    section's result as its own command's ``--json`` builds it (null when the section did not run),
+    the sections written, what was cut short, and the timings (seconds)."""
+    from vocablens.render import vocab_space as rv
+    from vocablens.render.argmax import argmax_to_dict
+    from vocablens.render.geometry import neighbors_to_dict
+    from vocablens.render.lens import lens_to_dict
+
+    tok, r = lm.tokenizer, run.result
+
+    def part(key, build):
+        return build(r(key)) if r(key) is not None else None
+
+    return {
+        "out": str(out_path),
+        "model": lm.provenance.to_dict(),
+        "borders": lm.borders.describe(),
+        "anatomy": part("anatomy", lambda a: a.to_dict()),
+        "tie_check": part("borders", lambda b: b.to_dict()),
+        "neighbors": part("neighbors", lambda x: neighbors_to_dict(x, tok)),
+        "lens": part("lens", lambda x: lens_to_dict(x, tok)),
+        "tuned_lens": part("tuned", lambda x: lens_to_dict(x, tok)),
+        "argmax": part("argmax", lambda x: argmax_to_dict(x, tok, per_token=False)),
+        "explain": part("explain", lambda x: rv.explanation_to_dict(x, tok)),
+        "settle": part("settle", rv.settle_to_dict),
+        "sections": [s.id for s in sections],
+        "cut_short": run.cut_short,
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+    }
+
+
 def argmax_notes(ma) -> str:
     """What the argmax section's final-norm table means: its "no" rows that are exact duplicates,
     and the two probability columns."""

@@ -112,6 +112,30 @@ def save_eval_plot(res: LensEval, path: str | Path, title: str = "") -> Path:
     return path
 
 
+def train_summary_to_dict(res, out_dir, steps: int, wall_s: float, world_size: int, data: dict) -> dict:
+    """The dict ``lens train --json`` prints: the output folder, steps asked and resumed from, tokens
+    seen, wall seconds and tokens/s, the last step's loss (nats summed over layers) and per-layer
+    losses (None before any step), the world size and the data record. ``res`` is a
+    :class:`vocablens.lens.train.TrainResult`."""
+    last = res.history[-1] if res.history else None
+    return {"out": str(out_dir), "steps": steps, "resumed_from": res.resumed_from,
+            "tokens": res.tokens, "seconds": round(wall_s, 2),
+            "tokens_per_s": res.tokens / wall_s if wall_s > 0 else None,
+            "final_loss": last.loss if last is not None else None,
+            "final_layer_loss": last.layer_loss if last is not None else None,
+            "world_size": world_size, "data": data}
+
+
+def eval_to_dict(res: LensEval, provenance, lens_label: str, data: dict, plot: str | Path | None = None) -> dict:
+    """The dict ``lens eval --json`` prints: :meth:`LensEval.to_dict` plus ``model`` (provenance),
+    ``lens`` (which lens), ``data`` (the evaluation corpus record) and ``plot`` (the plot's path, null
+    without ``--plot``: one schema either way, as ``settle --json``)."""
+    d = res.to_dict()
+    d.update({"model": provenance.to_dict(), "lens": lens_label, "data": data,
+              "plot": str(plot) if plot is not None else None})
+    return d
+
+
 def _grid(res: LensResult, field: str):
     """[L+1, P] values of one LensLayer field, and the [L+1, P] top-token ids."""
     z = [[float(v) for v in getattr(ly, field).tolist()] for ly in res.layers]

@@ -20,35 +20,26 @@ endpoint           CLI equivalent
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from vocablens.errors import BadInput, TokenNotInVocabulary
 from vocablens.geometry import nearest_neighbors
-from vocablens.lens import lens_to_dict, logit_lens
+from vocablens.lens import logit_lens
 from vocablens.lens.logit import layer_logprobs, resolve_positions
 from vocablens.models.tokens import adds_bos, context_length, encode_prompt, single_token_id, token_str
 from vocablens.render.argmax import argmax_to_dict
 from vocablens.render.geometry import neighbors_to_dict
+from vocablens.render.json import json_ready
+from vocablens.render.lens import lens_json as _lens_json
 from vocablens.render.vocab_space import explanation_to_dict, search_to_dict
 
 
 # ------------------------------------------------------------------------------------------ helpers
 def clean(o: Any) -> Any:
-    """JSON-ready copy of ``o``: NaN/inf -> None, tensors -> lists (as ``cli.common.emit_json`` does)."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {str(k): clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [clean(v) for v in o]
-    if isinstance(o, torch.Tensor):
-        return clean(o.tolist())
-    if hasattr(o, "item") and callable(o.item):
-        return clean(o.item())
-    return o
+    """JSON-ready copy of ``o``: NaN/inf -> None, tensors -> lists (the one conversion ``--json`` uses)."""
+    return json_ready(o)
 
 
 def _with_model(d: dict, lm) -> dict:
@@ -158,9 +149,7 @@ def lens_json(lm, ids: torch.Tensor, kind: str, k: int, tuned,
     b = _Replayed(lm.borders, ids, stream if stream is not None else forward(lm, ids))
     translators = [None] if kind == "logit" else [tuned] if kind == "tuned" else [None, tuned]
     results = [logit_lens(b, ids, positions="all", k=k, translator=t) for t in translators]
-    ds = [lens_to_dict(r, lm.tokenizer) for r in results]
-    d = ds[0] if len(ds) == 1 else {"kind": "both", "logit": ds[0], "tuned": ds[1]}
-    return _with_model(d, lm)
+    return _with_model(_lens_json(results, lm.tokenizer), lm)
 
 
 def trajectory_json(lm, ids: torch.Tensor, resid: torch.Tensor, position: int, tid: int, tuned) -> dict:

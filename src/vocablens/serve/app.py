@@ -264,7 +264,7 @@ def create_app(state: ServerState, host: str = "127.0.0.1") -> FastAPI:
     @app.post("/api/explain")
     @_body(M["explain"])
     def explain(req):
-        """Attribution of the prediction at one position to layers, heads and FFN sub-updates."""
+        """Attribution of the prediction at one position to blocks, heads and FFN sub-updates."""
         with state.lock:
             tid = None if req.target is None else adapters.token_id(state.lm, req.target)
             e = state.entry(req.prompt, req.chat)

@@ -44,14 +44,14 @@ class SubUpdate:
     """One FFN sub-update ``a_i · v_i`` (Geva et al. 2022 §2).
 
     Attributes:
-        layer, neuron: where it is.
+        block, neuron: where it is (block 0..L-1, row of its FFN's down projection).
         activation: a_i, the neuron's activation at the position.
         dla: its direct effect on the logit difference target - contrast (logits).
         dla_target: its direct effect on the target's logit.
         top_ids: [k] tokens the sub-update promotes most (its direct effect on all logits).
     """
 
-    layer: int
+    block: int
     neuron: int
     activation: float
     dla: float
@@ -64,7 +64,7 @@ class LayerExplanation:
     """One block's updates at the explained position, in vocabulary space.
 
     Attributes:
-        layer: block index 0..L-1 (it reads stream layer ``layer`` and writes ``layer + 1``).
+        block: block index 0..L-1 (it reads stream layer ``block`` and writes layer ``block + 1``).
         attn_dlogprob_top1, mlp_dlogprob_top1: change in the logit-lens log-probability (nats) of the
             final top-1 when the attention update, then the FFN update, are added.
         attn_dlogprob_token, mlp_dlogprob_token: the same for the user's token (None without one).
@@ -77,7 +77,7 @@ class LayerExplanation:
         sub_update_error: max |Σ_i a_i v_i + b_out - FFN output| (a check, ~0).
     """
 
-    layer: int
+    block: int
     attn_dlogprob_top1: float
     mlp_dlogprob_top1: float
     attn_dlogprob_token: float | None
@@ -156,7 +156,7 @@ def _through_post(post, raw: torch.Tensor, r2: torch.Tensor):
 
 def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token_id: int | None = None,
             k: int = 5, n_sub: int = 5) -> Explanation:
-    """Per-layer attention and FFN updates, FFN sub-updates and per-head direct logit attribution.
+    """Per-block attention and FFN updates, FFN sub-updates and per-head direct logit attribution.
 
     Geva et al. 2022 §2 (updates and sub-updates in vocabulary space); direct logit attribution as in
     Elhage et al. 2021 §"direct path", with the final norm linearized at the actual scale (see the module
@@ -168,10 +168,10 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
         position: the position explained (negative counts from the end).
         token_id: a token to follow (log-probability changes, and the DLA target); None = top-1 only.
         k: tokens listed per update and sub-update.
-        n_sub: sub-updates listed per layer.
+        n_sub: sub-updates listed per block.
 
     Returns:
-        :class:`Explanation`. Memory: one position's activations per layer ([d_ff] floats).
+        :class:`Explanation`. Memory: one position's activations per block ([d_ff] floats).
 
     Raises:
         BadInput: empty prompt, bad position, token id or k.
@@ -288,11 +288,11 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
                 if m_lin is not None:
                     contrib = m_lin.linear(contrib)
                 sub_vecs.append(contrib * v.mlp_post.scale)
-                subs = [dict(layer=i, neuron=int(j), activation=float(act[j]), dla=float(diff[j]),
+                subs = [dict(block=i, neuron=int(j), activation=float(act[j]), dla=float(diff[j]),
                              dla_target=float(sub[j, 0])) for j in idx.tolist()]
             total = total + attn_dla + mlp_dla
             layers.append(LayerExplanation(
-                layer=i,
+                block=i,
                 attn_dlogprob_top1=float(lp_top1[2 * i + 1] - lp_top1[2 * i]),
                 mlp_dlogprob_top1=float(lp_top1[2 * i + 2] - lp_top1[2 * i + 1]),
                 attn_dlogprob_token=None if lp_tok is None else float(lp_tok[2 * i + 1] - lp_tok[2 * i]),

@@ -13,12 +13,12 @@ from vocablens.vocab_space import HeadCircuit, InterpretableVectors, TokenSearch
 
 
 def vectors_to_dict(res: VectorProjection, tokenizer) -> dict:
-    """``{"kind", "apply_norm_gain", "vectors": [{"layer", "neuron", "norm", "top_tokens", "top_ids",
+    """``{"kind", "apply_norm_gain", "vectors": [{"block", "neuron", "norm", "top_tokens", "top_ids",
     "top_scores", "bottom_tokens", "bottom_ids", "bottom_scores"}]}``."""
     rows = []
     for j in range(len(res.layers)):
         rows.append({
-            "layer": int(res.layers[j]), "neuron": int(res.neurons[j]), "norm": rnd(res.norms[j], 6),
+            "block": int(res.layers[j]), "neuron": int(res.neurons[j]), "norm": rnd(res.norms[j], 6),
             "top_tokens": toks(tokenizer, res.top_ids[j]), "top_ids": res.top_ids[j].tolist(),
             "top_scores": [rnd(x, 6) for x in res.top_scores[j].tolist()],
             "bottom_tokens": toks(tokenizer, res.bottom_ids[j]), "bottom_ids": res.bottom_ids[j].tolist(),
@@ -33,8 +33,8 @@ def _searches(res: TokenSearch | list[TokenSearch]) -> list[TokenSearch]:
 
 def search_to_dict(res: TokenSearch | list[TokenSearch], tokenizer, tops: VectorProjection | None = None) -> dict:
     """``{"token", "token_id", "tokens", "token_ids", "criterion", "promote": [{"target", "target_id",
-    "layer", "neuron", "z", "score", "rank", "top_tokens", "top_ids"}], "suppress": [...]}`` for one search or
-    several (``token``/``token_id`` name the first target). ``layer`` is the block; ``z`` the ranking
+    "block", "neuron", "z", "score", "rank", "top_tokens", "top_ids"}], "suppress": [...]}`` for one search or
+    several (``token``/``token_id`` name the first target). ``block`` is the block 0..L-1; ``z`` the ranking
     key; ``score`` the raw logit per unit; ``rank`` the target's rank among the vector's logits (from
     the top for promote rows, from the bottom for suppress rows). ``top_tokens`` (what each vector
     promotes) when ``tops`` holds their projection: per search, its promote rows then its suppress rows."""
@@ -48,7 +48,7 @@ def search_to_dict(res: TokenSearch | list[TokenSearch], tokenizer, tops: Vector
                                       (suppress, (s.suppress_layers, s.suppress_neurons, s.suppress_z,
                                                   s.suppress_scores, s.suppress_ranks))):
             for j in range(len(Z)):
-                d = {"target": name, "target_id": s.token_id, "layer": int(L[j]), "neuron": int(N[j]),
+                d = {"target": name, "target_id": s.token_id, "block": int(L[j]), "neuron": int(N[j]),
                      "z": rnd(Z[j], 4), "score": rnd(S[j], 6), "rank": int(R[j])}
                 if tops is not None:
                     d["top_tokens"] = toks(tokenizer, tops.top_ids[off + j])
@@ -74,10 +74,10 @@ def search_vectors(res: TokenSearch | list[TokenSearch]) -> tuple[list[int], lis
 
 
 def circuit_to_dict(res: HeadCircuit, tokenizer) -> dict:
-    """``{"layer", "head", "kv_head", "circuit", "self_top1_fraction", "n_sources", "pairs": [{"source",
+    """``{"block", "head", "kv_head", "circuit", "self_top1_fraction", "n_sources", "pairs": [{"source",
     "target", "source_id", "target_id", "score"}]}``."""
     src, tgt = toks(tokenizer, res.src_ids), toks(tokenizer, res.tgt_ids)
-    return {"mode": "head", "layer": res.layer, "head": res.head, "kv_head": res.kv_head, "circuit": res.circuit,
+    return {"mode": "head", "block": res.layer, "head": res.head, "kv_head": res.kv_head, "circuit": res.circuit,
             "apply_norm_gain": res.apply_norm_gain, "self_top1_fraction": rnd(res.self_top1_fraction, 6),
             "n_sources": res.n_sources,
             "pairs": [{"source": s, "target": t, "source_id": int(si), "target_id": int(ti), "score": rnd(sc, 6)}
@@ -150,13 +150,13 @@ def _vector_rows(res: VectorProjection, tokenizer, n: int, middle: list[str], sh
 
 
 def value_vectors_section(res: VectorProjection, tokenizer, n: int = 8, note: str | None = None) -> Section:
-    """Report section: top and bottom tokens of a sample of value vectors per layer (``note`` replaces
+    """Report section: top and bottom tokens of a sample of value vectors per block (``note`` replaces
     the sentence that introduces the table)."""
     rows = _vector_rows(res, tokenizer, n, [f"{float(x):.3f}" for x in res.norms.tolist()])
     intro = (f"<p>{_intro(res.apply_norm_gain)} "
-             f"{esc(note) if note else 'A random sample of neurons per layer:'}</p>")
+             f"{esc(note) if note else 'A random sample of neurons per block:'}</p>")
     return Section(id="value-vectors", title="FFN value vectors in vocabulary space",
-                   html=intro + table_html(["layer", "neuron", "norm", "promotes", "suppresses"], rows))
+                   html=intro + table_html(["block", "neuron", "norm", "promotes", "suppresses"], rows))
 
 
 def interpretable_to_dict(res: InterpretableVectors, tokenizer) -> dict:

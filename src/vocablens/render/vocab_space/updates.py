@@ -14,14 +14,17 @@ from vocablens.vocab_space import Explanation, SettleResult
 
 
 def explanation_to_dict(e: Explanation, tokenizer) -> dict:
-    """All of :class:`~vocablens.vocab_space.Explanation` as plain data (tokens as readable strings)."""
+    """All of :class:`~vocablens.vocab_space.Explanation` as plain data (tokens as readable strings):
+    ``{"tokens", "position", ..., "blocks": [{"block", "attn_dla", "mlp_dla", "head_dla", "sub_updates":
+    [{"block", "neuron", ...}], ...}]}``, one entry per block 0..L-1 (block i reads stream layer i and
+    writes layer i+1)."""
     def tok(i):
         return None if i is None else token_str(tokenizer, i)
 
-    layers = []
+    blocks = []
     for ly in e.layers:
-        layers.append({
-            "layer": ly.layer,
+        blocks.append({
+            "block": ly.block,
             "attn_dlogprob_top1": rnd(ly.attn_dlogprob_top1, 6), "mlp_dlogprob_top1": rnd(ly.mlp_dlogprob_top1, 6),
             "attn_dlogprob_token": None if ly.attn_dlogprob_token is None else rnd(ly.attn_dlogprob_token, 6),
             "mlp_dlogprob_token": None if ly.mlp_dlogprob_token is None else rnd(ly.mlp_dlogprob_token, 6),
@@ -29,8 +32,8 @@ def explanation_to_dict(e: Explanation, tokenizer) -> dict:
             "head_dla": [rnd(x, 6) for x in ly.head_dla.tolist()],
             "attn_bias_dla": rnd(ly.attn_bias_dla, 6), "mlp_bias_dla": rnd(ly.mlp_bias_dla, 6),
             "attn_top_tokens": toks(tokenizer, ly.attn_top_ids), "mlp_top_tokens": toks(tokenizer, ly.mlp_top_ids),
-            "sub_updates": [{"neuron": s.neuron, "activation": rnd(s.activation, 6), "dla": rnd(s.dla, 6),
-                             "dla_target": rnd(s.dla_target, 6), "top_tokens": toks(tokenizer, s.top_ids),
+            "sub_updates": [{"block": s.block, "neuron": s.neuron, "activation": rnd(s.activation, 6),
+                             "dla": rnd(s.dla, 6), "dla_target": rnd(s.dla_target, 6), "top_tokens": toks(tokenizer, s.top_ids),
                              "top_ids": [int(i) for i in s.top_ids]}
                             for s in ly.sub_updates],
             "sub_update_error": ly.sub_update_error,
@@ -44,7 +47,7 @@ def explanation_to_dict(e: Explanation, tokenizer) -> dict:
         "logit_target_model": rnd(e.logit_target_model, 6), "logit_target_sum": rnd(e.logit_target_sum, 6),
         "embed_dla": rnd(e.embed_dla, 6), "const_dla": rnd(e.const_dla, 6),
         "resid_error": e.resid_error, "final_sigma": rnd(e.final_sigma, 6), "softcap": e.softcap,
-        "approximation": e.approximation, "layers": layers,
+        "approximation": e.approximation, "blocks": blocks,
     }
 
 
@@ -67,12 +70,12 @@ def settle_to_dict(res: SettleResult) -> dict:
 
 
 def explanation_tables(e: Explanation, tokenizer) -> list:
-    """Two tables: per-layer updates, and the largest FFN sub-updates overall."""
+    """Two tables: per-block updates, and the largest FFN sub-updates overall."""
     tgt, con = token_str(tokenizer, e.target), token_str(tokenizer, e.contrast)
     top1 = token_str(tokenizer, e.top1)
     t = Table(title=(f"position {e.position}: top-1 {quoted(top1)} (log p {e.top1_logprob:.3f}); DLA of logit[{quoted(tgt)}] - "
                      f"logit[{quoted(con)}]"), title_justify="left")
-    cols = ["layer", "Δlogp top-1 attn", "Δlogp top-1 mlp"]
+    cols = ["block", "Δlogp top-1 attn", "Δlogp top-1 mlp"]
     if e.token is not None:
         cols += ["Δlogp token attn", "Δlogp token mlp"]
     cols += ["DLA attn", "top head", "DLA mlp", "mlp promotes"]
@@ -80,18 +83,18 @@ def explanation_tables(e: Explanation, tokenizer) -> list:
         t.add_column(c, justify="left" if "promotes" in c else "right")
     for ly in e.layers:
         h = int(ly.head_dla.abs().argmax())
-        row = [str(ly.layer), f"{ly.attn_dlogprob_top1:+.3f}", f"{ly.mlp_dlogprob_top1:+.3f}"]
+        row = [str(ly.block), f"{ly.attn_dlogprob_top1:+.3f}", f"{ly.mlp_dlogprob_top1:+.3f}"]
         if e.token is not None:
             row += [f"{ly.attn_dlogprob_token:+.3f}", f"{ly.mlp_dlogprob_token:+.3f}"]
         row += [f"{ly.attn_dla:+.3f}", f"h{h} {float(ly.head_dla[h]):+.3f}", f"{ly.mlp_dla:+.3f}",
                 join(toks(tokenizer, ly.mlp_top_ids), 3)]
         t.add_row(*row)
     s = Table(title="largest FFN sub-updates (activation x value vector) by |DLA|", title_justify="left")
-    for c in ("layer", "neuron", "activation", "DLA", "promotes"):
+    for c in ("block", "neuron", "activation", "DLA", "promotes"):
         s.add_column(c, justify="left" if c == "promotes" else "right")
     subs = sorted((x for ly in e.layers for x in ly.sub_updates), key=lambda x: -abs(x.dla))[:12]
     for x in subs:
-        s.add_row(str(x.layer), str(x.neuron), f"{x.activation:+.3f}", f"{x.dla:+.3f}", join(toks(tokenizer, x.top_ids), 5))
+        s.add_row(str(x.block), str(x.neuron), f"{x.activation:+.3f}", f"{x.dla:+.3f}", join(toks(tokenizer, x.top_ids), 5))
     return [t, s]
 
 
@@ -217,27 +220,27 @@ def write_settle_plot(res: SettleResult, path) -> None:
 
 
 def explanation_section(e: Explanation, tokenizer, prompt: str | None = None) -> Section:
-    """Report section: per-layer updates and the largest sub-updates behind the report prompt's prediction."""
+    """Report section: per-block updates and the largest sub-updates behind the report prompt's prediction."""
     tgt, con = token_str(tokenizer, e.target), token_str(tokenizer, e.contrast)
     rows = []
     for ly in e.layers:
         h = int(ly.head_dla.abs().argmax())
-        rows.append([ly.layer, f"{ly.attn_dlogprob_top1:+.3f}", f"{ly.mlp_dlogprob_top1:+.3f}",
+        rows.append([ly.block, f"{ly.attn_dlogprob_top1:+.3f}", f"{ly.mlp_dlogprob_top1:+.3f}",
                      f"{ly.attn_dla:+.3f}", f"h{h} {float(ly.head_dla[h]):+.3f}", f"{ly.mlp_dla:+.3f}",
                      " ".join(shown(t) for t in toks(tokenizer, ly.mlp_top_ids)[:4])])
     subs = sorted((x for ly in e.layers for x in ly.sub_updates), key=lambda x: -abs(x.dla))[:10]
-    srows = [[x.layer, x.neuron, f"{x.activation:+.3f}", f"{x.dla:+.3f}",
+    srows = [[x.block, x.neuron, f"{x.activation:+.3f}", f"{x.dla:+.3f}",
               " ".join(shown(t) for t in toks(tokenizer, x.top_ids)[:5])] for x in subs]
     head = f"<p>Prompt: <code>{esc(prompt)}</code>. " if prompt else "<p>"
     html = (head + f"The model's top-1 is <code>{esc(shown(token_str(tokenizer, e.top1)))}</code> "
-            f"(log p = {e.top1_logprob:.3f}). Per layer: the change in the logit-lens log-probability of the "
+            f"(log p = {e.top1_logprob:.3f}). Per block (block i reads stream layer i and writes layer i+1): the change in the logit-lens log-probability of the "
             f"top-1 when the attention and then the FFN update are added, and direct logit attribution (DLA) to "
             f"logit[{esc(shown(tgt))}] − logit[{esc(shown(con))}]. {esc(LEGEND)} The contributions sum to "
             f"{e.logit_diff_sum:.4f}; the model's logit difference is {e.logit_diff_model:.4f}. "
             f"Approximation: {esc(e.approximation)}.</p>"
-            + table_html(["layer", "Δlogp attn", "Δlogp mlp", "DLA attn", "top head", "DLA mlp", "mlp promotes"], rows)
+            + table_html(["block", "Δlogp attn", "Δlogp mlp", "DLA attn", "top head", "DLA mlp", "mlp promotes"], rows)
             + "<p>The FFN sub-updates (activation × value vector) with the largest direct effect:</p>"
-            + table_html(["layer", "neuron", "activation", "DLA", "promotes"], srows))
+            + table_html(["block", "neuron", "activation", "DLA", "promotes"], srows))
     return Section(id="explain", title="What built the prediction", html=html)
 
 

@@ -380,12 +380,12 @@ async function loadExplain(pos, tok) {
     const { data } = await api("/api/explain", { prompt: S.prompt, chat: S.chat, position: pos, target: tok.id });
     if (seq !== S.seq) return;
     S.last.explain = data;
-    const layers = data.layers.map((l) => l.layer);
+    const blocks = data.blocks.map((b) => b.block);
     Plotly.react("attr-plot", [
-      { type: "bar", x: layers, y: data.layers.map((l) => l.attn_dla), name: "attention", marker: { color: "#0b5cad" } },
-      { type: "bar", x: layers, y: data.layers.map((l) => l.mlp_dla), name: "FFN", marker: { color: "#e4572e" } },
+      { type: "bar", x: blocks, y: data.blocks.map((b) => b.attn_dla), name: "attention", marker: { color: "#0b5cad" } },
+      { type: "bar", x: blocks, y: data.blocks.map((b) => b.mlp_dla), name: "FFN", marker: { color: "#e4572e" } },
     ], { barmode: "relative", margin: { l: 50, r: 10, t: 10, b: 40 }, height: 300, legend: { orientation: "h", y: 1.12 },
-         xaxis: { title: { text: "layer" } }, yaxis: { title: { text: "direct logit attribution" } } },
+         xaxis: { title: { text: "block" } }, yaxis: { title: { text: "direct logit attribution" } } },
        { ...PLOT_CONFIG, toImageButtonOptions: { ...PLOT_CONFIG.toImageButtonOptions, filename: "vocablens-attribution" } });
     $("attr-summary").textContent =
       `target ${vis(data.target)}${data.contrast !== null ? " vs " + vis(data.contrast) : ""}: ` +
@@ -393,9 +393,9 @@ async function loadExplain(pos, tok) {
       `(embedding ${fmt(data.embed_dla)}). ${data.approximation}`;
     // the largest parts: attention heads and FFN sub-updates (neurons)
     const parts = [];
-    data.layers.forEach((l) => {
-      l.head_dla.forEach((v, h) => parts.push({ what: `L${l.layer} head ${h}`, v, toks: [], ids: [] }));
-      l.sub_updates.forEach((s) => parts.push({ what: `L${l.layer} FFN neuron ${s.neuron}`, v: s.dla, toks: s.top_tokens,
+    data.blocks.forEach((b) => {
+      b.head_dla.forEach((v, h) => parts.push({ what: `block ${b.block} head ${h}`, v, toks: [], ids: [] }));
+      b.sub_updates.forEach((s) => parts.push({ what: `block ${b.block} FFN neuron ${s.neuron}`, v: s.dla, toks: s.top_tokens,
                                                 ids: s.top_ids || [] }));
     });
     parts.sort((a, b) => Math.abs(b.v) - Math.abs(a.v));
@@ -477,9 +477,9 @@ async function loadProject(id) {
     const t = el("table", { id: "project-table" }, el("tr", {}, ...head.map(([h, tip], i) =>
       el("th", { class: i === 3 || i === 4 ? "" : "l", text: h, title: tip }))));
     for (const [side, rows, sign] of [["promotes", data.promote, -1], ["suppresses", data.suppress, 1]]) {
-      const sorted = [...rows].sort((a, b) => sign * (a.z - b.z) || a.layer - b.layer || a.neuron - b.neuron);
+      const sorted = [...rows].sort((a, b) => sign * (a.z - b.z) || a.block - b.block || a.neuron - b.neuron);
       sorted.forEach((r, i) => t.append(el("tr", { "data-side": side }, el("td", { class: "l dim", text: i === 0 ? side : "" }),
-        el("td", { class: "l", text: String(r.block ?? r.layer) }), el("td", { class: "l", text: String(r.neuron) }),
+        el("td", { class: "l", text: String(r.block) }), el("td", { class: "l", text: String(r.neuron) }),
         el("td", { class: "z", text: fmt(r.z, 2) }), el("td", { text: fmt(r.score) }),
         el("td", { class: "l" }, tokList(r.top_tokens, r.top_ids, 6)))));
     }
@@ -530,7 +530,7 @@ async function start() {
     const r = await fetch("/api/health");
     S.health = await r.json();
     const pv = S.health.provenance;
-    $("model").textContent = `${pv.name}${pv.quantization ? " (" + pv.quantization + ")" : ""} · ${S.health.n_layers} layers · ` +
+    $("model").textContent = `${pv.name}${pv.quantization ? " (" + pv.quantization + ")" : ""} · ${S.health.n_layers} blocks · ` +
       `d=${S.health.d_model} · V=${S.health.vocab_size}` +
       (S.health.tuned === "loaded" ? " · tuned lens loaded" : " · no tuned lens");
     if (S.health.tuned !== "loaded") for (const v of ["tuned", "diff"]) document.querySelector(`input[name=view][value=${v}]`).disabled = true;
