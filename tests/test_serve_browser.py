@@ -299,13 +299,13 @@ def test_value_vectors_sorted_by_z_and_their_tokens_open_the_panel(server, brows
         [tr.dataset.side, Number(tr.cells[3].textContent), Number(tr.cells[4].textContent), tr.cells[2].textContent])""")
     for side, key, api_rows in (("promotes", lambda r: -r["z"], pr["promote"]), ("suppresses", lambda r: r["z"], pr["suppress"])):
         shown = [r for r in rows if r[0] == side]
-        want = sorted(api_rows, key=lambda r: (key(r), r["layer"], r["neuron"]))
+        want = sorted(api_rows, key=lambda r: (key(r), r["block"], r["neuron"]))
         assert [r[3] for r in shown] == [str(r["neuron"]) for r in want]
         zs = [r[1] for r in shown]
         assert zs == sorted(zs, reverse=side == "promotes")  # sorted by the column it shows
     # its tokens are buttons with the vector's top ids; a click opens that token's panel
     btn = page.locator("#project-table button.tok").first
-    first = pr["promote"] and sorted(pr["promote"], key=lambda r: (-r["z"], r["layer"], r["neuron"]))[0]
+    first = pr["promote"] and sorted(pr["promote"], key=lambda r: (-r["z"], r["block"], r["neuron"]))[0]
     assert int(btn.get_attribute("data-id")) == first["top_ids"][0]
     btn.click()
     page.wait_for_function(f"() => window.vl.token === {first['top_ids'][0]}")
@@ -320,7 +320,7 @@ def test_attribution_tokens_open_the_token_panel(server, browser):
     page = open_page(browser, server, "?prompt=The+capital+of+France+is&cell=30,4")
     page.wait_for_function("() => window.vl.last.explain && document.querySelector('#attr-table button.tok')")
     ex = page.evaluate("() => window.vl.last.explain")
-    ids = {i for ly in ex["layers"] for s in ly["sub_updates"] for i in s["top_ids"]}
+    ids = {i for bl in ex["blocks"] for s in bl["sub_updates"] for i in s["top_ids"]}
     btn = page.locator("#attr-table button.tok").first
     bid = int(btn.get_attribute("data-id"))
     assert bid in ids
