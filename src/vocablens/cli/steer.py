@@ -97,7 +97,7 @@ def steer_cmd(
 
     for v in st.vectors:
         w = block_view(b, v.block).W_out[v.neuron].detach().float()
-        scores = b.unembedding.readout(True)[: b.real_vocab_size] @ w
+        scores = b.unembedding.scores(w, True, rows=slice(0, b.real_vocab_size))  # streamed, no [V, d]
         # what the vector does to its target: the tokens it pushes up (promote, ablate) or down (suppress)
         top = (-scores if v.role == "suppress" else scores).topk(6).indices.tolist()
         vec_rows.append({"role": v.role, "block": v.block, "layer": v.block + 1, "neuron": v.neuron,
