@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from vocablens.errors import BadInput
+from vocablens.ops.rows import row_top1_prob
 
 #: families whose skipped blocks fill their cache with K/V projections only (tested in test_generate)
 KV_ONLY_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -161,7 +162,7 @@ class ExitController:
 
     @staticmethod
     def _top1_prob(z: torch.Tensor) -> float:
-        return float(torch.exp(z.amax(-1) - torch.logsumexp(z, -1)).max())
+        return float(row_top1_prob(z).max())
 
     def check(self, layer: int, h: torch.Tensor) -> bool:
         """Read stream layer ``layer`` (h [B, d], last position) and decide whether to exit here."""
