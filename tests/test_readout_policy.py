@@ -62,3 +62,26 @@ def test_the_scan_sees_a_banned_call(tmp_path):
     found = [(rel, callee, no) for rel, callee, _, no in _calls(tmp_path)]
     assert found == [("lens/m.py", "torch.log_softmax", 2), ("lens/m.py", "torch.logsumexp", 3),
                      ("lens/m.py", "U.readout", 4), ("lens/m.py", "z.softmax", 5)]
+
+
+def test_row_logprobs_and_top1_against_float64_log_softmax():
+    import math
+
+    import torch
+
+    from vocablens.ops import row_logprobs, row_top1_prob
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(5, 97, generator=g) * 30
+    z[:, 90:] = float("-inf")  # padding rows stay -inf
+    ref = torch.log_softmax(z.double(), -1)
+    got = row_logprobs(z, dtype=torch.float64)
+    assert got.dtype == torch.float64 and torch.isneginf(got[:, 90:]).all()
+    assert (got[:, :90] - ref[:, :90]).abs().max() <= 1e-12
+    assert (row_logprobs(z.double().T.contiguous(), 0).T - ref)[:, :90].abs().max() <= 1e-12
+    zz = z.clone()
+    out = row_logprobs(zz, inplace=True)
+    assert out.data_ptr() == zz.data_ptr() and (out[:, :90].double() - ref[:, :90]).abs().max() <= 1e-4
+    p1 = row_top1_prob(z.double())
+    assert (p1 - ref.exp().amax(-1)).abs().max() <= 1e-12 and 0 < float(p1.min()) and float(p1.max()) <= 1 + 1e-12
+    assert abs(float(row_top1_prob(torch.zeros(4)) ) - 0.25) <= 1e-7 and math.isfinite(float(p1.sum()))
