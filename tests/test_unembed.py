@@ -81,3 +81,34 @@ def test_tanh_only_in_logit_transform():
     offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
                  if p.name != "logit_transform.py" and re.search(r"\btanh_?\(", p.read_text())]
     assert offenders == []
+
+
+@pytest.mark.parametrize("fold,scaled", [(True, False), (False, True)])
+def test_streamed_scores_equal_readout_matrix(tiny, fold, scaled):
+    """Unembedding.scores(v) == readout() @ v (float64 oracle), streamed in small blocks, for
+    one direction, a batch, a slice and ids; readout_rows == readout rows; None is refused."""
+    _, _, b = tiny
+    U = b.unembedding
+    R = U.readout(fold, scaled=scaled, dtype=torch.float64)  # [V, d] oracle
+    v = torch.randn(4, b.d_model)
+    ref = v.double() @ R.T  # [4, V]
+    tol = 1e-4 * max(1.0, float(ref.abs().max()))
+    assert (U.scores(v, fold, scaled=scaled, block_rows=7).double() - ref).abs().max() <= tol
+    assert (U.scores(v[0], fold, scaled=scaled).double() - ref[0]).abs().max() <= tol
+    got = U.scores(v[1], fold, scaled=scaled, rows=slice(3, 50), block_rows=10)
+    assert got.shape == (47,) and (got.double() - ref[1, 3:50]).abs().max() <= tol
+    ids_ = [5, 0, b.vocab_size - 1]
+    assert (U.scores(v, fold, scaled=scaled, rows=ids_).double() - ref[:, ids_]).abs().max() <= tol
+    assert (U.readout_rows(ids_, fold, scaled=scaled).double() - R[ids_]).abs().max() <= 1e-5
+    with pytest.raises(BadInput):
+        U.readout_rows(None)
+
+
+def test_uncapped_logits_skip_only_the_softcap(tiny):
+    _, _, b = tiny
+    U = b.unembedding
+    h = torch.randn(2, U.weight.shape[1])
+    z = torch.nn.functional.linear(h.double(), U.weight.double(), None if U.bias is None else U.bias.double())
+    got = U.logits(h, rows=[1, 2], capped=False).double()
+    assert (got - U.logit_scale * z[:, [1, 2]]).abs().max() <= 1e-4
+    assert (U.logits(h, rows=[1, 2]).double() - transform_logits(got.clone(), 1.0, U.softcap)).abs().max() <= 1e-4

@@ -236,8 +236,8 @@ def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ff
     shared = shared_vocabulary(tokenizer_a, tokenizer_b, borders_a.real_vocab_size, borders_b.real_vocab_size,
                                min_shared=max(borders_a.d_model, borders_b.d_model) + 1)
     with torch.no_grad():
-        RA = _centred(borders_a.unembedding.readout(fold_norm_gain, rows=shared.ids_a))
-        RB = _centred(borders_b.unembedding.readout(fold_norm_gain, rows=shared.ids_b))
+        RA = _centred(borders_a.unembedding.readout_rows(shared.ids_a, fold_norm_gain))
+        RB = _centred(borders_b.unembedding.readout_rows(shared.ids_b, fold_norm_gain))
         C, Ga, Gb = RA.t() @ RB, RA.t() @ RA, RB.t() @ RB
         if what == "heads":
             EA = _centred(_input_embedding(borders_a, shared.ids_a))
@@ -292,7 +292,7 @@ def unit_top_tokens(borders, what: str, layer: int, unit: int, k: int = 5, fold_
             Wv, Wo = view.W_OV(unit)
             _, _, Vh = torch.linalg.svd(Wv.detach().float() @ Wo.detach().float(), full_matrices=False)
             v = Vh[0]
-        scores = borders.unembedding.readout(fold_norm_gain)[:real] @ v
+        scores = borders.unembedding.scores(v, fold_norm_gain, rows=slice(0, real))  # streamed, no [V, d]
         if what != "ffn" and float(scores.max()) < -float(scores.min()):
             scores = -scores
         return [int(t) for t in torch.topk(scores, min(k, real)).indices]

@@ -1,6 +1,8 @@
 """Score a text under a model: per-token log-probabilities through the chunked LM-head path (layer 3).
 
-The residual stream at the last layer goes through the model's unembedding (``borders.unembedding``:
+The model's blocks run without its LM head (:func:`vocablens.models.headless.blocks_forward`: the
+forward stops after the last block, so the [T, V] logits of ``model(ids)`` are never made), and the
+residual stream at the last layer goes through the model's unembedding (``borders.unembedding``:
 final norm and project_out by ``U.normed``) and then :func:`vocablens.ops.token_logprobs` on
 ``U.weight`` with ``U.head_kwargs()`` (bias, logit scale, softcap), so the [T, V] logits are never
 materialized. Token t (t >= 1) is scored by the distribution at position
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from vocablens.errors import BadInput
+from vocablens.models.headless import blocks_forward
 from vocablens.ops import token_logprobs
 from vocablens.units import plural
 
@@ -83,8 +86,7 @@ def score_ids(borders, input_ids: torch.Tensor, top_k: int = 0, n_bytes: int = 0
     V = U.vocab_size
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= V:
         raise BadInput(f"--top-k must be an int in [0, {V}]; got {top_k!r}")
-    resid, _ = borders.residual_stream(ids[None])
-    h = U.normed(resid[borders.n_layers][0])  # [T, d_emb]
+    h = U.normed(blocks_forward(borders, ids[None])[0])  # [T, d_emb]: layer L, final norm once
     r = token_logprobs(h[:-1], U.weight, ids[1:], **U.head_kwargs(), top_k=top_k, entropy=True)
     k = top_k
     empty_i = torch.zeros(ids.numel() - 1, 0, dtype=torch.int64, device=ids.device)

@@ -149,7 +149,7 @@ def concept_scores(borders, token_ids: Sequence[int], apply_norm_gain: bool = Tr
     if bad:
         raise BadInput(f"token ids {bad} are outside the real vocabulary 0..{real - 1}")
     st = value_stats(borders, apply_norm_gain)
-    r = borders.unembedding.readout(apply_norm_gain, scaled=True, rows=ids).mean(0)  # [d]
+    r = borders.unembedding.readout_rows(ids, apply_norm_gain, scaled=True).mean(0)  # [d]
     s = torch.cat([v.W_out.detach().float() @ r.to(v.W_out.device) for v in block_views(borders)])
     z = (s - st.mean) / st.std.clamp_min(1e-12)
     return st.layers, st.neurons, z

@@ -22,8 +22,9 @@ from vocablens.errors import BadInput
 
 def _stream(borders, ids: torch.Tensor) -> torch.Tensor:
     """Head inputs [T, d_emb] (final norm applied once) of one sequence ids [T]."""
-    resid, _ = borders.residual_stream(ids[None])
-    return borders.unembedding.normed(resid[-1, 0])
+    from vocablens.models.headless import blocks_forward
+
+    return borders.unembedding.normed(blocks_forward(borders, ids[None])[0])  # no LM head in the forward
 
 
 def concept_mass(borders, ids: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:

@@ -20,6 +20,7 @@ import torch
 
 from vocablens.errors import BadInput, ShapeMismatch
 from vocablens.logit_transform import transform_logits
+from vocablens.ops.rows import row_logprobs
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,7 +135,7 @@ def _gram_logprobs(W: torch.Tensor, H: torch.Tensor, bias: torch.Tensor | None, 
         buf = torch.empty(min(n, N) * V, dtype=torch.float64)
         for i in range(0, N, n):
             L = _logits_into(buf, H[i:i + n], Wd, b64, logit_scale, softcap)
-            L -= torch.logsumexp(L, 1, keepdim=True)  # [n, V] log-probs, nats
+            row_logprobs(L, 1, inplace=True)  # [n, V] log-probs, nats, in place
             GA.addmm_(L.T, L)
         return GA
     cols = max(1, block_bytes // (8 * max(N, W.shape[1])))  # [N, cols] logits and [cols, d] rows of W

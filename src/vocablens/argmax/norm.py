@@ -29,6 +29,7 @@ import torch
 
 from vocablens.argmax.state import GATHER_ROWS
 from vocablens.errors import BadInput, ShapeMismatch
+from vocablens.ops.rows import row_logprobs
 
 
 @dataclass(frozen=True, eq=False)
@@ -296,8 +297,9 @@ def norm_reachability(
     best_U = U
     # exact float64 evaluation at the final vectors
     LgE = torch.cat([Wb @ best_U for _, Wb in rows.blocks()]) + c[:, None]    # [n, k]
-    fE = torch.logsumexp(LgE, 0) - LgE[tp, torch.arange(k)]
-    PE = torch.softmax(LgE, 0)
+    lpE = row_logprobs(LgE, 0)                                 # [n, k] float64 log-probs over the vocabulary
+    fE = -lpE[tp, torch.arange(k)]
+    PE = lpE.exp()
     Pm = PE.clone()
     Pm[tp, torch.arange(k)] = 0
     Pm = Pm / Pm.sum(0, keepdim=True).clamp_min(1e-300)

@@ -95,7 +95,7 @@ def steer_cmd(
     tops = []
     for v in st.vectors:
         w = block_view(b, v.block).W_out[v.neuron].detach().float()
-        scores = b.unembedding.readout(True)[: b.real_vocab_size] @ w
+        scores = b.unembedding.scores(w, True, rows=slice(0, b.real_vocab_size))  # streamed, no [V, d]
         # what the vector does to its target: the tokens it pushes up (promote, ablate) or down (suppress)
         tops.append((-scores if v.role == "suppress" else scores).topk(6).indices.tolist())
     rows = vector_rows(st.vectors, tops, tok)

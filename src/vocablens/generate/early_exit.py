@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from vocablens.errors import BadInput
+from vocablens.ops.rows import row_top1_prob
 
 from vocablens.models.blocks.cache_fill import KV_ONLY_FAMILIES  # noqa: E402,F401  (re-exported; the list lives in models)
 
@@ -139,7 +140,7 @@ class ExitController:
 
     @staticmethod
     def _top1_prob(z: torch.Tensor) -> float:
-        return float(torch.exp(z.amax(-1) - torch.logsumexp(z, -1)).max())
+        return float(row_top1_prob(z).max())
 
     def check(self, layer: int, h: torch.Tensor) -> bool:
         """Read stream layer ``layer`` (h [B, d], last position) and decide whether to exit here."""

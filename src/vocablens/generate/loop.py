@@ -21,6 +21,7 @@ from vocablens.models.flops import block_flops
 from vocablens.errors import BadInput, UnsupportedArchitecture
 from vocablens.generate.early_exit import ExitController, ExitRule, StepRecord
 from vocablens.ops.sampling import check_sampling_args, sample
+from vocablens.ops.rows import row_logprobs
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def _step_flops(borders, rule: ExitRule | None, steps, contexts) -> dict:
 
 
 def _emit(logits: torch.Tensor, tok: int, top_n: int, exit_layer) -> GeneratedToken:
-    lp = torch.log_softmax(logits.float(), -1)
+    lp = row_logprobs(logits, dtype=torch.float32)
     n = min(top_n, lp.shape[-1])
     tv, ti = torch.topk(lp, n) if n else (lp[:0], lp[:0].long())
     # one host transfer per token: the token's logprob, the top values and their ids (exact in float64)

@@ -21,6 +21,7 @@ import torch
 from vocablens.errors import BadInput
 from vocablens.models import Borders
 from vocablens.units import plural
+from vocablens.ops.rows import row_logprobs
 
 
 class Translator(Protocol):
@@ -110,7 +111,7 @@ def layer_logprobs(borders: Borders, h: torch.Tensor, layer: int,
         h = translator.translate(layer, h.float())
     U = borders.unembedding.float32()
     z = U.logits(U.normed(h, torch.float32))
-    return z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))
+    return row_logprobs(z, inplace=True)
 
 
 def lens_states(borders: Borders, resid: torch.Tensor, layers: Sequence[int],

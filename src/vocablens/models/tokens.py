@@ -321,6 +321,32 @@ def encode_prompt(tokenizer, prompt: str, max_len: int | None = None, chat: bool
     return ids
 
 
+_VOCABS: "weakref.WeakKeyDictionary" = None  # tokenizer -> (len(tokenizer), its get_vocab())
+
+
+def vocab_table(tokenizer) -> dict:
+    """``tokenizer.get_vocab()`` (piece -> id), built once per tokenizer and kept while its length is
+    unchanged (an added token rebuilds it); ``{}`` for an object without ``get_vocab``. A fast
+    tokenizer builds a new 49,152-entry dict on every ``get_vocab()`` call (half of each
+    ``neighbors`` lookup before this table)."""
+    global _VOCABS
+    import weakref
+
+    if not hasattr(tokenizer, "get_vocab"):
+        return {}
+    if _VOCABS is None:
+        _VOCABS = weakref.WeakKeyDictionary()
+    n = len(tokenizer)
+    try:
+        got = _VOCABS.get(tokenizer)
+    except TypeError:  # not weak-referenceable: no table
+        return tokenizer.get_vocab()
+    if got is None or got[0] != n:
+        got = (n, tokenizer.get_vocab())
+        _VOCABS[tokenizer] = got
+    return got[1]
+
+
 def single_token_id(tokenizer, text: str, vocab_size: int | None = None, use_mean: bool = False
                     ) -> tuple[list[int], str | None]:
     """Ids that spell ``text`` and a note when it is several tokens.
@@ -335,7 +361,7 @@ def single_token_id(tokenizer, text: str, vocab_size: int | None = None, use_mea
     if text is None or text == "":
         raise TokenNotInVocabulary("empty token string")
     check_text(text, "the token")
-    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    vocab = vocab_table(tokenizer)
     if text in vocab:
         return [int(vocab[text])], None
     ids = tokenizer(text, add_special_tokens=False).input_ids

@@ -86,9 +86,11 @@ class Unembedding:
         """Raw head output [..., V] -> logits: softcap(logit_scale · z)."""
         return transform_logits(z, self.logit_scale, self.softcap, inplace=inplace)
 
-    def logits(self, h: torch.Tensor, rows: torch.Tensor | list[int] | None = None) -> torch.Tensor:
+    def logits(self, h: torch.Tensor, rows: torch.Tensor | list[int] | None = None, *,
+               capped: bool = True) -> torch.Tensor:
         """Already-normed states [..., d_emb] -> float32 logits [..., V], or [..., len(rows)] for
         the given vocabulary rows only (the transform is elementwise, so a subset is exact).
+        ``capped=False``: before the final-logit softcap (the logit scale still applied).
 
         Raises:
             BadInput: a row id outside [0, V).
@@ -101,7 +103,8 @@ class Unembedding:
             W = W[r]
             b = None if b is None else b[r]
         z = nn.functional.linear(h.to(W.dtype), W, b).float()
-        return transform_logits(z, self.logit_scale, self.softcap, inplace=not z.requires_grad)  # autograd needs the cap's output intact
+        cap = self.softcap if capped else None
+        return transform_logits(z, self.logit_scale, cap, inplace=not z.requires_grad)  # autograd needs the cap's output intact
 
     def __call__(self, resid: torch.Tensor, rows: torch.Tensor | list[int] | None = None) -> torch.Tensor:
         """Residual stream [..., d_model] -> float32 logits [..., V]: the model's own output at layer L."""
@@ -139,6 +142,62 @@ class Unembedding:
             gain, _, _ = norm_gain(self.final_norm, int(W.shape[1]))
             W = W * gain.to(W.device, dtype)
         return W
+
+    def direction(self, v: torch.Tensor, fold_norm_gain: bool = True, *, scaled: bool = False) -> torch.Tensor:
+        """Directions of the stream [..., d_model] -> head-input directions u [..., d_emb] float32 with
+        ``readout(fold_norm_gain, scaled=scaled) @ v == W_U @ u`` (up to float32 rounding):
+        u = logit_scale · P_out (g ⊙ v). [..., d] work, never the [V, d] readout."""
+        from vocablens.models.blocks import linear_weight, norm_gain
+
+        u = v.detach().to(self.device, torch.float32)
+        if fold_norm_gain and self.final_norm is not None:
+            gain, _, _ = norm_gain(self.final_norm, int(u.shape[-1]))
+            u = u * gain.to(u.device, torch.float32)
+        if self.project_out is not None:
+            u = u @ linear_weight(self.project_out).detach().to(u.device, torch.float32).T
+        if scaled and self.logit_scale != 1.0:
+            u = u * self.logit_scale
+        return u
+
+    def scores(self, v: torch.Tensor, fold_norm_gain: bool = True, *, scaled: bool = False,
+               rows: slice | torch.Tensor | list[int] | None = None, block_rows: int = 16384) -> torch.Tensor:
+        """What directions of the stream write on each vocabulary row: ``readout(...) @ v``, streamed.
+
+        Args:
+            v: [d_model] or [M, d_model] directions (value vectors, neuron outputs, differences).
+            fold_norm_gain / scaled: as :meth:`readout`.
+            rows: a slice of rows (e.g. ``slice(0, real)``), vocabulary ids, or None (all V).
+            block_rows: rows of W_U read (in float32) at a time.
+
+        Returns:
+            float32 [R] (or [M, R]) scores, R the rows asked for. Memory: one [block_rows, d_emb]
+            float32 block and the result; neither the [V, d] readout nor anything [N, V] beyond it.
+        """
+        u = self.direction(v, fold_norm_gain, scaled=scaled)
+        one = u.dim() == 1
+        U2 = u[None] if one else u.reshape(-1, u.shape[-1])
+        W = self.weight.detach()
+        if rows is not None and not isinstance(rows, slice):
+            W = W[torch.as_tensor(rows, dtype=torch.int64, device=W.device)]
+        elif isinstance(rows, slice):
+            W = W[rows]
+        out = torch.empty(U2.shape[0], W.shape[0], dtype=torch.float32, device=W.device)
+        for a in range(0, W.shape[0], block_rows):
+            torch.mm(U2, W[a:a + block_rows].float().T, out=out[:, a:a + block_rows])
+        return out[0] if one else out.reshape(*u.shape[:-1], W.shape[0])
+
+    def readout_rows(self, rows: slice | torch.Tensor | list[int], fold_norm_gain: bool = True, *,
+                     scaled: bool = False, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Chosen rows of :meth:`readout` [R, d] (a slice: a view of W_U's block; ids: gathered), for
+        callers that fit or average rows (alignment, concept directions, streamed blocks). Use
+        :meth:`scores` to read a direction against the vocabulary.
+
+        Raises:
+            BadInput: ``rows`` is None (the whole [V, d] readout is not handed out here).
+        """
+        if rows is None:
+            raise BadInput("readout_rows needs rows (a slice or ids); read directions with Unembedding.scores")
+        return self.readout(fold_norm_gain, scaled=scaled, rows=rows, dtype=dtype)
 
     def float32(self) -> "Unembedding":
         """A copy whose final norm and project_out run in float32 (the weight is shared as is); the

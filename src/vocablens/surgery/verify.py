@@ -14,6 +14,7 @@ import torch
 
 from vocablens.errors import BadInput
 from vocablens.models.tokens import token_strs
+from vocablens.ops.rows import row_logprobs
 
 
 def _masked_logprobs(logits: torch.Tensor, n_real: int) -> torch.Tensor:
@@ -25,7 +26,7 @@ def _masked_logprobs(logits: torch.Tensor, n_real: int) -> torch.Tensor:
     lg = logits.to(torch.float64, copy=True)
     if n_real < lg.shape[-1]:
         lg[..., n_real:] = float("-inf")
-    return torch.log_softmax(lg, dim=-1)
+    return row_logprobs(lg, inplace=True)
 
 
 @torch.no_grad()
@@ -226,7 +227,7 @@ def verify_trim(old_model, old_tokenizer, new_model, new_tokenizer, kept_old_ids
         lp_o = _masked_logprobs(lo, n_old)
         lp_n = _masked_logprobs(ln, n_new)[:, :n_new]
         dl = max(dl, float((ln[:, :n_new] - lo[:, kept]).abs().max()))
-        cond = torch.log_softmax(lo[:, kept].double(), dim=-1)
+        cond = row_logprobs(lo[:, kept], dtype=torch.float64)
         dp = max(dp, float((lp_n - cond).abs().max()))
         dropped.append(1.0 - lp_o[:, kept].exp().sum(-1))
         s, c = _nll(lp_o, ids_o)

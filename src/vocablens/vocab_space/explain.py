@@ -21,7 +21,7 @@ log-probabilities from :func:`vocablens.ops.token_logprobs` (chunked over V, flo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -238,8 +238,7 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
 
         # Final norm linearized at x_L; readout rows (logit scale folded in, no gain) for target and contrast.
         fl = linearize_norm(borders.final_norm, x[L])
-        Uh = U.readout(fold_norm_gain=False, scaled=True)  # [V, d] on the model's device
-        Uh2 = _host(Uh[[target, contrast]])
+        Uh2 = _host(U.readout_rows([target, contrast], False, scaled=True))  # [2, d]
         r2 = fl.readout(Uh2)  # [2, d]
         const = Uh2 @ fl.bias
         if borders.project_out is not None and linear_bias(borders.project_out) is not None:
@@ -247,17 +246,19 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
             const = const + U.logit_scale * (W_U2 @ _host(linear_bias(borders.project_out)))
         if U.bias is not None:
             const = const + _host(U.bias[[target, contrast]]) * U.logit_scale
-        uncapped = replace(U, softcap=None, _memo={})  # the same head, before the final-logit softcap
-        logit_t, logit_c = uncapped.logits(hidden[2 * L:], rows=[target, contrast])[0].tolist()
-        Ufull = fl.readout(Uh[:real])  # [V, d] on the device: direct effect of any part on every logit
+        # before the final-logit softcap
+        logit_t, logit_c = U.logits(hidden[2 * L:], rows=[target, contrast], capped=False)[0].tolist()
 
         def top_tokens(u: torch.Tensor) -> list[list[int]]:
-            """Tokens each row of u [n, d] promotes most, in one pass over the vocabulary."""
-            return torch.topk(u.float().to(dev) @ Ufull.t(), k, dim=-1).indices.tolist()
+            """Tokens each row of u [n, d] promotes most (direct effect through the final norm
+            linearized at x_L): readout rows r with ``fl.readout(r)·u == r·fl.linear(u)``, so the
+            vocabulary is scored by the streamed readout, never a [V, d] matrix."""
+            s = U.scores(fl.linear(u.float()).to(dev), False, scaled=True, rows=slice(0, real))
+            return torch.topk(s, k, dim=-1).indices.tolist()
 
         embed = r2 @ x[0]
         total = embed.clone() + const
-        layers: list[LayerExplanation] = []
+        pending: list[dict] = []  # each layer's fields; its top tokens come from one matmul after the loop
         sub_vecs: list[torch.Tensor] = []
         for i, (v, c) in enumerate(zip(views, caps)):
             # attention: heads, bias, post-transform
@@ -291,7 +292,7 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
                 subs = [dict(block=i, neuron=int(j), activation=float(act[j]), dla=float(diff[j]),
                              dla_target=float(sub[j, 0])) for j in idx.tolist()]
             total = total + attn_dla + mlp_dla
-            layers.append(LayerExplanation(
+            pending.append(dict(
                 block=i,
                 attn_dlogprob_top1=float(lp_top1[2 * i + 1] - lp_top1[2 * i]),
                 mlp_dlogprob_top1=float(lp_top1[2 * i + 2] - lp_top1[2 * i + 1]),
@@ -300,20 +301,19 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
                 attn_dla=float(attn_dla[0] - attn_dla[1]), mlp_dla=float(mlp_dla[0] - mlp_dla[1]),
                 head_dla=(head_dla[:, 0] - head_dla[:, 1]).contiguous(),
                 attn_bias_dla=float(a_bias[0] - a_bias[1]), mlp_bias_dla=float(m_bias[0] - m_bias[1]),
-                attn_top_ids=[], mlp_top_ids=[], sub_updates=subs, sub_update_error=sub_err,
+                sub_updates=subs, sub_update_error=sub_err,
             ))
         # the tokens every update and listed sub-update promotes, in one matmul
         tops = top_tokens(torch.cat([attn_u, mlp_u, *sub_vecs]))
-        n = len(layers)
+        n = len(pending)
         at = 2 * n
-        for i, ly in enumerate(layers):
-            ly.attn_top_ids.extend(tops[i])
-            ly.mlp_top_ids.extend(tops[n + i])
+        layers: list[LayerExplanation] = []
+        for i, kw in enumerate(pending):  # each result built once, whole (none mutated afterwards)
             made = []
-            for sd in ly.sub_updates:
+            for sd in kw.pop("sub_updates"):
                 made.append(SubUpdate(top_ids=tops[at], **sd))
                 at += 1
-            ly.sub_updates[:] = made
+            layers.append(LayerExplanation(**kw, attn_top_ids=tops[i], mlp_top_ids=tops[n + i], sub_updates=made))
     sigma = float(fl.sigma.flatten()[0])
     return Explanation(
         input_ids=input_ids.detach().cpu(), position=p, top1=top1,  # cpu: result

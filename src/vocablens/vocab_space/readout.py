@@ -40,15 +40,14 @@ def readout(borders: Borders, apply_norm_gain: bool = True) -> torch.Tensor:
     every real token (logits per unit of u, before any softcap). A float32 copy of the whole head
     (4·V·d bytes): the analyses here stream it instead (:func:`readout_rows`, :func:`vocab_blocks`).
     """
-    R = borders.unembedding.readout(fold_norm_gain=apply_norm_gain, scaled=True)
-    return R[: borders.real_vocab_size]
+    return borders.unembedding.readout_rows(slice(0, borders.real_vocab_size), apply_norm_gain, scaled=True)
 
 
 def readout_rows(borders: Borders, rows: slice | Sequence[int], apply_norm_gain: bool = True) -> torch.Tensor:
     """Some rows of :func:`readout`, [n, d_model] float32: a slice (read from a view of W_U) or token
     ids (gathered). The same values as the whole matrix's rows bit for bit (the same elementwise
     float32 operations per row; with ``project_out``, up to its GEMM's rounding)."""
-    return borders.unembedding.readout(fold_norm_gain=apply_norm_gain, scaled=True, rows=rows)
+    return borders.unembedding.readout_rows(rows, apply_norm_gain, scaled=True)
 
 
 def input_embedding(borders: Borders, ids: torch.Tensor | slice | None = None) -> torch.Tensor:

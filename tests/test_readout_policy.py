@@ -1,0 +1,87 @@
+"""Policy: one readout path over the vocabulary (issue 23 §2).
+
+Outside ``vocablens/ops`` and ``vocablens/models`` no module normalizes scores over V itself
+(``log_softmax`` / ``logsumexp`` / ``softmax``) or builds the [V, d] readout (``.readout(``): they go
+through :class:`vocablens.models.unembed.Unembedding` (``scores``, ``readout_rows``, ``logits``) and
+``vocablens.ops`` (``token_logprobs``, ``kl_readout``, ``row_logprobs``, ``row_top1_prob``).
+"""
+
+import ast
+from pathlib import Path
+
+import vocablens
+
+SRC = Path(vocablens.__file__).parent
+BANNED = {"log_softmax", "logsumexp", "softmax", "readout"}
+# (module, callee text, line text fragment): calls over a NON-vocabulary dimension only, one reason each
+ALLOWED = {
+    ("argmax/norm.py", "torch.softmax", "P = torch.softmax(lg, 1)"):
+        "over the M candidate rows of the projected-gradient working set [k, M], not over V",
+    ("vocab_space/explain.py", "lin.readout", "lin.readout(r)"):
+        "NormLinearization.readout: pulls a [.., d] row back through the final norm (d, not V)",
+    ("vocab_space/explain.py", "fl.readout", "fl.readout(Uh2)"):
+        "NormLinearization.readout on the 2 chosen rows [2, d] (d, not V)",
+}
+
+
+def _calls(root: Path = SRC):
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(("ops/", "models/")):
+            continue
+        text = path.read_text()
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if name in BANNED:
+                yield rel, ast.unparse(f), lines[node.lineno - 1].strip(), node.lineno
+
+
+def test_no_vocabulary_normalization_or_readout_outside_ops_and_models():
+    bad, used = [], set()
+    for rel, callee, line, no in _calls():
+        key = next((k for k in ALLOWED if k[0] == rel and k[1] == callee and k[2] in line), None)
+        if key is None:
+            bad.append(f"{rel}:{no}: {callee}(...)  [{line}]")
+        else:
+            used.add(key)
+    assert not bad, "readout / normalization over V outside ops and models:\n" + "\n".join(bad)
+    assert used == set(ALLOWED), f"stale allow-list entries: {set(ALLOWED) - used}"
+
+
+def test_the_scan_sees_a_banned_call(tmp_path):
+    """The scanner itself: a planted call of each banned name outside ops/models is found, the same
+    calls inside ops/ and models/ are not (the check is not vacuous)."""
+    src = "import torch\nx = torch.log_softmax(z, -1)\ny = torch.logsumexp(z, 0)\nw = U.readout(True)\nq = z.softmax(-1)\n"
+    for sub in ("lens", "ops", "models"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "m.py").write_text(src)
+    found = [(rel, callee, no) for rel, callee, _, no in _calls(tmp_path)]
+    assert found == [("lens/m.py", "torch.log_softmax", 2), ("lens/m.py", "torch.logsumexp", 3),
+                     ("lens/m.py", "U.readout", 4), ("lens/m.py", "z.softmax", 5)]
+
+
+def test_row_logprobs_and_top1_against_float64_log_softmax():
+    import math
+
+    import torch
+
+    from vocablens.ops import row_logprobs, row_top1_prob
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(5, 97, generator=g) * 30
+    z[:, 90:] = float("-inf")  # padding rows stay -inf
+    ref = torch.log_softmax(z.double(), -1)
+    got = row_logprobs(z, dtype=torch.float64)
+    assert got.dtype == torch.float64 and torch.isneginf(got[:, 90:]).all()
+    assert (got[:, :90] - ref[:, :90]).abs().max() <= 1e-12
+    assert (row_logprobs(z.double().T.contiguous(), 0).T - ref)[:, :90].abs().max() <= 1e-12
+    zz = z.clone()
+    out = row_logprobs(zz, inplace=True)
+    assert out.data_ptr() == zz.data_ptr() and (out[:, :90].double() - ref[:, :90]).abs().max() <= 1e-4
+    p1 = row_top1_prob(z.double())
+    assert (p1 - ref.exp().amax(-1)).abs().max() <= 1e-12 and 0 < float(p1.min()) and float(p1.max()) <= 1 + 1e-12
+    assert abs(float(row_top1_prob(torch.zeros(4)) ) - 0.25) <= 1e-7 and math.isfinite(float(p1.sum()))
