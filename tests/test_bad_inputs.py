@@ -235,6 +235,8 @@ CLI_SERVE_HELPER = [
     ("neighbors-k-huge", ["neighbors", *M, "-k", "100000", "the"], "between 1 and 298"),
     ("anatomy-context-wrong-type", ["anatomy", *M, "--context", "many"], "Invalid value for '--context'"),
     ("argmax-budget-nan", ["argmax", *M, "--budget", "nan"], "got nan"),
+    ("undertrained-negative-candidates", ["undertrained", *M, "--candidates", "-3"], "--candidates must be >= 0"),
+    ("undertrained-argmax-file-missing", ["undertrained", *M, "--argmax", "{d}/no-scan.json"], "no-scan.json"),
     ("align-blocks-b-not-a-range", ["align", "{m}", "{m}", "--blocks-b", "x"], "'A..B'"),
     ("settle-batch-zero", ["settle", *M, "--corpus", "{d}/notes.txt", "--batch", "0"], "--batch >= 1"),
     ("project-sample-zero", ["project", *M, "--block", "0", "--sample", "0", "--keys"], "--sample must be"),

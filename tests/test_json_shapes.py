@@ -135,6 +135,7 @@ CASES = {
                   ["--corpus", "{corpus}", "--lens", "{root}/lens0", "--split", "all", "--seq-len", "16", "--max-tokens", "200", "-m", "{A}"]),
     "lens anomaly": (["--normal", "{root}/normal.txt", "--test", "{root}/one.txt", "--kind", "logit", "-m", "{A}"],
                      ["--normal", "{root}/normal.txt", "--test", "{root}/three.jsonl", "--kind", "logit", "-m", "{A}"]),
+    "undertrained": (["--candidates", "1", "-m", "{A}"], ["--candidates", "6", "-m", "{A}"]),
     "report": (["--prompt", " the", "--out", "{root}/r1.html", "--budget", "3", "-m", "{A}"],
                ["--prompt", LONG, "--out", "{root}/r2.html", "--budget", "3", "-m", "{A}"]),
 }
