@@ -1,4 +1,5 @@
 import os
+import tempfile
 import sys
 from pathlib import Path
 
@@ -8,6 +9,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# argmax verdicts stored by this run stay in a directory of its own (subprocesses inherit it): a scan
+# stored by an earlier run or by the user must never answer a test that asks for a fresh scan
+os.environ.setdefault("VOCABLENS_ARGMAX_CACHE", tempfile.mkdtemp(prefix="vocablens-test-argmax-"))
 
 
 #: fixtures that load the real default model: a test using one is ``slow``

@@ -1,11 +1,18 @@
 """Stored verdicts (vocablens.argmax.stored): equal to the computed scan, never stale, never partial."""
 
+import pytest
 import numpy as np
 import torch
 
 from vocablens.argmax import find_unargmaxable
 from vocablens.argmax.stored import load_verdicts, store_verdicts, verdict_key
 
+
+
+@pytest.fixture(autouse=True)
+def _store_under_vocablens_cache(monkeypatch):
+    """These tests set VOCABLENS_CACHE themselves: the suite's own argmax directory must not win."""
+    monkeypatch.delenv("VOCABLENS_ARGMAX_CACHE", raising=False)
 
 def _W(seed=0, V=400, d=12):
     rng = np.random.default_rng(seed)

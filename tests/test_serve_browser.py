@@ -352,44 +352,29 @@ def test_header_follows_the_argmax_scan(server, browser):
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_explorer_renders_a_one_token_prompt(server):
+def test_explorer_renders_a_one_token_prompt(server, browser):
     """A one-token prompt draws its heatmap (one column, layers 0..L) and explains its one cell. Failed
     before: ``lens --json`` with one position had flat layer entries, so the page's ``.positions[p]``
     ended in "Cannot read properties of undefined (reading '0')" and no heatmap."""
-    if not CHROMIUM:
-        pytest.skip("Debian's chromium is not installed: apt-get install -y --no-install-recommends chromium")
-    from playwright.sync_api import sync_playwright
-
     url = server
     code, lens = post(url, "/api/lens", {"prompt": "Paris", "kind": "logit", "k": 5})
     assert code == 200 and len(lens["tokens"]) == 1, lens.get("tokens")  # one token in SmolLM2's vocabulary
-    problems = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
-        page = browser.new_page(viewport={"width": 1000, "height": 1500})
-        page.set_default_timeout(600_000)
-        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: problems.append(str(e)))
-        page.route("**/*", lambda r: r.continue_() if r.request.url.startswith((url + "/", "data:", "blob:"))
-                   else r.abort())
-        page.goto(url + "/")
-        page.wait_for_function("() => window.vl && window.vl.health")
-        page.fill("#prompt", "Paris")
-        page.keyboard.press("Enter")
-        page.wait_for_function("() => window.vl.data && document.querySelector('#heatmap .main-svg')")
-        L, T, column, tops = page.evaluate("""() => {
-            const d = window.vl.data.logit, gd = document.getElementById('heatmap');
-            return [d.layers.length - 1, d.tokens.length, gd.data[0].text.map(r => r.length),
-                    d.layers.map(l => l.positions[0].top_tokens[0])]; }""")
-        assert L == 30 and T == 1 and column == [1] * 31
-        assert tops == [ly["positions"][0]["top_tokens"][0] for ly in lens["layers"]]
-        page.focus("#heatmap")
-        page.keyboard.press("Enter")  # select the cursor's cell: layer L, position 0
-        page.wait_for_function("() => window.vl.last.explain && document.querySelectorAll('#attr-table tr').length > 1")
-        assert page.evaluate("() => window.vl.cell") == {"layer": L, "pos": 0}
-        first = page.evaluate("() => document.querySelector('#attr-table tr:nth-child(2)').cells[0].textContent")
-        assert first.startswith("block ")
-        browser.close()
-    assert problems == [], problems
+    page = open_page(browser, url)   # the module's one browser: a second sync_playwright cannot start
+    page.fill("#prompt", "Paris")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => window.vl.data && window.vl.data.logit && window.vl.data.logit.tokens.length === 1"
+                           " && document.querySelector('#heatmap .main-svg')")
+    L, T, column, tops = page.evaluate("""() => {
+        const d = window.vl.data.logit, gd = document.getElementById('heatmap');
+        return [d.layers.length - 1, d.tokens.length, gd.data[0].text.map(r => r.length),
+                d.layers.map(l => l.positions[0].top_tokens[0])]; }""")
+    assert L == 30 and T == 1 and column == [1] * 31
+    assert tops == [ly["positions"][0]["top_tokens"][0] for ly in lens["layers"]]
+    page.focus("#heatmap")
+    page.keyboard.press("Enter")  # select the cursor's cell: layer L, position 0
+    page.wait_for_function("() => window.vl.last.explain && document.querySelectorAll('#attr-table tr').length > 1")
+    assert page.evaluate("() => window.vl.cell") == {"layer": L, "pos": 0}
+    first = page.evaluate("() => document.querySelector('#attr-table tr:nth-child(2)').cells[0].textContent")
+    assert first.startswith("block ")
+    assert page.problems == [], page.problems
+    page.close()

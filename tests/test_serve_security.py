@@ -317,7 +317,7 @@ def test_a_text_of_several_tokens_is_one_rule_on_every_endpoint(c, state):
 def test_another_k_or_kind_reuses_the_forward_pass(c, state):
     """The readout (k, kind) is redone from the cached forward; the answers equal the lens run afresh."""
     import vocablens
-    from vocablens.lens import lens_to_dict
+    from vocablens.render.lens import lens_to_dict
 
     from vocablens.serve.adapters import clean, encode
 

@@ -4,7 +4,7 @@ Layout: ``<cache>/argmax/<key>.safetensors`` (the result's tensors) and ``<key>.
 dicts and the key's inputs), each written to a temporary file and renamed
 (:func:`vocablens.files.atomic_path`); the JSON is written last, and a result is read only when both
 exist and the JSON names the same key. ``<cache>`` is :func:`vocablens.models.gguf_cache.cache_root`
-(``$VOCABLENS_CACHE``, ``off`` disables storing).
+(``$VOCABLENS_CACHE``, ``off`` disables storing), or ``$VOCABLENS_ARGMAX_CACHE`` when set.
 
 The key is a SHA-256 of the exact bytes (not a rounded copy: a verdict can hinge on the last bit)
 of the head ``W [V, d]``, the bias ``[V]`` as used, the final norm's parameters, the masks
@@ -50,9 +50,16 @@ def verdict_key(W: torch.Tensor, bias: torch.Tensor | None, norm_params: dict, m
 
 
 def store_dir() -> Path | None:
-    """``<cache>/argmax`` or None when caching is off (``VOCABLENS_CACHE=off``)."""
+    """``$VOCABLENS_ARGMAX_CACHE`` when set (``off``: no storing), else ``<cache>/argmax``; None when
+    caching is off (``VOCABLENS_CACHE=off``). The test suite points the first at a directory of its
+    own, so a scan stored by one run never answers the next run's tests."""
+    import os
+
     from vocablens.models.gguf_cache import cache_root
 
+    own = os.environ.get("VOCABLENS_ARGMAX_CACHE", "")
+    if own:
+        return None if own.lower() in ("0", "off", "no", "false", "none") else Path(own).expanduser()
     root = cache_root()
     return None if root is None else root / "argmax"
 
