@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -13,6 +14,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # stored by an earlier run or by the user must never answer a test that asks for a fresh scan
 os.environ.setdefault("VOCABLENS_ARGMAX_CACHE", tempfile.mkdtemp(prefix="vocablens-test-argmax-"))
 
+
+# hypothesis draws the same examples on every machine and run (a test's examples follow from its own
+# source): CI replays what passed here. Random draws: HYPOTHESIS_PROFILE=default, with --hypothesis-seed=N.
+settings.register_profile("vocablens", derandomize=True, database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "vocablens"))
 
 #: fixtures that load the real default model: a test using one is ``slow``
 _REAL_MODEL_FIXTURES = {"smollm2", "cli"}
