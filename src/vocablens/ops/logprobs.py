@@ -109,9 +109,12 @@ def _full_rows(z: torch.Tensor, tc: torch.Tensor | None, k: int, entropy: bool, 
     if k:
         tv, ti = topk_lowest_id(z, k)
     m, am = torch.max(z, 1)
+    ms = safe_max(m)
+    # shift by the row max first: torch's fused log-softmax forms z - lse, which at |z| ~ 57 was off by
+    # 3e-5 per log-prob (entropy 3e-4 over V = 70,000); z - m is exact (Sterbenz) and small
+    z.sub_(ms[:, None])
     fused_inplace(z, "log_softmax")
     ls = -z.gather(1, am[:, None]).squeeze(1)
-    ms = safe_max(m)
     lp = None if tc is None else z.gather(1, tc[:, None]).squeeze(1)
     if k:
         tv = (tv - ms[:, None]) - ls[:, None]
@@ -119,7 +122,11 @@ def _full_rows(z: torch.Tensor, tc: torch.Tensor | None, k: int, entropy: bool, 
     if entropy:
         e = ebuf[: z.numel()].view_as(z)
         torch.exp(z, out=e)
-        ent = -e.mul_(z).sum(1)  # torch's cascade sum: a BLAS row dot (bmm) lost 1e-4 over 70,000 columns
+        # torch's float32 log-softmax sums V exps in float32 (over V = 70,000 its log-probs are off by a
+        # shared ~1.4e-5): with S = Σ p and T = -Σ p log p over those log-probs, both summed in float64,
+        # the entropy of the renormalised row is T / S + log S
+        S = e.sum(1, dtype=torch.float64)
+        ent = (-e.mul_(z).sum(1, dtype=torch.float64) / S + torch.log(S)).float()
         bad = torch.isnan(ent)
         if bool(bad.any()):
             rows = bad.nonzero().squeeze(1)
