@@ -1,20 +1,15 @@
 """The report's plan: which analyses run, in which order, and how one time budget is shared.
 
-``vocablens report`` must finish on the models people bring (a 0.5B model with a 151,936-token
-vocabulary in <= 3 minutes on 2 cores) within one budget (:data:`DEFAULT_BUDGET_S`). The plan:
+``vocablens report`` finishes within one budget (:data:`DEFAULT_BUDGET_S`) on the models people bring. The plan:
 
-- every cheap section always runs, whatever the budget and whatever an earlier section spent
-  (anatomy, borders, neighbours, PCA, logit and tuned lens, value vectors, what built the
-  prediction, where predictions settle); a section is cut short only by its own cost;
-- ``settle`` sizes its corpus sample from its FLOP count and its share of the budget at
-  :data:`ASSUMED_FLOPS_PER_S` (deterministic: the same model always reads the same tokens);
-- the argmax scan runs last and gets what is left of the budget (at least
-  :data:`ARGMAX_MIN_SHARE` of it), passed to :func:`~vocablens.argmax.argmax_for_borders` as
+- every cheap section always runs, whatever the budget and an earlier section spent (anatomy, borders,
+  neighbours, PCA, lenses, value vectors, what built the prediction, where predictions settle);
+- ``settle`` sizes its corpus sample from its FLOPs and its share at :data:`ASSUMED_FLOPS_PER_S`;
+- the argmax scan runs last with what is left (at least :data:`ARGMAX_MIN_SHARE`) as its
   ``time_budget_s``: the certificate stages decide what they can, the rest stays ``undecided``.
 
-A section cut short says what was left and which command completes it (:attr:`SectionRun.cut_short`).
-Progress gives elapsed seconds and an estimated total that follows the measured cost (:func:`eta_s`).
-Layer 3: rendering is :mod:`vocablens.render.report`, the command :mod:`vocablens.cli.report`.
+A section cut short says what was left and the command that completes it (:attr:`SectionRun.cut_short`);
+the ETA follows the measured cost (:func:`eta_s`). Rendering: :mod:`vocablens.render.report`.
 """
 
 from __future__ import annotations
