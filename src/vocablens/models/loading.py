@@ -61,8 +61,9 @@ def _load_gguf(path: Path, spec: str, tdtype):
 
     cdir = cache_dir(path)
     hit = read_cache(cdir, spec, tdtype)
-    if hit is not None:
-        return hit
+    if hit is not None:  # the entry is keyed by content, shared by every copy of the file: the source
+        tok, model, prov = hit  # is the file given now, not the copy that wrote the entry
+        return tok, model, Provenance(**{**prov.__dict__, "source": str(path)})
     prov = gguf_provenance(path, spec)
     d, f = str(path.parent), path.name
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
