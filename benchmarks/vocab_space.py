@@ -103,17 +103,17 @@ def main() -> None:
     t_tok, s = _t(lambda: vs.search_token(b, tid, k=10, stats=st), reps=3)
     Sd = v.W_out.detach().float() @ R.t()
     sd, mu = torch.std_mean(Sd, dim=1, correction=0)
-    here = st.layers == a.layer
+    here = st.blocks == a.layer
     err_z = float(((Sd[:, tid] - mu) / sd - (Sd[:, tid] - st.mean[here]) / st.std[here]).abs().max())
     print(f"[search] ' three' over {b.n_layers} blocks: value_stats {t_stats:.2f} s once per model, then "
           f"{t_tok:.3f} s per token; projecting every value vector would take ~{full:.1f} s: ratio "
           f"{full / (t_stats + t_tok):.0f}x for the first token, {full / t_tok:.0f}x for each further token; "
           f"max |z error| on block {a.layer} vs the dense scores {err_z:.1e}; first row: block "
-          f"{int(s.promote_layers[0])} neuron {int(s.promote_neurons[0])} (z {float(s.promote_z[0]):.2f}, rank "
+          f"{int(s.promote_blocks[0])} neuron {int(s.promote_neurons[0])} (z {float(s.promote_z[0]):.2f}, rank "
           f"{int(s.promote_ranks[0])})")
 
     # 4. interpretable vectors
-    t_int, iv = _t(lambda: vs.interpretable_vectors(b, n=20, per_layer=32))
+    t_int, iv = _t(lambda: vs.interpretable_vectors(b, n=20, per_block=32))
     print(f"[interpretable] 20 of {iv.n_candidates} sampled vectors: {t_int:.2f} s vs ~{full:.1f} s to project "
           f"every vector (ratio {full / t_int:.0f}x); best: block {int(iv.vectors.layers[0])} neuron "
           f"{int(iv.vectors.neurons[0])}, top z {float(iv.top_z[0]):.1f}")

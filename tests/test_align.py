@@ -63,13 +63,13 @@ def test_permutation_is_recovered(llama):
     res = align_models(A, _tok(V), B, _tok(V), what="ffn")
     assert res.shared.identical and res.shared.size == V
     for m, p in zip(res.matches, perms):
-        assert m.layer_b == m.layer_a                    # a layer is most similar to itself
+        assert m.block_b == m.block_a                    # a layer is most similar to itself
         # neuron j of B is neuron p[j] of A: A's neuron i sits at position inv[i] in B
         inv = torch.argsort(p)
         assert (m.partner == inv).float().mean() >= 0.95
         assert m.mean_corr > 0.9
     # the layer map's diagonal dominates
-    sim = res.layer_similarity
+    sim = res.block_similarity
     assert torch.all(sim.diagonal() >= sim.max(1).values - 1e-6)
 
 
@@ -79,7 +79,7 @@ def test_ffn_corr_equals_pearson_over_vocabulary(llama):
     Bm, _ = _permuted(llama, noise=0.5, seed=3)
     B = Borders.from_model(Bm)
     V = A.vocab_size
-    res = align_models(A, _tok(V), B, _tok(V), what="ffn", layers_a=[1], layers_b=[1])
+    res = align_models(A, _tok(V), B, _tok(V), what="ffn", blocks_a=[1], blocks_b=[1])
     m = res.matches[0]
     RA = A.unembedding.readout(True).double()
     RB = B.unembedding.readout(True).double()
@@ -102,7 +102,7 @@ def test_heads_cosine_equals_explicit_matrices():
             p.add_(0.3 * torch.randn_like(p) * p.std())
     B = Borders.from_model(Bm)
     V = A.vocab_size
-    res = align_models(A, _tok(V), B, _tok(V), what="heads", layers_a=[0], layers_b=[1])
+    res = align_models(A, _tok(V), B, _tok(V), what="heads", blocks_a=[0], blocks_b=[1])
 
     @torch.no_grad()
     def X(b, layer, h):
@@ -158,7 +158,7 @@ def test_bad_arguments(llama):
     with pytest.raises(BadInput):
         align_models(A, _tok(V), A, _tok(V), what="mlp")
     with pytest.raises(BadInput):
-        align_models(A, _tok(V), A, _tok(V), layers_a=[A.n_layers])
+        align_models(A, _tok(V), A, _tok(V), blocks_a=[A.n_layers])
 
 
 def test_top_tokens_of_a_value_vector(llama):
@@ -178,11 +178,11 @@ def test_default_model_permuted_copy_is_recovered():
     Bm, perms = _permuted(lm.model, noise=0.05, seed=1)
     A, B = lm.borders, Borders.from_model(Bm, lm.tokenizer)
     blocks = [0, 15, 29]
-    res = align_models(A, lm.tokenizer, B, lm.tokenizer, what="ffn", layers_a=blocks, layers_b=blocks)
+    res = align_models(A, lm.tokenizer, B, lm.tokenizer, what="ffn", blocks_a=blocks, blocks_b=blocks)
     assert res.shared.identical and res.shared.size == 49152
     for m in res.matches:
-        inv = torch.argsort(perms[m.layer_a])
-        assert m.layer_b == m.layer_a
+        inv = torch.argsort(perms[m.block_a])
+        assert m.block_b == m.block_a
         assert (m.partner == inv).float().mean() >= 0.95
 
 
@@ -199,7 +199,7 @@ def test_best_pairs_order_ties_by_block_then_unit():
         corr = 1.0 + (torch.rand(50, generator=g, dtype=torch.float64) - 0.5) * 4e-6  # 1.000 ± 2e-6
         corr[7] = 0.9
         corr[11] = float("nan")
-        matches.append(SimpleNamespace(layer_a=layer, layer_b=layer, partner=torch.randperm(50, generator=g),
+        matches.append(SimpleNamespace(block_a=layer, block_b=layer, partner=torch.randperm(50, generator=g),
                                        corr=corr))
     res = SimpleNamespace(matches=matches)
     got = best_pairs(res, 200)

@@ -180,7 +180,7 @@ def _analyses(borders, tok=None) -> dict[str, torch.Tensor]:
     out.update(nb_ids=nid, nb_cos=cos)
     ex = explain(borders, rows[0], token_id=9, k=3)
     out.update(explain=torch.tensor([ex.logit_diff_sum, ex.logit_diff_model]  # cpu: floats
-                                    + [ly.mlp_dla for ly in ex.layers]), explain_heads=ex.layers[0].head_dla)
+                                    + [ly.mlp_dla for ly in ex.blocks]), explain_heads=ex.blocks[0].head_dla)
     gen = generate(borders, rows[0, :5], max_new_tokens=4, top_n=2)
     out.update(gen=torch.tensor([tk.id for tk in gen.tokens]))  # cpu: ids
     out.update(concept=concept_scores(borders, [5, 9])[2])

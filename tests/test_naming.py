@@ -75,3 +75,29 @@ def test_tables_say_block(tiny, capsys):
     st = _json(capsys, "steer", "--promote", " the", "--top-n", "2", "--new-tokens", "0", "--prompt", PROMPT, "-m", tiny)
     assert all(set(v) == {"role", "block", "neuron", "z", "factor", "top_tokens"} for v in st["vectors"])
     assert all(0 <= v["block"] < 2 for v in st["vectors"])
+
+
+def test_python_results_name_blocks_blocks():
+    """The Python API too: a result field that holds block indices is ``block``/``blocks``, never
+    ``layer``/``layers`` (those hold stream layers 0..L only, as in the lens and ``settle``)."""
+    import dataclasses
+    import importlib
+
+    stream_layer_fields = {("vocablens.lens.logit", "LensLayer", "layer"), ("vocablens.lens.logit", "LensResult", "layers")}
+    checked = 0
+    for mod in ("vocablens.vocab_space.vectors", "vocablens.vocab_space.search", "vocablens.vocab_space.circuits",
+                "vocablens.vocab_space.explain", "vocablens.vocab_space.interpretable", "vocablens.align",
+                "vocablens.lens.logit"):
+        m = importlib.import_module(mod)
+        for name, obj in vars(m).items():
+            if dataclasses.is_dataclass(obj) and obj.__module__ == mod:
+                for f in dataclasses.fields(obj):
+                    checked += 1
+                    if "layer" in f.name and f.name != "n_layers":  # n_layers: L, the config's count
+                        assert (mod, name, f.name) in stream_layer_fields, f"{mod}.{name}.{f.name} holds blocks"
+    assert checked > 40
+    from vocablens.vocab_space import Explanation, HeadCircuit, TokenSearch, VectorProjection
+
+    assert {"blocks"} <= {f.name for f in dataclasses.fields(VectorProjection)}
+    assert "blocks" in {f.name for f in dataclasses.fields(Explanation)} and "block" in {f.name for f in dataclasses.fields(HeadCircuit)}
+    assert {"promote_blocks", "suppress_blocks"} <= {f.name for f in dataclasses.fields(TokenSearch)}

@@ -231,7 +231,7 @@ def test_value_stats_equal_brute_force(tiny_cache, family):
         torch.testing.assert_close(st.mean, mean, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(st.std, std, rtol=1e-4, atol=1e-5)
         d_ff = block_view(b, 0).d_ff
-        assert st.layers.tolist() == [i // d_ff for i in range(len(S))]
+        assert st.blocks.tolist() == [i // d_ff for i in range(len(S))]
         assert st.neurons.tolist() == [i % d_ff for i in range(len(S))]
 
 
@@ -246,8 +246,8 @@ def test_search_token_equals_brute_force(tiny_cache, family):
     z = (S[:, t] - mean) / std
     d_ff = block_view(b, 0).d_ff
     top, bot = torch.topk(z, 6), torch.topk(z, 6, largest=False)
-    assert (res.promote_layers * d_ff + res.promote_neurons).tolist() == top.indices.tolist()
-    assert (res.suppress_layers * d_ff + res.suppress_neurons).tolist() == bot.indices.tolist()
+    assert (res.promote_blocks * d_ff + res.promote_neurons).tolist() == top.indices.tolist()
+    assert (res.suppress_blocks * d_ff + res.suppress_neurons).tolist() == bot.indices.tolist()
     torch.testing.assert_close(res.promote_z, top.values, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(res.suppress_z, bot.values, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(res.promote_scores, S[top.indices, t])
@@ -264,7 +264,7 @@ def test_search_ranks_by_specificity_not_norm(tiny_cache):
     before = vs.search_token(b, t, k=1)
     stats = vs.value_stats(b)
     assert vs.value_stats(b) is stats  # kept while the weights are unchanged
-    ly, n = int(before.promote_layers[0]), int(before.promote_neurons[0])
+    ly, n = int(before.promote_blocks[0]), int(before.promote_neurons[0])
     other = (ly + 1) % b.n_layers
     W = block_view(b, other).mlp_out.weight  # [d, d_ff]: column j is value vector j
     saved = W.detach().clone()
@@ -273,7 +273,7 @@ def test_search_ranks_by_specificity_not_norm(tiny_cache):
             W.mul_(100.0)
         assert vs.value_stats(b) is not stats  # an in-place edit is seen
         after = vs.search_token(b, t, k=1)
-        assert (int(after.promote_layers[0]), int(after.promote_neurons[0])) == (ly, n)
+        assert (int(after.promote_blocks[0]), int(after.promote_neurons[0])) == (ly, n)
         assert float(after.promote_z[0]) == pytest.approx(float(before.promote_z[0]), rel=1e-4)
         # ranked by the raw logit, a vector of the scaled block would now come first
         raw = block_view(b, other).W_out.detach().float() @ vs.readout(b)[t]
@@ -289,13 +289,13 @@ def test_search_several_tokens(tiny_cache):
     many = vs.search_tokens(b, [3, 9, 3], k=4, stats=st)
     assert [s.token_id for s in many] == [3, 9, 3]
     one = vs.search_token(b, 9, k=4)
-    for f in ("promote_layers", "promote_neurons", "suppress_layers", "suppress_neurons", "promote_ranks"):
+    for f in ("promote_blocks", "promote_neurons", "suppress_blocks", "suppress_neurons", "promote_ranks"):
         assert torch.equal(getattr(many[1], f), getattr(one, f)), f
     assert torch.equal(many[0].promote_neurons, many[2].promote_neurons)
     from vocablens.render import vocab_space as rv
 
     L, N = rv.search_vectors(many)
-    assert len(L) == 3 * 8 and (L[4], N[4]) == (int(many[0].suppress_layers[0]), int(many[0].suppress_neurons[0]))
+    assert len(L) == 3 * 8 and (L[4], N[4]) == (int(many[0].suppress_blocks[0]), int(many[0].suppress_neurons[0]))
     tops = vs.project_vectors(b, L, N, k=2)
     d = rv.search_to_dict(many, None, tops)
     assert [r["target_id"] for r in d["promote"]] == [3] * 4 + [9] * 4 + [3] * 4
@@ -307,9 +307,9 @@ def test_search_several_tokens(tiny_cache):
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_interpretable_vectors_criterion(tiny_cache, family):
     """The chosen rows are the sampled vectors with the largest mean z-score of their top-k logits,
-    at most max_per_layer per block, best first."""
+    at most max_per_block per block, best first."""
     b = tiny(tiny_cache, family)
-    res = vs.interpretable_vectors(b, n=3, per_layer=10, k=4, max_per_layer=1, seed=5, chunk_rows=7)
+    res = vs.interpretable_vectors(b, n=3, per_block=10, k=4, max_per_block=1, seed=5, chunk_rows=7)
     layers, neurons = vs.sample_neurons(b, 10, seed=5)
     S = torch.cat([block_view(b, ly).W_out[n].detach().float()[None] for ly, n in zip(layers, neurons)]) @ vs.readout(b).t()
     std, mean = torch.std_mean(S, dim=1, correction=0)
@@ -319,8 +319,8 @@ def test_interpretable_vectors_criterion(tiny_cache, family):
         if layers[j] not in seen and len(expect) < 3:
             expect.append(j)
             seen.add(layers[j])
-    assert len(res.vectors.layers) == min(3, b.n_layers)
-    assert [(int(a), int(c)) for a, c in zip(res.vectors.layers, res.vectors.neurons)] == \
+    assert len(res.vectors.blocks) == min(3, b.n_layers)
+    assert [(int(a), int(c)) for a, c in zip(res.vectors.blocks, res.vectors.neurons)] == \
         [(layers[j], neurons[j]) for j in expect]
     torch.testing.assert_close(res.top_z, crit[expect], rtol=1e-4, atol=1e-4)
     assert res.vectors.top_ids.tolist() == torch.topk(S[expect], 4).indices.tolist()
@@ -370,7 +370,7 @@ def test_bad_parameters(tiny_cache):
         vs.search_tokens(b, [])
     with pytest.raises(BadInput, match="apply_norm_gain"):
         vs.search_token(b, 3, stats=vs.value_stats(b, apply_norm_gain=False))
-    for kw in ({"n": 0}, {"per_layer": 0}, {"max_per_layer": 0}, {"k": 10_000}, {"n": 2.5}):
+    for kw in ({"n": 0}, {"per_block": 0}, {"max_per_block": 0}, {"k": 10_000}, {"n": 2.5}):
         with pytest.raises(BadInput):
             vs.interpretable_vectors(b, **kw)
     with pytest.raises(BadInput, match="position 9"):
@@ -387,7 +387,7 @@ def test_explanation_sums_to_logit_difference(tiny_cache, family):
     assert abs(e.logit_diff_sum - e.logit_diff_model) <= 1e-4 * scale
     assert abs(e.logit_target_sum - e.logit_target_model) <= 1e-4 * max(1.0, abs(e.logit_target_model))
     assert e.resid_error <= 1e-5
-    for ly in e.layers:
+    for ly in e.blocks:
         assert float(ly.head_dla.sum()) + ly.attn_bias_dla == pytest.approx(ly.attn_dla, abs=1e-5)
         assert ly.sub_update_error <= 1e-5
         assert len(ly.sub_updates) == 4 and len(ly.attn_top_ids) == 3
@@ -398,7 +398,7 @@ def test_explanation_sums_to_logit_difference(tiny_cache, family):
         resid, logits = b.residual_stream(x[None])
         lp0 = torch.log_softmax(b.unembed(resid[0, 0, 6]).float(), -1)
     lpL = torch.log_softmax(logits[0, 6], -1)
-    steps = sum(ly.attn_dlogprob_token + ly.mlp_dlogprob_token for ly in e.layers)
+    steps = sum(ly.attn_dlogprob_token + ly.mlp_dlogprob_token for ly in e.blocks)
     assert steps == pytest.approx(float(lpL[5] - lp0[5]), abs=1e-4)
     assert e.token_logprob == pytest.approx(float(lpL[5]), abs=1e-5)
 
@@ -552,7 +552,7 @@ def test_reverse_search_finds_themed_neurons_smollm2(smollm2):
     tids = [tok(p, add_special_tokens=False).input_ids for p in probes]
     assert all(len(x) == 1 for x in tids)
     found = vs.search_tokens(b, [x[0] for x in tids], k=3)
-    firsts = [(int(s.promote_layers[0]), int(s.promote_neurons[0])) for s in found]
+    firsts = [(int(s.promote_blocks[0]), int(s.promote_neurons[0])) for s in found]
     tops = vs.project_vectors(b, [f[0] for f in firsts], [f[1] for f in firsts], k=8)
     words = [[tok.decode([i]).strip().lower() for i in row] for row in tops.top_ids.tolist()]
     days = {"day", "days", "week", "weeks", "weekend", "monday", "tuesday", "morning", "night", "month"}
@@ -571,12 +571,12 @@ def test_interpretable_vectors_smollm2(smollm2):
     word in several spellings (block 29 neuron 250: ' with' 'with' ' With' 'With' ' WITH' ...)."""
     from collections import Counter
 
-    res = vs.interpretable_vectors(smollm2.borders, n=6, per_layer=8, k=8, max_per_layer=2)
-    assert len(res.vectors.layers) == 6 and res.n_candidates == 240
+    res = vs.interpretable_vectors(smollm2.borders, n=6, per_block=8, k=8, max_per_block=2)
+    assert len(res.vectors.blocks) == 6 and res.n_candidates == 240
     assert float(res.top_z[0]) > 10.0 and res.top_z.tolist() == sorted(res.top_z.tolist(), reverse=True)
     forms = Counter(smollm2.tokenizer.decode([i]).strip().lower() for i in res.vectors.top_ids[0].tolist())
     assert forms.most_common(1)[0][1] >= 5, forms
-    assert max(res.vectors.layers.tolist().count(x) for x in set(res.vectors.layers.tolist())) <= 2
+    assert max(res.vectors.blocks.tolist().count(x) for x in set(res.vectors.blocks.tolist())) <= 2
 
 
 @pytest.fixture(scope="module")
@@ -594,10 +594,10 @@ def test_capital_of_france_sums_to_logit_difference(smollm2, france):
     # stated tolerance: 1e-3 logits (float32 over 30 layers of a 576-wide stream)
     assert abs(e.logit_diff_sum - e.logit_diff_model) <= 1e-3
     assert abs(e.logit_target_sum - e.logit_target_model) <= 1e-3
-    parts = e.embed_dla + e.const_dla + sum(ly.attn_dla + ly.mlp_dla for ly in e.layers)
+    parts = e.embed_dla + e.const_dla + sum(ly.attn_dla + ly.mlp_dla for ly in e.blocks)
     assert parts == pytest.approx(e.logit_diff_model, abs=1e-3)
     assert e.logit_diff_model > 0
-    assert len(e.layers) == 30 and all(ly.head_dla.shape == (9,) for ly in e.layers)
+    assert len(e.blocks) == 30 and all(ly.head_dla.shape == (9,) for ly in e.blocks)
 
 
 def _patch_model(monkeypatch, lm):
@@ -730,7 +730,7 @@ def test_report_sections(smollm2, france, tiny_cache):
     assert "Paris" in s2.html and f"{france.logit_diff_model:.4f}" in s2.html
     found = vs.search_tokens(b, [tok(" three", add_special_tokens=False).input_ids[0]], k=2)
     L, N = rv.search_vectors(found)
-    interp = vs.interpretable_vectors(b, n=2, per_layer=2, k=4)
+    interp = vs.interpretable_vectors(b, n=2, per_block=2, k=4)
     s4 = rv.value_vectors_report_section(found, vs.project_vectors(b, L, N, k=8), interp, tok)
     assert s4.id == "value-vectors" and "z-score" in s4.html and "2 per block" in s4.html
     assert s4.html.count("<tr>") >= 2 + 2 + 2  # header rows + 2 probe rows + 2 interpretable rows

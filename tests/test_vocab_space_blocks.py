@@ -100,23 +100,23 @@ def test_value_stats_and_search_blocked(models, small_blocks, family):
     torch.testing.assert_close(st.std.double(), std, rtol=1e-5, atol=1e-6)
     got = vs.search_tokens(b, [11, 40], k=5, stats=whole)
     for g, r in zip(got, ref):
-        for f in ("promote_layers", "promote_neurons", "promote_ranks", "suppress_layers", "suppress_neurons",
+        for f in ("promote_blocks", "promote_neurons", "promote_ranks", "suppress_blocks", "suppress_neurons",
                   "suppress_ranks", "promote_scores", "promote_z"):
             assert torch.equal(getattr(g, f), getattr(r, f)), f
         t = g.token_id
-        rows = g.promote_layers * S.shape[0] // b.n_layers + g.promote_neurons
+        rows = g.promote_blocks * S.shape[0] // b.n_layers + g.promote_neurons
         assert g.promote_ranks.tolist() == [int((S[i] > S[i, t]).sum()) for i in rows.tolist()]
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_interpretable_and_circuits_blocked(models, small_blocks, family):
     b = models[family]
-    whole = vs.interpretable_vectors(b, n=3, per_layer=6, k=3, seed=1)
+    whole = vs.interpretable_vectors(b, n=3, per_block=6, k=3, seed=1)
     ov = vs.head_circuit(b, 1, 0, circuit="ov", k=8)
     qk = vs.head_circuit(b, 1, 1, circuit="qk", k=8, max_sources=50)
     small_blocks(b)
-    got = vs.interpretable_vectors(b, n=3, per_layer=6, k=3, seed=1)
-    assert torch.equal(got.vectors.layers, whole.vectors.layers)
+    got = vs.interpretable_vectors(b, n=3, per_block=6, k=3, seed=1)
+    assert torch.equal(got.vectors.blocks, whole.vectors.blocks)
     assert torch.equal(got.vectors.neurons, whole.vectors.neurons)
     assert torch.equal(got.vectors.top_ids, whole.vectors.top_ids)
     torch.testing.assert_close(got.top_z, whole.top_z, rtol=1e-5, atol=1e-6)

@@ -55,14 +55,14 @@ class LayerMatch:
     """One layer of model A matched one-to-one into its most similar layer of model B.
 
     Attributes:
-        layer_a, layer_b: block indices (0-based).
-        partner: [n_A] int64, the unit of ``layer_b`` matched to each unit of ``layer_a`` (-1: none,
+        block_a, block_b: block indices (0-based).
+        partner: [n_A] int64, the unit of ``block_b`` matched to each unit of ``block_a`` (-1: none,
             when B's layer has fewer units).
         corr: [n_A] float32, the correlation of each matched pair (NaN for unmatched units).
     """
 
-    layer_a: int
-    layer_b: int
+    block_a: int
+    block_b: int
     partner: torch.Tensor
     corr: torch.Tensor
 
@@ -78,17 +78,17 @@ class Alignment:
 
     Attributes:
         what: ``"ffn"`` (units are FFN neurons) or ``"heads"`` (units are attention heads).
-        layers_a, layers_b: the block indices compared.
-        layer_similarity: [len(layers_a), len(layers_b)] float32: mean over A's units of their best
+        blocks_a, blocks_b: the block indices compared.
+        block_similarity: [len(blocks_a), len(blocks_b)] float32: mean over A's units of their best
             correlation in B's layer.
         matches: one :class:`LayerMatch` per layer of A, into its most similar layer of B.
         shared: the shared vocabulary used.
     """
 
     what: str
-    layers_a: list[int]
-    layers_b: list[int]
-    layer_similarity: torch.Tensor
+    blocks_a: list[int]
+    blocks_b: list[int]
+    block_similarity: torch.Tensor
     matches: list[LayerMatch]
     shared: SharedVocabulary
 
@@ -207,7 +207,7 @@ def _check_layers(layers: Sequence[int] | None, L: int, which: str) -> list[int]
 
 
 def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ffn",
-                 layers_a: Sequence[int] | None = None, layers_b: Sequence[int] | None = None,
+                 blocks_a: Sequence[int] | None = None, blocks_b: Sequence[int] | None = None,
                  fold_norm_gain: bool = True, progress: Callable[[int, int], None] | None = None) -> Alignment:
     """Match the FFN neurons (or attention heads) of model A to those of model B through the vocabulary.
 
@@ -215,7 +215,7 @@ def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ff
         borders_a, borders_b: :class:`~vocablens.models.Borders` of the two models (dense blocks).
         tokenizer_a, tokenizer_b: their tokenizers (the shared vocabulary is found by token string).
         what: ``"ffn"`` (value vectors, rows of W_out [d_ff, d]) or ``"heads"`` (OV circuits).
-        layers_a, layers_b: block indices to compare (default: all).
+        blocks_a, blocks_b: block indices to compare (default: all).
         fold_norm_gain: read through the final norm's gain (Geva et al. 2022, §2).
         progress: called as ``progress(done, total)`` after each layer of A.
 
@@ -231,8 +231,8 @@ def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ff
     """
     if what not in ("ffn", "heads"):
         raise BadInput(f"--what must be ffn or heads; got {what!r}")
-    la = _check_layers(layers_a, borders_a.n_layers, "A")
-    lb = _check_layers(layers_b, borders_b.n_layers, "B")
+    la = _check_layers(blocks_a, borders_a.n_layers, "A")
+    lb = _check_layers(blocks_b, borders_b.n_layers, "B")
     shared = shared_vocabulary(tokenizer_a, tokenizer_b, borders_a.real_vocab_size, borders_b.real_vocab_size,
                                min_shared=max(borders_a.d_model, borders_b.d_model) + 1)
     with torch.no_grad():
@@ -265,11 +265,11 @@ def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ff
                 sim[i, j] = c.max(1).values.mean()  # stays on the device: one sync per layer of A, below
             best = lb[int(sim[i].argmax())]
             partner, got = _hungarian(corrs[best])
-            matches.append(LayerMatch(layer_a=l, layer_b=best, partner=partner, corr=got))
+            matches.append(LayerMatch(block_a=l, block_b=best, partner=partner, corr=got))
             del corrs
             if progress is not None:
                 progress(i + 1, len(la))
-    return Alignment(what=what, layers_a=la, layers_b=lb, layer_similarity=sim, matches=matches, shared=shared)
+    return Alignment(what=what, blocks_a=la, blocks_b=lb, block_similarity=sim, matches=matches, shared=shared)
 
 
 def unit_top_tokens(borders, what: str, layer: int, unit: int, k: int = 5, fold_norm_gain: bool = True

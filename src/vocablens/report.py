@@ -245,13 +245,13 @@ def _value_vectors(ctx, plan, run):
     found = vs.search_tokens(borders, [tok(q, add_special_tokens=False).input_ids[0] for q in probes], k=1)
     layers, neurons = [], []
     for s in found:  # the order the report's table reads them: per search, promote rows then suppress rows
-        layers += s.promote_layers.tolist() + s.suppress_layers.tolist()
+        layers += s.promote_blocks.tolist() + s.suppress_blocks.tolist()
         neurons += s.promote_neurons.tolist() + s.suppress_neurons.tolist()
     run.result = vs.project_vectors(borders, layers, neurons, k=8)
     # the most interpretable of a random sample; fewer per block on a large vocabulary (budget)
-    per_layer = 32 if borders.vocab_size <= 100_000 else 16
+    per_block = 32 if borders.vocab_size <= 100_000 else 16
     run.extra.update(probes=probes, searches=found,
-                     interp=vs.interpretable_vectors(borders, n=20, per_layer=per_layer, k=8))
+                     interp=vs.interpretable_vectors(borders, n=20, per_block=per_block, k=8))
 
 
 def _explain(ctx, plan, run):

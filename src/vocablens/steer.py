@@ -152,7 +152,7 @@ def concept_scores(borders, token_ids: Sequence[int], apply_norm_gain: bool = Tr
     r = borders.unembedding.readout_rows(ids, apply_norm_gain, scaled=True).mean(0)  # [d]
     s = torch.cat([v.W_out.detach().float() @ r.to(v.W_out.device) for v in block_views(borders)])
     z = (s - st.mean) / st.std.clamp_min(1e-12)
-    return st.layers, st.neurons, z
+    return st.blocks, st.neurons, z
 
 
 def steer(borders, promote: Sequence[int] = (), suppress: Sequence[int] = (), top_n: int = 10,

@@ -56,7 +56,7 @@ def align_cmd(
     with Progress(TextColumn("aligning {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} blocks"),
                   TimeRemainingColumn(), console=err, transient=True, disable=json_) as bar:
         task = bar.add_task(what, total=len(la) if la else A.borders.n_layers)
-        res = align_models(A.borders, A.tokenizer, B.borders, B.tokenizer, what=what, layers_a=la, layers_b=lb,
+        res = align_models(A.borders, A.tokenizer, B.borders, B.tokenizer, what=what, blocks_a=la, blocks_b=lb,
                            progress=lambda done, total: bar.update(task, completed=done, total=total))
 
     def names(side: str, block: int, unit: int) -> list[str]:

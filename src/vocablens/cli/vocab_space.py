@@ -144,7 +144,7 @@ def project_cmd(
     if interpretable:
         if not json_:
             err.print(f"[dim]reading {sample or 32} value vectors per block ...[/dim]")
-        res = vs.interpretable_vectors(b, n=interpretable, per_layer=sample or 32, k=k, seed=seed,
+        res = vs.interpretable_vectors(b, n=interpretable, per_block=sample or 32, k=k, seed=seed,
                                        apply_norm_gain=gain)
         if json_:
             emit_json({**rv.interpretable_to_dict(res, tok), "model": lm.provenance.to_dict()})

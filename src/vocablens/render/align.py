@@ -31,7 +31,7 @@ def best_pairs(res: Alignment, n: int) -> list[tuple[int, int, int, int, float]]
     for m in res.matches:
         ok = ~torch.isnan(m.corr)
         for i in ok.nonzero().flatten().tolist():
-            rows.append((m.layer_a, i, m.layer_b, int(m.partner[i]), float(m.corr[i])))
+            rows.append((m.block_a, i, m.block_b, int(m.partner[i]), float(m.corr[i])))
     return sorted(rows, key=lambda r: (-round(r[4], 3), r[0], r[1]))[:n]
 
 
@@ -45,10 +45,10 @@ def alignment_to_dict(res: Alignment, top: list[dict[str, Any]]) -> dict[str, An
         "unit": _unit(res.what),
         "shared_tokens": res.shared.size,
         "identical_vocabularies": res.shared.identical,
-        "blocks_a": res.layers_a,
-        "blocks_b": res.layers_b,
-        "block_similarity": [[round(float(x), 6) for x in row] for row in res.layer_similarity],
-        "blocks": [{"block_a": m.layer_a, "block_b": m.layer_b, "units": int(m.partner.numel()),
+        "blocks_a": res.blocks_a,
+        "blocks_b": res.blocks_b,
+        "block_similarity": [[round(float(x), 6) for x in row] for row in res.block_similarity],
+        "blocks": [{"block_a": m.block_a, "block_b": m.block_b, "units": int(m.partner.numel()),
                     "matched_mean_corr": round(m.mean_corr, 6),
                     "identity_fraction": round(float((m.partner == torch.arange(m.partner.numel())).float().mean()), 6),
                     "partner": m.partner.tolist()} for m in res.matches],
@@ -72,10 +72,10 @@ def alignment_tables(res: Alignment, top: list[dict[str, Any]], name_a: str, nam
     for c in ("block A", "block B", f"{unit}s", "mean best corr", "matched mean corr", "same index"):
         t.add_column(c, justify="right")
     for i, m in enumerate(res.matches):
-        j = res.layers_b.index(m.layer_b)
+        j = res.blocks_b.index(m.block_b)
         same = float((m.partner == torch.arange(m.partner.numel())).float().mean())
-        t.add_row(str(m.layer_a), str(m.layer_b), str(m.partner.numel()),
-                  f"{float(res.layer_similarity[i, j]):.3f}", f"{m.mean_corr:.3f}", f"{same:.1%}")
+        t.add_row(str(m.block_a), str(m.block_b), str(m.partner.numel()),
+                  f"{float(res.block_similarity[i, j]):.3f}", f"{m.mean_corr:.3f}", f"{same:.1%}")
     b = Table(title=f"best matched {unit}s and what they promote", caption=f"order: {PAIR_ORDER}")
     for c in ("A", "B", "corr", "A's top tokens", "B's top tokens"):
         b.add_column(c, justify="right" if c in ("A", "B", "corr") else "left")

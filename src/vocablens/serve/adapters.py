@@ -203,7 +203,7 @@ def project_json(lm, tid: int, k: int) -> dict:
 
     b = lm.borders
     res = vs.search_token(b, tid, k=k, apply_norm_gain=True)
-    layers = res.promote_layers.tolist() + res.suppress_layers.tolist()
+    layers = res.promote_blocks.tolist() + res.suppress_blocks.tolist()
     neurons = res.promote_neurons.tolist() + res.suppress_neurons.tolist()
     tops = vs.project_vectors(b, layers, neurons, k=min(8, b.real_vocab_size), apply_norm_gain=True)
     return _with_model(search_to_dict(res, lm.tokenizer, tops), lm)

@@ -35,7 +35,7 @@ log-probability) per unit of the vector read, log-probabilities are in nats, all
 """
 
 from vocablens.vocab_space.circuits import HeadCircuit, head_circuit
-from vocablens.vocab_space.explain import APPROXIMATION, Explanation, LayerExplanation, SubUpdate, explain
+from vocablens.vocab_space.explain import APPROXIMATION, Explanation, BlockExplanation, SubUpdate, explain
 from vocablens.vocab_space.interpretable import InterpretableVectors, interpretable_vectors
 from vocablens.vocab_space.readout import input_embedding, readout
 from vocablens.vocab_space.search import CRITERION, TokenSearch, ValueStats, search_token, search_tokens, value_stats
@@ -44,7 +44,7 @@ from vocablens.vocab_space.vectors import VectorProjection, project_vectors, sam
 
 __all__ = [
     "APPROXIMATION", "CRITERION", "DEFAULT_THRESHOLDS", "ExitPoint", "Explanation", "HeadCircuit",
-    "InterpretableVectors", "LayerExplanation", "SettleResult", "SubUpdate", "TokenSearch", "ValueStats",
+    "InterpretableVectors", "BlockExplanation", "SettleResult", "SubUpdate", "TokenSearch", "ValueStats",
     "VectorProjection", "explain", "head_circuit", "input_embedding", "interpretable_vectors",
     "project_vectors", "readout", "sample_neurons", "search_token", "search_tokens", "settle", "value_stats",
 ]

@@ -24,7 +24,7 @@ class HeadCircuit:
     """One attention head's OV or QK circuit read token to token.
 
     Attributes:
-        layer, head: the block and the query head read; ``kv_head`` the key/value head it shares (GQA).
+        block, head: the block and the query head read; ``kv_head`` the key/value head it shares (GQA).
         circuit: ``ov`` (source token attended to -> token the head's output promotes; scores are logits
             per unit attention) or ``qk`` (query token -> key token; scores are attention logits
             before softmax, divided by sqrt(d_head)).
@@ -35,7 +35,7 @@ class HeadCircuit:
         apply_norm_gain: final norm gain applied (OV only).
     """
 
-    layer: int
+    block: int
     head: int
     kv_head: int
     circuit: str
@@ -53,7 +53,7 @@ def _rows_times(borders: Borders, V: int, kind: str, M: torch.Tensor, apply_norm
     return torch.cat([R @ M for _, _, R in stream_rows(borders, V, kind, apply_norm_gain)])
 
 
-def head_circuit(borders: Borders, layer: int, head: int, circuit: str = "ov", k: int = 20,
+def head_circuit(borders: Borders, block: int, head: int, circuit: str = "ov", k: int = 20,
                  apply_norm_gain: bool = True, max_sources: int | None = None, chunk_rows: int | None = None
                  ) -> HeadCircuit:
     """Top token pairs of one head's OV circuit ``E W_V W_O (g ⊙ U)ᵀ`` or QK circuit ``E W_Q W_Kᵀ Eᵀ``.
@@ -65,21 +65,21 @@ def head_circuit(borders: Borders, layer: int, head: int, circuit: str = "ov", k
     so sources are streamed in chunks of ``[c, d_head] @ [d_head, V]``; cost 2·n_sources·V·d_head FLOPs.
 
     Args:
-        layer, head: block 0..L-1 and query head 0..H-1.
+        block, head: block 0..L-1 and query head 0..H-1.
         circuit: ``ov`` or ``qk``.
         k: pairs kept.
         max_sources: scan only the first n source token ids (default: the whole real vocabulary).
 
     Raises:
-        BadInput: layer/head out of range, bad circuit, k or max_sources.
+        BadInput: block/head out of range, bad circuit, k or max_sources.
         UnsupportedArchitecture: no attention of the expected shape.
     """
     if circuit not in ("ov", "qk"):
         raise BadInput(f"circuit must be 'ov' or 'qk'; got {circuit!r}")
-    check_block(borders, layer)
-    v = block_view(borders, int(layer))
+    check_block(borders, block)
+    v = block_view(borders, int(block))
     if not 0 <= int(head) < v.n_heads:
-        raise BadInput(f"head {head} is out of range: block {layer} has heads 0..{v.n_heads - 1}")
+        raise BadInput(f"head {head} is out of range: block {block} has heads 0..{v.n_heads - 1}")
     real = borders.real_vocab_size
     n_src = real if max_sources is None else int(max_sources)
     if not 1 <= n_src <= real:
@@ -116,7 +116,7 @@ def head_circuit(borders: Borders, layer: int, head: int, circuit: str = "ov", k
             f = torch.cat([best_i, flat])
             t2 = torch.topk(s, min(k, len(s)))
             best_s, best_i = t2.values, f[t2.indices]
-    return HeadCircuit(layer=int(layer), head=int(head), kv_head=v.kv_head(int(head)), circuit=circuit,
+    return HeadCircuit(block=int(block), head=int(head), kv_head=v.kv_head(int(head)), circuit=circuit,
                        src_ids=best_i // real, tgt_ids=best_i % real, scores=best_s,
                        self_top1_fraction=int(self_top) / n_src, n_sources=n_src,
                        apply_norm_gain=bool(apply_norm_gain and circuit == "ov"))

@@ -60,7 +60,7 @@ class SubUpdate:
 
 
 @dataclass(frozen=True)
-class LayerExplanation:
+class BlockExplanation:
     """One block's updates at the explained position, in vocabulary space.
 
     Attributes:
@@ -105,7 +105,7 @@ class Explanation:
         top1_logprob, token_logprob: final log-probabilities (nats).
         embed_dla: direct effect of the embedding (stream layer 0) on the logit difference.
         const_dla: the final norm's bias and the head's bias (same for every prompt).
-        layers: one :class:`LayerExplanation` per block.
+        blocks: one :class:`BlockExplanation` per block.
         logit_diff_model: the model's pre-softcap ``logit[target] - logit[contrast]``.
         logit_diff_sum: ``embed_dla + Σ (attn_dla + mlp_dla) + const_dla``; equals the model's up to
             float error (see :data:`APPROXIMATION`).
@@ -126,7 +126,7 @@ class Explanation:
     token_logprob: float | None
     embed_dla: float
     const_dla: float
-    layers: list[LayerExplanation]
+    blocks: list[BlockExplanation]
     logit_diff_model: float
     logit_diff_sum: float
     logit_target_model: float
@@ -307,20 +307,20 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
         tops = top_tokens(torch.cat([attn_u, mlp_u, *sub_vecs]))
         n = len(pending)
         at = 2 * n
-        layers: list[LayerExplanation] = []
+        blocks: list[BlockExplanation] = []
         for i, kw in enumerate(pending):  # each result built once, whole (none mutated afterwards)
             made = []
             for sd in kw.pop("sub_updates"):
                 made.append(SubUpdate(top_ids=tops[at], **sd))
                 at += 1
-            layers.append(LayerExplanation(**kw, attn_top_ids=tops[i], mlp_top_ids=tops[n + i], sub_updates=made))
+            blocks.append(BlockExplanation(**kw, attn_top_ids=tops[i], mlp_top_ids=tops[n + i], sub_updates=made))
     sigma = float(fl.sigma.flatten()[0])
     return Explanation(
         input_ids=input_ids.detach().cpu(), position=p, top1=top1,  # cpu: result
         token=None if token_id is None else int(token_id), target=target, contrast=contrast,
         top1_logprob=float(lp_top1[2 * L]),
         token_logprob=None if lp_tok is None else float(lp_tok[2 * L]),
-        embed_dla=float(embed[0] - embed[1]), const_dla=float(const[0] - const[1]), layers=layers,
+        embed_dla=float(embed[0] - embed[1]), const_dla=float(const[0] - const[1]), blocks=blocks,
         logit_diff_model=logit_t - logit_c, logit_diff_sum=float(total[0] - total[1]),
         logit_target_model=logit_t, logit_target_sum=float(total[0]), resid_error=resid_error,
         final_sigma=sigma, softcap=borders.softcap,

@@ -31,7 +31,7 @@ class InterpretableVectors:
             at each end), best first.
         top_z: [n] float32, each row's criterion: the mean z-score of its k top logits.
         criterion: the criterion and the sample, in words.
-        n_candidates: vectors read (per_layer per block).
+        n_candidates: vectors read (per_block per block).
     """
 
     vectors: VectorProjection
@@ -46,36 +46,36 @@ def _int(name: str, x, lo: int) -> int:
     return x
 
 
-def interpretable_vectors(borders: Borders, n: int = 20, per_layer: int = 32, k: int = 8,
-                          max_per_layer: int | None = 2, seed: int = 0, apply_norm_gain: bool = True,
+def interpretable_vectors(borders: Borders, n: int = 20, per_block: int = 32, k: int = 8,
+                          max_per_block: int | None = 2, seed: int = 0, apply_norm_gain: bool = True,
                           chunk_rows: int | None = None) -> InterpretableVectors:
-    """The ``n`` most interpretable of ``per_layer`` random value vectors per block (see the module docstring).
+    """The ``n`` most interpretable of ``per_block`` random value vectors per block (see the module docstring).
 
     Args:
         borders: the model's borders.
         n: vectors returned (fewer when the sample is smaller).
-        per_layer: neurons drawn per block (:func:`~vocablens.vocab_space.vectors.sample_neurons`, ``seed``).
+        per_block: neurons drawn per block (:func:`~vocablens.vocab_space.vectors.sample_neurons`, ``seed``).
         k: top tokens the criterion averages over, and tokens listed at each end.
-        max_per_layer: at most this many vectors from one block (None: no cap), so the list spans depth.
+        max_per_block: at most this many vectors from one block (None: no cap), so the list spans depth.
         apply_norm_gain: read through the final norm's gain.
         chunk_rows: vectors projected at once (default: 64 MiB of logits).
 
     Returns:
-        :class:`InterpretableVectors`. Cost: 2·L·per_layer·V·d FLOPs (SmolLM2-135M, per_layer 32:
+        :class:`InterpretableVectors`. Cost: 2·L·per_block·V·d FLOPs (SmolLM2-135M, per_block 32:
         56 GFLOP); memory: one 8 MiB block of readout rows and its scores against a chunk of vectors.
         Each vector's mean and variance over the vocabulary are per-block float32 moments merged
         across blocks in float64.
 
     Raises:
-        BadInput: n, per_layer, k or max_per_layer out of range.
+        BadInput: n, per_block, k or max_per_block out of range.
         UnsupportedArchitecture: a block without a dense MLP.
     """
     _int("n", n, 1)
-    if max_per_layer is not None:
-        _int("max_per_layer", max_per_layer, 1)
+    if max_per_block is not None:
+        _int("max_per_block", max_per_block, 1)
     check_k(k, borders.real_vocab_size)
-    layers, neurons = sample_neurons(borders, _int("per_layer", per_layer, 1), seed)
-    X = gather_vectors(borders, layers, neurons).to(borders.W_U.device)
+    blocks, neurons = sample_neurons(borders, _int("per_block", per_block, 1), seed)
+    X = gather_vectors(borders, blocks, neurons).to(borders.W_U.device)
     real = borders.real_vocab_size
     step = rows_per_chunk(real, chunk_rows)
     chunks = list(range(0, len(X), step))
@@ -105,18 +105,18 @@ def interpretable_vectors(borders: Borders, n: int = 20, per_layer: int = 32, k:
     for j in order:
         if len(chosen) == n:
             break
-        if max_per_layer is None or per.get(layers[j], 0) < max_per_layer:
+        if max_per_block is None or per.get(blocks[j], 0) < max_per_block:
             chosen.append(j)
-            per[layers[j]] = per.get(layers[j], 0) + 1
+            per[blocks[j]] = per.get(blocks[j], 0) + 1
     sel = torch.tensor(chosen, dtype=torch.long)  # cpu: indices into the host result
     ti, tv, bi, bv = (torch.cat([p[q] for p in parts]).cpu()[sel] for q in range(4))  # cpu: the result, once
-    layers_t, neurons_t = torch.tensor(layers)[sel], torch.tensor(neurons)[sel]  # cpu: result labels
+    blocks_t, neurons_t = torch.tensor(blocks)[sel], torch.tensor(neurons)[sel]  # cpu: result labels
     norms = X.norm(dim=-1).cpu()[sel]  # cpu: the result
-    proj = VectorProjection(kind="value", layers=layers_t, neurons=neurons_t,
+    proj = VectorProjection(kind="value", blocks=blocks_t, neurons=neurons_t,
                             norms=norms, top_ids=ti, top_scores=tv, bottom_ids=bi,
                             bottom_scores=bv, apply_norm_gain=bool(apply_norm_gain))
-    cap = "" if max_per_layer is None else f", at most {max_per_layer} per block"
+    cap = "" if max_per_block is None else f", at most {max_per_block} per block"
     criterion = (f"the mean z-score of each vector's top {k} logits within its own logits over the vocabulary "
-                 f"(how far its top tokens stand out), best {len(chosen)} of {len(layers)} random neurons "
-                 f"({per_layer} per block, seed {seed}){cap}")
-    return InterpretableVectors(vectors=proj, top_z=score[sel], criterion=criterion, n_candidates=len(layers))
+                 f"(how far its top tokens stand out), best {len(chosen)} of {len(blocks)} random neurons "
+                 f"({per_block} per block, seed {seed}){cap}")
+    return InterpretableVectors(vectors=proj, top_z=score[sel], criterion=criterion, n_candidates=len(blocks))

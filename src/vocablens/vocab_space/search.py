@@ -41,13 +41,13 @@ class ValueStats:
     """Mean and standard deviation of every value vector's logits over the real vocabulary.
 
     Attributes:
-        layers, neurons: [N] int64, block and neuron of each value vector (block-major).
+        blocks, neurons: [N] int64, block and neuron of each value vector (block-major).
         mean: [N] float32, ``mean_w R[w]·v`` (logits per unit of activation).
         std: [N] float32, the population standard deviation ``std_w R[w]·v``.
         apply_norm_gain: whether R includes the final norm's gain.
     """
 
-    layers: torch.Tensor
+    blocks: torch.Tensor
     neurons: torch.Tensor
     mean: torch.Tensor
     std: torch.Tensor
@@ -106,16 +106,16 @@ def _value_stats(borders: Borders, apply_norm_gain: bool) -> ValueStats:
         C64 += (Rc.t() @ Rc).double()  # one float32 GEMM per block, summed in float64
         del Rc
     C = (C64 / V).float()
-    layers, neurons, means, stds = [], [], [], []
+    blocks, neurons, means, stds = [], [], [], []
     for v in block_views(borders):
         W = v.W_out.detach().to(dev, torch.float32)  # [d_ff, d]
         means.append(W @ mu)
         stds.append(((W @ C) * W).sum(-1).clamp_min(0).sqrt())
-        layers.append(torch.full((W.shape[0],), v.index, dtype=torch.long, device=dev))
+        blocks.append(torch.full((W.shape[0],), v.index, dtype=torch.long, device=dev))
         neurons.append(torch.arange(W.shape[0], device=dev))
         del W
         release_pages(v.W_out.detach())  # read once: its checkpoint pages may go (models.pages)
-    return ValueStats(layers=torch.cat(layers), neurons=torch.cat(neurons), mean=torch.cat(means),
+    return ValueStats(blocks=torch.cat(blocks), neurons=torch.cat(neurons), mean=torch.cat(means),
                       std=torch.cat(stds), apply_norm_gain=bool(apply_norm_gain))
 
 
@@ -125,23 +125,23 @@ class TokenSearch:
 
     Attributes:
         token_id: the token searched (the target every row serves).
-        promote_layers, promote_neurons: [k] block and neuron, best first (largest z).
+        promote_blocks, promote_neurons: [k] block and neuron, best first (largest z).
         promote_z: [k] the ranking key, ``z_t(v)`` (see the module docstring).
         promote_scores: [k] the raw logit per unit, ``R[t]·v``.
         promote_ranks: [k] int64, the token's rank among the vector's logits (0 = its top token).
-        suppress_layers, suppress_neurons, suppress_z, suppress_scores: the same for the most negative z.
+        suppress_blocks, suppress_neurons, suppress_z, suppress_scores: the same for the most negative z.
         suppress_ranks: [k] int64, the token's rank from the bottom (0 = the vector's most suppressed).
         apply_norm_gain: whether the final norm's gain was applied.
         criterion: the ranking criterion, in words.
     """
 
     token_id: int
-    promote_layers: torch.Tensor
+    promote_blocks: torch.Tensor
     promote_neurons: torch.Tensor
     promote_z: torch.Tensor
     promote_scores: torch.Tensor
     promote_ranks: torch.Tensor
-    suppress_layers: torch.Tensor
+    suppress_blocks: torch.Tensor
     suppress_neurons: torch.Tensor
     suppress_z: torch.Tensor
     suppress_scores: torch.Tensor
@@ -223,13 +223,13 @@ def search_tokens(borders: Borders, token_ids: Sequence[int], k: int = 10, apply
         hi = torch.topk(z, k)
         lo = torch.topk(z, k, largest=False)
         idx = torch.cat([hi.indices, lo.indices])
-        ln = torch.stack([stats.layers[idx], stats.neurons[idx]]).tolist()  # one host transfer per token
+        ln = torch.stack([stats.blocks[idx], stats.neurons[idx]]).tolist()  # one host transfer per token
         X = gather_vectors(borders, ln[0], ln[1]).to(dev)
         ranks = _ranks(borders, X, t, k, step, apply_norm_gain)
         out.append(TokenSearch(
-            token_id=t, promote_layers=stats.layers[hi.indices], promote_neurons=stats.neurons[hi.indices],
+            token_id=t, promote_blocks=stats.blocks[hi.indices], promote_neurons=stats.neurons[hi.indices],
             promote_z=hi.values, promote_scores=raw[hi.indices, j], promote_ranks=ranks[:k],
-            suppress_layers=stats.layers[lo.indices], suppress_neurons=stats.neurons[lo.indices],
+            suppress_blocks=stats.blocks[lo.indices], suppress_neurons=stats.neurons[lo.indices],
             suppress_z=lo.values, suppress_scores=raw[lo.indices, j], suppress_ranks=ranks[k:],
             apply_norm_gain=bool(apply_norm_gain)))
     return out

@@ -28,7 +28,7 @@ class VectorProjection:
 
     Attributes:
         kind: ``value`` (read through the unembedding) or ``key`` (read through the input embedding).
-        layers: [n] int64 block index of each vector (it writes stream layer ``block + 1``).
+        blocks: [n] int64 block index of each vector (it writes stream layer ``block + 1``).
         neurons: [n] int64 neuron index within its block.
         norms: [n] float32, L2 norm of each vector.
         top_ids, top_scores: [n, k] tokens the vector promotes most, and their scores (logits per unit).
@@ -37,7 +37,7 @@ class VectorProjection:
     """
 
     kind: str
-    layers: torch.Tensor
+    blocks: torch.Tensor
     neurons: torch.Tensor
     norms: torch.Tensor
     top_ids: torch.Tensor
@@ -47,7 +47,7 @@ class VectorProjection:
     apply_norm_gain: bool
 
 
-def gather_vectors(borders: Borders, layers: Sequence[int], neurons: Sequence[int], kind: str = "value"
+def gather_vectors(borders: Borders, blocks: Sequence[int], neurons: Sequence[int], kind: str = "value"
                    ) -> torch.Tensor:
     """The value (or key) vectors of the given (block, neuron) pairs, [n, d_model] float32.
 
@@ -57,13 +57,13 @@ def gather_vectors(borders: Borders, layers: Sequence[int], neurons: Sequence[in
     """
     if kind not in ("value", "key"):
         raise BadInput(f"kind must be 'value' or 'key'; got {kind!r}")
-    if len(layers) != len(neurons):
-        raise BadInput(f"{len(layers)} blocks but {len(neurons)} neurons")
-    if len(layers) == 0:
+    if len(blocks) != len(neurons):
+        raise BadInput(f"{len(blocks)} blocks but {len(neurons)} neurons")
+    if len(blocks) == 0:
         raise BadInput("no vectors to project: give at least one block and neuron")
     views: dict[int, BlockView] = {}
     vecs = []
-    for ly, n in zip(layers, neurons):
+    for ly, n in zip(blocks, neurons):
         ly, n = int(ly), int(n)
         check_block(borders, ly)
         v = views.get(ly) or views.setdefault(ly, block_view(borders, ly))
@@ -76,14 +76,14 @@ def gather_vectors(borders: Borders, layers: Sequence[int], neurons: Sequence[in
     return out
 
 
-def project_vectors(borders: Borders, layers: Sequence[int], neurons: Sequence[int], k: int = 10,
+def project_vectors(borders: Borders, blocks: Sequence[int], neurons: Sequence[int], k: int = 10,
                     kind: str = "value", apply_norm_gain: bool = True, chunk_rows: int | None = None
                     ) -> VectorProjection:
     """Project FFN value (or key) vectors into vocabulary space (Dar et al. 2022 §2; Geva et al. 2022 §3).
 
     Args:
         borders: the model's borders.
-        layers, neurons: equal-length sequences; vector j is neuron ``neurons[j]`` of block ``layers[j]``.
+        blocks, neurons: equal-length sequences; vector j is neuron ``neurons[j]`` of block ``blocks[j]``.
         k: tokens kept at each end (1..V).
         kind: ``value``: row i of ``W_out`` [d_ff, d] read as ``R v`` with R the readout
             (:func:`~vocablens.vocab_space.readout.readout`); ``key``: row i of the gate (gated MLPs) or
@@ -92,7 +92,7 @@ def project_vectors(borders: Borders, layers: Sequence[int], neurons: Sequence[i
         chunk_rows: vectors scored per chunk (default: as many as 64 MiB of [rows, V] scores).
 
     Returns:
-        :class:`VectorProjection` with n = len(layers) rows, in the order given; among equal scores
+        :class:`VectorProjection` with n = len(blocks) rows, in the order given; among equal scores
         the lowest token id comes first. Cost: 2·n·V·d FLOPs; memory: one block of readout (or
         embedding) rows (:func:`~vocablens.vocab_space.readout.vocab_blocks`, 8 MiB) and its scores
         against a chunk of vectors, never the [V, d] matrix.
@@ -101,7 +101,7 @@ def project_vectors(borders: Borders, layers: Sequence[int], neurons: Sequence[i
         BadInput: unequal lengths, a block or neuron out of range, bad k or kind.
         UnsupportedArchitecture: a block without a dense MLP (mixture of experts).
     """
-    X = gather_vectors(borders, layers, neurons, kind)  # [n, d_model]
+    X = gather_vectors(borders, blocks, neurons, kind)  # [n, d_model]
     real = borders.real_vocab_size
     check_k(k, real)
     X = X.to(borders.W_U.device if kind == "value" else borders.W_E.device)
@@ -114,28 +114,28 @@ def project_vectors(borders: Borders, layers: Sequence[int], neurons: Sequence[i
     parts = [p.result() for p in parts]
     # cpu: the [n, k] result and its labels, once, at the end
     ti, tv, bi, bv = (torch.cat([p[j] for p in parts]).cpu() for j in range(4))
-    layers_t = torch.tensor([int(x) for x in layers])  # cpu: result labels
+    blocks_t = torch.tensor([int(x) for x in blocks])  # cpu: result labels
     neurons_t = torch.tensor([int(x) for x in neurons])  # cpu: result labels
-    return VectorProjection(kind=kind, layers=layers_t, neurons=neurons_t, norms=X.norm(dim=-1).cpu(),  # cpu: result
+    return VectorProjection(kind=kind, blocks=blocks_t, neurons=neurons_t, norms=X.norm(dim=-1).cpu(),  # cpu: result
                             top_ids=ti, top_scores=tv, bottom_ids=bi, bottom_scores=bv,
                             apply_norm_gain=bool(apply_norm_gain and kind == "value"))
 
 
-def sample_neurons(borders: Borders, per_layer: int, seed: int = 0) -> tuple[list[int], list[int]]:
-    """``per_layer`` distinct neurons drawn uniformly from every block (deterministic for a seed).
+def sample_neurons(borders: Borders, per_block: int, seed: int = 0) -> tuple[list[int], list[int]]:
+    """``per_block`` distinct neurons drawn uniformly from every block (deterministic for a seed).
 
     Returns:
-        ``(blocks, neurons)`` lists of length L·per_layer, block-major, neurons sorted in a block.
+        ``(blocks, neurons)`` lists of length L·per_block, block-major, neurons sorted in a block.
 
     Raises:
-        BadInput: per_layer < 1. UnsupportedArchitecture: a block without a dense MLP.
+        BadInput: per_block < 1. UnsupportedArchitecture: a block without a dense MLP.
     """
-    if isinstance(per_layer, bool) or not isinstance(per_layer, int) or per_layer < 1:
-        raise BadInput(f"--sample must be an integer of at least 1; got {per_layer!r}")
+    if isinstance(per_block, bool) or not isinstance(per_block, int) or per_block < 1:
+        raise BadInput(f"--sample must be an integer of at least 1; got {per_block!r}")
     g = torch.Generator().manual_seed(int(seed))  # cpu: the same draw on every device
-    layers, neurons = [], []
+    blocks, neurons = [], []
     for v in block_views(borders):
-        idx = torch.randperm(v.d_ff, generator=g)[: min(per_layer, v.d_ff)].sort().values  # cpu: seeded draw
-        layers += [v.index] * len(idx)
+        idx = torch.randperm(v.d_ff, generator=g)[: min(per_block, v.d_ff)].sort().values  # cpu: seeded draw
+        blocks += [v.index] * len(idx)
         neurons += idx.tolist()
-    return layers, neurons
+    return blocks, neurons

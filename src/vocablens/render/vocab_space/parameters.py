@@ -16,9 +16,9 @@ def vectors_to_dict(res: VectorProjection, tokenizer) -> dict:
     """``{"kind", "apply_norm_gain", "vectors": [{"block", "neuron", "norm", "top_tokens", "top_ids",
     "top_scores", "bottom_tokens", "bottom_ids", "bottom_scores"}]}``."""
     rows = []
-    for j in range(len(res.layers)):
+    for j in range(len(res.blocks)):
         rows.append({
-            "block": int(res.layers[j]), "neuron": int(res.neurons[j]), "norm": rnd(res.norms[j], 6),
+            "block": int(res.blocks[j]), "neuron": int(res.neurons[j]), "norm": rnd(res.norms[j], 6),
             "top_tokens": toks(tokenizer, res.top_ids[j]), "top_ids": res.top_ids[j].tolist(),
             "top_scores": [rnd(x, 6) for x in res.top_scores[j].tolist()],
             "bottom_tokens": toks(tokenizer, res.bottom_ids[j]), "bottom_ids": res.bottom_ids[j].tolist(),
@@ -43,9 +43,9 @@ def search_to_dict(res: TokenSearch | list[TokenSearch], tokenizer, tops: Vector
     promote, suppress = [], []
     for s in searches:
         name = token_str(tokenizer, s.token_id) if tokenizer is not None else None
-        for rows, (L, N, Z, S, R) in ((promote, (s.promote_layers, s.promote_neurons, s.promote_z, s.promote_scores,
+        for rows, (L, N, Z, S, R) in ((promote, (s.promote_blocks, s.promote_neurons, s.promote_z, s.promote_scores,
                                                   s.promote_ranks)),
-                                      (suppress, (s.suppress_layers, s.suppress_neurons, s.suppress_z,
+                                      (suppress, (s.suppress_blocks, s.suppress_neurons, s.suppress_z,
                                                   s.suppress_scores, s.suppress_ranks))):
             for j in range(len(Z)):
                 d = {"target": name, "target_id": s.token_id, "block": int(L[j]), "neuron": int(N[j]),
@@ -68,7 +68,7 @@ def search_vectors(res: TokenSearch | list[TokenSearch]) -> tuple[list[int], lis
     and :func:`search_table` read ``tops`` (per search: promote rows, then suppress rows)."""
     layers, neurons = [], []
     for s in _searches(res):
-        layers += s.promote_layers.tolist() + s.suppress_layers.tolist()
+        layers += s.promote_blocks.tolist() + s.suppress_blocks.tolist()
         neurons += s.promote_neurons.tolist() + s.suppress_neurons.tolist()
     return layers, neurons
 
@@ -77,7 +77,7 @@ def circuit_to_dict(res: HeadCircuit, tokenizer) -> dict:
     """``{"block", "head", "kv_head", "circuit", "self_top1_fraction", "n_sources", "pairs": [{"source",
     "target", "source_id", "target_id", "score"}]}``."""
     src, tgt = toks(tokenizer, res.src_ids), toks(tokenizer, res.tgt_ids)
-    return {"mode": "head", "block": res.layer, "head": res.head, "kv_head": res.kv_head, "circuit": res.circuit,
+    return {"mode": "head", "block": res.block, "head": res.head, "kv_head": res.kv_head, "circuit": res.circuit,
             "apply_norm_gain": res.apply_norm_gain, "self_top1_fraction": rnd(res.self_top1_fraction, 6),
             "n_sources": res.n_sources,
             "pairs": [{"source": s, "target": t, "source_id": int(si), "target_id": int(ti), "score": rnd(sc, 6)}
@@ -91,8 +91,8 @@ def vectors_table(res: VectorProjection, tokenizer, n: int = 8) -> Table:
     t = Table(title=f"FFN {how}{gain}", title_justify="left")
     for c, j in (("block", "right"), ("neuron", "right"), ("norm", "right"), ("promotes", "left"), ("suppresses", "left")):
         t.add_column(c, justify=j)
-    for j in range(len(res.layers)):
-        t.add_row(str(int(res.layers[j])), str(int(res.neurons[j])), f"{float(res.norms[j]):.3f}",
+    for j in range(len(res.blocks)):
+        t.add_row(str(int(res.blocks[j])), str(int(res.neurons[j])), f"{float(res.norms[j]):.3f}",
                   join(toks(tokenizer, res.top_ids[j]), n), join(toks(tokenizer, res.bottom_ids[j]), n))
     return t
 
@@ -110,9 +110,9 @@ def search_table(res: TokenSearch | list[TokenSearch], tokenizer, tops: VectorPr
     off = 0
     for s in searches:
         name = quoted(token_str(tokenizer, s.token_id))
-        for what, L, N, Z, S, R in (("promote", s.promote_layers, s.promote_neurons, s.promote_z, s.promote_scores,
+        for what, L, N, Z, S, R in (("promote", s.promote_blocks, s.promote_neurons, s.promote_z, s.promote_scores,
                                      s.promote_ranks),
-                                    ("suppress", s.suppress_layers, s.suppress_neurons, s.suppress_z,
+                                    ("suppress", s.suppress_blocks, s.suppress_neurons, s.suppress_z,
                                      s.suppress_scores, s.suppress_ranks)):
             for j in range(len(Z)):
                 tops_s = join(toks(tokenizer, tops.top_ids[off + j]), 6) if tops is not None else ""
@@ -124,7 +124,7 @@ def search_table(res: TokenSearch | list[TokenSearch], tokenizer, tops: VectorPr
 
 def circuit_table(res: HeadCircuit, tokenizer) -> Table:
     what = "source -> promoted token" if res.circuit == "ov" else "query token -> key token"
-    t = Table(title=(f"block {res.layer} head {res.head} (kv head {res.kv_head}) {res.circuit.upper()} circuit, "
+    t = Table(title=(f"block {res.block} head {res.head} (kv head {res.kv_head}) {res.circuit.upper()} circuit, "
                      f"{what}; self top-1 for {res.self_top1_fraction:.1%} of {res.n_sources} sources"),
               title_justify="left")
     for c, j in (("source", "left"), ("target", "left"), ("score", "right")):
@@ -144,9 +144,9 @@ def _intro(apply_norm_gain: bool) -> str:
 def _vector_rows(res: VectorProjection, tokenizer, n: int, middle: list[str], show=quoted) -> list[list]:
     """Table rows ``[block, neuron, middle[j], promotes, suppresses]`` of a projection (each token
     through ``show``)."""
-    return [[int(res.layers[j]), int(res.neurons[j]), middle[j],
+    return [[int(res.blocks[j]), int(res.neurons[j]), middle[j],
              " ".join(show(x) for x in toks(tokenizer, res.top_ids[j])[:n]),
-             " ".join(show(x) for x in toks(tokenizer, res.bottom_ids[j])[:n])] for j in range(len(res.layers))]
+             " ".join(show(x) for x in toks(tokenizer, res.bottom_ids[j])[:n])] for j in range(len(res.blocks))]
 
 
 def value_vectors_section(res: VectorProjection, tokenizer, n: int = 8, note: str | None = None) -> Section:
@@ -177,8 +177,8 @@ def interpretable_table(res: InterpretableVectors, tokenizer, n: int = 8) -> Tab
     for c, j in (("block", "right"), ("neuron", "right"), ("top z", "right"), ("promotes", "left"),
                  ("suppresses", "left")):
         t.add_column(c, justify=j)
-    for j in range(len(v.layers)):
-        t.add_row(str(int(v.layers[j])), str(int(v.neurons[j])), f"{float(res.top_z[j]):.1f}",
+    for j in range(len(v.blocks)):
+        t.add_row(str(int(v.blocks[j])), str(int(v.neurons[j])), f"{float(res.top_z[j]):.1f}",
                   join(toks(tokenizer, v.top_ids[j]), n), join(toks(tokenizer, v.bottom_ids[j]), n))
     return t
 
@@ -193,7 +193,7 @@ def value_vectors_report_section(searches: list[TokenSearch], tops: VectorProjec
     for s in searches:
         k = len(s.promote_z)
         for j in range(k):
-            rows.append([shown(token_str(tokenizer, s.token_id)), int(s.promote_layers[j]), int(s.promote_neurons[j]),
+            rows.append([shown(token_str(tokenizer, s.token_id)), int(s.promote_blocks[j]), int(s.promote_neurons[j]),
                          f"{float(s.promote_z[j]):.1f}", int(s.promote_ranks[j]),
                          " ".join(shown(x) for x in toks(tokenizer, tops.top_ids[off + j])[:n])])
         off += k + len(s.suppress_z)

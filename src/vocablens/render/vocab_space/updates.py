@@ -22,7 +22,7 @@ def explanation_to_dict(e: Explanation, tokenizer) -> dict:
         return None if i is None else token_str(tokenizer, i)
 
     blocks = []
-    for ly in e.layers:
+    for ly in e.blocks:
         blocks.append({
             "block": ly.block,
             "attn_dlogprob_top1": rnd(ly.attn_dlogprob_top1, 6), "mlp_dlogprob_top1": rnd(ly.mlp_dlogprob_top1, 6),
@@ -81,7 +81,7 @@ def explanation_tables(e: Explanation, tokenizer) -> list:
     cols += ["DLA attn", "top head", "DLA mlp", "mlp promotes"]
     for c in cols:
         t.add_column(c, justify="left" if "promotes" in c else "right")
-    for ly in e.layers:
+    for ly in e.blocks:
         h = int(ly.head_dla.abs().argmax())
         row = [str(ly.block), f"{ly.attn_dlogprob_top1:+.3f}", f"{ly.mlp_dlogprob_top1:+.3f}"]
         if e.token is not None:
@@ -92,7 +92,7 @@ def explanation_tables(e: Explanation, tokenizer) -> list:
     s = Table(title="largest FFN sub-updates (activation x value vector) by |DLA|", title_justify="left")
     for c in ("block", "neuron", "activation", "DLA", "promotes"):
         s.add_column(c, justify="left" if c == "promotes" else "right")
-    subs = sorted((x for ly in e.layers for x in ly.sub_updates), key=lambda x: -abs(x.dla))[:12]
+    subs = sorted((x for ly in e.blocks for x in ly.sub_updates), key=lambda x: -abs(x.dla))[:12]
     for x in subs:
         s.add_row(str(x.block), str(x.neuron), f"{x.activation:+.3f}", f"{x.dla:+.3f}", join(toks(tokenizer, x.top_ids), 5))
     return [t, s]
@@ -223,12 +223,12 @@ def explanation_section(e: Explanation, tokenizer, prompt: str | None = None) ->
     """Report section: per-block updates and the largest sub-updates behind the report prompt's prediction."""
     tgt, con = token_str(tokenizer, e.target), token_str(tokenizer, e.contrast)
     rows = []
-    for ly in e.layers:
+    for ly in e.blocks:
         h = int(ly.head_dla.abs().argmax())
         rows.append([ly.block, f"{ly.attn_dlogprob_top1:+.3f}", f"{ly.mlp_dlogprob_top1:+.3f}",
                      f"{ly.attn_dla:+.3f}", f"h{h} {float(ly.head_dla[h]):+.3f}", f"{ly.mlp_dla:+.3f}",
                      " ".join(shown(t) for t in toks(tokenizer, ly.mlp_top_ids)[:4])])
-    subs = sorted((x for ly in e.layers for x in ly.sub_updates), key=lambda x: -abs(x.dla))[:10]
+    subs = sorted((x for ly in e.blocks for x in ly.sub_updates), key=lambda x: -abs(x.dla))[:10]
     srows = [[x.block, x.neuron, f"{x.activation:+.3f}", f"{x.dla:+.3f}",
               " ".join(shown(t) for t in toks(tokenizer, x.top_ids)[:5])] for x in subs]
     head = f"<p>Prompt: <code>{esc(prompt)}</code>. " if prompt else "<p>"
