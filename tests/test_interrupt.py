@@ -14,6 +14,7 @@ root, so permissions would not stop a write).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -171,15 +172,27 @@ def test_gguf_cache_killed_while_writing_is_not_used(tiny, tmp_path, monkeypatch
 
 
 # ------------------------------------------------------------------------- disk full, read-only
-@pytest.fixture
-def disk_full():
-    """Files may not grow past 16 KiB during the test (EFBIG, as ENOSPC on a full disk)."""
+@contextlib.contextmanager
+def _file_size_limit(limit: int = 16 * 1024):
+    """Files may not grow past ``limit`` bytes inside the block (EFBIG, as ENOSPC on a full disk).
+
+    Only around the command itself: the limit is per process, so held across the test it would also
+    stop pytest writing its own report once that passes 16 KiB (a log file, CI's output), and the run
+    would end in INTERNALERROR at this test (it did, on CI)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, hard))
-    yield
-    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    signal.signal(signal.SIGXFSZ, old)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+
+
+@pytest.fixture
+def disk_full():
+    """The command runs under a 16 KiB file-size limit (see :func:`_file_size_limit`)."""
+    return _file_size_limit
 
 
 @pytest.fixture
@@ -205,8 +218,9 @@ WRITERS = {
 def test_full_or_read_only_destination(tiny, tmp_path, capsys, request, command, fault, why):
     out = tmp_path / ("r.html" if command == "report" else "out")
     argv = WRITERS[command](tiny, out)
-    request.getfixturevalue(fault)
-    code, stdout, err = _run(capsys, *argv)
+    limit = request.getfixturevalue(fault) or contextlib.nullcontext
+    with limit():
+        code, stdout, err = _run(capsys, *argv)
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert "cannot write" in lines[0] and why in lines[0] and "nothing was written" in lines[0], lines[0]
@@ -214,3 +228,16 @@ def test_full_or_read_only_destination(tiny, tmp_path, capsys, request, command,
     left = [p for p in tmp_path.rglob("*") if p.name.startswith(".")]
     assert left == [], left
     assert not out.exists() or not any(p.is_file() and p.suffix == ".safetensors" for p in out.rglob("*"))
+
+
+def test_disk_full_case_leaves_pytest_its_own_output(tmp_path):
+    """Regression (CI ended in INTERNALERROR at the disk-full cases): with pytest's output going to a
+    file already past the 16 KiB limit, the disk-full case still passes and pytest writes its summary."""
+    log = tmp_path / "ci.log"
+    log.write_bytes(b"x" * 100_000 + b"\n")
+    with log.open("ab") as f:
+        rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header",
+                             f"{__file__}::test_full_or_read_only_destination[report-disk_full-file-size limit]"],
+                            stdout=f, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent, timeout=600).returncode
+    tail = log.read_text(errors="replace")[100_001:]
+    assert rc == 0 and "1 passed" in tail and "INTERNALERROR" not in tail, tail[-2000:]
