@@ -103,3 +103,39 @@ def test_argmax_for_borders_reuses_the_stored_scan_and_never_a_stale_one(tmp_pat
     with torch.no_grad():
         norm.weight[0] = 2.0                     # a changed final norm is another key too
     assert argmax_for_borders(borders(W), norm=False, stored="read").result.timings != first.timings
+
+
+def test_report_argmax_section_is_complete_after_one_argmax_run(tmp_path, monkeypatch, capsys):
+    """Issue 26 §3: once `vocablens argmax` has run, the report's argmax section reads its stored
+    verdicts: complete (nothing undecided, nothing cut short) even with no time left to scan, and no
+    scan runs; another head (nothing stored for it) is scanned afresh."""
+    import vocablens.argmax.model as M
+    from tiny_dirs import run_cli, save_tiny, tiny_tokenizer
+    from vocablens.argmax import UNDECIDED
+    from vocablens.models.loading import load
+    from vocablens.report import run_report
+
+    monkeypatch.setenv("VOCABLENS_ARGMAX_CACHE", str(tmp_path / "verdicts"))
+    tok = tiny_tokenizer()
+    d = save_tiny(tmp_path / "m", tok)
+    code, _, err = run_cli(capsys, "argmax", "-m", str(d))
+    assert code == 0, err
+    assert len(list((tmp_path / "verdicts").rglob("*.json"))) == 1
+    lm = load(str(d))
+
+    def no_scan(*a, **k):
+        raise AssertionError("the report scanned although a stored scan exists")
+
+    real = M.find_unargmaxable
+    monkeypatch.setattr(M, "find_unargmaxable", no_scan)
+    t = iter(range(0, 10_000, 50))            # every clock reading 50 s later: no time left for a scan
+    run = run_report(lm, model=str(d), budget_s=60, only=("argmax",), clock=lambda: float(next(t)))
+    assert "argmax" not in run.cut_short, run.cut_short
+    res = run.result("argmax")
+    assert res is not None and int((res.result.verdict == UNDECIDED).sum()) == 0
+    # another head: the stored verdicts are not its own, so the report scans it
+    calls = []
+    monkeypatch.setattr(M, "find_unargmaxable", lambda *a, **k: calls.append(1) or real(*a, **k))
+    lm2 = load(str(save_tiny(tmp_path / "m2", tok, seed=1)))
+    run2 = run_report(lm2, model=str(d), budget_s=60, only=("argmax",))
+    assert calls == [1] and run2.result("argmax") is not None
