@@ -139,3 +139,22 @@ def test_report_argmax_section_is_complete_after_one_argmax_run(tmp_path, monkey
     lm2 = load(str(save_tiny(tmp_path / "m2", tok, seed=1)))
     run2 = run_report(lm2, model=str(d), budget_s=60, only=("argmax",))
     assert calls == [1] and run2.result("argmax") is not None
+
+
+def test_scan_estimate_is_timed_here_and_scales_with_v_squared(monkeypatch):
+    """The time the report quotes for `vocablens argmax` comes from a GEMM slice timed on this
+    machine, scaled to all V² pairs, times the benchmark's ratio (a fake clock: 1 s per slice)."""
+    import itertools
+
+    import vocablens.argmax.estimate as E
+
+    assert E.all_pairs_seconds(torch.randn(300, 8)) > 0          # the real clock: a positive time
+    ticks = itertools.count()
+    monkeypatch.setattr(E.time, "perf_counter", lambda: float(next(ticks)))
+    W = torch.randn(4096, 16)
+    assert E.all_pairs_seconds(W, rows=512, cols=1024) == (4096 / 512) * (4096 / 1024)
+    assert E.all_pairs_seconds(torch.randn(8192, 16), rows=512, cols=1024) == 4 * 32.0   # V²
+    assert E.all_pairs_seconds(torch.randn(100, 16)) == 1.0      # the slice is the whole matrix
+    assert E.scan_seconds(W) == E.SCAN_TO_ALL_PAIRS * E.all_pairs_seconds(W)
+    with pytest.raises(ValueError, match="non-empty"):
+        E.all_pairs_seconds(torch.zeros(0, 3))

@@ -227,11 +227,13 @@ def _argmax(ctx, plan, run):
     n = int((res.result.verdict == UNDECIDED).sum())
     if n:
         cut = ", ".join(res.result.cut_short) or "none"
-        V, d = ctx["borders"].unembedding.weight.shape
-        est = 0.35 * 2.0 * V * V * d / 1e11       # ~0.35 of one fp32 all-pairs pass at ~100 GFLOP/s
+        from vocablens.argmax.estimate import scan_seconds
+
+        est = scan_seconds(ctx["borders"].unembedding.weight)  # timed on this machine, now
         run.cut_short = (f"{plural(n, 'token')} left undecided within the {plan.budget_s:.0f} s left for it (stages "
                          f"cut short: {cut}; a verdict is never guessed); run `{plan.command}` once (about "
-                         f"{max(1, round(est / 60))} min on 2 free cores) and the report reads its stored verdicts")
+                         f"{plural(max(1, round(est / 60)), 'minute')} on this machine at its present load) and the "
+                         f"report reads its stored verdicts")
 
 
 def _value_vectors(ctx, plan, run):
@@ -280,11 +282,6 @@ _RUNNERS = {"anatomy": _anatomy, "borders": _borders, "neighbors": _neighbors, "
             "settle": _settle}
 #: the section that gets what the others leave (it runs last)
 _LAST = "argmax"
-
-
-def plural(n: int, word: str) -> str:
-    """``"1 token"``, ``"2 tokens"``, ``"1,024 tokens"``."""
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
 def argmax_share(budget_s: float, elapsed_s: float) -> float:

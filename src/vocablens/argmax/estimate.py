@@ -1,0 +1,50 @@
+"""How long the exact argmax scan of a head will take on this machine, measured, not assumed.
+
+The scan's cost is stated as a multiple of one fp32 all-pairs pass ``W Wᵀ`` of the same matrix
+(``benchmarks/argmax.py`` prints that ratio for each head it runs). This module times a slice of that
+pass here and now, scales it up to all V rows, and multiplies by the ratio: what the report says when
+it sends a user to ``vocablens argmax``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+#: scan time / one fp32 all-pairs pass, measured by ``benchmarks/argmax.py`` on the default model's head
+#: (49,152 x 576) in the release that set it; a larger ratio only makes the estimate cautious
+SCAN_TO_ALL_PAIRS = 0.95
+
+
+def all_pairs_seconds(W: torch.Tensor, rows: int = 1024, cols: int = 16384, repeats: int = 2) -> float:
+    """Seconds one fp32 all-pairs pass ``W Wᵀ`` [V, V] takes here, from a timed [rows, cols] slice.
+
+    Args:
+        W: [V, d] the head (any float dtype; timed in float32 on W's device).
+        rows, cols: the slice multiplied (clipped to V); its time is scaled by V² / (rows · cols).
+        repeats: the slice is timed this many times and the fastest kept (the first call warms up).
+
+    Returns:
+        seconds (float > 0). Costs about ``2 rows cols d`` FLOPs: ~0.05 s for the default model's head.
+    Raises:
+        ValueError: W not 2-D or empty.
+    """
+    if W.dim() != 2 or W.numel() == 0:
+        raise ValueError(f"W must be a non-empty [V, d] matrix; got shape {tuple(W.shape)}")
+    V = W.shape[0]
+    r, c = min(rows, V), min(cols, V)
+    A = W[:r].float()
+    B = W[:c].float()
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        (A @ B.T).sum().item()
+        best = min(best, time.perf_counter() - t0)
+    return max(best, 1e-9) * (V / r) * (V / c)
+
+
+def scan_seconds(W: torch.Tensor, ratio: float = SCAN_TO_ALL_PAIRS) -> float:
+    """Expected seconds of ``vocablens argmax`` on head ``W`` [V, d] on this machine now:
+    ``ratio`` x :func:`all_pairs_seconds` (the machine's present load included)."""
+    return ratio * all_pairs_seconds(W)
