@@ -85,3 +85,34 @@ def test_row_logprobs_and_top1_against_float64_log_softmax():
     p1 = row_top1_prob(z.double())
     assert (p1 - ref.exp().amax(-1)).abs().max() <= 1e-12 and 0 < float(p1.min()) and float(p1.max()) <= 1 + 1e-12
     assert abs(float(row_top1_prob(torch.zeros(4)) ) - 0.25) <= 1e-7 and math.isfinite(float(p1.sum()))
+
+
+def test_row_statistics_stream_blocks_and_equal_float64_whole_rows():
+    """ops.rows' block-by-block float64 statistics (logsumexp over the first n / chosen columns, log-probs
+    at chosen entries, KL with a wider normalizer, max |Δ log p| at gathered columns) against one
+    whole float64 log_softmax of each matrix, with blocks of 2 rows."""
+    import torch
+
+    from vocablens.ops.rows import row_kl, row_logprobs_at, row_logsumexp, row_max_abs_logprob_diff
+
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(7, 50, generator=g) * 9
+    b = a + 0.3 * torch.randn(7, 50, generator=g)
+    blk = 2 * 8 * 50
+    ref_a = torch.log_softmax(a.double()[:, :40], -1)              # the first 40 columns are real
+    lse_a = row_logsumexp(a, 40, dtype=torch.float64, block_bytes=blk)
+    assert lse_a.dtype == torch.float64 and (lse_a - torch.logsumexp(a.double()[:, :40], -1)).abs().max() <= 1e-13
+    t = torch.tensor([0, 5, 39, 7, 7, 1, 20])
+    assert (row_logprobs_at(a, t[:, None], lse_a)[:, 0] - ref_a.gather(1, t[:, None])[:, 0]).abs().max() <= 1e-13
+    lse_b = row_logsumexp(b, dtype=torch.float64, block_bytes=blk)     # q over all 50 columns
+    lq = torch.log_softmax(b.double(), -1)[:, :40]
+    kl = row_kl(a[:, :40], b[:, :40], ref_lse=lse_a, lse=lse_b, dtype=torch.float64, block_bytes=blk)
+    assert (kl - (ref_a.exp() * (ref_a - lq)).sum(-1)).abs().max() <= 1e-13 and bool((kl > 0).all())
+    same = row_kl(a, a, dtype=torch.float64, block_bytes=blk)
+    assert same.abs().max() <= 1e-13
+    cols = torch.tensor([3, 1, 4, 15, 9, 26])
+    lse_k = row_logsumexp(b, cols, dtype=torch.float64, block_bytes=blk)
+    lse_c = row_logsumexp(a[:, :6], dtype=torch.float64)
+    d = row_max_abs_logprob_diff(a[:, :6], b, a_lse=lse_c, b_lse=lse_k, b_cols=cols, block_bytes=blk)
+    want = (torch.log_softmax(a.double()[:, :6], -1) - torch.log_softmax(b.double()[:, cols], -1)).abs().amax(-1)
+    assert (d - want).abs().max() <= 1e-13
