@@ -27,7 +27,7 @@ import torch
 
 from vocablens.errors import BadInput, UnsupportedArchitecture
 from vocablens.models import Borders
-from vocablens.models.blocks import block_views, capture_updates, linear_bias, linearize_norm
+from vocablens.models.blocks import block_views, capture_updates, linearize_norm
 from vocablens.ops import token_logprobs
 from vocablens.vocab_space.readout import CHUNK_BYTES, check_k, check_token
 from vocablens.units import plural
@@ -240,12 +240,7 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
         fl = linearize_norm(borders.final_norm, x[L])
         Uh2 = _host(U.readout_rows([target, contrast], False, scaled=True))  # [2, d]
         r2 = fl.readout(Uh2)  # [2, d]
-        const = Uh2 @ fl.bias
-        if borders.project_out is not None and linear_bias(borders.project_out) is not None:
-            W_U2 = _host(U.weight[[target, contrast]])
-            const = const + U.logit_scale * (W_U2 @ _host(linear_bias(borders.project_out)))
-        if U.bias is not None:
-            const = const + _host(U.bias[[target, contrast]]) * U.logit_scale
+        const = _host(U.constant([target, contrast], fl.bias))  # the norm's bias, project_out's and the head's
         # before the final-logit softcap
         logit_t, logit_c = U.logits(hidden[2 * L:], rows=[target, contrast], capped=False)[0].tolist()
 
