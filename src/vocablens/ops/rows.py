@@ -38,6 +38,12 @@ def row_logprobs(z: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = 
     return z.sub_(lse) if inplace else z - lse
 
 
+def row_softmax(z: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Logits z [..., n, ...] -> probabilities over ``dim`` (torch's fused softmax, z's dtype), for a
+    block of rows already in memory (the candidate rows of an optimizer's working set)."""
+    return torch.softmax(z, dim)
+
+
 def row_top1_prob(z: torch.Tensor) -> torch.Tensor:
     """Logits z [..., V] -> probability of each row's most likely entry [...], z's dtype:
     ``exp(max z - logsumexp z)`` (no [..., V] probabilities formed)."""
@@ -169,4 +175,4 @@ def row_max_abs_logprob_diff(a: torch.Tensor, b: torch.Tensor, *, a_lse: torch.T
 
 
 __all__ = ["ROW_BLOCK_BYTES", "row_kl", "row_logprobs", "row_logprobs_at", "row_logsumexp",
-           "row_max_abs_logprob_diff", "row_top1_prob"]
+           "row_max_abs_logprob_diff", "row_softmax", "row_top1_prob"]
