@@ -161,7 +161,9 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
         top_k: int in [0, topk_cols]: also return the k most likely tokens per position (0 = no).
         entropy: bool, also return the entropy (nats) per position.
         rank: bool, also return the rank of each target (needs targets): the number of columns whose
-            logit exceeds the target's, as :func:`vocablens.ops.kl_readout` counts it.
+            logit exceeds the target's, as :func:`vocablens.ops.kl_readout` counts it (over complete
+            rows it is read off the chunk; over a tiled vocabulary it costs a second GEMM pass, the
+            target's logit being known only once its tile is read).
         topk_cols: top-k and rank read the first ``topk_cols`` columns only (the real vocabulary;
             default all V); the normalizer is always over all V.
         chunk_bytes: budget for one float32 chunk of logits (bytes; default
