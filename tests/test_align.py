@@ -73,8 +73,12 @@ def test_permutation_is_recovered(llama):
     assert torch.all(sim.diagonal() >= sim.max(1).values - 1e-6)
 
 
-def test_ffn_corr_equals_pearson_over_vocabulary(llama):
-    """The Gram-matrix shortcut equals the Pearson correlation of explicitly projected scores."""
+def test_ffn_corr_equals_pearson_over_vocabulary(llama, monkeypatch):
+    """The Gram-matrix shortcut (the shared readout streamed in blocks of 7 tokens) equals the Pearson
+    correlation of explicitly projected scores."""
+    import vocablens.align
+
+    monkeypatch.setattr(vocablens.align, "ROW_BLOCK", 7)
     A = Borders.from_model(llama)
     Bm, _ = _permuted(llama, noise=0.5, seed=3)
     B = Borders.from_model(Bm)
@@ -92,8 +96,12 @@ def test_ffn_corr_equals_pearson_over_vocabulary(llama):
         assert abs(float(m.corr[i]) - float(ref)) < 1e-4
 
 
-def test_heads_cosine_equals_explicit_matrices():
-    """The factored trace equals the cosine of explicit token-centred [S, S] OV matrices."""
+def test_heads_cosine_equals_explicit_matrices(monkeypatch):
+    """The factored trace (readout and embedding streamed in blocks of 7 tokens) equals the cosine of
+    explicit token-centred [S, S] OV matrices."""
+    import vocablens.align
+
+    monkeypatch.setattr(vocablens.align, "ROW_BLOCK", 7)
     model = make_tiny("llama")
     A = Borders.from_model(model)
     Bm = copy.deepcopy(model)

@@ -84,3 +84,22 @@ def test_context_hidden_equals_residual_stream(family):
     assert torch.equal(context_hidden(b, x, batch=2), ref)
     with pytest.raises(BadInput, match="token ids"):
         context_hidden(b, torch.full((1, 3), 10_000))
+
+
+@pytest.mark.parametrize("V,d,N", [(300, 8, 25), (20, 8, 60)])
+def test_logprob_gram_equals_float64_log_softmax(V, d, N, one_thread):
+    """ops.gram.logprob_gram (streamed over V in blocks) against A = log_softmax(L) in float64, whole:
+    the Gram itself, entry by entry, both branches (N <= V: A A^T; N > V: A^T A)."""
+    from vocablens.ops.gram import logprob_gram, weight_gram
+
+    g = torch.Generator().manual_seed(V * N)
+    W = torch.randn(V, d, generator=g)
+    H = 3 * torch.randn(N, d, generator=g, dtype=torch.float64)
+    b = torch.randn(V, generator=g)
+    L = transform_logits(H @ W.double().T + b.double(), 0.5, 4.0)
+    A = torch.log_softmax(L, 1)
+    ref = A @ A.T if N <= V else A.T @ A
+    got = logprob_gram(W, H, b, 0.5, 4.0, block_bytes=2048)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12 * float(ref.abs().max()))
+    Wd = W.double()
+    torch.testing.assert_close(weight_gram(W, 512), Wd.T @ Wd, rtol=1e-12, atol=1e-12 * float((Wd.T @ Wd).abs().max()))

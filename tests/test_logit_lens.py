@@ -95,3 +95,72 @@ def test_layer_L_comes_from_the_model_logits_and_the_check_still_reads_the_lens_
     assert torch.equal(bad.layers[-1].top_ids, ok.layers[-1].top_ids)
     assert torch.equal(bad.layers[-1].entropy, ok.layers[-1].entropy)
     assert not torch.equal(bad.layers[0].entropy, ok.layers[0].entropy)
+
+
+class _Tok:
+    """A tokenizer stand-in: ``real`` tokens (the rows beyond are padding), each named ``t{id}``."""
+
+    def __init__(self, real: int) -> None:
+        self.real = real
+
+    def __len__(self) -> int:
+        return self.real
+
+    def convert_ids_to_tokens(self, i):
+        return [f"t{j}" for j in i] if isinstance(i, list) else f"t{i}"
+
+
+class _Shift:
+    """A translator (tuned-lens stand-in): h -> h + h A_layer."""
+
+    def __init__(self, L: int, d: int) -> None:
+        self.A = 0.3 * torch.randn(L, d, d, generator=torch.Generator().manual_seed(4))
+
+    def translate(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        return h + h @ self.A[layer]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "opt_project", "phi"])
+def test_trajectory_streamed_equals_float64_full_rows(family):
+    """The explorer's /api/trajectory (one streamed pass, ops.token_logprobs) against the float64 logits
+    of every layer: rank among the real tokens (padding rows never counted), probability normalized
+    over all V, top-1 over the real tokens; its JSON keys and lengths as before."""
+    from types import SimpleNamespace
+
+    from vocablens.models.tokens import token_str
+    from vocablens.serve.adapters import trajectory_json
+
+    model = make_tiny(family)
+    V = model.get_output_embeddings().weight.shape[0]
+    tok = _Tok(V - 6)
+    b = Borders.from_model(model, tokenizer=tok)
+    L, real = b.n_layers, b.real_vocab_size
+    x = ids(batch=1, T=6)[0]
+    with torch.no_grad():
+        resid, _ = b.residual_stream(x[None])
+    tuned = _Shift(L, b.d_model)
+    lm = SimpleNamespace(borders=b, tokenizer=tok, provenance=SimpleNamespace(to_dict=lambda: {"name": "tiny"}))
+    U = b.unembedding
+    for tid in (7, int(real) - 1):
+        out = trajectory_json(lm, x[None], resid[:, 0], 3, tid, tuned)
+        assert set(out) == {"tokens", "position", "token", "token_id", "n_layers", "logit", "tuned", "model"}
+        for name, tr in (("logit", None), ("tuned", tuned)):
+            ranks, probs, top1 = [], [], []
+            for ly in range(L + 1):
+                h = resid[ly, 0, 3:4].float()
+                if tr is not None and ly < L:
+                    h = tr.translate(ly, h)
+                with torch.no_grad():
+                    hn = U.float32().normed(h, torch.float32)[0].double()
+                z = hn @ U.weight.double().T + (0 if U.bias is None else U.bias.double())
+                z = z * U.logit_scale
+                if U.softcap:
+                    z = U.softcap * torch.tanh(z / U.softcap)
+                ranks.append(int((z[:real] > z[tid]).sum()))
+                probs.append(float(torch.log_softmax(z, -1)[tid].exp()))
+                top1.append(token_str(tok, int(z[:real].argmax())))
+            got = out[name]
+            assert set(got) == {"rank", "prob", "top1"} and len(got["rank"]) == L + 1
+            assert got["rank"] == ranks and got["top1"] == top1
+            torch.testing.assert_close(torch.tensor(got["prob"], dtype=torch.float64), torch.tensor(probs, dtype=torch.float64),
+                                       rtol=1e-4, atol=1e-7)

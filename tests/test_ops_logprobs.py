@@ -262,3 +262,31 @@ def test_train_chunk_sizes_low_precision_grad_uses_256_token_chunks():
     assert train_chunk_sizes(100, 49152, low_precision_grad=True) == (100, 49152)
     # an explicit budget is honoured as before
     assert train_chunk_sizes(2048, 49152, 4 * 2**20, low_precision_grad=True) == train_chunk_sizes(2048, 49152, 4 * 2**20)
+
+
+@pytest.mark.parametrize("chunk_vocab", [None, 37, 200])
+def test_target_rank_and_topk_over_the_real_columns(chunk_vocab):
+    """rank and topk_cols against float64 logits: the rank counts the first ``topk_cols`` columns whose
+    logit exceeds the target's (the target itself never), the top-k reads those columns only, the
+    log-probabilities are normalized over all V; the same whether the vocabulary is tiled or not."""
+    g = torch.Generator().manual_seed(11)
+    N, d, V, cols = 9, 16, 230, 200
+    h, W = torch.randn(N, d, generator=g), torch.randn(V, d, generator=g) / 2
+    W[cols:] += 3 * torch.randn(d, generator=g)  # padding rows that would win the top-k if read
+    b = torch.randn(V, generator=g)
+    t = torch.randint(0, cols, (N,), generator=g)
+    t[0] = int(torch.argmax((h[0].double() @ W.double().T + b.double())[:cols]))  # a target on top: rank 0
+    r = token_logprobs(h, W, t, bias=b, softcap=5.0, top_k=3, topk_cols=cols, rank=True, chunk_vocab=chunk_vocab)
+    z = 5.0 * torch.tanh((h.double() @ W.double().T + b.double()) / 5.0)
+    lp = torch.log_softmax(z, -1)
+    zt = z.gather(1, t[:, None])
+    assert torch.equal(r.target_rank, (z[:, :cols] > zt).sum(1)) and int(r.target_rank[0]) == 0
+    assert (r.logprob.double() - lp.gather(1, t[:, None])[:, 0]).abs().max() <= 1e-5
+    tv, ti = torch.topk(lp[:, :cols], 3)
+    assert torch.equal(r.topk_ids, ti) and (r.topk_logprobs.double() - tv).abs().max() <= 1e-5
+    with pytest.raises(BadInput, match="rank needs targets"):
+        token_logprobs(h, W, rank=True)
+    with pytest.raises(BadInput, match="top_k"):
+        token_logprobs(h, W, t, top_k=5, topk_cols=4)
+    with pytest.raises(BadInput, match="topk_cols"):
+        token_logprobs(h, W, t, topk_cols=V + 1)

@@ -97,3 +97,23 @@ def test_world_4_odd_vocab_and_megatron_vector(tmp_path):
     assert [r["odd/emb_shard_rows"] for r in res] == [251, 250, 250, 250]
     # Megatron-LM tests/unit_tests/tensor_parallel/test_cross_entropy.py expected values
     assert res[0]["meg/megatron_loss"] == [10.2309, 8.2309, 6.2309, 4.2309] * 4
+
+
+def test_vocab_parallel_token_logprobs_one_rank_equals_float64():
+    """vocab_parallel_token_logprobs in a world of one (no process group): log p(target), entropy and
+    top-k against float64 log_softmax of the same logits, a -inf column included."""
+    from vocablens.ops.vocab_parallel.losses import vocab_parallel_token_logprobs
+
+    g = torch.Generator().manual_seed(2)
+    z = torch.randn(6, 40, generator=g) * 8
+    z[:, 33] = float("-inf")
+    t = torch.tensor([0, 3, 39, 12, 12, 7])
+    lp, ent, ti, tv = vocab_parallel_token_logprobs(z, t, 0, 40, top_k=3)
+    ref = torch.log_softmax(z.double(), -1)
+    assert (lp.double() - ref.gather(1, t[:, None])[:, 0]).abs().max() <= 1e-5
+    p = ref.exp()
+    assert (ent.double() + torch.where(p > 0, p * ref, torch.zeros_like(p)).sum(-1)).abs().max() <= 1e-5
+    rv, ri = torch.topk(ref, 3)
+    assert torch.equal(ti, ri) and (tv.double() - rv).abs().max() <= 1e-5
+    lp0, _, ti0, tv0 = vocab_parallel_token_logprobs(z, t, 0, 40)
+    assert torch.equal(lp0, lp) and ti0.shape == (6, 0) and tv0.shape == (6, 0)

@@ -122,3 +122,18 @@ def test_suppressing_day_names_on_the_default_model():
     with st:
         after = float(concept_mass(b, x, days)[-1])
     assert after < 0.5 * before
+
+
+def test_vector_top_tokens_equal_float64_readout(tiny):
+    """steer.vector_top_tokens (one streamed scores pass for all vectors) against the float64 readout:
+    the top tokens of R v for promote/ablate vectors, of -R v for suppress vectors, real rows only."""
+    from vocablens.steer import vector_top_tokens
+
+    st = steer(tiny, promote=[3, 17], suppress=[40], top_n=2)
+    got = vector_top_tokens(tiny, st.vectors, k=4)
+    R = tiny.unembedding.readout(True)[: tiny.real_vocab_size].double()
+    assert len(got) == len(st.vectors) == 4 and {v.role for v in st.vectors} == {"promote", "suppress"}
+    for v, ids_ in zip(st.vectors, got):
+        s = R @ block_view(tiny, v.block).W_out[v.neuron].detach().double()
+        assert ids_ == torch.topk(-s if v.role == "suppress" else s, 4).indices.tolist()
+    assert vector_top_tokens(tiny, []) == []

@@ -441,3 +441,79 @@ def test_trim_acceptance_rule():
                                 (replace(ok, logprobs_max_abs_diff=float("nan")), 0, "nan")):
         with pytest.raises(VocabLensError, match=what):
             accept_trim(v, mismatches)
+
+
+# ------------------------------------------- the verifications against a whole-matrix float64 oracle
+def _f64_logprobs(model, ids, n_real):
+    """The oracle: the model's [T, rows] logits, float64, padding at -inf, one whole log_softmax."""
+    with torch.no_grad():
+        lg = model(input_ids=torch.tensor([ids])).logits[0].double()
+    lg[:, n_real:] = float("-inf")
+    return torch.log_softmax(lg, -1)
+
+
+def test_verify_expansion_equals_float64_whole_matrix(tiny_tok):
+    """verify_expansion reads the logits block by block (ops.rows, float64): every figure equals the
+    whole [T, V] float64 log-softmax's (padding rows masked) up to float64 rounding."""
+    from vocablens.ops import rows as ops_rows
+
+    m = _tiny("phi", len(tiny_tok) + 8, seed=3)
+    toks = [" objectstatement", " qqzz of"]
+    ex = expand_vocab(m, tiny_tok, toks, init="mean")
+    texts = [TEXT, _corpus()[5][:300]]
+    old_block = ops_rows.ROW_BLOCK_BYTES
+    try:
+        ops_rows.ROW_BLOCK_BYTES = 3 * 8 * 420  # blocks of 3 rows: many blocks per text
+        v = verify_expansion(m, tiny_tok, ex.model, ex.tokenizer, ex.result.new_ids, texts, 400, TEXT)
+    finally:
+        ops_rows.ROW_BLOCK_BYTES = old_block
+    n_old, n_new, nid = len(tiny_tok), len(ex.tokenizer), ex.result.new_ids
+    mass, kl, nll_b, nll_a, cnt_b, cnt_a = [], [], 0.0, 0.0, 0, 0
+    for t in texts:
+        io = tiny_tok(t, add_special_tokens=False).input_ids[:256]
+        inn = ex.tokenizer(t, add_special_tokens=False).input_ids[:256]
+        lo = _f64_logprobs(m, io, n_old)[:, :n_old]
+        ln = _f64_logprobs(ex.model, io, n_new)
+        mass.append(ln[:, nid].exp().sum(-1))
+        kl.append((lo.exp() * (lo - ln[:, :n_old])).sum(-1))
+        nll_b -= float(lo[:-1].gather(1, torch.tensor(io[1:])[:, None]).sum())
+        la = _f64_logprobs(ex.model, inn, n_new)
+        nll_a -= float(la[:-1].gather(1, torch.tensor(inn[1:])[:, None]).sum())
+        cnt_b, cnt_a = cnt_b + len(io) - 1, cnt_a + len(inn) - 1
+    mass, kl = torch.cat(mass), torch.cat(kl)
+    assert v.positions == mass.numel()
+    assert v.new_token_mass == pytest.approx(float(mass.mean()), rel=1e-12, abs=1e-300)
+    assert v.new_token_mass_max == pytest.approx(float(mass.max()), rel=1e-12, abs=1e-300)
+    assert v.kl_old_new == pytest.approx(float(kl.mean()), rel=1e-9, abs=1e-15)
+    assert v.perplexity_before == pytest.approx(math.exp(nll_b / cnt_b), rel=1e-12)
+    assert v.perplexity_after == pytest.approx(math.exp(nll_a / cnt_a), rel=1e-12)
+    assert v.kl_old_new > 0 and v.new_token_mass > 0
+
+
+def test_verify_trim_equals_float64_whole_matrix(tiny_tok):
+    """verify_trim through ops.rows: the conditioned log-prob difference, the dropped mass and both
+    perplexities equal the whole [T, V] float64 computation's up to float64 rounding."""
+    m = _tiny("phi", len(tiny_tok) + 4, seed=5)
+    corpus = [t[:300] for t in _corpus()[:6]]
+    tr = trim_vocab(m, tiny_tok, corpus_token_ids(tiny_tok, corpus))
+    v = verify_trim(m, tiny_tok, tr.model, tr.tokenizer, tr.kept_old_ids, corpus[:3], max_tokens=64)
+    kept = torch.tensor(tr.kept_old_ids)
+    n_old, n_new = len(tiny_tok), len(tr.tokenizer)
+    dp, dropped, nb, na, cnt = 0.0, [], 0.0, 0.0, 0
+    for t in corpus[:3]:
+        io = tiny_tok(t, add_special_tokens=False).input_ids[:64]
+        inn = tr.tokenizer(t, add_special_tokens=False).input_ids[:64]
+        lo = _f64_logprobs(m, io, n_old)
+        ln = _f64_logprobs(tr.model, inn, n_new)[:, :n_new]
+        with torch.no_grad():
+            raw = m(input_ids=torch.tensor([io])).logits[0].double()[:, kept]
+        dp = max(dp, float((ln - torch.log_softmax(raw, -1)).abs().max()))
+        dropped.append(1.0 - lo[:, kept].exp().sum(-1))
+        nb -= float(lo[:-1].gather(1, torch.tensor(io[1:])[:, None]).sum())
+        na -= float(ln[:-1].gather(1, torch.tensor(inn[1:])[:, None]).sum())
+        cnt += len(io) - 1
+    assert v.tokenization_identical and v.positions == sum(d.numel() for d in dropped)
+    assert abs(v.logprobs_max_abs_diff - dp) <= 1e-12 and v.logprobs_max_abs_diff <= 1e-5
+    assert v.dropped_mass == pytest.approx(float(torch.cat(dropped).mean()), rel=1e-9)
+    assert v.perplexity_before == pytest.approx(math.exp(nb / cnt), rel=1e-12)
+    assert v.perplexity_after == pytest.approx(math.exp(na / cnt), rel=1e-12)

@@ -112,3 +112,24 @@ def test_uncapped_logits_skip_only_the_softcap(tiny):
     got = U.logits(h, rows=[1, 2], capped=False).double()
     assert (got - U.logit_scale * z[:, [1, 2]]).abs().max() <= 1e-4
     assert (U.logits(h, rows=[1, 2]).double() - transform_logits(got.clone(), 1.0, U.softcap)).abs().max() <= 1e-4
+
+
+def test_constant_plus_linear_part_is_the_models_uncapped_logit(tiny):
+    """Unembedding.constant: with the final norm linearized at the actual stream x (its bias β), the
+    model's own pre-softcap logits of chosen rows = readout_rows(no gain, scaled) @ linear part + constant
+    (float64 oracle from the model's final norm and W_U; head bias, project_out's bias, LayerNorm bias)."""
+    from vocablens.models.blocks import linearize_norm
+
+    _, _, b = tiny
+    U = b.unembedding
+    with torch.no_grad():
+        resid, _ = b.residual_stream(ids(1, 4))
+        x = resid[-1, 0, 2]
+        rows = [3, 0, b.vocab_size - 1]
+        fl = linearize_norm(b.final_norm, x)
+        got = U.readout_rows(rows, False, scaled=True).double() @ fl.linear(x).double() + U.constant(rows, fl.bias).double()
+        h = U.normed(x[None])[0].double()
+        z = h @ b.W_U.detach().double()[rows].T + (0 if b.b_U is None else b.b_U.detach().double()[rows])
+        assert (got - b.logit_scale * z).abs().max() <= 1e-4 * max(1.0, float(z.abs().max()))
+        with pytest.raises(BadInput):
+            U.constant([b.vocab_size])

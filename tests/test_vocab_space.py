@@ -134,7 +134,7 @@ def test_norm_linearization_is_exact_at_input(tiny_cache, family):
         torch.testing.assert_close(lin.linear(x) + lin.bias, b.final_norm(x), rtol=0, atol=1e-5)
     r = torch.randn(b.d_model)
     u = torch.randn(3, b.d_model)
-    torch.testing.assert_close((lin.linear(u) * r).sum(-1), (lin.readout(r) * u).sum(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close((lin.linear(u) * r).sum(-1), (lin.pull_back(r) * u).sum(-1), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("family", sorted(UNSUPPORTED))

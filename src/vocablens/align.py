@@ -117,9 +117,31 @@ def shared_vocabulary(tokenizer_a, tokenizer_b, real_a: int, real_b: int, min_sh
     return SharedVocabulary(ids_a=ids_a, ids_b=ids_b, identical=identical)
 
 
-def _centred(M: torch.Tensor) -> torch.Tensor:
-    M = M.double()
-    return M - M.mean(0, keepdim=True)
+#: shared tokens whose readout (or embedding) rows are read at a time when the Grams are summed
+ROW_BLOCK = 4096
+
+
+def _centred_grams(rows_a: Callable[[torch.Tensor], torch.Tensor], rows_b: Callable[[torch.Tensor], torch.Tensor],
+                   shared: "SharedVocabulary", block: int | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float64 Grams of two token-centred row sets read block by block over the S shared tokens:
+    with X = rows_a(ids_a) [S, d_A], Y = rows_b(ids_b) [S, d_B] and X_c, Y_c centred over tokens,
+    ``(X_cᵀ Y_c [d_A, d_B], X_cᵀ X_c, Y_cᵀ Y_c)``. Two passes (the means, then the centred blocks), so
+    neither [S, d] matrix is ever whole (S is about V: the readout of the shared vocabulary)."""
+    S, block = shared.size, int(block or ROW_BLOCK)
+    spans = [(a, min(S, a + block)) for a in range(0, S, block)]
+    mean_a = sum(rows_a(shared.ids_a[a:b]).double().sum(0) for a, b in spans) / S
+    mean_b = sum(rows_b(shared.ids_b[a:b]).double().sum(0) for a, b in spans) / S
+    C = torch.zeros(mean_a.numel(), mean_b.numel(), dtype=torch.float64, device=mean_a.device)
+    Ga = torch.zeros(mean_a.numel(), mean_a.numel(), dtype=torch.float64, device=mean_a.device)
+    Gb = torch.zeros(mean_b.numel(), mean_b.numel(), dtype=torch.float64, device=mean_b.device)
+    for a, b in spans:
+        X = rows_a(shared.ids_a[a:b]).double() - mean_a
+        Y = rows_b(shared.ids_b[a:b]).double().to(X.device) - mean_b.to(X.device)
+        C.addmm_(X.t(), Y)
+        Ga.addmm_(X.t(), X)
+        Gb.addmm_(Y.t(), Y)
+    return C, Ga, Gb
 
 
 def _input_embedding(borders, rows: torch.Tensor) -> torch.Tensor:
@@ -223,7 +245,8 @@ def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ff
         :class:`Alignment`: the [|A|, |B|] layer map of mean best correlations, and for each layer of
         A a one-to-one matching (Hungarian) into its most similar layer of B. Correlations are
         dimensionless in [-1, 1]; everything is computed in float64 from the [d, d] Gram matrices
-        (cost O(L_A · L_B · n_A · n_B · d) FLOPs, memory O(S · d + n_A · n_B)).
+        (cost O(L_A · L_B · n_A · n_B · d) FLOPs, memory O(ROW_BLOCK · d + d² + n_A · n_B): the shared
+        tokens' readout rows are read block by block).
 
     Raises:
         BadInput: ``what`` not ffn|heads, a block out of range, or no shared vocabulary.
@@ -236,15 +259,12 @@ def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ff
     shared = shared_vocabulary(tokenizer_a, tokenizer_b, borders_a.real_vocab_size, borders_b.real_vocab_size,
                                min_shared=max(borders_a.d_model, borders_b.d_model) + 1)
     with torch.no_grad():
-        RA = _centred(borders_a.unembedding.readout_rows(shared.ids_a, fold_norm_gain))
-        RB = _centred(borders_b.unembedding.readout_rows(shared.ids_b, fold_norm_gain))
-        C, Ga, Gb = RA.t() @ RB, RA.t() @ RA, RB.t() @ RB
+        # the readouts of the shared tokens, streamed block by block (never the [S, d] readout)
+        C, Ga, Gb = _centred_grams(lambda r: borders_a.unembedding.readout_rows(r, fold_norm_gain),
+                                   lambda r: borders_b.unembedding.readout_rows(r, fold_norm_gain), shared)
         if what == "heads":
-            EA = _centred(_input_embedding(borders_a, shared.ids_a))
-            EB = _centred(_input_embedding(borders_b, shared.ids_b))
-            KE, EAA, EBB = EA.t() @ EB, EA.t() @ EA, EB.t() @ EB
-            del EA, EB
-        del RA, RB
+            KE, EAA, EBB = _centred_grams(lambda r: _input_embedding(borders_a, r),
+                                          lambda r: _input_embedding(borders_b, r), shared)
         units_b = {m: _units(borders_b, what, m) for m in lb}
         sides_b = {}
         sim = torch.empty(len(la), len(lb), dtype=torch.float32, device=borders_a.device)

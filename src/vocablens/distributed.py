@@ -21,7 +21,6 @@ Every rank must call the same functions in the same order (they are collectives)
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
@@ -30,8 +29,8 @@ from torch import nn
 from vocablens.errors import BadInput
 from vocablens.ops.vocab_parallel import VocabParallelEmbedding, VocabParallelLMHead
 from vocablens.ops.vocab_parallel.comm import all_gather_cat, ws_rank
-from vocablens.ops.vocab_parallel.functional import vocab_parallel_gather_logits, vocab_parallel_topk
-from vocablens.ops.vocab_parallel.losses import vocab_parallel_logsumexp
+from vocablens.ops.vocab_parallel.functional import vocab_parallel_gather_logits
+from vocablens.ops.vocab_parallel.losses import vocab_parallel_token_logprobs
 from vocablens.units import plural
 
 
@@ -178,24 +177,8 @@ class VocabParallelModel:
             the same on every rank. Cost per rank: 2·N·V_r·d FLOPs and a few all-reduces of [N]
             (the entropy -Σ p log p accumulated in float64).
         """
-        z = self.head(h)  # [N, V_r] float32
-        lse = vocab_parallel_logsumexp(z, self.group)  # [N]
-        t = targets.to(z.device).long()
-        mine = (t >= self.vocab_start) & (t < self.vocab_stop)
-        zt = torch.where(mine, z.gather(1, (t - self.vocab_start).clamp(0, z.shape[1] - 1)[:, None])[:, 0],
-                         torch.zeros((), dtype=z.dtype, device=z.device))
-        lp = z - lse[:, None]
-        plp = torch.where(lp > -math.inf, lp.exp() * lp, torch.zeros((), dtype=z.dtype, device=z.device))
-        both = torch.stack([zt.double(), plp.sum(1, dtype=torch.float64)])  # -Σ p log p: no cancellation
-        if world()[1] > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(both, group=self.group)
-        logprob, entropy = both[0].float() - lse, (-both[1]).float()
-        if top_k:
-            vals, ids = vocab_parallel_topk(z, top_k, self.vocab_start, self.vocab_size, self.group)
-            return logprob, entropy, ids, vals - lse[:, None]
-        return logprob, entropy, torch.zeros(len(t), 0, dtype=torch.int64), torch.zeros(len(t), 0)
+        return vocab_parallel_token_logprobs(self.head(h), targets, self.vocab_start, self.vocab_size, top_k,
+                                             self.group)
 
     def score(self, input_ids: torch.Tensor, top_k: int = 0, n_bytes: int = 0):
         """:func:`vocablens.score.score_ids` with the head split over ranks (same result within 1e-5 nats).

@@ -218,4 +218,26 @@ def steer(borders, promote: Sequence[int] = (), suppress: Sequence[int] = (), to
     return Steering(borders=borders, vectors=chosen)
 
 
-__all__ = ["SteerVector", "Steering", "concept_scores", "steer"]
+def vector_top_tokens(borders, vectors: Sequence[SteerVector], k: int = 6, apply_norm_gain: bool = True
+                      ) -> list[list[int]]:
+    """What each chosen vector does to its target: the ``k`` real tokens it pushes up (promote, ablate)
+    or down (suppress), by its scores R v over the real vocabulary (module docstring).
+
+    All vectors are read in one streamed pass over the head (:meth:`Unembedding.scores` of [M, d]):
+    never the [V, d] readout, and one read of W_U for all M vectors.
+
+    Returns:
+        One list of ``min(k, real)`` token ids per vector, strongest first.
+    """
+    from vocablens.models.blocks import block_view
+
+    if not vectors:
+        return []
+    U, real = borders.unembedding, borders.real_vocab_size
+    W = torch.stack([block_view(borders, v.block).W_out[v.neuron].detach().float().to(U.device) for v in vectors])
+    S = U.scores(W, apply_norm_gain, rows=slice(0, real))  # [M, real]
+    sign = torch.tensor([-1.0 if v.role == "suppress" else 1.0 for v in vectors], device=S.device)
+    return (S * sign[:, None]).topk(min(k, real), dim=-1).indices.tolist()
+
+
+__all__ = ["SteerVector", "Steering", "concept_scores", "steer", "vector_top_tokens"]

@@ -9,7 +9,9 @@ rank of ``W`` and of ``A`` over real contexts, and the share of variance in the 
 
 Numerical rank: the spectra come from float64 Gram matrices (``W^T W``, ``A A^T``), whose
 eigenvalues are exact to about ``max(shape) * eps * lambda_max``; a singular value counts when
-``sigma^2`` is above that (so sigma above ``sqrt(max(shape) * eps) * sigma_max``, eps = 2^-52).
+``sigma^2`` is above that (so sigma above ``sqrt(max(shape) * eps) * sigma_max``, eps = 2^-52). The
+Grams are streamed over the vocabulary by :mod:`vocablens.ops.gram` (the one place that normalizes
+over V here).
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from vocablens.errors import BadInput, ShapeMismatch
-from vocablens.logit_transform import transform_logits
-from vocablens.ops.rows import row_logprobs
+from vocablens.ops.gram import logprob_gram, weight_gram
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,93 +67,6 @@ def _share(sig: torch.Tensor, ks) -> dict[int, float]:
 BLOCK_BYTES = 8 * 2**20
 
 
-def _finite64(W: torch.Tensor) -> torch.Tensor:
-    """W (a small matrix) as float64 on the CPU; NaN/inf refused."""
-    Wd = W.detach().cpu().double()
-    if not bool(torch.isfinite(Wd).all()):
-        raise BadInput("W has NaN or inf entries: its spectrum is undefined")
-    return Wd
-
-
-def _w_blocks(W: torch.Tensor, rows: int):
-    """``(start, W[start:start + rows] as float64 on the CPU)`` for every block of rows. Every block is
-    written into one reused buffer and nothing else of block size is allocated (fresh blocks and
-    temporaries per step let the C allocator keep them: measured, +150 MB of RSS for 16 MiB blocks
-    over V = 49,152), so a block is only valid until the next one is read."""
-    V, d = W.shape
-    buf = torch.empty(min(rows, V) * d, dtype=torch.float64)
-    for a in range(0, V, rows):
-        Wb = buf[: min(rows, V - a) * d].view(-1, d)
-        Wb.copy_(W[a:a + rows].detach())
-        yield a, Wb
-
-
-def _gram_w(W: torch.Tensor, block_bytes: int) -> torch.Tensor:
-    """float64 Gram of W: ``W^T W`` [d, d] summed over row blocks when V >= d, else ``W W^T`` [V, V].
-
-    Raises:
-        BadInput: W holds NaN or inf (seen on the Gram's diagonal, the columns' sums of squares).
-    """
-    V, d = W.shape
-    if V < d:  # fewer rows than columns: W itself is smaller than the [d, d] Gram
-        Wd = _finite64(W)
-        return Wd @ Wd.T
-    G = torch.zeros(d, d, dtype=torch.float64)
-    for _, Wb in _w_blocks(W, max(1, block_bytes // (8 * d))):
-        G.addmm_(Wb.T, Wb)
-    if not bool(torch.isfinite(G.diagonal()).all()):
-        raise BadInput("W has NaN or inf entries: its spectrum is undefined")
-    return G
-
-
-def _logits_into(out: torch.Tensor, H: torch.Tensor, Wb: torch.Tensor, bb: torch.Tensor | None,
-                 logit_scale: float, softcap: float | None) -> torch.Tensor:
-    """float64 logits [N, n] of one block of rows of W written into ``out`` (flat buffer): bias, scale
-    and softcap as the head applies them."""
-    L = out[: H.shape[0] * Wb.shape[0]].view(H.shape[0], Wb.shape[0])
-    torch.mm(H, Wb.T, out=L)
-    if bb is not None:
-        L += bb
-    return transform_logits(L, logit_scale, softcap or None, inplace=True)
-
-
-def _gram_logprobs(W: torch.Tensor, H: torch.Tensor, bias: torch.Tensor | None, logit_scale: float,
-                   softcap: float | None, block_bytes: int) -> torch.Tensor:
-    """float64 Gram of the log-probabilities A = L - lse 1^T: ``A A^T`` [N, N] when N <= V, else
-    ``A^T A`` [V, V]; [N, V] is never held, only [N, block] (or [block, V]) slices of it.
-
-    N <= V: a first pass over column blocks of V gets each row's log-sum-exp, streamed in float64
-    (lse = logaddexp(lse, m_b + log Σ exp(L_b - m_b)), m_b the block's row max); a second pass
-    recomputes each block's logits and adds ``A_b A_b^T``. N > V (then V is small): blocks of rows
-    of A are complete rows, and ``A^T A`` is summed over them.
-    """
-    N, V = H.shape[0], W.shape[0]
-    b64 = None if bias is None else bias.detach().cpu().double()
-    if N > V:
-        Wd = _finite64(W)
-        GA = torch.zeros(V, V, dtype=torch.float64)
-        n = max(1, block_bytes // (8 * V))
-        buf = torch.empty(min(n, N) * V, dtype=torch.float64)
-        for i in range(0, N, n):
-            L = _logits_into(buf, H[i:i + n], Wd, b64, logit_scale, softcap)
-            row_logprobs(L, 1, inplace=True)  # [n, V] log-probs, nats, in place
-            GA.addmm_(L.T, L)
-        return GA
-    cols = max(1, block_bytes // (8 * max(N, W.shape[1])))  # [N, cols] logits and [cols, d] rows of W
-    buf = torch.empty(N * min(cols, V), dtype=torch.float64)
-    lse = torch.full((N,), -float("inf"), dtype=torch.float64)
-    for a, Wb in _w_blocks(W, cols):
-        L = _logits_into(buf, H, Wb, None if b64 is None else b64[a:a + len(Wb)], logit_scale, softcap)
-        m = L.amax(1)
-        lse = torch.logaddexp(lse, m + L.sub_(m[:, None]).exp_().sum(1).log())
-    GA = torch.zeros(N, N, dtype=torch.float64)
-    for a, Wb in _w_blocks(W, cols):
-        A = _logits_into(buf, H, Wb, None if b64 is None else b64[a:a + len(Wb)], logit_scale, softcap)
-        A -= lse[:, None]  # [N, cols] log-probs, nats
-        GA.addmm_(A, A.T)
-    return GA
-
-
 def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                        logit_scale: float = 1.0, softcap: float | None = None,
                        top_k: tuple[int, ...] = (1, 10, 64, 128, 256), block_bytes: int | None = None) -> Bottleneck:
@@ -179,7 +93,7 @@ def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias
         raise ShapeMismatch(f"W must be a non-empty matrix [V, d]; got {tuple(W.shape)}")
     block_bytes = int(block_bytes or BLOCK_BYTES)
     V, d = W.shape
-    G = _gram_w(W, block_bytes)
+    G = weight_gram(W, block_bytes)
     ev = torch.linalg.eigvalsh(G).flip(0).clamp_min(0)
     sig = ev.sqrt()
     eps = torch.finfo(torch.float64).eps
@@ -199,7 +113,7 @@ def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias
         if not bool(torch.isfinite(H).all()):
             raise BadInput("hidden states have NaN or inf entries")
         N = H.shape[0]
-        GA = _gram_logprobs(W, H, bias, logit_scale, softcap, block_bytes)  # Gram, float64
+        GA = logprob_gram(W, H, bias, logit_scale, softcap, block_bytes)  # Gram, float64, streamed over V
         evA = torch.linalg.eigvalsh(GA).flip(0).clamp_min(0)
         sigA = evA.sqrt()
         tolA = float(max(N, V) * eps * float(evA[0])) ** 0.5 if float(evA[0]) > 0 else 0.0

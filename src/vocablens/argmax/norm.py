@@ -29,7 +29,7 @@ import torch
 
 from vocablens.argmax.state import GATHER_ROWS
 from vocablens.errors import BadInput, ShapeMismatch
-from vocablens.ops.rows import row_logprobs
+from vocablens.ops.rows import row_logprobs, row_softmax
 
 
 @dataclass(frozen=True, eq=False)
@@ -285,7 +285,7 @@ def norm_reachability(
         Uf, Yf = U.T.float().contiguous(), Yv.T.float().contiguous()
         for _ in range(min(refresh, iters - it0)):
             lg = torch.bmm(Ws, Yf[:, :, None])[:, :, 0] + cs      # [k, M]
-            P = torch.softmax(lg, 1)
+            P = row_softmax(lg, 1)                                 # over the M candidate rows
             G = torch.bmm(P[:, None, :], Ws)[:, 0, :] - Wt         # [k, d]
             Un = Yf - G / L
             Un = Un * torch.clamp(R / Un.norm(dim=1, keepdim=True).clamp_min(1e-30), max=1.0)

@@ -89,16 +89,10 @@ def steer_cmd(
         err.print(f"[dim]measuring {len(st.vectors)} vectors on {len(probes)} probe text(s) and "
                   f"{len(held)} held-out texts, unsteered and steered ...[/dim]")
     eff = measure(b, st, probes, sets, heldout=held, max_new_tokens=new_tokens if not corpus else 0)
-    from vocablens.models.blocks import block_view
     from vocablens.render.steer import print_steer, steer_to_dict, vector_rows
+    from vocablens.steer import vector_top_tokens
 
-    tops = []
-    for v in st.vectors:
-        w = block_view(b, v.block).W_out[v.neuron].detach().float()
-        scores = b.unembedding.scores(w, True, rows=slice(0, b.real_vocab_size))  # streamed, no [V, d]
-        # what the vector does to its target: the tokens it pushes up (promote, ablate) or down (suppress)
-        tops.append((-scores if v.role == "suppress" else scores).topk(6).indices.tolist())
-    rows = vector_rows(st.vectors, tops, tok)
+    rows = vector_rows(st.vectors, vector_top_tokens(b, st.vectors, k=6), tok)
     saved = None
     if save:
         from vocablens.surgery.io import save_model_dir

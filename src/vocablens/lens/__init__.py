@@ -8,7 +8,7 @@
 """
 
 from vocablens.lens.logit import (
-    LensLayer, LensResult, Translator, layer_logprobs, lens_pair, logit_lens,
+    LensLayer, LensResult, Translator, layer_logprobs, layer_readout, lens_pair, logit_lens,
 )
 
-__all__ = ["LensLayer", "LensResult", "Translator", "layer_logprobs", "lens_pair", "logit_lens"]
+__all__ = ["LensLayer", "LensResult", "Translator", "layer_logprobs", "layer_readout", "lens_pair", "logit_lens"]

@@ -199,6 +199,35 @@ class Unembedding:
             raise BadInput("readout_rows needs rows (a slice or ids); read directions with Unembedding.scores")
         return self.readout(fold_norm_gain, scaled=scaled, rows=rows, dtype=dtype)
 
+    def constant(self, rows: torch.Tensor | list[int], norm_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """What the head adds to the pre-softcap logits of ``rows`` whatever the stream: float32 [R],
+        ``logit_scale · (W_U[rows] (P β + b_P) + b_U[rows])``, with β [d_model] the final norm's bias when
+        the norm is written as an affine map ``n(x) = linear part + β`` (e.g.
+        :class:`~vocablens.models.blocks.NormLinearization`; None: no norm bias) and P, b_P
+        ``project_out``'s weight and bias. Then ``logits(rows, capped=False) == readout_rows(rows,
+        False, scaled=True) @ (linear part of n at x) + constant(rows, β)`` (direct logit attribution).
+
+        Raises:
+            BadInput: a row id outside [0, V).
+        """
+        from vocablens.models.blocks import linear_bias, linear_weight
+
+        r = torch.as_tensor(rows, dtype=torch.int64, device=self.device)
+        if r.numel() and (int(r.min()) < 0 or int(r.max()) >= self.vocab_size):
+            raise BadInput(f"vocabulary rows must lie in [0, {self.vocab_size}); got {r.tolist()[:8]}")
+        W = self.weight.detach()[r].float()  # [R, d_emb]
+        u = torch.zeros(self.d_emb, dtype=torch.float32, device=self.device)  # P β + b_P, the head's input
+        if norm_bias is not None:
+            beta = norm_bias.detach().to(self.device, torch.float32)
+            u = u + (beta if self.project_out is None
+                     else beta @ linear_weight(self.project_out).detach().to(self.device, torch.float32).T)
+        if self.project_out is not None and linear_bias(self.project_out) is not None:
+            u = u + linear_bias(self.project_out).detach().to(self.device, torch.float32)
+        z = W @ u
+        if self.bias is not None:
+            z = z + self.bias.detach()[r].float()
+        return z * self.logit_scale
+
     def float32(self) -> "Unembedding":
         """A copy whose final norm and project_out run in float32 (the weight is shared as is); the
         object itself when they already are float32."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vocablens.errors import BadInput
 from vocablens.ops._checks import (
     check_bool, check_head, check_head_transform, check_ids, check_int, check_nonempty, check_size,
 )
@@ -43,6 +44,8 @@ class TokenLogprobs:
         entropy: [N] entropy of the next-token distribution in nats, or None.
         topk_logprobs: [N, k] the k largest log-probabilities, descending, or None.
         topk_ids: [N, k] int64 their token ids (lowest id first among ties), or None.
+        target_rank: [N] int64 number of columns (among the first ``topk_cols``) whose logit exceeds
+            the target's (0 = the target is on top), or None.
     """
 
     logprob: torch.Tensor | None
@@ -50,6 +53,7 @@ class TokenLogprobs:
     entropy: torch.Tensor | None
     topk_logprobs: torch.Tensor | None
     topk_ids: torch.Tensor | None
+    target_rank: torch.Tensor | None = None
 
 
 class _RowState:
@@ -96,18 +100,23 @@ class _RowState:
         self.m = m_new
 
 
-def _full_rows(z: torch.Tensor, tc: torch.Tensor | None, k: int, entropy: bool, ebuf: torch.Tensor | None):
+def _full_rows(z: torch.Tensor, tc: torch.Tensor | None, k: int, entropy: bool, ebuf: torch.Tensor | None,
+               cols: int | None = None, rank: bool = False):
     """Statistics of one chunk of complete rows ``z [n, V]`` (float32, overwritten by its log-softmax).
 
-    Returns ``(lse, logprob, entropy, topk_logprobs, topk_ids)`` ([n] / [n, k]; None where not asked).
+    Returns ``(lse, logprob, entropy, topk_logprobs, topk_ids, rank)`` ([n] / [n, k]; None where not
+    asked); top-k and rank read the first ``cols`` columns (None: all), on the raw logits.
     Passes over z: the row max, one fused log-softmax (which depends only on differences), the
     top-k on the raw logits when asked, and for the entropy one exp into ``ebuf`` and a row dot
     -Σ p·log p (rows with -inf logits, where 0·-inf is NaN, are redone with xlogy from log-probs
     kept aside: ``z`` itself is still intact, since the product goes into ``ebuf``).
     """
-    tv = ti = None
+    tv = ti = rk = None
+    zc = z if cols is None else z[:, :cols]
     if k:
-        tv, ti = topk_lowest_id(z, k)
+        tv, ti = topk_lowest_id(zc, k)
+    if rank:
+        rk = (zc > z.gather(1, tc[:, None])).sum(1)
     m, am = torch.max(z, 1)
     ms = safe_max(m)
     # shift by the row max first: torch's fused log-softmax forms z - lse, which at |z| ~ 57 was off by
@@ -132,14 +141,15 @@ def _full_rows(z: torch.Tensor, tc: torch.Tensor | None, k: int, entropy: bool, 
             rows = bad.nonzero().squeeze(1)
             p = z[rows].exp()
             ent[rows] = -torch.special.xlogy(p, p).sum(1)
-    return m + ls, lp, ent, tv, ti
+    return m + ls, lp, ent, tv, ti, rk
 
 
 @torch.no_grad()
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor | None = None, *,
                    bias: torch.Tensor | None = None, logit_scale: float = 1.0, softcap: float | None = None,
-                   top_k: int = 0, entropy: bool = False, chunk_bytes: int | None = None,
-                   chunk_tokens: int | None = None, chunk_vocab: int | None = None) -> TokenLogprobs:
+                   top_k: int = 0, entropy: bool = False, rank: bool = False, topk_cols: int | None = None,
+                   chunk_bytes: int | None = None, chunk_tokens: int | None = None,
+                   chunk_vocab: int | None = None) -> TokenLogprobs:
     """Forward-only log-probabilities through the LM head, chunked, never materializing [N, V].
 
     Args:
@@ -148,8 +158,14 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
         targets: [N] (or hidden's leading shape) int token ids in [0, V), or None.
         bias: [V] optional head bias. logit_scale: factor applied before the softcap.
         softcap: final-logit softcap c of :func:`vocablens.logit_transform.transform_logits`, or None.
-        top_k: int in [0, V]: also return the k most likely tokens per position (0 = no).
+        top_k: int in [0, topk_cols]: also return the k most likely tokens per position (0 = no).
         entropy: bool, also return the entropy (nats) per position.
+        rank: bool, also return the rank of each target (needs targets): the number of columns whose
+            logit exceeds the target's, as :func:`vocablens.ops.kl_readout` counts it (over complete
+            rows it is read off the chunk; over a tiled vocabulary it costs a second GEMM pass, the
+            target's logit being known only once its tile is read).
+        topk_cols: top-k and rank read the first ``topk_cols`` columns only (the real vocabulary;
+            default all V); the normalizer is always over all V.
         chunk_bytes: budget for one float32 chunk of logits (bytes; default
             :func:`~vocablens.ops.chunking.default_chunk_bytes`); chunk_tokens / chunk_vocab (ints >= 1)
             override the derived sizes (the vocabulary is tiled when a chunk of full rows would not fit).
@@ -161,8 +177,9 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
 
     Raises:
         ShapeMismatch: d or dtypes disagree, targets' shape differs. BadInput: empty input, targets
-        outside [0, V), top_k not an int in [0, V], entropy not a bool, a chunk size not None or an
-        int >= 1, bad logit_scale / softcap.
+        outside [0, V), topk_cols not an int in [1, V], top_k not an int in [0, topk_cols], entropy or
+        rank not a bool, rank without targets, a chunk size not None or an int >= 1, bad logit_scale /
+        softcap.
 
     Default chunks: complete rows of min(N, 256) tokens when they fit 64 MiB (V = 49,152: 48 MiB),
     else :func:`~vocablens.ops.chunking.default_chunk_bytes`. A chunk of complete rows is read by one
@@ -174,8 +191,12 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     check_head(hidden, weight, bias)
     logit_scale, softcap = check_head_transform(logit_scale, softcap)
     V = weight.shape[0]
-    k = check_int("top_k", top_k, 0, V)
+    cols = V if topk_cols is None else check_int("topk_cols", topk_cols, 1, V)
+    k = check_int("top_k", top_k, 0, cols)
     check_bool("entropy", entropy)
+    check_bool("rank", rank)
+    if rank and targets is None:
+        raise BadInput("rank needs targets")
     sizes = [check_size(n, v) for n, v in (("chunk_bytes", chunk_bytes), ("chunk_tokens", chunk_tokens),
                                            ("chunk_vocab", chunk_vocab))]
     h, t, lead = flatten_tokens(hidden, targets)
@@ -196,12 +217,16 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     ent_out = torch.empty(N, **f32) if entropy else None
     tv_out = torch.empty(N, k, **f32) if k else None
     ti_out = torch.empty(N, k, dtype=torch.int64, device=dev) if k else None
+    rk_out = torch.empty(N, dtype=torch.int64, device=dev) if rank else None
     for a in range(0, N, n_tok):
         b = min(N, a + n_tok)
         if n_voc >= V:  # complete rows: one fused log-softmax per chunk
             z = logits_into(h[a:b], W, bias, 0, V, logit_scale, softcap, bufs)
-            lse, lp, ent, tv, ti = _full_rows(z, None if t is None else t[a:b], k, entropy, bufs.aux)
+            lse, lp, ent, tv, ti, rk = _full_rows(z, None if t is None else t[a:b], k, entropy, bufs.aux,
+                                                  None if cols == V else cols, rank)
             lse_out[a:b] = lse
+            if rank:
+                rk_out[a:b] = rk
             if t is not None:
                 lp_out[a:b] = lp
             if entropy:
@@ -214,8 +239,8 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
             z = logits_into(h[a:b], W, bias, v0, min(V, v0 + n_voc), logit_scale, softcap, bufs)
             if t is not None:
                 st.add_target(z, t[a:b], v0, n_voc >= V)
-            if k:
-                st.add_topk(z, v0, k)
+            if k and v0 < cols:
+                st.add_topk(z[:, :cols - v0], v0, k)
             st.add_tile(z)
         ms, log_s = safe_max(st.m), torch.log(st.s)
         lse_out[a:b] = st.m + log_s
@@ -226,13 +251,18 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
         if k:
             tv_out[a:b] = (st.tv - ms[:, None]) - log_s[:, None]
             ti_out[a:b] = st.ti
+        if rank:  # a second sweep: the target's logit (from its own tile) is known only now
+            rk_out[a:b] = 0
+            for v0 in range(0, cols, n_voc):
+                z = logits_into(h[a:b], W, bias, v0, min(V, v0 + n_voc), logit_scale, softcap, bufs)
+                rk_out[a:b] += (z[:, :cols - v0] > st.zt[:, None]).sum(1)
 
     def shape(x, extra=()):
         return None if x is None else x.reshape(*lead, *extra)
 
     return TokenLogprobs(logprob=shape(lp_out), lse=shape(lse_out), entropy=shape(ent_out),
                          topk_logprobs=shape(tv_out, (k,)) if k else None,
-                         topk_ids=shape(ti_out, (k,)) if k else None)
+                         topk_ids=shape(ti_out, (k,)) if k else None, target_rank=shape(rk_out))
 
 
 __all__ = ["TokenLogprobs", "chunk_sizes", "default_chunk_bytes", "token_logprobs"]

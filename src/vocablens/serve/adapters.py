@@ -27,7 +27,7 @@ import torch
 from vocablens.errors import BadInput, TokenNotInVocabulary
 from vocablens.geometry import nearest_neighbors
 from vocablens.lens import logit_lens
-from vocablens.lens.logit import layer_logprobs, resolve_positions
+from vocablens.lens.logit import layer_readout, resolve_positions
 from vocablens.models.tokens import adds_bos, context_length, encode_prompt, single_token_id, token_str
 from vocablens.render.argmax import argmax_to_dict
 from vocablens.render.geometry import neighbors_to_dict
@@ -157,12 +157,14 @@ def trajectory_json(lm, ids: torch.Tensor, resid: torch.Tensor, position: int, t
     position, through the logit lens and the tuned lens (``tuned`` None: logit only).
 
     Uses the prompt's cached residual stream ``resid`` [L+1, T, d] (no forward pass); ranks count
-    real tokens only, as ``lens``'s ``final_top1_rank`` does.
+    real tokens whose logit exceeds the token's, as ``lens``'s ``final_top1_rank`` does. Every layer
+    is read in one streamed pass over the head (:func:`vocablens.lens.logit.layer_readout`; the tuned
+    lens translates layers < L there, as the lens does).
     """
     T = int(ids.shape[-1])
     p = int(resolve_positions(T, [position])[0])
     b = lm.borders
-    L, real = b.n_layers, b.real_vocab_size
+    L = b.n_layers
     out: dict[str, Any] = {"tokens": [token_str(lm.tokenizer, i) for i in ids[0].tolist()], "position": p,
                            "token": token_str(lm.tokenizer, tid), "token_id": tid, "n_layers": L}
     with torch.no_grad():
@@ -170,15 +172,9 @@ def trajectory_json(lm, ids: torch.Tensor, resid: torch.Tensor, position: int, t
             if name == "tuned" and tuned is None:
                 out[name] = None
                 continue
-            h = resid[:, p]  # [L+1, d]
-            if tr is not None:  # the tuned lens's translators act on layers < L only
-                h = torch.cat([torch.stack([tr.translate(ly, h[ly:ly + 1].float())[0].to(h.dtype)
-                                            for ly in range(L)]), h[L:]])
-            # one read of W_U for all layers: rows are independent, and at layer L nothing is translated
-            lp = layer_logprobs(b, h, L)[:, :real]  # [L+1, V_real]
-            tgt = lp[:, tid:tid + 1]
-            out[name] = {"rank": (lp > tgt).sum(-1).tolist(), "prob": tgt[:, 0].exp().tolist(),
-                         "top1": [token_str(lm.tokenizer, i) for i in lp.argmax(-1).tolist()]}
+            r = layer_readout(b, resid[:, p], range(L + 1), torch.tensor(tid), k=1, translator=tr)  # [L+1]
+            out[name] = {"rank": r.target_rank.tolist(), "prob": r.logprob.exp().tolist(),
+                         "top1": [token_str(lm.tokenizer, i) for i in r.topk_ids[:, 0].tolist()]}
     return _with_model(out, lm)
 
 

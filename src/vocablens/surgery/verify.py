@@ -1,7 +1,10 @@
 """Prove a vocabulary edit left the model unharmed, on held-out text.
 
-Every softmax here runs in float64 (beyond the float32 minimum) over the tokenizer's real tokens only: rows at or beyond
-``len(tokenizer)`` (padding) get −inf before the softmax.
+Every statistic here is float64 (beyond the float32 minimum) over the tokenizer's real tokens only:
+rows at or beyond ``len(tokenizer)`` (padding) are left out of the normalizer. The changes measured
+(KL, mass, perplexity change of 1e-7) are below float32's resolution of a log-probability
+(ulp(3.0) = 2.4e-7). The model's own [T, V] logits are read through :mod:`vocablens.ops.rows`, one
+block of rows widened to float64 at a time (no [T, V] float64 log-probabilities).
 """
 
 from __future__ import annotations
@@ -14,19 +17,9 @@ import torch
 
 from vocablens.errors import BadInput
 from vocablens.models.tokens import token_strs
-from vocablens.ops.rows import row_logprobs
+from vocablens.ops.rows import row_kl, row_logprobs_at, row_logsumexp, row_max_abs_logprob_diff
 
-
-def _masked_logprobs(logits: torch.Tensor, n_real: int) -> torch.Tensor:
-    """logits [T, rows] -> float64 log-probs [T, rows] with padding rows (>= n_real) at −inf.
-
-    Float64 (not only float32): the changes measured here (KL, mass, perplexity change of 1e-7)
-    are below float32's resolution of a log-probability (ulp(3.0) = 2.4e-7).
-    """
-    lg = logits.to(torch.float64, copy=True)
-    if n_real < lg.shape[-1]:
-        lg[..., n_real:] = float("-inf")
-    return row_logprobs(lg, inplace=True)
+F64 = torch.float64
 
 
 @torch.no_grad()
@@ -96,12 +89,13 @@ class ExpandVerification:
         }
 
 
-def _nll(logp: torch.Tensor, ids: Sequence[int]) -> tuple[float, int]:
-    """Sum of −log p(next token) over the sequence (nats) and the count of predicted tokens."""
+def _nll(logits: torch.Tensor, lse: torch.Tensor, ids: Sequence[int]) -> tuple[float, int]:
+    """Sum of −log p(next token) over the sequence (nats, float64) and the count of predicted tokens,
+    from the logits [T, rows] and their float64 log-normalizer lse [T]."""
     if len(ids) < 2:
         return 0.0, 0
     tgt = torch.tensor(list(ids[1:]), dtype=torch.long)
-    return float(-logp[:-1].gather(1, tgt[:, None]).sum()), len(ids) - 1
+    return float(-row_logprobs_at(logits[:-1], tgt[:, None], lse[:-1]).sum()), len(ids) - 1
 
 
 def verify_expansion(old_model, old_tokenizer, new_model, new_tokenizer, new_ids: Sequence[int],
@@ -110,7 +104,7 @@ def verify_expansion(old_model, old_tokenizer, new_model, new_tokenizer, new_ids
 
     Both models read the OLD tokenization of each text (so positions align): the new-token mass
     and KL(old ‖ new) are measured there. Perplexity after uses the NEW tokenization with the
-    new model. Float32 log-softmax over real tokens only (padding rows masked).
+    new model. Float64 statistics over real tokens only (padding rows left out of the normalizer).
 
     Args:
         new_ids: ids of the added tokens. texts: held-out texts (each cut to ``max_tokens``).
@@ -135,16 +129,19 @@ def verify_expansion(old_model, old_tokenizer, new_model, new_tokenizer, new_ids
             continue
         lo = _logits(old_model, ids_o)                          # [T, rows_old]
         ln = _logits(new_model, ids_o)                          # [T, rows_new]
-        lp_o = _masked_logprobs(lo, n_old)[:, :n_old]           # [T, n_old]
-        lp_n = _masked_logprobs(ln, n_new)                      # [T, rows_new]
-        masses.append(lp_n[:, nid].exp().sum(-1))              # [T]
-        p_o = lp_o.exp()
-        kls.append((p_o * (lp_o - lp_n[:, :n_old])).sum(-1))  # [T] nats
+        lse_o = row_logsumexp(lo, n_old, dtype=F64)             # [T] over the old real tokens
+        lse_n = row_logsumexp(ln, n_new, dtype=F64)             # [T] over the new real tokens
+        masses.append(row_logprobs_at(ln, nid.expand(len(ids_o), -1), lse_n).exp().sum(-1))  # [T]
+        kls.append(row_kl(lo[:, :n_old], ln[:, :n_old], ref_lse=lse_o, lse=lse_n, dtype=F64))  # [T] nats
         diffs.append(float((ln[:, :n_old] - lo[:, :n_old]).abs().max()))
-        s, c = _nll(lp_o, ids_o)
+        s, c = _nll(lo, lse_o, ids_o)
         nll_b, cnt_b, tok_b = nll_b + s, cnt_b + c, tok_b + len(ids_o)
-        lp_a = lp_n if ids_n == ids_o else _masked_logprobs(_logits(new_model, ids_n), n_new)
-        s, c = _nll(lp_a, ids_n)
+        if ids_n == ids_o:
+            la, lse_a = ln, lse_n
+        else:
+            la = _logits(new_model, ids_n)
+            lse_a = row_logsumexp(la, n_new, dtype=F64)
+        s, c = _nll(la, lse_a, ids_n)
         nll_a, cnt_a, tok_a = nll_a + s, cnt_a + c, tok_a + len(ids_n)
         in_text += sum(1 for i in ids_n if i in set(new_ids))
     if not masses or cnt_b == 0 or cnt_a == 0:
@@ -207,6 +204,7 @@ def verify_trim(old_model, old_tokenizer, new_model, new_tokenizer, kept_old_ids
         BadInput: no text with at least 2 tokens.
     """
     kept = torch.tensor(list(kept_old_ids), dtype=torch.long)
+    kept_real = kept[kept < len(old_tokenizer)]  # the kept tokens the original can emit
     old_to_new = {int(o): i for i, o in enumerate(kept_old_ids)}
     n_old, n_new = len(old_tokenizer), len(new_tokenizer)
     same = True
@@ -224,15 +222,16 @@ def verify_trim(old_model, old_tokenizer, new_model, new_tokenizer, kept_old_ids
         nt += 1
         lo = _logits(old_model, ids_o)
         ln = _logits(new_model, ids_n)
-        lp_o = _masked_logprobs(lo, n_old)
-        lp_n = _masked_logprobs(ln, n_new)[:, :n_new]
+        lse_o = row_logsumexp(lo, n_old, dtype=F64)             # [T] the original, over its real tokens
+        lse_n = row_logsumexp(ln, n_new, dtype=F64)             # [T] the trimmed model
+        lse_k = row_logsumexp(lo, kept, dtype=F64)              # [T] the original conditioned on the kept
         dl = max(dl, float((ln[:, :n_new] - lo[:, kept]).abs().max()))
-        cond = row_logprobs(lo[:, kept], dtype=torch.float64)
-        dp = max(dp, float((lp_n - cond).abs().max()))
-        dropped.append(1.0 - lp_o[:, kept].exp().sum(-1))
-        s, c = _nll(lp_o, ids_o)
+        dp = max(dp, float(row_max_abs_logprob_diff(ln[:, :n_new], lo, a_lse=lse_n, b_lse=lse_k, b_cols=kept).max()))
+        lse_kr = lse_k if len(kept_real) == len(kept) else row_logsumexp(lo, kept_real, dtype=F64)
+        dropped.append(-torch.expm1(lse_kr - lse_o))            # 1 - p(kept) under the original
+        s, c = _nll(lo, lse_o, ids_o)
         nb, cnt = nb + s, cnt + c
-        na += _nll(lp_n, ids_n)[0]
+        na += _nll(ln, lse_n, ids_n)[0]
         npos += len(ids_o)
     if cnt == 0:
         if not same:

@@ -27,7 +27,7 @@ import torch
 
 from vocablens.errors import BadInput, UnsupportedArchitecture
 from vocablens.models import Borders
-from vocablens.models.blocks import block_views, capture_updates, linear_bias, linearize_norm
+from vocablens.models.blocks import block_views, capture_updates, linearize_norm
 from vocablens.ops import token_logprobs
 from vocablens.vocab_space.readout import CHUNK_BYTES, check_k, check_token
 from vocablens.units import plural
@@ -151,7 +151,7 @@ def _through_post(post, raw: torch.Tensor, r2: torch.Tensor):
     if post.norm is None:
         return r, torch.zeros(2), None  # cpu: host arithmetic (_host)
     lin = linearize_norm(post.norm, raw)
-    return lin.readout(r), r @ lin.bias, lin
+    return lin.pull_back(r), r @ lin.bias, lin
 
 
 def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token_id: int | None = None,
@@ -239,19 +239,14 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
         # Final norm linearized at x_L; readout rows (logit scale folded in, no gain) for target and contrast.
         fl = linearize_norm(borders.final_norm, x[L])
         Uh2 = _host(U.readout_rows([target, contrast], False, scaled=True))  # [2, d]
-        r2 = fl.readout(Uh2)  # [2, d]
-        const = Uh2 @ fl.bias
-        if borders.project_out is not None and linear_bias(borders.project_out) is not None:
-            W_U2 = _host(U.weight[[target, contrast]])
-            const = const + U.logit_scale * (W_U2 @ _host(linear_bias(borders.project_out)))
-        if U.bias is not None:
-            const = const + _host(U.bias[[target, contrast]]) * U.logit_scale
+        r2 = fl.pull_back(Uh2)  # [2, d]
+        const = _host(U.constant([target, contrast], fl.bias))  # the norm's bias, project_out's and the head's
         # before the final-logit softcap
         logit_t, logit_c = U.logits(hidden[2 * L:], rows=[target, contrast], capped=False)[0].tolist()
 
         def top_tokens(u: torch.Tensor) -> list[list[int]]:
             """Tokens each row of u [n, d] promotes most (direct effect through the final norm
-            linearized at x_L): readout rows r with ``fl.readout(r)·u == r·fl.linear(u)``, so the
+            linearized at x_L): readout rows r with ``fl.pull_back(r)·u == r·fl.linear(u)``, so the
             vocabulary is scored by the streamed readout, never a [V, d] matrix."""
             s = U.scores(fl.linear(u.float()).to(dev), False, scaled=True, rows=slice(0, real))
             return torch.topk(s, k, dim=-1).indices.tolist()

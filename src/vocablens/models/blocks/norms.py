@@ -43,8 +43,8 @@ class NormLinearization:
             u = u - u.mean(-1, keepdim=True)
         return self.scale.to(u.device) * u
 
-    def readout(self, r: torch.Tensor) -> torch.Tensor:
-        """Pull a row vector r [..., d] on the output back to the input: ``r·linear(u) == readout(r)·u``."""
+    def pull_back(self, r: torch.Tensor) -> torch.Tensor:
+        """Pull a row vector r [..., d] on the output back to the input: ``r·linear(u) == pull_back(r)·u``."""
         r = self.scale.to(r.device) * r.float()
         if self.centered:
             r = r - r.mean(-1, keepdim=True)

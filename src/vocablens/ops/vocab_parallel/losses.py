@@ -162,4 +162,48 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tens
                                  ignore_index, label_smoothing, reduction, group)
 
 
-__all__ = ["vocab_parallel_cross_entropy", "vocab_parallel_log_softmax", "vocab_parallel_logsumexp"]
+@torch.no_grad()
+def vocab_parallel_token_logprobs(local_logits: torch.Tensor, targets: torch.Tensor, vocab_start: int, V: int,
+                                  top_k: int = 0, group=None):
+    """Per-position log p(target), entropy and top-k of logits split over ranks, without gathering them.
+
+    Args:
+        local_logits: [N, V_r] this rank's logits (float32); targets: [N] int64 global ids in [0, V),
+            the same on every rank; vocab_start, V: this shard's first id and the global V; top_k: 0..V.
+
+    Returns:
+        ``(logprob [N], entropy [N], topk_ids [N, k] int64, topk_logprobs [N, k])``, float32 nats, the
+        same on every rank (k = 0: empty [N, 0] tensors). Cost: the logsumexp's two all-reduces of [N],
+        one SUM of [2, N] float64 (the target logit and -Σ p log p, accumulated in float64: no
+        cancellation), and :func:`vocab_parallel_topk`'s gathers when ``top_k``.
+
+    Raises:
+        ShapeMismatch / BadInput: as :func:`vocab_parallel_cross_entropy` and :func:`vocab_parallel_topk`.
+    """
+    import math
+
+    from vocablens.ops.vocab_parallel.functional import vocab_parallel_topk
+
+    check_float("local_logits", local_logits)
+    if local_logits.dim() != 2:
+        raise ShapeMismatch(f"local_logits must be [N, V_r]; got {tuple(local_logits.shape)}")
+    vocab_start, V = check_shard("local_logits", local_logits.shape[1], vocab_start, V)
+    check_ids("targets", targets, V)
+    z = local_logits.float()
+    lse = vocab_parallel_logsumexp(z, group)  # [N]
+    t = targets.to(z.device).long()
+    mine = (t >= vocab_start) & (t < vocab_start + z.shape[1])
+    zt = torch.where(mine, z.gather(1, (t - vocab_start).clamp(0, z.shape[1] - 1)[:, None])[:, 0],
+                     torch.zeros((), dtype=z.dtype, device=z.device))
+    lp = z - lse[:, None]
+    plp = torch.where(lp > -math.inf, lp.exp() * lp, torch.zeros((), dtype=z.dtype, device=z.device))
+    both = all_reduce(torch.stack([zt.double(), plp.sum(1, dtype=torch.float64)]), group=group)
+    logprob, entropy = both[0].float() - lse, (-both[1]).float()
+    if top_k:
+        vals, ids = vocab_parallel_topk(z, top_k, vocab_start, V, group)
+        return logprob, entropy, ids, vals - lse[:, None]
+    return logprob, entropy, torch.zeros(len(t), 0, dtype=torch.int64), torch.zeros(len(t), 0)
+
+
+__all__ = ["vocab_parallel_cross_entropy", "vocab_parallel_log_softmax", "vocab_parallel_logsumexp",
+           "vocab_parallel_token_logprobs"]
