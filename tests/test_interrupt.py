@@ -7,8 +7,9 @@ code has no test hooks. Afterwards the destination holds nothing or its complete
 GGUF cache is not used half-written, and ``lens train --resume`` continues from the last complete
 checkpoint.
 
-Disk full: ``RLIMIT_FSIZE`` lowered for the call with ``SIGXFSZ`` ignored (writes fail with EFBIG,
-as a full disk fails them with ENOSPC). Read-only: ``mkstemp``/``mkdtemp`` fail with EROFS (we run as
+Disk full: the same child with ``RLIMIT_FSIZE`` lowered in it alone and ``SIGXFSZ`` ignored (writes
+fail with EFBIG, as a full disk fails them with ENOSPC); the limit never touches pytest's own process,
+whose output may go to a file of any size. Read-only: ``mkstemp``/``mkdtemp`` fail with EROFS (we run as
 root, so permissions would not stop a write).
 """
 
@@ -18,7 +19,6 @@ import errno
 import hashlib
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -40,7 +40,16 @@ def die():
     sys.stdout.flush(); sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 
-if mode == "rename":  # die at the nth rename of one of our temporary paths (names start with '.')
+if mode == "fsize":  # files may not grow past nth bytes in this process (EFBIG, as ENOSPC on a full disk):
+    import json, resource  # run each command line of the JSON list argv[0]; stderr: a marker line after each
+    from vocablens.cli.common import run_app
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nth, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    for one in json.loads(argv[0]):
+        code = run_app(one)
+        sys.stderr.flush(); sys.stderr.write(f"\n@@@ exit {code}\n"); sys.stderr.flush()
+    sys.exit(0)
+elif mode == "rename":  # die at the nth rename of one of our temporary paths (names start with '.')
     for name in ("replace", "rename"):
         def wrapped(src, dst, *a, _real=getattr(os, name), **k):
             if os.path.basename(str(src)).startswith(".") or os.path.basename(str(dst)).startswith("."):
@@ -172,17 +181,6 @@ def test_gguf_cache_killed_while_writing_is_not_used(tiny, tmp_path, monkeypatch
 
 # ------------------------------------------------------------------------- disk full, read-only
 @pytest.fixture
-def disk_full():
-    """Files may not grow past 16 KiB during the test (EFBIG, as ENOSPC on a full disk)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, hard))
-    yield
-    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    signal.signal(signal.SIGXFSZ, old)
-
-
-@pytest.fixture
 def read_only(monkeypatch):
     def refuse(*a, **k):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
@@ -200,13 +198,31 @@ WRITERS = {
 }
 
 
+@pytest.fixture(scope="module")
+def disk_full_runs(tiny, tmp_path_factory):
+    """Every writer run once under a 16 KiB file-size limit set in one child process (never in pytest's
+    own process, whose output may be a file past that size): {command: (exit code, stderr, its dir)}."""
+    dirs = {c: tmp_path_factory.mktemp(f"full-{c}") for c in WRITERS}
+    argvs = [[str(a) for a in WRITERS[c](tiny, dirs[c] / ("r.html" if c == "report" else "out"))] for c in WRITERS]
+    p = _child("fsize", 16 * 1024, json.dumps(argvs))
+    assert p.returncode == 0, p.stderr[-2000:]
+    parts = p.stderr.split("\n@@@ exit ")
+    assert len(parts) == len(WRITERS) + 1, p.stderr[-2000:]
+    codes = [int(part.split("\n", 1)[0]) for part in parts[1:]]
+    errs = [parts[0]] + [part.split("\n", 1)[1] if "\n" in part else "" for part in parts[1:-1]]
+    return {c: (codes[i], errs[i], dirs[c]) for i, c in enumerate(WRITERS)}
+
+
 @pytest.mark.parametrize("fault, why", [("disk_full", "file-size limit"), ("read_only", "read-only")])
 @pytest.mark.parametrize("command", list(WRITERS))
 def test_full_or_read_only_destination(tiny, tmp_path, capsys, request, command, fault, why):
-    out = tmp_path / ("r.html" if command == "report" else "out")
-    argv = WRITERS[command](tiny, out)
-    request.getfixturevalue(fault)
-    code, stdout, err = _run(capsys, *argv)
+    if fault == "disk_full":  # run in a child process that alone has the file-size limit
+        code, err, tmp_path = request.getfixturevalue("disk_full_runs")[command]
+        out = tmp_path / ("r.html" if command == "report" else "out")
+    else:
+        out = tmp_path / ("r.html" if command == "report" else "out")
+        request.getfixturevalue(fault)
+        code, _, err = _run(capsys, *WRITERS[command](tiny, out))
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert "cannot write" in lines[0] and why in lines[0] and "nothing was written" in lines[0], lines[0]
