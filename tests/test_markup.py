@@ -128,7 +128,9 @@ def test_no_style_tag_in_a_string_of_the_cli_or_render():
     from vocablens.cli.console import STYLES
 
     tag = re.compile(r"\[(/?(" + "|".join(sorted(STYLES, key=len, reverse=True)) + r")|/)\]")
-    src = Path(__file__).parent.parent / "src" / "vocablens"
+    import vocablens
+
+    src = Path(vocablens.__file__).parent
     found = []
     for p in sorted([*src.glob("cli/*.py"), *src.rglob("render/**/*.py")]):
         if p.name == "console.py":
