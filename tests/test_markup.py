@@ -139,3 +139,13 @@ def test_no_style_tag_in_a_string_of_the_cli_or_render():
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and tag.search(node.value):
                 found.append(f"{p.name}:{node.lineno}: {node.value[:60]!r}")
     assert found == [], found
+
+
+def test_the_cli_consoles_print_every_string_as_it_is(capsys):
+    from vocablens.cli.console import err, out
+
+    for s in OWN + NASTY + OURS:
+        out.print(s, soft_wrap=True)
+        err.print(f"note: {s}", style="dim")
+        o = capsys.readouterr()
+        assert (o.out.rstrip("\n"), o.err.rstrip("\n")) == (s, f"note: {s}"), s
