@@ -42,7 +42,13 @@ def test_top_level_help_names_the_logit_lens(capsys, monkeypatch):
 
 def test_stats_on_stderr_with_json_on_stdout(tiny, capsys):
     code, out, err = run_cli(capsys, "score", "The class statement", "-m", tiny, "--json", "--stats")
-    assert code == 0 and json.loads(out)["n_tokens"] >= 2
+    from transformers import AutoTokenizer
+
+    # the tokenizer's own count (BOS <s> first); every token after the first is scored
+    ids = AutoTokenizer.from_pretrained(str(tiny))("The class statement").input_ids
+    d = json.loads(out)
+    assert code == 0 and (d["n_tokens"], d["n_scored"]) == (len(ids), len(ids) - 1)
+    assert [t["id"] for t in d["tokens"]] == ids[1:]
     m = STATS.search(err)
     assert m, err
     rss = float(m.group(2).replace(",", ""))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tiny_models import FAMILIES, ids, make_tiny
+from tiny_models import FAMILIES, ids, make_tiny, writes_through
 from vocablens.errors import UnsupportedArchitecture
 from vocablens.models import Borders
 
@@ -54,8 +54,11 @@ def test_layer_zero_is_embedding_output(tiny):
 def test_family_facts(tiny):
     family, model, b = tiny
     assert b.vocab_size == model.config.vocab_size
-    assert b.tied == (model.get_output_embeddings().weight.data_ptr()
-                      == model.get_input_embeddings().weight.data_ptr())
+    # tied: transformers' model sees a write into its input embedding in its own head, and a model
+    # built from a config ties exactly when the config says so
+    tied = writes_through(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
+    assert b.tied is tied
+    assert tied == bool(model.config.get_text_config().tie_word_embeddings), family
     if family.startswith("gemma"):
         expected = torch.tensor(b.d_model ** 0.5, dtype=b.W_E.dtype).item()
         assert b.embed_scale == expected
@@ -77,7 +80,13 @@ def test_tied_decided_by_storage_not_config():
     # Untie by storage while the config still says tied.
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
     assert model.config.tie_word_embeddings
+    assert not writes_through(model.model.embed_tokens.weight, model.lm_head.weight)  # the oracle agrees
     assert not Borders.from_model(model).tied
+    # a head that is a view of the embedding's storage (not the same Parameter) is one matrix
+    model = make_tiny("llama_tied")
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.data[:])
+    assert writes_through(model.model.embed_tokens.weight, model.lm_head.weight)
+    assert Borders.from_model(model).tied
 
 
 def test_unsupported_family_names_family_and_modules():

@@ -203,13 +203,27 @@ def test_text_stream_holds_partial_characters():
     assert pieces == ["", "é", "!"] and s.flush() == ""
 
 
-def test_json_document_keys():
-    _, borders = _deep("llama", n_layers=4, head_scale=30.0)
+def test_json_document_keys_and_values():
+    model, borders = _deep("llama", n_layers=4, head_scale=30.0)
     res = generate(borders, PROMPT, max_new_tokens=5, top_n=3)
     d = json.loads(json.dumps(generation_to_dict(res, _ByteTokenizer())))
     assert set(d) == {"text", "tokens", "prefill_head_flops_saved", "time_s", "tokens_per_s"}
     assert set(d["tokens"][0]) == {"id", "token", "logprob", "top"} and len(d["tokens"][0]["top"]) == 3
     assert [t["id"] for t in d["tokens"]] == res.ids
+    # values against transformers' forward, log-softmax in float64: each chosen token is the greedy
+    # one, its logprob and the top 3 (ids, order, logprobs) are the reference's
+    seq = PROMPT.tolist()
+    for t in d["tokens"]:
+        with torch.no_grad():
+            ref = torch.log_softmax(model(torch.tensor([seq])).logits[0, -1].double(), -1)
+        top = ref.topk(3)
+        assert t["id"] == int(top.indices[0]) and abs(t["logprob"] - float(ref[t["id"]])) <= 1e-5
+        assert [x["id"] for x in t["top"]] == top.indices.tolist()
+        assert max(abs(x["logprob"] - float(v)) for x, v in zip(t["top"], top.values)) <= 1e-5
+        assert t["token"] == chr(t["id"])
+        seq.append(t["id"])
+    assert d["text"] == _ByteTokenizer().decode(res.ids)
+    assert d["tokens_per_s"] == pytest.approx(len(res.ids) / res.time_s, rel=1e-3)
     ex = generation_to_dict(generate(borders, PROMPT, max_new_tokens=5, early_exit=ExitRule(threshold=0.6)),
                             _ByteTokenizer())
     assert "exit_layer" in ex["tokens"][0] and ex["early_exit"]["kv_fill"].startswith("CALM")

@@ -117,9 +117,17 @@ def test_neighbors_exclude_padding_and_untrained_rows():
 
 
 def test_tied_model_searches_one_matrix():
-    b = Borders.from_model(make_tiny("llama_tied"))
+    model = make_tiny("llama_tied")
+    b = Borders.from_model(model)
     res = nearest_neighbors(b, FakeTok(96), ["w3", "w4"], k=5)
     assert res.tied and all(len(q.lists) == 1 for q in res.results)
+    # the one list is the neighbours in transformers' own (tied) matrix, by plain float64 cosine
+    E = model.get_output_embeddings().weight.detach().double()
+    for q, i in zip(res.results, (3, 4)):
+        ref = F.cosine_similarity(E, E[i][None], dim=1)
+        ref[i] = -2.0  # the query itself is left out
+        assert q.lists[0].ids.tolist() == ref.topk(5).indices.tolist()
+        assert torch.allclose(q.lists[0].cosines.double(), ref.topk(5).values, atol=1e-6)
 
 
 def test_multi_token_first_and_mean():

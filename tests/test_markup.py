@@ -73,3 +73,79 @@ def test_a_model_dir_with_brackets_in_its_path(tmp_path, capsys):
     code, out, err = run_cli(capsys, "lens", "x", "-m", d, "--kind", "tuned", "--lens", tmp_path / "no[/bold]lens")
     assert code == 2 and "Traceback" not in err and "[/bold]" in err, err
     shutil.rmtree(d)
+
+
+# ------------------------------------------------- our own style tags inside user text (issue 24)
+#: tokens (added to a tiny tokenizer) and prompt pieces that hold vocablens's own style tags
+OWN = ["[bold]", "[/]", "[red]x[/red]", "[dim]q[/dim]", "[/bold]", "\\["]
+
+
+@pytest.fixture(scope="module")
+def tagged(tmp_path_factory):
+    """A tiny model whose vocabulary holds OWN as single tokens, in a directory whose name holds our tags."""
+    d = tmp_path_factory.mktemp("own") / "m[bold]x[/bold]"
+    save_tiny(d, tiny_tokenizer(words=OWN))
+    return d
+
+
+def _ok(code, out, err):
+    assert code == 0 and "Traceback" not in err and "MarkupError" not in err, err
+    return out + err
+
+
+def test_score_prints_tokens_holding_our_tags_as_they_are(tagged, capsys):
+    text = "[bold][red]x[/red][/][dim]q[/dim][/bold]"
+    got = _ok(*run_cli(capsys, "score", text, "-m", tagged, "-k", "1"))
+    for tok in ("'[bold]'", "'[red]x[/red]'", "'[/]'", "'[dim]q[/dim]'", "'[/bold]'"):
+        assert tok in got, got
+    assert str(tagged) in got  # the provenance line names the path with its tags
+
+
+def test_lens_names_the_position_and_the_path_as_they_are(tagged, capsys):
+    got = _ok(*run_cli(capsys, "lens", "The [red]x[/red][dim]q[/dim]", "-m", tagged, "-k", "2"))
+    assert "(after '[dim]q[/dim]')" in got and str(tagged) in got, got
+
+
+def test_neighbors_heads_each_query_with_its_token_as_it_is(tagged, capsys):
+    got = _ok(*run_cli(capsys, "neighbors", "[red]x[/red]", "[bold]", "-m", tagged, "-k", "2"))
+    assert "neighbours of '[red]x[/red]'" in got and "neighbours of '[bold]'" in got, got
+
+
+def test_anatomy_names_a_directory_holding_our_tags_as_it_is(tagged, capsys):
+    got = _ok(*run_cli(capsys, "anatomy", tagged))
+    assert "m[bold]x[/bold]" in got, got
+    code, out, err = run_cli(capsys, "anatomy", "[red]x[/red]")
+    assert code == 2 and "Traceback" not in err and "[red]x[/red]" in err, err
+
+
+def test_no_style_tag_in_a_string_of_the_cli_or_render():
+    """Our styles are style= arguments and Text spans: a tag inside a string would be the only way for
+    user text interpolated beside it to act as markup (the consoles read none)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    from vocablens.cli.console import STYLES
+
+    tag = re.compile(r"\[(/?(" + "|".join(sorted(STYLES, key=len, reverse=True)) + r")|/)\]")
+    import vocablens
+
+    src = Path(vocablens.__file__).parent
+    found = []
+    for p in sorted([*src.glob("cli/*.py"), *src.rglob("render/**/*.py")]):
+        if p.name == "console.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and tag.search(node.value):
+                found.append(f"{p.name}:{node.lineno}: {node.value[:60]!r}")
+    assert found == [], found
+
+
+def test_the_cli_consoles_print_every_string_as_it_is(capsys):
+    from vocablens.cli.console import err, out
+
+    for s in OWN + NASTY + OURS:
+        out.print(s, soft_wrap=True)
+        err.print(f"note: {s}", style="dim")
+        o = capsys.readouterr()
+        assert (o.out.rstrip("\n"), o.err.rstrip("\n")) == (s, f"note: {s}"), s

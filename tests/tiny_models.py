@@ -108,3 +108,18 @@ def make_tiny(family: str, seed: int = 0):
 def ids(batch: int = 2, T: int = 7, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, V, (batch, T), generator=g)
+
+
+def writes_through(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """Whether a write into row 0 of ``src`` shows in row 0 of ``dst`` (one matrix in memory): the
+    behaviour that "tied" means, observed instead of read off a rule (``is``, ``data_ptr``). Both
+    tensors are left as they were."""
+    if src.is_meta or dst.is_meta:
+        raise ValueError("meta tensors hold no values")
+    with torch.no_grad():
+        row, before = src[0].clone(), dst[0].clone()
+        try:
+            src[0].copy_(before + 1.0 + before.abs())  # differs from dst's row in every entry
+            return not torch.equal(dst[0], before)
+        finally:
+            src[0].copy_(row)

@@ -149,11 +149,11 @@ def argmax_cmd(
         return
     tokenizer = tokenizer if tokenizer is not None else reload()
     if ma.result.interrupted:
-        err.print("[yellow]interrupted: unsettled tokens are reported as undecided[/yellow]")
+        err.print("interrupted: unsettled tokens are reported as undecided", style="yellow")
     elif ma.result.cut_short:
-        err.print(f"[yellow]the --budget of {budget:g} s ran out in: {', '.join(ma.result.cut_short)}; "
+        err.print(f"the --budget of {budget:g} s ran out in: {', '.join(ma.result.cut_short)}; "
                   f"{plural(ma.result.counts()['undecided'], 'token')} {noun(ma.result.counts()['undecided'], 'is')} undecided (run without --budget for "
-                  "the exact answer)[/yellow]")
+                  "the exact answer)", style="yellow")
     if json_:
         d = argmax_to_dict(ma, tokenizer)
         d["model"] = provenance.to_dict()

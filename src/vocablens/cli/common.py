@@ -204,12 +204,12 @@ def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = Fa
     refuse_nonfinite(lm)  # the one check every command passes through
     trim_heap()  # the loaders' freed scratch (tokenizer and config parsing: ~14 MiB) leaves the resident set
     if not quiet:
-        err.print(f"[dim]loaded {lm.provenance.describe()} in {time.perf_counter() - t0:.1f} s[/dim]")
+        err.print(f"loaded {lm.provenance.describe()} in {time.perf_counter() - t0:.1f} s", style="dim")
         streamed = getattr(lm.model, "vocablens_streamers", None)
         if max_memory and streamed is not None:
             n = len(lm.borders.blocks)
-            err.print(f"[dim]--max-memory {max_memory}: {n - len(streamed)} of {n} blocks resident, "
-                      f"{len(streamed)} read from the checkpoint at each forward[/dim]")
+            err.print(f"--max-memory {max_memory}: {n - len(streamed)} of {n} blocks resident, "
+                      f"{len(streamed)} read from the checkpoint at each forward", style="dim")
     return lm
 
 

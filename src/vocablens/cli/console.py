@@ -1,6 +1,9 @@
 """The CLI's two consoles (stdout: tables and results; stderr: progress, notes, errors) and the
 rule that keeps user text literal in them: prompts, paths, model names and tokens never act as rich
-markup, whatever brackets or backslashes they hold."""
+markup, whatever brackets or backslashes they hold -- not even our own style tags (``[bold]``,
+``[red]x[/red]``): both consoles read no markup at all, and our own styles are ``style=`` arguments
+and :class:`rich.text.Text` spans, never tags inside a string.
+"""
 
 from __future__ import annotations
 
@@ -54,10 +57,12 @@ class LiteralConsole(Console):
 
 
 #: stdout: tables and results; stderr: progress, notes and errors (stdout stays pure JSON with --json).
-# Piped output keeps wide tables (rich would fall back to 80 columns); COLUMNS still wins.
+# Piped output keeps wide tables (rich would fall back to 80 columns); COLUMNS still wins. No markup:
+# every string (a table cell, a title, a line) prints as it is, so a token such as '[red]x[/red]' is
+# itself; a caller that asks for markup=True still gets literal_markup's protection.
 _width = None if (sys.stdout.isatty() or os.environ.get("COLUMNS")) else 120
-out = LiteralConsole(highlight=False, soft_wrap=False, width=_width, emoji=False)
-err = LiteralConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+out = LiteralConsole(highlight=False, soft_wrap=False, width=_width, emoji=False, markup=False)
+err = LiteralConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
 
 
 def print_error(message: str) -> None:

@@ -24,15 +24,17 @@ class LensGroup(DefaultCommandGroup):
         from rich.console import Console
         from rich.panel import Panel
         from rich.table import Table
+        from rich.text import Text
 
         show = self.get_command(ctx, "show")
         show.format_help(click.Context(show, info_name=ctx.info_name, parent=ctx.parent), formatter)
         rows = Table.grid(padding=(0, 2))
         for name in self.list_commands(ctx):
             if name != "show":
-                rows.add_row(f"[bold cyan]{name}[/]", (self.get_command(ctx, name).help or "").strip().splitlines()[0])
-        Console(highlight=False).print(Panel(rows, title="Commands (`vocablens lens COMMAND --help`)",
-                                             title_align="left", border_style="dim"))
+                help_ = (self.get_command(ctx, name).help or "").strip().splitlines()[0]
+                rows.add_row(Text(name, style="bold cyan"), Text(help_))
+        Console(highlight=False, markup=False).print(
+            Panel(rows, title="Commands (`vocablens lens COMMAND --help`)", title_align="left", border_style="dim"))
 
 
 lens_app = typer.Typer(cls=LensGroup, no_args_is_help=True, add_completion=False,

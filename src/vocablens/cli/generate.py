@@ -110,4 +110,4 @@ def generate_cmd(
     sys.stdout.write(stream.flush() + "\n")
     sys.stdout.flush()
     for line in summary_lines(res):
-        err.print(f"[dim]{line}[/dim]")
+        err.print(line, style="dim")

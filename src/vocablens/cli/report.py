@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out
 from vocablens.errors import BadInput
@@ -58,7 +59,7 @@ def report(
     for s in run.sections:
         timings[s.plan.title] = s.seconds
     if not quiet:
-        err.print("[dim]writing the page ...[/dim]")
+        err.print("writing the page ...", style="dim")
     sections = report_sections(run, lm, model)
     prov = lm.provenance
     html = render_report(
@@ -97,7 +98,7 @@ class _ProgressBar:
 
         self.disabled = disabled
         self.live = err.is_terminal and not disabled
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
                                  TimeElapsedColumn(), _Eta(), console=err, transient=True, disable=not self.live)
         self.task = None
         self.last = ""
@@ -119,7 +120,7 @@ class _ProgressBar:
                                  at=time.monotonic())
         elif ":" not in description and description not in (self.last, "done"):  # stages, not sub-steps
             self.last = description
-            err.print(f"[dim]{description} ... (about {max(total - done, 0):.0f} s left)[/dim]")
+            err.print(f"{description} ... (about {max(total - done, 0):.0f} s left)", style="dim")
 
 
 def _emit(run, lm, out_path: Path, sections, timings: dict[str, float]) -> None:
@@ -135,7 +136,7 @@ def _summary(run, lm, out_path: Path, timings: dict[str, float]) -> None:
     from vocablens.render.lens import lens_table
 
     tok, r = lm.tokenizer, run.result
-    out.print(f"[bold]vocablens report[/bold] — {lm.provenance.describe()}")
+    out.print(Text.assemble(("vocablens report", "bold"), f" — {lm.provenance.describe()}"))
     if r("anatomy") is not None:
         out.print(anatomy_table([r("anatomy")]))
     if r("borders") is not None:
@@ -149,6 +150,6 @@ def _summary(run, lm, out_path: Path, timings: dict[str, float]) -> None:
     if res is not None:
         out.print(lens_table(res, tok, len(res.positions) - 1, k=3, every=5))
     for key, why in run.cut_short.items():
-        out.print(f"[yellow]cut short[/yellow] {run.get(key).plan.title}: {why}")
-    out.print(f"wrote [bold]{out_path}[/bold] ({out_path.stat().st_size / 2**20:.1f} MiB) in "
-              f"{timings['total']:.1f} s (load {timings['load']:.1f} s)")
+        out.print(Text.assemble(("cut short", "yellow"), f" {run.get(key).plan.title}: {why}"))
+    out.print(Text.assemble("wrote ", (str(out_path), "bold"), f" ({out_path.stat().st_size / 2**20:.1f} MiB) in "
+                            f"{timings['total']:.1f} s (load {timings['load']:.1f} s)"))

@@ -6,6 +6,7 @@ import socket
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from vocablens.cli.common import ModelOpt, DeviceOpt, TrustOpt, app, err, load_model
 from vocablens.errors import BadInput
@@ -42,11 +43,11 @@ def serve_cmd(
         except OSError as exc:
             raise BadInput(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port") from None
     if host not in LOCAL_HOSTS:
-        err.print(f"[bold yellow]warning:[/bold yellow] listening on {host}: anyone who can reach this machine "
-                  "can use the model; use --host 127.0.0.1 to keep it local")
+        err.print(Text.assemble(("warning:", "bold yellow"), f" listening on {host}: anyone who can reach this machine "
+                            "can use the model; use --host 127.0.0.1 to keep it local"))
     lm = load_model(model, trust_remote_code=trust_remote_code, device=device)
     state = ServerState(lm, model_spec=model, lens_path=lens, max_tokens=max_tokens, argmax=not no_argmax)
     shown = f"[{host}]" if ":" in host else host
     print(f"vocablens serve: http://{shown}:{port}/  (Ctrl-C stops)", flush=True)
     serve(state, host=host, port=port)
-    err.print("[dim]stopped[/dim]")
+    err.print("stopped", style="dim")

@@ -17,7 +17,7 @@ def _token_ids(tokenizer, texts: list[str], V: int, quiet: bool) -> list[int]:
     for t in texts:
         got, note = single_token_id(tokenizer, t, V)
         if note and not quiet:
-            err.print(f"[dim]note: {note}[/dim]")
+            err.print(f"note: {note}", style="dim")
         ids.append(int(got[0]))
     return list(dict.fromkeys(ids))
 
@@ -86,8 +86,8 @@ def steer_cmd(
     probes = [enc(prompt or "The weather today is")] if not corpus else [enc(t) for t in heldout_texts(corpus, 4, 600)]
     held = [enc(t) for t in heldout_texts(heldout, 4, 800)]
     if not json_:
-        err.print(f"[dim]measuring {len(st.vectors)} vectors on {len(probes)} probe text(s) and "
-                  f"{len(held)} held-out texts, unsteered and steered ...[/dim]")
+        err.print(f"measuring {len(st.vectors)} vectors on {len(probes)} probe text(s) and "
+                  f"{len(held)} held-out texts, unsteered and steered ...", style="dim")
     eff = measure(b, st, probes, sets, heldout=held, max_new_tokens=new_tokens if not corpus else 0)
     from vocablens.render.steer import print_steer, steer_to_dict, vector_rows
     from vocablens.steer import vector_top_tokens

@@ -127,4 +127,4 @@ def trim(
         emit_json(trim_to_dict(tr.result, v, out_path, corpus or None, len(texts), mismatches, lm.provenance))
     else:
         print_trim(tr.result, v, out_path, out, lm.provenance, corpus_docs=len(texts), corpus_docs_different=mismatches)
-    err.print(f"[dim]id map: {out_path / 'vocab_map.json'}[/dim]") if not json_ else None
+    err.print(f"id map: {out_path / 'vocab_map.json'}", style="dim") if not json_ else None

@@ -122,8 +122,8 @@ def lens_train(
     rows, info = _rows(lm, corpus, "train", seq_len, max_tokens or None, val_fraction, 0, seed, docs)
     info["model"] = lm.provenance.name
     if not quiet:
-        err.print(f"[dim]training data: {info['tokens']} tokens in {rows.shape[0]} chunks of {seq_len} "
-                  f"from {info['documents']} documents of {corpus}[/dim]", soft_wrap=True)
+        err.print(f"training data: {info['tokens']} tokens in {rows.shape[0]} chunks of {seq_len} "
+                  f"from {info['documents']} documents of {corpus}", style="dim", soft_wrap=True)
     lens = TunedLens.for_model(lm.borders, name=lm.provenance.name)
     t0 = time.perf_counter()
     init_info = {"init": init}
@@ -132,7 +132,7 @@ def lens_train(
 
         n_fit = max(1, min(rows.shape[0] - 1, init_tokens // seq_len))
         if not quiet:
-            err.print(f"[dim]least-squares start on {n_fit * seq_len} tokens ...[/dim]")
+            err.print(f"least-squares start on {n_fit * seq_len} tokens ...", style="dim")
         lens, alphas = regression_init(lm.borders, rows[:n_fit], lens=lens, calib=rows[n_fit: n_fit + 1])
         init_info.update({"init_tokens": n_fit * seq_len, "init_alphas": alphas,
                           "init_seconds": round(time.perf_counter() - t0, 1)})
@@ -260,9 +260,9 @@ def lens_eval(
         if not corpus:
             corpus = "pydoc-topics"
             if trained_on and not quiet:
-                err.print(f"[dim]the lens was trained on the corpus {trained_on!r}"
+                err.print(f"the lens was trained on the corpus {trained_on!r}"
                           f"{' (sha256 ' + trained_sha[:12] + ')' if trained_sha else ''}, which is not here; "
-                          f"evaluating on {corpus} ({split}); give --corpus to choose[/dim]")
+                          f"evaluating on {corpus} ({split}); give --corpus to choose", style="dim")
     docs = load_documents(corpus) if docs is None else docs  # a missing or empty corpus fails before the model loads
     lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=quiet)
     lens.check_model(lm.borders)
@@ -278,8 +278,8 @@ def lens_eval(
     rows = rows[: max(1, max_tokens // rows.shape[1])]
     name = info["corpus"]
     if not quiet:
-        err.print(f"[dim]scoring {rows.numel()} tokens of {name} ({split}) at {lm.borders.n_layers + 1} layers, "
-                  f"both lenses[/dim]", soft_wrap=True)
+        err.print(f"scoring {rows.numel()} tokens of {name} ({split}) at {lm.borders.n_layers + 1} layers, "
+                  f"both lenses", style="dim", soft_wrap=True)
     start, stop = share(int(rows.shape[0]))
     T = int(rows.shape[1])
     with count_bar(quiet, (stop - start) * T, "lens eval", "tokens") as tick:
@@ -294,4 +294,4 @@ def lens_eval(
     else:
         print_eval(res, out, title=f"{lm.provenance.name}, {rows.numel()} tokens of {name} ({split}), lens {lens_label}")
         if plot is not None:
-            err.print(f"[dim]wrote {plot}[/dim]")
+            err.print(f"wrote {plot}", style="dim")

@@ -74,4 +74,4 @@ def undertrained_cmd(
         return
     for r in undertrained_tables(d):
         out.print(r)
-    err.print(f"[dim]timings: {', '.join(f'{k} {v:.1f} s' for k, v in d['timings_s'].items())}[/dim]")
+    err.print(f"timings: {', '.join(f'{k} {v:.1f} s' for k, v in d['timings_s'].items())}", style="dim")

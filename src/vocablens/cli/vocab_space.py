@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from vocablens.cli.common import (
     DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, blocks_back_to_the_os, count_bar, emit_json, err, load_model, out,
@@ -32,7 +33,7 @@ def _block(block: int | None, layer: int | None) -> int | None:
     """``--block``, or the deprecated ``--layer`` alias (one note on stderr); both must agree."""
     if layer is None:
         return block
-    err.print("[yellow]note:[/yellow] project --layer is deprecated: it counts blocks (0..L-1); use --block")
+    err.print(Text.assemble(("note:", "yellow"), " project --layer is deprecated: it counts blocks (0..L-1); use --block"))
     if block is not None and block != layer:
         raise BadInput(f"--block {block} and --layer {layer} disagree; give --block only")
     return layer
@@ -132,7 +133,7 @@ def project_cmd(
     trim_heap()
     if tokens:
         if not json_:
-            err.print(f"[dim]scoring {b.n_layers} blocks of value vectors against the vocabulary ...[/dim]")
+            err.print(f"scoring {b.n_layers} blocks of value vectors against the vocabulary ...", style="dim")
         res = vs.search_tokens(b, tids, k=k, apply_norm_gain=gain)
         layers, neurons = rv.search_vectors(res)
         tops = vs.project_vectors(b, layers, neurons, k=min(8, b.real_vocab_size), apply_norm_gain=gain)
@@ -143,7 +144,7 @@ def project_cmd(
         return
     if interpretable:
         if not json_:
-            err.print(f"[dim]reading {sample or 32} value vectors per block ...[/dim]")
+            err.print(f"reading {sample or 32} value vectors per block ...", style="dim")
         res = vs.interpretable_vectors(b, n=interpretable, per_block=sample or 32, k=k, seed=seed,
                                        apply_norm_gain=gain)
         if json_:
@@ -203,7 +204,7 @@ def explain_cmd(
     else:
         for t in rv.explanation_tables(e, lm.tokenizer):
             out.print(t)
-        out.print(f"[dim]{rv.explanation_footer(e)}[/dim]")
+        out.print(rv.explanation_footer(e), style="dim")
 
 
 def load_translator(borders, model_spec: str, path: str = ""):
@@ -314,4 +315,4 @@ def settle_cmd(
         for t in rv.settle_tables(res):
             out.print(t)
         if plot is not None:
-            err.print(f"[dim]wrote {plot}[/dim]")
+            err.print(f"wrote {plot}", style="dim")

@@ -112,7 +112,7 @@ def print_anatomy(results: Sequence[Anatomy], console) -> None:
     out.print(anatomy_table(results))
     for a in results:
         for n in a.notes:
-            out.print(f"[dim]{a.name}: {n}[/dim]")
+            out.print(f"{a.name}: {n}", style="dim")
 
 
 def params_figure(results: Sequence[Anatomy]):

@@ -73,7 +73,7 @@ def neighbors_tables(res: Neighbors, tokenizer) -> list[Table]:
 
 def print_neighbors(res: Neighbors, tokenizer, console) -> None:
     """Print the scope line, then per query a heading, its note and its table, on a rich ``console``."""
-    console.print(f"[dim]{_header(res)}[/dim]")
+    console.print(_header(res), style="dim")
     for q, t in zip(res.results, neighbors_tables(res, tokenizer)):
         console.print(_label(q, tokenizer), style="bold", markup=False, highlight=False)
         if q.note:

@@ -84,10 +84,10 @@ def lens_table(res: LensResult, tokenizer, j: int = 0, k: int | None = None,
 def print_lens(res: LensResult, tokenizer, out, provenance=None) -> None:
     """Print the lens tables to a rich console ``out``."""
     if provenance is not None:
-        out.print(f"[dim]model: {provenance.describe()}[/dim]", soft_wrap=True)
+        out.print(f"model: {provenance.describe()}", style="dim", soft_wrap=True)
     for j in range(len(res.positions)):
         out.print(lens_table(res, tokenizer, j))
-    out.print(f"[dim]layer {res.n_layers} vs the model's own output: max |Δp| = {res.model_max_abs_diff:.2e}[/dim]")
+    out.print(f"layer {res.n_layers} vs the model's own output: max |Δp| = {res.model_max_abs_diff:.2e}", style="dim")
 
 
 def lens_heatmap(res: LensResult, tokenizer, title: str | None = None):

@@ -63,7 +63,7 @@ def score_table(res: ScoreResult, tokenizer, max_rows: int = 200) -> Table:
 def print_score(res: ScoreResult, tokenizer, out: Console, provenance=None) -> None:
     """Print the per-token table and the totals line on the rich console ``out`` (the CLI's stdout console)."""
     if provenance is not None:
-        out.print(f"[dim]model: {provenance.describe()}[/dim]")
+        out.print(f"model: {provenance.describe()}", style="dim")
     out.print(score_table(res, tokenizer))
     out.print(f"total log-prob {res.total_logprob:.3f} nats over {plural(res.logprobs.numel(), 'token')} "
               f"({res.n_bytes} bytes): {res.logprob_per_byte:.4f} nats/byte, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 
 from vocablens.surgery.expand import ExpandResult
 from vocablens.surgery.trim import TrimResult
@@ -64,7 +65,7 @@ def print_expand(res: ExpandResult, v: ExpandVerification, out_path, console, pr
     """Print what ``expand`` did and its verification on a rich ``console`` (the CLI's stdout)."""
     out = console
     if provenance is not None:
-        out.print(f"[dim]model: {provenance.describe()}[/dim]")
+        out.print(f"model: {provenance.describe()}", style="dim")
     out.print(new_tokens_table(res))
     grew = (f"grew {res.rows_before} -> {plural(res.rows_after, 'row')}" if res.rows_after > res.rows_before
             else f"{plural(res.rows_after, 'row')} (new ids in existing padding rows)")
@@ -72,11 +73,12 @@ def print_expand(res: ExpandResult, v: ExpandVerification, out_path, console, pr
               f"{'tied (one matrix, still shared)' if res.tied else 'untied (embedding and head both set)'}"
               f"{'; head bias extended' if res.has_bias else ''}")
     for n in res.notes:
-        out.print(f"[yellow]note:[/yellow] {n}")
+        out.print(Text.assemble(("note:", "yellow"), f" {n}"))
     out.print(expand_verification_table(res, v))
     if res.init == "mean" and v.new_token_mass_max > v.mass_bound:
-        out.print(f"[bold red]warning:[/bold red] the new tokens take {v.new_token_mass_max:.3e} of the mass at some "
-                  f"position, above Hewitt's bound {v.mass_bound:.3e} (a softcap or logit scale breaks the bound)")
+        out.print(Text.assemble(("warning:", "bold red"), f" the new tokens take {v.new_token_mass_max:.3e} of the mass "
+                                f"at some position, above Hewitt's bound {v.mass_bound:.3e} (a softcap or logit "
+                                "scale breaks the bound)"))
     out.print(f"sample before: {' | '.join(repr(s) for s in v.sample_before)}")
     out.print(f"sample after:  {' | '.join(repr(s) for s in v.sample_after)}")
     out.print(f"wrote {out_path}")
@@ -103,7 +105,7 @@ def print_trim(res: TrimResult, v: TrimVerification, out_path, console, provenan
     """Print what ``trim`` saved and its equality check on a rich ``console`` (the CLI's stdout)."""
     out = console
     if provenance is not None:
-        out.print(f"[dim]model: {provenance.describe()}[/dim]")
+        out.print(f"model: {provenance.describe()}", style="dim")
     out.print(trim_table(res, v))
     frac = res.params_saved / res.params_before if res.params_before else 0.0
     out.print(f"kept {plural(res.rows_after, 'token')}: {res.used_tokens:,} used by the corpus + "

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from vocablens.lens.logit import LensResult
 from vocablens.lens.evaluate import LensEval
@@ -43,7 +44,7 @@ def eval_table(res: LensEval, title: str = "") -> Table:
     for i in range(res.n_layers + 1):
         better = res.tuned_kl[i] < res.logit_kl[i]
         t.add_row(str(i), _f(res.logit_kl[i]),
-                  (f"[green]{_f(res.tuned_kl[i])}[/green]" if better else _f(res.tuned_kl[i])),
+                  (Text(_f(res.tuned_kl[i]), style="green") if better else _f(res.tuned_kl[i])),
                   _f(res.logit_ce[i]), _f(res.tuned_ce[i]),
                   _f(res.logit_bpb[i]), _f(res.tuned_bpb[i]),
                   _f(res.logit_entropy[i]), _f(res.tuned_entropy[i]),
