@@ -74,6 +74,12 @@ def _finite64(W: torch.Tensor) -> torch.Tensor:
     return Wd
 
 
+def _tell(progress, stage: str, done: int, total: int) -> None:
+    """``progress(stage, done, total)`` when a callback was given."""
+    if progress is not None:
+        progress(stage, done, total)
+
+
 def _w_blocks(W: torch.Tensor, rows: int):
     """``(start, W[start:start + rows] as float64 on the CPU)`` for every block of rows. Every block is
     written into one reused buffer and nothing else of block size is allocated (fresh blocks and
@@ -87,7 +93,7 @@ def _w_blocks(W: torch.Tensor, rows: int):
         yield a, Wb
 
 
-def _gram_w(W: torch.Tensor, block_bytes: int) -> torch.Tensor:
+def _gram_w(W: torch.Tensor, block_bytes: int, progress=None) -> torch.Tensor:
     """float64 Gram of W: ``W^T W`` [d, d] summed over row blocks when V >= d, else ``W W^T`` [V, V].
 
     Raises:
@@ -98,8 +104,9 @@ def _gram_w(W: torch.Tensor, block_bytes: int) -> torch.Tensor:
         Wd = _finite64(W)
         return Wd @ Wd.T
     G = torch.zeros(d, d, dtype=torch.float64)
-    for _, Wb in _w_blocks(W, max(1, block_bytes // (8 * d))):
+    for a, Wb in _w_blocks(W, max(1, block_bytes // (8 * d))):
         G.addmm_(Wb.T, Wb)
+        _tell(progress, "Gram of W", a + len(Wb), V)
     if not bool(torch.isfinite(G.diagonal()).all()):
         raise BadInput("W has NaN or inf entries: its spectrum is undefined")
     return G
@@ -117,7 +124,7 @@ def _logits_into(out: torch.Tensor, H: torch.Tensor, Wb: torch.Tensor, bb: torch
 
 
 def _gram_logprobs(W: torch.Tensor, H: torch.Tensor, bias: torch.Tensor | None, logit_scale: float,
-                   softcap: float | None, block_bytes: int) -> torch.Tensor:
+                   softcap: float | None, block_bytes: int, progress=None) -> torch.Tensor:
     """float64 Gram of the log-probabilities A = L - lse 1^T: ``A A^T`` [N, N] when N <= V, else
     ``A^T A`` [V, V]; [N, V] is never held, only [N, block] (or [block, V]) slices of it.
 
@@ -137,6 +144,7 @@ def _gram_logprobs(W: torch.Tensor, H: torch.Tensor, bias: torch.Tensor | None, 
             L = _logits_into(buf, H[i:i + n], Wd, b64, logit_scale, softcap)
             row_logprobs(L, 1, inplace=True)  # [n, V] log-probs, nats, in place
             GA.addmm_(L.T, L)
+            _tell(progress, "Gram of the log-probabilities", min(i + n, N), N)
         return GA
     cols = max(1, block_bytes // (8 * max(N, W.shape[1])))  # [N, cols] logits and [cols, d] rows of W
     buf = torch.empty(N * min(cols, V), dtype=torch.float64)
@@ -145,17 +153,20 @@ def _gram_logprobs(W: torch.Tensor, H: torch.Tensor, bias: torch.Tensor | None, 
         L = _logits_into(buf, H, Wb, None if b64 is None else b64[a:a + len(Wb)], logit_scale, softcap)
         m = L.amax(1)
         lse = torch.logaddexp(lse, m + L.sub_(m[:, None]).exp_().sum(1).log())
+        _tell(progress, "log-normaliser over V", a + len(Wb), V)
     GA = torch.zeros(N, N, dtype=torch.float64)
     for a, Wb in _w_blocks(W, cols):
         A = _logits_into(buf, H, Wb, None if b64 is None else b64[a:a + len(Wb)], logit_scale, softcap)
         A -= lse[:, None]  # [N, cols] log-probs, nats
         GA.addmm_(A, A.T)
+        _tell(progress, "Gram of the log-probabilities", a + len(Wb), V)
     return GA
 
 
 def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                        logit_scale: float = 1.0, softcap: float | None = None,
-                       top_k: tuple[int, ...] = (1, 10, 64, 128, 256), block_bytes: int | None = None) -> Bottleneck:
+                       top_k: tuple[int, ...] = (1, 10, 64, 128, 256), block_bytes: int | None = None,
+                       progress=None) -> Bottleneck:
     """Singular spectra and numerical ranks of ``W`` and of ``log_softmax(hidden W^T + b)``.
 
     Args:
@@ -164,6 +175,8 @@ def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias
         bias: ``[V]`` or None; logit_scale, softcap: applied as the model does.
         top_k: directions for the variance shares.
         block_bytes: size of one float64 block of the scan (default :data:`BLOCK_BYTES`, 8 MiB).
+        progress: ``progress(stage, done, total)`` after each block (stages ``Gram of W`` over the V
+            rows, then with ``hidden`` ``log-normaliser over V`` and ``Gram of the log-probabilities``).
 
     Returns:
         :class:`Bottleneck`. Cost: ``2 V d^2 + 4 N V d + 2 N^2 V`` float64 FLOPs (the logits are
@@ -179,7 +192,7 @@ def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias
         raise ShapeMismatch(f"W must be a non-empty matrix [V, d]; got {tuple(W.shape)}")
     block_bytes = int(block_bytes or BLOCK_BYTES)
     V, d = W.shape
-    G = _gram_w(W, block_bytes)
+    G = _gram_w(W, block_bytes, progress)
     ev = torch.linalg.eigvalsh(G).flip(0).clamp_min(0)
     sig = ev.sqrt()
     eps = torch.finfo(torch.float64).eps
@@ -199,7 +212,7 @@ def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias
         if not bool(torch.isfinite(H).all()):
             raise BadInput("hidden states have NaN or inf entries")
         N = H.shape[0]
-        GA = _gram_logprobs(W, H, bias, logit_scale, softcap, block_bytes)  # Gram, float64
+        GA = _gram_logprobs(W, H, bias, logit_scale, softcap, block_bytes, progress)  # Gram, float64
         evA = torch.linalg.eigvalsh(GA).flip(0).clamp_min(0)
         sigA = evA.sqrt()
         tolA = float(max(N, V) * eps * float(evA[0])) ** 0.5 if float(evA[0]) > 0 else 0.0
@@ -234,11 +247,12 @@ def _last_block_output(borders, ids: torch.Tensor) -> torch.Tensor:
     return store["x"]
 
 
-def context_hidden(borders, ids: torch.Tensor, batch: int = 4) -> torch.Tensor:
+def context_hidden(borders, ids: torch.Tensor, batch: int = 4, progress=None) -> torch.Tensor:
     """LM-head inputs (after the final norm) for every position of ``ids [B, T]``: [B*T, d_emb] float32.
 
     The same values as ``U.normed(borders.residual_stream(ids)[0][-1])``; each batch's forward stops
     after the last block (memory: one batch's activations, not L+1 streams and [batch, T, V] logits).
+    ``progress(stage, done, total)``: after each batch (stage ``forward``, units: rows of ``ids``).
 
     Raises:
         BadInput: empty ids, or a token id outside the embedding's rows.
@@ -253,4 +267,5 @@ def context_hidden(borders, ids: torch.Tensor, batch: int = 4) -> torch.Tensor:
         for s in range(0, ids.shape[0], batch):
             x = _last_block_output(borders, ids[s:s + batch])
             out.append(U.normed(x).float().reshape(-1, U.d_emb))
+            _tell(progress, "forward", min(s + batch, ids.shape[0]), ids.shape[0])
     return torch.cat(out)
