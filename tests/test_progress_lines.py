@@ -63,3 +63,34 @@ def test_trim_counts_the_documents_it_tokenizes_and_compares(tiny, tmp_path, cap
     assert "trim: stage tokenizing the corpus done (70 documents in" in err
     assert "trim: stage comparing tokenizations done (70 documents in" in err
     assert ANSI not in err
+
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def _script(args: list[str], timeout: int) -> "subprocess.CompletedProcess":
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=ROOT)  # stderr is a pipe: not a terminal
+
+
+@pytest.mark.browser
+def test_screenshots_script_shows_its_steps(tmp_path):
+    import shutil
+
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        pytest.skip("Debian's chromium is not installed: apt-get install -y --no-install-recommends chromium")
+    pytest.importorskip("playwright")
+    page = tmp_path / "r.html"  # what the script waits for: a drawn figure, and sections under <main>
+    page.write_text("<html><body><div class='figure'><svg class='main-svg' width='10' height='10'></svg></div><main>"
+                    + "".join(f"<section id='s{i}'><h2>section {i}</h2></section>" for i in range(3)) + "</main></body></html>")
+    p = _script(["docs/screenshots.py", str(page), str(tmp_path / "png")], timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == [str(tmp_path / "png" / f"report-s{i}.png") for i in range(3)]
+    assert "screenshots: stage start chromium, draw the figures started (3 steps)" in p.stderr
+    assert "screenshots: stage section screenshots started (3 steps)" in p.stderr
+    assert "screenshots: stage section screenshots done (3 steps in" in p.stderr and ANSI not in p.stderr
