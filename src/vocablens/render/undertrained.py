@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from rich.table import Table
+from rich.text import Text
 
 from vocablens.models.tokens import token_str
 from vocablens.render.tokens import shown
@@ -94,7 +95,7 @@ def undertrained_tables(d: dict, rows: int = TABLE_ROWS) -> list:
     for r in toks[:rows]:
         p = "" if r["max_prob"] is None else f"{r['max_prob']:.2e}"
         t.add_row(str(r["id"]), shown(r["token"]), r["class"].replace("_", " "), f"{r['indicator']:.4f}", p,
-                  r["verdict"], r["argmax"] if r["argmax"] != NO_SCAN else "[dim]no scan[/dim]")
+                  r["verdict"], r["argmax"] if r["argmax"] != NO_SCAN else Text("no scan", style="dim"))
     out.append(t)
     if len(toks) > rows:
         out.append(f"... {len(toks) - rows} more candidates (--json lists them all)")
