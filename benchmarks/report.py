@@ -188,6 +188,7 @@ def main() -> None:
           f"sections took {before:.0f} s, and the scan gets what they leave, at least {ARGMAX_MIN_SHARE:.0%})"
           + (f"; the scan's own clock started with {got:.1f} s of it" if got is not None else
              "; the scan's verdicts were read from the stored scan"))
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     print(f"whole command: wall {wall:.0f} s, CPU {cpu:.0f} s (target: <= 180 s wall on 2 cores)")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
