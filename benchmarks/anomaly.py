@@ -14,7 +14,8 @@ How the data are made, offline and deterministic:
   saw. Nothing is tuned on the test split (detector settings are fixed in vocablens.anomaly).
 
 Prints the AUROC of each detector (isolation forest, local outlier factor) on logit-lens, tuned-lens
-and combined trajectories, with the time per input.
+and combined trajectories, with the time per input. Progress goes to stderr (the step and how far
+it is: rich bars on a terminal, plain lines otherwise; ``vocablens.cli.progress``).
 
 Run: ``PYTHONPATH=src python benchmarks/anomaly.py [--train 60] [--test 40]``.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 
 import torch
@@ -75,11 +77,20 @@ def main() -> None:
     train = [rng.choice(QUESTIONS).format(p=p) for p in ps[: a.train]]
     test_normal = [rng.choice(QUESTIONS).format(p=p) for p in ps[a.train: a.train + a.test]]
     test_inj = [rng.choice(QUESTIONS).format(p=p + rng.choice(INJECTIONS)) for p in ps[a.train + a.test:]]
-    lm = M.load("smollm2")
-    lens = load_for_model(lm.borders, "smollm2")
-    t0 = time.perf_counter()
-    f_train = trajectory_features(lm.borders, lm.tokenizer, train, lens=lens)
-    f_test = trajectory_features(lm.borders, lm.tokenizer, test_normal + test_inj, lens=lens)
+    from vocablens.cli.progress import stage_progress
+
+    cb, close = stage_progress("anomaly", "prompts")
+    try:
+        print("anomaly: loading smollm2 and its tuned lens ...", file=sys.stderr, flush=True)
+        lm = M.load("smollm2")
+        lens = load_for_model(lm.borders, "smollm2")
+        t0 = time.perf_counter()
+        f_train = trajectory_features(lm.borders, lm.tokenizer, train, lens=lens,
+                                      progress=lambda d, n: cb("features of the training prompts", d, n))
+        f_test = trajectory_features(lm.borders, lm.tokenizer, test_normal + test_inj, lens=lens,
+                                     progress=lambda d, n: cb("features of the test prompts", d, n))
+    finally:
+        close()
     dt = (time.perf_counter() - t0) / (len(train) + len(test_normal) + len(test_inj))
     labels = torch.tensor([0] * len(test_normal) + [1] * len(test_inj))
     rep = detect(f_train, f_test, labels)

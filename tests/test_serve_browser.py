@@ -378,3 +378,46 @@ def test_explorer_renders_a_one_token_prompt(server, browser):
     assert first.startswith("block ")
     assert page.problems == [], page.problems
     page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_tokens_with_a_backslash_or_a_quote_show_and_round_trip(server, browser, smollm2):
+    """A token of a backslash and an n (token_str: ``\\\\n``) showed as ``\\⏎``: the page replaced every
+    ``\\n`` pair, so it looked like a backslash and a newline. The page reads token_str's escapes left to
+    right as :func:`vocablens.render.tokens.visible` does, and a click on such a token asks the API for
+    that exact id."""
+    import json
+
+    from vocablens.models.tokens import token_bytes, token_str
+    from vocablens.render.tokens import visible
+
+    tok = smollm2.tokenizer
+    want = {b"\\n": None, b"\\": None, b'"': None, b"'": None, b'\\"': None}
+    for i in range(smollm2.borders.vocab_size):
+        b = token_bytes(tok, i)
+        if b in want and want[b] is None:
+            want[b] = i
+    ids = [i for i in want.values() if i is not None]
+    assert len(ids) >= 4, want  # SmolLM2 was trained on code: these are tokens of its own
+    page = open_page(browser, server)
+    asked = []
+    page.on("request", lambda r: asked.append(json.loads(r.post_data)["token"])
+            if r.url.endswith("/api/neighbors") else None)
+    for i in ids:
+        text = token_str(tok, i)
+        page.evaluate("([t, i]) => { const b = tokButton(t, i); b.id = 'probe'; document.getElementById('probe')?.remove();"
+                      " document.body.append(b); }", [text, i])
+        assert page.inner_text("#probe") == visible(text), (i, text)
+        page.click("#probe")
+        page.wait_for_function(f"() => window.vl.token === {i} && document.querySelector('#tok-neighbors button.tok')")
+        assert asked[-1] == i
+        title = page.inner_text("#token-title span.tok")
+        assert title == visible(text), (i, text, title)
+    # the panel opened from the URL (no text known) takes the API's token and shows it the same way
+    i = want[b"\\n"] if want[b"\\n"] is not None else ids[0]
+    page.goto(f"{server}/?token={i}")
+    page.wait_for_function("() => document.querySelector('#token-title span.tok').textContent !== '…'")
+    assert page.inner_text("#token-title span.tok") == visible(token_str(tok, i))
+    assert page.problems == [], page.problems
+    page.close()

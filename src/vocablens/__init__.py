@@ -10,11 +10,16 @@ The main entry points, importable from the package root (each is loaded on first
 
 Library code inside the package imports from the topic modules (``vocablens.lens``,
 ``vocablens.ops`` ...), never from this root (layer rule: only the CLI and users stand above it).
+
+In Jupyter or IPython every result displays itself (its tables, as the CLI prints them):
+``import vocablens`` registers the display formatters of :mod:`vocablens.render.notebook` when it
+runs inside IPython, and :func:`load` hands that module the tokenizer it loaded.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 
 from vocablens.version import __version__
 
@@ -67,8 +72,39 @@ def __getattr__(name: str):
     if module is None:
         raise AttributeError(f"module 'vocablens' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
+    if name == "load":
+        value = _telling_the_notebook(value)
     globals()[name] = value
     return value
+
+
+def _telling_the_notebook(load):
+    """``load`` that, once :mod:`vocablens.render.notebook` is in use (inside IPython), shows the
+    tokens of the results that follow with the tokenizer it loaded."""
+    import functools
+
+    @functools.wraps(load)
+    def loaded(*args, **kwargs):
+        lm = load(*args, **kwargs)
+        notebook = sys.modules.get("vocablens.render.notebook")
+        if notebook is not None:
+            notebook.use_tokenizer(lm.tokenizer)
+        return lm
+
+    return loaded
+
+
+def _in_ipython() -> None:
+    """Register the notebook display of results when IPython is running (never imports IPython)."""
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)() if ipython is not None else None
+    if shell is not None:
+        from vocablens.render import notebook
+
+        notebook.register(shell=shell)
+
+
+_in_ipython()
 
 
 def __dir__() -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -105,7 +105,8 @@ class SteerEffect:
 
 
 def measure(borders, steering, probes: Sequence[torch.Tensor], sets: dict[str, Sequence[int]],
-            heldout: Sequence[torch.Tensor] = (), max_new_tokens: int = 0) -> SteerEffect:
+            heldout: Sequence[torch.Tensor] = (), max_new_tokens: int = 0,
+            progress: Callable[[str, int, int], None] | None = None) -> SteerEffect:
     """Run every probe and held-out sequence without and with ``steering``.
 
     Args:
@@ -113,22 +114,43 @@ def measure(borders, steering, probes: Sequence[torch.Tensor], sets: dict[str, S
         sets: ``{"promote": ids, "suppress": ids}`` (either may be missing).
         heldout: sequences for the perplexity (fluency cost).
         max_new_tokens: length of the greedy continuation of ``probes[0]`` (0: none).
+        progress: ``progress(stage, done, total)`` after each forward pass (stages ``unsteered`` and
+            ``steered``; one unit per probe text and set, per held-out text, and the continuation).
 
     Raises:
         BadInput: no probe.
     """
     if not probes:
         raise BadInput("give a prompt or a corpus to measure the steering on")
+    used = {k: ids for k, ids in sets.items() if ids}
+    total = len(used) * len(probes) + len(heldout) + (1 if max_new_tokens else 0)
 
-    def run():
-        mass = {k: [concept_mass(borders, p, ids) for p in probes] for k, ids in sets.items() if ids}
-        ppl = perplexity(borders, heldout) if heldout else None
-        cont = greedy(borders.model, probes[0], max_new_tokens) if max_new_tokens else None
+    def run(stage: str):
+        done = 0
+
+        def step(value):
+            nonlocal done
+            done += 1
+            if progress is not None:
+                progress(stage, done, total)
+            return value
+
+        if progress is not None:
+            progress(stage, 0, total)
+        mass = {k: [step(concept_mass(borders, p, ids)) for p in probes] for k, ids in used.items()}
+        ppl = None
+        if heldout:
+            scored = [step(nll(borders, ids)) for ids in heldout]
+            n = sum(c for _, c in scored)
+            if n == 0:
+                raise BadInput("perplexity needs at least one text of two tokens or more")
+            ppl = math.exp(sum(t for t, _ in scored) / n)
+        cont = step(greedy(borders.model, probes[0], max_new_tokens)) if max_new_tokens else None
         return mass, ppl, cont
 
-    mb, pb, cb = run()
+    mb, pb, cb = run("unsteered")
     with steering:
-        ma, pa, ca = run()
+        ma, pa, ca = run("steered")
 
     def mean(d):
         return {k: float(torch.cat(v).mean()) for k, v in d.items()}

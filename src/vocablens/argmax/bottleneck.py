@@ -69,7 +69,8 @@ BLOCK_BYTES = 8 * 2**20
 
 def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                        logit_scale: float = 1.0, softcap: float | None = None,
-                       top_k: tuple[int, ...] = (1, 10, 64, 128, 256), block_bytes: int | None = None) -> Bottleneck:
+                       top_k: tuple[int, ...] = (1, 10, 64, 128, 256), block_bytes: int | None = None,
+                       progress=None) -> Bottleneck:
     """Singular spectra and numerical ranks of ``W`` and of ``log_softmax(hidden W^T + b)``.
 
     Args:
@@ -78,6 +79,8 @@ def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias
         bias: ``[V]`` or None; logit_scale, softcap: applied as the model does.
         top_k: directions for the variance shares.
         block_bytes: size of one float64 block of the scan (default :data:`BLOCK_BYTES`, 8 MiB).
+        progress: ``progress(stage, done, total)`` after each block (stages ``Gram of W`` over the V
+            rows, then with ``hidden`` ``log-normaliser over V`` and ``Gram of the log-probabilities``).
 
     Returns:
         :class:`Bottleneck`. Cost: ``2 V d^2 + 4 N V d + 2 N^2 V`` float64 FLOPs (the logits are
@@ -93,7 +96,7 @@ def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias
         raise ShapeMismatch(f"W must be a non-empty matrix [V, d]; got {tuple(W.shape)}")
     block_bytes = int(block_bytes or BLOCK_BYTES)
     V, d = W.shape
-    G = weight_gram(W, block_bytes)
+    G = weight_gram(W, block_bytes, progress)
     ev = torch.linalg.eigvalsh(G).flip(0).clamp_min(0)
     sig = ev.sqrt()
     eps = torch.finfo(torch.float64).eps
@@ -113,7 +116,7 @@ def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias
         if not bool(torch.isfinite(H).all()):
             raise BadInput("hidden states have NaN or inf entries")
         N = H.shape[0]
-        GA = logprob_gram(W, H, bias, logit_scale, softcap, block_bytes)  # Gram, float64, streamed over V
+        GA = logprob_gram(W, H, bias, logit_scale, softcap, block_bytes, progress)  # Gram, float64, streamed over V
         evA = torch.linalg.eigvalsh(GA).flip(0).clamp_min(0)
         sigA = evA.sqrt()
         tolA = float(max(N, V) * eps * float(evA[0])) ** 0.5 if float(evA[0]) > 0 else 0.0
@@ -148,11 +151,12 @@ def _last_block_output(borders, ids: torch.Tensor) -> torch.Tensor:
     return store["x"]
 
 
-def context_hidden(borders, ids: torch.Tensor, batch: int = 4) -> torch.Tensor:
+def context_hidden(borders, ids: torch.Tensor, batch: int = 4, progress=None) -> torch.Tensor:
     """LM-head inputs (after the final norm) for every position of ``ids [B, T]``: [B*T, d_emb] float32.
 
     The same values as ``U.normed(borders.residual_stream(ids)[0][-1])``; each batch's forward stops
     after the last block (memory: one batch's activations, not L+1 streams and [batch, T, V] logits).
+    ``progress(stage, done, total)``: after each batch (stage ``forward``, units: rows of ``ids``).
 
     Raises:
         BadInput: empty ids, or a token id outside the embedding's rows.
@@ -167,4 +171,5 @@ def context_hidden(borders, ids: torch.Tensor, batch: int = 4) -> torch.Tensor:
         for s in range(0, ids.shape[0], batch):
             x = _last_block_output(borders, ids[s:s + batch])
             out.append(U.normed(x).float().reshape(-1, U.d_emb))
+            _tell(progress, "forward", min(s + batch, ids.shape[0]), ids.shape[0])
     return torch.cat(out)

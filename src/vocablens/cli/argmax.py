@@ -12,72 +12,15 @@ from vocablens.cli.common import (
     DeviceOpt, JsonOpt, MaxMemOpt, ModelOpt, TrustOpt, app, blocks_back_to_the_os, emit_json, err, load_model, out,
 )
 from vocablens.cli.heap import trim_heap
+from vocablens.cli.progress import PlainProgress, stage_progress  # noqa: F401  (PlainProgress: re-exported)
 from vocablens.errors import BadInput, OutputExists
 from vocablens.units import noun, plural
 
 
-class PlainProgress:
-    """Progress for a stderr that is not a terminal (a log file, CI): one plain line when a stage
-    starts and, from a heartbeat thread, at least one line every ``every`` seconds (stage, rows
-    settled of the total, elapsed, ETA), so a long scan never goes silent. ``close()`` stops it."""
-
-    def __init__(self, write, every: float = 10.0, clock=None):
-        import threading
-        import time
-
-        self.write, self.every, self.clock = write, every, clock or time.perf_counter
-        self.stage, self.done, self.total, self.t0 = None, 0, 0, self.clock()
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._beat, daemon=True)
-        self._thread.start()
-
-    def line(self) -> str:
-        el = self.clock() - self.t0
-        frac = self.done / self.total if self.total else 0.0
-        eta = f"{el / frac * (1 - frac):.0f} s" if frac > 0 else "unknown"
-        return f"argmax: {self.stage} {self.done:,}/{self.total:,} rows, {el:.0f} s, ETA {eta}"
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        with self._lock:
-            if stage != self.stage:
-                self.stage, self.t0 = stage, self.clock()
-                self.done, self.total = done, total
-                self.write(f"argmax: stage {stage} started ({total:,} rows)")
-            self.done, self.total = done, total
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.every):
-            with self._lock:
-                if self.stage is not None:
-                    self.write(self.line())
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=1.0)
-
-
 def _progress_bar(quiet: bool):
-    """A (callback, close) pair: one rich progress bar per stage on a terminal's stderr; plain lines
-    (:class:`PlainProgress`) on any other stderr, also with ``--json``."""
-    if not err.is_terminal:
-        import sys
-
-        pp = PlainProgress(lambda s: print(s, file=sys.stderr, flush=True))
-        return pp, pp.close
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    prog = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=False)
-    tasks: dict[str, int] = {}
-    prog.start()
-
-    def cb(stage: str, done: int, total: int) -> None:
-        if stage not in tasks:
-            tasks[stage] = prog.add_task(stage, total=total)
-        prog.update(tasks[stage], completed=done, total=total)
-
-    return cb, prog.stop
+    """The scan's (callback, close) pair (:func:`vocablens.cli.progress.stage_progress`): also with
+    ``--json``, on stderr."""
+    return stage_progress("argmax", "rows")
 
 
 def _set_aside(tokenizer, trust_remote_code: bool):
@@ -195,9 +138,13 @@ def bottleneck_cmd(
     ids = pack_tokens(docs, lm.tokenizer, seq_len, max_tokens=rows * seq_len)
     if ids.numel() < n:
         raise BadInput(f"corpus {corpus!r} gives {plural(ids.numel(), 'token')}, fewer than --contexts {n}")
-    H = context_hidden(b, ids)[:n]
-    U = b.unembedding
-    res = softmax_bottleneck(U.weight, H, bias=U.bias, logit_scale=U.logit_scale, softcap=U.softcap)
+    cb, close = stage_progress("bottleneck", "rows", quiet=json_)
+    try:
+        H = context_hidden(b, ids, progress=cb)[:n]
+        U = b.unembedding
+        res = softmax_bottleneck(U.weight, H, bias=U.bias, logit_scale=U.logit_scale, softcap=U.softcap, progress=cb)
+    finally:
+        close()
     if plot:
         from vocablens.files import atomic_path
 

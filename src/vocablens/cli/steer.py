@@ -88,7 +88,13 @@ def steer_cmd(
     if not json_:
         err.print(f"measuring {len(st.vectors)} vectors on {len(probes)} probe text(s) and "
                   f"{len(held)} held-out texts, unsteered and steered ...", style="dim")
-    eff = measure(b, st, probes, sets, heldout=held, max_new_tokens=new_tokens if not corpus else 0)
+    from vocablens.cli.progress import stage_progress
+
+    cb, close = stage_progress("steer", "forward passes", quiet=json_)
+    try:
+        eff = measure(b, st, probes, sets, heldout=held, max_new_tokens=new_tokens if not corpus else 0, progress=cb)
+    finally:
+        close()
     from vocablens.render.steer import print_steer, steer_to_dict, vector_rows
     from vocablens.steer import vector_top_tokens
 

@@ -9,6 +9,7 @@ import typer
 
 from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out, status
 from vocablens.errors import BadInput
+from vocablens.units import plural
 
 OutOpt = Annotated[str, typer.Option("--out", "-o", help="Output directory (a Hugging Face model directory).")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")]
@@ -106,15 +107,25 @@ def trim(
         texts = [d.text for d in load_documents(corpus, max_docs=max_docs or None)] if corpus else []
     token_lines = _read_lines(token_list) if token_list else []
     lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    from vocablens.cli.progress import stage_progress
+
+    cb, close = stage_progress("trim", "documents", quiet=json_ or not texts)
+    try:
+        used = corpus_token_ids(lm.tokenizer, texts, progress=cb) | read_token_list(token_lines, lm.tokenizer)
+    finally:
+        close()
     with status("trimming the vocabulary ...", quiet=json_):
-        used = corpus_token_ids(lm.tokenizer, texts) | read_token_list(token_lines, lm.tokenizer)
         tr = trim_vocab(lm.model, lm.tokenizer, used)
     # whole documents (cut by tokens, not characters: the tokenizer is lossless on corpus texts)
     checks = texts[:verify_texts] if texts else [lm.tokenizer.decode(sorted(used)[:200])]
-    with status("checking the trimmed model against the original ...", quiet=json_):
+    with status(f"checking the trimmed model against the original on {plural(len(checks), 'text')} ...", quiet=json_):
         v = verify_trim(lm.model, lm.tokenizer, tr.model, tr.tokenizer, tr.kept_old_ids, checks,
                         max_tokens=verify_tokens)
-        mismatches = tokenization_mismatches(lm.tokenizer, tr.tokenizer, tr.kept_old_ids, texts)
+    cb, close = stage_progress("trim", "documents", quiet=json_ or not texts)
+    try:
+        mismatches = tokenization_mismatches(lm.tokenizer, tr.tokenizer, tr.kept_old_ids, texts, progress=cb)
+    finally:
+        close()
     accept_trim(v, mismatches)
     vocab_map = {"kept_old_ids": tr.kept_old_ids, "old_to_new": {str(o): n for n, o in enumerate(tr.kept_old_ids)},
                  "rows_before": tr.result.rows_before}

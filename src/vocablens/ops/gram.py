@@ -42,9 +42,15 @@ def float64_row_blocks(W: torch.Tensor, rows: int):
         yield a, Wb
 
 
-def weight_gram(W: torch.Tensor, block_bytes: int) -> torch.Tensor:
+def _tell(progress, stage: str, done: int, total: int) -> None:
+    """``progress(stage, done, total)`` when a callback was given."""
+    if progress is not None:
+        progress(stage, done, total)
+
+
+def weight_gram(W: torch.Tensor, block_bytes: int, progress=None) -> torch.Tensor:
     """float64 Gram of W [V, d]: ``W^T W`` [d, d] summed over row blocks of ``block_bytes`` when
-    V >= d, else ``W W^T`` [V, V].
+    V >= d, else ``W W^T`` [V, V]. ``progress(stage, rows_done, V)`` after each block, if given.
 
     Raises:
         BadInput: W holds NaN or inf (seen on the Gram's diagonal, the columns' sums of squares).
@@ -54,8 +60,9 @@ def weight_gram(W: torch.Tensor, block_bytes: int) -> torch.Tensor:
         Wd = finite64(W)
         return Wd @ Wd.T
     G = torch.zeros(d, d, dtype=torch.float64)
-    for _, Wb in float64_row_blocks(W, max(1, block_bytes // (8 * d))):
+    for a, Wb in float64_row_blocks(W, max(1, block_bytes // (8 * d))):
         G.addmm_(Wb.T, Wb)
+        _tell(progress, "Gram of W", a + len(Wb), V)
     if not bool(torch.isfinite(G.diagonal()).all()):
         raise BadInput("W has NaN or inf entries: its spectrum is undefined")
     return G
@@ -73,7 +80,7 @@ def _logits64_into(out: torch.Tensor, H: torch.Tensor, Wb: torch.Tensor, bb: tor
 
 
 def logprob_gram(W: torch.Tensor, H: torch.Tensor, bias: torch.Tensor | None = None, logit_scale: float = 1.0,
-                 softcap: float | None = None, block_bytes: int = 8 * 2**20) -> torch.Tensor:
+                 softcap: float | None = None, block_bytes: int = 8 * 2**20, progress=None) -> torch.Tensor:
     """float64 Gram of the log-probabilities ``A = L - lse 1^T``, ``L = softcap(scale · (H W^T + b))``.
 
     Args:
@@ -81,6 +88,7 @@ def logprob_gram(W: torch.Tensor, H: torch.Tensor, bias: torch.Tensor | None = N
         H: [N, d] float64 CPU head inputs (finite; the caller checks).
         bias: [V] or None. logit_scale, softcap: the head's transform.
         block_bytes: bytes of one float64 block (rows of W, or [N, cols] / [n, V] slices of L).
+        progress: ``progress(stage, done, total)`` after each block, if given.
 
     Returns:
         ``A A^T`` [N, N] when N <= V, else ``A^T A`` [V, V], float64 (log-probabilities in nats).
@@ -103,6 +111,7 @@ def logprob_gram(W: torch.Tensor, H: torch.Tensor, bias: torch.Tensor | None = N
             L = _logits64_into(buf, H[i:i + n], Wd, b64, logit_scale, softcap)
             row_logprobs(L, 1, inplace=True)  # [n, V] log-probs, nats, in place
             GA.addmm_(L.T, L)
+            _tell(progress, "Gram of the log-probabilities", min(i + n, N), N)
         return GA
     cols = max(1, block_bytes // (8 * max(N, W.shape[1])))  # [N, cols] logits and [cols, d] rows of W
     buf = torch.empty(N * min(cols, V), dtype=torch.float64)
@@ -111,11 +120,13 @@ def logprob_gram(W: torch.Tensor, H: torch.Tensor, bias: torch.Tensor | None = N
         L = _logits64_into(buf, H, Wb, None if b64 is None else b64[a:a + len(Wb)], logit_scale, softcap)
         m = L.amax(1)
         lse = torch.logaddexp(lse, m + L.sub_(m[:, None]).exp_().sum(1).log())
+        _tell(progress, "log-normaliser over V", a + len(Wb), V)
     GA = torch.zeros(N, N, dtype=torch.float64)
     for a, Wb in float64_row_blocks(W, cols):
         A = _logits64_into(buf, H, Wb, None if b64 is None else b64[a:a + len(Wb)], logit_scale, softcap)
         A -= lse[:, None]  # [N, cols] log-probs, nats
         GA.addmm_(A, A.T)
+        _tell(progress, "Gram of the log-probabilities", a + len(Wb), V)
     return GA
 
 

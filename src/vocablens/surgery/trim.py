@@ -173,19 +173,31 @@ def plan_bpe_trim(tok_json: dict, keep_ids: Iterable[int]) -> tuple[list[int], d
     return kept, new
 
 
-def corpus_token_ids(tokenizer, texts: Iterable[str]) -> set[int]:
-    """The set of token ids the tokenizer produces on ``texts`` (no special tokens added)."""
+def corpus_token_ids(tokenizer, texts: Iterable[str], progress=None) -> set[int]:
+    """The set of token ids the tokenizer produces on ``texts`` (no special tokens added).
+
+    ``progress(stage, done, total)``: after each batch of 64 documents (stage ``tokenizing the
+    corpus``; total: the number of texts when ``texts`` has a length, else 0)."""
     used: set[int] = set()
+    total = len(texts) if hasattr(texts, "__len__") else 0
     batch: list[str] = []
+    done = 0
+    if progress is not None:
+        progress("tokenizing the corpus", 0, total)
     for t in texts:
         batch.append(t)
         if len(batch) >= 64:
             for ids in tokenizer(batch, add_special_tokens=False).input_ids:
                 used.update(ids)
+            done += len(batch)
             batch = []
+            if progress is not None:
+                progress("tokenizing the corpus", done, total)
     if batch:
         for ids in tokenizer(batch, add_special_tokens=False).input_ids:
             used.update(ids)
+        if progress is not None:
+            progress("tokenizing the corpus", done + len(batch), total)
     return used
 
 
@@ -341,10 +353,11 @@ def trim_vocab(model: nn.Module, tokenizer, used_ids: Iterable[int]) -> Trimmed:
 
 
 def tokenization_mismatches(old_tokenizer, new_tokenizer, kept_old_ids: Sequence[int],
-                            texts: Iterable[str]) -> int:
+                            texts: Iterable[str], progress=None) -> int:
     """How many texts the trimmed tokenizer encodes differently from ``old_to_new[old ids]`` (0 = lossless).
 
     Returns the count of differing texts; an old id that was not kept counts as a difference.
+    ``progress(stage, done, total)``: after each batch of 64 texts (stage ``comparing tokenizations``).
     """
     o2n = {int(o): n for n, o in enumerate(kept_old_ids)}
     bad = 0
@@ -355,6 +368,8 @@ def tokenization_mismatches(old_tokenizer, new_tokenizer, kept_old_ids: Sequence
         news = new_tokenizer(batch, add_special_tokens=False).input_ids
         for a, b in zip(olds, news):
             bad += [o2n.get(j, -1) for j in a] != list(b)
+        if progress is not None:
+            progress("comparing tokenizations", i + len(batch), len(texts))
     return bad
 
 

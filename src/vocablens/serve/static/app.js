@@ -9,9 +9,13 @@ window.vl = S;  // for the tests and the curious: the state and the last answers
 S.last = {};
 
 // ------------------------------------------------------------------------------------------ helpers
+// token_str escapes a backslash as \\ and control characters as \n, \t, \r, \xNN, \uNNNN; read them
+// left to right, as vocablens.render.tokens.visible does: a token of a backslash and an n (token_str:
+// the three characters \\n) is no newline and shows as \\n (it showed as \⏎ when every \n was replaced)
+const VIS = { " ": "␣", "\u00a0": "⍽", "\\n": "⏎", "\\t": "⇥", "\\r": "␍", "\\u00a0": "⍽" };
+const VIS_RE = /\\(?:[\\ntr]|x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})| |\u00a0/g;
 function vis(t) {
-  // token_str escapes control characters as \n, \t, \r; show them and spaces visibly
-  return String(t).replace(/ /g, "␣").replace(/\\n/g, "⏎").replace(/\\t/g, "⇥").replace(/\\r/g, "␍");
+  return String(t).replace(VIS_RE, (m) => VIS[m] ?? m);
 }
 function short(t, n) { t = vis(t); return t.length > n ? t.slice(0, n - 1) + "…" : t; }
 let _ctx = null;
