@@ -67,6 +67,12 @@ def _share(sig: torch.Tensor, ks) -> dict[int, float]:
 BLOCK_BYTES = 8 * 2**20
 
 
+def _tell(progress, stage: str, done: int, total: int) -> None:
+    """``progress(stage, done, total)`` when a callback was given."""
+    if progress is not None:
+        progress(stage, done, total)
+
+
 def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                        logit_scale: float = 1.0, softcap: float | None = None,
                        top_k: tuple[int, ...] = (1, 10, 64, 128, 256), block_bytes: int | None = None,
