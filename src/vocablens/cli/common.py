@@ -169,46 +169,42 @@ class count_bar:
         return False
 
 
-def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = False, quiet: bool = False,
-               borders_only: bool = False, matrices_only: bool = False, blocks=None, max_memory: str = "",
-               value_vectors: bool = False, device: str = "cpu", head_only: bool = False):
+def load_model(spec: str, mode: str = "full", *, quiet: bool = False, device: str = "cpu", **options):
     """Load a model for a command, with progress on stderr; returns :class:`~vocablens.models.LoadedModel`.
 
-    Names the mode of the one loader (:func:`vocablens.models.loader.load_mode`) from the command's
-    flags: ``matrices_only`` -> ``matrices`` (embedding and head, no modeling code), ``head_only``
-    -> ``head`` (head and final norm), ``max_memory`` -> ``streaming``, ``borders_only`` ->
-    ``borders`` (with ``blocks`` / ``value_vectors``), else ``full``. ``device``: where the weights
-    go (:func:`resolve_device`); analyses then compute there.
+    The command names the mode of the one loader (:func:`vocablens.models.loader.load_mode`:
+    ``full``, ``borders``, ``head``, ``matrices`` or ``streaming``); ``options`` are that function's
+    (``dtype``, ``trust_remote_code``, ``max_memory``, ``blocks``, ``value_vectors``). ``device``: where
+    the weights go (:func:`resolve_device`; the loader places them); analyses then compute there.
     """
     import time
 
     from vocablens.models.loader import load_mode
 
-    mode = ("matrices" if matrices_only else "head" if head_only else "streaming" if max_memory
-            else "borders" if borders_only else "full")
+    device = resolve_device(device)
+    if mode == "streaming":  # a bad size or device is one line (in the CLI's words), before anything loads
+        from vocablens.models.streaming import parse_bytes
+
+        parse_bytes(options.get("max_memory"))
+        if device != "cpu":
+            raise BadInput("--max-memory streams blocks through CPU memory; run it without --device")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF dequantization bar; we show our own
     _quiet_libraries()
     t0 = time.perf_counter()
-    if max_memory:  # a bad size is one line, before anything loads
-        from vocablens.models.streaming import parse_bytes
-
-        parse_bytes(max_memory)
     first = _first_gguf_load(spec)
     what = (f"loading {spec} (first load of {first}: dequantizing it to a float32 cache, once; about a "
             f"minute per 100M parameters, later loads take seconds) ..." if first else f"loading {spec} ...")
     with status(what, quiet=quiet):
-        lm = load_mode(spec, mode, dtype=dtype, device=resolve_device(device), trust_remote_code=trust_remote_code,
-                       max_memory=max_memory or None, blocks=blocks if mode == "borders" else None,
-                       value_vectors=value_vectors and mode == "borders")
+        lm = load_mode(spec, mode, device=device, **options)
     refuse_nonfinite(lm)  # the one check every command passes through
     trim_heap()  # the loaders' freed scratch (tokenizer and config parsing: ~14 MiB) leaves the resident set
     if not quiet:
         err.print(f"[dim]loaded {lm.provenance.describe()} in {time.perf_counter() - t0:.1f} s[/dim]")
         streamed = getattr(lm.model, "vocablens_streamers", None)
-        if max_memory and streamed is not None:
+        if mode == "streaming" and streamed is not None:
             n = len(lm.borders.blocks)
-            err.print(f"[dim]--max-memory {max_memory}: {n - len(streamed)} of {n} blocks resident, "
+            err.print(f"[dim]--max-memory {options['max_memory']}: {n - len(streamed)} of {n} blocks resident, "
                       f"{len(streamed)} read from the checkpoint at each forward[/dim]")
     return lm
 
