@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from vocablens.errors import BadInput, CorruptModelFile, VocabLensError
-from vocablens.models.borders import config_value as _cfg
+from vocablens.models.find import config_value as _cfg
 from vocablens.models.catalogue import catalogue_entry
 from vocablens.models.config import meta_model, resolve_config
 from vocablens.models.dtypes import canonical_dtype, dtype_bytes

@@ -1,11 +1,16 @@
 """Layer 1: everything that knows about model families, files and the default model.
 
-Modules: ``spec`` (where a spec points), ``config`` (a config without weights, meta models),
-``catalogue`` (built-in configs), ``provenance``, ``gguf_cache``, ``loading`` (:func:`load`),
-``borders`` (the family adapter), ``unembed`` (the one unembedding), ``blocks``, ``tokens``,
-``dtypes`` (the one dtype table), ``flops`` (attention shape and FLOP counts), ``loader``
-(``load_mode``: every loading mode), ``tie`` ("tied" by storage, as transformers decides it),
-``hooks`` (``ModelPatch``: whatever vocablens installs on a model, put back exactly).
+Modules, lowest first (imports point down this list; ``tests/test_import_graph.py`` checks there is
+no cycle): ``dtypes`` (the one dtype table), ``find`` (where a model keeps its decoder and blocks,
+config values under their several names), ``catalogue`` (built-in configs), ``meta`` (a meta-device
+model from a config), ``spec`` (where a spec points), ``checkpoint_files`` (a safetensors
+checkpoint's tensors by name), ``tie`` ("tied" by storage, as transformers decides it), ``config``
+(a config without weights), ``provenance``, ``gguf_cache``, ``sources`` (the directory the partial
+loaders read), ``loaded`` (:class:`LoadedModel`), ``blocks`` (one view of a decoder block),
+``unembed`` (the one unembedding), ``borders`` (the family adapter), ``hooks`` (``ModelPatch``:
+whatever vocablens installs on a model, put back exactly), ``loading`` (:func:`load`), ``lazy``
+(borders only), ``matrices`` (the two matrices, the head only), ``streaming``, ``loader``
+(``load_mode``: every loading mode), ``tokens``, ``flops`` (attention shape and FLOP counts).
 """
 
 from vocablens.models.borders import Borders

@@ -19,12 +19,10 @@ import torch
 from torch import nn
 
 from vocablens.errors import BadInput, UnsupportedArchitecture
+from vocablens.models.find import config_value, find_blocks, find_decoder, named_children
 from vocablens.models.unembed import Unembedding
 
 _NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "final_layernorm", "final_norm", "norm_f", "ln_out")
-
-
-from vocablens.models.find import _find_blocks, _find_decoder, _named_children, config_value  # noqa: E402,F401
 
 _cfg = config_value
 
@@ -83,13 +81,13 @@ class Borders:
         """
         config = getattr(model, "config", None)
         family = str(getattr(config, "model_type", type(model).__name__))
-        found = _named_children(model)
+        found = named_children(model)
         emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        decoder = _find_decoder(model)
-        found.update({f"{type(decoder).__name__}.{k}": v for k, v in _named_children(decoder).items()})
+        decoder = find_decoder(model)
+        found.update({f"{type(decoder).__name__}.{k}": v for k, v in named_children(decoder).items()})
         n_layers = _cfg(config, "num_hidden_layers", "n_layer", "num_layers")
-        blocks = _find_blocks(decoder, n_layers)
+        blocks = find_blocks(decoder, n_layers)
         if emb is None or getattr(emb, "weight", None) is None or emb.weight.dim() != 2:
             raise UnsupportedArchitecture(family, found, "no token embedding found")
         if head is None or getattr(head, "weight", None) is None or head.weight.dim() != 2:
@@ -352,7 +350,7 @@ class Borders:
         L = self.n_layers
         missing = [i for i in range(L + 1) if i not in store]
         if missing:
-            raise UnsupportedArchitecture(self.family, _named_children(self.model),
+            raise UnsupportedArchitecture(self.family, named_children(self.model),
                                           f"residual stream not captured at layers {missing}")
         resid = torch.stack([store[i] for i in range(L + 1)])
         return resid, out.logits.float()

@@ -82,9 +82,9 @@ def blocks_forward(borders, input_ids: torch.Tensor, attention_mask: torch.Tenso
     want = range(L + 1) if all_layers else (L,)
     missing = [i for i in want if i not in got]
     if missing:
-        from vocablens.models.find import _named_children
+        from vocablens.models.find import named_children
 
-        raise UnsupportedArchitecture(borders.family, _named_children(borders.model),
+        raise UnsupportedArchitecture(borders.family, named_children(borders.model),
                                       f"residual stream not captured at layers {missing}")
     return torch.stack([got[i] for i in want]) if all_layers else got[L]
 
