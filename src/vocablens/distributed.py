@@ -29,7 +29,7 @@ from torch import nn
 
 from vocablens.errors import BadInput
 from vocablens.ops.vocab_parallel import VocabParallelEmbedding, VocabParallelLMHead
-from vocablens.ops.vocab_parallel.comm import all_gather_cat, ws_rank
+from vocablens.ops.vocab_parallel.comm import all_gather_cat, world
 from vocablens.ops.vocab_parallel.functional import vocab_parallel_gather_logits, vocab_parallel_topk
 from vocablens.ops.vocab_parallel.losses import vocab_parallel_logsumexp
 from vocablens.units import plural
@@ -46,12 +46,6 @@ def init_from_env(device: str = "cpu") -> tuple[int, int]:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if str(device).startswith("cuda") else "gloo")
     return dist.get_rank(), dist.get_world_size()
-
-
-def world() -> tuple[int, int]:
-    """``(rank, world size)`` of the default process group, or ``(0, 1)`` without one."""
-    ws, rank = ws_rank()
-    return rank, ws
 
 
 def share(n: int, rank: int | None = None, size: int | None = None) -> tuple[int, int]:
@@ -216,4 +210,4 @@ class VocabParallelModel:
                            topk_logprobs=tl.cpu(), n_bytes=int(n_bytes))
 
 
-__all__ = ["VocabParallelModel", "allreduce_sum", "common_seed", "gather_columns", "init_from_env", "share", "world"]
+__all__ = ["VocabParallelModel", "allreduce_sum", "common_seed", "gather_columns", "init_from_env", "share"]
