@@ -33,9 +33,8 @@ from typing import Any
 import torch
 
 from vocablens.errors import BadInput
+from vocablens.models.blocks.cache_fill import fill_kv_only  # the family adapter writes a skipped block's K/V
 from vocablens.ops.rows import row_top1_prob
-
-from vocablens.models.blocks.cache_fill import KV_ONLY_FAMILIES  # noqa: E402,F401  (re-exported; the list lives in models)
 
 
 def load_tuned_lens(borders, model_spec: str = "smollm2", path=None):
@@ -97,15 +96,6 @@ class StepRecord:
     full_reads: int = 0
     row_reads: int = 0
     kv_fills: int = 0
-
-
-def fill_kv_only(block, hidden: torch.Tensor, kwargs: dict) -> bool:
-    """A skipped block's keys and values for ``hidden`` [B, T, d], without running the block: asks
-    the family adapter (:func:`vocablens.models.blocks.cache_fill.fill_kv_only`). False: nothing
-    written (an attention the adapter does not know)."""
-    from vocablens.models.blocks.cache_fill import fill_kv_only as fill
-
-    return fill(block, hidden, kwargs)
 
 
 class ExitController:
@@ -207,4 +197,4 @@ class ExitController:
             self.on = False
 
 
-__all__ = ["ExitController", "ExitRule", "KV_ONLY_FAMILIES", "StepRecord", "fill_kv_only", "load_tuned_lens"]
+__all__ = ["ExitController", "ExitRule", "StepRecord", "load_tuned_lens"]
