@@ -209,7 +209,7 @@ def logits_memory(vocab_size: int, batch: int = 1, context: int = DEFAULT_CONTEX
         BadInput: batch or context below 1, or an unknown dtype.
     """
     if batch < 1 or context < 1:
-        raise BadInput(f"--batch and --context must be at least 1; got batch={batch}, context={context}")
+        raise BadInput(f"`batch` and `context` must be at least 1; got batch={batch}, context={context}")
     canon = canonical_dtype(dtype, "logits dtype")
     el = dtype_bytes(canon)
     per = vocab_size * el

@@ -203,7 +203,7 @@ class VocabParallelModel:
         if ids.numel() < 2:
             raise BadInput(f"the text has {plural(ids.numel(), 'token')}: scoring needs at least 2 (the first has no prefix)")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= self.vocab_size:
-            raise BadInput(f"--top-k must be an int in [0, {self.vocab_size}]; got {top_k!r}")
+            raise BadInput(f"`top_k` must be an int in [0, {self.vocab_size}]; got {top_k!r}")
         h = self.hidden(ids[None])[0, :-1]
         lp, ent, ti, tl = self.token_logprobs(h, ids[1:], top_k)
         return ScoreResult(input_ids=ids, logprobs=lp.cpu(), entropy=ent.cpu(), topk_ids=ti.cpu(),

@@ -259,6 +259,48 @@ def _splits_over_ranks(words: list[str]) -> bool:
     return (words[0],) in DISTRIBUTED or tuple(words[:2]) in DISTRIBUTED
 
 
+def _command_options(argv: list[str]) -> dict[str, str]:
+    """Python parameter name -> its long option (``max_memory`` -> ``--max-memory``) of the command
+    ``argv`` names (subcommands followed as the app resolves them)."""
+    cmd = typer.main.get_command(app)  # typer's own click: groups are told by their ``commands``
+    for word in argv:
+        if word.startswith("-") or not hasattr(cmd, "commands"):
+            break
+        sub = cmd.commands.get(word)
+        if sub is None and isinstance(cmd, DefaultCommandGroup):
+            sub = cmd.commands.get(cmd.default_command)
+        if sub is None:
+            break
+        cmd = sub
+    return {p.name: max(p.opts, key=len) for p in cmd.params
+            if getattr(p, "param_type_name", "") == "option" and p.name and p.opts}
+
+
+#: library argument -> the command parameter that passes it, where the two names differ
+ARGUMENT_OPTIONS = {"per_layer": ("sample",), "budget_s": ("budget",), "out": ("out_dir",),
+                    "path": ("lens_path", "tuned_path")}
+
+
+def in_cli_words(message: str, argv: list[str]) -> str:
+    """A library message in the CLI's words: the library names a function argument as `` `name` ``
+    (e.g. "`max_memory` takes a size ..."); where the command takes it as an option, the option
+    (``--max-memory``) stands in its place. Other names keep their backticks."""
+    import re
+
+    if "`" not in message:
+        return message
+    try:
+        opts = _command_options(argv)
+    except Exception:  # pragma: no cover  (the message as it is, rather than no message)
+        return message
+    def option(m: re.Match) -> str:
+        name = m.group(1)
+        found = [opts[p] for p in (name, *ARGUMENT_OPTIONS.get(name, ())) if p in opts]
+        return found[0] if found else m.group(0)
+
+    return re.sub(r"`([a-z_][a-z0-9_]*)`", option, message)
+
+
 def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
     """Run the typer app; VocabLensError -> one line on stderr, exit code 2, no traceback.
     ``whole_process``: the process runs this command alone (``--stats`` then reports its age too)."""
@@ -304,7 +346,7 @@ def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
         err.print("interrupted")
         return 130
     except VocabLensError as exc:
-        print_error(str(exc))
+        print_error(in_cli_words(str(exc), argv))
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("interrupted")

@@ -73,13 +73,13 @@ class ExitRule:
     def validate(self, n_layers: int) -> None:
         """Raise :class:`BadInput` naming the bad field."""
         if self.lens not in ("logit", "tuned"):
-            raise BadInput(f"--early-exit must be 'logit' or 'tuned'; got {self.lens!r}")
+            raise BadInput(f"`lens` must be 'logit' or 'tuned'; got {self.lens!r}")
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) \
                 or not 0 < float(self.threshold) <= 1:
-            raise BadInput(f"--threshold must be in (0, 1]; got {self.threshold}")
+            raise BadInput(f"`threshold` must be in (0, 1]; got {self.threshold}")
         if isinstance(self.min_layer, bool) or not isinstance(self.min_layer, int) \
                 or not 1 <= self.min_layer <= n_layers:
-            raise BadInput(f"--min-layer must be an int in 1..{n_layers}; got {self.min_layer}")
+            raise BadInput(f"`min_layer` must be an int in 1..{n_layers}; got {self.min_layer}")
         if self.test not in ("full", "candidates"):
             raise BadInput(f"exit test must be 'full' or 'candidates'; got {self.test!r}")
         if isinstance(self.candidates, bool) or not isinstance(self.candidates, int) or self.candidates < 1:

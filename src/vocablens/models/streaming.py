@@ -40,10 +40,10 @@ def parse_bytes(text: str | int) -> int:
     else:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
         if not m or m.group(2).lower() not in _UNITS:
-            raise BadInput(f"--max-memory takes a size such as 200MB, 1.5GB or 800MiB; got {text!r}")
+            raise BadInput(f"`max_memory` takes a size such as 200MB, 1.5GB or 800MiB; got {text!r}")
         n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     if n <= 0:
-        raise BadInput(f"--max-memory must be positive; got {text!r}")
+        raise BadInput(f"`max_memory` must be positive; got {text!r}")
     return n
 
 
@@ -216,7 +216,7 @@ def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = 
             if key is None:
                 raise UnsupportedArchitecture(b.family, named_children(blk),
                                               f"block {i}: {n} is not in the checkpoint, so it cannot be "
-                                              "streamed; load the whole model (no --max-memory)")
+                                              "streamed; load the whole model (no `max_memory`)")
             keys[n] = (key, files[key])
         if not streamers and used + need <= cap:
             resident.append((blk, keys))

@@ -308,7 +308,7 @@ def encode_prompt(tokenizer, prompt: str, max_len: int | None = None, chat: bool
     check_text(prefix or "", "--prefix")
     if chat:
         if not getattr(tokenizer, "chat_template", None):
-            raise BadInput("--chat: this tokenizer has no chat template")
+            raise BadInput("`chat`: this tokenizer has no chat template")
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True) + (prefix or "")
         ids = torch.tensor([tokenizer(text, add_special_tokens=False).input_ids], dtype=torch.int64)

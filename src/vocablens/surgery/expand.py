@@ -277,9 +277,9 @@ def expand_vocab(model: nn.Module, tokenizer, tokens: Sequence[str], init: str =
     from tokenizers import AddedToken
 
     if init not in INIT_METHODS:
-        raise BadInput(f"unknown --init {init!r}; use one of {', '.join(INIT_METHODS)}")
+        raise BadInput(f"unknown `init` {init!r}; use one of {', '.join(INIT_METHODS)}")
     if not 0.0 <= interpolation <= 1.0:
-        raise BadInput(f"--interpolation must be in [0, 1]; got {interpolation}")
+        raise BadInput(f"`interpolation` must be in [0, 1]; got {interpolation}")
     tokens = list(tokens)
     if not tokens:
         raise BadInput("no tokens to add: give --add TOKEN or --add-file FILE")

@@ -131,7 +131,7 @@ def sample_neurons(borders: Borders, per_layer: int, seed: int = 0) -> tuple[lis
         BadInput: per_layer < 1. UnsupportedArchitecture: a block without a dense MLP.
     """
     if isinstance(per_layer, bool) or not isinstance(per_layer, int) or per_layer < 1:
-        raise BadInput(f"--sample must be an integer of at least 1; got {per_layer!r}")
+        raise BadInput(f"`per_layer` must be an integer of at least 1; got {per_layer!r}")
     g = torch.Generator().manual_seed(int(seed))  # cpu: the same draw on every device
     layers, neurons = [], []
     for v in block_views(borders):
