@@ -332,18 +332,9 @@ class Borders:
         Raises:
             BadInput: empty input, or a token id outside the embedding's rows.
         """
-        if input_ids.numel() == 0:
-            raise BadInput("empty input: no tokens to run")
-        if input_ids.dim() == 1:
-            input_ids = input_ids[None]
-        lo, hi = int(input_ids.min()), int(input_ids.max())
-        if lo < 0 or hi >= self.W_E.shape[0]:
-            raise BadInput(f"token id {lo if lo < 0 else hi} is outside the embedding's rows "
-                           f"0..{self.W_E.shape[0] - 1}")
-        if not getattr(self.model, "vocablens_streamed", False) and any(p.is_meta for p in self.blocks.parameters()):
-            raise BadInput("this model was loaded with its borders only (no blocks): load it whole for a "
-                           "forward pass")
-        self.check_finite(input_ids)
+        from vocablens.models.headless import check_forward_input
+
+        input_ids = check_forward_input(self, input_ids)  # [B, T]; the checks every forward of ours passes
         with self.capture() as store:
             out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask,
                              use_cache=False)
