@@ -162,3 +162,18 @@ def test_every_module_has_a_layer():
     assert "vocablens.models.borders" in mods and "vocablens.cli.common" in mods
     assert layer("vocablens.models.blocks.view") == 1 and layer("vocablens.errors") == 0
     assert layer("vocablens.steer") == 3 and layer("vocablens.serve.app") == 4.5 and layer("vocablens.cli") == 5
+
+
+def private_imports(root: Path = SRC) -> list[str]:
+    """``module:line imports name from other``: names with a leading underscore taken from another module."""
+    found = []
+    for m, (path, _) in modules(root).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == PACKAGE):
+                found += [f"{m}:{node.lineno} imports {a.name} from {node.module}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_names_imported_across_modules_are_public():
+    assert not private_imports(), "\n".join(private_imports())
