@@ -45,7 +45,7 @@ def test_plain_plotly_figure_to_html(tmp_path):
 
 
 def test_bad_suffix_and_plotly_png_without_kaleido(tmp_path):
-    with pytest.raises(BadInput, match=r"--plot must end in \.html"):
+    with pytest.raises(BadInput, match=r"`plot` must end in \.html"):
         figure_kind(tmp_path / "f.jpg")
     try:
         import kaleido  # noqa: F401

@@ -46,7 +46,7 @@ def test_borders_mode_reads_one_block(tiny_dir):
 @pytest.mark.parametrize("kw, match", [
     (dict(mode="lazy"), "unknown loading mode"),
     (dict(mode="streaming"), "needs max_memory"),
-    (dict(mode="streaming", max_memory="lots"), "--max-memory takes a size"),
+    (dict(mode="streaming", max_memory="lots"), "`max_memory` takes a size"),
     (dict(mode="full", max_memory="1GB"), "streaming mode"),
     (dict(mode="head", blocks=[0]), "borders mode only"),
     (dict(mode="streaming", max_memory="1GB", device="meta"), "CPU memory"),

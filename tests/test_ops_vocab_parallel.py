@@ -23,7 +23,8 @@ def _assert_all(results: list[dict], world: int, tol: float = TOL, bf16: tuple[s
                 assert val <= t, f"rank {rank}: {key} = {val} > {t}"
     # replicated results agree on every rank
     for key in results[0]:
-        if "_dW_" in key or "_db_" in key or "emb_grad" in key or "log_softmax_err" in key or "shard_rows" in key:
+        if "_dW_" in key or "_db_" in key or "emb_grad" in key or "log_softmax_err" in key or "shard_rows" in key \
+                or key.endswith("/world"):
             continue
         assert all(r[key] == results[0][key] for r in results), key
 
@@ -56,6 +57,12 @@ def test_single_process_functional_bad_input():
         vocab_parallel_cross_entropy(torch.randn(2, 10), torch.tensor([1, 12]), 0, 10)
 
 
+def test_world_without_a_process_group_is_rank_0_of_1():
+    from vocablens.ops.vocab_parallel.comm import world
+
+    assert world() == (0, 1)
+
+
 def test_world_1(tmp_path):
     sc = [dict(name="w1", V=50, d=8, N=9, bias=True, softcap=5.0, label_smoothing=0.1, ignore_every=4)]
     _assert_all(run_world(1, sc, str(tmp_path)), 1)
@@ -75,6 +82,7 @@ def test_world_2_bug_repros(tmp_path):
     res = run_world(2, sc, str(tmp_path))
     _assert_all(res, 2)
     assert res[0]["cce42/emb_shard_rows"] == 5 and res[1]["cce42/emb_shard_rows"] == 5
+    assert [r["cce42/world"] for r in res] == [[0, 2], [1, 2]]  # comm.world(): (rank, world size)
     for r in res:
         assert r["allignored/ce_mean_dx_err"] == 0.0 and r["allignored/ce_mean_err"] == 0.0
 

@@ -76,7 +76,7 @@ def test_plan_shares_the_budget():
     argmax = next(p for p in plans if p.key == "argmax")
     assert argmax.budget_s == pytest.approx(67.5) and argmax.command == "vocablens argmax --model m.gguf"
     for bad in (0, -1, float("nan")):
-        with pytest.raises(BadInput, match="--budget"):
+        with pytest.raises(BadInput, match="`budget_s`"):
             plan_report("m", bad)
 
 

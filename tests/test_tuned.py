@@ -216,7 +216,7 @@ def test_nan_stops_training_names_the_layer_and_keeps_the_last_good_checkpoint(t
 
 def test_bad_settings_and_rows():
     b = tiny()
-    with pytest.raises(BadInput, match="--steps"):
+    with pytest.raises(BadInput, match="`steps`"):
         train(b, rows_for(b, 4, 16), TrainSettings(steps=0, seq_len=16))
     with pytest.raises(BadInput):
         train(b, rows_for(b, 4, 8), SMALL)  # rows are not seq_len wide

@@ -96,7 +96,9 @@ def _check(sc: dict, rank: int, world: int) -> dict:
     up = torch.randn(N, generator=g)
     G = torch.randn(N, V, generator=g)
     start, stop = shard_range(V, world, rank)
-    res: dict = {}
+    from vocablens.ops.vocab_parallel.comm import world as where
+
+    res: dict = {"world": list(where())}  # (rank, world size), the one order
 
     # embedding: values (exact) and gradient of this shard
     emb = VocabParallelEmbedding.from_full(W)

@@ -253,7 +253,7 @@ def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ff
         UnsupportedArchitecture: a block without a dense MLP (mixture of experts).
     """
     if what not in ("ffn", "heads"):
-        raise BadInput(f"--what must be ffn or heads; got {what!r}")
+        raise BadInput(f"`what` must be ffn or heads; got {what!r}")
     la = _check_layers(blocks_a, borders_a.n_layers, "A")
     lb = _check_layers(blocks_b, borders_b.n_layers, "B")
     shared = shared_vocabulary(tokenizer_a, tokenizer_b, borders_a.real_vocab_size, borders_b.real_vocab_size,

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from vocablens.errors import BadInput, CorruptModelFile, VocabLensError
-from vocablens.models.borders import config_value as _cfg
+from vocablens.models.find import config_value as _cfg
 from vocablens.models.catalogue import catalogue_entry
 from vocablens.models.config import meta_model, resolve_config
 from vocablens.models.dtypes import canonical_dtype, dtype_bytes
@@ -209,7 +209,7 @@ def logits_memory(vocab_size: int, batch: int = 1, context: int = DEFAULT_CONTEX
         BadInput: batch or context below 1, or an unknown dtype.
     """
     if batch < 1 or context < 1:
-        raise BadInput(f"--batch and --context must be at least 1; got batch={batch}, context={context}")
+        raise BadInput(f"`batch` and `context` must be at least 1; got batch={batch}, context={context}")
     canon = canonical_dtype(dtype, "logits dtype")
     el = dtype_bytes(canon)
     per = vocab_size * el

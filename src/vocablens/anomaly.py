@@ -94,7 +94,7 @@ def trajectory_features(borders, tokenizer, texts: Sequence[str], lens=None, kin
     if bad or not kinds:
         raise BadInput(f"lens kinds must be among {KINDS}; got {list(kinds)}")
     if "tuned" in kinds and lens is None:
-        raise BadInput("the tuned-lens features need a tuned lens (give --lens DIR, or use --kind logit)")
+        raise BadInput("the tuned-lens features need a tuned lens (give `lens`, or leave 'tuned' out of `kinds`)")
     if not texts:
         raise BadInput("no input texts")
     L, real = borders.n_layers, borders.real_vocab_size

@@ -28,7 +28,7 @@ from torch import nn
 
 from vocablens.errors import BadInput
 from vocablens.ops.vocab_parallel import VocabParallelEmbedding, VocabParallelLMHead
-from vocablens.ops.vocab_parallel.comm import all_gather_cat, ws_rank
+from vocablens.ops.vocab_parallel.comm import all_gather_cat, world
 from vocablens.ops.vocab_parallel.functional import vocab_parallel_gather_logits
 from vocablens.ops.vocab_parallel.losses import vocab_parallel_token_logprobs
 from vocablens.units import plural
@@ -45,12 +45,6 @@ def init_from_env(device: str = "cpu") -> tuple[int, int]:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if str(device).startswith("cuda") else "gloo")
     return dist.get_rank(), dist.get_world_size()
-
-
-def world() -> tuple[int, int]:
-    """``(rank, world size)`` of the default process group, or ``(0, 1)`` without one."""
-    ws, rank = ws_rank()
-    return rank, ws
 
 
 def share(n: int, rank: int | None = None, size: int | None = None) -> tuple[int, int]:
@@ -192,11 +186,11 @@ class VocabParallelModel:
         if ids.numel() < 2:
             raise BadInput(f"the text has {plural(ids.numel(), 'token')}: scoring needs at least 2 (the first has no prefix)")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= self.vocab_size:
-            raise BadInput(f"--top-k must be an int in [0, {self.vocab_size}]; got {top_k!r}")
+            raise BadInput(f"`top_k` must be an int in [0, {self.vocab_size}]; got {top_k!r}")
         h = self.hidden(ids[None])[0, :-1]
         lp, ent, ti, tl = self.token_logprobs(h, ids[1:], top_k)
         return ScoreResult(input_ids=ids, logprobs=lp.cpu(), entropy=ent.cpu(), topk_ids=ti.cpu(),
                            topk_logprobs=tl.cpu(), n_bytes=int(n_bytes))
 
 
-__all__ = ["VocabParallelModel", "allreduce_sum", "common_seed", "gather_columns", "init_from_env", "share", "world"]
+__all__ = ["VocabParallelModel", "allreduce_sum", "common_seed", "gather_columns", "init_from_env", "share"]

@@ -136,7 +136,7 @@ def plan_report(model: str = "smollm2", budget_s: float = DEFAULT_BUDGET_S) -> l
     from vocablens.errors import BadInput
 
     if not budget_s > 0:
-        raise BadInput(f"--budget must be a positive number of seconds; got {budget_s}")
+        raise BadInput(f"`budget_s` must be a positive number of seconds; got {budget_s}")
     total = sum(SECTIONS[k][1] for k in ORDER)
     return [SectionPlan(k, SECTIONS[k][0], budget_s * SECTIONS[k][1] / total, SECTIONS[k][2].format(model=model))
             for k in ORDER]
@@ -350,7 +350,7 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
     from vocablens.models.tokens import context_length, encode_prompt
 
     if not prompt or not prompt.strip():
-        raise BadInput("empty prompt: give some text with --prompt")
+        raise BadInput("empty prompt: give some text with `prompt`")
     plans = plan_report(model, budget_s)
     if only is not None:
         unknown = sorted(set(only) - set(ORDER))

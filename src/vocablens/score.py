@@ -85,7 +85,7 @@ def score_ids(borders, input_ids: torch.Tensor, top_k: int = 0, n_bytes: int = 0
     U = borders.unembedding
     V = U.vocab_size
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= V:
-        raise BadInput(f"--top-k must be an int in [0, {V}]; got {top_k!r}")
+        raise BadInput(f"`top_k` must be an int in [0, {V}]; got {top_k!r}")
     h = U.normed(blocks_forward(borders, ids[None])[0])  # [T, d_emb]: layer L, final norm once
     r = token_logprobs(h[:-1], U.weight, ids[1:], **U.head_kwargs(), top_k=top_k, entropy=True)
     k = top_k

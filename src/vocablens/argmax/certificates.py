@@ -20,7 +20,8 @@ import time
 import numpy as np
 import torch
 
-from vocablens.argmax.distributed import allreduce_max, world
+from vocablens.argmax.distributed import allreduce_max
+from vocablens.ops.vocab_parallel.comm import world
 from vocablens.argmax.result import DUPLICATE, UNDECIDED
 from vocablens.argmax.state import U32, ScanState, rows_per_block
 

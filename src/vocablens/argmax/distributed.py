@@ -22,15 +22,7 @@ import numpy as np
 import torch
 
 from vocablens.argmax.state import ScanState
-
-
-def world() -> tuple[int, int]:
-    """(rank, world size) of the default process group, or (0, 1) without one."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+from vocablens.ops.vocab_parallel.comm import world
 
 
 def allreduce_max(best: torch.Tensor) -> None:
@@ -46,8 +38,9 @@ def allreduce_max(best: torch.Tensor) -> None:
 _FIELDS = ("verdict", "stage", "margin", "residual", "scale")
 
 
-def share(st: ScanState) -> np.ndarray:
-    """This rank's share of the open rows (positions into ``reps``); the rest are set aside."""
+def deal_open_rows(st: ScanState) -> np.ndarray:
+    """The open rows dealt round-robin over the ranks: this rank's (positions into ``reps``, every
+    ``size``-th from ``rank``); the other ranks take the rest."""
     rank, size = world()
     return st.left[rank::size]
 

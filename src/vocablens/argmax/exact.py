@@ -58,8 +58,8 @@ import torch
 
 from vocablens.argmax.certificates import stage_gemm, stage_reflect, stage_verify, verify_argmaxable
 from vocablens.argmax.distributed import gather as dist_gather
-from vocablens.argmax.distributed import share as dist_share
-from vocablens.argmax.distributed import world as dist_world
+from vocablens.argmax.distributed import deal_open_rows
+from vocablens.ops.vocab_parallel.comm import world
 from vocablens.argmax.preparation import apply_masks, as_numpy, check_input, dedupe, whiten
 from vocablens.argmax.lp import stage_bias
 from vocablens.models.pages import PageRelease
@@ -192,11 +192,11 @@ def _run_stages(st: ScanState, reflect_iters: int, block: int, max_rounds: int, 
               ("reflect", lambda: stage_reflect(st, reflect_iters, screen)),
               ("proof", lambda: fails.update(stage_proof(st, max_rounds, row_budget_s))),
               ("bias", lambda: stage_bias(st, fails, max_rounds) if st.bn is not None else None))
-    rank, size = dist_world()
+    rank, size = world()
     mine = before = None
     for name, fn in stages:
         if size > 1 and name == "reflect":
-            before, mine = dict(st.settled), dist_share(st)
+            before, mine = dict(st.settled), deal_open_rows(st)
             st.left = mine
         if st.interrupted:
             break

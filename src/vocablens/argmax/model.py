@@ -94,11 +94,11 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
 
     t0 = time.perf_counter()
     if bias not in ("auto", "on", "off"):
-        raise BadInput(f"--bias must be auto, on or off; got {bias!r}")
+        raise BadInput(f"`bias` must be auto, on or off; got {bias!r}")
     U = borders.unembedding
     b = U.bias
     if bias == "on" and b is None:
-        raise BadInput("--bias on: this model's LM head has no bias (use --bias auto or off)")
+        raise BadInput("`bias` on: this model's LM head has no bias (use `bias` auto or off)")
     use_b = None if b is None or bias == "off" else b.detach()
     W = U.weight.detach()
     V = int(W.shape[0])

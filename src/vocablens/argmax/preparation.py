@@ -20,7 +20,7 @@ import math
 import numpy as np
 import torch
 
-from vocablens.argmax.distributed import world
+from vocablens.ops.vocab_parallel.comm import world
 from vocablens.argmax.result import DUPLICATE, PADDING, UNARGMAXABLE, UNDECIDED, UNTRAINED
 from vocablens.argmax.state import U32, ScanState, one_blas_thread, rows_per_block
 from vocablens.errors import BadInput, ShapeMismatch

@@ -48,8 +48,8 @@ def align_cmd(
         raise BadInput(f"--what must be ffn or heads; got {what!r}")
     if isinstance(top, bool) or top < 0:
         raise BadInput(f"--top must be 0 or more; got {top}")
-    A = load_model(model_a, trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    B = A if model_b == model_a else load_model(model_b, trust_remote_code=trust_remote_code, device=device,
+    A = load_model(model_a, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    B = A if model_b == model_a else load_model(model_b, mode="full", trust_remote_code=trust_remote_code, device=device,
                                                 quiet=json_)
     la = _blocks(blocks_a, A.borders.n_layers, "a")
     lb = _blocks(blocks_b, B.borders.n_layers, "b")

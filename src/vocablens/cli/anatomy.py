@@ -38,7 +38,7 @@ def anatomy_cmd(
     for spec in specs:
         if load:
             entry = catalogue_entry(spec)  # an alias loads its hub id (from the local cache)
-            lm = load_model(entry.hub_id if entry else spec, trust_remote_code=trust_remote_code, quiet=json_)
+            lm = load_model(entry.hub_id if entry else spec, mode="full", trust_remote_code=trust_remote_code, quiet=json_)
             results.append(anatomy(lm.borders, name=spec, batch=batch, context=context, logits_dtype=dtype,
                                    source="loaded model"))
         else:

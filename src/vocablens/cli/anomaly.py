@@ -47,7 +47,7 @@ def lens_anomaly(
     if distinct < 5:
         raise BadInput(f"--normal needs at least 5 distinct inputs to fit a detector; {normal} holds "
                        f"{len(normal_texts)} ({distinct} distinct)")
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     tl = None
     if "tuned" in kinds:
         from vocablens.lens.tuned import load_for_model

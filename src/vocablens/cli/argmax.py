@@ -25,9 +25,9 @@ def _progress_bar(quiet: bool):
 
 def _set_aside(tokenizer, trust_remote_code: bool):
     """``(tokenizer or None, reload)``: None when the tokenizer can be read again from the directory
-    it came from (``name_or_path``, as :func:`~vocablens.models.matrices.light_tokenizer` loads it),
+    it came from (``name_or_path``, as :func:`~vocablens.models.sources.light_tokenizer` loads it),
     so the caller can free it during the scan; ``reload()`` reads it again (the same class and files)."""
-    from vocablens.models.matrices import light_tokenizer
+    from vocablens.models.sources import light_tokenizer
 
     src = getattr(tokenizer, "name_or_path", None)
     if not isinstance(src, str) or not src or not (Path(src) / "tokenizer_config.json").is_file():
@@ -74,7 +74,7 @@ def argmax_cmd(
     blocks_back_to_the_os()         # freed blocks leave the resident set (peak: live data + a block)
     rank = _rank()                  # torchrun: the rows are split across ranks, rank 0 prints
     quiet = json_ or rank != 0
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=quiet, head_only=True)
+    lm = load_model(model, mode="head", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
     borders, provenance = lm.borders, lm.provenance
     reserved = reserved_tokens(lm.tokenizer, borders.vocab_size)
     tokenizer, reload = _set_aside(lm.tokenizer, trust_remote_code)
@@ -128,7 +128,8 @@ def bottleneck_cmd(
         raise OutputExists(f"{plot} exists; pass --force to replace it")
     if seq_len < 2:
         raise BadInput(f"--seq-len must be at least 2; got {seq_len}")
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, max_memory=max_memory, quiet=json_)
+    lm = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
+                    trust_remote_code=trust_remote_code, device=device, quiet=json_)
     b = lm.borders
     n = contexts or (b.d_emb + 64)
     if n <= b.d_emb:

@@ -169,46 +169,42 @@ class count_bar:
         return False
 
 
-def load_model(spec: str, dtype: str | None = None, trust_remote_code: bool = False, quiet: bool = False,
-               borders_only: bool = False, matrices_only: bool = False, blocks=None, max_memory: str = "",
-               value_vectors: bool = False, device: str = "cpu", head_only: bool = False):
+def load_model(spec: str, mode: str = "full", *, quiet: bool = False, device: str = "cpu", **options):
     """Load a model for a command, with progress on stderr; returns :class:`~vocablens.models.LoadedModel`.
 
-    Names the mode of the one loader (:func:`vocablens.models.loader.load_mode`) from the command's
-    flags: ``matrices_only`` -> ``matrices`` (embedding and head, no modeling code), ``head_only``
-    -> ``head`` (head and final norm), ``max_memory`` -> ``streaming``, ``borders_only`` ->
-    ``borders`` (with ``blocks`` / ``value_vectors``), else ``full``. ``device``: where the weights
-    go (:func:`resolve_device`); analyses then compute there.
+    The command names the mode of the one loader (:func:`vocablens.models.loader.load_mode`:
+    ``full``, ``borders``, ``head``, ``matrices`` or ``streaming``); ``options`` are that function's
+    (``dtype``, ``trust_remote_code``, ``max_memory``, ``blocks``, ``value_vectors``). ``device``: where
+    the weights go (:func:`resolve_device`; the loader places them); analyses then compute there.
     """
     import time
 
     from vocablens.models.loader import load_mode
 
-    mode = ("matrices" if matrices_only else "head" if head_only else "streaming" if max_memory
-            else "borders" if borders_only else "full")
+    device = resolve_device(device)
+    if mode == "streaming":  # a bad size or device is one line (in the CLI's words), before anything loads
+        from vocablens.models.streaming import parse_bytes
+
+        parse_bytes(options.get("max_memory"))
+        if device != "cpu":
+            raise BadInput("--max-memory streams blocks through CPU memory; run it without --device")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF dequantization bar; we show our own
     _quiet_libraries()
     t0 = time.perf_counter()
-    if max_memory:  # a bad size is one line, before anything loads
-        from vocablens.models.streaming import parse_bytes
-
-        parse_bytes(max_memory)
     first = _first_gguf_load(spec)
     what = (f"loading {spec} (first load of {first}: dequantizing it to a float32 cache, once; about a "
             f"minute per 100M parameters, later loads take seconds) ..." if first else f"loading {spec} ...")
     with status(what, quiet=quiet):
-        lm = load_mode(spec, mode, dtype=dtype, device=resolve_device(device), trust_remote_code=trust_remote_code,
-                       max_memory=max_memory or None, blocks=blocks if mode == "borders" else None,
-                       value_vectors=value_vectors and mode == "borders")
+        lm = load_mode(spec, mode, device=device, **options)
     refuse_nonfinite(lm)  # the one check every command passes through
     trim_heap()  # the loaders' freed scratch (tokenizer and config parsing: ~14 MiB) leaves the resident set
     if not quiet:
         err.print(f"loaded {lm.provenance.describe()} in {time.perf_counter() - t0:.1f} s", style="dim")
         streamed = getattr(lm.model, "vocablens_streamers", None)
-        if max_memory and streamed is not None:
+        if mode == "streaming" and streamed is not None:
             n = len(lm.borders.blocks)
-            err.print(f"--max-memory {max_memory}: {n - len(streamed)} of {n} blocks resident, "
+            err.print(f"--max-memory {options['max_memory']}: {n - len(streamed)} of {n} blocks resident, "
                       f"{len(streamed)} read from the checkpoint at each forward", style="dim")
     return lm
 
@@ -263,6 +259,48 @@ def _splits_over_ranks(words: list[str]) -> bool:
     return (words[0],) in DISTRIBUTED or tuple(words[:2]) in DISTRIBUTED
 
 
+def _command_options(argv: list[str]) -> dict[str, str]:
+    """Python parameter name -> its long option (``max_memory`` -> ``--max-memory``) of the command
+    ``argv`` names (subcommands followed as the app resolves them)."""
+    cmd = typer.main.get_command(app)  # typer's own click: groups are told by their ``commands``
+    for word in argv:
+        if word.startswith("-") or not hasattr(cmd, "commands"):
+            break
+        sub = cmd.commands.get(word)
+        if sub is None and isinstance(cmd, DefaultCommandGroup):
+            sub = cmd.commands.get(cmd.default_command)
+        if sub is None:
+            break
+        cmd = sub
+    return {p.name: max(p.opts, key=len) for p in cmd.params
+            if getattr(p, "param_type_name", "") == "option" and p.name and p.opts}
+
+
+#: library argument -> the command parameter that passes it, where the two names differ
+ARGUMENT_OPTIONS = {"per_block": ("sample",), "budget_s": ("budget",), "out": ("out_dir",),
+                    "path": ("lens_path", "tuned_path")}
+
+
+def in_cli_words(message: str, argv: list[str]) -> str:
+    """A library message in the CLI's words: the library names a function argument as `` `name` ``
+    (e.g. "`max_memory` takes a size ..."); where the command takes it as an option, the option
+    (``--max-memory``) stands in its place. Other names keep their backticks."""
+    import re
+
+    if "`" not in message:
+        return message
+    try:
+        opts = _command_options(argv)
+    except Exception:  # pragma: no cover  (the message as it is, rather than no message)
+        return message
+    def option(m: re.Match) -> str:
+        name = m.group(1)
+        found = [opts[p] for p in (name, *ARGUMENT_OPTIONS.get(name, ())) if p in opts]
+        return found[0] if found else m.group(0)
+
+    return re.sub(r"`([a-z_][a-z0-9_]*)`", option, message)
+
+
 def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
     """Run the typer app; VocabLensError -> one line on stderr, exit code 2, no traceback.
     ``whole_process``: the process runs this command alone (``--stats`` then reports its age too)."""
@@ -308,7 +346,7 @@ def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
         err.print("interrupted")
         return 130
     except VocabLensError as exc:
-        print_error(str(exc))
+        print_error(in_cli_words(str(exc), argv))
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("interrupted")

@@ -77,7 +77,8 @@ def lens_show(
     from vocablens.lens.tuned import find_lens
 
     found = find_lens(model, lens_path) if kind != "logit" else None  # before the model loads
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, max_memory=max_memory, quiet=json_)
+    lm = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
+                    trust_remote_code=trust_remote_code, device=device, quiet=json_)
     ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat, prefix=prefix)
     tuned = None
     if found is not None:

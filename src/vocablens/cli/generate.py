@@ -79,7 +79,7 @@ def generate_cmd(
     rank, world = init_from_env()
     if world > 1 and early_exit is not None:
         raise BadInput("--early-exit reads the whole LM head at every layer: run it without torchrun")
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0)
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0)
     borders, tok = lm.borders, lm.tokenizer
     ids = encode_prompt(tok, prompt, max_len=context_length(borders.config), chat=chat)
     rule = None

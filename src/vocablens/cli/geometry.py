@@ -32,7 +32,7 @@ def neighbors_cmd(
         from vocablens.errors import TokenNotInVocabulary
 
         raise TokenNotInVocabulary("empty token string")
-    lm = load_model(model, trust_remote_code=trust_remote_code, quiet=json_, matrices_only=True, device=device)
+    lm = load_model(model, mode="matrices", trust_remote_code=trust_remote_code, quiet=json_, device=device)
     res = nearest_neighbors(lm.borders, lm.tokenizer, tokens, k=k, use_mean=mean)
     if json_:
         d = neighbors_to_dict(res, lm.tokenizer)

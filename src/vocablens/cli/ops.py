@@ -53,8 +53,8 @@ def score(
     if world > 1 and max_memory:
         raise BadInput("--max-memory does not run under torchrun (the ranks split the LM head of a whole "
                        "model); run it in one process")
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, max_memory=max_memory,
-                    quiet=json_ or rank != 0)
+    lm = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
+                    trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0)
     ids = encode_prompt(lm.tokenizer, text, context_length(lm.model.config), special_text=special_text)[0]
     # bits per byte over one span: the bytes of exactly the tokens whose log-probability is summed
     # (ids[1:]; special tokens count with their text)

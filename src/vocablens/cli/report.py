@@ -51,7 +51,7 @@ def report(
     quiet = json_ and not progress
     timings: dict[str, float] = {}
     t_all = time.perf_counter()
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=quiet)
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
     timings["load"] = time.perf_counter() - t_all
     with _ProgressBar(disabled=quiet) as bar:
         run = run_report(lm, model=model, prompt=prompt, lens_path=lens_path or None, budget_s=budget,

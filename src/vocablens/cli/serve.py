@@ -45,7 +45,7 @@ def serve_cmd(
     if host not in LOCAL_HOSTS:
         err.print(Text.assemble(("warning:", "bold yellow"), f" listening on {host}: anyone who can reach this machine "
                             "can use the model; use --host 127.0.0.1 to keep it local"))
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device)
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device)
     state = ServerState(lm, model_spec=model, lens_path=lens, max_tokens=max_tokens, argmax=not no_argmax)
     shown = f"[{host}]" if ":" in host else host
     print(f"vocablens serve: http://{shown}:{port}/  (Ctrl-C stops)", flush=True)

@@ -71,7 +71,7 @@ def steer_cmd(
         raise BadInput("give --prompt or --corpus, not both")
     if isinstance(new_tokens, bool) or new_tokens < 0 or new_tokens > 512:
         raise BadInput(f"--new-tokens must be in 0..512; got {new_tokens}")
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     b, tok = lm.borders, lm.tokenizer
     blocks = _stream_layers(layers, b.n_layers)
     sets = {"promote": _token_ids(tok, promote, b.vocab_size, json_),

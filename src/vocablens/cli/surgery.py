@@ -59,7 +59,7 @@ def expand(
         raise BadInput("--eval-texts must be >= 1 and --eval-chars >= 10")
     texts = chunk_texts([eval_text], eval_texts, eval_chars) if eval_text.strip() else \
         heldout_texts(eval_corpus, eval_texts, eval_chars)
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     with status("expanding the vocabulary ...", quiet=json_):
         ex = expand_vocab(lm.model, lm.tokenizer, tokens, init=init, special=special,
                           interpolation=interpolation, seed=seed)
@@ -106,7 +106,7 @@ def trim(
     with status(f"reading the corpus {corpus} ...", quiet=json_ or not corpus):
         texts = [d.text for d in load_documents(corpus, max_docs=max_docs or None)] if corpus else []
     token_lines = _read_lines(token_list) if token_list else []
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     from vocablens.cli.progress import stage_progress
 
     cb, close = stage_progress("trim", "documents", quiet=json_ or not texts)

@@ -118,7 +118,7 @@ def lens_train(
     from vocablens.corpus import load_documents
 
     docs = load_documents(corpus)  # a missing or empty corpus fails before the model loads
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=quiet)
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
     rows, info = _rows(lm, corpus, "train", seq_len, max_tokens or None, val_fraction, 0, seed, docs)
     info["model"] = lm.provenance.name
     if not quiet:
@@ -264,7 +264,7 @@ def lens_eval(
                           f"{' (sha256 ' + trained_sha[:12] + ')' if trained_sha else ''}, which is not here; "
                           f"evaluating on {corpus} ({split}); give --corpus to choose", style="dim")
     docs = load_documents(corpus) if docs is None else docs  # a missing or empty corpus fails before the model loads
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=quiet)
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
     lens.check_model(lm.borders)
     val_fraction = float(data.get("val_fraction", 0.1)) if split != "all" else 0.0
     seq = min(seq_len, max_tokens)

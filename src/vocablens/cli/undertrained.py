@@ -55,7 +55,7 @@ def undertrained_cmd(
     if batch_size < 1:
         raise BadInput(f"--batch-size must be >= 1; got {batch_size}")
     scan = _read_scan(argmax) if argmax else None
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     verdicts = argmax_verdicts(scan, lm.borders.vocab_size) if scan is not None else None
     bar = count_bar(json_ or no_verify, 1, "verification", "prompts")
     with bar as tick:

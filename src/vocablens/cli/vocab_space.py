@@ -121,8 +121,11 @@ def project_cmd(
     values = not one_block and not keys  # every block's value vectors + head + final norm
     blocks_back_to_the_os()  # the readout's freed row blocks leave the resident set
     release_after_reading()  # and so do the checkpoint pages of the rows it has read
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_, borders_only=one_block or values,
-                    blocks=[block] if one_block else None, value_vectors=values)
+    if one_block or values:  # that block or every value matrix, with the head and the final norm
+        lm = load_model(model, mode="borders", blocks=[block] if one_block else None, value_vectors=values,
+                        trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    else:
+        lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     b = lm.borders
     gain = not no_norm_gain
     if block is not None and not 0 <= block < b.n_layers:
@@ -195,7 +198,7 @@ def explain_cmd(
         raise BadInput("empty prompt: give some text")
     if k < 1:
         raise BadInput(f"-k must be at least 1; got {k}")
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat)
     tid = _single_token(lm.tokenizer, token, lm.borders.vocab_size) if token else None
     e = vs.explain(lm.borders, ids, position=position, token_id=tid, k=k, n_sub=subs)
@@ -288,7 +291,7 @@ def settle_cmd(
 
     rank, world = init_from_env()  # under torchrun: batches split over ranks, rank 0 prints
     quiet = json_ or rank != 0
-    lm = load_model(model, trust_remote_code=trust_remote_code, device=device, quiet=quiet)
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
     rows = _corpus_rows(corpus, lm.tokenizer, seq_len, max_tokens)
     translator = load_translator(lm.borders, model, tuned_path) if lens == "tuned" else None
     batches = [rows[i:i + batch] for i in range(0, len(rows), batch)]

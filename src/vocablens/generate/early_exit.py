@@ -33,9 +33,8 @@ from typing import Any
 import torch
 
 from vocablens.errors import BadInput
+from vocablens.models.blocks.cache_fill import fill_kv_only  # the family adapter writes a skipped block's K/V
 from vocablens.ops.rows import row_top1_prob
-
-from vocablens.models.blocks.cache_fill import KV_ONLY_FAMILIES  # noqa: E402,F401  (re-exported; the list lives in models)
 
 
 def load_tuned_lens(borders, model_spec: str = "smollm2", path=None):
@@ -74,13 +73,13 @@ class ExitRule:
     def validate(self, n_layers: int) -> None:
         """Raise :class:`BadInput` naming the bad field."""
         if self.lens not in ("logit", "tuned"):
-            raise BadInput(f"--early-exit must be 'logit' or 'tuned'; got {self.lens!r}")
+            raise BadInput(f"`lens` must be 'logit' or 'tuned'; got {self.lens!r}")
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) \
                 or not 0 < float(self.threshold) <= 1:
-            raise BadInput(f"--threshold must be in (0, 1]; got {self.threshold}")
+            raise BadInput(f"`threshold` must be in (0, 1]; got {self.threshold}")
         if isinstance(self.min_layer, bool) or not isinstance(self.min_layer, int) \
                 or not 1 <= self.min_layer <= n_layers:
-            raise BadInput(f"--min-layer must be an int in 1..{n_layers}; got {self.min_layer}")
+            raise BadInput(f"`min_layer` must be an int in 1..{n_layers}; got {self.min_layer}")
         if self.test not in ("full", "candidates"):
             raise BadInput(f"exit test must be 'full' or 'candidates'; got {self.test!r}")
         if isinstance(self.candidates, bool) or not isinstance(self.candidates, int) or self.candidates < 1:
@@ -97,15 +96,6 @@ class StepRecord:
     full_reads: int = 0
     row_reads: int = 0
     kv_fills: int = 0
-
-
-def fill_kv_only(block, hidden: torch.Tensor, kwargs: dict) -> bool:
-    """A skipped block's keys and values for ``hidden`` [B, T, d], without running the block: asks
-    the family adapter (:func:`vocablens.models.blocks.cache_fill.fill_kv_only`). False: nothing
-    written (an attention the adapter does not know)."""
-    from vocablens.models.blocks.cache_fill import fill_kv_only as fill
-
-    return fill(block, hidden, kwargs)
 
 
 class ExitController:
@@ -207,4 +197,4 @@ class ExitController:
             self.on = False
 
 
-__all__ = ["ExitController", "ExitRule", "KV_ONLY_FAMILIES", "StepRecord", "fill_kv_only", "load_tuned_lens"]
+__all__ = ["ExitController", "ExitRule", "StepRecord", "load_tuned_lens"]

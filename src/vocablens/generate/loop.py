@@ -90,7 +90,7 @@ def new_cache(model):
         return DynamicCache()
 
 
-def _cache_kw(decoder) -> str:
+def cache_kwarg(decoder) -> str:
     params = inspect.signature(decoder.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
@@ -182,7 +182,7 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
     gen = torch.Generator(device=borders.device).manual_seed(int(seed)) if seed is not None else None
     dec, model = base_decoder(borders), borders.model
     cache = new_cache(model)
-    kw = {_cache_kw(dec): cache, "use_cache": True}
+    kw = {cache_kwarg(dec): cache, "use_cache": True}
     stop = {int(s) for s in stop_ids}
     ctl = ExitController(borders, early_exit, mask) if early_exit is not None else None
     tokens: list[GeneratedToken] = []

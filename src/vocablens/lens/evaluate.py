@@ -8,7 +8,8 @@ from typing import Callable
 
 import torch
 
-from vocablens.distributed import allreduce_sum, share, world
+from vocablens.distributed import allreduce_sum, share
+from vocablens.ops.vocab_parallel.comm import world
 from vocablens.errors import BadInput
 from vocablens.lens.tuned import TunedLens
 from vocablens.models import Borders

@@ -66,17 +66,17 @@ class TrainSettings:
     def validate(self) -> None:
         """Raises BadInput for out-of-range settings."""
         if self.steps < 1:
-            raise BadInput(f"--steps must be at least 1; got {self.steps}")
+            raise BadInput(f"`steps` must be at least 1; got {self.steps}")
         if self.seq_len < 2:
-            raise BadInput(f"--seq-len must be at least 2; got {self.seq_len}")
+            raise BadInput(f"`seq_len` must be at least 2; got {self.seq_len}")
         if self.tokens_per_step < 1:
-            raise BadInput(f"--tokens-per-step must be at least 1; got {self.tokens_per_step}")
+            raise BadInput(f"`tokens_per_step` must be at least 1; got {self.tokens_per_step}")
         if self.loss not in ("kl", "ce"):
-            raise BadInput(f"--loss must be kl or ce; got {self.loss!r}")
+            raise BadInput(f"`loss` must be kl or ce; got {self.loss!r}")
         if self.gemm_dtype not in ("float32", "bfloat16"):
-            raise BadInput(f"--gemm-dtype must be float32 or bfloat16; got {self.gemm_dtype!r}")
+            raise BadInput(f"`gemm_dtype` must be float32 or bfloat16; got {self.gemm_dtype!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise BadInput(f"--lr must be a positive number; got {self.lr}")
+            raise BadInput(f"`lr` must be a positive number; got {self.lr}")
         if not 0 <= self.momentum < 1:
             raise BadInput(f"momentum must be in [0, 1); got {self.momentum}")
         if self.chunk_rows < 1 or self.micro_batch < 1 or self.warmup_steps < 0 or self.weight_decay < 0:
@@ -243,7 +243,7 @@ def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainS
     history: list[StepInfo] = []
     if resume:
         if checkpoint_dir is None:
-            raise BadInput("--resume needs a checkpoint directory")
+            raise BadInput("`resume` needs a checkpoint directory")
         tensors, meta = load_checkpoint(checkpoint_dir)
         if meta.get("model", {}).get("unembed_sha256") != lens.identity.get("unembed_sha256"):
             raise CheckpointMismatch(f"the checkpoint in {checkpoint_dir} is for another model")
@@ -313,7 +313,7 @@ def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainS
             where = f"; the last good checkpoint in {checkpoint_dir} is kept" if checkpoint_dir else ""
             raise TrainingDiverged(
                 f"training diverged at step {step + 1}: non-finite loss or gradient at layer {bad[0]}"
-                f" (layers {bad[:8]}); lower --lr{where}")
+                f" (layers {bad[:8]}); lower `lr`{where}")
         if settings.grad_clip > 0:
             gnorm = float(torch.nn.utils.clip_grad_norm_([lens.weight, lens.bias], settings.grad_clip))
         else:

@@ -172,7 +172,7 @@ class TunedLens(nn.Module):
         """
         path = Path(path)
         if (path / LENS_FILE).exists() and not force:
-            raise OutputExists(f"{path} already holds a tuned lens; pass --force to replace it")
+            raise OutputExists(f"{path} already holds a tuned lens; pass `force` to replace it")
         tensors = {"weight": self.weight.detach().to(dtype).contiguous(),
                    "bias": self.bias.detach().to(dtype).contiguous()}
         save_files(path, tensors, self.config_dict(), LENS_FILE, CONFIG_FILE)
@@ -283,11 +283,11 @@ def find_lens(model_spec: str = "smollm2", path: str | Path | None = None) -> Pa
             p = p.parent
         if not ((p / LENS_FILE).exists() or (p / "params.pt").exists()):
             raise BadInput(f"no tuned lens in {path} (expected {LENS_FILE} and {CONFIG_FILE}); "
-                           "--lens takes a lens directory")
+                           "`path` takes a lens directory")
         return p
     shipped = shipped_lens_path(str(model_spec))
     if shipped is None:
-        raise BadInput(f"no tuned lens shipped for {model_spec!r}; give --lens DIR "
+        raise BadInput(f"no tuned lens shipped for {model_spec!r}; give `path` DIR "
                        "(train one with `vocablens lens train`)")
     return shipped
 

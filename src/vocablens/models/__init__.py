@@ -1,11 +1,17 @@
 """Layer 1: everything that knows about model families, files and the default model.
 
-Modules: ``spec`` (where a spec points), ``config`` (a config without weights, meta models),
-``catalogue`` (built-in configs), ``provenance``, ``gguf_cache``, ``loading`` (:func:`load`),
-``borders`` (the family adapter), ``unembed`` (the one unembedding), ``blocks``, ``tokens``,
-``dtypes`` (the one dtype table), ``flops`` (attention shape and FLOP counts), ``loader``
-(``load_mode``: every loading mode), ``tie`` ("tied" by storage, as transformers decides it),
-``hooks`` (``ModelPatch``: whatever vocablens installs on a model, put back exactly).
+Modules, lowest first (each imports only modules before it; ``tests/test_import_graph.py`` checks
+there is no cycle): ``find`` (where a model keeps its decoder and blocks, config values under their
+several names), ``dtypes`` (the one dtype table), ``catalogue`` (built-in configs), ``meta`` (a
+meta-device model from a config), ``pages``, ``hooks`` (``ModelPatch``: whatever vocablens installs
+on a model, put back exactly), ``tokens``, ``token_table``, ``checkpoint_files`` (a safetensors
+checkpoint's tensors by name), ``spec`` (where a spec points), ``tie`` ("tied" by storage, as
+transformers decides it), ``config`` (a config without weights), ``provenance``, ``gguf_cache``,
+``blocks`` (one view of a decoder block), ``unembed`` (the one unembedding), ``rows``, ``borders``
+(the family adapter), ``headless``, ``flops`` (attention shape and FLOP counts), ``loaded``
+(:class:`LoadedModel`), ``sources`` (the directory the partial loaders read), ``lazy`` (borders
+only), ``matrices`` (the two matrices; the head only), ``streaming``, ``loading`` (:func:`load`),
+``loader`` (``load_mode``: every loading mode).
 """
 
 from vocablens.models.borders import Borders

@@ -19,12 +19,10 @@ import torch
 from torch import nn
 
 from vocablens.errors import BadInput, UnsupportedArchitecture
+from vocablens.models.find import config_value, find_blocks, find_decoder, named_children
 from vocablens.models.unembed import Unembedding
 
 _NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "final_layernorm", "final_norm", "norm_f", "ln_out")
-
-
-from vocablens.models.find import _find_blocks, _find_decoder, _named_children, config_value  # noqa: E402,F401
 
 _cfg = config_value
 
@@ -83,13 +81,13 @@ class Borders:
         """
         config = getattr(model, "config", None)
         family = str(getattr(config, "model_type", type(model).__name__))
-        found = _named_children(model)
+        found = named_children(model)
         emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        decoder = _find_decoder(model)
-        found.update({f"{type(decoder).__name__}.{k}": v for k, v in _named_children(decoder).items()})
+        decoder = find_decoder(model)
+        found.update({f"{type(decoder).__name__}.{k}": v for k, v in named_children(decoder).items()})
         n_layers = _cfg(config, "num_hidden_layers", "n_layer", "num_layers")
-        blocks = _find_blocks(decoder, n_layers)
+        blocks = find_blocks(decoder, n_layers)
         if emb is None or getattr(emb, "weight", None) is None or emb.weight.dim() != 2:
             raise UnsupportedArchitecture(family, found, "no token embedding found")
         if head is None or getattr(head, "weight", None) is None or head.weight.dim() != 2:
@@ -334,25 +332,16 @@ class Borders:
         Raises:
             BadInput: empty input, or a token id outside the embedding's rows.
         """
-        if input_ids.numel() == 0:
-            raise BadInput("empty input: no tokens to run")
-        if input_ids.dim() == 1:
-            input_ids = input_ids[None]
-        lo, hi = int(input_ids.min()), int(input_ids.max())
-        if lo < 0 or hi >= self.W_E.shape[0]:
-            raise BadInput(f"token id {lo if lo < 0 else hi} is outside the embedding's rows "
-                           f"0..{self.W_E.shape[0] - 1}")
-        if not getattr(self.model, "vocablens_streamed", False) and any(p.is_meta for p in self.blocks.parameters()):
-            raise BadInput("this model was loaded with its borders only (no blocks): load it whole for a "
-                           "forward pass")
-        self.check_finite(input_ids)
+        from vocablens.models.headless import check_forward_input
+
+        input_ids = check_forward_input(self, input_ids)  # [B, T]; the checks every forward of ours passes
         with self.capture() as store:
             out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask,
                              use_cache=False)
         L = self.n_layers
         missing = [i for i in range(L + 1) if i not in store]
         if missing:
-            raise UnsupportedArchitecture(self.family, _named_children(self.model),
+            raise UnsupportedArchitecture(self.family, named_children(self.model),
                                           f"residual stream not captured at layers {missing}")
         resid = torch.stack([store[i] for i in range(L + 1)])
         return resid, out.logits.float()

@@ -11,12 +11,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
 
 from vocablens.errors import CorruptModelFile, ModelNotFound
 from vocablens.models.catalogue import catalogue_entry, catalogue_names
+from vocablens.models.meta import meta_model  # noqa: F401  (re-exported: built from a config)
 from vocablens.models.spec import DEFAULT_MODEL, hub_kwargs, reading, resolve_spec
+from vocablens.models.tie import config_as_loaded
 
 
 def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False):
@@ -99,8 +99,6 @@ def resolve_config(spec: str | os.PathLike) -> tuple[Any, int | None, str]:
         cfg.name_or_path = str(spec)
         return cfg, int(cfg.vocab_size), "gguf"
     if kind == "dir":
-        from vocablens.models.tie import config_as_loaded
-
         tvs = _dir_tokenizer_size(path)
         return config_as_loaded(cfg, path), tvs, "config"
     return cfg, None, "hub cache"
@@ -118,27 +116,6 @@ def _dir_tokenizer_size(path: Path) -> int | None:
         return len(ids) or None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def meta_model(config) -> nn.Module:
-    """Build a causal LM from its config on the meta device: shapes and sharing, no storage.
-
-    Uses ``with torch.device("meta")`` (which keeps tied heads tied), not accelerate's
-    ``init_empty_weights`` (which, in transformers 5.x, leaves them untied).
-
-    Raises:
-        UnsupportedArchitecture: transformers has no causal-LM class for ``config.model_type``.
-    """
-    from transformers import AutoModelForCausalLM
-
-    from vocablens.errors import UnsupportedArchitecture
-
-    try:
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config)
-    except (ValueError, KeyError) as exc:
-        raise UnsupportedArchitecture(str(getattr(config, "model_type", "?")), "none",
-                                      str(exc).splitlines()[0] if str(exc) else "no causal LM class") from None
 
 
 __all__ = ["load_config", "resolve_config", "meta_model"]

@@ -8,11 +8,12 @@ from torch import nn
 _BLOCK_NAMES = ("layers", "h", "blocks", "block", "decoder_layers")
 
 
-def _named_children(mod: nn.Module) -> dict[str, str]:
+def named_children(mod: nn.Module) -> dict[str, str]:
+    """child name -> class name (what an :class:`~vocablens.errors.UnsupportedArchitecture` lists)."""
     return {n: type(m).__name__ for n, m in mod.named_children()}
 
 
-def _find_decoder(model: nn.Module) -> nn.Module:
+def find_decoder(model: nn.Module) -> nn.Module:
     """The module that holds the blocks (``model.model``, ``transformer``, ``gpt_neox``, ``model.decoder``)."""
     cand: list[nn.Module] = []
     for getter in ("get_decoder",):
@@ -36,7 +37,8 @@ def _find_decoder(model: nn.Module) -> nn.Module:
     return cand[0] if cand else model
 
 
-def _find_blocks(decoder: nn.Module, n_layers: int | None) -> nn.ModuleList | None:
+def find_blocks(decoder: nn.Module, n_layers: int | None) -> nn.ModuleList | None:
+    """The decoder's list of blocks (by name, else the ``ModuleList`` of ``n_layers`` entries), or None."""
     for n in _BLOCK_NAMES:
         m = getattr(decoder, n, None)
         if isinstance(m, nn.ModuleList) and len(m) > 0:
@@ -55,3 +57,12 @@ def config_value(config, *names, default=None):
         if v is not None:
             return v
     return default
+
+
+def first_child(mod: nn.Module, names) -> tuple[str | None, nn.Module | None]:
+    """``(name, module)`` of the first of ``names`` that is a submodule attribute of ``mod``, else ``(None, None)``."""
+    for n in names:
+        m = getattr(mod, n, None)
+        if isinstance(m, nn.Module):
+            return n, m
+    return None, None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vocablens.models.borders import config_value
+from vocablens.models.find import config_value
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from vocablens.models.provenance import Provenance
+from vocablens.models.provenance import Provenance, gguf_provenance
 
 #: the file that marks a complete cache entry (written last, inside the swapped-in directory)
 CACHE_MARK = "vocablens-provenance.json"
@@ -113,4 +113,33 @@ def write_cache(cdir: Path, model, tok, prov: Provenance) -> bool:
     return True
 
 
-__all__ = ["CACHE_MARK", "cache_root", "cache_dir", "read_cache", "write_cache"]
+def load_gguf(path: Path, spec: str, tdtype):
+    """Dequantize the GGUF file ``path`` to float32 with transformers and write its cache entry, or read
+    the entry when there is one: ``(tokenizer, model, provenance)``, the model cast to ``tdtype`` when
+    given. Errors of the readers propagate (the caller wraps them: :func:`vocablens.models.spec.reading`)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cdir = cache_dir(path)
+    hit = read_cache(cdir, spec, tdtype)
+    if hit is not None:  # the entry is keyed by content, shared by every copy of the file: the source
+        tok, model, prov = hit  # is the file given now, not the copy that wrote the entry
+        return tok, model, Provenance(**{**prov.__dict__, "source": str(path)})
+    prov = gguf_provenance(path, spec)
+    d, f = str(path.parent), path.name
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    # The weights are plain dequantized tensors now; drop the GGUF quantizer so the model is an
+    # ordinary transformers model (serializable, editable).
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    if cdir is not None:
+        write_cache(cdir, model, tok, prov)
+    if tdtype is not None and tdtype != torch.float32:
+        model = model.to(tdtype)
+    return tok, model, prov
+
+
+__all__ = ["CACHE_MARK", "cache_root", "cache_dir", "load_gguf", "read_cache", "write_cache"]

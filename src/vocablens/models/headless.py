@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from vocablens.errors import BadInput, UnsupportedArchitecture
+from vocablens.models.hooks import ModelPatch
 
 
 class _Stop(Exception):
@@ -21,7 +22,8 @@ class _Stop(Exception):
 
 
 def check_forward_input(borders, input_ids: torch.Tensor) -> torch.Tensor:
-    """``input_ids`` as [B, T] after the checks of :meth:`Borders.residual_stream`.
+    """``input_ids`` as [B, T] after the checks every forward of vocablens passes first
+    (:meth:`Borders.residual_stream`, :func:`blocks_forward`).
 
     Raises:
         BadInput: empty input, a token id outside the embedding's rows, a borders-only load.
@@ -71,20 +73,19 @@ def blocks_forward(borders, input_ids: torch.Tensor, attention_mask: torch.Tenso
 
     ctx = borders.capture() if all_layers else contextlib.nullcontext({})
     with ctx as store:  # only layer L is kept unless every layer is asked for
-        handle = borders.blocks[-1].register_forward_hook(stop)  # after capture's own hook on that block
-        try:
-            borders.model(input_ids=input_ids.to(borders.device), attention_mask=attention_mask, use_cache=False)
-        except _Stop:
-            pass
-        finally:
-            handle.remove()
+        with ModelPatch() as patch:  # after capture's own hook on that block; taken off again
+            patch.post_hook(borders.blocks[-1], stop)
+            try:
+                borders.model(input_ids=input_ids.to(borders.device), attention_mask=attention_mask, use_cache=False)
+            except _Stop:
+                pass
         got = dict(store)
     want = range(L + 1) if all_layers else (L,)
     missing = [i for i in want if i not in got]
     if missing:
-        from vocablens.models.find import _named_children
+        from vocablens.models.find import named_children
 
-        raise UnsupportedArchitecture(borders.family, _named_children(borders.model),
+        raise UnsupportedArchitecture(borders.family, named_children(borders.model),
                                       f"residual stream not captured at layers {missing}")
     return torch.stack([got[i] for i in want]) if all_layers else got[L]
 

@@ -13,119 +13,13 @@ A ``.gguf`` file is read from vocablens's safetensors cache of it when present (
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import torch
 
 from vocablens.errors import BadInput, CorruptModelFile
-
-
-def _shard_files(d: Path) -> dict[str, Path]:
-    """tensor name -> the safetensors file holding it, for a model directory (single file or sharded)."""
-    from safetensors import safe_open
-
-    index = d / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            wm = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError) as e:
-            raise CorruptModelFile(f"cannot read {index}: {e}; download the checkpoint again") from None
-        return {k: d / v for k, v in wm.items()}
-    files = sorted(d.glob("*.safetensors"))
-    if not files:
-        if not any(d.glob("pytorch_model*.bin")):
-            raise CorruptModelFile(f"{d} holds no weights (*.safetensors); download the checkpoint into it")
-        raise BadInput(f"{d} has no safetensors weights; reading only the borders needs them "
-                       "(load the whole model instead)")
-    out = {}
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as h:
-                out.update({k: f for k in h.keys()})
-        except Exception as e:  # safetensors raises its own error types for a damaged header
-            raise CorruptModelFile(f"cannot read {f}: {str(e).splitlines()[0]}; download it again") from None
-    return out
-
-
-def _checkpoint_name(param: str, available: dict[str, Path], prefix: str) -> str | None:
-    """The checkpoint key of a model parameter (checkpoints may omit or add the base-model prefix)."""
-    cands = [param]
-    if prefix and param.startswith(prefix + "."):
-        cands.append(param[len(prefix) + 1:])
-    elif prefix:
-        cands.append(f"{prefix}.{param}")
-    return next((c for c in cands if c in available), None)
-
-
-def _read_tensors(keys: list[str], files: dict[str, Path], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """The checkpoint tensors ``keys`` (memory-mapped by ``safe_open``; converted when ``dtype`` is given)."""
-    from safetensors import safe_open
-
-    by_file: dict[Path, list[str]] = {}
-    for k in keys:
-        by_file.setdefault(files[k], []).append(k)
-    out = {}
-    for f, ks in by_file.items():
-        try:
-            with safe_open(str(f), framework="pt") as h:
-                for k in ks:
-                    t = h.get_tensor(k)
-                    out[k] = t if dtype is None else t.to(dtype)
-        except Exception as e:  # safetensors raises its own error types for a damaged file
-            raise CorruptModelFile(f"cannot read {f}: {str(e).splitlines()[0]}; download it again") from None
-    return out
-
-
-def _materialize(model, names: list[str], files: dict[str, Path], dtype: torch.dtype | None) -> None:
-    """Replace the meta parameters ``names`` of ``model`` by the checkpoint's tensors."""
-    prefix = getattr(model, "base_model_prefix", "") or ""
-    params = dict(model.named_parameters())
-    pairs = []
-    for n in names:
-        key = _checkpoint_name(n, files, prefix)
-        if key is None:
-            raise CorruptModelFile(f"the checkpoint has no tensor for {n}; it does not match its config")
-        pairs.append((n, key))
-    ts = _read_tensors([k for _, k in pairs], files, dtype)
-    for n, key in pairs:
-        t, p = ts[key], params[n]
-        if tuple(t.shape) != tuple(p.shape):
-            raise CorruptModelFile(f"{files[key].name}: {key} has shape {tuple(t.shape)}, the config says "
-                                   f"{tuple(p.shape)}; the config and the weights disagree")
-        mod_name, _, attr = n.rpartition(".")
-        mod = model.get_submodule(mod_name) if mod_name else model
-        setattr(mod, attr, torch.nn.Parameter(t, requires_grad=False))
-
-
-def _source_dir(spec: str) -> tuple[Path, object]:
-    """The safetensors directory to read and the provenance of ``spec``."""
-    from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
-    from vocablens.models.loading import load
-    from vocablens.models.provenance import Provenance, dir_provenance
-    from vocablens.models.spec import diagnose_dir, hub_error, missing_parts, resolve_spec
-
-    kind, path, hub = resolve_spec(spec)
-    if kind == "gguf":
-        cdir = cache_dir(path)
-        mark = cdir / CACHE_MARK if cdir is not None else None
-        if mark is None or not mark.is_file() or diagnose_dir(cdir, shapes=False) is not None:
-            load(spec)  # dequantizes once and writes the cache (the whole model, this time only)
-            if mark is None or not mark.is_file():
-                raise BadInput("the GGUF cache is off or not writable (VOCABLENS_CACHE): load the whole model instead")
-        prov = Provenance(**{**json.loads(mark.read_text()), "spec": spec, "loaded_from": str(cdir)})
-        return cdir, prov
-    if kind == "dir":
-        return path, dir_provenance(path, spec)
-    from huggingface_hub import snapshot_download
-
-    try:
-        d = Path(snapshot_download(hub, local_files_only=True, allow_patterns=["*.json", "*.safetensors", "*.model",
-                                                                              "*.txt", "*.jinja"]))
-    except Exception:
-        raise hub_error(hub) from None
-    return d, Provenance(spec=spec, name=hub, source=f"hub:{hub}", format="hub", quantization="")
+from vocablens.models.checkpoint_files import checkpoint_name, materialize, shard_files
+from vocablens.models.sources import light_tokenizer, source_dir
 
 
 def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_remote_code: bool = False,
@@ -158,14 +52,13 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
 
     from vocablens.models.borders import Borders
     from vocablens.models.dtypes import torch_dtype
-    from vocablens.models.loading import LoadedModel
+    from vocablens.models.loaded import LoadedModel
     from vocablens.models.provenance import Provenance
-    from vocablens.models.matrices import light_tokenizer
     from vocablens.models.spec import diagnose_dir, file_errors, missing_parts
     from vocablens.models.tie import stored_tie
 
     spec_s = str(spec)
-    d, prov = _source_dir(spec_s)
+    d, prov = source_dir(spec_s)
     tdtype = torch_dtype(dtype, "dtype")
     try:
         config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
@@ -175,7 +68,7 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
                                f"{str(e).splitlines()[0]}") from None
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    files = _shard_files(d)
+    files = shard_files(d)
     skel = Borders.from_model(model)
     wanted = [skel.embedding, skel.lm_head, skel.final_norm, skel.project_in, skel.project_out]
     for i in blocks or ():
@@ -197,15 +90,15 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
     tie_cfg = bool(getattr(config.get_text_config() if hasattr(config, "get_text_config") else config,
                            "tie_word_embeddings", False))
     prefix = getattr(model, "base_model_prefix", "") or ""
-    tied = stored_tie(files, tie_cfg, _checkpoint_name(emb_name, files, prefix),
-                      _checkpoint_name(head_name, files, prefix), tdtype)
+    tied = stored_tie(files, tie_cfg, checkpoint_name(emb_name, files, prefix),
+                      checkpoint_name(head_name, files, prefix), tdtype)
     if not tied and skel.lm_head.weight is skel.embedding.weight:
         skel.lm_head.weight = torch.nn.Parameter(torch.empty(skel.lm_head.weight.shape, device="meta"),
                                                  requires_grad=False)
         ids.add(id(skel.lm_head.weight))
     names = [n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in ids]
     names = list(dict.fromkeys(n for n in names if not (tied and n == head_name)))
-    _materialize(model, names, files, tdtype)
+    materialize(model, names, files, tdtype)
     if tied:
         skel.lm_head.weight = model.get_input_embeddings().weight
     for mod in (skel.final_norm,):  # non-persistent buffers (e.g. rotary) stay on meta; norms have none

@@ -58,7 +58,7 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
             raise BadInput("the streaming load needs max_memory (a size such as 200MB)")
         parse_bytes(max_memory)  # a bad size is one line, before anything loads
         if str(device) != "cpu":
-            raise BadInput("--max-memory streams blocks through CPU memory; run it without --device")
+            raise BadInput(f"the streaming mode reads blocks through CPU memory: device must be 'cpu'; got {device!r}")
     elif max_memory not in (None, ""):
         raise BadInput(f"max_memory is for the streaming mode, not {mode!r}")
     if (blocks or value_vectors) and mode != "borders":

@@ -8,77 +8,13 @@ see :mod:`vocablens.models.gguf_cache`). Where a spec points is decided in
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from vocablens.models.dtypes import torch_dtype
-from vocablens.models.gguf_cache import cache_dir, read_cache, write_cache
-from vocablens.models.provenance import Provenance, dir_provenance, gguf_provenance
+from vocablens.models.gguf_cache import load_gguf
+from vocablens.models.loaded import LoadedModel
+from vocablens.models.provenance import Provenance, dir_provenance
 from vocablens.models.spec import DEFAULT_MODEL, hub_kwargs, reading, resolve_spec
-
-
-@dataclass
-class LoadedModel:
-    """What :func:`load` returns: the model, its tokenizer, its two borders and its provenance.
-
-    Unpacks as ``model, tokenizer, borders, provenance = vocablens.load(...)``.
-    """
-
-    model: Any
-    tokenizer: Any
-    borders: Any
-    provenance: Provenance
-
-    def __iter__(self):
-        return iter((self.model, self.tokenizer, self.borders, self.provenance))
-
-    def without_tokenizer(self) -> "LoadedModel":
-        """This model with its tokenizer swapped for a :class:`~vocablens.models.token_table.TokenTable`
-        of its token strings (~0.6 MiB for SmolLM2's 49,152 tokens; the tokenizer holds ~14 MiB).
-
-        For commands that encode a little input, then run a memory-heavy analysis, then print token
-        strings (``project``): encode first, then ``lm = lm.without_tokenizer()`` before the heavy
-        phase. The new object's ``tokenizer`` gives the same :func:`~vocablens.models.tokens.token_str`
-        strings but cannot encode; the model, borders and provenance are shared. ``self`` is left as it
-        is (a caller's model keeps its tokenizer), so the tokenizer is freed only once nothing else
-        refers to it (the borders keep no reference); its heap returns to the OS after a
-        ``malloc_trim`` (the CLI's ``trim_heap``). On a model that has a table already: itself.
-        """
-        import dataclasses
-
-        from vocablens.models.token_table import TokenTable
-
-        if isinstance(self.tokenizer, TokenTable):
-            return self
-        return dataclasses.replace(self, tokenizer=TokenTable(self.tokenizer))
-
-
-def _load_gguf(path: Path, spec: str, tdtype):
-    """Dequantize a GGUF file with transformers (or read it from the cache): ``(tok, model, prov)``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    cdir = cache_dir(path)
-    hit = read_cache(cdir, spec, tdtype)
-    if hit is not None:  # the entry is keyed by content, shared by every copy of the file: the source
-        tok, model, prov = hit  # is the file given now, not the copy that wrote the entry
-        return tok, model, Provenance(**{**prov.__dict__, "source": str(path)})
-    prov = gguf_provenance(path, spec)
-    d, f = str(path.parent), path.name
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
-    # The weights are plain dequantized tensors now; drop the GGUF quantizer so the model is an
-    # ordinary transformers model (serializable, editable).
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    if cdir is not None:
-        write_cache(cdir, model, tok, prov)
-    if tdtype is not None and tdtype != torch.float32:
-        model = model.to(tdtype)
-    return tok, model, prov
 
 
 def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str = "cpu",
@@ -118,7 +54,7 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     tdtype = torch_dtype(dtype, "dtype")
     with reading(spec_s, kind, hub, "load", path):
         if kind == "gguf":
-            tok, model, prov = _load_gguf(path, spec_s, tdtype)
+            tok, model, prov = load_gguf(path, spec_s, tdtype)
         else:
             src = str(path) if kind == "dir" else hub
             kw: dict[str, Any] = {"trust_remote_code": trust_remote_code}

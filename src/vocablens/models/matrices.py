@@ -30,10 +30,9 @@ import torch
 from torch import nn
 
 from vocablens.errors import BadInput, CorruptModelFile
+from vocablens.models.checkpoint_files import matrix_keys, read_tensors, shard_files
+from vocablens.models.sources import light_tokenizer, source_dir
 
-_EMB_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight",
-                 "tok_embeddings.weight")
-_HEAD_NAMES = ("lm_head.weight", "embed_out.weight", "output.weight")
 _REFUSE = ("project_in", "project_out", "lm_head.bias", "embed_out.bias")
 
 
@@ -106,27 +105,6 @@ class _Config(SimpleNamespace):
         return dict(self.__dict__)
 
 
-def light_tokenizer(d: Path, trust_remote_code: bool = False):
-    """The tokenizer of a model directory through the class its ``tokenizer_config.json`` names
-    (the class ``AutoTokenizer`` would pick), without importing transformers' config machinery;
-    ``AutoTokenizer`` when the class is not named, not exported or needs remote code."""
-    import transformers
-
-    cfg_path = d / "tokenizer_config.json"
-    try:
-        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-    except (OSError, ValueError):
-        cfg = {}
-    name = cfg.get("tokenizer_class")
-    if name and not trust_remote_code and "auto_map" not in cfg and (d / "tokenizer.json").is_file():
-        # the fast class, as AutoTokenizer(use_fast=True) picks it (transformers 4 names the slow one)
-        cls = None if name.endswith("Fast") else getattr(transformers, name + "Fast", None)
-        cls = cls or getattr(transformers, name, None)
-        if cls is not None:
-            return cls.from_pretrained(str(d))
-    return transformers.AutoTokenizer.from_pretrained(str(d), trust_remote_code=trust_remote_code)
-
-
 def _plan(d: Path, files: dict[str, Path]):
     """``(config, emb_key, head_key or None, config_tied)`` when this view can read ``d`` exactly, else
     None. ``head_key`` is the stored head whenever there is one, also under a tying config: whether
@@ -141,8 +119,7 @@ def _plan(d: Path, files: dict[str, Path]):
             not isinstance(cfg.get("tie_word_embeddings"), bool) or \
             any(r in k for k in files for r in _REFUSE):
         return None
-    embs = [k for k in files if k.endswith(_EMB_SUFFIXES)]
-    heads = [k for k in files if k in _HEAD_NAMES or any(k.endswith("." + h) for h in _HEAD_NAMES)]
+    embs, heads = matrix_keys(files)
     tied = cfg["tie_word_embeddings"]
     if len(embs) != 1 or len(heads) > 1 or (not tied and not heads):
         return None
@@ -226,15 +203,15 @@ def mapped_read_only(f: Path, key: str) -> torch.Tensor | None:
 def _load(spec: str, dtype, trust_remote_code: bool, head: bool):
     from vocablens.models.borders import Borders
     from vocablens.models.dtypes import torch_dtype
-    from vocablens.models.lazy import _read_tensors, _shard_files, _source_dir, load_borders_only
-    from vocablens.models.loading import LoadedModel
+    from vocablens.models.lazy import load_borders_only
+    from vocablens.models.loaded import LoadedModel
     from vocablens.models.provenance import Provenance
     from vocablens.models.spec import diagnose_dir, file_errors, missing_parts
     from vocablens.models.tie import checkpoint_tied
 
     fallback = lambda: load_borders_only(spec, dtype=dtype, trust_remote_code=trust_remote_code)  # noqa: E731
-    d, prov = _source_dir(spec)
-    files = _shard_files(d)
+    d, prov = source_dir(spec)
+    files = shard_files(d)
     plan = _plan(d, files)
     norm_key = None
     if plan is not None and head:
@@ -250,7 +227,7 @@ def _load(spec: str, dtype, trust_remote_code: bool, head: bool):
     config, emb_key, head_key, config_tied = plan
     tdtype = torch_dtype(dtype, "dtype")
     keys = [emb_key] + ([head_key] if head_key else [])
-    ts = _read_tensors(keys + ([norm_key] if norm_key else []), files, tdtype)
+    ts = read_tensors(keys + ([norm_key] if norm_key else []), files, tdtype)
     tied = checkpoint_tied(config_tied, ts.get(head_key) if head_key else None, ts[emb_key])
     if tied and head_key:                     # a stored copy of the embedding: one matrix, as transformers
         keys, head_key = [emb_key], None
@@ -292,5 +269,4 @@ def _load(spec: str, dtype, trust_remote_code: bool, head: bool):
     return LoadedModel(model, tok, Borders.from_model(model, tokenizer=tok), prov)
 
 
-__all__ = ["RMS_FAMILIES", "MatricesOnly", "RMSNorm", "light_tokenizer", "load_head_only", "load_matrices_only",
-           "mapped_read_only"]
+__all__ = ["RMS_FAMILIES", "MatricesOnly", "RMSNorm", "load_head_only", "load_matrices_only", "mapped_read_only"]

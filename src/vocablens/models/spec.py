@@ -120,7 +120,7 @@ def _shape_mismatch(path: Path) -> str | None:
     from safetensors import safe_open
     from transformers import AutoConfig
 
-    from vocablens.models.config import meta_model
+    from vocablens.models.meta import meta_model
 
     try:
         model = meta_model(AutoConfig.from_pretrained(str(path)))

@@ -40,10 +40,10 @@ def parse_bytes(text: str | int) -> int:
     else:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
         if not m or m.group(2).lower() not in _UNITS:
-            raise BadInput(f"--max-memory takes a size such as 200MB, 1.5GB or 800MiB; got {text!r}")
+            raise BadInput(f"`max_memory` takes a size such as 200MB, 1.5GB or 800MiB; got {text!r}")
         n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     if n <= 0:
-        raise BadInput(f"--max-memory must be positive; got {text!r}")
+        raise BadInput(f"`max_memory` must be positive; got {text!r}")
     return n
 
 
@@ -105,9 +105,9 @@ class BlockStreamer:
 
 def checkpoint_bytes(d: Path) -> int:
     """Bytes of a safetensors checkpoint directory (the files, headers included)."""
-    from vocablens.models.lazy import _shard_files
+    from vocablens.models.checkpoint_files import shard_files
 
-    return sum(f.stat().st_size for f in set(_shard_files(d).values()))
+    return sum(f.stat().st_size for f in set(shard_files(d).values()))
 
 
 def check_shards(d: Path, files: dict[str, Path]) -> None:
@@ -173,14 +173,16 @@ def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = 
     """
     from vocablens.errors import UnsupportedArchitecture
     from vocablens.models.dtypes import torch_dtype
-    from vocablens.models.find import _named_children
-    from vocablens.models.lazy import _checkpoint_name, _materialize, _shard_files, _source_dir, load_borders_only
+    from vocablens.models.checkpoint_files import checkpoint_name, materialize, shard_files
+    from vocablens.models.find import named_children
+    from vocablens.models.lazy import load_borders_only  # looked up at each call (tests replace it)
+    from vocablens.models.sources import source_dir
 
     from transformers import AutoConfig
 
     cap = parse_bytes(max_memory)
-    d, _ = _source_dir(str(spec))
-    files = _shard_files(d)
+    d, _ = source_dir(str(spec))
+    files = shard_files(d)
     check_shards(d, files)  # a missing shard: one line now, not a traceback mid-forward
     tdtype = torch_dtype(dtype, "dtype")
     if tdtype is None:  # the normal load's one dtype (a mixed checkpoint is cast, as from_pretrained does)
@@ -195,10 +197,10 @@ def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = 
     esize = b.W_E.element_size()
     in_blocks = {id(t) for blk in b.blocks for t in [*blk.parameters(), *blk.buffers()]}
     rest = [n for n, p in model.named_parameters() if p.is_meta and id(p) not in in_blocks]
-    _materialize(model, rest, files, tdtype)  # learned positions (GPT-2, OPT) and the like: resident
+    materialize(model, rest, files, tdtype)  # learned positions (GPT-2, OPT) and the like: resident
     lost = [n for n, t in model.named_buffers() if t.is_meta and id(t) not in in_blocks]
     if lost:
-        raise UnsupportedArchitecture(b.family, _named_children(model), f"buffer {lost[0]} is not in the "
+        raise UnsupportedArchitecture(b.family, named_children(model), f"buffer {lost[0]} is not in the "
                                       "checkpoint, so the model cannot be streamed; load it whole")
     used = _nbytes({id(p): p for p in model.parameters() if not p.is_meta}.values())
     block_names = {id(blk): n for n, blk in model.named_modules() if any(blk is x for x in b.blocks)}
@@ -210,11 +212,11 @@ def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = 
         for n, t in [*blk.named_parameters(), *blk.named_buffers()]:
             if not t.is_meta:
                 continue
-            key = _checkpoint_name(f"{bname}.{n}", files, prefix)
+            key = checkpoint_name(f"{bname}.{n}", files, prefix)
             if key is None:
-                raise UnsupportedArchitecture(b.family, _named_children(blk),
+                raise UnsupportedArchitecture(b.family, named_children(blk),
                                               f"block {i}: {n} is not in the checkpoint, so it cannot be "
-                                              "streamed; load the whole model (no --max-memory)")
+                                              "streamed; load the whole model (no `max_memory`)")
             keys[n] = (key, files[key])
         if not streamers and used + need <= cap:
             resident.append((blk, keys))

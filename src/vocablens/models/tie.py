@@ -20,6 +20,9 @@ from pathlib import Path
 
 import torch
 
+from vocablens.errors import VocabLensError
+from vocablens.models.checkpoint_files import matrix_keys, read_tensors, shard_files
+
 
 def same_matrix(a: torch.Tensor, b: torch.Tensor, chunk: int = 8192) -> bool:
     """``torch.equal(a, b)`` over [V, d] matrices, compared ``chunk`` rows at a time (memory-mapped
@@ -54,9 +57,7 @@ def stored_tie(files: dict[str, Path], config_tied: bool, emb_key: str | None, h
         return bool(config_tied)
     if emb_key is None or emb_key not in files:
         return True  # transformers then ties the embedding to the stored head (the "symmetric" case)
-    from vocablens.models.lazy import _read_tensors
-
-    ts = _read_tensors([emb_key, head_key], files, dtype)
+    ts = read_tensors([emb_key, head_key], files, dtype)
     return checkpoint_tied(True, ts[head_key], ts[emb_key])
 
 
@@ -65,19 +66,14 @@ def config_as_loaded(config, d: Path):
     False (on the text config, in place) when the config ties but ``d`` stores a head that differs
     from its embedding; unchanged otherwise (no safetensors, names not found, already untied).
     Reads the safetensors headers, and the two matrices only when a head is stored. Returns ``config``."""
-    from vocablens.errors import VocabLensError
-    from vocablens.models.lazy import _shard_files
-    from vocablens.models.matrices import _EMB_SUFFIXES, _HEAD_NAMES
-
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if not getattr(text, "tie_word_embeddings", False):
         return config
     try:
-        files = _shard_files(Path(d))
+        files = shard_files(Path(d))
     except VocabLensError:
         return config
-    embs = [k for k in files if k.endswith(_EMB_SUFFIXES)]
-    heads = [k for k in files if k in _HEAD_NAMES or any(k.endswith("." + h) for h in _HEAD_NAMES)]
+    embs, heads = matrix_keys(files)
     if len(embs) == 1 and len(heads) == 1 and not stored_tie(files, True, embs[0], heads[0]):
         text.tie_word_embeddings = False
         if text is not config and hasattr(config, "tie_word_embeddings"):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vocablens.models.tokens import _piece, _specials, _vocab_kind
+from vocablens.models.tokens import token_piece, special_ids, vocab_kind
 
 
 class _Strings:
@@ -44,14 +44,14 @@ class TokenTable:
         n = int(len(tokenizer))
         added = [int(i) for i in (getattr(tokenizer, "added_tokens_decoder", None) or {})]
         n = max([n] + [i + 1 for i in added])  # an added token may sit beyond len() (a gap in the ids)
-        self._vocablens_kind = _vocab_kind(tokenizer)
-        self._vocablens_specials = frozenset(_specials(tokenizer))
+        self._vocablens_kind = vocab_kind(tokenizer)
+        self._vocablens_specials = frozenset(special_ids(tokenizer))
         try:  # one call (a fast tokenizer maps each id as the one-id call does)
             pieces = list(tokenizer.convert_ids_to_tokens(list(range(n))))
         except Exception:
             pieces = []
         if len(pieces) != n:
-            pieces = [_piece(tokenizer, i) for i in range(n)]
+            pieces = [token_piece(tokenizer, i) for i in range(n)]
         self._pieces = _Strings(pieces)
         del pieces
         self._decoded = None

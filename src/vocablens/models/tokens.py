@@ -40,7 +40,7 @@ def escape_char(ch: str) -> str:
     return f"\\u{o:04x}" if o <= 0xFFFF else f"\\U{o:08x}"
 
 
-def _escape(s: str) -> str:
+def escape_text(s: str) -> str:
     out, base = [], False
     for ch in s:
         if ch in _CONTROL or invisible(ch, base):
@@ -67,7 +67,7 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-def _vocab_kind(tokenizer) -> str:
+def vocab_kind(tokenizer) -> str:
     """``"bytelevel"`` (GPT-2/Llama-3/Qwen style), ``"sentencepiece"`` (▁ and <0xNN> byte fallback) or
     ``"plain"`` (decode token by token), from the fast tokenizer's decoder; cached on the tokenizer."""
     kind = getattr(tokenizer, "_vocablens_kind", None)
@@ -87,7 +87,7 @@ def _vocab_kind(tokenizer) -> str:
     return kind
 
 
-def _specials(tokenizer) -> set[int]:
+def special_ids(tokenizer) -> set[int]:
     got = getattr(tokenizer, "_vocablens_specials", None)
     if got is None:
         got = set(int(i) for i in getattr(tokenizer, "all_special_ids", []) or [])
@@ -99,7 +99,7 @@ def _specials(tokenizer) -> set[int]:
     return got
 
 
-def _piece(tokenizer, token_id: int) -> str | None:
+def token_piece(tokenizer, token_id: int) -> str | None:
     """The tokenizer's own string for ``token_id`` (``convert_ids_to_tokens``), or None (no such id)."""
     try:
         return tokenizer.convert_ids_to_tokens(token_id)
@@ -111,12 +111,12 @@ def token_bytes(tokenizer, token_id: int) -> bytes | None:
     """The bytes token ``token_id`` stands for (what it adds to decoded text), or None when the
     tokenizer has no such id. Special and added tokens are their own text, UTF-8 encoded."""
     token_id = int(token_id)
-    raw = _piece(tokenizer, token_id)
+    raw = token_piece(tokenizer, token_id)
     if raw is None:
         return None
-    if token_id in _specials(tokenizer):
+    if token_id in special_ids(tokenizer):
         return raw.encode("utf-8")
-    kind = _vocab_kind(tokenizer)
+    kind = vocab_kind(tokenizer)
     if kind == "bytelevel":
         dec = _byte_decoder()
         if all(c in dec for c in raw):
@@ -158,14 +158,14 @@ def show_bytes(b: bytes) -> str:
 
 
 def _escape_runs(parts: list[str]) -> str:
-    """Characters escaped by :func:`_escape` run by run (a combining mark after a base character
+    """Characters escaped by :func:`escape_text` run by run (a combining mark after a base character
     stays), ``<0xNN>`` parts kept as they are (a mark after one stands alone)."""
     out, run = [], []
     for p in parts + ["<end>"]:
         if len(p) == 1:
             run.append(p)
             continue
-        out.append(_escape("".join(run)))
+        out.append(escape_text("".join(run)))
         run = []
         if p != "<end>":
             out.append(p)
@@ -308,7 +308,7 @@ def encode_prompt(tokenizer, prompt: str, max_len: int | None = None, chat: bool
     check_text(prefix or "", "--prefix")
     if chat:
         if not getattr(tokenizer, "chat_template", None):
-            raise BadInput("--chat: this tokenizer has no chat template")
+            raise BadInput("`chat`: this tokenizer has no chat template")
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True) + (prefix or "")
         ids = torch.tensor([tokenizer(text, add_special_tokens=False).input_ids], dtype=torch.int64)

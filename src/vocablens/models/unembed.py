@@ -126,7 +126,8 @@ class Unembedding:
         ``scaled`` the rows are also multiplied by ``logit_scale`` (the softcap, being nonlinear, is
         never folded in).
         """
-        from vocablens.models.blocks import linear_weight, norm_gain  # blocks imports nothing of ours
+        from vocablens.models.blocks.norms import norm_gain
+        from vocablens.models.blocks.view import linear_weight
 
         W = self.weight.detach()
         if isinstance(rows, slice):
@@ -147,7 +148,8 @@ class Unembedding:
         """Directions of the stream [..., d_model] -> head-input directions u [..., d_emb] float32 with
         ``readout(fold_norm_gain, scaled=scaled) @ v == W_U @ u`` (up to float32 rounding):
         u = logit_scale · P_out (g ⊙ v). [..., d] work, never the [V, d] readout."""
-        from vocablens.models.blocks import linear_weight, norm_gain
+        from vocablens.models.blocks.norms import norm_gain
+        from vocablens.models.blocks.view import linear_weight
 
         u = v.detach().to(self.device, torch.float32)
         if fold_norm_gain and self.final_norm is not None:

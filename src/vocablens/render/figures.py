@@ -29,7 +29,7 @@ def figure_kind(path: str | os.PathLike) -> str:
         return "html"
     if suffix in IMAGE_SUFFIXES:
         return "image"
-    raise BadInput(f"--plot must end in {', '.join(HTML_SUFFIXES + IMAGE_SUFFIXES)}; got {Path(path).name!r}")
+    raise BadInput(f"`plot` must end in {', '.join(HTML_SUFFIXES + IMAGE_SUFFIXES)}; got {Path(path).name!r}")
 
 
 def save_figure(fig_or_builder: Any | Callable[[str], Any], path: str | os.PathLike, dpi: int = 110) -> Path:

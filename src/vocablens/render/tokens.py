@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from vocablens.models.tokens import _escape, token_str
+from vocablens.models.tokens import escape_text, token_str
 
 #: what each whitespace character of a token is shown as (escaped forms from ``token_str`` too)
 VISIBLE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍", "\u00a0": "⍽"}
@@ -41,7 +41,7 @@ def _raw(text: str) -> str:
     out, run = [], []
     for ch in text + "\0":  # the sentinel flushes the last run
         if ch in VISIBLE or ch == "\0":
-            out.append(_escape("".join(run)).replace("\\\\", "\\"))  # a raw backslash stays one
+            out.append(escape_text("".join(run)).replace("\\\\", "\\"))  # a raw backslash stays one
             run = []
             out.append(VISIBLE.get(ch, ""))
         else:

@@ -193,12 +193,12 @@ def _existing_token(tokenizer, s: str) -> int | None:
     return None
 
 
-def _other_vocab_tensors(model: nn.Module, rows: int, known: list[torch.Tensor]) -> list[str]:
+def other_vocab_tensors(model: nn.Module, rows: int, known: list[torch.Tensor]) -> list[str]:
     known_ids = {id(t) for t in known if t is not None}
     return [n for n, p in model.named_parameters() if id(p) not in known_ids and p.dim() >= 1 and p.shape[0] == rows]
 
 
-def _shallow_copy(model: nn.Module) -> nn.Module:
+def shallow_copy(model: nn.Module) -> nn.Module:
     """A structural copy of ``model`` sharing all parameters and buffers (nothing large is copied)."""
     memo: dict[int, Any] = {}
     for t in list(model.parameters()) + list(model.buffers()):
@@ -277,9 +277,9 @@ def expand_vocab(model: nn.Module, tokenizer, tokens: Sequence[str], init: str =
     from tokenizers import AddedToken
 
     if init not in INIT_METHODS:
-        raise BadInput(f"unknown --init {init!r}; use one of {', '.join(INIT_METHODS)}")
+        raise BadInput(f"unknown `init` {init!r}; use one of {', '.join(INIT_METHODS)}")
     if not 0.0 <= interpolation <= 1.0:
-        raise BadInput(f"--interpolation must be in [0, 1]; got {interpolation}")
+        raise BadInput(f"`interpolation` must be in [0, 1]; got {interpolation}")
     tokens = list(tokens)
     if not tokens:
         raise BadInput("no tokens to add: give --add TOKEN or --add-file FILE")
@@ -299,7 +299,7 @@ def expand_vocab(model: nn.Module, tokenizer, tokens: Sequence[str], init: str =
     rows_before = borders.vocab_size
     size_before = len(tokenizer)
     W_E, W_U, b_U = borders.W_E, borders.W_U, borders.b_U
-    others = _other_vocab_tensors(model, rows_before, [W_E, W_U, b_U])
+    others = other_vocab_tensors(model, rows_before, [W_E, W_U, b_U])
     if others:
         raise UnsupportedArchitecture(borders.family, others,
                                       "these parameters are indexed by the vocabulary too; expanding only "
@@ -340,7 +340,7 @@ def expand_vocab(model: nn.Module, tokenizer, tokens: Sequence[str], init: str =
             out[torch.tensor(new_ids, device=W.device)] = new_rows
         return out
 
-    new_model = _shallow_copy(model)
+    new_model = shallow_copy(model)
     replace_matrices(new_model, grown(W_E, E_rows), None if tied else grown(W_U, U_rows),
                      None if b_U is None else grown(b_U, b_rows), tied)
     nb = Borders.from_model(new_model, new_tok)

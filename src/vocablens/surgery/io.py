@@ -24,12 +24,12 @@ def check_out(out: str | os.PathLike, force: bool) -> Path:
         BadInput: no ``out`` given, or ``out`` is a file. OutputExists: as above.
     """
     if not str(out or "").strip():
-        raise BadInput("--out DIR is required")
+        raise BadInput("`out` DIR is required")
     p = Path(out).expanduser()
     if p.exists() and not force:
-        raise OutputExists(f"{p} exists; pass --force to replace it (nothing written)")
+        raise OutputExists(f"{p} exists; pass `force` to replace it (nothing written)")
     if p.exists() and not p.is_dir():
-        raise BadInput(f"{p} exists and is not a directory; remove it or choose another --out")
+        raise BadInput(f"{p} exists and is not a directory; remove it or choose another `out`")
     return p
 
 

@@ -27,7 +27,7 @@ from torch import nn
 
 from vocablens.errors import BadInput, UnsupportedTokenizer
 from vocablens.models.borders import Borders
-from vocablens.surgery.expand import _other_vocab_tensors, _shallow_copy, replace_matrices
+from vocablens.surgery.expand import other_vocab_tensors, shallow_copy, replace_matrices
 
 _CONFIG_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "sep_token_id",
                      "unk_token_id")
@@ -319,7 +319,7 @@ def trim_vocab(model: nn.Module, tokenizer, used_ids: Iterable[int]) -> Trimmed:
     rows = borders.vocab_size
     if kept[-1] >= rows:
         raise BadInput(f"token id {kept[-1]} has no row in the matrices ({rows} rows)")
-    others = _other_vocab_tensors(model, rows, [borders.W_E, borders.W_U, borders.b_U])
+    others = other_vocab_tensors(model, rows, [borders.W_E, borders.W_U, borders.b_U])
     if others:
         from vocablens.errors import UnsupportedArchitecture
 
@@ -333,7 +333,7 @@ def trim_vocab(model: nn.Module, tokenizer, used_ids: Iterable[int]) -> Trimmed:
         W_E = borders.W_E.detach().index_select(0, idx).clone()
         W_U = None if borders.tied else borders.W_U.detach().index_select(0, idx).clone()
         b_U = None if borders.b_U is None else borders.b_U.detach().index_select(0, idx).clone()
-    new_model = _shallow_copy(model)
+    new_model = shallow_copy(model)
     replace_matrices(new_model, W_E, W_U, b_U, borders.tied)
     _remap_config_ids(new_model.config, o2n)
     if getattr(new_model, "generation_config", None) is not None:

@@ -105,10 +105,10 @@ def pick_examples(tokenizer, candidates_order: torch.Tensor, usable: torch.Tenso
 
 
 def _decoder_and_kw(borders):
-    from vocablens.generate.loop import _cache_kw, base_decoder
+    from vocablens.generate.loop import cache_kwarg, base_decoder
 
     dec = base_decoder(borders)
-    return dec, _cache_kw(dec)
+    return dec, cache_kwarg(dec)
 
 
 @torch.no_grad()

@@ -17,7 +17,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from vocablens.distributed import allreduce_sum, gather_columns, share, world
+from vocablens.distributed import allreduce_sum, gather_columns, share
+from vocablens.ops.vocab_parallel.comm import world
 from vocablens.errors import BadInput
 from vocablens.models.flops import block_flops
 from vocablens.lens.logit import Translator

@@ -131,7 +131,7 @@ def sample_neurons(borders: Borders, per_block: int, seed: int = 0) -> tuple[lis
         BadInput: per_block < 1. UnsupportedArchitecture: a block without a dense MLP.
     """
     if isinstance(per_block, bool) or not isinstance(per_block, int) or per_block < 1:
-        raise BadInput(f"--sample must be an integer of at least 1; got {per_block!r}")
+        raise BadInput(f"`per_block` must be an integer of at least 1; got {per_block!r}")
     g = torch.Generator().manual_seed(int(seed))  # cpu: the same draw on every device
     blocks, neurons = [], []
     for v in block_views(borders):

@@ -9,7 +9,8 @@ from typing import Iterator
 import torch
 
 from vocablens.errors import UnsupportedArchitecture
-from vocablens.models.blocks.view import BlockView, _children
+from vocablens.models.blocks.view import BlockView
+from vocablens.models.find import named_children
 
 
 @dataclass
@@ -87,5 +88,5 @@ def capture_updates(views: list[BlockView], batch_shape: tuple[int, int], positi
         patch.close()
     for v, c in zip(views, caps):
         if c.z is None or c.act is None:
-            raise UnsupportedArchitecture(v.family, _children(v.block),
+            raise UnsupportedArchitecture(v.family, named_children(v.block),
                                           f"block {v.index}: the attention or MLP output projection never ran")

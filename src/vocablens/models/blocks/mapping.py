@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from vocablens.errors import UnsupportedArchitecture
-from vocablens.models.blocks.view import BlockView, PostTransform, _children, _get, linear_bias, linear_weight
-from vocablens.models.borders import config_value as _cfg
+from vocablens.models.blocks.view import BlockView, PostTransform, linear_bias, linear_weight
+from vocablens.models.find import config_value as _cfg
+from vocablens.models.find import first_child, named_children
 
 _ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention")
 _MLP_NAMES = ("mlp", "feed_forward", "ffn")
@@ -77,9 +78,9 @@ def _parallel(config, family: str) -> bool:
 
 
 def _activation(family, config, mlp, block) -> Callable:
-    _, act = _get(mlp, _ACT_NAMES)
+    _, act = first_child(mlp, _ACT_NAMES)
     if act is None and mlp is not block:
-        _, act = _get(block, _ACT_NAMES)
+        _, act = first_child(block, _ACT_NAMES)
     if act is None:
         name = _cfg(config, "hidden_act", "activation_function", "hidden_activation", default="gelu")
         from transformers.activations import ACT2FN
@@ -102,16 +103,16 @@ def block_view(borders, index: int) -> BlockView:
     """
     blk = borders.blocks[index]
     family, config = borders.family, borders.config
-    found = _children(blk)
-    an, attn = _get(blk, _ATTN_NAMES)
+    found = named_children(blk)
+    an, attn = first_child(blk, _ATTN_NAMES)
     if attn is None:
         raise UnsupportedArchitecture(family, found, f"block {index} has no attention module")
-    found.update({f"{an}.{k}": v for k, v in _children(attn).items()})
-    mn, mlp = _get(blk, _MLP_NAMES)
+    found.update({f"{an}.{k}": v for k, v in named_children(attn).items()})
+    mn, mlp = first_child(blk, _MLP_NAMES)
     if mlp is None:
         mlp = blk  # OPT keeps fc1/fc2 on the block itself
     else:
-        found.update({f"{mn}.{k}": v for k, v in _children(mlp).items()})
+        found.update({f"{mn}.{k}": v for k, v in named_children(mlp).items()})
     if any(isinstance(getattr(mlp, m, None), nn.Module) for m in _MOE_MARKERS) or \
             isinstance(getattr(mlp, "gate", None), nn.Module) and not isinstance(getattr(mlp, "gate"), nn.Linear):
         raise UnsupportedArchitecture(family, found, f"block {index} has a mixture-of-experts MLP, not one "
@@ -135,7 +136,7 @@ def block_view(borders, index: int) -> BlockView:
     if n_up != (2 * d_ff if gate_up_split else d_ff):
         raise UnsupportedArchitecture(family, found, f"block {index}: up projection has {n_up} rows, "
                                       f"down projection reads {d_ff}")
-    _, attn_out = _get(attn, _OUT_PROJ_NAMES)
+    _, attn_out = first_child(attn, _OUT_PROJ_NAMES)
     if attn_out is None:
         raise UnsupportedArchitecture(family, found, f"block {index}: no attention output projection")
     H, Hkv, dh = _heads(config, family, attn)

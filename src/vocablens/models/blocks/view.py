@@ -13,10 +13,6 @@ from typing import Callable
 import torch
 from torch import nn
 
-def _children(mod: nn.Module) -> dict[str, str]:
-    return {n: type(m).__name__ for n, m in mod.named_children()}
-
-
 def _is_conv1d(mod: nn.Module) -> bool:
     return type(mod).__name__ == "Conv1D"
 
@@ -30,16 +26,6 @@ def linear_weight(mod: nn.Module) -> torch.Tensor:
 def linear_bias(mod: nn.Module) -> torch.Tensor | None:
     b = getattr(mod, "bias", None)
     return b if isinstance(b, torch.Tensor) else None
-
-
-def _get(mod: nn.Module, names) -> tuple[str | None, nn.Module | None]:
-    for n in names:
-        m = getattr(mod, n, None)
-        if isinstance(m, nn.Module):
-            return n, m
-    return None, None
-
-
 
 
 @dataclass(frozen=True)

@@ -43,23 +43,25 @@ def shard_sizes(V: int, world_size: int) -> list[int]:
     return [b - a for a, b in (shard_range(V, world_size, r) for r in range(check_int("world_size", world_size, 1)))]
 
 
-def ws_rank(group=None) -> tuple[int, int]:
-    """(world size, rank) of ``group``, or (1, 0) without an initialized process group."""
+def world(group=None) -> tuple[int, int]:
+    """``(rank, world size)`` of ``group`` (default: the default process group), or ``(0, 1)``
+    without an initialized process group: vocablens's one helper for where a process stands, in the
+    order of :func:`vocablens.distributed.init_from_env`."""
     if not dist.is_available() or not dist.is_initialized():
-        return 1, 0
-    return dist.get_world_size(group), dist.get_rank(group)
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
 
 
 def all_reduce(t: torch.Tensor, op=None, group=None) -> torch.Tensor:
     """In-place all-reduce (default SUM) of ``t`` over ``group``; a no-op in a world of one."""
-    if ws_rank(group)[0] > 1:
+    if world(group)[1] > 1:
         dist.all_reduce(t, op=op or dist.ReduceOp.SUM, group=group)
     return t
 
 
 def all_gather_cat(t: torch.Tensor, sizes: list[int], group=None) -> torch.Tensor:
     """Concatenate along the last dim the uneven local tensors ``[..., sizes[r]]`` of every rank."""
-    ws, _ = ws_rank(group)
+    _, ws = world(group)
     if ws == 1:
         return t
     pad = torch.zeros(*t.shape[:-1], max(sizes), dtype=t.dtype, device=t.device)
@@ -71,7 +73,7 @@ def all_gather_cat(t: torch.Tensor, sizes: list[int], group=None) -> torch.Tenso
 
 def all_gather_stack(t: torch.Tensor, group=None) -> torch.Tensor:
     """[world, ...]: every rank's ``t`` (same shape on every rank), stacked in rank order."""
-    parts = [torch.empty_like(t) for _ in range(ws_rank(group)[0])]
+    parts = [torch.empty_like(t) for _ in range(world(group)[1])]
     dist.all_gather(parts, t.contiguous(), group=group)
     return torch.stack(parts)
 
@@ -125,4 +127,4 @@ def reduce_from_region(x: torch.Tensor, group=None) -> torch.Tensor:
 
 
 __all__ = ["GatherFromRegion", "all_gather_cat", "all_gather_stack", "all_reduce", "copy_to_region",
-           "reduce_from_region", "shard_range", "shard_sizes", "ws_rank"]
+           "reduce_from_region", "shard_range", "shard_sizes", "world"]

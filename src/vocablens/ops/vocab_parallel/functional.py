@@ -27,7 +27,7 @@ from vocablens.ops._checks import check_float, check_head, check_head_transform,
 from vocablens.ops.embedding import embedding_lookup
 from vocablens.ops.topk import merge_topk, topk_lowest_id
 from vocablens.ops.vocab_parallel.comm import (
-    GatherFromRegion, all_gather_stack, copy_to_region, reduce_from_region, shard_range, shard_sizes, ws_rank,
+    GatherFromRegion, all_gather_stack, copy_to_region, reduce_from_region, shard_range, shard_sizes, world,
 )
 
 
@@ -98,7 +98,7 @@ def vocab_parallel_gather_logits(local_logits: torch.Tensor, V: int, group=None)
         ShapeMismatch: local_logits' last dim is not this rank's shard size. BadInput: V not an int >= world size.
     """
     check_float("local_logits", local_logits)
-    ws, rank = ws_rank(group)
+    rank, ws = world(group)
     sizes = shard_sizes(V, ws)
     if local_logits.shape[-1] != sizes[rank]:
         raise ShapeMismatch(f"local_logits {tuple(local_logits.shape)} on rank {rank} must have "
@@ -123,7 +123,7 @@ def vocab_parallel_argmax(local_logits: torch.Tensor, vocab_start: int, group=No
     i = torch.argmax(local_logits, dim=-1)
     v = local_logits.gather(-1, i[..., None]).squeeze(-1)
     i = i + vocab_start
-    if ws_rank(group)[0] == 1:
+    if world(group)[1] == 1:
         return i
     v = v.to(torch.float64 if local_logits.dtype == torch.float64 else torch.float32)
     r = torch.argmax(all_gather_stack(v, group), dim=0)
@@ -154,7 +154,7 @@ def vocab_parallel_topk(local_logits: torch.Tensor, k: int, vocab_start: int, V:
     kk = min(k, z.shape[-1])
     v, i = topk_lowest_id(z, kk)
     i = i + vocab_start
-    ws, _ = ws_rank(group)
+    _, ws = world(group)
     if ws == 1:
         return v, i
     wide = torch.float64 if z.dtype == torch.float64 else torch.float32

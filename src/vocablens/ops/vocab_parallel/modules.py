@@ -7,7 +7,7 @@ from torch import nn
 
 from vocablens.errors import BadInput, ShapeMismatch
 from vocablens.ops._checks import FLOAT_DTYPES, check_bool, check_float, check_head, check_head_transform, check_int
-from vocablens.ops.vocab_parallel.comm import shard_range, ws_rank
+from vocablens.ops.vocab_parallel.comm import shard_range, world
 from vocablens.ops.vocab_parallel.functional import (
     vocab_parallel_argmax, vocab_parallel_embedding, vocab_parallel_gather_logits, vocab_parallel_logits,
     vocab_parallel_topk,
@@ -22,7 +22,7 @@ def _shard_param(V: int, d: int, group, dtype, device) -> tuple[int, int, nn.Par
     V, d = check_int("num_embeddings", V, 1), check_int("embedding_dim", d, 1)
     if dtype is not None and dtype not in FLOAT_DTYPES:
         raise BadInput(f"dtype must be one of {', '.join(map(str, FLOAT_DTYPES))}; got {dtype!r}")
-    ws, rank = ws_rank(group)
+    rank, ws = world(group)
     start, stop = shard_range(V, ws, rank)
     return start, stop, nn.Parameter(torch.empty(stop - start, d, dtype=dtype, device=device))
 

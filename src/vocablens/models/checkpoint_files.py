@@ -1,0 +1,127 @@
+"""A safetensors checkpoint's tensors by name: which file holds each, and reading a few of them.
+
+The low-level reading that every partial loader shares (borders-only, head-only, matrices-only,
+streaming) and the tie check: :func:`shard_files` (tensor name -> file, single file or sharded
+through ``model.safetensors.index.json``), :func:`checkpoint_name` (a model parameter's key in the
+checkpoint, with or without the base-model prefix), :func:`read_tensors` (memory-mapped by
+``safe_open``), :func:`materialize` (meta parameters of a model replaced by the checkpoint's
+tensors) and the names under which checkpoints store the two vocabulary matrices
+(:data:`EMB_SUFFIXES`, :data:`HEAD_NAMES`, :func:`matrix_keys`). Nothing here knows a model family
+or imports transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from vocablens.errors import BadInput, CorruptModelFile
+
+#: how checkpoints name the embedding matrix (the key ends with one of these)
+EMB_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight",
+                "tok_embeddings.weight")
+#: how checkpoints name a stored LM head (the key is one of these, or ends with ``.`` + one)
+HEAD_NAMES = ("lm_head.weight", "embed_out.weight", "output.weight")
+
+
+def shard_files(d: Path) -> dict[str, Path]:
+    """tensor name -> the safetensors file holding it, for a model directory (single file or sharded).
+
+    Raises:
+        CorruptModelFile: an unreadable index or safetensors header; no weights at all.
+        BadInput: weights only as ``pytorch_model*.bin`` (the partial loaders need safetensors).
+    """
+    from safetensors import safe_open
+
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            wm = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as e:
+            raise CorruptModelFile(f"cannot read {index}: {e}; download the checkpoint again") from None
+        return {k: d / v for k, v in wm.items()}
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        if not any(d.glob("pytorch_model*.bin")):
+            raise CorruptModelFile(f"{d} holds no weights (*.safetensors); download the checkpoint into it")
+        raise BadInput(f"{d} has no safetensors weights; reading only the borders needs them "
+                       "(load the whole model instead)")
+    out = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                out.update({k: f for k in h.keys()})
+        except Exception as e:  # safetensors raises its own error types for a damaged header
+            raise CorruptModelFile(f"cannot read {f}: {str(e).splitlines()[0]}; download it again") from None
+    return out
+
+
+def matrix_keys(files: dict[str, Path]) -> tuple[list[str], list[str]]:
+    """``(embedding keys, head keys)``: the checkpoint keys named like an embedding or a stored head."""
+    embs = [k for k in files if k.endswith(EMB_SUFFIXES)]
+    heads = [k for k in files if k in HEAD_NAMES or any(k.endswith("." + h) for h in HEAD_NAMES)]
+    return embs, heads
+
+
+def checkpoint_name(param: str, available: dict[str, Path], prefix: str) -> str | None:
+    """The checkpoint key of a model parameter (checkpoints may omit or add the base-model prefix)."""
+    cands = [param]
+    if prefix and param.startswith(prefix + "."):
+        cands.append(param[len(prefix) + 1:])
+    elif prefix:
+        cands.append(f"{prefix}.{param}")
+    return next((c for c in cands if c in available), None)
+
+
+def read_tensors(keys: list[str], files: dict[str, Path], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """The checkpoint tensors ``keys`` (memory-mapped by ``safe_open``; converted when ``dtype`` is given).
+
+    Raises:
+        CorruptModelFile: a file that cannot be read (one line naming it).
+    """
+    from safetensors import safe_open
+
+    by_file: dict[Path, list[str]] = {}
+    for k in keys:
+        by_file.setdefault(files[k], []).append(k)
+    out = {}
+    for f, ks in by_file.items():
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                for k in ks:
+                    t = h.get_tensor(k)
+                    out[k] = t if dtype is None else t.to(dtype)
+        except Exception as e:  # safetensors raises its own error types for a damaged file
+            raise CorruptModelFile(f"cannot read {f}: {str(e).splitlines()[0]}; download it again") from None
+    return out
+
+
+def materialize(model: torch.nn.Module, names: list[str], files: dict[str, Path], dtype: torch.dtype | None) -> None:
+    """Replace the meta parameters ``names`` of ``model`` by the checkpoint's tensors (in place).
+
+    Raises:
+        CorruptModelFile: a parameter the checkpoint does not hold, or holds in another shape.
+    """
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    params = dict(model.named_parameters())
+    pairs = []
+    for n in names:
+        key = checkpoint_name(n, files, prefix)
+        if key is None:
+            raise CorruptModelFile(f"the checkpoint has no tensor for {n}; it does not match its config")
+        pairs.append((n, key))
+    ts = read_tensors([k for _, k in pairs], files, dtype)
+    for n, key in pairs:
+        t, p = ts[key], params[n]
+        if tuple(t.shape) != tuple(p.shape):
+            raise CorruptModelFile(f"{files[key].name}: {key} has shape {tuple(t.shape)}, the config says "
+                                   f"{tuple(p.shape)}; the config and the weights disagree")
+        mod_name, _, attr = n.rpartition(".")
+        mod = model.get_submodule(mod_name) if mod_name else model
+        setattr(mod, attr, torch.nn.Parameter(t, requires_grad=False))
+
+
+__all__ = ["EMB_SUFFIXES", "HEAD_NAMES", "checkpoint_name", "materialize", "matrix_keys", "read_tensors",
+           "shard_files"]

@@ -1,0 +1,27 @@
+"""Library errors name function arguments (`` `max_memory` ``); the CLI prints its own option in their place."""
+
+from __future__ import annotations
+
+import vocablens.cli  # noqa: F401  (registers the commands)
+from vocablens.cli.common import in_cli_words
+
+
+def test_an_argument_the_command_takes_becomes_its_option():
+    assert in_cli_words("`max_memory` takes a size such as 200MB; got 'x'", ["score", "-m", "m"]) == \
+        "--max-memory takes a size such as 200MB; got 'x'"
+    assert in_cli_words("`steps` must be at least 1; got 0", ["lens", "train", "--steps", "0"]) == \
+        "--steps must be at least 1; got 0"
+
+
+def test_the_default_subcommand_and_a_differently_named_parameter():
+    # `lens PROMPT` runs `lens show`, whose -k is --top-k; project's --sample is the library's per_block
+    assert in_cli_words("`k` must be >= 1", ["lens", "hello"]) == "--top-k must be >= 1"
+    assert in_cli_words("`per_block` must be an integer of at least 1; got 0", ["project", "--sample", "0"]) == \
+        "--sample must be an integer of at least 1; got 0"
+
+
+def test_other_names_and_messages_stay_as_they_are():
+    assert in_cli_words("`max_memory` takes a size", ["neighbors"]) == "`max_memory` takes a size"
+    assert in_cli_words("train one with `vocablens lens train`", ["lens", "eval"]) == \
+        "train one with `vocablens lens train`"
+    assert in_cli_words("no backticks --here", []) == "no backticks --here"
