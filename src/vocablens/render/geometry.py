@@ -36,7 +36,7 @@ def neighbors_to_dict(res: Neighbors, tokenizer) -> dict[str, Any]:
     return out
 
 
-def _header(res: Neighbors) -> str:
+def neighbors_header(res: Neighbors) -> str:
     scope = (f"cosine over {res.candidates:,} real tokens"
              + (f" ({res.excluded:,} padding/never-trained rows excluded)" if res.excluded else ""))
     return scope + ("; tied head: one matrix" if res.tied else "; untied: embedding and LM head searched apart")
@@ -73,7 +73,7 @@ def neighbors_tables(res: Neighbors, tokenizer) -> list[Table]:
 
 def print_neighbors(res: Neighbors, tokenizer, console) -> None:
     """Print the scope line, then per query a heading, its note and its table, on a rich ``console``."""
-    console.print(_header(res), style="dim")
+    console.print(neighbors_header(res), style="dim")
     for q, t in zip(res.results, neighbors_tables(res, tokenizer)):
         console.print(_label(q, tokenizer), style="bold", markup=False, highlight=False)
         if q.note:
@@ -83,7 +83,7 @@ def print_neighbors(res: Neighbors, tokenizer, console) -> None:
 
 def neighbors_section(res: Neighbors, tokenizer) -> Section:
     """The report's neighbours section: one HTML table per query."""
-    parts = [f"<p>{esc(_header(res))}. {esc(LEGEND)}</p><div class='cards'>"]
+    parts = [f"<p>{esc(neighbors_header(res))}. {esc(LEGEND)}</p><div class='cards'>"]
     for q in res.results:
         label = display_token(tokenizer, q.query_ids[0]) if q.used == "token" else visible(q.query)
         parts.append(f"<div class='card'><h3>{esc(label)}</h3>")

@@ -62,9 +62,9 @@ def _lens(res, tok) -> list:
 
 
 def _neighbors(res, tok) -> list:
-    from vocablens.render.geometry import _header, neighbors_tables, query_label
+    from vocablens.render.geometry import neighbors_header, neighbors_tables, query_label
 
-    out: list = [_header(res)]
+    out: list = [neighbors_header(res)]
     for q, t in zip(res.results, neighbors_tables(res, tok)):
         out += [query_label(q, tok), *([q.note] if q.note else []), t]
     return out
