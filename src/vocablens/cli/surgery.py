@@ -132,9 +132,8 @@ def trim(
     checked = texts
     if ut is not None:  # documents holding a dropped token are spelled otherwise: left out of the check
         gone = set(ut.verified.tolist()) - set(tr.kept_old_ids)
-        holds = tu.documents_with(lm.tokenizer, texts, gone)
-        checked = [t for t, h in zip(texts, holds) if not h]
-        drop = tu.summarize(ut, used, tr.kept_old_ids, rows_without, sum(holds))
+        checked, respelled = tu.check_documents(lm.tokenizer, texts, gone)
+        drop = tu.summarize(ut, used, tr.kept_old_ids, rows_without, respelled)
     # whole documents (cut by tokens, not characters: the tokenizer is lossless on corpus texts)
     checks = checked[:verify_texts] if checked else [lm.tokenizer.decode(sorted(seeds)[:200])]
     with status("checking the trimmed model against the original ...", quiet=json_):

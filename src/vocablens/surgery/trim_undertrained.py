@@ -84,6 +84,24 @@ def documents_with(tokenizer, texts: Sequence[str], ids: Iterable[int]) -> list[
     return out
 
 
+def check_documents(tokenizer, texts: Sequence[str], gone: Iterable[int]) -> tuple[list[str], int]:
+    """``(clean, respelled)``: the documents holding none of the dropped ids ``gone`` (the trim is
+    checked on them) and how many hold one.
+
+    Raises:
+        BadInput: there are documents and every one holds a dropped token (nothing left to check on).
+    """
+    from vocablens.errors import BadInput
+
+    holds = documents_with(tokenizer, texts, gone)
+    clean = [t for t, h in zip(texts, holds) if not h]
+    if texts and not clean:
+        raise BadInput(f"every one of the {len(texts)} corpus documents holds a verified under-trained token: "
+                       "nothing is left to check the trim on (verify fewer with --undertrained-candidates, or "
+                       "give a larger corpus); nothing written")
+    return clean, sum(holds)
+
+
 def summarize(res, used: set[int], kept: Sequence[int], rows_without: set[int], respelled: int) -> UndertrainedDrop:
     """The :class:`UndertrainedDrop` of a trim planned with the verified ids of ``res`` (an
     ``UndertrainedResult``) taken out of ``used``; ``kept`` the trim's kept old ids."""
@@ -99,4 +117,4 @@ def summarize(res, used: set[int], kept: Sequence[int], rows_without: set[int], 
 
 
 __all__ = ["UndertrainedDrop", "verified_undertrained", "planned_keep", "drop_undertrained", "documents_with",
-           "summarize"]
+           "check_documents", "summarize"]
