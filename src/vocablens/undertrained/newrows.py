@@ -6,7 +6,9 @@ indicator :mod:`~vocablens.undertrained.analysis` chooses (unembedding cosine di
 known-unused mean with the first principal component removed when tied, the input-embedding norm
 when untied), measured against the old vocabulary's principal component and reference set, and
 ranked among the old testable tokens. A new row at or below the paper's candidate threshold (the
-lowest 2% of the old testable tokens) looks under-trained.
+lowest 2% of the old testable tokens) looks under-trained; so does an all-zero row (``--init
+zeros``): it has no direction, so the cosine indicator puts it at distance 1 (far from the unused
+mean), yet it is exactly an initialisation training never moved.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class NewRowIndicators:
         values: float32 [n], the new rows' indicator (low = looks under-trained).
         percentile: float32 [n], share of the old testable tokens with a lower indicator (0..1).
         threshold: the old vocabulary's candidate threshold (indicator of the lowest 2%'s last token).
-        looks_undertrained: bool [n], values <= threshold.
+        looks_undertrained: bool [n], values <= threshold, or the row is all zeros.
         old_median: the old testable tokens' median indicator (a trained token's typical value).
     """
 
@@ -87,8 +89,10 @@ def new_row_indicators(borders, tokenizer, rows_E: torch.Tensor, rows_U: torch.T
     old = ind.values[testable(res.classes)]
     percentile = (old[None, :] < values[:, None]).float().mean(1)
     thr = float(res.indicator_threshold)
+    zero = (rows_E.detach().float().abs().amax(1) == 0) | (rows_U.detach().float().abs().amax(1) == 0)
     return NewRowIndicators(name=ind.name, why=ind.why, values=values.float(), percentile=percentile,
-                            threshold=thr, looks_undertrained=values <= thr, old_median=float(old.median()))
+                            threshold=thr, looks_undertrained=(values <= thr) | zero.cpu(),
+                            old_median=float(old.median()))
 
 
 __all__ = ["NewRowIndicators", "new_row_indicators"]

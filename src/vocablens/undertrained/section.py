@@ -2,7 +2,8 @@
 
 The tokenizer analysis and the indicators (O(V·d), about a second on the default model) always run;
 verification prompts the lowest-indicator candidates, as many as the section's share of the budget
-pays for at the report's assumed FLOP rate (:func:`section_candidates`), between
+pays for at the report's assumed FLOP rate once the few-shot prefixes are paid
+(:func:`verification_flops`, :func:`section_candidates`), between
 :data:`MIN_CANDIDATES` and :data:`MAX_CANDIDATES`. When that is fewer than the paper's lowest 2%,
 the section says so and names the command that verifies them all.
 """
@@ -15,18 +16,20 @@ import time
 MIN_CANDIDATES, MAX_CANDIDATES = 16, 128
 
 
-def candidate_flops(borders, tokenizer, examples: list[int]) -> float:
-    """FLOPs to verify one candidate: for each template, its query's tokens through the blocks
-    (2 per weight of the blocks' matrices per token) and one pass over the head (2·V·d)."""
+def verification_flops(borders, tokenizer, examples: list[int]) -> tuple[float, float]:
+    """``(fixed, per_candidate)`` FLOPs of verification: each template's few-shot prefix through the
+    blocks once (2 per weight of the blocks' matrices per token), and per candidate each template's
+    query tokens through the blocks plus one pass over the head (2·V·d)."""
     from vocablens.models.flops import head_flops
     from vocablens.undertrained.verify import TEMPLATES, template_ids
 
     weights = sum(p.numel() for blk in borders.blocks for p in blk.parameters() if p.dim() >= 2)
-    per = 0.0
+    fixed = per = 0.0
     for tpl in TEMPLATES:
-        _, query = template_ids(tokenizer, tpl, examples)
+        prefix, query = template_ids(tokenizer, tpl, examples)
+        fixed += 2.0 * weights * len(prefix)
         per += 2.0 * weights * len(query) + head_flops(borders.vocab_size, borders.d_model)
-    return per
+    return fixed, per
 
 
 def section_candidates(budget_s: float, spent_s: float, per_candidate_flops: float, flops_per_s: float) -> int:
@@ -41,21 +44,20 @@ def run_section(ctx, plan, run) -> None:
     ``run.result`` to an :class:`~vocablens.undertrained.analysis.UndertrainedResult`, and
     ``run.cut_short`` when fewer than the paper's lowest 2% were verified."""
     from vocablens.report import ASSUMED_FLOPS_PER_S
-    from vocablens.undertrained.analysis import DEFAULT_FRACTION, undertrained
+    from vocablens.undertrained.analysis import DEFAULT_FRACTION, testable, undertrained
     from vocablens.undertrained.verify import pick_examples
 
     t0 = time.perf_counter()
     borders, tok = ctx["borders"], ctx["tokenizer"]
     res = undertrained(borders, tok, verify=False)  # classes, indicators, the paper's 2% as candidates
     paper = int(res.candidates.numel())
-    from vocablens.undertrained.analysis import testable
-
     ok = testable(res.classes)
     pool = ok.nonzero().flatten()
     order = pool[res.indicators.values[pool].argsort(stable=True)]
     examples = pick_examples(tok, order.flip(0), ok)
-    per = candidate_flops(borders, tok, examples) if examples else 1.0
-    n = min(section_candidates(plan.budget_s, time.perf_counter() - t0, per, ASSUMED_FLOPS_PER_S), paper)
+    fixed, per = verification_flops(borders, tok, examples) if examples else (0.0, 1.0)
+    spent = time.perf_counter() - t0 + fixed / ASSUMED_FLOPS_PER_S
+    n = min(section_candidates(plan.budget_s, spent, per, ASSUMED_FLOPS_PER_S), paper)
     report = ctx.get("progress")
 
     def progress(stage, done, total):
@@ -71,4 +73,4 @@ def run_section(ctx, plan, run) -> None:
                          f"`{plan.command} -n {paper}` to verify them all")
 
 
-__all__ = ["MIN_CANDIDATES", "MAX_CANDIDATES", "candidate_flops", "section_candidates", "run_section"]
+__all__ = ["MIN_CANDIDATES", "MAX_CANDIDATES", "verification_flops", "section_candidates", "run_section"]
