@@ -232,3 +232,59 @@ def test_new_row_indicators_mean_vs_zero(tied):
     else:
         assert float(zero.values[0]) == 0.0 and float(zero.percentile[0]) == 0.0
 
+
+
+@pytest.mark.browser
+def test_report_section_draws_in_chromium(saved, tmp_path):
+    """The section's page (plotly inlined): the scatter draws, nothing overlaps or is clipped."""
+    if not CHROMIUM:
+        pytest.skip("Debian's chromium is not installed: apt-get install -y --no-install-recommends chromium")
+    from playwright.sync_api import sync_playwright
+
+    from test_figures import BOXES_JS, layout_problems
+    from vocablens.render.report import render_report, report_sections
+    from vocablens.report import run_report
+
+    d, lm = saved
+    run = run_report(lm, model=str(d), only=("undertrained",))
+    page_file = tmp_path / "r.html"
+    page_file.write_text(render_report("t", [], report_sections(run, lm, str(d))), encoding="utf-8")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
+        page = b.new_page(viewport={"width": 1300, "height": 900})
+        problems = []
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.goto(page_file.as_uri())
+        page.wait_for_function("() => document.querySelectorAll('.figure .main-svg').length > 0")
+        fig = page.query_selector('div.figure[data-figure="undertrained-scatter"]')
+        box = fig.bounding_box()
+        assert box["width"] > 300 and box["height"] > 150
+        div = fig.query_selector(".plotly-graph-div").get_attribute("id")
+        assert layout_problems(page.evaluate(BOXES_JS, div)) == []
+        n = page.evaluate(f"() => document.getElementById('{div}').data.map(t => t.x.length)")
+        assert sum(n) == int(run.result("undertrained").candidates.numel())  # every verified candidate drawn
+        b.close()
+    assert problems == []
+
+
+def test_expand_json_reports_each_new_rows_indicator(tmp_path, capsys):
+    from tiny_dirs import save_tiny, tiny_tokenizer
+
+    model = save_tiny(tmp_path / "m", tiny_tokenizer())
+    got = {}
+    for init in ("subtoken-mean", "zeros"):
+        code, out, err = run_cli(capsys, "expand", "-m", model, "--add", " objectstatement", "--add", " zyx",
+                                 "--init", init, "--out", tmp_path / init, "--eval-text", "The value of x. " * 4,
+                                 "--json")
+        assert code == 0, err
+        ind = json.loads(out)["indicator"]
+        assert set(ind) == {"name", "why", "threshold", "old_median", "new_tokens"}
+        rows = ind["new_tokens"]
+        assert [r["token"] for r in rows] == [" objectstatement", " zyx"]
+        for r in rows:
+            assert 0.0 <= r["percentile"] <= 1.0 and set(r) == {"id", "token", "value", "percentile", "looks_undertrained"}
+        got[init] = rows
+    assert all(r["looks_undertrained"] for r in got["zeros"])
+    code, out, err = run_cli(capsys, "expand", "-m", model, "--add", " objectstatement", "--out", tmp_path / "t",
+                             "--eval-text", "The value of x. " * 4)
+    assert code == 0 and "new rows on the under-training indicator" in out
