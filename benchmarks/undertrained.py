@@ -3,7 +3,8 @@
     PYTHONPATH=src python benchmarks/undertrained.py [--candidates 500]
 
 Targets (issue 27, §6): indicators <= 10 s (O(V·d) plus one [d, d] Gram matrix), verification of 500
-candidates <= 2 minutes on 2 cores. Prints the load average: the machine may be shared.
+candidates <= 2 minutes on 2 cores; and the report's section (its verification sized from its share
+of the budget). Prints the load average: the machine may be shared.
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ def main() -> None:
     print(f"indicators ({ind.name}): {t_ind:.2f} s  (target <= 10 s)")
     print(f"verification of {int(cand.numel())} candidates x {len(v.templates)} templates: {t_ver:.1f} s "
           f"(target <= 120 s); {int(v.verified.sum())} verified under-trained")
+    from vocablens.report import run_report
+
+    t0 = time.perf_counter()
+    sec = run_report(lm, only=("undertrained",)).get("undertrained")
+    print(f"report section: {time.perf_counter() - t0:.1f} s for its {sec.plan.budget_s:.1f} s share of the default "
+          f"budget; {int(sec.result.candidates.numel())} candidates verified, {int(sec.result.verified.numel())} "
+          "under-trained")
     print(f"load average after: {os.getloadavg()}")
 
 

@@ -142,6 +142,9 @@ CLI = [
     ("trim-negative-max-docs", ["trim", *M, "--out", "{d}/t5", "--corpus", "{d}/notes.txt", "--max-docs", "-1"],
      "must be >= 0"),
     ("trim-out-exists", ["trim", *M, "--out", "{d}/out", "--corpus", "{d}/notes.txt"], "exists"),
+    ("trim-undertrained-candidates-zero", ["trim", *M, "--out", "{d}/t6", "--corpus", "{d}/notes.txt",
+                                           "--drop-undertrained", "--undertrained-candidates", "0"],
+     "--undertrained-candidates"),
     # report
     ("report-out-is-a-directory", ["report", *M, "--out", "{d}/sub"], "is a directory"),
     ("report-negative-budget", ["report", *M, "--budget", "-1", "--out", "{d}/r.html"], "positive number"),
@@ -205,6 +208,8 @@ CLI = [
     ("serve-negative-port", ["serve", *M, "--port", "-1"], "0..65535"),
     ("serve-port-too-large", ["serve", *M, "--port", "70000"], "0..65535"),
     ("serve-zero-max-tokens", ["serve", *M, "--max-tokens", "0"], "at least 1"),
+    ("serve-missing-undertrained", ["serve", *M, "--port", "0", "--undertrained", "{d}/nofile"], "no such file"),
+    ("serve-undertrained-not-json", ["serve", *M, "--port", "0", "--undertrained", "{d}/notes.txt"], "not JSON"),
     ("unknown-command", ["tokenize", "x"], "No such command"),
 ]
 

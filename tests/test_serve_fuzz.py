@@ -16,9 +16,10 @@ from schemathesis import GenerationMode
 
 from serve_tiny import BASE, tiny_state
 
-EXAMPLES = 40  # per operation and mode: 7 operations x 2 modes x 40 = 560 requests
+EXAMPLES = 40  # per operation and mode: 8 operations x 2 modes x 40 = 640 requests
 OPERATIONS = [("GET", "/api/health"), ("POST", "/api/lens"), ("POST", "/api/trajectory"), ("POST", "/api/explain"),
-              ("POST", "/api/neighbors"), ("POST", "/api/project"), ("POST", "/api/argmax")]
+              ("POST", "/api/neighbors"), ("POST", "/api/project"), ("POST", "/api/argmax"),
+              ("POST", "/api/undertrained")]
 
 
 @pytest.fixture(scope="module")

@@ -145,3 +145,25 @@ def test_choose_indicator():
         choose_indicator(True, "embedding_norm")
     with pytest.raises(BadInput, match="indicator must be"):
         choose_indicator(True, "l2")
+
+
+@pytest.mark.parametrize("build", [_bytelevel, _sentencepiece, _wordlevel])
+def test_fast_classification_equals_the_first_one(build):
+    """The batched path (one convert_ids_to_tokens, the backend's encode_batch) gives the classes and
+    round trips of the first, token-by-token implementation (tests/undertrained_classes_v1.py)."""
+    from undertrained_classes_v1 import classify_tokens_v1
+
+    tok, _ = build()
+    for V in (None, len(tok) + 3):
+        new, old = classify_tokens(tok, V), classify_tokens_v1(tok, V)
+        assert torch.equal(new.cls, old.cls) and torch.equal(new.round_trips, old.round_trips)
+        assert new.kind == old.kind and new.n_tokens == old.n_tokens
+
+
+def test_fast_classification_equals_the_first_one_on_the_default_tokenizer(smollm2):
+    from undertrained_classes_v1 import classify_tokens_v1
+
+    tok = smollm2.tokenizer
+    new, old = classify_tokens(tok, 49152), classify_tokens_v1(tok, 49152)
+    assert torch.equal(new.cls, old.cls) and torch.equal(new.round_trips, old.round_trips)
+    assert new.counts()["normal"] == 48_700 and new.counts()["single_byte"] == 235

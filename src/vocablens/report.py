@@ -3,8 +3,9 @@
 ``vocablens report`` finishes within one budget (:data:`DEFAULT_BUDGET_S`) on the models people bring. The plan:
 
 - every cheap section always runs, whatever the budget and an earlier section spent (anatomy, borders,
-  neighbours, PCA, lenses, value vectors, what built the prediction, where predictions settle);
-- ``settle`` sizes its corpus sample from its FLOPs and its share at :data:`ASSUMED_FLOPS_PER_S`;
+  neighbours, PCA, lenses, under-trained tokens, value vectors, what built the prediction, where predictions settle);
+- ``settle`` (its corpus sample) and ``undertrained`` (its verified candidates) size their work from FLOPs and
+  their share at :data:`ASSUMED_FLOPS_PER_S`;
 - the argmax scan runs last with what is left (at least :data:`ARGMAX_MIN_SHARE`) as its
   ``time_budget_s``: the certificate stages decide what they can, the rest stays ``undecided``.
 
@@ -20,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from vocablens.undertrained.section import run_section as _undertrained
 from vocablens.units import plural
 
 DEFAULT_PROMPT = "The capital of France is"
@@ -46,13 +48,15 @@ SECTIONS: dict[str, tuple[str, float, str]] = {
     "pca": ("3-D PCA of word embeddings", 2.0, "vocablens neighbors --model {model} TOKEN"),
     "lens": ("logit lens", 5.0, "vocablens lens --model {model} PROMPT"),
     "tuned": ("tuned lens", 6.0, "vocablens lens --kind tuned --model {model} PROMPT"),
-    "argmax": ("tokens that can never win (argmax geometry)", 45.0, "vocablens argmax --model {model}"),
+    "argmax": ("tokens that can never win (argmax geometry)", 39.0, "vocablens argmax --model {model}"),
+    "undertrained": ("under-trained tokens", 6.0, "vocablens undertrained --model {model}"),
     "value_vectors": ("value vectors in vocabulary space", 8.0, "vocablens project --model {model} --token TOKEN"),
     "explain": ("what built the prediction", 8.0, "vocablens explain --model {model} PROMPT"),
     "settle": ("where predictions settle", 22.5, "vocablens settle --model {model} --corpus pydoc-topics"),
 }
 #: the order the report shows them (the argmax scan runs last: it takes what the others leave)
-ORDER = ("anatomy", "borders", "neighbors", "pca", "lens", "tuned", "argmax", "value_vectors", "explain", "settle")
+ORDER = ("anatomy", "borders", "neighbors", "pca", "lens", "tuned", "argmax", "undertrained", "value_vectors",
+         "explain", "settle")
 
 #: ``progress(description, done, total)``: seconds elapsed, and elapsed + the estimated rest (:func:`eta_s`)
 ReportProgress = Callable[[str, float, float], None]
@@ -279,7 +283,7 @@ def _settle(ctx, plan, run):
 
 _RUNNERS = {"anatomy": _anatomy, "borders": _borders, "neighbors": _neighbors, "pca": _pca, "lens": _lens,
             "tuned": _tuned, "argmax": _argmax, "value_vectors": _value_vectors, "explain": _explain,
-            "settle": _settle}
+            "settle": _settle, "undertrained": _undertrained}
 #: the section that gets what the others leave (it runs last)
 _LAST = "argmax"
 

@@ -12,6 +12,22 @@ from vocablens.cli.common import ModelOpt, DeviceOpt, TrustOpt, app, err, load_m
 from vocablens.errors import BadInput
 
 
+def _read_json(path: str, flag: str, command: str) -> dict:
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        raise BadInput(f"{flag} {path}: no such file (save one with `{command} > {p.name}`)")
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadInput(f"{flag} {path}: not JSON ({e.__class__.__name__})") from None
+    if not isinstance(d, dict):
+        raise BadInput(f"{flag} {path}: not the JSON of `{command}`")
+    return d
+
+
 @app.command("serve")
 def serve_cmd(
     model: ModelOpt = "smollm2",
@@ -26,6 +42,9 @@ def serve_cmd(
         "Longest prompt read, in tokens (and 32 characters per token); request bodies are capped to "
         "match (413 beyond)."))] = 128,
     no_argmax: Annotated[bool, typer.Option("--no-argmax", help="Skip the background argmax scan.")] = False,
+    undertrained: Annotated[str, typer.Option("--undertrained", help=(
+        "A saved `vocablens undertrained --json` of the same model: the token panel also shows each "
+        "verified token's repeat probability (class and indicator are shown without it)."))] = "",
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
 ) -> None:
@@ -45,8 +64,10 @@ def serve_cmd(
     if host not in LOCAL_HOSTS:
         err.print(Text.assemble(("warning:", "bold yellow"), f" listening on {host}: anyone who can reach this machine "
                             "can use the model; use --host 127.0.0.1 to keep it local"))
+    verified = _read_json(undertrained, "--undertrained", "vocablens undertrained --json") if undertrained else None
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device)
-    state = ServerState(lm, model_spec=model, lens_path=lens, max_tokens=max_tokens, argmax=not no_argmax)
+    state = ServerState(lm, model_spec=model, lens_path=lens, max_tokens=max_tokens, argmax=not no_argmax,
+                        undertrained=verified)
     shown = f"[{host}]" if ":" in host else host
     print(f"vocablens serve: http://{shown}:{port}/  (Ctrl-C stops)", flush=True)
     serve(state, host=host, port=port)

@@ -68,14 +68,23 @@ def expand(
     with status("verifying on held-out text ...", quiet=json_):
         v = verify_expansion(lm.model, lm.tokenizer, ex.model, ex.tokenizer, res.new_ids, texts,
                              res.trained_rows_head, sample)
+    from vocablens.models import Borders
+    from vocablens.render.surgery_undertrained import new_rows_table, new_rows_to_dict
+    from vocablens.undertrained.newrows import new_row_indicators
+
+    with status("the new rows' under-training indicator ...", quiet=json_):
+        nb, idx = Borders.from_model(ex.model, ex.tokenizer), res.new_ids
+        ind = new_rows_to_dict(res, new_row_indicators(lm.borders, lm.tokenizer, nb.W_E[idx],
+                                                       None if nb.tied else nb.W_U[idx]))
     record = {"command": "expand", "source_model": lm.provenance.to_dict(), "expansion": res.to_dict(),
-              "verification": v.to_dict()}
+              "verification": v.to_dict(), "indicator": ind}
     with status(f"writing {out_path} ...", quiet=json_):
         save_model_dir(ex.model, ex.tokenizer, out_path, force=force, probe_texts=[sample, *texts], extra_json={"vocablens_surgery.json": record})
     if json_:
-        emit_json(expand_to_dict(res, v, out_path, lm.provenance))
+        emit_json({**expand_to_dict(res, v, out_path, lm.provenance), "indicator": ind})
     else:
         print_expand(res, v, out_path, out, lm.provenance)
+        out.print(new_rows_table(ind))
 
 
 @app.command("trim")
@@ -87,6 +96,8 @@ def trim(
     max_docs: Annotated[int, typer.Option("--max-docs", help="Read at most this many corpus documents (0 = all).")] = 0,
     verify_texts: Annotated[int, typer.Option("--verify-texts", help="Corpus documents the trimmed model is checked on.")] = 3,
     verify_tokens: Annotated[int, typer.Option("--verify-tokens", help="Tokens read from the start of each check document.")] = 128,
+    drop_undertrained: Annotated[bool, typer.Option("--drop-undertrained", help="Also remove the tokens `vocablens undertrained` verifies as under-trained (documents holding one are spelled with other tokens and left out of the check).")] = False,
+    undertrained_candidates: Annotated[int, typer.Option("--undertrained-candidates", help="With --drop-undertrained: lowest-indicator tokens to verify.")] = 500,
     force: ForceOpt = False,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
@@ -103,6 +114,8 @@ def trim(
     out_path = check_out(out_dir, force)
     if not corpus and not token_list:
         raise BadInput("give --corpus F (or --token-list F): the tokens to keep")
+    if undertrained_candidates < 1:
+        raise BadInput(f"--undertrained-candidates must be >= 1; got {undertrained_candidates}")
     with status(f"reading the corpus {corpus} ...", quiet=json_ or not corpus):
         texts = [d.text for d in load_documents(corpus, max_docs=max_docs or None)] if corpus else []
     token_lines = _read_lines(token_list) if token_list else []
@@ -114,28 +127,46 @@ def trim(
         used = corpus_token_ids(lm.tokenizer, texts, progress=cb) | read_token_list(token_lines, lm.tokenizer)
     finally:
         close()
+    seeds, ut, drop = used, None, None
+    if drop_undertrained:
+        from vocablens.surgery import trim_undertrained as tu
+
+        with status(f"verifying the {undertrained_candidates} lowest-indicator tokens ...", quiet=json_):
+            ut = tu.verified_undertrained(lm.borders, lm.tokenizer, undertrained_candidates)
+            seeds, rows_without = tu.drop_undertrained(lm.model, lm.tokenizer, used, ut.verified.tolist())
     with status("trimming the vocabulary ...", quiet=json_):
-        tr = trim_vocab(lm.model, lm.tokenizer, used)
+        tr = trim_vocab(lm.model, lm.tokenizer, seeds)
+    checked = texts
+    if ut is not None:  # documents holding a dropped token are spelled otherwise: left out of the check
+        gone = set(ut.verified.tolist()) - set(tr.kept_old_ids)
+        checked, respelled = tu.check_documents(lm.tokenizer, texts, gone)
+        drop = tu.summarize(ut, used, tr.kept_old_ids, rows_without, respelled)
     # whole documents (cut by tokens, not characters: the tokenizer is lossless on corpus texts)
-    checks = texts[:verify_texts] if texts else [lm.tokenizer.decode(sorted(used)[:200])]
+    checks = checked[:verify_texts] if checked else [lm.tokenizer.decode(sorted(seeds)[:200])]
     with status(f"checking the trimmed model against the original on {plural(len(checks), 'text')} ...", quiet=json_):
         v = verify_trim(lm.model, lm.tokenizer, tr.model, tr.tokenizer, tr.kept_old_ids, checks,
                         max_tokens=verify_tokens)
-    cb, close = stage_progress("trim", "documents", quiet=json_ or not texts)
+    cb, close = stage_progress("trim", "documents", quiet=json_ or not checked)
     try:
-        mismatches = tokenization_mismatches(lm.tokenizer, tr.tokenizer, tr.kept_old_ids, texts, progress=cb)
+        mismatches = tokenization_mismatches(lm.tokenizer, tr.tokenizer, tr.kept_old_ids, checked, progress=cb)
     finally:
         close()
     accept_trim(v, mismatches)
     vocab_map = {"kept_old_ids": tr.kept_old_ids, "old_to_new": {str(o): n for n, o in enumerate(tr.kept_old_ids)},
                  "rows_before": tr.result.rows_before}
     record = {"command": "trim", "source_model": lm.provenance.to_dict(), "corpus": corpus or None,
-              "trim": tr.result.to_dict(), "verification": v.to_dict(), "corpus_documents_checked": len(texts)}
+              "trim": tr.result.to_dict(), "verification": v.to_dict(), "corpus_documents_checked": len(checked),
+              "undertrained": None if drop is None else drop.to_dict()}
     with status(f"writing {out_path} ...", quiet=json_):
         save_model_dir(tr.model, tr.tokenizer, out_path, force=force, probe_texts=checks,
                        extra_json={"vocab_map.json": vocab_map, "vocablens_surgery.json": record})
     if json_:
-        emit_json(trim_to_dict(tr.result, v, out_path, corpus or None, len(texts), mismatches, lm.provenance))
+        emit_json({**trim_to_dict(tr.result, v, out_path, corpus or None, len(checked), mismatches, lm.provenance),
+                   "undertrained": None if drop is None else drop.to_dict()})
     else:
-        print_trim(tr.result, v, out_path, out, lm.provenance, corpus_docs=len(texts), corpus_docs_different=mismatches)
+        print_trim(tr.result, v, out_path, out, lm.provenance, corpus_docs=len(checked), corpus_docs_different=mismatches)
+        if drop is not None:
+            from vocablens.render.surgery_undertrained import print_drop
+
+            print_drop(drop, out)
     err.print(f"id map: {out_path / 'vocab_map.json'}", style="dim") if not json_ else None

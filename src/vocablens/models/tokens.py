@@ -12,7 +12,7 @@ from vocablens.errors import BadInput, PromptTooLong, TokenNotInVocabulary
 
 _CONTROL = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
 _UNESCAPE = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
-_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 #: Unicode categories always shown as escapes: format characters (zero-width space U+200B, joiners,
@@ -54,7 +54,7 @@ def escape_text(s: str) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
+def byte_decoder() -> dict[str, int]:
     """The inverse of GPT-2's byte-to-unicode table (byte-level BPE stores byte b as a printable char)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
@@ -118,12 +118,12 @@ def token_bytes(tokenizer, token_id: int) -> bytes | None:
         return raw.encode("utf-8")
     kind = vocab_kind(tokenizer)
     if kind == "bytelevel":
-        dec = _byte_decoder()
+        dec = byte_decoder()
         if all(c in dec for c in raw):
             return bytes(dec[c] for c in raw)
         return raw.encode("utf-8")
     if kind == "sentencepiece":
-        m = _BYTE.fullmatch(raw)
+        m = BYTE_PIECE.fullmatch(raw)
         if m:
             return bytes([int(m.group(1), 16)])
         return raw.replace("▁", " ").encode("utf-8")
@@ -176,7 +176,7 @@ def shown_to_bytes(s: str) -> bytes:
     """The inverse of :func:`show_bytes`: ``<0xNN>`` and the escapes back to bytes."""
     out, i = bytearray(), 0
     while i < len(s):
-        m = _BYTE.match(s, i)
+        m = BYTE_PIECE.match(s, i)
         if m:
             out.append(int(m.group(1), 16))
             i = m.end()

@@ -99,6 +99,10 @@ def report_sections(run, lm, model: str) -> list[Section]:
         elif key == "argmax":
             sec = argmax_section(res, tok)
             sec = Section(sec.id, sec.title, sec.html + argmax_notes(res))
+        elif key == "undertrained":
+            from vocablens.render.undertrained_report import undertrained_section, verdicts_of
+
+            sec = undertrained_section(res, tok, verdicts_of(run.result("argmax"), borders.vocab_size))
         elif key == "value_vectors":
             sec = rv.value_vectors_report_section(sr.extra["searches"], res, sr.extra["interp"], tok)
         elif key == "explain":
@@ -119,6 +123,7 @@ def report_to_dict(run, lm, out_path, sections: list[Section], timings: dict[str
     from vocablens.render.argmax import argmax_to_dict
     from vocablens.render.geometry import neighbors_to_dict
     from vocablens.render.lens import lens_to_dict
+    from vocablens.render.undertrained import undertrained_to_dict
 
     tok, r = lm.tokenizer, run.result
 
@@ -137,6 +142,7 @@ def report_to_dict(run, lm, out_path, sections: list[Section], timings: dict[str
         "argmax": part("argmax", lambda x: argmax_to_dict(x, tok, per_token=False)),
         "explain": part("explain", lambda x: rv.explanation_to_dict(x, tok)),
         "settle": part("settle", rv.settle_to_dict),
+        "undertrained": part("undertrained", lambda x: undertrained_to_dict(x, tok)),
         "sections": [s.id for s in sections],
         "cut_short": run.cut_short,
         "timings_s": {k: round(v, 3) for k, v in timings.items()},

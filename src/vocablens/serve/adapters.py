@@ -13,6 +13,8 @@ endpoint           CLI equivalent
 ``/api/explain``   ``vocablens explain PROMPT -p POS -t TARGET [--chat] --json``
 ``/api/project``   ``vocablens project --token TOKEN -k K --json``
 ``/api/argmax``    one token's entries of ``vocablens argmax --json``
+``/api/undertrained`` one token's class, indicator and (given ``--undertrained FILE``) verification of
+                   ``vocablens undertrained --json``
 ``/api/trajectory`` the ``final_top1_rank`` / ``final_top1_prob`` columns of ``vocablens lens PROMPT
                    --positions POS --kind both --json`` when TOKEN is the final top-1, for any token
 =================  ==========================================================================
@@ -246,6 +248,64 @@ def argmax_token_json(lm, ma, full: dict, tid: int) -> dict:
     rec["status"] = "done"
     rec["model"] = full["model"]
     return rec
+
+
+def undertrained_index(lm):
+    """The cheap part of ``vocablens undertrained`` (tokenizer classes and the indicator, no prompting):
+    an :class:`~vocablens.undertrained.analysis.UndertrainedResult` whose candidates are the paper's
+    lowest 2% of the testable tokens (about 4 s on the default model; the server computes it once)."""
+    from vocablens.undertrained import undertrained
+
+    return undertrained(lm.borders, lm.tokenizer, verify=False)
+
+
+def undertrained_verified(source, vocab_size: int) -> dict[int, dict]:
+    """Token id -> ``{"max_prob", "verdict"}`` of the tokens an earlier verification prompted: from an
+    :class:`~vocablens.undertrained.analysis.UndertrainedResult` or the dict ``vocablens undertrained
+    --json`` prints (its ``tokens``).
+
+    Raises:
+        BadInput: not such a result, or one of another vocabulary size.
+    """
+    if source is None:
+        return {}
+    if isinstance(source, dict):
+        if "tokens" not in source or "vocab_size" not in source or "verification" not in source:
+            raise BadInput("not an under-trained result: expected the JSON of `vocablens undertrained --json`")
+        if int(source["vocab_size"]) != vocab_size:
+            raise BadInput(f"the under-trained result is of a vocabulary of {source['vocab_size']} rows, "
+                           f"the model has {vocab_size}")
+        rows = source["tokens"] if source["verification"].get("ran") else []
+    else:
+        if source.vocab_size != vocab_size:
+            raise BadInput(f"the under-trained result has {source.vocab_size} rows, the model {vocab_size}")
+        rows = source.rows()
+    return {int(r["id"]): {"max_prob": r["max_prob"], "verdict": r["verdict"]} for r in rows
+            if r["max_prob"] is not None}
+
+
+def undertrained_token_json(lm, index, verified: dict[int, dict], tid: int) -> dict:
+    """``/api/undertrained``: one token's under-training figures: its tokenizer ``class``, the
+    ``indicator`` (name, value, ``rank`` among the testable tokens from the lowest, 0-based, and
+    ``candidate``: within the paper's lowest 2%), ``verification`` (``max_prob``, ``verdict``) when an
+    earlier run prompted it (else null), ``verdict`` (``under-trained``, ``trained``, ``not tested``),
+    and the vocabulary's ``counts`` per class."""
+    from vocablens.undertrained.analysis import testable
+
+    ind = index.indicators
+    ok = testable(index.classes)
+    value = float(ind.values[tid])
+    is_testable = bool(ok[tid])
+    rank = int((ind.values[ok] < value).sum()) if is_testable else None
+    ver = verified.get(tid)
+    return _with_model({
+        "id": tid, "token": token_str(lm.tokenizer, tid), "class": index.classes.name(tid),
+        "testable": is_testable,
+        "indicator": {"name": ind.name, "value": value, "rank": rank, "of": int(ok.sum()),
+                      "candidate": bool((index.candidates == tid).any()),
+                      "threshold": index.indicator_threshold, "reference": ind.reference_kind},
+        "verification": ver, "verdict": "not tested" if ver is None else ver["verdict"],
+        "verified_run": bool(verified), "counts": index.counts()}, lm)
 
 
 def health_json(lm, tuned_note: str) -> dict:

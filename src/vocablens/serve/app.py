@@ -301,4 +301,14 @@ def create_app(state: ServerState, host: str = "127.0.0.1") -> FastAPI:
             return JSONResponse({"status": "pending", "progress": job.progress}, status_code=202)
         return JSONResponse(adapters.argmax_token_json(state.lm, job.ma, job.full, tid))
 
+    @app.post("/api/undertrained")
+    @_body(M["argmax"])
+    def undertrained(req):
+        """Is this token under-trained: its class and indicator (computed once, on the first request) and,
+        when the server was given an earlier verification (--undertrained FILE), its repeat probability."""
+        with state.lock:
+            tid = adapters.token_id(state.lm, req.token)
+            return JSONResponse(adapters.undertrained_token_json(state.lm, state.undertrained_index(),
+                                                                 state.undertrained_verified, tid))
+
     return app

@@ -130,10 +130,13 @@ class ServerState:
         lens_path: a tuned-lens directory, or "" for the shipped one.
         max_tokens: longest prompt accepted, in tokens (the lens reads every position: cost ~ T).
         argmax: start the background argmax scan (``start()``).
+        undertrained: an earlier verification (an ``UndertrainedResult`` or the dict of ``vocablens
+            undertrained --json``) whose figures the token panel shows; the indicators are computed
+            on the first request either way (:meth:`undertrained_index`).
     """
 
     def __init__(self, lm, model_spec: str = "smollm2", lens_path: str = "", max_tokens: int = 128,
-                 argmax: bool = True) -> None:
+                 argmax: bool = True, undertrained=None) -> None:
         from vocablens.errors import VocabLensError
 
         self.lm = lm
@@ -152,6 +155,8 @@ class ServerState:
             self.tuned, self.tuned_note = None, str(exc)
         self.argmax = ArgmaxJob(lm)
         self.want_argmax = argmax
+        self.undertrained_verified = adapters.undertrained_verified(undertrained, lm.borders.vocab_size)
+        self._undertrained = None
 
     def _count(self, *_):
         self.forward_passes += 1
@@ -176,6 +181,13 @@ class ServerState:
     def resid(self, e: PromptEntry) -> torch.Tensor:
         """The prompt's residual stream [L+1, T, d] (from :meth:`forward`). Call with ``self.lock`` held."""
         return self.forward(e)[0][:, 0]
+
+    def undertrained_index(self):
+        """Tokenizer classes and indicators (:func:`adapters.undertrained_index`), computed on first
+        need. Call with ``self.lock`` held (the tokenizer is shared with the model's requests)."""
+        if self._undertrained is None:
+            self._undertrained = adapters.undertrained_index(self.lm)
+        return self._undertrained
 
     def need_tuned(self):
         """The tuned lens, or :class:`BadInput` saying why there is none."""

@@ -169,7 +169,8 @@ def testable(classes: TokenClasses) -> torch.Tensor:
 
 def undertrained(borders, tokenizer, *, candidates: int | None = None, fraction: float = DEFAULT_FRACTION,
                  indicator: str = "auto", known_unused=None, verify: bool = True, batch_size: int = 64,
-                 progress: Callable[[str, int, int], None] | None = None) -> UndertrainedResult:
+                 progress: Callable[[str, int, int], None] | None = None, reuse: UndertrainedResult | None = None
+                 ) -> UndertrainedResult:
     """Find and verify the under-trained tokens of a model (Land & Bartolo 2024, §3).
 
     Args:
@@ -185,6 +186,8 @@ def undertrained(borders, tokenizer, *, candidates: int | None = None, fraction:
         verify: prompt the model (False: candidates and indicators only).
         batch_size: candidates per forward in verification.
         progress: ``(stage, done, total)`` with stage ``verification``.
+        reuse: an earlier result of the same model (e.g. ``verify=False``): its classes and
+            indicators are taken as they are (``indicator`` and ``known_unused`` are then ignored).
 
     Returns:
         :class:`UndertrainedResult`.
@@ -198,10 +201,14 @@ def undertrained(borders, tokenizer, *, candidates: int | None = None, fraction:
         raise BadInput(f"fraction must lie in (0, 1]; got {fraction}")
     seconds = {}
     t0 = time.perf_counter()
-    classes = classify_tokens(tokenizer, borders.vocab_size)
-    seconds["classes"] = time.perf_counter() - t0
-    ind = compute_indicators(borders, classes, tokenizer, indicator=indicator, known_unused=known_unused)
-    seconds["indicators"] = ind.seconds
+    if reuse is not None:
+        classes, ind = reuse.classes, reuse.indicators
+        seconds.update({k: reuse.seconds[k] for k in ("classes", "indicators")})
+    else:
+        classes = classify_tokens(tokenizer, borders.vocab_size)
+        seconds["classes"] = time.perf_counter() - t0
+        ind = compute_indicators(borders, classes, tokenizer, indicator=indicator, known_unused=known_unused)
+        seconds["indicators"] = ind.seconds
     ok = testable(classes)
     pool = ok.nonzero().flatten()
     n = int(round(fraction * pool.numel())) if candidates is None else candidates

@@ -59,19 +59,22 @@ class TokenClasses:
         return CLASSES[int(self.cls[int(token_id)])]
 
 
-def _reserved_name(piece) -> bool:
-    from vocablens.argmax.model import RESERVED_NAME  # one pattern for "reserved" in the project
-
-    return isinstance(piece, str) and bool(RESERVED_NAME.match(piece))
-
-
 def _encode_all(tokenizer, texts: list[str]) -> list[list[int]]:
-    """Token ids of every text, without special tokens (one batched call on a fast tokenizer)."""
+    """Token ids of every text, without special tokens: one ``encode_batch`` of the fast tokenizer's
+    backend (what ``tokenizer(texts)`` runs, without building a BatchEncoding of 49k rows), else the
+    tokenizer's own call, else one text at a time (a slow tokenizer that refuses some text)."""
     if not texts:
         return []
+    backend = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    if backend is not None and hasattr(backend, "encode_batch"):
+        try:
+            enc = getattr(backend, "encode_batch_fast", backend.encode_batch)  # no offsets (tokenizers >= 0.20)
+            return [e.ids for e in enc(texts, add_special_tokens=False)]
+        except Exception:
+            pass
     try:
         return list(tokenizer(texts, add_special_tokens=False)["input_ids"])
-    except Exception:  # a slow tokenizer that refuses some text: one at a time
+    except Exception:
         got = []
         for t in texts:
             try:
@@ -79,6 +82,39 @@ def _encode_all(tokenizer, texts: list[str]) -> list[list[int]]:
             except Exception:
                 got.append([])
         return got
+
+
+def _all_bytes(tokenizer, pieces: list, specials: set[int], kind: str) -> list[bytes | None]:
+    """:func:`~vocablens.models.tokens.token_bytes` of ids 0..n-1 from their pieces (one
+    ``convert_ids_to_tokens`` of all): the same bytes, without a tokenizer call per token (a batched
+    decode for the ``plain`` kind)."""
+    from vocablens.models.tokens import BYTE_PIECE, byte_decoder
+
+    out: list[bytes | None] = [None] * len(pieces)
+    plain: list[int] = []
+    dec = byte_decoder() if kind == "bytelevel" else None
+    for i, raw in enumerate(pieces):
+        if raw is None:
+            continue
+        if i in specials:
+            out[i] = raw.encode("utf-8")
+        elif kind == "bytelevel":
+            out[i] = bytes(dec[c] for c in raw) if all(c in dec for c in raw) else raw.encode("utf-8")
+        elif kind == "sentencepiece":
+            m = BYTE_PIECE.fullmatch(raw)
+            out[i] = bytes([int(m.group(1), 16)]) if m else raw.replace("▁", " ").encode("utf-8")
+        else:
+            plain.append(i)
+    if plain:
+        try:
+            texts = tokenizer.batch_decode([[i] for i in plain], skip_special_tokens=False,
+                                           clean_up_tokenization_spaces=False)
+            for i, t in zip(plain, texts):
+                out[i] = t.encode("utf-8", "surrogatepass")
+        except Exception:  # one at a time, as token_bytes does
+            for i in plain:
+                out[i] = token_bytes(tokenizer, i)
+    return out
 
 
 def classify_tokens(tokenizer, vocab_size: int | None = None) -> TokenClasses:
@@ -91,25 +127,28 @@ def classify_tokens(tokenizer, vocab_size: int | None = None) -> TokenClasses:
             the tokenizer's size are ``padding``.
 
     Returns:
-        :class:`TokenClasses`. Cost: one decode per token and two batched encodes of V short texts
-        (about a second for 49,152 tokens).
+        :class:`TokenClasses`. Cost: one ``convert_ids_to_tokens`` of all ids and one batched encode
+        of V short texts (then of the few that did not come back).
     """
     from vocablens.models.tokens import vocab_kind
 
     n_tok = len(tokenizer)
     V = n_tok if vocab_size is None else int(vocab_size)
     n = min(V, n_tok)
-    cls = torch.full((V,), PADDING, dtype=torch.int8)
-    trips = torch.zeros(V, dtype=torch.bool)
+    cls = [PADDING] * V  # plain lists while classifying (a tensor write per token costs ~1 s)
+    trips = [False] * V
     kind = vocab_kind(tokenizer)
     specials = special_ids(tokenizer)
+    from vocablens.argmax.model import RESERVED_NAME  # one pattern for "reserved" in the project
+
     pieces = tokenizer.convert_ids_to_tokens(list(range(n)))
+    all_bytes = _all_bytes(tokenizer, pieces, specials, kind)
     texts: dict[int, str] = {}
     for i in range(n):
-        if i in specials or _reserved_name(pieces[i]):
+        if i in specials or (isinstance(pieces[i], str) and RESERVED_NAME.match(pieces[i])):
             cls[i] = SPECIAL
             continue
-        b = token_bytes(tokenizer, i)
+        b = all_bytes[i]
         if b is None:
             cls[i] = UNREACHABLE
             continue
@@ -124,24 +163,32 @@ def classify_tokens(tokenizer, vocab_size: int | None = None) -> TokenClasses:
         else:
             cls[i] = NORMAL
     ids = [i for i, t in texts.items() if t]
+    # each try runs only on the tokens the tries before it did not bring back (the same verdicts)
     plain = _encode_all(tokenizer, [texts[i] for i in ids])
+    back = {i for i, p in zip(ids, plain) if list(p) == [i]}
+    rest = [i for i in ids if i not in back]
     anchor = _encode_all(tokenizer, [_ANCHOR])[0]
-    anchored = _encode_all(tokenizer, [_ANCHOR + texts[i] for i in ids])
+    k = len(anchor)
+    for i, a in zip(rest, _encode_all(tokenizer, [_ANCHOR + texts[i] for i in rest])):
+        if list(a[:k]) == anchor and list(a[k:]) == [i]:
+            back.add(i)
     # SentencePiece: "▁the" stands for " the", yet a text's first word gets its "▁" from the
     # pre-tokenizer, so the text without its leading space is tried too
-    spaced = [i for i in ids if kind == "sentencepiece" and texts[i].startswith(" ") and len(texts[i]) > 1]
-    unspaced = dict(zip(spaced, _encode_all(tokenizer, [texts[i][1:] for i in spaced])))
-    k = len(anchor)
-    for i, p, a in zip(ids, plain, anchored):
-        ok = (list(p) == [i] or (list(a[:k]) == anchor and list(a[k:]) == [i])
-              or list(unspaced.get(i, ())) == [i])
+    spaced = [i for i in ids if i not in back and kind == "sentencepiece" and texts[i].startswith(" ")
+              and len(texts[i]) > 1]
+    for i, u in zip(spaced, _encode_all(tokenizer, [texts[i][1:] for i in spaced])):
+        if list(u) == [i]:
+            back.add(i)
+    for i in ids:
+        ok = i in back
         trips[i] = ok
-        if not ok and int(cls[i]) == NORMAL:
+        if not ok and cls[i] == NORMAL:
             cls[i] = UNREACHABLE
     for i, t in texts.items():  # an empty text (a token that decodes to nothing) cannot come back
-        if t == "" and int(cls[i]) == NORMAL:
+        if t == "" and cls[i] == NORMAL:
             cls[i] = UNREACHABLE
-    return TokenClasses(cls=cls, round_trips=trips, kind=kind, n_tokens=n_tok)
+    return TokenClasses(cls=torch.tensor(cls, dtype=torch.int8), round_trips=torch.tensor(trips, dtype=torch.bool),
+                        kind=kind, n_tokens=n_tok)
 
 
 __all__ = ["CLASSES", "TokenClasses", "classify_tokens"]

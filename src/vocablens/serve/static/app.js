@@ -438,6 +438,7 @@ function selectToken(id, text) {
   writeURL();
   loadNeighbors(id, $("tok-neighbors"), text === null ? (q) => title(q.tokens[0]) : null);
   loadArgmax(id);
+  loadUndertrained(id);
   loadProject(id);
   $("token-panel").scrollIntoView({ behavior: "smooth", block: "nearest" });
 }
@@ -462,6 +463,32 @@ async function loadArgmax(id) {
     if (data.duplicates) rows.push(el("p", { class: "dim", text: `an exact duplicate of ${data.duplicates.tokens.map(vis).join(", ")}` }));
     const c = data.scan.counts;
     rows.push(el("p", { class: "dim", text: `whole vocabulary: ${c.argmaxable} argmaxable, ${c.unargmaxable} never win, ${c.undecided} undecided` }));
+    box.replaceChildren(...rows);
+  } catch (e) { box.replaceChildren(el("span", { class: "dim", text: e.message })); }
+}
+
+async function loadUndertrained(id) {
+  // class and indicator always; the repeat probability when the server was given a verification
+  const box = $("tok-undertrained");
+  box.replaceChildren(el("span", { class: "dim", text: "…" }));
+  try {
+    const { data } = await api("/api/undertrained", { token: id });
+    if (S.token !== id) return;
+    S.last.undertrained = data;
+    const ind = data.indicator;
+    const word = data.verdict === "under-trained" ? "under-trained" : data.verdict === "trained" ? "trained" :
+      !data.testable ? "not tested" : ind.candidate ? "candidate" : "not a candidate";
+    const rows = [el("p", {}, el("span", { class: `verdict ut-${word.replace(/ /g, "-")}`, id: "ut-verdict", text: word }),
+                     ` class ${data.class.replace(/_/g, " ")}`)];
+    const where = ind.rank === null ? "" : `; rank ${ind.rank + 1} of ${ind.of} from the lowest` +
+      (ind.candidate ? " (among the paper's lowest 2%)" : "");
+    rows.push(el("p", { id: "ut-indicator", text: `indicator (${ind.name.replace(/_/g, " ")}): ${fmt(ind.value, 4)}${where}` }));
+    if (data.verification) {
+      rows.push(el("p", { id: "ut-prob", text: `highest repeat probability ${Number(data.verification.max_prob).toExponential(2)} (under-trained below 0.01)` }));
+    } else if (data.testable) {
+      rows.push(el("p", { class: "dim", text: data.verified_run ? "not among the verified candidates" :
+        "not verified: start the server with --undertrained FILE (a saved `vocablens undertrained --json`)" }));
+    }
     box.replaceChildren(...rows);
   } catch (e) { box.replaceChildren(el("span", { class: "dim", text: e.message })); }
 }
