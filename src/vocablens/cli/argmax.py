@@ -143,7 +143,7 @@ def argmax_cmd(
                                 include_untrained=include_padding, norm=norm,
                                 verify="all" if verify_all else "borderline", progress=cb,
                                 time_budget_s=budget or None, reserved=reserved, stored="readwrite",
-                                device=device)
+                                device=device if device.startswith("cuda") else "cpu")   # mps: scan on the CPU
     finally:
         close()
     if rank != 0:
