@@ -120,6 +120,8 @@ CLI = [
     # argmax, bottleneck
     ("argmax-bad-bias", ["argmax", *M, "--bias", "maybe"], "auto, on or off"),
     ("argmax-negative-budget", ["argmax", *M, "--budget", "-1"], ">= 0"),
+    # no CUDA: "CUDA is not available here"; with a GPU: "this machine has N CUDA device(s)"
+    ("argmax-device-absent", ["argmax", *M, "--device", "cuda:99"], "--device cuda:99"),
     ("bottleneck-contexts-below-d", ["bottleneck", *M, "--contexts", "5"], "must exceed d = 64"),
     ("bottleneck-empty-corpus", ["bottleneck", *M, "--corpus", "{d}/empty.txt"], "holds no text"),
     ("bottleneck-seq-len-zero", ["bottleneck", *M, "--seq-len", "0"], "at least 2"),

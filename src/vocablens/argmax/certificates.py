@@ -65,7 +65,7 @@ def exact_int_matmul(Q: torch.Tensor, prefer_int: bool = False):
     n, r = Q.shape
     pad = (-r) % 8
     sample = Q[: min(n, 64)]
-    ref = sample.long() @ sample.long().T
+    ref = sample.cpu().long() @ sample.cpu().long().T          # int64 matmul: CPU only
     fp = _fp32_exact_mm(r)
     if not hasattr(torch, "_int_mm"):
         return fp
@@ -76,7 +76,7 @@ def exact_int_matmul(Q: torch.Tensor, prefer_int: bool = False):
             B = torch.nn.functional.pad(B, (0, pad))
         return torch._int_mm(A.contiguous(), B.contiguous().T)
     try:
-        if not torch.equal(im(sample, sample).long(), ref):
+        if not torch.equal(im(sample, sample).cpu().long(), ref):
             return fp
     except RuntimeError:
         return fp
@@ -153,11 +153,13 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
     number of leading rows whose maximum is complete."""
     from vocablens.argmax.state import OutOfTime
 
-    n, Qt = st.n, st.Qt
+    n = st.n
+    dev = torch.device(getattr(st, "device", "cpu") or "cpu")
+    Qt = st.Qt.to(dev)                                  # --device cuda: the products run on the GPU
     imm = exact_int_matmul(Qt)
     probe = imm(Qt[:2], Qt[:2])
     low = -math.inf if probe.is_floating_point() else torch.iinfo(torch.int32).min
-    best = torch.full((n,), low, dtype=probe.dtype)
+    best = torch.full((n,), low, dtype=probe.dtype, device=dev)
     # columns per product: the scores [block, cols] and the columns' float32 copy [cols, r] fit
     # GEMM_BYTES (at least the block itself: the diagonal square is masked in the first product)
     col_chunk = max(block, rows_per_block(max(block, Qt.shape[1]), 4, GEMM_BYTES))
@@ -175,7 +177,7 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
                 S = imm(QI, Qt[c0:c1])                      # [bi, bc] exact integers
                 if c0 == i0:
                     k = min(i1, c1) - i0
-                    ar = torch.arange(k)
+                    ar = torch.arange(k, device=dev)
                     S[ar, ar] = low
                 torch.maximum(best[i0:i1], S.amax(1), out=best[i0:i1])
                 torch.maximum(best[c0:c1], S.amax(0), out=best[c0:c1])
@@ -184,6 +186,7 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
             st.progress("gemm", i1, n)
     except OutOfTime:
         st.cut("gemm")
+    best = best.cpu()
     if size > 1:
         # each rank picks its faster kernel by timing, so one rank's maxima may be int32 and
         # another's float32: reduce in float64, which holds both exactly (the same bytes reduced

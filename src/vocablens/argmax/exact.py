@@ -123,14 +123,16 @@ def find_unargmaxable(
             the same verdicts, about half the multiply-adds; measured on this 2-core machine it is
             not faster than the full int8 product (its reductions cost what the products save), so
             it is off by default.
-        device: where the screen's products run (``"cuda"``: the GPU; same integers).
+        device: where the all-pairs stage's certificate products (and the screen's bounds) run:
+            ``"cpu"`` or ``"cuda[:N]"`` (the GPU; the same exact integers, so the same verdicts).
 
     Returns:
         :class:`ArgmaxResult`.
 
     Raises:
         ShapeMismatch: W not a non-empty float matrix, bias or masks of the wrong shape.
-        BadInput: NaN/inf rows or biases (named), unknown ``verify``, a negative budget.
+        BadInput: NaN/inf rows or biases (named), unknown ``verify``, a negative budget, a device
+            that is not cpu or an available CUDA GPU.
 
     Source: Grivas, Bogoychev and Lopez (ACL 2022) for the problem and the reflection filter; the
     whitening, symmetric blocked certificates and NNLS column generation are vocablens's.
@@ -141,6 +143,13 @@ def find_unargmaxable(
     for name, v in (("time_budget_s", time_budget_s), ("row_budget_s", row_budget_s)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0):
             raise BadInput(f"{name} must be None or a number of seconds >= 0; got {v!r}")
+    try:
+        dev = torch.device(str(device))
+    except (RuntimeError, ValueError):
+        raise BadInput(f"device must be cpu or cuda[:N]; got {device!r}") from None
+    if dev.type not in ("cpu", "cuda") or (dev.type == "cuda" and not torch.cuda.is_available()):
+        raise BadInput(f"device {device!r}: the scan runs on cpu or an available CUDA GPU"
+                       f"{' (CUDA is not available here)' if dev.type == 'cuda' else ''}")
     V, d = W.shape
     st = ScanState.new(V, d, tol, progress, time_budget_s)
     st.screen, st.device = bool(screen), str(device)

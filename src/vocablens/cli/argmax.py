@@ -85,7 +85,8 @@ def argmax_cmd(
         ma = argmax_for_borders(borders, bias=bias, include_padding=include_padding,
                                 include_untrained=include_padding, norm=norm,
                                 verify="all" if verify_all else "borderline", progress=cb,
-                                time_budget_s=budget or None, reserved=reserved, stored="readwrite")
+                                time_budget_s=budget or None, reserved=reserved, stored="readwrite",
+                                device=device if device.startswith("cuda") else "cpu")   # mps: scan on the CPU
     finally:
         close()
     if rank != 0:
