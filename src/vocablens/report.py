@@ -283,7 +283,8 @@ def _settle(ctx, plan, run):
 
 _RUNNERS = {"anatomy": _anatomy, "borders": _borders, "neighbors": _neighbors, "pca": _pca, "lens": _lens,
             "tuned": _tuned, "argmax": _argmax, "value_vectors": _value_vectors, "explain": _explain,
-            "settle": _settle, "undertrained": _undertrained}
+            "settle": _settle,
+            "undertrained": lambda ctx, plan, run: _undertrained(ctx, plan, run, ASSUMED_FLOPS_PER_S)}
 #: the section that gets what the others leave (it runs last)
 _LAST = "argmax"
 

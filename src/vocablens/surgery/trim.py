@@ -33,7 +33,7 @@ _CONFIG_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_st
                      "unk_token_id")
 
 
-def _backend_json(tokenizer) -> dict:
+def backend_json(tokenizer) -> dict:
     be = getattr(tokenizer, "backend_tokenizer", None)
     if be is None:
         raise UnsupportedTokenizer(
@@ -277,7 +277,7 @@ def _remap_config_ids(cfg, o2n: dict[int, int]) -> None:
             setattr(cfg, f, [o2n[i] for i in v if i in o2n])
 
 
-def _config_ids(cfg) -> set[int]:
+def config_ids(cfg) -> set[int]:
     out: set[int] = set()
     for f in _CONFIG_ID_FIELDS:
         v = getattr(cfg, f, None) if cfg is not None else None
@@ -311,10 +311,10 @@ def trim_vocab(model: nn.Module, tokenizer, used_ids: Iterable[int]) -> Trimmed:
     if not used:
         raise BadInput("the corpus uses no token: nothing to keep")
     borders = Borders.from_model(model, tokenizer)
-    tj = _backend_json(tokenizer)
-    keep = used | {i for i in _config_ids(model.config) if i < len(tokenizer)}
+    tj = backend_json(tokenizer)
+    keep = used | {i for i in config_ids(model.config) if i < len(tokenizer)}
     gen = getattr(model, "generation_config", None)
-    keep |= {i for i in _config_ids(gen) if i < len(tokenizer)}
+    keep |= {i for i in config_ids(gen) if i < len(tokenizer)}
     kept, new_json = plan_bpe_trim(tj, keep)
     rows = borders.vocab_size
     if kept[-1] >= rows:

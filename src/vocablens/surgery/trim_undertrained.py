@@ -59,12 +59,12 @@ def verified_undertrained(borders, tokenizer, candidates: int, progress=None):
 def planned_keep(model, tokenizer, used: Iterable[int]) -> list[int]:
     """The old ids :func:`~vocablens.surgery.trim.trim_vocab` keeps for ``used`` (its plan alone, no
     matrices touched): used ids, config ids, added tokens, the alphabet and the merge closure."""
-    from vocablens.surgery.trim import _backend_json, _config_ids, plan_bpe_trim
+    from vocablens.surgery.trim import backend_json, config_ids, plan_bpe_trim
 
     n = len(tokenizer)
-    keep = {int(i) for i in used} | {i for i in _config_ids(model.config) if i < n}
-    keep |= {i for i in _config_ids(getattr(model, "generation_config", None)) if i < n}
-    return plan_bpe_trim(_backend_json(tokenizer), keep)[0]
+    keep = {int(i) for i in used} | {i for i in config_ids(model.config) if i < n}
+    keep |= {i for i in config_ids(getattr(model, "generation_config", None)) if i < n}
+    return plan_bpe_trim(backend_json(tokenizer), keep)[0]
 
 
 def drop_undertrained(model, tokenizer, used: set[int], verified: Sequence[int]) -> tuple[set[int], set[int]]:

@@ -39,11 +39,12 @@ def section_candidates(budget_s: float, spent_s: float, per_candidate_flops: flo
     return max(MIN_CANDIDATES, min(MAX_CANDIDATES, fit))
 
 
-def run_section(ctx, plan, run) -> None:
+def run_section(ctx, plan, run, flops_per_s: float = 2.0e10) -> None:
     """The report's runner (``ctx``, :class:`~vocablens.report.SectionPlan`, ``SectionRun``): sets
     ``run.result`` to an :class:`~vocablens.undertrained.analysis.UndertrainedResult`, and
-    ``run.cut_short`` when fewer than the paper's lowest 2% were verified."""
-    from vocablens.report import ASSUMED_FLOPS_PER_S
+    ``run.cut_short`` when fewer than the paper's lowest 2% were verified. ``flops_per_s``: the
+    report's assumed throughput (FLOP/s), which sizes the number of candidates verified."""
+    ASSUMED_FLOPS_PER_S = flops_per_s
     from vocablens.undertrained.analysis import DEFAULT_FRACTION, testable, undertrained
     from vocablens.undertrained.verify import pick_examples
 
