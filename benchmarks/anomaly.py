@@ -11,7 +11,7 @@ How the data are made, offline and deterministic:
   role-play, delimiter escapes).
 * Split by passage: the detectors are fitted on ``--train`` normal inputs; the test set holds
   ``--test`` other normal inputs and ``--test`` injected ones, made from passages no training input
-  saw. Nothing is tuned on the test split (detector settings are fixed in vocablens.anomaly).
+  saw. Nothing is tuned on the test split (detector settings are fixed in vocablens.lens.anomaly).
 
 Prints the AUROC of each detector (isolation forest, local outlier factor) on logit-lens, tuned-lens
 and combined trajectories, with the time per input. Progress goes to stderr (the step and how far
@@ -69,7 +69,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
 
     import vocablens.models as M
-    from vocablens.anomaly import detect, trajectory_features
+    from vocablens.lens.anomaly import detect, trajectory_features
     from vocablens.lens.tuned import load_for_model
 
     rng = random.Random(1)

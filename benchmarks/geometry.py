@@ -37,7 +37,7 @@ def _one(kind: str) -> None:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
     if kind == "chunked":
-        from vocablens.geometry import cosine_neighbors
+        from vocablens.geometry.embedding import cosine_neighbors
 
         ids, _ = cosine_neighbors(W, q, K + 1)
     else:
@@ -69,7 +69,7 @@ def real_model(reps: int = 20) -> None:
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
     import vocablens
-    from vocablens.geometry import nearest_neighbors
+    from vocablens.geometry.embedding import nearest_neighbors
 
     torch.set_num_threads(2)
     load = os.getloadavg()[0]

@@ -31,7 +31,7 @@ sections over their share in CPU seconds are neighbours, value vectors and settl
 whose float32 copy is read from the cache after its first load; see ``benchmarks/load.py``).
 ``VOCABLENS_ARGMAX_CACHE=off`` makes the argmax section scan even where a stored scan exists. Both
 modes print the argmax section's budget share: in a real run it gets what the sections before it
-left, at least 10% of ``--budget`` (``vocablens.report.argmax_share``); the per-section mode gives it
+left, at least 10% of ``--budget`` (``vocablens.report.runner.argmax_share``); the per-section mode gives it
 that same share, computed from the wall seconds the sections before it took here.
 """
 
@@ -105,7 +105,7 @@ def measure(spec: str, budget: float, out: str) -> None:
 
     from vocablens.models import load
     from vocablens.render.report import cut_short_html, render_report, report_sections, write_atomic
-    from vocablens.report import ARGMAX_MIN_SHARE, ORDER, ReportRun, argmax_share, run_report
+    from vocablens.report.runner import ARGMAX_MIN_SHARE, ORDER, ReportRun, argmax_share, run_report
 
     total_cpu = total_wall = 0.0
 
@@ -178,8 +178,8 @@ def main() -> None:
         print(f"  {k:<48} {v:8.1f} s")
     for k, why in rep["cut_short"].items():
         print(f"  cut short: {k}: {why}")
-    # the argmax scan runs last and gets what the others left, at least 10% (vocablens.report.argmax_share)
-    from vocablens.report import ARGMAX_MIN_SHARE, argmax_share
+    # the argmax scan runs last and gets what the others left, at least 10% (vocablens.report.runner.argmax_share)
+    from vocablens.report.runner import ARGMAX_MIN_SHARE, argmax_share
 
     before = sum(v for k, v in rep["timings_s"].items() if k not in ("total", "load") and "argmax" not in k)
     share = argmax_share(args.budget, before)

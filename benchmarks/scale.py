@@ -12,11 +12,11 @@ their wall time shows contention, not scaling; CPU seconds summed over ranks sho
       exactly. Issue size: 151,936 x 1,024 (``--V 151936 --d 1024 --planted 64``); ``--quick``:
       32,768 x 256 with 16 planted rows.
   (b) ``vocablens lens eval`` on the default model (shipped tuned lens), rows split over ranks and
-      float64 sums all-reduced (:mod:`vocablens.distributed`): wall and CPU seconds of the whole
+      float64 sums all-reduced (:mod:`vocablens.parallel.processes`): wall and CPU seconds of the whole
       command (model load included), per-rank peak RSS, and the largest difference of any metric
       from the 1-rank result.
 
-On paper: Llama-3-70B's counts from :func:`vocablens.anatomy.anatomy` on a meta-device model built
+On paper: Llama-3-70B's counts from :func:`vocablens.accounting.anatomy.anatomy` on a meta-device model built
 from its config (V = 128,256, d = 8,192, 80 layers, untied), times from FLOPs and the per-core
 throughput measured here (float32 GEMM, CPU seconds of one thread; the argmax all-pairs stage's own
 rate from run (a)), on 1, 8 and 64 ranks.
@@ -194,7 +194,7 @@ def llama3_70b():
     """Anatomy of Llama-3-70B from its config (meta device: shapes only, no weights)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from vocablens.anatomy import anatomy
+    from vocablens.accounting.anatomy import anatomy
     from vocablens.models import Borders
 
     cfg = LlamaConfig(vocab_size=128_256, hidden_size=8_192, intermediate_size=28_672, num_hidden_layers=80,

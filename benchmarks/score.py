@@ -1,4 +1,4 @@
-"""Benchmark: `score` (vocablens.score.score_ids) beside transformers' own per-token log-probabilities.
+"""Benchmark: `score` (vocablens.generate.score.score_ids) beside transformers' own per-token log-probabilities.
 
 transformers: ``model(ids).logits[0, :-1].log_softmax(-1).gather(1, ids[1:, None])`` — the whole
 forward including the LM head ([T, V] float32 logits), then a [T, V] log-softmax.
@@ -49,7 +49,7 @@ def _setup(threads: int, T: int):
 
 
 def _methods(torch, lm):
-    from vocablens.score import score_ids
+    from vocablens.generate.score import score_ids
 
     def transformers(ids):
         lg = lm.model(input_ids=ids[None], use_cache=False).logits[0, :-1]

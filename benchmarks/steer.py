@@ -57,7 +57,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
 
     import vocablens.models as M
-    from vocablens.steer import steer
+    from vocablens.vocab_space.steer import steer
     from vocablens.surgery.io import heldout_texts
 
     lm = M.load("smollm2")

@@ -47,7 +47,7 @@ def main() -> None:
     print(f"indicators ({ind.name}): {t_ind:.2f} s  (target <= 10 s)")
     print(f"verification of {int(cand.numel())} candidates x {len(v.templates)} templates: {t_ver:.1f} s "
           f"(target <= 120 s); {int(v.verified.sum())} verified under-trained")
-    from vocablens.report import run_report
+    from vocablens.report.runner import run_report
 
     t0 = time.perf_counter()
     sec = run_report(lm, only=("undertrained",)).get("undertrained")

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from vocablens.cli import run_app
-from vocablens.distributed import VocabParallelModel
+from vocablens.parallel.processes import VocabParallelModel
 from vocablens.models import load
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tiny_models import make_tiny
-from vocablens.align import align_models, shared_vocabulary, unit_top_tokens
+from vocablens.vocab_space.align import align_models, shared_vocabulary, unit_top_tokens
 from vocablens.errors import BadInput
 from vocablens.models import Borders
 from vocablens.models.blocks import block_view
@@ -76,9 +76,9 @@ def test_permutation_is_recovered(llama):
 def test_ffn_corr_equals_pearson_over_vocabulary(llama, monkeypatch):
     """The Gram-matrix shortcut (the shared readout streamed in blocks of 7 tokens) equals the Pearson
     correlation of explicitly projected scores."""
-    import vocablens.align
+    import vocablens.vocab_space.align
 
-    monkeypatch.setattr(vocablens.align, "ROW_BLOCK", 7)
+    monkeypatch.setattr(vocablens.vocab_space.align, "ROW_BLOCK", 7)
     A = Borders.from_model(llama)
     Bm, _ = _permuted(llama, noise=0.5, seed=3)
     B = Borders.from_model(Bm)
@@ -99,9 +99,9 @@ def test_ffn_corr_equals_pearson_over_vocabulary(llama, monkeypatch):
 def test_heads_cosine_equals_explicit_matrices(monkeypatch):
     """The factored trace (readout and embedding streamed in blocks of 7 tokens) equals the cosine of
     explicit token-centred [S, S] OV matrices."""
-    import vocablens.align
+    import vocablens.vocab_space.align
 
-    monkeypatch.setattr(vocablens.align, "ROW_BLOCK", 7)
+    monkeypatch.setattr(vocablens.vocab_space.align, "ROW_BLOCK", 7)
     model = make_tiny("llama")
     A = Borders.from_model(model)
     Bm = copy.deepcopy(model)

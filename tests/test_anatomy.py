@@ -7,7 +7,7 @@ import pytest
 from torch import nn
 
 from tiny_models import FAMILIES, make_tiny, writes_through
-from vocablens.anatomy import anatomy, anatomy_of, count_parameters, logits_memory, lookup_bytes
+from vocablens.accounting.anatomy import anatomy, anatomy_of, count_parameters, logits_memory, lookup_bytes
 from vocablens.models.catalogue import catalogue, catalogue_entry
 from vocablens.models.config import meta_model, resolve_config
 from vocablens.cli.common import run_app

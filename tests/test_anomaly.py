@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tiny_models import make_tiny
-from vocablens.anomaly import auroc, detect, fit_detector, read_inputs, trajectory_features, Trajectories
+from vocablens.lens.anomaly import auroc, detect, fit_detector, read_inputs, trajectory_features, Trajectories
 from vocablens.errors import BadInput
 from vocablens.lens.tuned import TunedLens
 from vocablens.models import Borders

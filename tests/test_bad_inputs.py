@@ -438,7 +438,7 @@ def test_hardening_bad_input(argv, words, world, damaged_models, capsys):
 
 
 def test_detector_needs_five_distinct_inputs():
-    from vocablens.anomaly import fit_detector
+    from vocablens.lens.anomaly import fit_detector
 
     X = torch.randn(1, 6).repeat(6, 1)  # six copies of one input used to fit (LOF scores up to 1.5e10)
     with pytest.raises(BadInput, match=r"5 distinct normal inputs; got 6 \(1 distinct\)"):

@@ -148,7 +148,7 @@ def test_empty_device_is_an_error(capsys):
 def test_max_memory_is_refused_under_torchrun_before_loading(monkeypatch, capsys):
     """`torchrun ... score --max-memory 200MB` failed after loading with 'the vocab-parallel model needs
     the whole model (it was loaded with its borders only)'; now one line before anything loads."""
-    import vocablens.distributed as D
+    import vocablens.parallel.processes as D
     from vocablens.cli.common import run_app
 
     monkeypatch.setattr(D, "init_from_env", lambda device="cpu": (0, 2))

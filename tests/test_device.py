@@ -20,8 +20,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "vocablens"
 NO_CUDA = "no CUDA device on this machine: the GPU half of this test runs where torch.cuda.is_available()"
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA))]
 #: the modules whose loops run per token, chunk, row or layer: no unmarked host copy there
-HOT = ["ops", "lens", "vocab_space", "generate", "steer.py", "steer_eval.py", "anomaly.py", "align.py",
-       "score.py", "geometry.py"]
+HOT = ["ops", "lens", "vocab_space", "generate", "geometry/embedding.py"]
 #: host copies (``.cpu()``/``.numpy()``) and host-made tensors (a factory without ``device=``) allowed
 #: without the ``# cpu:`` marker, per file: none, except in lens/logit.py and ops/chunking.py, which are
 #: being rewritten elsewhere (logit.py: its result's input_ids copy and the positions index made on the
@@ -128,7 +127,7 @@ def test_device_cpu_gives_the_same_json_as_no_option(command, tiny_dir, capsys):
 # ------------------------------------------------------------ analyses on each available device
 def _analyses(borders, tok=None) -> dict[str, torch.Tensor]:
     """Key ops and analyses of a tiny model; every tensor result, flattened to one dict."""
-    from vocablens.geometry import cosine_neighbors
+    from vocablens.geometry.embedding import cosine_neighbors
     from vocablens.generate.loop import generate
     from vocablens.lens.evaluate import evaluate
     from vocablens.lens.logit import logit_lens
@@ -136,8 +135,8 @@ def _analyses(borders, tok=None) -> dict[str, torch.Tensor]:
     from vocablens.lens.tuned import TunedLens
     from vocablens.ops import linear_cross_entropy, probs_after_filters, sample, token_logprobs
     from vocablens.ops.kl import kl_readout
-    from vocablens.score import score_ids
-    from vocablens.steer import concept_scores
+    from vocablens.generate.score import score_ids
+    from vocablens.vocab_space.steer import concept_scores
     from vocablens.vocab_space.circuits import head_circuit
     from vocablens.vocab_space.explain import explain
     from vocablens.vocab_space.search import search_tokens

@@ -13,9 +13,9 @@ import torch
 
 from tiny_models import make_tiny
 from vocablens.cli.common import run_app
-from vocablens.distributed import VocabParallelModel, share
+from vocablens.parallel.processes import VocabParallelModel, share
 from vocablens.models import Borders, load
-from vocablens.score import score_ids
+from vocablens.generate.score import score_ids
 
 TESTS = Path(__file__).parent
 TEXT = "t3 t17 t5 t40 t41 t2 t9 t88 t12 t7 t60 t33 t1 t21 t5 t5 t70 t44 t90 t13 t8 t31"

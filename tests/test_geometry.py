@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from tiny_models import make_tiny
 from vocablens.cli.common import run_app
 from vocablens.errors import BadInput, ShapeMismatch, TokenNotInVocabulary
-from vocablens.geometry import (
+from vocablens.geometry.embedding import (
     DEFAULT_WORD_GROUPS, cosine_neighbors, nearest_neighbors, pca_3d, word_pca,
 )
 from vocablens.models import Borders
@@ -261,7 +261,7 @@ def test_pca_figure_switch(smollm2):
 
 
 def test_neighbors_and_anatomy_sections(smollm2):
-    from vocablens.anatomy import anatomy, anatomy_of
+    from vocablens.accounting.anatomy import anatomy, anatomy_of
     from vocablens.render.anatomy import anatomy_section, anatomy_table
     from vocablens.render.geometry import neighbors_section
 

@@ -141,7 +141,7 @@ def test_exception_mid_generation_leaves_the_model_as_before(model_borders, monk
 
 def test_capture_and_steering_restore_after_an_exception(model_borders):
     from vocablens.models.blocks import block_views, capture_updates
-    from vocablens.steer import SteerVector, Steering
+    from vocablens.vocab_space.steer import SteerVector, Steering
 
     model, borders = model_borders
     before = snapshot(model)

@@ -11,15 +11,16 @@ Layers (DESIGN.md; imports point down or stay in their layer):
 ====  ==========================================================================================
  6    the package facade ``vocablens`` (``__init__``: lazy names only) and ``vocablens.__main__``
  5    ``cli``
- 4.5  runners: ``report`` (the report's analyses under a budget) and ``serve`` (the explorer's
-      server); they call analyses and the render functions; render never imports them
+ 4.5  ``serve`` (the explorer's server): it calls analyses and render's JSON builders
  4    ``render``
- 3    analyses: ``anatomy``, ``geometry``, ``lens``, ``vocab_space``, ``argmax``, ``surgery``, and
-      every other root module or package not named here (``align``, ``anomaly``, ``distributed``,
-      ``generate``, ``score``, ``steer``, ``steer_eval``, ``tying``, ``undertrained`` ...)
+ 3.5  ``report``, the report's runner (its plan, its sections under a budget): it calls analyses,
+      never render; render formats its result and never imports it
+ 3    analyses: ``accounting``, ``geometry``, ``lens``, ``vocab_space``, ``argmax``, ``undertrained``,
+      ``surgery``, ``generate``, ``parallel`` (every package not named here)
  2    ``ops``
  1    ``models``
- 0    ``errors``, ``units``, ``logit_transform``, ``files``, ``version``, ``corpus``
+ 0    ``errors``, ``units``, ``logit_transform``, ``files``, ``version``, ``corpus``: the only
+      modules at the package root (:func:`test_root_holds_layer_0_only`)
 ====  ==========================================================================================
 """
 
@@ -34,7 +35,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "vocablens"
 
 LAYER_0 = {"errors", "units", "logit_transform", "files", "version", "corpus"}
-NAMED = {"models": 1, "ops": 2, "render": 4, "report": 4.5, "serve": 4.5, "cli": 5, "__main__": 6}
+NAMED = {"models": 1, "ops": 2, "render": 4, "report": 3.5, "serve": 4.5, "cli": 5, "__main__": 6}
 
 
 def modules(root: Path = SRC) -> dict[str, tuple[Path, bool]]:
@@ -161,7 +162,7 @@ def test_every_module_has_a_layer():
     mods = modules()
     assert "vocablens.models.borders" in mods and "vocablens.cli.common" in mods
     assert layer("vocablens.models.blocks.view") == 1 and layer("vocablens.errors") == 0
-    assert layer("vocablens.steer") == 3 and layer("vocablens.serve.app") == 4.5 and layer("vocablens.cli") == 5
+    assert layer("vocablens.vocab_space.steer") == 3 and layer("vocablens.serve.app") == 4.5 and layer("vocablens.cli") == 5
 
 
 def private_imports(root: Path = SRC) -> list[str]:
@@ -177,3 +178,10 @@ def private_imports(root: Path = SRC) -> list[str]:
 
 def test_names_imported_across_modules_are_public():
     assert not private_imports(), "\n".join(private_imports())
+
+
+def test_root_holds_layer_0_only():
+    """A module's path says its layer (issue 23 §6): at the package root only layer 0 and the facade;
+    every analysis, runner and interface is a package."""
+    root = {p.stem for p in (SRC / PACKAGE).glob("*.py")}
+    assert root - {"__init__", "__main__"} == LAYER_0, sorted(root - {"__init__", "__main__"} - LAYER_0)

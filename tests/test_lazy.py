@@ -85,7 +85,7 @@ def test_config_that_disagrees_with_the_weights(tmp_path):
 def test_matrices_only_equal_full_load(saved):
     from transformers import AutoTokenizer
 
-    from vocablens.geometry import nearest_neighbors
+    from vocablens.geometry.embedding import nearest_neighbors
     from vocablens.models import load
 
     family, model, d = saved
@@ -154,7 +154,7 @@ def test_value_vectors_only_equal_full_load(saved):
 
 @pytest.mark.slow
 def test_default_model_matrices_only_neighbors_equal_full():
-    from vocablens.geometry import nearest_neighbors
+    from vocablens.geometry.embedding import nearest_neighbors
     from vocablens.models import load
 
     full = load("smollm2")
@@ -173,7 +173,7 @@ def test_default_model_matrices_only_neighbors_equal_full():
 
 @pytest.mark.slow
 def test_default_model_borders_only_equal_full():
-    from vocablens.geometry import nearest_neighbors
+    from vocablens.geometry.embedding import nearest_neighbors
     from vocablens.models import load
 
     full = load("smollm2")

@@ -86,7 +86,7 @@ def test_python_results_name_blocks_blocks():
     stream_layer_fields = {("vocablens.lens.logit", "LensLayer", "layer"), ("vocablens.lens.logit", "LensResult", "layers")}
     checked = 0
     for mod in ("vocablens.vocab_space.vectors", "vocablens.vocab_space.search", "vocablens.vocab_space.circuits",
-                "vocablens.vocab_space.explain", "vocablens.vocab_space.interpretable", "vocablens.align",
+                "vocablens.vocab_space.explain", "vocablens.vocab_space.interpretable", "vocablens.vocab_space.align",
                 "vocablens.lens.logit"):
         m = importlib.import_module(mod)
         for name, obj in vars(m).items():

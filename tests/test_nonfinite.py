@@ -63,7 +63,7 @@ def test_nan_embedding_row_matters_only_for_its_tokens():
 
 
 def test_neighbors_exclude_nan_rows():
-    from vocablens.geometry import nearest_neighbors
+    from vocablens.geometry.embedding import nearest_neighbors
 
     class Tok:
         def get_vocab(self):

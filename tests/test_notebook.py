@@ -54,7 +54,7 @@ def shown(lm, i) -> str:
 
 
 def test_anatomy(lm):
-    from vocablens.anatomy import anatomy  # (the root's name is shadowed once the module is imported)
+    from vocablens.accounting.anatomy import anatomy  # (the root's name is shadowed once the module is imported)
 
     a = anatomy(lm.borders, name="tiny")
     h = page(a, lm)

@@ -123,7 +123,7 @@ def test_anatomy_and_neighbors_report_what_transformers_ties(dirs, oracle, case,
 
 def test_tie_check_says_the_config_disagrees(dirs, oracle):
     from vocablens.models.matrices import load_head_only
-    from vocablens.tying import tie_check
+    from vocablens.geometry.tying import tie_check
 
     _, head, _ = oracle["diff"]
     b = load_head_only(str(dirs["diff"])).borders

@@ -11,7 +11,7 @@ import torch
 import vocablens.cli.ops as cli_ops
 from vocablens.cli.common import run_app
 from vocablens.errors import BadInput
-from vocablens.score import score_ids
+from vocablens.generate.score import score_ids
 
 TEXT = "The capital of France is Paris."
 

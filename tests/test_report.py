@@ -56,9 +56,11 @@ def test_report_keeps_existing_file_when_the_write_fails(cli, tmp_path, monkeypa
         return real_write(self, data, *a, **k)
 
     monkeypatch.setattr(pathlib.Path, "write_text", full_disk)
-    import vocablens.report as R
+    import vocablens.report.plan as P
+    import vocablens.report.runner as R
 
-    monkeypatch.setattr(R, "ORDER", ("anatomy", "borders"))  # the page is what this test writes
+    monkeypatch.setattr(P, "ORDER", ("anatomy", "borders"))  # the page is what this test writes
+    monkeypatch.setattr(R, "ORDER", P.ORDER)
     code, out, err = cli("report", "--out", target, "--budget", "0.001")
     assert writes and writes[0] > 100_000  # the whole page (plotly.js inlined) reached the writer
     assert code == 2 and "disk is full" in err and "Traceback" not in err
@@ -68,7 +70,7 @@ def test_report_keeps_existing_file_when_the_write_fails(cli, tmp_path, monkeypa
 
 def test_plan_shares_the_budget():
     from vocablens.errors import BadInput
-    from vocablens.report import ORDER, plan_report
+    from vocablens.report.runner import ORDER, plan_report
 
     plans = plan_report("m.gguf", 150)
     assert [p.key for p in plans] == list(ORDER)
@@ -83,7 +85,7 @@ def test_plan_shares_the_budget():
 def test_settle_reads_fewer_tokens_on_a_bigger_model():
     """SmolLM2 (V=49,152, d=576, 30 blocks of 106M weights) reads all 256 tokens in its 33.75 s share
     at 2e10 FLOP/s; a 0.5B model (151,936 x 896, 24 blocks of 358M weights) reads one row of 128."""
-    from vocablens.report import SETTLE_SEQ_LEN, settle_tokens
+    from vocablens.report.runner import SETTLE_SEQ_LEN, settle_tokens
 
     assert settle_tokens(49_152, 576, 30, 106_000_000, 33.75, 15) == 256
     per_token = 2 * 358_000_000 + 13 * 2 * 151_936 * 896  # 4.26e9 FLOPs: 158 tokens fit
@@ -95,7 +97,7 @@ def test_settle_reads_fewer_tokens_on_a_bigger_model():
 
 def test_argmax_section_passes_what_is_left_and_says_what_is_undecided(smollm2, monkeypatch):
     import vocablens.argmax as A
-    from vocablens.report import run_report
+    from vocablens.report.runner import run_report
 
     seen = {}
 
@@ -140,7 +142,7 @@ def test_cheap_sections_always_run_and_the_argmax_scan_gets_what_is_left(monkeyp
     """Fake sections on a fake clock: the cheap ones cost ``slow`` x 57 s. They all run (none is
     dropped because an earlier one spent the budget), the argmax scan runs last with what is left
     (at least 10% of the budget), the ETA follows the measured cost, and the banner is true."""
-    import vocablens.report as R
+    import vocablens.report.runner as R
     from vocablens.render.report import cut_short_html
 
     cost = {"anatomy": 1, "borders": 1, "neighbors": 2, "pca": 2, "lens": 5, "tuned": 6, "value_vectors": 8,
@@ -196,7 +198,7 @@ def test_banner_counts_the_sections_cut_short():
     from types import SimpleNamespace
 
     from vocablens.render.report import cut_short_html
-    from vocablens.report import plural
+    from vocablens.report.runner import plural
 
     assert plural(1, "token") == "1 token" and plural(2, "token") == "2 tokens" and plural(1024, "row") == "1,024 rows"
     sec = lambda t, c: SimpleNamespace(plan=SimpleNamespace(title=t), cut_short=c)  # noqa: E731
@@ -375,8 +377,8 @@ def test_report_skips_pca_when_too_few_words_are_single_tokens(tmp_path, capsys)
 def test_summary_heads_each_neighbour_table_with_its_token(smollm2, tmp_path, capsys):
     """The terminal summary printed three neighbour tables with nothing naming their token."""
     from vocablens.cli.report import _summary
-    from vocablens.geometry import nearest_neighbors
-    from vocablens.report import ReportRun, SectionRun, plan_report
+    from vocablens.geometry.embedding import nearest_neighbors
+    from vocablens.report.runner import ReportRun, SectionRun, plan_report
 
     plans = {p.key: p for p in plan_report()}
     nb = nearest_neighbors(smollm2.borders, smollm2.tokenizer, [" king", " Paris", " three", " dog"], k=3)
@@ -418,7 +420,7 @@ def test_lens_section_says_when_the_tokenizer_adds_no_bos(smollm2):
 
 def test_pca_labels_sit_beside_their_markers(smollm2):
     """Labels drawn on their marker ("top center" in 3-D) hid behind markers ("prin…", "Spain")."""
-    from vocablens.geometry import word_pca
+    from vocablens.geometry.embedding import word_pca
     from vocablens.render.geometry import pca_figure
 
     fig = pca_figure(word_pca(smollm2.borders, smollm2.tokenizer))

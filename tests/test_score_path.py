@@ -13,7 +13,7 @@ import torch
 from tiny_models import FAMILIES, ids as tiny_ids, make_tiny
 from vocablens.models import Borders
 from vocablens.models.headless import blocks_forward
-from vocablens.score import score_ids
+from vocablens.generate.score import score_ids
 
 
 def _hf_logprobs(model, ids: torch.Tensor) -> torch.Tensor:

@@ -7,8 +7,8 @@ from tiny_models import ids, make_tiny
 from vocablens.errors import BadInput
 from vocablens.models import Borders
 from vocablens.models.blocks import block_view
-from vocablens.steer import concept_scores, steer
-from vocablens.steer_eval import concept_mass, perplexity
+from vocablens.vocab_space.steer import concept_scores, steer
+from vocablens.vocab_space.steer_eval import concept_mass, perplexity
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_suppressing_day_names_on_the_default_model():
 def test_vector_top_tokens_equal_float64_readout(tiny):
     """steer.vector_top_tokens (one streamed scores pass for all vectors) against the float64 readout:
     the top tokens of R v for promote/ablate vectors, of -R v for suppress vectors, real rows only."""
-    from vocablens.steer import vector_top_tokens
+    from vocablens.vocab_space.steer import vector_top_tokens
 
     st = steer(tiny, promote=[3, 17], suppress=[40], top_n=2)
     got = vector_top_tokens(tiny, st.vectors, k=4)

@@ -63,7 +63,7 @@ def test_section_candidates_follow_the_budget():
 def test_report_section_on_a_trained_model(saved):
     from vocablens.render.html import Section
     from vocablens.render.report import report_sections, report_to_dict
-    from vocablens.report import run_report
+    from vocablens.report.runner import run_report
 
     d, lm = saved
     run = run_report(lm, model=str(d), only=("undertrained",))
@@ -243,7 +243,7 @@ def test_report_section_draws_in_chromium(saved, tmp_path):
 
     from test_figures import BOXES_JS, layout_problems
     from vocablens.render.report import render_report, report_sections
-    from vocablens.report import run_report
+    from vocablens.report.runner import run_report
 
     d, lm = saved
     run = run_report(lm, model=str(d), only=("undertrained",))

@@ -32,11 +32,11 @@ _ENTRY_POINTS: dict[str, str] = {
     "Provenance": "vocablens.models.provenance",
     "Unembedding": "vocablens.models.unembed",
     # accounting and geometry
-    "anatomy": "vocablens.anatomy",
-    "anatomy_of": "vocablens.anatomy",
-    "tie_check": "vocablens.tying",
-    "nearest_neighbors": "vocablens.geometry",
-    "word_pca": "vocablens.geometry",
+    "anatomy": "vocablens.accounting.anatomy",
+    "anatomy_of": "vocablens.accounting.anatomy",
+    "tie_check": "vocablens.geometry.tying",
+    "nearest_neighbors": "vocablens.geometry.embedding",
+    "word_pca": "vocablens.geometry.embedding",
     # reading the residual stream
     "logit_lens": "vocablens.lens.logit",
     "TunedLens": "vocablens.lens.tuned",
@@ -53,14 +53,14 @@ _ENTRY_POINTS: dict[str, str] = {
     # computing through the head
     "token_logprobs": "vocablens.ops",
     "linear_cross_entropy": "vocablens.ops",
-    "score_ids": "vocablens.score",
+    "score_ids": "vocablens.generate.score",
     # surgery
     "expand_vocab": "vocablens.surgery",
     "trim_vocab": "vocablens.surgery",
     "verify_expansion": "vocablens.surgery",
     "verify_trim": "vocablens.surgery",
     # the report's plan and runner (the page itself: vocablens.render.report)
-    "run_report": "vocablens.report",
+    "run_report": "vocablens.report.runner",
 }
 
 __all__ = ["__version__", *_ENTRY_POINTS]

@@ -41,7 +41,7 @@ def align_cmd(
     one-to-one (Hungarian) to its most similar block of B (Dar et al. 2022, §5)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from vocablens.align import align_models, unit_top_tokens
+    from vocablens.vocab_space.align import align_models, unit_top_tokens
     from vocablens.render.align import alignment_tables, alignment_to_dict, token_names, top_matches
 
     if what not in ("ffn", "heads"):

@@ -28,7 +28,7 @@ def anatomy_cmd(
     No weights are read unless --load: the model is built from its config on the meta device.
     With --json: {"models": [...]}, one object per model (also for one).
     """
-    from vocablens.anatomy import anatomy, anatomy_of, logits_memory
+    from vocablens.accounting.anatomy import anatomy, anatomy_of, logits_memory
     from vocablens.models.catalogue import catalogue_entry
     from vocablens.render.anatomy import anatomy_json, print_anatomy
 

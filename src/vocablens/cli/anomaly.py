@@ -32,7 +32,7 @@ def lens_anomaly(
     entropy, rank of the final token; logit and tuned lens)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from vocablens.anomaly import DETECTORS, detect, read_inputs, trajectory_features
+    from vocablens.lens.anomaly import DETECTORS, detect, read_inputs, trajectory_features
     from vocablens.render.anomaly import anomaly_to_dict, print_anomaly
 
     if kind not in ("logit", "tuned", "both"):

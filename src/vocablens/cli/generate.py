@@ -74,7 +74,7 @@ def generate_cmd(
         raise BadInput(f"--threshold must be in (0, 1]; got {threshold}")
     if exit_test not in ("full", "candidates"):
         raise BadInput(f"--exit-test must be 'full' or 'candidates'; got {exit_test!r}")
-    from vocablens.distributed import VocabParallelModel, common_seed, init_from_env
+    from vocablens.parallel.processes import VocabParallelModel, common_seed, init_from_env
 
     rank, world = init_from_env()
     if world > 1 and early_exit is not None:

@@ -23,7 +23,7 @@ def neighbors_cmd(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Cosine nearest neighbours over the real vocabulary (padding and never-trained rows excluded)."""
-    from vocablens.geometry import nearest_neighbors
+    from vocablens.geometry.embedding import nearest_neighbors
     from vocablens.render.geometry import neighbors_to_dict, print_neighbors
 
     if k < 1:

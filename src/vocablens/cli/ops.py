@@ -32,7 +32,7 @@ def score(
     and LM head rows are split over the ranks and rank 0 prints."""
     from vocablens.models.tokens import context_length, encode_prompt, token_bytes
     from vocablens.render.ops import print_score, score_to_dict
-    from vocablens.score import score_ids
+    from vocablens.generate.score import score_ids
 
     if (text is None) == (file is None):
         raise BadInput("give either TEXT or --file F (exactly one)")
@@ -47,7 +47,7 @@ def score(
         raise BadInput(f"--top-k must be >= 0; got {top_k}")
     if not text or not text.strip():
         raise BadInput("empty text: nothing to score")
-    from vocablens.distributed import VocabParallelModel, init_from_env
+    from vocablens.parallel.processes import VocabParallelModel, init_from_env
 
     rank, world = init_from_env()
     if world > 1 and max_memory:

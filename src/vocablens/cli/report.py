@@ -1,7 +1,7 @@
 """`vocablens report`: the main job — analyses of one model in a self-contained HTML file.
 
 The plan (sections, their time budgets, what to say when one is cut short) is the library's
-(:mod:`vocablens.report`); the page is :mod:`vocablens.render.report`. This command parses, shows
+(:mod:`vocablens.report.runner`); the page is :mod:`vocablens.render.report`. This command parses, shows
 progress on stderr and prints.
 """
 
@@ -16,7 +16,7 @@ from rich.text import Text
 
 from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out
 from vocablens.errors import BadInput
-from vocablens.report import DEFAULT_BUDGET_S, DEFAULT_PROMPT
+from vocablens.report.runner import DEFAULT_BUDGET_S, DEFAULT_PROMPT
 
 
 @app.command("report")
@@ -37,7 +37,7 @@ def report(
     Every section runs within its share of --budget; the page lists the ones cut short and the
     command that completes each.
     """
-    from vocablens.report import plan_report, run_report
+    from vocablens.report.runner import plan_report, run_report
     from vocablens.render.report import cut_short_html, render_report, report_sections, stamp, write_atomic
 
     if not prompt.strip():
@@ -78,7 +78,7 @@ def report(
 
 class _ProgressBar:
     """A rich bar on stderr over the report's estimated seconds, with an ETA that counts down between
-    updates (the library re-estimates it at each section and argmax stage, :func:`vocablens.report.eta_s`);
+    updates (the library re-estimates it at each section and argmax stage, :func:`vocablens.report.runner.eta_s`);
     one line per section when stderr is not a terminal; nothing when disabled."""
 
     def __init__(self, disabled: bool):

@@ -62,8 +62,8 @@ def steer_cmd(
     The vectors are chosen by the tokens' z-score in vocabulary space (Geva et al. 2022, §5.1) and
     scaled with a forward hook (no weight edit); reported before and after: the tokens' probability
     mass, the held-out perplexity and greedy continuations."""
-    from vocablens.steer import steer
-    from vocablens.steer_eval import measure
+    from vocablens.vocab_space.steer import steer
+    from vocablens.vocab_space.steer_eval import measure
 
     if not promote and not suppress:
         raise BadInput("give --promote TOKEN and/or --suppress TOKEN")
@@ -96,7 +96,7 @@ def steer_cmd(
     finally:
         close()
     from vocablens.render.steer import print_steer, steer_to_dict, vector_rows
-    from vocablens.steer import vector_top_tokens
+    from vocablens.vocab_space.steer import vector_top_tokens
 
     rows = vector_rows(st.vectors, vector_top_tokens(b, st.vectors, k=6), tok)
     saved = None

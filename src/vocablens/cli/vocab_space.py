@@ -287,7 +287,7 @@ def settle_cmd(
         if plot.suffix.lower() not in (".html", ".htm", ".png", ".svg", ".pdf"):
             raise BadInput(f"--plot must end in .html, .png, .svg or .pdf; got {plot.name!r}")
     load_documents(corpus, max_docs=1)  # fail early on a missing corpus, before loading the model
-    from vocablens.distributed import init_from_env
+    from vocablens.parallel.processes import init_from_env
 
     rank, world = init_from_env()  # under torchrun: batches split over ranks, rank 0 prints
     quiet = json_ or rank != 0

@@ -151,7 +151,7 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
         on_token: called with each :class:`GeneratedToken` as soon as it exists (streaming).
         head: what turns the decoder's last hidden state [1, d_emb] into float32 logits [1, V]: an
             object with ``logits(h)``, ``vocab_size``, ``d_emb`` and ``real_mask`` (default
-            ``borders.unembedding``; :class:`vocablens.distributed.VocabParallelModel` splits it over
+            ``borders.unembedding``; :class:`vocablens.parallel.processes.VocabParallelModel` splits it over
             ranks). Not combined with ``early_exit``.
 
     Returns:

@@ -22,7 +22,7 @@ def finite64(W: torch.Tensor, what: str = "W") -> torch.Tensor:
     Raises:
         BadInput: NaN or inf entries (then no spectrum is defined).
     """
-    Wd = W.detach().cpu().double()
+    Wd = W.detach().cpu().double()  # cpu: float64 on the host (the Gram is [d, d] or a small W)
     if not bool(torch.isfinite(Wd).all()):
         raise BadInput(f"{what} has NaN or inf entries: its spectrum is undefined")
     return Wd
@@ -101,7 +101,7 @@ def logprob_gram(W: torch.Tensor, H: torch.Tensor, bias: torch.Tensor | None = N
     block; neither [N, V] nor W in float64 is ever whole.
     """
     N, V = H.shape[0], W.shape[0]
-    b64 = None if bias is None else bias.detach().cpu().double()
+    b64 = None if bias is None else bias.detach().cpu().double()  # cpu: float64 bias beside the host blocks
     if N > V:
         Wd = finite64(W)
         GA = torch.zeros(V, V, dtype=torch.float64)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from rich.table import Table
 
-from vocablens.align import Alignment
+from vocablens.vocab_space.align import Alignment
 from vocablens.models.tokens import quoted, token_str
 
 

@@ -1,4 +1,4 @@
-"""Rendering of :class:`vocablens.anatomy.Anatomy`: a side-by-side rich table and a report section.
+"""Rendering of :class:`vocablens.accounting.anatomy.Anatomy`: a side-by-side rich table and a report section.
 
 Several models are shown in columns, one quantity per row; the seeds' advice is to compare models
 by their non-embedding parameters, so that row is highlighted and a ratio to the first model given.
@@ -10,7 +10,7 @@ from typing import Sequence
 
 from rich.table import Table
 
-from vocablens.anatomy import WEIGHT_FORMATS, Anatomy
+from vocablens.accounting.anatomy import WEIGHT_FORMATS, Anatomy
 from vocablens.render.html import Section, esc, figure_html, table_html
 from vocablens.units import fmt_bytes  # noqa: F401  (re-exported: the one byte renderer)
 

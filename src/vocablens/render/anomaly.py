@@ -1,5 +1,5 @@
 """Rendering of an anomaly run (``vocablens lens anomaly``): the ``--json`` dict and the terminal
-tables. Computes nothing: the scores and AUROCs come from :func:`vocablens.anomaly.detect`."""
+tables. Computes nothing: the scores and AUROCs come from :func:`vocablens.lens.anomaly.detect`."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from rich.table import Table
 
 from vocablens.models import Borders, Provenance
 from vocablens.render.html import Section, esc, table_html
-from vocablens.tying import TieCheck
+from vocablens.geometry.tying import TieCheck
 
 
 def _rows(borders: Borders, tie: TieCheck) -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
-from vocablens.geometry import Neighbors, WordPCA
+from vocablens.geometry.embedding import Neighbors, WordPCA
 from vocablens.models.tokens import token_str, quoted
 from vocablens.render.html import Section, esc, figure_html, table_html
 from vocablens.render.tokens import LEGEND, display_token, visible

@@ -147,9 +147,9 @@ def _bottleneck(b, tok) -> list:
 
 #: (module, class) -> the renderables of one result; the classes are never imported here
 BUILDERS: dict[tuple[str, str], Callable[[Any, Any], list]] = {
-    ("vocablens.anatomy", "Anatomy"): _anatomy,
+    ("vocablens.accounting.anatomy", "Anatomy"): _anatomy,
     ("vocablens.lens.logit", "LensResult"): _lens,
-    ("vocablens.geometry", "Neighbors"): _neighbors,
+    ("vocablens.geometry.embedding", "Neighbors"): _neighbors,
     ("vocablens.argmax.model", "ModelArgmax"): _model_argmax,
     ("vocablens.argmax.result", "ArgmaxResult"): _argmax_result,
     ("vocablens.argmax.bottleneck", "Bottleneck"): _bottleneck,
@@ -160,7 +160,7 @@ BUILDERS: dict[tuple[str, str], Callable[[Any, Any], list]] = {
     ("vocablens.vocab_space.interpretable", "InterpretableVectors"): _interpretable,
     ("vocablens.vocab_space.circuits", "HeadCircuit"): _circuit,
     ("vocablens.vocab_space.settle", "SettleResult"): _settle,
-    ("vocablens.score", "ScoreResult"): _score,
+    ("vocablens.generate.score", "ScoreResult"): _score,
 }
 
 

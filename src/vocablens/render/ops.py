@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vocablens.models.tokens import quoted, token_str
-from vocablens.score import ScoreResult
+from vocablens.generate.score import ScoreResult
 from vocablens.units import plural
 
 

@@ -59,7 +59,7 @@ def render_report(title: str, subtitle_lines: list[str], sections: list[Section]
 
 
 def report_sections(run, lm, model: str) -> list[Section]:
-    """The page's sections from a :class:`vocablens.report.ReportRun`, in its order.
+    """The page's sections from a :class:`vocablens.report.runner.ReportRun`, in its order.
 
     A section that was skipped becomes a short note saying how to get it; one that was cut short
     shows its result followed by what was left and the command that completes it.

@@ -1,6 +1,6 @@
 """Rendering of a steering run (``vocablens steer``): the ``--json`` dict and the terminal tables.
-Computes nothing: the vectors, their top tokens and the effect come from :mod:`vocablens.steer`
-and :mod:`vocablens.steer_eval`."""
+Computes nothing: the vectors, their top tokens and the effect come from :mod:`vocablens.vocab_space.steer`
+and :mod:`vocablens.vocab_space.steer_eval`."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from vocablens.errors import BadInput, TokenNotInVocabulary
-from vocablens.geometry import nearest_neighbors
+from vocablens.geometry.embedding import nearest_neighbors
 from vocablens.lens import logit_lens
 from vocablens.lens.logit import layer_readout, resolve_positions
 from vocablens.models.tokens import adds_bos, context_length, encode_prompt, single_token_id, token_str

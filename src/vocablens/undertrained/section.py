@@ -40,7 +40,7 @@ def section_candidates(budget_s: float, spent_s: float, per_candidate_flops: flo
 
 
 def run_section(ctx, plan, run, flops_per_s: float = 2.0e10) -> None:
-    """The report's runner (``ctx``, :class:`~vocablens.report.SectionPlan`, ``SectionRun``): sets
+    """The report's runner (``ctx``, :class:`~vocablens.report.runner.SectionPlan`, ``SectionRun``): sets
     ``run.result`` to an :class:`~vocablens.undertrained.analysis.UndertrainedResult`, and
     ``run.cut_short`` when fewer than the paper's lowest 2% were verified. ``flops_per_s``: the
     report's assumed throughput (FLOP/s), which sizes the number of candidates verified."""

@@ -46,7 +46,7 @@ def shard_sizes(V: int, world_size: int) -> list[int]:
 def world(group=None) -> tuple[int, int]:
     """``(rank, world size)`` of ``group`` (default: the default process group), or ``(0, 1)``
     without an initialized process group: vocablens's one helper for where a process stands, in the
-    order of :func:`vocablens.distributed.init_from_env`."""
+    order of :func:`vocablens.parallel.processes.init_from_env`."""
     if not dist.is_available() or not dist.is_initialized():
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)

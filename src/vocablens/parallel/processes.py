@@ -175,12 +175,12 @@ class VocabParallelModel:
                                              self.group)
 
     def score(self, input_ids: torch.Tensor, top_k: int = 0, n_bytes: int = 0):
-        """:func:`vocablens.score.score_ids` with the head split over ranks (same result within 1e-5 nats).
+        """:func:`vocablens.generate.score.score_ids` with the head split over ranks (same result within 1e-5 nats).
 
         Raises:
             BadInput: fewer than 2 tokens, top_k outside [0, V].
         """
-        from vocablens.score import ScoreResult
+        from vocablens.generate.score import ScoreResult
 
         ids = input_ids.reshape(-1).to(torch.int64)
         if ids.numel() < 2:

@@ -1,4 +1,4 @@
-"""What a :class:`~vocablens.steer.Steering` does: concept mass, fluency cost, greedy continuations.
+"""What a :class:`~vocablens.vocab_space.steer.Steering` does: concept mass, fluency cost, greedy continuations.
 
 * Concept mass: at each position of a text, the next-token probability the model puts on a token set,
   sum_{t in T} exp(logit_t - logsumexp(logits)) — the set's logits from

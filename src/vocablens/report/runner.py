@@ -1,0 +1,96 @@
+"""The report's runner: every planned section on a loaded model, the cheap ones always, the argmax scan
+last with what is left of the budget (the plan: :mod:`vocablens.report.plan`; the sections:
+:mod:`vocablens.report.sections`; the page: :mod:`vocablens.render.report`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from vocablens.report.plan import (  # noqa: F401  (re-exported: the runner's names in one place)
+    ARGMAX_MIN_SHARE, ASSUMED_FLOPS_PER_S, DEFAULT_BUDGET_S, DEFAULT_PROMPT, LAST, NEIGHBOR_TOKENS, ORDER,
+    PROBE_TOKENS, SECTIONS, SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN, ReportProgress, ReportRun, SectionPlan, SectionRun,
+    argmax_share, eta_s, plan_report, settle_tokens,
+)
+from vocablens.report.sections import RUNNERS as _RUNNERS
+from vocablens.units import plural  # noqa: F401
+
+_LAST = LAST
+
+
+def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_path: str | None = None,
+               budget_s: float = DEFAULT_BUDGET_S, progress: ReportProgress | None = None,
+               only: tuple[str, ...] | None = None, clock: Callable[[], float] = time.perf_counter) -> ReportRun:
+    """Run every planned section of the report on a loaded model: the cheap ones always, the argmax
+    scan last with what is left of the budget (module docstring).
+
+    Args:
+        lm: a :class:`~vocablens.models.LoadedModel` (``model, tokenizer, borders, provenance``).
+        model: the spec it was loaded from (names the shipped tuned lens and the completing commands).
+        prompt: text for the lens and explanation sections.
+        lens_path: a tuned-lens directory (default: the lens shipped for ``model``, if any).
+        budget_s: seconds for all sections (:func:`plan_report`).
+        progress: ``progress(description, elapsed_s, elapsed_s + eta)`` per section and argmax stage.
+        only: run just these section keys (default: all of :data:`ORDER`).
+        clock: seconds, monotonic (tests pass a fake one).
+
+    Returns:
+        :class:`ReportRun`, its sections in :data:`ORDER`.
+
+    Raises:
+        BadInput: an empty prompt, a bad budget, an unknown key in ``only``, or a ``lens_path``
+            that is not a lens.
+        PromptTooLong: more prompt tokens than the model's context.
+        CheckpointMismatch: ``lens_path`` belongs to another model.
+    """
+    from dataclasses import replace
+
+    from vocablens.errors import BadInput
+    from vocablens.models.tokens import context_length, encode_prompt
+
+    if not prompt or not prompt.strip():
+        raise BadInput("empty prompt: give some text with `prompt`")
+    plans = plan_report(model, budget_s)
+    if only is not None:
+        unknown = sorted(set(only) - set(ORDER))
+        if unknown:
+            raise BadInput(f"unknown report section {unknown[0]!r}; sections are {', '.join(ORDER)}")
+        plans = [p for p in plans if p.key in only]
+    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config))
+    t_all = clock()
+    finished: dict[str, float] = {}
+    now = {"key": None, "t0": t_all, "deadline": None}
+
+    def report(description: str) -> None:
+        if progress is None:
+            return
+        t = clock()
+        elapsed = t - t_all
+        rest = eta_s(plans, finished, now["key"], t - now["t0"], elapsed, budget_s, now["deadline"])
+        progress(description, elapsed, elapsed + rest)
+
+    ctx = {"borders": lm.borders, "tokenizer": lm.tokenizer, "name": lm.provenance.name, "model": model,
+           "ids": ids, "lens_path": lens_path, "progress": report}
+    runs = {p.key: SectionRun(p) for p in plans}
+    for plan in sorted(plans, key=lambda p: p.key == _LAST):  # the argmax scan last
+        run = runs[plan.key]
+        t0 = clock()
+        if plan.key == _LAST:  # what the others left
+            plan = run.plan = replace(plan, budget_s=argmax_share(budget_s, t0 - t_all))
+            now["deadline"] = t0 - t_all + plan.budget_s
+        now.update(key=plan.key, t0=t0)
+        report(plan.title)
+        _RUNNERS[plan.key](ctx, plan, run)
+        run.seconds = clock() - t0
+        finished[plan.key] = run.seconds
+        now.update(key=None, t0=clock(), deadline=None)
+    report("done")
+    return ReportRun(prompt=prompt, input_ids=ids, budget_s=budget_s, seconds=clock() - t_all,
+                     sections=[runs[p.key] for p in plans])
+
+
+__all__ = [
+    "DEFAULT_PROMPT", "DEFAULT_BUDGET_S", "ASSUMED_FLOPS_PER_S", "ARGMAX_MIN_SHARE", "NEIGHBOR_TOKENS",
+    "PROBE_TOKENS", "SECTIONS", "ORDER", "SectionPlan", "SectionRun", "ReportRun", "plan_report", "settle_tokens",
+    "run_report", "eta_s", "argmax_share", "plural",
+]
