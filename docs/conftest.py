@@ -1,7 +1,7 @@
 """Run the tour (docs/tour.md) as a test: ``python -m pytest docs -q``.
 
 The tour is one doctest: its examples share one namespace, in order, on the real default model.
-The same check runs from the default suite as ``tests/test_tour.py``.
+The same check runs from the default suite as ``tests/integration/test_tour.py``.
 """
 
 import doctest

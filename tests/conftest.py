@@ -6,7 +6,11 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-sys.path.insert(0, str(Path(__file__).parent))
+# the helpers (tiny_models, tiny_dirs, workers) live here; tests import each other by module name
+# across the three kinds (tests/unit: tensors and tiny models; tests/integration: the real default
+# model in-process; tests/e2e: subprocesses, the server, the browser)
+for _d in ("e2e", "integration", "unit", ""):
+    sys.path.insert(0, str(Path(__file__).parent / _d))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

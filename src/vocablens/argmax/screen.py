@@ -24,7 +24,7 @@ bound is below both rows' thresholds, and the maxima then hold the bound (never 
 value), so the rows certified are exactly those the full product certifies: verdicts are identical;
 the reported stage-1 margins are lower bounds (the float64 re-check replaces the borderline ones).
 Tested on adversarial near-ties (pairs whose exact product sits one integer below and at the
-threshold) in tests/test_argmax_screen.py.
+threshold) in tests/unit/test_argmax_screen.py.
 
 Source: the bound is the incremental-pruning idea of exact MIPS (LEMP, Teflioudi, Gemulla and
 Mykytiuk, SIGMOD 2015; FEXIPRO, Li et al., SIGMOD 2017: a partial inner product plus a Cauchy-Schwarz

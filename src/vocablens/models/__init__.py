@@ -1,6 +1,6 @@
 """Layer 1: everything that knows about model families, files and the default model.
 
-Modules, lowest first (each imports only modules before it; ``tests/test_import_graph.py`` checks
+Modules, lowest first (each imports only modules before it; ``tests/unit/test_import_graph.py`` checks
 there is no cycle): ``find`` (where a model keeps its decoder and blocks, config values under their
 several names), ``dtypes`` (the one dtype table), ``catalogue`` (built-in configs), ``meta`` (a
 meta-device model from a config), ``pages``, ``hooks`` (``ModelPatch``: whatever vocablens installs

@@ -16,7 +16,7 @@ from tiny_models import make_tiny
 from vocablens.cli.common import resolve_device, run_app
 from vocablens.errors import BadInput
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "vocablens"
+SRC = Path(__file__).resolve().parents[2] / "src" / "vocablens"
 NO_CUDA = "no CUDA device on this machine: the GPU half of this test runs where torch.cuda.is_available()"
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA))]
 #: the modules whose loops run per token, chunk, row or layer: no unmarked host copy there

@@ -23,7 +23,7 @@ import torch
 
 from serve_tiny import client, tiny_state
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 PROMPT = "The class statement"
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-TOUR = Path(__file__).resolve().parent.parent / "docs" / "tour.md"
+TOUR = Path(__file__).resolve().parents[2] / "docs" / "tour.md"
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 

@@ -65,7 +65,7 @@ def test_trim_counts_the_documents_it_tokenizes_and_compares(tiny, tmp_path, cap
     assert ANSI not in err
 
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def _script(args: list[str], timeout: int) -> "subprocess.CompletedProcess":

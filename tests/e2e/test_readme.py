@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-SRC = str(Path(__file__).resolve().parent.parent / "src")
+README = Path(__file__).resolve().parents[2] / "README.md"
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def readme_commands() -> list[list[str]]:

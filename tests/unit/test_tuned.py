@@ -24,7 +24,7 @@ from vocablens.lens.tuned import TunedLens, find_lens, model_identity, shipped_l
 from vocablens.models import Borders
 from vocablens.ops import linear_kl
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -246,7 +246,7 @@ def test_regression_init_is_never_worse_than_the_logit_lens_on_its_calibration_r
 
 def test_data_parallel_two_processes_equal_one_process(tmp_path):
     """torchrun with 2 gloo processes computes the same update as one process on the same batch."""
-    env = {**os.environ, "PYTHONPATH": str(TESTS.parent / "src") + os.pathsep + str(TESTS),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), str(TESTS), str(Path(__file__).parent)]),
            "OMP_NUM_THREADS": "1"}
     import socket
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "vocablens"
 
 LAYER_0 = {"errors", "units", "logit_transform", "files", "version", "corpus"}

@@ -61,7 +61,7 @@ def test_parse_bytes():
     assert parse_bytes("200MB") == 200 * 10**6 and parse_bytes("1.5GiB") == int(1.5 * 2**30)
     assert parse_bytes("512") == 512 and parse_bytes(4096) == 4096
     for bad in ("lots", "-3MB", "0", "2XB"):
-        with pytest.raises(BadInput, match="max-memory"):
+        with pytest.raises(BadInput, match="max_memory"):
             parse_bytes(bad)
 
 

@@ -17,7 +17,7 @@ from vocablens.parallel.processes import VocabParallelModel, share
 from vocablens.models import Borders, load
 from vocablens.generate.score import score_ids
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 TEXT = "t3 t17 t5 t40 t41 t2 t9 t88 t12 t7 t60 t33 t1 t21 t5 t5 t70 t44 t90 t13 t8 t31"
 
 
@@ -73,7 +73,7 @@ def two_ranks(world, tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    env = {**os.environ, "PYTHONPATH": str(TESTS.parent / "src") + os.pathsep + str(TESTS), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), str(TESTS), str(Path(__file__).parent)]), "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
                         str(TESTS / "dist_cli_worker.py"), str(jobs), str(out)],
                        env=env, capture_output=True, text=True, timeout=300)

@@ -16,7 +16,7 @@ import pytest
 from vocablens.models.tokens import show_bytes
 from vocablens.render.tokens import visible
 
-APP = Path(__file__).resolve().parent.parent / "src" / "vocablens" / "serve" / "static" / "app.js"
+APP = Path(__file__).resolve().parents[2] / "src" / "vocablens" / "serve" / "static" / "app.js"
 NODE = shutil.which("node")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

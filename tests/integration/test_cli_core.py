@@ -62,7 +62,7 @@ def test_prompt_longer_than_context(cli):
 
 
 #: a child Python that imports this checkout's vocablens (not an installed copy)
-_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent / "src"),
+_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "src"),
                                                       os.environ.get("PYTHONPATH", "")])}
 
 
@@ -84,7 +84,7 @@ def test_token_str_readable(smollm2):
 def _readme_python_example() -> str:
     from pathlib import Path
 
-    text = (Path(__file__).parent.parent / "README.md").read_text()
+    text = (Path(__file__).parents[2] / "README.md").read_text()
     section = text[text.index("## Python API"):]
     return section[section.index("```python") + len("```python"):section.index("```\n", section.index("```python") + 9)]
 
@@ -107,7 +107,7 @@ def test_import_vocablens_is_lazy_and_exposes_entry_points():
     code = ("import sys, vocablens; assert 'torch' not in sys.modules, 'torch imported'; "
             "names = [n for n in vocablens.__all__ if n != '__version__']; "
             "[getattr(vocablens, n) for n in names]; print(len(names))")
-    src = str(Path(__file__).parent.parent / "src")
+    src = str(Path(__file__).parents[2] / "src")
     p = subprocess.run([sys.executable, "-c", code, src], capture_output=True, text=True, env=_ENV)
     assert p.returncode == 0, p.stderr
     import vocablens
@@ -183,7 +183,7 @@ def test_trim_heap_gives_freed_heap_pages_back(tmp_path):
         "a = rss(); xs = [bytearray(4000) for _ in range(20000)]; b = rss()\n"   # ~80 MB of small blocks
         "keep = xs[::4]; del xs; c = rss(); ok = trim_heap(); d = rss()\n"   # 12 kB holes: freed, still resident
         "print(ok, b - a, c - d)\n")
-    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parents[1] / "src")],
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parents[2] / "src")],
                          capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == "True" and int(out[1]) > 60_000         # KiB: the blocks were resident
     assert int(out[2]) > 25_000                                # the trim returned the holes' whole pages

@@ -64,7 +64,7 @@ from vocablens.cli.common import run_app
 sys.exit(run_app(argv))
 """
 
-SRC = str(Path(__file__).parent.parent / "src")
+SRC = str(Path(__file__).parents[2] / "src")
 WORDS = [" one", " two", " three", " four", " five", " six", " dog", " cat"]  # the report's PCA
 TEXT = "The class statement defines a new type. An object is an instance of that type.\n" * 12
 
@@ -238,6 +238,6 @@ def test_disk_full_case_leaves_pytest_its_own_output(tmp_path):
     with log.open("ab") as f:
         rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header",
                              f"{__file__}::test_full_or_read_only_destination[report-disk_full-file-size limit]"],
-                            stdout=f, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent, timeout=600).returncode
+                            stdout=f, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2], timeout=600).returncode
     tail = log.read_text(errors="replace")[100_001:]
     assert rc == 0 and "1 passed" in tail and "INTERNALERROR" not in tail, tail[-2000:]

@@ -2,7 +2,7 @@
 sampling filters depend only on logit differences (offsets up to 1e8), not on the chunk or window size
 nor the method, agree with a float64 reference computed on the same input values, sum to 1 where they
 should, and never give NaN for finite input. (Cross-entropy's own float64 and offset properties are
-tests/test_ops_exact.py::test_cross_entropy_and_logprobs_match_float64_reference.)"""
+tests/unit/test_ops_exact.py::test_cross_entropy_and_logprobs_match_float64_reference.)"""
 
 from __future__ import annotations
 

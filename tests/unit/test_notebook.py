@@ -19,7 +19,7 @@ from vocablens.render import notebook
 from vocablens.render.anatomy import fmt_count
 from vocablens.render.tokens import visible
 
-SRC = str(Path(__file__).resolve().parent.parent / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from tiny_dirs import run_cli, save_tiny, tiny_tokenizer
 from vocablens.cli.global_options import take_stats
 from vocablens.units import fmt_bytes, noun, plural
 
-SRC = str(Path(__file__).resolve().parent.parent / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 STATS = re.compile(r"^stats: .*?([\d.]+) s (?:wall|in the command).*peak RSS ([\d,.]+) MiB$", re.M)
 
 
