@@ -139,3 +139,26 @@ def test_default_model_batch_equals_single(smollm2):
     for x, r in zip(prompts, got):
         # float32 forwards of another shape (padding, batch): KL ~ 28 nats at layer 0 moves by 7e-5
         _same(r, logit_lens(b, x, positions="all", k=5), atol=2e-5, rtol=1e-5)
+
+
+def test_cli_file_gives_each_prompt_its_own_json(tmp_path, capsys):
+    """``lens --file F --json``: one entry per line, each the JSON of ``lens LINE --json`` (no "model")."""
+    import json
+
+    from tiny_dirs import run_cli, save_tiny, tiny_tokenizer
+
+    m = str(save_tiny(tmp_path / "m", tiny_tokenizer()))
+    lines = ["The value of x is a number", " the", "a b"]
+    (tmp_path / "p.txt").write_text("\n".join(lines[:2]) + "\n\n" + lines[2] + "\n")
+    code, out, err = run_cli(capsys, "lens", "--file", str(tmp_path / "p.txt"), "--positions", "all", "-m", m, "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert set(got) == {"prompts", "model"} and len(got["prompts"]) == 3
+    for line, entry in zip(lines, got["prompts"]):
+        code, out, err = run_cli(capsys, "lens", line, "--positions", "all", "-m", m, "--json")
+        alone = json.loads(out)
+        alone.pop("model")
+        assert entry["tokens"] == alone["tokens"] and entry["final_top1"] == alone["final_top1"]
+        for a, b in zip(entry["layers"], alone["layers"]):
+            for x, y in zip(a["positions"], b["positions"]):
+                assert x["top_ids"] == y["top_ids"] and abs(x["kl_to_final"] - y["kl_to_final"]) <= 1e-5
