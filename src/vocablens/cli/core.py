@@ -60,7 +60,7 @@ def lens_show(
 ) -> None:
     """Read the residual stream through the LM head: `vocablens lens PROMPT`. Top tokens, entropy and KL
     to the final distribution at every stream layer 0..L (logit lens, tuned lens, or both)."""
-    from vocablens.lens import logit_lens
+    from vocablens.lens.logit import lens_batches
     from vocablens.models.tokens import context_length, encode_prompt
     from vocablens.render.lens import lens_batch_json, lens_json, print_lens
 
@@ -87,9 +87,9 @@ def lens_show(
         from vocablens.lens.tuned import TunedLens
 
         tuned = TunedLens.load(found, lm.borders)
-    # one batched lens per kind: results[kind][prompt]
-    results = [logit_lens(lm.borders, ids, positions=pos, k=k, layers=lay, translator=t)
-               for t in ([None] if kind == "logit" else [tuned] if kind == "tuned" else [None, tuned])]
+    # one forward per batch of prompts for every kind: results[kind][prompt]
+    results = lens_batches(lm.borders, ids, [None] if kind == "logit" else [tuned] if kind == "tuned" else [None, tuned],
+                           positions=pos, k=k, layers=lay)
     per_prompt = [list(r) for r in zip(*results)]
     if json_:
         emit_json(lens_batch_json(per_prompt, lm.tokenizer, lm.provenance) if file

@@ -246,6 +246,29 @@ def logit_lens_batch(borders: Borders, prompts, positions="last", k: int = 5,
             a list of positions whose length is not the number of prompts.
     """
     seqs = split_batch(prompts, attention_mask)
+    return lens_batches(borders, seqs, [translator], positions, k, layers, batch_tokens=batch_tokens,
+                        kinds=[kind])[0]
+
+
+def lens_batches(borders: Borders, prompts, translators: Sequence[Translator | None], positions="last",
+                 k: int = 5, layers: Sequence[int] | None = None, attention_mask: torch.Tensor | None = None,
+                 batch_tokens: int = BATCH_TOKENS, kinds: Sequence[str | None] | None = None,
+                 progress=None) -> list[list[LensResult]]:
+    """Several lenses (e.g. logit and tuned) of a batch of prompts from the same forwards.
+
+    Args:
+        translators: one entry per lens: None (the logit lens) or a translator (tuned lens).
+        kinds: the ``kind`` of each lens's results (default ``logit`` / ``tuned``).
+        progress: called as ``progress(prompts done, prompts)`` after each forward.
+        The rest: as :func:`logit_lens_batch`.
+
+    Returns:
+        ``results[j][i]``: lens j on prompt i (:class:`LensResult`).
+
+    Raises:
+        BadInput: as :func:`logit_lens_batch`.
+    """
+    seqs = split_batch(prompts, attention_mask)
     for i, x in enumerate(seqs):
         if x.numel() == 0:
             raise BadInput("empty prompt: give some text" if len(seqs) == 1 else f"prompt {i + 1} is empty")
@@ -263,20 +286,26 @@ def logit_lens_batch(borders: Borders, prompts, positions="last", k: int = 5,
         raise BadInput(f"{len(positions)} position lists for {plural(len(seqs), 'prompt')}")
     specs = list(positions) if per_prompt else [positions] * len(seqs)
     pos = [resolve_positions(int(x.numel()), p) for x, p in zip(seqs, specs)]
-    results: list[LensResult | None] = [None] * len(seqs)
+    kinds = list(kinds) if kinds is not None else [None] * len(translators)
+    kinds = [kd or ("logit" if t is None else "tuned") for kd, t in zip(kinds, translators)]
+    results: list[list] = [[None] * len(seqs) for _ in translators]
+    done = 0
     for group in _groups([int(x.numel()) for x in seqs], max(1, int(batch_tokens))):
-        for i, r in zip(group, _lens_group(borders, [seqs[i] for i in group], [pos[i] for i in group], k,
-                                            translator, wanted)):
-            results[i] = LensResult(kind=kind or ("logit" if translator is None else "tuned"),
-                                    input_ids=seqs[i].detach().cpu(), positions=pos[i], layers=r[0],
-                                    final_top1=r[1], model_max_abs_diff=r[2], n_layers=L)
+        per_lens = _lens_group(borders, [seqs[i] for i in group], [pos[i] for i in group], k, translators, wanted)
+        for j, rows in enumerate(per_lens):
+            for i, r in zip(group, rows):
+                results[j][i] = LensResult(kind=kinds[j], input_ids=seqs[i].detach().cpu(), positions=pos[i],
+                                           layers=r[0], final_top1=r[1], model_max_abs_diff=r[2], n_layers=L)
+        done += len(group)
+        if progress is not None:
+            progress(done, len(seqs))
     return results
 
 
 def _lens_group(borders: Borders, seqs: list[torch.Tensor], pos: list[torch.Tensor], k: int,
-                translator: Translator | None, wanted: list[int]) -> list[tuple[list[LensLayer], torch.Tensor, float]]:
-    """One forward of right-padded prompts, one readout of every position read: per prompt
-    ``(layers, final_top1, model_max_abs_diff)``."""
+                translators: Sequence[Translator | None], wanted: list[int]) -> list[list[tuple]]:
+    """One forward of right-padded prompts, one readout per lens of every position read: per lens,
+    per prompt ``(layers, final_top1, model_max_abs_diff)``."""
     from vocablens.ops import kl_readout, logits_readout
 
     U = borders.unembedding.float32()
@@ -294,19 +323,16 @@ def _lens_group(borders: Borders, seqs: list[torch.Tensor], pos: list[torch.Tens
     with torch.no_grad():
         resid, model_logits = borders.residual_stream(ids, mask.to(borders.device) if padded else None)
         counts = [int(p.numel()) for p in pos]
-        every = not padded and all(c == Tm for c in counts)  # every position of every prompt: views
-        if every:
+        if not padded and all(c == Tm for c in counts):  # every position of every prompt: views
             resid, ref = resid.flatten(1, 2), model_logits.flatten(0, 1)  # [L+1, N, d], [N, V]
         else:
-            bi = torch.cat([torch.full((c,), b, dtype=torch.long) for b, c in enumerate(counts)])
-            pi = torch.cat(pos).long()
-            bi, pi = bi.to(resid.device), pi.to(resid.device)
+            bi = torch.cat([torch.full((c,), b, dtype=torch.long) for b, c in enumerate(counts)]).to(resid.device)
+            pi = torch.cat(pos).long().to(resid.device)
             resid, ref = resid[:, bi, pi], model_logits[bi, pi]
         del model_logits
         final_top1 = ref[:, :real].argmax(dim=-1)
         stats = dict(targets=final_top1, rank=True, top_k=k, topk_cols=real, entropy=True, **head)
         early = [ly for ly in wanted if ly < L]
-        X_early = lens_states(borders, resid, early, translator) if early else None
         offsets = [0]
         for c in counts:
             offsets.append(offsets[-1] + c)
@@ -315,26 +341,28 @@ def _lens_group(borders: Borders, seqs: list[torch.Tensor], pos: list[torch.Tens
                  for b, p in enumerate(pos) if bool((p == lens[b] - 1).any())}
         rows = torch.tensor(list(lasts.values()), dtype=torch.long, device=resid.device)
         X_check = lens_states(borders, resid[:, rows], [L]) if lasts else None
-        del resid
-        reads = {}
-        if early:
-            r = kl_readout(X_early, U.weight, ref, **stats)
-            reads.update({ly: (r, i) for i, ly in enumerate(early)})
-            del X_early
-        # layer L is the model's own output: its statistics are read off the model's logits (no GEMM)
-        reads[L] = (logits_readout(ref, ref, **{k: v for k, v in stats.items() if k not in head}), slice(None))
         # one number per prompt for every caller (CLI, report, server): max |p_lens(L) - p_model| at the
         # prompt's last position, the lens's own path (final norm, LM head) against the model's output
         diffs = {} if X_check is None else dict(zip(lasts, kl_readout(
             X_check, U.weight, ref[rows], max_abs_dp=True, **head).max_abs_dp[0].tolist()))
+        # layer L is the model's own output: its statistics are read off the model's logits (no GEMM)
+        last = (logits_readout(ref, ref, **{k: v for k, v in stats.items() if k not in head}), slice(None))
         out = []
-        for b in range(B):
-            s = slice(offsets[b], offsets[b + 1])
-            layers_b = [LensLayer(layer=ly, top_ids=r.topk_ids[i][s], top_probs=r.topk_logprobs[i][s].exp(),
-                                  entropy=r.entropy[i][s], kl_to_final=r.kl[i][s],
-                                  final_top1_rank=r.target_rank[i][s], final_top1_prob=r.target_logprob[i][s].exp())
-                        for ly, (r, i) in sorted(reads.items()) if ly in wanted]
-            out.append((layers_b, final_top1[s], float(diffs.get(b, float("nan")))))
+        for translator in translators:
+            reads = {L: last}
+            if early:  # one GEMM pass per layer for every position of every prompt
+                r = kl_readout(lens_states(borders, resid, early, translator), U.weight, ref, **stats)
+                reads.update({ly: (r, i) for i, ly in enumerate(early)})
+            per_prompt = []
+            for b in range(B):
+                s = slice(offsets[b], offsets[b + 1])
+                layers_b = [LensLayer(layer=ly, top_ids=r.topk_ids[i][s], top_probs=r.topk_logprobs[i][s].exp(),
+                                      entropy=r.entropy[i][s], kl_to_final=r.kl[i][s],
+                                      final_top1_rank=r.target_rank[i][s],
+                                      final_top1_prob=r.target_logprob[i][s].exp())
+                            for ly, (r, i) in sorted(reads.items()) if ly in wanted]
+                per_prompt.append((layers_b, final_top1[s], float(diffs.get(b, float("nan")))))
+            out.append(per_prompt)
     return out
 
 
