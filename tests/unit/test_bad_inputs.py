@@ -76,6 +76,11 @@ CLI = [
     ("lens-empty-prompt", ["lens", "", *M], "empty prompt"),
     ("lens-lone-surrogate", ["lens", SURROGATE, *M], "U+DCED"),
     ("lens-unknown-option", ["lens", "x", *M, "--bogus"], "No such option: --bogus"),
+    ("lens-file-missing", ["lens", "--file", "{d}/nope.txt", *M], "no such file"),
+    ("lens-file-empty", ["lens", "--file", "{d}/empty.txt", *M], "holds no prompts"),
+    ("lens-file-not-utf8", ["lens", "--file", "{d}/latin1.txt", *M], "cannot read"),
+    ("lens-prompt-and-file", ["lens", "x", "--file", "{d}/notes.txt", *M], "not both"),
+    ("lens-file-position-past-a-prompt", ["lens", "--file", "{d}/notes.txt", "--positions", "500", *M], "outside the prompt"),
     # score
     ("score-missing-file", ["score", *M, "--file", "{d}/nofile.txt"], "no such file"),
     ("score-dir-as-file", ["score", *M, "--file", "{d}/sub"], "cannot read it"),

@@ -85,3 +85,27 @@ def test_score_real_model_matches_transformers_and_skips_the_head(smollm2):
     ent = -(lg.log_softmax(-1).exp() * lg.log_softmax(-1)).sum(-1)
     assert float((got.entropy.double() - ent).abs().max()) <= 1e-4
     assert torch.equal(got.topk_ids[:, 0], lg.argmax(-1))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "phi", "opt_project"])
+def test_settle_and_surgery_verification_run_without_the_head(family):
+    """settle reads the stream of blocks_forward, surgery's verification the head once on the last
+    block's output: the model's LM head module never runs; the logits equal transformers' (1e-5 on
+    log-probs); settle's own results are checked against brute force in test_vocab_space."""
+    from vocablens.surgery.verify import _logits
+    from vocablens.vocab_space.settle import settle
+
+    model = make_tiny(family)
+    b = Borders.from_model(model)
+    ids = tiny_ids(2, 7, seed=4)
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits.float()
+    head = _Counter(model.get_output_embeddings())
+    try:
+        got = _logits(model, ids[0].tolist())
+        res = settle(b, ids, thresholds=(0.5,))
+    finally:
+        head.handle.remove()
+    assert head.calls == 0
+    assert float((got.log_softmax(-1) - want[0].log_softmax(-1)).abs().max()) <= 1e-5
+    assert res.n_positions == ids.numel() and int(res.settle_layer.max()) <= b.n_layers

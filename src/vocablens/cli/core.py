@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from vocablens.cli.common import (
     parse_int_list,
@@ -44,7 +45,8 @@ app.add_typer(lens_app, name="lens")
 
 @lens_app.command("show")
 def lens_show(
-    prompt: Annotated[str, typer.Argument(help="Text to read.")],
+    prompt: Annotated[str, typer.Argument(help="Text to read (or --file).")] = "",
+    file: Annotated[str, typer.Option("--file", help="Read a batch of prompts, one per line (a newline inside a prompt written as \\n); one forward for the batch.")] = "",
     model: ModelOpt = "smollm2",
     k: Annotated[int, typer.Option("-k", "--top-k", help="Top tokens per layer.")] = 5,
     positions: Annotated[str, typer.Option("--positions", help="last, all, or comma-separated positions.")] = "last",
@@ -60,11 +62,14 @@ def lens_show(
 ) -> None:
     """Read the residual stream through the LM head: `vocablens lens PROMPT`. Top tokens, entropy and KL
     to the final distribution at every stream layer 0..L (logit lens, tuned lens, or both)."""
-    from vocablens.lens import logit_lens
+    from vocablens.lens.logit import lens_batches
     from vocablens.models.tokens import context_length, encode_prompt
-    from vocablens.render.lens import lens_json, print_lens
+    from vocablens.render.lens import lens_batch_json, lens_json, print_lens
 
-    if not prompt.strip():
+    if prompt and file:
+        raise BadInput("give a PROMPT or --file F, not both")
+    texts = _read_prompts(file) if file else [prompt]
+    if not file and not prompt.strip():
         raise BadInput("empty prompt: give some text")
     pos = _parse_positions(positions)
     lay = _parse_ints(layers, "--layers") if layers else None
@@ -79,19 +84,48 @@ def lens_show(
     found = find_lens(model, lens_path) if kind != "logit" else None  # before the model loads
     lm = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
                     trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat, prefix=prefix)
+    ids = [encode_prompt(lm.tokenizer, t, context_length(lm.model.config), chat=chat, prefix=prefix) for t in texts]
     tuned = None
     if found is not None:
         from vocablens.lens.tuned import TunedLens
 
         tuned = TunedLens.load(found, lm.borders)
-    results = [logit_lens(lm.borders, ids, positions=pos, k=k, layers=lay, translator=t)
-               for t in ([None] if kind == "logit" else [tuned] if kind == "tuned" else [None, tuned])]
+    # one forward per batch of prompts for every kind: results[kind][prompt]
+    results = lens_batches(lm.borders, ids, [None] if kind == "logit" else [tuned] if kind == "tuned" else [None, tuned],
+                           positions=pos, k=k, layers=lay)
+    per_prompt = [list(r) for r in zip(*results)]
     if json_:
-        emit_json(lens_json(results, lm.tokenizer, lm.provenance))
+        emit_json(lens_batch_json(per_prompt, lm.tokenizer, lm.provenance) if file
+                  else lens_json(per_prompt[0], lm.tokenizer, lm.provenance))
     else:
-        for res in results:
-            print_lens(res, lm.tokenizer, out, lm.provenance)
+        if file:
+            out.print(f"[dim]model: {lm.provenance.describe()}[/dim]", soft_wrap=True)
+        for i, (text, res_i) in enumerate(zip(texts, per_prompt)):
+            if file:
+                out.print(f"[bold]prompt {i + 1}:[/bold] {escape(text)}", soft_wrap=True)
+            for res in res_i:
+                print_lens(res, lm.tokenizer, out, None if file else lm.provenance)
+
+
+def _read_prompts(path: str) -> list[str]:
+    """The non-blank lines of ``path`` (UTF-8), ``\\n`` read as a newline.
+
+    Raises:
+        BadInput: no such file, unreadable or not UTF-8, no prompt in it.
+    """
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        raise BadInput(f"--file: no such file: {path}")
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"--file: cannot read {path}: {e}") from None
+    texts = [line.replace("\\n", "\n") for line in lines if line.strip()]
+    if not texts:
+        raise BadInput(f"--file: {path} holds no prompts (one per line)")
+    return texts
 
 
 def _parse_ints(s: str, what: str) -> list[int]:

@@ -13,7 +13,9 @@ paper: an isolation forest (Liu et al. 2008) and a local outlier factor (Breunig
 novelty mode). Its score is higher for inputs that look less like the normal set; with labelled test
 inputs the AUROC measures how well the score separates them.
 
-Every read over V goes through :func:`vocablens.ops.kl.kl_readout` (one LM-head GEMM per layer).
+Every read over V goes through the batched lens (:func:`vocablens.lens.logit.lens_batches`): the
+inputs run padded in forwards of up to 4,096 tokens, and one LM-head GEMM pass per layer reads the
+last position of every input of a forward (:func:`vocablens.ops.kl.kl_readout`).
 """
 
 from __future__ import annotations
@@ -52,25 +54,6 @@ class Trajectories:
         return self.features[:, cols]
 
 
-def _features(borders, ids: torch.Tensor, lens, kinds: Sequence[str], real: int) -> torch.Tensor:
-    from vocablens.ops.kl import kl_readout
-
-    U = borders.unembedding
-    with torch.no_grad():
-        resid, logits = borders.residual_stream(ids[None])
-        L = borders.n_layers
-        h = resid[:L, 0, -1]                            # [L, d_model]: layers 0..L-1 at the last position
-        final = logits[0, -1:].float()                  # [1, V]
-        target = final[0, :real].argmax().reshape(1)
-        out = []
-        for kind in kinds:
-            x = h if kind == "logit" else lens.translate_all(h[:, None])[:, 0]
-            r = kl_readout(U.normed(x)[:, None], U.weight, final, **U.head_kwargs(), targets=target,
-                           rank=True, entropy=True, topk_cols=real)
-            out += [r.kl[:, 0], r.entropy[:, 0], torch.log1p(r.target_rank[:, 0].float())]
-        return torch.cat(out).float()
-
-
 def trajectory_features(borders, tokenizer, texts: Sequence[str], lens=None, kinds: Sequence[str] = KINDS,
                         max_tokens: int = 512, progress: Callable[[int, int], None] | None = None) -> Trajectories:
     """Lens trajectories of each text's last position, as features.
@@ -97,19 +80,29 @@ def trajectory_features(borders, tokenizer, texts: Sequence[str], lens=None, kin
         raise BadInput("the tuned-lens features need a tuned lens (give `lens`, or leave 'tuned' out of `kinds`)")
     if not texts:
         raise BadInput("no input texts")
-    L, real = borders.n_layers, borders.real_vocab_size
-    rows, lengths = [], []
+    from vocablens.lens.logit import lens_batches
+
+    L = borders.n_layers
+    seqs = []
     for i, t in enumerate(texts):
         if not isinstance(t, str) or not t.strip():
             raise BadInput(f"input {i + 1} is empty")
         try:
-            ids = tokenizer(t, return_tensors="pt").input_ids[0][-max_tokens:]
+            seqs.append(tokenizer(t, return_tensors="pt").input_ids[0][-max_tokens:])
         except (TypeError, ValueError) as e:
             raise BadInput(f"input {i + 1} cannot be tokenized: {e}") from None
-        rows.append(_features(borders, ids, lens, kinds, real))
-        lengths.append(int(ids.numel()))
-        if progress is not None:
-            progress(i + 1, len(texts))
+    # the batched lens at each input's last position, every lens from the same forwards
+    per_kind = lens_batches(borders, seqs, [None if kd == "logit" else lens for kd in kinds], positions="last",
+                            k=1, layers=range(L), progress=progress)
+    rows = []
+    for i in range(len(seqs)):
+        cols = []
+        for res in (r[i] for r in per_kind):
+            cols += [torch.stack([ly.kl_to_final[0] for ly in res.layers]),
+                     torch.stack([ly.entropy[0] for ly in res.layers]),
+                     torch.log1p(torch.stack([ly.final_top1_rank[0] for ly in res.layers]).float())]
+        rows.append(torch.cat(cols).float().cpu())
+    lengths = [int(x.numel()) for x in seqs]
     names = [f"{k}/{s}/{layer}" for k in kinds for s in STATS for layer in range(L)]
     return Trajectories(features=torch.stack(rows), names=names, kinds=kinds,
                         n_tokens=torch.tensor(lengths, dtype=torch.int64))

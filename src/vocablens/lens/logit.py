@@ -105,7 +105,7 @@ def layer_logprobs(borders: Borders, h: torch.Tensor, layer: int,
 
     For callers that need every column of a few rows (a test comparing whole distributions); the
     lens never forms [P, V] log-probs (:func:`logit_lens` reads through
-    :func:`vocablens.ops.kl_readout`), nor does the explorer (:func:`layer_readout`). The translator
+    :func:`vocablens.ops.kl_readout`), nor does the explorer (:func:`vocablens.lens.trajectory.layer_readout`). The translator
     (if any) is applied to layers < L only.
     """
     if translator is not None and layer < borders.n_layers:
@@ -129,53 +129,15 @@ def lens_states(borders: Borders, resid: torch.Tensor, layers: Sequence[int],
     return U.normed(torch.stack(hs), torch.float32)
 
 
-def layer_readout(borders: Borders, resid: torch.Tensor, layers: Sequence[int], targets: torch.Tensor, k: int = 1,
-                  translator: Translator | None = None):
-    """Chosen tokens read through the lens at several layers, streamed over V: their log-probability and
-    rank, and the top-k, over the real vocabulary (what the explorer's trajectory shows).
-
-    Args:
-        borders: the model's :class:`Borders`.
-        resid: the residual stream [L+1, P, d_model] (or [L+1, d_model] at one position), indexed by layer.
-        layers: the layers read (0..L); the translator (tuned lens) maps those < L, as in :func:`lens_states`.
-        targets: int64 [P] (or a scalar for a 2-D ``resid``), the token followed at each position.
-        k: top tokens per (layer, position), 1..real vocabulary.
-
-    Returns:
-        :class:`vocablens.ops.TokenLogprobs` with tensors [S, P] ([S] for a 2-D ``resid``), S =
-        len(layers): ``logprob`` (nats, normalized over all V), ``target_rank`` (real tokens whose
-        logit exceeds the target's, the rank ``logit_lens`` reports as ``final_top1_rank``),
-        ``topk_ids`` / ``topk_logprobs`` [.., k] over the real tokens. One LM-head pass
-        (:func:`vocablens.ops.token_logprobs`); no [S·P, V] log-probabilities.
-
-    Raises:
-        BadInput: k or a target outside the real vocabulary, a layer outside 0..L.
-    """
-    from vocablens.ops import token_logprobs
-
-    one = resid.dim() == 2
-    R = resid[:, None] if one else resid
-    real, L = borders.real_vocab_size, borders.n_layers
-    bad = [int(x) for x in layers if not 0 <= int(x) <= L]
-    if bad:
-        raise BadInput(f"layer {bad[0]} is outside 0..{L}")
-    t = torch.as_tensor(targets, dtype=torch.int64).reshape(-1).to(R.device)
-    if t.numel() != R.shape[1] or bool(((t < 0) | (t >= real)).any()):
-        raise BadInput(f"targets must be {R.shape[1]} token ids in 0..{real - 1}; got {t.tolist()[:8]}")
-    U = borders.unembedding.float32()
-    X = lens_states(borders, R, list(layers), translator)  # [S, P, d_emb] float32
-    S, P = X.shape[0], X.shape[1]
-    r = token_logprobs(X.to(U.weight.dtype), U.weight, t.expand(S, P).contiguous(), top_k=k, topk_cols=real,
-                       rank=True, **U.head_kwargs())
-    if not one:
-        return r
-    return type(r)(**{f: None if v is None else v[:, 0] for f, v in vars(r).items()})
+#: padded tokens per forward of a batched lens (the model's own logits are [tokens, V] float32:
+#: 805 MB at 4,096 tokens and V = 49,152); prompts beyond it run in further forwards
+BATCH_TOKENS = 4096
 
 
-def logit_lens(borders: Borders, input_ids: torch.Tensor, positions="last", k: int = 5,
+def logit_lens(borders: Borders, input_ids, positions="last", k: int = 5,
                translator: Translator | None = None, kind: str | None = None,
-               layers: Sequence[int] | None = None) -> LensResult:
-    """Read the residual stream of one prompt through the lens at every layer.
+               layers: Sequence[int] | None = None, attention_mask: torch.Tensor | None = None):
+    """Read the residual stream of one prompt (or a batch) through the lens at every layer.
 
     One forward pass, then one LM-head GEMM per (layer < L, position) through
     :func:`vocablens.ops.kl_readout`, token-chunked: no [L+1, P, V] tensor and no [P, V]
@@ -185,28 +147,132 @@ def logit_lens(borders: Borders, input_ids: torch.Tensor, positions="last", k: i
 
     Args:
         borders: the model's :class:`Borders`.
-        input_ids: [T] or [1, T] int64.
-        positions: ``"last"`` (default), ``"all"``, or a list of positions.
+        input_ids: one prompt, [T] or [1, T] int64; or a batch: a list of [T_i] tensors, or a
+            padded [B, T] tensor (B > 1, or with ``attention_mask``), see :func:`logit_lens_batch`.
+        positions: ``"last"`` (default), ``"all"``, or a list of positions (for a batch: one such
+            spec for every prompt, or a list of one spec per prompt).
         k: number of top tokens per layer and position (1..V).
         translator: optional per-layer map (tuned lens); None = logit lens.
         layers: subset of layers to report (default all 0..L); layer L is always computed.
+        attention_mask: [B, T] 1 = token, 0 = padding (left or right), for a padded batch.
 
     Returns:
-        :class:`LensResult`; its layer-L entry (when reported) equals the model's own distribution.
+        :class:`LensResult` for one prompt; for a batch, a list of them, one per prompt in order,
+        each equal to the prompt's own single-prompt result. The layer-L entry (when reported)
+        equals the model's own distribution.
 
     Raises:
         BadInput: empty prompt, k out of range, a layer outside 0..L, a bad position.
     """
-    from vocablens.ops import kl_readout, logits_readout
-
+    batch = isinstance(input_ids, (list, tuple)) or attention_mask is not None or (
+        torch.is_tensor(input_ids) and input_ids.dim() == 2 and input_ids.shape[0] != 1)
+    if batch:
+        return logit_lens_batch(borders, input_ids, positions, k, translator, kind, layers, attention_mask)
     if input_ids.dim() == 2:
-        if input_ids.shape[0] != 1:
-            raise BadInput(f"logit_lens reads one prompt; got a batch of {input_ids.shape[0]}")
         input_ids = input_ids[0]
-    T = int(input_ids.numel())
-    if T == 0:
-        raise BadInput("empty prompt: give some text")
-    V = borders.vocab_size
+    return logit_lens_batch(borders, [input_ids], [positions], k, translator, kind, layers)[0]
+
+
+def split_batch(input_ids, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """A batch of prompts as a list of [T_i] int64 tensors: a list as it is, a [B, T] tensor row by
+    row, keeping the tokens where ``attention_mask`` [B, T] is 1 (left or right padding).
+
+    Raises:
+        BadInput: no prompts, a prompt that is not 1-D ids, a mask of another shape.
+    """
+    if torch.is_tensor(input_ids):
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        if input_ids.dim() != 2:
+            raise BadInput(f"a batch of prompts is [B, T] token ids; got shape {tuple(input_ids.shape)}")
+        if attention_mask is not None:
+            if tuple(attention_mask.shape) != tuple(input_ids.shape):
+                raise BadInput(f"attention_mask has shape {tuple(attention_mask.shape)}, the ids "
+                               f"{tuple(input_ids.shape)}")
+            m = attention_mask.to(input_ids.device).bool()
+            return [row[keep] for row, keep in zip(input_ids, m)]
+        return list(input_ids)
+    if attention_mask is not None:
+        raise BadInput("attention_mask goes with a padded [B, T] tensor, not a list of prompts")
+    out = [torch.as_tensor(x) for x in input_ids]
+    if not out:
+        raise BadInput("no prompts: give at least one")
+    for i, x in enumerate(out):
+        if x.dim() == 2 and x.shape[0] == 1:
+            out[i] = x[0]
+        elif x.dim() != 1:
+            raise BadInput(f"prompt {i + 1} is not a 1-D list of token ids (shape {tuple(x.shape)})")
+    return out
+
+
+def _groups(lengths: list[int], budget: int) -> list[list[int]]:
+    """Prompt indices in forwards of at most ``budget`` padded tokens (longest first, so a group
+    pads little); a prompt longer than the budget runs alone."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and lengths[groups[-1][0]] * (len(groups[-1]) + 1) <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def logit_lens_batch(borders: Borders, prompts, positions="last", k: int = 5,
+                     translator: Translator | None = None, kind: str | None = None,
+                     layers: Sequence[int] | None = None, attention_mask: torch.Tensor | None = None,
+                     batch_tokens: int = BATCH_TOKENS) -> list[LensResult]:
+    """The lens of :func:`logit_lens` for a batch of prompts, one forward and one GEMM pass per layer
+    for the whole batch.
+
+    The prompts run right-padded in one forward (with an attention mask when their lengths differ;
+    causal attention keeps every real token's stream equal to the prompt's own forward), in groups of
+    at most ``batch_tokens`` padded tokens; the positions read in all prompts of a group are stacked
+    into one :func:`vocablens.ops.kl_readout` call ([S, N, d], N = sum of the prompts' positions).
+
+    Args:
+        borders: the model's :class:`Borders`.
+        prompts: a list of [T_i] int64 token ids, or a [B, T] tensor (``attention_mask`` [B, T]:
+            1 = token, 0 = padding, left or right).
+        positions: one spec (``"last"``, ``"all"``, ints; negative from each prompt's end) for every
+            prompt, or a list of one spec per prompt.
+        k, translator, kind, layers: as :func:`logit_lens`.
+        batch_tokens: padded tokens per forward (the model's logits are [tokens, V] float32).
+
+    Returns:
+        one :class:`LensResult` per prompt, in order.
+
+    Raises:
+        BadInput: no prompts, an empty prompt, k out of range, a layer outside 0..L, a bad position,
+            a list of positions whose length is not the number of prompts.
+    """
+    seqs = split_batch(prompts, attention_mask)
+    return lens_batches(borders, seqs, [translator], positions, k, layers, batch_tokens=batch_tokens,
+                        kinds=[kind])[0]
+
+
+def lens_batches(borders: Borders, prompts, translators: Sequence[Translator | None], positions="last",
+                 k: int = 5, layers: Sequence[int] | None = None, attention_mask: torch.Tensor | None = None,
+                 batch_tokens: int = BATCH_TOKENS, kinds: Sequence[str | None] | None = None,
+                 progress=None) -> list[list[LensResult]]:
+    """Several lenses (e.g. logit and tuned) of a batch of prompts from the same forwards.
+
+    Args:
+        translators: one entry per lens: None (the logit lens) or a translator (tuned lens).
+        kinds: the ``kind`` of each lens's results (default ``logit`` / ``tuned``).
+        progress: called as ``progress(prompts done, prompts)`` after each forward.
+        The rest: as :func:`logit_lens_batch`.
+
+    Returns:
+        ``results[j][i]``: lens j on prompt i (:class:`LensResult`).
+
+    Raises:
+        BadInput: as :func:`logit_lens_batch`.
+    """
+    seqs = split_batch(prompts, attention_mask)
+    for i, x in enumerate(seqs):
+        if x.numel() == 0:
+            raise BadInput("empty prompt: give some text" if len(seqs) == 1 else f"prompt {i + 1} is empty")
     real = borders.real_vocab_size
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= real:
         raise BadInput(f"-k must be an integer between 1 and V={real}; got {k!r}")
@@ -215,41 +281,90 @@ def logit_lens(borders: Borders, input_ids: torch.Tensor, positions="last", k: i
     bad = [x for x in wanted if not 0 <= x <= L]
     if bad:
         raise BadInput(f"layer {bad[0]} is outside 0..{L}")
-    pos = resolve_positions(T, positions)
+    per_prompt = isinstance(positions, (list, tuple)) and any(
+        not isinstance(p, int) and not (torch.is_tensor(p) and p.dim() == 0) for p in positions)
+    if per_prompt and len(positions) != len(seqs):
+        raise BadInput(f"{len(positions)} position lists for {plural(len(seqs), 'prompt')}")
+    specs = list(positions) if per_prompt else [positions] * len(seqs)
+    pos = [resolve_positions(int(x.numel()), p) for x, p in zip(seqs, specs)]
+    kinds = list(kinds) if kinds is not None else [None] * len(translators)
+    kinds = [kd or ("logit" if t is None else "tuned") for kd, t in zip(kinds, translators)]
+    results: list[list] = [[None] * len(seqs) for _ in translators]
+    done = 0
+    for group in _groups([int(x.numel()) for x in seqs], max(1, int(batch_tokens))):
+        per_lens = _lens_group(borders, [seqs[i] for i in group], [pos[i] for i in group], k, translators, wanted)
+        for j, rows in enumerate(per_lens):
+            for i, r in zip(group, rows):
+                results[j][i] = LensResult(kind=kinds[j], input_ids=seqs[i].detach().cpu(), positions=pos[i],
+                                           layers=r[0], final_top1=r[1], model_max_abs_diff=r[2], n_layers=L)
+        done += len(group)
+        if progress is not None:
+            progress(done, len(seqs))
+    return results
+
+
+def _lens_group(borders: Borders, seqs: list[torch.Tensor], pos: list[torch.Tensor], k: int,
+                translators: Sequence[Translator | None], wanted: list[int]) -> list[list[tuple]]:
+    """One forward of right-padded prompts, one readout per lens of every position read: per lens,
+    per prompt ``(layers, final_top1, model_max_abs_diff)``."""
+    from vocablens.ops import kl_readout, logits_readout
+
     U = borders.unembedding.float32()
     head = U.head_kwargs()
+    real = borders.real_vocab_size
+    L = borders.n_layers
+    lens = [int(x.numel()) for x in seqs]
+    B, Tm = len(seqs), max(lens)
+    ids = torch.zeros(B, Tm, dtype=torch.int64)
+    mask = torch.zeros(B, Tm, dtype=torch.int64)
+    for b, x in enumerate(seqs):
+        ids[b, :lens[b]] = x.cpu()
+        mask[b, :lens[b]] = 1
+    padded = bool((mask == 0).any())
     with torch.no_grad():
-        resid, model_logits = borders.residual_stream(input_ids[None])
-        every = len(pos) == T and bool((pos == torch.arange(T)).all())
-        resid = resid[:, 0] if every else resid[:, 0, pos]  # [L+1, P, d]
-        ref = model_logits[0] if every else model_logits[0, pos]  # [P, V] the model's own output (no copy)
+        resid, model_logits = borders.residual_stream(ids, mask.to(borders.device) if padded else None)
+        counts = [int(p.numel()) for p in pos]
+        if not padded and all(c == Tm for c in counts):  # every position of every prompt: views
+            resid, ref = resid.flatten(1, 2), model_logits.flatten(0, 1)  # [L+1, N, d], [N, V]
+        else:
+            bi = torch.cat([torch.full((c,), b, dtype=torch.long) for b, c in enumerate(counts)]).to(resid.device)
+            pi = torch.cat(pos).long().to(resid.device)
+            resid, ref = resid[:, bi, pi], model_logits[bi, pi]
         del model_logits
         final_top1 = ref[:, :real].argmax(dim=-1)
         stats = dict(targets=final_top1, rank=True, top_k=k, topk_cols=real, entropy=True, **head)
         early = [ly for ly in wanted if ly < L]
-        X_early = lens_states(borders, resid, early, translator) if early else None
-        at = (pos == T - 1).nonzero().flatten()
-        # the lens path at layer L, read at the prompt's last position only: the check of the reading
-        X_check = lens_states(borders, resid[:, at[:1]], [L]) if at.numel() else None
-        del resid
-        reads = {}
-        if early:
-            r = kl_readout(X_early, U.weight, ref, **stats)
-            reads.update({ly: (r, i) for i, ly in enumerate(early)})
-            del X_early
+        offsets = [0]
+        for c in counts:
+            offsets.append(offsets[-1] + c)
+        # the lens path at layer L, read at each prompt's last position when it is read: the check
+        lasts = {b: offsets[b] + int((p == lens[b] - 1).nonzero().flatten()[0])
+                 for b, p in enumerate(pos) if bool((p == lens[b] - 1).any())}
+        rows = torch.tensor(list(lasts.values()), dtype=torch.long, device=resid.device)
+        X_check = lens_states(borders, resid[:, rows], [L]) if lasts else None
+        # one number per prompt for every caller (CLI, report, server): max |p_lens(L) - p_model| at the
+        # prompt's last position, the lens's own path (final norm, LM head) against the model's output
+        diffs = {} if X_check is None else dict(zip(lasts, kl_readout(
+            X_check, U.weight, ref[rows], max_abs_dp=True, **head).max_abs_dp[0].tolist()))
         # layer L is the model's own output: its statistics are read off the model's logits (no GEMM)
-        reads[L] = (logits_readout(ref, ref, **{k: v for k, v in stats.items() if k not in head}), slice(None))
-        # one number for every caller (CLI, report, server): max |p_lens(L) - p_model| at the prompt's
-        # last position, the lens's own path (final norm, LM head) against the model's output
-        diff = float("nan") if X_check is None else float(
-            kl_readout(X_check, U.weight, ref[at[:1]], max_abs_dp=True, **head).max_abs_dp[0, 0])
-        out = [LensLayer(layer=ly, top_ids=r.topk_ids[i], top_probs=r.topk_logprobs[i].exp(),
-                         entropy=r.entropy[i], kl_to_final=r.kl[i], final_top1_rank=r.target_rank[i],
-                         final_top1_prob=r.target_logprob[i].exp())
-               for ly, (r, i) in sorted(reads.items()) if ly in wanted]
-    return LensResult(kind=kind or ("logit" if translator is None else "tuned"),
-                      input_ids=input_ids.detach().cpu(), positions=pos, layers=out,
-                      final_top1=final_top1, model_max_abs_diff=diff, n_layers=L)
+        last = (logits_readout(ref, ref, **{k: v for k, v in stats.items() if k not in head}), slice(None))
+        out = []
+        for translator in translators:
+            reads = {L: last}
+            if early:  # one GEMM pass per layer for every position of every prompt
+                r = kl_readout(lens_states(borders, resid, early, translator), U.weight, ref, **stats)
+                reads.update({ly: (r, i) for i, ly in enumerate(early)})
+            per_prompt = []
+            for b in range(B):
+                s = slice(offsets[b], offsets[b + 1])
+                layers_b = [LensLayer(layer=ly, top_ids=r.topk_ids[i][s], top_probs=r.topk_logprobs[i][s].exp(),
+                                      entropy=r.entropy[i][s], kl_to_final=r.kl[i][s],
+                                      final_top1_rank=r.target_rank[i][s],
+                                      final_top1_prob=r.target_logprob[i][s].exp())
+                            for ly, (r, i) in sorted(reads.items()) if ly in wanted]
+                per_prompt.append((layers_b, final_top1[s], float(diffs.get(b, float("nan")))))
+            out.append(per_prompt)
+    return out
 
 
 def lens_pair(borders: Borders, input_ids: torch.Tensor, translator: Translator,

@@ -56,6 +56,16 @@ def lens_json(results: list[LensResult], tokenizer, provenance=None) -> dict:
     return d
 
 
+def lens_batch_json(results: list[list[LensResult]], tokenizer, provenance=None) -> dict:
+    """The dict ``lens --file F --json`` prints, one schema whatever the number of prompts:
+    ``{"prompts": [one object per prompt, as ``lens PROMPT --json`` prints it without "model"],
+    "model": provenance}`` (``results[i]`` = the lenses of prompt i: one kind, or logit and tuned)."""
+    d = {"prompts": [lens_json(r, tokenizer) for r in results]}
+    if provenance is not None:
+        d["model"] = provenance.to_dict()
+    return d
+
+
 def lens_table(res: LensResult, tokenizer, j: int = 0, k: int | None = None,
                every: int = 1) -> Table:
     """A table: one row per layer at the j-th position read (top ``k`` tokens; every ``every``-th

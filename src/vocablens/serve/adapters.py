@@ -29,7 +29,8 @@ import torch
 from vocablens.errors import BadInput, TokenNotInVocabulary
 from vocablens.geometry.embedding import nearest_neighbors
 from vocablens.lens import logit_lens
-from vocablens.lens.logit import layer_readout, resolve_positions
+from vocablens.lens.logit import resolve_positions
+from vocablens.lens.trajectory import layer_readout
 from vocablens.models.tokens import adds_bos, context_length, encode_prompt, single_token_id, token_str
 from vocablens.render.argmax import argmax_to_dict
 from vocablens.render.geometry import neighbors_to_dict
@@ -160,7 +161,7 @@ def trajectory_json(lm, ids: torch.Tensor, resid: torch.Tensor, position: int, t
 
     Uses the prompt's cached residual stream ``resid`` [L+1, T, d] (no forward pass); ranks count
     real tokens whose logit exceeds the token's, as ``lens``'s ``final_top1_rank`` does. Every layer
-    is read in one streamed pass over the head (:func:`vocablens.lens.logit.layer_readout`; the tuned
+    is read in one streamed pass over the head (:func:`vocablens.lens.trajectory.layer_readout`; the tuned
     lens translates layers < L there, as the lens does).
     """
     T = int(ids.shape[-1])

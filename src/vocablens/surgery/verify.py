@@ -24,9 +24,14 @@ F64 = torch.float64
 
 @torch.no_grad()
 def _logits(model, ids: Sequence[int]) -> torch.Tensor:
-    dev = next(model.parameters()).device
-    x = torch.tensor([list(ids)], dtype=torch.long, device=dev)
-    return model(input_ids=x, use_cache=False).logits[0].float().cpu()  # [T, rows]
+    """[T, rows] float32 logits of one sequence: the model's blocks without its LM head
+    (:func:`~vocablens.models.headless.blocks_forward`), then its own unembedding read once."""
+    from vocablens.models import Borders
+    from vocablens.models.headless import blocks_forward
+
+    b = Borders.from_model(model)
+    U = b.unembedding
+    return U(blocks_forward(b, torch.tensor([list(ids)], dtype=torch.long))[0]).cpu()  # [T, rows]
 
 
 def _encode(tok, text: str, max_tokens: int) -> list[int]:

@@ -21,6 +21,7 @@ from vocablens.parallel.processes import allreduce_sum, gather_columns, share
 from vocablens.ops.vocab_parallel.comm import world
 from vocablens.errors import BadInput
 from vocablens.models.flops import block_flops
+from vocablens.models.headless import blocks_forward
 from vocablens.lens.logit import Translator
 from vocablens.models import Borders
 from vocablens.ops import token_logprobs
@@ -147,7 +148,7 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
         for ids in batches:
             if ids.numel() == 0:
                 continue
-            resid, _ = borders.residual_stream(ids)
+            resid = blocks_forward(borders, ids, all_layers=True)  # [L+1, B, T, d]: no LM head in the forward
             B, T = ids.shape
             ctx_sum += B * T * (T + 1) / 2
             n_tok += B * T
