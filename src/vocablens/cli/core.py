@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from vocablens.cli.common import (
     parse_int_list,
@@ -99,10 +99,10 @@ def lens_show(
                   else lens_json(per_prompt[0], lm.tokenizer, lm.provenance))
     else:
         if file:
-            out.print(f"[dim]model: {lm.provenance.describe()}[/dim]", soft_wrap=True)
+            out.print(f"model: {lm.provenance.describe()}", style="dim", soft_wrap=True)
         for i, (text, res_i) in enumerate(zip(texts, per_prompt)):
             if file:
-                out.print(f"[bold]prompt {i + 1}:[/bold] {escape(text)}", soft_wrap=True)
+                out.print(Text.assemble((f"prompt {i + 1}:", "bold"), f" {text}"), soft_wrap=True)
             for res in res_i:
                 print_lens(res, lm.tokenizer, out, None if file else lm.provenance)
 

@@ -101,6 +101,7 @@ def trajectory_features(borders, tokenizer, texts: Sequence[str], lens=None, kin
             cols += [torch.stack([ly.kl_to_final[0] for ly in res.layers]),
                      torch.stack([ly.entropy[0] for ly in res.layers]),
                      torch.log1p(torch.stack([ly.final_top1_rank[0] for ly in res.layers]).float())]
+        # cpu: features for scikit-learn, which runs on the host
         rows.append(torch.cat(cols).float().cpu())
     lengths = [int(x.numel()) for x in seqs]
     names = [f"{k}/{s}/{layer}" for k in kinds for s in STATS for layer in range(L)]

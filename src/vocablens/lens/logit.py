@@ -194,7 +194,7 @@ def split_batch(input_ids, attention_mask: torch.Tensor | None = None) -> list[t
         return list(input_ids)
     if attention_mask is not None:
         raise BadInput("attention_mask goes with a padded [B, T] tensor, not a list of prompts")
-    out = [torch.as_tensor(x) for x in input_ids]
+    out = [torch.as_tensor(x) for x in input_ids]  # cpu: the prompts as given (moved with the batch)
     if not out:
         raise BadInput("no prompts: give at least one")
     for i, x in enumerate(out):
@@ -295,6 +295,7 @@ def lens_batches(borders: Borders, prompts, translators: Sequence[Translator | N
         per_lens = _lens_group(borders, [seqs[i] for i in group], [pos[i] for i in group], k, translators, wanted)
         for j, rows in enumerate(per_lens):
             for i, r in zip(group, rows):
+                # cpu: result labels (the prompt ids)
                 results[j][i] = LensResult(kind=kinds[j], input_ids=seqs[i].detach().cpu(), positions=pos[i],
                                            layers=r[0], final_top1=r[1], model_max_abs_diff=r[2], n_layers=L)
         done += len(group)
@@ -315,9 +316,10 @@ def _lens_group(borders: Borders, seqs: list[torch.Tensor], pos: list[torch.Tens
     L = borders.n_layers
     lens = [int(x.numel()) for x in seqs]
     B, Tm = len(seqs), max(lens)
-    ids = torch.zeros(B, Tm, dtype=torch.int64)
-    mask = torch.zeros(B, Tm, dtype=torch.int64)
+    ids = torch.zeros(B, Tm, dtype=torch.int64)  # cpu: assembled on the host
+    mask = torch.zeros(B, Tm, dtype=torch.int64)  # cpu: assembled on the host
     for b, x in enumerate(seqs):
+        # cpu: the padded id matrix is assembled on the host, then moved with the batch
         ids[b, :lens[b]] = x.cpu()
         mask[b, :lens[b]] = 1
     padded = bool((mask == 0).any())
