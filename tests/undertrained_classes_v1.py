@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vocablens.models.tokens import _specials, token_bytes
+from vocablens.models.tokens import special_ids, token_bytes
 
 #: class names, indexed by :attr:`TokenClasses.cls`
 CLASSES = ("normal", "special", "single_byte", "partial_utf8", "unreachable", "padding")
@@ -80,15 +80,15 @@ def classify_tokens_v1(tokenizer, vocab_size: int | None = None) -> TokenClasses
         :class:`TokenClasses`. Cost: one decode per token and two batched encodes of V short texts
         (about a second for 49,152 tokens).
     """
-    from vocablens.models.tokens import _vocab_kind
+    from vocablens.models.tokens import vocab_kind
 
     n_tok = len(tokenizer)
     V = n_tok if vocab_size is None else int(vocab_size)
     n = min(V, n_tok)
     cls = torch.full((V,), PADDING, dtype=torch.int8)
     trips = torch.zeros(V, dtype=torch.bool)
-    kind = _vocab_kind(tokenizer)
-    specials = _specials(tokenizer)
+    kind = vocab_kind(tokenizer)
+    specials = special_ids(tokenizer)
     pieces = tokenizer.convert_ids_to_tokens(list(range(n)))
     texts: dict[int, str] = {}
     for i in range(n):

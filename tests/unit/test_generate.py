@@ -176,8 +176,8 @@ def test_tuned_lens_rule_uses_the_translator():
 
 @pytest.mark.parametrize("kw,match", [
     (dict(max_new_tokens=0), "max_new_tokens"), (dict(top_k=True), "top_k"), (dict(temperature=-1.0), "temperature"),
-    (dict(early_exit=ExitRule(threshold=0.0)), "threshold"), (dict(early_exit=ExitRule(min_layer=0)), "min-layer"),
-    (dict(early_exit=ExitRule(lens="x")), "early-exit"), (dict(max_new_tokens=500), "context"),
+    (dict(early_exit=ExitRule(threshold=0.0)), "threshold"), (dict(early_exit=ExitRule(min_layer=0)), "min_layer"),
+    (dict(early_exit=ExitRule(lens="x")), "`lens` must be"), (dict(max_new_tokens=500), "context"),
 ])
 def test_bad_input(kw, match):
     _, borders = _deep("llama", n_layers=2)
