@@ -32,12 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-def _vm(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
+from score import _vm  # noqa: E402  (benchmarks/score.py: a process's VmRSS/VmHWM in bytes)
 
 
 def _setup(threads: int):
