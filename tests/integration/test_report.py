@@ -97,6 +97,8 @@ def test_settle_reads_fewer_tokens_on_a_bigger_model():
 
 def test_argmax_section_passes_what_is_left_and_says_what_is_undecided(smollm2, monkeypatch):
     import vocablens.argmax as A
+    import vocablens.report.runner as R
+    from vocablens.argmax.estimate import scan_fraction
     from vocablens.report.runner import run_report
 
     seen = {}
@@ -113,6 +115,7 @@ def test_argmax_section_passes_what_is_left_and_says_what_is_undecided(smollm2, 
             return Fake(borders.vocab_size, n)
 
         monkeypatch.setattr(A, "argmax_for_borders", fake)
+        monkeypatch.setattr(R, "_EXPECTED", {"argmax": lambda ctx: 50.0})
         lines = []
         t = iter(range(100))
         run = run_report(smollm2, model="smollm2", budget_s=100, only=("argmax",), clock=lambda: float(next(t)),
@@ -122,9 +125,13 @@ def test_argmax_section_passes_what_is_left_and_says_what_is_undecided(smollm2, 
         why = run.cut_short["argmax"]
         assert why.startswith(f"{words} within the 99 s left for it"), why
         assert "`vocablens argmax --model smollm2`" in why and "proof" in why  # names the stages cut
-        # elapsed, elapsed + ETA: the ETA counts down to the scan's deadline (1 + 99 s)
-        assert lines[0] == ("tokens that can never win (argmax geometry)", 2.0, pytest.approx(100.0))
-        assert lines[1] == ("tokens that can never win (argmax geometry): gemm 1/2", 3.0, pytest.approx(100.0))
+        # elapsed, elapsed + ETA (each clock call is one fake second; the scan starts at 1): first
+        # what is left of the scan's expected 50 s (below its 99 s share), then the rest extrapolated
+        # from the fraction its stages report done (2 s in, gemm half done)
+        f = scan_fraction("gemm", 1, 2)
+        assert lines[0] == ("tokens that can never win (argmax geometry)", 2.0, pytest.approx(2.0 + 49.0))
+        assert lines[1] == ("tokens that can never win (argmax geometry): gemm 1/2", 3.0,
+                            pytest.approx(3.0 + 2.0 * (1 - f) / f))
         assert lines[-1][0] == "done" and lines[-1][1] == lines[-1][2]
 
 
@@ -163,6 +170,7 @@ def test_cheap_sections_always_run_and_the_argmax_scan_gets_what_is_left(monkeyp
         return run
 
     monkeypatch.setattr(R, "_RUNNERS", {k: runner(k) for k in R.ORDER})
+    monkeypatch.setattr(R, "_EXPECTED", {"argmax": lambda ctx: None})  # the scan's cost unknown
     lines = []
     run = R.run_report(_fake_lm(), budget_s=150, clock=lambda: now[0],
                        progress=lambda d, done, total: lines.append((d, done, total)))
@@ -425,6 +433,66 @@ def test_pca_labels_sit_beside_their_markers(smollm2):
 
     fig = pca_figure(word_pca(smollm2.borders, smollm2.tokenizer))
     assert {t.textposition for t in fig.data} == {"middle right"}
+
+
+@pytest.mark.parametrize("expected", [0.0, 30.0, 500.0])
+def test_the_eta_is_the_scans_expected_cost_then_its_measured_rate(monkeypatch, expected):
+    """The ETA is an estimate, not the budget left: before the scan it counts the scan's expected
+    seconds (0 with stored verdicts), capped by its share; while it runs, the rest is extrapolated
+    from the fraction the scan reports done, capped by its deadline."""
+    import vocablens.report.runner as R
+
+    now, fractions = [0.0], [0.1, 0.5, 0.9]
+    true_cost = 40.0                     # the fake scan's real cost: the ETA must find it from its rate
+
+    def runner(key):
+        def run(ctx, plan, r):
+            if key == "argmax":
+                for f in fractions:
+                    now[0] = start[0] + f * true_cost
+                    ctx["progress"](f"{plan.title}: gemm", fraction=f)
+                now[0] = start[0] + true_cost
+            else:
+                now[0] += 1.0
+                start[0] = now[0]
+            r.result = key
+        return run
+
+    start = [0.0]
+    monkeypatch.setattr(R, "_RUNNERS", {k: runner(k) for k in R.ORDER})
+    monkeypatch.setattr(R, "_EXPECTED", {"argmax": lambda ctx: expected})
+    lines = []
+    R.run_report(_fake_lm(), budget_s=150, clock=lambda: now[0],
+                 progress=lambda d, done, total: lines.append((d, done, total)))
+    n_cheap = len(R.ORDER) - 1
+    share = 150 - n_cheap                # what the cheap sections (1 s each) leave the scan
+    # just before the scan starts, the rest of the ETA is the expected cost, never past the share
+    from vocablens.report.plan import plan_report
+
+    argmax_title = next(p.title for p in plan_report("smollm2", 150) if p.key == "argmax")
+    first = next(ln for ln in lines if ln[0] == argmax_title)
+    assert first[2] - first[1] == pytest.approx(min(expected, share))
+    # during the scan: elapsed-in-scan x (1 - f) / f, the true cost's rest at a steady rate
+    scan = [ln for ln in lines if ln[0].endswith(": gemm")]
+    assert [t - d for _, d, t in scan] == pytest.approx([(1 - f) * true_cost for f in fractions])
+    assert lines[-1][0] == "done" and lines[-1][1] == lines[-1][2]
+
+
+def test_the_eta_inside_the_scan_never_passes_its_deadline():
+    """A scan that reports a slow rate is still done by its deadline (the budget cuts it there)."""
+    from vocablens.report.plan import LAST, eta_s, plan_report
+
+    plans = plan_report("smollm2", 150)
+    done = {p.key: 1.0 for p in plans if p.key != LAST}
+    # 10 s into the scan, 5% done: extrapolated 190 s more, but the deadline is 20 s away
+    assert eta_s(plans, done, LAST, 10.0, 100.0, 150, argmax_deadline_s=120.0,
+                 section_fraction=0.05) == pytest.approx(20.0)
+    assert eta_s(plans, done, LAST, 10.0, 100.0, 150, argmax_deadline_s=120.0,
+                 section_fraction=0.5) == pytest.approx(10.0)
+    # too little done to extrapolate (1%): the expected cost, else the deadline
+    assert eta_s(plans, done, LAST, 10.0, 100.0, 150, argmax_deadline_s=120.0, argmax_expected_s=15.0,
+                 section_fraction=0.01) == pytest.approx(5.0)
+    assert eta_s(plans, done, LAST, 10.0, 100.0, 150, argmax_deadline_s=120.0) == pytest.approx(20.0)
 
 
 def test_progress_eta_counts_down_between_updates():

@@ -105,6 +105,28 @@ def test_argmax_for_borders_reuses_the_stored_scan_and_never_a_stale_one(tmp_pat
     assert argmax_for_borders(borders(W), norm=False, stored="read").result.timings != first.timings
 
 
+def test_expected_scan_seconds_is_zero_only_for_a_stored_scan_of_this_head(tmp_path, monkeypatch):
+    """The report's ETA for the scan: 0 when stored verdicts answer it, the measured estimate when
+    not, and a changed head (one bit) is not answered by the old head's verdicts."""
+    from types import SimpleNamespace
+
+    from vocablens.argmax.model import argmax_for_borders, expected_scan_seconds
+
+    monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path))
+    norm = torch.nn.LayerNorm(12)
+
+    def borders(W):
+        return SimpleNamespace(unembedding=SimpleNamespace(weight=W, bias=None, real_mask=None, final_norm=norm,
+                                                           project_out=None, logit_scale=1.0))
+    W = _W(5)
+    assert expected_scan_seconds(borders(W)) > 0
+    argmax_for_borders(borders(W), norm=False, stored="readwrite")
+    assert expected_scan_seconds(borders(W)) == 0.0
+    W2 = W.clone()
+    W2[3, 1] = torch.nextafter(W2[3, 1], torch.tensor(9.0))
+    assert expected_scan_seconds(borders(W2)) > 0
+
+
 def test_report_argmax_section_is_complete_after_one_argmax_run(tmp_path, monkeypatch, capsys):
     """Issue 26 §3: once `vocablens argmax` has run, the report's argmax section reads its stored
     verdicts: complete (nothing undecided, nothing cut short) even with no time left to scan, and no

@@ -14,12 +14,12 @@ from vocablens.argmax.result import (
     ARGMAXABLE, BUDGET, DUPLICATE, PADDING, STAGES, UNARGMAXABLE, UNDECIDED, UNTRAINED, VERDICTS,
     ArgmaxResult,
 )
-from vocablens.argmax.model import ModelArgmax, argmax_for_borders
+from vocablens.argmax.model import ModelArgmax, argmax_for_borders, expected_scan_seconds
 from vocablens.argmax.norm import NormModel, NormReach, norm_reachability, probe_norm
 
 __all__ = [
     "ARGMAXABLE", "BUDGET", "DUPLICATE", "PADDING", "STAGES", "UNARGMAXABLE", "UNDECIDED", "UNTRAINED",
     "VERDICTS", "ArgmaxResult", "find_unargmaxable", "verify_argmaxable", "ModelArgmax",
-    "argmax_for_borders", "NormModel", "NormReach", "norm_reachability", "probe_norm", "Bottleneck",
+    "argmax_for_borders", "expected_scan_seconds", "NormModel", "NormReach", "norm_reachability", "probe_norm", "Bottleneck",
     "context_hidden", "softmax_bottleneck",
 ]

@@ -18,6 +18,26 @@ import torch
 SCAN_TO_ALL_PAIRS = 0.5
 
 
+#: each stage's share of a scan's CPU seconds on the default model's head (``benchmarks/argmax.py``:
+#: prepare 5.2, gemm 13.8, reflect 5.2, proof 1.2, verify 1.5 CPU-s); a progress report inside a
+#: stage is turned into the fraction of the whole scan done by :func:`scan_fraction`
+STAGE_SHARE = {"prepare": 0.19, "gemm": 0.51, "reflect": 0.19, "proof": 0.05, "bias": 0.0, "verify": 0.06}
+
+
+def scan_fraction(stage: str, done: int, total: int) -> float:
+    """Fraction (0..1) of a scan done when stage ``stage`` has done ``done`` of its ``total`` units:
+    the :data:`STAGE_SHARE` of the stages before it plus its own share times ``done / total``
+    (an unknown stage counts as none done). Used for an ETA: a scan's stages run in the order of
+    :data:`vocablens.argmax.result.STAGES`."""
+    from vocablens.argmax.result import STAGES
+
+    if stage not in STAGE_SHARE:
+        return 0.0
+    before = sum(STAGE_SHARE[s] for s in STAGES[: STAGES.index(stage)])
+    own = STAGE_SHARE[stage] * (min(max(done, 0), total) / total if total > 0 else 0.0)
+    return min(1.0, (before + own) / sum(STAGE_SHARE.values()))
+
+
 def all_pairs_seconds(W: torch.Tensor, rows: int = 1024, cols: int = 16384, repeats: int = 2) -> float:
     """Seconds one fp32 all-pairs pass ``W Wᵀ`` [V, V] takes here, from a timed [rows, cols] slice.
 

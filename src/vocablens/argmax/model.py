@@ -111,14 +111,9 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
     left = None if time_budget_s is None else max(0.0, time_budget_s - (time.perf_counter() - t0))
     res, key = None, None
     if stored in ("read", "readwrite"):
-        from vocablens.argmax.stored import load_verdicts, verdict_key
+        from vocablens.argmax.stored import load_verdicts
 
-        normp = {} if U.final_norm is None else {f"norm.{n}": p for n, p in U.final_norm.named_parameters()}
-        # what decides a completed scan's verdicts (the reserved rows only change the order of the
-        # proofs; a stored scan is complete): the exact head, bias, norm, masks and these settings
-        settings = {"tol": kwargs.get("tol", 1e-9), "verify": kwargs.get("verify", "borderline"),
-                    "include_padding": include_padding, "include_untrained": include_untrained}
-        key = verdict_key(W, use_b, normp, {"padding": padding, "untrained": untrained}, settings)
+        key = _stored_key(U, W, use_b, padding, untrained, include_padding, include_untrained, kwargs)
         res = load_verdicts(key)
     elif stored != "off":
         raise BadInput(f"stored must be off, read or readwrite; got {stored!r}")
@@ -141,6 +136,39 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
                        bias_mode="on" if use_b is not None else "off", vocab_size=V,
                        padding_rows=int(padding.sum()), untrained_rows=int(untrained.sum()),
                        reserved=reserved.nonzero().flatten())
+
+
+def _stored_key(U, W, use_b, padding, untrained, include_padding: bool, include_untrained: bool,
+                kwargs: dict) -> str:
+    """The stored-verdicts key of a scan of this head (:func:`~vocablens.argmax.stored.verdict_key`):
+    what decides a completed scan's verdicts (the reserved rows only change the order of the proofs;
+    a stored scan is complete): the exact head, bias, norm, masks and these settings."""
+    from vocablens.argmax.stored import verdict_key
+
+    normp = {} if U.final_norm is None else {f"norm.{n}": p for n, p in U.final_norm.named_parameters()}
+    settings = {"tol": kwargs.get("tol", 1e-9), "verify": kwargs.get("verify", "borderline"),
+                "include_padding": include_padding, "include_untrained": include_untrained}
+    return verdict_key(W, use_b, normp, {"padding": padding, "untrained": untrained}, settings)
+
+
+def expected_scan_seconds(borders) -> float:
+    """Seconds :func:`argmax_for_borders` (default settings, ``stored="read"``) is expected to take
+    on this machine now: 0 when a stored scan of this head answers it
+    (:mod:`~vocablens.argmax.stored`), else the measured estimate
+    (:func:`~vocablens.argmax.estimate.scan_seconds`: a timed slice of the fp32 all-pairs pass x
+    the benchmarked ratio). Costs one SHA-256 of the head's bytes and a ~0.05 s product."""
+    from vocablens.argmax.estimate import scan_seconds
+    from vocablens.argmax.stored import load_verdicts
+    from vocablens.models.rows import untrained_rows
+
+    U = borders.unembedding
+    W = U.weight.detach()
+    V = int(W.shape[0])
+    real = U.real_mask if U.real_mask is not None else torch.ones(V, dtype=torch.bool)
+    b = None if U.bias is None else U.bias.detach()
+    if load_verdicts(_stored_key(U, W, b, ~real, untrained_rows(W) & real, False, False, {})) is not None:
+        return 0.0
+    return scan_seconds(W)
 
 
 def _reach(U, W, bias, res: ArgmaxResult, n_tokens: int):

@@ -15,6 +15,8 @@ the ETA follows the measured cost (:func:`eta_s`). Rendering: :mod:`vocablens.re
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -172,20 +174,33 @@ def argmax_share(budget_s: float, elapsed_s: float) -> float:
 
 
 def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | None, in_section_s: float,
-          elapsed_s: float, budget_s: float, argmax_deadline_s: float | None = None) -> float:
+          elapsed_s: float, budget_s: float, argmax_deadline_s: float | None = None,
+          argmax_expected_s: float | None = None, section_fraction: float | None = None) -> float:
     """Estimated seconds until the report's sections are done.
 
     The cheap sections not finished yet cost their planned seconds times the measured ratio of
     actual to planned seconds of the cheap sections finished so far (1 before the first); the one
     running counts what its estimate has left (none once it overran). The argmax scan then takes
-    what is left of the budget (:func:`argmax_share`); while it runs, its deadline bounds the rest.
+    its expected seconds (``argmax_expected_s``: 0 with stored verdicts, else the time measured for
+    this head on this machine, :func:`vocablens.argmax.expected_scan_seconds`), never more than what
+    is left of the budget (:func:`argmax_share`). While it runs, the rest is extrapolated from the
+    fraction of the scan done (``section_fraction``, from its stages' progress), again never past its
+    deadline; with neither figure known, the deadline is the estimate.
 
     ``plans``: the report's sections; ``finished``: key -> measured seconds; ``current``: the section
     running (None between sections), ``in_section_s`` seconds into it; ``elapsed_s`` since the start;
-    ``argmax_deadline_s``: while the scan runs, the elapsed time at which its budget ends.
+    ``argmax_deadline_s``: while the scan runs, the elapsed time at which its budget ends;
+    ``section_fraction``: the fraction (0..1) of the running section done, when it says.
     """
-    if current == LAST and argmax_deadline_s is not None:
-        return max(argmax_deadline_s - elapsed_s, 0.0)
+    if current == LAST:
+        left = math.inf if argmax_deadline_s is None else max(argmax_deadline_s - elapsed_s, 0.0)
+        if section_fraction is not None and section_fraction >= 0.02:
+            est = in_section_s * (1.0 - min(section_fraction, 1.0)) / section_fraction
+        elif argmax_expected_s is not None:
+            est = max(argmax_expected_s - in_section_s, 0.0)
+        else:
+            est = left
+        return min(est, left) if math.isfinite(min(est, left)) else 0.0
     cheap = [p for p in plans if p.key != LAST]
     done_plan = sum(p.budget_s for p in cheap if p.key in finished)
     ratio = sum(finished[p.key] for p in cheap if p.key in finished) / done_plan if done_plan > 0 else 1.0
@@ -196,7 +211,8 @@ def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | N
         est = p.budget_s * ratio
         rest += max(est - in_section_s, 0.0) if p.key == current else est
     if any(p.key == LAST for p in plans) and LAST not in finished:
-        rest += argmax_share(budget_s, elapsed_s + rest)
+        share = argmax_share(budget_s, elapsed_s + rest)
+        rest += share if argmax_expected_s is None else min(share, argmax_expected_s)
     return rest
 
 

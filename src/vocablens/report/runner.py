@@ -12,6 +12,7 @@ from vocablens.report.plan import (  # noqa: F401  (re-exported: the runner's na
     PROBE_TOKENS, SECTIONS, SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN, ReportProgress, ReportRun, SectionPlan, SectionRun,
     argmax_share, eta_s, plan_report, settle_tokens,
 )
+from vocablens.report.sections import EXPECTED as _EXPECTED
 from vocablens.report.sections import RUNNERS as _RUNNERS
 from vocablens.units import plural  # noqa: F401
 
@@ -30,7 +31,9 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
         prompt: text for the lens and explanation sections.
         lens_path: a tuned-lens directory (default: the lens shipped for ``model``, if any).
         budget_s: seconds for all sections (:func:`plan_report`).
-        progress: ``progress(description, elapsed_s, elapsed_s + eta)`` per section and argmax stage.
+        progress: ``progress(description, elapsed_s, elapsed_s + eta)`` per section and argmax stage
+            (the ETA: :func:`eta_s`; with a progress callback the scan's expected cost is measured
+            first, :func:`vocablens.argmax.expected_scan_seconds`).
         only: run just these section keys (default: all of :data:`ORDER`).
         clock: seconds, monotonic (tests pass a fake one).
 
@@ -59,18 +62,22 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
     ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config))
     t_all = clock()
     finished: dict[str, float] = {}
-    now = {"key": None, "t0": t_all, "deadline": None}
+    now = {"key": None, "t0": t_all, "deadline": None, "fraction": None}
 
-    def report(description: str) -> None:
+    def report(description: str, fraction: float | None = None) -> None:
         if progress is None:
             return
         t = clock()
         elapsed = t - t_all
-        rest = eta_s(plans, finished, now["key"], t - now["t0"], elapsed, budget_s, now["deadline"])
+        rest = eta_s(plans, finished, now["key"], t - now["t0"], elapsed, budget_s, now["deadline"],
+                     now["expected"], fraction)
         progress(description, elapsed, elapsed + rest)
 
     ctx = {"borders": lm.borders, "tokenizer": lm.tokenizer, "name": lm.provenance.name, "model": model,
            "ids": ids, "lens_path": lens_path, "progress": report}
+    # what the scan is expected to cost here (0 with stored verdicts): the ETA's guess for it
+    scans = progress is not None and any(p.key == _LAST for p in plans)
+    now["expected"] = _EXPECTED[_LAST](ctx) if scans else None
     runs = {p.key: SectionRun(p) for p in plans}
     for plan in sorted(plans, key=lambda p: p.key == _LAST):  # the argmax scan last
         run = runs[plan.key]

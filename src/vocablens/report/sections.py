@@ -65,13 +65,21 @@ def _tuned(ctx, plan, run):
     run.extra["pair"] = lens_pair(ctx["borders"], ctx["ids"][0], lens)
 
 
+def _argmax_expected(ctx) -> float:
+    """Seconds the argmax section is expected to take here (0 with stored verdicts)."""
+    from vocablens.argmax import expected_scan_seconds
+
+    return expected_scan_seconds(ctx["borders"])
+
+
 def _argmax(ctx, plan, run):
     from vocablens.argmax import UNDECIDED, argmax_for_borders
+    from vocablens.argmax.estimate import scan_fraction
 
     report = ctx["progress"]
 
     def stage(name: str, done: int, total: int) -> None:
-        report(f"{plan.title}: {name} {done:,}/{total:,}")
+        report(f"{plan.title}: {name} {done:,}/{total:,}", fraction=scan_fraction(name, done, total))
 
     # a completed scan stored by `vocablens argmax` (same head, bias, norm and settings) is reused
     res = argmax_for_borders(ctx["borders"], progress=stage, time_budget_s=plan.budget_s, stored="read")
@@ -135,4 +143,9 @@ RUNNERS = {"anatomy": _anatomy, "borders": _borders, "neighbors": _neighbors, "p
             "undertrained": lambda ctx, plan, run: _undertrained(ctx, plan, run, ASSUMED_FLOPS_PER_S)}
 
 
-__all__ = ["RUNNERS"]
+#: seconds a section is expected to take, measured before the report starts (the ETA's first guess
+#: where a section's planned share says nothing: the scan takes what it needs, up to what is left)
+EXPECTED = {"argmax": _argmax_expected}
+
+
+__all__ = ["RUNNERS", "EXPECTED"]
