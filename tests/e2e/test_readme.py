@@ -24,10 +24,10 @@ def readme_commands() -> list[list[str]]:
     return cmds
 
 
-def _run(argv, timeout=600):
+def _run(argv, timeout=600, **env_extra):
     import os
 
-    env = dict(os.environ, PYTHONPATH=SRC)
+    env = dict(os.environ, PYTHONPATH=SRC, **env_extra)
     return subprocess.run([sys.executable, "-m", "vocablens", *argv], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
@@ -48,7 +48,7 @@ def test_readme_command_parses(argv):
 def test_readme_anatomy_numbers():
     """The anatomy example (config only: no weights) prints the numbers README shows."""
     argv = next(a for a in readme_commands() if a[:1] == ["anatomy"])
-    r = _run(argv)
+    r = _run(argv, COLUMNS="200")                      # README's block: a terminal wide enough for 3 models
     assert r.returncode == 0, r.stderr
     text = README.read_text(encoding="utf-8")
     block = text[text.index("$ vocablens anatomy"):]
@@ -57,6 +57,16 @@ def test_readme_anatomy_numbers():
     assert len(shown) >= 8
     for number in shown:
         assert number in r.stdout, number
+    # the rows README shows are rows the command prints, with the same labels and cells
+    label = re.compile(r"^│ (.+?) +│", re.M)
+    printed = {m.group(1): line for m, line in ((label.match(ln), ln) for ln in r.stdout.splitlines()) if m}
+    rows = [ln for ln in block.splitlines() if ln.startswith("│")]
+    assert len(rows) >= 8
+    for row in rows:
+        name = label.match(row).group(1)
+        assert name in printed, name
+        cells = [c.strip() for c in row.split("│")[2:-1]]
+        assert cells == [c.strip() for c in printed[name].split("│")[2:-1]], name
 
 
 def _shown_lens_rows(command: str) -> dict[int, tuple[float, float, int, list[str]]]:
