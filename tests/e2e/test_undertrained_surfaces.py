@@ -49,15 +49,22 @@ def verified_json(saved, tmp_path_factory):
 
 
 # --------------------------------------------------------------------------------------- report
-def test_section_candidates_follow_the_budget():
-    from vocablens.undertrained.section import MAX_CANDIDATES, MIN_CANDIDATES, section_candidates
+def test_report_section_verification_stops_at_its_budget(saved, monkeypatch):
+    """With no time left the section verifies its first batch only, says how many of the paper's
+    candidates that is, and names the command that verifies them all."""
+    import vocablens.undertrained.section as S
+    from dataclasses import replace
 
-    per = 2.5e9  # SmolLM2: 3 templates x (~3.7 query tokens x 2 x 106M weights + 2 V d)
-    assert section_candidates(9.0, 1.5, per, 2e10) == 60          # 7.5 s x 2e10 / 2.5e9
-    assert section_candidates(0.0, 5.0, per, 2e10) == MIN_CANDIDATES  # never fewer
-    assert section_candidates(1e4, 0.0, per, 2e10) == MAX_CANDIDATES  # never more
-    ns = [section_candidates(b, 1.0, per, 2e10) for b in (2, 4, 8, 16)]
-    assert ns == sorted(ns)
+    from vocablens.report.plan import SectionRun, plan_report
+
+    d, lm = saved
+    monkeypatch.setattr(S, "REPORT_BATCH", 2)
+    plan = replace(next(p for p in plan_report(str(d), 150) if p.key == "undertrained"), budget_s=0.0)
+    run = SectionRun(plan)
+    S.run_section({"borders": lm.borders, "tokenizer": lm.tokenizer}, plan, run)
+    assert int(run.result.candidates.numel()) == 2 and run.extra["paper_candidates"] == 5
+    assert run.cut_short.startswith("verified the lowest 2 of the paper's 5 candidates")
+    assert f"`vocablens undertrained --model {d} -n 5`" in run.cut_short
 
 
 def test_report_section_on_a_trained_model(saved):

@@ -146,24 +146,28 @@ def _fake_lm():
 
 @pytest.mark.parametrize("slow", [1.0, 4.0])
 def test_cheap_sections_always_run_and_the_argmax_scan_gets_what_is_left(monkeypatch, slow):
-    """Fake sections on a fake clock: the cheap ones cost ``slow`` x 57 s. They all run (none is
-    dropped because an earlier one spent the budget), the argmax scan runs last with what is left
-    (at least 10% of the budget), the ETA follows the measured cost, and the banner is true."""
+    """Fake sections on a fake clock: the cheap ones cost ``slow`` x 53 s. They all run (none is
+    dropped because an earlier one spent the budget), the argmax scan runs after them with what is
+    left less the under-trained section's share (at least 10% of the budget), the under-trained
+    section runs last with its share or what the scan left, the ETA follows the measured cost, and
+    the banner is true."""
     import vocablens.report.runner as R
     from vocablens.render.report import cut_short_html
 
     cost = {"anatomy": 1, "borders": 1, "neighbors": 2, "pca": 2, "lens": 5, "tuned": 6, "value_vectors": 8,
-            "explain": 8, "settle": 20, "undertrained": 4}
+            "explain": 8, "settle": 20}
     now, ran, seen = [0.0], [], {}
 
     def runner(key):
         def run(ctx, plan, r):
             ran.append(key)
+            seen[key] = plan.budget_s
             if key == "argmax":
-                seen["budget"] = plan.budget_s
                 for i in range(3):
                     now[0] += plan.budget_s / 4
                     ctx["progress"](f"{plan.title}: stage {i}")
+            elif key == "undertrained":
+                now[0] += plan.budget_s / 2          # verified all its candidates in half its time
             else:
                 now[0] += cost[key] * slow
             r.result = key
@@ -174,32 +178,60 @@ def test_cheap_sections_always_run_and_the_argmax_scan_gets_what_is_left(monkeyp
     lines = []
     run = R.run_report(_fake_lm(), budget_s=150, clock=lambda: now[0],
                        progress=lambda d, done, total: lines.append((d, done, total)))
-    assert ran == [k for k in R.ORDER if k != "argmax"] + ["argmax"]
+    tail = ["argmax", "undertrained"]
+    assert ran == [k for k in R.ORDER if k not in tail] + tail
     assert [s.plan.key for s in run.sections] == list(R.ORDER)  # shown in the page's order
     assert all(s.result == s.plan.key and s.cut_short is None for s in run.sections)
-    cheap = 57 * slow
-    left = max(150 - cheap, 15.0)
-    assert seen["budget"] == pytest.approx(left)
+    cheap = 53 * slow
+    ut_share = 9.0                                               # 6 of 100 budget units, of 150 s
+    left = max(150 - cheap - ut_share, 15.0)
+    assert seen["argmax"] == pytest.approx(left)
     assert run.get("argmax").plan.budget_s == pytest.approx(left)
-    assert run.seconds == pytest.approx(cheap + 0.75 * left)
-    # planned: cheap sections 91.5 s (their shares of 150 s), then the scan's 58.5 s
+    ut = max(ut_share, 150 - cheap - 0.75 * left)                # its share, or what the scan left
+    assert seen["undertrained"] == pytest.approx(ut) and run.get("undertrained").plan.budget_s == pytest.approx(ut)
+    assert run.seconds == pytest.approx(cheap + 0.75 * left + ut / 2)
+    # planned: cheap sections 82.5 s (their shares of 150 s), the scan's 58.5 s, the under-trained 9 s
     assert lines[0] == ("anatomy", 0.0, pytest.approx(150.0))
-    # after anatomy (1·slow s for 0.75 planned) the rest of the cheap plan (90.75 s) scales by the ratio
+    # after anatomy (1·slow s for 0.75 planned) the rest of the cheap plan (81.75 s) scales by the ratio
     ratio = slow / 0.75
-    rest = 90.75 * ratio
+    rest = 81.75 * ratio
     assert lines[1][0] == "borders and tied check"
-    assert lines[1][2] == pytest.approx(slow + rest + R.argmax_share(150, slow + rest))
-    # during the scan the ETA is its deadline, and it moves
+    share = R.argmax_share(150, slow + rest, ut_share)
+    assert lines[1][2] == pytest.approx(slow + rest + share + R.after_scan_share(150, slow + rest + share, ut_share))
+    # during the scan the ETA is its deadline (no rate reported), and it moves; then the section after it
     scan = [ln for ln in lines if ln[0].endswith(tuple(f"stage {i}" for i in range(3)))]
     etas = [total - done for _, done, total in scan]
-    assert etas == pytest.approx([0.75 * left, 0.5 * left, 0.25 * left])
+    assert etas == pytest.approx([0.75 * left + ut_share, 0.5 * left + ut_share, 0.25 * left + ut_share])
     banner = cut_short_html(run)
     if slow == 1.0:
-        assert "in 127 s, within the report&#x27;s 150 s budget." in banner and "over" not in banner
+        assert f"in {run.seconds:.0f} s, within the report&#x27;s 150 s budget." in banner and "over" not in banner
     else:
         assert f"in {run.seconds:.0f} s, {run.seconds - 150:.0f} s over the report&#x27;s 150 s budget" in banner
         assert "within" not in banner
     assert "class='budget ok'" in banner
+
+
+@pytest.mark.parametrize("scan_used", [2.0, 80.0])
+def test_the_under_trained_section_gets_what_the_scan_left(monkeypatch, scan_used):
+    """After one `vocablens argmax` the scan reads stored verdicts in seconds: the under-trained
+    section then gets the rest of the budget, not just its share (and never less than its share)."""
+    import vocablens.report.runner as R
+
+    now, seen = [0.0], {}
+
+    def runner(key):
+        def run(ctx, plan, r):
+            seen[key] = plan.budget_s
+            now[0] += scan_used if key == "argmax" else 1.0
+            r.result = key
+        return run
+
+    monkeypatch.setattr(R, "_RUNNERS", {k: runner(k) for k in R.ORDER})
+    monkeypatch.setattr(R, "_EXPECTED", {"argmax": lambda ctx: None})
+    R.run_report(_fake_lm(), budget_s=150, clock=lambda: now[0])
+    before = len(R.ORDER) - 2                                    # the cheap sections, 1 s each
+    assert seen["argmax"] == pytest.approx(150 - before - 9.0)
+    assert seen["undertrained"] == pytest.approx(max(9.0, 150 - before - scan_used))
 
 
 def test_banner_counts_the_sections_cut_short():
@@ -464,17 +496,20 @@ def test_the_eta_is_the_scans_expected_cost_then_its_measured_rate(monkeypatch, 
     lines = []
     R.run_report(_fake_lm(), budget_s=150, clock=lambda: now[0],
                  progress=lambda d, done, total: lines.append((d, done, total)))
-    n_cheap = len(R.ORDER) - 1
-    share = 150 - n_cheap                # what the cheap sections (1 s each) leave the scan
+    n_cheap = len(R.ORDER) - 2
+    share = 150 - n_cheap - 9.0          # what the cheap sections (1 s each) leave the scan, less 9 s
+    after = R.after_scan_share           # then the under-trained section: its 9 s, or what is left
     # just before the scan starts, the rest of the ETA is the expected cost, never past the share
     from vocablens.report.plan import plan_report
 
     argmax_title = next(p.title for p in plan_report("smollm2", 150) if p.key == "argmax")
     first = next(ln for ln in lines if ln[0] == argmax_title)
-    assert first[2] - first[1] == pytest.approx(min(expected, share))
+    scan_eta = min(expected, share)
+    assert first[2] - first[1] == pytest.approx(scan_eta + after(150, first[1] + scan_eta, 9.0))
     # during the scan: elapsed-in-scan x (1 - f) / f, the true cost's rest at a steady rate
     scan = [ln for ln in lines if ln[0].endswith(": gemm")]
-    assert [t - d for _, d, t in scan] == pytest.approx([(1 - f) * true_cost for f in fractions])
+    assert [t - d for _, d, t in scan] == pytest.approx(
+        [(1 - f) * true_cost + after(150, d + (1 - f) * true_cost, 9.0) for f, (_, d, _) in zip(fractions, scan)])
     assert lines[-1][0] == "done" and lines[-1][1] == lines[-1][2]
 
 
@@ -485,14 +520,14 @@ def test_the_eta_inside_the_scan_never_passes_its_deadline():
     plans = plan_report("smollm2", 150)
     done = {p.key: 1.0 for p in plans if p.key != LAST}
     # 10 s into the scan, 5% done: extrapolated 190 s more, but the deadline is 20 s away
-    assert eta_s(plans, done, LAST, 10.0, 100.0, 150, argmax_deadline_s=120.0,
+    assert eta_s(plans, done, LAST, 10.0, 100.0, 150, deadline_s=120.0,
                  section_fraction=0.05) == pytest.approx(20.0)
-    assert eta_s(plans, done, LAST, 10.0, 100.0, 150, argmax_deadline_s=120.0,
+    assert eta_s(plans, done, LAST, 10.0, 100.0, 150, deadline_s=120.0,
                  section_fraction=0.5) == pytest.approx(10.0)
     # too little done to extrapolate (1%): the expected cost, else the deadline
-    assert eta_s(plans, done, LAST, 10.0, 100.0, 150, argmax_deadline_s=120.0, argmax_expected_s=15.0,
+    assert eta_s(plans, done, LAST, 10.0, 100.0, 150, deadline_s=120.0, argmax_expected_s=15.0,
                  section_fraction=0.01) == pytest.approx(5.0)
-    assert eta_s(plans, done, LAST, 10.0, 100.0, 150, argmax_deadline_s=120.0) == pytest.approx(20.0)
+    assert eta_s(plans, done, LAST, 10.0, 100.0, 150, deadline_s=120.0) == pytest.approx(20.0)
 
 
 def test_progress_eta_counts_down_between_updates():

@@ -130,6 +130,32 @@ def test_verification_equals_the_models_own_forward(tied):
             assert abs(float(v.per_template[q, t]) - float(p)) <= 1e-5 + 1e-4 * float(p)
 
 
+def test_verification_in_a_time_budget_keeps_whole_batches(tied):
+    """A budget that runs out leaves the first candidates verified by every template and the rest not
+    at all: the prefix of the unbounded verification, equal to it; the first batch always runs."""
+    m, tok, b = tied
+    cand = UNUSED[:6] + USED[:6]
+    ex = [USED[0], USED[1]]
+    full = verify_tokens(b, tok, cand, examples=ex, batch_size=3)
+    for budget, kept in ((2.5, 9), (0.0, 3), (100.0, 12)):
+        ticks = iter(range(1000))             # each read of the clock is one second later
+        part = verify_tokens(b, tok, cand, examples=ex, batch_size=3, time_budget_s=budget,
+                             clock=lambda: float(next(ticks)))
+        assert part.ids.tolist() == cand[:kept], budget
+        assert torch.equal(part.per_template, full.per_template[:kept])
+        assert torch.equal(part.max_prob, full.max_prob[:kept])
+    from vocablens.errors import BadInput
+
+    with pytest.raises(BadInput, match="time_budget_s"):
+        verify_tokens(b, tok, cand, examples=ex, time_budget_s=-1)
+    # through the analysis: the candidates are the verified prefix, lowest indicator first
+    whole = vocablens.undertrained(b, tok, candidates=N_UNUSED, batch_size=4)
+    cut = vocablens.undertrained(b, tok, candidates=N_UNUSED, batch_size=4, time_budget_s=0.0)
+    assert cut.candidates.tolist() == whole.candidates[:4].tolist()
+    assert cut.indicator_threshold == float(whole.indicators.values[whole.candidates[3]])
+    assert torch.equal(cut.verification.max_prob, whole.verification.max_prob[:4])
+
+
 def test_argmax_verdicts_beside(tied):
     from vocablens.argmax import argmax_for_borders
     from vocablens.render.argmax import argmax_to_dict

@@ -4,10 +4,12 @@
 
 - every cheap section always runs, whatever the budget and an earlier section spent (anatomy, borders,
   neighbours, PCA, lenses, under-trained tokens, value vectors, what built the prediction, where predictions settle);
-- ``settle`` (its corpus sample) and ``undertrained`` (its verified candidates) size their work from FLOPs and
-  their share at :data:`ASSUMED_FLOPS_PER_S`;
-- the argmax scan runs last with what is left (at least :data:`ARGMAX_MIN_SHARE`) as its
-  ``time_budget_s``: the certificate stages decide what they can, the rest stays ``undecided``.
+- ``settle`` (its corpus sample) sizes its work from FLOPs and its share at :data:`ASSUMED_FLOPS_PER_S`;
+- the argmax scan runs after them with what is left (at least :data:`ARGMAX_MIN_SHARE`), less the
+  planned share of ``undertrained``, as its ``time_budget_s``: the certificate stages decide what
+  they can, the rest stays ``undecided``;
+- ``undertrained`` runs last, its verification bounded by its share or by all that is left when the
+  scan left time unused (:func:`after_scan_share`).
 
 A section cut short says what was left and the command that completes it (:attr:`SectionRun.cut_short`);
 the ETA follows the measured cost (:func:`eta_s`). Rendering: :mod:`vocablens.render.report`.
@@ -39,7 +41,7 @@ SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN = 256, 128
 
 #: key -> (title, share of the budget, command that gives the complete answer; {model} is filled in).
 #: For the cheap sections the share is the planned cost (the ETA's first guess); for ``settle`` it
-#: sizes the corpus sample; ``argmax`` gets what the others leave.
+#: sizes the corpus sample; ``argmax`` gets what the others leave; ``undertrained`` runs after it.
 SECTIONS: dict[str, tuple[str, float, str]] = {
     "anatomy": ("anatomy", 0.5, "vocablens anatomy --model {model}"),
     "borders": ("borders and tied check", 1.0, "vocablens info --model {model}"),
@@ -53,7 +55,7 @@ SECTIONS: dict[str, tuple[str, float, str]] = {
     "explain": ("what built the prediction", 8.0, "vocablens explain --model {model} PROMPT"),
     "settle": ("where predictions settle", 22.5, "vocablens settle --model {model} --corpus pydoc-topics"),
 }
-#: the order the report shows them (the argmax scan runs last: it takes what the others leave)
+#: the order the report shows them (it runs the argmax scan after the cheap sections, then ``undertrained``)
 ORDER = ("anatomy", "borders", "neighbors", "pca", "lens", "tuned", "argmax", "undertrained", "value_vectors",
          "explain", "settle")
 
@@ -163,18 +165,28 @@ def settle_tokens(vocab_size: int, d_model: int, n_layers: int, block_weights: i
 # ---------------------------------------------------------------------------------------- sections
 
 
-#: the section that gets what the others leave (it runs last)
+#: the section that gets what the others leave (it runs after the cheap ones)
 LAST = "argmax"
+#: the section that runs after the scan: its own share, plus what the scan left unused
+AFTER_SCAN = "undertrained"
 
 
-def argmax_share(budget_s: float, elapsed_s: float) -> float:
+def argmax_share(budget_s: float, elapsed_s: float, reserved_s: float = 0.0) -> float:
     """Seconds the argmax scan gets when it starts ``elapsed_s`` into a ``budget_s`` report: what is
-    left, and never less than :data:`ARGMAX_MIN_SHARE` of the budget."""
-    return max(budget_s - elapsed_s, ARGMAX_MIN_SHARE * budget_s)
+    left once ``reserved_s`` (the planned share of :data:`AFTER_SCAN`) is kept aside, and never less
+    than :data:`ARGMAX_MIN_SHARE` of the budget."""
+    return max(budget_s - elapsed_s - reserved_s, ARGMAX_MIN_SHARE * budget_s)
+
+
+def after_scan_share(budget_s: float, elapsed_s: float, planned_s: float) -> float:
+    """Seconds :data:`AFTER_SCAN` gets when it starts ``elapsed_s`` into a ``budget_s`` report: its
+    planned share, or all that is left of the budget when that is more (what the scan left unused:
+    after one ``vocablens argmax`` the scan reads stored verdicts in about a second)."""
+    return max(planned_s, budget_s - elapsed_s)
 
 
 def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | None, in_section_s: float,
-          elapsed_s: float, budget_s: float, argmax_deadline_s: float | None = None,
+          elapsed_s: float, budget_s: float, deadline_s: float | None = None,
           argmax_expected_s: float | None = None, section_fraction: float | None = None) -> float:
     """Estimated seconds until the report's sections are done.
 
@@ -182,26 +194,32 @@ def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | N
     actual to planned seconds of the cheap sections finished so far (1 before the first); the one
     running counts what its estimate has left (none once it overran). The argmax scan then takes
     its expected seconds (``argmax_expected_s``: 0 with stored verdicts, else the time measured for
-    this head on this machine, :func:`vocablens.argmax.expected_scan_seconds`), never more than what
-    is left of the budget (:func:`argmax_share`). While it runs, the rest is extrapolated from the
-    fraction of the scan done (``section_fraction``, from its stages' progress), again never past its
-    deadline; with neither figure known, the deadline is the estimate.
+    this head on this machine, :func:`vocablens.argmax.expected_scan_seconds`), never more than its
+    share (:func:`argmax_share`); :data:`AFTER_SCAN` then takes its share, or what is left when that
+    is more (:func:`after_scan_share`: its verification stops there). While the scan or the section
+    after it runs, its rest is extrapolated from the fraction it reports done (``section_fraction``),
+    never past its deadline; with no fraction, the scan's expected seconds, else the deadline.
 
     ``plans``: the report's sections; ``finished``: key -> measured seconds; ``current``: the section
     running (None between sections), ``in_section_s`` seconds into it; ``elapsed_s`` since the start;
-    ``argmax_deadline_s``: while the scan runs, the elapsed time at which its budget ends;
-    ``section_fraction``: the fraction (0..1) of the running section done, when it says.
+    ``deadline_s``: while the scan or :data:`AFTER_SCAN` runs, the elapsed time at which its budget
+    ends; ``section_fraction``: the fraction (0..1) of the running section done, when it says.
     """
-    if current == LAST:
-        left = math.inf if argmax_deadline_s is None else max(argmax_deadline_s - elapsed_s, 0.0)
+    after = next((p for p in plans if p.key == AFTER_SCAN and p.key not in finished), None)
+    if current in (LAST, AFTER_SCAN):
+        left = math.inf if deadline_s is None else max(deadline_s - elapsed_s, 0.0)
         if section_fraction is not None and section_fraction >= 0.02:
             est = in_section_s * (1.0 - min(section_fraction, 1.0)) / section_fraction
-        elif argmax_expected_s is not None:
+        elif current == LAST and argmax_expected_s is not None:
             est = max(argmax_expected_s - in_section_s, 0.0)
         else:
             est = left
-        return min(est, left) if math.isfinite(min(est, left)) else 0.0
-    cheap = [p for p in plans if p.key != LAST]
+        est = min(est, left)
+        est = est if math.isfinite(est) else 0.0
+        if current == LAST and after is not None:
+            est += after_scan_share(budget_s, elapsed_s + est, after.budget_s)
+        return est
+    cheap = [p for p in plans if p.key not in (LAST, AFTER_SCAN)]
     done_plan = sum(p.budget_s for p in cheap if p.key in finished)
     ratio = sum(finished[p.key] for p in cheap if p.key in finished) / done_plan if done_plan > 0 else 1.0
     rest = 0.0
@@ -211,13 +229,15 @@ def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | N
         est = p.budget_s * ratio
         rest += max(est - in_section_s, 0.0) if p.key == current else est
     if any(p.key == LAST for p in plans) and LAST not in finished:
-        share = argmax_share(budget_s, elapsed_s + rest)
+        share = argmax_share(budget_s, elapsed_s + rest, after.budget_s if after is not None else 0.0)
         rest += share if argmax_expected_s is None else min(share, argmax_expected_s)
+    if after is not None:
+        rest += after_scan_share(budget_s, elapsed_s + rest, after.budget_s)
     return rest
 
 
 __all__ = [
     "DEFAULT_PROMPT", "DEFAULT_BUDGET_S", "ASSUMED_FLOPS_PER_S", "ARGMAX_MIN_SHARE", "NEIGHBOR_TOKENS",
     "PROBE_TOKENS", "SECTIONS", "ORDER", "LAST", "SectionPlan", "SectionRun", "ReportRun", "plan_report",
-    "settle_tokens", "eta_s", "argmax_share",
+    "settle_tokens", "eta_s", "argmax_share", "AFTER_SCAN", "after_scan_share",
 ]

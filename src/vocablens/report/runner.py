@@ -1,5 +1,6 @@
-"""The report's runner: every planned section on a loaded model, the cheap ones always, the argmax scan
-last with what is left of the budget (the plan: :mod:`vocablens.report.plan`; the sections:
+"""The report's runner: every planned section on a loaded model, the cheap ones always, then the argmax
+scan with what is left of the budget, then the under-trained tokens with their share or what the scan
+left unused (the plan: :mod:`vocablens.report.plan`; the sections:
 :mod:`vocablens.report.sections`; the page: :mod:`vocablens.render.report`)."""
 
 from __future__ import annotations
@@ -8,9 +9,9 @@ import time
 from typing import Callable
 
 from vocablens.report.plan import (  # noqa: F401  (re-exported: the runner's names in one place)
-    ARGMAX_MIN_SHARE, ASSUMED_FLOPS_PER_S, DEFAULT_BUDGET_S, DEFAULT_PROMPT, LAST, NEIGHBOR_TOKENS, ORDER,
+    AFTER_SCAN, ARGMAX_MIN_SHARE, ASSUMED_FLOPS_PER_S, DEFAULT_BUDGET_S, DEFAULT_PROMPT, LAST, NEIGHBOR_TOKENS, ORDER,
     PROBE_TOKENS, SECTIONS, SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN, ReportProgress, ReportRun, SectionPlan, SectionRun,
-    argmax_share, eta_s, plan_report, settle_tokens,
+    after_scan_share, argmax_share, eta_s, plan_report, settle_tokens,
 )
 from vocablens.report.sections import EXPECTED as _EXPECTED
 from vocablens.report.sections import RUNNERS as _RUNNERS
@@ -22,8 +23,9 @@ _LAST = LAST
 def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_path: str | None = None,
                budget_s: float = DEFAULT_BUDGET_S, progress: ReportProgress | None = None,
                only: tuple[str, ...] | None = None, clock: Callable[[], float] = time.perf_counter) -> ReportRun:
-    """Run every planned section of the report on a loaded model: the cheap ones always, the argmax
-    scan last with what is left of the budget (module docstring).
+    """Run every planned section of the report on a loaded model: the cheap ones always, then the argmax
+    scan with what is left of the budget (less the under-trained section's share), then the
+    under-trained tokens with their share or what the scan left unused (module docstring).
 
     Args:
         lm: a :class:`~vocablens.models.LoadedModel` (``model, tokenizer, borders, provenance``).
@@ -79,11 +81,17 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
     scans = progress is not None and any(p.key == _LAST for p in plans)
     now["expected"] = _EXPECTED[_LAST](ctx) if scans else None
     runs = {p.key: SectionRun(p) for p in plans}
-    for plan in sorted(plans, key=lambda p: p.key == _LAST):  # the argmax scan last
+    after = next((p for p in plans if p.key == AFTER_SCAN), None)
+    # the cheap sections, then the argmax scan, then the section after it
+    for plan in sorted(plans, key=lambda p: (p.key == AFTER_SCAN) * 2 + (p.key == _LAST)):
         run = runs[plan.key]
         t0 = clock()
-        if plan.key == _LAST:  # what the others left
-            plan = run.plan = replace(plan, budget_s=argmax_share(budget_s, t0 - t_all))
+        if plan.key == _LAST:  # what the others left, less the planned share of the section after it
+            plan = run.plan = replace(plan, budget_s=argmax_share(budget_s, t0 - t_all,
+                                                                  after.budget_s if after else 0.0))
+            now["deadline"] = t0 - t_all + plan.budget_s
+        elif plan.key == AFTER_SCAN:  # its share, or what the scan left when that is more
+            plan = run.plan = replace(plan, budget_s=after_scan_share(budget_s, t0 - t_all, plan.budget_s))
             now["deadline"] = t0 - t_all + plan.budget_s
         now.update(key=plan.key, t0=t0)
         report(plan.title)
@@ -99,5 +107,5 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
 __all__ = [
     "DEFAULT_PROMPT", "DEFAULT_BUDGET_S", "ASSUMED_FLOPS_PER_S", "ARGMAX_MIN_SHARE", "NEIGHBOR_TOKENS",
     "PROBE_TOKENS", "SECTIONS", "ORDER", "SectionPlan", "SectionRun", "ReportRun", "plan_report", "settle_tokens",
-    "run_report", "eta_s", "argmax_share", "plural",
+    "run_report", "eta_s", "argmax_share", "after_scan_share", "AFTER_SCAN", "plural",
 ]

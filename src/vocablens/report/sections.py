@@ -7,7 +7,7 @@ from __future__ import annotations
 from vocablens.undertrained.section import run_section as _undertrained
 from vocablens.units import plural
 from vocablens.report.plan import (
-    ASSUMED_FLOPS_PER_S, NEIGHBOR_TOKENS, PROBE_TOKENS, SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN, settle_tokens,
+    NEIGHBOR_TOKENS, PROBE_TOKENS, SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN, settle_tokens,
 )
 
 def _anatomy(ctx, plan, run):
@@ -140,7 +140,7 @@ def _settle(ctx, plan, run):
 RUNNERS = {"anatomy": _anatomy, "borders": _borders, "neighbors": _neighbors, "pca": _pca, "lens": _lens,
             "tuned": _tuned, "argmax": _argmax, "value_vectors": _value_vectors, "explain": _explain,
             "settle": _settle,
-            "undertrained": lambda ctx, plan, run: _undertrained(ctx, plan, run, ASSUMED_FLOPS_PER_S)}
+            "undertrained": _undertrained}
 
 
 #: seconds a section is expected to take, measured before the report starts (the ETA's first guess

@@ -169,8 +169,8 @@ def testable(classes: TokenClasses) -> torch.Tensor:
 
 def undertrained(borders, tokenizer, *, candidates: int | None = None, fraction: float = DEFAULT_FRACTION,
                  indicator: str = "auto", known_unused=None, verify: bool = True, batch_size: int = 64,
-                 progress: Callable[[str, int, int], None] | None = None, reuse: UndertrainedResult | None = None
-                 ) -> UndertrainedResult:
+                 progress: Callable[[str, int, int], None] | None = None, reuse: UndertrainedResult | None = None,
+                 time_budget_s: float | None = None) -> UndertrainedResult:
     """Find and verify the under-trained tokens of a model (Land & Bartolo 2024, §3).
 
     Args:
@@ -188,6 +188,9 @@ def undertrained(borders, tokenizer, *, candidates: int | None = None, fraction:
         progress: ``(stage, done, total)`` with stage ``verification``.
         reuse: an earlier result of the same model (e.g. ``verify=False``): its classes and
             indicators are taken as they are (``indicator`` and ``known_unused`` are then ignored).
+        time_budget_s: wall seconds for verification (None: no limit). Candidates are verified
+            lowest indicator first, a batch at a time; when the budget runs out the result holds
+            the candidates verified so far (``candidates`` is that prefix, never an unverified row).
 
     Returns:
         :class:`UndertrainedResult`.
@@ -220,8 +223,12 @@ def undertrained(borders, tokenizer, *, candidates: int | None = None, fraction:
     if verify and n:
         examples = pick_examples(tokenizer, order.flip(0), ok)
         cb = None if progress is None else (lambda d, t: progress("verification", d, t))
-        ver = verify_tokens(borders, tokenizer, cand, examples=examples, batch_size=batch_size, progress=cb)
+        ver = verify_tokens(borders, tokenizer, cand, examples=examples, batch_size=batch_size, progress=cb,
+                            time_budget_s=time_budget_s)
         seconds["verification"] = ver.seconds
+        if ver.ids.numel() < n:                  # the budget ran out: the candidates are those verified
+            cand = ver.ids
+            thr = float(ind.values[cand[-1]]) if cand.numel() else float("nan")
     return UndertrainedResult(classes=classes, indicators=ind, candidates=cand, indicator_threshold=thr,
                               verification=ver, seconds=seconds)
 

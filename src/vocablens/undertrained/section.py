@@ -1,50 +1,28 @@
-"""The report's section on under-trained tokens: the three steps with a bounded verification.
+"""The report's section on under-trained tokens: the three steps with a verification bounded in time.
 
 The tokenizer analysis and the indicators (O(V·d), about a second on the default model) always run;
-verification prompts the lowest-indicator candidates, as many as the section's share of the budget
-pays for at the report's assumed FLOP rate once the few-shot prefixes are paid
-(:func:`verification_flops`, :func:`section_candidates`), between
-:data:`MIN_CANDIDATES` and :data:`MAX_CANDIDATES`. When that is fewer than the paper's lowest 2%,
-the section says so and names the command that verifies them all.
+verification then prompts the paper's candidates (the lowest 2% of the indicator), lowest first, a
+batch of :data:`REPORT_BATCH` at a time, until they are all verified or the section's time is up
+(:func:`~vocablens.undertrained.verify.verify_tokens`' ``time_budget_s``; the first batch always
+runs). The report runs this section after the argmax scan, with its own share plus what the scan
+left unused (:mod:`vocablens.report.plan`), so after one ``vocablens argmax`` (stored verdicts) the
+list is usually complete. When fewer than the paper's candidates were verified, the section says so
+and names the command that verifies them all.
 """
 
 from __future__ import annotations
 
 import time
 
-#: candidates the report verifies at least / at most (the paper's 2% of SmolLM2 is 978)
-MIN_CANDIDATES, MAX_CANDIDATES = 16, 128
+#: candidates per verification batch in the report (a budget is checked between batches)
+REPORT_BATCH = 32
 
 
-def verification_flops(borders, tokenizer, examples: list[int]) -> tuple[float, float]:
-    """``(fixed, per_candidate)`` FLOPs of verification: each template's few-shot prefix through the
-    blocks once (2 per weight of the blocks' matrices per token), and per candidate each template's
-    query tokens through the blocks plus one pass over the head (2·V·d)."""
-    from vocablens.models.flops import head_flops
-    from vocablens.undertrained.verify import TEMPLATES, template_ids
-
-    weights = sum(p.numel() for blk in borders.blocks for p in blk.parameters() if p.dim() >= 2)
-    fixed = per = 0.0
-    for tpl in TEMPLATES:
-        prefix, query = template_ids(tokenizer, tpl, examples)
-        fixed += 2.0 * weights * len(prefix)
-        per += 2.0 * weights * len(query) + head_flops(borders.vocab_size, borders.d_model)
-    return fixed, per
-
-
-def section_candidates(budget_s: float, spent_s: float, per_candidate_flops: float, flops_per_s: float) -> int:
-    """Candidates the section verifies: what ``budget_s - spent_s`` seconds pay for at ``flops_per_s``,
-    clamped to [:data:`MIN_CANDIDATES`, :data:`MAX_CANDIDATES`]."""
-    fit = int(max(budget_s - spent_s, 0.0) * flops_per_s / max(per_candidate_flops, 1.0))
-    return max(MIN_CANDIDATES, min(MAX_CANDIDATES, fit))
-
-
-def run_section(ctx, plan, run, flops_per_s: float = 2.0e10) -> None:
-    """The report's runner (``ctx``, :class:`~vocablens.report.runner.SectionPlan`, ``SectionRun``): sets
-    ``run.result`` to an :class:`~vocablens.undertrained.analysis.UndertrainedResult`, and
-    ``run.cut_short`` when fewer than the paper's lowest 2% were verified. ``flops_per_s``: the
-    report's assumed throughput (FLOP/s), which sizes the number of candidates verified."""
-    ASSUMED_FLOPS_PER_S = flops_per_s
+def run_section(ctx, plan, run) -> None:
+    """The report's runner (``ctx``, :class:`~vocablens.report.plan.SectionPlan`, ``SectionRun``): sets
+    ``run.result`` to an :class:`~vocablens.undertrained.analysis.UndertrainedResult` whose candidates
+    are those verified within ``plan.budget_s`` seconds (counted from the section's start), and
+    ``run.cut_short`` when that is fewer than the paper's lowest 2%."""
     from vocablens.undertrained.analysis import DEFAULT_FRACTION, testable, undertrained
     from vocablens.undertrained.verify import pick_examples
 
@@ -54,24 +32,24 @@ def run_section(ctx, plan, run, flops_per_s: float = 2.0e10) -> None:
     paper = int(res.candidates.numel())
     ok = testable(res.classes)
     pool = ok.nonzero().flatten()
-    order = pool[res.indicators.values[pool].argsort(stable=True)]
-    examples = pick_examples(tok, order.flip(0), ok)
-    fixed, per = verification_flops(borders, tok, examples) if examples else (0.0, 1.0)
-    spent = time.perf_counter() - t0 + fixed / ASSUMED_FLOPS_PER_S
-    n = min(section_candidates(plan.budget_s, spent, per, ASSUMED_FLOPS_PER_S), paper)
+    # a vocabulary too small for few-shot examples is reported unverified (the command says the same)
+    examples = pick_examples(tok, pool[res.indicators.values[pool].argsort(stable=True)].flip(0), ok)
     report = ctx.get("progress")
 
     def progress(stage, done, total):
         if report is not None:
-            report(f"{plan.title}: {stage} {done:,}/{total:,}")
+            report(f"{plan.title}: {stage} {done:,}/{total:,}", fraction=done / total if total else None)
 
-    run.result = undertrained(borders, tok, candidates=n, verify=bool(examples), progress=progress, reuse=res)
+    left = max(plan.budget_s - (time.perf_counter() - t0), 0.0)
+    run.result = undertrained(borders, tok, candidates=paper, verify=bool(examples), batch_size=REPORT_BATCH,
+                              progress=progress, reuse=res, time_budget_s=left)
     run.extra["paper_candidates"] = paper
     run.extra["fraction"] = DEFAULT_FRACTION
+    n = int(run.result.candidates.numel())
     if n < paper:
         run.cut_short = (f"verified the lowest {n:,} of the paper's {paper:,} candidates (the lowest "
                          f"{DEFAULT_FRACTION:.0%} of the indicator) within its {plan.budget_s:.0f} s; run "
                          f"`{plan.command} -n {paper}` to verify them all")
 
 
-__all__ = ["MIN_CANDIDATES", "MAX_CANDIDATES", "verification_flops", "section_candidates", "run_section"]
+__all__ = ["REPORT_BATCH", "run_section"]

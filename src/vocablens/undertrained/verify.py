@@ -113,7 +113,8 @@ def _decoder_and_kw(borders):
 
 @torch.no_grad()
 def verify_tokens(borders, tokenizer, ids, *, examples: list[int], batch_size: int = 64,
-                  progress: Callable[[int, int], None] | None = None) -> Verification:
+                  progress: Callable[[int, int], None] | None = None, time_budget_s: float | None = None,
+                  clock: Callable[[], float] = time.perf_counter) -> Verification:
     """The highest probability the model gives each token of ``ids`` when asked to repeat it.
 
     Args:
@@ -122,14 +123,20 @@ def verify_tokens(borders, tokenizer, ids, *, examples: list[int], batch_size: i
         ids: int64 [n] or a list: the candidate token ids.
         examples: token ids shown as the few-shot examples (:func:`pick_examples`).
         batch_size: candidates per forward (the prefix's KV cache is repeated that many times).
-        progress: called ``(done, total)`` after each batch (total = n · templates).
+        progress: called ``(done, total)`` once the prefixes are read (done = 0) and after each
+            template of each batch (total = n · templates).
+        time_budget_s: wall seconds (None: no limit). Candidates are taken a batch at a time, all
+            templates for each batch, so a budget that runs out leaves the first ``k`` candidates
+            verified completely and the rest not at all: the result then holds those ``k`` (its
+            ``ids`` are ``ids[:k]``). The first batch always runs; the clock is read before each other.
+        clock: seconds, monotonic (tests pass a fake one).
 
     Returns:
         :class:`Verification`. Cost per candidate and template: the query's few tokens through the
         blocks plus one pass over the head (2·V·d FLOPs).
 
     Raises:
-        BadInput: an id outside the vocabulary, batch_size < 1, no examples.
+        BadInput: an id outside the vocabulary, batch_size < 1, no examples, a negative budget.
     """
     from vocablens.generate.loop import new_cache
     from vocablens.ops import token_logprobs
@@ -142,22 +149,31 @@ def verify_tokens(borders, tokenizer, ids, *, examples: list[int], batch_size: i
         raise BadInput(f"batch_size must be an int >= 1; got {batch_size!r}")
     if not examples:
         raise BadInput("verification needs at least one example token for its few-shot prompts")
+    if time_budget_s is not None and (isinstance(time_budget_s, bool) or not time_budget_s >= 0):
+        raise BadInput(f"time_budget_s must be None or a number of seconds >= 0; got {time_budget_s!r}")
     U = borders.unembedding
     dec, kw = _decoder_and_kw(borders)
     dev = borders.device
     n, T = int(cand.numel()), len(TEMPLATES)
     probs = torch.zeros(n, T, dtype=torch.float32)
     t0 = time.perf_counter()
-    done = 0
-    for t, tpl in enumerate(TEMPLATES):
+    start = clock()
+    prefixes = []                       # each template's few-shot prefix, read once: (KV cache, query, slots)
+    for tpl in TEMPLATES:
         prefix, query = template_ids(tokenizer, tpl, examples)
         cache = new_cache(borders.model)
         dec(input_ids=torch.tensor([prefix], device=dev), **{kw: cache}, use_cache=True)
         q = torch.tensor(query, dtype=torch.int64)
-        slots = q == SLOT
-        for a in range(0, n, batch_size):
-            c = cand[a:a + batch_size]
-            B = int(c.numel())
+        prefixes.append((cache, q, q == SLOT))
+    done = verified = 0
+    if progress is not None:
+        progress(0, n * T)
+    for a in range(0, n, batch_size):
+        if a and time_budget_s is not None and clock() - start >= time_budget_s:
+            break
+        c = cand[a:a + batch_size]
+        B = int(c.numel())
+        for t, (cache, q, slots) in enumerate(prefixes):
             x = q.repeat(B, 1)
             x[:, slots] = c[:, None]
             batch_cache = copy.deepcopy(cache)
@@ -170,9 +186,11 @@ def verify_tokens(borders, tokenizer, ids, *, examples: list[int], batch_size: i
             done += B
             if progress is not None:
                 progress(done, n * T)
-    return Verification(ids=cand, max_prob=probs.amax(1) if T else torch.zeros(n), per_template=probs,
-                        templates=tuple(x[0] for x in TEMPLATES), examples=tuple(int(e) for e in examples),
-                        seconds=time.perf_counter() - t0)
+        verified = a + B
+    probs = probs[:verified]
+    return Verification(ids=cand[:verified], max_prob=probs.amax(1) if T else torch.zeros(verified),
+                        per_template=probs, templates=tuple(x[0] for x in TEMPLATES),
+                        examples=tuple(int(e) for e in examples), seconds=time.perf_counter() - t0)
 
 
 __all__ = ["THRESHOLD", "TEMPLATES", "Verification", "verify_tokens", "pick_examples", "template_ids"]
