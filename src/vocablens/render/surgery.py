@@ -67,9 +67,9 @@ def print_expand(res: ExpandResult, v: ExpandVerification, out_path, console, pr
     if provenance is not None:
         out.print(f"model: {provenance.describe()}", style="dim")
     out.print(new_tokens_table(res))
-    grew = (f"grew {res.rows_before} -> {plural(res.rows_after, 'row')}" if res.rows_after > res.rows_before
+    grew = (f"grew {res.rows_before:,} -> {plural(res.rows_after, 'row')}" if res.rows_after > res.rows_before
             else f"{plural(res.rows_after, 'row')} (new ids in existing padding rows)")
-    out.print(f"{grew}; tokenizer {res.tokenizer_size_before} -> {res.tokenizer_size_after}; "
+    out.print(f"{grew}; tokenizer {res.tokenizer_size_before:,} -> {res.tokenizer_size_after:,}; "
               f"{'tied (one matrix, still shared)' if res.tied else 'untied (embedding and head both set)'}"
               f"{'; head bias extended' if res.has_bias else ''}")
     for n in res.notes:
