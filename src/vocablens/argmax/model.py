@@ -85,6 +85,10 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
             ``tokenizer`` (a caller can then free the tokenizer before the scan).
         stored: ``"off"``, ``"read"`` (reuse a stored scan of the same head and settings,
             :mod:`~vocablens.argmax.stored`) or ``"readwrite"`` (also store a completed scan).
+        progress: ``(stage, done, total)``: the scan's stages (``find_unargmaxable``); with
+            ``stored``, ``stored verdicts`` (0 then V rows around hashing the head and reading the
+            store) and ``reusing the stored verdicts`` when one matched; with ``norm``,
+            ``final-norm reach`` (gradient iterations).
         kwargs: passed to ``find_unargmaxable`` (``reflect_iters``, ``tol``, ``verify`` ...).
 
     Raises:
@@ -118,8 +122,13 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
         # proofs; a stored scan is complete): the exact head, bias, norm, masks and these settings
         settings = {"tol": kwargs.get("tol", 1e-9), "verify": kwargs.get("verify", "borderline"),
                     "include_padding": include_padding, "include_untrained": include_untrained}
+        say = progress or (lambda *_: None)
+        say("stored verdicts", 0, V)           # hashing the head: about a second per 100 MB
         key = verdict_key(W, use_b, normp, {"padding": padding, "untrained": untrained}, settings)
         res = load_verdicts(key)
+        say("stored verdicts", V, V)
+        if res is not None:
+            say("reusing the stored verdicts", V, V)
     elif stored != "off":
         raise BadInput(f"stored must be off, read or readwrite; got {stored!r}")
     if res is None:
@@ -136,14 +145,14 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
         if time_budget_s is not None and time.perf_counter() - t0 >= time_budget_s:
             note = "skipped: the time budget ran out"
         else:
-            reach, note = _reach(U, W, use_b, res, norm_tokens)
+            reach, note = _reach(U, W, use_b, res, norm_tokens, progress)
     return ModelArgmax(result=res, reach=reach, norm_note=note,
                        bias_mode="on" if use_b is not None else "off", vocab_size=V,
                        padding_rows=int(padding.sum()), untrained_rows=int(untrained.sum()),
                        reserved=reserved.nonzero().flatten())
 
 
-def _reach(U, W, bias, res: ArgmaxResult, n_tokens: int):
+def _reach(U, W, bias, res: ArgmaxResult, n_tokens: int, progress=None):
     if U.final_norm is None:
         return None, "the model has no final norm: the hidden vector is not bounded"
     if U.project_out is not None:
@@ -162,8 +171,9 @@ def _reach(U, W, bias, res: ArgmaxResult, n_tokens: int):
         return None, "no tokens selected"
     homog = {int(t): int(res.verdict[t]) == ARGMAXABLE for t in chosen
              if int(res.verdict[t]) in (ARGMAXABLE, UNARGMAXABLE)}
+    tell = None if progress is None else (lambda a, b: progress("final-norm reach", a, b))
     reach = norm_reachability(W, chosen, model, bias=bias, competitors=res.in_play,
-                              logit_scale=float(U.logit_scale), homogeneous_verdicts=homog)
+                              logit_scale=float(U.logit_scale), homogeneous_verdicts=homog, progress=tell)
     for q, t in enumerate(chosen):
         if int(res.verdict[t]) in (DUPLICATE, UNARGMAXABLE):
             reach.argmaxable[q] = 0          # a tie or a dominated row never wins strictly

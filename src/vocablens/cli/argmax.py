@@ -74,7 +74,8 @@ def argmax_cmd(
     blocks_back_to_the_os()         # freed blocks leave the resident set (peak: live data + a block)
     rank = _rank()                  # torchrun: the rows are split across ranks, rank 0 prints
     quiet = json_ or rank != 0
-    lm = load_model(model, mode="head", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
+    # the load speaks also with --json, as the scan's progress does (stderr only: stdout stays JSON)
+    lm = load_model(model, mode="head", trust_remote_code=trust_remote_code, device=device, quiet=rank != 0)
     borders, provenance = lm.borders, lm.provenance
     reserved = reserved_tokens(lm.tokenizer, borders.vocab_size)
     tokenizer, reload = _set_aside(lm.tokenizer, trust_remote_code)

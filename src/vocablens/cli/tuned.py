@@ -282,7 +282,7 @@ def lens_eval(
                   f"both lenses", style="dim", soft_wrap=True)
     start, stop = share(int(rows.shape[0]))
     T = int(rows.shape[1])
-    with count_bar(quiet, (stop - start) * T, "lens eval", "tokens") as tick:
+    with count_bar(quiet, (stop - start) * T, "lens eval", "tokens", stage="scoring both lenses") as tick:
         res = evaluate(lm.borders, lens, rows, n_bytes=text_bytes(lm.tokenizer, rows),
                        on_row=lambda done, total: tick(done * T))
     if rank != 0:

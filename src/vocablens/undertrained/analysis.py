@@ -23,7 +23,7 @@ from vocablens.undertrained.classes import CLASSES, NORMAL, SINGLE_BYTE, TokenCl
 from vocablens.undertrained.indicators import (
     Indicators, choose_indicator, cosine_to_reference, embedding_norm, fallback_reference, first_principal_component,
 )
-from vocablens.undertrained.verify import THRESHOLD, Verification, pick_examples, verify_tokens
+from vocablens.undertrained.verify import TEMPLATES, THRESHOLD, Verification, pick_examples, verify_tokens
 
 #: the paper's default share of candidate tokens verified: the lowest 2% of the indicator
 DEFAULT_FRACTION = 0.02
@@ -185,7 +185,9 @@ def undertrained(borders, tokenizer, *, candidates: int | None = None, fraction:
             tokenizer analysis.
         verify: prompt the model (False: candidates and indicators only).
         batch_size: candidates per forward in verification.
-        progress: ``(stage, done, total)`` with stage ``verification``.
+        progress: ``(stage, done, total)``: stages ``tokenizer classes`` and ``indicators`` (0 of V
+            tokens when each starts, V when it ends; skipped with ``reuse``), then ``verification``
+            (prompts: candidates x templates, 0 when it starts, then after each batch).
         reuse: an earlier result of the same model (e.g. ``verify=False``): its classes and
             indicators are taken as they are (``indicator`` and ``known_unused`` are then ignored).
 
@@ -205,10 +207,16 @@ def undertrained(borders, tokenizer, *, candidates: int | None = None, fraction:
         classes, ind = reuse.classes, reuse.indicators
         seconds.update({k: reuse.seconds[k] for k in ("classes", "indicators")})
     else:
+        V = int(borders.vocab_size)
+        say = (lambda *_: None) if progress is None else progress
+        say("tokenizer classes", 0, V)
         classes = classify_tokens(tokenizer, borders.vocab_size)
         seconds["classes"] = time.perf_counter() - t0
+        say("tokenizer classes", V, V)
+        say("indicators", 0, V)
         ind = compute_indicators(borders, classes, tokenizer, indicator=indicator, known_unused=known_unused)
         seconds["indicators"] = ind.seconds
+        say("indicators", V, V)
     ok = testable(classes)
     pool = ok.nonzero().flatten()
     n = int(round(fraction * pool.numel())) if candidates is None else candidates
@@ -220,6 +228,8 @@ def undertrained(borders, tokenizer, *, candidates: int | None = None, fraction:
     if verify and n:
         examples = pick_examples(tokenizer, order.flip(0), ok)
         cb = None if progress is None else (lambda d, t: progress("verification", d, t))
+        if cb is not None:
+            cb(0, n * len(TEMPLATES))  # the stage starts before the first batch (the prefixes' forwards)
         ver = verify_tokens(borders, tokenizer, cand, examples=examples, batch_size=batch_size, progress=cb)
         seconds["verification"] = ver.seconds
     return UndertrainedResult(classes=classes, indicators=ind, candidates=cand, indicator_threshold=thr,
