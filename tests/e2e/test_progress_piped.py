@@ -47,14 +47,14 @@ def test_undertrained_piped_names_each_stage_before_its_work(tiny):
 
 
 def test_argmax_json_piped_shows_the_load_and_the_preparation(tiny, tmp_path):
-    p = _run("argmax", "-m", tiny, "--json", env_extra={"VOCABLENS_CACHE": str(tmp_path)})
+    p = _run("argmax", "-m", tiny, "--json", env_extra={"VOCABLENS_ARGMAX_CACHE": str(tmp_path)})
     assert p.returncode == 0, p.stderr[-2000:]
     json.loads(p.stdout)                              # stdout: the JSON alone
     e = p.stderr
     at = _order(e, "loading ", "argmax: stage stored verdicts started", "argmax: stage prepare: duplicates started",
                 "argmax: stage prepare: whitening started", "argmax: stage gemm started")
     assert at == sorted(at), e
-    again = _run("argmax", "-m", tiny, "--json", env_extra={"VOCABLENS_CACHE": str(tmp_path)})
+    again = _run("argmax", "-m", tiny, "--json", env_extra={"VOCABLENS_ARGMAX_CACHE": str(tmp_path)})
     assert again.returncode == 0 and json.loads(again.stdout)["counts"] == json.loads(p.stdout)["counts"]
     assert "argmax: stage reusing the stored verdicts" in again.stderr and "stage gemm" not in again.stderr
 
@@ -64,3 +64,25 @@ def test_align_piped_names_its_grams_and_blocks(tiny):
     assert p.returncode == 0, p.stderr[-2000:]
     at = _order(p.stderr, "loaded ", "align: stage readout Grams started", "align: stage blocks started (")
     assert at == sorted(at), p.stderr
+
+
+def test_serve_piped_shows_its_background_scan_and_its_end(tiny, tmp_path, monkeypatch):
+    """`vocablens serve 2>log`: the background argmax scan's stages on stderr, then one line when it ends."""
+    import signal
+    import time
+
+    from test_serve import get, start_server
+
+    monkeypatch.setenv("VOCABLENS_ARGMAX_CACHE", str(tmp_path))   # a fresh store: the scan runs
+    proc, url = start_server("-m", str(tiny))
+    try:
+        t0 = time.time()
+        while get(url, "/api/health")["argmax"] not in ("done", "failed") and time.time() - t0 < 300:
+            time.sleep(0.5)
+    finally:                                              # the server joins the scan's thread as it stops
+
+        proc.send_signal(signal.SIGINT)
+        _, e = proc.communicate(timeout=120)
+    at = _order(e, "loaded ", "argmax scan (background): stage stored verdicts started",
+                "argmax scan (background): stage gemm started", "argmax scan done in ")
+    assert at == sorted(at), e
