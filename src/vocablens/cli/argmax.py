@@ -20,7 +20,7 @@ from vocablens.units import noun, plural
 def _progress_bar(quiet: bool):
     """The scan's (callback, close) pair (:func:`vocablens.cli.progress.stage_progress`): also with
     ``--json``, on stderr."""
-    return stage_progress("argmax", "rows")
+    return stage_progress("argmax", "rows", units={"final-norm reach": "iterations"})
 
 
 def _set_aside(tokenizer, trust_remote_code: bool):
@@ -141,7 +141,9 @@ def bottleneck_cmd(
     ids = pack_tokens(docs, lm.tokenizer, seq_len, max_tokens=rows * seq_len)
     if ids.numel() < n:
         raise BadInput(f"corpus {corpus!r} gives {plural(ids.numel(), 'token')}, fewer than --contexts {n}")
-    cb, close = stage_progress("bottleneck", "rows", quiet=json_)
+    cb, close = stage_progress("bottleneck", "rows", quiet=json_,
+                               units={"spectrum of W": "singular values", "spectrum of the log-probabilities":
+                                      "singular values"})
     try:
         H = context_hidden(b, ids, progress=cb)[:n]
         U = b.unembedding
