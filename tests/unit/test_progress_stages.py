@@ -229,3 +229,24 @@ def test_the_loading_line_names_the_gguf_and_its_cache(tmp_path, monkeypatch, ca
     (hf / "config.json").write_text('{"model_type": "llama"}')
     assert _load_source(str(hf)) == ""                 # a model directory: its name says it
     assert _load_source(str(tmp_path / "missing")) == ""   # the load itself says what is wrong
+
+
+def test_lens_train_lines_on_a_non_terminal_stderr(capsys):
+    """Step 1, every 10th, the last, and any step after 10 s without a line; the heartbeat names the step."""
+    from vocablens.cli.tuned import _progress
+
+    def info(step):
+        return SimpleNamespace(step=step, steps=25, loss=1.0, layer_loss=[2.0, 0.5], lr=0.1, grad_norm=0.3,
+                               tokens_per_s=100.0)
+
+    p = _progress(False, 25)
+    with p as on_step:
+        for s in range(1, 26):
+            if s == 13:
+                p.beat.last -= 60                      # as if a minute had passed since the last line
+            on_step(info(s))
+        assert p._beat_line().startswith("training: step 25/25 done, ") and "ETA 0 s" in p._beat_line()
+    err = capsys.readouterr().err
+    steps = [int(line.split()[1].split("/")[0]) for line in err.splitlines() if line.startswith("step ")]
+    assert err.splitlines()[0] == "training: 25 steps ..."
+    assert steps == [1, 10, 13, 20, 25], err
