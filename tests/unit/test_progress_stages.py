@@ -245,7 +245,9 @@ def test_lens_train_lines_on_a_non_terminal_stderr(capsys):
             if s == 13:
                 p.beat.last -= 60                      # as if a minute had passed since the last line
             on_step(info(s))
-        assert p._beat_line().startswith("training: step 25/25 done, ") and "ETA 0 s" in p._beat_line()
+        assert p._beat_line().startswith("training: 25 steps done, ")
+        p.step = 12
+        assert p._beat_line().startswith("training: step 13/25 running, ") and "ETA" in p._beat_line()
     err = capsys.readouterr().err
     steps = [int(line.split()[1].split("/")[0]) for line in err.splitlines() if line.startswith("step ")]
     assert err.splitlines()[0] == "training: 25 steps ..."

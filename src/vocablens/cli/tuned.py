@@ -187,7 +187,9 @@ class _progress:
     def _beat_line(self) -> str:
         el = time.perf_counter() - self.t0
         eta = f"{el / self.step * (self.steps - self.step):.0f} s" if self.step else "unknown"
-        return f"training: step {self.step}/{self.steps} done, {el:.0f} s, ETA {eta}"
+        if self.step >= self.steps:
+            return f"training: {self.steps} steps done, {el:.0f} s; finishing"
+        return f"training: step {self.step + 1}/{self.steps} running, {el:.0f} s, ETA {eta}"
 
     def __enter__(self):
         if self.quiet:
