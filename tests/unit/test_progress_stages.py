@@ -252,3 +252,28 @@ def test_lens_train_lines_on_a_non_terminal_stderr(capsys):
     steps = [int(line.split()[1].split("/")[0]) for line in err.splitlines() if line.startswith("step ")]
     assert err.splitlines()[0] == "training: 25 steps ..."
     assert steps == [1, 10, 13, 20, 25], err
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from tiny_dirs import save_tiny, tiny_tokenizer
+
+    return save_tiny(tmp_path_factory.mktemp("stages") / "tiny", tiny_tokenizer())
+
+
+def test_lens_anomaly_and_lens_file_count_their_inputs(tiny_dir, tmp_path, capsys):
+    """Their rich bars drew nothing on a non-terminal stderr: now stage lines."""
+    from tiny_dirs import run_cli
+
+    normal = tmp_path / "normal.txt"
+    normal.write_text("\n".join(f"The class statement number {i}" for i in range(6)))
+    test = tmp_path / "test.txt"
+    test.write_text("An odd input\nThe class statement")
+    code, out, err = run_cli(capsys, "lens", "anomaly", "-m", tiny_dir, "--kind", "logit", "--normal", normal,
+                             "--test", test)
+    assert code == 0, err
+    assert "lens anomaly: stage trajectories of normal inputs started (6 inputs)" in err
+    assert "lens anomaly: stage trajectories of test inputs done (2 inputs in" in err
+    code, out, err = run_cli(capsys, "lens", "--file", test, "-m", tiny_dir, "--kind", "logit")
+    assert code == 0, err
+    assert "lens: stage forward passes started (2 prompts)" in err and "lens: stage forward passes done (2 prompts" in err
