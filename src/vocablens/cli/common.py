@@ -153,15 +153,12 @@ def status(msg: str, quiet: bool = False):
 class count_bar:
     """Progress over ``total`` units of one stage (nothing when quiet): a rich bar with ETA on a
     terminal, plain lines with a heartbeat elsewhere (:func:`~vocablens.cli.progress.stage_progress`,
-    name ``label``). Entering gives ``tick(done)``, which sets how many units are done;
-    ``set_total(total)`` changes the total."""
+    name ``label``; ``stage``: the stage's name, default ``label``). Entering gives ``tick(done)``,
+    which sets how many units are done."""
 
     def __init__(self, quiet: bool, total: int, label: str, unit: str = "rows", stage: str = "") -> None:
         self.quiet, self.total, self.label, self.unit, self.stage = quiet, total, label, unit, stage or label
         self.cb, self.close = (lambda *_: None), (lambda: None)
-
-    def set_total(self, total: int) -> None:
-        self.total = total
 
     def __enter__(self):
         if self.quiet:

@@ -68,9 +68,19 @@ def serve_cmd(
     verified = _read_json(undertrained, "--undertrained", "vocablens undertrained --json") if undertrained else None
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device)
     # the background argmax scan speaks on stderr: its stages (stored verdicts reused, or the scan's
-    # own) as lines or bars, and one line when it ends
-    report, close = stage_progress("argmax scan (background)", "rows", quiet=no_argmax,
-                                   units={"final-norm reach": "iterations"})
+    # own) as lines or bars, and one line when it ends; the bar starts with the scan's first report
+    # (a terminal has one live display at a time: not while the tuned lens loads under its spinner)
+    sink: dict = {}
+
+    def report(stage: str, done: int, total: int) -> None:
+        if not sink:
+            sink["cb"], sink["close"] = stage_progress("argmax scan (background)", "rows",
+                                                       units={"final-norm reach": "iterations"})
+        sink["cb"](stage, done, total)
+
+    def close() -> None:
+        if sink:
+            sink["close"]()
 
     def ended(message: str) -> None:
         close()
