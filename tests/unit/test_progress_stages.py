@@ -277,3 +277,18 @@ def test_lens_anomaly_and_lens_file_count_their_inputs(tiny_dir, tmp_path, capsy
     code, out, err = run_cli(capsys, "lens", "--file", test, "-m", tiny_dir, "--kind", "logit")
     assert code == 0, err
     assert "lens: stage forward passes started (2 prompts)" in err and "lens: stage forward passes done (2 prompts" in err
+
+
+def test_trim_drop_undertrained_shows_the_verification_stages(tiny_dir, tmp_path, capsys):
+    from tiny_dirs import _corpus, run_cli
+
+    corpus = tmp_path / "docs"
+    corpus.mkdir()
+    for i, t in enumerate(_corpus()[:8]):
+        (corpus / f"{i}.txt").write_text(t[:300])
+    code, out, err = run_cli(capsys, "trim", "-m", tiny_dir, "--corpus", corpus, "--out", tmp_path / "t",
+                             "--drop-undertrained", "--undertrained-candidates", "4")
+    assert code == 0, err
+    for stage in ("tokenizer classes", "indicators", "verification"):
+        assert f"trim: under-trained tokens: stage {stage} started" in err, err
+    assert "trim: under-trained tokens: stage verification done (" in err
