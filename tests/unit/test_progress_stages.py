@@ -67,10 +67,10 @@ def test_plain_status_says_what_it_does_then_beats_then_ends():
     assert len(lines) == 1
     clock.t += 3
     st.tick()
-    assert lines[-1] == "loading m (m.gguf, from its float32 cache): 12 s so far"
+    assert lines[-1] == "loading m: 12 s so far"
     clock.t += 1
     st.close()
-    assert lines[-1] == "loading m (m.gguf, from its float32 cache): done in 13.0 s"
+    assert lines[-1] == "loading m: done in 13.0 s"
 
 
 def test_a_short_status_prints_its_message_only():

@@ -113,13 +113,13 @@ class PlainProgress(_Heartbeat):
 
 class PlainStatus(_Heartbeat):
     """A step with no count on a stderr that is not a terminal: ``message`` when it starts, then
-    ``MESSAGE: N s so far`` whenever ``every`` seconds passed without a line, and, when it took that
-    long, ``MESSAGE: done in N s`` at :meth:`close`. ``beat``: a function giving the heartbeat line
+    ``HEAD: N s so far`` whenever ``every`` seconds passed without a line, and, when it took that
+    long, ``HEAD: done in N s`` at :meth:`close` (HEAD: the message before any parenthesis). ``beat``: a function giving the heartbeat line
     instead (e.g. the step it is in and an ETA). Other arguments as :class:`PlainProgress`."""
 
     def __init__(self, message: str, write, every: float = EVERY, clock=None, thread: bool = True, beat=None):
         self.message = message
-        self.head = message.rstrip(" .…")
+        self.head = message.split(" (")[0].rstrip(" .…")   # "loading m (a long note) ..." -> "loading m"
         self.beats = 0
         self.beat = beat
         super().__init__(write, every, clock, thread)
