@@ -15,9 +15,10 @@ import sys
 
 from vocablens.cli.console import err
 
-#: seconds without a line after which a heartbeat line is written (issues 25-27: "at least every 10 s";
-#: the thread wakes every half second, so a line follows the last within EVERY + 0.5 s)
-EVERY = 9.0
+#: seconds without a line after which a heartbeat line is written (issues 25-27: "at least every 10 s").
+#: The thread wakes every half second, so a line follows the last within EVERY + 0.5 s, unless the main
+#: thread holds the GIL in one long C call (measured: up to ~3 s while a model loads on a busy machine)
+EVERY = 8.0
 
 
 class _Heartbeat:
