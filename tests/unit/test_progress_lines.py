@@ -31,7 +31,9 @@ def test_bottleneck_shows_its_forward_pass_and_both_grams(tiny, capsys):
     code, out, err = run_cli(capsys, "bottleneck", "-m", tiny, "--contexts", "80", "--seq-len", "16")
     assert code == 0, err
     st = stages(err, "bottleneck")
-    assert set(st) == {"forward", "Gram of W", "log-normaliser over V", "Gram of the log-probabilities"}, err
+    assert set(st) == {"forward", "Gram of W", "spectrum of W", "log-normaliser over V", "Gram of the log-probabilities",
+                       "spectrum of the log-probabilities"}, err
+    assert st["spectrum of W"][0] == 64 and st["spectrum of the log-probabilities"][0] == 80  # d, N
     assert st["forward"][0] == 5  # 80 contexts in rows of 16 tokens
     assert st["Gram of W"][0] == 300 and st["log-normaliser over V"][0] == 300  # the V rows of W
     assert all(line for _, line in st.values()), err  # every stage ends with its done line

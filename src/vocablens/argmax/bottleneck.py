@@ -86,7 +86,9 @@ def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias
         top_k: directions for the variance shares.
         block_bytes: size of one float64 block of the scan (default :data:`BLOCK_BYTES`, 8 MiB).
         progress: ``progress(stage, done, total)`` after each block (stages ``Gram of W`` over the V
-            rows, then with ``hidden`` ``log-normaliser over V`` and ``Gram of the log-probabilities``).
+            rows, then with ``hidden`` ``log-normaliser over V`` and ``Gram of the log-probabilities``),
+            and around each eigendecomposition (``spectrum of W``: d, ``spectrum of the
+            log-probabilities``: N; 0 when it starts).
 
     Returns:
         :class:`Bottleneck`. Cost: ``2 V d^2 + 4 N V d + 2 N^2 V`` float64 FLOPs (the logits are
@@ -103,7 +105,9 @@ def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias
     block_bytes = int(block_bytes or BLOCK_BYTES)
     V, d = W.shape
     G = weight_gram(W, block_bytes, progress)
+    _tell(progress, "spectrum of W", 0, d)             # threaded LAPACK: seconds on a busy machine
     ev = torch.linalg.eigvalsh(G).flip(0).clamp_min(0)
+    _tell(progress, "spectrum of W", d, d)
     sig = ev.sqrt()
     eps = torch.finfo(torch.float64).eps
     # the Gram matrix squares the spectrum: threshold on sigma from the float64 rule on G
@@ -123,7 +127,9 @@ def softmax_bottleneck(W: torch.Tensor, hidden: torch.Tensor | None = None, bias
             raise BadInput("hidden states have NaN or inf entries")
         N = H.shape[0]
         GA = logprob_gram(W, H, bias, logit_scale, softcap, block_bytes, progress)  # Gram, float64, streamed over V
+        _tell(progress, "spectrum of the log-probabilities", 0, N)
         evA = torch.linalg.eigvalsh(GA).flip(0).clamp_min(0)
+        _tell(progress, "spectrum of the log-probabilities", N, N)
         sigA = evA.sqrt()
         tolA = float(max(N, V) * eps * float(evA[0])) ** 0.5 if float(evA[0]) > 0 else 0.0
         rankA = int((sigA > tolA).sum())
@@ -162,7 +168,8 @@ def context_hidden(borders, ids: torch.Tensor, batch: int = 4, progress=None) ->
 
     The same values as ``U.normed(borders.residual_stream(ids)[0][-1])``; each batch's forward stops
     after the last block (memory: one batch's activations, not L+1 streams and [batch, T, V] logits).
-    ``progress(stage, done, total)``: after each batch (stage ``forward``, units: rows of ``ids``).
+    ``progress(stage, done, total)``: 0 before the first batch, then after each (stage ``forward``,
+    units: rows of ``ids``).
 
     Raises:
         BadInput: empty ids, or a token id outside the embedding's rows.
@@ -173,6 +180,7 @@ def context_hidden(borders, ids: torch.Tensor, batch: int = 4, progress=None) ->
         raise BadInput(f"token ids must lie in 0..{borders.W_E.shape[0] - 1}")
     out = []
     U = borders.unembedding
+    _tell(progress, "forward", 0, ids.shape[0])       # the stage starts before the first batch
     with torch.no_grad():
         for s in range(0, ids.shape[0], batch):
             x = _last_block_output(borders, ids[s:s + batch])

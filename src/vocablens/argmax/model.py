@@ -85,6 +85,10 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
             ``tokenizer`` (a caller can then free the tokenizer before the scan).
         stored: ``"off"``, ``"read"`` (reuse a stored scan of the same head and settings,
             :mod:`~vocablens.argmax.stored`) or ``"readwrite"`` (also store a completed scan).
+        progress: ``(stage, done, total)``: the scan's stages (``find_unargmaxable``); with
+            ``stored``, ``stored verdicts`` (0 then V rows around hashing the head and reading the
+            store) and ``reusing the stored verdicts`` when one matched; with ``norm``,
+            ``final-norm reach`` (gradient iterations).
         kwargs: passed to ``find_unargmaxable`` (``reflect_iters``, ``tol``, ``verify`` ...).
 
     Raises:
@@ -113,8 +117,13 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
     if stored in ("read", "readwrite"):
         from vocablens.argmax.stored import load_verdicts
 
+        say = progress or (lambda *_: None)
+        say("stored verdicts", 0, V)           # hashing the head: about a second per 100 MB
         key = _stored_key(U, W, use_b, padding, untrained, include_padding, include_untrained, kwargs)
         res = load_verdicts(key)
+        say("stored verdicts", V, V)
+        if res is not None:
+            say("reusing the stored verdicts", V, V)
     elif stored != "off":
         raise BadInput(f"stored must be off, read or readwrite; got {stored!r}")
     if res is None:
@@ -131,7 +140,7 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
         if time_budget_s is not None and time.perf_counter() - t0 >= time_budget_s:
             note = "skipped: the time budget ran out"
         else:
-            reach, note = _reach(U, W, use_b, res, norm_tokens)
+            reach, note = _reach(U, W, use_b, res, norm_tokens, progress)
     return ModelArgmax(result=res, reach=reach, norm_note=note,
                        bias_mode="on" if use_b is not None else "off", vocab_size=V,
                        padding_rows=int(padding.sum()), untrained_rows=int(untrained.sum()),
@@ -171,7 +180,7 @@ def expected_scan_seconds(borders) -> float:
     return scan_seconds(W)
 
 
-def _reach(U, W, bias, res: ArgmaxResult, n_tokens: int):
+def _reach(U, W, bias, res: ArgmaxResult, n_tokens: int, progress=None):
     if U.final_norm is None:
         return None, "the model has no final norm: the hidden vector is not bounded"
     if U.project_out is not None:
@@ -190,8 +199,9 @@ def _reach(U, W, bias, res: ArgmaxResult, n_tokens: int):
         return None, "no tokens selected"
     homog = {int(t): int(res.verdict[t]) == ARGMAXABLE for t in chosen
              if int(res.verdict[t]) in (ARGMAXABLE, UNARGMAXABLE)}
+    tell = None if progress is None else (lambda a, b: progress("final-norm reach", a, b))
     reach = norm_reachability(W, chosen, model, bias=bias, competitors=res.in_play,
-                              logit_scale=float(U.logit_scale), homogeneous_verdicts=homog)
+                              logit_scale=float(U.logit_scale), homogeneous_verdicts=homog, progress=tell)
     for q, t in enumerate(chosen):
         if int(res.verdict[t]) in (DUPLICATE, UNARGMAXABLE):
             reach.argmaxable[q] = 0          # a tie or a dominated row never wins strictly

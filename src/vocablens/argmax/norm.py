@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -220,6 +221,7 @@ def norm_reachability(
     logit_scale: float = 1.0,
     iters: int = 200,
     homogeneous_verdicts: dict[int, bool] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> NormReach:
     """Highest reachable probability and argmaxability of ``tokens`` under a final norm.
 
@@ -231,6 +233,8 @@ def norm_reachability(
         logit_scale: factor on the logits (probabilities change with it, the argmax does not).
         homogeneous_verdicts: token -> unconstrained verdict, used when the problem is homogeneous
             (no bias, no shift, no centring), where it is exact.
+        progress: ``progress(done, iters)`` after each round of ``refresh`` gradient steps (and
+            ``(0, iters)`` before the first).
 
     Returns:
         :class:`NormReach`.
@@ -274,7 +278,11 @@ def norm_reachability(
     Wt = Wown.float()                                              # [k, d] own rows
     cf = c.float()
     Ws = cs = None
+    if progress is not None:
+        progress(0, iters)
     for it0 in range(0, iters, refresh):
+        if progress is not None and it0:
+            progress(it0, iters)
         Ws = cs = None                          # the last refresh's rows [k, M, d] go before W is read whole
         Lg = rows.select_scores(U) + cf[:, None]                   # [n, k] float32
         Lg[tp, ar] = math.inf
@@ -295,6 +303,8 @@ def norm_reachability(
             Uf, tk = Un, tn
         U, Yv = Uf.T.double(), Yf.T.double()
     best_U = U
+    if progress is not None:
+        progress(iters, iters)
     # exact float64 evaluation at the final vectors
     LgE = torch.cat([Wb @ best_U for _, Wb in rows.blocks()]) + c[:, None]    # [n, k]
     lpE = row_logprobs(LgE, 0)                                 # [n, k] float64 log-probs over the vocabulary

@@ -74,9 +74,9 @@ def check_input(W, bias, masks: dict):
     return W, bias
 
 
-def group_identical(Wn: np.ndarray, ids: np.ndarray, tick=None):
+def group_identical(Wn: np.ndarray, ids: np.ndarray, tick=None, progress=None):
     """Groups of bit-identical rows among ``Wn[ids]``; ``tick()`` is called once per block of rows
-    (the time budget's check: it may raise).
+    (the time budget's check: it may raise), ``progress(done, m)`` after each block.
 
     Returns ``(inv, cnt, order)``: group of each row [m], group sizes [g], and the rows sorted by
     group (stable) so that group g is ``ids[order[sum(cnt[:g]):sum(cnt[:g+1])]]``.
@@ -93,6 +93,8 @@ def group_identical(Wn: np.ndarray, ids: np.ndarray, tick=None):
                 tick()
             bits = (Wn[ids[s:s + step]] + Wn.dtype.type(0)).view(itype).astype(np.int64)
             keys[s:s + step] = bits @ R          # wraps modulo 2^64: an exact function of the bits
+            if progress is not None:
+                progress(min(s + step, m), m)
     _, inv, cnt = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
     inv = inv.ravel()
     if (cnt > 1).any():
@@ -129,7 +131,10 @@ def dedupe(st: ScanState) -> None:
     """Group bit-identical rows in play; fills ``reps``, ``row_of``, ``twins``, ``group``."""
     play_ids = np.nonzero(st.in_play)[0]
     # under torch.distributed no rank may stop alone before the collectives of whiten and gemm
-    inv, cnt, order = group_identical(st.Wn, play_ids, st.check_time if world()[1] == 1 else None)
+    m = len(play_ids)
+    st.progress("prepare: duplicates", 0, m)
+    inv, cnt, order = group_identical(st.Wn, play_ids, st.check_time if world()[1] == 1 else None,
+                                      lambda a, b: st.progress("prepare: duplicates", a, b))
     bn = st.bn
     bounds = np.concatenate([[0], np.cumsum(cnt)])
     reps: list[int] = play_ids[order[bounds[:-1][cnt == 1]]].tolist()      # the unique rows
@@ -184,6 +189,7 @@ def whiten(st: ScanState) -> None:
     rank, size = world()
     tick = st.check_time if size == 1 else (lambda: None)   # ranks must reach each all_reduce together
     mine = starts[rank::size]           # under torch.distributed each rank whitens every size-th block
+    n_mine = sum(min(s + step, n) - s for s in mine)   # this rank's rows (progress counts them)
     mu_t = torch.zeros(d, dtype=torch.float64)
     for s in mine:
         tick()
@@ -191,10 +197,14 @@ def whiten(st: ScanState) -> None:
     _sum_over_ranks(mu_t, size)
     mu_t /= n
     C = torch.zeros(d, d, dtype=torch.float64)
+    done = 0
+    st.progress("prepare: covariance", 0, n_mine)
     for s in mine:
         tick()
         Xc = torch.from_numpy(Wn[reps[s:s + step]]).double().sub_(mu_t)     # a copy: in place is safe
         C += Xc.T @ Xc
+        done += len(Xc)
+        st.progress("prepare: covariance", done, n_mine)
     _sum_over_ranks(C, size)
     tick()
     with one_blas_thread():                         # threaded LAPACK: 20x slower on a shared machine
@@ -208,6 +218,8 @@ def whiten(st: ScanState) -> None:
     Z = (np.zeros if size > 1 else np.empty)((n, r), dtype=np.float32)
     wsq = torch.zeros(1, dtype=torch.float64)
     zstep = rows_per_block(max(d, r), 16)           # half blocks (Z is row by row: any size)
+    done = 0
+    st.progress("prepare: whitening", 0, n_mine)
     for s in mine:
         for s_ in range(s, min(s + step, n), zstep):
             tick()
@@ -215,6 +227,8 @@ def whiten(st: ScanState) -> None:
             wsq = torch.maximum(wsq, (Xc * Xc).sum(1).max())
             Z[s_:s_ + len(Xc)] = (Xc @ At).float().numpy()
             st.release(s_, s_ + len(Xc))            # W's pages out as Z's come in: one [n, d] matrix
+            done += len(Xc)
+            st.progress("prepare: whitening", done, n_mine)
     if size > 1:                        # every rank needs every whitened row: the others' are zeros here
         _sum_over_ranks(torch.from_numpy(Z), size)
         _sum_over_ranks(wsq, size, "max")
@@ -229,7 +243,9 @@ def whiten(st: ScanState) -> None:
     Q = np.empty((n, r), dtype=np.int8)
     enorm = np.empty(n)
     znorm = np.empty(n)
+    st.progress("prepare: int8 grid", 0, n)
     for s in range(0, n, step):
+        st.progress("prepare: int8 grid", s, n)
         tick()
         zc = Z[s:s + step].astype(np.float64)
         qc = np.divide(zc, qs)
@@ -240,6 +256,7 @@ def whiten(st: ScanState) -> None:
         np.subtract(zc, qc, out=qc)                 # z - qs q, the rounding to the grid
         enorm[s:s + step] = np.linalg.norm(qc, axis=1) + 1.01 * U32 * zn
         znorm[s:s + step] = zn
+    st.progress("prepare: int8 grid", n, n)
     st.Qt, st.qs = torch.from_numpy(Q), qs
     st.enorm, st.emax = enorm, float(enorm.max())
     st.znorm, st.zmax = znorm, float(znorm.max())

@@ -39,8 +39,7 @@ def align_cmd(
 
     Each unit is read in vocabulary space and compared by correlation; each block of A is matched
     one-to-one (Hungarian) to its most similar block of B (Dar et al. 2022, §5)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
+    from vocablens.cli.progress import stage_progress
     from vocablens.vocab_space.align import align_models, unit_top_tokens
     from vocablens.render.align import alignment_tables, alignment_to_dict, token_names, top_matches
 
@@ -53,11 +52,12 @@ def align_cmd(
                                                 quiet=json_)
     la = _blocks(blocks_a, A.borders.n_layers, "a")
     lb = _blocks(blocks_b, B.borders.n_layers, "b")
-    with Progress(TextColumn("aligning {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} blocks"),
-                  TimeRemainingColumn(), console=err, transient=True, disable=json_) as bar:
-        task = bar.add_task(what, total=len(la) if la else A.borders.n_layers)
+    cb, close = stage_progress("align", "rows", quiet=json_, units={"blocks": "blocks of A"})
+    try:
         res = align_models(A.borders, A.tokenizer, B.borders, B.tokenizer, what=what, blocks_a=la, blocks_b=lb,
-                           progress=lambda done, total: bar.update(task, completed=done, total=total))
+                           progress=cb)
+    finally:
+        close()
 
     def names(side: str, block: int, unit: int) -> list[str]:
         lm = A if side == "a" else B

@@ -30,8 +30,7 @@ def lens_anomaly(
 
     Detectors are fitted on the normal inputs' trajectories (per layer: KL to the final distribution,
     entropy, rank of the final token; logit and tuned lens)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
+    from vocablens.cli.progress import stage_progress
     from vocablens.lens.anomaly import DETECTORS, detect, read_inputs, trajectory_features
     from vocablens.render.anomaly import anomaly_to_dict, print_anomaly
 
@@ -53,13 +52,16 @@ def lens_anomaly(
         from vocablens.lens.tuned import load_for_model
 
         tl = load_for_model(lm.borders, model, lens or None)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeRemainingColumn(), console=err, transient=True, disable=json_) as bar:
+    cb, close = stage_progress("lens anomaly", "inputs", quiet=json_)
+    try:
         feats = []
         for name, texts in (("normal inputs", normal_texts), ("test inputs", test_texts)):
-            task = bar.add_task(f"trajectories of {name}", total=len(texts))
+            stage = f"trajectories of {name}"
+            cb(stage, 0, len(texts))
             feats.append(trajectory_features(lm.borders, lm.tokenizer, texts, lens=tl, kinds=kinds,
-                                             progress=lambda d, n, t=task: bar.update(t, completed=d)))
+                                             progress=lambda d, n, s=stage: cb(s, d, n)))
+    finally:
+        close()
     rep = detect(feats[0], feats[1], labels, detectors=dets, seed=seed)
     if json_:
         emit_json(anomaly_to_dict(rep, kinds, dets, test_texts, labels, lm.provenance))

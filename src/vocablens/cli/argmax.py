@@ -20,7 +20,7 @@ from vocablens.units import noun, plural
 def _progress_bar(quiet: bool):
     """The scan's (callback, close) pair (:func:`vocablens.cli.progress.stage_progress`): also with
     ``--json``, on stderr."""
-    return stage_progress("argmax", "rows")
+    return stage_progress("argmax", "rows", units={"final-norm reach": "iterations"})
 
 
 def _set_aside(tokenizer, trust_remote_code: bool):
@@ -74,7 +74,8 @@ def argmax_cmd(
     blocks_back_to_the_os()         # freed blocks leave the resident set (peak: live data + a block)
     rank = _rank()                  # torchrun: the rows are split across ranks, rank 0 prints
     quiet = json_ or rank != 0
-    lm = load_model(model, mode="head", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
+    # the load speaks also with --json, as the scan's progress does (stderr only: stdout stays JSON)
+    lm = load_model(model, mode="head", trust_remote_code=trust_remote_code, device=device, quiet=rank != 0)
     borders, provenance = lm.borders, lm.provenance
     reserved = reserved_tokens(lm.tokenizer, borders.vocab_size)
     tokenizer, reload = _set_aside(lm.tokenizer, trust_remote_code)
@@ -140,7 +141,9 @@ def bottleneck_cmd(
     ids = pack_tokens(docs, lm.tokenizer, seq_len, max_tokens=rows * seq_len)
     if ids.numel() < n:
         raise BadInput(f"corpus {corpus!r} gives {plural(ids.numel(), 'token')}, fewer than --contexts {n}")
-    cb, close = stage_progress("bottleneck", "rows", quiet=json_)
+    cb, close = stage_progress("bottleneck", "rows", quiet=json_,
+                               units={"spectrum of W": "singular values", "spectrum of the log-probabilities":
+                                      "singular values"})
     try:
         H = context_hidden(b, ids, progress=cb)[:n]
         U = b.unembedding

@@ -132,40 +132,45 @@ def emit_json(obj: Any) -> None:
 
 @contextmanager
 def status(msg: str, quiet: bool = False):
-    """A spinner on stderr while a step runs."""
-    if quiet or not err.is_terminal:
-        err.print(Text(msg, style="dim")) if not quiet else None
+    """A spinner on stderr while a step runs; on a stderr that is not a terminal, the message and then
+    a line every 10 s with the time so far (:class:`~vocablens.cli.progress.PlainStatus`)."""
+    if quiet:
         yield
+        return
+    if not err.is_terminal:
+        from vocablens.cli.progress import plain_status
+
+        beat = plain_status(msg)
+        try:
+            yield
+        finally:
+            beat.close()
         return
     with err.status(Text(msg)):
         yield
 
 
 class count_bar:
-    """A rich progress bar with ETA on stderr over ``total`` units (nothing when quiet); entering gives
-    ``tick(done)``, which sets how many units are done."""
+    """Progress over ``total`` units of one stage (nothing when quiet): a rich bar with ETA on a
+    terminal, plain lines with a heartbeat elsewhere (:func:`~vocablens.cli.progress.stage_progress`,
+    name ``label``; ``stage``: the stage's name, default ``label``). Entering gives ``tick(done)``,
+    which sets how many units are done."""
 
-    def __init__(self, quiet: bool, total: int, label: str, unit: str = "rows") -> None:
-        self.quiet, self.total, self.label, self.unit, self.bar, self.task = quiet, total, label, unit, None, None
+    def __init__(self, quiet: bool, total: int, label: str, unit: str = "rows", stage: str = "") -> None:
+        self.quiet, self.total, self.label, self.unit, self.stage = quiet, total, label, unit, stage or label
+        self.cb, self.close = (lambda *_: None), (lambda: None)
 
     def __enter__(self):
         if self.quiet:
             return lambda done: None
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+        from vocablens.cli.progress import stage_progress
 
-        def lit(s: str) -> TextColumn:  # the label is text, not a format string nor markup
-            return TextColumn(s.replace("{", "{{").replace("}", "}}"), markup=False)
-
-        self.bar = Progress(lit(self.label), BarColumn(), MofNCompleteColumn(), lit(self.unit),
-                            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err)
-        self.bar.start()
-        self.task = self.bar.add_task(self.label, total=self.total)
-        return lambda done: self.bar.update(self.task, completed=done)
+        self.cb, self.close = stage_progress(self.label, self.unit)
+        self.cb(self.stage, 0, self.total)
+        return lambda done: self.cb(self.stage, done, self.total)
 
     def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
+        self.close()
         return False
 
 
@@ -192,9 +197,7 @@ def load_model(spec: str, mode: str = "full", *, quiet: bool = False, device: st
     os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF dequantization bar; we show our own
     _quiet_libraries()
     t0 = time.perf_counter()
-    first = _first_gguf_load(spec)
-    what = (f"loading {spec} (first load of {first}: dequantizing it to a float32 cache, once; about a "
-            f"minute per 100M parameters, later loads take seconds) ..." if first else f"loading {spec} ...")
+    what = f"loading {spec}{_load_source(spec)} ..."
     with status(what, quiet=quiet):
         lm = load_mode(spec, mode, device=device, **options)
     refuse_nonfinite(lm)  # the one check every command passes through
@@ -209,8 +212,10 @@ def load_model(spec: str, mode: str = "full", *, quiet: bool = False, device: st
     return lm
 
 
-def _first_gguf_load(spec: str) -> str | None:
-    """The GGUF file's name when loading ``spec`` will dequantize it (no cache entry yet), else None."""
+def _load_source(spec: str) -> str:
+    """What loading ``spec`` reads, for the loading line: ``" (first load of F.gguf: dequantizing ...)"``
+    when a GGUF file has no cache entry yet, ``" (F.gguf, from its float32 cache)"`` when it has one,
+    else ``""`` (a model directory or a hub id: the name says it)."""
     from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
     from vocablens.models.spec import resolve_spec
 
@@ -218,8 +223,14 @@ def _first_gguf_load(spec: str) -> str | None:
         kind, path, _ = resolve_spec(spec)
         cdir = cache_dir(path) if kind == "gguf" else None
     except (VocabLensError, OSError):
-        return None  # the load itself says what is wrong
-    return path.name if cdir is not None and not (cdir / CACHE_MARK).is_file() else None
+        return ""  # the load itself says what is wrong
+    if kind != "gguf":
+        return ""
+    if cdir is not None and (cdir / CACHE_MARK).is_file():
+        return f" ({path.name}, from its float32 cache)"
+    return (f" (first load of {path.name}: dequantizing it to a float32 cache, once; about a minute per 100M "
+            "parameters, later loads take seconds)" if cdir is not None else
+            f" ({path.name}: dequantizing it to float32; the cache is off, VOCABLENS_CACHE=off)")
 
 
 def _quiet_libraries() -> None:

@@ -91,8 +91,14 @@ def lens_show(
 
         tuned = TunedLens.load(found, lm.borders)
     # one forward per batch of prompts for every kind: results[kind][prompt]
-    results = lens_batches(lm.borders, ids, [None] if kind == "logit" else [tuned] if kind == "tuned" else [None, tuned],
-                           positions=pos, k=k, layers=lay)
+    from vocablens.cli.progress import stage_progress
+
+    cb, close = stage_progress("lens", "prompts", quiet=json_ or not file)   # --file: many prompts
+    try:
+        results = lens_batches(lm.borders, ids, [None] if kind == "logit" else [tuned] if kind == "tuned" else [None, tuned],
+                               positions=pos, k=k, layers=lay, progress=lambda d, n: cb("forward passes", d, n))
+    finally:
+        close()
     per_prompt = [list(r) for r in zip(*results)]
     if json_:
         emit_json(lens_batch_json(per_prompt, lm.tokenizer, lm.provenance) if file

@@ -7,7 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TrustOpt, app, emit_json, load_model, out
+from vocablens.cli.common import (
+    JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TrustOpt, app, emit_json, load_model, out, status,
+)
 from vocablens.errors import BadInput
 
 
@@ -59,10 +61,11 @@ def score(
     # bits per byte over one span: the bytes of exactly the tokens whose log-probability is summed
     # (ids[1:]; special tokens count with their text)
     n_bytes = sum(len(token_bytes(lm.tokenizer, int(i)) or b"") for i in ids[1:])
-    if world > 1:  # each rank keeps V/world rows of the embedding and head
-        res = VocabParallelModel(lm.borders).score(ids, top_k=top_k, n_bytes=n_bytes)
-    else:
-        res = score_ids(lm.borders, ids, top_k=top_k, n_bytes=n_bytes)
+    with status(f"scoring {len(ids):,} tokens ...", quiet=json_ or rank != 0):
+        if world > 1:  # each rank keeps V/world rows of the embedding and head
+            res = VocabParallelModel(lm.borders).score(ids, top_k=top_k, n_bytes=n_bytes)
+        else:
+            res = score_ids(lm.borders, ids, top_k=top_k, n_bytes=n_bytes)
     if rank != 0:
         return
     if json_:

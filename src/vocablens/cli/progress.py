@@ -3,8 +3,10 @@
 Analyses report progress through a callback ``progress(stage, done, total)`` (they never print);
 :func:`stage_progress` turns it into one rich bar per stage on a terminal's stderr, and into plain
 lines (:class:`PlainProgress`) on a stderr that is a file, a pipe or CI's log: a line when a stage
-starts, one when it ends, and a heartbeat at least every ``every`` seconds in between, so that a long
-step never goes silent.
+starts, one when it ends, and a heartbeat whenever ``every`` seconds passed without a line (also
+between stages), so that a long step never goes silent. A step with no count (loading a model,
+reading a config) is :class:`PlainStatus` there: its message, then a line every ``every`` seconds
+with the time it has taken so far.
 """
 
 from __future__ import annotations
@@ -13,32 +15,76 @@ import sys
 
 from vocablens.cli.console import err
 
+#: seconds without a line after which a heartbeat line is written (issues 25-27: "at least every 10 s").
+#: The thread wakes every half second, so a line follows the last within EVERY + 0.5 s, unless the main
+#: thread holds the GIL in one long C call (measured: up to ~3 s while a model loads on a busy machine)
+EVERY = 8.0
 
-class PlainProgress:
-    """Progress for a stderr that is not a terminal (a log file, CI): one plain line when a stage
-    starts and when it ends, and, from a heartbeat thread, at least one line every ``every`` seconds
-    (stage, units done of the total, elapsed, ETA), so a long step never goes silent. ``close()``
-    stops it.
 
-    Args:
-        write: takes one line (no newline).
-        every: seconds between heartbeat lines.
-        clock: seconds, monotonic (tests pass a fake one).
-        name: the line's prefix (the command: ``argmax``, ``steer`` ...).
-        unit: what ``done`` and ``total`` count (``rows``, ``vectors``, ``documents`` ...).
-    """
+class _Heartbeat:
+    """A line whenever ``every`` seconds passed without one: a daemon thread calls :meth:`tick`
+    (tests with a fake clock pass ``thread=False`` and call it themselves). Subclasses say what the
+    line is (:meth:`beat_line`)."""
 
-    def __init__(self, write, every: float = 10.0, clock=None, name: str = "argmax", unit: str = "rows"):
+    def __init__(self, write, every: float, clock, thread: bool) -> None:
         import threading
         import time
 
-        self.write, self.every, self.clock = write, every, clock or time.perf_counter
-        self.name, self.unit = name, unit
-        self.stage, self.done, self.total, self.t0, self.ended = None, 0, 0, self.clock(), False
+        self._write, self.every, self.clock = write, every, clock or time.perf_counter
+        self.t0 = self.last = self.clock()
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._beat, daemon=True)
-        self._thread.start()
+        self._thread = None
+        if thread:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+
+    def write(self, line: str) -> None:
+        self.last = self.clock()
+        self._write(line)
+
+    def beat_line(self) -> str | None:  # pragma: no cover  (each subclass has its own)
+        raise NotImplementedError
+
+    def tick(self) -> None:
+        """Write the heartbeat line when ``every`` seconds passed since the last line."""
+        with self._lock:
+            if not self._stop.is_set() and self.clock() - self.last >= self.every:
+                line = self.beat_line()
+                if line:
+                    self.write(line)
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(self.every / 4, 0.5)):
+            self.tick()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+
+
+class PlainProgress(_Heartbeat):
+    """Progress for a stderr that is not a terminal (a log file, CI): one plain line when a stage
+    starts and when it ends, and, from a heartbeat thread, a line whenever ``every`` seconds passed
+    without one (stage, units done of the total, elapsed, ETA; between stages, the time since the
+    last one ended), so a long step never goes silent. ``close()`` stops it.
+
+    Args:
+        write: takes one line (no newline).
+        every: seconds without a line before a heartbeat line.
+        clock: seconds, monotonic (tests pass a fake one).
+        name: the line's prefix (the command: ``argmax``, ``steer`` ...).
+        unit: what ``done`` and ``total`` count (``rows``, ``vectors``, ``documents`` ...).
+        units: stage -> its unit, for stages that count something else than ``unit``.
+        thread: run the heartbeat thread (False: the caller calls :meth:`tick`).
+    """
+
+    def __init__(self, write, every: float = EVERY, clock=None, name: str = "argmax", unit: str = "rows",
+                 thread: bool = True, units: dict[str, str] | None = None):
+        self.name, self.unit, self.default_unit, self.units = name, unit, unit, dict(units or {})
+        self.stage, self.done, self.total, self.ended = None, 0, 0, False
+        super().__init__(write, every, clock, thread)
 
     def line(self) -> str:
         el = self.clock() - self.t0
@@ -46,48 +92,85 @@ class PlainProgress:
         eta = f"{el / frac * (1 - frac):.0f} s" if frac > 0 else "unknown"
         return f"{self.name}: {self.stage} {self.done:,}/{self.total:,} {self.unit}, {el:.0f} s, ETA {eta}"
 
+    def beat_line(self) -> str:
+        if self.stage is None:
+            return f"{self.name}: starting, {self.clock() - self.t0:.0f} s"
+        if self.ended:
+            return f"{self.name}: working after stage {self.stage}, {self.clock() - self.ended_at:.0f} s since it ended"
+        return self.line()
+
     def __call__(self, stage: str, done: int, total: int) -> None:
         with self._lock:
             if stage != self.stage:
                 self.stage, self.t0, self.ended = stage, self.clock(), False
+                self.unit = self.units.get(stage, self.default_unit)
                 self.done, self.total = done, total
                 self.write(f"{self.name}: stage {stage} started ({total:,} {self.unit})")
             self.done, self.total = done, total
             if total and done >= total and not self.ended:
-                self.ended = True
+                self.ended, self.ended_at = True, self.clock()
                 self.write(f"{self.name}: stage {stage} done ({total:,} {self.unit} in {self.clock() - self.t0:.1f} s)")
 
-    def _beat(self) -> None:
-        while not self._stop.wait(self.every):
-            with self._lock:
-                if self.stage is not None and not self.ended:
-                    self.write(self.line())
+
+class PlainStatus(_Heartbeat):
+    """A step with no count on a stderr that is not a terminal: ``message`` when it starts, then
+    ``HEAD: N s so far`` whenever ``every`` seconds passed without a line, and, when it took that
+    long, ``HEAD: done in N s`` at :meth:`close` (HEAD: the message before any parenthesis). ``beat``: a function giving the heartbeat line
+    instead (e.g. the step it is in and an ETA). Other arguments as :class:`PlainProgress`."""
+
+    def __init__(self, message: str, write, every: float = EVERY, clock=None, thread: bool = True, beat=None):
+        self.message = message
+        self.head = message.split(" (")[0].rstrip(" .…")   # "loading m (a long note) ..." -> "loading m"
+        self.beats = 0
+        self.beat = beat
+        super().__init__(write, every, clock, thread)
+        if message:
+            self.write(message)
+
+    def beat_line(self) -> str:
+        self.beats += 1
+        if self.beat is not None:
+            return self.beat()
+        return f"{self.head}: {self.clock() - self.t0:.0f} s so far"
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=1.0)
+        super().close()
+        if self.beats and self.head:
+            self.write(f"{self.head}: done in {self.clock() - self.t0:.1f} s")
 
 
-def stage_progress(name: str, unit: str = "rows", quiet: bool = False):
+def _write_line(line: str) -> None:
+    """One plain line on stderr (nothing under torchrun's quiet ranks: ``err.quiet``)."""
+    if not err.quiet:
+        print(line, file=sys.stderr, flush=True)
+
+
+def plain_status(message: str, beat=None):
+    """A :class:`PlainStatus` writing to stderr (see :func:`vocablens.cli.common.status`)."""
+    return PlainStatus(message, _write_line, beat=beat)
+
+
+def stage_progress(name: str, unit: str = "rows", quiet: bool = False, units: dict[str, str] | None = None):
     """A ``(callback, close)`` pair for ``callback(stage, done, total)``: one rich progress bar per stage
     on a terminal's stderr; plain lines (:class:`PlainProgress`) on any other stderr. ``quiet``: both
-    do nothing. Call ``close()`` when the work ends (also on an exception)."""
+    do nothing. ``units``: stage -> its unit where it is not ``unit``. Call ``close()`` when the work
+    ends (also on an exception)."""
     if quiet:
         return (lambda *_: None), (lambda: None)
     if not err.is_terminal:
-        pp = PlainProgress(lambda s: print(s, file=sys.stderr, flush=True), name=name, unit=unit)
+        pp = PlainProgress(_write_line, name=name, unit=unit, units=units)
         return pp, pp.close
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     prog = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
-                    TextColumn("{task.completed}/{task.total} " + unit.replace("{", "{{").replace("}", "}}"), markup=False),
+                    TextColumn("{task.completed}/{task.total} {task.fields[unit]}", markup=False),
                     TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=False)
     tasks: dict[str, int] = {}
     prog.start()
 
     def cb(stage: str, done: int, total: int) -> None:
         if stage not in tasks:
-            tasks[stage] = prog.add_task(f"{name}: {stage}", total=total)
+            tasks[stage] = prog.add_task(f"{name}: {stage}", total=total, unit=(units or {}).get(stage, unit))
         prog.update(tasks[stage], completed=done, total=total)
 
     return cb, prog.stop

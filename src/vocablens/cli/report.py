@@ -102,17 +102,30 @@ class _ProgressBar:
                                  TimeElapsedColumn(), _Eta(), console=err, transient=True, disable=not self.live)
         self.task = None
         self.last = ""
+        self.now = ("starting", 0.0, 0.0)   # the latest (description, done, total), for the heartbeat
+        self.beat = None
+
+    def _beat_line(self) -> str:
+        what, done, total = self.now
+        return f"report: {what} ({done:.0f} s of about {total:.0f} s, about {max(total - done, 0):.0f} s left)"
 
     def __enter__(self):
         self.progress.__enter__()
+        if not self.live and not self.disabled:  # a line at least every 10 s between the stage lines
+            from vocablens.cli.progress import plain_status
+
+            self.beat = plain_status("", beat=self._beat_line)
         return self
 
     def __exit__(self, *exc):
+        if self.beat is not None:
+            self.beat.close()
         return self.progress.__exit__(*exc)
 
     def update(self, description: str, done: float, total: float) -> None:
         if self.disabled:
             return
+        self.now = (description, done, total)
         if self.live:
             if self.task is None:
                 self.task = self.progress.add_task(description, total=max(total, 1e-9), at=time.monotonic())
@@ -121,6 +134,8 @@ class _ProgressBar:
         elif ":" not in description and description not in (self.last, "done"):  # stages, not sub-steps
             self.last = description
             err.print(f"{description} ... (about {max(total - done, 0):.0f} s left)", style="dim")
+            if self.beat is not None:
+                self.beat.last = self.beat.clock()   # a line was just written: the next beat waits
 
 
 def _emit(run, lm, out_path: Path, sections, timings: dict[str, float]) -> None:

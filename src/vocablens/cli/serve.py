@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from vocablens.cli.common import ModelOpt, DeviceOpt, TrustOpt, app, err, load_model
+from vocablens.cli.common import ModelOpt, DeviceOpt, TrustOpt, app, err, load_model, status
+from vocablens.cli.progress import stage_progress
 from vocablens.errors import BadInput
 
 
@@ -66,9 +67,32 @@ def serve_cmd(
                             "can use the model; use --host 127.0.0.1 to keep it local"))
     verified = _read_json(undertrained, "--undertrained", "vocablens undertrained --json") if undertrained else None
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device)
-    state = ServerState(lm, model_spec=model, lens_path=lens, max_tokens=max_tokens, argmax=not no_argmax,
-                        undertrained=verified)
+    # the background argmax scan speaks on stderr: its stages (stored verdicts reused, or the scan's
+    # own) as lines or bars, and one line when it ends; the bar starts with the scan's first report
+    # (a terminal has one live display at a time: not while the tuned lens loads under its spinner)
+    sink: dict = {}
+
+    def report(stage: str, done: int, total: int) -> None:
+        if not sink:
+            sink["cb"], sink["close"] = stage_progress("argmax scan (background)", "rows",
+                                                       units={"final-norm reach": "iterations"})
+        sink["cb"](stage, done, total)
+
+    def close() -> None:
+        if sink:
+            sink["close"]()
+
+    def ended(message: str) -> None:
+        close()
+        err.print(message, style="dim", soft_wrap=True)
+
+    with status("loading the tuned lens ..."):
+        state = ServerState(lm, model_spec=model, lens_path=lens, max_tokens=max_tokens, argmax=not no_argmax,
+                            undertrained=verified, argmax_report=report, argmax_end=ended)
     shown = f"[{host}]" if ":" in host else host
     print(f"vocablens serve: http://{shown}:{port}/  (Ctrl-C stops)", flush=True)
-    serve(state, host=host, port=port)
+    try:
+        serve(state, host=host, port=port)
+    finally:
+        close()
     err.print("stopped", style="dim")

@@ -131,9 +131,13 @@ def trim(
     if drop_undertrained:
         from vocablens.surgery import trim_undertrained as tu
 
-        with status(f"verifying the {undertrained_candidates} lowest-indicator tokens ...", quiet=json_):
-            ut = tu.verified_undertrained(lm.borders, lm.tokenizer, undertrained_candidates)
-            seeds, rows_without = tu.drop_undertrained(lm.model, lm.tokenizer, used, ut.verified.tolist())
+        cb, close = stage_progress("trim: under-trained tokens", "prompts", quiet=json_,
+                                   units={"tokenizer classes": "tokens", "indicators": "tokens"})
+        try:  # the lowest-indicator tokens, verified by prompting (stages as `vocablens undertrained`)
+            ut = tu.verified_undertrained(lm.borders, lm.tokenizer, undertrained_candidates, progress=cb)
+        finally:
+            close()
+        seeds, rows_without = tu.drop_undertrained(lm.model, lm.tokenizer, used, ut.verified.tolist())
     with status("trimming the vocabulary ...", quiet=json_):
         tr = trim_vocab(lm.model, lm.tokenizer, seeds)
     checked = texts

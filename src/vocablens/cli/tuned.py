@@ -9,7 +9,9 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, count_bar, emit_json, err, load_model, out
+from vocablens.cli.common import (
+    JsonOpt, ModelOpt, DeviceOpt, TrustOpt, count_bar, emit_json, err, load_model, out, status,
+)
 from vocablens.cli.core import lens_app
 from vocablens.errors import BadInput, OutputExists
 
@@ -119,7 +121,8 @@ def lens_train(
 
     docs = load_documents(corpus)  # a missing or empty corpus fails before the model loads
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
-    rows, info = _rows(lm, corpus, "train", seq_len, max_tokens or None, val_fraction, 0, seed, docs)
+    with status(f"tokenizing the training data of {corpus} ...", quiet=quiet):
+        rows, info = _rows(lm, corpus, "train", seq_len, max_tokens or None, val_fraction, 0, seed, docs)
     info["model"] = lm.provenance.name
     if not quiet:
         err.print(f"training data: {info['tokens']} tokens in {rows.shape[0]} chunks of {seq_len} "
@@ -131,9 +134,8 @@ def lens_train(
         from vocablens.lens.regression import regression_init
 
         n_fit = max(1, min(rows.shape[0] - 1, init_tokens // seq_len))
-        if not quiet:
-            err.print(f"least-squares start on {n_fit * seq_len} tokens ...", style="dim")
-        lens, alphas = regression_init(lm.borders, rows[:n_fit], lens=lens, calib=rows[n_fit: n_fit + 1])
+        with status(f"least-squares start on {n_fit * seq_len} tokens ...", quiet=quiet):
+            lens, alphas = regression_init(lm.borders, rows[:n_fit], lens=lens, calib=rows[n_fit: n_fit + 1])
         init_info.update({"init_tokens": n_fit * seq_len, "init_alphas": alphas,
                           "init_seconds": round(time.perf_counter() - t0, 1)})
     with _progress(quiet, steps) as on_step:
@@ -174,14 +176,25 @@ def _argv_tail() -> list[str]:
 
 
 class _progress:
-    """A rich progress bar on stderr with loss and tokens/s (a line per 10 steps when not a terminal)."""
+    """A rich progress bar on stderr with loss and tokens/s; when stderr is not a terminal, a line at
+    step 1, every 10 steps, at the end, and whenever 10 s passed without one (a heartbeat also
+    inside a long step, with the ETA)."""
 
     def __init__(self, quiet: bool, steps: int) -> None:
-        self.quiet, self.steps, self.bar, self.task = quiet, steps, None, None
+        self.quiet, self.steps, self.bar, self.task, self.beat = quiet, steps, None, None, None
+        self.step, self.t0 = 0, time.perf_counter()
+
+    def _beat_line(self) -> str:
+        el = time.perf_counter() - self.t0
+        eta = f"{el / self.step * (self.steps - self.step):.0f} s" if self.step else "unknown"
+        if self.step >= self.steps:
+            return f"training: {self.steps} steps done, {el:.0f} s; finishing"
+        return f"training: step {self.step + 1}/{self.steps} running, {el:.0f} s, ETA {eta}"
 
     def __enter__(self):
         if self.quiet:
             return None
+        self.t0 = time.perf_counter()
         if err.is_terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -190,22 +203,31 @@ class _progress:
                                 TimeRemainingColumn(), console=err)
             self.bar.start()
             self.task = self.bar.add_task("train", total=self.steps, loss="-", tps="-")
+        else:
+            from vocablens.cli.progress import plain_status
+
+            self.beat = plain_status(f"training: {self.steps} steps ...", beat=self._beat_line)
 
         def on_step(info):
+            self.step = info.step
             if self.bar is not None:
                 self.bar.update(self.task, completed=info.step, loss=f"{info.loss:.4f}",
                                 tps=f"{info.tokens_per_s:.1f}")
-            elif info.step == 1 or info.step % 10 == 0 or info.step == info.steps:
+            elif (info.step == 1 or info.step % 10 == 0 or info.step == info.steps
+                  or self.beat.clock() - self.beat.last >= self.beat.every):
                 err.print(f"step {info.step}/{info.steps} loss {info.loss:.4f} nats "
                           f"(layer 0 {info.layer_loss[0]:.3f}, layer {len(info.layer_loss) - 1} "
                           f"{info.layer_loss[-1]:.3f}) lr {info.lr:.4f} |g| {info.grad_norm:.3f} "
                           f"{info.tokens_per_s:.1f} tok/s", soft_wrap=True)
+                self.beat.last = self.beat.clock()
 
         return on_step
 
     def __exit__(self, *exc):
         if self.bar is not None:
             self.bar.stop()
+        if self.beat is not None:
+            self.beat.close()
         return False
 
 
@@ -273,8 +295,9 @@ def lens_eval(
         rec = corpus_record(corpus, docs)
         info = {"corpus": rec["corpus"], "corpus_sha256": rec["corpus_sha256"], "split": "all"}
     else:
-        rows, info = _rows(lm, corpus, split, seq, max_tokens, val_fraction, int(data.get("split_seed", 0)),
-                           None, docs, shrink=True)
+        with status(f"tokenizing the {split} split of {corpus} ...", quiet=quiet):
+            rows, info = _rows(lm, corpus, split, seq, max_tokens, val_fraction, int(data.get("split_seed", 0)),
+                               None, docs, shrink=True)
     rows = rows[: max(1, max_tokens // rows.shape[1])]
     name = info["corpus"]
     if not quiet:
@@ -282,7 +305,7 @@ def lens_eval(
                   f"both lenses", style="dim", soft_wrap=True)
     start, stop = share(int(rows.shape[0]))
     T = int(rows.shape[1])
-    with count_bar(quiet, (stop - start) * T, "lens eval", "tokens") as tick:
+    with count_bar(quiet, (stop - start) * T, "lens eval", "tokens", stage="scoring both lenses") as tick:
         res = evaluate(lm.borders, lens, rows, n_bytes=text_bytes(lm.tokenizer, rows),
                        on_row=lambda done, total: tick(done * T))
     if rank != 0:

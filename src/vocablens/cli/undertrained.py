@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from vocablens.cli.common import (
-    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, count_bar, emit_json, err, load_model, out, status,
+    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out,
 )
 from vocablens.errors import BadInput
 
@@ -57,16 +57,15 @@ def undertrained_cmd(
     scan = _read_scan(argmax) if argmax else None
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     verdicts = argmax_verdicts(scan, lm.borders.vocab_size) if scan is not None else None
-    bar = count_bar(json_ or no_verify, 1, "verification", "prompts")
-    with bar as tick:
-        def progress(stage, done, total):
-            if bar.bar is not None:
-                bar.bar.update(bar.task, total=total)
-            tick(done)
+    from vocablens.cli.progress import stage_progress
 
-        with status("tokenizer classes and indicators", quiet=json_):
-            res = undertrained(lm.borders, lm.tokenizer, candidates=candidates or None, indicator=indicator,
-                               verify=not no_verify, batch_size=batch_size, progress=progress)
+    cb, close = stage_progress("undertrained", "prompts", quiet=json_,
+                               units={"tokenizer classes": "tokens", "indicators": "tokens"})
+    try:
+        res = undertrained(lm.borders, lm.tokenizer, candidates=candidates or None, indicator=indicator,
+                           verify=not no_verify, batch_size=batch_size, progress=cb)
+    finally:
+        close()
     d = undertrained_to_dict(res, lm.tokenizer, verdicts)
     if json_:
         d["model"] = lm.provenance.to_dict()

@@ -295,7 +295,7 @@ def settle_cmd(
     rows = _corpus_rows(corpus, lm.tokenizer, seq_len, max_tokens)
     translator = load_translator(lm.borders, model, tuned_path) if lens == "tuned" else None
     batches = [rows[i:i + batch] for i in range(0, len(rows), batch)]
-    with count_bar(quiet or world > 1, rows.numel(), "settle", "tokens") as tick:
+    with count_bar(quiet or world > 1, rows.numel(), "settle", "tokens", stage="forward passes") as tick:
 
         def ticking():  # one process: the bar advances as settle reads each batch
             done = 0

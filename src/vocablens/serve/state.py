@@ -70,11 +70,13 @@ class _Cancelled(Exception):
 class ArgmaxJob:
     """The whole-vocabulary argmax scan, run once in a background thread after start-up; :meth:`cancel`
     stops it at its next progress report (the interpreter must not exit while torch runs in a thread:
-    that aborts the process)."""
+    that aborts the process). ``report(stage, done, total)``: also told each progress report (the
+    CLI shows them on stderr); ``on_end(message)``: told once, when the scan ends, how it ended."""
 
-    def __init__(self, lm) -> None:
+    def __init__(self, lm, report=None, on_end=None) -> None:
         self._stop = threading.Event()
         self.lm = lm
+        self.report, self.on_end = report, on_end
         self.ma = None
         self.full: dict | None = None
         self.error: str | None = None
@@ -91,6 +93,8 @@ class ArgmaxJob:
         if self._stop.is_set():
             raise _Cancelled()
         self.progress = {"stage": stage, "done": int(done), "total": int(total)}
+        if self.report is not None:
+            self.report(stage, done, total)
 
     def cancel(self, timeout: float = 60.0) -> None:
         """Ask the scan to stop and wait (at most ``timeout`` s) until its thread has ended."""
@@ -110,6 +114,14 @@ class ArgmaxJob:
         except Exception as exc:  # reported by /api/argmax, the server keeps serving
             self.error = f"the argmax scan failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         self.seconds = time.perf_counter() - t0
+        if self.on_end is not None:
+            self.on_end(self.error or self.summary())
+
+    def summary(self) -> str:
+        """One line on a finished scan: its counts and time (``/api/health`` has the same figures)."""
+        c = self.ma.result.counts() if self.ma is not None else {}
+        shown = ", ".join(f"{v:,} {k}" for k, v in c.items() if v)
+        return f"argmax scan done in {self.seconds:.1f} s: {shown or 'no tokens'}"
 
     @property
     def done(self) -> bool:
@@ -133,10 +145,11 @@ class ServerState:
         undertrained: an earlier verification (an ``UndertrainedResult`` or the dict of ``vocablens
             undertrained --json``) whose figures the token panel shows; the indicators are computed
             on the first request either way (:meth:`undertrained_index`).
+        argmax_report, argmax_end: the background scan's ``report`` and ``on_end`` (:class:`ArgmaxJob`).
     """
 
     def __init__(self, lm, model_spec: str = "smollm2", lens_path: str = "", max_tokens: int = 128,
-                 argmax: bool = True, undertrained=None) -> None:
+                 argmax: bool = True, undertrained=None, argmax_report=None, argmax_end=None) -> None:
         from vocablens.errors import VocabLensError
 
         self.lm = lm
@@ -153,7 +166,7 @@ class ServerState:
             if lens_path:
                 raise
             self.tuned, self.tuned_note = None, str(exc)
-        self.argmax = ArgmaxJob(lm)
+        self.argmax = ArgmaxJob(lm, report=argmax_report, on_end=argmax_end)
         self.want_argmax = argmax
         self.undertrained_verified = adapters.undertrained_verified(undertrained, lm.borders.vocab_size)
         self._undertrained = None

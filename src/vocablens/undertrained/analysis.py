@@ -185,7 +185,9 @@ def undertrained(borders, tokenizer, *, candidates: int | None = None, fraction:
             tokenizer analysis.
         verify: prompt the model (False: candidates and indicators only).
         batch_size: candidates per forward in verification.
-        progress: ``(stage, done, total)`` with stage ``verification``.
+        progress: ``(stage, done, total)``: stages ``tokenizer classes`` and ``indicators`` (0 of V
+            tokens when each starts, V when it ends; skipped with ``reuse``), then ``verification``
+            (prompts: candidates x templates, 0 when it starts, then after each batch).
         reuse: an earlier result of the same model (e.g. ``verify=False``): its classes and
             indicators are taken as they are (``indicator`` and ``known_unused`` are then ignored).
         time_budget_s: wall seconds for verification (None: no limit). Candidates are verified
@@ -208,10 +210,16 @@ def undertrained(borders, tokenizer, *, candidates: int | None = None, fraction:
         classes, ind = reuse.classes, reuse.indicators
         seconds.update({k: reuse.seconds[k] for k in ("classes", "indicators")})
     else:
+        V = int(borders.vocab_size)
+        say = (lambda *_: None) if progress is None else progress
+        say("tokenizer classes", 0, V)
         classes = classify_tokens(tokenizer, borders.vocab_size)
         seconds["classes"] = time.perf_counter() - t0
+        say("tokenizer classes", V, V)
+        say("indicators", 0, V)
         ind = compute_indicators(borders, classes, tokenizer, indicator=indicator, known_unused=known_unused)
         seconds["indicators"] = ind.seconds
+        say("indicators", V, V)
     ok = testable(classes)
     pool = ok.nonzero().flatten()
     n = int(round(fraction * pool.numel())) if candidates is None else candidates

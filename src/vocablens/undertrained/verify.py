@@ -123,8 +123,8 @@ def verify_tokens(borders, tokenizer, ids, *, examples: list[int], batch_size: i
         ids: int64 [n] or a list: the candidate token ids.
         examples: token ids shown as the few-shot examples (:func:`pick_examples`).
         batch_size: candidates per forward (the prefix's KV cache is repeated that many times).
-        progress: called ``(done, total)`` once the prefixes are read (done = 0) and after each
-            template of each batch (total = n · templates).
+        progress: called ``(done, total)`` before the few-shot prefixes run (done = 0) and after
+            each template of each batch (total = n · templates).
         time_budget_s: wall seconds (None: no limit). Candidates are taken a batch at a time, all
             templates for each batch, so a budget that runs out leaves the first ``k`` candidates
             verified completely and the rest not at all: the result then holds those ``k`` (its
@@ -158,6 +158,8 @@ def verify_tokens(borders, tokenizer, ids, *, examples: list[int], batch_size: i
     probs = torch.zeros(n, T, dtype=torch.float32)
     t0 = time.perf_counter()
     start = clock()
+    if progress is not None:            # the stage starts before the prefixes' forwards
+        progress(0, n * T)
     prefixes = []                       # each template's few-shot prefix, read once: (KV cache, query, slots)
     for tpl in TEMPLATES:
         prefix, query = template_ids(tokenizer, tpl, examples)
@@ -166,8 +168,6 @@ def verify_tokens(borders, tokenizer, ids, *, examples: list[int], batch_size: i
         q = torch.tensor(query, dtype=torch.int64)
         prefixes.append((cache, q, q == SLOT))
     done = verified = 0
-    if progress is not None:
-        progress(0, n * T)
     for a in range(0, n, batch_size):
         if a and time_budget_s is not None and clock() - start >= time_budget_s:
             break

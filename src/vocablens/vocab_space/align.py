@@ -122,16 +122,23 @@ ROW_BLOCK = 4096
 
 
 def _centred_grams(rows_a: Callable[[torch.Tensor], torch.Tensor], rows_b: Callable[[torch.Tensor], torch.Tensor],
-                   shared: "SharedVocabulary", block: int | None = None
+                   shared: "SharedVocabulary", block: int | None = None,
+                   progress: Callable[[int, int], None] | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """float64 Grams of two token-centred row sets read block by block over the S shared tokens:
     with X = rows_a(ids_a) [S, d_A], Y = rows_b(ids_b) [S, d_B] and X_c, Y_c centred over tokens,
     ``(X_cᵀ Y_c [d_A, d_B], X_cᵀ X_c, Y_cᵀ Y_c)``. Two passes (the means, then the centred blocks), so
-    neither [S, d] matrix is ever whole (S is about V: the readout of the shared vocabulary)."""
+    neither [S, d] matrix is ever whole (S is about V: the readout of the shared vocabulary).
+    ``progress(done, 2 S)`` after each block of either pass."""
     S, block = shared.size, int(block or ROW_BLOCK)
     spans = [(a, min(S, a + block)) for a in range(0, S, block)]
-    mean_a = sum(rows_a(shared.ids_a[a:b]).double().sum(0) for a, b in spans) / S
-    mean_b = sum(rows_b(shared.ids_b[a:b]).double().sum(0) for a, b in spans) / S
+    tell = progress or (lambda *_: None)
+    mean_a = mean_b = 0
+    for a, b in spans:
+        mean_a = mean_a + rows_a(shared.ids_a[a:b]).double().sum(0)
+        mean_b = mean_b + rows_b(shared.ids_b[a:b]).double().sum(0)
+        tell(b, 2 * S)
+    mean_a, mean_b = mean_a / S, mean_b / S
     C = torch.zeros(mean_a.numel(), mean_b.numel(), dtype=torch.float64, device=mean_a.device)
     Ga = torch.zeros(mean_a.numel(), mean_a.numel(), dtype=torch.float64, device=mean_a.device)
     Gb = torch.zeros(mean_b.numel(), mean_b.numel(), dtype=torch.float64, device=mean_b.device)
@@ -141,6 +148,7 @@ def _centred_grams(rows_a: Callable[[torch.Tensor], torch.Tensor], rows_b: Calla
         C.addmm_(X.t(), Y)
         Ga.addmm_(X.t(), X)
         Gb.addmm_(Y.t(), Y)
+        tell(S + b, 2 * S)
     return C, Ga, Gb
 
 
@@ -230,7 +238,7 @@ def _check_layers(layers: Sequence[int] | None, L: int, which: str) -> list[int]
 
 def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ffn",
                  blocks_a: Sequence[int] | None = None, blocks_b: Sequence[int] | None = None,
-                 fold_norm_gain: bool = True, progress: Callable[[int, int], None] | None = None) -> Alignment:
+                 fold_norm_gain: bool = True, progress: Callable[[str, int, int], None] | None = None) -> Alignment:
     """Match the FFN neurons (or attention heads) of model A to those of model B through the vocabulary.
 
     Args:
@@ -239,7 +247,9 @@ def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ff
         what: ``"ffn"`` (value vectors, rows of W_out [d_ff, d]) or ``"heads"`` (OV circuits).
         blocks_a, blocks_b: block indices to compare (default: all).
         fold_norm_gain: read through the final norm's gain (Geva et al. 2022, §2).
-        progress: called as ``progress(done, total)`` after each layer of A.
+        progress: ``progress(stage, done, total)``: stage ``readout Grams`` (rows read, two passes
+            over the S shared tokens: 2 S; ``embedding Grams`` too for heads), then ``blocks`` after
+            each block of A.
 
     Returns:
         :class:`Alignment`: the [|A|, |B|] layer map of mean best correlations, and for each layer of
@@ -258,13 +268,19 @@ def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ff
     lb = _check_layers(blocks_b, borders_b.n_layers, "B")
     shared = shared_vocabulary(tokenizer_a, tokenizer_b, borders_a.real_vocab_size, borders_b.real_vocab_size,
                                min_shared=max(borders_a.d_model, borders_b.d_model) + 1)
+    say = progress or (lambda *_: None)
     with torch.no_grad():
         # the readouts of the shared tokens, streamed block by block (never the [S, d] readout)
+        say("readout Grams", 0, 2 * shared.size)
         C, Ga, Gb = _centred_grams(lambda r: borders_a.unembedding.readout_rows(r, fold_norm_gain),
-                                   lambda r: borders_b.unembedding.readout_rows(r, fold_norm_gain), shared)
+                                   lambda r: borders_b.unembedding.readout_rows(r, fold_norm_gain), shared,
+                                   progress=lambda a, b: say("readout Grams", a, b))
         if what == "heads":
+            say("embedding Grams", 0, 2 * shared.size)
             KE, EAA, EBB = _centred_grams(lambda r: _input_embedding(borders_a, r),
-                                          lambda r: _input_embedding(borders_b, r), shared)
+                                          lambda r: _input_embedding(borders_b, r), shared,
+                                          progress=lambda a, b: say("embedding Grams", a, b))
+        say("blocks", 0, len(la))
         units_b = {m: _units(borders_b, what, m) for m in lb}
         sides_b = {}
         sim = torch.empty(len(la), len(lb), dtype=torch.float32, device=borders_a.device)
@@ -287,8 +303,7 @@ def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ff
             partner, got = _hungarian(corrs[best])
             matches.append(LayerMatch(block_a=l, block_b=best, partner=partner, corr=got))
             del corrs
-            if progress is not None:
-                progress(i + 1, len(la))
+            say("blocks", i + 1, len(la))
     return Alignment(what=what, blocks_a=la, blocks_b=lb, block_similarity=sim, matches=matches, shared=shared)
 
 

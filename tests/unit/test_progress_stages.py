@@ -1,0 +1,294 @@
+"""Progress of the steps that were silent on a stderr that is not a terminal (issues 25, 26 §4, 27):
+the plain lines themselves (a fake clock: no timed assertions), and the stages each analysis now
+reports through its ``progress(stage, done, total)`` callback, on tiny inputs."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from vocablens.cli.progress import PlainProgress, PlainStatus
+
+
+class Clock:
+    """A fake monotonic clock: ``clock.t += 12`` moves time on."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _recorder():
+    calls: list[tuple[str, int, int]] = []
+    return calls, lambda stage, done, total: calls.append((stage, int(done), int(total)))
+
+
+# ------------------------------------------------------------------------------ the plain lines
+def test_plain_progress_beats_in_a_stage_between_stages_and_before_the_first():
+    lines, clock = [], Clock()
+    pp = PlainProgress(lines.append, every=10.0, clock=clock, name="cmd", unit="rows", thread=False,
+                       units={"grid": "cells"})
+    clock.t += 11
+    pp.tick()
+    assert lines == ["cmd: starting, 11 s"]          # nothing reported yet: still a line
+    pp("scan", 0, 100)
+    pp("scan", 25, 100)
+    pp.tick()                                          # a line was just written: no beat yet
+    assert lines[-1] == "cmd: stage scan started (100 rows)"
+    clock.t += 10
+    pp.tick()
+    assert lines[-1] == "cmd: scan 25/100 rows, 10 s, ETA 30 s"   # 10 s for a quarter: 30 s left
+    pp("scan", 100, 100)
+    assert lines[-1] == "cmd: stage scan done (100 rows in 10.0 s)"
+    clock.t += 15
+    pp.tick()
+    assert lines[-1] == "cmd: working after stage scan, 15 s since it ended"
+    pp("grid", 0, 7)
+    assert lines[-1] == "cmd: stage grid started (7 cells)"   # a stage with a unit of its own
+    n = len(lines)
+    pp.close()
+    clock.t += 60
+    pp.tick()
+    assert len(lines) == n                             # closed: silent
+
+
+def test_plain_status_says_what_it_does_then_beats_then_ends():
+    lines, clock = [], Clock()
+    st = PlainStatus("loading m (m.gguf, from its float32 cache) ...", lines.append, every=10.0, clock=clock,
+                     thread=False)
+    assert lines == ["loading m (m.gguf, from its float32 cache) ..."]
+    clock.t += 9
+    st.tick()
+    assert len(lines) == 1
+    clock.t += 3
+    st.tick()
+    assert lines[-1] == "loading m: 12 s so far"
+    clock.t += 1
+    st.close()
+    assert lines[-1] == "loading m: done in 13.0 s"
+
+
+def test_a_short_status_prints_its_message_only():
+    lines, clock = [], Clock()
+    st = PlainStatus("reading the config ...", lines.append, every=10.0, clock=clock, thread=False)
+    clock.t += 2
+    st.tick()
+    st.close()
+    assert lines == ["reading the config ..."]
+
+
+def test_plain_status_with_a_beat_of_its_own():
+    lines, clock = [], Clock()
+    st = PlainStatus("", lines.append, every=10.0, clock=clock, thread=False, beat=lambda: "report: lens (3 of 9 s)")
+    assert lines == []
+    clock.t += 10
+    st.tick()
+    st.close()
+    assert lines == ["report: lens (3 of 9 s)"]
+
+
+def test_status_on_a_non_terminal_stderr_prints_the_message(capsys):
+    from vocablens.cli.common import status
+
+    with status("doing a thing ..."):
+        pass
+    with status("quiet thing ...", quiet=True):
+        pass
+    err = capsys.readouterr().err
+    assert err == "doing a thing ...\n"
+
+
+def test_count_bar_on_a_non_terminal_stderr_prints_its_stage(capsys):
+    from vocablens.cli.common import count_bar
+
+    with count_bar(False, 40, "lens eval", "tokens", stage="scoring") as tick:
+        tick(20)
+        tick(40)
+    err = capsys.readouterr().err
+    assert "lens eval: stage scoring started (40 tokens)" in err
+    assert "lens eval: stage scoring done (40 tokens in" in err and "\x1b[" not in err
+
+
+# ------------------------------------------------------------------------ stages of the analyses
+def test_undertrained_reports_classes_indicators_and_verification_from_zero():
+    from tiny_dirs import tiny_tokenizer
+    from tiny_models import make_tiny
+    from vocablens.models import Borders
+    from vocablens.undertrained import undertrained
+
+    tok = tiny_tokenizer()
+    m = make_tiny("llama")
+    m.resize_token_embeddings(len(tok))
+    b = Borders.from_model(m)
+    calls, cb = _recorder()
+    undertrained(b, tok, candidates=5, batch_size=2, progress=cb)
+    stages = [s for s, _, _ in calls]
+    first = {s: stages.index(s) for s in dict.fromkeys(stages)}
+    assert list(first) == ["tokenizer classes", "indicators", "verification"]
+    V = b.vocab_size
+    assert calls[first["tokenizer classes"]] == ("tokenizer classes", 0, V)
+    assert calls[first["indicators"]] == ("indicators", 0, V)
+    ver = [c for c in calls if c[0] == "verification"]
+    total = ver[0][2]
+    assert ver[0] == ("verification", 0, total) and ver[-1] == ("verification", total, total)
+    assert len(ver) > 2                               # 0 before the first batch, then one per batch
+
+
+def test_argmax_scan_reports_its_preparation():
+    from vocablens.argmax import find_unargmaxable
+
+    W = torch.from_numpy(np.random.default_rng(0).standard_normal((500, 12)).astype(np.float32))
+    calls, cb = _recorder()
+    find_unargmaxable(W, progress=cb)
+    stages = list(dict.fromkeys(s for s, _, _ in calls))
+    prep = [s for s in stages if s.startswith("prepare")]
+    assert prep == ["prepare: duplicates", "prepare: covariance", "prepare: whitening", "prepare: int8 grid"]
+    assert stages.index("prepare: int8 grid") < stages.index("gemm")
+    for s in prep:
+        mine = [c for c in calls if c[0] == s]
+        assert mine[0][1] == 0 and mine[-1][1] == mine[-1][2] == 500, (s, mine)
+
+
+def test_argmax_for_borders_reports_the_store_and_the_norm_reach(tmp_path, monkeypatch):
+    from vocablens.argmax.model import argmax_for_borders
+
+    monkeypatch.delenv("VOCABLENS_ARGMAX_CACHE", raising=False)
+    monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path))
+    W = torch.from_numpy(np.random.default_rng(1).standard_normal((300, 10)).astype(np.float32))
+    b = SimpleNamespace(unembedding=SimpleNamespace(weight=W, bias=None, real_mask=None,
+                                                    final_norm=torch.nn.LayerNorm(10), project_out=None,
+                                                    logit_scale=1.0))
+    calls, cb = _recorder()
+    argmax_for_borders(b, norm=True, norm_tokens=4, stored="readwrite", progress=cb)
+    stages = list(dict.fromkeys(s for s, _, _ in calls))
+    assert stages[0] == "stored verdicts" and "reusing the stored verdicts" not in stages
+    assert "gemm" in stages and stages[-1] == "final-norm reach"
+    reach = [c for c in calls if c[0] == "final-norm reach"]
+    assert reach[0][1] == 0 and reach[-1][1] == reach[-1][2] > 0
+    calls.clear()
+    argmax_for_borders(b, norm=False, stored="read", progress=cb)      # the same head: read back
+    assert list(dict.fromkeys(s for s, _, _ in calls)) == ["stored verdicts", "reusing the stored verdicts"]
+
+
+def test_align_reports_the_grams_then_each_block():
+    from test_align import _tok
+    from tiny_models import make_tiny
+    from vocablens.models import Borders
+    from vocablens.vocab_space.align import align_models
+
+    A = Borders.from_model(make_tiny("llama"))
+    calls, cb = _recorder()
+    align_models(A, _tok(A.vocab_size), A, _tok(A.vocab_size), what="heads", progress=cb)
+    stages = list(dict.fromkeys(s for s, _, _ in calls))
+    assert stages == ["readout Grams", "embedding Grams", "blocks"]
+    S = 2 * A.vocab_size                               # two passes over the shared tokens
+    for s in ("readout Grams", "embedding Grams"):
+        mine = [c for c in calls if c[0] == s]
+        assert mine[0] == (s, 0, S) and mine[-1] == (s, S, S)
+    assert [c for c in calls if c[0] == "blocks"][-1] == ("blocks", A.n_layers, A.n_layers)
+
+
+def test_serve_background_scan_reports_and_ends():
+    from vocablens.serve.state import ArgmaxJob
+
+    class Result:
+        def counts(self):
+            return {"argmaxable": 7, "unargmaxable": 2, "undecided": 0}
+
+    calls, cb = _recorder()
+    ended = []
+    job = ArgmaxJob(lm=None, report=cb, on_end=ended.append)
+    job._cb("gemm", 3, 9)
+    assert calls == [("gemm", 3, 9)] and job.progress == {"stage": "gemm", "done": 3, "total": 9}
+    job.ma, job.seconds = SimpleNamespace(result=Result()), 1.25
+    assert job.summary() == "argmax scan done in 1.2 s: 7 argmaxable, 2 unargmaxable"
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_the_loading_line_names_the_gguf_and_its_cache(tmp_path, monkeypatch, cached):
+    from tiny_dirs import save_tiny_gguf, tiny_tokenizer
+    from vocablens.cli.common import _load_source
+    from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
+
+    monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path / "cache"))
+    g = save_tiny_gguf(tmp_path / "t.gguf", tiny_tokenizer())
+    if cached:
+        cdir = cache_dir(g)
+        cdir.mkdir(parents=True)
+        (cdir / CACHE_MARK).write_text("{}")
+        assert _load_source(str(g)) == " (t.gguf, from its float32 cache)"
+    else:
+        assert _load_source(str(g)).startswith(" (first load of t.gguf: dequantizing it to a float32 cache")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text('{"model_type": "llama"}')
+    assert _load_source(str(hf)) == ""                 # a model directory: its name says it
+    assert _load_source(str(tmp_path / "missing")) == ""   # the load itself says what is wrong
+
+
+def test_lens_train_lines_on_a_non_terminal_stderr(capsys):
+    """Step 1, every 10th, the last, and any step after 10 s without a line; the heartbeat names the step."""
+    from vocablens.cli.tuned import _progress
+
+    def info(step):
+        return SimpleNamespace(step=step, steps=25, loss=1.0, layer_loss=[2.0, 0.5], lr=0.1, grad_norm=0.3,
+                               tokens_per_s=100.0)
+
+    p = _progress(False, 25)
+    with p as on_step:
+        for s in range(1, 26):
+            if s == 13:
+                p.beat.last -= 60                      # as if a minute had passed since the last line
+            on_step(info(s))
+        assert p._beat_line().startswith("training: 25 steps done, ")
+        p.step = 12
+        assert p._beat_line().startswith("training: step 13/25 running, ") and "ETA" in p._beat_line()
+    err = capsys.readouterr().err
+    steps = [int(line.split()[1].split("/")[0]) for line in err.splitlines() if line.startswith("step ")]
+    assert err.splitlines()[0] == "training: 25 steps ..."
+    assert steps == [1, 10, 13, 20, 25], err
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from tiny_dirs import save_tiny, tiny_tokenizer
+
+    return save_tiny(tmp_path_factory.mktemp("stages") / "tiny", tiny_tokenizer())
+
+
+def test_lens_anomaly_and_lens_file_count_their_inputs(tiny_dir, tmp_path, capsys):
+    """Their rich bars drew nothing on a non-terminal stderr: now stage lines."""
+    from tiny_dirs import run_cli
+
+    normal = tmp_path / "normal.txt"
+    normal.write_text("\n".join(f"The class statement number {i}" for i in range(6)))
+    test = tmp_path / "test.txt"
+    test.write_text("An odd input\nThe class statement")
+    code, out, err = run_cli(capsys, "lens", "anomaly", "-m", tiny_dir, "--kind", "logit", "--normal", normal,
+                             "--test", test)
+    assert code == 0, err
+    assert "lens anomaly: stage trajectories of normal inputs started (6 inputs)" in err
+    assert "lens anomaly: stage trajectories of test inputs done (2 inputs in" in err
+    code, out, err = run_cli(capsys, "lens", "--file", test, "-m", tiny_dir, "--kind", "logit")
+    assert code == 0, err
+    assert "lens: stage forward passes started (2 prompts)" in err and "lens: stage forward passes done (2 prompts" in err
+
+
+def test_trim_drop_undertrained_shows_the_verification_stages(tiny_dir, tmp_path, capsys):
+    from tiny_dirs import _corpus, run_cli
+
+    corpus = tmp_path / "docs"
+    corpus.mkdir()
+    for i, t in enumerate(_corpus()[:8]):
+        (corpus / f"{i}.txt").write_text(t[:300])
+    code, out, err = run_cli(capsys, "trim", "-m", tiny_dir, "--corpus", corpus, "--out", tmp_path / "t",
+                             "--drop-undertrained", "--undertrained-candidates", "4")
+    assert code == 0, err
+    for stage in ("tokenizer classes", "indicators", "verification"):
+        assert f"trim: under-trained tokens: stage {stage} started" in err, err
+    assert "trim: under-trained tokens: stage verification done (" in err
