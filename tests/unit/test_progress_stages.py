@@ -50,6 +50,10 @@ def test_plain_progress_beats_in_a_stage_between_stages_and_before_the_first():
     assert lines[-1] == "cmd: working after stage scan, 15 s since it ended"
     pp("grid", 0, 7)
     assert lines[-1] == "cmd: stage grid started (7 cells)"   # a stage with a unit of its own
+    clock.t += 5
+    pp("grid", 7, 7)
+    # the stage began when the one before it ended (15 s of its own work before its first report)
+    assert lines[-1] == "cmd: stage grid done (7 cells in 20.0 s)"
     n = len(lines)
     pp.close()
     clock.t += 60

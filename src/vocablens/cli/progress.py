@@ -84,6 +84,7 @@ class PlainProgress(_Heartbeat):
                  thread: bool = True, units: dict[str, str] | None = None):
         self.name, self.unit, self.default_unit, self.units = name, unit, unit, dict(units or {})
         self.stage, self.done, self.total, self.ended = None, 0, 0, False
+        self.ended_at = 0.0
         super().__init__(write, every, clock, thread)
 
     def line(self) -> str:
@@ -102,7 +103,10 @@ class PlainProgress(_Heartbeat):
     def __call__(self, stage: str, done: int, total: int) -> None:
         with self._lock:
             if stage != self.stage:
-                self.stage, self.t0, self.ended = stage, self.clock(), False
+                # a stage that follows another one began when that one ended (its first report can
+                # come later, after work of its own): so the line's time is the stage's whole time
+                start = self.ended_at if self.stage is not None and self.ended else self.clock()
+                self.stage, self.t0, self.ended = stage, start, False
                 self.unit = self.units.get(stage, self.default_unit)
                 self.done, self.total = done, total
                 self.write(f"{self.name}: stage {stage} started ({total:,} {self.unit})")
