@@ -146,6 +146,40 @@ def test_default_model_from_gguf_config_equals_loaded(smollm2):
         assert getattr(cfg_a, f) == getattr(loaded, f), f
 
 
+def test_gguf_config_from_its_cache_entry_equals_the_header(tmp_path, monkeypatch):
+    """Once a GGUF file's float32 cache entry exists, its config is read from the entry's
+    config.json (milliseconds, not seconds of header parsing), and it gives the same config and
+    anatomy as the header; a damaged entry falls back to the header."""
+    import json
+
+    import vocablens
+    import vocablens.models.config as C
+    from tiny_dirs import save_tiny_gguf, tiny_tokenizer
+    from vocablens.models.config import load_config
+
+    monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path / "cache"))
+    gguf = save_tiny_gguf(tmp_path / "tiny.gguf", tiny_tokenizer())
+    C._gguf_config.cache_clear()
+    header = anatomy_of(str(gguf))
+    vocablens.load(str(gguf))                    # the first load writes the cache entry
+    entries = list((tmp_path / "cache" / "gguf").iterdir())
+    assert len(entries) == 1 and (entries[0] / "config.json").is_file()
+    calls = []
+    monkeypatch.setattr(C, "load_config", lambda *a, **k: calls.append(a) or load_config(*a, **k))
+    C._gguf_config.cache_clear()
+    cached = anatomy_of(str(gguf))
+    assert calls == []                           # the header was not parsed
+    assert cached.source == header.source == "gguf"
+    for f in ("params_total", "params_embedding", "params_unembedding", "params_non_embedding", "tied",
+              "vocab_size", "d_model", "tokenizer_vocab_size", "flops_forward", "n_layers"):
+        assert getattr(cached, f) == getattr(header, f), f
+    assert load_config(str(gguf)).to_diff_dict() == C._gguf_config(str(gguf), 0, 0).to_diff_dict()
+    (entries[0] / "config.json").write_text(json.dumps({"model_type": "no-such-type"}))
+    C._gguf_config.cache_clear()
+    assert anatomy_of(str(gguf)).params_total == header.params_total and len(calls) == 1
+    C._gguf_config.cache_clear()
+
+
 # ---------------------------------------------------------------------------------------- tiny families
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tiny_family_counts(family):
