@@ -216,11 +216,18 @@ def _judge_stage1(st: ScanState, dg: np.ndarray, best: np.ndarray, complete: np.
 
 
 def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
-    """Stage 2 on ``st.left``, by blocks of at most :data:`REFLECT_COLS` columns (their scores [n, m]
-    fit :data:`~vocablens.argmax.state.BLOCK_BYTES`); failures stay in ``st.left``.
+    """Stage 2 on ``st.left``; failures stay in ``st.left``.
+
+    The open rows go through one pool of at most :data:`REFLECT_COLS` columns (fewer when their
+    scores [n, columns] would pass :data:`~vocablens.argmax.state.BLOCK_BYTES`): each pass scores
+    every pooled direction against all rows with one product, settles the columns it certifies,
+    reflects the others, and refills the freed columns from the rows still waiting. A pass costs
+    about one read of Z however few columns it holds, so the pool keeps passes full: the number of
+    passes is about (column-iterations) / (pool width) plus the slowest column's iterations (it was
+    the sum, over fixed blocks of columns, of each block's slowest column).
 
     Args:
-        iters: reflections per column at most.
+        iters: scorings per column at most (the first at ``y = z_t``, then after each reflection).
         screen: optional ``(state, cols, S) -> bool mask`` called (for at most :data:`SCREEN_COLS`
             columns at a time) with the scores
             ``S [n, m]`` at ``y = z_t`` (own scores masked out) for the columns the float32 re-check
@@ -233,46 +240,53 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
     still: list[np.ndarray] = []
     left = st.left
     ncol = rows_per_block(st.n, 4, most=REFLECT_COLS)        # the scores [n, ncol] fit BLOCK_BYTES
-    for b0 in range(0, len(left), ncol):
+    cols = torch.zeros(0, dtype=torch.int64)
+    Y = torch.zeros(st.r, 0, dtype=Zt.dtype)
+    age = np.zeros(0, dtype=np.int64)                        # scorings done per pooled column
+    nxt, finished = 0, 0
+    while True:
         if st.time_left() <= 0:
             st.cut("reflect")
-            still.append(left[b0:])
+            still += [cols.numpy(), left[nxt:]]
             break
-        cols = torch.from_numpy(left[b0:b0 + ncol])
-        Y = Zt[cols].T.clone()                          # [r, m]
-        for it in range(iters):
-            S = Zt @ Y                                  # [n, m]
-            ar = torch.arange(len(cols))
-            own = S[cols, ar].clone()
-            S[cols, ar] = -math.inf
-            bestv, jstar = S.max(0)
-            ynorm = Y.double().norm(dim=0).numpy()
-            mm = (own - bestv).double().numpy()
-            bnd = coef * ynorm * (st.znorm[cols.numpy()] + st.zmax) + 1e-30
-            done = mm > bnd
-            for q in np.nonzero(done)[0]:
-                t = int(st.reps[int(cols[q])])
-                st.settle_arg_y(t, 2, Y[:, q].double().numpy(), float(mm[q] - bnd[q]))
-            if it == 0 and screen is not None and not done.all():
-                rest = np.nonzero(~done)[0]
-                proved = np.zeros(len(done), dtype=bool)
-                for j in range(0, len(rest), SCREEN_COLS):        # S[:, part] is a copy: small parts
-                    part = rest[j:j + SCREEN_COLS]
-                    proved[part] = screen(st, cols[part].numpy(), S[:, part])
-                done = done | proved
-            keepc = torch.from_numpy(~done)
-            Y, cols, jstar = Y[:, keepc], cols[keepc], jstar[keepc]
-            if len(cols) == 0:
-                break
-            if st.time_left() <= 0:
-                st.cut("reflect")
-                break
+        add = left[nxt:nxt + ncol - len(cols)]
+        nxt += len(add)
+        if len(add):
+            at = torch.from_numpy(add)
+            cols, Y = torch.cat([cols, at]), torch.cat([Y, Zt[at].T], dim=1)
+            age = np.concatenate([age, np.zeros(len(add), dtype=np.int64)])
+        if not len(cols):
+            break
+        S = Zt @ Y                                      # [n, m]
+        ar = torch.arange(len(cols))
+        own = S[cols, ar].clone()
+        S[cols, ar] = -math.inf
+        bestv, jstar = S.max(0)
+        ynorm = Y.double().norm(dim=0).numpy()
+        mm = (own - bestv).double().numpy()
+        bnd = coef * ynorm * (st.znorm[cols.numpy()] + st.zmax) + 1e-30
+        done = mm > bnd
+        for q in np.nonzero(done)[0]:
+            t = int(st.reps[int(cols[q])])
+            st.settle_arg_y(t, 2, Y[:, q].double().numpy(), float(mm[q] - bnd[q]))
+        fresh = np.nonzero(~done & (age == 0))[0]            # first scoring, at y = z_t
+        if screen is not None and len(fresh):
+            for j in range(0, len(fresh), SCREEN_COLS):      # S[:, part] is a copy: small parts
+                part = fresh[j:j + SCREEN_COLS]
+                done[part] |= screen(st, cols[part].numpy(), S[:, part])
+        del S
+        age += 1
+        spent = ~done & (age >= iters)
+        still.append(cols.numpy()[spent])
+        finished += int((done | spent).sum())
+        keepc = torch.from_numpy(~(done | spent))
+        Y, cols, jstar, age = Y[:, keepc], cols[keepc], jstar[keepc], age[keepc.numpy()]
+        if len(cols):
             nv = Zt[cols].T - Zt[jstar].T                # [r, m]  z_t - z_j
             coefr = (nv * Y).sum(0) / (nv * nv).sum(0).clamp_min(1e-30)
             Y = Y - 2.0 * coefr * nv
-        still.append(cols.numpy())
-        st.progress("reflect", min(b0 + ncol, len(left)), len(left))
-    st.left = np.concatenate(still) if still else np.zeros(0, dtype=np.int64)
+        st.progress("reflect", finished, len(left))
+    st.left = np.sort(np.concatenate(still)) if still else np.zeros(0, dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------------------- verify

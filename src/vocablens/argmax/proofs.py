@@ -122,8 +122,7 @@ def sparse_certificate(st: ScanState, k: int, Spos: np.ndarray) -> bool:
     The combination includes row k itself (through the means) with weight ``omega < 1``; removing
     it and renormalising gives a combination of the other rows (``ArgmaxResult.combination``).
     """
-    ball = _ball(st)
-    if ball is None or st.bn is not None:
+    if st.bn is not None or st.ball is False or (st.ball is not None and not st.ball.ok):
         return False
     zt = st.z64([k])[0]
     D = np.vstack([st.z64(Spos) - zt, -zt[None, :]])
@@ -132,7 +131,10 @@ def sparse_certificate(st: ScanState, k: int, Spos: np.ndarray) -> bool:
         return False
     w, g, _ = out
     w0 = float(w[-1])
-    if w0 <= 0:
+    if w0 <= 0 or float(np.linalg.norm(g)) > w0 * st.ball_reach:
+        return False                    # the gap is beyond any point of the Ball: do not build it
+    ball = _ball(st)
+    if ball is None:
         return False
     h = ball.weights(-g / w0)
     if h is None:
@@ -173,7 +175,7 @@ def screen_interior(st: ScanState, cols: np.ndarray, S: torch.Tensor) -> np.ndar
         bool [m], the rows settled here.
     """
     ok = np.zeros(len(cols), dtype=bool)
-    if st.n < 3 or _ball(st) is None:
+    if st.n < 3 or st.n <= st.r + 1 or st.ball is False or (st.ball is not None and not st.ball.ok):
         return ok
     top = torch.topk(S, min(SPARSE_COLS, st.n - 1), dim=0).indices.T.numpy()     # [m, k]
     for q, k in enumerate(cols):
