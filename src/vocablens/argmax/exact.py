@@ -38,7 +38,7 @@ and whitening), ``gemm`` and ``reflect`` (:mod:`~vocablens.argmax.certificates`:
 batched reflections of the near misses), ``proof`` and ``bias``
 (:mod:`~vocablens.argmax.proofs`: batched NNLS column generation with the mean of the other rows
 as a shared column, HiGHS LPs as the fallback; the lifted LP with a bias) and ``verify``
-(float64 re-check). The stages pass one :class:`~vocablens.argmax.state.ScanState`.
+(:mod:`~vocablens.argmax.verify`: float64 re-check). The stages pass one :class:`~vocablens.argmax.state.ScanState`.
 
 A solver failure never becomes a verdict: such tokens are ``undecided`` with a reason; so are the
 tokens left open when the time budget runs out (reason ``"budget"``; the result names the stages
@@ -56,7 +56,8 @@ import time
 
 import torch
 
-from vocablens.argmax.certificates import stage_gemm, stage_reflect, stage_verify, verify_argmaxable
+from vocablens.argmax.certificates import stage_gemm, stage_reflect
+from vocablens.argmax.verify import stage_verify, verify_argmaxable
 from vocablens.argmax.distributed import gather as dist_gather
 from vocablens.argmax.distributed import deal_open_rows
 from vocablens.ops.vocab_parallel.comm import world
