@@ -84,7 +84,7 @@ def find_unargmaxable(
     defer: torch.Tensor | None = None,
     reflect_iters: int = 20,
     tol: float = 1e-9,
-    block: int = 2048,
+    block: int = 1024,
     verify: str = "borderline",
     max_rounds: int = 40,
     row_budget_s: float | None = 60.0,
