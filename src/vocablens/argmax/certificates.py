@@ -159,21 +159,15 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
     wait for each other, which on a shared machine cost ~2x the CPU time of the same work (measured,
     2 cores at load 6: 0.67 CPU-s for 2 workers vs 1.1-1.7 CPU-s for one 2-thread caller). The
     main thread is one of the workers and reports the progress."""
-    import threading
-
-    from vocablens.argmax.state import OutOfTime
+    from vocablens.argmax.state import OutOfTime, run_in_workers
 
     n = st.n
     dev = torch.device(getattr(st, "device", "cpu") or "cpu")
     Qt = st.Qt.to(dev)                                  # --device cuda: the products run on the GPU
     mine = [i0 for bi, i0 in enumerate(range(0, n, block)) if bi % size == rank]
-    threads = torch.get_num_threads()
-    workers = max(1, min(threads, len(mine))) if dev.type == "cpu" else 1
-    if workers > 1:
-        torch.set_num_threads(1)
-    lock = threading.Lock()
-    todo, finished = iter(mine), set()
-    flag = {"stop": False, "cut": False, "error": None, "told": 0}
+    workers = max(1, min(torch.get_num_threads(), len(mine))) if dev.type == "cpu" else 1
+    finished: set = set()
+    told = [0]
 
     def complete_rows() -> int:                         # leading rows whose blocks are all done
         d = 0
@@ -181,75 +175,50 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
             d = min(n, d + block)
         return d
 
-    def work(w: int, best: torch.Tensor) -> None:
-        if w:
-            torch.set_num_threads(1)    # in the thread itself: else its products ran 5x slower (measured)
-        try:
-            while not flag["stop"]:
-                with lock:
-                    i0 = next(todo, None)
-                if i0 is None:
-                    return
-                i1 = min(n, i0 + block)
-                QI = Qt[i0:i1].float() if floating else Qt[i0:i1]
-                for c0 in range(i0, n, col_chunk):
-                    if flag["stop"]:
-                        return
-                    if size == 1:
-                        st.check_time()
-                    c1 = min(n, c0 + col_chunk)
-                    S = imm(QI, Qt[c0:c1])                      # [bi, bc] exact integers
-                    if c0 < i1:                                 # the diagonal runs through it
-                        ar = torch.arange(c0, min(i1, c1), device=dev)
-                        S[ar - i0, ar - c0] = low
-                    torch.maximum(best[i0:i1], S.amax(1), out=best[i0:i1])
-                    torch.maximum(best[c0:c1], S.amax(0), out=best[c0:c1])
-                    del S
-                with lock:
-                    finished.add(i0)
-                if w == 0:
-                    told = complete_rows() if size == 1 else i1
-                    if told > flag["told"]:
-                        flag["told"] = told
-                        st.progress("gemm", told, n)
-        except OutOfTime:
-            flag["stop"] = flag["cut"] = True
-        except BaseException as e:  # noqa: BLE001 — re-raised by the main thread
-            flag["stop"] = True
-            if w:
-                flag["error"] = e
-            else:
-                raise
+    def work(i0: int, w: int) -> None:
+        best = bests[w]
+        i1 = min(n, i0 + block)
+        QI = Qt[i0:i1].float() if floating else Qt[i0:i1]
+        for c0 in range(i0, n, col_chunk):
+            if size == 1:
+                st.check_time()
+            c1 = min(n, c0 + col_chunk)
+            S = imm(QI, Qt[c0:c1])                      # [bi, bc] exact integers
+            if c0 < i1:                                 # the diagonal runs through it
+                ar = torch.arange(c0, min(i1, c1), device=dev)
+                S[ar - i0, ar - c0] = low
+            torch.maximum(best[i0:i1], S.amax(1), out=best[i0:i1])
+            torch.maximum(best[c0:c1], S.amax(0), out=best[c0:c1])
+            del S
+        finished.add(i0)                                # one set.add: atomic under the GIL
+        now = complete_rows() if size == 1 else i1
+        if w == 0 and now > told[0]:                    # progress from the main thread only
+            told[0] = now
+            st.progress("gemm", now, n)
 
+    threads = torch.get_num_threads()
+    if workers > 1:
+        torch.set_num_threads(1)                        # the kernel is picked (timed) as it will run
     try:
         imm = exact_int_matmul(Qt)
         probe = imm(Qt[:2], Qt[:2])
-        floating = probe.is_floating_point()
-        low = -math.inf if floating else torch.iinfo(torch.int32).min
-        bests = [torch.full((n,), low, dtype=probe.dtype, device=dev) for _ in range(workers)]
-        # columns per product: the scores [block, cols] and the columns' float32 copy [cols, r] fit
-        # GEMM_BYTES (the block's diagonal square may span several products: each masks its part)
-        col_chunk = rows_per_block(max(block, Qt.shape[1]), 4, GEMM_BYTES)
-        pool = [threading.Thread(target=work, args=(w, bests[w]), daemon=True) for w in range(1, workers)]
-        for th in pool:
-            th.start()
-        try:
-            work(0, bests[0])                       # sets the stop flag itself when it raises
-        finally:
-            for th in pool:
-                th.join()
     finally:
-        if workers > 1:
-            torch.set_num_threads(threads)
-    if flag["error"] is not None:
-        raise flag["error"]
+        torch.set_num_threads(threads)
+    floating = probe.is_floating_point()
+    low = -math.inf if floating else torch.iinfo(torch.int32).min
+    bests = [torch.full((n,), low, dtype=probe.dtype, device=dev) for _ in range(workers)]
+    # columns per product: the scores [block, cols] and the columns' float32 copy [cols, r] fit
+    # GEMM_BYTES (the block's diagonal square may span several products: each masks its part)
+    col_chunk = rows_per_block(max(block, Qt.shape[1]), 4, GEMM_BYTES)
+    try:
+        run_in_workers(mine, work, workers)
+    except OutOfTime:
+        st.cut("gemm")
     best = bests[0]
     for b in bests[1:]:
         torch.maximum(best, b, out=best)
     done = complete_rows() if size == 1 else (n if len(finished) == len(mine) else 0)
-    if flag["cut"]:
-        st.cut("gemm")
-    elif size == 1 and done > flag["told"]:
+    if size == 1 and done > told[0] and "gemm" not in st.cut_short:
         st.progress("gemm", done, n)
     best = best.cpu()
     if size > 1:

@@ -22,7 +22,7 @@ import torch
 
 from vocablens.ops.vocab_parallel.comm import world
 from vocablens.argmax.result import DUPLICATE, PADDING, UNARGMAXABLE, UNDECIDED, UNTRAINED
-from vocablens.argmax.state import U32, ScanState, one_blas_thread, rows_per_block
+from vocablens.argmax.state import U32, ScanState, one_blas_thread, rows_per_block, run_in_workers
 from vocablens.errors import BadInput, ShapeMismatch
 
 
@@ -208,11 +208,13 @@ def whiten(st: ScanState) -> None:
     rank, size = world()
     tick = st.check_time if size == 1 else (lambda: None)   # ranks must reach each all_reduce together
     mine = starts[rank::size]           # under torch.distributed each rank whitens every size-th block
-    buf = np.empty((min(step, n), d), dtype=np.float64)     # one block of rows in float64, reused
+    workers = max(1, min(torch.get_num_threads(), len(mine)))
+    bufs = [np.empty((min(step, n), d)) for _ in range(workers)]    # each worker's float64 block
 
-    def block(s: int) -> np.ndarray:
-        """Rows ``reps[s:s + step]`` minus the mean, float64, in ``buf`` (exact cast, then one rounding)."""
-        X = buf[:min(step, n - s)]
+    def block(s: int, w: int) -> np.ndarray:
+        """Rows ``reps[s:s + step]`` minus the mean, float64, in worker w's buffer (exact cast, then
+        one rounding)."""
+        X = bufs[w][:min(step, n - s)]
         np.copyto(X, _rows_f32(Wn, reps[s:s + step]))
         X -= mu
         return X
@@ -224,31 +226,41 @@ def whiten(st: ScanState) -> None:
     mu_t = torch.from_numpy(mu)
     _sum_over_ranks(mu_t, size)
     mu /= n
-    C = np.zeros((d, d))
-    for s in mine:
+    Cs = [np.zeros((d, d)) for _ in range(workers)]
+
+    def cov(s: int, w: int) -> None:
         tick()
-        X = block(s)
-        C += X.T @ X                                # numpy: a symmetric rank-k update
-    _sum_over_ranks(torch.from_numpy(C), size)
-    tick()
-    with one_blas_thread():                         # threaded LAPACK: 20x slower on a shared machine
+        X = block(s, w)
+        Cs[w] += X.T @ X                            # numpy: a symmetric rank-k update
+
+    with one_blas_thread():             # workers on one BLAS thread each (threaded LAPACK: 20x slower)
+        run_in_workers(mine, cov, workers, static=True)     # static: each C_w sums fixed blocks
+        C = Cs[0]
+        for Cw in Cs[1:]:
+            C += Cw
+        _sum_over_ranks(torch.from_numpy(C), size)
+        tick()
         lam, vec = np.linalg.eigh(C)
-    keep = lam > max(lam[-1], 0.0) * 1e-12
-    if not keep.any():
-        keep[-1] = True
-    A = np.ascontiguousarray(vec[:, keep] / np.sqrt(lam[keep]))     # [d, r]
-    r = A.shape[1]
-    Z = (np.zeros if size > 1 else np.empty)((n, r), dtype=np.float32)
-    wsq = 0.0
-    zbuf = np.empty((len(buf), r))
-    for s in mine:
-        tick()
-        X = block(s)
-        k = len(X)
-        wsq = max(wsq, float(np.einsum("ij,ij->i", X, X).max()))
-        np.matmul(X, A, out=zbuf[:k])
-        Z[s:s + k] = zbuf[:k]                       # float64 -> float32, one rounding
-        st.release(s, s + k)                        # W's pages out as Z's come in: one [n, d] matrix
+        keep = lam > max(lam[-1], 0.0) * 1e-12
+        if not keep.any():
+            keep[-1] = True
+        A = np.ascontiguousarray(vec[:, keep] / np.sqrt(lam[keep]))     # [d, r]
+        r = A.shape[1]
+        Z = (np.zeros if size > 1 else np.empty)((n, r), dtype=np.float32)
+        wsq = [0.0] * workers
+        zbufs = [np.empty((len(bufs[0]), r)) for _ in range(workers)]
+
+        def whitened(s: int, w: int) -> None:
+            tick()
+            X = block(s, w)
+            k = len(X)
+            wsq[w] = max(wsq[w], float(np.einsum("ij,ij->i", X, X).max()))
+            np.matmul(X, A, out=zbufs[w][:k])
+            Z[s:s + k] = zbufs[w][:k]                   # float64 -> float32, one rounding
+            st.release(s, s + k)                        # W's pages out as Z's come in: one [n, d] matrix
+
+        run_in_workers(mine, whitened, workers)
+    wsq = max(wsq)
     if size > 1:                        # every rank needs every whitened row: the others' are zeros here
         _sum_over_ranks(torch.from_numpy(Z), size)
         wsq_t = torch.tensor([wsq], dtype=torch.float64)
