@@ -264,60 +264,62 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
         iters: scorings per column at most (the first at ``y = z_t``, then after each reflection).
         screen: optional ``(state, cols, S) -> bool mask`` called (for at most :data:`SCREEN_COLS`
             columns at a time) with the scores
-            ``S [n, m]`` at ``y = z_t`` (own scores masked out) for the columns the float32 re-check
+            ``S [n, m]`` (float32 tensor) at ``y = z_t`` (own scores masked out) for the columns the float32 re-check
             did not settle; it returns the columns it settled itself (a quick interior proof), which
             then skip the reflections.
     """
     if not len(st.left) or iters <= 0:
         return
-    Zt, coef = st.Zt, (st.r * U32 / (1 - st.r * U32) + 3 * U32) * 1.01
+    Zn, coef = st.Zt.numpy(), (st.r * U32 / (1 - st.r * U32) + 3 * U32) * 1.01
     still: list[np.ndarray] = []
     left = st.left
-    ncol = rows_per_block(st.n, 4, most=REFLECT_COLS)        # the scores [n, ncol] fit BLOCK_BYTES
-    cols = torch.zeros(0, dtype=torch.int64)
-    Y = torch.zeros(st.r, 0, dtype=Zt.dtype)
+    ncol = rows_per_block(st.n, 4, most=REFLECT_COLS)        # the scores [ncol, n] fit BLOCK_BYTES
+    cols = np.zeros(0, dtype=np.int64)
+    Y = np.zeros((0, st.r), dtype=np.float32)                # one direction per pooled column
     age = np.zeros(0, dtype=np.int64)                        # scorings done per pooled column
     nxt, finished = 0, 0
     while True:
         if st.time_left() <= 0:
             st.cut("reflect")
-            still += [cols.numpy(), left[nxt:]]
+            still += [cols, left[nxt:]]
             break
         add = left[nxt:nxt + ncol - len(cols)]
         nxt += len(add)
         if len(add):
-            at = torch.from_numpy(add)
-            cols, Y = torch.cat([cols, at]), torch.cat([Y, Zt[at].T], dim=1)
+            cols, Y = np.concatenate([cols, add]), np.concatenate([Y, Zn[add]])
             age = np.concatenate([age, np.zeros(len(add), dtype=np.int64)])
         if not len(cols):
             break
-        S = Zt @ Y                                      # [n, m]
-        ar = torch.arange(len(cols))
-        own = S[cols, ar].clone()
-        S[cols, ar] = -math.inf
-        bestv, jstar = S.max(0)
-        ynorm = Y.double().norm(dim=0).numpy()
-        mm = (own - bestv).double().numpy()
-        bnd = coef * ynorm * (st.znorm[cols.numpy()] + st.zmax) + 1e-30
+        # scores [m, n]: numpy's float32 GEMM and reductions along rows (measured 2x faster here
+        # than torch's [n, m] product and column maxima, at every pool width from 1 to 85)
+        S = Y @ Zn.T
+        ar = np.arange(len(cols))
+        own = S[ar, cols].copy()
+        S[ar, cols] = -np.inf
+        jstar = S.argmax(1)
+        bestv = S[ar, jstar]
+        ynorm = np.linalg.norm(Y.astype(np.float64), axis=1)
+        mm = own.astype(np.float64) - bestv
+        bnd = coef * ynorm * (st.znorm[cols] + st.zmax) + 1e-30
         done = mm > bnd
         for q in np.nonzero(done)[0]:
             t = int(st.reps[int(cols[q])])
-            st.settle_arg_y(t, 2, Y[:, q].double().numpy(), float(mm[q] - bnd[q]))
+            st.settle_arg_y(t, 2, Y[q].astype(np.float64), float(mm[q] - bnd[q]))
         fresh = np.nonzero(~done & (age == 0))[0]            # first scoring, at y = z_t
         if screen is not None and len(fresh):
-            for j in range(0, len(fresh), SCREEN_COLS):      # S[:, part] is a copy: small parts
+            for j in range(0, len(fresh), SCREEN_COLS):
                 part = fresh[j:j + SCREEN_COLS]
-                done[part] |= screen(st, cols[part].numpy(), S[:, part])
+                done[part] |= screen(st, cols[part], torch.from_numpy(S[part]).T)
         del S
         age += 1
         spent = ~done & (age >= iters)
-        still.append(cols.numpy()[spent])
+        still.append(cols[spent])
         finished += int((done | spent).sum())
-        keepc = torch.from_numpy(~(done | spent))
-        Y, cols, jstar, age = Y[:, keepc], cols[keepc], jstar[keepc], age[keepc.numpy()]
+        keep = ~(done | spent)
+        Y, cols, jstar, age = Y[keep], cols[keep], jstar[keep], age[keep]
         if len(cols):
-            nv = Zt[cols].T - Zt[jstar].T                # [r, m]  z_t - z_j
-            coefr = (nv * Y).sum(0) / (nv * nv).sum(0).clamp_min(1e-30)
-            Y = Y - 2.0 * coefr * nv
+            nv = Zn[cols] - Zn[jstar]                    # [m, r]  z_t - z_j
+            coefr = (nv * Y).sum(1) / np.maximum((nv * nv).sum(1), 1e-30)
+            Y = Y - (2.0 * coefr)[:, None] * nv
         st.progress("reflect", finished, len(left))
     st.left = np.sort(np.concatenate(still)) if still else np.zeros(0, dtype=np.int64)

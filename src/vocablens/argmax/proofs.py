@@ -24,7 +24,6 @@ fallback here, and stage ``bias``) are in :mod:`~vocablens.argmax.lp`.
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -233,11 +232,12 @@ def stage_proof(st: ScanState, max_rounds: int, row_budget_s: float | None) -> d
 
 
 def _start_sets(Zt: torch.Tensor, ks: np.ndarray, n0: int) -> np.ndarray:
-    """The ``n0`` rows scoring highest at ``z_k`` for each k in ks (k itself left out): int64 [len(ks), n0]."""
-    kt = torch.from_numpy(ks)
-    S0 = Zt @ Zt[kt].T                                           # [n, B]
-    S0[kt, torch.arange(len(ks))] = -math.inf
-    return torch.topk(S0, n0, dim=0).indices.T.numpy()           # [B, n0], best first
+    """The ``n0`` rows scoring highest at ``z_k`` for each k in ks (k itself left out): int64 [len(ks), n0].
+    Scores [B, n] by numpy's GEMM (faster here than torch's for these shapes, measured)."""
+    Zn = Zt.numpy()
+    S0 = Zn[ks] @ Zn.T                                           # [B, n]
+    S0[np.arange(len(ks)), ks] = -np.inf
+    return torch.topk(torch.from_numpy(S0), n0, dim=1).indices.numpy()     # [B, n0], best first
 
 
 def _round(st: ScanState, row: _Row, fails: dict) -> bool:
@@ -286,9 +286,9 @@ def _check_some(st: ScanState, probe: list, max_rounds: int, row_budget_s, fails
     """One ``Z Y`` product [n, len(probe)]; the rows to extend are appended to ``nxt``."""
     Y = torch.from_numpy(np.stack([row.y for row in probe], axis=1)).float()   # [r, m]
     sl = slack(st, Y)
-    SC = st.Zt @ Y                                               # [n, m]
+    SC = Y.numpy().T @ st.Zt.numpy().T                           # [m, n] (numpy's GEMM: faster here)
     for q, row in enumerate(probe):
-        sc = SC[:, q].double().numpy()
+        sc = SC[q].astype(np.float64)
         own = sc[row.k]
         sc[row.k] = -np.inf
         viol = np.nonzero(sc >= own - sl[q])[0]
