@@ -8,9 +8,10 @@ import math
 import time
 
 import numpy as np
+import torch
 
 from vocablens.argmax.result import DUPLICATE, UNDECIDED
-from vocablens.argmax.state import ScanState, rows_per_block
+from vocablens.argmax.state import ScanState, one_blas_thread, rows_per_block, run_in_workers
 
 
 def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int = 512, progress=None,
@@ -29,7 +30,8 @@ def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int =
     Returns:
         float64 [k] margins (logit units); NaN for tokens not reached before the deadline.
 
-    Memory: one block of rows in float64 and their scores ``[rows, chunk]`` (about
+    Memory: per worker (``torch.get_num_threads()`` of them, one BLAS thread each: the row blocks
+    are shared out) one block of rows in float64 and their scores ``[chunk, rows]`` (about
     :data:`~vocablens.argmax.state.BLOCK_BYTES` each), whatever V: the maxima are kept per token.
     """
     tokens = np.asarray(tokens, dtype=np.int64)
@@ -40,31 +42,42 @@ def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int =
     d = Wn.shape[1]
     chunk = rows_per_block(d, 8, most=chunk)
     step = min(rows_per_block(chunk, 8), rows_per_block(d, 8))
+    starts = list(range(0, len(play), step))
+    workers = max(1, min(torch.get_num_threads(), len(starts)))
+    bufs = [np.empty((min(step, len(play)), d)) for _ in range(workers)]     # float64 rows, per worker
+    run = len(play) > 0 and int(play[-1]) - int(play[0]) == len(play) - 1    # rows in play are one run
     for s in range(0, len(tokens), chunk):
         if deadline is not None and time.perf_counter() >= deadline:
             break
         tk = tokens[s:s + chunk]
-        X = np.stack([cert(t) for t in tk], axis=1)               # [d, k]
-        # (row, column) entries left out of each token's maximum: its own row and its twins
+        XT = np.stack([cert(t) for t in tk])                       # [k, d]
+        # (token, row) entries left out of each token's maximum: its own row and its twins
         mr = [np.atleast_1d(pos[t]) for t in tk]
         if twins_of is not None:
             mr = [np.concatenate([m, pos[np.asarray(twins_of(t), dtype=np.int64)]]) for m, t in zip(mr, tk)]
         mrow = np.concatenate(mr)
         mcol = np.repeat(np.arange(len(tk)), [len(m) for m in mr])
         own = np.full(len(tk), np.nan)
-        best = np.full(len(tk), -np.inf)
-        for r0 in range(0, len(play), step):
+        bests = [np.full(len(tk), -np.inf) for _ in range(workers)]
+
+        def rows_block(r0: int, w: int) -> None:
             rows = play[r0:r0 + step]
-            L = Wn[rows].astype(np.float64) @ X                    # [rows, k]
+            B = bufs[w][:len(rows)]
+            np.copyto(B, Wn[int(rows[0]):int(rows[-1]) + 1] if run else Wn[rows])   # exact cast
+            L = XT @ B.T                                           # [k, rows] float64
             if bn is not None:
-                L += bn[rows][:, None]
+                L += bn[rows][None, :]
             q = np.nonzero((pos[tk] >= r0) & (pos[tk] < r0 + step))[0]
-            own[q] = L[pos[tk[q]] - r0, q]
+            own[q] = L[q, pos[tk[q]] - r0]                         # each token's own row: one block
             sel = (mrow >= r0) & (mrow < r0 + step)
-            L[mrow[sel] - r0, mcol[sel]] = -np.inf
-            np.maximum(best, L.max(0), out=best)
+            L[mcol[sel], mrow[sel] - r0] = -np.inf
+            np.maximum(bests[w], L.max(1), out=bests[w])
             if release is not None:
                 release(rows[0], rows[-1] + 1)
+
+        with one_blas_thread():         # row blocks over workers, one BLAS thread each
+            run_in_workers(starts, rows_block, workers)
+        best = np.max(bests, axis=0)
         out[s:s + len(tk)] = own - best if len(play) > 1 else math.inf
         if progress:
             progress(min(s + chunk, len(tokens)), len(tokens))
