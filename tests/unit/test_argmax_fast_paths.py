@@ -55,12 +55,13 @@ def test_all_pairs_maxima_over_workers_and_narrow_products_are_exact(monkeypatch
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        best, done = cert._dense_maxima(st, 16, 0, 1)
+        best, diag, done = cert._dense_maxima(st, 16, 0, 1)
         assert torch.get_num_threads() == 2          # restored after the workers
     finally:
         torch.set_num_threads(threads)
     assert done == 203
     assert torch.equal(best.long(), want)
+    assert torch.equal(diag.long(), (Q.long() ** 2).sum(1))
 
 
 def test_run_in_workers_covers_every_item_once_and_raises_the_first_error():

@@ -138,20 +138,21 @@ def stage_gemm(st: ScanState, block: int) -> None:
         del Q64
         _judge_stage1(st, dg, best, complete)
         return
-    best_t, done = _dense_maxima(st, block, rank, size)
-    diag = torch.empty(n, dtype=torch.float64)
-    step = rows_per_block(Qt.shape[1])
-    for s in range(0, n, step):
-        qi = Qt[s:s + step].long()
-        diag[s:s + step] = (qi * qi).sum(1).double()
+    best_t, diag, done = _dense_maxima(st, block, rank, size)
+    if size > 1 or done < n:            # another rank's (or an unfinished) block: compute them
+        step = rows_per_block(Qt.shape[1])
+        for s in range(0, n, step):
+            qi = Qt[s:s + step].to(torch.int32)
+            diag[s:s + step] = (qi * qi).sum(1).double()
     complete = np.zeros(n, dtype=bool)
     complete[:done] = True
     _judge_stage1(st, diag.numpy(), best_t.double().numpy(), complete)
 
 
 def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
-    """Every pair's exact product (the upper triangle of ``Q Q^T``): the rows' maxima and the
-    number of leading rows whose maximum is complete.
+    """Every pair's exact product (the upper triangle of ``Q Q^T``): the rows' maxima, their own
+    products ``q_i . q_i`` (float64 [n], read off the diagonal before it is masked; rows of blocks
+    not done here are 0) and the number of leading rows whose maximum is complete.
 
     On the CPU the row blocks go to ``torch.get_num_threads()`` Python workers that each run their
     products and reductions on one torch thread (a shared counter hands out the blocks; each worker
@@ -184,8 +185,9 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
                 st.check_time()
             c1 = min(n, c0 + col_chunk)
             S = imm(QI, Qt[c0:c1])                      # [bi, bc] exact integers
-            if c0 < i1:                                 # the diagonal runs through it
+            if c0 < i1:                                 # the diagonal runs through it: q_i . q_i
                 ar = torch.arange(c0, min(i1, c1), device=dev)
+                diag[c0:min(i1, c1)] = S[ar - i0, ar - c0].to(diag.dtype)
                 S[ar - i0, ar - c0] = low
             torch.maximum(best[i0:i1], S.amax(1), out=best[i0:i1])
             torch.maximum(best[c0:c1], S.amax(0), out=best[c0:c1])
@@ -207,6 +209,7 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
     floating = probe.is_floating_point()
     low = -math.inf if floating else torch.iinfo(torch.int32).min
     bests = [torch.full((n,), low, dtype=probe.dtype, device=dev) for _ in range(workers)]
+    diag = torch.zeros(n, dtype=torch.float64, device=dev)  # own products, read off the diagonal
     # columns per product: the scores [block, cols] and the columns' float32 copy [cols, r] fit
     # GEMM_BYTES (the block's diagonal square may span several products: each masks its part)
     col_chunk = rows_per_block(max(block, Qt.shape[1]), 4, GEMM_BYTES)
@@ -228,7 +231,7 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
         best = best.double()
         allreduce_max(best)
         done = n
-    return best, done
+    return best, diag.cpu(), done
 
 
 def _judge_stage1(st: ScanState, dg: np.ndarray, best: np.ndarray, complete: np.ndarray) -> None:

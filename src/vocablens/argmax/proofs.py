@@ -4,7 +4,9 @@ No bias (stage ``proof``), for row t with whitened ``z_t`` (the rows are centred
 
 1. Sparse first try (:func:`sparse_certificate`, also run inside the reflect stage): NNLS over the
    32 rows that score highest at ``z_t`` and the centroid 0, then a shared inner polytope
-   (:class:`Ball`: the means of the rows on either side of each whitened axis, built once per run)
+   (:class:`Ball`: the means of the rows on either side of each whitened axis, built once per run,
+   and only when a gap is within its reach ``ScanState.ball_reach``: 2 n r d float64 FLOPs that a
+   head with no interior row, like SmolLM2's, never needs)
    absorbs the remaining gap inside the centroid's share. A point that sits between a few rows and
    the centre (a planted midpoint, a barely trained row) gets a certificate in O(k r^2) instead of
    an NNLS with support r + 1.
@@ -283,7 +285,7 @@ def _check_directions(st: ScanState, probe: list, max_rounds: int, row_budget_s,
 
 
 def _check_some(st: ScanState, probe: list, max_rounds: int, row_budget_s, fails: dict, nxt: list) -> None:
-    """One ``Z Y`` product [n, len(probe)]; the rows to extend are appended to ``nxt``."""
+    """One ``Y^T Z^T`` product [len(probe), n]; the rows to extend are appended to ``nxt``."""
     Y = torch.from_numpy(np.stack([row.y for row in probe], axis=1)).float()   # [r, m]
     sl = slack(st, Y)
     SC = Y.numpy().T @ st.Zt.numpy().T                           # [m, n] (numpy's GEMM: faster here)
