@@ -231,7 +231,7 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
         best = best.double()
         allreduce_max(best)
         done = n
-    return best, diag.cpu(), done
+    return best, diag.cpu(), done                       # cpu: stage 1 is judged in numpy
 
 
 def _judge_stage1(st: ScanState, dg: np.ndarray, best: np.ndarray, complete: np.ndarray) -> None:

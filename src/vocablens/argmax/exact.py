@@ -107,7 +107,8 @@ def find_unargmaxable(
         reflect_iters: batched reflection steps for the near misses of stage 1.
         tol: relative tolerance of a not-argmaxable certificate: the residual
             ``||w_i - sum mu_j w_j||_2`` must be at most ``tol`` times the largest centred row norm.
-        block: query rows per block of the stage-1 matrix product.
+        block: query rows per block of the stage-1 matrix product (its products are ``block``
+            x as many columns as fit :data:`~vocablens.argmax.certificates.GEMM_BYTES` of scores).
         verify: ``"borderline"`` (float64 re-check of every certificate from stages 2+ and of the
             256 stage-1 certificates with the smallest margin relative to their error bound; the
             others are covered by the rigorous bound of the exact int8 stage) or ``"all"``
@@ -121,9 +122,10 @@ def find_unargmaxable(
             verdict) and :attr:`ArgmaxResult.cut_short` names the stages cut short.
         progress: optional callback ``(stage, done, total)``.
         screen: run stage ``gemm`` as the exact half-width screen (:mod:`~vocablens.argmax.screen`):
-            the same verdicts, about half the multiply-adds; measured on this 2-core machine it is
-            not faster than the full int8 product (its reductions cost what the products save), so
-            it is off by default.
+            the same verdicts, about half the multiply-adds; measured on 2 shared cores it is slower
+            than the full int8 product (its reductions cost what the products save; on the default
+            head 15.1 CPU-s against 4.3 for the full product on worker threads, load 3), so it is
+            off by default.
         device: where the all-pairs stage's certificate products (and the screen's bounds) run:
             ``"cpu"`` or ``"cuda[:N]"`` (the GPU; the same exact integers, so the same verdicts).
 

@@ -198,9 +198,12 @@ def whiten(st: ScanState) -> None:
     and the verdicts, being certified, are the same. It then runs to the end whatever the budget.
 
     Cost: three passes over the rows (mean, covariance, whitened rows), each reading a block of
-    rows into one reused float64 buffer (a view of W, no gather, where the distinct rows are a run)
-    and running numpy's BLAS on it: measured on 49,152 x 576, 1.5 CPU-s (was 4-5 CPU-s with
-    per-block torch copies, whose fresh pages cost as much as the products).
+    rows into a reused float64 buffer (a view of W, no gather, where the distinct rows are a run)
+    and running numpy's BLAS on it, the blocks shared out over worker threads with one BLAS thread
+    each (:func:`~vocablens.argmax.state.run_in_workers`; the covariance's blocks fixed per worker,
+    so its sums do not depend on timing): measured on 49,152 x 576 on 2 shared cores, 1.5-2.1
+    CPU-s at load 3 (was 4.0-4.6 CPU-s with per-block torch copies, whose fresh pages cost as
+    much as the products, and MKL's float64 GEMM, slower than OpenBLAS's on this AMD CPU).
     """
     n, d, Wn, reps = st.n, st.d, st.Wn, st.reps
     step = rows_per_block(d, 4, most=4096)          # float64 rows, two blocks' worth: ~0.1 s each
