@@ -22,7 +22,7 @@ import torch
 
 from vocablens.argmax.distributed import allreduce_max
 from vocablens.ops.vocab_parallel.comm import world
-from vocablens.argmax.state import U32, ScanState, rows_per_block
+from vocablens.argmax.state import U32, ScanState, rows_per_block, scores_against
 
 #: reflect columns at a time at most (the scores are [n, this] float32, capped at
 #: :data:`~vocablens.argmax.state.BLOCK_BYTES`)
@@ -295,7 +295,7 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
             break
         # scores [m, n]: numpy's float32 GEMM and reductions along rows (measured 2x faster here
         # than torch's [n, m] product and column maxima, at every pool width from 1 to 85)
-        S = Y @ Zn.T
+        S = scores_against(Y, Zn)
         ar = np.arange(len(cols))
         own = S[ar, cols].copy()
         S[ar, cols] = -np.inf

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from vocablens.argmax.lp import lp_proof, slack
-from vocablens.argmax.state import ScanState, rows_per_block
+from vocablens.argmax.state import ScanState, rows_per_block, scores_against
 
 #: rows proved together (one product for their start sets, one per round for their directions)
 BATCH = 64
@@ -237,7 +237,7 @@ def _start_sets(Zt: torch.Tensor, ks: np.ndarray, n0: int) -> np.ndarray:
     """The ``n0`` rows scoring highest at ``z_k`` for each k in ks (k itself left out): int64 [len(ks), n0].
     Scores [B, n] by numpy's GEMM (faster here than torch's for these shapes, measured)."""
     Zn = Zt.numpy()
-    S0 = Zn[ks] @ Zn.T                                           # [B, n]
+    S0 = scores_against(Zn[ks], Zn)                              # [B, n]
     S0[np.arange(len(ks)), ks] = -np.inf
     return torch.topk(torch.from_numpy(S0), n0, dim=1).indices.numpy()     # [B, n0], best first
 
@@ -288,7 +288,7 @@ def _check_some(st: ScanState, probe: list, max_rounds: int, row_budget_s, fails
     """One ``Y^T Z^T`` product [len(probe), n]; the rows to extend are appended to ``nxt``."""
     Y = torch.from_numpy(np.stack([row.y for row in probe], axis=1)).float()   # [r, m]
     sl = slack(st, Y)
-    SC = Y.numpy().T @ st.Zt.numpy().T                           # [m, n] (numpy's GEMM: faster here)
+    SC = scores_against(Y.numpy().T, st.Zt.numpy())              # [m, n] (numpy's GEMM: faster here)
     for q, row in enumerate(probe):
         sc = SC[q].astype(np.float64)
         own = sc[row.k]

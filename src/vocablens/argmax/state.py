@@ -118,6 +118,26 @@ def run_in_workers(items, fn, workers: int, static: bool = False) -> None:
         raise errors[0]
 
 
+def scores_against(Y: np.ndarray, Zn: np.ndarray) -> np.ndarray:
+    """``Y @ Zn.T`` (float32 [m, n]) for directions ``Y`` [m, r] against all rows ``Zn`` [n, r], the
+    rows split over ``torch.get_num_threads()`` workers with one BLAS thread each (the caller
+    holds :func:`one_blas_thread`): float32 dot products of length r, so the rounding bound of one
+    GEMM holds, on every core."""
+    n = Zn.shape[0]
+    workers = max(1, min(torch.get_num_threads(), n // 4096))
+    if workers == 1:
+        return Y @ Zn.T
+    S = np.empty((Y.shape[0], n), dtype=np.result_type(Y, Zn))
+    cuts = np.linspace(0, n, workers + 1).astype(np.int64)
+
+    def part(w: int, _w: int) -> None:
+        a, b = int(cuts[w]), int(cuts[w + 1])
+        S[:, a:b] = Y @ Zn[a:b].T       # (splitting Y's rows, written in place: more CPU-s, measured)
+
+    run_in_workers(range(workers), part, workers, static=True)
+    return S
+
+
 @dataclass(eq=False)
 class ScanState:
     """Everything the stages share. Arrays are numpy, indexed by token id ([V]) unless noted.
