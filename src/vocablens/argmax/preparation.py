@@ -98,13 +98,16 @@ def group_identical(Wn: np.ndarray, ids: np.ndarray, tick=None):
     rng = np.random.default_rng(0)
     R = rng.integers(-(2 ** 62), 2 ** 62, size=(Wn.shape[1], 2), dtype=np.int64)
     keys = np.empty((m, 2), dtype=np.int64)
-    step = rows_per_block(Wn.shape[1])           # int64 bits: one BLOCK_BYTES block
-    with np.errstate(over="ignore"):
-        for s in range(0, m, step):
-            if tick is not None:
-                tick()
+    step = rows_per_block(Wn.shape[1])           # int64 bits: one BLOCK_BYTES block per worker
+
+    def hash_block(s: int, _w: int) -> None:
+        if tick is not None:
+            tick()
+        with np.errstate(over="ignore"):
             bits = (Wn[ids[s:s + step]] + Wn.dtype.type(0)).view(itype).astype(np.int64)
             keys[s:s + step] = bits @ R          # wraps modulo 2^64: an exact function of the bits
+
+    run_in_workers(range(0, m, step), hash_block, torch.get_num_threads())
     _, inv, cnt = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
     inv = inv.ravel()
     if (cnt > 1).any():
@@ -279,25 +282,36 @@ def _grid(st: ScanState, Z: np.ndarray, tick, cond_ok: bool = False) -> None:
     """The global int8 grid for stage 1: ``q = round(z / qs)``, ``e = z - qs q`` (z exact: plus the
     float32 rounding of Z), with the bound ``enorm >= ||e||`` per row."""
     n, r = Z.shape
-    step = rows_per_block(r)                        # three float64 blocks at a time
-    zabs = max(float(np.abs(Z[s:s + step]).max()) for s in range(0, n, step))   # no [n, r] copy
+    step = rows_per_block(r)                        # three float64 blocks at a time, per worker
+    starts, workers = range(0, n, step), torch.get_num_threads()
+    zabs_w = [0.0] * workers
+
+    def zabs_block(s: int, w: int) -> None:
+        zabs_w[w] = max(zabs_w[w], float(np.abs(Z[s:s + step]).max()))    # no [n, r] copy
+
+    run_in_workers(starts, zabs_block, workers)
+    zabs = max(zabs_w)
     qs = zabs * (1 + 1e-6) / 127.0 or 1.0
     Q = np.empty((n, r), dtype=np.int8)
     enorm = np.empty(n)
     znorm = np.empty(n)
-    pos = np.zeros(r, dtype=np.int64)               # rows with q_k > 0, per axis (the Ball's halves)
-    for s in range(0, n, step):
+    pos_w = np.zeros((workers, r), dtype=np.int64)  # rows with q_k > 0, per axis (the Ball's halves)
+
+    def grid_block(s: int, w: int) -> None:
         tick()
         zc = Z[s:s + step].astype(np.float64)
         qc = np.divide(zc, qs)
         np.rint(qc, out=qc)
         Q[s:s + step] = qc.astype(np.int8)
-        pos += np.count_nonzero(qc > 0, axis=0)
+        pos_w[w] += np.count_nonzero(qc > 0, axis=0)
         zn = np.sqrt(np.einsum("ij,ij->i", zc, zc))
         np.multiply(qc, qs, out=qc)
         np.subtract(zc, qc, out=qc)                 # z - qs q, the rounding to the grid
         enorm[s:s + step] = np.sqrt(np.einsum("ij,ij->i", qc, qc)) + 1.01 * U32 * zn
         znorm[s:s + step] = zn
+
+    run_in_workers(starts, grid_block, workers)
+    pos = pos_w.sum(0)
     st.Qt, st.qs = torch.from_numpy(Q), qs
     st.enorm, st.emax = enorm, float(enorm.max())
     st.znorm, st.zmax = znorm, float(znorm.max())
