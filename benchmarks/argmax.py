@@ -46,8 +46,12 @@ Second round (AMD EPYC, 2 cores shared with other sessions, AVX-512 VNNI), same 
 verdicts (compared token by token with the previous code on SmolLM2's head and six test-like
 matrices): before, at load 0.9-1.3: scan 11.8 s wall / 15.6 CPU-s against a pass of 32.9 s /
 44.1 CPU-s, 0.36x wall, 0.35x CPU (prepare 4.2, gemm 5.0, reflect 3.6, proof 1.0, verify 1.0 CPU-s);
-after, at load 3.4: 9.5 s wall / 9.35 CPU-s against 43.6 s / 43.3 CPU-s, 0.22x wall, 0.22x CPU
-(prepare 2.2, gemm 4.3, reflect 1.1, proof 0.8, verify 0.8 CPU-s). What did it:
+after, at load 3.2: 9.3 s wall / 9.0 CPU-s against 39.3 s / 38.8 CPU-s, 0.24x wall, 0.23x CPU
+(prepare 2.2, gemm 4.2, reflect 1.0, proof 0.8, verify 0.8 CPU-s); on the quiet machine (load
+0.3-0.6, one commit earlier: prepare's hashing and grid not yet on workers) 4.9-5.1 s wall /
+8.3-8.7 CPU-s against 20.4 s / 39.1-39.5 CPU-s, 0.24-0.25x wall, 0.21-0.22x CPU: with both cores
+free the fp32 pass runs on two threads, so the wall ratio is the tighter one (the proofs, NNLS and
+scipy's import, ~0.7 s, run on one). What did it:
 - the all-pairs blocks, the whitening and the re-check run on Python worker threads with one
   torch/BLAS thread each (``vocablens.argmax.state.run_in_workers``): on a shared machine a 2-thread
   product waits for a descheduled peer, which cost up to 2x the CPU seconds (and the kernel pick, a
@@ -57,8 +61,9 @@ after, at load 3.4: 9.5 s wall / 9.35 CPU-s against 43.6 s / 43.3 CPU-s, 0.22x w
 - the whitening reads blocks into one reused float64 buffer and runs numpy's BLAS (MKL's float64
   GEMM runs at ~60% of OpenBLAS's on this AMD CPU; fresh pages per block cost as much as the products);
 - reflect keeps one pool of columns full (24 passes over Z instead of 53) and scores [columns, n] by
-  numpy's float32 GEMM (2x torch's here at every width); the Ball (2 n r d float64 FLOPs) is built
-  only when a gap is within its reach (no row of this head ever is).
+  numpy's float32 GEMM (2x torch's here at every width), split over workers by rows of Z; the
+  Ball (2 n r d float64 FLOPs) is built only when a gap is within its reach (no row of this head
+  ever is).
 
 The synthetic trained-like head is another matter (this round's code, ``--trained-like --sizes
 8192`` then ``16384 --d 256``; all planted rows found, every other verdict certified):
