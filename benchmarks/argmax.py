@@ -31,19 +31,52 @@ Issue 26: every run prints the scan as a ratio to one plain fp32 all-pairs pass 
 ``--V 262144 --d 640``; ``--reserved``, ``--clusters``, ``--planted``); ``--screen`` runs stage gemm
 by the half-width screen (vocablens.argmax.screen).
 
-Measured for issue 26 (2 shared cores, load average 8-15):
+Measured for issue 26, first round (another 2-core machine, load average 8-15):
 - default head: scan 77.6 s wall / 27.5 CPU-s against an fp32 all-pairs pass of 158 s / 51.4 CPU-s
   (load 9): 0.49x wall, 0.53x CPU (prepare 5.2, gemm 13.8, reflect 5.2, proof 1.2, verify 1.5 CPU-s);
-- the all-pairs stage is near the floor of its certificate: its int8 products (torch._int_mm, 4x
-  float32 here) cost ~0.25 of one fp32 all-pairs pass over the triangle, the reductions a little more;
-- a norm-ordered, multi-level head/tail pruning of that stage (LEMP/FEXIPRO-style bounds, exact and
-  tested against the full product) did *more* work on the default head, not less: the int8 grid's
-  rounding slack (|e_j . y| <= ||e_j|| ||y||, about 15 ||q_t|| in grid units) lowers each row's
-  threshold to ~0.89 q_t . q_t, so a row must look at the 73% of rows whose norm is within the slack
-  of its own, and the head bounds fail against the longest rows; it was not landed;
-- on the synthetic ``--trained-like`` head at 8,192 x 256, 70% of the rows fail the all-pairs
-  certificate and the reflect (33 CPU-s) and proof (70 CPU-s) stages dominate: the scan is ~127x
-  the all-pairs pass in CPU seconds. There the cost to cut is the per-row proofs, not V^2 d.
+- a norm-ordered, multi-level head/tail pruning of the all-pairs stage (LEMP/FEXIPRO-style bounds,
+  exact and tested against the full product) did *more* work on the default head, not less: the
+  int8 grid's rounding slack (|e_j . y| <= ||e_j|| ||y||, about 15 ||q_t|| in grid units) lowers
+  each row's threshold to ~0.89 q_t . q_t, so a row must look at the 73% of rows whose norm is
+  within the slack of its own, and the head bounds fail against the longest rows; it was not landed
+  (and the symmetric triangle cannot be pruned by norms at all: of a pair, the shorter row always
+  needs the longer one as a competitor).
+
+Second round (AMD EPYC, 2 cores shared with other sessions, AVX-512 VNNI), same scan, same
+verdicts (compared token by token with the previous code on SmolLM2's head and six test-like
+matrices): before, at load 0.9-1.3: scan 11.8 s wall / 15.6 CPU-s against a pass of 32.9 s /
+44.1 CPU-s, 0.36x wall, 0.35x CPU (prepare 4.2, gemm 5.0, reflect 3.6, proof 1.0, verify 1.0 CPU-s);
+after, at load 3.2: 9.3 s wall / 9.0 CPU-s against 39.3 s / 38.8 CPU-s, 0.24x wall, 0.23x CPU
+(prepare 2.2, gemm 4.2, reflect 1.0, proof 0.8, verify 0.8 CPU-s); on the quiet machine (load
+0.3-0.6, one commit earlier: prepare's hashing and grid not yet on workers) 4.9-5.1 s wall /
+8.3-8.7 CPU-s against 20.4 s / 39.1-39.5 CPU-s, 0.24-0.25x wall, 0.21-0.22x CPU: with both cores
+free the fp32 pass runs on two threads, so the wall ratio is the tighter one (the proofs, NNLS and
+scipy's import, ~0.7 s, run on one). What did it:
+- the all-pairs blocks, the whitening and the re-check run on Python worker threads with one
+  torch/BLAS thread each (``vocablens.argmax.state.run_in_workers``): on a shared machine a 2-thread
+  product waits for a descheduled peer, which cost up to 2x the CPU seconds (and the kernel pick, a
+  single timing, once chose float32 for a whole scan at load 6: 30 CPU-s);
+- 1,024 x 512 int8 products (2 MiB of scores, read from cache by the two reductions): 3.3 CPU-s per
+  10^9 pairs against 4.4 for 2,048 x 2,048; the own products read off the diagonal;
+- the whitening reads blocks into one reused float64 buffer and runs numpy's BLAS (MKL's float64
+  GEMM runs at ~60% of OpenBLAS's on this AMD CPU; fresh pages per block cost as much as the products);
+- reflect keeps one pool of columns full (24 passes over Z instead of 53) and scores [columns, n] by
+  numpy's float32 GEMM (2x torch's here at every width), split over workers by rows of Z; the
+  Ball (2 n r d float64 FLOPs) is built only when a gap is within its reach (no row of this head
+  ever is).
+
+The synthetic trained-like head is another matter (this round's code, ``--trained-like --sizes
+8192`` then ``16384 --d 256``; all planted rows found, every other verdict certified):
+
+    V       fail int8   reflect CPU-s (settled)   proof CPU-s (rows)   scan CPU-s   pass CPU-s   ratio   load
+    8,192      5,758        8.2  (4,894)              56   (864)            65          0.8       83x    1.4-1.6
+    16,384    15,087       29.8 (11,180)             508 (3,904)           542          2.7      202x    2.2-3.9
+
+(16,384: 3 rows undecided by the 60 s row budget.) The ratio more than doubles with each doubling
+of V: the share of rows the int8 certificate fails grows (70% -> 92%), and the NNLS proofs (rows
+~ V, each a few passes over all V rows, so ~V^2 r with a large constant) dominate. Only a scan that
+does not start from one certificate per row at ``y = z_t`` can change that; 32,768 and 65,536 were
+not run (extrapolated: hours).
 
 Usage: PYTHONPATH=src python benchmarks/argmax.py [--quick] [--V 262144 --d 640 --planted 2000]
        [--threads 2] [--skip-model] [--skip-random] [--budget SECONDS] [--device cuda]

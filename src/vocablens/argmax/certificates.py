@@ -1,5 +1,6 @@
-"""Argmaxable certificates: stage ``gemm`` (all pairs, exact int8 grid), stage ``reflect`` (batched
-Braid reflections) and stage ``verify`` (float64 re-check in the original coordinates).
+"""Argmaxable certificates: stage ``gemm`` (all pairs, exact int8 grid) and stage ``reflect`` (batched
+Braid reflections); stage ``verify`` (float64 re-check in the original coordinates) is in
+:mod:`~vocablens.argmax.verify`.
 
 - ``gemm``: the certificate ``y = q_i`` (the whitened row on the global int8 grid) for every token
   at once. ``Q Q^T`` by blocks, exact integer arithmetic, over the upper triangle only (it is
@@ -9,7 +10,6 @@ Braid reflections) and stage ``verify`` (float64 re-check in the original coordi
   near misses across the hyperplane that separates them from their current winner (the "Braid
   reflect" of Grivas, Bogoychev and Lopez 2022, §4), by blocks of at most 256 columns
   (fewer when the scores [n, columns] would pass 16 MiB).
-- ``verify``: float64 margins at the certificates, by blocks of rows (running maxima per token).
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import torch
 
 from vocablens.argmax.distributed import allreduce_max
 from vocablens.ops.vocab_parallel.comm import world
-from vocablens.argmax.result import DUPLICATE, UNDECIDED
-from vocablens.argmax.state import U32, ScanState, rows_per_block
+from vocablens.argmax.state import U32, ScanState, rows_per_block, scores_against
 
 #: reflect columns at a time at most (the scores are [n, this] float32, capped at
 #: :data:`~vocablens.argmax.state.BLOCK_BYTES`)
@@ -83,17 +82,19 @@ def exact_int_matmul(Q: torch.Tensor, prefer_int: bool = False):
     if prefer_int or Q.device.type != "cpu":
         return im
     A, B = Q[: min(n, 256)], Q[: min(n, 1024)]
-    times = []
-    for f in (im, fp):
-        f(A, B)
-        t = time.perf_counter()
-        f(A, B)
-        times.append(time.perf_counter() - t)
+    times = [math.inf, math.inf]
+    for _ in range(3):                  # the best of three, interleaved: one slow call on a shared
+        for k, f in enumerate((im, fp)):    # machine picked float32 (4x slower here) for a whole scan
+            t = time.perf_counter()
+            f(A, B)
+            times[k] = min(times[k], time.perf_counter() - t)
     return im if times[0] <= times[1] else fp
 
 
-#: bytes of one product's scores in the all-pairs stage ([block, columns] float32 or int32)
-GEMM_BYTES = 16 * 2 ** 20
+#: bytes of one product's scores in the all-pairs stage ([block, columns] float32 or int32): small
+#: enough that the two reductions over them read a cached block (measured, one thread, int8 products
+#: of width 576: 1,024 x 512 blocks cost 3.3 CPU-s per 10^9 pairs, 2,048 x 2,048 blocks 4.4)
+GEMM_BYTES = 2 * 2 ** 20
 
 
 def stage_gemm(st: ScanState, block: int) -> None:
@@ -137,55 +138,91 @@ def stage_gemm(st: ScanState, block: int) -> None:
         del Q64
         _judge_stage1(st, dg, best, complete)
         return
-    best_t, done = _dense_maxima(st, block, rank, size)
-    diag = torch.empty(n, dtype=torch.float64)
-    step = rows_per_block(Qt.shape[1])
-    for s in range(0, n, step):
-        qi = Qt[s:s + step].long()
-        diag[s:s + step] = (qi * qi).sum(1).double()
+    best_t, diag, done = _dense_maxima(st, block, rank, size)
+    if size > 1 or done < n:            # another rank's (or an unfinished) block: compute them
+        step = rows_per_block(Qt.shape[1])
+        for s in range(0, n, step):
+            qi = Qt[s:s + step].to(torch.int32)
+            diag[s:s + step] = (qi * qi).sum(1).double()
     complete = np.zeros(n, dtype=bool)
     complete[:done] = True
     _judge_stage1(st, diag.numpy(), best_t.double().numpy(), complete)
 
 
 def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
-    """Every pair's exact product (the upper triangle of ``Q Q^T``): the rows' maxima and the
-    number of leading rows whose maximum is complete."""
-    from vocablens.argmax.state import OutOfTime
+    """Every pair's exact product (the upper triangle of ``Q Q^T``): the rows' maxima, their own
+    products ``q_i . q_i`` (float64 [n], read off the diagonal before it is masked; rows of blocks
+    not done here are 0) and the number of leading rows whose maximum is complete.
+
+    On the CPU the row blocks go to ``torch.get_num_threads()`` Python workers that each run their
+    products and reductions on one torch thread (a shared counter hands out the blocks; each worker
+    keeps its own maxima, merged at the end): a product is then never a parallel region whose threads
+    wait for each other, which on a shared machine cost ~2x the CPU time of the same work (measured,
+    2 cores at load 6: 0.67 CPU-s for 2 workers vs 1.1-1.7 CPU-s for one 2-thread caller). The
+    main thread is one of the workers and reports the progress."""
+    from vocablens.argmax.state import OutOfTime, run_in_workers
 
     n = st.n
     dev = torch.device(getattr(st, "device", "cpu") or "cpu")
     Qt = st.Qt.to(dev)                                  # --device cuda: the products run on the GPU
-    imm = exact_int_matmul(Qt)
-    probe = imm(Qt[:2], Qt[:2])
-    low = -math.inf if probe.is_floating_point() else torch.iinfo(torch.int32).min
-    best = torch.full((n,), low, dtype=probe.dtype, device=dev)
-    # columns per product: the scores [block, cols] and the columns' float32 copy [cols, r] fit
-    # GEMM_BYTES (at least the block itself: the diagonal square is masked in the first product)
-    col_chunk = max(block, rows_per_block(max(block, Qt.shape[1]), 4, GEMM_BYTES))
-    done = 0
+    mine = [i0 for bi, i0 in enumerate(range(0, n, block)) if bi % size == rank]
+    workers = max(1, min(torch.get_num_threads(), len(mine))) if dev.type == "cpu" else 1
+    finished: set = set()
+    told = [0]
+
+    def complete_rows() -> int:                         # leading rows whose blocks are all done
+        d = 0
+        while d < n and d in finished:
+            d = min(n, d + block)
+        return d
+
+    def work(i0: int, w: int) -> None:
+        best = bests[w]
+        i1 = min(n, i0 + block)
+        QI = Qt[i0:i1].float() if floating else Qt[i0:i1]
+        for c0 in range(i0, n, col_chunk):
+            if size == 1:
+                st.check_time()
+            c1 = min(n, c0 + col_chunk)
+            S = imm(QI, Qt[c0:c1])                      # [bi, bc] exact integers
+            if c0 < i1:                                 # the diagonal runs through it: q_i . q_i
+                ar = torch.arange(c0, min(i1, c1), device=dev)
+                diag[c0:min(i1, c1)] = S[ar - i0, ar - c0].to(diag.dtype)
+                S[ar - i0, ar - c0] = low
+            torch.maximum(best[i0:i1], S.amax(1), out=best[i0:i1])
+            torch.maximum(best[c0:c1], S.amax(0), out=best[c0:c1])
+            del S
+        finished.add(i0)                                # one set.add: atomic under the GIL
+        now = complete_rows() if size == 1 else i1
+        if w == 0 and now > told[0]:                    # progress from the main thread only
+            told[0] = now
+            st.progress("gemm", now, n)
+
+    threads = torch.get_num_threads()
+    if workers > 1:
+        torch.set_num_threads(1)                        # the kernel is picked (timed) as it will run
     try:
-        for bi, i0 in enumerate(range(0, n, block)):
-            if bi % size != rank:
-                continue                                # another rank's block
-            i1 = min(n, i0 + block)
-            QI = Qt[i0:i1].float() if probe.is_floating_point() else Qt[i0:i1]
-            for c0 in range(i0, n, col_chunk):
-                if size == 1:
-                    st.check_time()
-                c1 = min(n, c0 + col_chunk)
-                S = imm(QI, Qt[c0:c1])                      # [bi, bc] exact integers
-                if c0 == i0:
-                    k = min(i1, c1) - i0
-                    ar = torch.arange(k, device=dev)
-                    S[ar, ar] = low
-                torch.maximum(best[i0:i1], S.amax(1), out=best[i0:i1])
-                torch.maximum(best[c0:c1], S.amax(0), out=best[c0:c1])
-                del S
-            done = i1
-            st.progress("gemm", i1, n)
+        imm = exact_int_matmul(Qt)
+        probe = imm(Qt[:2], Qt[:2])
+    finally:
+        torch.set_num_threads(threads)
+    floating = probe.is_floating_point()
+    low = -math.inf if floating else torch.iinfo(torch.int32).min
+    bests = [torch.full((n,), low, dtype=probe.dtype, device=dev) for _ in range(workers)]
+    diag = torch.zeros(n, dtype=torch.float64, device=dev)  # own products, read off the diagonal
+    # columns per product: the scores [block, cols] and the columns' float32 copy [cols, r] fit
+    # GEMM_BYTES (the block's diagonal square may span several products: each masks its part)
+    col_chunk = rows_per_block(max(block, Qt.shape[1]), 4, GEMM_BYTES)
+    try:
+        run_in_workers(mine, work, workers)
     except OutOfTime:
         st.cut("gemm")
+    best = bests[0]
+    for b in bests[1:]:
+        torch.maximum(best, b, out=best)
+    done = complete_rows() if size == 1 else (n if len(finished) == len(mine) else 0)
+    if size == 1 and done > told[0] and "gemm" not in st.cut_short:
+        st.progress("gemm", done, n)
     best = best.cpu()
     if size > 1:
         # each rank picks its faster kernel by timing, so one rank's maxima may be int32 and
@@ -194,7 +231,7 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
         best = best.double()
         allreduce_max(best)
         done = n
-    return best, done
+    return best, diag.cpu(), done                       # cpu: stage 1 is judged in numpy
 
 
 def _judge_stage1(st: ScanState, dg: np.ndarray, best: np.ndarray, complete: np.ndarray) -> None:
@@ -216,166 +253,76 @@ def _judge_stage1(st: ScanState, dg: np.ndarray, best: np.ndarray, complete: np.
 
 
 def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
-    """Stage 2 on ``st.left``, by blocks of at most :data:`REFLECT_COLS` columns (their scores [n, m]
-    fit :data:`~vocablens.argmax.state.BLOCK_BYTES`); failures stay in ``st.left``.
+    """Stage 2 on ``st.left``; failures stay in ``st.left``.
+
+    The open rows go through one pool of at most :data:`REFLECT_COLS` columns (fewer when their
+    scores [n, columns] would pass :data:`~vocablens.argmax.state.BLOCK_BYTES`): each pass scores
+    every pooled direction against all rows with one product, settles the columns it certifies,
+    reflects the others, and refills the freed columns from the rows still waiting. A pass costs
+    about one read of Z however few columns it holds, so the pool keeps passes full: the number of
+    passes is about (column-iterations) / (pool width) plus the slowest column's iterations (it was
+    the sum, over fixed blocks of columns, of each block's slowest column).
 
     Args:
-        iters: reflections per column at most.
+        iters: scorings per column at most (the first at ``y = z_t``, then after each reflection).
         screen: optional ``(state, cols, S) -> bool mask`` called (for at most :data:`SCREEN_COLS`
             columns at a time) with the scores
-            ``S [n, m]`` at ``y = z_t`` (own scores masked out) for the columns the float32 re-check
+            ``S [n, m]`` (float32 tensor) at ``y = z_t`` (own scores masked out) for the columns the float32 re-check
             did not settle; it returns the columns it settled itself (a quick interior proof), which
             then skip the reflections.
     """
     if not len(st.left) or iters <= 0:
         return
-    Zt, coef = st.Zt, (st.r * U32 / (1 - st.r * U32) + 3 * U32) * 1.01
+    Zn, coef = st.Zt.numpy(), (st.r * U32 / (1 - st.r * U32) + 3 * U32) * 1.01
     still: list[np.ndarray] = []
     left = st.left
-    ncol = rows_per_block(st.n, 4, most=REFLECT_COLS)        # the scores [n, ncol] fit BLOCK_BYTES
-    for b0 in range(0, len(left), ncol):
+    ncol = rows_per_block(st.n, 4, most=REFLECT_COLS)        # the scores [ncol, n] fit BLOCK_BYTES
+    cols = np.zeros(0, dtype=np.int64)
+    Y = np.zeros((0, st.r), dtype=np.float32)                # one direction per pooled column
+    age = np.zeros(0, dtype=np.int64)                        # scorings done per pooled column
+    nxt, finished = 0, 0
+    while True:
         if st.time_left() <= 0:
             st.cut("reflect")
-            still.append(left[b0:])
+            still += [cols, left[nxt:]]
             break
-        cols = torch.from_numpy(left[b0:b0 + ncol])
-        Y = Zt[cols].T.clone()                          # [r, m]
-        for it in range(iters):
-            S = Zt @ Y                                  # [n, m]
-            ar = torch.arange(len(cols))
-            own = S[cols, ar].clone()
-            S[cols, ar] = -math.inf
-            bestv, jstar = S.max(0)
-            ynorm = Y.double().norm(dim=0).numpy()
-            mm = (own - bestv).double().numpy()
-            bnd = coef * ynorm * (st.znorm[cols.numpy()] + st.zmax) + 1e-30
-            done = mm > bnd
-            for q in np.nonzero(done)[0]:
-                t = int(st.reps[int(cols[q])])
-                st.settle_arg_y(t, 2, Y[:, q].double().numpy(), float(mm[q] - bnd[q]))
-            if it == 0 and screen is not None and not done.all():
-                rest = np.nonzero(~done)[0]
-                proved = np.zeros(len(done), dtype=bool)
-                for j in range(0, len(rest), SCREEN_COLS):        # S[:, part] is a copy: small parts
-                    part = rest[j:j + SCREEN_COLS]
-                    proved[part] = screen(st, cols[part].numpy(), S[:, part])
-                done = done | proved
-            keepc = torch.from_numpy(~done)
-            Y, cols, jstar = Y[:, keepc], cols[keepc], jstar[keepc]
-            if len(cols) == 0:
-                break
-            if st.time_left() <= 0:
-                st.cut("reflect")
-                break
-            nv = Zt[cols].T - Zt[jstar].T                # [r, m]  z_t - z_j
-            coefr = (nv * Y).sum(0) / (nv * nv).sum(0).clamp_min(1e-30)
-            Y = Y - 2.0 * coefr * nv
-        still.append(cols.numpy())
-        st.progress("reflect", min(b0 + ncol, len(left)), len(left))
-    st.left = np.concatenate(still) if still else np.zeros(0, dtype=np.int64)
-
-
-# ----------------------------------------------------------------------------------------- verify
-def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int = 512, progress=None,
-                      deadline: float | None = None, release=None):
-    """float64 margins ``l_t(x_t) - max_{j in play, j != t, j not a twin} l_j(x_t)`` for tokens [k].
-
-    Args:
-        Wn: rows ``[V, d]`` (numpy, float32 or float64); bn: bias [V] or None; in_play: bool [V].
-        tokens: int64 [k]; cert: ``t -> x`` float64 [d].
-        chunk: tokens per pass over the rows (lowered so their certificates ``[d, chunk]`` fit
-            :data:`~vocablens.argmax.state.BLOCK_BYTES`).
-        deadline: ``time.perf_counter()`` value after which no new pass starts.
-        release: optional ``(start, stop)`` callback after each block of rows ``[start, stop)`` is
-            read (:class:`~vocablens.models.pages.PageRelease`: hands their pages back).
-
-    Returns:
-        float64 [k] margins (logit units); NaN for tokens not reached before the deadline.
-
-    Memory: one block of rows in float64 and their scores ``[rows, chunk]`` (about
-    :data:`~vocablens.argmax.state.BLOCK_BYTES` each), whatever V: the maxima are kept per token.
-    """
-    tokens = np.asarray(tokens, dtype=np.int64)
-    out = np.full(len(tokens), np.nan)
-    play = np.nonzero(in_play)[0]
-    pos = np.full(len(in_play), -1)
-    pos[play] = np.arange(len(play))
-    d = Wn.shape[1]
-    chunk = rows_per_block(d, 8, most=chunk)
-    step = min(rows_per_block(chunk, 8), rows_per_block(d, 8))
-    for s in range(0, len(tokens), chunk):
-        if deadline is not None and time.perf_counter() >= deadline:
+        add = left[nxt:nxt + ncol - len(cols)]
+        nxt += len(add)
+        if len(add):
+            cols, Y = np.concatenate([cols, add]), np.concatenate([Y, Zn[add]])
+            age = np.concatenate([age, np.zeros(len(add), dtype=np.int64)])
+        if not len(cols):
             break
-        tk = tokens[s:s + chunk]
-        X = np.stack([cert(t) for t in tk], axis=1)               # [d, k]
-        # (row, column) entries left out of each token's maximum: its own row and its twins
-        mr = [np.atleast_1d(pos[t]) for t in tk]
-        if twins_of is not None:
-            mr = [np.concatenate([m, pos[np.asarray(twins_of(t), dtype=np.int64)]]) for m, t in zip(mr, tk)]
-        mrow = np.concatenate(mr)
-        mcol = np.repeat(np.arange(len(tk)), [len(m) for m in mr])
-        own = np.full(len(tk), np.nan)
-        best = np.full(len(tk), -np.inf)
-        for r0 in range(0, len(play), step):
-            rows = play[r0:r0 + step]
-            L = Wn[rows].astype(np.float64) @ X                    # [rows, k]
-            if bn is not None:
-                L += bn[rows][:, None]
-            q = np.nonzero((pos[tk] >= r0) & (pos[tk] < r0 + step))[0]
-            own[q] = L[pos[tk[q]] - r0, q]
-            sel = (mrow >= r0) & (mrow < r0 + step)
-            L[mrow[sel] - r0, mcol[sel]] = -np.inf
-            np.maximum(best, L.max(0), out=best)
-            if release is not None:
-                release(rows[0], rows[-1] + 1)
-        out[s:s + len(tk)] = own - best if len(play) > 1 else math.inf
-        if progress:
-            progress(min(s + chunk, len(tokens)), len(tokens))
-    return out
-
-
-def cert_x(st: ScanState, t: int) -> np.ndarray:
-    """The argmaxable certificate of token t in the original coordinates, float64 [d]."""
-    t = int(t)
-    if t in st.x_extra:
-        return st.x_extra[t].numpy()
-    k = int(st.row_of[t])
-    return st.scale[t] * (st.A @ (st.qs * st.q_rows(k, k + 1)[0].numpy().astype(np.float64)))
-
-
-def stage_verify(st: ScanState, mode: str) -> None:
-    """float64 re-check of the certificates from stages 2+ and (``"borderline"``) of the 256
-    stage-1 certificates with the smallest margin relative to their error bound, or (``"all"``)
-    of every certificate. A failed re-check never leaves a verdict standing: the token becomes
-    undecided. With a budget, certificates not reached keep their certified float32 margins."""
-    cand = np.nonzero((st.stage >= 1) & ~np.isnan(st.margin))[0]
-    if mode == "all":
-        chosen = cand.astype(np.int64)
-    else:
-        s1 = cand[st.stage[cand] == 1]
-        later = cand[st.stage[cand] != 1]
-        pick = np.zeros(0, dtype=np.int64)
-        if len(s1):
-            ratio = st.s1_ratio[st.row_of[s1]]
-            pick = s1[np.argsort(ratio)[:256]]
-        chosen = np.unique(np.concatenate([later, pick])).astype(np.int64)
-    res = verify_argmaxable(st.Wn, st.bn, st.in_play, chosen, lambda t: cert_x(st, t),
-                            twins_of=lambda t: st.twins.get(int(t), np.zeros(0, dtype=np.int64)),
-                            progress=lambda a, b: st.progress("verify", a, b), deadline=st.deadline,
-                            release=None if st.pages is None else st.pages.release)
-    for t, m in zip(chosen, res):
-        if np.isnan(m):
-            st.cut("verify")
-            continue
-        st.verified += 1
-        if m > 0:
-            st.margin[t] = m
-        else:
-            # never report a verdict the float64 check does not confirm
-            if st.verdict[t] == DUPLICATE:
-                st.group_can_tie.pop(int(st.group[t]), None)
-            else:
-                st.verdict[t] = UNDECIDED
-            st.reasons[int(t)] = f"float64 re-check of the certificate gave margin {m:.3g}"
-            st.margin[t] = np.nan
-    st.settled["verify"] = st.verified
+        # scores [m, n]: numpy's float32 GEMM and reductions along rows (measured 2x faster here
+        # than torch's [n, m] product and column maxima, at every pool width from 1 to 85)
+        S = scores_against(Y, Zn)
+        ar = np.arange(len(cols))
+        own = S[ar, cols].copy()
+        S[ar, cols] = -np.inf
+        jstar = S.argmax(1)
+        bestv = S[ar, jstar]
+        ynorm = np.linalg.norm(Y.astype(np.float64), axis=1)
+        mm = own.astype(np.float64) - bestv
+        bnd = coef * ynorm * (st.znorm[cols] + st.zmax) + 1e-30
+        done = mm > bnd
+        for q in np.nonzero(done)[0]:
+            t = int(st.reps[int(cols[q])])
+            st.settle_arg_y(t, 2, Y[q].astype(np.float64), float(mm[q] - bnd[q]))
+        fresh = np.nonzero(~done & (age == 0))[0]            # first scoring, at y = z_t
+        if screen is not None and len(fresh):
+            for j in range(0, len(fresh), SCREEN_COLS):
+                part = fresh[j:j + SCREEN_COLS]
+                done[part] |= screen(st, cols[part], torch.from_numpy(S[part]).T)
+        del S
+        age += 1
+        spent = ~done & (age >= iters)
+        still.append(cols[spent])
+        finished += int((done | spent).sum())
+        keep = ~(done | spent)
+        Y, cols, jstar, age = Y[keep], cols[keep], jstar[keep], age[keep]
+        if len(cols):
+            nv = Zn[cols] - Zn[jstar]                    # [m, r]  z_t - z_j
+            coefr = (nv * Y).sum(1) / np.maximum((nv * nv).sum(1), 1e-30)
+            Y = Y - (2.0 * coefr)[:, None] * nv
+        st.progress("reflect", finished, len(left))
+    st.left = np.sort(np.concatenate(still)) if still else np.zeros(0, dtype=np.int64)

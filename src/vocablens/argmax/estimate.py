@@ -13,15 +13,16 @@ import time
 import torch
 
 #: scan time / one fp32 all-pairs pass, measured by ``benchmarks/argmax.py`` on the default model's head
-#: (49,152 x 576): 0.49x wall, 0.53x CPU seconds (2 cores, load ~9); rounded up, so the estimate is cautious.
-#: Heads whose rows mostly fail the first certificate (the proofs dominate) take longer.
-SCAN_TO_ALL_PAIRS = 0.5
+#: (49,152 x 576): 0.21-0.25x in CPU and wall seconds (2 cores, load 0.3-3.4); rounded up, so the
+#: estimate is cautious. Heads whose rows mostly fail the first certificate (the proofs dominate) take
+#: far longer (trained-like synthetic heads: 83x at 8,192 rows, 202x at 16,384).
+SCAN_TO_ALL_PAIRS = 0.3
 
 
-#: each stage's share of a scan's CPU seconds on the default model's head (``benchmarks/argmax.py``:
-#: prepare 5.2, gemm 13.8, reflect 5.2, proof 1.2, verify 1.5 CPU-s); a progress report inside a
-#: stage is turned into the fraction of the whole scan done by :func:`scan_fraction`
-STAGE_SHARE = {"prepare": 0.19, "gemm": 0.51, "reflect": 0.19, "proof": 0.05, "bias": 0.0, "verify": 0.06}
+#: each stage's share of a scan's CPU seconds on the default model's head (``benchmarks/argmax.py``,
+#: load 3.2: prepare 2.15, gemm 4.16, reflect 1.04, proof 0.81, verify 0.79 CPU-s); a progress report
+#: inside a stage is turned into the fraction of the whole scan done by :func:`scan_fraction`
+STAGE_SHARE = {"prepare": 0.24, "gemm": 0.46, "reflect": 0.12, "proof": 0.09, "bias": 0.0, "verify": 0.09}
 
 
 def scan_fraction(stage: str, done: int, total: int) -> float:
@@ -31,6 +32,8 @@ def scan_fraction(stage: str, done: int, total: int) -> float:
     :data:`vocablens.argmax.result.STAGES`."""
     from vocablens.argmax.result import STAGES
 
+    if ":" in stage:                     # "prepare: covariance": a step of a stage, not counted apart
+        stage, done = stage.split(":")[0], 0
     if stage not in STAGE_SHARE:
         return 0.0
     before = sum(STAGE_SHARE[s] for s in STAGES[: STAGES.index(stage)])

@@ -38,7 +38,7 @@ and whitening), ``gemm`` and ``reflect`` (:mod:`~vocablens.argmax.certificates`:
 batched reflections of the near misses), ``proof`` and ``bias``
 (:mod:`~vocablens.argmax.proofs`: batched NNLS column generation with the mean of the other rows
 as a shared column, HiGHS LPs as the fallback; the lifted LP with a bias) and ``verify``
-(float64 re-check). The stages pass one :class:`~vocablens.argmax.state.ScanState`.
+(:mod:`~vocablens.argmax.verify`: float64 re-check). The stages pass one :class:`~vocablens.argmax.state.ScanState`.
 
 A solver failure never becomes a verdict: such tokens are ``undecided`` with a reason; so are the
 tokens left open when the time budget runs out (reason ``"budget"``; the result names the stages
@@ -56,7 +56,8 @@ import time
 
 import torch
 
-from vocablens.argmax.certificates import stage_gemm, stage_reflect, stage_verify, verify_argmaxable
+from vocablens.argmax.certificates import stage_gemm, stage_reflect
+from vocablens.argmax.verify import stage_verify, verify_argmaxable
 from vocablens.argmax.distributed import gather as dist_gather
 from vocablens.argmax.distributed import deal_open_rows
 from vocablens.ops.vocab_parallel.comm import world
@@ -83,7 +84,7 @@ def find_unargmaxable(
     defer: torch.Tensor | None = None,
     reflect_iters: int = 20,
     tol: float = 1e-9,
-    block: int = 2048,
+    block: int = 1024,
     verify: str = "borderline",
     max_rounds: int = 40,
     row_budget_s: float | None = 60.0,
@@ -106,7 +107,8 @@ def find_unargmaxable(
         reflect_iters: batched reflection steps for the near misses of stage 1.
         tol: relative tolerance of a not-argmaxable certificate: the residual
             ``||w_i - sum mu_j w_j||_2`` must be at most ``tol`` times the largest centred row norm.
-        block: query rows per block of the stage-1 matrix product.
+        block: query rows per block of the stage-1 matrix product (its products are ``block``
+            x as many columns as fit :data:`~vocablens.argmax.certificates.GEMM_BYTES` of scores).
         verify: ``"borderline"`` (float64 re-check of every certificate from stages 2+ and of the
             256 stage-1 certificates with the smallest margin relative to their error bound; the
             others are covered by the rigorous bound of the exact int8 stage) or ``"all"``
@@ -120,9 +122,10 @@ def find_unargmaxable(
             verdict) and :attr:`ArgmaxResult.cut_short` names the stages cut short.
         progress: optional callback ``(stage, done, total)``.
         screen: run stage ``gemm`` as the exact half-width screen (:mod:`~vocablens.argmax.screen`):
-            the same verdicts, about half the multiply-adds; measured on this 2-core machine it is
-            not faster than the full int8 product (its reductions cost what the products save), so
-            it is off by default.
+            the same verdicts, about half the multiply-adds; measured on 2 shared cores it is slower
+            than the full int8 product (its reductions cost what the products save; on the default
+            head 15.1 CPU-s against 4.3 for the full product on worker threads, load 3), so it is
+            off by default.
         device: where the all-pairs stage's certificate products (and the screen's bounds) run:
             ``"cpu"`` or ``"cuda[:N]"`` (the GPU; the same exact integers, so the same verdicts).
 

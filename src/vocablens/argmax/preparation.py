@@ -22,7 +22,7 @@ import torch
 
 from vocablens.ops.vocab_parallel.comm import world
 from vocablens.argmax.result import DUPLICATE, PADDING, UNARGMAXABLE, UNDECIDED, UNTRAINED
-from vocablens.argmax.state import U32, ScanState, one_blas_thread, rows_per_block
+from vocablens.argmax.state import U32, ScanState, one_blas_thread, rows_per_block, run_in_workers
 from vocablens.errors import BadInput, ShapeMismatch
 
 
@@ -52,8 +52,20 @@ def check_input(W, bias, masks: dict):
         raise ShapeMismatch(f"W must be floating point; got {W.dtype}")
     bad = torch.zeros(V, dtype=torch.bool)
     step = rows_per_block(d, 4 * W.element_size())   # isfinite keeps a few temporaries of the block
+    ones = None
     for s in range(0, V, step):
-        bad[s:s + step] = ~torch.isfinite(W[s:s + step]).all(dim=1)
+        # one product with a vector of ones: NaN and inf propagate into a row's sum, so a row whose
+        # sum is finite has only finite entries; the (rare) rows whose sum is not finite, an overflow
+        # of finite entries included, are then looked at entry by entry. No [rows, d] mask.
+        blk = W[s:s + step]
+        if blk.dtype not in (torch.float32, torch.float64):
+            blk = blk.float()
+        if ones is None:
+            ones = torch.ones(d, dtype=blk.dtype, device=blk.device)
+        rs = ~torch.isfinite(blk @ ones)
+        if bool(rs.any()):
+            rs = ~torch.isfinite(blk).all(dim=1)
+        bad[s:s + step] = rs
     if bool(bad.any()):
         ids = bad.nonzero().flatten()
         raise BadInput(f"W has {len(ids)} row(s) with NaN or inf (ids {ids[:8].tolist()}"
@@ -74,9 +86,35 @@ def check_input(W, bias, masks: dict):
     return W, bias
 
 
+class _Count:
+    """Thread-safe progress of one preparation step: ``add(k)`` after each block of k rows, from any
+    worker, reports ``st.progress(stage, done, total)`` (0 when made, total at :meth:`end`)."""
+
+    def __init__(self, progress, stage: str, total: int):
+        import threading
+
+        self.progress, self.stage, self.total, self.done = progress, stage, int(total), 0
+        self.lock = threading.Lock()
+        if progress is not None:
+            progress(stage, 0, self.total)
+
+    def add(self, k: int) -> None:
+        if self.progress is None:
+            return
+        with self.lock:
+            self.done = min(self.total, self.done + int(k))
+            self.progress(self.stage, self.done, self.total)
+
+    def end(self) -> None:
+        if self.progress is not None and self.done < self.total:
+            with self.lock:
+                self.done = self.total
+                self.progress(self.stage, self.total, self.total)
+
+
 def group_identical(Wn: np.ndarray, ids: np.ndarray, tick=None, progress=None):
     """Groups of bit-identical rows among ``Wn[ids]``; ``tick()`` is called once per block of rows
-    (the time budget's check: it may raise), ``progress(done, m)`` after each block.
+    (the time budget's check: it may raise); ``progress(stage, done, m)``: stage ``prepare: duplicates``.
 
     Returns ``(inv, cnt, order)``: group of each row [m], group sizes [g], and the rows sorted by
     group (stable) so that group g is ``ids[order[sum(cnt[:g]):sum(cnt[:g+1])]]``.
@@ -86,15 +124,19 @@ def group_identical(Wn: np.ndarray, ids: np.ndarray, tick=None, progress=None):
     rng = np.random.default_rng(0)
     R = rng.integers(-(2 ** 62), 2 ** 62, size=(Wn.shape[1], 2), dtype=np.int64)
     keys = np.empty((m, 2), dtype=np.int64)
-    step = rows_per_block(Wn.shape[1])           # int64 bits: one BLOCK_BYTES block
-    with np.errstate(over="ignore"):
-        for s in range(0, m, step):
-            if tick is not None:
-                tick()
+    step = rows_per_block(Wn.shape[1])           # int64 bits: one BLOCK_BYTES block per worker
+    count = _Count(progress, "prepare: duplicates", m)
+
+    def hash_block(s: int, _w: int) -> None:
+        if tick is not None:
+            tick()
+        with np.errstate(over="ignore"):
             bits = (Wn[ids[s:s + step]] + Wn.dtype.type(0)).view(itype).astype(np.int64)
             keys[s:s + step] = bits @ R          # wraps modulo 2^64: an exact function of the bits
-            if progress is not None:
-                progress(min(s + step, m), m)
+        count.add(len(bits))
+
+    run_in_workers(range(0, m, step), hash_block, torch.get_num_threads())
+    count.end()
     _, inv, cnt = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
     inv = inv.ravel()
     if (cnt > 1).any():
@@ -131,10 +173,8 @@ def dedupe(st: ScanState) -> None:
     """Group bit-identical rows in play; fills ``reps``, ``row_of``, ``twins``, ``group``."""
     play_ids = np.nonzero(st.in_play)[0]
     # under torch.distributed no rank may stop alone before the collectives of whiten and gemm
-    m = len(play_ids)
-    st.progress("prepare: duplicates", 0, m)
     inv, cnt, order = group_identical(st.Wn, play_ids, st.check_time if world()[1] == 1 else None,
-                                      lambda a, b: st.progress("prepare: duplicates", a, b))
+                                      st.progress)
     bn = st.bn
     bounds = np.concatenate([[0], np.cumsum(cnt)])
     reps: list[int] = play_ids[order[bounds[:-1][cnt == 1]]].tolist()      # the unique rows
@@ -173,6 +213,13 @@ def _sum_over_ranks(t: torch.Tensor, size: int, op: str = "sum") -> None:
         dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
 
 
+def _rows_f32(Wn: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``Wn[ids]`` for sorted distinct ids: a view when they are one run of rows (no copy)."""
+    if len(ids) and int(ids[-1]) - int(ids[0]) == len(ids) - 1:
+        return Wn[int(ids[0]):int(ids[-1]) + 1]
+    return Wn[ids]
+
+
 def whiten(st: ScanState) -> None:
     """Centre and whiten the distinct rows (float64) and put them on the int8 grid.
 
@@ -182,6 +229,14 @@ def whiten(st: ScanState) -> None:
     ranks (the mean, the covariance and the whitened rows are all-reduced), so its 2 n d (d + r)
     float64 FLOPs split over them; the sums then differ from one process's in float64 rounding only,
     and the verdicts, being certified, are the same. It then runs to the end whatever the budget.
+
+    Cost: three passes over the rows (mean, covariance, whitened rows), each reading a block of
+    rows into a reused float64 buffer (a view of W, no gather, where the distinct rows are a run)
+    and running numpy's BLAS on it, the blocks shared out over worker threads with one BLAS thread
+    each (:func:`~vocablens.argmax.state.run_in_workers`; the covariance's blocks fixed per worker,
+    so its sums do not depend on timing): measured on 49,152 x 576 on 2 shared cores, 1.5-2.1
+    CPU-s at load 3 (was 4.0-4.6 CPU-s with per-block torch copies, whose fresh pages cost as
+    much as the products, and MKL's float64 GEMM, slower than OpenBLAS's on this AMD CPU).
     """
     n, d, Wn, reps = st.n, st.d, st.Wn, st.reps
     step = rows_per_block(d, 4, most=4096)          # float64 rows, two blocks' worth: ~0.1 s each
@@ -189,76 +244,122 @@ def whiten(st: ScanState) -> None:
     rank, size = world()
     tick = st.check_time if size == 1 else (lambda: None)   # ranks must reach each all_reduce together
     mine = starts[rank::size]           # under torch.distributed each rank whitens every size-th block
-    n_mine = sum(min(s + step, n) - s for s in mine)   # this rank's rows (progress counts them)
-    mu_t = torch.zeros(d, dtype=torch.float64)
+    workers = max(1, min(torch.get_num_threads(), len(mine)))
+    bufs = [np.empty((min(step, n), d)) for _ in range(workers)]    # each worker's float64 block
+
+    def block(s: int, w: int) -> np.ndarray:
+        """Rows ``reps[s:s + step]`` minus the mean, float64, in worker w's buffer (exact cast, then
+        one rounding)."""
+        X = bufs[w][:min(step, n - s)]
+        np.copyto(X, _rows_f32(Wn, reps[s:s + step]))
+        X -= mu
+        return X
+
+    mu = np.zeros(d)
     for s in mine:
         tick()
-        mu_t += torch.from_numpy(Wn[reps[s:s + step]]).double().sum(0)
+        mu += np.add.reduce(_rows_f32(Wn, reps[s:s + step]), axis=0, dtype=np.float64)
+    mu_t = torch.from_numpy(mu)
     _sum_over_ranks(mu_t, size)
-    mu_t /= n
-    C = torch.zeros(d, d, dtype=torch.float64)
-    done = 0
-    st.progress("prepare: covariance", 0, n_mine)
-    for s in mine:
+    mu /= n
+    Cs = [np.zeros((d, d)) for _ in range(workers)]
+    n_mine = sum(min(s + step, n) - s for s in mine)   # this rank's rows (progress counts them)
+    count = _Count(st.progress, "prepare: covariance", n_mine)
+
+    def cov(s: int, w: int) -> None:
         tick()
-        Xc = torch.from_numpy(Wn[reps[s:s + step]]).double().sub_(mu_t)     # a copy: in place is safe
-        C += Xc.T @ Xc
-        done += len(Xc)
-        st.progress("prepare: covariance", done, n_mine)
-    _sum_over_ranks(C, size)
-    tick()
-    with one_blas_thread():                         # threaded LAPACK: 20x slower on a shared machine
-        lam, vec = np.linalg.eigh(C.numpy())
-    keep = lam > max(lam[-1], 0.0) * 1e-12
-    if not keep.any():
-        keep[-1] = True
-    A = vec[:, keep] / np.sqrt(lam[keep])           # [d, r]
-    r = A.shape[1]
-    At = torch.from_numpy(A)
-    Z = (np.zeros if size > 1 else np.empty)((n, r), dtype=np.float32)
-    wsq = torch.zeros(1, dtype=torch.float64)
-    zstep = rows_per_block(max(d, r), 16)           # half blocks (Z is row by row: any size)
-    done = 0
-    st.progress("prepare: whitening", 0, n_mine)
-    for s in mine:
-        for s_ in range(s, min(s + step, n), zstep):
+        X = block(s, w)
+        Cs[w] += X.T @ X                            # numpy: a symmetric rank-k update
+        count.add(len(X))
+
+    with one_blas_thread():             # workers on one BLAS thread each (threaded LAPACK: 20x slower)
+        run_in_workers(mine, cov, workers, static=True)     # static: each C_w sums fixed blocks
+        count.end()
+        C = Cs[0]
+        for Cw in Cs[1:]:
+            C += Cw
+        _sum_over_ranks(torch.from_numpy(C), size)
+        tick()
+        lam, vec = np.linalg.eigh(C)
+        keep = lam > max(lam[-1], 0.0) * 1e-12
+        if not keep.any():
+            keep[-1] = True
+        A = np.ascontiguousarray(vec[:, keep] / np.sqrt(lam[keep]))     # [d, r]
+        r = A.shape[1]
+        Z = (np.zeros if size > 1 else np.empty)((n, r), dtype=np.float32)
+        wsq = [0.0] * workers
+        zbufs = [np.empty((len(bufs[0]), r)) for _ in range(workers)]
+        count = _Count(st.progress, "prepare: whitening", n_mine)
+
+        def whitened(s: int, w: int) -> None:
             tick()
-            Xc = torch.from_numpy(Wn[reps[s_:min(s_ + zstep, s + step)]]).double().sub_(mu_t)
-            wsq = torch.maximum(wsq, (Xc * Xc).sum(1).max())
-            Z[s_:s_ + len(Xc)] = (Xc @ At).float().numpy()
-            st.release(s_, s_ + len(Xc))            # W's pages out as Z's come in: one [n, d] matrix
-            done += len(Xc)
-            st.progress("prepare: whitening", done, n_mine)
+            X = block(s, w)
+            k = len(X)
+            wsq[w] = max(wsq[w], float(np.einsum("ij,ij->i", X, X).max()))
+            np.matmul(X, A, out=zbufs[w][:k])
+            Z[s:s + k] = zbufs[w][:k]                   # float64 -> float32, one rounding
+            st.release(s, s + k)                        # W's pages out as Z's come in: one [n, d] matrix
+            count.add(k)
+
+        run_in_workers(mine, whitened, workers)
+        count.end()
+    wsq = max(wsq)
     if size > 1:                        # every rank needs every whitened row: the others' are zeros here
         _sum_over_ranks(torch.from_numpy(Z), size)
-        _sum_over_ranks(wsq, size, "max")
-    wsq = float(wsq)
-    st.mu, st.A = mu_t.numpy(), A
+        wsq_t = torch.tensor([wsq], dtype=torch.float64)
+        _sum_over_ranks(wsq_t, size, "max")
+        wsq = float(wsq_t)
+    st.mu, st.A = mu, A
     st.wscale = math.sqrt(wsq) or 1.0
     st.Zt = torch.from_numpy(Z)
-    # global int8 grid for stage 1: q = round(z / qs), e = z - qs q (z exact: + float32 rounding)
-    step = rows_per_block(r)                        # three float64 blocks at a time
-    zabs = max(float(np.abs(Z[s:s + step]).max()) for s in range(0, n, step))   # no [n, r] copy
+    _grid(st, Z, tick, bool(lam[keep].min() > 1e-6 * lam[-1]))
+
+
+def _grid(st: ScanState, Z: np.ndarray, tick, cond_ok: bool = False) -> None:
+    """The global int8 grid for stage 1: ``q = round(z / qs)``, ``e = z - qs q`` (z exact: plus the
+    float32 rounding of Z), with the bound ``enorm >= ||e||`` per row."""
+    n, r = Z.shape
+    step = rows_per_block(r)                        # three float64 blocks at a time, per worker
+    starts, workers = range(0, n, step), torch.get_num_threads()
+    zabs_w = [0.0] * workers
+
+    def zabs_block(s: int, w: int) -> None:
+        zabs_w[w] = max(zabs_w[w], float(np.abs(Z[s:s + step]).max()))    # no [n, r] copy
+
+    run_in_workers(starts, zabs_block, workers)
+    zabs = max(zabs_w)
     qs = zabs * (1 + 1e-6) / 127.0 or 1.0
     Q = np.empty((n, r), dtype=np.int8)
     enorm = np.empty(n)
     znorm = np.empty(n)
-    st.progress("prepare: int8 grid", 0, n)
-    for s in range(0, n, step):
-        st.progress("prepare: int8 grid", s, n)
+    pos_w = np.zeros((workers, r), dtype=np.int64)  # rows with q_k > 0, per axis (the Ball's halves)
+    count = _Count(st.progress, "prepare: int8 grid", n)
+
+    def grid_block(s: int, w: int) -> None:
         tick()
         zc = Z[s:s + step].astype(np.float64)
         qc = np.divide(zc, qs)
         np.rint(qc, out=qc)
         Q[s:s + step] = qc.astype(np.int8)
-        zn = np.linalg.norm(zc, axis=1)
+        pos_w[w] += np.count_nonzero(qc > 0, axis=0)
+        zn = np.sqrt(np.einsum("ij,ij->i", zc, zc))
         np.multiply(qc, qs, out=qc)
         np.subtract(zc, qc, out=qc)                 # z - qs q, the rounding to the grid
-        enorm[s:s + step] = np.linalg.norm(qc, axis=1) + 1.01 * U32 * zn
+        enorm[s:s + step] = np.sqrt(np.einsum("ij,ij->i", qc, qc)) + 1.01 * U32 * zn
         znorm[s:s + step] = zn
-    st.progress("prepare: int8 grid", n, n)
+        count.add(len(zc))
+
+    run_in_workers(starts, grid_block, workers)
+    count.end()
+    pos = pos_w.sum(0)
     st.Qt, st.qs = torch.from_numpy(Q), qs
     st.enorm, st.emax = enorm, float(enorm.max())
     st.znorm, st.zmax = znorm, float(znorm.max())
-    st.bmax = float(st.bn[reps].max()) if st.bn is not None else 0.0
+    st.bmax = float(st.bn[st.reps].max()) if st.bn is not None else 0.0
     st.left = np.arange(n)
+    # reach of the Ball (proofs.Ball): its points are convex combinations of means of at least
+    # h = min_k min(pos_k, n - pos_k) whitened rows, and a mean of h rows has norm <= 1 / sqrt(h)
+    # since Z^T Z = I (whitening); x2 for the rounding of Z^T Z. Only a filter (a gap farther than
+    # this skips building the Ball), never part of a verdict; off when the whitening is ill-conditioned.
+    h = int(np.minimum(pos, n - pos).min()) if r else 0
+    st.ball_reach = 2.0 / math.sqrt(h) if h > 0 and cond_ok else math.inf

@@ -64,6 +64,80 @@ def one_blas_thread():
     return threadpool_limits(1, user_api="blas")
 
 
+def run_in_workers(items, fn, workers: int, static: bool = False) -> None:
+    """``fn(item, w)`` for every item on ``workers`` threads, the main thread being worker 0.
+
+    Each worker runs torch on one thread (restored after); numpy's BLAS the caller limits. Work
+    split by Python threads that release the GIL in BLAS or torch never waits in a parallel region
+    for a descheduled peer, which on a shared machine cost ~2x the CPU time (measured). Items go out
+    from a shared counter, or with ``static`` round-robin (worker w takes items w, w + workers, ...
+    in order: what each worker sums is then fixed, so the result does not depend on timing). The
+    first exception in any worker (OutOfTime, KeyboardInterrupt, an error) stops the others before
+    their next item and is raised here once all have stopped.
+    """
+    import threading
+
+    items = list(items)
+    workers = max(1, min(int(workers), len(items)))
+    if workers == 1:
+        for x in items:
+            fn(x, 0)
+        return
+    lock, errors = threading.Lock(), []
+    queue = iter(range(len(items)))
+
+    def loop(w: int) -> None:
+        if w:
+            torch.set_num_threads(1)            # in the thread itself (else 5x slower products, measured)
+        mine = iter(range(w, len(items), workers)) if static else None
+        try:
+            while not errors:
+                if static:
+                    k = next(mine, None)
+                else:
+                    with lock:
+                        k = next(queue, None)
+                if k is None:
+                    return
+                fn(items[k], w)
+        except BaseException as e:  # noqa: BLE001 — raised by the main thread below
+            errors.append(e)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    pool = [threading.Thread(target=loop, args=(w,), daemon=True) for w in range(1, workers)]
+    try:
+        for th in pool:
+            th.start()
+        loop(0)
+    finally:
+        for th in pool:
+            th.join()
+        torch.set_num_threads(threads)
+    if errors:
+        raise errors[0]
+
+
+def scores_against(Y: np.ndarray, Zn: np.ndarray) -> np.ndarray:
+    """``Y @ Zn.T`` (float32 [m, n]) for directions ``Y`` [m, r] against all rows ``Zn`` [n, r], the
+    rows split over ``torch.get_num_threads()`` workers with one BLAS thread each (the caller
+    holds :func:`one_blas_thread`): float32 dot products of length r, so the rounding bound of one
+    GEMM holds, on every core."""
+    n = Zn.shape[0]
+    workers = max(1, min(torch.get_num_threads(), n // 4096))
+    if workers == 1:
+        return Y @ Zn.T
+    S = np.empty((Y.shape[0], n), dtype=np.result_type(Y, Zn))
+    cuts = np.linspace(0, n, workers + 1).astype(np.int64)
+
+    def part(w: int, _w: int) -> None:
+        a, b = int(cuts[w]), int(cuts[w + 1])
+        S[:, a:b] = Y @ Zn[a:b].T       # (splitting Y's rows, written in place: more CPU-s, measured)
+
+    run_in_workers(range(workers), part, workers, static=True)
+    return S
+
+
 @dataclass(eq=False)
 class ScanState:
     """Everything the stages share. Arrays are numpy, indexed by token id ([V]) unless noted.
@@ -127,6 +201,7 @@ class ScanState:
     s1_ratio: np.ndarray = None
     left: np.ndarray = None
     ball: object = None          # proofs.Ball, built on first use
+    ball_reach: float = math.inf  # no point of the Ball is farther from 0 (whitened; a filter only)
     pages: object = None         # pages.PageRelease over Wn (a no-op unless Wn is a read-only file mapping)
     screen: bool = False         # stage gemm by the half-width screen (:mod:`~vocablens.argmax.screen`)
     device: str = "cpu"          # where the all-pairs screen's products run ("cuda": the GPU)

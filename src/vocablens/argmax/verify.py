@@ -1,0 +1,131 @@
+"""Stage ``verify`` of the exact argmax check: float64 margins at the argmaxable certificates, in the
+original coordinates, by blocks of rows (running maxima per token). A failed re-check never leaves a
+verdict standing."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from vocablens.argmax.result import DUPLICATE, UNDECIDED
+from vocablens.argmax.state import ScanState, one_blas_thread, rows_per_block, run_in_workers
+
+
+def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int = 512, progress=None,
+                      deadline: float | None = None, release=None):
+    """float64 margins ``l_t(x_t) - max_{j in play, j != t, j not a twin} l_j(x_t)`` for tokens [k].
+
+    Args:
+        Wn: rows ``[V, d]`` (numpy, float32 or float64); bn: bias [V] or None; in_play: bool [V].
+        tokens: int64 [k]; cert: ``t -> x`` float64 [d].
+        chunk: tokens per pass over the rows (lowered so their certificates ``[d, chunk]`` fit
+            :data:`~vocablens.argmax.state.BLOCK_BYTES`).
+        deadline: ``time.perf_counter()`` value after which no new pass starts.
+        release: optional ``(start, stop)`` callback after each block of rows ``[start, stop)`` is
+            read (:class:`~vocablens.models.pages.PageRelease`: hands their pages back).
+
+    Returns:
+        float64 [k] margins (logit units); NaN for tokens not reached before the deadline.
+
+    Memory: per worker (``torch.get_num_threads()`` of them, one BLAS thread each: the row blocks
+    are shared out) one block of rows in float64 and their scores ``[chunk, rows]`` (about
+    :data:`~vocablens.argmax.state.BLOCK_BYTES` each), whatever V: the maxima are kept per token.
+    """
+    tokens = np.asarray(tokens, dtype=np.int64)
+    out = np.full(len(tokens), np.nan)
+    play = np.nonzero(in_play)[0]
+    pos = np.full(len(in_play), -1)
+    pos[play] = np.arange(len(play))
+    d = Wn.shape[1]
+    chunk = rows_per_block(d, 8, most=chunk)
+    step = min(rows_per_block(chunk, 8), rows_per_block(d, 8))
+    starts = list(range(0, len(play), step))
+    workers = max(1, min(torch.get_num_threads(), len(starts)))
+    bufs = [np.empty((min(step, len(play)), d)) for _ in range(workers)]     # float64 rows, per worker
+    run = len(play) > 0 and int(play[-1]) - int(play[0]) == len(play) - 1    # rows in play are one run
+    for s in range(0, len(tokens), chunk):
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
+        tk = tokens[s:s + chunk]
+        XT = np.stack([cert(t) for t in tk])                       # [k, d]
+        # (token, row) entries left out of each token's maximum: its own row and its twins
+        mr = [np.atleast_1d(pos[t]) for t in tk]
+        if twins_of is not None:
+            mr = [np.concatenate([m, pos[np.asarray(twins_of(t), dtype=np.int64)]]) for m, t in zip(mr, tk)]
+        mrow = np.concatenate(mr)
+        mcol = np.repeat(np.arange(len(tk)), [len(m) for m in mr])
+        own = np.full(len(tk), np.nan)
+        bests = [np.full(len(tk), -np.inf) for _ in range(workers)]
+
+        def rows_block(r0: int, w: int) -> None:
+            rows = play[r0:r0 + step]
+            B = bufs[w][:len(rows)]
+            np.copyto(B, Wn[int(rows[0]):int(rows[-1]) + 1] if run else Wn[rows])   # exact cast
+            L = XT @ B.T                                           # [k, rows] float64
+            if bn is not None:
+                L += bn[rows][None, :]
+            q = np.nonzero((pos[tk] >= r0) & (pos[tk] < r0 + step))[0]
+            own[q] = L[q, pos[tk[q]] - r0]                         # each token's own row: one block
+            sel = (mrow >= r0) & (mrow < r0 + step)
+            L[mcol[sel], mrow[sel] - r0] = -np.inf
+            np.maximum(bests[w], L.max(1), out=bests[w])
+            if release is not None:
+                release(rows[0], rows[-1] + 1)
+
+        with one_blas_thread():         # row blocks over workers, one BLAS thread each
+            run_in_workers(starts, rows_block, workers)
+        best = np.max(bests, axis=0)
+        out[s:s + len(tk)] = own - best if len(play) > 1 else math.inf
+        if progress:
+            progress(min(s + chunk, len(tokens)), len(tokens))
+    return out
+
+
+def cert_x(st: ScanState, t: int) -> np.ndarray:
+    """The argmaxable certificate of token t in the original coordinates, float64 [d]."""
+    t = int(t)
+    if t in st.x_extra:
+        return st.x_extra[t].numpy()
+    k = int(st.row_of[t])
+    return st.scale[t] * (st.A @ (st.qs * st.q_rows(k, k + 1)[0].numpy().astype(np.float64)))
+
+
+def stage_verify(st: ScanState, mode: str) -> None:
+    """float64 re-check of the certificates from stages 2+ and (``"borderline"``) of the 256
+    stage-1 certificates with the smallest margin relative to their error bound, or (``"all"``)
+    of every certificate. A failed re-check never leaves a verdict standing: the token becomes
+    undecided. With a budget, certificates not reached keep their certified float32 margins."""
+    cand = np.nonzero((st.stage >= 1) & ~np.isnan(st.margin))[0]
+    if mode == "all":
+        chosen = cand.astype(np.int64)
+    else:
+        s1 = cand[st.stage[cand] == 1]
+        later = cand[st.stage[cand] != 1]
+        pick = np.zeros(0, dtype=np.int64)
+        if len(s1):
+            ratio = st.s1_ratio[st.row_of[s1]]
+            pick = s1[np.argsort(ratio)[:256]]
+        chosen = np.unique(np.concatenate([later, pick])).astype(np.int64)
+    res = verify_argmaxable(st.Wn, st.bn, st.in_play, chosen, lambda t: cert_x(st, t),
+                            twins_of=lambda t: st.twins.get(int(t), np.zeros(0, dtype=np.int64)),
+                            progress=lambda a, b: st.progress("verify", a, b), deadline=st.deadline,
+                            release=None if st.pages is None else st.pages.release)
+    for t, m in zip(chosen, res):
+        if np.isnan(m):
+            st.cut("verify")
+            continue
+        st.verified += 1
+        if m > 0:
+            st.margin[t] = m
+        else:
+            # never report a verdict the float64 check does not confirm
+            if st.verdict[t] == DUPLICATE:
+                st.group_can_tie.pop(int(st.group[t]), None)
+            else:
+                st.verdict[t] = UNDECIDED
+            st.reasons[int(t)] = f"float64 re-check of the certificate gave margin {m:.3g}"
+            st.margin[t] = np.nan
+    st.settled["verify"] = st.verified
