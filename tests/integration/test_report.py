@@ -545,3 +545,21 @@ def test_progress_eta_counts_down_between_updates():
     assert str(eta.render(task(now - 65))) == "eta 0:00:15"
     assert str(eta.render(task(now - 500))) == "eta 0:00:00"
     assert str(eta.render(SimpleNamespace(total=None, completed=0, fields={}))) == "eta -:--:--"
+
+
+def test_the_eta_counts_the_under_trained_verification_at_its_expected_cost():
+    """Before the verification runs, its ETA is its cost at the assumed FLOP rate scaled by the cheap
+    sections' measured ratio, never more than what it may take (its share or what the scan left)."""
+    from vocablens.report.plan import AFTER_SCAN, LAST, after_scan_share, eta_s, plan_report
+
+    plans = plan_report("smollm2", 150)
+    cheap = [p for p in plans if p.key not in (LAST, AFTER_SCAN)]
+    done = {p.key: p.budget_s / 4 for p in cheap}            # the machine runs 4x faster than planned
+    after = next(p for p in plans if p.key == AFTER_SCAN)
+    elapsed = sum(done.values())
+    # the scan finished too: only the verification is left
+    done_all = {**done, LAST: 2.0}
+    full = eta_s(plans, done_all, None, 0.0, elapsed + 2.0, 150)
+    assert full == pytest.approx(after_scan_share(150, elapsed + 2.0, after.budget_s))
+    assert eta_s(plans, done_all, None, 0.0, elapsed + 2.0, 150, after_planned_s=100.0) == pytest.approx(25.0)
+    assert eta_s(plans, done_all, None, 0.0, elapsed + 2.0, 150, after_planned_s=1e6) == pytest.approx(full)

@@ -187,7 +187,8 @@ def after_scan_share(budget_s: float, elapsed_s: float, planned_s: float) -> flo
 
 def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | None, in_section_s: float,
           elapsed_s: float, budget_s: float, deadline_s: float | None = None,
-          argmax_expected_s: float | None = None, section_fraction: float | None = None) -> float:
+          argmax_expected_s: float | None = None, section_fraction: float | None = None,
+          after_planned_s: float | None = None) -> float:
     """Estimated seconds until the report's sections are done.
 
     The cheap sections not finished yet cost their planned seconds times the measured ratio of
@@ -206,22 +207,34 @@ def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | N
     ends; ``section_fraction``: the fraction (0..1) of the running section done, when it says.
     """
     after = next((p for p in plans if p.key == AFTER_SCAN and p.key not in finished), None)
+    cheap = [p for p in plans if p.key not in (LAST, AFTER_SCAN)]
+    done_plan = sum(p.budget_s for p in cheap if p.key in finished)
+    ratio = sum(finished[p.key] for p in cheap if p.key in finished) / done_plan if done_plan > 0 else 1.0
+
+    # the verification is compute-bound like settle, which is sized at the same assumed FLOP rate:
+    # settle's measured / planned seconds is the machine's rate against it (else the cheap sections')
+    settle = next((p for p in plans if p.key == "settle" and p.key in finished and p.budget_s > 0), None)
+    rate = finished[settle.key] / settle.budget_s if settle is not None else ratio
+
+    def after_s(at_s: float) -> float:
+        share = after_scan_share(budget_s, at_s, after.budget_s)
+        return share if after_planned_s is None else min(share, after_planned_s * rate)
+
     if current in (LAST, AFTER_SCAN):
         left = math.inf if deadline_s is None else max(deadline_s - elapsed_s, 0.0)
         if section_fraction is not None and section_fraction >= 0.02:
             est = in_section_s * (1.0 - min(section_fraction, 1.0)) / section_fraction
         elif current == LAST and argmax_expected_s is not None:
             est = max(argmax_expected_s - in_section_s, 0.0)
+        elif current == AFTER_SCAN and after_planned_s is not None and after is not None:
+            est = max(after_s(elapsed_s - in_section_s) - in_section_s, 0.0)
         else:
             est = left
         est = min(est, left)
         est = est if math.isfinite(est) else 0.0
         if current == LAST and after is not None:
-            est += after_scan_share(budget_s, elapsed_s + est, after.budget_s)
+            est += after_s(elapsed_s + est)
         return est
-    cheap = [p for p in plans if p.key not in (LAST, AFTER_SCAN)]
-    done_plan = sum(p.budget_s for p in cheap if p.key in finished)
-    ratio = sum(finished[p.key] for p in cheap if p.key in finished) / done_plan if done_plan > 0 else 1.0
     rest = 0.0
     for p in cheap:
         if p.key in finished:
@@ -232,7 +245,7 @@ def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | N
         share = argmax_share(budget_s, elapsed_s + rest, after.budget_s if after is not None else 0.0)
         rest += share if argmax_expected_s is None else min(share, argmax_expected_s)
     if after is not None:
-        rest += after_scan_share(budget_s, elapsed_s + rest, after.budget_s)
+        rest += after_s(elapsed_s + rest)
     return rest
 
 

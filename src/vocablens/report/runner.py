@@ -72,16 +72,18 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
         t = clock()
         elapsed = t - t_all
         rest = eta_s(plans, finished, now["key"], t - now["t0"], elapsed, budget_s, now["deadline"],
-                     now["expected"], fraction)
+                     now["expected"], fraction, now["after"])
         progress(description, elapsed, elapsed + rest)
 
     ctx = {"borders": lm.borders, "tokenizer": lm.tokenizer, "name": lm.provenance.name, "model": model,
            "ids": ids, "lens_path": lens_path, "progress": report}
     # what the scan is expected to cost here (0 with stored verdicts): the ETA's guess for it
+    after = next((p for p in plans if p.key == AFTER_SCAN), None)
     scans = progress is not None and any(p.key == _LAST for p in plans)
     now["expected"] = _EXPECTED[_LAST](ctx) if scans else None
+    get_after = _EXPECTED.get(AFTER_SCAN)
+    now["after"] = get_after(ctx) if progress is not None and after is not None and get_after else None
     runs = {p.key: SectionRun(p) for p in plans}
-    after = next((p for p in plans if p.key == AFTER_SCAN), None)
     # the cheap sections, then the argmax scan, then the section after it
     for plan in sorted(plans, key=lambda p: (p.key == AFTER_SCAN) * 2 + (p.key == _LAST)):
         run = runs[plan.key]

@@ -143,9 +143,22 @@ RUNNERS = {"anatomy": _anatomy, "borders": _borders, "neighbors": _neighbors, "p
             "undertrained": _undertrained}
 
 
+def _undertrained_planned(ctx) -> float:
+    """Seconds verifying the paper's candidates (2% of V) costs at the report's assumed FLOP rate:
+    3 templates x (4 query tokens through the blocks + one head pass) per candidate."""
+    from vocablens.models.flops import head_flops
+    from vocablens.report.plan import ASSUMED_FLOPS_PER_S
+
+    b = ctx["borders"]
+    weights = sum(p.numel() for blk in b.blocks for p in blk.parameters() if p.dim() >= 2)
+    per = 3 * (4 * 2.0 * weights + head_flops(b.vocab_size, b.d_model))
+    return 0.02 * b.vocab_size * per / ASSUMED_FLOPS_PER_S
+
+
 #: seconds a section is expected to take, measured before the report starts (the ETA's first guess
-#: where a section's planned share says nothing: the scan takes what it needs, up to what is left)
-EXPECTED = {"argmax": _argmax_expected}
+#: where a section's planned share says nothing: the scan takes what it needs, up to what is left;
+#: the under-trained verification's cost at the assumed FLOP rate, scaled by the cheap sections' ratio)
+EXPECTED = {"argmax": _argmax_expected, "undertrained": _undertrained_planned}
 
 
 __all__ = ["RUNNERS", "EXPECTED"]
