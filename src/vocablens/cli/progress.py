@@ -11,6 +11,7 @@ with the time it has taken so far.
 
 from __future__ import annotations
 
+import abc
 import sys
 
 from vocablens.cli.console import err
@@ -21,7 +22,7 @@ from vocablens.cli.console import err
 EVERY = 8.0
 
 
-class _Heartbeat:
+class _Heartbeat(abc.ABC):
     """A line whenever ``every`` seconds passed without one: a daemon thread calls :meth:`tick`
     (tests with a fake clock pass ``thread=False`` and call it themselves). Subclasses say what the
     line is (:meth:`beat_line`)."""
@@ -43,8 +44,9 @@ class _Heartbeat:
         self.last = self.clock()
         self._write(line)
 
-    def beat_line(self) -> str | None:  # pragma: no cover  (each subclass has its own)
-        raise NotImplementedError
+    @abc.abstractmethod
+    def beat_line(self) -> str | None:
+        """The heartbeat line (None: nothing to say now)."""
 
     def tick(self) -> None:
         """Write the heartbeat line when ``every`` seconds passed since the last line."""

@@ -146,12 +146,11 @@ RUNNERS = {"anatomy": _anatomy, "borders": _borders, "neighbors": _neighbors, "p
 def _undertrained_planned(ctx) -> float:
     """Seconds verifying the paper's candidates (2% of V) costs at the report's assumed FLOP rate:
     3 templates x (4 query tokens through the blocks + one head pass) per candidate."""
-    from vocablens.models.flops import head_flops
+    from vocablens.models.flops import block_flops, head_flops
     from vocablens.report.plan import ASSUMED_FLOPS_PER_S
 
     b = ctx["borders"]
-    weights = sum(p.numel() for blk in b.blocks for p in blk.parameters() if p.dim() >= 2)
-    per = 3 * (4 * 2.0 * weights + head_flops(b.vocab_size, b.d_model))
+    per = 3 * (4 * b.n_layers * block_flops(b, 0) + head_flops(b.vocab_size, b.d_model))
     return 0.02 * b.vocab_size * per / ASSUMED_FLOPS_PER_S
 
 
