@@ -70,9 +70,19 @@ def post(url: str, path: str, body, raw: bool = False) -> tuple[int, dict]:
     return code, json.loads(out)
 
 
+# Fields that measure float32 rounding itself (max |a - b| of two sums that are equal in exact
+# arithmetic): two processes with other BLAS thread counts sum in another order, so these differ by
+# their own size. Both sides must be rounding-sized, never equal to each other.
+ROUNDING_RESIDUALS = {"resid_error": 1e-3, "sub_update_error": 1e-3, "model_max_abs_diff": 1e-3}
+
+
 def assert_close(a, b, path: str = "$", rel: float = 1e-4, abs_: float = 1e-6) -> None:
     """Equal JSON, floats up to float32 rounding (the server and the CLI run the same code in two processes)."""
-    if isinstance(a, float) or isinstance(b, float):
+    key = path.rsplit(".", 1)[-1]
+    if key in ROUNDING_RESIDUALS and a is not None and b is not None:
+        bound = ROUNDING_RESIDUALS[key]
+        assert 0 <= a <= bound and 0 <= b <= bound, (path, a, b)
+    elif isinstance(a, float) or isinstance(b, float):
         assert isinstance(a, (int, float)) and isinstance(b, (int, float)), (path, a, b)
         assert math.isclose(a, b, rel_tol=rel, abs_tol=abs_), (path, a, b)
     elif isinstance(a, dict):
