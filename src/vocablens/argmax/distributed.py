@@ -61,6 +61,7 @@ def gather(st: ScanState, mine: np.ndarray, still_open: np.ndarray, before: dict
         "x": {t: st.x_extra[t] for t in toks if t in st.x_extra},
         "combos": {t: st.combos[t] for t in toks if t in st.combos},
         "means": {t: st.combo_mean[t] for t in toks if t in st.combo_mean},
+        "tilts": {t: st.combo_tilt[t] for t in toks if t in st.combo_tilt},
         "reasons": {t: st.reasons[t] for t in toks if t in st.reasons},
         "tie": {g: st.group_can_tie[g] for g in twins if g in st.group_can_tie},
         "settled": {k: st.settled[k] - before[k] for k in st.settled},
@@ -76,6 +77,7 @@ def gather(st: ScanState, mine: np.ndarray, still_open: np.ndarray, before: dict
         st.x_extra.update(r["x"])
         st.combos.update(r["combos"])
         st.combo_mean.update(r["means"])
+        st.combo_tilt.update(r["tilts"])
         st.reasons.update(r["reasons"])
         st.group_can_tie.update(r["tie"])
         opened.append(np.asarray(r["open"], dtype=np.int64))

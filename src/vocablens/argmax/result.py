@@ -54,6 +54,10 @@ class ArgmaxResult:
             (h[k] > 0) or of the others (h[k] < 0). Those means include the token itself; with its
             own share removed and the rest renormalised, the weights are a convex combination of
             the other rows (:meth:`combination` expands it).
+        combo_tilt: token -> ``(a, u, excluded)`` for certificates that are a dense combination of
+            the distinct rows in play (rows with ``row >= 0``) outside ``excluded`` (token ids, the
+            token among them): weight ``a + quant[row[j]] . u`` (float64 u [r]) on row j, each >= 0,
+            summing to 1 (:mod:`~vocablens.argmax.tilt`; :meth:`combination` expands it).
         reasons: token -> why it is undecided (:data:`BUDGET` when the time budget ran out).
         timings: stage -> wall seconds.
         settled: stage -> tokens settled there.
@@ -85,6 +89,7 @@ class ArgmaxResult:
     x_extra: dict = field(default_factory=dict)
     combos: dict = field(default_factory=dict)
     combo_mean: dict = field(default_factory=dict)
+    combo_tilt: dict = field(default_factory=dict)
     reasons: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
     settled: dict = field(default_factory=dict)
@@ -118,6 +123,14 @@ class ArgmaxResult:
         if i not in self.combos:
             raise BadInput(f"token {i} is {VERDICTS[int(self.verdict[i])]}: it has no not-argmaxable certificate")
         ids, w = self.combos[i]
+        if i in self.combo_tilt:
+            a, u, ex = self.combo_tilt[i]
+            rows = (self.row >= 0).nonzero().flatten()                    # distinct rows, by id
+            lam = a + self.quant[self.row[rows]].double() @ u
+            lam[torch.isin(rows, ex)] = 0.0
+            lam = lam.clamp(min=0)                                        # >= 0 by the certificate
+            keep = (lam > 0).nonzero().flatten()
+            return rows[keep], lam[keep] / lam[keep].sum()
         if i not in self.combo_mean:
             return ids, w
         m_all, h = self.combo_mean[i]

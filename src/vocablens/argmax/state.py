@@ -171,6 +171,7 @@ class ScanState:
     x_extra: dict = field(default_factory=dict)
     combos: dict = field(default_factory=dict)
     combo_mean: dict = field(default_factory=dict)
+    combo_tilt: dict = field(default_factory=dict)
     reasons: dict = field(default_factory=dict)
     group_can_tie: dict = field(default_factory=dict)
     timings: dict = field(default_factory=lambda: {s: 0.0 for s in STAGES})
@@ -275,6 +276,27 @@ class ScanState:
             self.combo_mean[int(t)] = (float(means[0]), torch.from_numpy(np.asarray(means[1], dtype=np.float64)))
         self.settled[STAGES[st]] += 1
 
+    def settle_tilt(self, t: int, a: float, u: np.ndarray, excluded, rn: float, st: int) -> None:
+        """Token t is dominated by the tilted combination ``lambda_j = a + q_j . u`` on the distinct
+        rows in play outside ``excluded`` (token ids; see :attr:`ArgmaxResult.combo_tilt`)."""
+        if self.verdict[t] == DUPLICATE:
+            self.group_can_tie[int(self.group[t])] = False
+        else:
+            self.verdict[t] = UNARGMAXABLE
+        self.stage[t] = st
+        self.residual[t] = rn
+        self.combos[int(t)] = (torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.float64))
+        self.combo_tilt[int(t)] = (float(a), torch.from_numpy(np.asarray(u, dtype=np.float64)),
+                                   torch.from_numpy(np.asarray(excluded, dtype=np.int64)))
+        self.settled[STAGES[st]] += 1
+
+    def q_rows_at(self, pos) -> torch.Tensor:
+        """int8 grid rows at positions ``pos`` (into ``reps``) [k, r] (the same bits as :meth:`q_rows`)."""
+        pos = np.asarray(pos, dtype=np.int64)
+        if self.Qt is not None:
+            return self.Qt[torch.from_numpy(pos)]
+        return torch.from_numpy(quantize(self.Zt.numpy()[pos], self.qs))
+
     def bias_scaled(self, t: int, m0: float) -> tuple[float, float]:
         """Scale s of a no-bias certificate with margin m0 so the biases cannot change the winner,
         and the margin it then has (with bias); (1, m0) without bias."""
@@ -364,7 +386,7 @@ class ScanState:
             in_play=torch.from_numpy(self.in_play), center=center, whiten=A,
             scale=torch.from_numpy(self.scale), quant=Q, quant_scale=self.qs,
             row=torch.from_numpy(row), x_extra=self.x_extra, combos=self.combos,
-            combo_mean=self.combo_mean, reasons=self.reasons, timings=self.timings,
+            combo_mean=self.combo_mean, combo_tilt=self.combo_tilt, reasons=self.reasons, timings=self.timings,
             settled=self.settled, bias_used=self.bn is not None, rank=self.r, n_unique=self.n,
             tol=self.tol, verified_f64=self.verified, interrupted=self.interrupted,
             budget_s=self.budget_s, cut_short=tuple(self.cut_short), cpu_s=dict(self.cpu))

@@ -85,12 +85,17 @@ def store_verdicts(res: ArgmaxResult, key: str) -> Path | None:
     for t, (m_all, hv) in res.combo_mean.items():
         tensors[f"cm.{t}"] = hv.contiguous()
         cmean[str(t)] = m_all
+    ctilt = {}
+    for t, (a, u, ex) in res.combo_tilt.items():
+        tensors[f"tu.{t}"] = u.contiguous()
+        tensors[f"te.{t}"] = ex.contiguous()
+        ctilt[str(t)] = a
     meta = {f.name: getattr(res, f.name) for f in fields(res)
-            if f.name not in _TENSORS and f.name not in ("x_extra", "combos", "combo_mean")}
+            if f.name not in _TENSORS and f.name not in ("x_extra", "combos", "combo_mean", "combo_tilt")}
     meta["group_can_tie"] = {str(k): v for k, v in meta["group_can_tie"].items()}
     meta["reasons"] = {str(k): v for k, v in meta["reasons"].items()}
     meta["cut_short"] = list(meta["cut_short"])
-    doc = {"format": FORMAT, "key": key, "result": meta, "combo_mean": cmean}
+    doc = {"format": FORMAT, "key": key, "result": meta, "combo_mean": cmean, "combo_tilt": ctilt}
     with atomic_path(d / f"{key}.safetensors") as tmp:
         save_file(tensors, str(tmp))
     with atomic_path(d / f"{key}.json") as tmp:
@@ -115,7 +120,7 @@ def load_verdicts(key: str) -> ArgmaxResult | None:
         meta["group_can_tie"] = {int(k): v for k, v in meta["group_can_tie"].items()}
         meta["reasons"] = {int(k): v for k, v in meta["reasons"].items()}
         meta["cut_short"] = tuple(meta["cut_short"])
-        x_extra, combos, cmean = {}, {}, {}
+        x_extra, combos, cmean, ctilt = {}, {}, {}, {}
         for name, t in tens.items():
             kind, _, tok = name.partition(".")
             if kind == "x":
@@ -124,7 +129,9 @@ def load_verdicts(key: str) -> ArgmaxResult | None:
                 combos[int(tok)] = (t, tens[f"cw.{tok}"])
             elif kind == "cm":
                 cmean[int(tok)] = (float(doc["combo_mean"][tok]), t)
+            elif kind == "tu":
+                ctilt[int(tok)] = (float(doc["combo_tilt"][tok]), t, tens[f"te.{tok}"])
         return ArgmaxResult(**{n: tens[f"t.{n}"] for n in _TENSORS}, x_extra=x_extra, combos=combos,
-                            combo_mean=cmean, **meta)
+                            combo_mean=cmean, combo_tilt=ctilt, **meta)
     except (OSError, ValueError, KeyError, TypeError):
         return None
