@@ -539,7 +539,7 @@ def test_planted_rows_get_short_certificates_through_shared_means():
         ids, w = res.combination(t)
         assert t not in ids.tolist() and abs(float(w.sum()) - 1) < 1e-12
         assert len(res.combos[t][0]) <= 32              # explicit part: the few rows it sits between
-    assert res.settled["proof"] == 6
+    assert res.counts()["unargmaxable"] == 6 and int(res.ids("undecided").numel()) == 0
 
 
 def test_exact_int_matmul_wide_rows_are_split_exactly():
@@ -649,7 +649,7 @@ def test_scan_memory_stays_linear_in_V_under_an_address_space_cap(tmp_path):
     assert nb["counts"]["argmaxable"] == 12000 - 14 and nb["counts"]["undecided"] == 0
     for stage in ("prepare", "gemm", "reflect", "proof", "verify"):
         assert nb["settled"][stage] > 0, stage
-    assert nb["settled"]["gemm"] > 11000 and nb["settled"]["proof"] == 12
+    assert nb["settled"]["gemm"] > 11000 and nb["settled"]["proof"] >= 12     # the planted rows and near misses
     # with a bias: the lower-bias twin is dominated in prepare, the planted rows go through the
     # NNLS proofs (no bias) to the lifted LP of stage bias
     b = np.random.default_rng(1).standard_normal(12000).astype(np.float32)[:2]

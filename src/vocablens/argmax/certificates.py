@@ -22,6 +22,7 @@ import torch
 
 from vocablens.argmax.distributed import allreduce_max
 from vocablens.ops.vocab_parallel.comm import world
+from vocablens.argmax.scoring import certify, int8_ready, int8_scores
 from vocablens.argmax.state import U32, ScanState, rows_per_block, scores_against
 
 #: reflect columns at a time at most (the scores are [n, this] float32, capped at
@@ -252,6 +253,22 @@ def _judge_stage1(st: ScanState, dg: np.ndarray, best: np.ndarray, complete: np.
     st.s1_ratio = np.where(ok, m1 / ((st.enorm + st.emax) * ynorm + 1e-300), 0.0)
 
 
+#: competitors kept per row the first scoring leaves open (the proof stage starts from them)
+START_TOP = 32
+
+
+def keep_top(st: ScanState, cols: np.ndarray, fresh: np.ndarray, S: np.ndarray, screened: bool) -> None:
+    """Keep, for the columns ``fresh`` scored at ``y = z_t`` and still open, the :data:`START_TOP`
+    rows scoring highest (best first; own entries are -inf in S [m, n]) and whether the interior
+    screen already tried them: the proof stage starts from these instead of scoring z_t again."""
+    if not len(fresh):
+        return
+    k = min(START_TOP, st.n - 1)
+    top = torch.topk(torch.from_numpy(S[fresh]), k, dim=1).indices.numpy()
+    for q, c in enumerate(cols[fresh]):
+        st.start_top[int(c)] = (top[q], screened)
+
+
 def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
     """Stage 2 on ``st.left``; failures stay in ``st.left``.
 
@@ -295,24 +312,31 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
             break
         # scores [m, n]: numpy's float32 GEMM and reductions along rows (measured 2x faster here
         # than torch's [n, m] product and column maxima, at every pool width from 1 to 85)
-        S = scores_against(Y, Zn)
         ar = np.arange(len(cols))
-        own = S[ar, cols].copy()
-        S[ar, cols] = -np.inf
-        jstar = S.argmax(1)
-        bestv = S[ar, jstar]
-        ynorm = np.linalg.norm(Y.astype(np.float64), axis=1)
-        mm = own.astype(np.float64) - bestv
-        bnd = coef * ynorm * (st.znorm[cols] + st.zmax) + 1e-30
-        done = mm > bnd
+        if len(cols) >= 32 and int8_ready(st):
+            # int8 products with a rigorous bound, the near calls exact (vocablens.argmax.scoring)
+            S, beta = int8_scores(st, Y)
+            S[ar, cols] = -np.inf
+            done, gap, jstar = certify(st, cols, Y, S, beta)
+        else:
+            S = scores_against(Y, Zn)
+            own = S[ar, cols].copy()
+            S[ar, cols] = -np.inf
+            jstar = S.argmax(1)
+            bestv = S[ar, jstar]
+            ynorm = np.linalg.norm(Y.astype(np.float64), axis=1)
+            mm = own.astype(np.float64) - bestv
+            bnd = coef * ynorm * (st.znorm[cols] + st.zmax) + 1e-30
+            done, gap = mm > bnd, mm - bnd
         for q in np.nonzero(done)[0]:
             t = int(st.reps[int(cols[q])])
-            st.settle_arg_y(t, 2, Y[q].astype(np.float64), float(mm[q] - bnd[q]))
+            st.settle_arg_y(t, 2, Y[q].astype(np.float64), float(gap[q]))
         fresh = np.nonzero(~done & (age == 0))[0]            # first scoring, at y = z_t
         if screen is not None and len(fresh):
             for j in range(0, len(fresh), SCREEN_COLS):
                 part = fresh[j:j + SCREEN_COLS]
                 done[part] |= screen(st, cols[part], torch.from_numpy(S[part]).T)
+            keep_top(st, cols, fresh[~done[fresh]], S, screen is not None)
         del S
         age += 1
         spent = ~done & (age >= iters)

@@ -264,12 +264,19 @@ def stage_proof(st: ScanState, max_rounds: int, row_budget_s: float | None) -> d
     for b0 in range(0, len(rows), BATCH):
         st.check_time()
         ks = rows[b0:b0 + BATCH]
-        top = np.concatenate([_start_sets(Zt, ks[j:j + per], n0) for j in range(0, len(ks), per)])
+        kept = {int(k): st.start_top.pop(int(k)) for k in ks if int(k) in st.start_top and
+                len(st.start_top[int(k)][0]) >= n0}         # the reflect stage's scores at z_t
+        need = np.array([k for k in ks if int(k) not in kept], dtype=np.int64)
+        fresh = np.concatenate([_start_sets(Zt, need[j:j + per], n0) for j in range(0, len(need), per)]) \
+            if len(need) else np.zeros((0, n0), dtype=np.int64)
+        got = dict(zip(need.tolist(), fresh))
         active = []
-        for q, k in enumerate(ks):
+        for k in ks:
             st.check_time()
-            if not sparse_certificate(st, int(k), top[q, :SPARSE_COLS]):
-                active.append(_Row(int(k), top[q]))
+            top, screened = kept.get(int(k), (got.get(int(k)), False))
+            top = np.asarray(top[:n0], dtype=np.int64)
+            if screened or not sparse_certificate(st, int(k), top[:SPARSE_COLS]):
+                active.append(_Row(int(k), top))
         while active:
             probe = []
             for row in active:
