@@ -22,7 +22,7 @@ import torch
 
 from vocablens.argmax.distributed import allreduce_max
 from vocablens.ops.vocab_parallel.comm import world
-from vocablens.argmax.scoring import certify, int8_ready, int8_scores
+from vocablens.argmax.scoring import int8_pass, int8_ready
 from vocablens.argmax.state import U32, ScanState, rows_per_block, scores_against
 
 #: reflect columns at a time at most (the scores are [n, this] float32, capped at
@@ -253,20 +253,9 @@ def _judge_stage1(st: ScanState, dg: np.ndarray, best: np.ndarray, complete: np.
     st.s1_ratio = np.where(ok, m1 / ((st.enorm + st.emax) * ynorm + 1e-300), 0.0)
 
 
-#: competitors kept per row the first scoring leaves open (the proof stage starts from them)
+#: competitors kept per row the first scoring leaves open (the proof stage starts from them and
+#: the interior screen tries them)
 START_TOP = 32
-
-
-def keep_top(st: ScanState, cols: np.ndarray, fresh: np.ndarray, S: np.ndarray, screened: bool) -> None:
-    """Keep, for the columns ``fresh`` scored at ``y = z_t`` and still open, the :data:`START_TOP`
-    rows scoring highest (best first; own entries are -inf in S [m, n]) and whether the interior
-    screen already tried them: the proof stage starts from these instead of scoring z_t again."""
-    if not len(fresh):
-        return
-    k = min(START_TOP, st.n - 1)
-    top = torch.topk(torch.from_numpy(S[fresh]), k, dim=1).indices.numpy()
-    for q, c in enumerate(cols[fresh]):
-        st.start_top[int(c)] = (top[q], screened)
 
 
 def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
@@ -282,9 +271,9 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
 
     Args:
         iters: scorings per column at most (the first at ``y = z_t``, then after each reflection).
-        screen: optional ``(state, cols, S) -> bool mask`` called (for at most :data:`SCREEN_COLS`
-            columns at a time) with the scores
-            ``S [n, m]`` (float32 tensor) at ``y = z_t`` (own scores masked out) for the columns the float32 re-check
+        screen: optional ``(state, cols, top) -> bool mask`` called (for at most :data:`SCREEN_COLS`
+            columns at a time) with the :data:`START_TOP` rows scoring highest at ``y = z_t``
+            (int64 [m, k], best first, the row itself left out) for the columns the first scoring
             did not settle; it returns the columns it settled itself (a quick interior proof), which
             then skip the reflections.
     """
@@ -293,7 +282,8 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
     Zn, coef = st.Zt.numpy(), (st.r * U32 / (1 - st.r * U32) + 3 * U32) * 1.01
     still: list[np.ndarray] = []
     left = st.left
-    ncol = rows_per_block(st.n, 4, most=REFLECT_COLS)        # the scores [ncol, n] fit BLOCK_BYTES
+    use8 = int8_ready(st)                                   # int8 scores, streamed over Q's rows
+    ncol = REFLECT_COLS if use8 else rows_per_block(st.n, 4, most=REFLECT_COLS)   # float32: [ncol, n] fit BLOCK_BYTES
     cols = np.zeros(0, dtype=np.int64)
     Y = np.zeros((0, st.r), dtype=np.float32)                # one direction per pooled column
     age = np.zeros(0, dtype=np.int64)                        # scorings done per pooled column
@@ -313,11 +303,10 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
         # scores [m, n]: numpy's float32 GEMM and reductions along rows (measured 2x faster here
         # than torch's [n, m] product and column maxima, at every pool width from 1 to 85)
         ar = np.arange(len(cols))
-        if len(cols) >= 32 and int8_ready(st):
+        S = top = None
+        if use8 and len(cols) >= 32:
             # int8 products with a rigorous bound, the near calls exact (vocablens.argmax.scoring)
-            S, beta = int8_scores(st, Y)
-            S[ar, cols] = -np.inf
-            done, gap, jstar = certify(st, cols, Y, S, beta)
+            done, gap, jstar, top = int8_pass(st, cols, Y, START_TOP if bool((age == 0).any()) else 0)
         else:
             S = scores_against(Y, Zn)
             own = S[ar, cols].copy()
@@ -332,11 +321,16 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
             t = int(st.reps[int(cols[q])])
             st.settle_arg_y(t, 2, Y[q].astype(np.float64), float(gap[q]))
         fresh = np.nonzero(~done & (age == 0))[0]            # first scoring, at y = z_t
+        if len(fresh) and top is None:
+            k = min(START_TOP, st.n - 1)
+            top = np.zeros((len(cols), k), dtype=np.int64)
+            top[fresh] = torch.topk(torch.from_numpy(S[fresh]), k, dim=1).indices.numpy()
         if screen is not None and len(fresh):
             for j in range(0, len(fresh), SCREEN_COLS):
                 part = fresh[j:j + SCREEN_COLS]
-                done[part] |= screen(st, cols[part], torch.from_numpy(S[part]).T)
-            keep_top(st, cols, fresh[~done[fresh]], S, screen is not None)
+                done[part] |= screen(st, cols[part], top[part])
+        for q in fresh[~done[fresh]]:             # the proof stage starts from these
+            st.start_top[int(cols[q])] = (top[q], screen is not None)
         del S
         age += 1
         spent = ~done & (age >= iters)

@@ -214,12 +214,13 @@ def _structured_residual(st: ScanState, ball: Ball, t: int, pos, wj, m_all: floa
     return float(np.linalg.norm(x - wt)) / (1.0 - omega), omega
 
 
-def screen_interior(st: ScanState, cols: np.ndarray, S: torch.Tensor) -> np.ndarray:
+def screen_interior(st: ScanState, cols: np.ndarray, top: np.ndarray) -> np.ndarray:
     """Quick interior proofs inside the reflect stage (:func:`sparse_certificate` with the
     :data:`SPARSE_COLS` highest scoring rows).
 
     Args:
-        cols: positions (into ``reps``) [m]; S: float32 scores ``Z z_t`` [n, m], own entries -inf.
+        cols: positions (into ``reps``) [m]; top: int64 [m, k], the rows scoring highest at
+            ``y = z_t`` (best first, the row itself left out).
 
     Returns:
         bool [m], the rows settled here.
@@ -227,7 +228,7 @@ def screen_interior(st: ScanState, cols: np.ndarray, S: torch.Tensor) -> np.ndar
     ok = np.zeros(len(cols), dtype=bool)
     if st.n < 3 or st.n <= st.r + 1 or st.ball is False or (st.ball is not None and not st.ball.ok):
         return ok
-    top = torch.topk(S, min(SPARSE_COLS, st.n - 1), dim=0).indices.T.numpy()     # [m, k]
+    top = np.asarray(top)[:, :SPARSE_COLS]
     for q, k in enumerate(cols):
         if st.time_left() <= 0:
             break                               # the reflect stage records the cut

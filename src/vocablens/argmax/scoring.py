@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vocablens.argmax.state import U32, ScanState, run_in_workers
+from vocablens.argmax.state import U32, ScanState, rows_per_block, run_in_workers
 
 #: rows scored exactly per direction at most (their int8 upper bound reaches the row's own score)
 NEAR_MAX = 64
@@ -46,10 +46,19 @@ def int8_ready(st: ScanState) -> bool:
     return st._int8_ok
 
 
-def int8_scores(st: ScanState, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(S, beta)``: S float32 [m, n] with ``|z_j . y_q - S[q, j]| <= beta[q]`` (float64 [m]) for
-    every row j, for directions Y float32 [m, r] (m >= 32). Needs :func:`int8_ready`."""
+def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0):
+    """Judge directions ``Y`` float32 [m, r] for the rows at positions ``cols`` [m] against every
+    row, on the int8 grid, streaming over blocks of Q's rows (scores ``[m, block]`` of about
+    :data:`~vocablens.argmax.state.BLOCK_BYTES`, blocks on worker threads).
+
+    Returns ``(done bool [m], gap float64 [m], jstar int64 [m], top int64 [m, k_top] or None)``:
+    whether y certifies its row (every other row's score provably below the row's own), a lower
+    bound on that margin (whitened units), the best competitor (exact where the near rows were
+    scored exactly, else by the int8 scores) and the ``k_top`` rows scoring highest (best first, by
+    the int8 scores; for the interior screen and the proof stage's start sets).
+    """
     m, r = Y.shape
+    n = st.n
     Y64 = Y.astype(np.float64)
     sy = np.abs(Y64).max(1) / 127.0
     sy[sy == 0] = 1.0
@@ -57,56 +66,88 @@ def int8_scores(st: ScanState, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ey = np.linalg.norm(Y64 - sy[:, None] * Qy, axis=1)
     Qy_t = torch.from_numpy(Qy.astype(np.int8))
     yn = np.linalg.norm(Y64, axis=1)
-    qs = st.qs
-    scale = (qs * sy).astype(np.float32)
-    n = st.n
-    S = np.empty((m, n), dtype=np.float32)
-    workers = max(1, min(torch.get_num_threads(), n // 4096))
-    cuts = np.linspace(0, n, workers + 1).astype(np.int64)
-
-    def part(w: int, _w: int) -> None:
-        a, b = int(cuts[w]), int(cuts[w + 1])
-        P = torch._int_mm(Qy_t, st.Qt[a:b].T)                 # exact int32 [m, b - a]
-        np.multiply(P.numpy(), scale[:, None], out=S[:, a:b], casting="unsafe")
-
-    run_in_workers(range(workers), part, workers, static=True)
-    # the int32 products are exact and below 2^24 (127^2 r, r <= 1,040): the float32 copy is exact;
-    # the scaling rounds once (relative U32 of a score at most qs s_y 127^2 r)
-    beta = (qs * st._qn_max * ey + (float(st.enorm.max()) + st.emax) * yn +
-            2 * U32 * qs * sy * 127.0 * 127.0 * r) * 1.01
-    return S, beta
-
-
-def certify(st: ScanState, cols: np.ndarray, Y: np.ndarray, S: np.ndarray, beta: np.ndarray):
-    """Judge directions Y [m, r] for rows ``cols`` from int8 scores (``S`` [m, n], own entries
-    masked to -inf by the caller) and their bounds: ``(done bool [m], margin float64 [m], jstar
-    int64 [m])``, jstar the best competitor (exact where the near rows were scored exactly)."""
-    m = len(cols)
-    Y64 = Y.astype(np.float64)
+    scale = (st.qs * sy).astype(np.float32)
+    # |z_j . y - S_j| <= beta for every j: the two grid roundings, and S's one float32 rounding
+    # (the int32 products are exact and below 2^24 for r <= 1,040, so their float32 copy is exact)
+    beta = (st.qs * st._qn_max * ey + (float(st.enorm.max()) + st.emax) * yn +
+            2 * U32 * st.qs * sy * 127.0 * 127.0 * r) * 1.01
     Zn = st.Zt.numpy()
     zt = Zn[cols].astype(np.float64)
-    yn = np.linalg.norm(Y64, axis=1)
-    own = (zt * Y64).sum(1)
-    own_lo = own - (2 * U32 + 2 * st.r * U64) * np.linalg.norm(zt, axis=1) * yn
-    jstar = S.argmax(1)
-    best_up = S[np.arange(m), jstar].astype(np.float64) + beta
+    own_lo = (zt * Y64).sum(1) - (2 * U32 + 2 * r * U64) * np.linalg.norm(zt, axis=1) * yn
+    thr = np.nextafter((own_lo - beta).astype(np.float32), np.float32(-np.inf))   # S >= thr: "near"
+    step = rows_per_block(m, 4)
+    starts = list(range(0, n, step))
+    workers = max(1, min(torch.get_num_threads(), len(starts)))
+    ar = np.arange(m)
+    state = [{"bv": np.full(m, -np.inf, dtype=np.float32), "bj": np.zeros(m, dtype=np.int64),
+              "far": np.full(m, -np.inf), "near": [], "cnt": np.zeros(m, dtype=np.int64),
+              "tv": None, "ti": None} for _ in range(workers)]
+
+    def work(a: int, w: int) -> None:
+        st.check_time()
+        b = min(n, a + step)
+        g = state[w]
+        S = torch._int_mm(Qy_t, st.Qt[a:b].T).numpy().astype(np.float32)   # exact, then [m, c] float32
+        S *= scale[:, None]
+        mine = np.nonzero((cols >= a) & (cols < b))[0]
+        S[mine, cols[mine] - a] = -np.inf                                  # own entries
+        jb = S.argmax(1)
+        vb = S[ar, jb]
+        up = vb > g["bv"]
+        g["bv"][up], g["bj"][up] = vb[up], jb[up] + a
+        qq, jj = np.nonzero(S >= thr[:, None])
+        fb = vb.astype(np.float64)                     # the largest score below the near threshold
+        if len(qq):
+            for q in np.unique(qq):
+                row = S[q].copy()
+                row[row >= thr[q]] = -np.inf
+                fb[q] = float(row.max())
+            keep = g["cnt"][qq] + np.bincount(qq, minlength=m)[qq] <= NEAR_MAX + 1
+            g["near"].append((qq[keep], jj[keep] + a))
+            np.add.at(g["cnt"], qq, 1)
+        g["far"] = np.maximum(g["far"], fb)
+        if k_top:
+            k = min(k_top, b - a)
+            tv, ti = torch.topk(torch.from_numpy(S), k, dim=1)
+            tv, ti = tv.numpy(), ti.numpy() + a
+            if g["tv"] is not None:
+                tv, ti = np.concatenate([g["tv"], tv], 1), np.concatenate([g["ti"], ti], 1)
+                o = np.argsort(-tv, axis=1, kind="stable")[:, :k_top]
+                tv, ti = np.take_along_axis(tv, o, 1), np.take_along_axis(ti, o, 1)
+            g["tv"], g["ti"] = tv, ti
+
+    run_in_workers(starts, work, workers)
+    bv, bj = state[0]["bv"], state[0]["bj"]
+    far, cnt = state[0]["far"], state[0]["cnt"]
+    for g in state[1:]:
+        up = g["bv"] > bv
+        bv[up], bj[up] = g["bv"][up], g["bj"][up]
+        far = np.maximum(far, g["far"])
+        cnt = cnt + g["cnt"]
+    best_up = bv.astype(np.float64) + beta
     done = best_up < own_lo
-    margin = np.where(done, own_lo - best_up, 0.0)
-    for q in np.nonzero(~done)[0]:
-        near = np.nonzero(S[q].astype(np.float64) + beta[q] >= own_lo[q])[0]
-        if len(near) > NEAR_MAX:
-            continue
+    gap = np.where(done, own_lo - best_up, 0.0)
+    jstar = bj.copy()
+    pairs = [p for g in state for p in g["near"]]
+    nq = np.concatenate([p[0] for p in pairs]) if pairs else np.zeros(0, dtype=np.int64)
+    nj = np.concatenate([p[1] for p in pairs]) if pairs else np.zeros(0, dtype=np.int64)
+    for q in np.nonzero(~done & (cnt <= NEAR_MAX))[0]:
+        near = np.unique(nj[nq == q])
         zn = Zn[near].astype(np.float64)
-        ex = zn @ Y64[q] + (2 * U32 + 2 * st.r * U64) * np.linalg.norm(zn, axis=1) * yn[q]
+        ex = zn @ Y64[q] + (2 * U32 + 2 * r * U64) * np.linalg.norm(zn, axis=1) * yn[q]
         k = int(np.argmax(ex))
         jstar[q] = near[k]
-        # rows outside ``near`` are below own_lo by their int8 bound; the near ones by their exact score
-        if ex[k] < own_lo[q]:
-            done[q] = True
-            rest = S[q].astype(np.float64) + beta[q]
-            rest[near] = -np.inf
-            margin[q] = own_lo[q] - max(float(ex[k]), float(rest.max()))
-    return done, margin, jstar
+        top_up = max(float(ex[k]), float(far[q]) + beta[q])   # near rows exact, the others bounded
+        if top_up < own_lo[q]:
+            done[q], gap[q] = True, own_lo[q] - top_up
+    top = None
+    if k_top:
+        tis = [g["ti"] for g in state if g["ti"] is not None]
+        tvs = [g["tv"] for g in state if g["tv"] is not None]
+        tv, ti = np.concatenate(tvs, 1), np.concatenate(tis, 1)
+        o = np.argsort(-tv, axis=1, kind="stable")[:, :k_top]
+        top = np.take_along_axis(ti, o, 1)
+    return done, gap, jstar, top
 
 
-__all__ = ["NEAR_MAX", "certify", "int8_ready", "int8_scores"]
+__all__ = ["NEAR_MAX", "int8_pass", "int8_ready"]
