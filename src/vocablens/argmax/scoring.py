@@ -66,50 +66,52 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0):
     ey = np.linalg.norm(Y64 - sy[:, None] * Qy, axis=1)
     Qy_t = torch.from_numpy(Qy.astype(np.int8))
     yn = np.linalg.norm(Y64, axis=1)
-    scale = (st.qs * sy).astype(np.float32)
-    # |z_j . y - S_j| <= beta for every j: the two grid roundings, and S's one float32 rounding
-    # (the int32 products are exact and below 2^24 for r <= 1,040, so their float32 copy is exact)
-    beta = (st.qs * st._qn_max * ey + (float(st.enorm.max()) + st.emax) * yn +
-            2 * U32 * st.qs * sy * 127.0 * 127.0 * r) * 1.01
+    scale = st.qs * sy                                    # float64 [m]: score = scale x product
+    # |z_j . y - scale p_j| <= beta for every j (p_j = q_j . q_y, exact int32): the two grid roundings
+    beta = (st.qs * st._qn_max * ey + (float(st.enorm.max()) + st.emax) * yn) * 1.01
     Zn = st.Zt.numpy()
     zt = Zn[cols].astype(np.float64)
     own_lo = (zt * Y64).sum(1) - (2 * U32 + 2 * r * U64) * np.linalg.norm(zt, axis=1) * yn
-    thr = np.nextafter((own_lo - beta).astype(np.float32), np.float32(-np.inf))   # S >= thr: "near"
+    # "near": S_j + beta >= own_lo, i.e. the integer product p_j >= ceil((own_lo - beta) / scale):
+    # thresholds in exact integers, so every reduction below runs on the int32 products themselves
+    x = (own_lo - beta) / scale
+    thr = np.clip(np.floor(x - np.abs(x) * 1e-12) - 1, -2 ** 31 + 2, 2 ** 31 - 1).astype(np.int32)
+    low = np.iinfo(np.int32).min
     step = rows_per_block(m, 4)
     starts = list(range(0, n, step))
     workers = max(1, min(torch.get_num_threads(), len(starts)))
     ar = np.arange(m)
-    state = [{"bv": np.full(m, -np.inf, dtype=np.float32), "bj": np.zeros(m, dtype=np.int64),
-              "far": np.full(m, -np.inf), "near": [], "cnt": np.zeros(m, dtype=np.int64),
+    state = [{"bv": np.full(m, low, dtype=np.int64), "bj": np.zeros(m, dtype=np.int64),
+              "far": np.full(m, low, dtype=np.int64), "near": [], "cnt": np.zeros(m, dtype=np.int64),
               "tv": None, "ti": None} for _ in range(workers)]
 
     def work(a: int, w: int) -> None:
         st.check_time()
         b = min(n, a + step)
         g = state[w]
-        S = torch._int_mm(Qy_t, st.Qt[a:b].T).numpy().astype(np.float32)   # exact, then [m, c] float32
-        S *= scale[:, None]
+        Pt = torch._int_mm(Qy_t, st.Qt[a:b].T)                              # exact int32 [m, c]
+        P = Pt.numpy()
         mine = np.nonzero((cols >= a) & (cols < b))[0]
-        S[mine, cols[mine] - a] = -np.inf                                  # own entries
-        jb = S.argmax(1)
-        vb = S[ar, jb]
+        P[mine, cols[mine] - a] = low                                      # own entries
+        jb = P.argmax(1)                                                   # scale > 0 per row: same order
+        vb = P[ar, jb].astype(np.int64)
         up = vb > g["bv"]
         g["bv"][up], g["bj"][up] = vb[up], jb[up] + a
-        qq, jj = np.nonzero(S >= thr[:, None])
-        fb = vb.astype(np.float64)                     # the largest score below the near threshold
+        qq, jj = np.nonzero(P >= thr[:, None])
+        fb = vb.copy()                                 # the largest product below the near threshold
         if len(qq):
             for q in np.unique(qq):
-                row = S[q].copy()
-                row[row >= thr[q]] = -np.inf
-                fb[q] = float(row.max())
+                row = P[q].copy()
+                row[row >= thr[q]] = low
+                fb[q] = int(row.max())
             keep = g["cnt"][qq] + np.bincount(qq, minlength=m)[qq] <= NEAR_MAX + 1
             g["near"].append((qq[keep], jj[keep] + a))
             np.add.at(g["cnt"], qq, 1)
         g["far"] = np.maximum(g["far"], fb)
         if k_top:
             k = min(k_top, b - a)
-            tv, ti = torch.topk(torch.from_numpy(S), k, dim=1)
-            tv, ti = tv.numpy(), ti.numpy() + a
+            tv, ti = torch.topk(Pt, k, dim=1)
+            tv, ti = tv.numpy().astype(np.int64), ti.numpy() + a
             if g["tv"] is not None:
                 tv, ti = np.concatenate([g["tv"], tv], 1), np.concatenate([g["ti"], ti], 1)
                 o = np.argsort(-tv, axis=1, kind="stable")[:, :k_top]
@@ -124,7 +126,12 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0):
         bv[up], bj[up] = g["bv"][up], g["bj"][up]
         far = np.maximum(far, g["far"])
         cnt = cnt + g["cnt"]
-    best_up = bv.astype(np.float64) + beta
+    def up(v, q=slice(None)):                                 # scale x product, rounded up, + beta
+        f = v.astype(np.float64) * scale[q]
+        return f + np.abs(f) * 8 * U64 + beta[q]
+
+    best_up = up(bv)
+    best_up[bv == low] = -np.inf
     done = best_up < own_lo
     gap = np.where(done, own_lo - best_up, 0.0)
     jstar = bj.copy()
@@ -137,7 +144,8 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0):
         ex = zn @ Y64[q] + (2 * U32 + 2 * r * U64) * np.linalg.norm(zn, axis=1) * yn[q]
         k = int(np.argmax(ex))
         jstar[q] = near[k]
-        top_up = max(float(ex[k]), float(far[q]) + beta[q])   # near rows exact, the others bounded
+        far_up = -np.inf if far[q] == low else float(up(far[q:q + 1], slice(q, q + 1))[0])
+        top_up = max(float(ex[k]), far_up)                    # near rows exact, the others bounded
         if top_up < own_lo[q]:
             done[q], gap[q] = True, own_lo[q] - top_up
     top = None

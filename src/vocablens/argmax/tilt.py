@@ -46,9 +46,8 @@ class _Sums:
     """One pass over the distinct rows (worker threads, fixed blocks per worker): the exact float64
     sums in the original coordinates (``sum w_j``, ``sum w_j q_j^T``, ``sum q_j``) that give a
     combination's residual by linearity, the norms that bound their summation error, and the
-    bordered system ``B ~ sum [1; z_j] [1; q_j]^T`` for solving, with ``sum z_j q_j^T`` taken as
-    ``(c / qs) I`` (the whitened rows' scatter ``Z^T Z`` is c I; the grid's rounding moves it by ~2%, which
-    the refinement against the exact residual removes)."""
+    bordered system ``B = sum [1; z_j] [1; q_j]^T`` for solving (from float32 Z: the refinement
+    against the exact residual removes what that rounding leaves); 2 n r (r + d) float64 FLOPs."""
 
     def __init__(self, st: ScanState):
         from vocablens.argmax.state import run_in_workers
@@ -58,7 +57,7 @@ class _Sums:
         step = rows_per_block(max(d, r))
         starts = list(range(0, n, step))
         workers = max(1, min(torch.get_num_threads(), len(starts)))
-        acc = [[np.zeros(d), np.zeros((d, r)), np.zeros(r), np.zeros(r), 0.0, 0.0, 0.0] for _ in range(workers)]
+        acc = [[np.zeros(d), np.zeros((d, r)), np.zeros(r), np.zeros(r), 0.0, 0.0, np.zeros((r, r))] for _ in range(workers)]
         self.qn = np.zeros(n)                       # ||q_j||
 
         def block(s: int, w: int) -> None:
@@ -72,7 +71,7 @@ class _Sums:
             a[2] += Q.sum(0)
             Zb = st.Zt[s:e].double().numpy()
             a[3] += Zb.sum(0)
-            a[6] += float(np.einsum('ij,ij->', Zb, Zb))
+            a[6] += Zb.T @ Q
             qn = np.linalg.norm(Q, axis=1)
             wn = np.linalg.norm(Wb, axis=1)
             self.qn[s:e] = qn
@@ -84,53 +83,75 @@ class _Sums:
         self.wq, self.w1 = sum(a[4] for a in acc), sum(a[5] for a in acc)   # sum ||w|| ||q||, sum ||w||
         B = np.zeros((r + 1, r + 1))
         B[0, 0], B[0, 1:], B[1:, 0] = n, self.SQ, SZ
-        B[1:, 1:] = (sum(a[6] for a in acc) / r / st.qs) * np.eye(r)     # Z^T Z = c I: c = trace / r
+        B[1:, 1:] = sum(a[6] for a in acc)                               # sum z_j q_j^T
         self.Binv = np.linalg.inv(B)
         self.gamma_n = n * U64 / (1 - n * U64) * 1.01
         self.qsum = float(self.qn.sum())
 
 
-def _solve(S: _Sums, st: ScanState, E: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-    """``x ~ B_E^-1 rhs`` with ``B_E = B - sum_{j in E} [1; z_j] [1; q_j]^T`` (Woodbury)."""
-    U = np.vstack([np.ones(len(E)), st.Zt[E].double().numpy().T])        # [r + 1, k]
-    Vt = np.hstack([np.ones((len(E), 1)), st.q_rows_at(E).double().numpy()])   # [k, r + 1]
+def _solve(S: _Sums, st: ScanState, Es: list, R: np.ndarray) -> np.ndarray:
+    """``X[:, i] = B_{E_i}^-1 R[:, i]`` with ``B_E = B - sum_{j in E} [1; z_j] [1; q_j]^T``
+    (Woodbury), R float64 [r + 1, m]: the products with ``B^-1`` as two GEMMs for the whole batch,
+    then an |E| x |E| system per column."""
+    Y = S.Binv @ R
+    allE = np.concatenate(Es)
+    U = np.vstack([np.ones(len(allE)), st.Zt[allE].double().numpy().T])          # [r + 1, sum |E|]
+    Vt = np.hstack([np.ones((len(allE), 1)), st.q_rows_at(allE).double().numpy()])  # [sum |E|, r + 1]
     BiU = S.Binv @ U
-    y = S.Binv @ rhs
-    cap = np.eye(len(E)) - Vt @ BiU
-    return y + BiU @ np.linalg.solve(cap, Vt @ y)
+    out = Y.copy()
+    o = 0
+    for i, E in enumerate(Es):
+        k = len(E)
+        Bi, V = BiU[:, o:o + k], Vt[o:o + k]
+        cap = np.eye(k) - V @ Bi
+        out[:, i] += Bi @ np.linalg.solve(cap, V @ Y[:, i])
+        o += k
+    return out
 
 
-def _exact(S: _Sums, st: ScanState, t: int, x: np.ndarray, E: np.ndarray):
-    """For the exact weights ``lambda_j = a + q_j . u`` (x = [a; u]) on the distinct rows outside
-    E: ``(rho_0, rho_w, err_0, err_w)``: ``sum lambda - 1`` and ``sum lambda_j w_j - w_t`` in float64
-    by linearity, and bounds on their float64 summation errors."""
-    a, u = float(x[0]), x[1:]
-    WE = st.rows64(st.reps[E])
-    QE = st.q_rows_at(E).double().numpy()
-    rho0 = a * (st.n - len(E)) + float((S.SQ - QE.sum(0)) @ u) - 1.0
-    rhow = a * (S.SW - WE.sum(0)) + (S.MWQ - WE.T @ QE) @ u - st.rows64([t])[0]
-    un = float(np.linalg.norm(u))
-    return rho0, rhow, S.gamma_n * (abs(a) * st.n + un * S.qsum), S.gamma_n * (abs(a) * S.w1 + un * S.wq)
+def _exact(S: _Sums, st: ScanState, ts: np.ndarray, X: np.ndarray, Es: list):
+    """For the exact weights ``lambda_j = a + q_j . u`` (a column of X = [a; u]) on the distinct
+    rows outside E: ``sum lambda - 1`` [m] and ``sum lambda_j w_j - w_t`` [d, m] in float64 by
+    linearity, and bounds on their float64 summation errors ([m] each)."""
+    A_, U_ = X[0], X[1:]
+    rho0 = A_ * st.n + S.SQ @ U_ - 1.0
+    rhow = np.outer(S.SW, A_) + S.MWQ @ U_ - st.rows64(ts).T
+    for i, E in enumerate(Es):
+        WE = st.rows64(st.reps[E])
+        QE = st.q_rows_at(E).double().numpy()
+        c = QE @ U_[:, i] + A_[i]                                # the weights the base leaves out
+        rho0[i] -= c.sum()
+        rhow[:, i] -= WE.T @ c
+    un = np.linalg.norm(U_, axis=0)
+    return rho0, rhow, S.gamma_n * (np.abs(A_) * st.n + un * S.qsum), S.gamma_n * (np.abs(A_) * S.w1 + un * S.wq)
 
 
-def _refined(S: _Sums, st: ScanState, k: int, E: np.ndarray, steps: int = 8):
-    """(a, u) for row k with base outside E, refined against the exact residual; and its
-    residual bound for the weights renormalised to sum 1 (inf when it does not get there)."""
-    t = int(st.reps[k])
-    x = _solve(S, st, E, np.concatenate([[1.0], st.Zt[k].double().numpy()]))
-    wt_n = float(np.linalg.norm(st.rows64([t])[0]))
-    rn = float("inf")
+def _refined(S: _Sums, st: ScanState, ks: list, Es: list, steps: int = 6):
+    """(X [r + 1, m], rn [m]): ``[a; u]`` for rows ks with bases outside Es, refined against the
+    exact residual, and the residual bound of each renormalised combination (inf when it does not
+    get there)."""
+    ks = np.asarray(ks, dtype=np.int64)
+    ts = st.reps[ks]
+    X = _solve(S, st, Es, np.vstack([np.ones(len(ks)), st.Zt[ks].double().numpy().T]))
+    W_t = st.rows64(ts)                                                   # [m, d]
+    wt_n = np.linalg.norm(W_t, axis=1)
+    rn = np.full(len(ks), np.inf)
+    todo = np.arange(len(ks))
     for _ in range(steps):
-        rho0, rhow, e0, ew = _exact(S, st, t, x, E)
+        rho0, rhow, e0, ew = _exact(S, st, ts[todo], X[:, todo], [Es[i] for i in todo])
         tot = 1.0 + rho0
-        if tot > 2 * e0:
-            # sum lambda w / sum lambda - w_t = (rho_w - rho_0 w_t) / sum lambda
-            rn = (float(np.linalg.norm(rhow - rho0 * st.rows64([t])[0])) + ew + e0 * wt_n) / (tot - e0)
-            if rn <= 0.25 * st.tol * st.wscale:
-                break
-        rx = (rhow - rho0 * st.mu) @ st.A                                    # residual in whitened units
-        x = x - _solve(S, st, E, np.concatenate([[rho0], rx]))
-    return x, rn
+        ok = tot > 2 * e0
+        # sum lambda w / sum lambda - w_t = (rho_w - rho_0 w_t) / sum lambda
+        r_ = np.linalg.norm(rhow - rho0[None, :] * W_t[todo].T, axis=0)
+        rn[todo] = np.where(ok, (r_ + ew + e0 * wt_n[todo]) / np.maximum(tot - e0, 1e-300), np.inf)
+        left = rn[todo] > 0.25 * st.tol * st.wscale
+        if not left.any():
+            break
+        todo_l = todo[left]
+        rx = ((rhow[:, left] - np.outer(st.mu, rho0[left])).T @ st.A).T    # whitened residuals [r, m']
+        X[:, todo_l] -= _solve(S, st, [Es[i] for i in todo_l], np.vstack([rho0[left], rx]))
+        todo = todo_l
+    return X, rn
 
 
 def tilt_proofs(st: ScanState, rows: np.ndarray) -> np.ndarray:
@@ -151,10 +172,12 @@ def tilt_proofs(st: ScanState, rows: np.ndarray) -> np.ndarray:
     near = rows[st.znorm[rows] <= TILT_NORM * med]
     if not len(near):
         return rows
+    st.progress("proof: centre", 0, len(near))
     S = _Sums(st)
     done: set = set()
     coef = (st.r * U32 / (1 - st.r * U32) + 2 * U32) * 1.01
     for b0 in range(0, len(near), TILT_BATCH):
+        st.progress("proof: centre", b0, len(near))
         ks = near[b0:b0 + TILT_BATCH]
         E = {int(k): np.array([int(k)]) for k in ks}
         active = [int(k) for k in ks]
@@ -162,7 +185,8 @@ def tilt_proofs(st: ScanState, rows: np.ndarray) -> np.ndarray:
             st.check_time()
             if not active:
                 break
-            sol = {k: _refined(S, st, k, E[k]) for k in active}
+            X, rns = _refined(S, st, active, [E[k] for k in active])
+            sol = {k: (X[:, q], rns[q]) for q, k in enumerate(active)}
             active = [k for k in active if np.isfinite(sol[k][1])]
             if not active:
                 break
@@ -188,6 +212,7 @@ def tilt_proofs(st: ScanState, rows: np.ndarray) -> np.ndarray:
                 E[k] = np.concatenate([E[k], bad])
                 nxt.append(k)
             active = nxt
+    st.progress("proof: centre", len(near), len(near))
     if not done:
         return rows
     return rows[~np.isin(rows, np.fromiter(done, dtype=np.int64))]
