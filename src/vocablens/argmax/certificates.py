@@ -24,12 +24,17 @@ from vocablens.argmax.distributed import allreduce_max
 from vocablens.ops.vocab_parallel.comm import world
 from vocablens.argmax.scoring import int8_pass, int8_ready
 from vocablens.argmax.state import U32, ScanState, rows_per_block, scores_against
+from vocablens.argmax.tilt import TILT_NORM
 
 #: reflect columns at a time at most (the scores are [n, this] float32, capped at
 #: :data:`~vocablens.argmax.state.BLOCK_BYTES`)
 REFLECT_COLS = 256
-#: columns handed to the interior screen at a time (it takes their scores [n, this] as a copy)
+#: columns handed to the interior screen at a time
 SCREEN_COLS = 32
+#: the interior screen tries a row only when its best competitor scores at least this times its own
+#: score at ``y = z_t`` (measured on the trained-like head: planted midpoints ~2x; the rows the
+#: screen cannot prove, argmaxable ones beaten by a longer neighbour, 1.0-1.2x)
+SCREEN_LEAD = 1.25
 
 
 def _fp32_exact_mm(r: int):
@@ -306,7 +311,7 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
         S = top = None
         if use8 and len(cols) >= 32:
             # int8 products with a rigorous bound, the near calls exact (vocablens.argmax.scoring)
-            done, gap, jstar, top = int8_pass(st, cols, Y, START_TOP if bool((age == 0).any()) else 0)
+            done, gap, jstar, top, lead = int8_pass(st, cols, Y, START_TOP if bool((age == 0).any()) else 0)
         else:
             S = scores_against(Y, Zn)
             own = S[ar, cols].copy()
@@ -317,6 +322,7 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
             mm = own.astype(np.float64) - bestv
             bnd = coef * ynorm * (st.znorm[cols] + st.zmax) + 1e-30
             done, gap = mm > bnd, mm - bnd
+            lead = bestv.astype(np.float64) / np.maximum(np.abs(own.astype(np.float64)), 1e-300)
         for q in np.nonzero(done)[0]:
             t = int(st.reps[int(cols[q])])
             st.settle_arg_y(t, 2, Y[q].astype(np.float64), float(gap[q]))
@@ -325,9 +331,14 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
             k = min(START_TOP, st.n - 1)
             top = np.zeros((len(cols), k), dtype=np.int64)
             top[fresh] = torch.topk(torch.from_numpy(S[fresh]), k, dim=1).indices.numpy()
-        if screen is not None and len(fresh):
-            for j in range(0, len(fresh), SCREEN_COLS):
-                part = fresh[j:j + SCREEN_COLS]
+        # the quick interior proof only where it can work: a row well beaten at its own direction
+        # (a point between a few rows and the centre has competitors scoring ~2x its own), and not
+        # a row near the centre (the tilt proves those; the Ball and 32 rows rarely reach them)
+        med = float(np.median(st.znorm))
+        tryq = fresh[(lead[fresh] >= SCREEN_LEAD) & (st.znorm[cols[fresh]] > TILT_NORM * med)]
+        if screen is not None and len(tryq):
+            for j in range(0, len(tryq), SCREEN_COLS):
+                part = tryq[j:j + SCREEN_COLS]
                 done[part] |= screen(st, cols[part], top[part])
         for q in fresh[~done[fresh]]:             # the proof stage starts from these
             st.start_top[int(cols[q])] = (top[q], screen is not None)

@@ -51,11 +51,13 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0):
     row, on the int8 grid, streaming over blocks of Q's rows (scores ``[m, block]`` of about
     :data:`~vocablens.argmax.state.BLOCK_BYTES`, blocks on worker threads).
 
-    Returns ``(done bool [m], gap float64 [m], jstar int64 [m], top int64 [m, k_top] or None)``:
+    Returns ``(done bool [m], gap float64 [m], jstar int64 [m], top int64 [m, k_top] or None,
+    lead float64 [m])``:
     whether y certifies its row (every other row's score provably below the row's own), a lower
     bound on that margin (whitened units), the best competitor (exact where the near rows were
     scored exactly, else by the int8 scores) and the ``k_top`` rows scoring highest (best first, by
-    the int8 scores; for the interior screen and the proof stage's start sets).
+    the int8 scores; for the interior screen and the proof stage's start sets), and the best
+    competitor's upper bound over the row's own score.
     """
     m, r = Y.shape
     n = st.n
@@ -155,7 +157,8 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0):
         tv, ti = np.concatenate(tvs, 1), np.concatenate(tis, 1)
         o = np.argsort(-tv, axis=1, kind="stable")[:, :k_top]
         top = np.take_along_axis(ti, o, 1)
-    return done, gap, jstar, top
+    lead = best_up / np.maximum(np.abs(own_lo), 1e-300)          # best competitor / own score
+    return done, gap, jstar, top, lead
 
 
 __all__ = ["NEAR_MAX", "int8_pass", "int8_ready"]
