@@ -323,9 +323,11 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
             bnd = coef * ynorm * (st.znorm[cols] + st.zmax) + 1e-30
             done, gap = mm > bnd, mm - bnd
             lead = bestv.astype(np.float64) / np.maximum(np.abs(own.astype(np.float64)), 1e-300)
-        for q in np.nonzero(done)[0]:
+        dq = np.nonzero(done)[0]
+        X = Y[dq].astype(np.float64) @ st.A.T                # the certificates x = A y, one GEMM
+        for i, q in enumerate(dq):
             t = int(st.reps[int(cols[q])])
-            st.settle_arg_y(t, 2, Y[q].astype(np.float64), float(gap[q]))
+            st.settle_arg_y(t, 2, Y[q].astype(np.float64), float(gap[q]), X[i])
         fresh = np.nonzero(~done & (age == 0))[0]            # first scoring, at y = z_t
         if len(fresh) and top is None:
             k = min(START_TOP, st.n - 1)

@@ -99,13 +99,11 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0):
         vb = P[ar, jb].astype(np.int64)
         up = vb > g["bv"]
         g["bv"][up], g["bj"][up] = vb[up], jb[up] + a
-        qq, jj = np.nonzero(P >= thr[:, None])
-        fb = vb.copy()                                 # the largest product below the near threshold
+        mask = P >= thr[:, None]
+        qq, jj = np.nonzero(mask)
+        fb = vb                                        # the largest product below the near threshold
         if len(qq):
-            for q in np.unique(qq):
-                row = P[q].copy()
-                row[row >= thr[q]] = low
-                fb[q] = int(row.max())
+            fb = np.where(mask, low, P).max(1).astype(np.int64)
             keep = g["cnt"][qq] + np.bincount(qq, minlength=m)[qq] <= NEAR_MAX + 1
             g["near"].append((qq[keep], jj[keep] + a))
             np.add.at(g["cnt"], qq, 1)
@@ -140,14 +138,18 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0):
     pairs = [p for g in state for p in g["near"]]
     nq = np.concatenate([p[0] for p in pairs]) if pairs else np.zeros(0, dtype=np.int64)
     nj = np.concatenate([p[1] for p in pairs]) if pairs else np.zeros(0, dtype=np.int64)
+    order = np.argsort(nq, kind="stable")
+    nq, nj = nq[order], nj[order]
     for q in np.nonzero(~done & (cnt <= NEAR_MAX))[0]:
-        near = np.unique(nj[nq == q])
-        zn = Zn[near].astype(np.float64)
-        ex = zn @ Y64[q] + (2 * U32 + 2 * r * U64) * np.linalg.norm(zn, axis=1) * yn[q]
-        k = int(np.argmax(ex))
-        jstar[q] = near[k]
+        near = np.unique(nj[np.searchsorted(nq, q):np.searchsorted(nq, q, side="right")])
         far_up = -np.inf if far[q] == low else float(up(far[q:q + 1], slice(q, q + 1))[0])
-        top_up = max(float(ex[k]), far_up)                    # near rows exact, the others bounded
+        top_up = far_up                                        # near rows exact, the others bounded
+        if len(near):
+            zn = Zn[near].astype(np.float64)
+            ex = zn @ Y64[q] + (2 * U32 + 2 * r * U64) * np.linalg.norm(zn, axis=1) * yn[q]
+            k = int(np.argmax(ex))
+            jstar[q] = near[k]
+            top_up = max(float(ex[k]), far_up)
         if top_up < own_lo[q]:
             done[q], gap[q] = True, own_lo[q] - top_up
     top = None

@@ -306,10 +306,11 @@ class ScanState:
         s = 2.0 * max(1.0, (self.bmax - self.bn[t]) / m0)
         return s, s * m0 - (self.bmax - self.bn[t])
 
-    def settle_arg_y(self, t: int, st: int, y: np.ndarray, m0: float) -> None:
-        """Settle t with the whitened no-bias certificate y [r] and margin m0 (scaled for the bias)."""
+    def settle_arg_y(self, t: int, st: int, y: np.ndarray, m0: float, x: np.ndarray | None = None) -> None:
+        """Settle t with the whitened no-bias certificate y [r] and margin m0 (scaled for the bias);
+        ``x = A y`` when the caller has it (a batch of them is one GEMM)."""
         s, m = self.bias_scaled(t, m0)
-        self.x_extra[int(t)] = torch.from_numpy(s * (self.A @ y))
+        self.x_extra[int(t)] = torch.from_numpy(s * (self.A @ y if x is None else x))
         self.settle_arg(t, st, m)
 
     def q_rows(self, s: int, e: int) -> torch.Tensor:
