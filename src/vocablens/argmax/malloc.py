@@ -18,7 +18,7 @@ import ctypes.util
 import sys
 
 #: blocks at least this large are mapped (and unmapped when freed) instead of taken from an arena
-MMAP_THRESHOLD = 1 << 20
+MMAP_THRESHOLD = 4 << 20
 _M_MMAP_THRESHOLD = -3            # glibc's mallopt parameter number
 _done = False
 
