@@ -94,10 +94,12 @@ Final code, one run each (load average 1.1-1.9):
     32,768 x 256          7,132       7.6  (12.6)         4.9   (9.7)          1.54 (1.30)
     65,536 x 256         16,671      30.9  (52.8)        21.5  (41.5)          1.44 (1.27)
     151,936 x 896        35,431     493   (800)         362   (670)           1.36 (1.19)
+    262,144 x 640        82,583     982  (1,665)       799  (1,455)          1.23 (1.14)
 
 (151,936 x 896: one commit before the last reflect speed-ups, 49,152 x 576 then went 39.7 -> 32.7 s:
 prepare 6.7 s, gemm 39.7, reflect 169, proof 186 (the tilt ~130 of it), verify 92; all 7,000 interior
-rows found, none undecided.) The ratio now falls as V grows. Still far from 0.25x: 23% of the rows
+rows found, none undecided; 262,144 x 640: prepare 9.5, gemm 106, reflect 352, proof 215, verify 300,
+peak RSS 3.6 GiB, all 7,000 found.) The ratio now falls as V grows. Still far from 0.25x: 23% of the rows
 fail the int8 certificate ``y = z_t`` at 151,936 x 896, and each costs at least one pass over all
 rows in the reflect stage plus a float64 pass in verify; what remains is a stage-1 certificate that
 fails less often (per-row grids, or directions other than z_t that the symmetric product can still

@@ -288,6 +288,7 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
     still: list[np.ndarray] = []
     left = st.left
     use8 = int8_ready(st)                                   # int8 scores, streamed over Q's rows
+    med = float(np.median(st.znorm))
     ncol = REFLECT_COLS if use8 else rows_per_block(st.n, 4, most=REFLECT_COLS)   # float32: [ncol, n] fit BLOCK_BYTES
     cols = np.zeros(0, dtype=np.int64)
     Y = np.zeros((0, st.r), dtype=np.float32)                # one direction per pooled column
@@ -305,14 +306,14 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
             age = np.concatenate([age, np.zeros(len(add), dtype=np.int64)])
         if not len(cols):
             break
-        # scores [m, n]: numpy's float32 GEMM and reductions along rows (measured 2x faster here
-        # than torch's [n, m] product and column maxima, at every pool width from 1 to 85)
         ar = np.arange(len(cols))
         S = top = None
         if use8 and len(cols) >= 32:
             # int8 products with a rigorous bound, the near calls exact (vocablens.argmax.scoring)
             done, gap, jstar, top, lead = int8_pass(st, cols, Y, START_TOP if bool((age == 0).any()) else 0)
         else:
+            # scores [m, n]: numpy's float32 GEMM and reductions along rows (measured 2x faster
+            # here than torch's [n, m] product and column maxima, at every pool width from 1 to 85)
             S = scores_against(Y, Zn)
             own = S[ar, cols].copy()
             S[ar, cols] = -np.inf
@@ -336,14 +337,13 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
         # the quick interior proof only where it can work: a row well beaten at its own direction
         # (a point between a few rows and the centre has competitors scoring ~2x its own), and not
         # a row near the centre (the tilt proves those; the Ball and 32 rows rarely reach them)
-        med = float(np.median(st.znorm))
         tryq = fresh[(lead[fresh] >= SCREEN_LEAD) & (st.znorm[cols[fresh]] > TILT_NORM * med)]
         if screen is not None and len(tryq):
             for j in range(0, len(tryq), SCREEN_COLS):
                 part = tryq[j:j + SCREEN_COLS]
                 done[part] |= screen(st, cols[part], top[part])
-        for q in fresh[~done[fresh]]:             # the proof stage starts from these
-            st.start_top[int(cols[q])] = (top[q], screen is not None)
+        for q in fresh[~done[fresh]]:             # the proof stage starts from these, and does not
+            st.start_top[int(cols[q])] = (top[q], screen is not None)    # try the sparse proof again
         del S
         age += 1
         spent = ~done & (age >= iters)

@@ -172,7 +172,7 @@ class ScanState:
     combos: dict = field(default_factory=dict)
     combo_mean: dict = field(default_factory=dict)
     combo_tilt: dict = field(default_factory=dict)
-    start_top: dict = field(default_factory=dict)      # position -> (top rows at z_t, screened)
+    start_top: dict = field(default_factory=dict)      # position -> (top rows at z_t, skip the sparse try)
     reasons: dict = field(default_factory=dict)
     group_can_tie: dict = field(default_factory=dict)
     timings: dict = field(default_factory=lambda: {s: 0.0 for s in STAGES})
