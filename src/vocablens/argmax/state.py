@@ -280,16 +280,9 @@ class ScanState:
     def settle_tilt(self, t: int, a: float, u: np.ndarray, excluded, rn: float, st: int) -> None:
         """Token t is dominated by the tilted combination ``lambda_j = a + q_j . u`` on the distinct
         rows in play outside ``excluded`` (token ids; see :attr:`ArgmaxResult.combo_tilt`)."""
-        if self.verdict[t] == DUPLICATE:
-            self.group_can_tie[int(self.group[t])] = False
-        else:
-            self.verdict[t] = UNARGMAXABLE
-        self.stage[t] = st
-        self.residual[t] = rn
-        self.combos[int(t)] = (torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.float64))
+        self.settle_unarg(t, [], [], rn, st)                    # no explicit part
         self.combo_tilt[int(t)] = (float(a), torch.from_numpy(np.asarray(u, dtype=np.float64)),
                                    torch.from_numpy(np.asarray(excluded, dtype=np.int64)))
-        self.settled[STAGES[st]] += 1
 
     def q_rows_at(self, pos) -> torch.Tensor:
         """int8 grid rows at positions ``pos`` (into ``reps``) [k, r] (the same bits as :meth:`q_rows`)."""
