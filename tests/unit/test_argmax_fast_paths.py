@@ -55,13 +55,23 @@ def test_all_pairs_maxima_over_workers_and_narrow_products_are_exact(monkeypatch
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        best, diag, done = cert._dense_maxima(st, 16, 0, 1)
+        # near thresholds: each row's 3rd-largest product (a few pairs each), row 5 very low (it
+        # overflows the per-worker cap and is left open), row 9 above everything (no pairs)
+        T = ref.topk(3, dim=1).values[:, -1].numpy().astype(np.int64)
+        T[5], T[9] = -10 ** 6, 10 ** 6
+        best, done, near = cert._dense_maxima(st, 16, 0, 1, T)
         assert torch.get_num_threads() == 2          # restored after the workers
     finally:
         torch.set_num_threads(threads)
     assert done == 203
     assert torch.equal(best.long(), want)
-    assert torch.equal(diag.long(), (Q.long() ** 2).sum(1))
+    # the near pairs are exactly the (t, j), j != t, with q_t . q_j >= T_t, for every row not left open
+    assert near.over[5] and near.over.sum() == 1
+    t, j = near.gathered()
+    got = set(zip(t.tolist(), j.tolist()))
+    R = ref.numpy()
+    exp = {(a, b) for a in range(203) for b in np.nonzero(R[a] >= T[a])[0].tolist() if a != 5}
+    assert got == exp and not any(a == 9 for a, _ in got)
 
 
 def test_run_in_workers_covers_every_item_once_and_raises_the_first_error():

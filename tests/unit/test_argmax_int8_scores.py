@@ -38,7 +38,7 @@ def test_certified_directions_are_certified_in_float64_and_easy_ones_are_found(s
     Y = (Zn[cols] + 0.05 * rng.standard_normal((len(cols), st.r)) *
          np.linalg.norm(Zn[cols], axis=1, keepdims=True) / np.sqrt(st.r)).astype(np.float32)
     Y[:40] = Zn[cols[:40]]                                           # at y = z_t: a twin ties within 1e-5
-    done, gap, jstar, top, lead = int8_pass(st, cols, Y, k_top=16)
+    done, gap, jstar, top, lead, _ = int8_pass(st, cols, Y, k_top=16)
     E = _exact_scores(st, Y)
     own = E[np.arange(len(cols)), cols].copy()
     E[np.arange(len(cols)), cols] = -np.inf
@@ -72,7 +72,7 @@ def test_many_near_rows_are_never_certified_by_the_int8_bound_alone():
     assert int8_ready(st)                                  # r = 32: a multiple of 8, Q resident
     cols = np.arange(64)
     Y = st.Zt.numpy()[cols].copy()
-    done, gap, jstar, top, lead = int8_pass(st, cols, Y)
+    done, gap, jstar, top, lead, _ = int8_pass(st, cols, Y)
     E = _exact_scores(st, Y)
     own = E[np.arange(64), cols].copy()
     E[np.arange(64), cols] = -np.inf

@@ -20,8 +20,9 @@ import time
 import numpy as np
 import torch
 
-from vocablens.argmax.distributed import allreduce_max
+from vocablens.argmax.distributed import allreduce_max, gather_near
 from vocablens.ops.vocab_parallel.comm import world
+from vocablens.argmax.near import Bounds, NearPairs, judge
 from vocablens.argmax.scoring import int8_pass, int8_ready
 from vocablens.argmax.state import U32, ScanState, rows_per_block, scores_against
 from vocablens.argmax.tilt import TILT_NORM
@@ -139,26 +140,19 @@ def stage_gemm(st: ScanState, block: int) -> None:
             allreduce_max(bt)
             best, complete = bt.numpy(), np.ones(n, dtype=bool)
         st.gemm_pairs = (n * (n - 1) // 2, int(tails))
-        Q64 = Qt.long()
-        dg = (Q64 * Q64).sum(1).double().numpy()
-        del Q64
-        _judge_stage1(st, dg, best, complete)
+        judge(st, best, complete, Bounds(st), None)
         return
-    best_t, diag, done = _dense_maxima(st, block, rank, size)
-    if size > 1 or done < n:            # another rank's (or an unfinished) block: compute them
-        step = rows_per_block(Qt.shape[1])
-        for s in range(0, n, step):
-            qi = Qt[s:s + step].to(torch.int32)
-            diag[s:s + step] = (qi * qi).sum(1).double()
+    bounds = Bounds(st)
+    best_t, done, near = _dense_maxima(st, block, rank, size, bounds.thresholds(st))
     complete = np.zeros(n, dtype=bool)
     complete[:done] = True
-    _judge_stage1(st, diag.numpy(), best_t.double().numpy(), complete)
+    judge(st, best_t.double().numpy(), complete, bounds, near)
 
 
-def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
-    """Every pair's exact product (the upper triangle of ``Q Q^T``): the rows' maxima, their own
-    products ``q_i . q_i`` (float64 [n], read off the diagonal before it is masked; rows of blocks
-    not done here are 0) and the number of leading rows whose maximum is complete.
+def _dense_maxima(st: ScanState, block: int, rank: int, size: int, T: np.ndarray):
+    """Every pair's exact product (the upper triangle of ``Q Q^T``): the rows' maxima, the number
+    of leading rows whose maximum is complete, and the :class:`~vocablens.argmax.near.NearPairs`
+    whose product reaches the row's threshold ``T`` [n] (every rank's, under torch.distributed).
 
     On the CPU the row blocks go to ``torch.get_num_threads()`` Python workers that each run their
     products and reductions on one torch thread (a shared counter hands out the blocks; each worker
@@ -191,12 +185,14 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
                 st.check_time()
             c1 = min(n, c0 + col_chunk)
             S = imm(QI, Qt[c0:c1])                      # [bi, bc] exact integers
-            if c0 < i1:                                 # the diagonal runs through it: q_i . q_i
+            if c0 < i1:                                 # the diagonal runs through it: masked
                 ar = torch.arange(c0, min(i1, c1), device=dev)
-                diag[c0:min(i1, c1)] = S[ar - i0, ar - c0].to(diag.dtype)
                 S[ar - i0, ar - c0] = low
-            torch.maximum(best[i0:i1], S.amax(1), out=best[i0:i1])
-            torch.maximum(best[c0:c1], S.amax(0), out=best[c0:c1])
+            rmax, cmax = S.amax(1), S.amax(0)
+            torch.maximum(best[i0:i1], rmax, out=best[i0:i1])
+            torch.maximum(best[c0:c1], cmax, out=best[c0:c1])
+            if near is not None:
+                near.take(S, rmax, cmax, i0, c0, w)
             del S
         finished.add(i0)                                # one set.add: atomic under the GIL
         now = complete_rows() if size == 1 else i1
@@ -215,7 +211,7 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
     floating = probe.is_floating_point()
     low = -math.inf if floating else torch.iinfo(torch.int32).min
     bests = [torch.full((n,), low, dtype=probe.dtype, device=dev) for _ in range(workers)]
-    diag = torch.zeros(n, dtype=torch.float64, device=dev)  # own products, read off the diagonal
+    near = NearPairs(T, workers, probe.dtype, dev)
     # columns per product: the scores [block, cols] and the columns' float32 copy [cols, r] fit
     # GEMM_BYTES (the block's diagonal square may span several products: each masks its part)
     col_chunk = rows_per_block(max(block, Qt.shape[1]), 4, GEMM_BYTES)
@@ -236,26 +232,9 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int):
         # as two dtypes gave garbage maxima, re-checked into "undecided")
         best = best.double()
         allreduce_max(best)
+        gather_near(near)
         done = n
-    return best, diag.cpu(), done                       # cpu: stage 1 is judged in numpy
-
-
-def _judge_stage1(st: ScanState, dg: np.ndarray, best: np.ndarray, complete: np.ndarray) -> None:
-    """Settle the rows whose certificate ``y = qs q_t`` beats ``best`` (an upper bound on the
-    other rows' exact scores, q units) by more than the rounding bound."""
-    # z_j . y = s^2 q_j . q_t + e_j . y with |e_j . y| <= ||e_j|| ||y||, y = s q_t
-    qs = st.qs
-    qn = np.sqrt(dg)
-    ynorm = qs * qn
-    m1 = qs * qs * (dg - best) - (st.enorm + st.emax) * ynorm * 1.001
-    ok = (m1 > 0) & (qn > 0) & complete
-    for k in np.nonzero(ok)[0]:
-        t = int(st.reps[k])
-        s, m = st.bias_scaled(t, float(m1[k]))
-        st.scale[t] = s
-        st.settle_arg(t, 1, m)
-    st.left = np.nonzero(~ok)[0]
-    st.s1_ratio = np.where(ok, m1 / ((st.enorm + st.emax) * ynorm + 1e-300), 0.0)
+    return best, done, near
 
 
 #: competitors kept per row the first scoring leaves open (the proof stage starts from them and
@@ -289,6 +268,12 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
     left = st.left
     use8 = int8_ready(st)                                   # int8 scores, streamed over Q's rows
     med = float(np.median(st.znorm))
+    if st.bn is None and st.n > st.r + 2:
+        # rows near the centre go straight to the proof stage: the tilt proves them (a direction
+        # for them is never found by reflections) and the NNLS proofs make their own start sets
+        centre = st.znorm[left] <= TILT_NORM * med
+        still.append(left[centre])
+        left = left[~centre]
     ncol = REFLECT_COLS if use8 else rows_per_block(st.n, 4, most=REFLECT_COLS)   # float32: [ncol, n] fit BLOCK_BYTES
     cols = np.zeros(0, dtype=np.int64)
     Y = np.zeros((0, st.r), dtype=np.float32)                # one direction per pooled column
@@ -310,7 +295,8 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
         S = top = None
         if use8 and len(cols) >= 32:
             # int8 products with a rigorous bound, the near calls exact (vocablens.argmax.scoring)
-            done, gap, jstar, top, lead = int8_pass(st, cols, Y, START_TOP if bool((age == 0).any()) else 0)
+            done, gap, jstar, top, lead, slack = int8_pass(st, cols, Y, START_TOP, np.nonzero(age == 0)[0])
+            st.bound_ratio[cols[done]] = gap[done] / slack[done]     # rigorous: verify re-checks the smallest
         else:
             # scores [m, n]: numpy's float32 GEMM and reductions along rows (measured 2x faster
             # here than torch's [n, m] product and column maxima, at every pool width from 1 to 85)

@@ -7,7 +7,8 @@ When a process group is initialised (gloo on CPU, NCCL on GPU) with more than on
   under more than one rank no budget check stops a rank alone before a collective;
 - stage ``gemm``: rank k takes the query blocks k, k + W, k + 2W ... of the upper triangle; the
   per-row maxima are combined with one ``all_reduce(MAX)`` (exact integers, so the result equals
-  one process's bit for bit);
+  one process's bit for bit), the near pairs scored exactly (:mod:`~vocablens.argmax.near`) with
+  one ``all_gather_object``;
 - stages ``reflect``, ``proof`` and ``bias``: the open rows are dealt round-robin; each rank settles
   its share, then every rank receives every settlement (``all_gather_object``), so all ranks hold
   the same state and rank 0 prints the one result. Every row is decided by the same code as in one
@@ -33,6 +34,20 @@ def allreduce_max(best: torch.Tensor) -> None:
     t = best.double() if best.is_floating_point() else best.long()
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     best.copy_(t.to(best.dtype))
+
+
+def gather_near(near) -> None:
+    """Every rank's stage-1 near pairs (:class:`~vocablens.argmax.near.NearPairs`) on every rank:
+    the rows left open anywhere (``over``) by ``all_reduce(MAX)``, the pairs by ``all_gather_object``."""
+    import torch.distributed as dist
+
+    over = torch.from_numpy(near.over.astype(np.int32))
+    dist.all_reduce(over, op=dist.ReduceOp.MAX)
+    near.over[:] = over.numpy() > 0
+    t, j = near.gathered()
+    out: list = [None] * world()[1]
+    dist.all_gather_object(out, (t, j))
+    near.pairs = [[p] for p in out]
 
 
 _FIELDS = ("verdict", "stage", "margin", "residual", "scale")

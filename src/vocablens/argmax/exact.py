@@ -117,10 +117,11 @@ def find_unargmaxable(
             ``||w_i - sum mu_j w_j||_2`` must be at most ``tol`` times the largest centred row norm.
         block: query rows per block of the stage-1 matrix product (its products are ``block``
             x as many columns as fit :data:`~vocablens.argmax.certificates.GEMM_BYTES` of scores).
-        verify: ``"borderline"`` (float64 re-check of every certificate from stages 2+ and of the
-            256 stage-1 certificates with the smallest margin relative to their error bound; the
-            others are covered by the rigorous bound of the exact int8 stage) or ``"all"``
-            (float64 re-check of every certificate; 2 V^2 d float64 FLOPs).
+        verify: ``"borderline"`` (float64 re-check of every certificate without a rigorous
+            whitened bound and of the :data:`~vocablens.argmax.verify.BORDERLINE` certificates with
+            the smallest margin relative to their bound among those with one: stage 1's exact int8
+            products and the reflect stage's int8 scorings, whose bounds cover the others) or
+            ``"all"`` (float64 re-check of every certificate; 2 V^2 d float64 FLOPs).
         max_rounds: constraint-generation rounds per token before the LP fallback.
         row_budget_s: wall seconds one row's own NNLS rounds may take in the proof stage before it
             is declared undecided (None: no limit); the products its batch shares are not counted,

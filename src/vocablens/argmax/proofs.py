@@ -164,18 +164,42 @@ def _ball(st: ScanState) -> Ball | None:
     return st.ball if st.ball and st.ball.ok else None
 
 
-def sparse_certificate(st: ScanState, k: int, Spos: np.ndarray) -> bool:
+def sparse_hint(st: ScanState, k: int, Spos: np.ndarray) -> bool:
+    """Whether :func:`sparse_certificate` can work for row k: the same NNLS and Ball test on the
+    float32 whitened rows (no rows read from W), with room for their rounding. Only a filter: a
+    False leaves the row to the proof stage's NNLS rounds, a True is followed by the float64 proof."""
+    if st.bn is not None or st.ball is False or (st.ball is not None and not st.ball.ok):
+        return False
+    Zn = st.Zt.numpy()
+    zt = Zn[k].astype(np.float64)
+    D = np.vstack([Zn[Spos].astype(np.float64) - zt, -zt[None, :]])
+    om = 10.0 * float(np.median(np.linalg.norm(D, axis=1))) + 1e-30
+    out = _nnls_gram(D, om, 20 * (len(D) + st.r))      # the Gram solve: its precision is enough here
+    if out is None:
+        return True                                     # undecided by the filter: try the proof
+    w, g = out
+    w0 = float(w[-1])
+    if w0 <= 0 or float(np.linalg.norm(g)) > w0 * st.ball_reach * 1.001:
+        return False
+    ball = _ball(st)
+    return ball is not None and ball.weights(-g / w0 * (1 - 1e-3)) is not None
+
+
+def sparse_certificate(st: ScanState, k: int, Spos: np.ndarray, z64=None) -> bool:
     """Prove row k interior from a few competitors: NNLS over ``Spos`` and the centroid 0 (the mean
     of all distinct rows), then the :class:`Ball` absorbs the remaining gap inside the centroid's
     share. Settles the row (stage ``proof``) and returns True, or returns False (no verdict).
 
     The combination includes row k itself (through the means) with weight ``omega < 1``; removing
     it and renormalising gives a combination of the other rows (``ArgmaxResult.combination``).
+    ``z64``: optional ``positions -> float64 whitened rows`` (default :meth:`ScanState.z64`; a batch
+    of calls shares one computed from W at once).
     """
     if st.bn is not None or st.ball is False or (st.ball is not None and not st.ball.ok):
         return False
-    zt = st.z64([k])[0]
-    D = np.vstack([st.z64(Spos) - zt, -zt[None, :]])
+    z64 = z64 or st.z64
+    zt = z64([k])[0]
+    D = np.vstack([z64(Spos) - zt, -zt[None, :]])
     out = _nnls(D, maxiter=20 * (len(D) + st.r))
     if out is None:
         return False
@@ -229,10 +253,21 @@ def screen_interior(st: ScanState, cols: np.ndarray, top: np.ndarray) -> np.ndar
     if st.n < 3 or st.n <= st.r + 1 or st.ball is False or (st.ball is not None and not st.ball.ok):
         return ok
     top = np.asarray(top)[:, :SPARSE_COLS]
-    for q, k in enumerate(cols):
+    cols = np.asarray(cols, dtype=np.int64)
+    try_ = np.array([q for q in range(len(cols)) if st.time_left() > 0 and sparse_hint(st, int(cols[q]), top[q])],
+                    dtype=np.int64)
+    if not len(try_):
+        return ok
+    need = np.unique(np.concatenate([cols[try_], top[try_].ravel()]))
+    Zb = st.z64(need)                           # every row the float64 proofs read, one product
+
+    def z64(pos):
+        return Zb[np.searchsorted(need, np.asarray(pos, dtype=np.int64))]
+
+    for q in try_:
         if st.time_left() <= 0:
             break                               # the reflect stage records the cut
-        ok[q] = sparse_certificate(st, int(k), top[q])
+        ok[q] = sparse_certificate(st, int(cols[q]), top[q], z64)
     return ok
 
 
@@ -276,7 +311,8 @@ def stage_proof(st: ScanState, max_rounds: int, row_budget_s: float | None) -> d
             st.check_time()
             top, screened = kept.get(int(k), (got.get(int(k)), False))
             top = np.asarray(top[:n0], dtype=np.int64)
-            if screened or not sparse_certificate(st, int(k), top[:SPARSE_COLS]):
+            if screened or not (sparse_hint(st, int(k), top[:SPARSE_COLS]) and
+                                sparse_certificate(st, int(k), top[:SPARSE_COLS])):
                 active.append(_Row(int(k), top))
         while active:
             probe = []

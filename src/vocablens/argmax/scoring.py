@@ -25,6 +25,9 @@ from vocablens.argmax.state import U32, ScanState, rows_per_block, run_in_worker
 
 #: rows scored exactly per direction at most (their int8 upper bound reaches the row's own score)
 NEAR_MAX = 64
+#: bytes of one block of products [m, rows] int32: small enough that its reductions read cache
+#: (the all-pairs stage's :data:`~vocablens.argmax.certificates.GEMM_BYTES`)
+SCORE_BYTES = 2 * 2 ** 20
 U64 = 2.0 ** -53
 
 
@@ -46,18 +49,22 @@ def int8_ready(st: ScanState) -> bool:
     return st._int8_ok
 
 
-def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0):
+def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0, top_rows=None):
     """Judge directions ``Y`` float32 [m, r] for the rows at positions ``cols`` [m] against every
     row, on the int8 grid, streaming over blocks of Q's rows (scores ``[m, block]`` of about
     :data:`~vocablens.argmax.state.BLOCK_BYTES`, blocks on worker threads).
 
+    ``top_rows``: the directions (indices into ``cols``) whose ``k_top`` best rows are wanted (all
+    by default; the other rows of ``top`` are 0).
+
     Returns ``(done bool [m], gap float64 [m], jstar int64 [m], top int64 [m, k_top] or None,
-    lead float64 [m])``:
+    lead float64 [m], slack float64 [m])``:
     whether y certifies its row (every other row's score provably below the row's own), a lower
     bound on that margin (whitened units), the best competitor (exact where the near rows were
     scored exactly, else by the int8 scores) and the ``k_top`` rows scoring highest (best first, by
     the int8 scores; for the interior screen and the proof stage's start sets), and the best
-    competitor's upper bound over the row's own score.
+    competitor's upper bound over the row's own score, and the rounding slack of the bounds
+    (``beta`` plus the own score's; ``gap / slack`` ranks the certificates for stage verify).
     """
     m, r = Y.shape
     n = st.n
@@ -79,10 +86,15 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0):
     x = (own_lo - beta) / scale
     thr = np.clip(np.floor(x - np.abs(x) * 1e-12) - 1, -2 ** 31 + 2, 2 ** 31 - 1).astype(np.int32)
     low = np.iinfo(np.int32).min
-    step = rows_per_block(m, 4)
+    step = rows_per_block(m, 4, SCORE_BYTES)
     starts = list(range(0, n, step))
     workers = max(1, min(torch.get_num_threads(), len(starts)))
-    ar = np.arange(m)
+    thr_t = torch.from_numpy(thr)
+    low64 = np.int64(np.iinfo(np.int32).min)
+    if not k_top:
+        want = None
+    else:
+        want = np.arange(m) if top_rows is None else np.asarray(top_rows, dtype=np.int64)
     state = [{"bv": np.full(m, low, dtype=np.int64), "bj": np.zeros(m, dtype=np.int64),
               "far": np.full(m, low, dtype=np.int64), "near": [], "cnt": np.zeros(m, dtype=np.int64),
               "tv": None, "ti": None} for _ in range(workers)]
@@ -92,31 +104,41 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0):
         b = min(n, a + step)
         g = state[w]
         Pt = torch._int_mm(Qy_t, st.Qt[a:b].T)                              # exact int32 [m, c]
-        P = Pt.numpy()
         mine = np.nonzero((cols >= a) & (cols < b))[0]
-        P[mine, cols[mine] - a] = low                                      # own entries
-        jb = P.argmax(1)                                                   # scale > 0 per row: same order
-        vb = P[ar, jb].astype(np.int64)
+        if len(mine):
+            Pt[torch.from_numpy(mine), torch.from_numpy(cols[mine] - a)] = low   # own entries
+        vt, jt = Pt.max(1)                                                 # scale > 0 per row: same order
+        vb, jb = vt.numpy().astype(np.int64), jt.numpy()
         up = vb > g["bv"]
         g["bv"][up], g["bj"][up] = vb[up], jb[up] + a
-        mask = P >= thr[:, None]
-        qq, jj = np.nonzero(mask)
         fb = vb                                        # the largest product below the near threshold
-        if len(qq):
-            fb = np.where(mask, low, P).max(1).astype(np.int64)
+        nr_np = np.nonzero((vb >= thr) & (g["cnt"] <= NEAR_MAX))[0]    # near rows here, not yet too many
+        nr = torch.from_numpy(nr_np)
+        if len(nr):
+            sub = Pt[nr]
+            mask = sub >= thr_t[nr, None]
+            qq, jj = torch.nonzero(mask, as_tuple=True)
+            qq, jj = nr.numpy()[qq.numpy()], jj.numpy()
+            fb = vb.copy()
+            fb[nr.numpy()] = sub.masked_fill(mask, low).amax(1).numpy()
             keep = g["cnt"][qq] + np.bincount(qq, minlength=m)[qq] <= NEAR_MAX + 1
             g["near"].append((qq[keep], jj[keep] + a))
             np.add.at(g["cnt"], qq, 1)
         g["far"] = np.maximum(g["far"], fb)
-        if k_top:
-            k = min(k_top, b - a)
-            tv, ti = torch.topk(Pt, k, dim=1)
-            tv, ti = tv.numpy().astype(np.int64), ti.numpy() + a
-            if g["tv"] is not None:
-                tv, ti = np.concatenate([g["tv"], tv], 1), np.concatenate([g["ti"], ti], 1)
+        if want is not None and len(want):
+            # the k_top best per wanted direction: only the directions whose block maximum beats
+            # their current k-th best need a top-k of this block
+            if g["tv"] is None:
+                g["tv"] = np.full((len(want), k_top), low64, dtype=np.int64)
+                g["ti"] = np.zeros((len(want), k_top), dtype=np.int64)
+            sel = np.nonzero(vb[want] > g["tv"][:, -1])[0]
+            if len(sel):
+                k = min(k_top, b - a)
+                tv, ti = torch.topk(Pt[torch.from_numpy(want[sel])], k, dim=1)
+                tv = np.concatenate([g["tv"][sel], tv.numpy().astype(np.int64)], 1)
+                ti = np.concatenate([g["ti"][sel], ti.numpy() + a], 1)
                 o = np.argsort(-tv, axis=1, kind="stable")[:, :k_top]
-                tv, ti = np.take_along_axis(tv, o, 1), np.take_along_axis(ti, o, 1)
-            g["tv"], g["ti"] = tv, ti
+                g["tv"][sel], g["ti"][sel] = np.take_along_axis(tv, o, 1), np.take_along_axis(ti, o, 1)
 
     run_in_workers(starts, work, workers)
     bv, bj = state[0]["bv"], state[0]["bj"]
@@ -153,14 +175,18 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0):
         if top_up < own_lo[q]:
             done[q], gap[q] = True, own_lo[q] - top_up
     top = None
-    if k_top:
+    if want is not None:
+        kk = min(k_top, n)
+        top = np.zeros((m, kk), dtype=np.int64)
         tis = [g["ti"] for g in state if g["ti"] is not None]
         tvs = [g["tv"] for g in state if g["tv"] is not None]
-        tv, ti = np.concatenate(tvs, 1), np.concatenate(tis, 1)
-        o = np.argsort(-tv, axis=1, kind="stable")[:, :k_top]
-        top = np.take_along_axis(ti, o, 1)
+        if tis and len(want):
+            tv, ti = np.concatenate(tvs, 1), np.concatenate(tis, 1)
+            o = np.argsort(-tv, axis=1, kind="stable")[:, :kk]
+            top[want] = np.take_along_axis(ti, o, 1)
     lead = best_up / np.maximum(np.abs(own_lo), 1e-300)          # best competitor / own score
-    return done, gap, jstar, top, lead
+    slack = beta + (2 * U32 + 2 * r * U64) * np.linalg.norm(zt, axis=1) * yn
+    return done, gap, jstar, top, lead, slack
 
 
 __all__ = ["NEAR_MAX", "int8_pass", "int8_ready"]

@@ -200,7 +200,7 @@ class ScanState:
     zmax: float = 0.0
     wscale: float = 1.0
     bmax: float = 0.0
-    s1_ratio: np.ndarray = None
+    bound_ratio: np.ndarray = None
     left: np.ndarray = None
     ball: object = None          # proofs.Ball, built on first use
     ball_reach: float = math.inf  # no point of the Ball is farther from 0 (whitened; a filter only)

@@ -15,8 +15,9 @@ solved again (a rank-|E| update by Woodbury's identity). Measured on the trained
 head (49,152 x 896, reserved rows at whitened norm 0.26): 200 reserved rows sampled, all proved
 within two rounds, |E| 8-26 (uniform weights alone: 1.7% of them); at 151,936 x 896 all 5,000.
 
-Soundness: ``lambda_j >= 0`` is checked on float32 products with a rigorous rounding bound (a row
-whose weight is within the bound joins E); the residual ``||sum lambda_j w_j - w_t||`` (weights
+Soundness: ``lambda_j >= 0`` is checked on exact int8 products (u on a grid of its own; float32
+products without the int8 path) with a rigorous rounding bound (a row whose weight is within the
+bound joins E); the residual ``||sum lambda_j w_j - w_t||`` (weights
 renormalised to sum 1) is evaluated in float64 in the original coordinates by linearity from exact
 sums over all rows (``sum w_j``, ``sum w_j q_j^T``), plus a bound on their float64 summation error;
 it must be within the run's tolerance like every other not-argmaxable certificate. The certificate
@@ -190,17 +191,14 @@ def tilt_proofs(st: ScanState, rows: np.ndarray) -> np.ndarray:
             active = [k for k in active if np.isfinite(sol[k][1])]
             if not active:
                 break
-            Uf = np.stack([sol[k][0][1:] for k in active]).astype(np.float32)     # [m, r]
-            L = _weights(st, Uf)                                                  # [m, n]: q_j . u
+            U = np.stack([sol[k][0][1:] for k in active])                         # [m, r]
+            avec = np.array([float(sol[k][0][0]) for k in active])
+            viol = _violators(st, S, U, avec)                                     # rows j, weight <= 0
             nxt = []
             for q, k in enumerate(active):
                 x, rn = sol[k]
                 a, u = float(x[0]), x[1:]
-                lam = L[q].astype(np.float64) + a
-                bound = S.qn * (coef * float(np.linalg.norm(Uf[q])) +
-                                float(np.linalg.norm(u - Uf[q].astype(np.float64))) * 1.01) + 4 * U64 * (np.abs(lam) + abs(a))
-                lam[E[k]] = np.inf
-                bad = np.nonzero(lam <= bound)[0]
+                bad = viol[q][~np.isin(viol[q], E[k])]
                 if len(bad) == 0:
                     if rn <= st.tol * st.wscale:
                         tot = a * (st.n - len(E[k])) + float((S.SQ - st.q_rows_at(E[k]).double().numpy().sum(0)) @ u)
@@ -218,23 +216,57 @@ def tilt_proofs(st: ScanState, rows: np.ndarray) -> np.ndarray:
     return rows[~np.isin(rows, np.fromiter(done, dtype=np.int64))]
 
 
-def _weights(st: ScanState, Uf: np.ndarray) -> np.ndarray:
-    """``Uf Q^T`` float32 [m, n] by blocks of Q's rows (exact small integers in float32), the
-    blocks on worker threads."""
+def _violators(st: ScanState, S: _Sums, U: np.ndarray, a: np.ndarray) -> list[np.ndarray]:
+    """For each tilt ``(a_q, u_q)`` (U float64 [m, r], a [m]), the rows j (positions, sorted) whose
+    weight ``a_q + q_j . u_q`` is not provably positive, by blocks of Q's rows on worker threads.
+
+    On the int8 path (:func:`~vocablens.argmax.scoring.int8_ready`) ``u = s_u p_u + e_u`` on a grid
+    of its own and ``q_j . p_u`` is an exact int32 product, so the error is ``|q_j . e_u| <=
+    ||q_j|| ||e_u||``; otherwise a float32 GEMM with its rounding bound. Both add ``4 u64`` of the
+    float64 sums."""
     import torch
 
+    from vocablens.argmax.scoring import SCORE_BYTES, int8_ready
     from vocablens.argmax.state import run_in_workers
 
-    out = np.empty((len(Uf), st.n), dtype=np.float32)
-    step = rows_per_block(max(st.r, len(Uf)), 4)
+    m = len(U)
+    use8 = int8_ready(st)
+    if use8:
+        su = np.abs(U).max(1) / 127.0
+        su[su == 0] = 1.0
+        Pu = np.rint(U / su[:, None])
+        eu = np.linalg.norm(U - su[:, None] * Pu, axis=1) * 1.01
+        Pu_t = torch.from_numpy(Pu.astype(np.int8))
+    else:
+        Uf = U.astype(np.float32)
+        coef = (st.r * U32 / (1 - st.r * U32) + 2 * U32) * 1.01
+        eu = coef * np.linalg.norm(Uf.astype(np.float64), axis=1) + np.linalg.norm(U - Uf, axis=1) * 1.01
+    step = rows_per_block(m, 8, SCORE_BYTES)
     starts = list(range(0, st.n, step))
+    found: list[list] = [[] for _ in starts]
 
     def block(s: int, _w: int) -> None:
+        st.check_time()
         e = min(st.n, s + step)
-        out[:, s:e] = Uf @ st.q_rows(s, e).float().numpy().T
+        if use8:
+            val = torch._int_mm(Pu_t, st.Qt[s:e].T).numpy().astype(np.float64)
+            val *= su[:, None]
+        else:
+            val = (Uf @ st.q_rows(s, e).float().numpy().T).astype(np.float64)
+        val += a[:, None]                                                  # the weights [m, k]
+        bound = S.qn[None, s:e] * eu[:, None] + 4 * U64 * (np.abs(val) + np.abs(a)[:, None])
+        qq, jj = np.nonzero(val <= bound)                                  # sorted by qq
+        first = np.searchsorted(qq, qq)
+        keep = np.arange(len(qq)) - first <= TILT_MAX_EXCLUDED             # enough to rule a tilt out
+        found[s // step] = [qq[keep], jj[keep] + s]
 
     run_in_workers(starts, block, max(1, min(torch.get_num_threads(), len(starts))))
-    return out
+    qq = np.concatenate([f[0] for f in found]) if found else np.zeros(0, dtype=np.int64)
+    jj = np.concatenate([f[1] for f in found]) if found else np.zeros(0, dtype=np.int64)
+    order = np.lexsort((jj, qq))
+    qq, jj = qq[order], jj[order]
+    cuts = np.searchsorted(qq, np.arange(m + 1))
+    return [jj[cuts[q]:cuts[q + 1]] for q in range(m)]
 
 
 __all__ = ["TILT_NORM", "tilt_proofs"]

@@ -13,6 +13,10 @@ import torch
 from vocablens.argmax.result import DUPLICATE, UNDECIDED
 from vocablens.argmax.state import ScanState, one_blas_thread, rows_per_block, run_in_workers
 
+#: certificates with a rigorous bound re-checked in float64 by ``verify="borderline"``: those with the
+#: smallest margin over their rounding bound
+BORDERLINE = 512
+
 
 def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int = 512, progress=None,
                       deadline: float | None = None, release=None):
@@ -94,21 +98,21 @@ def cert_x(st: ScanState, t: int) -> np.ndarray:
 
 
 def stage_verify(st: ScanState, mode: str) -> None:
-    """float64 re-check of the certificates from stages 2+ and (``"borderline"``) of the 256
-    stage-1 certificates with the smallest margin relative to their error bound, or (``"all"``)
-    of every certificate. A failed re-check never leaves a verdict standing: the token becomes
-    undecided. With a budget, certificates not reached keep their certified float32 margins."""
+    """float64 re-check, in the original coordinates, of the argmaxable certificates: (``"all"``)
+    every one, or (``"borderline"``) every one without a rigorous whitened bound (the float32
+    scorings, the proof stage's directions) and the :data:`BORDERLINE` with the smallest margin
+    relative to their rounding bound among those that have one (stage 1's exact int8 products, the
+    reflect stage's int8 scorings: ``ScanState.bound_ratio``). A failed re-check never leaves a
+    verdict standing: the token becomes undecided. With a budget, certificates not reached keep
+    their certified margins."""
     cand = np.nonzero((st.stage >= 1) & ~np.isnan(st.margin))[0]
-    if mode == "all":
+    if mode == "all" or st.bound_ratio is None:
         chosen = cand.astype(np.int64)
     else:
-        s1 = cand[st.stage[cand] == 1]
-        later = cand[st.stage[cand] != 1]
-        pick = np.zeros(0, dtype=np.int64)
-        if len(s1):
-            ratio = st.s1_ratio[st.row_of[s1]]
-            pick = s1[np.argsort(ratio)[:256]]
-        chosen = np.unique(np.concatenate([later, pick])).astype(np.int64)
+        ratio = st.bound_ratio[st.row_of[cand]]
+        rig = ratio > 0
+        pick = cand[rig][np.argsort(ratio[rig], kind="stable")[:BORDERLINE]]
+        chosen = np.unique(np.concatenate([cand[~rig], pick])).astype(np.int64)
     res = verify_argmaxable(st.Wn, st.bn, st.in_play, chosen, lambda t: cert_x(st, t),
                             twins_of=lambda t: st.twins.get(int(t), np.zeros(0, dtype=np.int64)),
                             progress=lambda a, b: st.progress("verify", a, b), deadline=st.deadline,

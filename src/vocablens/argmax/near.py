@@ -1,0 +1,197 @@
+"""Stage 1's judgement: the certificate ``y = qs q_t`` with its own score exact and the few pairs
+the int8 bound cannot clear scored exactly.
+
+The all-pairs stage computes every exact integer product ``q_j . q_t``. With ``z = qs q + e``
+(``||e_j|| <= enorm_j <= emax``) and ``y = qs q_t``:
+
+- a competitor's score is at most ``qs^2 (q_j . q_t) + emax ||y||`` (plus a float64 rounding term);
+- the row's own score ``z_t . y`` is computed in float64 from the float32 row (its error bounded by
+  ``(2 u32 + 2 r u64) ||z_t|| ||y||``), and the old integer bound ``qs^2 q_t . q_t - enorm_t ||y||``
+  is kept where it is higher, so every row certified before is certified now.
+
+Rows whose bound fails were stage 1's failures; many are beaten only by the rounding slack of a
+few close rows, not by a real competitor (measured: 297 of SmolLM2's 354 failures, 2,753 of
+9,530 on the trained-like benchmark head at 49,152 x 576). So the all-pairs pass also records, for
+each row, the competitors whose integer product reaches the row's threshold
+:meth:`Bounds.thresholds` (at most :data:`NEAR_CAP` per worker; a row with
+more, such as a row near the centre, is left to the later stages), and :func:`judge` scores those
+pairs exactly in float64 (each within ``(2 u32 + 2 r u64) ||z_j|| ||y||``). A row is certified when
+every exactly scored competitor and the bound on all the others fall below its own lower bound.
+The reflect stage's first scoring did the same work with one pass over all rows per 256 rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vocablens.argmax.state import U32, ScanState, rows_per_block, run_in_workers
+
+U64 = 2.0 ** -53
+#: competitors recorded per row and worker at most; a row with more stays open (its pairs dropped)
+NEAR_CAP = 64
+
+
+def exact_slack(r: int) -> float:
+    """Relative bound on a float64 dot product of a float32 whitened row with y: the float32
+    storage of Z plus the float64 sum of r terms, with room (``|z.y - fl(z32 . y)| <= this
+    ||z|| ||y||``)."""
+    return 2 * U32 + 2 * r * U64
+
+
+def far_up(st: ScanState, s: np.ndarray, slack: np.ndarray) -> np.ndarray:
+    """Upper bound (float64) on a competitor's score from its exact product ``s = q_j . q_t``:
+    ``qs^2 s`` (rounded up) plus the grid's ``slack`` [n] (:class:`Bounds`)."""
+    f = st.qs * st.qs * s.astype(np.float64)
+    return f + np.abs(f) * 4 * U64 + slack
+
+
+class Bounds:
+    """Per-row float64 [n] figures of the stage-1 direction ``y = qs q_t`` (the grid row), from one
+    pass over Z and Q: ``dg = q_t . q_t`` (exact), ``yn = ||y||``, ``own_q`` a lower bound on the
+    row's own score ``z_t . y`` and ``slack_q = emax ||y||`` (the bound on ``|e_j . y|``).
+
+    (The float32 row ``y = z_t`` as a second direction was measured and dropped: its bound needs
+    ``qs max_j ||q_j|| ||e_t||`` more slack, 28% of the own score against 5%, so it records 2x the
+    pairs and settled 24 more rows of 49,152 on the trained-like head.)"""
+
+    def __init__(self, st: ScanState):
+        n, r = st.n, st.r
+        self.dg, self.own_q, self.yn = np.empty(n), np.empty(n), np.empty(n)
+        Zn, Q = st.Zt.numpy(), st.Qt.numpy()
+        step = rows_per_block(r, 8)
+        starts = list(range(0, n, step))
+        sl = exact_slack(r) * 1.01
+
+        def block(s: int, _w: int) -> None:
+            e = min(n, s + step)
+            q = Q[s:e].astype(np.float64)
+            d2 = np.einsum("ij,ij->i", q, q)
+            self.dg[s:e] = d2
+            q *= st.qs                                      # y = qs q_t, float64
+            yn = np.sqrt(d2) * st.qs
+            self.yn[s:e] = yn
+            ex = np.einsum("ij,ij->i", Zn[s:e].astype(np.float64), q) - sl * st.znorm[s:e] * yn
+            old = st.qs * st.qs * d2 - st.enorm[s:e] * yn * 1.001
+            self.own_q[s:e] = np.maximum(ex, old)
+
+        run_in_workers(starts, block, max(1, min(torch.get_num_threads(), len(starts))))
+        self.slack_q = st.emax * self.yn * 1.001
+
+    def thresholds(self, st: ScanState) -> np.ndarray:
+        """int64 [n]: the smallest integer product :func:`far_up` cannot clear: a competitor with
+        ``q_j . q_t < T_t`` scores provably below the row's own lower bound (checked on the
+        computed values)."""
+        own, slack = self.own_q, self.slack_q
+        x = (own - slack) / (st.qs * st.qs)
+        T = np.floor(np.clip(x - np.abs(x) * 1e-12, -2.0 ** 40, 2.0 ** 40)).astype(np.int64)
+        for _ in range(4):                                         # enforce far_up(T) < own exactly
+            bad = far_up(st, T, slack) >= own
+            if not bad.any():
+                break
+            T[bad] -= 1 + np.abs(T[bad]) // 10 ** 9
+        return np.clip(T + 1, -2 ** 31 + 2, 2 ** 31 - 1)
+
+
+class NearPairs:
+    """Collects, during the all-pairs pass, the pairs ``(t, j)`` with ``q_j . q_t >= T_t``.
+
+    ``take`` runs inside a worker on one block of products ``S [bi, bc]`` (rows ``i0..``, columns
+    ``c0..``, the diagonal already masked), reading the row maxima and column maxima the pass
+    computes anyway, so a block costs two vector comparisons unless a row reaches its threshold."""
+
+    def __init__(self, T: np.ndarray, workers: int, dtype: torch.dtype, device):
+        self.T_np = T
+        big = float(2 ** 31 - 1) if dtype.is_floating_point else 2 ** 31 - 1
+        self.T = torch.from_numpy(np.minimum(T, 2 ** 31 - 1)).to(device=device, dtype=dtype)
+        self.T.clamp_(max=big)
+        self.over = np.zeros(len(T), dtype=bool)        # rows with too many pairs: left open
+        self.counts = [np.zeros(len(T), dtype=np.int32) for _ in range(workers)]
+        self.pairs: list[list] = [[] for _ in range(workers)]
+
+    def _side(self, M: torch.Tensor, lines: np.ndarray, base: int, w: int) -> None:
+        """``M`` bool [k, c]: line k's competitors (offset ``base``) at or above its threshold."""
+        cnt = M.sum(1).cpu().numpy()
+        loc = self.counts[w]
+        ok = (loc[lines] + cnt <= NEAR_CAP) & ~self.over[lines]
+        self.over[lines[~ok]] = True
+        if not ok.any():
+            return
+        loc[lines[ok]] += cnt[ok].astype(np.int32)
+        kk, jj = torch.nonzero(M[torch.from_numpy(np.nonzero(ok)[0]).to(M.device)], as_tuple=True)
+        self.pairs[w].append((lines[ok][kk.cpu().numpy()], jj.cpu().numpy().astype(np.int64) + base))
+
+    def take(self, S: torch.Tensor, rmax: torch.Tensor, cmax: torch.Tensor, i0: int, c0: int, w: int) -> None:
+        bi, bc = S.shape
+        TI, TJ = self.T[i0:i0 + bi], self.T[c0:c0 + bc]
+        fr = torch.nonzero(rmax >= TI).flatten()
+        if len(fr):
+            rows = fr.cpu().numpy() + i0
+            keep = ~self.over[rows]
+            if keep.any():
+                fr = fr[torch.from_numpy(np.nonzero(keep)[0]).to(fr.device)]
+                self._side(S[fr] >= TI[fr, None], rows[keep], c0, w)
+        fc = torch.nonzero(cmax >= TJ).flatten()
+        if len(fc):
+            cols = fc.cpu().numpy() + c0
+            keep = ~self.over[cols]
+            if keep.any():
+                fc = fc[torch.from_numpy(np.nonzero(keep)[0]).to(fc.device)]
+                self._side((S[:, fc] >= TJ[fc][None, :]).T, cols[keep], i0, w)
+
+    def gathered(self):
+        """``(t, j)`` int64 arrays of every recorded pair of the rows not left open."""
+        ps = [p for lst in self.pairs for p in lst]
+        if not ps:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        t = np.concatenate([p[0] for p in ps]).astype(np.int64)
+        j = np.concatenate([p[1] for p in ps])
+        keep = ~self.over[t]
+        return t[keep], j[keep]
+
+
+def exact_near(st: ScanState, t: np.ndarray, j: np.ndarray, yn: np.ndarray) -> np.ndarray:
+    """float64 [n]: the largest upper bound on ``z_j . y_t`` (``y_t = qs q_t``) over each row's
+    pairs ``(t, j)``, scored from the float32 rows in float64 (``-inf`` for rows without pairs)."""
+    best = np.full(st.n, -np.inf)
+    if not len(t):
+        return best
+    Zn, Q = st.Zt.numpy(), st.Qt.numpy()
+    step = rows_per_block(st.r, 16)
+    slack = exact_slack(st.r) * 1.01
+    for s in range(0, len(t), step):
+        tt, jj = t[s:s + step], j[s:s + step]
+        y = Q[tt].astype(np.float64)
+        y *= st.qs
+        ex = np.einsum("ij,ij->i", Zn[jj].astype(np.float64), y)
+        ex += slack * st.znorm[jj] * yn[tt]
+        np.maximum.at(best, tt, ex)
+    return best
+
+
+def judge(st: ScanState, best: np.ndarray, complete: np.ndarray, b: Bounds, near: NearPairs | None) -> None:
+    """Settle the rows (complete maxima only) whose certificate ``y = qs q_t`` holds: every
+    competitor provably below the row's own score, by the integer bound or, for the recorded near
+    pairs, exactly. Leaves the others in ``st.left``; ``st.bound_ratio`` is each margin over its
+    rounding slack (stage verify re-checks the smallest in float64)."""
+    best = np.where(np.isfinite(best), best, -2.0 ** 40)           # no competitor: the dtype's lowest
+    live = complete & (b.dg > 0)
+    m1 = b.own_q - far_up(st, best, b.slack_q)
+    ok = (m1 > 0) & live
+    if near is not None:
+        t, j = near.gathered()
+        cand = ~ok & live & ~near.over
+        T = near.T_np
+        m_q = b.own_q - np.maximum(far_up(st, T - 1, b.slack_q), exact_near(st, t, j, b.yn))
+        hit = cand & (m_q > 0)
+        m1, ok = np.where(hit, m_q, m1), ok | hit
+    for k in np.nonzero(ok)[0]:
+        t = int(st.reps[k])
+        s, m = st.bias_scaled(t, float(m1[k]))
+        st.scale[t] = s
+        st.settle_arg(t, 1, m)
+    st.left = np.nonzero(~ok)[0]
+    st.bound_ratio = np.where(ok, m1 / (2 * b.slack_q + 1e-300), 0.0)
+
+
+__all__ = ["NEAR_CAP", "Bounds", "NearPairs", "far_up", "judge"]
