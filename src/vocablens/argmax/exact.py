@@ -68,7 +68,8 @@ from vocablens.argmax.preparation import apply_masks, as_numpy, check_input, ded
 from vocablens.argmax.lp import stage_bias
 from vocablens.argmax.malloc import fix_mmap_threshold
 from vocablens.models.pages import PageRelease
-from vocablens.argmax.proofs import screen_interior, stage_proof
+from vocablens.argmax.proofs import stage_proof
+from vocablens.argmax.sparse import screen_interior
 from vocablens.argmax.result import (
     ARGMAXABLE, BUDGET, DUPLICATE, PADDING, STAGES, UNARGMAXABLE, UNDECIDED, UNTRAINED, VERDICTS,
     ArgmaxResult, Progress,

@@ -57,7 +57,9 @@ class ArgmaxResult:
         combo_tilt: token -> ``(a, u, excluded)`` for certificates that are a dense combination of
             the distinct rows in play (rows with ``row >= 0``) outside ``excluded`` (token ids, the
             token among them): weight ``a + quant[row[j]] . u`` (float64 u [r]) on row j, each >= 0,
-            summing to 1 (:mod:`~vocablens.argmax.tilt`; :meth:`combination` expands it).
+            summing to 1 less the explicit part in ``combos`` when there is one (a sparse proof's
+            few rows plus a tilt for its gap: :func:`~vocablens.argmax.sparse.gap_tilts`;
+            :mod:`~vocablens.argmax.tilt`; :meth:`combination` expands it).
         reasons: token -> why it is undecided (:data:`BUDGET` when the time budget ran out).
         timings: stage -> wall seconds.
         settled: stage -> tokens settled there.
@@ -129,8 +131,12 @@ class ArgmaxResult:
             lam = a + self.quant[self.row[rows]].double() @ u
             lam[torch.isin(rows, ex)] = 0.0
             lam = lam.clamp(min=0)                                        # >= 0 by the certificate
-            keep = (lam > 0).nonzero().flatten()
-            return rows[keep], lam[keep] / lam[keep].sum()
+            full = torch.zeros(len(self.verdict), dtype=torch.float64)
+            full[rows] = lam
+            full.index_add_(0, ids, w)                                    # an explicit part, if any
+            full[i] = 0.0
+            keep = (full > 0).nonzero().flatten()
+            return keep, full[keep] / full[keep].sum()
         if i not in self.combo_mean:
             return ids, w
         m_all, h = self.combo_mean[i]

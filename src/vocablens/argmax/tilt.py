@@ -90,56 +90,64 @@ class _Sums:
         self.qsum = float(self.qn.sum())
 
 
-def _solve(S: _Sums, st: ScanState, Es: list, R: np.ndarray) -> np.ndarray:
-    """``X[:, i] = B_{E_i}^-1 R[:, i]`` with ``B_E = B - sum_{j in E} [1; z_j] [1; q_j]^T``
-    (Woodbury), R float64 [r + 1, m]: the products with ``B^-1`` as two GEMMs for the whole batch,
-    then an |E| x |E| system per column."""
-    Y = S.Binv @ R
-    allE = np.concatenate(Es)
-    U = np.vstack([np.ones(len(allE)), st.Zt[allE].double().numpy().T])          # [r + 1, sum |E|]
-    Vt = np.hstack([np.ones((len(allE), 1)), st.q_rows_at(allE).double().numpy()])  # [sum |E|, r + 1]
-    BiU = S.Binv @ U
-    out = Y.copy()
-    o = 0
-    for i, E in enumerate(Es):
-        k = len(E)
-        Bi, V = BiU[:, o:o + k], Vt[o:o + k]
-        cap = np.eye(k) - V @ Bi
-        out[:, i] += Bi @ np.linalg.solve(cap, V @ Y[:, i])
-        o += k
-    return out
+class _Woodbury:
+    """``B_{E_i}^-1`` for a batch of excluded sets ``Es`` (``B_E = B - sum_{j in E} [1; z_j] [1; q_j]^T``)
+    by Woodbury's identity: ``B^-1 U`` for all of them in one GEMM and each |E| x |E| capacitance
+    matrix factored once, so every solve of a refinement reuses them; also each set's rows in
+    float64 (``W_E``, ``Q_E``) for :func:`_exact`."""
+
+    def __init__(self, S: _Sums, st: ScanState, Es: list):
+        self.S, self.Es = S, Es
+        allE = np.concatenate(Es)
+        U = np.vstack([np.ones(len(allE)), st.Zt[allE].double().numpy().T])          # [r + 1, sum |E|]
+        Vt = np.hstack([np.ones((len(allE), 1)), st.q_rows_at(allE).double().numpy()])  # [sum |E|, r + 1]
+        BiU = S.Binv @ U
+        self.blocks, o = [], 0
+        for E in Es:
+            k = len(E)
+            Bi, V = BiU[:, o:o + k], Vt[o:o + k]
+            self.blocks.append((Bi, V, np.linalg.inv(np.eye(k) - V @ Bi)))
+            o += k
+        self.WE = [st.rows64(st.reps[E]) for E in Es]
+        self.QE = [Vt[o - len(E):o, 1:] for o, E in zip(np.cumsum([len(E) for E in Es]), Es)]
+
+    def solve(self, R: np.ndarray, cols) -> np.ndarray:
+        """``X[:, i] = B_{E_c}^-1 R[:, i]`` for c = cols[i]; R float64 [r + 1, len(cols)]."""
+        Y = self.S.Binv @ R
+        out = Y.copy()
+        for i, c in enumerate(cols):
+            Bi, V, Ci = self.blocks[c]
+            out[:, i] += Bi @ (Ci @ (V @ Y[:, i]))
+        return out
 
 
-def _exact(S: _Sums, st: ScanState, ts: np.ndarray, X: np.ndarray, Es: list):
+def _exact(S: _Sums, st: ScanState, Wp: np.ndarray, X: np.ndarray, wood: _Woodbury, cols):
     """For the exact weights ``lambda_j = a + q_j . u`` (a column of X = [a; u]) on the distinct
     rows outside E: ``sum lambda - 1`` [m] and ``sum lambda_j w_j - w_t`` [d, m] in float64 by
     linearity, and bounds on their float64 summation errors ([m] each)."""
     A_, U_ = X[0], X[1:]
     rho0 = A_ * st.n + S.SQ @ U_ - 1.0
-    rhow = np.outer(S.SW, A_) + S.MWQ @ U_ - st.rows64(ts).T
-    for i, E in enumerate(Es):
-        WE = st.rows64(st.reps[E])
-        QE = st.q_rows_at(E).double().numpy()
-        c = QE @ U_[:, i] + A_[i]                                # the weights the base leaves out
-        rho0[i] -= c.sum()
-        rhow[:, i] -= WE.T @ c
+    rhow = np.outer(S.SW, A_) + S.MWQ @ U_ - Wp.T
+    for i, c in enumerate(cols):
+        c_ = wood.QE[c] @ U_[:, i] + A_[i]                      # the weights the base leaves out
+        rho0[i] -= c_.sum()
+        rhow[:, i] -= wood.WE[c].T @ c_
     un = np.linalg.norm(U_, axis=0)
     return rho0, rhow, S.gamma_n * (np.abs(A_) * st.n + un * S.qsum), S.gamma_n * (np.abs(A_) * S.w1 + un * S.wq)
 
 
-def _refined(S: _Sums, st: ScanState, ks: list, Es: list, steps: int = 6):
-    """(X [r + 1, m], rn [m]): ``[a; u]`` for rows ks with bases outside Es, refined against the
-    exact residual, and the residual bound of each renormalised combination (inf when it does not
-    get there)."""
-    ks = np.asarray(ks, dtype=np.int64)
-    ts = st.reps[ks]
-    X = _solve(S, st, Es, np.vstack([np.ones(len(ks)), st.Zt[ks].double().numpy().T]))
-    W_t = st.rows64(ts)                                                   # [m, d]
+def _refined(S: _Sums, st: ScanState, Zp: np.ndarray, Wp: np.ndarray, Es: list, steps: int = 6):
+    """(X [r + 1, m], rn [m]): ``[a; u]`` for the target points (whitened ``Zp`` [m, r], original
+    ``Wp`` [m, d], float64) with bases outside Es, refined against the exact residual, and the
+    residual bound of each renormalised combination (inf when it does not get there)."""
+    wood = _Woodbury(S, st, Es)
+    X = wood.solve(np.vstack([np.ones(len(Zp)), Zp.T]), range(len(Zp)))
+    W_t = Wp                                                              # [m, d]
     wt_n = np.linalg.norm(W_t, axis=1)
-    rn = np.full(len(ks), np.inf)
-    todo = np.arange(len(ks))
+    rn = np.full(len(Zp), np.inf)
+    todo = np.arange(len(Zp))
     for _ in range(steps):
-        rho0, rhow, e0, ew = _exact(S, st, ts[todo], X[:, todo], [Es[i] for i in todo])
+        rho0, rhow, e0, ew = _exact(S, st, W_t[todo], X[:, todo], wood, todo)
         tot = 1.0 + rho0
         ok = tot > 2 * e0
         # sum lambda w / sum lambda - w_t = (rho_w - rho_0 w_t) / sum lambda
@@ -150,7 +158,7 @@ def _refined(S: _Sums, st: ScanState, ks: list, Es: list, steps: int = 6):
             break
         todo_l = todo[left]
         rx = ((rhow[:, left] - np.outer(st.mu, rho0[left])).T @ st.A).T    # whitened residuals [r, m']
-        X[:, todo_l] -= _solve(S, st, [Es[i] for i in todo_l], np.vstack([rho0[left], rx]))
+        X[:, todo_l] -= wood.solve(np.vstack([rho0[left], rx]), todo_l)
         todo = todo_l
     return X, rn
 
@@ -174,46 +182,71 @@ def tilt_proofs(st: ScanState, rows: np.ndarray) -> np.ndarray:
     if not len(near):
         return rows
     st.progress("proof: centre", 0, len(near))
-    S = _Sums(st)
+    S = sums(st)
     done: set = set()
-    coef = (st.r * U32 / (1 - st.r * U32) + 2 * U32) * 1.01
     for b0 in range(0, len(near), TILT_BATCH):
         st.progress("proof: centre", b0, len(near))
         ks = near[b0:b0 + TILT_BATCH]
-        E = {int(k): np.array([int(k)]) for k in ks}
-        active = [int(k) for k in ks]
-        for _ in range(TILT_ROUNDS):
-            st.check_time()
-            if not active:
-                break
-            X, rns = _refined(S, st, active, [E[k] for k in active])
-            sol = {k: (X[:, q], rns[q]) for q, k in enumerate(active)}
-            active = [k for k in active if np.isfinite(sol[k][1])]
-            if not active:
-                break
-            U = np.stack([sol[k][0][1:] for k in active])                         # [m, r]
-            avec = np.array([float(sol[k][0][0]) for k in active])
-            viol = _violators(st, S, U, avec)                                     # rows j, weight <= 0
-            nxt = []
-            for q, k in enumerate(active):
-                x, rn = sol[k]
-                a, u = float(x[0]), x[1:]
-                bad = viol[q][~np.isin(viol[q], E[k])]
-                if len(bad) == 0:
-                    if rn <= st.tol * st.wscale:
-                        tot = a * (st.n - len(E[k])) + float((S.SQ - st.q_rows_at(E[k]).double().numpy().sum(0)) @ u)
-                        st.settle_tilt(int(st.reps[k]), a / tot, u / tot, st.reps[E[k]], rn, 3)
-                        done.add(k)
-                    continue
-                if len(E[k]) + len(bad) > TILT_MAX_EXCLUDED:
-                    continue
-                E[k] = np.concatenate([E[k], bad])
-                nxt.append(k)
-            active = nxt
+        sol = tilt_points(st, S, st.Zt[ks].double().numpy(), st.rows64(st.reps[ks]), [np.array([int(k)]) for k in ks])
+        for k, got in zip(ks, sol):
+            if got is not None:
+                a, u, E, rn = got
+                st.settle_tilt(int(st.reps[k]), a, u, st.reps[E], rn, 3)
+                done.add(int(k))
     st.progress("proof: centre", len(near), len(near))
     if not done:
         return rows
     return rows[~np.isin(rows, np.fromiter(done, dtype=np.int64))]
+
+
+def sums(st: ScanState) -> _Sums:
+    """The run's :class:`_Sums` (one pass over the rows, made on first use)."""
+    if getattr(st, "_tilt_sums", None) is None:
+        st._tilt_sums = _Sums(st)
+    return st._tilt_sums
+
+
+def tilt_points(st: ScanState, S: _Sums, Zp: np.ndarray, Wp: np.ndarray, E0: list) -> list:
+    """Tilted uniform combinations of the distinct rows outside ``E0[i]`` (positions; grown by the
+    rows whose weight is not provably positive) for target points (whitened ``Zp`` [m, r], original
+    ``Wp`` [m, d], float64). Returns per point ``(a, u, E, rn)`` (weights ``a + q_j . u`` >= 0 on
+    the rows outside E summing to 1, residual bound rn within the run's tolerance) or None.
+
+    Raises:
+        OutOfTime: the run's budget ran out.
+    """
+    m = len(Zp)
+    E = [np.asarray(e, dtype=np.int64) for e in E0]
+    out: list = [None] * m
+    active = list(range(m))
+    for _ in range(TILT_ROUNDS):
+        st.check_time()
+        if not active:
+            break
+        X, rns = _refined(S, st, Zp[active], Wp[active], [E[i] for i in active])
+        sol = {i: (X[:, q], rns[q]) for q, i in enumerate(active)}
+        active = [i for i in active if np.isfinite(sol[i][1])]
+        if not active:
+            break
+        U = np.stack([sol[i][0][1:] for i in active])                         # [m', r]
+        avec = np.array([float(sol[i][0][0]) for i in active])
+        viol = _violators(st, S, U, avec)                                     # rows j, weight <= 0
+        nxt = []
+        for q, i in enumerate(active):
+            x, rn = sol[i]
+            a, u = float(x[0]), x[1:]
+            bad = viol[q][~np.isin(viol[q], E[i])]
+            if len(bad) == 0:
+                if rn <= st.tol * st.wscale:
+                    tot = a * (st.n - len(E[i])) + float((S.SQ - st.q_rows_at(E[i]).double().numpy().sum(0)) @ u)
+                    out[i] = (a / tot, u / tot, E[i], rn)
+                continue
+            if len(E[i]) + len(bad) > TILT_MAX_EXCLUDED:
+                continue
+            E[i] = np.concatenate([E[i], bad])
+            nxt.append(i)
+        active = nxt
+    return out
 
 
 def _violators(st: ScanState, S: _Sums, U: np.ndarray, a: np.ndarray) -> list[np.ndarray]:

@@ -1,0 +1,215 @@
+"""The sparse interior proof: a few competitors, the centroid, and a shared polytope or a tilted
+combination for the rest.
+
+For row t with whitened ``z_t``: NNLS over the rows scoring highest at ``z_t`` and the centroid 0 (the
+mean of all distinct rows) leaves a gap g inside the centroid's share ``w0``; the point
+``p = -g / w0`` must be shown inside the hull. Two ways:
+
+- the :class:`Ball` (the means of the rows on either side of each whitened axis, built once per run
+  and only when a gap is within its reach ``ScanState.ball_reach``: 2 n r d float64 FLOPs) holds p:
+  a certificate in O(r^2);
+- otherwise (the Ball is thin along p: measured, every planted row of the trained-like benchmark
+  head at 65,536 x 896) a tilted uniform combination of all rows reproduces p
+  (:func:`~vocablens.argmax.tilt.tilt_points`, p being near the centre), in batches.
+
+A point between a few rows and the centre (a planted midpoint, a barely trained row) then gets a
+certificate without an NNLS of support r + 1 (seconds per row at r = 896).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vocablens.argmax.nnls import _nnls, _nnls_gram
+from vocablens.argmax.state import ScanState, rows_per_block
+
+#: competitors of the sparse first try (screen in the reflect stage, first round of a proof)
+SPARSE_COLS = 32
+U64 = 2.0 ** -53
+
+
+class Ball:
+    """A shared inner polytope of the hull: for each whitened axis k the mean of the distinct rows
+    with ``Q[j, k] > 0`` (``q_k``) and the mean of the others (exactly ``-gamma_k q_k``, since the
+    rows are centred). Any v with ``a = Q^{-1} v`` and ``sum_k beta_k <= 1`` (``beta_k = a_k``, or
+    ``-a_k / gamma_k`` when negative) is ``sum beta_k (half-space mean) + (1 - sum beta) 0``: a point
+    of the hull, with a certificate in O(r^2). Built once per run (2 n r d float64 FLOPs)."""
+
+    def __init__(self, st: ScanState):
+        n, r, d = st.n, st.r, st.d
+        pos_sum = np.zeros((r, d))
+        self.size = np.zeros(r)
+        step = rows_per_block(max(r, d))                               # float64 blocks
+        for s in range(0, n, step):
+            st.check_time()
+            B = (st.q_rows(s, s + step) > 0).double().numpy()         # [c, r]
+            pos_sum += B.T @ st.Wn[st.reps[s:s + step]].astype(np.float64)
+            st.release(s, s + step)                                   # W's pages back (Z is resident)
+            self.size += B.sum(0)
+        self.ok = bool((self.size > 0).all() and (self.size < n).all())
+        if not self.ok:
+            return
+        total = n * st.mu
+        self.mean_pos = pos_sum / self.size[:, None]                      # [r, d] original coords
+        self.mean_neg = (total - pos_sum) / (n - self.size)[:, None]
+        self.gamma = self.size / (n - self.size)
+        Qm = (self.mean_pos - st.mu) @ st.A                               # [r(k), r]
+        cond = np.linalg.cond(Qm)
+        self.ok = bool(np.isfinite(cond) and cond < 1e8)
+        if self.ok:
+            self.Qinv = np.linalg.inv(Qm.T)                               # a = Q^{-1} v
+
+    def weights(self, v: np.ndarray) -> np.ndarray | None:
+        """Signed weights h [r] (h_k > 0: on the positive half's mean, < 0: on the other half's)
+        with ``sum |h| <= 1`` that represent v, or None when v is outside the inner polytope."""
+        a = self.Qinv @ v
+        h = np.where(a >= 0, a, a / self.gamma)
+        return h if float(np.abs(h).sum()) <= 1.0 - 1e-9 else None
+
+
+def _ball(st: ScanState) -> Ball | None:
+    if st.ball is None:
+        st.ball = Ball(st) if st.n > st.r + 1 else False
+    return st.ball if st.ball and st.ball.ok else None
+
+
+def sparse_hint(st: ScanState, k: int, Spos: np.ndarray) -> bool:
+    """Whether :func:`sparse_certificate` can work for row k: the same NNLS and Ball test on the
+    float32 whitened rows (no rows read from W), with room for their rounding. Only a filter: a
+    False leaves the row to the proof stage's NNLS rounds, a True is followed by the float64 proof."""
+    if st.bn is not None or st.ball is False or (st.ball is not None and not st.ball.ok):
+        return False
+    Zn = st.Zt.numpy()
+    zt = Zn[k].astype(np.float64)
+    D = np.vstack([Zn[Spos].astype(np.float64) - zt, -zt[None, :]])
+    om = 10.0 * float(np.median(np.linalg.norm(D, axis=1))) + 1e-30
+    out = _nnls_gram(D, om, 20 * (len(D) + st.r))      # the Gram solve: its precision is enough here
+    if out is None:
+        return True                                     # undecided by the filter: try the proof
+    w, g = out
+    w0 = float(w[-1])
+    # a gap within the Ball's reach: the Ball or, where it is thin, the tilt (gap_tilts) may hold it
+    return w0 > 0 and float(np.linalg.norm(g)) <= w0 * st.ball_reach * 1.001
+
+
+def sparse_certificate(st: ScanState, k: int, Spos: np.ndarray, z64=None, pending: list | None = None) -> bool:
+    """Prove row k interior from a few competitors: NNLS over ``Spos`` and the centroid 0 (the mean
+    of all distinct rows), then the :class:`Ball` absorbs the remaining gap inside the centroid's
+    share. Settles the row (stage ``proof``) and returns True, or returns False (no verdict).
+
+    The combination includes row k itself (through the means) with weight ``omega < 1``; removing
+    it and renormalising gives a combination of the other rows (``ArgmaxResult.combination``).
+    ``z64``: optional ``positions -> float64 whitened rows`` (default :meth:`ScanState.z64`; a batch
+    of calls shares one computed from W at once). ``pending``: where the Ball does not hold the gap,
+    ``(k, positions, weights, w0)`` is appended for :func:`gap_tilts` (one batch for many rows).
+    """
+    if st.bn is not None or st.ball is False or (st.ball is not None and not st.ball.ok):
+        return False
+    z64 = z64 or st.z64
+    zt = z64([k])[0]
+    D = np.vstack([z64(Spos) - zt, -zt[None, :]])
+    out = _nnls(D, maxiter=20 * (len(D) + st.r))
+    if out is None:
+        return False
+    w, g, _ = out
+    w0 = float(w[-1])
+    if w0 <= 0 or float(np.linalg.norm(g)) > w0 * st.ball_reach:
+        return False                    # the gap is beyond any point of the Ball: do not build it
+    ball = _ball(st)
+    h = None if ball is None else ball.weights(-g / w0)
+    keep = w[:-1] > 0
+    pos, wj = Spos[keep], w[:-1][keep]
+    if h is None:
+        if pending is not None:
+            pending.append((int(k), pos, wj, w0))
+        return False
+    t = int(st.reps[k])
+    h = w0 * h
+    m_all = w0 - float(np.abs(h).sum())
+    rn, omega = _structured_residual(st, ball, t, pos, wj, m_all, h)
+    if not rn <= st.tol * st.wscale:
+        return False
+    st.settle_unarg(t, st.reps[pos], wj, rn, 3, (m_all, h))
+    return True
+
+
+def gap_tilts(st: ScanState, pending: list) -> set:
+    """Settle the rows of ``pending`` (from :func:`sparse_certificate`) whose gap point
+    ``p = (w_t - sum_S mu_j w_j) / w0`` a tilted combination of all rows reproduces
+    (:func:`~vocablens.argmax.tilt.tilt_points`, the row itself excluded): ``w_t = sum_S mu_j w_j +
+    w0 sum lambda_j w_j``, residual ``<= w0 rn`` plus the float64 error of p. Returns the positions
+    settled. The certificate: the explicit part in ``combos``, the tilt scaled by w0 in ``combo_tilt``.
+    """
+    import torch
+
+    from vocablens.argmax.tilt import sums, tilt_points
+
+    if not pending or st.bn is not None or st.n <= st.r + 2:
+        return set()
+    ks = np.array([p[0] for p in pending], dtype=np.int64)
+    Wt = st.rows64(st.reps[ks])                                       # [m, d]
+    Pw, err = np.empty_like(Wt), np.empty(len(ks))
+    for i, (k, pos, wj, w0) in enumerate(pending):
+        WS = st.rows64(st.reps[pos])
+        Pw[i] = (Wt[i] - wj @ WS) / w0
+        err[i] = 4 * (len(pos) + st.d + 2) * U64 * (np.linalg.norm(Wt[i]) + wj @ np.linalg.norm(WS, axis=1))
+    sol = tilt_points(st, sums(st), (Pw - st.mu) @ st.A, Pw, [np.array([k]) for k in ks])
+    done = set()
+    for (k, pos, wj, w0), e, got in zip(pending, err, sol):
+        if got is None:
+            continue
+        a, u, E, rn = got
+        rt = w0 * rn + e
+        if rt <= st.tol * st.wscale:
+            t = int(st.reps[k])
+            st.settle_unarg(t, st.reps[pos], wj, rt, 3)
+            st.combo_tilt[t] = (float(a * w0), torch.from_numpy(np.asarray(u * w0, dtype=np.float64)),
+                                torch.from_numpy(np.asarray(st.reps[E], dtype=np.int64)))
+            done.add(int(k))
+    return done
+
+
+def _structured_residual(st: ScanState, ball: Ball, t: int, pos, wj, m_all: float, h: np.ndarray):
+    """float64 residual ``||w_t - combination of the other rows||`` in the original coordinates."""
+    x = st.rows64(st.reps[pos]).T @ wj + m_all * st.mu
+    x += np.clip(h, 0, None) @ ball.mean_pos + np.clip(-h, 0, None) @ ball.mean_neg
+    k = int(st.row_of[t])
+    qt = st.q_rows(k, k + 1)[0].numpy() > 0
+    sizes = np.where(h >= 0, ball.size, st.n - ball.size)
+    inside = np.where(h >= 0, qt, ~qt)
+    omega = m_all / st.n + float((np.abs(h) * inside / sizes).sum())
+    wt = st.rows64([t])[0]
+    return float(np.linalg.norm(x - wt)) / (1.0 - omega), omega
+
+
+def screen_interior(st: ScanState, cols: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """Quick interior proofs inside the reflect stage (:func:`sparse_certificate` with the
+    :data:`SPARSE_COLS` highest scoring rows).
+
+    Args:
+        cols: positions (into ``reps``) [m]; top: int64 [m, k], the rows scoring highest at
+            ``y = z_t`` (best first, the row itself left out).
+
+    Returns:
+        bool [m], the rows settled here.
+    """
+    ok = np.zeros(len(cols), dtype=bool)
+    if st.n < 3 or st.n <= st.r + 1 or st.ball is False or (st.ball is not None and not st.ball.ok):
+        return ok
+    top = np.asarray(top)[:, :SPARSE_COLS]
+    cols = np.asarray(cols, dtype=np.int64)
+    try_ = np.array([q for q in range(len(cols)) if st.time_left() > 0 and sparse_hint(st, int(cols[q]), top[q])],
+                    dtype=np.int64)
+    if not len(try_):
+        return ok
+    need = np.unique(np.concatenate([cols[try_], top[try_].ravel()]))
+    Zb = st.z64(need)                           # every row the float64 proofs read, one product
+
+    def z64(pos):
+        return Zb[np.searchsorted(need, np.asarray(pos, dtype=np.int64))]
+
+    for q in try_:
+        if st.time_left() <= 0:
+            break                               # the reflect stage records the cut
+        ok[q] = sparse_certificate(st, int(cols[q]), top[q], z64)
+    return ok

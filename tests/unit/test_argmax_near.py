@@ -1,0 +1,108 @@
+"""Stage 1's exactly scored near pairs (vocablens.argmax.near), the int8 tilt weights and the
+borderline re-check: sound at adversarial near-ties, the same verdicts as the plain paths, and
+every certificate a float64 computation confirms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from test_argmax_fast_paths import _prepared        # the prepared scan state (masks, dedupe, whitening)
+from vocablens.argmax import find_unargmaxable
+from vocablens.argmax import near as near_mod
+from vocablens.argmax import tilt as tilt_mod
+from vocablens.argmax import verify as verify_mod
+from vocablens.argmax.near import Bounds, far_up
+
+
+def _ties(seed=0, V=1500, d=48):
+    """Rows with heavy-ish norms and near-duplicate twins at relative distances 1e-7 .. 1e-2:
+    the int8 bound cannot separate a twin from its row, the exact scores can (or show it loses)."""
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((V, d)) * np.exp(0.3 * rng.standard_normal((V, 1)))
+    for k, eps in enumerate(np.repeat([1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2], 10)):
+        W[1 + k] = W[100 + k] * (1 + eps * rng.standard_normal(d))
+    return torch.from_numpy(W)
+
+
+def _exact_margin(W64: np.ndarray, x: np.ndarray, t: int) -> float:
+    lg = W64 @ x
+    own = float(lg[t])
+    lg[t] = -np.inf
+    return own - float(lg.max())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_near_pairs_settle_more_rows_in_stage1_with_certificates_float64_confirms(seed, monkeypatch):
+    W = _ties(seed)
+    got = find_unargmaxable(W, verify="all")
+    monkeypatch.setattr(near_mod, "NEAR_CAP", 0)        # every row with a near pair left open: the old stage 1
+    ref = find_unargmaxable(W, verify="all")
+    assert torch.equal(got.verdict, ref.verdict)
+    s1, s1_ref = got.stage == 1, ref.stage == 1
+    assert not (s1_ref & ~s1).any() and int(s1.sum()) > int(s1_ref.sum())   # more, never fewer
+    # the float64 re-check of every certificate left every verdict standing (the twins 1e-7 and
+    # 1e-6 apart stay undecided in both runs: no proof separates them within the tolerance)
+    assert got.verified_f64 == int(((got.stage >= 1) & ~torch.isnan(got.margin)).sum())
+    assert not any("re-check" in why for why in got.reasons.values())
+    # every stage-1 margin is a lower bound on the exact float64 margin at its certificate; the rows
+    # settled only thanks to the near pairs included (twins 1e-7 .. 1e-2 apart)
+    W64 = W.double().numpy()
+    new = (s1 & ~s1_ref).nonzero().flatten().tolist()
+    assert new
+    for t in new + s1.nonzero().flatten().tolist()[::53]:
+        m = _exact_margin(W64, got.certificate_x(W, t).double().numpy(), t)
+        assert 0 < float(got.margin[t]) <= m * (1 + 1e-9) + 1e-12
+
+
+def test_thresholds_are_sound_and_tight():
+    st = _prepared(_ties(2))
+    b = Bounds(st)
+    T = b.thresholds(st)
+    ok = b.dg > 0
+    # a product T - 1 is provably below the row's own score, T + 1 is not (T within one integer of tight)
+    assert (far_up(st, T - 1, b.slack_q)[ok] < b.own_q[ok]).all()
+    assert (far_up(st, T + 1, b.slack_q)[ok] >= b.own_q[ok]).all()
+    # the own score's lower bound is below the exact float64 value at y = qs q_t
+    Z = st.z64(np.arange(st.n))
+    y = st.Qt.double().numpy() * st.qs
+    assert (b.own_q <= np.einsum("ij,ij->i", Z, y) + 1e-12).all()
+    # a competitor's bound from its exact product is above its exact score (every pair of a sample)
+    rows = np.arange(0, st.n, 37)
+    S = st.Qt[rows].long() @ st.Qt.long().T                      # exact integer products [k, n]
+    exact = y[rows] @ Z.T                                        # [k, n]
+    up = far_up(st, S.numpy(), b.slack_q[rows][:, None])
+    assert (up >= exact).all()
+
+
+def test_int8_tilt_violators_contain_every_negative_weight():
+    st = _prepared(_ties(3, V=2000, d=32))
+    S = tilt_mod._Sums(st)
+    rng = np.random.default_rng(0)
+    U = rng.standard_normal((40, st.r)) * 2e-4
+    a = np.full(40, 1.0 / st.n)
+    a[:5] = 0.0                                                  # about half the weights negative
+    exact = a[:, None] + U @ st.Qt.double().numpy().T           # [m, n] float64 (exact enough)
+    for use8 in (True, False):
+        st._int8_ok = None if use8 else False
+        viol = tilt_mod._violators(st, S, U, a)
+        for q in range(40):
+            neg = np.nonzero(exact[q] <= 0)[0]
+            if len(neg) <= tilt_mod.TILT_MAX_EXCLUDED:
+                assert set(neg.tolist()) <= set(viol[q].tolist())
+                # and nothing far from zero is called a violator
+                assert (exact[q][viol[q]] <= 1e-3 * np.abs(exact[q]).max()).all()
+            else:                                                # enough to rule the tilt out
+                assert len(viol[q]) > tilt_mod.TILT_MAX_EXCLUDED
+
+
+def test_borderline_rechecks_the_smallest_bound_ratios_and_verdicts_equal_all(monkeypatch):
+    W = _ties(4, V=3000, d=64)
+    full = find_unargmaxable(W, verify="all")
+    monkeypatch.setattr(verify_mod, "BORDERLINE", 5)
+    part = find_unargmaxable(W)
+    assert torch.equal(part.verdict, full.verdict) and torch.equal(part.stage, full.stage)
+    cand = int(((full.stage >= 1) & ~torch.isnan(full.margin)).sum())
+    assert full.verified_f64 == cand
+    assert 5 <= part.verified_f64 < cand              # the rigorous ones beyond the 5 smallest were not re-run
