@@ -105,6 +105,25 @@ rows in the reflect stage plus a float64 pass in verify; what remains is a stage
 fails less often (per-row grids, or directions other than z_t that the symmetric product can still
 serve), and a verify that screens on the int8 grid as the reflect stage does.
 
+Fourth round (same generator; this machine ran slower than in the third: the same all-pairs stage
+took 52-64 s at 151,936 x 896 against 39.7 s). What changed, each measured on the trained-like head:
+- stage 1 scores exactly the pairs its int8 bound cannot clear (vocablens.argmax.near): at 49,152 x
+  576 2,753 of its 9,530 failures settle there (SmolLM2: 297 of 354), at 151,936 x 896 the reflect
+  stage gets 20,293 rows instead of 35,431;
+- the rows near the centre skip the reflect stage (the tilt proves them); the int8 scoring reduces
+  each 2 MiB block once (row maxima; near rows and top-k only where a row reaches them);
+- stage verify re-checks in float64 the 512 rigorous int8 certificates closest to their bound plus
+  every certificate without such a bound (151,936 x 896: 92 s -> 3.3 s);
+- a sparse proof's gap that the Ball cannot hold goes to a tilted combination of all rows
+  (vocablens.argmax.sparse.gap_tilts): at 65,536 x 896 the Ball held none of the 862 planted rows'
+  gaps, each went to an NNLS of 1,794 columns (4-5 s a row), and the scan did not finish in 900 s;
+  now 80 s (prepare 4.5, gemm 10.2, reflect 14.9, proof 49.8, verify 1.0), all planted rows found.
+151,936 x 896, one run each, load 1.2: commit 021221b 507 s (prepare 9.7, gemm 51.9, reflect 73.8,
+proof 367, verify 3.0) against a 327 s pass, 1.55x; final 421 s wall / 602 CPU-s (prepare 9.7, gemm
+63.7, reflect 90.3, proof 254 of which the centre rows' tilts 166, verify 3.3) against a 301 s /
+580 CPU-s pass: 1.40x wall, 1.04x CPU; 144,936 argmaxable, 7,000 unargmaxable (the planted and
+reserved rows), 0 undecided, peak RSS 3.0 GiB.
+
 Usage: PYTHONPATH=src python benchmarks/argmax.py [--quick] [--V 262144 --d 640 --planted 2000]
        [--threads 2] [--skip-model] [--skip-random] [--budget SECONDS] [--device cuda]
        [--trained-like --sizes 16384,32768,65536 --d 256]

@@ -107,7 +107,7 @@ def test_the_ball_lies_within_its_reach():
     # every vertex of the Ball (the mean of the rows on one side of a whitened axis) has norm
     # <= 1 / sqrt(h) (h: the smaller side), half the reach the filter uses; so does any convex
     # combination of them (what Ball.weights accepts)
-    from vocablens.argmax.proofs import Ball
+    from vocablens.argmax.sparse import Ball
 
     rng = np.random.default_rng(1)
     W = torch.from_numpy(rng.standard_normal((3000, 12)) * np.linspace(0.5, 3, 12) + 1.0)

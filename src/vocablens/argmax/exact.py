@@ -34,9 +34,11 @@ Certificates (each re-checked in float64 in the original coordinates):
 Pipeline (each stage timed, tokens settled per stage counted; one module per part):
 ``prepare`` (:mod:`~vocablens.argmax.preparation`: validation, masks, exact duplicates, centring
 and whitening), ``gemm`` and ``reflect`` (:mod:`~vocablens.argmax.certificates`: the certificate
-``y = q_i`` for all tokens by one exact all-pairs int8 product over the upper triangle, then
-batched reflections of the near misses), ``proof`` and ``bias``
+``y = q_i`` for all tokens by one exact all-pairs int8 product over the upper triangle, the pairs
+its bound cannot clear scored exactly (:mod:`~vocablens.argmax.near`), then batched reflections of
+the near misses on the int8 grid), ``proof`` and ``bias``
 (:mod:`~vocablens.argmax.tilt`: rows near the centre by one dense tilted combination each;
+:mod:`~vocablens.argmax.sparse`: a few competitors plus the Ball or a tilt for the gap;
 :mod:`~vocablens.argmax.proofs`: batched NNLS column generation from the reflect stage's top
 competitors, with the mean of the other rows as a shared column, HiGHS LPs as the fallback; the
 lifted LP with a bias) and ``verify``

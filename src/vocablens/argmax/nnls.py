@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def _nnls(D: np.ndarray, maxiter: int | None = None):
+def nnls_nearest(D: np.ndarray, maxiter: int | None = None):
     """Nearest point to z_t of the hull of the columns in the NNLS metric.
 
     Args:
@@ -28,13 +28,13 @@ def _nnls(D: np.ndarray, maxiter: int | None = None):
     om = 10.0 * med
     m, r = D.shape
     if m <= r // 2:
-        out = _nnls_gram(D, om, maxiter)
+        out = nnls_gram(D, om, maxiter)
         if out is not None and float(np.linalg.norm(out[1])) > 1e-4 * med:
             return out[0], out[1], med
-    return _nnls_full(D, om, med, maxiter)
+    return nnls_full(D, om, med, maxiter)
 
 
-def _nnls_full(D: np.ndarray, om: float, med: float, maxiter: int | None):
+def nnls_full(D: np.ndarray, om: float, med: float, maxiter: int | None):
     from scipy.optimize import nnls
 
     M = np.vstack([D.T, np.full((1, len(D)), om)])
@@ -51,7 +51,7 @@ def _nnls_full(D: np.ndarray, om: float, med: float, maxiter: int | None):
     return w, w @ D, med
 
 
-def _nnls_gram(D: np.ndarray, om: float, maxiter: int | None):
+def nnls_gram(D: np.ndarray, om: float, maxiter: int | None):
     """The same NNLS on ``G = D D^T + om^2 1 1^T = L L^T``: ``min ||L^T mu - L^-1 om^2 1||``
     (equal objectives up to a constant). None when G is not positive definite or NNLS fails."""
     from scipy.linalg import solve_triangular
@@ -71,3 +71,6 @@ def _nnls_gram(D: np.ndarray, om: float, maxiter: int | None):
         return None
     w = mu / tot
     return w, w @ D
+
+
+__all__ = ["nnls_full", "nnls_gram", "nnls_nearest"]

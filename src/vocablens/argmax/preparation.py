@@ -357,7 +357,7 @@ def _grid(st: ScanState, Z: np.ndarray, tick, cond_ok: bool = False) -> None:
     st.znorm, st.zmax = znorm, float(znorm.max())
     st.bmax = float(st.bn[st.reps].max()) if st.bn is not None else 0.0
     st.left = np.arange(n)
-    # reach of the Ball (proofs.Ball): its points are convex combinations of means of at least
+    # reach of the Ball (sparse.Ball): its points are convex combinations of means of at least
     # h = min_k min(pos_k, n - pos_k) whitened rows, and a mean of h rows has norm <= 1 / sqrt(h)
     # since Z^T Z = I (whitening); x2 for the rounding of Z^T Z. Only a filter (a gap farther than
     # this skips building the Ball), never part of a verdict; off when the whitening is ill-conditioned.

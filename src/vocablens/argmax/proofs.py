@@ -2,14 +2,12 @@
 
 No bias (stage ``proof``), for row t with whitened ``z_t`` (the rows are centred: their mean is 0):
 
-1. Sparse first try (:func:`sparse_certificate`, also run inside the reflect stage): NNLS over the
-   32 rows that score highest at ``z_t`` and the centroid 0, then a shared inner polytope
-   (:class:`Ball`: the means of the rows on either side of each whitened axis, built once per run,
-   and only when a gap is within its reach ``ScanState.ball_reach``: 2 n r d float64 FLOPs that a
-   head with no interior row, like SmolLM2's, never needs)
-   absorbs the remaining gap inside the centroid's share. A point that sits between a few rows and
-   the centre (a planted midpoint, a barely trained row) gets a certificate in O(k r^2) instead of
-   an NNLS with support r + 1.
+1. Sparse first try (:mod:`~vocablens.argmax.sparse`, also run inside the reflect stage): NNLS
+   over the 32 rows that score highest at ``z_t`` and the centroid 0; the gap left inside the
+   centroid's share is held by a shared inner polytope (the Ball) or, where the Ball is thin, by a
+   tilted combination of all rows (:func:`~vocablens.argmax.sparse.gap_tilts`, one batch per proof
+   batch). A point that sits between a few rows and the centre (a planted midpoint, a barely
+   trained row) gets a certificate without an NNLS of support r + 1.
 2. Column generation: NNLS over a set S of competitors (first the :data:`START_COLS` highest scoring),
    minimising ``||sum_j mu_j (z_j - z_t)||^2 + omega^2 (sum mu - 1)^2``. Either the normalised
    weights reach ``z_t`` (residual <= ``tol``: not argmaxable, the convex combination is the
@@ -33,7 +31,7 @@ import torch
 
 from vocablens.argmax.lp import lp_proof, slack
 from vocablens.argmax.state import ScanState, rows_per_block, scores_against
-from vocablens.argmax.nnls import _nnls
+from vocablens.argmax.nnls import nnls_nearest
 from vocablens.argmax.sparse import SPARSE_COLS, Ball, gap_tilts, screen_interior, sparse_certificate, sparse_hint  # noqa: F401
 from vocablens.argmax.tilt import tilt_proofs
 
@@ -124,7 +122,7 @@ def _round(st: ScanState, row: _Row, fails: dict) -> bool:
     zt = st.z64([k])[0]
     D = st.z64(row.S)
     D -= zt                                      # in place: [|S|, r] float64 is the stage's largest array
-    out = _nnls(D)
+    out = nnls_nearest(D)
     if out is None:
         _fallback(st, row, "NNLS failed", fails)
         return False

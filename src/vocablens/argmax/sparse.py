@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vocablens.argmax.nnls import _nnls, _nnls_gram
+from vocablens.argmax.nnls import nnls_nearest, nnls_gram
 from vocablens.argmax.state import ScanState, rows_per_block
 
 #: competitors of the sparse first try (screen in the reflect stage, first round of a proof)
@@ -83,7 +83,7 @@ def sparse_hint(st: ScanState, k: int, Spos: np.ndarray) -> bool:
     zt = Zn[k].astype(np.float64)
     D = np.vstack([Zn[Spos].astype(np.float64) - zt, -zt[None, :]])
     om = 10.0 * float(np.median(np.linalg.norm(D, axis=1))) + 1e-30
-    out = _nnls_gram(D, om, 20 * (len(D) + st.r))      # the Gram solve: its precision is enough here
+    out = nnls_gram(D, om, 20 * (len(D) + st.r))      # the Gram solve: its precision is enough here
     if out is None:
         return True                                     # undecided by the filter: try the proof
     w, g = out
@@ -108,7 +108,7 @@ def sparse_certificate(st: ScanState, k: int, Spos: np.ndarray, z64=None, pendin
     z64 = z64 or st.z64
     zt = z64([k])[0]
     D = np.vstack([z64(Spos) - zt, -zt[None, :]])
-    out = _nnls(D, maxiter=20 * (len(D) + st.r))
+    out = nnls_nearest(D, maxiter=20 * (len(D) + st.r))
     if out is None:
         return False
     w, g, _ = out
@@ -213,3 +213,6 @@ def screen_interior(st: ScanState, cols: np.ndarray, top: np.ndarray) -> np.ndar
             break                               # the reflect stage records the cut
         ok[q] = sparse_certificate(st, int(cols[q]), top[q], z64)
     return ok
+
+
+__all__ = ["SPARSE_COLS", "Ball", "gap_tilts", "screen_interior", "sparse_certificate", "sparse_hint"]

@@ -202,7 +202,7 @@ class ScanState:
     bmax: float = 0.0
     bound_ratio: np.ndarray = None
     left: np.ndarray = None
-    ball: object = None          # proofs.Ball, built on first use
+    ball: object = None          # sparse.Ball, built on first use
     ball_reach: float = math.inf  # no point of the Ball is farther from 0 (whitened; a filter only)
     pages: object = None         # pages.PageRelease over Wn (a no-op unless Wn is a read-only file mapping)
     screen: bool = False         # stage gemm by the half-width screen (:mod:`~vocablens.argmax.screen`)
