@@ -105,8 +105,9 @@ rows in the reflect stage plus a float64 pass in verify; what remains is a stage
 fails less often (per-row grids, or directions other than z_t that the symmetric product can still
 serve), and a verify that screens on the int8 grid as the reflect stage does.
 
-Fourth round (same generator; this machine ran slower than in the third: the same all-pairs stage
-took 52-64 s at 151,936 x 896 against 39.7 s). What changed, each measured on the trained-like head:
+Fourth round (same generator; this machine ran the scan slower than in the third, the fp32 pass
+not: the default head's scan took 8.3-10.6 s with the third round's code, interleaved with this
+round's 8.6-9.9 s, against 5.4 s then). What changed, each measured on the trained-like head:
 - stage 1 scores exactly the pairs its int8 bound cannot clear (vocablens.argmax.near): at 49,152 x
   576 2,753 of its 9,530 failures settle there (SmolLM2: 297 of 354), at 151,936 x 896 the reflect
   stage gets 20,293 rows instead of 35,431;
