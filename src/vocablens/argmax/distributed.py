@@ -80,6 +80,7 @@ def gather(st: ScanState, mine: np.ndarray, still_open: np.ndarray, before: dict
         "reasons": {t: st.reasons[t] for t in toks if t in st.reasons},
         "tie": {g: st.group_can_tie[g] for g in twins if g in st.group_can_tie},
         "settled": {k: st.settled[k] - before[k] for k in st.settled},
+        "ratio": {} if st.bound_ratio is None else {int(k): float(st.bound_ratio[k]) for k in mine},
         "open": still_open, "cut": list(st.cut_short),
     }
     out: list = [None] * world()[1]
@@ -95,6 +96,8 @@ def gather(st: ScanState, mine: np.ndarray, still_open: np.ndarray, before: dict
         st.combo_tilt.update(r["tilts"])
         st.reasons.update(r["reasons"])
         st.group_can_tie.update(r["tie"])
+        for k, v in r["ratio"].items():                 # the re-check picks the same certificates
+            st.bound_ratio[k] = v
         opened.append(np.asarray(r["open"], dtype=np.int64))
         for c in r["cut"]:
             st.cut(c)

@@ -25,18 +25,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vocablens.argmax.state import U32, ScanState, rows_per_block, run_in_workers
+from vocablens.argmax.state import U64, ScanState, exact_slack, rows_per_block, run_in_workers
 
-U64 = 2.0 ** -53
 #: competitors recorded per row and worker at most; a row with more stays open (its pairs dropped)
 NEAR_CAP = 64
-
-
-def exact_slack(r: int) -> float:
-    """Relative bound on a float64 dot product of a float32 whitened row with y: the float32
-    storage of Z plus the float64 sum of r terms, with room (``|z.y - fl(z32 . y)| <= this
-    ||z|| ||y||``)."""
-    return 2 * U32 + 2 * r * U64
 
 
 def far_up(st: ScanState, s: np.ndarray, slack: np.ndarray) -> np.ndarray:
@@ -102,9 +94,8 @@ class NearPairs:
 
     def __init__(self, T: np.ndarray, workers: int, dtype: torch.dtype, device):
         self.T_np = T
-        big = float(2 ** 31 - 1) if dtype.is_floating_point else 2 ** 31 - 1
-        self.T = torch.from_numpy(np.minimum(T, 2 ** 31 - 1)).to(device=device, dtype=dtype)
-        self.T.clamp_(max=big)
+        # int32 range (float32 holds the products exactly; any threshold above them is as good)
+        self.T = torch.from_numpy(np.clip(T, -2 ** 31 + 2, 2 ** 31 - 1)).to(device=device, dtype=dtype)
         self.over = np.zeros(len(T), dtype=bool)        # rows with too many pairs: left open
         self.counts = [np.zeros(len(T), dtype=np.int32) for _ in range(workers)]
         self.pairs: list[list] = [[] for _ in range(workers)]
@@ -124,20 +115,18 @@ class NearPairs:
     def take(self, S: torch.Tensor, rmax: torch.Tensor, cmax: torch.Tensor, i0: int, c0: int, w: int) -> None:
         bi, bc = S.shape
         TI, TJ = self.T[i0:i0 + bi], self.T[c0:c0 + bc]
-        fr = torch.nonzero(rmax >= TI).flatten()
-        if len(fr):
-            rows = fr.cpu().numpy() + i0
-            keep = ~self.over[rows]
+        # the block's rows (competitors: its columns), then its columns (competitors: its rows)
+        for mx, T, own0, other0, above in (
+                (rmax, TI, i0, c0, lambda f: S[f] >= TI[f, None]),
+                (cmax, TJ, c0, i0, lambda f: (S[:, f] >= TJ[f][None, :]).T)):
+            f = torch.nonzero(mx >= T).flatten()
+            if not len(f):
+                continue
+            lines = f.cpu().numpy() + own0
+            keep = ~self.over[lines]
             if keep.any():
-                fr = fr[torch.from_numpy(np.nonzero(keep)[0]).to(fr.device)]
-                self._side(S[fr] >= TI[fr, None], rows[keep], c0, w)
-        fc = torch.nonzero(cmax >= TJ).flatten()
-        if len(fc):
-            cols = fc.cpu().numpy() + c0
-            keep = ~self.over[cols]
-            if keep.any():
-                fc = fc[torch.from_numpy(np.nonzero(keep)[0]).to(fc.device)]
-                self._side((S[:, fc] >= TJ[fc][None, :]).T, cols[keep], i0, w)
+                f = f[torch.from_numpy(np.nonzero(keep)[0]).to(f.device)]
+                self._side(above(f), lines[keep], other0, w)
 
     def gathered(self):
         """``(t, j)`` int64 arrays of every recorded pair of the rows not left open."""

@@ -21,14 +21,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vocablens.argmax.state import U32, ScanState, rows_per_block, run_in_workers
+from vocablens.argmax.state import U64, ScanState, exact_slack, rows_per_block, run_in_workers
 
 #: rows scored exactly per direction at most (their int8 upper bound reaches the row's own score)
 NEAR_MAX = 64
 #: bytes of one block of products [m, rows] int32: small enough that its reductions read cache
 #: (the all-pairs stage's :data:`~vocablens.argmax.certificates.GEMM_BYTES`)
 SCORE_BYTES = 2 * 2 ** 20
-U64 = 2.0 ** -53
 
 
 def int8_ready(st: ScanState) -> bool:
@@ -80,7 +79,7 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0, to
     beta = (st.qs * st._qn_max * ey + (float(st.enorm.max()) + st.emax) * yn) * 1.01
     Zn = st.Zt.numpy()
     zt = Zn[cols].astype(np.float64)
-    own_lo = (zt * Y64).sum(1) - (2 * U32 + 2 * r * U64) * np.linalg.norm(zt, axis=1) * yn
+    own_lo = (zt * Y64).sum(1) - exact_slack(r) * np.linalg.norm(zt, axis=1) * yn
     # "near": S_j + beta >= own_lo, i.e. the integer product p_j >= ceil((own_lo - beta) / scale):
     # thresholds in exact integers, so every reduction below runs on the int32 products themselves
     x = (own_lo - beta) / scale
@@ -168,7 +167,7 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0, to
         top_up = far_up                                        # near rows exact, the others bounded
         if len(near):
             zn = Zn[near].astype(np.float64)
-            ex = zn @ Y64[q] + (2 * U32 + 2 * r * U64) * np.linalg.norm(zn, axis=1) * yn[q]
+            ex = zn @ Y64[q] + exact_slack(r) * np.linalg.norm(zn, axis=1) * yn[q]
             k = int(np.argmax(ex))
             jstar[q] = near[k]
             top_up = max(float(ex[k]), far_up)
@@ -185,7 +184,7 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0, to
             o = np.argsort(-tv, axis=1, kind="stable")[:, :kk]
             top[want] = np.take_along_axis(ti, o, 1)
     lead = best_up / np.maximum(np.abs(own_lo), 1e-300)          # best competitor / own score
-    slack = beta + (2 * U32 + 2 * r * U64) * np.linalg.norm(zt, axis=1) * yn
+    slack = beta + exact_slack(r) * np.linalg.norm(zt, axis=1) * yn
     return done, gap, jstar, top, lead, slack
 
 

@@ -21,11 +21,10 @@ from __future__ import annotations
 import numpy as np
 
 from vocablens.argmax.nnls import nnls_nearest, nnls_gram
-from vocablens.argmax.state import ScanState, rows_per_block
+from vocablens.argmax.state import U64, ScanState, rows_per_block
 
 #: competitors of the sparse first try (screen in the reflect stage, first round of a proof)
 SPARSE_COLS = 32
-U64 = 2.0 ** -53
 
 
 class Ball:

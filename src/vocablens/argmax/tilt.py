@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vocablens.argmax.state import U32, ScanState, rows_per_block
+from vocablens.argmax.state import U32, U64, ScanState, rows_per_block
 
 #: rows tried: whitened norm at most this fraction of the median whitened norm (rows near the centre)
 TILT_NORM = 0.05
@@ -40,7 +40,6 @@ TILT_MAX_EXCLUDED = 256
 #: candidates checked together (their weights [this, n] float32 per product)
 TILT_BATCH = 128
 
-U64 = 2.0 ** -53
 
 
 class _Sums:
