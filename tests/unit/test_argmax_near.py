@@ -97,6 +97,70 @@ def test_int8_tilt_violators_contain_every_negative_weight():
                 assert len(viol[q]) > tilt_mod.TILT_MAX_EXCLUDED
 
 
+def test_int8_violator_prefilter_keeps_every_row_the_full_exact_test_flags():
+    # the int32 threshold only skips products that cannot fail the exact float64 test: the rows
+    # flagged equal the full test's on every product, including weights planted exactly at zero
+    from vocablens.argmax.state import U64
+
+    st = _prepared(_ties(5, V=1800, d=40))
+    S = tilt_mod._Sums(st)
+    rng = np.random.default_rng(1)
+    m = 24
+    U = rng.standard_normal((m, st.r)) * 3e-4
+    su = np.abs(U).max(1) / 127.0
+    Pu = np.rint(U / su[:, None])
+    eu = np.linalg.norm(U - su[:, None] * Pu, axis=1) * 1.01
+    I = Pu @ st.Qt.double().numpy().T                                 # exact integer products [m, n]
+    a = np.full(m, 1.0 / st.n)
+    for q in range(m // 2):                                           # a weight exactly 0 and ties near it
+        a[q] = -su[q] * I[q, rng.integers(st.n)]
+    st._int8_ok = None
+    from vocablens.argmax.scoring import int8_ready
+    assert int8_ready(st)                                             # the path under test runs here
+    viol = tilt_mod._violators(st, S, U, a)
+    val = I * su[:, None] + a[:, None]
+    bound = S.qn[None, :] * eu[:, None] + 4 * U64 * (np.abs(val) + np.abs(a)[:, None])
+    for q in range(m):
+        full = np.nonzero(val[q] <= bound[q])[0]
+        if len(full) <= tilt_mod.TILT_MAX_EXCLUDED:
+            assert viol[q].tolist() == full.tolist()
+        else:
+            assert len(viol[q]) > tilt_mod.TILT_MAX_EXCLUDED
+    assert any(len(v) for v in viol[:m // 2])
+
+
+def test_tilt_columns_cached_equal_the_direct_product_also_when_the_cache_starts_over(monkeypatch):
+    st = _prepared(_ties(6, V=900, d=24))
+    S = tilt_mod._Sums(st)
+    rng = np.random.default_rng(2)
+
+    def direct(rows):
+        return S.Binv @ np.vstack([np.ones(len(rows)), st.Zt[rows].double().numpy().T])
+
+    monkeypatch.setattr(tilt_mod, "TILT_CACHE_BYTES", 8 * (st.r + 1) * 50)   # room for 50 columns
+    for _ in range(6):
+        rows = rng.integers(0, st.n, size=int(rng.integers(1, 40)))          # repeats included
+        assert np.array_equal(S.binv_u(st, rows), direct(rows))
+    assert S._used <= 50
+
+
+def test_proof_sets_keep_their_whitened_rows_between_rounds():
+    from vocablens.argmax import proofs
+
+    st = _prepared(_ties(7, V=700, d=20))
+    row = proofs._Row(3, np.arange(10, 30))
+    room = [1 << 20]
+    assert np.allclose(row.z_set(st, room), st.z64(row.S), rtol=1e-13, atol=1e-13)
+    kept = row.Z
+    row.S = np.concatenate([row.S, np.arange(100, 140)])
+    Z = row.z_set(st, room)
+    assert np.array_equal(Z[:20], kept) and np.allclose(Z, st.z64(row.S), rtol=1e-13, atol=1e-13)
+    assert room[0] == (1 << 20) - Z.nbytes
+    tight = [0]                                  # no room: the rows are computed, not kept
+    row2 = proofs._Row(4, np.arange(50, 60))
+    assert np.allclose(row2.z_set(st, tight), st.z64(row2.S), rtol=1e-13, atol=1e-13) and row2.Z is None
+
+
 def test_borderline_rechecks_the_smallest_bound_ratios_and_verdicts_equal_all(monkeypatch):
     W = _ties(4, V=3000, d=64)
     full = find_unargmaxable(W, verify="all")

@@ -47,17 +47,36 @@ GROWTH = (32, 0.5, 500)
 #: a proof's direction that at least 1 / INSIDE_HINT of all rows beat marks a row that is probably
 #: inside the hull: its set then grows to 2 (r + 1) at once instead of by :data:`GROWTH`
 INSIDE_HINT = 8
+#: memory for the float64 whitened rows of the batch's proof sets kept between rounds (a set only
+#: grows, so a round computes ``z64`` of its new rows only; an interior row's set reaches 2 (r + 1))
+ROW_CACHE_BYTES = 512 << 20
 
 
 # ----------------------------------------------------------------------------------------- stage proof
 class _Row:
     """Column-generation state of one row."""
 
-    __slots__ = ("k", "S", "Sset", "spent", "rounds", "y")
+    __slots__ = ("k", "S", "Sset", "spent", "rounds", "y", "Z")
 
     def __init__(self, k: int, S: np.ndarray):
         self.k, self.S, self.Sset = k, S, set(S.tolist())
         self.spent, self.rounds, self.y = 0.0, 0, None        # spent: seconds of its own NNLS rounds
+        self.Z = None                       # float64 whitened rows of S[:len(Z)] (S only grows)
+
+    def z_set(self, st: ScanState, room: list) -> np.ndarray:
+        """``z64(S)`` [|S|, r] float64: the rows added since the last round computed, the rest kept
+        while the batch's kept rows fit ``room[0]`` bytes (:data:`ROW_CACHE_BYTES`)."""
+        have = 0 if self.Z is None else len(self.Z)
+        new = st.z64(self.S[have:])
+        Z = new if not have else np.vstack([self.Z, new])
+        grow = Z.nbytes - (0 if self.Z is None else self.Z.nbytes)
+        if grow <= room[0]:
+            room[0] -= grow
+            self.Z = Z
+        else:
+            room[0] += 0 if self.Z is None else self.Z.nbytes
+            self.Z = None
+        return Z
 
 
 def stage_proof(st: ScanState, max_rounds: int, row_budget_s: float | None) -> dict:
@@ -96,10 +115,11 @@ def stage_proof(st: ScanState, max_rounds: int, row_budget_s: float | None) -> d
         active = [row for row in active if row.k not in tilted]
         while active:
             probe = []
+            room = [ROW_CACHE_BYTES - sum(row.Z.nbytes for row in active if row.Z is not None)]
             for row in active:
                 st.check_time()                  # once per row and round
                 t_row = time.perf_counter()
-                if _round(st, row, fails):
+                if _round(st, row, fails, room):
                     probe.append(row)
                 row.spent += time.perf_counter() - t_row
             active = _check_directions(st, probe, max_rounds, row_budget_s, fails)
@@ -116,12 +136,11 @@ def _start_sets(Zt: torch.Tensor, ks: np.ndarray, n0: int) -> np.ndarray:
     return torch.topk(torch.from_numpy(S0), n0, dim=1).indices.numpy()     # [B, n0], best first
 
 
-def _round(st: ScanState, row: _Row, fails: dict) -> bool:
+def _round(st: ScanState, row: _Row, fails: dict, room: list) -> bool:
     """One float64 NNLS round; settles the row (False) or leaves a direction to check (True)."""
     k = row.k
     zt = st.z64([k])[0]
-    D = st.z64(row.S)
-    D -= zt                                      # in place: [|S|, r] float64 is the stage's largest array
+    D = row.z_set(st, room) - zt                 # [|S|, r] float64: the stage's largest arrays
     out = nnls_nearest(D)
     if out is None:
         _fallback(st, row, "NNLS failed", fails)
