@@ -125,6 +125,16 @@ proof 367, verify 3.0) against a 327 s pass, 1.55x; final 421 s wall / 602 CPU-s
 580 CPU-s pass: 1.40x wall, 1.04x CPU; 144,936 argmaxable, 7,000 unargmaxable (the planted and
 reserved rows), 0 undecided, peak RSS 3.0 GiB.
 
+Fifth round (the tilt's linear algebra; stage 1 and the reflections unchanged): the columns
+``B^-1 [1; z_j]`` of the rows excluded from a tilt are computed once per row and kept (at 65,536 x
+896 its sets held 189,504 members but 20,100 distinct rows), the weight test runs its exact float64
+bound only on the products an int32 threshold cannot clear, and the NNLS proofs keep their sets'
+float64 whitened rows between rounds. 65,536 x 896, the same session: the tilt 20.6 s -> 10.6 s,
+proof 50.7 -> 36.9 s. 151,936 x 896, load 1.3: 323 s wall / 442 CPU-s (prepare 8.7, gemm 50.1,
+reflect 88.1, proof 172.3 of which the 5,000 centre rows 81, verify 3.3) against a 261 s / 507
+CPU-s pass: 1.24x wall, 0.87x CPU; 144,936 argmaxable, 7,000 unargmaxable, 0 undecided, peak RSS
+3.0 GiB. The default head the same day: 7.5 s against an 18.4 s pass, 0.41x wall, 0.34x CPU.
+
 Usage: PYTHONPATH=src python benchmarks/argmax.py [--quick] [--V 262144 --d 640 --planted 2000]
        [--threads 2] [--skip-model] [--skip-random] [--budget SECONDS] [--device cuda]
        [--trained-like --sizes 16384,32768,65536 --d 256]
