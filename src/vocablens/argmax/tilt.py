@@ -123,9 +123,9 @@ class _Sums:
 
 class _Woodbury:
     """``B_{E_i}^-1`` for a batch of excluded sets ``Es`` (``B_E = B - sum_{j in E} [1; z_j] [1; q_j]^T``)
-    by Woodbury's identity: ``B^-1 U`` for all of them in one GEMM and each |E| x |E| capacitance
-    matrix factored once (the columns ``B^-1 [1; z_j]`` from :meth:`_Sums.binv_u`), so every solve of a refinement reuses them; also each set's rows in
-    float64 (``W_E``, ``Q_E``) for :func:`_exact`."""
+    by Woodbury's identity: ``B^-1 U`` (its columns ``B^-1 [1; z_j]`` from :meth:`_Sums.binv_u`)
+    and each |E| x |E| capacitance matrix factored once, so every solve of a refinement reuses
+    them; also each set's rows in float64 (``W_E``, ``Q_E``) for :func:`_exact`."""
 
     def __init__(self, S: _Sums, st: ScanState, Es: list):
         self.S, self.Es = S, Es
@@ -286,7 +286,9 @@ def _violators(st: ScanState, S: _Sums, U: np.ndarray, a: np.ndarray) -> list[np
     On the int8 path (:func:`~vocablens.argmax.scoring.int8_ready`) ``u = s_u p_u + e_u`` on a grid
     of its own and ``q_j . p_u`` is an exact int32 product, so the error is ``|q_j . e_u| <=
     ||q_j|| ||e_u||``; otherwise a float32 GEMM with its rounding bound. Both add ``4 u64`` of the
-    float64 sums."""
+    float64 sums. On the int8 path that float64 test runs only on the products at or below a
+    per-direction int32 threshold (the test's bound taken at the block's largest ``||q_j||``): the
+    rows flagged are the full test's."""
     import torch
 
     from vocablens.argmax.scoring import SCORE_BYTES, int8_ready
@@ -317,7 +319,7 @@ def _violators(st: ScanState, S: _Sums, U: np.ndarray, a: np.ndarray) -> list[np
             # (Bq - a_q) / s_q (rounded up, plus one) cannot fail; one int32 comparison per product.
             I = torch._int_mm(Pu_t, st.Qt[s:e].T)                        # [m, k] exact
             Bq = float(S.qn[s:e].max()) * eu + 4 * U64 * (su * 127.0 * 128.0 * st.r + 2 * np.abs(a))
-            tau = np.floor((Bq - a) / su * (1 + 1e-9) + np.abs(Bq - a) / su * 1e-9) + 1
+            tau = np.floor((Bq - a) / su + np.abs(Bq - a) / su * 1e-9) + 1           # generous
             tau = torch.from_numpy(np.clip(tau, -2**31 + 1, 2**31 - 1).astype(np.int32))
             qq, jj = (x.numpy() for x in torch.nonzero(I <= tau[:, None], as_tuple=True))
             val = I[torch.from_numpy(qq), torch.from_numpy(jj)].numpy().astype(np.float64) * su[qq] + a[qq]
