@@ -66,6 +66,11 @@ class Ball:
         return h if float(np.abs(h).sum()) <= 1.0 - 1e-9 else None
 
 
+def _ball_off(st: ScanState) -> bool:
+    """Whether the sparse proof cannot run: a bias takes part, or the Ball was built and is unusable."""
+    return st.bn is not None or st.ball is False or (st.ball is not None and not st.ball.ok)
+
+
 def _ball(st: ScanState) -> Ball | None:
     if st.ball is None:
         st.ball = Ball(st) if st.n > st.r + 1 else False
@@ -76,7 +81,7 @@ def sparse_hint(st: ScanState, k: int, Spos: np.ndarray) -> bool:
     """Whether :func:`sparse_certificate` can work for row k: the same NNLS and Ball test on the
     float32 whitened rows (no rows read from W), with room for their rounding. Only a filter: a
     False leaves the row to the proof stage's NNLS rounds, a True is followed by the float64 proof."""
-    if st.bn is not None or st.ball is False or (st.ball is not None and not st.ball.ok):
+    if _ball_off(st):
         return False
     Zn = st.Zt.numpy()
     zt = Zn[k].astype(np.float64)
@@ -102,7 +107,7 @@ def sparse_certificate(st: ScanState, k: int, Spos: np.ndarray, z64=None, pendin
     of calls shares one computed from W at once). ``pending``: where the Ball does not hold the gap,
     ``(k, positions, weights, w0)`` is appended for :func:`gap_tilts` (one batch for many rows).
     """
-    if st.bn is not None or st.ball is False or (st.ball is not None and not st.ball.ok):
+    if _ball_off(st):
         return False
     z64 = z64 or st.z64
     zt = z64([k])[0]
@@ -193,7 +198,7 @@ def screen_interior(st: ScanState, cols: np.ndarray, top: np.ndarray) -> np.ndar
         bool [m], the rows settled here.
     """
     ok = np.zeros(len(cols), dtype=bool)
-    if st.n < 3 or st.n <= st.r + 1 or st.ball is False or (st.ball is not None and not st.ball.ok):
+    if st.n < 3 or st.n <= st.r + 1 or _ball_off(st):
         return ok
     top = np.asarray(top)[:, :SPARSE_COLS]
     cols = np.asarray(cols, dtype=np.int64)

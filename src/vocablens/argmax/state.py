@@ -27,6 +27,8 @@ def exact_slack(r: int) -> float:
     """Relative bound on a float64 dot product of a float32 whitened row with y (the float32 storage
     of Z plus the float64 sum of r terms, with room): ``|z . y - fl(z32 . y)| <= this ||z|| ||y||``."""
     return 2 * U32 + 2 * r * U64
+
+
 #: bytes of one transient block (a block of rows in float64, a block of scores): every stage works
 #: in blocks of about this size, so the peak is the stored rows plus O(1) blocks whatever V and d
 BLOCK_BYTES = 16 * 2 ** 20
