@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from vocablens.argmax.distributed import allreduce_max, gather_near
+from vocablens.argmax.kernels import PACK_ROWS, packed_rows
 from vocablens.ops.vocab_parallel.comm import world
 from vocablens.argmax.near import Bounds, NearPairs, judge
 from vocablens.argmax.scoring import int8_pass, int8_ready
@@ -179,12 +180,12 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int, T: np.ndarray
     def work(i0: int, w: int) -> None:
         best = bests[w]
         i1 = min(n, i0 + block)
-        QI = Qt[i0:i1].float() if floating else Qt[i0:i1]
+        QI = Qt[i0:i1].float() if floating and pk is None else Qt[i0:i1]
         for c0 in range(i0, n, col_chunk):
             if size == 1:
                 st.check_time()
             c1 = min(n, c0 + col_chunk)
-            S = imm(QI, Qt[c0:c1])                      # [bi, bc] exact integers
+            S = imm(QI, Qt[c0:c1]) if pk is None else pk.mm(QI, c0, c1)     # [bi, bc] exact integers
             if c0 < i1:                                 # the diagonal runs through it: masked
                 ar = torch.arange(c0, min(i1, c1), device=dev)
                 S[ar - i0, ar - c0] = low
@@ -204,8 +205,9 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int, T: np.ndarray
     if workers > 1:
         torch.set_num_threads(1)                        # the kernel is picked (timed) as it will run
     try:
-        imm = exact_int_matmul(Qt)
-        probe = imm(Qt[:2], Qt[:2])
+        pk = packed_rows(st) if dev.type == "cpu" else None        # Q packed for oneDNN (AMX)
+        imm = exact_int_matmul(Qt) if pk is None else None
+        probe = imm(Qt[:2], Qt[:2]) if pk is None else pk.mm(Qt[:2], 0, 2)
     finally:
         torch.set_num_threads(threads)
     floating = probe.is_floating_point()
@@ -215,6 +217,8 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int, T: np.ndarray
     # columns per product: the scores [block, cols] and the columns' float32 copy [cols, r] fit
     # GEMM_BYTES (the block's diagonal square may span several products: each masks its part)
     col_chunk = rows_per_block(max(block, Qt.shape[1]), 4, GEMM_BYTES)
+    if pk is not None:                                  # whole packed chunks
+        col_chunk = max(PACK_ROWS, col_chunk // PACK_ROWS * PACK_ROWS)
     try:
         run_in_workers(mine, work, workers)
     except OutOfTime:

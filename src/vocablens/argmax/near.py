@@ -69,6 +69,7 @@ class Bounds:
 
         run_in_workers(starts, block, max(1, min(torch.get_num_threads(), len(starts))))
         self.slack_q = st.emax * self.yn * 1.001
+        st.q_dot_max = float(self.dg.max()) if n else 0.0       # max_t q_t . q_t, exact (the int8 scores' bound)
 
     def thresholds(self, st: ScanState) -> np.ndarray:
         """int64 [n]: the smallest integer product :func:`far_up` cannot clear: a competitor with

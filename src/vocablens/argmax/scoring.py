@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vocablens.argmax.kernels import PACK_ROWS, packed_rows
 from vocablens.argmax.state import U64, ScanState, exact_slack, rows_per_block, run_in_workers
 
 #: rows scored exactly per direction at most (their int8 upper bound reaches the row's own score)
@@ -44,7 +45,11 @@ def int8_ready(st: ScanState) -> bool:
                 ok = False
         st._int8_ok = bool(ok)
         if ok:
-            st._qn_max = float(np.sqrt((st.Qt.to(torch.int32) ** 2).sum(1).max().item()))
+            qq = getattr(st, "q_dot_max", None)         # from stage gemm's Bounds, else one pass
+            if qq is None:
+                qq = max(float((st.Qt[s:s + 4096].to(torch.int32) ** 2).sum(1).max())
+                         for s in range(0, st.n, 4096))
+            st._qn_max = float(np.sqrt(qq))
     return st._int8_ok
 
 
@@ -86,6 +91,9 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0, to
     thr = np.clip(np.floor(x - np.abs(x) * 1e-12) - 1, -2 ** 31 + 2, 2 ** 31 - 1).astype(np.int32)
     low = np.iinfo(np.int32).min
     step = rows_per_block(m, 4, SCORE_BYTES)
+    pk = packed_rows(st)                                  # Q packed for oneDNN (AMX), or None
+    if pk is not None:
+        step = max(PACK_ROWS, step // PACK_ROWS * PACK_ROWS)
     starts = list(range(0, n, step))
     workers = max(1, min(torch.get_num_threads(), len(starts)))
     thr_t = torch.from_numpy(thr)
@@ -102,7 +110,8 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0, to
         st.check_time()
         b = min(n, a + step)
         g = state[w]
-        Pt = torch._int_mm(Qy_t, st.Qt[a:b].T)                              # exact int32 [m, c]
+        # exact integers [m, c] (int32, or float32 from the packed Q: below 2^24, exact)
+        Pt = torch._int_mm(Qy_t, st.Qt[a:b].T) if pk is None else pk.mm(Qy_t, a, b)
         mine = np.nonzero((cols >= a) & (cols < b))[0]
         if len(mine):
             Pt[torch.from_numpy(mine), torch.from_numpy(cols[mine] - a)] = low   # own entries
