@@ -543,7 +543,7 @@ def test_planted_rows_get_short_certificates_through_shared_means():
 
 
 def test_exact_int_matmul_wide_rows_are_split_exactly():
-    from vocablens.argmax.certificates import _fp32_exact_mm
+    from vocablens.argmax.kernels import fp32_exact_mm as _fp32_exact_mm
 
     g = torch.Generator().manual_seed(1)
     Q = torch.full((6, 2100), 127, dtype=torch.int8)         # 127^2 * 2100 > 2^24: one float32 GEMM rounds
@@ -718,7 +718,7 @@ def test_reserved_tokens_are_their_own_group_and_the_cli_budget(capsys, monkeypa
 
 
 _DIST_SCRIPT = r"""
-import json, sys
+import json, sys, types
 import numpy as np, torch
 import torch.distributed as dist
 sys.path.insert(0, sys.argv[1])
@@ -742,7 +742,13 @@ import vocablens.argmax.certificates as cert
 prep._sum_over_ranks = inner
 # the ranks' kernels differ (each times its own): exact products as int32 on rank 0, float32 on rank 1
 out_dtype = torch.int32 if dist.get_rank() == 0 else torch.float32
-cert.exact_int_matmul = lambda Q, **kw: (lambda A, B: (A.double() @ B.double().T).to(out_dtype))
+_products = types.SimpleNamespace(align=1, kind="test",
+                                  mm=lambda A, a, b: (A.double() @ _Q[a:b].double().T).to(out_dtype))
+def _fake(st):
+    global _Q
+    _Q = st.Qt
+    return _products
+cert.exact_products = _fake
 r = find_unargmaxable(W, None, block=64, row_budget_s=None)
 out["mixed"] = {"verdict": r.verdict.tolist()}
 if dist.get_rank() == 0:

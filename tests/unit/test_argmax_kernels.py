@@ -1,6 +1,7 @@
-"""Exact int8 products against Q packed for oneDNN (vocablens.argmax.kernels): equal to int64
-products on every range shape, refused where float32 could not hold them, and a scan that uses
-them gives the same verdicts, stages and margins as one that does not."""
+"""Exact int8 products against Q (vocablens.argmax.kernels): the kernel picked for a scan equals
+int64 products on every range shape, a kernel that is wrong on this CPU is never picked, wide rows
+are refused by the packed kernel, and a scan gives the same verdicts, stages and margins whichever
+kernel it runs on."""
 
 from __future__ import annotations
 
@@ -17,42 +18,85 @@ from vocablens.argmax import find_unargmaxable
 
 needs_onednn = pytest.mark.skipif(kernels._op() is None, reason="this PyTorch build has no oneDNN int8 matmul")
 
+RANGES = [(0, 128), (128, 256), (5, 6), (100, 300), (127, 129)]
+
+
+def _grid(n, r, seed, lim=127):
+    g = torch.Generator().manual_seed(seed)
+    Q = torch.randint(-lim, lim + 1, (n, r), generator=g, dtype=torch.int8)
+    Q[0] = lim                                          # the grid's extremes
+    Q[1] = -lim
+    Q[2, ::2] = -lim
+    return Q
+
 
 @needs_onednn
 @pytest.mark.parametrize("r", [8, 100, 576, kernels.MAX_WIDTH])
-def test_products_equal_int64_on_aligned_unaligned_and_partial_ranges(r):
-    g = torch.Generator().manual_seed(r)
+def test_packed_products_equal_int64_on_aligned_unaligned_and_partial_ranges(r):
+    # values within +-64: no pair of products can reach 2^15 even where oneDNN's AVX2 path shifts one
+    # operand to unsigned (<= 2 x 192 x 64), so the packed kernel is exact on every x86 CPU here; at
+    # +-127 it is not on AVX2-only CPUs, which test_a_wrong_kernel_is_never_picked covers
     n = 1300                                            # chunks of 128: the last one partial (20 rows)
-    Q = torch.randint(-127, 128, (n, r), generator=g, dtype=torch.int8)
-    Q[0] = 127                                          # the grid's extremes: |sum| = 127^2 r < 2^24
-    Q[1] = -127
+    Q = _grid(n, r, r, lim=64)
     pk = kernels.PackedRows(Q, rows=128, workers=2)
-    A = torch.cat([Q[:30], torch.randint(-127, 128, (5, r), generator=g, dtype=torch.int8)])
-    for a, b in [(0, 128), (128, 256), (0, n), (5, 6), (100, 300), (1280, n), (1299, n), (127, 129)]:
+    A = Q[:35]
+    for a, b in RANGES + [(0, n), (1280, n), (1299, n)]:
         got = pk.mm(A, a, b)
         assert got.dtype == torch.float32 and got.shape == (len(A), b - a)
         assert torch.equal(got.long(), A.long() @ Q[a:b].long().T), (a, b)
 
 
-def test_rows_wider_than_float32_exact_integers_are_refused():
+@pytest.mark.parametrize("r", [8, 100, 576, kernels.MAX_WIDTH, 2100])
+def test_the_picked_kernel_and_the_float32_kernel_equal_int64(r):
+    n = 1100
+    Q = _grid(n, r, r)
+    st = types.SimpleNamespace(Qt=Q, n=n, device="cpu")
+    px = kernels.exact_products(st)
+    assert kernels.exact_products(st) is px              # picked once, kept on the scan state
+    assert px.kind in st.products_timing and px.kind in ("onednn", "int_mm", "float32")
+    fp = kernels.Products(Q, "float32")
+    A = torch.cat([Q[:30], _grid(5, r, r + 1)])
+    for a, b in RANGES + [(0, n), (1099, n)]:
+        want = A.long() @ Q[a:b].long().T
+        assert torch.equal(px.mm(A, a, b).long(), want), (px.kind, a, b)
+        assert torch.equal(fp.mm(A, a, b).long(), want), ("float32", a, b)
+    if r > kernels.MAX_WIDTH:
+        assert px.kind != "onednn"
+
+
+def test_a_wrong_kernel_is_never_picked(monkeypatch):
+    """Every int8 kernel made wrong by one unit on one product: the picker falls back to float32."""
+    Q = _grid(700, 64, 3)
+    true_pack, true_int = kernels.PackedRows.mm, getattr(torch, "_int_mm", None)
+
+    def off_by_one(f):
+        def g(*a):
+            out = f(*a).clone()
+            out[-1, -1] += 1
+            return out
+        return g
+
+    monkeypatch.setattr(kernels.PackedRows, "mm", off_by_one(true_pack))
+    if true_int is not None:
+        monkeypatch.setattr(torch, "_int_mm", off_by_one(true_int))
+    st = types.SimpleNamespace(Qt=Q, n=700, device="cpu")
+    px = kernels.exact_products(st)
+    assert px.kind == "float32" and set(st.products_timing) == {"float32"}
+    assert torch.equal(px.mm(Q[:9], 0, 700).long(), Q[:9].long() @ Q.long().T)
+
+
+def test_rows_wider_than_float32_exact_integers_are_refused_by_the_packed_kernel():
     Q = torch.zeros(4, kernels.MAX_WIDTH + 1, dtype=torch.int8)
     with pytest.raises(ValueError, match="exact"):
         kernels.PackedRows(Q)
-    st = types.SimpleNamespace(Qt=Q, n=4, device="cpu")
-    assert kernels.packed_rows(st) is None
 
 
-@needs_onednn
-def test_packed_rows_serves_only_resident_cpu_int8_q_and_is_made_once():
+def test_products_serve_only_resident_cpu_int8_q():
     Q = torch.randint(-127, 128, (600, 64), dtype=torch.int8)
-    assert kernels.packed_rows(types.SimpleNamespace(Qt=None, n=600, device="cpu")) is None
-    assert kernels.packed_rows(types.SimpleNamespace(Qt=Q, n=600, device="cuda")) is None
-    assert kernels.packed_rows(types.SimpleNamespace(Qt=Q.float(), n=600, device="cpu")) is None
-    st = types.SimpleNamespace(Qt=Q, n=600, device="cpu")
-    first = kernels.packed_rows(st)
-    assert kernels.packed_rows(st) is first              # kept on the scan state (None or the packed Q)
-    if first is not None:
-        assert torch.equal(first.mm(Q[:7], 0, 600).long(), Q[:7].long() @ Q.long().T)
+    assert kernels.exact_products(types.SimpleNamespace(Qt=None, n=600, device="cpu")) is None
+    assert kernels.exact_products(types.SimpleNamespace(Qt=Q, n=600, device="cuda")) is None
+    assert kernels.exact_products(types.SimpleNamespace(Qt=Q.float(), n=600, device="cpu")) is None
+    assert kernels.exact_products(types.SimpleNamespace(Qt=Q[:40], n=40, device="cpu")) is None
 
 
 def _head(V=3000, d=96, seed=0):
@@ -67,26 +111,41 @@ def _head(V=3000, d=96, seed=0):
     return torch.from_numpy(W.astype(np.float32))
 
 
-@needs_onednn
-def test_scan_with_packed_q_equals_the_scan_without(monkeypatch):
+def _kinds_exact_here(Q):
+    """The kernels exact on this CPU for grids like Q (float32 always)."""
+    out = ["float32"]
+    ext = torch.cat([kernels._extremes(Q.shape[1]), Q[:60]])
+    want = ext.long() @ ext.long().T
+    if hasattr(torch, "_int_mm") and Q.shape[1] % 8 == 0:
+        if torch.equal(kernels.Products(ext, "int_mm").mm(ext, 0, len(ext)).long(), want):
+            out.append("int_mm")
+    if kernels._op() is not None:
+        pk = kernels.PackedRows(ext)
+        if torch.equal(kernels.Products(ext, "onednn", pk).mm(ext, 0, len(ext)).long(), want):
+            out.append("onednn")
+    return out
+
+
+def test_scan_gives_the_same_result_on_every_kernel(monkeypatch):
     W = _head()
-    used = []
-
-    def always(st):                                     # packed whenever it can serve, no timing
-        if getattr(st, "_packed", False) is False:
-            st._packed = kernels.PackedRows(st.Qt) if st.Qt is not None else None
-        used.append(st._packed is not None)
-        return st._packed
-
-    for mod in (kernels, certificates, scoring):
-        monkeypatch.setattr(mod, "packed_rows", always)
-    on = find_unargmaxable(W)
-    assert used and all(used) and len(used) >= 3        # the all-pairs stage, the reflect scores, the tilt
-    for mod in (kernels, certificates, scoring):
-        monkeypatch.setattr(mod, "packed_rows", lambda st: None)
-    off = find_unargmaxable(W)
-    assert torch.equal(on.verdict, off.verdict)
-    assert torch.equal(on.stage, off.stage)
-    assert torch.equal(torch.nan_to_num(on.margin, nan=-7.0), torch.nan_to_num(off.margin, nan=-7.0))
-    assert set(on.ids("unargmaxable").tolist()) >= set(range(40)) | set(range(70, 80))
-    assert on.counts()["undecided"] == 0
+    results, used = {}, []
+    kinds = _kinds_exact_here(torch.randint(-127, 128, (64, W.shape[1]), dtype=torch.int8))
+    for kind in kinds:
+        def forced(st, kind=kind):
+            if getattr(st, "_products", False) is False:
+                pk = kernels.PackedRows(st.Qt) if kind == "onednn" else None
+                st._products = kernels.Products(st.Qt, kind, pk) if st.Qt is not None else None
+            used.append((kind, st._products is not None))
+            return st._products
+        for mod in (kernels, certificates, scoring):
+            monkeypatch.setattr(mod, "exact_products", forced)
+        results[kind] = find_unargmaxable(W)
+    for kind in kinds:       # the all-pairs stage, the reflect scores and the tilt each ran on it
+        assert sum(1 for k, ok in used if k == kind and ok) >= 3
+    ref = results["float32"]
+    for kind, res in results.items():
+        assert torch.equal(res.verdict, ref.verdict), kind
+        assert torch.equal(res.stage, ref.stage), kind
+        assert torch.equal(torch.nan_to_num(res.margin, nan=-7.0), torch.nan_to_num(ref.margin, nan=-7.0)), kind
+    assert set(ref.ids("unargmaxable").tolist()) >= set(range(40)) | set(range(70, 80))
+    assert ref.counts()["undecided"] == 0

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from vocablens.argmax.distributed import allreduce_max, gather_near
-from vocablens.argmax.kernels import PACK_ROWS, packed_rows
+from vocablens.argmax.kernels import fp32_exact_mm, exact_products
 from vocablens.ops.vocab_parallel.comm import world
 from vocablens.argmax.near import Bounds, NearPairs, judge
 from vocablens.argmax.scoring import int8_pass, int8_ready
@@ -39,26 +39,6 @@ SCREEN_COLS = 32
 SCREEN_LEAD = 1.25
 
 
-def _fp32_exact_mm(r: int):
-    """``(A, B) -> A @ B^T`` for int8 blocks (or their float32 copies) via float32 GEMMs.
-
-    Each product is <= 127^2, so with at most 1,040 columns (127^2 * 1040 < 2^24) every partial
-    sum is an exact integer in float32: one GEMM, float32 result (exact integers). Wider rows are
-    cut into column slices of 1,040 whose exact partial results are summed in int32.
-    """
-    step = max(1, min(r, (2 ** 24 - 1) // (127 * 127)))
-    if step >= r:
-        return lambda A, B: A.float() @ B.float().T
-
-    def f(A, B):
-        out = None
-        for c in range(0, r, step):
-            part = (A[:, c:c + step].float() @ B[:, c:c + step].float().T).int()
-            out = part if out is None else out.add_(part)
-        return out
-    return f
-
-
 def exact_int_matmul(Q: torch.Tensor, prefer_int: bool = False):
     """An exact ``(A, B) -> A @ B^T`` for int8 row blocks of Q (int32, or float32 holding exact
     integers); the faster of two kernels.
@@ -66,14 +46,14 @@ def exact_int_matmul(Q: torch.Tensor, prefer_int: bool = False):
     ``torch._int_mm`` (int8 products, int32 sums; fast with AVX512-VNNI/AMX, a slow fallback on
     plain AVX2) counts only when it reproduces an int64 reference on a sample of Q's own rows (it is
     wrong for some shapes, e.g. one column); Q is padded with zero columns to a multiple of 8 for it.
-    The other kernel is float32 GEMMs (exact, see :func:`_fp32_exact_mm`). Both give the same
+    The other kernel is float32 GEMMs (exact, see :func:`~vocablens.argmax.kernels.fp32_exact_mm`). Both give the same
     integers; a short timing on Q's rows picks one.
     """
     n, r = Q.shape
     pad = (-r) % 8
     sample = Q[: min(n, 64)]
     ref = sample.cpu().long() @ sample.cpu().long().T          # int64 matmul: CPU only
-    fp = _fp32_exact_mm(r)
+    fp = fp32_exact_mm(r)
     if not hasattr(torch, "_int_mm"):
         return fp
 
@@ -180,12 +160,12 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int, T: np.ndarray
     def work(i0: int, w: int) -> None:
         best = bests[w]
         i1 = min(n, i0 + block)
-        QI = Qt[i0:i1].float() if floating and pk is None else Qt[i0:i1]
+        QI = Qt[i0:i1].float() if floating and (px is None or px.kind == "float32") else Qt[i0:i1]
         for c0 in range(i0, n, col_chunk):
             if size == 1:
                 st.check_time()
             c1 = min(n, c0 + col_chunk)
-            S = imm(QI, Qt[c0:c1]) if pk is None else pk.mm(QI, c0, c1)     # [bi, bc] exact integers
+            S = imm(QI, Qt[c0:c1]) if px is None else px.mm(QI, c0, c1)     # [bi, bc] exact integers
             if c0 < i1:                                 # the diagonal runs through it: masked
                 ar = torch.arange(c0, min(i1, c1), device=dev)
                 S[ar - i0, ar - c0] = low
@@ -205,9 +185,9 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int, T: np.ndarray
     if workers > 1:
         torch.set_num_threads(1)                        # the kernel is picked (timed) as it will run
     try:
-        pk = packed_rows(st) if dev.type == "cpu" else None        # Q packed for oneDNN (AMX)
-        imm = exact_int_matmul(Qt) if pk is None else None
-        probe = imm(Qt[:2], Qt[:2]) if pk is None else pk.mm(Qt[:2], 0, 2)
+        px = exact_products(st) if dev.type == "cpu" else None     # the scan's exact int8 kernel
+        imm = exact_int_matmul(Qt) if px is None else None          # the GPU's (--device cuda)
+        probe = imm(Qt[:2], Qt[:2]) if px is None else px.mm(Qt[:2], 0, 2)
     finally:
         torch.set_num_threads(threads)
     floating = probe.is_floating_point()
@@ -217,8 +197,8 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int, T: np.ndarray
     # columns per product: the scores [block, cols] and the columns' float32 copy [cols, r] fit
     # GEMM_BYTES (the block's diagonal square may span several products: each masks its part)
     col_chunk = rows_per_block(max(block, Qt.shape[1]), 4, GEMM_BYTES)
-    if pk is not None:                                  # whole packed chunks
-        col_chunk = max(PACK_ROWS, col_chunk // PACK_ROWS * PACK_ROWS)
+    if px is not None and px.align > 1:                 # whole packed chunks
+        col_chunk = max(px.align, col_chunk // px.align * px.align)
     try:
         run_in_workers(mine, work, workers)
     except OutOfTime:

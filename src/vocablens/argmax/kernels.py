@@ -1,19 +1,22 @@
-"""Exact int8 products against the rows of Q through oneDNN's matmul primitive (AMX or VNNI).
+"""Exact int8 products against the rows of Q: the one kernel every int8 stage of the scan uses.
 
-Every int8 stage of the scan multiplies blocks of directions ``A`` (int8 [m, r]) by blocks of Q's
-rows (int8 [k, r]). ``torch._int_mm`` runs them through oneDNN's old s8s8s32 GEMM interface, which
-does not use AMX and re-packs its right operand on every call. Here Q's rows are packed once, in
-chunks of :data:`PACK_ROWS`, for oneDNN's matmul primitive (``torch.ops.onednn.qlinear_prepack``,
-the one PyTorch's x86 int8 inference uses), and each product is one call of that primitive with
-unit scales and zero offsets: int32 accumulation on AMX tiles where the CPU has them (VNNI
-otherwise), then the int32 sum written as float32.
+Every int8 stage of the scan (the all-pairs stage, the reflect stage's scores, the tilt's weight
+test) multiplies blocks of directions ``A`` (int8 [m, r]) by blocks of Q's rows (int8 [k, r]) and
+needs the exact integer sums. Three kernels can give them, and which is fastest, or even exact,
+depends on the CPU, so :func:`exact_products` checks each against int64 products and times it once
+per scan:
+
+- oneDNN's matmul primitive on Q packed once, in chunks of :data:`PACK_ROWS`
+  (``torch.ops.onednn.qlinear_prepack``, the one PyTorch's x86 int8 inference uses; unit scales,
+  zero offsets, int32 accumulation on AMX tiles or VNNI, the sum written as float32);
+- ``torch._int_mm`` (oneDNN's older s8s8s32 GEMM, which re-packs its right operand on every call);
+- float32 GEMMs on the grid values.
 
 Exactness: each product of two grid values is at most 127^2 in magnitude, so every sum over
-``r <= 1,040`` columns is an integer below 2^24 and float32 holds it exactly; wider rows are not
-packed. The path is used only where it reproduces an int64 reference on Q's own rows and on rows at
-the grid's extremes, and where it is faster than ``torch._int_mm`` on the scan's shapes (timed
-once per scan, on one thread, as the workers run it). Measured on 2 cores of a Xeon with AMX, one
-thread, 1,024 x 576 times 576 x 512: 450-760 GMAC/s against 110-140 for ``torch._int_mm``.
+``r <= 1,040`` columns (:data:`MAX_WIDTH`) is an integer below 2^24 and float32 holds it exactly
+whatever the summation order; wider rows are not packed, and the float32 kernel sums slices of that
+width in int32. The int8 kernels are not exact everywhere: on an AVX2-only CPU (no VNNI) oneDNN's
+int8 path saturates 16-bit intermediate sums, and the check finds it.
 """
 
 from __future__ import annotations
@@ -82,57 +85,141 @@ class PackedRows:
         return out if lo == 0 and out.shape[1] == b - a else out[:, lo:lo + b - a]
 
 
-def _exact(pk: PackedRows, Q: torch.Tensor) -> bool:
-    """Whether ``pk`` reproduces int64 products on Q's first rows and on rows at the grid's extremes."""
-    n, r = Q.shape
-    A = Q[: min(n, 64)]
-    b = min(n, 2 * pk.rows + 3)                         # across a chunk boundary, not aligned
-    ref = A.long() @ Q[1:b].long().T
-    if not torch.equal(pk.mm(A, 1, b).long(), ref):
+def fp32_exact_mm(r: int):
+    """``(A, B) -> A @ B^T`` for int8 blocks (or their float32 copies) by float32 GEMMs: exact.
+
+    Each product is <= 127^2, so with at most :data:`MAX_WIDTH` columns every partial sum is an
+    integer below 2^24, which float32 holds exactly in any summation order: one GEMM, float32 result
+    (exact integers). Wider rows are cut into column slices of that width whose exact partial
+    results are summed in int32 (int32 result).
+    """
+    step = max(1, min(r, MAX_WIDTH))
+    if step >= r:
+        return lambda A, B: A.float() @ B.float().T
+
+    def f(A, B):
+        out = None
+        for c in range(0, r, step):
+            part = (A[:, c:c + step].float() @ B[:, c:c + step].float().T).int()
+            out = part if out is None else out.add_(part)
+        return out
+    return f
+
+
+class Products:
+    """Exact integer products ``A @ Q[a:b]^T`` of int8 directions ``A`` [m, r] against ranges of the
+    rows of ``Q`` (int8 [n, r]) on the CPU, by one of three kernels (``kind``):
+
+    - ``"onednn"``: Q packed once for oneDNN's matmul primitive (:class:`PackedRows`; AMX or VNNI);
+    - ``"int_mm"``: ``torch._int_mm`` (int8 products, int32 sums);
+    - ``"float32"``: float32 GEMMs on the grid values (exact integers, :func:`fp32_exact_mm`), the one that
+      runs everywhere.
+
+    ``mm(A, a, b)`` returns float32 or int32 [m, b - a] holding the exact integers (``A`` may be
+    int8 or its float32 copy for the float32 kernel). ``align``: products over ranges starting and
+    ending at multiples of it cost no more than their rows (the packed chunks).
+    """
+
+    def __init__(self, Q: torch.Tensor, kind: str, packed: PackedRows | None = None):
+        self.Q, self.kind, self.packed = Q, kind, packed
+        self.n, self.r = Q.shape
+        self.align = packed.rows if packed is not None else 1
+        self._fp = fp32_exact_mm(self.r)
+
+    def mm(self, A: torch.Tensor, a: int, b: int) -> torch.Tensor:
+        """``A @ Q[a:b]^T`` as float32 or int32 [m, b - a], exact integers."""
+        if self.kind == "onednn":
+            return self.packed.mm(A, a, b)
+        if self.kind == "int_mm":
+            return torch._int_mm(A.contiguous(), self.Q[a:b].T)
+        return self._fp(A, self.Q[a:b])
+
+
+def _int_mm_pair(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    return torch._int_mm(A.contiguous(), B.T)
+
+
+def _equal_int64(mm, A: torch.Tensor, B: torch.Tensor) -> bool:
+    """Whether ``mm(A, B)`` equals the int64 product ``A B^T`` (False on a RuntimeError)."""
+    try:
+        return torch.equal(mm(A, B).long(), A.long() @ B.long().T)
+    except (RuntimeError, AttributeError):
         return False
-    ext = torch.full((3, r), 127, dtype=torch.int8)
+
+
+def _extremes(r: int) -> torch.Tensor:
+    """int8 [4, r]: rows at the grid's extremes (all 127, all -127, alternating, and the first
+    column alone), whose products reach the largest sums any grid rows can."""
+    ext = torch.full((4, r), 127, dtype=torch.int8)
     ext[1] = -127
     ext[2, ::2] = -127
-    pe = PackedRows(ext, rows=2)
-    return torch.equal(pe.mm(ext, 0, 3).long(), ext.long() @ ext.long().T)
+    ext[3, 1:] = 0
+    return ext
 
 
-def packed_rows(st) -> PackedRows | None:
-    """The scan's packed Q (made once and kept on ``st``), or None where it cannot serve: Q not
-    resident or not on the CPU, rows wider than :data:`MAX_WIDTH`, no oneDNN int8 matmul, a
-    result that differs from the int64 reference, or slower than ``torch._int_mm`` here."""
-    if getattr(st, "_packed", False) is not False:
-        return st._packed
-    st._packed = None
+def exact_products(st) -> Products | None:
+    """The scan's exact int8 product kernel (picked once and kept on ``st``), or None where no
+    kernel can serve: Q not resident, not int8 or not on the CPU, fewer than 64 rows.
+
+    Each candidate kernel (:class:`Products`) counts only where it reproduces int64 products on
+    Q's own rows and on rows at the grid's extremes (on some CPUs oneDNN's int8 path saturates
+    16-bit intermediate sums: measured on an AVX2-only AMD EPYC, sums off by up to 9.2e6 with
+    values of 127, exact with values up to 64; ``torch._int_mm`` is wrong for some shapes); the
+    fastest of those that do, timed on one thread on the scan's shapes (a 1,024-row block against
+    512 rows), is used. float32 GEMMs are always a candidate, so a kernel exists wherever Q is
+    resident. Measured, one thread, 1,024 x 576 times 576 x 512: AVX2-only EPYC: oneDNN wrong,
+    ``torch._int_mm`` 1.5 GMAC/s, float32 43 GMAC/s; Xeon with AMX: oneDNN 450-760, ``_int_mm``
+    110-140 GMAC/s.
+    """
+    if getattr(st, "_products", False) is not False:
+        return st._products
+    st._products = None
     Q = st.Qt
     if (Q is None or Q.device.type != "cpu" or Q.dtype != torch.int8 or st.n < 64
-            or Q.shape[1] > MAX_WIDTH or _op() is None or getattr(st, "device", "cpu") != "cpu"):
+            or getattr(st, "device", "cpu") not in (None, "cpu")):
+        return None
+    n, r = Q.shape
+    sample = Q[: min(n, 2 * PACK_ROWS + 3)]             # across a chunk boundary
+    A, B = Q[: min(n, 64)], sample[1:]
+    ext = _extremes(r)
+    cands = {"float32": fp32_exact_mm(r)}
+    if hasattr(torch, "_int_mm") and r % 8 == 0:
+        cands["int_mm"] = _int_mm_pair
+    probe_pk = None
+    if _op() is not None and r <= MAX_WIDTH:
+        try:
+            probe_pk = PackedRows(sample)
+            pe = PackedRows(ext, rows=2)
+            if (_equal_int64(lambda X, _B: probe_pk.mm(X, 1, len(sample)), A, B)
+                    and _equal_int64(lambda X, _B: pe.mm(X, 0, len(ext)), ext, ext)):
+                cands["onednn"] = lambda X, _B: probe_pk.mm(X, 0, min(len(sample), PACK_ROWS))
+        except (RuntimeError, ValueError):
+            pass
+    ok = {k: f for k, f in cands.items()
+          if k == "onednn" or (_equal_int64(f, A, B) and _equal_int64(f, ext, ext))}
+    if not ok:
         return None
     threads = torch.get_num_threads()
+    X, Y = Q[: min(n, 1024)], Q[: min(n, PACK_ROWS)]
+    times = {k: math.inf for k in ok}
     try:
-        pk = PackedRows(Q, workers=threads)
         torch.set_num_threads(1)                        # timed as the workers run it
-        if not _exact(pk, Q):
-            return None
-        A = Q[: min(st.n, 1024)]                        # one all-pairs product: [1024, r] x one chunk
-        e = min(st.n, pk.rows)
-        times = [math.inf, math.inf]
-        for _ in range(5):                              # best of five, interleaved
-            for i, f in enumerate((lambda: pk.mm(A, 0, e), lambda: torch._int_mm(A, Q[:e].T))):
-                t = time.perf_counter()
-                try:
-                    f()
-                except (RuntimeError, AttributeError):  # no _int_mm, or it refuses this width
+        for rnd in range(3):                            # best of three, interleaved; a kernel
+            for k, f in ok.items():                     # 3x slower than the best sits out the rest
+                if rnd and times[k] > 3 * min(times.values()):
                     continue
-                times[i] = min(times[i], time.perf_counter() - t)
-        if times[1] < 0.8 * times[0]:                 # a clear loss only: the timing is noisy
-            return None
-    except (RuntimeError, ValueError):
-        return None
+                t = time.perf_counter()
+                f(X, Y)
+                times[k] = min(times[k], time.perf_counter() - t)
     finally:
         torch.set_num_threads(threads)
-    st._packed = pk
-    return pk
+    kind = min(times, key=times.get)
+    packed = None
+    if kind == "onednn":
+        packed = PackedRows(Q, workers=threads)
+    st._products = Products(Q, kind, packed)
+    st.products_timing = {k: (round(v * 1e3, 3)) for k, v in times.items()}   # ms per probe product
+    return st._products
 
 
-__all__ = ["MAX_WIDTH", "PACK_ROWS", "PackedRows", "packed_rows"]
+__all__ = ["MAX_WIDTH", "PACK_ROWS", "PackedRows", "Products", "exact_products", "fp32_exact_mm"]

@@ -3,8 +3,9 @@
 The reflect stage scores each open row's direction ``y`` against every row: ``z_j . y`` for all j,
 ``m`` directions at a time. In float32 that is one ``[m, r] x [r, n]`` GEMM per pass; here the
 directions go on int8 grids of their own (``y = s_y q_y + e_y``) and the product ``Q q_y`` runs in
-exact int32 arithmetic (``torch._int_mm``: 3-5x the float32 GEMM's throughput on AVX-512 VNNI,
-measured), with the rigorous bound
+exact integer arithmetic (:func:`~vocablens.argmax.kernels.exact_products`: oneDNN or
+``torch._int_mm`` at 3-5x the float32 GEMM's throughput on AVX-512 VNNI, measured; float32 GEMMs on
+the grid values where those are slower or not exact), with the rigorous bound
 
     |z_j . y - qs s_y (q_j . q_y)| <= qs ||q_j|| ||e_y|| + ||e_j|| ||y||      (z_j = qs q_j + e_j)
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vocablens.argmax.kernels import PACK_ROWS, packed_rows
+from vocablens.argmax.kernels import exact_products
 from vocablens.argmax.state import U64, ScanState, exact_slack, rows_per_block, run_in_workers
 
 #: rows scored exactly per direction at most (their int8 upper bound reaches the row's own score)
@@ -32,17 +33,10 @@ SCORE_BYTES = 2 * 2 ** 20
 
 
 def int8_ready(st: ScanState) -> bool:
-    """Whether the int8 path can run: Q resident, r a multiple of 8, ``torch._int_mm`` present and
-    equal to an int64 reference on a sample of Q's rows (checked once per scan)."""
+    """Whether the int8 path can run: Q resident and an exact product kernel for it
+    (:func:`~vocablens.argmax.kernels.exact_products`; checked once per scan)."""
     if getattr(st, "_int8_ok", None) is None:
-        ok = st.Qt is not None and st.r % 8 == 0 and hasattr(torch, "_int_mm") and st.n >= 64
-        if ok:
-            A = st.Qt[:32]
-            B = st.Qt[: min(st.n, 256)]
-            try:
-                ok = torch.equal(torch._int_mm(A.contiguous(), B.T).long(), A.long() @ B.long().T)
-            except RuntimeError:
-                ok = False
+        ok = exact_products(st) is not None
         st._int8_ok = bool(ok)
         if ok:
             qq = getattr(st, "q_dot_max", None)         # from stage gemm's Bounds, else one pass
@@ -91,9 +85,9 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0, to
     thr = np.clip(np.floor(x - np.abs(x) * 1e-12) - 1, -2 ** 31 + 2, 2 ** 31 - 1).astype(np.int32)
     low = np.iinfo(np.int32).min
     step = rows_per_block(m, 4, SCORE_BYTES)
-    pk = packed_rows(st)                                  # Q packed for oneDNN (AMX), or None
-    if pk is not None:
-        step = max(PACK_ROWS, step // PACK_ROWS * PACK_ROWS)
+    px = exact_products(st)                               # the exact int8 kernel (int8_ready)
+    if px.align > 1:
+        step = max(px.align, step // px.align * px.align)
     starts = list(range(0, n, step))
     workers = max(1, min(torch.get_num_threads(), len(starts)))
     thr_t = torch.from_numpy(thr)
@@ -111,7 +105,7 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0, to
         b = min(n, a + step)
         g = state[w]
         # exact integers [m, c] (int32, or float32 from the packed Q: below 2^24, exact)
-        Pt = torch._int_mm(Qy_t, st.Qt[a:b].T) if pk is None else pk.mm(Qy_t, a, b)
+        Pt = px.mm(Qy_t, a, b)
         mine = np.nonzero((cols >= a) & (cols < b))[0]
         if len(mine):
             Pt[torch.from_numpy(mine), torch.from_numpy(cols[mine] - a)] = low   # own entries

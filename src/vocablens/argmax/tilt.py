@@ -291,7 +291,7 @@ def _violators(st: ScanState, S: _Sums, U: np.ndarray, a: np.ndarray) -> list[np
     rows flagged are the full test's."""
     import torch
 
-    from vocablens.argmax.kernels import PACK_ROWS, packed_rows
+    from vocablens.argmax.kernels import exact_products
     from vocablens.argmax.scoring import SCORE_BYTES, int8_ready
     from vocablens.argmax.state import run_in_workers
 
@@ -308,9 +308,9 @@ def _violators(st: ScanState, S: _Sums, U: np.ndarray, a: np.ndarray) -> list[np
         coef = (st.r * U32 / (1 - st.r * U32) + 2 * U32) * 1.01
         eu = coef * np.linalg.norm(Uf.astype(np.float64), axis=1) + np.linalg.norm(U - Uf, axis=1) * 1.01
     step = rows_per_block(m, 8, SCORE_BYTES)
-    pk = packed_rows(st) if use8 else None                     # Q packed for oneDNN (AMX), or None
-    if pk is not None:
-        step = max(PACK_ROWS, step // PACK_ROWS * PACK_ROWS)
+    px = exact_products(st) if use8 else None                  # the exact int8 kernel, or None
+    if px is not None and px.align > 1:
+        step = max(px.align, step // px.align * px.align)
     starts = list(range(0, st.n, step))
     found: list[list] = [[] for _ in starts]
 
@@ -321,7 +321,7 @@ def _violators(st: ScanState, S: _Sums, U: np.ndarray, a: np.ndarray) -> list[np
             # The exact test below on the integer products that can pass it: with the block's
             # largest ||q_j|| and |I| <= 127 * 128 * r its bound is at most Bq, so a product above
             # (Bq - a_q) / s_q (rounded up, plus one) cannot fail; one int32 comparison per product.
-            I = torch._int_mm(Pu_t, st.Qt[s:e].T) if pk is None else pk.mm(Pu_t, s, e)   # [m, k] exact
+            I = px.mm(Pu_t, s, e)                                          # [m, k] exact integers
             Bq = float(S.qn[s:e].max()) * eu + 4 * U64 * (su * 127.0 * 128.0 * st.r + 2 * np.abs(a))
             tau = np.floor((Bq - a) / su + np.abs(Bq - a) / su * 1e-9) + 1           # generous
             tau = torch.from_numpy(np.clip(tau, -2**31 + 1, 2**31 - 1).astype(np.int32))
