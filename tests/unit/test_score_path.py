@@ -78,10 +78,12 @@ def test_score_real_model_matches_transformers_and_skips_the_head(smollm2):
         head.handle.remove()
     assert head.calls == 0
     assert float((got.logprobs - want).abs().max()) <= 1e-5
-    # float32 log-softmax over 49,152 columns is itself ~1e-5 off float64 (the exp-sum's rounding):
-    # score is no further from the exact value than transformers' own float32 path
+    # float32 log-softmax over 49,152 columns is itself ~1e-5 off float64 (the exp-sum's rounding,
+    # and the CPU's vector exp/log: 3.05e-5 for transformers' own path on an AVX2-only EPYC, so a
+    # fixed 3e-5 cap failed there): score is no further from the exact value than transformers' own
+    # float32 path on the same machine, and far below any real error (a logit off by 1e-3 or more)
     hf_err = float((want.double() - exact).abs().max())
-    assert float((got.logprobs.double() - exact).abs().max()) <= min(3e-5, hf_err + 2e-6)
+    assert float((got.logprobs.double() - exact).abs().max()) <= min(1e-4, hf_err + 2e-6)
     ent = -(lg.log_softmax(-1).exp() * lg.log_softmax(-1)).sum(-1)
     assert float((got.entropy.double() - ent).abs().max()) <= 1e-4
     assert torch.equal(got.topk_ids[:, 0], lg.argmax(-1))
