@@ -155,3 +155,26 @@ def test_a_zero_width_token_in_a_table_and_in_json():
     LiteralConsole(file=buf, width=80, color_system=None).print(t)
     assert "␣\\u200b\\u200b" in buf.getvalue() and "\\u2060" in buf.getvalue()
     assert "\u200b" not in buf.getvalue() and "\u2060" not in buf.getvalue()
+
+
+def test_piped_stdout_width_is_decided_at_print_time_not_at_import(monkeypatch):
+    """The failing order: the console module imported while a test had COLUMNS set, a later test
+    printing without it got rich's 80-column fallback and explain's header wrapped (test_naming's
+    table test failed under pytest-xdist). Now: COLUMNS when set, else 120 when piped."""
+    import importlib
+
+    import vocablens.cli.console as console
+
+    monkeypatch.setenv("COLUMNS", "90")
+    fresh = importlib.reload(console)              # the module made while COLUMNS is set
+    try:
+        assert fresh.out.width == 90
+        monkeypatch.delenv("COLUMNS")
+        assert fresh.out.width == fresh.PIPED_WIDTH == 120   # stdout is pytest's capture: not a terminal
+        monkeypatch.setenv("COLUMNS", "300")
+        assert fresh.out.width == 300
+        fresh.out.width = 50                            # an explicit width still wins
+        assert fresh.out.width == 50
+    finally:
+        monkeypatch.delenv("COLUMNS", raising=False)
+        importlib.reload(console)

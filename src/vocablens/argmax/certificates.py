@@ -39,7 +39,7 @@ SCREEN_COLS = 32
 SCREEN_LEAD = 1.25
 
 
-def exact_int_matmul(Q: torch.Tensor, prefer_int: bool = False):
+def exact_int_matmul(Q: torch.Tensor):
     """An exact ``(A, B) -> A @ B^T`` for int8 row blocks of Q (int32, or float32 holding exact
     integers); the faster of two kernels.
 
@@ -67,7 +67,7 @@ def exact_int_matmul(Q: torch.Tensor, prefer_int: bool = False):
             return fp
     except RuntimeError:
         return fp
-    if prefer_int or Q.device.type != "cpu":
+    if Q.device.type != "cpu":
         return im
     A, B = Q[: min(n, 256)], Q[: min(n, 1024)]
     times = [math.inf, math.inf]
@@ -111,7 +111,7 @@ def stage_gemm(st: ScanState, block: int) -> None:
         tick = st.check_time if size == 1 else (lambda: None)
         try:
             best, complete, tails = screened_maxima(
-                st, block, lambda Q: exact_int_matmul(Q, prefer_int=True), tick,
+                st, block, exact_int_matmul, tick,
                 lambda a, b: st.progress("gemm", a, b), rank, size, device=st.device)
         except OutOfTime:
             st.cut("gemm")

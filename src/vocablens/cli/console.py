@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.text import Text
 
 #: the console styles vocablens's own strings use; any other bracket is text
@@ -56,12 +56,40 @@ class LiteralConsole(Console):
         return super().render_str(text, *args, markup=markup, **kw)
 
 
+class _StdoutConsole(LiteralConsole):
+    """stdout's console: piped output keeps wide tables (:data:`PIPED_WIDTH` columns where rich would
+    fall back to 80); a terminal's width or ``COLUMNS`` still wins. Decided at each print, not once at
+    import: a process that imported this module while ``COLUMNS`` was set and later printed without
+    it got 80-column tables (tests run in one process in another order did)."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self._width = None                  # rich fixed COLUMNS's value at init: read it at each print
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        dims = super().size
+        if self._width is None and not os.environ.get("COLUMNS"):
+            try:
+                tty = self.file.isatty()
+            except (AttributeError, ValueError):
+                tty = False
+            if not tty:
+                return ConsoleDimensions(PIPED_WIDTH, dims.height)
+        return dims
+
+    @size.setter
+    def size(self, new_size) -> None:
+        Console.size.fset(self, new_size)
+
+
+#: stdout's width when it is not a terminal and ``COLUMNS`` is unset
+PIPED_WIDTH = 120
+
 #: stdout: tables and results; stderr: progress, notes and errors (stdout stays pure JSON with --json).
-# Piped output keeps wide tables (rich would fall back to 80 columns); COLUMNS still wins. No markup:
-# every string (a table cell, a title, a line) prints as it is, so a token such as '[red]x[/red]' is
-# itself; a caller that asks for markup=True still gets literal_markup's protection.
-_width = None if (sys.stdout.isatty() or os.environ.get("COLUMNS")) else 120
-out = LiteralConsole(highlight=False, soft_wrap=False, width=_width, emoji=False, markup=False)
+# No markup: every string (a table cell, a title, a line) prints as it is, so a token such as
+# '[red]x[/red]' is itself; a caller that asks for markup=True still gets literal_markup's protection.
+out = _StdoutConsole(highlight=False, soft_wrap=False, emoji=False, markup=False)
 err = LiteralConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
 
 
