@@ -59,9 +59,11 @@ def test_lens_counts_layers_and_explain_counts_blocks(tiny, capsys):
     assert [b["block"] for b in ex["blocks"]] == list(range(L))
 
 
-def test_tables_say_block(tiny, capsys):
+def test_tables_say_block(tiny, capsys, monkeypatch):
     """explain's tables and steer's vector table head their block column "block"; steer's JSON names
     each vector by its block only."""
+    monkeypatch.setenv("COLUMNS", "200")        # wide enough for the header on one line, whatever the
+    #                                             environment says (pytest-xdist's workers set 80)
     code, out, err = run_cli(capsys, "explain", PROMPT, "-m", tiny)
     assert code == 0, err
     header = next(line for line in out.splitlines() if "Δlogp top-1 attn" in line)
