@@ -176,7 +176,7 @@ def exact_products(st) -> Products | None:
     st._products = None
     Q = st.Qt
     if (Q is None or Q.device.type != "cpu" or Q.dtype != torch.int8 or st.n < 64
-            or getattr(st, "device", "cpu") not in (None, "cpu")):
+            or str(getattr(st, "device", None) or "cpu") != "cpu"):
         return None
     n, r = Q.shape
     sample = Q[: min(n, 2 * PACK_ROWS + 3)]             # across a chunk boundary
