@@ -135,6 +135,29 @@ reflect 88.1, proof 172.3 of which the 5,000 centre rows 81, verify 3.3) against
 CPU-s pass: 1.24x wall, 0.87x CPU; 144,936 argmaxable, 7,000 unargmaxable, 0 undecided, peak RSS
 3.0 GiB. The default head the same day: 7.5 s against an 18.4 s pass, 0.41x wall, 0.34x CPU.
 
+Sixth round, on another kind of CPU: an AMD EPYC with AVX2 only (no AVX-512, no VNNI, no AMX). There
+oneDNN's packed int8 product is wrong (sums off by up to 9.2e6 at values of +-127; the scan's own
+check refused it) and ``torch._int_mm`` runs at 1.5 GMAC/s against 43 GMAC/s for a float32 GEMM on the
+same grid values (one thread, 1,024 x 576 x 512), yet the reflect stage and the tilt used it. Every
+int8 stage now takes one kernel per scan, the fastest of the three that reproduce int64 products
+(vocablens.argmax.kernels.exact_products). Trained-like 32,768 x 576 with 5,000 reserved and 2,000
+planted rows (not scaled), same day: 216.5 s (reflect 62.9, proof 146.2) -> 45.5 s (reflect 8.8,
+proof 27.7), the same verdicts; the fp32 pass 12.8-14.5 s. With float32 products the all-pairs stage
+alone is about half the pass (the upper triangle), so the 0.25x target is out of reach on such a
+CPU for any method that runs it. Scaled sizes (``--sizes 16384,32768,65536 --d 576``), load
+0.1-1.7:
+
+    V x d            scan s wall (CPU)   pass s wall (CPU)   gemm / pass   ratio wall (CPU)
+    16,384 x 576        10.1  (14.0)         4.4   (8.1)         0.66        2.31 (1.74)
+    32,768 x 576        20.8  (35.2)        15.6  (28.9)         0.48        1.34 (1.22)
+    65,536 x 576        80.4 (142.3)        62.4 (116.2)         0.51        1.29 (1.22)
+
+(65,536: prepare 2.2, gemm 31.9, reflect 28.5 for 6,471 rows, proof 16.8, verify 1.0; every
+planted and reserved row found, none undecided.) The default head the same day: 19.7 s against a
+35.9 s pass, 0.55x (gemm 16.2 s, 0.45x); in interleaved runs the previous code took 21.0 and 22.4 s,
+this code 21.1 and 20.1 s (its reflect stage 1.57 -> 0.35 s; the all-pairs stage already timed
+float32 against ``torch._int_mm``).
+
 Usage: PYTHONPATH=src python benchmarks/argmax.py [--quick] [--V 262144 --d 640 --planted 2000]
        [--threads 2] [--skip-model] [--skip-random] [--budget SECONDS] [--device cuda]
        [--trained-like --sizes 16384,32768,65536 --d 256]
