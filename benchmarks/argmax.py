@@ -153,7 +153,10 @@ CPU for any method that runs it. Scaled sizes (``--sizes 16384,32768,65536 --d 5
     65,536 x 576        80.4 (142.3)        62.4 (116.2)         0.51        1.29 (1.22)
 
 (65,536: prepare 2.2, gemm 31.9, reflect 28.5 for 6,471 rows, proof 16.8, verify 1.0; every
-planted and reserved row found, none undecided.) The default head the same day: 19.7 s against a
+planted and reserved row found, none undecided.) 151,936 x 896 (unscaled: 5,000 reserved, 2,000
+planted), load 1.7: 689 s wall / 1,205 CPU-s against a 546 s / 955 CPU-s pass, 1.26x wall and CPU
+(prepare 8.8, gemm 223, reflect 207 for 17,958 rows, proof 245, verify 4.8); 144,936 argmaxable,
+7,000 unargmaxable, 0 undecided, peak RSS 2.66 GiB. The default head the same day: 19.7 s against a
 35.9 s pass, 0.55x (gemm 16.2 s, 0.45x); in interleaved runs the previous code took 21.0 and 22.4 s,
 this code 21.1 and 20.1 s (its reflect stage 1.57 -> 0.35 s; the all-pairs stage already timed
 float32 against ``torch._int_mm``).
