@@ -158,23 +158,17 @@ def test_a_zero_width_token_in_a_table_and_in_json():
 
 
 def test_piped_stdout_width_is_decided_at_print_time_not_at_import(monkeypatch):
-    """The failing order: the console module imported while a test had COLUMNS set, a later test
-    printing without it got rich's 80-column fallback and explain's header wrapped (test_naming's
-    table test failed under pytest-xdist). Now: COLUMNS when set, else 120 when piped."""
-    import importlib
-
-    import vocablens.cli.console as console
+    """The failing order: the console made while a test had COLUMNS set, a later test printing
+    without it got rich's 80-column fallback and explain's header wrapped (test_naming's table test
+    failed under pytest-xdist). Now: COLUMNS when set, else 120 when piped, read at each print."""
+    from vocablens.cli.console import PIPED_WIDTH, _StdoutConsole
 
     monkeypatch.setenv("COLUMNS", "90")
-    fresh = importlib.reload(console)              # the module made while COLUMNS is set
-    try:
-        assert fresh.out.width == 90
-        monkeypatch.delenv("COLUMNS")
-        assert fresh.out.width == fresh.PIPED_WIDTH == 120   # stdout is pytest's capture: not a terminal
-        monkeypatch.setenv("COLUMNS", "300")
-        assert fresh.out.width == 300
-        fresh.out.width = 50                            # an explicit width still wins
-        assert fresh.out.width == 50
-    finally:
-        monkeypatch.delenv("COLUMNS", raising=False)
-        importlib.reload(console)
+    c = _StdoutConsole(highlight=False, soft_wrap=False)   # made while COLUMNS is set, as stdout's
+    assert c.width == 90
+    monkeypatch.delenv("COLUMNS")
+    assert c.width == PIPED_WIDTH == 120            # its file is pytest's capture: not a terminal
+    monkeypatch.setenv("COLUMNS", "300")
+    assert c.width == 300
+    c.width = 50                                    # an explicit width still wins
+    assert c.width == 50

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 
 from rich.console import Console, ConsoleDimensions
 from rich.text import Text
