@@ -504,10 +504,10 @@ def test_budget_cut_after_the_certificates_never_guesses():
     t_start = _time.perf_counter()
 
     def slow(stage, done, total):        # the budget runs out right after the all-pairs stage
-        if stage == "gemm" and done == total:
-            _time.sleep(max(0.0, t_start + 20.5 - _time.perf_counter()))
+        if stage == "gemm" and done == total:   # (reached in ~0.05 s: 1,500 x 24)
+            _time.sleep(max(0.0, t_start + 5.5 - _time.perf_counter()))
 
-    res = find_unargmaxable(W, time_budget_s=20.0, progress=slow)
+    res = find_unargmaxable(W, time_budget_s=5.0, progress=slow)
     assert res.cut_short[:2] == ("reflect", "proof")
     und = set(res.ids("undecided").tolist())
     assert und >= set(pl) and all(res.reasons[t] == "budget" for t in und)

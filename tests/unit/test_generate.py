@@ -245,18 +245,18 @@ PROMPTS = [
     "The history of the Roman Empire begins with",
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
     "In a small village by the sea, there lived an old fisherman who",
-    "Photosynthesis is the process by which plants",
-    "The three most important things to know about machine learning are",
 ]
 
 
 @pytest.mark.slow
 def test_greedy_equals_transformers_on_the_default_model(smollm2):
+    """Token for token what transformers' greedy ``generate`` gives: three prompts (prose, code, a
+    story) x 24 tokens (each token ~0.09 s per implementation on 2 CPU cores: 5 x 40 took 42 s)."""
     model, tok, borders, _ = smollm2
     for p in PROMPTS:
         ids = tok(p, return_tensors="pt").input_ids
-        ours = generate(borders, ids, max_new_tokens=40, stop_ids=[tok.eos_token_id])
-        hf = model.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id=tok.eos_token_id)
+        ours = generate(borders, ids, max_new_tokens=24, stop_ids=[tok.eos_token_id])
+        hf = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=tok.eos_token_id)
         assert ours.ids == hf[0, ids.shape[1]:].tolist(), p
 
 
