@@ -161,6 +161,19 @@ planted), load 1.7: 689 s wall / 1,205 CPU-s against a 546 s / 955 CPU-s pass, 1
 this code 21.1 and 20.1 s (its reflect stage 1.57 -> 0.35 s; the all-pairs stage already timed
 float32 against ``torch._int_mm``).
 
+Seventh round (the same AVX2-only EPYC, no code change to the scan): 262,144 x 640 (unscaled: 3,000
+clusters, 5,000 reserved, 2,000 planted), load 0.7-1.8: 1,167 s wall / 2,169 CPU-s against a 1,005 s
+/ 1,903 CPU-s pass, 1.16x wall, 1.14x CPU (prepare 9.5, gemm 413 = 0.41x of the pass, reflect 529
+for 54,894 rows, proof 207, verify 8.6); 255,144 argmaxable, 7,000 unargmaxable (every planted and
+reserved row), 0 undecided, peak RSS 2.99 GiB. Whether a head/tail bound could take the all-pairs
+stage below half the pass was measured with ``benchmarks/argmax_pruning.py`` (exact products over
+the first k whitened coordinates, Cauchy-Schwarz on the rest, the full width for every row that a
+block's bound does not clear; 120 sampled blocks, rows sorted by norm): at best 0.44 of the
+full-width triangle on the default head (k = 192 of 576, the float32 row as the direction; 0.51
+with the int8 grid's slack) and 0.44-0.47 on the trained-like 32,768 x 576, before the bound
+checks' own cost. That takes the all-pairs stage from ~0.45x to at best ~0.2x of the pass, and the
+default head's scan to ~0.35x: not to 0.25x, so it was not built.
+
 Usage: PYTHONPATH=src python benchmarks/argmax.py [--quick] [--V 262144 --d 640 --planted 2000]
        [--threads 2] [--skip-model] [--skip-random] [--budget SECONDS] [--device cuda]
        [--trained-like --sizes 16384,32768,65536 --d 256]
