@@ -157,7 +157,7 @@ planted and reserved row found, none undecided.) 151,936 x 896 (unscaled: 5,000 
 planted), load 1.7: 689 s wall / 1,205 CPU-s against a 546 s / 955 CPU-s pass, 1.26x wall and CPU
 (prepare 8.8, gemm 223, reflect 207 for 17,958 rows, proof 245, verify 4.8); 144,936 argmaxable,
 7,000 unargmaxable, 0 undecided, peak RSS 2.66 GiB. The default head the same day: 19.7 s against a
-35.9 s pass, 0.55x (gemm 16.2 s, 0.45x); in interleaved runs the previous code took 21.0 and 22.4 s,
+35.9 s pass, 0.55x (gemm 16.2 s, 0.45x; load 1.1); in interleaved runs the previous code took 21.0 and 22.4 s,
 this code 21.1 and 20.1 s (its reflect stage 1.57 -> 0.35 s; the all-pairs stage already timed
 float32 against ``torch._int_mm``).
 
@@ -165,7 +165,9 @@ Seventh round (the same AVX2-only EPYC, no code change to the scan): 262,144 x 6
 clusters, 5,000 reserved, 2,000 planted), load 0.7-1.8: 1,167 s wall / 2,169 CPU-s against a 1,005 s
 / 1,903 CPU-s pass, 1.16x wall, 1.14x CPU (prepare 9.5, gemm 413 = 0.41x of the pass, reflect 529
 for 54,894 rows, proof 207, verify 8.6); 255,144 argmaxable, 7,000 unargmaxable (every planted and
-reserved row), 0 undecided, peak RSS 2.99 GiB. Whether a head/tail bound could take the all-pairs
+reserved row), 0 undecided, peak RSS 2.99 GiB. The 32,768 x 576 head (unscaled) again, one run
+each: the fifth round's code (c690d55) 180.1 s at load 0.9-2.0 (reflect 50.8, proof 123.1), this
+code 35.4 s at load 0.1-0.9 (reflect 7.2, proof 21.0), the same verdicts; pass 11.6-14.9 s. Whether a head/tail bound could take the all-pairs
 stage below half the pass was measured with ``benchmarks/argmax_pruning.py`` (exact products over
 the first k whitened coordinates, Cauchy-Schwarz on the rest, the full width for every row that a
 block's bound does not clear; 120 sampled blocks, rows sorted by norm): at best 0.44 of the
