@@ -164,3 +164,40 @@ def test_trajectory_streamed_equals_float64_full_rows(family):
             assert got["rank"] == ranks and got["top1"] == top1
             torch.testing.assert_close(torch.tensor(got["prob"], dtype=torch.float64), torch.tensor(probs, dtype=torch.float64),
                                        rtol=1e-4, atol=1e-7)
+
+
+def test_kind_names_what_was_computed():
+    """Issue 40, fault 1: ``kind="tuned"`` without a translator returned the logit lens labelled
+    'tuned'. A kind is the lens computed, or the call refuses in one line before any forward."""
+    from vocablens.errors import VocabLensError
+    from vocablens.lens.logit import lens_batches
+    from vocablens.vocab_space import settle
+
+    b = Borders.from_model(make_tiny("llama"))
+    x = ids(batch=1, T=5)[0]
+    for call in (lambda: logit_lens(b, x, kind="tuned"),
+                 lambda: logit_lens(b, [x, x[:3]], kind="tuned"),
+                 lambda: lens_batches(b, [x], [None], kinds=["tuned"]),
+                 lambda: settle(b, x[None], kind="tuned")):
+        with pytest.raises(VocabLensError) as err:
+            call()
+        assert isinstance(err.value, BadInput) and "\n" not in str(err.value)
+        assert "kind='tuned' needs a translator" in str(err.value)
+    shift = _Shift(b.n_layers, b.d_model)
+    with pytest.raises(BadInput, match="translator given is a tuned lens"):
+        logit_lens(b, x, translator=shift, kind="logit")
+    # the label by default, and when it is the lens computed
+    assert logit_lens(b, x).kind == logit_lens(b, x, kind="logit").kind == "logit"
+    tuned = logit_lens(b, x, translator=shift, kind="tuned")
+    assert tuned.kind == "tuned" and logit_lens(b, x, translator=shift).kind == "tuned"
+    # the tuned lens really read through the translator (not the logit lens relabelled)
+    assert not torch.equal(tuned.layers[0].entropy, logit_lens(b, x).layers[0].entropy)
+    assert settle(b, x[None], translator=shift).kind == "tuned" and settle(b, x[None]).kind == "logit"
+
+    class _Named(_Shift):
+        kind = "jacobian"
+
+    named = _Named(b.n_layers, b.d_model)
+    assert logit_lens(b, x, translator=named).kind == "jacobian"
+    with pytest.raises(BadInput, match="translator given is a jacobian lens"):
+        logit_lens(b, x, translator=named, kind="tuned")

@@ -1,6 +1,7 @@
 """Lenses over the residual stream.
 
 * :mod:`~vocablens.lens.logit` — the logit lens (and any translator, e.g. a tuned lens) over layers 0..L.
+* :mod:`~vocablens.lens.kinds` — the `kind` that names what a lens computed.
 * :mod:`~vocablens.lens.tuned` — the tuned lens, its files, and :func:`~vocablens.lens.tuned.find_lens`.
 * :mod:`~vocablens.lens.train` — training a tuned lens (checkpoints, exact resume, data-parallel).
 * :mod:`~vocablens.lens.regression` — the least-squares start of ``--init regression``.

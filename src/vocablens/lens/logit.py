@@ -19,6 +19,7 @@ from typing import Protocol, Sequence
 import torch
 
 from vocablens.errors import BadInput
+from vocablens.lens.kinds import lens_kind
 from vocablens.models import Borders
 from vocablens.units import plural
 from vocablens.ops.rows import row_logprobs
@@ -58,7 +59,7 @@ class LensResult:
     """A lens over all layers 0..L at chosen positions of one prompt.
 
     Attributes:
-        kind: ``logit`` or ``tuned``.
+        kind: the lens computed (:func:`~vocablens.lens.kinds.lens_kind`): ``logit``, ``tuned``, ...
         input_ids: [T] int64, the prompt.
         positions: [P] int64, the positions read.
         layers: one :class:`LensLayer` per layer asked for, in increasing order (all L+1 by default,
@@ -153,6 +154,8 @@ def logit_lens(borders: Borders, input_ids, positions="last", k: int = 5,
             spec for every prompt, or a list of one spec per prompt).
         k: number of top tokens per layer and position (1..V).
         translator: optional per-layer map (tuned lens); None = logit lens.
+        kind: the result's ``kind``: the lens computed (:func:`~vocablens.lens.kinds.lens_kind`);
+            another value is refused.
         layers: subset of layers to report (default all 0..L); layer L is always computed.
         attention_mask: [B, T] 1 = token, 0 = padding (left or right), for a padded batch.
 
@@ -162,7 +165,8 @@ def logit_lens(borders: Borders, input_ids, positions="last", k: int = 5,
         equals the model's own distribution.
 
     Raises:
-        BadInput: empty prompt, k out of range, a layer outside 0..L, a bad position.
+        BadInput: empty prompt, k out of range, a layer outside 0..L, a bad position, a ``kind`` that
+            does not name the lens computed (``kind="tuned"`` without a translator).
     """
     batch = isinstance(input_ids, (list, tuple)) or attention_mask is not None or (
         torch.is_tensor(input_ids) and input_ids.dim() == 2 and input_ids.shape[0] != 1)
@@ -244,7 +248,7 @@ def logit_lens_batch(borders: Borders, prompts, positions="last", k: int = 5,
 
     Raises:
         BadInput: no prompts, an empty prompt, k out of range, a layer outside 0..L, a bad position,
-            a list of positions whose length is not the number of prompts.
+            a list of positions whose length is not the number of prompts, a wrong ``kind``.
     """
     seqs = split_batch(prompts, attention_mask)
     return lens_batches(borders, seqs, [translator], positions, k, layers, batch_tokens=batch_tokens,
@@ -259,7 +263,7 @@ def lens_batches(borders: Borders, prompts, translators: Sequence[Translator | N
 
     Args:
         translators: one entry per lens: None (the logit lens) or a translator (tuned lens).
-        kinds: the ``kind`` of each lens's results (default ``logit`` / ``tuned``).
+        kinds: each lens's ``kind`` (default and only value accepted: :func:`~vocablens.lens.kinds.lens_kind`).
         progress: called as ``progress(prompts done, prompts)`` after each forward.
         The rest: as :func:`logit_lens_batch`.
 
@@ -267,7 +271,7 @@ def lens_batches(borders: Borders, prompts, translators: Sequence[Translator | N
         ``results[j][i]``: lens j on prompt i (:class:`LensResult`).
 
     Raises:
-        BadInput: as :func:`logit_lens_batch`.
+        BadInput: as :func:`logit_lens_batch`; a kind that does not name its lens.
     """
     seqs = split_batch(prompts, attention_mask)
     for i, x in enumerate(seqs):
@@ -287,8 +291,7 @@ def lens_batches(borders: Borders, prompts, translators: Sequence[Translator | N
         raise BadInput(f"{len(positions)} position lists for {plural(len(seqs), 'prompt')}")
     specs = list(positions) if per_prompt else [positions] * len(seqs)
     pos = [resolve_positions(int(x.numel()), p) for x, p in zip(seqs, specs)]
-    kinds = list(kinds) if kinds is not None else [None] * len(translators)
-    kinds = [kd or ("logit" if t is None else "tuned") for kd, t in zip(kinds, translators)]
+    kinds = [lens_kind(t, kd) for kd, t in zip(kinds or [None] * len(translators), translators, strict=True)]
     results: list[list] = [[None] * len(seqs) for _ in translators]
     done = 0
     for group in _groups([int(x.numel()) for x in seqs], max(1, int(batch_tokens))):

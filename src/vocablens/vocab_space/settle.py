@@ -22,7 +22,7 @@ from vocablens.ops.vocab_parallel.comm import world
 from vocablens.errors import BadInput
 from vocablens.models.flops import block_flops
 from vocablens.models.headless import blocks_forward
-from vocablens.lens.logit import Translator
+from vocablens.lens.logit import Translator, lens_kind
 from vocablens.models import Borders
 from vocablens.ops import token_logprobs
 from vocablens.vocab_space.readout import CHUNK_BYTES
@@ -57,7 +57,7 @@ class SettleResult:
     """Where predictions settle over a corpus (see :func:`settle`).
 
     Attributes:
-        kind: ``logit`` or ``tuned``.
+        kind: the lens computed (:func:`~vocablens.lens.kinds.lens_kind`): ``logit``, ``tuned``, ...
         n_positions: positions read; n_layers: L.
         settle_layer: [N] int64, the first stream layer from which the lens top-1 equals the final top-1
             at every later layer (L when only the model's own output has it).
@@ -112,6 +112,8 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
             :func:`vocablens.corpus.pack_tokens`; every position of every row is read.
         thresholds: early-exit confidences in (0, 1].
         translator: a :class:`~vocablens.lens.logit.Translator` (tuned lens) or None (logit lens).
+        kind: the result's ``kind``; default (and the only value accepted) the lens computed
+            (:func:`vocablens.lens.logit.lens_kind`).
         chunk_rows: positions decoded at once (default: 64 MiB of logits).
         min_layer: the first stream layer where an exit is checked (0 = the embedding itself; with tied
             embeddings the logit lens there confidently predicts the input token, a poor exit).
@@ -124,8 +126,10 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
         :class:`SettleResult`. Memory: one batch's residual stream plus one chunk of [c, V] logits.
 
     Raises:
-        BadInput: no tokens, a threshold outside (0, 1], min_layer outside 0..L.
+        BadInput: no tokens, a threshold outside (0, 1], min_layer outside 0..L, a ``kind`` that
+            does not name the lens computed.
     """
+    kind = lens_kind(translator, kind)
     if not 0 <= int(min_layer) <= borders.n_layers:
         raise BadInput(f"min_layer must be in 0..{borders.n_layers}; got {min_layer}")
     m = int(min_layer)
@@ -189,7 +193,7 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
             ef.mean(), ((L - ef) / L).mean(), 1 - cost.mean() / base, (chosen == top1[L]).float().mean()]).tolist()
         exits.append(ExitPoint(threshold=t, mean_exit_layer=mean_e, saved_block_fraction=saved_b,
                                saved_flops_fraction=saved_f, agreement=agree_t))
-    return SettleResult(kind=kind or ("logit" if translator is None else "tuned"), n_positions=N, n_layers=L,
+    return SettleResult(kind=kind, n_positions=N, n_layers=L,
                         min_layer=m,
                         settle_layer=settle_layer, histogram=hist,
                         settled_fraction=(hist.cumsum(0).float() / N), top1_agreement=agree.float().mean(1),
