@@ -1,5 +1,6 @@
-"""README's commands run as written: every shown `$ vocablens ...` line parses with the options it
-names, and the quick ones print the numbers README shows."""
+"""README's and the documentation site's commands run as written: every shown `$ vocablens ...` line
+(README.md and every page under docs/) parses with the options it names, and the quick ones print the
+numbers the page shows."""
 
 import json
 import re
@@ -8,23 +9,43 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def readme_commands() -> list[list[str]]:
-    """The argv of every `$ vocablens ...` line in README's code blocks (trailing comments dropped)."""
+    """The argv of every `$ vocablens ...` line in the code blocks of README and the docs pages
+    (trailing comments dropped; a command shown on several pages once)."""
     cmds = []
-    for line in README.read_text(encoding="utf-8").splitlines():
-        m = re.match(r"^\$ vocablens (.*)$", line)
-        if m:
-            cmds.append(shlex.split(m.group(1), comments=True))
+    for page in PAGES:
+        for line in page.read_text(encoding="utf-8").splitlines():
+            m = re.match(r"^\$ vocablens (.*)$", line)
+            if m and shlex.split(m.group(1), comments=True) not in cmds:
+                cmds.append(shlex.split(m.group(1), comments=True))
     return cmds
+
+
+def shown_blocks(command: str) -> list[str]:
+    """The output under ``$ vocablens COMMAND`` up to the end of its code block, on every page that
+    shows it (at least one)."""
+    blocks = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        start = 0
+        while (i := text.find("$ vocablens " + command, start)) >= 0:
+            block = text[i:]
+            blocks.append(block[: block.index("```")])
+            start = i + 1
+    assert blocks, f"no page shows `vocablens {command}`"
+    return blocks
 
 
 def test_readme_shows_commands():
     cmds = readme_commands()
     assert len(cmds) >= 12
     assert ["report"] in cmds
+    assert "$ vocablens " in README.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("argv", readme_commands(), ids=lambda a: " ".join(a)[:60])
@@ -58,16 +79,18 @@ def test_readme_anatomy_numbers(capsys, monkeypatch):
     code = run_app(argv)
     r = capsys.readouterr()
     assert code == 0, r.err
-    text = README.read_text(encoding="utf-8")
-    block = text[text.index("$ vocablens anatomy"):]
-    block = block[: block.index("```")]
+    for block in shown_blocks("anatomy"):
+        _check_anatomy_block(block, r.out)
+
+
+def _check_anatomy_block(block: str, out: str) -> None:
     shown = re.findall(r"\d{1,3}(?:,\d{3})+", block)            # every integer with thousands separators
     assert len(shown) >= 8
     for number in shown:
-        assert number in r.out, number
+        assert number in out, number
     # the rows README shows are rows the command prints, with the same labels and cells
     label = re.compile(r"^│ (.+?) +│", re.M)
-    printed = {m.group(1): line for m, line in ((label.match(ln), ln) for ln in r.out.splitlines()) if m}
+    printed = {m.group(1): line for m, line in ((label.match(ln), ln) for ln in out.splitlines()) if m}
     rows = [ln for ln in block.splitlines() if ln.startswith("│")]
     assert len(rows) >= 8
     for row in rows:
@@ -77,11 +100,8 @@ def test_readme_anatomy_numbers(capsys, monkeypatch):
         assert cells == [c.strip() for c in printed[name].split("│")[2:-1]], name
 
 
-def _shown_lens_rows(command: str) -> dict[int, tuple[float, float, int, list[str]]]:
-    """README's table under ``$ vocablens lens ...``: layer -> (entropy, KL, rank of final, top tokens)."""
-    text = README.read_text(encoding="utf-8")
-    block = text[text.index("$ vocablens " + command):]
-    block = block[: block.index("```")]
+def _shown_lens_rows(block: str) -> dict[int, tuple[float, float, int, list[str]]]:
+    """A page's table under ``$ vocablens lens ...``: layer -> (entropy, KL, rank of final, top tokens)."""
     rows = {}
     for m in re.finditer(r"^│\s+(\d+) │ (.*?)│\s+([\d.]+) │\s+([\d.]+) │\s+(\d+) │$", block, re.M):
         rows[int(m.group(1))] = (float(m.group(3)), float(m.group(4)), int(m.group(5)),
@@ -96,11 +116,16 @@ def test_readme_lens_output_is_what_lens_prints(cli, command):
     entropy and KL to the last digit shown (within 0.002, or 1e-4 of the value: float32 sums differ
     in the last places between CPUs and thread counts; KL 106.839 on one install, 106.843 on another)."""
     argv = shlex.split(command)
-    rows = _shown_lens_rows(command)
-    assert sorted(rows) == [int(x) for x in argv[argv.index("--layers") + 1].split(",")]
     code, out, err = cli(*argv, "--json")
     assert code == 0, err
     got = {ly["layer"]: ly["positions"][0] for ly in json.loads(out)["layers"]}
+    for block in shown_blocks(command):
+        _check_lens_block(block, argv, got)
+
+
+def _check_lens_block(block: str, argv: list[str], got: dict) -> None:
+    rows = _shown_lens_rows(block)
+    assert sorted(rows) == [int(x) for x in argv[argv.index("--layers") + 1].split(",")]
     for layer, (entropy, kl, rank, tokens) in rows.items():
         assert got[layer]["top_tokens"] == tokens, layer
         assert got[layer]["final_top1_rank"] == rank, layer

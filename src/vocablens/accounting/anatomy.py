@@ -202,7 +202,8 @@ def logits_memory(vocab_size: int, batch: int = 1, context: int = DEFAULT_CONTEX
 
     Args:
         vocab_size: V.
-        batch, context: B >= 1 and T >= 1.
+        batch: B >= 1.
+        context: T >= 1.
         dtype: ``float32``/``fp32``, ``bfloat16``/``bf16``, ``float16``/``fp16``, ``float64``.
 
     Raises:
@@ -250,7 +251,8 @@ def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEF
     Args:
         borders: :class:`vocablens.models.Borders` of the model.
         name: label for tables (default: ``config.name_or_path`` or the family).
-        batch, context: B and T of the logits tensor; T is also the attention context for FLOPs.
+        batch: B of the logits tensor.
+        context: T of the logits tensor, also the attention context for FLOPs.
         logits_dtype: dtype of the logits tensor (``float32``, ``bfloat16`` ...).
         tokenizer_vocab_size: overrides ``borders.tokenizer_vocab_size`` when given.
         source: where the model came from, for the reader.
@@ -313,10 +315,15 @@ def anatomy_of(spec: str | os.PathLike, batch: int = 1, context: int = DEFAULT_C
     Args:
         spec: a catalogue hub id or alias (``Qwen/Qwen3-0.6B``, ``qwen3-0.6b``), ``smollm2``, a
             ``config.json`` path, a model directory, a ``.gguf`` file, or a hub id in the local cache.
-        batch, context, logits_dtype: as for :func:`anatomy`.
+        batch: as for :func:`anatomy`.
+        context: as for :func:`anatomy`.
+        logits_dtype: as for :func:`anatomy`.
 
     Raises:
-        ModelNotFound, CorruptModelFile, UnsupportedArchitecture, BadInput.
+        ModelNotFound: no such model.
+        CorruptModelFile: a damaged config or file.
+        UnsupportedArchitecture: a model vocablens cannot read.
+        BadInput: a bad option.
     """
     from vocablens.models.borders import Borders
 

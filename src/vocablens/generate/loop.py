@@ -142,8 +142,11 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
     Args:
         borders: the model's :class:`~vocablens.models.Borders`.
         input_ids: [T] or [1, T] int64 prompt ids.
-        temperature, top_k, top_p, min_p: see :func:`vocablens.ops.sample`; temperature 0 is greedy
-            (equal to transformers' ``generate(do_sample=False)`` token for token).
+        temperature: see :func:`vocablens.ops.sample`; 0 is greedy (equal to transformers'
+            ``generate(do_sample=False)`` token for token).
+        top_k: see :func:`vocablens.ops.sample`.
+        top_p: see :func:`vocablens.ops.sample`.
+        min_p: see :func:`vocablens.ops.sample`.
         seed: seeds the sampling generator (same seed, same tokens).
         stop_ids: ids that end generation once emitted (e.g. the tokenizer's EOS).
         top_n: alternatives recorded per token.

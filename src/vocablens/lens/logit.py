@@ -240,7 +240,10 @@ def logit_lens_batch(borders: Borders, prompts, positions="last", k: int = 5,
             1 = token, 0 = padding, left or right).
         positions: one spec (``"last"``, ``"all"``, ints; negative from each prompt's end) for every
             prompt, or a list of one spec per prompt.
-        k, translator, kind, layers: as :func:`logit_lens`.
+        k: as :func:`logit_lens`.
+        translator: as :func:`logit_lens`.
+        kind: as :func:`logit_lens`.
+        layers: as :func:`logit_lens`.
         batch_tokens: padded tokens per forward (the model's logits are [tokens, V] float32).
 
     Returns:
@@ -261,11 +264,12 @@ def lens_batches(borders: Borders, prompts, translators: Sequence[Translator | N
                  progress=None) -> list[list[LensResult]]:
     """Several lenses (e.g. logit and tuned) of a batch of prompts from the same forwards.
 
+    The arguments not listed below are those of :func:`logit_lens_batch`.
+
     Args:
         translators: one entry per lens: None (the logit lens) or a translator (tuned lens).
         kinds: each lens's ``kind`` (default and only value accepted: :func:`~vocablens.lens.kinds.lens_kind`).
         progress: called as ``progress(prompts done, prompts)`` after each forward.
-        The rest: as :func:`logit_lens_batch`.
 
     Returns:
         ``results[j][i]``: lens j on prompt i (:class:`LensResult`).

@@ -167,7 +167,8 @@ class Unembedding:
 
         Args:
             v: [d_model] or [M, d_model] directions (value vectors, neuron outputs, differences).
-            fold_norm_gain / scaled: as :meth:`readout`.
+            fold_norm_gain: as :meth:`readout`.
+            scaled: as :meth:`readout`.
             rows: a slice of rows (e.g. ``slice(0, real)``), vocabulary ids, or None (all V).
             block_rows: rows of W_U read (in float32) at a time.
 

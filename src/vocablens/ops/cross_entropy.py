@@ -146,18 +146,19 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
             target is ignored gives 0 for "mean" and "sum" (not NaN) and zero gradients.
         label_smoothing: in [0, 1]. z_loss: coefficient of lse², >= 0 (0 = off).
         softcap: final-logit softcap c or None; logit_scale: factor before the softcap.
-        chunk_bytes / chunk_tokens / chunk_vocab: None or ints >= 1, the size of one float32 tile of
-            logits [n, v] (bytes, default :func:`~vocablens.ops.chunking.default_chunk_bytes`; or
-            tokens and vocabulary columns).
+        chunk_bytes: None or an int >= 1, the size in bytes of one float32 tile of logits [n, v]
+            (default :func:`~vocablens.ops.chunking.default_chunk_bytes`).
+        chunk_tokens: None or an int >= 1, the tile's tokens n (instead of ``chunk_bytes``).
+        chunk_vocab: None or an int >= 1, the tile's vocabulary columns v.
 
     Returns:
         float32 scalar (mean/sum) or [...] float32 per-token losses (none), in nats.
 
     Raises:
-        ShapeMismatch: d, dtypes or target shape disagree. BadInput: empty input, reduction not in
-        (mean, sum, none), targets outside [0, V) other than ignore_index, ignore_index not an int,
-        label_smoothing outside [0, 1], z_loss negative, a chunk size not None or an int >= 1, bad
-        logit_scale / softcap.
+        ShapeMismatch: d, dtypes or target shape disagree.
+        BadInput: empty input, reduction not in (mean, sum, none), targets outside [0, V) other than
+            ignore_index, ignore_index not an int, label_smoothing outside [0, 1], z_loss negative, a
+            chunk size not None or an int >= 1, bad logit_scale / softcap.
 
     Memory: one [n, v] float32 tile (two with softcap), two floats per token, and the gradients;
     for bf16/fp16 inputs also a float32 [V, d] gradient accumulator and, on CPU, a float32 copy of

@@ -86,9 +86,9 @@ def embedding_lookup(W: torch.Tensor, ids: torch.Tensor, scale: float | None = N
         [..., d] tensor in W's dtype; differentiable with respect to W.
 
     Raises:
-        ShapeMismatch: W is not 2-D float, ids are not integers. BadInput: an id outside [0, V)
-        (never a silent wrong row), padding_idx not an int in [-V, V), unknown backward, scale not a
-        finite number, V = 0.
+        ShapeMismatch: W is not 2-D float, ids are not integers.
+        BadInput: an id outside [0, V) (never a silent wrong row), padding_idx not an int in [-V, V),
+            unknown backward, scale not a finite number, V = 0.
     """
     check_float("W", W)
     if W.dim() != 2:

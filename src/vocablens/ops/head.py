@@ -45,8 +45,9 @@ def lm_head_last(hidden: torch.Tensor, W_U: torch.Tensor, bias: torch.Tensor | N
         [B, V] float32 (one position per row) or [B, P, V] for a list of P shared positions.
 
     Raises:
-        ShapeMismatch: d / dtype / mask shape disagree. BadInput: empty sequence, position not an
-        integer or out of [-T, T), a row with no attended token, bad logit_scale / softcap.
+        ShapeMismatch: d / dtype / mask shape disagree.
+        BadInput: empty sequence, position not an integer or out of [-T, T), a row with no attended
+            token, bad logit_scale / softcap.
     """
     check_head(hidden, W_U, bias)
     logit_scale, softcap = check_head_transform(logit_scale, softcap)

@@ -195,8 +195,9 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
         :class:`KLReadout`, tensors [S, N] ([N] for a 2-D ``hidden``).
 
     Raises:
-        ShapeMismatch: shapes or dtypes disagree. BadInput: empty input, targets outside [0, V),
-        top_k / topk_cols out of range, rank without targets, a bad scale or softcap.
+        ShapeMismatch: shapes or dtypes disagree.
+        BadInput: empty input, targets outside [0, V), top_k / topk_cols out of range, rank without
+            targets, a bad scale or softcap.
     """
     H, two = _stacked(hidden, weight, bias, logit_scale, softcap)
     S, N, _ = H.shape
@@ -322,17 +323,21 @@ def linear_kl(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tenso
         reference: [N, V] reference logits, or None (then ``targets``).
         targets: [N] int token ids (cross-entropy mode).
         valid: [N] bool, tokens that count (None = all).
-        bias, logit_scale, softcap: the head's transform.
+        bias: the head's bias [V] or None.
+        logit_scale: the head's factor before the softcap.
+        softcap: the head's final-logit softcap or None.
         grad_scale: factor on the returned gradient (e.g. 1 / counted tokens).
         want_grad: False = loss only.
-        chunk_bytes / chunk_rows: as :func:`kl_readout`.
+        chunk_bytes: as :func:`kl_readout`.
+        chunk_rows: as :func:`kl_readout`.
 
     Returns:
         :class:`LinearKL`.
 
     Raises:
-        ShapeMismatch: shapes or dtypes disagree. BadInput: neither or both of reference and
-        targets, targets outside [0, V), empty input, a bad scale or softcap.
+        ShapeMismatch: shapes or dtypes disagree.
+        BadInput: neither or both of reference and targets, targets outside [0, V), empty input, a bad
+            scale or softcap.
     """
     H, two = _stacked(hidden, weight, bias, logit_scale, softcap)
     S, N, d = H.shape

@@ -176,10 +176,10 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
         below the max gives -100, four equal logits offset by 1e8 give -log 4.
 
     Raises:
-        ShapeMismatch: d or dtypes disagree, targets' shape differs. BadInput: empty input, targets
-        outside [0, V), topk_cols not an int in [1, V], top_k not an int in [0, topk_cols], entropy or
-        rank not a bool, rank without targets, a chunk size not None or an int >= 1, bad logit_scale /
-        softcap.
+        ShapeMismatch: d or dtypes disagree, targets' shape differs.
+        BadInput: empty input, targets outside [0, V), topk_cols not an int in [1, V], top_k not an
+            int in [0, topk_cols], entropy or rank not a bool, rank without targets, a chunk size not
+            None or an int >= 1, bad logit_scale / softcap.
 
     Default chunks: complete rows of min(N, 256) tokens when they fit 64 MiB (V = 49,152: 48 MiB),
     else :func:`~vocablens.ops.chunking.default_chunk_bytes`. A chunk of complete rows is read by one

@@ -303,9 +303,12 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
            num_samples: int = 1, window: int = TOP_P_WINDOW, method: str = "auto") -> torch.Tensor:
     """Draw token ids from the filtered distribution of :func:`probs_after_filters`.
 
-    Args: as :func:`probs_after_filters`, plus ``generator`` (a seeded ``torch.Generator`` makes the
-        draw reproducible; greedy draws no random numbers) and ``num_samples`` (independent draws per
-        row, with replacement).
+    The arguments not listed below are those of :func:`probs_after_filters`.
+
+    Args:
+        generator: a seeded ``torch.Generator`` makes the draw reproducible (greedy draws no random
+            numbers).
+        num_samples: independent draws per row, with replacement.
 
     Returns:
         int64 [B] (``num_samples=1``), [B, num_samples] otherwise; [] / [num_samples] for a [V] input.

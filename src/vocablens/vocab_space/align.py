@@ -98,7 +98,8 @@ def shared_vocabulary(tokenizer_a, tokenizer_b, real_a: int, real_b: int, min_sh
     """Pair the rows of two vocabularies by token string (``get_vocab()``), real rows only.
 
     Args:
-        real_a, real_b: rows of each matrix that are real tokens (rows at or beyond are padding).
+        real_a: rows of A's matrix that are real tokens (rows at or beyond are padding).
+        real_b: the same for B.
         min_shared: fewest tokens in common that make the readouts comparable (:func:`align_models`
             asks for more than the wider model's d, so that its readout has full rank).
 
@@ -242,10 +243,13 @@ def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ff
     """Match the FFN neurons (or attention heads) of model A to those of model B through the vocabulary.
 
     Args:
-        borders_a, borders_b: :class:`~vocablens.models.Borders` of the two models (dense blocks).
-        tokenizer_a, tokenizer_b: their tokenizers (the shared vocabulary is found by token string).
+        borders_a: :class:`~vocablens.models.Borders` of model A (dense blocks).
+        tokenizer_a: A's tokenizer (the shared vocabulary is found by token string).
+        borders_b: the same for model B.
+        tokenizer_b: B's tokenizer.
         what: ``"ffn"`` (value vectors, rows of W_out [d_ff, d]) or ``"heads"`` (OV circuits).
-        blocks_a, blocks_b: block indices to compare (default: all).
+        blocks_a: block indices of A to compare (default: all).
+        blocks_b: the same for B.
         fold_norm_gain: read through the final norm's gain (Geva et al. 2022, §2).
         progress: ``progress(stage, done, total)``: stage ``readout Grams`` (rows read, two passes
             over the S shared tokens: 2 S; ``embedding Grams`` too for heads), then ``blocks`` after

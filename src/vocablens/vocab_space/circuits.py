@@ -65,7 +65,8 @@ def head_circuit(borders: Borders, block: int, head: int, circuit: str = "ov", k
     so sources are streamed in chunks of ``[c, d_head] @ [d_head, V]``; cost 2·n_sources·V·d_head FLOPs.
 
     Args:
-        block, head: block 0..L-1 and query head 0..H-1.
+        block: block 0..L-1.
+        head: query head 0..H-1.
         circuit: ``ov`` or ``qk``.
         k: pairs kept.
         max_sources: scan only the first n source token ids (default: the whole real vocabulary).

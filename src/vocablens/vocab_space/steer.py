@@ -162,7 +162,8 @@ def steer(borders, promote: Sequence[int] = (), suppress: Sequence[int] = (), to
 
     Args:
         borders: a :class:`~vocablens.models.Borders` (dense blocks).
-        promote, suppress: token ids of the two sets (either may be empty, not both).
+        promote: token ids to promote (may be empty if ``suppress`` is not).
+        suppress: token ids to suppress (may be empty if ``promote`` is not).
         top_n: vectors chosen per set (>= 1).
         scale: factor on a chosen vector's activation (> 0; "ablate" uses 0 for the suppress set).
         blocks: only vectors of these blocks (default: all).

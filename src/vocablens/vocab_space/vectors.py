@@ -83,7 +83,8 @@ def project_vectors(borders: Borders, blocks: Sequence[int], neurons: Sequence[i
 
     Args:
         borders: the model's borders.
-        blocks, neurons: equal-length sequences; vector j is neuron ``neurons[j]`` of block ``blocks[j]``.
+        blocks: a sequence as long as ``neurons``; vector j is neuron ``neurons[j]`` of block ``blocks[j]``.
+        neurons: neuron indices, one per entry of ``blocks``.
         k: tokens kept at each end (1..V).
         kind: ``value``: row i of ``W_out`` [d_ff, d] read as ``R v`` with R the readout
             (:func:`~vocablens.vocab_space.readout.readout`); ``key``: row i of the gate (gated MLPs) or

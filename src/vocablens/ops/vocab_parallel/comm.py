@@ -24,7 +24,7 @@ def shard_range(V: int, world_size: int, rank: int) -> tuple[int, int]:
 
     Raises:
         BadInput: an argument that is not an int, world_size < 1, rank outside [0, world_size),
-        V < 1, or world_size > V (a rank would hold no row).
+            V < 1, or world_size > V (a rank would hold no row).
     """
     V, world_size, rank = check_int("V", V), check_int("world_size", world_size), check_int("rank", rank)
     if world_size < 1 or not 0 <= rank < world_size:

@@ -58,8 +58,9 @@ def vocab_parallel_embedding(ids: torch.Tensor, W_shard: torch.Tensor, vocab_sta
         (all-reduce forward, identity backward).
 
     Raises:
-        ShapeMismatch: non-integer ids, W_shard not 2-D float. BadInput: ids outside [0, V) (checked on
-        the global V, so an id no rank holds is an error, not a zero row), shard outside [0, V).
+        ShapeMismatch: non-integer ids, W_shard not 2-D float.
+        BadInput: ids outside [0, V) (checked on the global V, so an id no rank holds is an error, not
+            a zero row), shard outside [0, V).
     """
     check_float("W_shard", W_shard)
     if W_shard.dim() != 2:

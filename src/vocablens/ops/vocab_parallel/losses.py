@@ -141,8 +141,9 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tens
         on the owner rank).
 
     Raises:
-        ShapeMismatch: shapes disagree. BadInput: targets outside [0, V), reduction not in (mean,
-        sum, none), label_smoothing outside [0, 1], ignore_index not an int, shard outside [0, V).
+        ShapeMismatch: shapes disagree.
+        BadInput: targets outside [0, V), reduction not in (mean, sum, none), label_smoothing outside
+            [0, 1], ignore_index not an int, shard outside [0, V).
     """
     check_float("local_logits", local_logits)
     if local_logits.dim() != 2:

@@ -71,7 +71,7 @@ class VocabParallelLMHead(nn.Module):
 
     Raises:
         BadInput: world size > V, V or d not a positive int, bias not a bool, dtype not a float
-        dtype, bad logit_scale / softcap.
+            dtype, bad logit_scale / softcap.
     """
 
     def __init__(self, in_features: int, num_embeddings: int, bias: bool = False, group=None, *,
