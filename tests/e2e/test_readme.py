@@ -131,3 +131,26 @@ def _check_lens_block(block: str, argv: list[str], got: dict) -> None:
         assert got[layer]["final_top1_rank"] == rank, layer
         for key, shown in (("entropy", entropy), ("kl_to_final", kl)):
             assert got[layer][key] == pytest.approx(shown, abs=0.002, rel=1e-4), (layer, key)
+
+
+def test_readme_is_an_entry_page():
+    """README stays short (at most 200 lines) and keeps measurements where they belong: no load
+    averages, no internal issue numbers (docs/performance.md carries the figures with their loads)."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200
+    assert not re.search(r"load average|\bissue \d+|\bissues? #\d+", text, re.I)
+
+
+def test_readme_links_resolve():
+    """Every relative link of README names a file in the repository (and a heading, when it has an
+    anchor: the slug GitHub and mkdocs both give a plain-words heading)."""
+    text = README.read_text(encoding="utf-8")
+    links = re.findall(r"\]\(((?!https?:)[^)#]+)(#[^)]*)?\)", text)
+    assert len(links) >= 10
+    for path, anchor in links:
+        target = ROOT / path
+        assert target.is_file(), path
+        if anchor:
+            slugs = {re.sub(r"[^a-z0-9 -]", "", h.lower()).strip().replace(" ", "-")
+                     for h in re.findall(r"^#+ (.*)$", target.read_text(encoding="utf-8"), re.M)}
+            assert anchor[1:] in slugs, (path, anchor)

@@ -81,20 +81,24 @@ def test_token_str_readable(smollm2):
     assert token_str(tok, sp[0]) == " king"
 
 
-def _readme_python_example() -> str:
+def _python_example(page: str) -> str:
+    """The first ``python`` code block of README's "From Python" section (or of a docs page)."""
     from pathlib import Path
 
-    text = (Path(__file__).parents[2] / "README.md").read_text()
-    section = text[text.index("## Python API"):]
-    return section[section.index("```python") + len("```python"):section.index("```\n", section.index("```python") + 9)]
+    text = (Path(__file__).parents[2] / page).read_text(encoding="utf-8")
+    if page == "README.md":
+        text = text[text.index("## From Python"):]
+    start = text.index("```python") + len("```python")
+    return text[start:text.index("```\n", start)]
 
 
-def test_readme_python_example_runs(smollm2, monkeypatch, capsys):
-    """README's Python API example runs as written and prints what the model predicts."""
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_readme_python_example_runs(smollm2, monkeypatch, capsys, page):
+    """README's Python example (and Getting started's) runs as written and prints what the model predicts."""
     import vocablens
 
     monkeypatch.setattr(vocablens, "load", lambda spec="smollm2", **kw: smollm2)
-    exec(compile(_readme_python_example(), "README.md", "exec"), {})
+    exec(compile(_python_example(page), page, "exec"), {})
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("' Paris']")
     assert "queen" in lines[1]
