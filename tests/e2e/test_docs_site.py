@@ -91,3 +91,10 @@ def test_fence_doctests_leaves_fenced_code_alone():
     md = "text\n\n>>> 1 + 1\n2\n\n```\n>>> not an example\n```\n>>> x = 1\n"
     assert mod.fence_doctests(md) == ("text\n\n```pycon\n>>> 1 + 1\n2\n```\n\n```\n>>> not an example\n```\n"
                                       "```pycon\n>>> x = 1\n```\n")
+
+
+def test_api_pages_show_sphinx_roles_as_code(site):
+    """``:func:`~a.b.c``` in a docstring shows as ``c`` in code, not as the role's name."""
+    html = "".join(p.read_text(encoding="utf-8") for p in (site[0] / "api").rglob("index.html"))
+    assert not re.search(r":(func|class|mod|meth|attr|data):<code>", html)
+    assert "<code>Borders</code>" in html
