@@ -2,6 +2,7 @@
 
 A corpus is a list of :class:`Document`. Sources:
 
+- ``-``: one text read from standard input;
 - a path: a ``.txt``/``.md``/``.rst`` file, a ``.jsonl`` file (one JSON object per line with a
   ``text`` field, or a JSON string per line), an ``.html``/``.htm`` file (converted to text with
   BeautifulSoup), or a directory holding any of these (recursively, sorted);
@@ -33,6 +34,7 @@ from typing import Iterable
 import torch
 
 from vocablens.errors import BadInput
+from vocablens.files import STDIN, read_text
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
 HTML_SUFFIXES = (".html", ".htm", ".xhtml")
@@ -107,10 +109,7 @@ def _read_file(p: Path, name: str | None = None) -> list[Document]:
     i-th line of a JSONL file."""
     suf = p.suffix.lower()
     name = p.name if name is None else name
-    try:
-        raw = p.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise BadInput(f"cannot read {p}: {exc.strerror or exc}") from None
+    raw = read_text(p)
     if suf in HTML_SUFFIXES:
         return [Document(name, html_to_text(raw))]
     if suf in JSONL_SUFFIXES:
@@ -139,7 +138,7 @@ def _named(name: str, max_docs: int | None) -> list[Document]:
         return [Document(f"pydoc:{k}", topics[k]) for k in sorted(topics)][:max_docs]
     if name == "cpython-stdlib":
         files = sorted(_stdlib_dir().glob("*.py"))[: max_docs or None]
-        return [Document(f"stdlib/{f.name}", f.read_text(encoding="utf-8", errors="replace")) for f in files]
+        return [Document(f"stdlib/{f.name}", read_text(f)) for f in files]
     root = Path(info["path"])
     if not root.is_dir():
         raise BadInput(f"corpus {name!r} is not installed; install it with: {info['install']}")
@@ -157,20 +156,24 @@ def load_documents(spec: str | Path, max_docs: int | None = None) -> list[Docume
     """Read a corpus: a named corpus, a file, or a directory (recursively).
 
     Args:
-        spec: a key of :data:`NAMED_CORPORA` or a path.
+        spec: a key of :data:`NAMED_CORPORA`, a path, or ``-`` (standard input). Files are read by
+            :func:`vocablens.files.read_text` (a byte-order mark skipped or decoded, undecodable
+            bytes refused).
         max_docs: keep at most this many documents (in sorted order).
 
     Returns:
         Non-empty documents, in a deterministic order.
 
     Raises:
-        BadInput: the path does not exist, a named corpus is not installed (with the command that
+        BadInput: the path does not exist, a file does not decode (name and byte offset), a named corpus is not installed (with the command that
             installs it), the corpus holds no text, or ``max_docs`` is negative.
     """
     if max_docs is not None and max_docs < 0:
         raise BadInput(f"the number of documents to read must be >= 0 (0 = all); got {max_docs}")
     if str(spec) in NAMED_CORPORA:
         docs = _named(str(spec), max_docs)
+    elif str(spec) == STDIN:  # one text from standard input
+        docs = [Document("stdin", read_text(STDIN, "--corpus"))]
     else:
         p = Path(spec).expanduser()
         if not p.exists():

@@ -1,10 +1,17 @@
-"""Layer 0: the one place vocablens writes files — a temporary path in the destination's directory,
+"""Layer 0: the one place vocablens writes files, and the one reader of the text files a user gives.
+
+Writing: a temporary path in the destination's directory, — a temporary path in the destination's directory,
 the usual permissions, then a rename, so a destination holds either its complete old content or the
 complete new one (never a partial file), and a failure leaves nothing behind.
 
 Every writer (the HTML report, figures, JSON, tuned-lens files, checkpoints, edited model
 directories, the GGUF cache) goes through :func:`atomic_path` / :func:`atomic_write` /
 :func:`atomic_dir`.
+
+Reading: every text file a user hands vocablens (``--file``, ``--corpus``, ``--add-file``, anomaly
+inputs ...) goes through :func:`read_text`: a UTF-8 byte-order mark is skipped, UTF-16/UTF-32 are
+decoded by their byte-order mark, undecodable bytes are refused with the file's name and the byte
+offset (never replaced), and ``-`` is standard input.
 """
 
 from __future__ import annotations
@@ -13,12 +20,80 @@ import contextlib
 import errno
 import os
 import re
+import codecs
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from vocablens.errors import VocabLensError, WriteFailed
+from vocablens.errors import BadInput, VocabLensError, WriteFailed
+
+#: byte-order marks, longest first (the UTF-32-LE mark begins with the UTF-16-LE one)
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"),
+         (codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
+
+#: the name :func:`read_text` gives standard input in its messages
+STDIN = "-"
+
+
+def decode_text(data: bytes, name: str) -> str:
+    """Decode a user's text file: by its byte-order mark (UTF-8, UTF-16 LE/BE, UTF-32 LE/BE; the mark
+    is dropped), else as UTF-8. Nothing is replaced.
+
+    Args:
+        data: the file's bytes.
+        name: how messages name the file (the path the user gave, or ``standard input``).
+
+    Raises:
+        BadInput: bytes that do not decode (``NAME: cannot read it as text: byte 0xff at byte
+            offset 12 is not UTF-8 ...``),
+            with the offset counted in bytes from the start of the file, mark included.
+    """
+    bom, enc = b"", "utf-8"
+    for mark, codec in _BOMS:
+        if data.startswith(mark):
+            bom, enc = mark, codec
+            break
+    try:
+        return data[len(bom):].decode(enc)
+    except UnicodeDecodeError as exc:
+        off = len(bom) + exc.start
+        label = "UTF-8" if enc == "utf-8" else enc.upper().replace("-LE", " LE").replace("-BE", " BE")
+        raise BadInput(f"{name}: cannot read it as text: byte 0x{data[off]:02x} at byte offset {off:,} is not "
+                       f"{label} (save the file as UTF-8, or as UTF-16/UTF-32 with a byte-order mark)") from None
+
+
+def read_text(path: str | os.PathLike, what: str = "") -> str:
+    """The text of a file a user gives (see :func:`decode_text`); ``-`` reads standard input.
+
+    Args:
+        path: the file, or ``"-"`` for standard input.
+        what: the option that named it (``--file``), put before the name in messages.
+
+    Returns:
+        The decoded text (str), line endings as in the file.
+
+    Raises:
+        BadInput: no such file, a directory, unreadable, or undecodable bytes (name and byte offset).
+    """
+    pre = f"{what} " if what else ""
+    if str(path) == STDIN:
+        name = f"{pre}- (standard input)"
+        stream = getattr(sys.stdin, "buffer", None)
+        data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8")
+        return decode_text(data, name)
+    name = f"{pre}{path}"
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise BadInput(f"{name}: cannot read it: it is a directory, not a text file")
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise BadInput(f"{name}: no such file") from None
+    except OSError as exc:
+        raise BadInput(f"{name}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    return decode_text(data, name)
 
 
 def _umask() -> int:
@@ -151,4 +226,5 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         raise _explain(oe, path) from None
 
 
-__all__ = ["WriteFailed", "atomic_dir", "atomic_path", "atomic_write", "publish_mode"]
+__all__ = ["STDIN", "WriteFailed", "atomic_dir", "atomic_path", "atomic_write", "decode_text", "publish_mode",
+           "read_text"]

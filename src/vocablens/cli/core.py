@@ -114,20 +114,15 @@ def lens_show(
 
 
 def _read_prompts(path: str) -> list[str]:
-    """The non-blank lines of ``path`` (UTF-8), ``\\n`` read as a newline.
+    """The non-blank lines of ``path`` (:func:`vocablens.files.read_text`; ``-`` = standard input),
+    ``\\n`` read as a newline.
 
     Raises:
         BadInput: no such file, unreadable or not UTF-8, no prompt in it.
     """
-    from pathlib import Path
+    from vocablens.files import read_text
 
-    p = Path(path)
-    if not p.is_file():
-        raise BadInput(f"--file: no such file: {path}")
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInput(f"--file: cannot read {path}: {e}") from None
+    lines = read_text(path, "--file").splitlines()
     texts = [line.replace("\\n", "\n") for line in lines if line.strip()]
     if not texts:
         raise BadInput(f"--file: {path} holds no prompts (one per line)")

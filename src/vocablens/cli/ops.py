@@ -16,7 +16,7 @@ from vocablens.errors import BadInput
 @app.command("score")
 def score(
     text: Annotated[Optional[str], typer.Argument(help="Text to score (or use --file).")] = None,
-    file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the text from this UTF-8 file.")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the text from this file (UTF-8, or UTF-16/32 with a byte-order mark; - = standard input).")] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", help="Alternatives per position (0 = none).")] = 3,
     special_text: Annotated[str, typer.Option("--special-text", help="parse: special-token strings in the text "
                                               "(<|im_end|>) become those tokens (a note says so); plain: "
@@ -39,12 +39,9 @@ def score(
     if (text is None) == (file is None):
         raise BadInput("give either TEXT or --file F (exactly one)")
     if file is not None:
-        try:
-            text = file.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise BadInput(f"--file {file}: no such file") from None
-        except (UnicodeDecodeError, IsADirectoryError, PermissionError) as exc:
-            raise BadInput(f"--file {file}: cannot read it as UTF-8 text ({type(exc).__name__})") from None
+        from vocablens.files import read_text
+
+        text = read_text(file, "--file")
     if top_k < 0:
         raise BadInput(f"--top-k must be >= 0; got {top_k}")
     if not text or not text.strip():

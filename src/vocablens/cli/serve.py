@@ -17,12 +17,14 @@ def _read_json(path: str, flag: str, command: str) -> dict:
     import json
     from pathlib import Path
 
+    from vocablens.files import STDIN, read_text
+
     p = Path(path)
-    if not p.is_file():
+    if path != STDIN and not p.exists():
         raise BadInput(f"{flag} {path}: no such file (save one with `{command} > {p.name}`)")
     try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        d = json.loads(read_text(path, flag))
+    except json.JSONDecodeError as e:
         raise BadInput(f"{flag} {path}: not JSON ({e.__class__.__name__})") from None
     if not isinstance(d, dict):
         raise BadInput(f"{flag} {path}: not the JSON of `{command}`")

@@ -16,13 +16,9 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Replace --out if it exi
 
 
 def _read_lines(path: str) -> list[str]:
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise BadInput(f"no such file: {p}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"cannot read {p}: {exc}") from None
+    from vocablens.files import read_text
+
+    text = read_text(path)
     return [ln[:-1] if ln.endswith("\r") else ln for ln in text.split("\n") if ln.strip()]
 
 

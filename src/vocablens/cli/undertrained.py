@@ -15,12 +15,14 @@ from vocablens.errors import BadInput
 
 
 def _read_scan(path: str) -> dict:
+    from vocablens.files import STDIN, read_text
+
     p = Path(path)
-    if not p.is_file():
+    if path != STDIN and not p.exists():
         raise BadInput(f"--argmax {path}: no such file (save one with `vocablens argmax --json > {p.name}`)")
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return json.loads(read_text(path, "--argmax"))
+    except json.JSONDecodeError as e:
         raise BadInput(f"--argmax {path}: not JSON ({e.__class__.__name__})") from None
 
 

@@ -116,6 +116,9 @@ def read_inputs(path) -> tuple[list[str], torch.Tensor | None]:
       1 anomalous); labels count only when every line has one.
     * any other text file: one input per non-empty line (write a newline inside an input as ``\\n``).
     * a directory: every ``.jsonl`` and ``.txt`` file in it, sorted by name.
+    * ``-``: standard input, one input per non-empty line.
+
+    Files are read by :func:`vocablens.files.read_text` (a byte-order mark skipped or decoded).
 
     Returns:
         ``(texts, labels [N] int64 or None)``.
@@ -126,8 +129,12 @@ def read_inputs(path) -> tuple[list[str], torch.Tensor | None]:
     import json
     from pathlib import Path
 
+    from vocablens.files import STDIN, read_text
+
     p = Path(path)
-    if p.is_dir():
+    if str(path) == STDIN:
+        files = [p]
+    elif p.is_dir():
         files = sorted(f for f in p.iterdir() if f.suffix in (".jsonl", ".txt") and f.is_file())
     elif p.is_file():
         files = [p]
@@ -136,10 +143,7 @@ def read_inputs(path) -> tuple[list[str], torch.Tensor | None]:
     texts: list[str] = []
     labels: list[int | None] = []
     for f in files:
-        try:
-            lines = f.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise BadInput(f"cannot read {f}: {e}") from None
+        lines = read_text(f).splitlines()
         for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
