@@ -4,9 +4,10 @@ The main entry points, importable from the package root (each is loaded on first
 ``import vocablens`` stays fast)::
 
     import vocablens
-    model, tok, borders, prov = vocablens.load("smollm2")
-    ids = tok("The capital of France is", return_tensors="pt").input_ids
-    lens = vocablens.logit_lens(borders, ids, k=3)          # every layer, last position
+    m = vocablens.load("smollm2")                       # a vocablens.Model
+    m.lens(["The capital of France is", "2 + 2 ="], kind="both").figure()
+    m.score("The cat sat on the mat.").to_json()        # = `vocablens score ... --json`
+    model, tok, borders, prov = m                       # the four parts, for the functions below
 
 Library code inside the package imports from the topic modules (``vocablens.lens``,
 ``vocablens.ops`` ...), never from this root (layer rule: only the CLI and users stand above it).
@@ -26,7 +27,8 @@ from vocablens.version import __version__
 #: public name -> the module that defines it
 _ENTRY_POINTS: dict[str, str] = {
     # models: loading and the two borders
-    "load": "vocablens.models.loading",
+    "load": "vocablens.handle",
+    "Model": "vocablens.handle",
     "LoadedModel": "vocablens.models.loading",
     "Borders": "vocablens.models.borders",
     "Provenance": "vocablens.models.provenance",

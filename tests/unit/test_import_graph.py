@@ -12,6 +12,8 @@ Layers (DESIGN.md; imports point down or stay in their layer):
  6    the package facade ``vocablens`` (``__init__``: lazy names only) and ``vocablens.__main__``
  5    ``cli``
  4.5  ``serve`` (the explorer's server): it calls analyses and render's JSON builders
+ 4.25 ``handle``: ``vocablens.Model``, text -> ids and the workflows; imports analyses, render
+      and report, never cli or serve (which call it)
  4    ``render``
  3.5  ``report``, the report's runner (its plan, its sections under a budget): it calls analyses,
       never render; render formats its result and never imports it
@@ -35,7 +37,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "vocablens"
 
 LAYER_0 = {"errors", "units", "logit_transform", "files", "version", "corpus"}
-NAMED = {"models": 1, "ops": 2, "render": 4, "report": 3.5, "serve": 4.5, "cli": 5, "__main__": 6}
+NAMED = {"models": 1, "ops": 2, "render": 4, "report": 3.5, "handle": 4.25, "serve": 4.5, "cli": 5, "__main__": 6}
 
 
 def modules(root: Path = SRC) -> dict[str, tuple[Path, bool]]:

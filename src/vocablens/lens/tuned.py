@@ -184,7 +184,7 @@ class TunedLens(nn.Module):
 
         Args:
             path: a directory holding ``lens.safetensors`` + ``config.json`` (or ``params.pt`` +
-                ``config.json``).
+                ``config.json``), or the name of a model a lens is shipped for (``"smollm2"``).
             borders: when given, the lens is checked against this model and moved to its device.
 
         Raises:
@@ -193,6 +193,8 @@ class TunedLens(nn.Module):
             CheckpointMismatch: the lens belongs to another model.
         """
         path = Path(path)
+        if not path.exists() and shipped_lens_path(str(path)) is not None:  # a model's name: its shipped lens
+            path = shipped_lens_path(str(path))
         if path.is_file():
             path = path.parent
         if not (path / LENS_FILE).exists() and (path / "params.pt").exists():

@@ -23,6 +23,102 @@ class LoadedModel:
     def __iter__(self):
         return iter((self.model, self.tokenizer, self.borders, self.provenance))
 
+    # ------------------------------------------------------------------ text -> ids (the one place)
+    def encode(self, text: str, *, chat: bool = False, prefix: str = "", special_text: str = "parse"):
+        """One prompt -> input ids [1, T] int64: THE rule every surface encodes user text by
+        (:func:`~vocablens.models.tokens.encode_prompt`: BOS as the tokenizer adds it and never doubled,
+        special-token strings parsed or ``plain``, the chat template as a user turn with ``chat``,
+        ``prefix`` continuing the prompt or the assistant turn), refused past the model's context.
+
+        Raises:
+            BadInput: empty text, text a tokenizer cannot take, ``chat`` without a chat template.
+            PromptTooLong: more tokens than the model's context.
+        """
+        from vocablens.models.tokens import context_length, encode_prompt
+
+        return encode_prompt(self.tokenizer, text, context_length(self.model.config), chat=chat, prefix=prefix,
+                             special_text=special_text)
+
+    def encode_batch(self, texts, *, chat: bool = False, prefix: str = "", special_text: str = "parse"):
+        """Several prompts -> ``(input_ids [B, T] int64, attention_mask [B, T] int64)``, right-padded
+        (padding id: the tokenizer's pad, else EOS, else 0; mask 1 = token, 0 = padding), each prompt
+        encoded as :meth:`encode` encodes it.
+
+        Raises:
+            BadInput: no prompts, or as :meth:`encode` (the message names the prompt).
+        """
+        import torch
+
+        from vocablens.errors import BadInput
+
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            raise BadInput("no prompts: give at least one text")
+        seqs = []
+        for i, t in enumerate(texts):
+            try:
+                seqs.append(self.encode(t, chat=chat, prefix=prefix, special_text=special_text)[0])
+            except BadInput as exc:
+                raise type(exc)(str(exc) if len(texts) == 1 else f"prompt {i + 1}: {exc}") from None
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        pad = pad if pad is not None else (getattr(self.tokenizer, "eos_token_id", None) or 0)
+        T = max(int(x.numel()) for x in seqs)
+        ids = torch.full((len(seqs), T), int(pad), dtype=torch.int64)
+        mask = torch.zeros((len(seqs), T), dtype=torch.int64)
+        for i, x in enumerate(seqs):
+            ids[i, : x.numel()] = x
+            mask[i, : x.numel()] = 1
+        return ids, mask
+
+    def encode_raw(self, text: str, max_tokens: int | None = None):
+        """Text as the tokenizer encodes it by default (its special tokens added, special-token strings
+        parsed), cut to the first ``max_tokens`` tokens: ids [T] int64. For held-out and probe texts
+        that are read in part, not refused when long.
+
+        Raises:
+            BadInput: text a tokenizer cannot take.
+        """
+        import torch
+
+        from vocablens.models.tokens import check_text
+
+        check_text(text)
+        ids = torch.tensor(self.tokenizer(text).input_ids, dtype=torch.int64)
+        return ids if max_tokens is None else ids[:max_tokens]
+
+    def token_ids(self, text: str, use_mean: bool = False) -> tuple[list[int], str | None]:
+        """A token string (``" king"``) -> ``(ids, note)``: ``[id]`` when it is one token, else all its
+        tokens and a note saying which are used (:func:`~vocablens.models.tokens.single_token_id`).
+
+        Raises:
+            TokenNotInVocabulary: it encodes to no token, or to ids beyond the matrix rows.
+        """
+        from vocablens.models.tokens import single_token_id
+
+        return single_token_id(self.tokenizer, text, self.borders.vocab_size, use_mean=use_mean)
+
+    def pieces(self, text: str) -> list[int]:
+        """The token ids of ``text`` without BOS or other special tokens added ([] when it has none)."""
+        from vocablens.models.tokens import check_text
+
+        check_text(text)
+        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def tokens(self, ids) -> list[str]:
+        """Token ids (ints, a list or a tensor) -> their display strings
+        (:func:`~vocablens.models.tokens.token_str`)."""
+        from vocablens.models.tokens import token_str
+
+        flat = ids.reshape(-1).tolist() if hasattr(ids, "reshape") else list(ids)
+        return [token_str(self.tokenizer, int(i)) for i in flat]
+
+    def n_bytes(self, ids) -> int:
+        """UTF-8 bytes of the tokens ``ids`` (special tokens with their text): what bits per byte divide by."""
+        from vocablens.models.tokens import token_bytes
+
+        flat = ids.reshape(-1).tolist() if hasattr(ids, "reshape") else list(ids)
+        return sum(len(token_bytes(self.tokenizer, int(i)) or b"") for i in flat)
+
     def without_tokenizer(self) -> "LoadedModel":
         """This model with its tokenizer swapped for a :class:`~vocablens.models.token_table.TokenTable`
         of its token strings (~0.6 MiB for SmolLM2's 49,152 tokens; the tokenizer holds ~14 MiB).

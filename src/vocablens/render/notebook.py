@@ -25,7 +25,7 @@ from typing import Any, Callable
 #: the tokenizer tokens are shown with (the last :func:`vocablens.load`, or :func:`register`'s)
 _state: dict[str, Any] = {"tokenizer": None}
 
-_PRE = ("<pre style=\"font-family:Menlo,'DejaVu Sans Mono',consolas,'Courier New',monospace;"
+PRE = ("<pre style=\"font-family:Menlo,'DejaVu Sans Mono',consolas,'Courier New',monospace;"
         "font-size:12px;line-height:1.3;white-space:pre;overflow-x:auto\">{code}</pre>")
 WIDTH = 120  # characters of the rendered tables
 
@@ -172,7 +172,7 @@ def _builder(result) -> Callable[[Any, Any], list]:
     raise TypeError(f"vocablens has no display for {type(result).__name__}")
 
 
-def _console(width: int = WIDTH):
+def recording_console(width: int = WIDTH):
     """A recording console that prints nothing: strings are literal (tokens with brackets stay text)."""
     from rich.console import Console
 
@@ -181,7 +181,7 @@ def _console(width: int = WIDTH):
 
 
 def _record(result, tokenizer):
-    console = _console()
+    console = recording_console()
     for part in _builder(result)(result, _tok(tokenizer)):
         console.print(part)
     return console
@@ -199,7 +199,7 @@ def to_html(result, tokenizer=None) -> str:
     Raises:
         TypeError: not a result vocablens can display.
     """
-    return _record(result, tokenizer).export_html(inline_styles=True, code_format=_PRE)
+    return _record(result, tokenizer).export_html(inline_styles=True, code_format=PRE)
 
 
 def to_text(result, tokenizer=None) -> str:
@@ -235,4 +235,4 @@ def register(tokenizer=None, shell=None) -> bool:
     return True
 
 
-__all__ = ["BUILDERS", "WIDTH", "register", "to_html", "to_text", "use_tokenizer"]
+__all__ = ["BUILDERS", "PRE", "WIDTH", "recording_console", "register", "to_html", "to_text", "use_tokenizer"]

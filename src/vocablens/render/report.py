@@ -115,6 +115,21 @@ def report_sections(run, lm, model: str) -> list[Section]:
     return out
 
 
+def write_page(run, lm, model: str, out_path, budget_s: float) -> list[Section]:
+    """Build the report's page for ``run`` on ``lm`` (loaded from ``model``) and write it to
+    ``out_path`` atomically; returns its sections (:func:`report_sections`)."""
+    sections = report_sections(run, lm, model)
+    prov = lm.provenance
+    html = render_report(
+        f"vocablens report — {prov.name}",
+        [f"Weights: {prov.describe()}", f"Prompt: {run.prompt!r}",
+         f"Made {stamp()} by vocablens; analyses within a {budget_s:.0f} s budget"],
+        sections, banner=cut_short_html(run),
+    )
+    write_atomic(out_path, html)
+    return sections
+
+
 def report_to_dict(run, lm, out_path, sections: list[Section], timings: dict[str, float]) -> dict:
     """The dict ``report --json`` prints: the output path, the model's provenance and borders, each
     section's result as its own command's ``--json`` builds it (null when the section did not run),

@@ -1,0 +1,37 @@
+"""The handle (layer 4½ of DESIGN.md): :class:`Model` and :func:`load`, text in, results out.
+
+``import vocablens; m = vocablens.load("smollm2")`` gives a :class:`Model`; its methods are the
+workflows (``m.lens``, ``m.score``, ``m.expand`` ...), and what they return shows itself
+(:mod:`vocablens.handle.results`). The CLI, the report and the explorer are its clients; it imports
+analyses, ``render`` and ``models``, never them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from vocablens.handle.model import Model
+from vocablens.handle.results import Result
+
+
+def load(spec: str | os.PathLike | None = "smollm2", dtype=None, device: str = "cpu",
+         trust_remote_code: bool = False, max_memory: str | int | None = None) -> Model:
+    """Load a causal LM as a :class:`Model` (:func:`vocablens.models.load`; the arguments are its).
+
+    ``m = vocablens.load("smollm2")``; it still unpacks as ``model, tokenizer, borders, provenance``.
+    Transformers' progress bars and logging are silenced for the duration of the load only (the
+    previous settings are put back), so a notebook shows no bars and no IProgress warning.
+
+    Raises:
+        ModelNotFound, CorruptModelFile, UnsupportedArchitecture: as :func:`vocablens.models.load`.
+    """
+    from vocablens import models
+    from vocablens.handle.quiet import quiet_loading
+
+    with quiet_loading():
+        lm = models.load(spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
+                         max_memory=max_memory)
+    return Model.of(lm, spec=str(spec) if spec is not None else "smollm2")
+
+
+__all__ = ["Model", "Result", "load"]

@@ -1,0 +1,303 @@
+"""The lens workflows of :class:`vocablens.Model`: ``lens``, the translators it reads through
+(``tuned_lens``, ``load_lens``, ``add_lens``, ``train_lens``), ``settle``, ``steer`` and ``report``.
+
+A lens ``kind`` names a translator: ``logit`` is the identity (the logit lens), ``tuned`` the tuned
+lens loaded with :meth:`LensWorkflows.load_lens` or shipped for the model (read on first use), and
+any other name one added with :meth:`LensWorkflows.add_lens` (e.g. a Jacobian lens). A kind with no
+translator is refused in one line; it is never read as a relabelled logit lens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from vocablens.errors import BadInput
+from vocablens.handle import results as R
+
+
+class LensWorkflows:
+    """Mixed into :class:`~vocablens.handle.Model` (which provides the fields and :meth:`encode`)."""
+
+    # ----------------------------------------------------------------------------- translators
+    @property
+    def tuned_lens(self):
+        """The tuned lens of this model: the one loaded with :meth:`load_lens`, else the one shipped for
+        its spec (read once).
+
+        Raises:
+            BadInput: none loaded and none shipped for this model (train one: :meth:`train_lens`).
+            CheckpointMismatch: the shipped lens belongs to another model.
+        """
+        lens = self.translators.get("tuned")
+        if lens is None:
+            from vocablens.lens.tuned import load_for_model
+
+            lens = self.translators["tuned"] = load_for_model(self.borders, self.spec or "smollm2", None)
+        return lens
+
+    def load_lens(self, path: str | Path):
+        """Read a tuned lens directory (ours, or the tuned-lens library's), check it against this model
+        and use it as this model's ``tuned`` lens from now on; returns it.
+
+        Raises:
+            BadInput: no lens there. CheckpointMismatch: it belongs to another model.
+        """
+        from vocablens.lens.tuned import TunedLens, find_lens
+
+        lens = TunedLens.load(find_lens(self.spec or "smollm2", path), self.borders)
+        self.translators["tuned"] = lens
+        return lens
+
+    def add_lens(self, kind: str, translator) -> None:
+        """Read the stream through ``translator`` (``translate(layer, h) -> h'``) as lens ``kind``."""
+        if kind in ("logit", "both") or not kind:
+            raise BadInput(f"{kind!r} names a built-in lens; choose another kind")
+        self.translators[kind] = translator
+
+    def translator(self, kind: str):
+        """The translator of lens ``kind`` (None for ``logit``).
+
+        Raises:
+            BadInput: an unknown kind, or ``tuned`` with none loaded or shipped.
+        """
+        if kind == "logit":
+            return None
+        if kind == "tuned":
+            return self.tuned_lens
+        if kind in self.translators:
+            return self.translators[kind]
+        known = ", ".join(["logit", "tuned", "both", *sorted(k for k in self.translators if k != "tuned")])
+        raise BadInput(f"--kind must be one of {known}; got {kind!r}")
+
+    def train_lens(self, corpus: str = "python-docs", out: str | Path | None = None, settings=None,
+                   max_tokens: int | None = None, val_fraction: float = 0.1, seed: int = 0, on_step=None,
+                   force: bool = False):
+        """Train a tuned lens on this frozen model (Belrose et al. 2023, §3;
+        :func:`vocablens.lens.train.train`), use it as this model's ``tuned`` lens and save it to
+        ``out`` when given. Returns :class:`~vocablens.lens.train.TrainResult`.
+
+        Args:
+            corpus: a named corpus, a file or a directory (its training split).
+            settings: :class:`~vocablens.lens.train.TrainSettings` (default: the module's defaults).
+
+        Raises:
+            BadInput: bad settings, an empty corpus. OutputExists: ``out`` holds a lens and not ``force``.
+        """
+        from vocablens.lens.train import TrainSettings, train
+        from vocablens.lens.tuned import TunedLens
+
+        settings = settings or TrainSettings()
+        settings.validate()
+        rows, info = self.corpus_rows(corpus, "train", settings.seq_len, max_tokens, val_fraction, 0, seed)
+        lens = TunedLens.for_model(self.borders, name=self.provenance.name)
+        res = train(self.borders, rows, settings, lens=lens, data_info=info, on_step=on_step,
+                    name=self.provenance.name)
+        self.translators["tuned"] = res.lens
+        if out is not None:
+            res.lens.save(out, force=force)
+        return res
+
+    def corpus_rows(self, corpus: str, split: str, seq_len: int, max_tokens: int | None = None,
+                    val_fraction: float = 0.1, split_seed: int = 0, shuffle_seed: int | None = None, docs=None,
+                    shrink: bool = False):
+        """One split of a corpus packed into rows [N, seq_len] int64 with EOS between documents; returns
+        ``(rows, info)``, ``info`` naming the corpus by name and content hash, never by a local path.
+
+        Raises:
+            BadInput: the corpus is missing, or the split holds no document.
+        """
+        import random
+
+        from vocablens.corpus import corpus_record, load_documents, pack_tokens, split_documents
+
+        docs = load_documents(corpus) if docs is None else docs
+        train_docs, val_docs = split_documents(docs, val_fraction=val_fraction, seed=split_seed)
+        part = train_docs if split == "train" else val_docs
+        if not part:
+            raise BadInput(f"corpus {corpus!r} has no {split} documents (it holds {len(docs)}); give more text")
+        if shuffle_seed is not None:
+            part = list(part)
+            random.Random(shuffle_seed).shuffle(part)
+        rows = pack_tokens(part, self.tokenizer, seq_len, max_tokens=max_tokens, shrink=shrink)
+        rec = corpus_record(corpus, docs)
+        return rows, {"corpus": rec["corpus"], "corpus_sha256": rec["corpus_sha256"], "split": split,
+                      "val_fraction": val_fraction, "split_seed": split_seed, "documents": len(part),
+                      "tokens": int(rows.numel()), "seq_len": int(rows.shape[1])}
+
+    def first_rows(self, corpus: str, seq_len: int, max_tokens: int) -> torch.Tensor:
+        """Token rows [N, seq_len] from the first documents of a corpus (more are read only when needed).
+
+        Raises:
+            BadInput: the corpus is missing or too short.
+        """
+        from vocablens.corpus import load_documents, pack_tokens
+
+        n = 4
+        while True:
+            docs = load_documents(corpus, max_docs=n)
+            short = len(docs) < n
+            try:
+                rows = pack_tokens(docs, self.tokenizer, seq_len, max_tokens=max_tokens)
+            except BadInput:
+                if short:
+                    raise
+                rows = None
+            if rows is not None and (rows.numel() + seq_len > max_tokens or short):
+                return rows
+            n *= 4
+
+    # ------------------------------------------------------------------------------------- lens
+    def lens(self, texts, kind: str | Sequence[str] = "logit", k: int = 5, positions="last",
+             layers: Sequence[int] | None = None, chat: bool = False, prefix: str = "", progress=None) -> R.Lens:
+        """Read the residual stream at every layer through the LM head: top tokens, entropy and KL to
+        the final distribution (``vocablens lens PROMPT --json``; a list: ``lens --file F --json``).
+
+        nostalgebraist (2020) for the logit lens; Belrose et al. (2023) for the tuned lens. The
+        prompts run as one right-padded batch with an attention mask
+        (:func:`vocablens.lens.logit.lens_batches`); every kind reads the same forward.
+
+        Args:
+            texts: a prompt, a list of prompts, ids [T] / [1, T], or a list of id tensors.
+            kind: ``logit``, ``tuned`` (this model's :attr:`tuned_lens`), ``both`` (logit and tuned),
+                a kind added with :meth:`add_lens`, or a list of kinds.
+            k: top tokens per layer. positions: ``last``, ``all`` or a list (negative from the end).
+            layers: stream layers 0..L (default all). chat, prefix: as :meth:`encode`.
+            progress: ``progress(prompts done, prompts)`` after each forward.
+
+        Returns:
+            :class:`~vocablens.handle.results.Lens`, a batch (one prompt: a batch of one).
+
+        Raises:
+            BadInput: an empty prompt, k < 1, an unknown kind, a kind with no translator, a layer or
+                position out of range. PromptTooLong: a prompt over the model's context.
+        """
+        from vocablens.lens.logit import lens_batches
+
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise BadInput(f"-k must be at least 1; got {k}")
+        kinds = (["logit", "tuned"] if kind == "both" else [kind]) if isinstance(kind, str) else list(kind)
+        if not kinds:
+            raise BadInput("give at least one lens kind")
+        translators = [self.translator(kd) for kd in kinds]
+        batch = not (isinstance(texts, str) or torch.is_tensor(texts) or
+                     (isinstance(texts, (list, tuple)) and texts and isinstance(texts[0], int)))
+        items = list(texts) if batch else [texts]
+        if batch and not items:
+            raise BadInput("no prompts: give at least one text")
+        seqs, prompts = [], []
+        for i, x in enumerate(items):
+            if isinstance(x, str):
+                if not x.strip():
+                    raise BadInput("empty prompt: give some text" if not batch else f"prompt {i + 1} is empty")
+                seqs.append(self.encode(x, chat=chat, prefix=prefix)[0])
+                prompts.append(x)
+            else:
+                ids = torch.as_tensor(x, dtype=torch.int64).reshape(-1)
+                seqs.append(ids)
+                prompts.append("".join(self.tokens(ids)))
+        res = lens_batches(self.borders, seqs, translators, positions=positions, k=k, layers=layers,
+                           kinds=kinds, progress=progress)
+        return self._result(R.Lens, [list(r) for r in zip(*res)], batch=batch, prompts=prompts)
+
+    # --------------------------------------------------------------------------------- settle
+    def settle(self, corpus: str, max_tokens: int = 2048, seq_len: int = 256, batch: int = 2,
+               thresholds: Sequence[float] = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99), lens: str = "logit",
+               min_layer: int = 0, rows: torch.Tensor | None = None, batches=None) -> R.Settle:
+        """Where predictions settle over a corpus, and what an early exit would save and keep
+        (``vocablens settle --corpus C --json``; :func:`vocablens.vocab_space.settle`).
+
+        Args:
+            corpus: a named corpus, a file or a directory (its first documents, ``max_tokens`` tokens
+                in rows of ``seq_len``, ``batch`` rows per forward).
+            lens: ``logit`` or a kind with a translator (``tuned``).
+            batches: an iterable of row batches [b, seq_len] to read instead (the CLI's progress).
+
+        Raises:
+            BadInput: bad sizes, a missing corpus, an unknown lens.
+        """
+        from vocablens import vocab_space as vs
+
+        if max_tokens < seq_len or seq_len < 2 or batch < 1:
+            raise BadInput(f"need --seq-len >= 2, --batch >= 1 and --max-tokens >= --seq-len; got "
+                           f"{seq_len}, {batch}, {max_tokens}")
+        translator = self.translator(lens)
+        if batches is None:
+            rows = self.first_rows(corpus, seq_len, max_tokens) if rows is None else rows
+            batches = [rows[i:i + batch] for i in range(0, len(rows), batch)]
+        res = vs.settle(self.borders, batches, thresholds=list(thresholds), translator=translator,
+                        min_layer=min_layer)
+        return self._result(R.Settle, res, corpus=corpus, plot=None)
+
+    # ---------------------------------------------------------------------------------- steer
+    def steer(self, promote: Sequence[str] = (), suppress: Sequence[str] = (), top_n: int = 10, scale: float = 8.0,
+              blocks: Sequence[int] | None = None, suppress_mode: str = "boost", prompt: str = "",
+              corpus: str = "", heldout: str = "pydoc-topics", new_tokens: int = 24, progress=None,
+              notes=None) -> R.Steering:
+        """Scale the FFN value vectors that promote / suppress tokens, and measure the effect on the
+        tokens' mass, held-out perplexity and a greedy continuation (``vocablens steer --json``;
+        Geva et al. 2022, §5.1). The hook is removed again; ``res.steering.folded()`` edits the weights.
+
+        Args:
+            promote, suppress: token strings. blocks: block indices (default all).
+            prompt / corpus: the probe text(s) (default ``"The weather today is"``).
+            heldout: the corpus whose held-out texts measure perplexity.
+            notes: called with a note when a token string is several tokens.
+
+        Raises:
+            BadInput: no tokens, both prompt and corpus, new_tokens outside 0..512.
+        """
+        from vocablens.render.steer import vector_rows
+        from vocablens.surgery.io import heldout_texts
+        from vocablens.vocab_space.steer import steer, vector_top_tokens
+        from vocablens.vocab_space.steer_eval import measure
+
+        if not promote and not suppress:
+            raise BadInput("give --promote TOKEN and/or --suppress TOKEN")
+        if prompt and corpus:
+            raise BadInput("give --prompt or --corpus, not both")
+        if isinstance(new_tokens, bool) or new_tokens < 0 or new_tokens > 512:
+            raise BadInput(f"--new-tokens must be in 0..512; got {new_tokens}")
+
+        def ids_of(texts):
+            got = []
+            for t in texts:
+                ids, note = self.token_ids(t)
+                if note and notes is not None:
+                    notes(note)
+                got.append(int(ids[0]))
+            return list(dict.fromkeys(got))
+
+        sets = {"promote": ids_of(promote), "suppress": ids_of(suppress)}
+        st = steer(self.borders, promote=sets["promote"], suppress=sets["suppress"], top_n=top_n, scale=scale,
+                   blocks=blocks, suppress_mode=suppress_mode)
+        probes = ([self.encode_raw(prompt or "The weather today is", 256)] if not corpus else
+                  [self.encode_raw(t, 256) for t in heldout_texts(corpus, 4, 600)])
+        held = [self.encode_raw(t, 256) for t in heldout_texts(heldout, 4, 800)]
+        eff = measure(self.borders, st, probes, sets, heldout=held, max_new_tokens=new_tokens if not corpus else 0,
+                      progress=progress)
+        rows = vector_rows(st.vectors, vector_top_tokens(self.borders, st.vectors, k=6), self.tokenizer)
+        return self._result(R.Steering, eff, sets=sets, rows=rows, top_n=top_n, scale=scale,
+                            suppress_mode=suppress_mode, steering=st, probes=len(probes), heldout=len(held))
+
+    # --------------------------------------------------------------------------------- report
+    def report(self, out: str | Path | None = None, prompt: str | None = None, lens_path: str | None = None,
+               budget_s: float | None = None, progress=None, only: tuple[str, ...] | None = None):
+        """Run the HTML report's sections on this model within ``budget_s`` seconds
+        (:func:`vocablens.report.runner.run_report`) and write the page to ``out`` when given.
+        Returns the :class:`~vocablens.report.plan.ReportRun`.
+
+        Raises:
+            BadInput: an empty prompt, a bad budget, ``out`` a directory.
+        """
+        from vocablens.report.runner import DEFAULT_BUDGET_S, DEFAULT_PROMPT, run_report
+
+        run = run_report(self, model=self.spec or "smollm2", prompt=prompt or DEFAULT_PROMPT, lens_path=lens_path,
+                         budget_s=DEFAULT_BUDGET_S if budget_s is None else budget_s, progress=progress, only=only)
+        if out is not None:
+            from vocablens.render.report import write_page
+
+            write_page(run, self, self.spec or "smollm2", out, run.budget_s)
+        return run

@@ -1,0 +1,339 @@
+"""``vocablens.Model``: one loaded model and every workflow on it, text in, results out.
+
+``m = vocablens.load("smollm2")`` returns it. It holds the model, its tokenizer, its
+:class:`~vocablens.models.Borders`, its provenance and the lenses loaded for it, and it is the one
+place where text becomes ids (:meth:`~vocablens.models.LoadedModel.encode`: chat template, BOS,
+batches with padding and an attention mask). Each method is one workflow: it encodes, calls the
+analyses in order and hands back a :class:`~vocablens.handle.results.Result` that shows itself
+(``.table()``, ``.figure()``, ``.to_json()`` -- the matching command's ``--json`` --, ``.to_pandas()``,
+notebook HTML). It has no math of its own and knows no model family.
+
+It still unpacks as ``model, tokenizer, borders, provenance = vocablens.load(...)``.
+Surgery (``expand``, ``trim``, ``save``) lives in :mod:`vocablens.handle.surgery`, the lens and
+report workflows in :mod:`vocablens.handle.lenses`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from vocablens.errors import BadInput, TokenNotInVocabulary
+from vocablens.handle import results as R
+from vocablens.handle.lenses import LensWorkflows
+from vocablens.handle.surgery import SurgeryWorkflows
+from vocablens.models.loaded import LoadedModel
+
+
+@dataclass(eq=False)
+class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
+    """A loaded model with its workflows (module docstring).
+
+    Attributes:
+        model, tokenizer, borders, provenance: as :class:`~vocablens.models.LoadedModel`.
+        spec: what it was loaded from (``smollm2``, a directory ...): names the shipped tuned lens.
+        translators: lens kind -> translator loaded for this model (``tuned`` once read; more kinds
+            can be added with :meth:`add_lens`).
+    """
+
+    spec: str | None = None
+    translators: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, lm, spec: str | None = None) -> "Model":
+        """``lm`` (a :class:`~vocablens.models.LoadedModel`) as a Model sharing its model, tokenizer
+        and borders (itself when it is one already)."""
+        if isinstance(lm, Model):
+            return lm
+        return cls(lm.model, lm.tokenizer, lm.borders, lm.provenance,
+                   spec=spec if spec is not None else getattr(lm.provenance, "spec", None))
+
+    def _result(self, cls, value, **options) -> R.Result:
+        return cls(value, self.tokenizer, self.provenance, options)
+
+    # ------------------------------------------------------------------------- the two matrices
+    def anatomy(self, batch: int = 1, context: int = 4096, dtype: str = "float32",
+                name: str | None = None) -> R.Anatomy:
+        """Parameters, bytes and FLOPs of the embedding and LM head, counted on the loaded weights
+        (``vocablens anatomy --load --json``; :func:`~vocablens.accounting.anatomy.anatomy`).
+
+        Args:
+            batch, context: the logits tensor [batch, context, V] sized; context also for attention FLOPs.
+            dtype: the logits' dtype (``float32``, ``bfloat16``, ``float16``).
+            name: the column's name (default: the spec it was loaded from).
+
+        Raises:
+            BadInput: batch or context < 1, an unknown dtype.
+        """
+        from vocablens.accounting.anatomy import anatomy, logits_memory
+
+        logits_memory(1, batch, context, dtype)
+        return self._result(R.Anatomy, anatomy(self.borders, name=name or self.spec or self.provenance.name,
+                                               batch=batch, context=context, logits_dtype=dtype,
+                                               source="loaded model"))
+
+    def tie_check(self) -> R.TieCheck:
+        """Whether the head is tied, by storage and by value (:func:`~vocablens.geometry.tying.tie_check`)."""
+        from vocablens.geometry.tying import tie_check
+
+        return self._result(R.TieCheck, tie_check(self.borders))
+
+    def neighbors(self, tokens: str | Sequence[str], k: int = 10, mean: bool = False) -> R.Neighbors:
+        """Cosine nearest neighbours of token strings in the embedding and an untied head
+        (``vocablens neighbors TOKEN... -k K --json``; :func:`~vocablens.geometry.embedding.nearest_neighbors`).
+
+        Args:
+            tokens: a token string (``" king"``: the leading space is part of a word-initial token) or several.
+            k: neighbours per token, >= 1.
+            mean: a string of several tokens uses the mean of their rows (default: its first token).
+
+        Raises:
+            BadInput: k < 1. TokenNotInVocabulary: an empty string, or one that encodes to no token.
+        """
+        from vocablens.geometry.embedding import nearest_neighbors
+
+        tokens = [tokens] if isinstance(tokens, str) else list(tokens)
+        if k < 1:
+            raise BadInput(f"-k must be at least 1; got {k}")
+        if any(t == "" for t in tokens):
+            raise TokenNotInVocabulary("empty token string")
+        return self._result(R.Neighbors, nearest_neighbors(self.borders, self.tokenizer, tokens, k=k, use_mean=mean))
+
+    def pca(self, words: Sequence[str] | dict[str, Sequence[str]] | None = None, prefix: str = " ",
+            seed: int = 0) -> R.WordPCA:
+        """3-D PCA of the embedding rows of words (the report's figure; ``.figure()`` draws it).
+
+        Args:
+            words: a list of words, or group name -> words (default: the report's groups).
+            prefix: put in front of each word (a leading space: the word-initial token).
+            seed: the random projection's seed.
+
+        Raises:
+            BadInput: fewer than 4 of the words are single tokens.
+        """
+        from vocablens.geometry.embedding import word_pca
+
+        groups = {"words": list(words)} if words is not None and not isinstance(words, dict) else words
+        return self._result(R.WordPCA, word_pca(self.borders, self.tokenizer, groups, prefix=prefix, seed=seed))
+
+    # ------------------------------------------------------------------------- through the head
+    def score(self, text: str, top_k: int = 3, special_text: str = "parse",
+              vocab_parallel: bool = False) -> R.Score:
+        """Per-token log-probabilities (nats) of a text, total and per byte
+        (``vocablens score TEXT --json``; :func:`~vocablens.generate.score.score_ids`).
+
+        The first token is scored only when the tokenizer adds BOS; bits per byte divide by the bytes
+        of exactly the scored tokens (special tokens with their text).
+
+        Args:
+            top_k: alternatives per position (0 = none).
+            special_text: ``parse`` or ``plain`` (:meth:`encode`).
+            vocab_parallel: under torchrun, split the embedding and head rows over the ranks.
+
+        Raises:
+            BadInput: empty text, top_k < 0, fewer than 2 tokens. PromptTooLong: over the context.
+        """
+        from vocablens.generate.score import score_ids
+
+        if top_k < 0:
+            raise BadInput(f"--top-k must be >= 0; got {top_k}")
+        if not text or not str(text).strip():
+            raise BadInput("empty text: nothing to score")
+        ids = self.encode(text, special_text=special_text)[0]
+        n_bytes = self.n_bytes(ids[1:])
+        if vocab_parallel:
+            from vocablens.parallel.processes import VocabParallelModel
+
+            res = VocabParallelModel(self.borders).score(ids, top_k=top_k, n_bytes=n_bytes)
+        else:
+            res = score_ids(self.borders, ids, top_k=top_k, n_bytes=n_bytes)
+        return self._result(R.Score, res, text=text)
+
+    def single_token(self, text: str) -> int:
+        """The id of a string that is exactly one token.
+
+        Raises:
+            TokenNotInVocabulary: it is several tokens, or none.
+        """
+        ids, note = self.token_ids(text)
+        if len(ids) != 1:
+            raise TokenNotInVocabulary(f"{note}; give a single token (e.g. with its leading space)")
+        return int(ids[0])
+
+    def explain(self, text: str | torch.Tensor, position: int = -1, target: str | int | None = None, k: int = 5,
+                subs: int = 5, chat: bool = False) -> R.Explanation:
+        """What built a prediction: per-block attention/FFN updates, FFN sub-updates and per-head logit
+        attribution in vocabulary space (``vocablens explain TEXT -p POS -t TARGET --json``;
+        :func:`vocablens.vocab_space.explain`, Geva et al. 2022).
+
+        Args:
+            text: the prompt (or its ids [1, T]).
+            position: the position explained (negative from the end).
+            target: a token (string or id) to follow and attribute (default: the top-1).
+            k, subs: tokens per update, FFN sub-updates kept per block.
+
+        Raises:
+            BadInput: empty prompt, k < 1, a position outside the prompt.
+            TokenNotInVocabulary: ``target`` is not one token.
+        """
+        from vocablens import vocab_space as vs
+
+        if k < 1:
+            raise BadInput(f"-k must be at least 1; got {k}")
+        ids = self._ids(text, chat=chat)
+        tid = target if isinstance(target, int) or target is None else self.single_token(target)
+        e = vs.explain(self.borders, ids, position=position, token_id=tid, k=k, n_sub=subs)
+        return self._result(R.Explanation, e)
+
+    def project(self, token: str | Sequence[str] | None = None, block: int | None = None,
+                neurons: Sequence[int] | None = None, k: int = 10, keys: bool = False, sample: int | None = None,
+                seed: int = 0, norm_gain: bool = True) -> R.Projection:
+        """FFN value (or key) vectors in vocabulary space, or the reverse search: the vectors that
+        promote and suppress a token (``vocablens project ... --json``; Geva et al. 2022, Dar et al. 2022).
+
+        Args:
+            token: token string(s): reverse search (with the top tokens of the vectors found).
+            block, neurons: these value vectors of block ``block`` (0..L-1); without ``neurons``,
+                ``sample`` random ones (default 4) per block (of ``block`` when given).
+            keys: key vectors instead of value vectors. norm_gain: read through the final norm's gain.
+
+        Raises:
+            BadInput: k < 1, a block out of range, ``neurons`` without ``block``.
+            TokenNotInVocabulary: a token that is not one token.
+        """
+        from vocablens import vocab_space as vs
+        from vocablens.render.vocab_space import search_vectors
+
+        b = self.borders
+        if k < 1:
+            raise BadInput(f"-k must be at least 1; got {k}")
+        if block is not None and not 0 <= block < b.n_layers:
+            raise BadInput(f"block {block} is out of range: this model has blocks 0..{b.n_layers - 1}")
+        if token:
+            tids = [self.single_token(t) for t in ([token] if isinstance(token, str) else token)]
+            res = vs.search_tokens(b, tids, k=k, apply_norm_gain=norm_gain)
+            layers, ns = search_vectors(res)
+            tops = vs.project_vectors(b, layers, ns, k=min(8, b.real_vocab_size), apply_norm_gain=norm_gain)
+            return self._result(R.Projection, res, how="search", tops=tops)
+        if neurons:
+            if block is None:
+                raise BadInput("--neuron needs --block")
+            layers, ns = [block] * len(neurons), list(neurons)
+        else:
+            layers, ns = vs.sample_neurons(b, 4 if sample is None else sample, seed)
+            if block is not None:
+                pairs = [(ly, n) for ly, n in zip(layers, ns) if ly == block]
+                layers, ns = [p[0] for p in pairs], [p[1] for p in pairs]
+        res = vs.project_vectors(b, layers, ns, k=k, kind="key" if keys else "value", apply_norm_gain=norm_gain)
+        return self._result(R.Projection, res, how="vectors")
+
+    def argmax(self, bias: str = "auto", include_padding: bool = False, norm: bool = True,
+               verify_all: bool = False, budget_s: float | None = None, stored: str = "readwrite",
+               progress=None) -> R.Argmax:
+        """Tokens that can never be the top prediction, with certificates (``vocablens argmax --json``;
+        :func:`~vocablens.argmax.argmax_for_borders`, Grivas et al. 2022).
+
+        Args:
+            bias: ``auto``, ``on`` or ``off`` (the head's bias). include_padding: let padding and
+                never-trained rows compete. norm: bound the highest probability under the final norm.
+            verify_all: re-check every certificate in float64. budget_s: wall seconds (None: no limit).
+            stored: ``readwrite`` (reuse and store completed scans), ``read`` or ``off``.
+            progress: ``progress(stage, done, total)``.
+
+        Raises:
+            BadInput: a bad ``bias`` or budget.
+        """
+        from vocablens.argmax.model import argmax_for_borders, reserved_tokens
+
+        if bias not in ("auto", "on", "off"):
+            raise BadInput(f"--bias must be auto, on or off; got {bias!r}")
+        dev = str(self.borders.device)
+        ma = argmax_for_borders(self.borders, bias=bias, include_padding=include_padding,
+                                include_untrained=include_padding, norm=norm,
+                                verify="all" if verify_all else "borderline", progress=progress,
+                                time_budget_s=budget_s or None, stored=stored,
+                                reserved=reserved_tokens(self.tokenizer, self.borders.vocab_size),
+                                device=dev if dev.startswith("cuda") else "cpu")
+        return self._result(R.Argmax, ma)
+
+    def undertrained(self, candidates: int | None = 500, indicator: str = "auto", verify: bool = True,
+                     batch_size: int = 64, argmax_verdicts: list[str] | None = None,
+                     progress=None) -> R.Undertrained:
+        """Under-trained tokens: tokenizer classes, an indicator from the matrices, verification by
+        prompting (``vocablens undertrained --json``; Land & Bartolo 2024).
+
+        Args:
+            candidates: lowest-indicator tokens verified (None: the paper's lowest 2%).
+            indicator: ``auto``, ``unembedding_cosine`` or ``embedding_norm``.
+            argmax_verdicts: per-token verdicts of an argmax scan, shown beside each row.
+
+        Raises:
+            BadInput: candidates < 0 or batch_size < 1.
+        """
+        from vocablens.undertrained import undertrained
+
+        if candidates is not None and candidates < 0:
+            raise BadInput(f"--candidates must be >= 0 (0: the paper's lowest 2%); got {candidates}")
+        if batch_size < 1:
+            raise BadInput(f"--batch-size must be >= 1; got {batch_size}")
+        res = undertrained(self.borders, self.tokenizer, candidates=candidates or None, indicator=indicator,
+                           verify=verify, batch_size=batch_size, progress=progress)
+        return self._result(R.Undertrained, res, verdicts=argmax_verdicts)
+
+    # ------------------------------------------------------------------------------ generating
+    def generate(self, text: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None, min_p: float | None = None, seed: int | None = None, top: int = 0,
+                 chat: bool = False, early_exit=None, on_token=None, head=None) -> R.Generation:
+        """Continue a text (``vocablens generate TEXT --json``; :func:`vocablens.generate.generate`):
+        greedy by default, sampled with a temperature and top-k / top-p / min-p.
+
+        Args:
+            top: alternatives kept per new token. early_exit: an
+                :class:`~vocablens.generate.ExitRule` (tuned: this model's lens).
+            on_token: called with each :class:`~vocablens.generate.loop.GeneratedToken` as it comes.
+            head: a vocabulary-parallel head (torchrun), else None.
+
+        Raises:
+            BadInput: empty prompt, max_new_tokens < 1, bad sampling arguments.
+        """
+        from vocablens.generate import generate
+
+        if max_new_tokens < 1:
+            raise BadInput(f"--max-new-tokens must be at least 1; got {max_new_tokens}")
+        ids = self.encode(text, chat=chat)
+        if early_exit is not None:
+            early_exit.validate(self.borders.n_layers)
+        res = generate(self.borders, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                       top_p=top_p, min_p=min_p, seed=seed, stop_ids=self.stop_ids(),
+                       top_n=top, early_exit=early_exit, on_token=on_token, head=head)
+        return self._result(R.Generation, res)
+
+    # ------------------------------------------------------------------------------------ helpers
+    def stop_ids(self) -> list[int]:
+        """EOS ids from the generation config and the tokenizer (generation ends after one)."""
+        ids: set[int] = set()
+        gc = getattr(self.model, "generation_config", None)
+        for src in (getattr(gc, "eos_token_id", None), getattr(self.tokenizer, "eos_token_id", None)):
+            if isinstance(src, int):
+                ids.add(src)
+            elif isinstance(src, (list, tuple)):
+                ids.update(int(i) for i in src)
+        return sorted(ids)
+
+    def _ids(self, x, chat: bool = False, prefix: str = "") -> torch.Tensor:
+        """Text (encoded by :meth:`encode`) or ids -> [1, T] int64."""
+        if isinstance(x, str):
+            return self.encode(x, chat=chat, prefix=prefix)
+        t = torch.as_tensor(x, dtype=torch.int64)
+        return t.reshape(1, -1)
+
+    def __repr__(self) -> str:
+        b = self.borders
+        return (f"vocablens.Model({self.provenance.describe()}; V={b.vocab_size:,}, d={b.d_emb}, "
+                f"{b.n_layers} layers, {'tied' if b.tied else 'untied'} head)")
+
+
+Any  # noqa: B018  (typing name kept for the docs' signatures)
+__all__ = ["Model"]

@@ -1,0 +1,52 @@
+"""Loading without transformers' progress bars and info logging, for the duration of one load."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+
+@contextmanager
+def quiet_loading():
+    """Silence transformers' (and huggingface_hub's) progress bars and logging below errors inside the
+    block, then put back exactly what was set before (the process is left as it was found).
+
+    Bars are what print an ``IProgress not found`` warning in a notebook without ipywidgets; tqdm
+    reads ``TQDM_DISABLE`` when a bar is made, so it is set only inside the block too.
+    """
+    restore = []
+    try:
+        from transformers.utils import logging as hf_logging
+
+        bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+
+        def put_back_hf():
+            hf_logging.set_verbosity(level)
+            if bars:
+                hf_logging.enable_progress_bar()
+
+        restore.append(put_back_hf)
+    except Exception:  # pragma: no cover  (transformers missing: the load itself says so)
+        pass
+    try:
+        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+        hub_off = are_progress_bars_disabled()
+        disable_progress_bars()
+        restore.append(lambda: None if hub_off else enable_progress_bars())
+    except Exception:  # pragma: no cover
+        pass
+    old_tqdm = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
+    restore.append(lambda: os.environ.pop("TQDM_DISABLE", None) if old_tqdm is None
+                   else os.environ.__setitem__("TQDM_DISABLE", old_tqdm))
+    try:
+        yield
+    finally:
+        for undo in reversed(restore):
+            undo()
+
+
+__all__ = ["quiet_loading"]

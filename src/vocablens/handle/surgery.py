@@ -1,0 +1,186 @@
+"""Vocabulary surgery on :class:`vocablens.Model`: ``expand`` and ``trim`` each return a new, verified
+Model (its ``surgery`` result holds what changed and the checks), and ``save`` writes any Model as a
+Hugging Face model directory (with the surgery's record beside it).
+
+The chains live here, once: expand -> verify on held-out text -> the new rows' under-training
+indicator; trim -> (drop verified under-trained tokens) -> verify against the original -> compare the
+corpus's tokenization (Gee et al. 2022 for the sub-token mean; Land & Bartolo 2024 for the indicator).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from vocablens.errors import BadInput
+from vocablens.handle import results as R
+
+
+class SurgeryWorkflows:
+    """Mixed into :class:`~vocablens.handle.Model`."""
+
+    #: the record of the surgery that made this model (None for a loaded one)
+    surgery: R.Surgery | None = None
+    #: what :meth:`save` writes beside the weights: ``(probe_texts, extra_json)``
+    _save_with: tuple = ((), {})
+
+    def _derived(self, model, tokenizer, surgery: R.Surgery, probe_texts, extra_json):
+        from vocablens.models.borders import Borders
+
+        new = type(self)(model, tokenizer, Borders.from_model(model, tokenizer=tokenizer), self.provenance,
+                         spec=self.spec)
+        new.surgery = surgery
+        new._save_with = (list(probe_texts), dict(extra_json))
+        return new
+
+    def expand(self, tokens: Sequence[str] | str, init: str = "subtoken-mean", interpolation: float = 0.5,
+               special: bool = False, eval_corpus: str = "pydoc-topics", eval_text: str = "", eval_texts: int = 4,
+               eval_chars: int = 800, sample: str = "", seed: int = 0, status=None):
+        """Add tokens: new rows on both ends (tied stays tied), verified on held-out text
+        (``vocablens expand --add T ... --json``; :func:`vocablens.surgery.expand_vocab`,
+        :func:`~vocablens.surgery.verify_expansion`, the new rows' indicator).
+
+        Args:
+            tokens: the token strings to add (a leading space is kept).
+            init: ``subtoken-mean`` (default), ``mean``, ``interpolate``, ``zeros`` or ``random``.
+            eval_corpus / eval_text: held-out text (the corpus's validation split, or this text),
+                ``eval_texts`` chunks of ``eval_chars`` characters.
+            sample: a sentence shown tokenized before and after (default: built from the new tokens).
+            status: ``status(message)`` context manager factory for each stage (the CLI's spinner).
+
+        Returns:
+            a new :class:`~vocablens.handle.Model`; ``.surgery`` its verified record
+            (``.surgery.to_json()`` is ``expand --json`` with ``"out": null`` until :meth:`save`).
+
+        Raises:
+            BadInput: no tokens, bad sizes, an unknown init. As the analyses otherwise.
+        """
+        from vocablens.render.surgery_undertrained import new_rows_to_dict
+        from vocablens.surgery import expand_vocab, verify_expansion
+        from vocablens.surgery.io import chunk_texts, heldout_texts
+        from vocablens.undertrained.newrows import new_row_indicators
+
+        step = status or _no_status
+        tokens = [tokens] if isinstance(tokens, str) else list(tokens)
+        if not tokens:
+            raise BadInput("no tokens to add: give --add TOKEN (repeatable) or --add-file FILE")
+        if eval_texts < 1 or eval_chars < 10:
+            raise BadInput("--eval-texts must be >= 1 and --eval-chars >= 10")
+        texts = chunk_texts([eval_text], eval_texts, eval_chars) if eval_text.strip() else \
+            heldout_texts(eval_corpus, eval_texts, eval_chars)
+        with step("expanding the vocabulary ..."):
+            ex = expand_vocab(self.model, self.tokenizer, tokens, init=init, special=special,
+                              interpolation=interpolation, seed=seed)
+        res = ex.result
+        sample = sample or ("In this note," + "".join(t if t.startswith(" ") else " " + t for t in tokens) + ".")
+        with step("verifying on held-out text ..."):
+            v = verify_expansion(self.model, self.tokenizer, ex.model, ex.tokenizer, res.new_ids, texts,
+                                 res.trained_rows_head, sample)
+        new = self._derived(ex.model, ex.tokenizer, None, [sample, *texts], {})
+        with step("the new rows' under-training indicator ..."):
+            nb, idx = new.borders, res.new_ids
+            ind = new_rows_to_dict(res, new_row_indicators(self.borders, self.tokenizer, nb.W_E[idx],
+                                                           None if nb.tied else nb.W_U[idx]))
+        record = {"command": "expand", "source_model": self.provenance.to_dict(), "expansion": res.to_dict(),
+                  "verification": v.to_dict(), "indicator": ind}
+        new.surgery = self._result(R.Surgery, res, command="expand", verification=v, indicator=ind, out=None)
+        new._save_with = ([sample, *texts], {"vocablens_surgery.json": record})
+        return new
+
+    def trim(self, corpus: str = "", token_list: Sequence[str] = (), max_docs: int | None = None,
+             verify_texts: int = 3, verify_tokens: int = 128, drop_undertrained: bool = False,
+             undertrained_candidates: int = 500, status=None, progress=None):
+        """Keep only the tokens a corpus uses (plus specials, bytes and merge parts): both matrices
+        sliced, the tokenizer rebuilt, the result checked against this model on corpus documents
+        (``vocablens trim --corpus C --json``; :func:`vocablens.surgery.trim_vocab`).
+
+        Args:
+            corpus: a file, a directory or a named corpus whose tokens are kept.
+            token_list: more tokens to keep: ids or vocabulary strings, one per item.
+            drop_undertrained: also remove the tokens verified under-trained (Land & Bartolo 2024).
+            progress: ``progress(stage, done, total)`` factory result for the corpus passes.
+
+        Returns:
+            a new :class:`~vocablens.handle.Model`; ``.surgery`` its verified record.
+
+        Raises:
+            BadInput: no corpus and no token list, bad sizes. TrimRejected: the check failed.
+        """
+        from vocablens.corpus import load_documents
+        from vocablens.surgery import corpus_token_ids, trim_vocab, verify_trim
+        from vocablens.surgery.trim import read_token_list, tokenization_mismatches
+        from vocablens.surgery.verify import accept_trim
+        from vocablens.units import plural
+
+        step = status or _no_status
+        if not corpus and not token_list:
+            raise BadInput("give --corpus F (or --token-list F): the tokens to keep")
+        if undertrained_candidates < 1:
+            raise BadInput(f"--undertrained-candidates must be >= 1; got {undertrained_candidates}")
+        texts = [d.text for d in load_documents(corpus, max_docs=max_docs or None)] if corpus else []
+        tok = self.tokenizer
+        used = corpus_token_ids(tok, texts, progress=progress) | read_token_list(list(token_list), tok)
+        seeds, ut, drop = used, None, None
+        if drop_undertrained:
+            from vocablens.surgery import trim_undertrained as tu
+
+            ut = tu.verified_undertrained(self.borders, tok, undertrained_candidates, progress=progress)
+            seeds, rows_without = tu.drop_undertrained(self.model, tok, used, ut.verified.tolist())
+        with step("trimming the vocabulary ..."):
+            tr = trim_vocab(self.model, tok, seeds)
+        checked = texts
+        if ut is not None:  # documents holding a dropped token are spelled otherwise: left out of the check
+            gone = set(ut.verified.tolist()) - set(tr.kept_old_ids)
+            checked, respelled = tu.check_documents(tok, texts, gone)
+            drop = tu.summarize(ut, used, tr.kept_old_ids, rows_without, respelled)
+        checks = checked[:verify_texts] if checked else [tok.decode(sorted(seeds)[:200])]
+        with step(f"checking the trimmed model against the original on {plural(len(checks), 'text')} ..."):
+            v = verify_trim(self.model, tok, tr.model, tr.tokenizer, tr.kept_old_ids, checks,
+                            max_tokens=verify_tokens)
+        mismatches = tokenization_mismatches(tok, tr.tokenizer, tr.kept_old_ids, checked, progress=progress)
+        accept_trim(v, mismatches)
+        vocab_map = {"kept_old_ids": tr.kept_old_ids, "old_to_new": {str(o): n for n, o in enumerate(tr.kept_old_ids)},
+                     "rows_before": tr.result.rows_before}
+        record = {"command": "trim", "source_model": self.provenance.to_dict(), "corpus": corpus or None,
+                  "trim": tr.result.to_dict(), "verification": v.to_dict(), "corpus_documents_checked": len(checked),
+                  "undertrained": None if drop is None else drop.to_dict()}
+        surgery = self._result(R.Surgery, tr.result, command="trim", verification=v, out=None, corpus=corpus or None,
+                               docs_checked=len(checked), mismatches=mismatches, drop=drop)
+        return self._derived(tr.model, tr.tokenizer, surgery, checks,
+                             {"vocab_map.json": vocab_map, "vocablens_surgery.json": record})
+
+    def save(self, out: str | os.PathLike, force: bool = False) -> Path:
+        """Write this model as a Hugging Face model directory (safetensors, config, tokenizer; written
+        to a temporary directory and renamed), with the surgery's record (``vocablens_surgery.json``,
+        and ``vocab_map.json`` after a trim) when it came from :meth:`expand` or :meth:`trim`; the
+        tokenizer is reloaded from the directory and checked on the probe texts. Returns the path.
+
+        Raises:
+            OutputExists: ``out`` exists and not ``force``. BadInput: ``out`` empty.
+        """
+        from vocablens.surgery.io import check_out, save_model_dir
+
+        path = check_out(str(out), force)
+        probes, extra = self._save_with
+        save_model_dir(self.model, self.tokenizer, path, force=force, probe_texts=list(probes) or None,
+                       extra_json=dict(extra) or None)
+        if self.surgery is not None:
+            import dataclasses
+
+            self.surgery = dataclasses.replace(self.surgery, options={**self.surgery.options, "out": path})
+        return path
+
+
+class _no_status:
+    def __init__(self, message: str) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+__all__ = ["SurgeryWorkflows"]

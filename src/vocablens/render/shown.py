@@ -1,0 +1,444 @@
+"""The renderers behind :class:`vocablens.handle.Result`: one entry per kind of result, the same
+functions the CLI prints with, the report draws with and the explorer answers with.
+
+A result (duck-typed: ``kind``, ``value``, ``tokenizer``, ``provenance``, ``options``) is rendered as
+
+* :func:`to_json`: the dict ``vocablens COMMAND --json`` prints for the same call;
+* :func:`print_result`: what the command prints, on a rich console (the CLI's stdout console);
+* :func:`table`: the same renderables gathered in a ``rich.console.Group``;
+* :func:`to_html` / :func:`to_text`: those renderables as a notebook shows them
+  (:mod:`vocablens.render.notebook`'s recording console);
+* :func:`figure`: the plotly figure the report or the explorer draws;
+* :func:`to_pandas`: one row per item of a tabular result.
+
+This module never imports the handle (it sits above render); it reads the result's fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from vocablens.errors import BadInput
+from vocablens.render.json import json_ready
+
+
+def _model(r) -> dict:
+    return {"model": r.provenance.to_dict()} if r.provenance is not None else {}
+
+
+# ------------------------------------------------------------------------------------------- JSON
+def _json_anatomy(r):
+    from vocablens.render.anatomy import anatomy_json
+
+    return anatomy_json([r.value])
+
+
+def _json_neighbors(r):
+    from vocablens.render.geometry import neighbors_to_dict
+
+    return {**neighbors_to_dict(r.value, r.tokenizer), **_model(r)}
+
+
+def _json_lens(r):
+    from vocablens.render.lens import lens_batch_json, lens_json
+
+    if r.options.get("batch"):
+        return lens_batch_json(r.value, r.tokenizer, r.provenance)
+    return lens_json(r.value[0], r.tokenizer, r.provenance)
+
+
+def _json_score(r):
+    from vocablens.render.ops import score_to_dict
+
+    return {**score_to_dict(r.value, r.tokenizer), **_model(r)}
+
+
+def _json_explain(r):
+    from vocablens.render.vocab_space import explanation_to_dict
+
+    return {**explanation_to_dict(r.value, r.tokenizer), **_model(r)}
+
+
+def _json_project(r):
+    from vocablens.render import vocab_space as rv
+
+    how = r.options.get("how", "vectors")
+    if how == "search":
+        d = rv.search_to_dict(r.value, r.tokenizer, r.options.get("tops"))
+    elif how == "interpretable":
+        d = rv.interpretable_to_dict(r.value, r.tokenizer)
+    elif how == "circuit":
+        d = rv.circuit_to_dict(r.value, r.tokenizer)
+    else:
+        d = rv.vectors_to_dict(r.value, r.tokenizer)
+    return {**d, **_model(r)}
+
+
+def _json_settle(r):
+    from vocablens.render.vocab_space import settle_to_dict
+
+    d = settle_to_dict(r.value)
+    d.update({"corpus": r.options.get("corpus"), "plot": r.options.get("plot"), **_model(r)})
+    return d
+
+
+def _json_argmax(r):
+    from vocablens.render.argmax import argmax_to_dict
+
+    return {**argmax_to_dict(r.value, r.tokenizer), **_model(r)}
+
+
+def _json_undertrained(r):
+    from vocablens.render.undertrained import undertrained_to_dict
+
+    return {**undertrained_to_dict(r.value, r.tokenizer, r.options.get("verdicts")), **_model(r)}
+
+
+def _json_generate(r):
+    from vocablens.render.generate import generation_to_dict
+
+    return generation_to_dict(r.value, r.tokenizer)
+
+
+def _json_steer(r):
+    from vocablens.render.steer import steer_to_dict
+
+    o = r.options
+    return steer_to_dict(o["sets"], o["rows"], r.value, r.tokenizer, top_n=o["top_n"], scale=o["scale"],
+                         suppress_mode=o["suppress_mode"], saved=o.get("saved_to"), provenance=r.provenance)
+
+
+def _json_surgery(r):
+    from vocablens.render.surgery import expand_to_dict, trim_to_dict
+
+    o = r.options
+    if o["command"] == "expand":
+        return {**expand_to_dict(r.value, o["verification"], o.get("out"), r.provenance), "indicator": o["indicator"]}
+    drop = o.get("drop")
+    return {**trim_to_dict(r.value, o["verification"], o.get("out"), o.get("corpus"), o["docs_checked"],
+                           o["mismatches"], r.provenance), "undertrained": None if drop is None else drop.to_dict()}
+
+
+def _json_plain(r):
+    return json_ready(r.value.to_dict())
+
+
+def _json_pca(r):
+    wp = r.value
+    return {"words": list(wp.words), "groups": list(wp.groups), "skipped": list(wp.skipped), "matrix": wp.matrix,
+            "coords": json_ready(wp.pca.coords), "explained_variance": json_ready(wp.pca.explained_variance)}
+
+
+# ------------------------------------------------------------------------------- what the CLI prints
+def _print_anatomy(r, out):
+    from vocablens.render.anatomy import print_anatomy
+
+    print_anatomy([r.value], out)
+
+
+def _print_neighbors(r, out):
+    from vocablens.render.geometry import print_neighbors
+
+    print_neighbors(r.value, r.tokenizer, out)
+
+
+def _print_lens(r, out):
+    from rich.text import Text
+
+    from vocablens.render.lens import print_lens
+
+    batch = r.options.get("batch")
+    if batch:
+        out.print(f"model: {r.provenance.describe()}", style="dim", soft_wrap=True)
+    for i, (text, per_kind) in enumerate(zip(r.options["prompts"], r.value)):
+        if batch:
+            out.print(Text.assemble((f"prompt {i + 1}:", "bold"), f" {text}"), soft_wrap=True)
+        for res in per_kind:
+            print_lens(res, r.tokenizer, out, None if batch else r.provenance)
+
+
+def _print_score(r, out):
+    from vocablens.render.ops import print_score
+
+    print_score(r.value, r.tokenizer, out, r.provenance)
+
+
+def _print_explain(r, out):
+    from vocablens.render import vocab_space as rv
+
+    for t in rv.explanation_tables(r.value, r.tokenizer):
+        out.print(t)
+    out.print(rv.explanation_footer(r.value), style="dim")
+
+
+def _print_project(r, out):
+    from vocablens.render import vocab_space as rv
+
+    how = r.options.get("how", "vectors")
+    t = (rv.search_table(r.value, r.tokenizer, r.options.get("tops")) if how == "search" else
+         rv.interpretable_table(r.value, r.tokenizer) if how == "interpretable" else
+         rv.circuit_table(r.value, r.tokenizer) if how == "circuit" else rv.vectors_table(r.value, r.tokenizer))
+    out.print(t)
+
+
+def _print_settle(r, out):
+    from vocablens.render.vocab_space import settle_tables
+
+    for t in settle_tables(r.value):
+        out.print(t)
+
+
+def _print_argmax(r, out):
+    from vocablens.render.argmax import argmax_tables
+
+    for t in argmax_tables(r.value, r.tokenizer):
+        out.print(t)
+
+
+def _print_undertrained(r, out):
+    from vocablens.render.undertrained import undertrained_tables, undertrained_to_dict
+
+    for t in undertrained_tables(undertrained_to_dict(r.value, r.tokenizer, r.options.get("verdicts"))):
+        out.print(t)
+
+
+def _print_generate(r, out):
+    from vocablens.render.generate import generation_to_dict, summary_lines
+
+    out.print(generation_to_dict(r.value, r.tokenizer)["text"], markup=False, highlight=False)
+    for line in summary_lines(r.value):
+        out.print(line, style="dim")
+
+
+def _print_steer(r, out):
+    from vocablens.render.steer import print_steer
+
+    print_steer(out, r.options["rows"], r.value, r.tokenizer, saved_to=r.options.get("saved_to") or "")
+
+
+def _print_surgery(r, out):
+    from vocablens.render.surgery import print_expand, print_trim
+
+    o = r.options
+    if o["command"] == "expand":
+        from vocablens.render.surgery_undertrained import new_rows_table
+
+        print_expand(r.value, o["verification"], o.get("out"), out, r.provenance)
+        out.print(new_rows_table(o["indicator"]))
+        return
+    print_trim(r.value, o["verification"], o.get("out"), out, r.provenance, corpus_docs=o["docs_checked"],
+               corpus_docs_different=o["mismatches"])
+    if o.get("drop") is not None:
+        from vocablens.render.surgery_undertrained import print_drop
+
+        print_drop(o["drop"], out)
+
+
+def _print_tie_check(r, out):
+    from rich.table import Table
+
+    t = Table(title="tying: by storage and by value", title_justify="left")
+    t.add_column("")
+    t.add_column("", justify="right")
+    for k, v in r.value.to_dict().items():
+        t.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
+    out.print(t)
+
+
+def _print_pca(r, out):
+    wp = r.value
+    out.print(f"3-D PCA of {len(wp.words)} words in {len(set(wp.groups))} groups (input embedding)"
+              + (f"; skipped (several tokens): {', '.join(wp.skipped)}" if wp.skipped else "")
+              + ". .figure() draws it.")
+
+
+# ------------------------------------------------------------------------------------------ figures
+def _fig_anatomy(r):
+    from vocablens.render.anatomy import params_figure
+
+    return params_figure([r.value])
+
+
+def _fig_pca(r):
+    from vocablens.render.geometry import pca_figure
+
+    return pca_figure(r.value)
+
+
+def _fig_lens(r):
+    from vocablens.render.lens_batch import lens_batch_figure
+
+    return lens_batch_figure(r.value, r.tokenizer, r.options["prompts"])
+
+
+def _fig_settle(r):
+    from vocablens.render.vocab_space.updates import settle_figure
+
+    return settle_figure(r.value)
+
+
+def _fig_undertrained(r):
+    from vocablens.render.undertrained_report import undertrained_figure
+
+    return undertrained_figure(r.value, r.tokenizer)
+
+
+# ------------------------------------------------------------------------------------------- frames
+def _rows_neighbors(r):
+    from vocablens.models.tokens import token_str
+
+    rows = []
+    for q in r.value.results:
+        for lst in q.lists:
+            for rank, (i, c) in enumerate(zip(lst.ids.tolist(), lst.cosines.tolist()), start=1):
+                rows.append({"query": q.query, "matrix": lst.matrix, "rank": rank, "id": int(i),
+                             "token": token_str(r.tokenizer, int(i)), "cosine": float(c)})
+    return rows
+
+
+def _rows_lens(r):
+    from vocablens.models.tokens import token_str
+
+    rows = []
+    for p, (text, per_kind) in enumerate(zip(r.options["prompts"], r.value)):
+        for res in per_kind:
+            for ly in res.layers:
+                for j, pos in enumerate(res.positions.tolist()):
+                    top = int(ly.top_ids[j, 0])
+                    rows.append({"prompt": p, "kind": res.kind, "layer": ly.layer, "position": int(pos),
+                                 "token_read": token_str(r.tokenizer, int(res.input_ids[int(pos)])),
+                                 "top1_id": top, "top1": token_str(r.tokenizer, top),
+                                 "top1_prob": float(ly.top_probs[j, 0]), "entropy": float(ly.entropy[j]),
+                                 "kl_to_final": float(ly.kl_to_final[j]),
+                                 "final_top1_rank": int(ly.final_top1_rank[j])})
+    return rows
+
+
+def _rows_score(r):
+    from vocablens.models.tokens import token_str
+
+    res = r.value
+    ids = res.input_ids.tolist()
+    return [{"position": j + 1, "id": ids[j + 1], "token": token_str(r.tokenizer, ids[j + 1]),
+             "logprob": float(res.logprobs[j]), "entropy": float(res.entropy[j])} for j in range(res.logprobs.numel())]
+
+
+def _rows_anatomy(r):
+    return [{k: v for k, v in r.value.to_dict().items() if not isinstance(v, (dict, list))}]
+
+
+#: kind -> (to_json, print, figure or None, rows or None)
+RENDERERS: dict[str, tuple[Callable, Callable, Callable | None, Callable | None]] = {
+    "anatomy": (_json_anatomy, _print_anatomy, _fig_anatomy, _rows_anatomy),
+    "tie_check": (_json_plain, _print_tie_check, None, None),
+    "neighbors": (_json_neighbors, _print_neighbors, None, _rows_neighbors),
+    "pca": (_json_pca, _print_pca, _fig_pca, None),
+    "lens": (_json_lens, _print_lens, _fig_lens, _rows_lens),
+    "score": (_json_score, _print_score, None, _rows_score),
+    "explain": (_json_explain, _print_explain, None, None),
+    "project": (_json_project, _print_project, None, None),
+    "settle": (_json_settle, _print_settle, _fig_settle, None),
+    "argmax": (_json_argmax, _print_argmax, None, None),
+    "undertrained": (_json_undertrained, _print_undertrained, _fig_undertrained, None),
+    "generate": (_json_generate, _print_generate, None, None),
+    "steer": (_json_steer, _print_steer, None, None),
+    "surgery": (_json_surgery, _print_surgery, None, None),
+}
+
+
+def _entry(r) -> tuple:
+    try:
+        return RENDERERS[r.kind]
+    except KeyError:
+        raise TypeError(f"vocablens has no renderer for results of kind {r.kind!r}") from None
+
+
+def to_json(r) -> dict:
+    """The ``--json`` dict of the matching command (NaN/inf -> None, tensors -> lists)."""
+    return json_ready(_entry(r)[0](r))
+
+
+def print_result(r, out) -> None:
+    """Print ``r`` on the rich console ``out`` as the matching command prints it."""
+    _entry(r)[1](r, out)
+
+
+class _Collect:
+    """A console stand-in that keeps what is printed on it (strings as ``Text`` with their style)."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+
+    def print(self, *objects: Any, style: str | None = None, **_: Any) -> None:
+        from rich.text import Text
+
+        for o in objects:
+            self.items.append(Text(o, style=style or "") if isinstance(o, str) else o)
+
+
+def table(r):
+    """The renderables the command prints, in a ``rich.console.Group``."""
+    from rich.console import Group
+
+    c = _Collect()
+    print_result(r, c)
+    return Group(*c.items)
+
+
+def _recorded(r):
+    from vocablens.render.notebook import recording_console
+
+    console = recording_console()
+    print_result(r, console)
+    return console
+
+
+def to_html(r) -> str:
+    """The notebook's HTML of ``r``: the printed renderables in a ``<pre>`` with inline styles."""
+    from vocablens.render.notebook import PRE
+
+    return _recorded(r).export_html(inline_styles=True, code_format=PRE)
+
+
+def to_text(r) -> str:
+    """The same as plain text (terminal IPython)."""
+    return _recorded(r).export_text()
+
+
+def figure(r):
+    """The plotly figure of ``r``.
+
+    Raises:
+        BadInput: none is drawn for this kind of result.
+    """
+    fig = _entry(r)[2]
+    if fig is None:
+        raise BadInput(f"no figure is drawn for a {r.kind} result; .table() shows it")
+    return fig(r)
+
+
+def to_pandas(r):
+    """A ``pandas.DataFrame``, one row per item of the result.
+
+    Raises:
+        BadInput: pandas missing (the ``pandas`` extra), or a result that is not tabular.
+    """
+    rows = _entry(r)[3]
+    if rows is None:
+        raise BadInput(f"a {r.kind} result is not tabular; .to_json() holds its data")
+    try:
+        import pandas as pd
+    except ImportError:
+        raise BadInput("to_pandas needs pandas: pip install 'vocablens[pandas]'") from None
+    return pd.DataFrame(rows_of(r))
+
+
+def rows_of(r) -> list[dict]:
+    """The rows :func:`to_pandas` builds its frame from (plain dicts; no pandas needed)."""
+    rows = _entry(r)[3]
+    if rows is None:
+        raise BadInput(f"a {r.kind} result is not tabular; .to_json() holds its data")
+    return rows(r)
+
+
+__all__ = ["RENDERERS", "figure", "print_result", "rows_of", "table", "to_html", "to_json", "to_pandas", "to_text"]
