@@ -55,7 +55,10 @@ class LensWorkflows:
         """Read the stream through ``translator`` (``translate(layer, h) -> h'``) as lens ``kind``."""
         if kind in ("logit", "both") or not kind:
             raise BadInput(f"{kind!r} names a built-in lens; choose another kind")
-        self.translators[kind] = translator
+        own = getattr(translator, "kind", None)
+        if own is not None and own != kind:
+            raise BadInput(f"this translator names itself a {own} lens; add it as kind={own!r}")
+        self.translators[kind] = translator if own == kind else _Named(translator, kind)
 
     def translator(self, kind: str):
         """The translator of lens ``kind`` (None for ``logit``).
@@ -301,3 +304,18 @@ class LensWorkflows:
 
             write_page(run, self, self.spec or "smollm2", out, run.budget_s)
         return run
+
+
+class _Named:
+    """A translator read as lens ``kind`` (the name a result's ``kind`` carries: :mod:`vocablens.lens.kinds`)."""
+
+    def __init__(self, translator, kind: str) -> None:
+        self.translator, self.kind = translator, kind
+
+    def translate(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        return self.translator.translate(layer, h)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name == "translator":
+            raise AttributeError(name)
+        return getattr(self.translator, name)
