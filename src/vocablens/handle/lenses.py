@@ -244,7 +244,9 @@ class LensWorkflows:
         Geva et al. 2022, §5.1). The hook is removed again; ``res.steering.folded()`` edits the weights.
 
         Args:
-            promote, suppress: token strings. blocks: block indices (default all).
+            promote: token strings whose vectors are boosted.
+            suppress: token strings whose vectors are suppressed.
+            blocks: block indices (default all).
             prompt / corpus: the probe text(s) (default ``"The weather today is"``).
             heldout: the corpus whose held-out texts measure perplexity.
             notes: called with a note when a token string is several tokens.

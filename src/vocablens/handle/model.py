@@ -60,7 +60,8 @@ class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
         (``vocablens anatomy --load --json``; :func:`~vocablens.accounting.anatomy.anatomy`).
 
         Args:
-            batch, context: the logits tensor [batch, context, V] sized; context also for attention FLOPs.
+            batch: the batch of the logits tensor [batch, context, V] sized.
+            context: its context length, also for attention FLOPs.
             dtype: the logits' dtype (``float32``, ``bfloat16``, ``float16``).
             name: the column's name (default: the spec it was loaded from).
 
@@ -172,7 +173,8 @@ class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
             text: the prompt (or its ids [1, T]).
             position: the position explained (negative from the end).
             target: a token (string or id) to follow and attribute (default: the top-1).
-            k, subs: tokens per update, FFN sub-updates kept per block.
+            k: tokens per update.
+            subs: FFN sub-updates kept per block.
 
         Raises:
             BadInput: empty prompt, k < 1, a position outside the prompt.
@@ -195,8 +197,9 @@ class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
 
         Args:
             token: token string(s): reverse search (with the top tokens of the vectors found).
-            block, neurons: these value vectors of block ``block`` (0..L-1); without ``neurons``,
-                ``sample`` random ones (default 4) per block (of ``block`` when given).
+            block: a block 0..L-1 (its vectors only).
+            neurons: these value vectors of ``block``; without them, ``sample`` random ones
+                (default 4) per block (of ``block`` when given).
             keys: key vectors instead of value vectors. norm_gain: read through the final norm's gain.
 
         Raises:
