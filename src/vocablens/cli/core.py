@@ -84,7 +84,8 @@ def lens_show(
     found = find_lens(model, lens_path) if kind != "logit" else None  # before the model loads
     lm = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
                     trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    ids = [encode_prompt(lm.tokenizer, t, context_length(lm.model.config), chat=chat, prefix=prefix) for t in texts]
+    ids = [encode_prompt(lm.tokenizer, t, context_length(lm.model.config), chat=chat, prefix=prefix,
+                         rows=lm.borders.vocab_size) for t in texts]
     tuned = None
     if found is not None:
         from vocablens.lens.tuned import TunedLens

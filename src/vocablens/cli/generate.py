@@ -81,7 +81,7 @@ def generate_cmd(
         raise BadInput("--early-exit reads the whole LM head at every layer: run it without torchrun")
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0)
     borders, tok = lm.borders, lm.tokenizer
-    ids = encode_prompt(tok, prompt, max_len=context_length(borders.config), chat=chat)
+    ids = encode_prompt(tok, prompt, max_len=context_length(borders.config), chat=chat, rows=borders.vocab_size)
     rule = None
     if early_exit is not None:
         m = borders.n_layers // 2 if min_layer is None else min_layer

@@ -54,7 +54,8 @@ def score(
                        "model); run it in one process")
     lm = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
                     trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0)
-    ids = encode_prompt(lm.tokenizer, text, context_length(lm.model.config), special_text=special_text)[0]
+    ids = encode_prompt(lm.tokenizer, text, context_length(lm.model.config), special_text=special_text,
+                        rows=lm.borders.vocab_size)[0]
     # bits per byte over one span: the bytes of exactly the tokens whose log-probability is summed
     # (ids[1:]; special tokens count with their text)
     n_bytes = sum(len(token_bytes(lm.tokenizer, int(i)) or b"") for i in ids[1:])

@@ -64,6 +64,7 @@ def steer_cmd(
     mass, the held-out perplexity and greedy continuations."""
     from vocablens.vocab_space.steer import steer
     from vocablens.vocab_space.steer_eval import measure
+    from vocablens.models.tokens import check_ids_fit
 
     if not promote and not suppress:
         raise BadInput("give --promote TOKEN and/or --suppress TOKEN")
@@ -81,7 +82,9 @@ def steer_cmd(
     from vocablens.surgery.io import heldout_texts
 
     def enc(t: str):
-        return tok(t, return_tensors="pt").input_ids[0][:256]
+        ids = tok(t, return_tensors="pt").input_ids[0][:256]
+        check_ids_fit(ids, b.vocab_size, tok)
+        return ids
 
     probes = [enc(prompt or "The weather today is")] if not corpus else [enc(t) for t in heldout_texts(corpus, 4, 600)]
     held = [enc(t) for t in heldout_texts(heldout, 4, 800)]

@@ -199,7 +199,7 @@ def explain_cmd(
     if k < 1:
         raise BadInput(f"-k must be at least 1; got {k}")
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat)
+    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat, rows=lm.borders.vocab_size)
     tid = _single_token(lm.tokenizer, token, lm.borders.vocab_size) if token else None
     e = vs.explain(lm.borders, ids, position=position, token_id=tid, k=k, n_sub=subs)
     if json_:

@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from vocablens.models.flops import block_flops
+from vocablens.models.tokens import check_ids_fit
 
 from vocablens.errors import BadInput, UnsupportedArchitecture
 from vocablens.generate.early_exit import ExitController, ExitRule, StepRecord
@@ -163,6 +164,7 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
     Raises:
         BadInput: empty prompt, max_new_tokens < 1, bad sampling or exit arguments, a prompt plus new
             tokens longer than the model's context, ``head`` given with ``early_exit``.
+        TokenNotInVocabulary (a BadInput): a prompt id with no row in the embedding.
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise BadInput(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}")
@@ -172,6 +174,7 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
     ids = torch.as_tensor(input_ids, dtype=torch.int64, device=borders.device).reshape(1, -1)
     if ids.shape[1] == 0:
         raise BadInput("empty prompt: no tokens to continue")
+    check_ids_fit(ids, borders.W_E.shape[0])
     ctx = getattr(borders.config, "max_position_embeddings", None)
     if isinstance(ctx, int) and ids.shape[1] + max_new_tokens > ctx:
         raise BadInput(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from vocablens.errors import BadInput, TokenNotInVocabulary
+from vocablens.errors import BadInput
 
 #: ~60 common English words in semantic groups, each a single token (with a leading space) in the
 #: default model (SmolLM2-135M); the report's 3-D figure.
@@ -161,7 +161,8 @@ def nearest_neighbors(borders, tokenizer, queries: Sequence[str], k: int = 10, u
 
     Raises:
         BadInput: no query, or k out of range.
-        TokenNotInVocabulary: a string that encodes to no token or to ids beyond the matrix.
+        TokenNotInVocabulary: a string that encodes to no token or to an id with no row in the
+            matrix (:func:`~vocablens.models.tokens.check_ids_fit`).
     """
     from vocablens.models.tokens import single_token_id, token_str
 
@@ -174,9 +175,7 @@ def nearest_neighbors(borders, tokenizer, queries: Sequence[str], k: int = 10, u
     mats = [("input", borders.W_E)] + ([] if borders.tied else [("output", borders.W_U)])
     results = []
     for text in queries:
-        ids, note = single_token_id(tokenizer, text, vocab_size=V, use_mean=use_mean)
-        if any(i >= V or i < 0 for i in ids):
-            raise TokenNotInVocabulary(f"{text!r} maps to ids beyond the matrix rows ({V})")
+        ids, note = single_token_id(tokenizer, text, vocab_size=V, use_mean=use_mean)  # ids with rows
         used = "token" if len(ids) == 1 else ("mean of tokens" if use_mean else "first token")
         chosen = ids if (use_mean and len(ids) > 1) else ids[:1]
         unreal = [i for i in chosen if not bool(mask[i])]

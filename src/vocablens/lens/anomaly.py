@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 import torch
 
 from vocablens.errors import BadInput
+from vocablens.models.tokens import check_ids_fit
 
 KINDS = ("logit", "tuned")
 DETECTORS = ("iforest", "lof")
@@ -91,6 +92,7 @@ def trajectory_features(borders, tokenizer, texts: Sequence[str], lens=None, kin
             seqs.append(tokenizer(t, return_tensors="pt").input_ids[0][-max_tokens:])
         except (TypeError, ValueError) as e:
             raise BadInput(f"input {i + 1} cannot be tokenized: {e}") from None
+        check_ids_fit(seqs[-1], borders.W_E.shape[0], tokenizer)
     # the batched lens at each input's last position, every lens from the same forwards
     per_kind = lens_batches(borders, seqs, [None if kd == "logit" else lens for kd in kinds], positions="last",
                             k=1, layers=range(L), progress=progress)

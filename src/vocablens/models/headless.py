@@ -15,6 +15,7 @@ import torch
 
 from vocablens.errors import BadInput, UnsupportedArchitecture
 from vocablens.models.hooks import ModelPatch
+from vocablens.models.tokens import check_ids_fit
 
 
 class _Stop(Exception):
@@ -26,17 +27,15 @@ def check_forward_input(borders, input_ids: torch.Tensor) -> torch.Tensor:
     (:meth:`Borders.residual_stream`, :func:`blocks_forward`).
 
     Raises:
-        BadInput: empty input, a token id outside the embedding's rows, a borders-only load.
+        BadInput: empty input, a borders-only load. TokenNotInVocabulary (a BadInput): a token id
+            with no row in the embedding (:func:`~vocablens.models.tokens.check_ids_fit`).
         NonFiniteWeights: a weight the forward would read holds NaN or inf.
     """
     if input_ids.numel() == 0:
         raise BadInput("empty input: no tokens to run")
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
-    lo, hi = int(input_ids.min()), int(input_ids.max())
-    if lo < 0 or hi >= borders.W_E.shape[0]:
-        raise BadInput(f"token id {lo if lo < 0 else hi} is outside the embedding's rows "
-                       f"0..{borders.W_E.shape[0] - 1}")
+    check_ids_fit(input_ids, borders.W_E.shape[0])
     if not getattr(borders.model, "vocablens_streamed", False) and any(p.is_meta for p in borders.blocks.parameters()):
         raise BadInput("this model was loaded with its borders only (no blocks): load it whole for a "
                        "forward pass")

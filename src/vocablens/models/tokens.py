@@ -3,54 +3,12 @@
 from __future__ import annotations
 
 import functools
-import re
-import unicodedata
 
 import torch
 
 from vocablens.errors import BadInput, PromptTooLong, TokenNotInVocabulary
-
-_CONTROL = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
-_UNESCAPE = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
-BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-#: Unicode categories always shown as escapes: format characters (zero-width space U+200B, joiners,
-#: BOM, soft hyphen), line and paragraph separators (see :func:`invisible` for the others)
-_INVISIBLE = frozenset({"Cf", "Zl", "Zp"})
-
-
-def invisible(ch: str, after_base: bool = True) -> bool:
-    """Whether one character prints as nothing or as a blank a reader cannot tell from a space:
-    categories Cc, Cf, Zl, Zp, Zs other than " ", and a combining mark (Mn, Mc, Me) standing alone
-    (``after_base=False``: first in the token or after a space or an escaped character)."""
-    cat = unicodedata.category(ch)
-    return (cat == "Cc" or cat in _INVISIBLE or (cat == "Zs" and ch != " ")
-            or (cat[0] == "M" and not after_base))
-
-
-def escape_char(ch: str) -> str:
-    """One character as an escape: ``\\n``/``\\t``/``\\r``/``\\\\``, ``\\xNN`` (other C0 controls
-    and DEL), ``\\uNNNN`` or ``\\UNNNNNNNN`` (the rest)."""
-    if ch in _CONTROL:
-        return _CONTROL[ch]
-    o = ord(ch)
-    if o < 0x20 or o == 0x7F:  # one byte each; C1 controls (U+0080..U+009F) are two in UTF-8: \\u0085
-        return f"\\x{o:02x}"
-    return f"\\u{o:04x}" if o <= 0xFFFF else f"\\U{o:08x}"
-
-
-def escape_text(s: str) -> str:
-    out, base = [], False
-    for ch in s:
-        if ch in _CONTROL or invisible(ch, base):
-            out.append(escape_char(ch))
-            base = False
-        else:
-            out.append(ch)
-            if unicodedata.category(ch)[0] != "M":
-                base = ch != " "
-    return "".join(out)
+from vocablens.models.shown_bytes import (  # noqa: F401  (re-exported: the display rule's home is there)
+    BYTE_PIECE, escape_char, escape_text, invisible, show_bytes, shown_to_bytes)
 
 
 @functools.lru_cache(maxsize=1)
@@ -134,68 +92,6 @@ def token_bytes(tokenizer, token_id: int) -> bytes | None:
         return raw.encode("utf-8")
 
 
-def show_bytes(b: bytes) -> str:
-    """Bytes as readable text: complete UTF-8 characters as themselves, except that control
-    characters, the backslash and every invisible character (:func:`invisible`) are escaped
-    (``\\n``, ``\\t``, ``\\x1b``, ``\\\\``, ``\\u200b``); every byte that is not part of a complete
-    character is ``<0xNN>``. :func:`shown_to_bytes` inverts it."""
-    chars, i = [], 0  # complete characters and <0xNN> stray bytes
-    while i < len(b):
-        for n in (1, 2, 3, 4):
-            try:
-                ch = b[i:i + n].decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            if len(ch) == 1:
-                break
-        else:
-            chars.append(f"<0x{b[i]:02X}>")
-            i += 1
-            continue
-        chars.append(ch)
-        i += n
-    return _escape_runs(chars)
-
-
-def _escape_runs(parts: list[str]) -> str:
-    """Characters escaped by :func:`escape_text` run by run (a combining mark after a base character
-    stays), ``<0xNN>`` parts kept as they are (a mark after one stands alone)."""
-    out, run = [], []
-    for p in parts + ["<end>"]:
-        if len(p) == 1:
-            run.append(p)
-            continue
-        out.append(escape_text("".join(run)))
-        run = []
-        if p != "<end>":
-            out.append(p)
-    return "".join(out)
-
-
-def shown_to_bytes(s: str) -> bytes:
-    """The inverse of :func:`show_bytes`: ``<0xNN>`` and the escapes back to bytes."""
-    out, i = bytearray(), 0
-    while i < len(s):
-        m = BYTE_PIECE.match(s, i)
-        if m:
-            out.append(int(m.group(1), 16))
-            i = m.end()
-        elif s[i] == "\\" and i + 1 < len(s) and s[i + 1] in _UNESCAPE:
-            out += _UNESCAPE[s[i + 1]].encode()
-            i += 2
-        elif s[i] == "\\" and s[i + 1:i + 2] == "x":
-            out.append(int(s[i + 2:i + 4], 16))
-            i += 4
-        elif s[i] == "\\" and s[i + 1:i + 2] in ("u", "U"):
-            n = 4 if s[i + 1] == "u" else 8
-            out += chr(int(s[i + 2:i + 2 + n], 16)).encode("utf-8")
-            i += 2 + n
-        else:
-            out += s[i].encode("utf-8")
-            i += 1
-    return bytes(out)
-
-
 def token_str(tokenizer, token_id: int) -> str:
     """A readable form of one token: its bytes (:func:`token_bytes`: byte-level ``Ġ``/``Ċ`` and
     SentencePiece ``▁`` become space/newline) shown by :func:`show_bytes` — complete characters as
@@ -218,6 +114,46 @@ def token_strs(tokenizer, ids) -> list[str]:
     if isinstance(ids, torch.Tensor):
         ids = ids.flatten().tolist()
     return [token_str(tokenizer, i) for i in ids]
+
+
+def check_ids_fit(ids, rows: int, tokenizer=None) -> None:
+    """THE check that token ids have rows in the matrices, called by every path that turns text into
+    ids (:func:`encode_text`, :func:`encode_prompt`, :func:`single_token_id`) and by every forward
+    (:func:`vocablens.models.headless.check_forward_input`), so a tokenizer longer than the embedding
+    and head (tokens added after training, a mismatched checkpoint) is one message for every command.
+
+    Args:
+        ids: token ids, a list or an int tensor of any shape.
+        rows: the matrices' rows V (the embedding's, ``Borders.W_E.shape[0]``).
+        tokenizer: optional, to name the token and the tokenizer's length in the message.
+
+    Raises:
+        TokenNotInVocabulary (a BadInput): the first id (in order) outside [0, rows), e.g.
+            "token id 49,155 ('<|x|>') has no row in the matrices (49,152 rows; the tokenizer has
+            49,156 tokens)".
+    """
+    if isinstance(ids, torch.Tensor):
+        if ids.numel() == 0:
+            return
+        flat = ids.detach().reshape(-1)
+        bad = (flat < 0) | (flat >= rows)
+        if not bool(bad.any()):
+            return
+        first = int(flat[int(bad.nonzero()[0, 0])])
+    else:
+        first = next((int(i) for i in ids if not 0 <= int(i) < rows), None)
+        if first is None:
+            return
+    name = ""
+    extra = ""
+    if tokenizer is not None:
+        piece = token_piece(tokenizer, first) if first >= 0 else None
+        name = f" ({quoted(token_str(tokenizer, first))})" if piece is not None else ""
+        try:
+            extra = f"; the tokenizer has {len(tokenizer):,} tokens"
+        except TypeError:  # pragma: no cover - a tokenizer without a length
+            extra = ""
+    raise TokenNotInVocabulary(f"token id {first:,}{name} has no row in the matrices ({int(rows):,} rows{extra})")
 
 
 def check_text(text, what: str = "text") -> str:
@@ -254,7 +190,8 @@ def adds_bos(tokenizer) -> bool:
     return bool(ids) and ids[0] == bos
 
 
-def encode_text(tokenizer, text: str, special_text: str = "parse", add_special_tokens: bool = True) -> list[int]:
+def encode_text(tokenizer, text: str, special_text: str = "parse", add_special_tokens: bool = True,
+                rows: int | None = None) -> list[int]:
     """Text -> token ids, by THE rule every command uses for user text.
 
     * Text a tokenizer cannot take (a lone surrogate, not a string) is :class:`BadInput`.
@@ -262,9 +199,11 @@ def encode_text(tokenizer, text: str, special_text: str = "parse", add_special_t
       become those tokens, and a :class:`~vocablens.errors.VocabLensNote` warning names them (the
       CLI prints it on stderr as a note); ``"plain"``: they are tokenized as ordinary text.
     * Never a doubled BOS: when the tokenizer adds BOS and the text starts with it, one is dropped.
+    * ``rows`` (the matrices' rows V): every id must have a row (:func:`check_ids_fit`).
 
     Raises:
         BadInput: as above, or ``special_text`` not parse|plain.
+        TokenNotInVocabulary: an id at or beyond ``rows`` (a tokenizer longer than the matrices).
     """
     import warnings
 
@@ -285,11 +224,13 @@ def encode_text(tokenizer, text: str, special_text: str = "parse", add_special_t
     bos = getattr(tokenizer, "bos_token_id", None)
     if add_special_tokens and bos is not None and len(ids) >= 2 and ids[0] == ids[1] == bos and adds_bos(tokenizer):
         ids = ids[1:]
+    if rows is not None:
+        check_ids_fit(ids, rows, tokenizer)
     return ids
 
 
 def encode_prompt(tokenizer, prompt: str, max_len: int | None = None, chat: bool = False,
-                  prefix: str = "", special_text: str = "parse") -> torch.Tensor:
+                  prefix: str = "", special_text: str = "parse", rows: int | None = None) -> torch.Tensor:
     """Prompt text -> input ids [1, T] int64, by the rule of :func:`encode_text`.
 
     Args:
@@ -297,10 +238,12 @@ def encode_prompt(tokenizer, prompt: str, max_len: int | None = None, chat: bool
             turn, and continue it with ``prefix``.
         max_len: the model's context length; longer prompts raise.
         special_text: ``parse`` or ``plain`` (see :func:`encode_text`).
+        rows: the matrices' rows V; every id must have one (:func:`check_ids_fit`).
 
     Raises:
         BadInput: empty prompt, text a tokenizer cannot take, or ``chat`` without a chat template.
         PromptTooLong: more tokens than ``max_len``.
+        TokenNotInVocabulary: an id at or beyond ``rows`` (a tokenizer longer than the matrices).
     """
     if prompt is None or not str(prompt).strip():
         raise BadInput("empty prompt: give some text")
@@ -318,6 +261,8 @@ def encode_prompt(tokenizer, prompt: str, max_len: int | None = None, chat: bool
         raise BadInput("the prompt encodes to no tokens")
     if max_len is not None and ids.shape[1] > max_len:
         raise PromptTooLong(f"prompt has {ids.shape[1]} tokens, more than the model's context of {max_len}")
+    if rows is not None:
+        check_ids_fit(ids, rows, tokenizer)
     return ids
 
 
@@ -356,19 +301,21 @@ def single_token_id(tokenizer, text: str, vocab_size: int | None = None, use_mea
         first, or the mean with ``use_mean``); ``note`` says what happened, or None.
 
     Raises:
-        TokenNotInVocabulary: the text encodes to no token.
+        TokenNotInVocabulary: the text encodes to no token, or (with ``vocab_size``) to an id with no
+            row in the matrices (:func:`check_ids_fit`).
     """
     if text is None or text == "":
         raise TokenNotInVocabulary("empty token string")
     check_text(text, "the token")
     vocab = vocab_table(tokenizer)
     if text in vocab:
-        return [int(vocab[text])], None
-    ids = tokenizer(text, add_special_tokens=False).input_ids
+        ids = [int(vocab[text])]
+    else:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
     if not ids:
         raise TokenNotInVocabulary(f"{text!r} encodes to no token")
-    if vocab_size is not None and any(i >= vocab_size for i in ids):
-        raise TokenNotInVocabulary(f"{text!r} maps to ids beyond the matrix rows ({vocab_size})")
+    if vocab_size is not None:
+        check_ids_fit(ids, vocab_size, tokenizer)
     if len(ids) == 1:
         return ids, None
     pieces = [token_str(tokenizer, i) for i in ids]

@@ -61,7 +61,7 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
         if unknown:
             raise BadInput(f"unknown report section {unknown[0]!r}; sections are {', '.join(ORDER)}")
         plans = [p for p in plans if p.key in only]
-    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config))
+    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), rows=lm.borders.vocab_size)
     t_all = clock()
     finished: dict[str, float] = {}
     now = {"key": None, "t0": t_all, "deadline": None, "fraction": None}

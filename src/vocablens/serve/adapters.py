@@ -57,7 +57,7 @@ def encode(lm, prompt: str, chat: bool, max_tokens: int) -> torch.Tensor:
     """
     from vocablens.errors import PromptTooLong
 
-    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat)
+    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat, rows=lm.borders.vocab_size)
     if ids.shape[1] > max_tokens:
         raise PromptTooLong(f"the prompt has {ids.shape[1]} tokens; this server reads prompts of at most "
                             f"{max_tokens} tokens (start it with --max-tokens N for more)")

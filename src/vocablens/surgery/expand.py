@@ -41,7 +41,7 @@ from torch import nn
 from vocablens.errors import BadInput, UnsupportedArchitecture
 from vocablens.models.borders import Borders
 from vocablens.models.rows import untrained_rows
-from vocablens.models.tokens import token_str
+from vocablens.models.tokens import check_ids_fit, token_str
 
 INIT_METHODS = ("subtoken-mean", "mean", "interpolate", "zeros", "random")
 
@@ -271,6 +271,8 @@ def expand_vocab(model: nn.Module, tokenizer, tokens: Sequence[str], init: str =
     Raises:
         BadInput: no tokens, an empty string, a string given twice, a string that is already a
             token (nothing is changed), an unknown init method, interpolation outside [0, 1].
+        TokenNotInVocabulary (a BadInput): the tokenizer is already longer than the matrices (a
+            token with no row: :func:`~vocablens.models.tokens.check_ids_fit`).
         UnsupportedArchitecture: another parameter is indexed by the vocabulary (e.g. per-layer
             embeddings) and would be left at the old size; or the tie did not survive.
     """
@@ -298,6 +300,7 @@ def expand_vocab(model: nn.Module, tokenizer, tokens: Sequence[str], init: str =
     tied = borders.tied
     rows_before = borders.vocab_size
     size_before = len(tokenizer)
+    check_ids_fit(range(rows_before, size_before), rows_before, tokenizer)  # a tokenizer longer than the rows
     W_E, W_U, b_U = borders.W_E, borders.W_U, borders.b_U
     others = other_vocab_tensors(model, rows_before, [W_E, W_U, b_U])
     if others:

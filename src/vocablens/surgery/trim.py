@@ -27,6 +27,7 @@ from torch import nn
 
 from vocablens.errors import BadInput, UnsupportedTokenizer
 from vocablens.models.borders import Borders
+from vocablens.models.tokens import check_ids_fit
 from vocablens.surgery.expand import other_vocab_tensors, shallow_copy, replace_matrices
 
 _CONFIG_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "sep_token_id",
@@ -317,8 +318,7 @@ def trim_vocab(model: nn.Module, tokenizer, used_ids: Iterable[int]) -> Trimmed:
     keep |= {i for i in config_ids(gen) if i < len(tokenizer)}
     kept, new_json = plan_bpe_trim(tj, keep)
     rows = borders.vocab_size
-    if kept[-1] >= rows:
-        raise BadInput(f"token id {kept[-1]} has no row in the matrices ({rows} rows)")
+    check_ids_fit(kept, rows, tokenizer)
     others = other_vocab_tensors(model, rows, [borders.W_E, borders.W_U, borders.b_U])
     if others:
         from vocablens.errors import UnsupportedArchitecture
