@@ -33,11 +33,13 @@ class LoadedModel:
         Raises:
             BadInput: empty text, text a tokenizer cannot take, ``chat`` without a chat template.
             PromptTooLong: more tokens than the model's context.
+            TokenNotInVocabulary: a token id with no row in the matrices (a tokenizer longer than
+                them: :func:`~vocablens.models.tokens.check_ids_fit`).
         """
         from vocablens.models.tokens import context_length, encode_prompt
 
         return encode_prompt(self.tokenizer, text, context_length(self.model.config), chat=chat, prefix=prefix,
-                             special_text=special_text)
+                             special_text=special_text, rows=self.borders.vocab_size)
 
     def encode_batch(self, texts, *, chat: bool = False, prefix: str = "", special_text: str = "parse"):
         """Several prompts -> ``(input_ids [B, T] int64, attention_mask [B, T] int64)``, right-padded
