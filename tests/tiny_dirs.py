@@ -62,9 +62,17 @@ def save_tiny(d: Path, tok, family: str = "llama", seed: int = 0) -> Path:
     return d
 
 
-def save_tiny_gguf(path: Path, tok, seed: int = 0) -> Path:
+def save_tiny_gguf(path: Path, tok, seed: int = 0, intermediate_size: int | None = None,
+                   meta_vocab_size: int | None = None, drop_tokens: int = 0, extra_rows: int = 0,
+                   head_rows: int | None = None, bos_token_id: int = 0) -> Path:
     """A tiny tied llama as a float32 ``.gguf`` file (``gguf.GGUFWriter``) with ``tok``'s BPE vocabulary,
-    readable by transformers' GGUF loader (config, tokenizer and weights)."""
+    readable by transformers' GGUF loader (config, tokenizer and weights).
+
+    Variants: ``extra_rows`` embedding rows past the token list (a padded head, V = len(tok) + extra_rows);
+    ``intermediate_size`` makes the file bigger (4 bytes x 3 x d x it per block). Faults on demand:
+    ``meta_vocab_size`` written as ``llama.vocab_size`` instead of V (0: the key left out), the last
+    ``drop_tokens`` entries cut from ``tokenizer.ggml.tokens`` (merges unchanged), an untied head
+    ``output.weight`` of ``head_rows`` rows, a ``bos_token_id`` past the token list."""
     import json
 
     import gguf
@@ -73,7 +81,9 @@ def save_tiny_gguf(path: Path, tok, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     cfg = _config("llama_tied")
-    cfg.vocab_size = len(tok)
+    cfg.vocab_size = len(tok) + extra_rows
+    if intermediate_size:
+        cfg.intermediate_size = intermediate_size
     m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_context_length(cfg.max_position_embeddings)
@@ -84,14 +94,16 @@ def save_tiny_gguf(path: Path, tok, seed: int = 0) -> Path:
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_vocab_size(len(tok))
+    if meta_vocab_size != 0:
+        w.add_vocab_size(meta_vocab_size or cfg.vocab_size)
     tj = json.loads(tok.backend_tokenizer.to_str())
     vocab = sorted(tj["model"]["vocab"].items(), key=lambda kv: kv[1])
+    vocab = vocab[: len(vocab) - drop_tokens]
     w.add_tokenizer_model("gpt2")
     w.add_token_list([t for t, _ in vocab])
     w.add_token_types([3 if t in ("<s>", "</s>", "<pad>") else 1 for t, _ in vocab])
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
-    w.add_bos_token_id(0)
+    w.add_bos_token_id(bos_token_id)
     w.add_eos_token_id(1)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
     parts = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -106,6 +118,8 @@ def save_tiny_gguf(path: Path, tok, seed: int = 0) -> Path:
         else:
             gname = names[name]
         w.add_tensor(gname, p.detach().numpy().copy())
+    if head_rows is not None:
+        w.add_tensor("output.weight", torch.randn(head_rows, cfg.hidden_size).numpy())
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -242,7 +242,7 @@ def lookup_bytes(n_tokens: int, d: int, fmt: str = "bf16") -> int:
 
 def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEFAULT_CONTEXT,
             logits_dtype: str = "float32", tokenizer_vocab_size: int | None = None,
-            source: str = "loaded model") -> Anatomy:
+            source: str = "loaded model", notes: tuple[str, ...] = ()) -> Anatomy:
     """Count the parameters, bytes and FLOPs of a model's two borders and of the rest.
 
     Works on a loaded model and on a meta-device model alike (nothing is read from the weights but
@@ -256,6 +256,8 @@ def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEF
         logits_dtype: dtype of the logits tensor (``float32``, ``bfloat16`` ...).
         tokenizer_vocab_size: overrides ``borders.tokenizer_vocab_size`` when given.
         source: where the model came from, for the reader.
+        notes: notes about the files, put first (e.g. a GGUF file's metadata that disagrees with its
+            tensors: :attr:`vocablens.models.Provenance.notes`).
 
     Returns:
         :class:`Anatomy`.
@@ -282,7 +284,7 @@ def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEF
     flops_ne = 2 * non_emb
     flops_attn = attention_flops(n_layers, context, d_attn)
     fwd = flops_ne + flops_head + flops_attn
-    notes: list[str] = []
+    notes: list[str] = list(notes)
     n_experts = _cfg(cfg, "num_local_experts", "num_experts", "n_routed_experts")
     if n_experts and int(n_experts) > 1:
         notes.append(f"mixture of experts ({n_experts} experts): non-embedding FLOPs count every expert, "
@@ -327,7 +329,7 @@ def anatomy_of(spec: str | os.PathLike, batch: int = 1, context: int = DEFAULT_C
     """
     from vocablens.models.borders import Borders
 
-    cfg, tvs, source = resolve_config(spec)
+    cfg, tvs, source, file_notes = resolve_config(spec)
     try:
         model = meta_model(cfg)
         borders = Borders.from_model(model)
@@ -339,7 +341,8 @@ def anatomy_of(spec: str | os.PathLike, batch: int = 1, context: int = DEFAULT_C
         borders = replace(borders, tokenizer_vocab_size=tvs)
     entry = catalogue_entry(str(spec))
     name = entry.hub_id if entry is not None else str(spec)
-    return anatomy(borders, name=name, batch=batch, context=context, logits_dtype=logits_dtype, source=source)
+    return anatomy(borders, name=name, batch=batch, context=context, logits_dtype=logits_dtype, source=source,
+                   notes=file_notes)
 
 
 __all__ = [

@@ -40,7 +40,7 @@ def anatomy_cmd(
             entry = catalogue_entry(spec)  # an alias loads its hub id (from the local cache)
             lm = load_model(entry.hub_id if entry else spec, mode="full", trust_remote_code=trust_remote_code, quiet=json_)
             results.append(anatomy(lm.borders, name=spec, batch=batch, context=context, logits_dtype=dtype,
-                                   source="loaded model"))
+                                   source="loaded model", notes=lm.provenance.notes))
         else:
             with status(f"reading the config of {spec} ...", quiet=json_):
                 results.append(anatomy_of(spec, batch=batch, context=context, logits_dtype=dtype))

@@ -44,7 +44,13 @@ def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False)
     kind, path, hub = resolve_spec(spec_s)
     with reading(spec_s, kind, hub, "read the config of", path):
         if kind == "gguf":
-            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+            from vocablens.models.gguf_cache import checked_facts
+
+            facts = checked_facts(path, spec_s)  # cut short or unbuildable: one line, before transformers
+            cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+            if facts.vocab_size is not None:
+                cfg.vocab_size = facts.vocab_size  # V is the embedding's rows, whatever the metadata says
+            return cfg
         if kind == "dir":
             return AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         return AutoConfig.from_pretrained(hub, trust_remote_code=trust_remote_code, **hub_kwargs(hub))
@@ -52,8 +58,8 @@ def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False)
 
 @lru_cache(maxsize=8)
 def _gguf_config(path: str, mtime_ns: int, size: int):
-    """A GGUF file's config, parsed once per file version (reading the header takes seconds; 5-25 s
-    for the default model on 2 shared cores). When the file's float32 cache entry exists
+    """A GGUF file's config, parsed once per file version (transformers' header reading takes seconds;
+    5-25 s for the default model on 2 shared cores). When the file's float32 cache entry exists
     (:mod:`vocablens.models.gguf_cache`, written by its first load) its ``config.json`` is read
     instead, in milliseconds: the config transformers made from this same header, less the two keys
     saving added (``architectures``, ``dtype``)."""
@@ -74,16 +80,18 @@ def _gguf_config(path: str, mtime_ns: int, size: int):
     return load_config(path)
 
 
-def resolve_config(spec: str | os.PathLike) -> tuple[Any, int | None, str]:
-    """A model's config, its tokenizer size when known, and where the config came from.
+def resolve_config(spec: str | os.PathLike) -> tuple[Any, int | None, str, tuple[str, ...]]:
+    """A model's config, its tokenizer size when known, where the config came from, and notes.
 
     Order: the built-in catalogue (hub id or alias), a ``config.json`` file, a model directory, a
     ``.gguf`` file (or ``smollm2``), and finally a hub id in the local cache — all through
     :func:`vocablens.models.load_config`, no weights read.
 
     Returns:
-        ``(config, tokenizer_vocab_size or None, source)``; source is ``catalogue``, ``config``, ``gguf``
-        or ``hub cache``.
+        ``(config, tokenizer_vocab_size or None, source, notes)``; source is ``catalogue``, ``config``,
+        ``gguf`` or ``hub cache``. For a GGUF file V is its embedding tensor's rows, the tokenizer's
+        size its token list's length, and ``notes`` says where its metadata disagrees
+        (:func:`vocablens.models.gguf_header.gguf_notes`); otherwise ``notes`` is empty.
 
     Raises:
         ModelNotFound: nothing under that spec (the message lists the catalogue's aliases).
@@ -95,7 +103,7 @@ def resolve_config(spec: str | os.PathLike) -> tuple[Any, int | None, str]:
     if entry is not None:
         cfg = AutoConfig.for_model(**entry.config)
         cfg.name_or_path = entry.hub_id
-        return cfg, entry.tokenizer_vocab_size, "catalogue"
+        return cfg, entry.tokenizer_vocab_size, "catalogue", ()
     p = Path(str(spec)).expanduser()
     try:
         kind, path, _hub = resolve_spec(str(spec)) if not (p.is_file() and p.suffix == ".json") else ("json", p, None)
@@ -110,16 +118,20 @@ def resolve_config(spec: str | os.PathLike) -> tuple[Any, int | None, str]:
         raise ModelNotFound(f"{spec!r} is not a config file, model directory, .gguf file, cached hub id "
                             f"or a catalogue model ({catalogue_names()})") from None
     if kind == "json":
-        return cfg, None, "config"
+        return cfg, None, "config", ()
     if kind == "gguf":
-        # A GGUF file's token list has one entry per matrix row (converters pad it with [PAD] tokens),
-        # so its tokenizer size is V.
+        from vocablens.models.gguf_cache import checked_facts
+        from vocablens.models.gguf_header import gguf_notes
+
+        facts = checked_facts(path, str(spec))  # milliseconds: the header, without the strings
         cfg.name_or_path = str(spec)
-        return cfg, int(cfg.vocab_size), "gguf"
+        if facts.vocab_size is not None:
+            cfg.vocab_size = facts.vocab_size
+        return cfg, facts.n_tokens, "gguf", tuple(gguf_notes(facts))
     if kind == "dir":
         tvs = _dir_tokenizer_size(path)
-        return config_as_loaded(cfg, path), tvs, "config"
-    return cfg, None, "hub cache"
+        return config_as_loaded(cfg, path), tvs, "config", ()
+    return cfg, None, "hub cache", ()
 
 
 def _dir_tokenizer_size(path: Path) -> int | None:

@@ -1,10 +1,14 @@
 """The cache of dequantized GGUF models: a float32 safetensors directory per GGUF file version.
 
 Dequantizing a GGUF file with transformers takes seconds to minutes; the result is saved once under
-:func:`cache_root` (``gguf/<stem>-<hash>``, the hash over the file's content identity (:func:`file_identity`)
-and the vocablens and transformers versions) and loaded from there next time in about a second. The
-directory is written through :func:`vocablens.files.atomic_dir`, so a reader never sees half of it.
-Disk: about 4 bytes per parameter (SmolLM2-135M: 0.54 GB).
+:func:`cache_root` (``gguf/<stem>-<hash>``, the hash over the SHA-256 of the file's whole content
+(:func:`file_identity`) and the vocablens and transformers versions) and loaded from there next time in
+about a second. The directory is written through :func:`vocablens.files.atomic_dir`, so a reader never
+sees half of it. Disk: about 4 bytes per parameter (SmolLM2-135M: 0.54 GB).
+
+Before dequantizing, the header is checked against itself (:mod:`vocablens.models.gguf_header`): V is
+the embedding tensor's rows whatever ``{arch}.vocab_size`` says (the disagreement becomes a note of the
+provenance), and a file no model can be built from is one line naming the two numbers.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ def cache_root() -> Path | None:
 
 
 def cache_dir(path: Path) -> Path | None:
-    """The cache directory for one GGUF file version, or None when caching is off."""
+    """The cache directory for one GGUF file version, or None when caching is off (the file is then
+    not hashed here). Hashes the whole file the first time it is seen (:func:`file_identity`)."""
     import transformers
 
     from vocablens.version import __version__
@@ -46,20 +51,68 @@ def cache_dir(path: Path) -> Path | None:
     return root / "gguf" / f"{path.stem}-{digest}"
 
 
-def file_identity(path: Path, sample: int = 1 << 20) -> str:
-    """What names one GGUF file's content, read in milliseconds: its name, its size and the SHA-256 of
-    its first, middle and last ``sample`` bytes (the header with all metadata, and tensor data).
+#: bytes per read while hashing (large reads: hashlib releases the GIL and runs at its own speed)
+_CHUNK = 1 << 22
+#: in-process memo: resolved path -> (stat stamp, SHA-256)
+_MEMO: dict[str, tuple[tuple, str]] = {}
 
-    Not its location or mtime: the same file installed again (a fresh virtual environment, a copy)
-    finds its cache entry instead of writing a second one.
-    """
-    size = path.stat().st_size
-    h = hashlib.sha256(f"{path.name}|{size}".encode())
-    with open(path, "rb") as f:
-        for start in sorted({0, max(0, size // 2 - sample // 2), max(0, size - sample)}):
-            f.seek(start)
-            h.update(f.read(sample))
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What must not change for a stored hash to stand: device, inode, size, mtime and ctime (ns).
+    ctime, which no user call can set back, also catches a file rewritten in place whose mtime was
+    restored (``cp -p``, ``touch -d``)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
     return h.hexdigest()
+
+
+def file_identity(path: Path) -> str:
+    """The SHA-256 of a GGUF file's whole content, as hex: what names its cache entry.
+
+    Computed once per file version (sha256 runs at about 0.5-0.7 s per GB from the page cache with
+    SHA instructions; disk reads may be slower) and kept beside the file's stat (device, inode,
+    size, mtime_ns, ctime_ns) under ``cache_root()/hashes`` and in memory; it is reused without
+    reading the file only while that stat is exactly the same, so a file changed in any byte is
+    hashed (and dequantized) again. Not its location: the same content elsewhere hashes the same.
+    """
+    import json
+
+    path = Path(path)
+    real = str(path.resolve())
+    stamp = _stamp(path.stat())
+    hit = _MEMO.get(real)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    root = cache_root()
+    memo = root / "hashes" / (hashlib.sha256(real.encode()).hexdigest()[:32] + ".json") if root else None
+    try:
+        rec = json.loads(memo.read_text()) if memo is not None and memo.is_file() else None
+        if isinstance(rec, dict) and tuple(rec.get("stat", ())) == stamp and isinstance(rec.get("sha256"), str):
+            _MEMO[real] = (stamp, rec["sha256"])
+            return rec["sha256"]
+    except (OSError, ValueError):
+        pass
+    digest = _sha256(path)
+    if _stamp(path.stat()) != stamp:  # written to while hashed: hash again next time
+        return digest
+    _MEMO[real] = (stamp, digest)
+    if memo is not None:
+        from vocablens.files import atomic_write
+
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(memo, json.dumps({"path": real, "stat": list(stamp), "sha256": digest}))
+        except Exception:  # a read-only cache: the hash is computed again next process
+            pass
+    return digest
 
 
 def read_cache(cdir: Path | None, spec: str, dtype):
@@ -70,12 +123,22 @@ def read_cache(cdir: Path | None, spec: str, dtype):
     if cdir is None or not (cdir / CACHE_MARK).is_file():
         return None
     try:
-        prov = Provenance(**json.loads((cdir / CACHE_MARK).read_text()))
+        prov = mark_provenance(cdir)
         tok = AutoTokenizer.from_pretrained(str(cdir))
         model = AutoModelForCausalLM.from_pretrained(str(cdir), dtype=dtype or torch.float32)
     except Exception:  # a damaged cache entry: the caller falls back to the GGUF file
         return None
     return tok, model, Provenance(**{**prov.__dict__, "spec": spec, "loaded_from": str(cdir)})
+
+
+def mark_provenance(cdir: Path) -> Provenance:
+    """The provenance a cache entry was written with (its notes as a tuple).
+
+    Raises:
+        OSError, ValueError, TypeError: a missing or damaged mark.
+    """
+    d = json.loads((cdir / CACHE_MARK).read_text())
+    return Provenance(**{**d, "notes": tuple(d.get("notes", ()))})
 
 
 def _sweep(root: Path, age_s: float = 3600.0) -> None:
@@ -113,22 +176,77 @@ def write_cache(cdir: Path, model, tok, prov: Provenance) -> bool:
     return True
 
 
+def shown_gguf(path: Path, spec: str) -> str:
+    """How error lines name a GGUF file: the path the user gave, or the default model's package and name."""
+    from vocablens.models.spec import DEFAULT_GGUF_PACKAGE, DEFAULT_MODEL
+
+    if spec.lower() in (DEFAULT_MODEL, "smollm2-135m-instruct", "default"):
+        return f"PyPI package {DEFAULT_GGUF_PACKAGE.replace('_', '-')}: {path.name}"
+    return str(path)
+
+
+def checked_facts(path: Path, spec: str):
+    """The file's :class:`~vocablens.models.gguf_header.GGUFFacts`, after :func:`gguf_problem` found none.
+
+    Raises:
+        CorruptModelFile: not a GGUF file, cut short, or a model cannot be built from it (one line
+            naming the two numbers that disagree).
+    """
+    from vocablens.errors import CorruptModelFile
+    from vocablens.models.gguf_header import gguf_facts, gguf_problem
+
+    shown = shown_gguf(path, spec)
+    facts = gguf_facts(path, shown)
+    problem = gguf_problem(facts, shown)
+    if problem:
+        raise CorruptModelFile(problem)
+    return facts
+
+
+def config_override(path: Path, facts):
+    """A config for transformers with V from the embedding tensor, or None when the one it reads from
+    the header (``{arch}.vocab_size``, else the token list's length) already says so."""
+    said = facts.meta_vocab_size if facts.meta_vocab_size is not None else facts.n_tokens
+    if facts.vocab_size is None or said == facts.vocab_size:
+        return None
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    cfg.vocab_size = facts.vocab_size
+    return cfg
+
+
 def load_gguf(path: Path, spec: str, tdtype):
     """Dequantize the GGUF file ``path`` to float32 with transformers and write its cache entry, or read
     the entry when there is one: ``(tokenizer, model, provenance)``, the model cast to ``tdtype`` when
-    given. Errors of the readers propagate (the caller wraps them: :func:`vocablens.models.spec.reading`)."""
+    given. The header is checked first (:func:`checked_facts`); the provenance names the file's
+    SHA-256 and the metadata's disagreements with the tensors (``notes``).
+
+    Raises:
+        CorruptModelFile: a file cut short, a header no model can be built from, a tokenizer that
+            cannot be built (:func:`vocablens.models.tokenizer_files.building_tokenizer`). Other errors
+            of the readers propagate (the caller wraps them: :func:`vocablens.models.spec.reading`).
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vocablens.models.gguf_header import gguf_notes
+    from vocablens.models.tokenizer_files import building_tokenizer, gguf_tokenizer_problem
 
     cdir = cache_dir(path)
     hit = read_cache(cdir, spec, tdtype)
     if hit is not None:  # the entry is keyed by content, shared by every copy of the file: the source
         tok, model, prov = hit  # is the file given now, not the copy that wrote the entry
         return tok, model, Provenance(**{**prov.__dict__, "source": str(path)})
+    facts = checked_facts(path, spec)
     prov = gguf_provenance(path, spec)
+    prov = Provenance(**{**prov.__dict__, "content_sha256": file_identity(path), "notes": tuple(gguf_notes(facts))})
     d, f = str(path.parent), path.name
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    with building_tokenizer(shown_gguf(path, spec), lambda: gguf_tokenizer_problem(path)):
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    cfg = config_override(path, facts)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32,
+                                                 **({"config": cfg} if cfg is not None else {}))
     # The weights are plain dequantized tensors now; drop the GGUF quantizer so the model is an
     # ordinary transformers model (serializable, editable).
     model.hf_quantizer = None
@@ -142,4 +260,5 @@ def load_gguf(path: Path, spec: str, tdtype):
     return tok, model, prov
 
 
-__all__ = ["CACHE_MARK", "cache_root", "cache_dir", "load_gguf", "read_cache", "write_cache"]
+__all__ = ["CACHE_MARK", "cache_root", "cache_dir", "checked_facts", "config_override", "file_identity", "load_gguf",
+           "mark_provenance", "read_cache", "shown_gguf", "write_cache"]

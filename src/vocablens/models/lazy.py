@@ -62,7 +62,7 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
     tdtype = torch_dtype(dtype, "dtype")
     try:
         config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
-        tok = light_tokenizer(d, trust_remote_code)   # AutoTokenizer parses tokenizer.json twice (~45 MiB kept)
+        tok = light_tokenizer(d, trust_remote_code, spec_s)   # AutoTokenizer parses tokenizer.json twice (~45 MiB kept)
     except file_errors() as e:
         raise CorruptModelFile(diagnose_dir(d) or missing_parts(d) or f"cannot read the config or tokenizer in {d}: "
                                f"{str(e).splitlines()[0]}") from None

@@ -8,6 +8,7 @@ see :mod:`vocablens.models.gguf_cache`). Where a spec points is decided in
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from vocablens.models.dtypes import torch_dtype
@@ -15,6 +16,7 @@ from vocablens.models.gguf_cache import load_gguf
 from vocablens.models.loaded import LoadedModel
 from vocablens.models.provenance import Provenance, dir_provenance
 from vocablens.models.spec import DEFAULT_MODEL, hub_kwargs, reading, resolve_spec
+from vocablens.models.tokenizer_files import building_tokenizer, hub_tokenizer_problem, json_tokenizer_problem
 
 
 def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str = "cpu",
@@ -60,7 +62,9 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
             kw: dict[str, Any] = {"trust_remote_code": trust_remote_code}
             if kind == "hub":
                 kw.update(hub_kwargs(hub))
-            tok = AutoTokenizer.from_pretrained(src, **kw)
+            with building_tokenizer(spec_s, lambda: json_tokenizer_problem(Path(src)) if kind == "dir"
+                                    else hub_tokenizer_problem(src)):
+                tok = AutoTokenizer.from_pretrained(src, **kw)
             model = AutoModelForCausalLM.from_pretrained(src, dtype=tdtype or "auto", use_safetensors=None, **kw)
             prov = dir_provenance(path, spec_s) if kind == "dir" else Provenance(
                 spec=spec_s, name=hub, source=f"hub:{hub}", format="hub",

@@ -28,6 +28,9 @@ class Provenance:
         tensor_types: storage type of tensor groups, e.g. ``{"token_embd": "Q8_0", "blocks": "Q4_1"}``.
         dequantized: whether the weights were dequantized on load.
         dtype: the torch dtype of the loaded parameters (``float32``).
+        loaded_from: the directory the weights were read from when not ``source`` (a GGUF file's cache entry).
+        content_sha256: a GGUF file's SHA-256 (hex) over its whole content, what its cache entry is found by.
+        notes: where the file's metadata disagrees with what it holds, and which number was used.
     """
 
     spec: str
@@ -39,6 +42,8 @@ class Provenance:
     dequantized: bool = False
     dtype: str = ""
     loaded_from: str = ""
+    content_sha256: str = ""
+    notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line for every output: ``SmolLM2-135M-Instruct, Q4_1 GGUF, dequantized``."""
@@ -76,6 +81,8 @@ class Provenance:
             "dtype": self.dtype,
             "loaded_from": "vocablens cache of the dequantized GGUF" if self.loaded_from else self.shown_source,
             "description": self.describe(),
+            "content_sha256": self.content_sha256,
+            "notes": list(self.notes),
         }
 
 
@@ -88,17 +95,13 @@ def gguf_provenance(path: Path, spec: str) -> Provenance:
     Raises:
         CorruptModelFile: the file is not a readable GGUF file.
     """
-    try:
-        from gguf import GGUFReader
+    from gguf import GGMLQuantizationType
 
-        reader = GGUFReader(str(path))
-    except Exception as exc:  # gguf raises ValueError/struct.error/... on a bad file
-        why = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
-        raise CorruptModelFile(f"cannot read GGUF file {path}: it is truncated or not a GGUF file ({why}); "
-                               "download it again") from None
+    from vocablens.models.gguf_header import read_header
+
+    header = read_header(path)
     groups: dict[str, Counter] = {}
-    for t in reader.tensors:
-        name = t.name
+    for name, (_dims, ttype) in header.tensors.items():
         if name.startswith("token_embd"):
             g = "embedding"
         elif name.startswith("output."):
@@ -109,19 +112,23 @@ def gguf_provenance(path: Path, spec: str) -> Provenance:
             g = "blocks"
         else:
             g = "other"
-        groups.setdefault(g, Counter())[t.tensor_type.name] += 1
+        try:
+            tname = GGMLQuantizationType(ttype).name
+        except ValueError:
+            tname = f"type {ttype}"
+        groups.setdefault(g, Counter())[tname] += 1
     tensor_types = {
         g: "/".join(k for k, _ in c.most_common()) for g, c in groups.items() if g != "other"
     }
     # The file's headline type: general.file_type when present, else the blocks' type.
     file_type = None
-    ft = reader.fields.get("general.file_type")
-    if ft is not None:
+    ft = header.values.get("general.file_type")
+    if isinstance(ft, int):
         try:
             from gguf import LlamaFileType
 
-            file_type = LlamaFileType(int(ft.parts[ft.data[0]][0])).name.replace("MOSTLY_", "")
-        except Exception:
+            file_type = LlamaFileType(ft).name.replace("MOSTLY_", "")
+        except ValueError:
             file_type = None
     if not file_type:
         file_type = tensor_types.get("blocks", "unknown")

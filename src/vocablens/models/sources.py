@@ -13,9 +13,10 @@ import json
 from pathlib import Path
 
 from vocablens.errors import BadInput
-from vocablens.models.gguf_cache import CACHE_MARK, cache_dir, load_gguf
+from vocablens.models.gguf_cache import CACHE_MARK, cache_dir, load_gguf, mark_provenance
 from vocablens.models.provenance import Provenance, dir_provenance
 from vocablens.models.spec import diagnose_dir, hub_error, reading, resolve_spec
+from vocablens.models.tokenizer_files import building_tokenizer, json_tokenizer_problem
 
 
 def source_dir(spec: str) -> tuple[Path, Provenance]:
@@ -34,7 +35,7 @@ def source_dir(spec: str) -> tuple[Path, Provenance]:
                 load_gguf(path, spec, None)  # dequantizes once and writes the cache (the whole model, this time only)
             if mark is None or not mark.is_file():
                 raise BadInput("the GGUF cache is off or not writable (VOCABLENS_CACHE): load the whole model instead")
-        prov = Provenance(**{**json.loads(mark.read_text()), "spec": spec, "loaded_from": str(cdir)})
+        prov = Provenance(**{**mark_provenance(cdir).__dict__, "spec": spec, "loaded_from": str(cdir)})
         return cdir, prov
     if kind == "dir":
         return path, dir_provenance(path, spec)
@@ -48,10 +49,20 @@ def source_dir(spec: str) -> tuple[Path, Provenance]:
     return d, Provenance(spec=spec, name=hub, source=f"hub:{hub}", format="hub", quantization="")
 
 
-def light_tokenizer(d: Path, trust_remote_code: bool = False):
+def light_tokenizer(d: Path, trust_remote_code: bool = False, shown: str | None = None):
     """The tokenizer of a model directory through the class its ``tokenizer_config.json`` names
     (the class ``AutoTokenizer`` would pick), without importing transformers' config machinery;
-    ``AutoTokenizer`` when the class is not named, not exported or needs remote code."""
+    ``AutoTokenizer`` when the class is not named, not exported or needs remote code.
+
+    Raises:
+        CorruptModelFile: the tokenizer cannot be built; the line names ``shown`` (default: ``d``) and
+            what in its files disagrees (:func:`vocablens.models.tokenizer_files.building_tokenizer`).
+    """
+    with building_tokenizer(shown or str(d), lambda: json_tokenizer_problem(d)):
+        return _light_tokenizer(d, trust_remote_code)
+
+
+def _light_tokenizer(d: Path, trust_remote_code: bool):
     import transformers
 
     cfg_path = d / "tokenizer_config.json"
