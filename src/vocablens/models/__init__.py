@@ -5,7 +5,9 @@ there is no cycle): ``find`` (where a model keeps its decoder and blocks, config
 several names), ``dtypes`` (the one dtype table), ``catalogue`` (built-in configs), ``meta`` (a
 meta-device model from a config), ``pages``, ``hooks`` (``ModelPatch``: whatever vocablens installs
 on a model, put back exactly), ``tokens``, ``token_table``, ``checkpoint_files`` (a safetensors
-checkpoint's tensors by name), ``spec`` (where a spec points), ``tie`` ("tied" by storage, as
+checkpoint's tensors by name), ``spec`` (where a spec points), ``gguf_header`` (a GGUF file's header
+and where its metadata disagrees with its tensors), ``tokenizer_files`` (why a tokenizer cannot be
+built, as one line), ``tie`` ("tied" by storage, as
 transformers decides it), ``config`` (a config without weights), ``provenance``, ``gguf_cache``,
 ``blocks`` (one view of a decoder block), ``unembed`` (the one unembedding), ``rows``, ``borders``
 (the family adapter), ``headless``, ``flops`` (attention shape and FLOP counts), ``loaded``
