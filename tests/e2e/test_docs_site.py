@@ -23,7 +23,6 @@ class _Records(logging.Handler):
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """The site built once, in-process, into a temporary directory; -> (site dir, warnings logged)."""
-    pytest.importorskip("mkdocstrings_handlers.python", reason="the test extra installs mkdocstrings-python")
     from mkdocs.commands.build import build
     from mkdocs.config import load_config
 
