@@ -311,7 +311,7 @@ def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEF
 
 
 def anatomy_of(spec: str | os.PathLike, batch: int = 1, context: int = DEFAULT_CONTEXT,
-               logits_dtype: str = "float32") -> Anatomy:
+               logits_dtype: str = "float32", trust_remote_code: bool = False) -> Anatomy:
     """:func:`anatomy` of a model named by a spec, from its config alone (no weights allocated).
 
     Args:
@@ -320,6 +320,8 @@ def anatomy_of(spec: str | os.PathLike, batch: int = 1, context: int = DEFAULT_C
         batch: as for :func:`anatomy`.
         context: as for :func:`anatomy`.
         logits_dtype: as for :func:`anatomy`.
+        trust_remote_code: let transformers import the model's own code (``auto_map``); off, such a
+            model is :class:`BadInput`.
 
     Raises:
         ModelNotFound: no such model.
@@ -329,9 +331,9 @@ def anatomy_of(spec: str | os.PathLike, batch: int = 1, context: int = DEFAULT_C
     """
     from vocablens.models.borders import Borders
 
-    cfg, tvs, source, file_notes = resolve_config(spec)
+    cfg, tvs, source, file_notes = resolve_config(spec, trust_remote_code=trust_remote_code)
     try:
-        model = meta_model(cfg)
+        model = meta_model(cfg, trust_remote_code=trust_remote_code)
         borders = Borders.from_model(model)
     except VocabLensError:
         raise

@@ -43,7 +43,8 @@ def anatomy_cmd(
                                    source="loaded model", notes=lm.provenance.notes))
         else:
             with status(f"reading the config of {spec} ...", quiet=json_):
-                results.append(anatomy_of(spec, batch=batch, context=context, logits_dtype=dtype))
+                results.append(anatomy_of(spec, batch=batch, context=context, logits_dtype=dtype,
+                                          trust_remote_code=trust_remote_code))
     if json_:
         emit_json(anatomy_json(results))
     else:

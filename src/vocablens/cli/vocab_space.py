@@ -60,7 +60,7 @@ def _check_block_early(spec: str, block: int) -> None:
             return
         from transformers import AutoConfig
 
-        cfg = AutoConfig.from_pretrained(str(path))
+        cfg = AutoConfig.from_pretrained(str(path), trust_remote_code=False)  # a check only: never a model's code
         cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         n = getattr(cfg, "num_hidden_layers", None)
     except (VocabLensError, ValueError, KeyError, TypeError, AttributeError, OSError):

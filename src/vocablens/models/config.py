@@ -15,7 +15,7 @@ from typing import Any
 from vocablens.errors import CorruptModelFile, ModelNotFound
 from vocablens.models.catalogue import catalogue_entry, catalogue_names
 from vocablens.models.meta import meta_model  # noqa: F401  (re-exported: built from a config)
-from vocablens.models.spec import DEFAULT_MODEL, hub_kwargs, reading, resolve_spec
+from vocablens.models.spec import DEFAULT_MODEL, check_remote_code, hub_kwargs, reading, resolve_spec
 from vocablens.models.tie import config_as_loaded
 
 
@@ -23,7 +23,8 @@ def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False)
     """Load only a model's config (no weights): default model, directory, config.json, ``.gguf`` or hub id.
 
     Raises:
-        ModelNotFound, CorruptModelFile.
+        ModelNotFound, CorruptModelFile; BadInput: a config that needs the model's own code and
+        ``trust_remote_code`` off (:mod:`vocablens.models.remote_code`).
     """
     from transformers import AutoConfig
 
@@ -42,12 +43,13 @@ def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False)
         except Exception as exc:
             raise CorruptModelFile(f"cannot build a config from {p}: {exc}".splitlines()[0]) from None
     kind, path, hub = resolve_spec(spec_s)
+    check_remote_code(spec_s, trust_remote_code)
     with reading(spec_s, kind, hub, "read the config of", path):
         if kind == "gguf":
             from vocablens.models.gguf_cache import checked_facts
 
             facts = checked_facts(path, spec_s)  # cut short or unbuildable: one line, before transformers
-            cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+            cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
             if facts.vocab_size is not None:
                 cfg.vocab_size = facts.vocab_size  # V is the embedding's rows, whatever the metadata says
             return cfg
@@ -70,7 +72,7 @@ def _gguf_config(path: str, mtime_ns: int, size: int):
     cdir = cache_dir(Path(path))
     if cdir is not None and (cdir / CACHE_MARK).is_file() and (cdir / "config.json").is_file():
         try:
-            cfg = AutoConfig.from_pretrained(str(cdir))
+            cfg = AutoConfig.from_pretrained(str(cdir), trust_remote_code=False)
         except Exception:  # a damaged entry: the header is the source
             cfg = None
         if cfg is not None:
@@ -80,7 +82,8 @@ def _gguf_config(path: str, mtime_ns: int, size: int):
     return load_config(path)
 
 
-def resolve_config(spec: str | os.PathLike) -> tuple[Any, int | None, str, tuple[str, ...]]:
+def resolve_config(spec: str | os.PathLike, trust_remote_code: bool = False
+                   ) -> tuple[Any, int | None, str, tuple[str, ...]]:
     """A model's config, its tokenizer size when known, where the config came from, and notes.
 
     Order: the built-in catalogue (hub id or alias), a ``config.json`` file, a model directory, a
@@ -96,6 +99,7 @@ def resolve_config(spec: str | os.PathLike) -> tuple[Any, int | None, str, tuple
     Raises:
         ModelNotFound: nothing under that spec (the message lists the catalogue's aliases).
         CorruptModelFile: a file that cannot be read as a config.
+        BadInput: a config that needs the model's own code, ``trust_remote_code`` off.
     """
     from transformers import AutoConfig
 
@@ -111,7 +115,7 @@ def resolve_config(spec: str | os.PathLike) -> tuple[Any, int | None, str, tuple
             st = path.stat()
             cfg = copy.deepcopy(_gguf_config(str(path), st.st_mtime_ns, st.st_size))
         else:
-            cfg = load_config(spec)
+            cfg = load_config(spec, trust_remote_code=trust_remote_code)
     except ModelNotFound:
         if p.suffix == ".gguf":
             raise  # a named file: resolve_spec's own line says it is missing ("no such GGUF file: ...")

