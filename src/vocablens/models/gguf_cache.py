@@ -211,7 +211,7 @@ def config_override(path: Path, facts):
         return None
     from transformers import AutoConfig
 
-    cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
     cfg.vocab_size = facts.vocab_size
     return cfg
 
