@@ -26,12 +26,17 @@ EMB_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "
 HEAD_NAMES = ("lm_head.weight", "embed_out.weight", "output.weight")
 
 
+class NoSafetensors(BadInput):
+    """A checkpoint whose weights are only ``pytorch_model*.bin`` pickles: the partial loaders read
+    safetensors headers, so :func:`vocablens.models.loader.load_mode` loads such a model whole."""
+
+
 def shard_files(d: Path) -> dict[str, Path]:
     """tensor name -> the safetensors file holding it, for a model directory (single file or sharded).
 
     Raises:
         CorruptModelFile: an unreadable index or safetensors header; no weights at all.
-        BadInput: weights only as ``pytorch_model*.bin`` (the partial loaders need safetensors).
+        NoSafetensors: weights only as ``pytorch_model*.bin`` (the partial loaders need safetensors).
     """
     from safetensors import safe_open
 
@@ -46,8 +51,8 @@ def shard_files(d: Path) -> dict[str, Path]:
     if not files:
         if not any(d.glob("pytorch_model*.bin")):
             raise CorruptModelFile(f"{d} holds no weights (*.safetensors); download the checkpoint into it")
-        raise BadInput(f"{d} has no safetensors weights; reading only the borders needs them "
-                       "(load the whole model instead)")
+        raise NoSafetensors(f"{d} has no safetensors weights; reading only the borders needs them "
+                            "(load the whole model instead)")
     out = {}
     for f in files:
         try:
@@ -123,5 +128,5 @@ def materialize(model: torch.nn.Module, names: list[str], files: dict[str, Path]
         setattr(mod, attr, torch.nn.Parameter(t, requires_grad=False))
 
 
-__all__ = ["EMB_SUFFIXES", "HEAD_NAMES", "checkpoint_name", "materialize", "matrix_keys", "read_tensors",
+__all__ = ["EMB_SUFFIXES", "HEAD_NAMES", "NoSafetensors", "checkpoint_name", "materialize", "matrix_keys", "read_tensors",
            "shard_files"]

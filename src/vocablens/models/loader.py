@@ -42,6 +42,10 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
         max_memory: bytes or a size string (``"200MB"``), for ``streaming`` (required there).
         blocks, value_vectors: for ``borders`` (see :func:`~vocablens.models.lazy.load_borders_only`).
 
+    A checkpoint stored as ``pytorch_model*.bin`` only (no safetensors: the partial modes read tensors
+    by their safetensors headers) is loaded whole in every mode, with a
+    :class:`~vocablens.errors.VocabLensNote` saying so; the pickle is read with ``weights_only=True``.
+
     Raises:
         BadInput: a model directory that needs its own code without ``trust_remote_code``
             (:mod:`vocablens.models.remote_code`); an unknown mode; ``max_memory`` missing or bad for ``streaming``, or given with
@@ -71,6 +75,18 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
         from vocablens.models.loading import load
 
         return load(spec, device=device, **kw)
+    from vocablens.models.checkpoint_files import NoSafetensors
+
+    try:
+        return _partial(spec, mode, device, kw, max_memory, blocks, value_vectors)
+    except NoSafetensors:  # pytorch_model.bin only: no header to read a few tensors from
+        from vocablens.models.loading import loaded_whole_instead
+
+        return loaded_whole_instead(spec, mode, device=device, **kw)
+
+
+def _partial(spec, mode: str, device: str, kw: dict, max_memory, blocks, value_vectors):
+    """The partial loaders (every mode but ``full``)."""
     if mode == "streaming":
         from vocablens.models.streaming import load_streaming
 

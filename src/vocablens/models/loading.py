@@ -48,9 +48,13 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if max_memory is not None:
+        from vocablens.models.checkpoint_files import NoSafetensors
         from vocablens.models.streaming import load_streaming
 
-        return load_streaming(DEFAULT_MODEL if spec is None else spec, max_memory, dtype, trust_remote_code)
+        try:
+            return load_streaming(DEFAULT_MODEL if spec is None else spec, max_memory, dtype, trust_remote_code)
+        except NoSafetensors:  # pytorch_model.bin only: the whole model, with a note
+            return loaded_whole_instead(spec, "streaming", dtype=dtype, trust_remote_code=trust_remote_code)
     spec_s = DEFAULT_MODEL if spec is None else str(spec)
     kind, path, hub = resolve_spec(spec_s)
     tdtype = torch_dtype(dtype, "dtype")
@@ -81,4 +85,20 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     return LoadedModel(model, tok, borders, prov)
 
 
-__all__ = ["LoadedModel", "load"]
+def loaded_whole_instead(spec, mode: str, device: str = "cpu", **kw) -> LoadedModel:
+    """The whole model, for a partial ``mode`` of a checkpoint stored as ``pytorch_model*.bin`` only
+    (the partial loaders read safetensors headers), and a :class:`~vocablens.errors.VocabLensNote`
+    saying so once it loaded (a hostile pickle fails first, with its own line)."""
+    import warnings
+
+    from vocablens.errors import VocabLensNote
+
+    lm = load(spec, device=device, **kw)
+    what = "the blocks that fit" if mode == "streaming" else "the borders"
+    warnings.warn(VocabLensNote(f"{spec} holds its weights as pytorch_model.bin only; reading just {what} needs "
+                                "safetensors, so the whole model was loaded (read with weights_only=True)"),
+                  stacklevel=3)
+    return lm
+
+
+__all__ = ["LoadedModel", "load", "loaded_whole_instead"]

@@ -212,6 +212,31 @@ def file_errors() -> tuple[type[BaseException], ...]:
     return tuple(errs)
 
 
+def _hostile_pickle(exc: BaseException, path: Path | None) -> str:
+    """The line for a ``pytorch_model*.bin`` that holds more than tensors: which file, what it asks
+    for (``GLOBAL posix.system``), that nothing in it ran."""
+    import pickle
+    import re
+
+    import torch
+
+    why = " ".join(str(e) for e in (exc, exc.__cause__, exc.__context__) if e is not None)
+    m = re.search(r"GLOBAL (\S+)", why)
+    what = f" (it asks for {m.group(1)})" if m else ""
+    name = "a pytorch_model.bin"
+    bins = sorted(path.glob("pytorch_model*.bin")) if path is not None else []
+    for f in bins:  # the file at fault (each is read the same safe way; only on this error path)
+        try:
+            torch.load(f, map_location="meta", weights_only=True, mmap=True)
+        except pickle.UnpicklingError:
+            name = str(f)
+            break
+        except Exception:  # noqa: S112  (another damage: not the file this line names)
+            continue
+    return (f"{name} holds objects other than tensors{what}; it was read with weights_only=True and nothing "
+            "in it ran. Refused: use a safetensors copy of these weights from a source you trust")
+
+
 @contextmanager
 def reading(spec: str, kind: str, hub: str | None, what: str, path: Path | None = None):
     """Turn what transformers raises while reading ``spec`` into a :class:`VocabLensError`.
@@ -219,12 +244,18 @@ def reading(spec: str, kind: str, hub: str | None, what: str, path: Path | None 
     An ``OSError`` of a hub id -> :class:`ModelNotFound` (how to get it); an error naming an unknown
     architecture -> :class:`UnsupportedArchitecture`; anything else a reader raises on a damaged file
     (``OSError``, ``ValueError``, ``SafetensorError``, ``struct.error`` ...) -> :class:`CorruptModelFile`
-    naming the file at fault (see :func:`diagnose_dir`) and what to do.
+    naming the file at fault (see :func:`diagnose_dir`) and what to do; a ``pytorch_model*.bin`` whose
+    pickle holds more than tensors (``torch.load(weights_only=True)`` refuses it, nothing runs) ->
+    :class:`CorruptModelFile` naming the file.
     """
+    import pickle
+
     try:
         yield
     except VocabLensError:
         raise
+    except pickle.UnpicklingError as exc:  # torch.load(weights_only=True) refused a global: nothing ran
+        raise CorruptModelFile(f"cannot {what} {spec}: {_hostile_pickle(exc, path if kind == 'dir' else None)}") from None
     except file_errors() as exc:
         if isinstance(exc, OSError) and kind == "hub":
             raise hub_error(hub) from None
