@@ -64,7 +64,7 @@ def save_tiny(d: Path, tok, family: str = "llama", seed: int = 0) -> Path:
 
 def save_tiny_gguf(path: Path, tok, seed: int = 0, intermediate_size: int | None = None,
                    meta_vocab_size: int | None = None, drop_tokens: int = 0, extra_rows: int = 0,
-                   head_rows: int | None = None, bos_token_id: int = 0) -> Path:
+                   head_rows: int | None = None, bos_token_id: int = 0, meta: dict | None = None) -> Path:
     """A tiny tied llama as a float32 ``.gguf`` file (``gguf.GGUFWriter``) with ``tok``'s BPE vocabulary,
     readable by transformers' GGUF loader (config, tokenizer and weights).
 
@@ -72,7 +72,8 @@ def save_tiny_gguf(path: Path, tok, seed: int = 0, intermediate_size: int | None
     ``intermediate_size`` makes the file bigger (4 bytes x 3 x d x it per block). Faults on demand:
     ``meta_vocab_size`` written as ``llama.vocab_size`` instead of V (0: the key left out), the last
     ``drop_tokens`` entries cut from ``tokenizer.ggml.tokens`` (merges unchanged), an untied head
-    ``output.weight`` of ``head_rows`` rows, a ``bos_token_id`` past the token list."""
+    ``output.weight`` of ``head_rows`` rows, a ``bos_token_id`` past the token list, other numbers in
+    the metadata than the tensors have (``meta``: ``block_count``, ``feed_forward_length``, ``head_count_kv``)."""
     import json
 
     import gguf
@@ -88,10 +89,12 @@ def save_tiny_gguf(path: Path, tok, seed: int = 0, intermediate_size: int | None
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
+    said = {"block_count": cfg.num_hidden_layers, "feed_forward_length": cfg.intermediate_size,
+            "head_count_kv": cfg.num_key_value_heads, **(meta or {})}
+    w.add_block_count(said["block_count"])
+    w.add_feed_forward_length(said["feed_forward_length"])
     w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_head_count_kv(said["head_count_kv"])
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     if meta_vocab_size != 0:

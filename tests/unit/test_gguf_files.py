@@ -162,6 +162,20 @@ def test_head_rows_unlike_the_embedding_is_one_line(tmp_path, cache, capsys, tok
     assert not list(cache.rglob("*.safetensors"))
 
 
+@pytest.mark.parametrize("meta, words", [
+    ({"block_count": 3}, ["llama.block_count 3", "2 of those blocks"]),            # was: a random third block, exit 0
+    ({"feed_forward_length": 128}, ["feed_forward_length 128", "96 rows"]),         # was: "truncated or damaged"
+    ({"head_count_kv": 4}, ["model.layers.0.self_attn.k_proj.weight", "[64, 64]", "[32, 64]"]),
+])
+def test_metadata_unlike_the_tensors_is_one_line(tmp_path, cache, capsys, tok, meta, words):
+    """Numbers of the metadata the tensors contradict: one line naming both, nothing cached, never
+    "truncated" (the last one found by transformers' loading report: k_proj built for 4 kv heads)."""
+    p = save_tiny_gguf(tmp_path / "m.gguf", tok, meta=meta)
+    line = _one_error_line(*run_cli(capsys, "score", "hello", "-m", p))
+    assert str(p) in line and "truncated" not in line and all(w in line for w in words), line
+    assert not list(cache.rglob("*.safetensors"))
+
+
 @pytest.mark.parametrize("argv", [["score", "hello"], ["neighbors", " the"], ["anatomy", "--load"]])
 def test_token_list_shorter_than_its_merges_need_is_one_line(tmp_path, cache, capsys, tok, argv):
     """tokenizer.ggml.tokens cut by 100, merges unchanged (it was a 75-line traceback, exit 1)."""

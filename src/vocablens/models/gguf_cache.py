@@ -216,6 +216,22 @@ def config_override(path: Path, facts):
     return cfg
 
 
+def loading_problem(info: dict, shown: str) -> str | None:
+    """One line for a model transformers built from a GGUF file's metadata but could not fill from its
+    tensors (``output_loading_info``): a tensor of another shape, or parameters the file lacks (they
+    would be left at random values), or None."""
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda m: m[0])
+    if mismatched:
+        name, held, built = mismatched[0][:3]
+        return (f"{shown}: its metadata builds {name} as {list(built)}, the file holds it as {list(held)}; "
+                "no model can be built from it")
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        return (f"{shown}: the file holds no tensor for {missing[0]} ({len(missing):,} parameter tensors its "
+                "metadata's model needs are missing); no model can be built from it")
+    return None
+
+
 def load_gguf(path: Path, spec: str, tdtype):
     """Dequantize the GGUF file ``path`` to float32 with transformers and write its cache entry, or read
     the entry when there is one: ``(tokenizer, model, provenance)``, the model cast to ``tdtype`` when
@@ -230,6 +246,7 @@ def load_gguf(path: Path, spec: str, tdtype):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from vocablens.errors import CorruptModelFile
     from vocablens.models.gguf_header import gguf_notes
     from vocablens.models.tokenizer_files import building_tokenizer, gguf_tokenizer_problem
 
@@ -245,8 +262,12 @@ def load_gguf(path: Path, spec: str, tdtype):
     with building_tokenizer(shown_gguf(path, spec), lambda: gguf_tokenizer_problem(path)):
         tok = AutoTokenizer.from_pretrained(d, gguf_file=f, trust_remote_code=False)
     cfg = config_override(path, facts)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32, trust_remote_code=False,
-                                                 **({"config": cfg} if cfg is not None else {}))
+    model, info = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32, trust_remote_code=False,
+                                                       output_loading_info=True, ignore_mismatched_sizes=True,
+                                                       **({"config": cfg} if cfg is not None else {}))
+    unbuilt = loading_problem(info, shown_gguf(path, spec))
+    if unbuilt:
+        raise CorruptModelFile(unbuilt)
     # The weights are plain dequantized tensors now; drop the GGUF quantizer so the model is an
     # ordinary transformers model (serializable, editable).
     model.hf_quantizer = None
@@ -261,4 +282,4 @@ def load_gguf(path: Path, spec: str, tdtype):
 
 
 __all__ = ["CACHE_MARK", "cache_root", "cache_dir", "checked_facts", "config_override", "file_identity", "load_gguf",
-           "mark_provenance", "read_cache", "shown_gguf", "write_cache"]
+           "loading_problem", "mark_provenance", "read_cache", "shown_gguf", "write_cache"]

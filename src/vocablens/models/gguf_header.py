@@ -161,7 +161,12 @@ class GGUFFacts:
         meta_width: ``{arch}.embedding_length`` of the metadata (None: not given).
         n_tokens: entries of the token list ``tokenizer.ggml.tokens`` (None: no token list).
         head_rows: rows of the untied LM head ``output.weight`` (None: tied, no such tensor).
-        data_end, size: bytes the tensors need, bytes the file holds.
+        meta_blocks: ``{arch}.block_count`` of the metadata (None: not given).
+        blocks: the block indices ``N`` of the ``blk.N.*`` tensors the file holds.
+        meta_ff: ``{arch}.feed_forward_length`` (None: not given, or one per block).
+        ff: rows of ``blk.0.ffn_up.weight`` (None: no such tensor, e.g. a mixture of experts).
+        data_end: bytes the file needs to hold every tensor's data.
+        size: bytes the file holds.
     """
 
     arch: str
@@ -171,6 +176,10 @@ class GGUFFacts:
     meta_width: int | None
     n_tokens: int | None
     head_rows: int | None
+    meta_blocks: int | None
+    blocks: frozenset
+    meta_ff: int | None
+    ff: int | None
     data_end: int
     size: int
 
@@ -186,11 +195,15 @@ def facts_of(h: GGUFHeader) -> GGUFFacts:
     emb = h.tensors.get("token_embd.weight", ((), 0))[0]
     head = h.tensors.get("output.weight", ((), 0))[0]
     tokens = h.values.get("tokenizer.ggml.tokens")
+    up = h.tensors.get("blk.0.ffn_up.weight", ((), 0))[0]
+    blocks = frozenset(int(n.split(".")[1]) for n in h.tensors if n.startswith("blk.") and n.split(".")[1].isdigit())
     return GGUFFacts(
         arch=arch, vocab_size=emb[1] if len(emb) == 2 else None, width=emb[0] if len(emb) == 2 else None,
         meta_vocab_size=num(f"{arch}.vocab_size"), meta_width=num(f"{arch}.embedding_length"),
         n_tokens=tokens if isinstance(tokens, int) else None,
-        head_rows=head[1] if len(head) == 2 else None, data_end=h.data_end, size=h.size,
+        head_rows=head[1] if len(head) == 2 else None, meta_blocks=num(f"{arch}.block_count"), blocks=blocks,
+        meta_ff=num(f"{arch}.feed_forward_length"), ff=up[1] if len(up) == 2 else None,
+        data_end=h.data_end, size=h.size,
     )
 
 
@@ -211,7 +224,9 @@ def gguf_facts(path: Path, shown: str | None = None) -> GGUFFacts:
 
 def gguf_problem(f: GGUFFacts, shown: str) -> str | None:
     """One line for what makes the file unusable as a model, or None: data cut short, a head whose
-    rows are not the embedding's, an embedding whose width is not the metadata's ``embedding_length``."""
+    rows are not the embedding's, an embedding whose width is not the metadata's ``embedding_length``,
+    fewer blocks than ``block_count`` (transformers would fill the others with random weights), a
+    feed-forward width unlike ``feed_forward_length``."""
     if f.data_end > f.size:
         return (f"the GGUF file {shown} is truncated: its tensors end at byte {f.data_end:,}, the file holds "
                 f"{f.size:,}; download it again")
@@ -221,6 +236,12 @@ def gguf_problem(f: GGUFFacts, shown: str) -> str | None:
     if f.width is not None and f.meta_width is not None and f.width != f.meta_width:
         return (f"{shown}: its metadata says {f.arch}.embedding_length {f.meta_width:,}, its embedding "
                 f"token_embd.weight has rows of {f.width:,}; no model can be built from it")
+    if f.meta_blocks is not None and not set(range(f.meta_blocks)) <= f.blocks:
+        return (f"{shown}: its metadata says {f.arch}.block_count {f.meta_blocks:,}, the file holds tensors for "
+                f"{len(f.blocks & set(range(f.meta_blocks))):,} of those blocks; no model can be built from it")
+    if f.ff is not None and f.meta_ff is not None and f.ff != f.meta_ff:
+        return (f"{shown}: its metadata says {f.arch}.feed_forward_length {f.meta_ff:,}, its blk.0.ffn_up.weight "
+                f"has {f.ff:,} rows; no model can be built from it")
     return None
 
 
