@@ -739,29 +739,16 @@ def test_report_sections(smollm2, france, tiny_cache):
 
 @pytest.mark.slow
 def test_tuned_lens_wiring(smollm2):
-    """``--lens tuned`` uses vocablens.lens.tuned only when it is importable, else a clear error."""
-    import importlib.util
-
-    from vocablens.cli.vocab_space import load_translator
-
-    if importlib.util.find_spec("vocablens.lens.tuned") is None:
-        with pytest.raises(BadInput, match="vocablens.lens.tuned"):
-            load_translator(smollm2.borders, "smollm2")
-    else:
-        try:
-            t = load_translator(smollm2.borders, "smollm2")
-        except BadInput as exc:  # no lens shipped for the model: the message says what to give
-            assert "lens" in str(exc)
-        else:
-            h = torch.randn(3, smollm2.borders.d_model)
-            assert t.translate(5, h).shape == (3, smollm2.borders.d_model)
+    """``--lens tuned`` reads the model's shipped tuned lens (vocablens.Model.translator)."""
+    t = smollm2.translator("tuned")
+    h = torch.randn(3, smollm2.borders.d_model)
+    assert t.translate(5, h).shape == (3, smollm2.borders.d_model)
+    assert smollm2.translator("logit") is None
 
 
 @pytest.mark.slow
 def test_single_token_helper(smollm2):
-    from vocablens.cli.vocab_space import _single_token
-
-    tok, V = smollm2.tokenizer, smollm2.borders.vocab_size
-    assert tok.decode([_single_token(tok, " Paris", V)]) == " Paris"
+    tok = smollm2.tokenizer
+    assert tok.decode([smollm2.single_token(" Paris")]) == " Paris"
     with pytest.raises(TokenNotInVocabulary, match="is 6 tokens"):
-        _single_token(tok, " Ouagadougou", V)
+        smollm2.single_token(" Ouagadougou")

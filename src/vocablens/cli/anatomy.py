@@ -28,7 +28,7 @@ def anatomy_cmd(
     No weights are read unless --load: the model is built from its config on the meta device.
     With --json: {"models": [...]}, one object per model (also for one).
     """
-    from vocablens.accounting.anatomy import anatomy, anatomy_of, logits_memory
+    from vocablens.accounting.anatomy import anatomy_of, logits_memory
     from vocablens.models.catalogue import catalogue_entry
     from vocablens.render.anatomy import anatomy_json, print_anatomy
 
@@ -39,8 +39,7 @@ def anatomy_cmd(
         if load:
             entry = catalogue_entry(spec)  # an alias loads its hub id (from the local cache)
             lm = load_model(entry.hub_id if entry else spec, mode="full", trust_remote_code=trust_remote_code, quiet=json_)
-            results.append(anatomy(lm.borders, name=spec, batch=batch, context=context, logits_dtype=dtype,
-                                   source="loaded model", notes=lm.provenance.notes))
+            results.append(lm.anatomy(batch=batch, context=context, dtype=dtype, name=spec).value)
         else:
             with status(f"reading the config of {spec} ...", quiet=json_):
                 results.append(anatomy_of(spec, batch=batch, context=context, logits_dtype=dtype,

@@ -175,7 +175,7 @@ class count_bar:
 
 
 def load_model(spec: str, mode: str = "full", *, quiet: bool = False, device: str = "cpu", **options):
-    """Load a model for a command, with progress on stderr; returns :class:`~vocablens.models.LoadedModel`.
+    """Load a model for a command, with progress on stderr; returns a :class:`vocablens.Model`.
 
     The command names the mode of the one loader (:func:`vocablens.models.loader.load_mode`:
     ``full``, ``borders``, ``head``, ``matrices`` or ``streaming``); ``options`` are that function's
@@ -200,6 +200,9 @@ def load_model(spec: str, mode: str = "full", *, quiet: bool = False, device: st
     what = f"loading {spec}{_load_source(spec)} ..."
     with status(what, quiet=quiet):
         lm = load_mode(spec, mode, device=device, **options)
+    from vocablens.handle import Model
+
+    lm = Model.of(lm, spec=str(spec))  # the handle: the commands call its workflows
     refuse_nonfinite(lm)  # the one check every command passes through
     trim_heap()  # the loaders' freed scratch (tokenizer and config parsing: ~14 MiB) leaves the resident set
     if not quiet:

@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.text import Text
-
 from vocablens.cli.common import (
     parse_int_list,
     DefaultCommandGroup, JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TrustOpt, app, emit_json, err, load_model, out,
@@ -62,9 +60,7 @@ def lens_show(
 ) -> None:
     """Read the residual stream through the LM head: `vocablens lens PROMPT`. Top tokens, entropy and KL
     to the final distribution at every stream layer 0..L (logit lens, tuned lens, or both)."""
-    from vocablens.lens.logit import lens_batches
-    from vocablens.models.tokens import context_length, encode_prompt
-    from vocablens.render.lens import lens_batch_json, lens_json, print_lens
+    from vocablens.render.shown import print_result, to_json
 
     if prompt and file:
         raise BadInput("give a PROMPT or --file F, not both")
@@ -82,36 +78,20 @@ def lens_show(
     from vocablens.lens.tuned import find_lens
 
     found = find_lens(model, lens_path) if kind != "logit" else None  # before the model loads
-    lm = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
-                    trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    ids = [encode_prompt(lm.tokenizer, t, context_length(lm.model.config), chat=chat, prefix=prefix,
-                         rows=lm.borders.vocab_size) for t in texts]
-    tuned = None
-    if found is not None:
-        from vocablens.lens.tuned import TunedLens
-
-        tuned = TunedLens.load(found, lm.borders)
-    # one forward per batch of prompts for every kind: results[kind][prompt]
+    m = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
+                   trust_remote_code=trust_remote_code, device=device, quiet=json_)
     from vocablens.cli.progress import stage_progress
 
     cb, close = stage_progress("lens", "prompts", quiet=json_ or not file)   # --file: many prompts
-    try:
-        results = lens_batches(lm.borders, ids, [None] if kind == "logit" else [tuned] if kind == "tuned" else [None, tuned],
-                               positions=pos, k=k, layers=lay, progress=lambda d, n: cb("forward passes", d, n))
+    try:  # one forward per batch of prompts for every kind
+        res = m.lens(texts if file else prompt, kind=kind, k=k, positions=pos, layers=lay, chat=chat, prefix=prefix,
+                     lens_dir=found, progress=lambda d, n: cb("forward passes", d, n))
     finally:
         close()
-    per_prompt = [list(r) for r in zip(*results)]
     if json_:
-        emit_json(lens_batch_json(per_prompt, lm.tokenizer, lm.provenance) if file
-                  else lens_json(per_prompt[0], lm.tokenizer, lm.provenance))
+        emit_json(to_json(res))
     else:
-        if file:
-            out.print(f"model: {lm.provenance.describe()}", style="dim", soft_wrap=True)
-        for i, (text, res_i) in enumerate(zip(texts, per_prompt)):
-            if file:
-                out.print(Text.assemble((f"prompt {i + 1}:", "bold"), f" {text}"), soft_wrap=True)
-            for res in res_i:
-                print_lens(res, lm.tokenizer, out, None if file else lm.provenance)
+        print_result(res, out)
 
 
 def _read_prompts(path: str) -> list[str]:

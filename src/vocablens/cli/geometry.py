@@ -23,8 +23,7 @@ def neighbors_cmd(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Cosine nearest neighbours over the real vocabulary (padding and never-trained rows excluded)."""
-    from vocablens.geometry.embedding import nearest_neighbors
-    from vocablens.render.geometry import neighbors_to_dict, print_neighbors
+    from vocablens.render.shown import print_result, to_json
 
     if k < 1:
         raise BadInput(f"-k must be at least 1; got {k}")
@@ -33,10 +32,8 @@ def neighbors_cmd(
 
         raise TokenNotInVocabulary("empty token string")
     lm = load_model(model, mode="matrices", trust_remote_code=trust_remote_code, quiet=json_, device=device)
-    res = nearest_neighbors(lm.borders, lm.tokenizer, tokens, k=k, use_mean=mean)
+    res = lm.neighbors(tokens, k=k, mean=mean)
     if json_:
-        d = neighbors_to_dict(res, lm.tokenizer)
-        d["model"] = lm.provenance.to_dict()
-        emit_json(d)
+        emit_json(to_json(res))
     else:
-        print_neighbors(res, lm.tokenizer, out)
+        print_result(res, out)

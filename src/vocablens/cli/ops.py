@@ -11,6 +11,7 @@ from vocablens.cli.common import (
     JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TrustOpt, app, emit_json, load_model, out, status,
 )
 from vocablens.errors import BadInput
+from vocablens.units import plural
 
 
 @app.command("score")
@@ -32,9 +33,7 @@ def score(
     The first token is scored only when the tokenizer adds BOS (it then has a prefix); bits per byte
     divide by the bytes of exactly the scored tokens. Under torchrun (WORLD_SIZE > 1) the embedding
     and LM head rows are split over the ranks and rank 0 prints."""
-    from vocablens.models.tokens import context_length, encode_prompt, token_bytes
-    from vocablens.render.ops import print_score, score_to_dict
-    from vocablens.generate.score import score_ids
+    from vocablens.render.shown import print_result, to_json
 
     if (text is None) == (file is None):
         raise BadInput("give either TEXT or --file F (exactly one)")
@@ -46,7 +45,7 @@ def score(
         raise BadInput(f"--top-k must be >= 0; got {top_k}")
     if not text or not text.strip():
         raise BadInput("empty text: nothing to score")
-    from vocablens.parallel.processes import VocabParallelModel, init_from_env
+    from vocablens.parallel.processes import init_from_env
 
     rank, world = init_from_env()
     if world > 1 and max_memory:
@@ -54,21 +53,11 @@ def score(
                        "model); run it in one process")
     lm = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
                     trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0)
-    ids = encode_prompt(lm.tokenizer, text, context_length(lm.model.config), special_text=special_text,
-                        rows=lm.borders.vocab_size)[0]
-    # bits per byte over one span: the bytes of exactly the tokens whose log-probability is summed
-    # (ids[1:]; special tokens count with their text)
-    n_bytes = sum(len(token_bytes(lm.tokenizer, int(i)) or b"") for i in ids[1:])
-    with status(f"scoring {len(ids):,} tokens ...", quiet=json_ or rank != 0):
-        if world > 1:  # each rank keeps V/world rows of the embedding and head
-            res = VocabParallelModel(lm.borders).score(ids, top_k=top_k, n_bytes=n_bytes)
-        else:
-            res = score_ids(lm.borders, ids, top_k=top_k, n_bytes=n_bytes)
+    with status(f"scoring {plural(len(text), 'character')} ...", quiet=json_ or rank != 0):
+        res = lm.score(text, top_k=top_k, special_text=special_text, vocab_parallel=world > 1)  # torchrun: V/world rows a rank
     if rank != 0:
         return
     if json_:
-        d = score_to_dict(res, lm.tokenizer)
-        d["model"] = lm.provenance.to_dict()
-        emit_json(d)
+        emit_json(to_json(res))
     else:
-        print_score(res, lm.tokenizer, out, lm.provenance)
+        print_result(res, out)

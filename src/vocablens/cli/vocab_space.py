@@ -12,21 +12,12 @@ from vocablens.cli.common import (
     DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, blocks_back_to_the_os, count_bar, emit_json, err, load_model, out,
     parse_int_list,
 )
-from vocablens.errors import BadInput, OutputExists, TokenNotInVocabulary
+from vocablens.errors import BadInput, OutputExists
 
 KOpt = Annotated[int, typer.Option("-k", "--top-k", help="Tokens (or pairs, or vectors) listed.")]
 NoGainOpt = Annotated[bool, typer.Option(
     "--no-norm-gain", help="Read vectors with the bare unembedding U·v instead of U·(g⊙v), g the final norm's "
     "gain (the default applies it: the map the model uses, up to a positive per-position scale).")]
-
-
-def _single_token(tokenizer, text: str, V: int) -> int:
-    from vocablens.models.tokens import single_token_id
-
-    ids, note = single_token_id(tokenizer, text, V)
-    if len(ids) != 1:
-        raise TokenNotInVocabulary(f"{note}; give a single token (e.g. with its leading space)")
-    return int(ids[0])
 
 
 def _block(block: int | None, layer: int | None) -> int | None:
@@ -94,10 +85,9 @@ def project_cmd(
     --block counts blocks 0..L-1 (block i reads residual-stream layer i and writes layer i+1); the
     JSON field "block" of vectors and rows is that block index, as in explain's JSON.
     """
-    from vocablens import vocab_space as vs
     from vocablens.cli.heap import trim_heap
     from vocablens.models.pages import release_after_reading
-    from vocablens.render import vocab_space as rv
+    from vocablens.render.shown import print_result, to_json
 
     block = _block(block, layer)
     tokens = list(token or [])
@@ -130,50 +120,28 @@ def project_cmd(
     gain = not no_norm_gain
     if block is not None and not 0 <= block < b.n_layers:
         raise BadInput(f"block {block} is out of range: this model has blocks 0..{b.n_layers - 1}")
-    tids = [_single_token(lm.tokenizer, x, b.vocab_size) for x in tokens]
+    tids = [lm.single_token(x) for x in tokens]
     lm = lm.without_tokenizer()  # encoding is done: token strings only from here on (~14 MiB less)
-    tok = lm.tokenizer
     trim_heap()
     if tokens:
         if not json_:
             err.print(f"scoring {b.n_layers} blocks of value vectors against the vocabulary ...", style="dim")
-        res = vs.search_tokens(b, tids, k=k, apply_norm_gain=gain)
-        layers, neurons = rv.search_vectors(res)
-        tops = vs.project_vectors(b, layers, neurons, k=min(8, b.real_vocab_size), apply_norm_gain=gain)
-        if json_:
-            emit_json({**rv.search_to_dict(res, tok, tops), "model": lm.provenance.to_dict()})
-        else:
-            out.print(rv.search_table(res, tok, tops))
+        res = lm.project(token=tids, k=k, norm_gain=gain)
+        emit_json(to_json(res)) if json_ else print_result(res, out)
         return
     if interpretable:
         if not json_:
             err.print(f"reading {sample or 32} value vectors per block ...", style="dim")
-        res = vs.interpretable_vectors(b, n=interpretable, per_block=sample or 32, k=k, seed=seed,
-                                       apply_norm_gain=gain)
-        if json_:
-            emit_json({**rv.interpretable_to_dict(res, tok), "model": lm.provenance.to_dict()})
-        else:
-            out.print(rv.interpretable_table(res, tok))
+        res = lm.project(interpretable=interpretable, sample=sample, seed=seed, k=k, norm_gain=gain)
+        emit_json(to_json(res)) if json_ else print_result(res, out)
         return
     if head is not None:
-        res = vs.head_circuit(b, block, head, circuit=circuit, k=k, apply_norm_gain=gain, max_sources=max_sources)
-        if json_:
-            emit_json({**rv.circuit_to_dict(res, tok), "model": lm.provenance.to_dict()})
-        else:
-            out.print(rv.circuit_table(res, tok))
+        res = lm.project(block=block, head=head, circuit=circuit, k=k, norm_gain=gain, max_sources=max_sources)
+        emit_json(to_json(res)) if json_ else print_result(res, out)
         return
-    if neuron:
-        layers, neurons = [block] * len(ns), ns
-    else:
-        layers, neurons = vs.sample_neurons(b, 4 if sample is None else sample, seed)
-        if block is not None:
-            pairs = [(ly, n) for ly, n in zip(layers, neurons) if ly == block]
-            layers, neurons = [p[0] for p in pairs], [p[1] for p in pairs]
-    res = vs.project_vectors(b, layers, neurons, k=k, kind="key" if keys else "value", apply_norm_gain=gain)
-    if json_:
-        emit_json({**rv.vectors_to_dict(res, tok), "model": lm.provenance.to_dict()})
-    else:
-        out.print(rv.vectors_table(res, tok))
+    res = lm.project(block=block, neurons=ns if neuron else None, sample=sample, seed=seed, k=k, keys=keys,
+                     norm_gain=gain)
+    emit_json(to_json(res)) if json_ else print_result(res, out)
 
 
 @app.command("explain")
@@ -190,64 +158,18 @@ def explain_cmd(
     device: DeviceOpt = "cpu",
 ) -> None:
     """What built a prediction: per-block attention/FFN updates, FFN sub-updates, per-head logit attribution."""
-    from vocablens import vocab_space as vs
-    from vocablens.models.tokens import context_length, encode_prompt
-    from vocablens.render import vocab_space as rv
+    from vocablens.render.shown import print_result, to_json
 
     if not prompt.strip():
         raise BadInput("empty prompt: give some text")
     if k < 1:
         raise BadInput(f"-k must be at least 1; got {k}")
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat, rows=lm.borders.vocab_size)
-    tid = _single_token(lm.tokenizer, token, lm.borders.vocab_size) if token else None
-    e = vs.explain(lm.borders, ids, position=position, token_id=tid, k=k, n_sub=subs)
+    e = lm.explain(prompt, position=position, target=token or None, k=k, subs=subs, chat=chat)
     if json_:
-        emit_json({**rv.explanation_to_dict(e, lm.tokenizer), "model": lm.provenance.to_dict()})
+        emit_json(to_json(e))
     else:
-        for t in rv.explanation_tables(e, lm.tokenizer):
-            out.print(t)
-        out.print(rv.explanation_footer(e), style="dim")
-
-
-def load_translator(borders, model_spec: str, path: str = ""):
-    """The tuned lens for this model (``path``, or the one shipped for ``model_spec``) as a ``Translator``.
-
-    ``vocablens.lens.tuned`` is built separately; it is used only when importable here.
-
-    Raises:
-        BadInput: the tuned lens module is not available, or it has no lens for this model.
-    """
-    try:
-        from vocablens.lens import tuned
-    except ImportError:
-        raise BadInput("--lens tuned needs vocablens.lens.tuned, which this installation does not have") from None
-    fn = getattr(tuned, "load_for_model", None)
-    if callable(fn):
-        return fn(borders, model_spec, path or None)
-    cls = getattr(tuned, "TunedLens", None)
-    if path and cls is not None and callable(getattr(cls, "load", None)):
-        return cls.load(path, borders)
-    raise BadInput("vocablens.lens.tuned offers no loader for this model; give --tuned-path DIR")
-
-
-def _corpus_rows(corpus: str, tokenizer, seq_len: int, max_tokens: int):
-    """Token rows [N, seq_len] from the first documents of a corpus, reading more only when needed."""
-    from vocablens.corpus import load_documents, pack_tokens
-
-    n = 4
-    while True:
-        docs = load_documents(corpus, max_docs=n)
-        short = len(docs) < n
-        try:
-            rows = pack_tokens(docs, tokenizer, seq_len, max_tokens=max_tokens)
-        except BadInput:
-            if short:
-                raise
-            rows = None
-        if rows is not None and (rows.numel() + seq_len > max_tokens or short):
-            return rows
-        n *= 4
+        print_result(e, out)
 
 
 @app.command("settle")
@@ -268,9 +190,11 @@ def settle_cmd(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Where predictions settle over a corpus, and what an early exit would save and keep."""
-    from vocablens import vocab_space as vs
+    import dataclasses
+
     from vocablens.corpus import load_documents
     from vocablens.render import vocab_space as rv
+    from vocablens.render.shown import print_result, to_json
 
     try:
         ths = [float(x) for x in thresholds.split(",") if x.strip()]
@@ -292,8 +216,7 @@ def settle_cmd(
     rank, world = init_from_env()  # under torchrun: batches split over ranks, rank 0 prints
     quiet = json_ or rank != 0
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
-    rows = _corpus_rows(corpus, lm.tokenizer, seq_len, max_tokens)
-    translator = load_translator(lm.borders, model, tuned_path) if lens == "tuned" else None
+    rows = lm.first_rows(corpus, seq_len, max_tokens)
     batches = [rows[i:i + batch] for i in range(0, len(rows), batch)]
     with count_bar(quiet or world > 1, rows.numel(), "settle", "tokens", stage="forward passes") as tick:
 
@@ -304,18 +227,16 @@ def settle_cmd(
                 done += b.numel()
                 tick(done)
 
-        res = vs.settle(lm.borders, batches if world > 1 else ticking(), thresholds=ths,
-                        translator=translator, min_layer=min_layer)
+        res = lm.settle(corpus, max_tokens=max_tokens, seq_len=seq_len, batch=batch, thresholds=ths, lens=lens,
+                        min_layer=min_layer, batches=batches if world > 1 else ticking(),
+                        lens_dir=tuned_path or None)
     if rank != 0:
         return
     if plot is not None:
-        rv.write_settle_plot(res, plot)
+        rv.write_settle_plot(res.value, plot)
     if json_:
-        d = rv.settle_to_dict(res)
-        d.update({"corpus": corpus, "plot": str(plot) if plot else None, "model": lm.provenance.to_dict()})
-        emit_json(d)
+        emit_json(to_json(dataclasses.replace(res, options={**res.options, "plot": str(plot) if plot else None})))
     else:
-        for t in rv.settle_tables(res):
-            out.print(t)
+        print_result(res, out)
         if plot is not None:
             err.print(f"wrote {plot}", style="dim")

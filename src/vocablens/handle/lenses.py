@@ -75,6 +75,14 @@ class LensWorkflows:
         known = ", ".join(["logit", "tuned", "both", *sorted(k for k in self.translators if k != "tuned")])
         raise BadInput(f"--kind must be one of {known}; got {kind!r}")
 
+    def _lens_for_call(self, kind: str, lens_dir=None):
+        """The translator of ``kind``; ``tuned`` read from ``lens_dir`` when given (this call only)."""
+        if kind == "tuned" and lens_dir is not None:
+            from vocablens.lens.tuned import TunedLens, find_lens
+
+            return TunedLens.load(find_lens(self.spec or "smollm2", lens_dir), self.borders)
+        return self.translator(kind)
+
     def train_lens(self, corpus: str = "python-docs", out: str | Path | None = None, settings=None,
                    max_tokens: int | None = None, val_fraction: float = 0.1, seed: int = 0, on_step=None,
                    force: bool = False):
@@ -154,7 +162,8 @@ class LensWorkflows:
 
     # ------------------------------------------------------------------------------------- lens
     def lens(self, texts, kind: str | Sequence[str] = "logit", k: int = 5, positions="last",
-             layers: Sequence[int] | None = None, chat: bool = False, prefix: str = "", progress=None) -> R.Lens:
+             layers: Sequence[int] | None = None, chat: bool = False, prefix: str = "",
+             lens_dir: str | Path | None = None, progress=None) -> R.Lens:
         """Read the residual stream at every layer through the LM head: top tokens, entropy and KL to
         the final distribution (``vocablens lens PROMPT --json``; a list: ``lens --file F --json``).
 
@@ -167,7 +176,10 @@ class LensWorkflows:
             kind: ``logit``, ``tuned`` (this model's :attr:`tuned_lens`), ``both`` (logit and tuned),
                 a kind added with :meth:`add_lens`, or a list of kinds.
             k: top tokens per layer. positions: ``last``, ``all`` or a list (negative from the end).
-            layers: stream layers 0..L (default all). chat, prefix: as :meth:`encode`.
+            layers: stream layers 0..L (default all).
+            chat: wrap each prompt in the chat template (:meth:`encode`).
+            prefix: text that follows each prompt (or starts the assistant turn with ``chat``).
+            lens_dir: a tuned-lens directory read as ``tuned`` for this call only.
             progress: ``progress(prompts done, prompts)`` after each forward.
 
         Returns:
@@ -184,7 +196,7 @@ class LensWorkflows:
         kinds = (["logit", "tuned"] if kind == "both" else [kind]) if isinstance(kind, str) else list(kind)
         if not kinds:
             raise BadInput("give at least one lens kind")
-        translators = [self.translator(kd) for kd in kinds]
+        translators = [self._lens_for_call(kd, lens_dir) for kd in kinds]
         batch = not (isinstance(texts, str) or torch.is_tensor(texts) or
                      (isinstance(texts, (list, tuple)) and texts and isinstance(texts[0], int)))
         items = list(texts) if batch else [texts]
@@ -208,7 +220,8 @@ class LensWorkflows:
     # --------------------------------------------------------------------------------- settle
     def settle(self, corpus: str, max_tokens: int = 2048, seq_len: int = 256, batch: int = 2,
                thresholds: Sequence[float] = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99), lens: str = "logit",
-               min_layer: int = 0, rows: torch.Tensor | None = None, batches=None) -> R.Settle:
+               min_layer: int = 0, rows: torch.Tensor | None = None, batches=None,
+               lens_dir: str | Path | None = None) -> R.Settle:
         """Where predictions settle over a corpus, and what an early exit would save and keep
         (``vocablens settle --corpus C --json``; :func:`vocablens.vocab_space.settle`).
 
@@ -217,6 +230,7 @@ class LensWorkflows:
                 in rows of ``seq_len``, ``batch`` rows per forward).
             lens: ``logit`` or a kind with a translator (``tuned``).
             batches: an iterable of row batches [b, seq_len] to read instead (the CLI's progress).
+            lens_dir: a tuned-lens directory read as ``tuned`` for this call only.
 
         Raises:
             BadInput: bad sizes, a missing corpus, an unknown lens.
@@ -226,7 +240,7 @@ class LensWorkflows:
         if max_tokens < seq_len or seq_len < 2 or batch < 1:
             raise BadInput(f"need --seq-len >= 2, --batch >= 1 and --max-tokens >= --seq-len; got "
                            f"{seq_len}, {batch}, {max_tokens}")
-        translator = self.translator(lens)
+        translator = self._lens_for_call(lens, lens_dir)
         if batches is None:
             rows = self.first_rows(corpus, seq_len, max_tokens) if rows is None else rows
             batches = [rows[i:i + batch] for i in range(0, len(rows), batch)]

@@ -73,7 +73,8 @@ class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
         logits_memory(1, batch, context, dtype)
         return self._result(R.Anatomy, anatomy(self.borders, name=name or self.spec or self.provenance.name,
                                                batch=batch, context=context, logits_dtype=dtype,
-                                               source="loaded model"))
+                                               source="loaded model",
+                                               notes=tuple(getattr(self.provenance, "notes", ()) or ())))
 
     def tie_check(self) -> R.TieCheck:
         """Whether the head is tied, by storage and by value (:func:`~vocablens.geometry.tying.tie_check`)."""
@@ -189,9 +190,10 @@ class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
         e = vs.explain(self.borders, ids, position=position, token_id=tid, k=k, n_sub=subs)
         return self._result(R.Explanation, e)
 
-    def project(self, token: str | Sequence[str] | None = None, block: int | None = None,
+    def project(self, token: str | int | Sequence[str | int] | None = None, block: int | None = None,
                 neurons: Sequence[int] | None = None, k: int = 10, keys: bool = False, sample: int | None = None,
-                seed: int = 0, norm_gain: bool = True) -> R.Projection:
+                seed: int = 0, norm_gain: bool = True, interpretable: int = 0, head: int | None = None,
+                circuit: str = "ov", max_sources: int | None = None) -> R.Projection:
         """FFN value (or key) vectors in vocabulary space, or the reverse search: the vectors that
         promote and suppress a token (``vocablens project ... --json``; Geva et al. 2022, Dar et al. 2022).
 
@@ -200,7 +202,15 @@ class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
             block: a block 0..L-1 (its vectors only).
             neurons: these value vectors of ``block``; without them, ``sample`` random ones
                 (default 4) per block (of ``block`` when given).
-            keys: key vectors instead of value vectors. norm_gain: read through the final norm's gain.
+            k: tokens (or pairs, or vectors) listed.
+            keys: key vectors instead of value vectors.
+            sample: random vectors per block (default 4; 32 with ``interpretable``).
+            seed: the sample's seed.
+            norm_gain: read through the final norm's gain (the map the model uses).
+            interpretable: the most interpretable of that many sampled vectors per block instead.
+            head: a head of ``block``: its OV or QK ``circuit`` (``max_sources`` source tokens).
+            circuit: ``ov`` or ``qk``.
+            max_sources: source tokens of the circuit (default: the analysis's).
 
         Raises:
             BadInput: k < 1, a block out of range, ``neurons`` without ``block``.
@@ -214,8 +224,19 @@ class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
             raise BadInput(f"-k must be at least 1; got {k}")
         if block is not None and not 0 <= block < b.n_layers:
             raise BadInput(f"block {block} is out of range: this model has blocks 0..{b.n_layers - 1}")
-        if token:
-            tids = [self.single_token(t) for t in ([token] if isinstance(token, str) else token)]
+        if interpretable:
+            res = vs.interpretable_vectors(b, n=interpretable, per_block=sample or 32, k=k, seed=seed,
+                                           apply_norm_gain=norm_gain)
+            return self._result(R.Projection, res, how="interpretable")
+        if head is not None:
+            if block is None:
+                raise BadInput("--head needs --block")
+            kw = {} if max_sources is None else {"max_sources": max_sources}
+            res = vs.head_circuit(b, block, head, circuit=circuit, k=k, apply_norm_gain=norm_gain, **kw)
+            return self._result(R.Projection, res, how="circuit")
+        if token is not None and token != [] and token != "":
+            items = [token] if isinstance(token, (str, int)) else list(token)
+            tids = [t if isinstance(t, int) else self.single_token(t) for t in items]
             res = vs.search_tokens(b, tids, k=k, apply_norm_gain=norm_gain)
             layers, ns = search_vectors(res)
             tops = vs.project_vectors(b, layers, ns, k=min(8, b.real_vocab_size), apply_norm_gain=norm_gain)

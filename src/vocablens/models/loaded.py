@@ -39,7 +39,7 @@ class LoadedModel:
         from vocablens.models.tokens import context_length, encode_prompt
 
         return encode_prompt(self.tokenizer, text, context_length(self.model.config), chat=chat, prefix=prefix,
-                             special_text=special_text, rows=self.borders.vocab_size)
+                             special_text=special_text, rows=getattr(self.borders, "vocab_size", None))
 
     def encode_batch(self, texts, *, chat: bool = False, prefix: str = "", special_text: str = "parse"):
         """Several prompts -> ``(input_ids [B, T] int64, attention_mask [B, T] int64)``, right-padded
@@ -79,14 +79,19 @@ class LoadedModel:
 
         Raises:
             BadInput: text a tokenizer cannot take.
+            TokenNotInVocabulary: a token id with no row in the matrices.
         """
         import torch
 
         from vocablens.models.tokens import check_text
 
+        from vocablens.models.tokens import check_ids_fit
+
         check_text(text)
         ids = torch.tensor(self.tokenizer(text).input_ids, dtype=torch.int64)
-        return ids if max_tokens is None else ids[:max_tokens]
+        ids = ids if max_tokens is None else ids[:max_tokens]
+        check_ids_fit(ids, self.borders.vocab_size, self.tokenizer)
+        return ids
 
     def token_ids(self, text: str, use_mean: bool = False) -> tuple[list[int], str | None]:
         """A token string (``" king"``) -> ``(ids, note)``: ``[id]`` when it is one token, else all its
