@@ -140,8 +140,10 @@ def _fake_lm():
 
     from tiny_dirs import tiny_tokenizer
 
-    return SimpleNamespace(tokenizer=tiny_tokenizer(), borders=None, provenance=SimpleNamespace(name="m"),
-                           model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512)))
+    from vocablens.models import LoadedModel
+
+    return LoadedModel(tokenizer=tiny_tokenizer(), borders=None, provenance=SimpleNamespace(name="m"),
+                       model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512)))
 
 
 @pytest.mark.parametrize("slow", [1.0, 4.0])

@@ -123,7 +123,7 @@ def bottleneck_cmd(
 ) -> None:
     """Softmax bottleneck: spectra and numerical ranks of W_U and of the log-probabilities over N > d contexts."""
     from vocablens.argmax.bottleneck import context_hidden, softmax_bottleneck
-    from vocablens.corpus import load_documents, pack_tokens
+    from vocablens.corpus import load_documents
     from vocablens.render.argmax import bottleneck_figure, bottleneck_tables, bottleneck_to_dict
 
     if plot and Path(plot).exists() and not force:
@@ -138,7 +138,7 @@ def bottleneck_cmd(
         raise BadInput(f"--contexts must exceed d = {b.d_emb} to test the rank bound; got {n}")
     rows = -(-n // seq_len)
     docs = load_documents(corpus)
-    ids = pack_tokens(docs, lm.tokenizer, seq_len, max_tokens=rows * seq_len)
+    ids = lm.pack(docs, seq_len, max_tokens=rows * seq_len)
     if ids.numel() < n:
         raise BadInput(f"corpus {corpus!r} gives {plural(ids.numel(), 'token')}, fewer than --contexts {n}")
     cb, close = stage_progress("bottleneck", "rows", quiet=json_,

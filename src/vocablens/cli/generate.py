@@ -11,18 +11,6 @@ from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, em
 from vocablens.errors import BadInput
 
 
-def stop_ids(model, tokenizer) -> list[int]:
-    """EOS ids from the generation config and the tokenizer (generation ends after one)."""
-    ids: set[int] = set()
-    gc = getattr(model, "generation_config", None)
-    for src in (getattr(gc, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
-        if isinstance(src, int):
-            ids.add(src)
-        elif isinstance(src, (list, tuple)):
-            ids.update(int(i) for i in src)
-    return sorted(ids)
-
-
 @app.command("generate")
 def generate_cmd(
     prompt: Annotated[str, typer.Argument(help="Text to continue.")],
@@ -52,10 +40,10 @@ def generate_cmd(
 
     Under torchrun (WORLD_SIZE > 1) the embedding and LM head rows are split over the ranks (no
     --early-exit then) and rank 0 prints."""
-    from vocablens.generate import ExitRule, generate, load_tuned_lens
-    from vocablens.models.tokens import context_length, encode_prompt
+    from vocablens.generate import ExitRule, load_tuned_lens
     from vocablens.ops.sampling import check_sampling_args
-    from vocablens.render.generate import TextStream, generation_to_dict, summary_lines
+    from vocablens.render.generate import TextStream, summary_lines
+    from vocablens.render.shown import to_json
 
     if max_new_tokens < 1:
         raise BadInput(f"--max-new-tokens must be at least 1; got {max_new_tokens}")
@@ -81,7 +69,6 @@ def generate_cmd(
         raise BadInput("--early-exit reads the whole LM head at every layer: run it without torchrun")
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0)
     borders, tok = lm.borders, lm.tokenizer
-    ids = encode_prompt(tok, prompt, max_len=context_length(borders.config), chat=chat, rows=borders.vocab_size)
     rule = None
     if early_exit is not None:
         m = borders.n_layers // 2 if min_layer is None else min_layer
@@ -96,18 +83,16 @@ def generate_cmd(
             sys.stdout.write(stream.push(t.id))
             sys.stdout.flush()
 
-    stops = stop_ids(lm.model, tok)
     head = VocabParallelModel(borders) if world > 1 else None  # each rank keeps V/world rows
     seed = common_seed(seed)  # under torchrun every rank must draw the same tokens
-    res = generate(borders, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                   top_p=top_p, min_p=min_p, seed=seed, stop_ids=stops, top_n=top,
-                   early_exit=rule, on_token=on_token, head=head)
+    res = lm.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                      min_p=min_p, seed=seed, top=top, chat=chat, early_exit=rule, on_token=on_token, head=head)
     if rank != 0:
         return
     if json_:
-        emit_json(generation_to_dict(res, tok))
+        emit_json(to_json(res))
         return
     sys.stdout.write(stream.flush() + "\n")
     sys.stdout.flush()
-    for line in summary_lines(res):
+    for line in summary_lines(res.value):
         err.print(line, style="dim")

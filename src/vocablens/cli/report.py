@@ -37,8 +37,8 @@ def report(
     Every section runs within its share of --budget; the page lists the ones cut short and the
     command that completes each.
     """
-    from vocablens.report.runner import plan_report, run_report
-    from vocablens.render.report import cut_short_html, render_report, report_sections, stamp, write_atomic
+    from vocablens.report.runner import plan_report
+    from vocablens.render.report import write_page
 
     if not prompt.strip():
         raise BadInput("empty prompt: give some text with --prompt")
@@ -54,21 +54,12 @@ def report(
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
     timings["load"] = time.perf_counter() - t_all
     with _ProgressBar(disabled=quiet) as bar:
-        run = run_report(lm, model=model, prompt=prompt, lens_path=lens_path or None, budget_s=budget,
-                         progress=bar.update)
+        run = lm.report(prompt=prompt, lens_path=lens_path or None, budget_s=budget, progress=bar.update)
     for s in run.sections:
         timings[s.plan.title] = s.seconds
     if not quiet:
         err.print("writing the page ...", style="dim")
-    sections = report_sections(run, lm, model)
-    prov = lm.provenance
-    html = render_report(
-        f"vocablens report — {prov.name}",
-        [f"Weights: {prov.describe()}", f"Prompt: {prompt!r}",
-         f"Made {stamp()} by vocablens; analyses within a {budget:.0f} s budget"],
-        sections, banner=cut_short_html(run),
-    )
-    write_atomic(out_path, html)
+    sections = write_page(run, lm, model, out_path, budget)
     timings["total"] = time.perf_counter() - t_all
     if json_:
         _emit(run, lm, out_path, sections, timings)

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import typer
 
 from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out
 from vocablens.errors import BadInput
-
-
-def _token_ids(tokenizer, texts: list[str], V: int, quiet: bool) -> list[int]:
-    from vocablens.models.tokens import single_token_id
-
-    ids = []
-    for t in texts:
-        got, note = single_token_id(tokenizer, t, V)
-        if note and not quiet:
-            err.print(f"note: {note}", style="dim")
-        ids.append(int(got[0]))
-    return list(dict.fromkeys(ids))
 
 
 def _stream_layers(s: str, L: int) -> list[int] | None:
@@ -62,9 +51,7 @@ def steer_cmd(
     The vectors are chosen by the tokens' z-score in vocabulary space (Geva et al. 2022, §5.1) and
     scaled with a forward hook (no weight edit); reported before and after: the tokens' probability
     mass, the held-out perplexity and greedy continuations."""
-    from vocablens.vocab_space.steer import steer
-    from vocablens.vocab_space.steer_eval import measure
-    from vocablens.models.tokens import check_ids_fit
+    from vocablens.render.shown import print_result, to_json
 
     if not promote and not suppress:
         raise BadInput("give --promote TOKEN and/or --suppress TOKEN")
@@ -73,43 +60,26 @@ def steer_cmd(
     if isinstance(new_tokens, bool) or new_tokens < 0 or new_tokens > 512:
         raise BadInput(f"--new-tokens must be in 0..512; got {new_tokens}")
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    b, tok = lm.borders, lm.tokenizer
-    blocks = _stream_layers(layers, b.n_layers)
-    sets = {"promote": _token_ids(tok, promote, b.vocab_size, json_),
-            "suppress": _token_ids(tok, suppress, b.vocab_size, json_)}
-    st = steer(b, promote=sets["promote"], suppress=sets["suppress"], top_n=top_n, scale=scale, blocks=blocks,
-               suppress_mode=suppress_mode)
-    from vocablens.surgery.io import heldout_texts
-
-    def enc(t: str):
-        ids = tok(t, return_tensors="pt").input_ids[0][:256]
-        check_ids_fit(ids, b.vocab_size, tok)
-        return ids
-
-    probes = [enc(prompt or "The weather today is")] if not corpus else [enc(t) for t in heldout_texts(corpus, 4, 600)]
-    held = [enc(t) for t in heldout_texts(heldout, 4, 800)]
-    if not json_:
-        err.print(f"measuring {len(st.vectors)} vectors on {len(probes)} probe text(s) and "
-                  f"{len(held)} held-out texts, unsteered and steered ...", style="dim")
     from vocablens.cli.progress import stage_progress
+
+    def note(text: str) -> None:
+        if not json_:
+            err.print(f"note: {text}", style="dim")
+
+    def started(n_vectors: int, n_probes: int, n_held: int) -> None:
+        if not json_:
+            err.print(f"measuring {n_vectors} vectors on {n_probes} probe text(s) and "
+                      f"{n_held} held-out texts, unsteered and steered ...", style="dim")
 
     cb, close = stage_progress("steer", "forward passes", quiet=json_)
     try:
-        eff = measure(b, st, probes, sets, heldout=held, max_new_tokens=new_tokens if not corpus else 0, progress=cb)
+        res = lm.steer(promote, suppress, top_n=top_n, scale=scale, blocks=_stream_layers(layers, lm.borders.n_layers),
+                       suppress_mode=suppress_mode, prompt=prompt, corpus=corpus, heldout=heldout,
+                       new_tokens=new_tokens, progress=cb, notes=note, started=started)
     finally:
         close()
-    from vocablens.render.steer import print_steer, steer_to_dict, vector_rows
-    from vocablens.vocab_space.steer import vector_top_tokens
-
-    rows = vector_rows(st.vectors, vector_top_tokens(b, st.vectors, k=6), tok)
-    saved = None
     if save:
-        from vocablens.surgery.io import save_model_dir
-
-        with st.folded():
-            saved = str(save_model_dir(lm.model, tok, save, force=force))
-    if json_:
-        emit_json(steer_to_dict(sets, rows, eff, tok, top_n=top_n, scale=scale, suppress_mode=suppress_mode,
-                                saved=saved, provenance=lm.provenance))
-    else:
-        print_steer(out, rows, eff, tok, save if saved else "")
+        with res.options["steering"].folded():
+            saved = str(lm.save(save, force=force))
+        res = dataclasses.replace(res, options={**res.options, "saved": saved, "saved_to": save})
+    emit_json(to_json(res)) if json_ else print_result(res, out)

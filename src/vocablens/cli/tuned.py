@@ -37,30 +37,6 @@ def _init_distributed():
     return dist.get_rank(), dist.get_world_size()
 
 
-def _rows(lm, corpus: str, split: str, seq_len: int, max_tokens: int | None, val_fraction: float,
-          split_seed: int, shuffle_seed: int | None, docs=None, shrink: bool = False):
-    """Pack one split of a corpus into [N, seq_len] rows; returns (rows, info). ``info`` names the
-    corpus by name and content hash (:func:`vocablens.corpus.corpus_record`), never by a local path."""
-    import random
-
-    from vocablens.corpus import corpus_record, load_documents, pack_tokens, split_documents
-
-    docs = load_documents(corpus) if docs is None else docs
-    train_docs, val_docs = split_documents(docs, val_fraction=val_fraction, seed=split_seed)
-    part = train_docs if split == "train" else val_docs
-    if not part:
-        raise BadInput(f"corpus {corpus!r} has no {split} documents (it holds {len(docs)}); give more text")
-    if shuffle_seed is not None:
-        part = list(part)
-        random.Random(shuffle_seed).shuffle(part)
-    rows = pack_tokens(part, lm.tokenizer, seq_len, max_tokens=max_tokens, shrink=shrink)
-    rec = corpus_record(corpus, docs)
-    info = {"corpus": rec["corpus"], "corpus_sha256": rec["corpus_sha256"], "split": split,
-            "val_fraction": val_fraction, "split_seed": split_seed, "documents": len(part),
-            "tokens": int(rows.numel()), "seq_len": int(rows.shape[1])}
-    return rows, info
-
-
 @lens_app.command("train")
 def lens_train(
     model: ModelOpt = "smollm2",
@@ -122,7 +98,7 @@ def lens_train(
     docs = load_documents(corpus)  # a missing or empty corpus fails before the model loads
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
     with status(f"tokenizing the training data of {corpus} ...", quiet=quiet):
-        rows, info = _rows(lm, corpus, "train", seq_len, max_tokens or None, val_fraction, 0, seed, docs)
+        rows, info = lm.corpus_rows(corpus, "train", seq_len, max_tokens or None, val_fraction, 0, seed, docs)
     info["model"] = lm.provenance.name
     if not quiet:
         err.print(f"training data: {info['tokens']} tokens in {rows.shape[0]} chunks of {seq_len} "
@@ -248,7 +224,7 @@ def lens_eval(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Per layer, logit lens vs tuned lens on held-out text: KL to final, CE (nats, bits/byte), entropy, top-1 agreement."""
-    from vocablens.corpus import NAMED_CORPORA, corpus_record, load_documents, pack_tokens
+    from vocablens.corpus import NAMED_CORPORA, corpus_record, load_documents
     from vocablens.lens.evaluate import evaluate, text_bytes
     from vocablens.lens.tuned import TunedLens, find_lens
     from vocablens.render.tuned import eval_to_dict, print_eval, save_eval_plot
@@ -291,12 +267,12 @@ def lens_eval(
     val_fraction = float(data.get("val_fraction", 0.1)) if split != "all" else 0.0
     seq = min(seq_len, max_tokens)
     if split == "all":
-        rows = pack_tokens(docs, lm.tokenizer, seq, max_tokens=max_tokens, shrink=True)
+        rows = lm.pack(docs, seq, max_tokens=max_tokens, shrink=True)
         rec = corpus_record(corpus, docs)
         info = {"corpus": rec["corpus"], "corpus_sha256": rec["corpus_sha256"], "split": "all"}
     else:
         with status(f"tokenizing the {split} split of {corpus} ...", quiet=quiet):
-            rows, info = _rows(lm, corpus, split, seq, max_tokens, val_fraction, int(data.get("split_seed", 0)),
+            rows, info = lm.corpus_rows(corpus, split, seq, max_tokens, val_fraction, int(data.get("split_seed", 0)),
                                None, docs, shrink=True)
     rows = rows[: max(1, max_tokens // rows.shape[1])]
     name = info["corpus"]

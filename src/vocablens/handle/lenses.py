@@ -122,7 +122,7 @@ class LensWorkflows:
         """
         import random
 
-        from vocablens.corpus import corpus_record, load_documents, pack_tokens, split_documents
+        from vocablens.corpus import corpus_record, load_documents, split_documents
 
         docs = load_documents(corpus) if docs is None else docs
         train_docs, val_docs = split_documents(docs, val_fraction=val_fraction, seed=split_seed)
@@ -132,7 +132,7 @@ class LensWorkflows:
         if shuffle_seed is not None:
             part = list(part)
             random.Random(shuffle_seed).shuffle(part)
-        rows = pack_tokens(part, self.tokenizer, seq_len, max_tokens=max_tokens, shrink=shrink)
+        rows = self.pack(part, seq_len, max_tokens=max_tokens, shrink=shrink)
         rec = corpus_record(corpus, docs)
         return rows, {"corpus": rec["corpus"], "corpus_sha256": rec["corpus_sha256"], "split": split,
                       "val_fraction": val_fraction, "split_seed": split_seed, "documents": len(part),
@@ -144,14 +144,14 @@ class LensWorkflows:
         Raises:
             BadInput: the corpus is missing or too short.
         """
-        from vocablens.corpus import load_documents, pack_tokens
+        from vocablens.corpus import load_documents
 
         n = 4
         while True:
             docs = load_documents(corpus, max_docs=n)
             short = len(docs) < n
             try:
-                rows = pack_tokens(docs, self.tokenizer, seq_len, max_tokens=max_tokens)
+                rows = self.pack(docs, seq_len, max_tokens=max_tokens)
             except BadInput:
                 if short:
                     raise
@@ -252,7 +252,7 @@ class LensWorkflows:
     def steer(self, promote: Sequence[str] = (), suppress: Sequence[str] = (), top_n: int = 10, scale: float = 8.0,
               blocks: Sequence[int] | None = None, suppress_mode: str = "boost", prompt: str = "",
               corpus: str = "", heldout: str = "pydoc-topics", new_tokens: int = 24, progress=None,
-              notes=None) -> R.Steering:
+              notes=None, started=None) -> R.Steering:
         """Scale the FFN value vectors that promote / suppress tokens, and measure the effect on the
         tokens' mass, held-out perplexity and a greedy continuation (``vocablens steer --json``;
         Geva et al. 2022, §5.1). The hook is removed again; ``res.steering.folded()`` edits the weights.
@@ -263,7 +263,10 @@ class LensWorkflows:
             blocks: block indices (default all).
             prompt / corpus: the probe text(s) (default ``"The weather today is"``).
             heldout: the corpus whose held-out texts measure perplexity.
+            new_tokens: greedy tokens of the continuation compared (0..512; none with ``corpus``).
+            progress: ``progress(stage, done, total)`` over the forward passes.
             notes: called with a note when a token string is several tokens.
+            started: called as ``started(vectors, probe texts, held-out texts)`` before measuring.
 
         Raises:
             BadInput: no tokens, both prompt and corpus, new_tokens outside 0..512.
@@ -295,6 +298,8 @@ class LensWorkflows:
         probes = ([self.encode_raw(prompt or "The weather today is", 256)] if not corpus else
                   [self.encode_raw(t, 256) for t in heldout_texts(corpus, 4, 600)])
         held = [self.encode_raw(t, 256) for t in heldout_texts(heldout, 4, 800)]
+        if started is not None:
+            started(len(st.vectors), len(probes), len(held))
         eff = measure(self.borders, st, probes, sets, heldout=held, max_new_tokens=new_tokens if not corpus else 0,
                       progress=progress)
         rows = vector_rows(st.vectors, vector_top_tokens(self.borders, st.vectors, k=6), self.tokenizer)

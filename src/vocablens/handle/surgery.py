@@ -36,7 +36,8 @@ class SurgeryWorkflows:
 
     def expand(self, tokens: Sequence[str] | str, init: str = "subtoken-mean", interpolation: float = 0.5,
                special: bool = False, eval_corpus: str = "pydoc-topics", eval_text: str = "", eval_texts: int = 4,
-               eval_chars: int = 800, sample: str = "", seed: int = 0, status=None):
+               eval_chars: int = 800, sample: str = "", seed: int = 0, heldout: Sequence[str] | None = None,
+               status=None):
         """Add tokens: new rows on both ends (tied stays tied), verified on held-out text
         (``vocablens expand --add T ... --json``; :func:`vocablens.surgery.expand_vocab`,
         :func:`~vocablens.surgery.verify_expansion`, the new rows' indicator).
@@ -47,6 +48,8 @@ class SurgeryWorkflows:
             eval_corpus / eval_text: held-out text (the corpus's validation split, or this text),
                 ``eval_texts`` chunks of ``eval_chars`` characters.
             sample: a sentence shown tokenized before and after (default: built from the new tokens).
+            seed: the seed of ``init="random"``.
+            heldout: the held-out texts themselves (instead of reading ``eval_corpus`` / ``eval_text``).
             status: ``status(message)`` context manager factory for each stage (the CLI's spinner).
 
         Returns:
@@ -67,8 +70,8 @@ class SurgeryWorkflows:
             raise BadInput("no tokens to add: give --add TOKEN (repeatable) or --add-file FILE")
         if eval_texts < 1 or eval_chars < 10:
             raise BadInput("--eval-texts must be >= 1 and --eval-chars >= 10")
-        texts = chunk_texts([eval_text], eval_texts, eval_chars) if eval_text.strip() else \
-            heldout_texts(eval_corpus, eval_texts, eval_chars)
+        texts = list(heldout) if heldout is not None else chunk_texts([eval_text], eval_texts, eval_chars) \
+            if eval_text.strip() else heldout_texts(eval_corpus, eval_texts, eval_chars)
         with step("expanding the vocabulary ..."):
             ex = expand_vocab(self.model, self.tokenizer, tokens, init=init, special=special,
                               interpolation=interpolation, seed=seed)
@@ -90,7 +93,8 @@ class SurgeryWorkflows:
 
     def trim(self, corpus: str = "", token_list: Sequence[str] = (), max_docs: int | None = None,
              verify_texts: int = 3, verify_tokens: int = 128, drop_undertrained: bool = False,
-             undertrained_candidates: int = 500, status=None, progress=None):
+             undertrained_candidates: int = 500, documents: Sequence[str] | None = None, status=None,
+             progress=None):
         """Keep only the tokens a corpus uses (plus specials, bytes and merge parts): both matrices
         sliced, the tokenizer rebuilt, the result checked against this model on corpus documents
         (``vocablens trim --corpus C --json``; :func:`vocablens.surgery.trim_vocab`).
@@ -98,8 +102,16 @@ class SurgeryWorkflows:
         Args:
             corpus: a file, a directory or a named corpus whose tokens are kept.
             token_list: more tokens to keep: ids or vocabulary strings, one per item.
+            max_docs: read at most this many corpus documents (None: all).
+            verify_texts: corpus documents the trimmed model is checked on.
+            verify_tokens: tokens read from the start of each check document.
             drop_undertrained: also remove the tokens verified under-trained (Land & Bartolo 2024).
-            progress: ``progress(stage, done, total)`` factory result for the corpus passes.
+            undertrained_candidates: lowest-indicator tokens verified for ``drop_undertrained``.
+            documents: the corpus's texts themselves (instead of reading ``corpus``).
+            status: ``status(message)`` context manager factory for each stage (the CLI's spinner).
+            progress: ``progress(phase) -> (callback, close)`` for the phases ``corpus`` (reading its
+                tokens), ``undertrained`` and ``tokenization`` (the corpus compared); callbacks take
+                ``(stage, done, total)``.
 
         Returns:
             a new :class:`~vocablens.handle.Model`; ``.surgery`` its verified record.
@@ -118,14 +130,24 @@ class SurgeryWorkflows:
             raise BadInput("give --corpus F (or --token-list F): the tokens to keep")
         if undertrained_candidates < 1:
             raise BadInput(f"--undertrained-candidates must be >= 1; got {undertrained_candidates}")
-        texts = [d.text for d in load_documents(corpus, max_docs=max_docs or None)] if corpus else []
+        texts = list(documents) if documents is not None else \
+            [d.text for d in load_documents(corpus, max_docs=max_docs or None)] if corpus else []
         tok = self.tokenizer
-        used = corpus_token_ids(tok, texts, progress=progress) | read_token_list(list(token_list), tok)
+        phase = progress or (lambda name: ((lambda *_: None), (lambda: None)))
+        cb, close = phase("corpus")
+        try:
+            used = corpus_token_ids(tok, texts, progress=cb) | read_token_list(list(token_list), tok)
+        finally:
+            close()
         seeds, ut, drop = used, None, None
         if drop_undertrained:
             from vocablens.surgery import trim_undertrained as tu
 
-            ut = tu.verified_undertrained(self.borders, tok, undertrained_candidates, progress=progress)
+            cb, close = phase("undertrained")
+            try:  # the lowest-indicator tokens, verified by prompting (stages as `vocablens undertrained`)
+                ut = tu.verified_undertrained(self.borders, tok, undertrained_candidates, progress=cb)
+            finally:
+                close()
             seeds, rows_without = tu.drop_undertrained(self.model, tok, used, ut.verified.tolist())
         with step("trimming the vocabulary ..."):
             tr = trim_vocab(self.model, tok, seeds)
@@ -138,7 +160,11 @@ class SurgeryWorkflows:
         with step(f"checking the trimmed model against the original on {plural(len(checks), 'text')} ..."):
             v = verify_trim(self.model, tok, tr.model, tr.tokenizer, tr.kept_old_ids, checks,
                             max_tokens=verify_tokens)
-        mismatches = tokenization_mismatches(tok, tr.tokenizer, tr.kept_old_ids, checked, progress=progress)
+        cb, close = phase("tokenization")
+        try:
+            mismatches = tokenization_mismatches(tok, tr.tokenizer, tr.kept_old_ids, checked, progress=cb)
+        finally:
+            close()
         accept_trim(v, mismatches)
         vocab_map = {"kept_old_ids": tr.kept_old_ids, "old_to_new": {str(o): n for n, o in enumerate(tr.kept_old_ids)},
                      "rows_before": tr.result.rows_before}

@@ -93,6 +93,17 @@ class LoadedModel:
         check_ids_fit(ids, self.borders.vocab_size, self.tokenizer)
         return ids
 
+    def pack(self, docs, seq_len: int, max_tokens: int | None = None, shrink: bool = False):
+        """Corpus documents -> rows [N, seq_len] int64, packed with EOS between documents
+        (:func:`vocablens.corpus.pack_tokens`): the text -> ids of every corpus a workflow reads.
+
+        Raises:
+            BadInput: fewer tokens than one row (unless ``shrink``: then one shorter row of them all).
+        """
+        from vocablens.corpus import pack_tokens
+
+        return pack_tokens(docs, self.tokenizer, seq_len, max_tokens=max_tokens, shrink=shrink)
+
     def token_ids(self, text: str, use_mean: bool = False) -> tuple[list[int], str | None]:
         """A token string (``" king"``) -> ``(ids, note)``: ``[id]`` when it is one token, else all its
         tokens and a note saying which are used (:func:`~vocablens.models.tokens.single_token_id`).

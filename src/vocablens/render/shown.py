@@ -105,7 +105,7 @@ def _json_steer(r):
 
     o = r.options
     return steer_to_dict(o["sets"], o["rows"], r.value, r.tokenizer, top_n=o["top_n"], scale=o["scale"],
-                         suppress_mode=o["suppress_mode"], saved=o.get("saved_to"), provenance=r.provenance)
+                         suppress_mode=o["suppress_mode"], saved=o.get("saved"), provenance=r.provenance)
 
 
 def _json_surgery(r):

@@ -28,7 +28,8 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
     under-trained tokens with their share or what the scan left unused (module docstring).
 
     Args:
-        lm: a :class:`~vocablens.models.LoadedModel` (``model, tokenizer, borders, provenance``).
+        lm: a :class:`vocablens.Model` or :class:`~vocablens.models.LoadedModel` (``model, tokenizer,
+            borders, provenance`` and the text -> ids methods ``encode`` and ``pieces``).
         model: the spec it was loaded from (names the shipped tuned lens and the completing commands).
         prompt: text for the lens and explanation sections.
         lens_path: a tuned-lens directory (default: the lens shipped for ``model``, if any).
@@ -51,7 +52,6 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
     from dataclasses import replace
 
     from vocablens.errors import BadInput
-    from vocablens.models.tokens import context_length, encode_prompt
 
     if not prompt or not prompt.strip():
         raise BadInput("empty prompt: give some text with `prompt`")
@@ -61,7 +61,7 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
         if unknown:
             raise BadInput(f"unknown report section {unknown[0]!r}; sections are {', '.join(ORDER)}")
         plans = [p for p in plans if p.key in only]
-    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), rows=lm.borders.vocab_size)
+    ids = lm.encode(prompt)  # the model's one rule for text -> ids
     t_all = clock()
     finished: dict[str, float] = {}
     now = {"key": None, "t0": t_all, "deadline": None, "fraction": None}
@@ -75,7 +75,8 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
                      now["expected"], fraction, now["after"])
         progress(description, elapsed, elapsed + rest)
 
-    ctx = {"borders": lm.borders, "tokenizer": lm.tokenizer, "name": lm.provenance.name, "model": model,
+    ctx = {"borders": lm.borders, "tokenizer": lm.tokenizer, "pieces": lm.pieces, "pack": lm.pack, "name": lm.provenance.name,
+           "model": model,
            "ids": ids, "lens_path": lens_path, "progress": report}
     # what the scan is expected to cost here (0 with stored verdicts): the ETA's guess for it
     after = next((p for p in plans if p.key == AFTER_SCAN), None)

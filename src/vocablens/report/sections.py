@@ -25,9 +25,8 @@ def _borders(ctx, plan, run):
 def _neighbors(ctx, plan, run):
     from vocablens.geometry.embedding import nearest_neighbors
 
-    tok = ctx["tokenizer"]
-    queries = [q for q in NEIGHBOR_TOKENS if len(tok(q, add_special_tokens=False).input_ids) >= 1]
-    run.result = nearest_neighbors(ctx["borders"], tok, queries, k=8)
+    queries = [q for q in NEIGHBOR_TOKENS if len(ctx["pieces"](q)) >= 1]
+    run.result = nearest_neighbors(ctx["borders"], ctx["tokenizer"], queries, k=8)
 
 
 def _pca(ctx, plan, run):
@@ -99,12 +98,12 @@ def _argmax(ctx, plan, run):
 def _value_vectors(ctx, plan, run):
     import vocablens.vocab_space as vs
 
-    borders, tok = ctx["borders"], ctx["tokenizer"]
-    probes = [q for q in PROBE_TOKENS if len(tok(q, add_special_tokens=False).input_ids) == 1]
+    borders, pieces = ctx["borders"], ctx["pieces"]
+    probes = [q for q in PROBE_TOKENS if len(pieces(q)) == 1]
     if not probes:  # a small vocabulary
         run.note = f"skipped: none of the probe words ({', '.join(map(repr, PROBE_TOKENS))}) is a single token"
         return
-    found = vs.search_tokens(borders, [tok(q, add_special_tokens=False).input_ids[0] for q in probes], k=1)
+    found = vs.search_tokens(borders, [pieces(q)[0] for q in probes], k=1)
     layers, neurons = [], []
     for s in found:  # the order the report's table reads them: per search, promote rows then suppress rows
         layers += s.promote_blocks.tolist() + s.suppress_blocks.tolist()
@@ -124,13 +123,13 @@ def _explain(ctx, plan, run):
 
 def _settle(ctx, plan, run):
     import vocablens.vocab_space as vs
-    from vocablens.corpus import load_documents, pack_tokens
+    from vocablens.corpus import load_documents
 
     borders = ctx["borders"]
     min_layer = borders.n_layers // 2
     weights = sum(p.numel() for blk in borders.blocks for p in blk.parameters() if p.dim() >= 2)
     n = settle_tokens(borders.vocab_size, borders.d_model, borders.n_layers, weights, plan.budget_s, min_layer)
-    rows = pack_tokens(load_documents("pydoc-topics", max_docs=8), ctx["tokenizer"], SETTLE_SEQ_LEN, max_tokens=n)
+    rows = ctx["pack"](load_documents("pydoc-topics", max_docs=8), SETTLE_SEQ_LEN, max_tokens=n)
     run.result = vs.settle(borders, rows, min_layer=min_layer)
     if n < SETTLE_MAX_TOKENS:
         run.cut_short = (f"read {n} of {SETTLE_MAX_TOKENS} corpus tokens to stay within {plan.budget_s:.0f} s; "

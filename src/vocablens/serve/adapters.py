@@ -27,16 +27,14 @@ from typing import Any
 import torch
 
 from vocablens.errors import BadInput, TokenNotInVocabulary
-from vocablens.geometry.embedding import nearest_neighbors
 from vocablens.lens import logit_lens
 from vocablens.lens.logit import resolve_positions
 from vocablens.lens.trajectory import layer_readout
-from vocablens.models.tokens import adds_bos, context_length, encode_prompt, single_token_id, token_str
+from vocablens.models.tokens import adds_bos, token_str
 from vocablens.render.argmax import argmax_to_dict
-from vocablens.render.geometry import neighbors_to_dict
 from vocablens.render.json import json_ready
 from vocablens.render.lens import lens_json as _lens_json
-from vocablens.render.vocab_space import explanation_to_dict, search_to_dict
+from vocablens.render.vocab_space import search_to_dict
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -57,7 +55,7 @@ def encode(lm, prompt: str, chat: bool, max_tokens: int) -> torch.Tensor:
     """
     from vocablens.errors import PromptTooLong
 
-    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat, rows=lm.borders.vocab_size)
+    ids = lm.encode(prompt, chat=chat)
     if ids.shape[1] > max_tokens:
         raise PromptTooLong(f"the prompt has {ids.shape[1]} tokens; this server reads prompts of at most "
                             f"{max_tokens} tokens (start it with --max-tokens N for more)")
@@ -78,7 +76,7 @@ def token_id(lm, token: str | int) -> int:
         if not 0 <= token < real:
             raise TokenNotInVocabulary(f"token id {token} is outside the vocabulary 0..{real - 1}")
         return token
-    ids, _ = single_token_id(lm.tokenizer, token, lm.borders.vocab_size)
+    ids, _ = lm.token_ids(token)
     if len(ids) != 1:
         shown = [token_str(lm.tokenizer, i) for i in ids[:6]] + (["..."] if len(ids) > 6 else [])
         raise TokenNotInVocabulary(f"{token[:40]!r}{'...' if len(token) > 40 else ''} is {len(ids)} tokens "
@@ -183,16 +181,12 @@ def trajectory_json(lm, ids: torch.Tensor, resid: torch.Tensor, position: int, t
 
 def explain_json(lm, ids: torch.Tensor, position: int, tid: int | None) -> dict:
     """``/api/explain``: the dict of ``explain PROMPT -p POS -t TARGET --json`` (k=5, 5 sub-updates)."""
-    from vocablens import vocab_space as vs
-
-    e = vs.explain(lm.borders, ids, position=position, token_id=tid, k=5, n_sub=5)
-    return _with_model(explanation_to_dict(e, lm.tokenizer), lm)
+    return lm.explain(ids, position=position, target=tid, k=5, subs=5).to_json()
 
 
 def neighbors_json(lm, query: str, k: int) -> dict:
     """``/api/neighbors``: the dict of ``neighbors TOKEN -k K --json`` (input and, untied, output rows)."""
-    res = nearest_neighbors(lm.borders, lm.tokenizer, [query], k=k)
-    return _with_model(neighbors_to_dict(res, lm.tokenizer), lm)
+    return lm.neighbors([query], k=k).to_json()
 
 
 def project_json(lm, tid: int, k: int) -> dict:

@@ -152,6 +152,9 @@ class ServerState:
                  argmax: bool = True, undertrained=None, argmax_report=None, argmax_end=None) -> None:
         from vocablens.errors import VocabLensError
 
+        from vocablens.handle import Model
+
+        lm = Model.of(lm, spec=model_spec)  # the handle: encoding and the workflows the endpoints call
         self.lm = lm
         self.model_spec = model_spec
         self.max_tokens = max_tokens
