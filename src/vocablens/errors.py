@@ -60,6 +60,11 @@ class NonFiniteWeights(CorruptModelFile):
     """The weights hold NaN or inf where a result would depend on them; the message names the tensor."""
 
 
+class NonFiniteActivations(VocabLensError):
+    """A forward pass on finite weights produced inf or NaN (a float16 residual stream past 65,504);
+    the message names the first layer that holds them. No figure is computed from them."""
+
+
 class CheckpointMismatch(VocabLensError):
     """A saved lens or edited model belongs to another model than the one it is applied to."""
 

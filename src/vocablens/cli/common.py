@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 # transformers' GGUF dequantization bar (plain tqdm) reads this when tqdm is imported; we show our own.
 os.environ.setdefault("TQDM_DISABLE", "1")
@@ -24,7 +24,7 @@ from vocablens.cli.console import (  # noqa: F401  (re-exported: the commands pr
 )
 from vocablens.cli.damaged import refuse_nonfinite
 from vocablens.cli.heap import blocks_back_to_the_os, trim_heap  # noqa: F401  (re-exported for the commands)
-from vocablens.cli.global_options import print_stats, show_version, take_stats
+from vocablens.cli.global_options import print_stats, show_version, take_dtype, take_stats
 from vocablens.errors import BadInput, VocabLensError
 
 app = typer.Typer(
@@ -44,6 +44,10 @@ def _main(
     stats: Annotated[bool, typer.Option("--stats", help="After the command, print its wall time and the process's "
                                         "peak memory (RSS, MiB) to stderr; also taken after the command's name "
                                         "(`vocablens report --stats`).")] = False,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="The dtype the weights run in: float32, bfloat16, "
+                                                 "float16, or auto (the checkpoint's). Default: the checkpoint's, "
+                                                 "except float16 runs in float32 on the CPU. Also taken after "
+                                                 "the command's name (anatomy's own --dtype is its logits').")] = None,
 ) -> None:
     """The embedding and the unembedding (LM head) of decoder-only language models."""
 
@@ -174,6 +178,10 @@ class count_bar:
         return False
 
 
+#: the global ``--dtype`` of the command running now (:func:`run_app` sets it, then clears it)
+_WEIGHTS_DTYPE: str | None = None
+
+
 def load_model(spec: str, mode: str = "full", *, quiet: bool = False, device: str = "cpu", **options):
     """Load a model for a command, with progress on stderr; returns a :class:`vocablens.Model`.
 
@@ -181,6 +189,8 @@ def load_model(spec: str, mode: str = "full", *, quiet: bool = False, device: st
     ``full``, ``borders``, ``head``, ``matrices`` or ``streaming``); ``options`` are that function's
     (``dtype``, ``trust_remote_code``, ``max_memory``, ``blocks``, ``value_vectors``). ``device``: where
     the weights go (:func:`resolve_device`; the loader places them); analyses then compute there.
+    The global ``--dtype`` is the ``dtype`` unless the command gives one; the provenance's notes
+    (a float16 checkpoint run in float32 ...) are printed as notes.
     """
     import time
 
@@ -198,6 +208,8 @@ def load_model(spec: str, mode: str = "full", *, quiet: bool = False, device: st
     _quiet_libraries()
     t0 = time.perf_counter()
     what = f"loading {spec}{_load_source(spec)} ..."
+    if _WEIGHTS_DTYPE is not None:
+        options.setdefault("dtype", _WEIGHTS_DTYPE)
     with status(what, quiet=quiet):
         lm = load_mode(spec, mode, device=device, **options)
     from vocablens.handle import Model
@@ -207,6 +219,8 @@ def load_model(spec: str, mode: str = "full", *, quiet: bool = False, device: st
     trim_heap()  # the loaders' freed scratch (tokenizer and config parsing: ~14 MiB) leaves the resident set
     if not quiet:
         err.print(f"loaded {lm.provenance.describe()} in {time.perf_counter() - t0:.1f} s", style="dim")
+        for note in lm.provenance.notes:
+            print_note(note)
         streamed = getattr(lm.model, "vocablens_streamers", None)
         if mode == "streaming" and streamed is not None:
             n = len(lm.borders.blocks)
@@ -342,7 +356,9 @@ def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
     was_quiet = err.quiet
     if rank:  # under torchrun only rank 0 speaks: every rank raises the same error
         err.quiet = True
+    global _WEIGHTS_DTYPE
     try:
+        argv, _WEIGHTS_DTYPE = take_dtype(argv)  # --dtype: every load_model of this command takes it
         code = app(args=argv, prog_name="vocablens", standalone_mode=False)
         return code if isinstance(code, int) else 0
     except click_exc.NoArgsIsHelpError as exc:
@@ -375,6 +391,7 @@ def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
+        _WEIGHTS_DTYPE = None
         if stats:
             print_stats(t0, whole_process)
         warnings.showwarning = previous

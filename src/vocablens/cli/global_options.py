@@ -1,5 +1,6 @@
-"""The options before any command: ``--version``, and ``--stats`` (the wall time and the peak memory
-(RSS) of a command, on stderr; taken anywhere on the command line)."""
+"""The options before any command: ``--version``, ``--stats`` (the wall time and the peak memory
+(RSS) of a command, on stderr) and ``--dtype`` (the dtype the weights run in), the last two taken
+anywhere on the command line."""
 
 from __future__ import annotations
 
@@ -34,6 +35,45 @@ def take_stats(args: list[str]) -> tuple[list[str], bool]:
     cut = args.index("--") if "--" in args else len(args)
     kept = [a for a in args[:cut] if a != "--stats"] + args[cut:]
     return kept, len(kept) != len(args)
+
+
+#: commands with a ``--dtype`` of their own (anatomy's logits dtype): the weights' ``--dtype`` goes
+#: before the command's name there (``vocablens --dtype float16 anatomy --load``)
+OWN_DTYPE = frozenset({"anatomy"})
+
+
+def take_dtype(args: list[str]) -> tuple[list[str], str | None]:
+    """``args`` without the weights' ``--dtype X`` / ``--dtype=X`` (anywhere before a ``--``; before
+    the command's name for the commands of :data:`OWN_DTYPE`), and X (None when not given).
+
+    Raises:
+        BadInput: ``--dtype`` without a value, or a name that is not a dtype or ``auto``.
+    """
+    from vocablens.errors import BadInput
+    from vocablens.models.dtypes import canonical_dtype
+
+    kept, value, i, command = [], None, 0, None
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            kept += args[i:]
+            break
+        own = command in OWN_DTYPE
+        if not own and (a == "--dtype" or a.startswith("--dtype=")):
+            if a == "--dtype":
+                if i + 1 >= len(args) or args[i + 1].startswith("-"):
+                    raise BadInput("--dtype needs a value: float32, bfloat16, float16 or auto")
+                value, i = args[i + 1], i + 2
+            else:
+                value, i = a.split("=", 1)[1], i + 1
+            if value.strip().lower() != "auto":
+                canonical_dtype(value, "--dtype")
+            continue
+        if command is None and not a.startswith("-"):
+            command = a
+        kept.append(a)
+        i += 1
+    return kept, value
 
 
 def process_age_s() -> float | None:

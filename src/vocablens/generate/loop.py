@@ -17,9 +17,10 @@ from typing import Callable
 import torch
 
 from vocablens.models.flops import block_flops
+from vocablens.models.headless import locate_nonfinite, nonfinite_message
 from vocablens.models.tokens import check_ids_fit
 
-from vocablens.errors import BadInput, UnsupportedArchitecture
+from vocablens.errors import BadInput, NonFiniteActivations, UnsupportedArchitecture
 from vocablens.generate.early_exit import ExitController, ExitRule, StepRecord
 from vocablens.ops.sampling import check_sampling_args, sample
 from vocablens.ops.rows import row_logprobs
@@ -165,6 +166,7 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
         BadInput: empty prompt, max_new_tokens < 1, bad sampling or exit arguments, a prompt plus new
             tokens longer than the model's context, ``head`` given with ``early_exit``.
         TokenNotInVocabulary (a BadInput): a prompt id with no row in the embedding.
+        NonFiniteActivations: the logits hold NaN or +inf (the message names the first layer that does).
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise BadInput(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}")
@@ -196,6 +198,10 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
     contexts: list[int] = []
 
     def pick(logits: torch.Tensor) -> int:
+        if bool(torch.isnan(logits).any() | torch.isposinf(logits).any()):  # -inf: a masked row, fine
+            so_far = torch.cat([ids, torch.tensor([[t.id for t in tokens]], dtype=ids.dtype, device=ids.device)], 1)
+            locate_nonfinite(borders, so_far)  # names the first layer holding inf or NaN
+            raise NonFiniteActivations(nonfinite_message(borders, f"the logits of new token {len(tokens) + 1}"))
         return int(sample(logits, temperature, top_k, top_p, min_p, generator=gen, mask=mask)[0])
 
     t0 = time.perf_counter()

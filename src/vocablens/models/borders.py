@@ -331,8 +331,9 @@ class Borders:
 
         Raises:
             BadInput: empty input, or a token id outside the embedding's rows.
+            NonFiniteActivations: a layer (or the logits) holds inf or NaN, named.
         """
-        from vocablens.models.headless import check_forward_input
+        from vocablens.models.headless import check_forward_input, check_stream_finite
 
         input_ids = check_forward_input(self, input_ids)  # [B, T]; the checks every forward of ours passes
         with self.capture() as store:
@@ -344,7 +345,9 @@ class Borders:
             raise UnsupportedArchitecture(self.family, named_children(self.model),
                                           f"residual stream not captured at layers {missing}")
         resid = torch.stack([store[i] for i in range(L + 1)])
-        return resid, out.logits.float()
+        logits = out.logits.float()
+        check_stream_finite(self, resid, logits, attention_mask)  # no figure is read from inf or NaN
+        return resid, logits
 
     def describe(self) -> dict[str, Any]:
         """Plain-data summary of the borders (for JSON and tables)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from vocablens.errors import BadInput, UnsupportedArchitecture
+from vocablens.errors import BadInput, NonFiniteActivations, UnsupportedArchitecture
 from vocablens.models.hooks import ModelPatch
 from vocablens.models.tokens import check_ids_fit
 
@@ -43,6 +43,48 @@ def check_forward_input(borders, input_ids: torch.Tensor) -> torch.Tensor:
     return input_ids
 
 
+def nonfinite_message(borders, where: str) -> str:
+    """The one line for inf or NaN found at ``where`` (``"layer 2 of the residual stream (block 1's
+    output)"``): in half precision, the dtype's largest finite value and the way out."""
+    dt = borders.W_E.dtype
+    if dt in (torch.float16, torch.bfloat16):
+        return (f"{where} holds inf or NaN: {str(dt).replace('torch.', '')} holds at most "
+                f"{torch.finfo(dt).max:,.0f}; run the model in float32 (--dtype float32)")
+    return f"{where} holds inf or NaN (the weights are finite: the computation overflowed)"
+
+
+def check_stream_finite(borders, resid: torch.Tensor, logits: torch.Tensor | None = None,
+                        attention_mask: torch.Tensor | None = None) -> None:
+    """Refuse a residual stream [L+1, B, T, d] (layer 0 = embedding output) or a model's logits
+    [B, T, V] that hold inf or NaN, naming the first such layer: no figure is read from them.
+    ``attention_mask`` [B, T]: only its positions of 1 are checked (padding is read by no one).
+
+    Raises:
+        NonFiniteActivations: the first non-finite layer (block i-1's output for layer i), or the
+            logits when every layer is finite.
+    """
+    keep = None
+    if attention_mask is not None and resid.dim() == 4 and tuple(attention_mask.shape) == tuple(resid.shape[1:3]):
+        keep = attention_mask.to(resid.device).bool()
+        resid = resid[:, keep]  # [L+1, N, d]: the real tokens
+        logits = None if logits is None else logits[keep.to(logits.device)]
+    flat = resid.reshape(resid.shape[0], -1)
+    bad = ~torch.isfinite(flat).all(dim=1)  # [L+1]
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        what = "the embedding output" if i == 0 else f"block {i - 1}'s output"
+        raise NonFiniteActivations(nonfinite_message(borders, f"layer {i} of the residual stream ({what})"))
+    if logits is not None and not bool(torch.isfinite(logits).all()):
+        raise NonFiniteActivations(nonfinite_message(borders, "the model's logits (after the final norm and the head)"))
+
+
+def locate_nonfinite(borders, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> None:
+    """Run the forward again capturing every layer and raise :class:`NonFiniteActivations` naming the
+    first layer that holds inf or NaN (for a path that saw them only at its end); returns when the
+    capture finds none."""
+    borders.residual_stream(input_ids, attention_mask)
+
+
 def blocks_forward(borders, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                    all_layers: bool = False) -> torch.Tensor:
     """Run the model's blocks on ``input_ids`` and stop after the last one (no final norm, no LM head).
@@ -59,6 +101,7 @@ def blocks_forward(borders, input_ids: torch.Tensor, attention_mask: torch.Tenso
 
     Raises:
         BadInput / NonFiniteWeights: as :func:`check_forward_input`.
+        NonFiniteActivations: a layer holds inf or NaN (a float16 stream past 65,504), named.
         UnsupportedArchitecture: a layer's hook never ran.
     """
     input_ids = check_forward_input(borders, input_ids)
@@ -86,7 +129,15 @@ def blocks_forward(borders, input_ids: torch.Tensor, attention_mask: torch.Tenso
 
         raise UnsupportedArchitecture(borders.family, named_children(borders.model),
                                       f"residual stream not captured at layers {missing}")
-    return torch.stack([got[i] for i in want]) if all_layers else got[L]
+    if all_layers:
+        resid = torch.stack([got[i] for i in want])
+        check_stream_finite(borders, resid, attention_mask=attention_mask)
+        return resid
+    last = got[L] if attention_mask is None else got[L][attention_mask.to(got[L].device).bool()]
+    if not bool(torch.isfinite(last).all()):
+        locate_nonfinite(borders, input_ids, attention_mask)  # names the first layer that overflowed
+        raise NonFiniteActivations(nonfinite_message(borders, f"layer {L} of the residual stream (block {L - 1}'s output)"))
+    return got[L]
 
 
-__all__ = ["blocks_forward", "check_forward_input"]
+__all__ = ["blocks_forward", "check_forward_input", "check_stream_finite", "locate_nonfinite", "nonfinite_message"]

@@ -28,7 +28,9 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
 
     Args:
         spec: as :func:`vocablens.models.load` (``smollm2``, a directory, a ``.gguf`` file, a hub id).
-        dtype: torch dtype or name; default: the checkpoint's own (float32 for a dequantized GGUF).
+        dtype: torch dtype or name, ``"auto"`` for the checkpoint's own; default: the checkpoint's
+            own (float32 for a dequantized GGUF), except float16, which loads as float32 (a note
+            in the provenance; :mod:`vocablens.models.run_dtype`).
         blocks: block indices (0..L-1) whose weights are read too (``project --block N``: one block
             plus the head and final norm); the other blocks stay on ``meta``.
         value_vectors: also read every block's MLP output projection (the FFN value vectors that
@@ -51,7 +53,7 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from vocablens.models.borders import Borders
-    from vocablens.models.dtypes import torch_dtype
+    from vocablens.models.run_dtype import run_dtype, with_note
     from vocablens.models.loaded import LoadedModel
     from vocablens.models.provenance import Provenance
     from vocablens.models.spec import diagnose_dir, file_errors, missing_parts
@@ -59,7 +61,7 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
 
     spec_s = str(spec)
     d, prov = source_dir(spec_s)
-    tdtype = torch_dtype(dtype, "dtype")
+    tdtype, dtype_note = run_dtype(spec_s, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
     try:
         config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
         tok = light_tokenizer(d, trust_remote_code, spec_s)   # AutoTokenizer parses tokenizer.json twice (~45 MiB kept)
@@ -109,7 +111,7 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
     model.eval()
     pdtype = model.get_input_embeddings().weight.dtype
     prov = Provenance(**{**prov.__dict__, "dtype": str(pdtype).replace("torch.", "")})
-    return LoadedModel(model, tok, Borders.from_model(model, tokenizer=tok), prov)
+    return with_note(LoadedModel(model, tok, Borders.from_model(model, tokenizer=tok), prov), dtype_note)
 
 
 __all__ = ["load_borders_only"]

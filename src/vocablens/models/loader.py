@@ -37,7 +37,9 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
     Args:
         spec: as :func:`vocablens.models.load`.
         mode: ``full``, ``borders``, ``head``, ``matrices`` or ``streaming``.
-        dtype: torch dtype or name, or None / ``"auto"`` for the checkpoint's (the normal load's).
+        dtype: torch dtype or name; ``"auto"`` for the checkpoint's (the normal load's); None: the
+            checkpoint's, except that a float16 checkpoint runs in float32 on the CPU, with a note in
+            the provenance (:mod:`vocablens.models.run_dtype`).
         device: a torch device string; ``streaming`` runs on the CPU only.
         max_memory: bytes or a size string (``"200MB"``), for ``streaming`` (required there).
         blocks, value_vectors: for ``borders`` (see :func:`~vocablens.models.lazy.load_borders_only`).
@@ -57,8 +59,10 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
 
     if mode not in MODES:
         raise BadInput(f"unknown loading mode {mode!r}; one of {', '.join(MODES)}")
-    if dtype in ("", "auto"):
+    if dtype == "":
         dtype = None
+    if dtype is None and str(device) != "cpu" and not str(device).startswith("cpu:"):
+        dtype = "auto"  # the float32 rule is the CPU's (models.run_dtype); the partial modes load on the CPU first
     if mode == "streaming":
         if max_memory in (None, ""):
             raise BadInput("the streaming load needs max_memory (a size such as 200MB)")

@@ -11,10 +11,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vocablens.models.dtypes import torch_dtype
 from vocablens.models.gguf_cache import load_gguf
 from vocablens.models.loaded import LoadedModel
 from vocablens.models.provenance import Provenance, dir_provenance
+from vocablens.models.run_dtype import run_dtype, with_note
 from vocablens.models.spec import DEFAULT_MODEL, hub_kwargs, reading, resolve_spec
 from vocablens.models.tokenizer_files import building_tokenizer, hub_tokenizer_problem, json_tokenizer_problem
 
@@ -29,8 +29,10 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
             hub id (from the local cache when offline). A GGUF file is dequantized once and cached
             as safetensors under :func:`cache_root` (``VOCABLENS_CACHE=off`` disables it); the
             provenance still names the GGUF file and its quantization.
-        dtype: torch dtype or name (``float32``, ``bfloat16``); default: float32 for GGUF, the
-            checkpoint's own dtype otherwise.
+        dtype: torch dtype or name (``float32``, ``bfloat16``), or ``"auto"`` for the checkpoint's
+            own; default (None): float32 for GGUF, the checkpoint's own dtype otherwise, except that
+            a float16 checkpoint runs in float32 on the CPU (a note in the provenance says so;
+            :mod:`vocablens.models.run_dtype`).
         device: torch device string.
         trust_remote_code: passed to transformers; off unless the user turns it on.
         max_memory: bytes or a size (``"200MB"``) for the resident weights; blocks beyond it are
@@ -47,17 +49,19 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    tdtype, dtype_note = run_dtype(DEFAULT_MODEL if spec is None else spec, dtype, device)
     if max_memory is not None:
         from vocablens.models.checkpoint_files import NoSafetensors
         from vocablens.models.streaming import load_streaming
 
         try:
-            return load_streaming(DEFAULT_MODEL if spec is None else spec, max_memory, dtype, trust_remote_code)
+            return with_note(load_streaming(DEFAULT_MODEL if spec is None else spec, max_memory, tdtype,
+                                            trust_remote_code), dtype_note)
         except NoSafetensors:  # pytorch_model.bin only: the whole model, with a note
-            return loaded_whole_instead(spec, "streaming", dtype=dtype, trust_remote_code=trust_remote_code)
+            return with_note(loaded_whole_instead(spec, "streaming", dtype=tdtype or "auto",
+                                                  trust_remote_code=trust_remote_code), dtype_note)
     spec_s = DEFAULT_MODEL if spec is None else str(spec)
     kind, path, hub = resolve_spec(spec_s)
-    tdtype = torch_dtype(dtype, "dtype")
     with reading(spec_s, kind, hub, "load", path):
         if kind == "gguf":
             tok, model, prov = load_gguf(path, spec_s, tdtype)
@@ -82,7 +86,7 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     from vocablens.models.borders import Borders
 
     borders = Borders.from_model(model, tokenizer=tok)
-    return LoadedModel(model, tok, borders, prov)
+    return with_note(LoadedModel(model, tok, borders, prov), dtype_note)
 
 
 def loaded_whole_instead(spec, mode: str, device: str = "cpu", **kw) -> LoadedModel:

@@ -131,7 +131,8 @@ def load_matrices_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_re
 
     Args:
         spec: as :func:`vocablens.models.load`.
-        dtype: torch dtype or name; default: the checkpoint's own (bf16 stays bf16).
+        dtype: torch dtype or name, ``"auto"`` for the checkpoint's own; default: the checkpoint's
+            own (bf16 stays bf16), except float16, which loads as float32 (a provenance note).
         trust_remote_code: passed to the tokenizer (and the fallback).
 
     Returns:
@@ -202,7 +203,6 @@ def mapped_read_only(f: Path, key: str) -> torch.Tensor | None:
 
 def _load(spec: str, dtype, trust_remote_code: bool, head: bool):
     from vocablens.models.borders import Borders
-    from vocablens.models.dtypes import torch_dtype
     from vocablens.models.lazy import load_borders_only
     from vocablens.models.loaded import LoadedModel
     from vocablens.models.provenance import Provenance
@@ -225,7 +225,9 @@ def _load(spec: str, dtype, trust_remote_code: bool, head: bool):
     if plan is None:
         return fallback()
     config, emb_key, head_key, config_tied = plan
-    tdtype = torch_dtype(dtype, "dtype")
+    from vocablens.models.run_dtype import run_dtype, with_note
+
+    tdtype, dtype_note = run_dtype(spec, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
     keys = [emb_key] + ([head_key] if head_key else [])
     ts = read_tensors(keys + ([norm_key] if norm_key else []), files, tdtype)
     tied = checkpoint_tied(config_tied, ts.get(head_key) if head_key else None, ts[emb_key])
@@ -266,7 +268,7 @@ def _load(spec: str, dtype, trust_remote_code: bool, head: bool):
         raise CorruptModelFile(diagnose_dir(d, shapes=False) or missing_parts(d) or f"cannot read the tokenizer in {d}: "
                                f"{str(e).splitlines()[0]}") from None
     prov = Provenance(**{**prov.__dict__, "dtype": str(W_E.dtype).replace("torch.", "")})
-    return LoadedModel(model, tok, Borders.from_model(model, tokenizer=tok), prov)
+    return with_note(LoadedModel(model, tok, Borders.from_model(model, tokenizer=tok), prov), dtype_note)
 
 
 __all__ = ["RMS_FAMILIES", "MatricesOnly", "RMSNorm", "load_head_only", "load_matrices_only", "mapped_read_only"]

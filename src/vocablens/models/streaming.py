@@ -158,8 +158,9 @@ def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = 
             float32 cache, which the first load writes).
         max_memory: bytes (int) or a size string (``"200MB"``, ``"2GiB"``) for the weights kept
             resident: the borders always, then blocks 0, 1, ... while they fit; the rest stream.
-        dtype: torch dtype or name; default: the normal load's (:func:`normal_load_dtype`), so a
-            checkpoint of mixed dtypes is cast to one, as :func:`vocablens.models.load` does.
+        dtype: torch dtype or name, ``"auto"`` for the checkpoint's; default: the normal load's
+            (:func:`normal_load_dtype`), so a checkpoint of mixed dtypes is cast to one, as
+            :func:`vocablens.models.load` does, and a float16 one runs in float32 (a provenance note).
 
     Returns:
         :class:`~vocablens.models.LoadedModel` whose dtypes and forward (``borders.residual_stream``,
@@ -172,7 +173,7 @@ def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = 
         As :func:`vocablens.models.lazy.load_borders_only` otherwise.
     """
     from vocablens.errors import UnsupportedArchitecture
-    from vocablens.models.dtypes import torch_dtype
+    from vocablens.models.run_dtype import run_dtype, with_note
     from vocablens.models.checkpoint_files import checkpoint_name, materialize, shard_files
     from vocablens.models.find import named_children
     from vocablens.models.lazy import load_borders_only  # looked up at each call (tests replace it)
@@ -184,7 +185,7 @@ def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = 
     d, _ = source_dir(str(spec))
     files = shard_files(d)
     check_shards(d, files)  # a missing shard: one line now, not a traceback mid-forward
-    tdtype = torch_dtype(dtype, "dtype")
+    tdtype, dtype_note = run_dtype(spec, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
     if tdtype is None:  # the normal load's one dtype (a mixed checkpoint is cast, as from_pretrained does)
         try:
             config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
@@ -230,7 +231,7 @@ def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = 
         s.remove()
     model.vocablens_streamers = streamers
     model.vocablens_streamed = True
-    return lm
+    return with_note(lm, dtype_note)
 
 
 __all__ = ["BlockStreamer", "checkpoint_bytes", "load_streaming", "parse_bytes"]
