@@ -68,7 +68,6 @@ from vocablens.argmax.distributed import deal_open_rows
 from vocablens.ops.vocab_parallel.comm import world
 from vocablens.argmax.preparation import apply_masks, as_numpy, check_input, dedupe, whiten
 from vocablens.argmax.lp import stage_bias
-from vocablens.argmax.malloc import fix_mmap_threshold
 from vocablens.models.pages import PageRelease
 from vocablens.argmax.proofs import stage_proof
 from vocablens.argmax.sparse import screen_interior
@@ -152,7 +151,6 @@ def find_unargmaxable(
     Source: Grivas, Bogoychev and Lopez (ACL 2022) for the problem and the reflection filter; the
     whitening, symmetric blocked certificates and NNLS column generation are vocablens's.
     """
-    fix_mmap_threshold()                # worker-thread blocks must not pile up in glibc's arenas
     W, bias = check_input(W, bias, {"padding": padding, "untrained": untrained, "defer": defer})
     if verify not in ("borderline", "all"):
         raise BadInput(f"verify must be 'borderline' or 'all'; got {verify!r}")

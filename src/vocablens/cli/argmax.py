@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from vocablens.cli.common import (
-    DeviceOpt, JsonOpt, MaxMemOpt, ModelOpt, TrustOpt, app, blocks_back_to_the_os, emit_json, err, load_model, out,
+    DeviceOpt, JsonOpt, MaxMemOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out,
 )
 from vocablens.cli.heap import trim_heap
 from vocablens.cli.progress import PlainProgress, stage_progress  # noqa: F401  (PlainProgress: re-exported)
@@ -71,7 +71,6 @@ def argmax_cmd(
         raise BadInput(f"--bias must be auto, on or off; got {bias!r}")
     if not budget >= 0:
         raise BadInput(f"--budget must be a number of seconds >= 0 (0: no limit); got {budget}")
-    blocks_back_to_the_os()         # freed blocks leave the resident set (peak: live data + a block)
     rank = _rank()                  # torchrun: the rows are split across ranks, rank 0 prints
     quiet = json_ or rank != 0
     # the load speaks also with --json, as the scan's progress does (stderr only: stdout stays JSON)

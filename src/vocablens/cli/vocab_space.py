@@ -9,7 +9,7 @@ import typer
 from rich.text import Text
 
 from vocablens.cli.common import (
-    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, blocks_back_to_the_os, count_bar, emit_json, err, load_model, out,
+    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, count_bar, emit_json, err, load_model, out,
     parse_int_list,
 )
 from vocablens.errors import BadInput, OutputExists
@@ -109,7 +109,6 @@ def project_cmd(
         _check_block_early(model, block)  # one line, before the loading line
     one_block = block is not None and not tokens and not interpretable  # that block + head + final norm
     values = not one_block and not keys  # every block's value vectors + head + final norm
-    blocks_back_to_the_os()  # the readout's freed row blocks leave the resident set
     release_after_reading()  # and so do the checkpoint pages of the rows it has read
     if one_block or values:  # that block or every value matrix, with the head and the final norm
         lm = load_model(model, mode="borders", blocks=[block] if one_block else None, value_vectors=values,
