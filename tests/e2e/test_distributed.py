@@ -13,7 +13,8 @@ import torch
 
 from tiny_models import make_tiny
 from vocablens.cli.common import run_app
-from vocablens.parallel.processes import VocabParallelModel, share
+from vocablens.ops.vocab_parallel.comm import share
+from vocablens.parallel.processes import VocabParallelModel
 from vocablens.models import Borders, load
 from vocablens.generate.score import score_ids
 

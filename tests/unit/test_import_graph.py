@@ -1,4 +1,6 @@
-"""The module import graph of ``src/vocablens``: no cycles, and every import points down the layers.
+"""The module import graph of ``src/vocablens``: no cycles, every import points down the layers, and
+no loop between the analysis packages of layer 3 (``lens -> parallel -> generate -> lens`` was one:
+each module edge pointed down or sideways, so the module check could not see it).
 
 Oracle: the source itself, parsed (``ast``): every ``import``/``from ... import`` of a ``vocablens``
 module anywhere in a file, function-level imports included (a lazy import still ties two modules
@@ -158,6 +160,43 @@ def test_imports_point_down_the_layers(graph):
     up = sorted(f"{a} (layer {layer(a)}) imports {b} (layer {layer(b)})"
                 for a, outs in graph.items() for b in outs if layer(b) > layer(a))
     assert not up, "\n".join(up)
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """analysis package -> the other analysis packages (layer 3) its modules import."""
+    def pkg(m: str) -> str | None:
+        parts = m.split(".")
+        return ".".join(parts[:2]) if len(parts) > 1 and layer(m) == 3 else None
+
+    out: dict[str, set[str]] = {}
+    for a, outs in graph.items():
+        if (pa := pkg(a)) is not None:
+            out.setdefault(pa, set()).update(pb for b in outs if (pb := pkg(b)) not in (None, pa))
+    for targets in list(out.values()):
+        for t in targets:
+            out.setdefault(t, set())
+    return out
+
+
+def test_a_planted_loop_between_two_analysis_packages_is_seen():
+    """Each module edge below points sideways within layer 3 and no module cycle exists, yet the
+    packages ``lens`` and ``parallel`` import each other: the package check must find it."""
+    g = {"vocablens.lens.evaluate": {"vocablens.parallel.processes", "vocablens.ops.kl"},
+         "vocablens.parallel.processes": {"vocablens.lens.tuned"},
+         "vocablens.lens.tuned": {"vocablens.models.borders"},
+         "vocablens.ops.kl": set(), "vocablens.models.borders": set(), "vocablens.cli.core": {"vocablens.lens.evaluate"}}
+    assert cycles(g) == []
+    assert package_graph(g) == {"vocablens.lens": {"vocablens.parallel"}, "vocablens.parallel": {"vocablens.lens"}}
+    assert cycles(package_graph(g)) == [["vocablens.lens", "vocablens.parallel"]]
+    g["vocablens.parallel.processes"] = {"vocablens.ops.kl"}                 # the loop cut: no cycle
+    assert cycles(package_graph(g)) == []
+
+
+def test_no_loop_between_analysis_packages(graph):
+    pg = package_graph(graph)
+    assert "vocablens.argmax" in pg and "vocablens.lens" in pg
+    found = cycles(pg)
+    assert not found, "package loops: " + "; ".join(" <-> ".join(c) for c in found)
 
 
 def test_every_module_has_a_layer():

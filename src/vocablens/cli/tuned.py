@@ -238,7 +238,8 @@ def lens_eval(
     if plot is not None and plot.suffix.lower() not in (".html", ".png"):
         raise BadInput(f"--plot must end in .html or .png; got {plot}")
     _threads(threads)
-    from vocablens.parallel.processes import init_from_env, share
+    from vocablens.ops.vocab_parallel.comm import share
+    from vocablens.parallel.processes import init_from_env
 
     rank, _ = init_from_env()  # under torchrun: rows split over ranks, sums all-reduced, rank 0 prints
     quiet = (json_ and not progress) or rank != 0

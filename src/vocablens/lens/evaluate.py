@@ -8,8 +8,7 @@ from typing import Callable
 
 import torch
 
-from vocablens.parallel.processes import allreduce_sum, share
-from vocablens.ops.vocab_parallel.comm import world
+from vocablens.ops.vocab_parallel.comm import allreduce_sum, share, world
 from vocablens.errors import BadInput
 from vocablens.lens.tuned import TunedLens
 from vocablens.models import Borders
@@ -86,7 +85,7 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
         real_vocab_only: top-1 agreement over real tokens only (padding rows excluded).
         on_row: called as ``on_row(done, total)`` after each row (progress; this rank's rows).
         split_ranks: under an initialised process group of W > 1 ranks (torchrun), each rank scores its
-            contiguous share of the rows (:func:`vocablens.parallel.processes.share`) and the float64 sums and
+            contiguous share of the rows (:func:`vocablens.ops.vocab_parallel.comm.share`) and the float64 sums and
             counts are all-reduced: every rank returns the one-process result up to float rounding.
             False: every rank scores all rows.
 

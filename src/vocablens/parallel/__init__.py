@@ -1,3 +1,3 @@
 """Layer 3: running analyses over several processes (``torch.distributed``, launched by torchrun)."""
 
-from vocablens.parallel.processes import VocabParallelModel, allreduce_sum, common_seed, gather_columns, init_from_env, share  # noqa: F401
+from vocablens.parallel.processes import VocabParallelModel, common_seed, init_from_env  # noqa: F401

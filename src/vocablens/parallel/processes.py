@@ -4,11 +4,11 @@ Two ways of splitting the work, both active only when a process group with more 
 initialised (:func:`init_from_env` joins the one torchrun describes; without it everything runs as a
 world of one and nothing changes):
 
-- **Rows** (data parallel: ``lens eval``, ``settle``): :func:`share` gives each rank a contiguous
+- **Rows** (data parallel: ``lens eval``, ``settle``): :func:`~vocablens.ops.vocab_parallel.comm.share` gives each rank a contiguous
   slice of the token rows (the first ``N % world`` ranks one row more; a rank may get none), each rank
-  computes sums over its slice, and :func:`allreduce_sum` adds them in float64, so the means equal one
+  computes sums over its slice, and :func:`~vocablens.ops.vocab_parallel.comm.allreduce_sum` adds them in float64, so the means equal one
   process's up to float rounding. Per-position results are put back in row order by
-  :func:`gather_columns` (exact).
+  :func:`~vocablens.ops.vocab_parallel.comm.gather_columns` (exact).
 - **Vocabulary** (model parallel over V: ``score``, ``generate``): :class:`VocabParallelModel` keeps
   only this rank's contiguous slice of the embedding and LM head rows
   (:class:`~vocablens.ops.vocab_parallel.VocabParallelEmbedding` /
@@ -28,7 +28,7 @@ from torch import nn
 
 from vocablens.errors import BadInput
 from vocablens.ops.vocab_parallel import VocabParallelEmbedding, VocabParallelLMHead
-from vocablens.ops.vocab_parallel.comm import all_gather_cat, world
+from vocablens.ops.vocab_parallel.comm import world
 from vocablens.ops.vocab_parallel.functional import vocab_parallel_gather_logits
 from vocablens.ops.vocab_parallel.losses import vocab_parallel_token_logprobs
 from vocablens.units import plural
@@ -47,16 +47,6 @@ def init_from_env(device: str = "cpu") -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def share(n: int, rank: int | None = None, size: int | None = None) -> tuple[int, int]:
-    """This rank's contiguous range ``[start, stop)`` of ``n`` items (rows, batches): the first
-    ``n % size`` ranks take one more; ranks beyond ``n`` get an empty range."""
-    r, s = world()
-    rank, size = (r if rank is None else rank), (s if size is None else size)
-    base, extra = divmod(int(n), int(size))
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
-
-
 def common_seed(seed: int | None) -> int | None:
     """``seed`` itself, or when it is None in a world of several ranks one seed drawn on rank 0 and
     broadcast, so sampling draws the same tokens on every rank (their collectives stay in step)."""
@@ -67,34 +57,6 @@ def common_seed(seed: int | None) -> int | None:
     t = torch.randint(0, 2 ** 62, (1,), generator=torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 2))
     dist.broadcast(t, src=0)
     return int(t)
-
-
-def allreduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum of ``t`` over all ranks, in float64 (a new tensor; ``t`` itself when the world is one)."""
-    if world()[1] == 1:
-        return t
-    import torch.distributed as dist
-
-    x = t.to(torch.float64).clone()
-    dist.all_reduce(x, op=dist.ReduceOp.SUM)
-    return x
-
-
-def gather_columns(t: torch.Tensor) -> torch.Tensor:
-    """Concatenate every rank's [..., n_r] along the last dim, in rank order (uneven n_r, zero allowed);
-    with :func:`share` this puts per-position results back in the order one process makes them."""
-    rank, size = world()
-    if size == 1:
-        return t
-    import torch.distributed as dist
-
-    n = torch.tensor([t.shape[-1]], dtype=torch.int64)
-    parts = [torch.zeros_like(n) for _ in range(size)]
-    dist.all_gather(parts, n)
-    sizes = [int(p) for p in parts]
-    if max(sizes) == 0:
-        return t
-    return all_gather_cat(t, sizes)
 
 
 class _ShardedEmbedding(nn.Module):
@@ -193,4 +155,4 @@ class VocabParallelModel:
                            topk_logprobs=tl.cpu(), n_bytes=int(n_bytes))
 
 
-__all__ = ["VocabParallelModel", "allreduce_sum", "common_seed", "gather_columns", "init_from_env", "share"]
+__all__ = ["VocabParallelModel", "common_seed", "init_from_env"]

@@ -17,8 +17,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from vocablens.parallel.processes import allreduce_sum, gather_columns, share
-from vocablens.ops.vocab_parallel.comm import world
+from vocablens.ops.vocab_parallel.comm import allreduce_sum, gather_columns, share, world
 from vocablens.errors import BadInput
 from vocablens.models.flops import block_flops
 from vocablens.models.headless import blocks_forward
@@ -118,7 +117,7 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
         min_layer: the first stream layer where an exit is checked (0 = the embedding itself; with tied
             embeddings the logit lens there confidently predicts the input token, a poor exit).
         split_ranks: under an initialised process group of W > 1 ranks (torchrun), each rank reads its
-            contiguous share of the batches (:func:`vocablens.parallel.processes.share`); the per-position
+            contiguous share of the batches (:func:`vocablens.ops.vocab_parallel.comm.share`); the per-position
             top-1s and confidences are gathered back in row order and the token counts summed, so
             every rank returns the one-process result. False: every rank reads every batch.
 

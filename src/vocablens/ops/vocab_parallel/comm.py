@@ -1,4 +1,4 @@
-"""Sharding arithmetic and the autograd-aware collectives of the vocab-parallel ops.
+"""Sharding arithmetic and the collectives of vocablens's multi-process paths (vocablens's one set).
 
 Each rank holds a contiguous shard of rows ``[start, stop)`` of a [V, d] matrix; the first
 ``V % world`` ranks hold one row more (Cut Cross-Entropy's ``partition_n_into_range``), so there are
@@ -33,9 +33,23 @@ def shard_range(V: int, world_size: int, rank: int) -> tuple[int, int]:
         raise BadInput(f"vocabulary size must be positive; got V={V}")
     if world_size > V:
         raise BadInput(f"world size {world_size} is larger than the vocabulary V={V}: a rank would hold no row")
-    base, extra = divmod(V, world_size)
+    return _split(V, world_size, rank)
+
+
+def _split(n: int, size: int, rank: int) -> tuple[int, int]:
+    """``[start, stop)`` of ``rank`` when ``n`` items are cut into ``size`` contiguous parts, the first
+    ``n % size`` one item longer (parts beyond ``n`` are empty)."""
+    base, extra = divmod(int(n), int(size))
     start = rank * base + min(rank, extra)
     return start, start + base + (1 if rank < extra else 0)
+
+
+def share(n: int, rank: int | None = None, size: int | None = None) -> tuple[int, int]:
+    """This rank's contiguous range ``[start, stop)`` of ``n`` items (rows, batches) for the
+    data-parallel paths (``lens eval``, ``settle``): :func:`shard_range`'s split, with ``rank`` and
+    ``size`` of the default group unless given, and empty ranges allowed (more ranks than items)."""
+    r, s = world()
+    return _split(n, s if size is None else size, r if rank is None else rank)
 
 
 def shard_sizes(V: int, world_size: int) -> list[int]:
@@ -57,6 +71,29 @@ def all_reduce(t: torch.Tensor, op=None, group=None) -> torch.Tensor:
     if world(group)[1] > 1:
         dist.all_reduce(t, op=op or dist.ReduceOp.SUM, group=group)
     return t
+
+
+def allreduce_sum(t: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum of ``t`` over all ranks, in float64 (a new tensor; ``t`` itself when the world is one):
+    the data-parallel paths' means equal one process's up to float rounding."""
+    if world(group)[1] == 1:
+        return t
+    return all_reduce(t.to(torch.float64).clone(), group=group)
+
+
+def gather_columns(t: torch.Tensor, group=None) -> torch.Tensor:
+    """Concatenate every rank's [..., n_r] along the last dim, in rank order (uneven n_r, zero allowed);
+    with :func:`share` this puts per-position results back in the order one process makes them."""
+    _, size = world(group)
+    if size == 1:
+        return t
+    n = torch.tensor([t.shape[-1]], dtype=torch.int64)
+    parts = [torch.zeros_like(n) for _ in range(size)]
+    dist.all_gather(parts, n, group=group)
+    sizes = [int(p) for p in parts]
+    if max(sizes) == 0:
+        return t
+    return all_gather_cat(t, sizes, group)
 
 
 def all_gather_cat(t: torch.Tensor, sizes: list[int], group=None) -> torch.Tensor:
@@ -126,5 +163,5 @@ def reduce_from_region(x: torch.Tensor, group=None) -> torch.Tensor:
     return _ReduceFromRegion.apply(x, group)
 
 
-__all__ = ["GatherFromRegion", "all_gather_cat", "all_gather_stack", "all_reduce", "copy_to_region",
-           "reduce_from_region", "shard_range", "shard_sizes", "world"]
+__all__ = ["GatherFromRegion", "all_gather_cat", "all_gather_stack", "all_reduce", "allreduce_sum", "copy_to_region",
+           "gather_columns", "reduce_from_region", "shard_range", "shard_sizes", "share", "world"]
