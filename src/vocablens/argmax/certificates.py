@@ -34,8 +34,7 @@ REFLECT_COLS = 256
 #: columns handed to the interior screen at a time
 SCREEN_COLS = 32
 #: the interior screen tries a row only when its best competitor scores at least this times its own
-#: score at ``y = z_t`` (measured on the trained-like head: planted midpoints ~2x; the rows the
-#: screen cannot prove, argmaxable ones beaten by a longer neighbour, 1.0-1.2x)
+#: score at ``y = z_t`` (planted midpoints score about twice their own; docs/performance-argmax.md)
 SCREEN_LEAD = 1.25
 
 
@@ -72,7 +71,7 @@ def exact_int_matmul(Q: torch.Tensor):
     A, B = Q[: min(n, 256)], Q[: min(n, 1024)]
     times = [math.inf, math.inf]
     for _ in range(3):                  # the best of three, interleaved: one slow call on a shared
-        for k, f in enumerate((im, fp)):    # machine picked float32 (4x slower here) for a whole scan
+        for k, f in enumerate((im, fp)):    # machine must not pick the slower kernel for a whole scan
             t = time.perf_counter()
             f(A, B)
             times[k] = min(times[k], time.perf_counter() - t)
@@ -80,8 +79,7 @@ def exact_int_matmul(Q: torch.Tensor):
 
 
 #: bytes of one product's scores in the all-pairs stage ([block, columns] float32 or int32): small
-#: enough that the two reductions over them read a cached block (measured, one thread, int8 products
-#: of width 576: 1,024 x 512 blocks cost 3.3 CPU-s per 10^9 pairs, 2,048 x 2,048 blocks 4.4)
+#: enough that the two reductions over them read a cached block (docs/performance-argmax.md)
 GEMM_BYTES = 2 * 2 ** 20
 
 
@@ -138,8 +136,7 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int, T: np.ndarray
     On the CPU the row blocks go to ``torch.get_num_threads()`` Python workers that each run their
     products and reductions on one torch thread (a shared counter hands out the blocks; each worker
     keeps its own maxima, merged at the end): a product is then never a parallel region whose threads
-    wait for each other, which on a shared machine cost ~2x the CPU time of the same work (measured,
-    2 cores at load 6: 0.67 CPU-s for 2 workers vs 1.1-1.7 CPU-s for one 2-thread caller). The
+    wait for each other (on a shared machine a descheduled peer stalls the others). The
     main thread is one of the workers and reports the progress."""
     from vocablens.argmax.state import OutOfTime, run_in_workers
 
@@ -282,8 +279,8 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
             done, gap, jstar, top, lead, slack = int8_pass(st, cols, Y, START_TOP, np.nonzero(age == 0)[0])
             st.bound_ratio[cols[done]] = gap[done] / slack[done]     # rigorous: verify re-checks the smallest
         else:
-            # scores [m, n]: numpy's float32 GEMM and reductions along rows (measured 2x faster
-            # here than torch's [n, m] product and column maxima, at every pool width from 1 to 85)
+            # scores [m, n]: numpy's float32 GEMM and reductions along rows (faster than torch's
+            # [n, m] product and column maxima: docs/performance-argmax.md)
             S = scores_against(Y, Zn)
             own = S[ar, cols].copy()
             S[ar, cols] = -np.inf

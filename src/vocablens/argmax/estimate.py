@@ -1,4 +1,4 @@
-"""How long the exact argmax scan of a head will take on this machine, measured, not assumed.
+"""How long the exact argmax scan of a head will take on this machine: a timed slice, not a guess.
 
 The scan's cost is stated as a multiple of one fp32 all-pairs pass ``W Wᵀ`` of the same matrix
 (``benchmarks/argmax.py`` prints that ratio for each head it runs). This module times a slice of that
@@ -12,15 +12,14 @@ import time
 
 import torch
 
-#: scan time / one fp32 all-pairs pass, measured by ``benchmarks/argmax.py`` on the default model's head
-#: (49,152 x 576): 0.21-0.25x in CPU and wall seconds (2 cores, load 0.3-3.4); rounded up, so the
-#: estimate is cautious. Heads whose rows mostly fail the first certificate (the proofs dominate) take
-#: far longer (trained-like synthetic heads: 83x at 8,192 rows, 202x at 16,384).
+#: scan time / one fp32 all-pairs pass on the default model's head (49,152 x 576), from
+#: ``benchmarks/argmax.py`` and rounded up, so the estimate is cautious (docs/performance-argmax.md).
+#: Heads whose rows mostly fail the first certificate (the proofs dominate) take far longer.
 SCAN_TO_ALL_PAIRS = 0.3
 
 
-#: each stage's share of a scan's CPU seconds on the default model's head (``benchmarks/argmax.py``,
-#: load 3.2: prepare 2.15, gemm 4.16, reflect 1.04, proof 0.81, verify 0.79 CPU-s); a progress report
+#: each stage's share of a scan's CPU seconds on the default model's head (``benchmarks/argmax.py``;
+#: docs/performance-argmax.md); a progress report
 #: inside a stage is turned into the fraction of the whole scan done by :func:`scan_fraction`
 STAGE_SHARE = {"prepare": 0.24, "gemm": 0.46, "reflect": 0.12, "proof": 0.09, "bias": 0.0, "verify": 0.09}
 

@@ -112,9 +112,8 @@ def find_unargmaxable(
             budget is spent on the other rows first. They stay candidates and competitors.
         reflect_iters: scorings per row in the reflect stage (the first at ``y = z_t``, then
             after each reflection). Two by default: one reflection settles most near misses
-            (a near-duplicate twin, measured); the rows it leaves are cheaper to separate by the
-            proof stage's nearest-point directions (on the trained-like benchmark head, 32,768 x
-            256: 13.6 s for the whole scan with 2, 19.3 s with 20; SmolLM2's head: the same).
+            (a near-duplicate twin); the rows it leaves are cheaper to separate by the proof
+            stage's nearest-point directions (docs/performance-argmax.md).
         tol: relative tolerance of a not-argmaxable certificate: the residual
             ``||w_i - sum mu_j w_j||_2`` must be at most ``tol`` times the largest centred row norm.
         block: query rows per block of the stage-1 matrix product (its products are ``block``

@@ -163,13 +163,10 @@ def exact_products(st) -> Products | None:
 
     Each candidate kernel (:class:`Products`) counts only where it reproduces int64 products on
     Q's own rows and on rows at the grid's extremes (on some CPUs oneDNN's int8 path saturates
-    16-bit intermediate sums: measured on an AVX2-only AMD EPYC, sums off by up to 9.2e6 with
-    values of 127, exact with values up to 64; ``torch._int_mm`` is wrong for some shapes); the
+    16-bit intermediate sums; ``torch._int_mm`` is wrong for some shapes); the
     fastest of those that do, timed on one thread on the scan's shapes (a 1,024-row block against
     512 rows), is used. float32 GEMMs are always a candidate, so a kernel exists wherever Q is
-    resident. Measured, one thread, 1,024 x 576 times 576 x 512: AVX2-only EPYC: oneDNN wrong,
-    ``torch._int_mm`` 1.5 GMAC/s, float32 43 GMAC/s; Xeon with AMX: oneDNN 450-760, ``_int_mm``
-    110-140 GMAC/s.
+    resident. Which kernel wins differs by CPU by up to 30x (docs/performance-argmax.md).
     """
     if getattr(st, "_products", False) is not False:
         return st._products

@@ -10,8 +10,7 @@ The all-pairs stage computes every exact integer product ``q_j . q_t``. With ``z
   is kept where it is higher, so every row certified before is certified now.
 
 Rows whose bound fails were stage 1's failures; many are beaten only by the rounding slack of a
-few close rows, not by a real competitor (measured: 297 of SmolLM2's 354 failures, 2,753 of
-9,530 on the trained-like benchmark head at 49,152 x 576). So the all-pairs pass also records, for
+few close rows, not by a real competitor (most of SmolLM2's: docs/performance-argmax.md). So the all-pairs pass also records, for
 each row, the competitors whose integer product reaches the row's threshold
 :meth:`Bounds.thresholds` (at most :data:`NEAR_CAP` per worker; a row with
 more, such as a row near the centre, is left to the later stages), and :func:`judge` scores those
@@ -42,10 +41,7 @@ class Bounds:
     """Per-row float64 [n] figures of the stage-1 direction ``y = qs q_t`` (the grid row), from one
     pass over Z and Q: ``dg = q_t . q_t`` (exact), ``yn = ||y||``, ``own_q`` a lower bound on the
     row's own score ``z_t . y`` and ``slack_q = emax ||y||`` (the bound on ``|e_j . y|``).
-
-    (The float32 row ``y = z_t`` as a second direction was measured and dropped: its bound needs
-    ``qs max_j ||q_j|| ||e_t||`` more slack, 28% of the own score against 5%, so it records 2x the
-    pairs and settled 24 more rows of 49,152 on the trained-like head.)"""
+"""
 
     def __init__(self, st: ScanState):
         n, r = st.n, st.r

@@ -234,9 +234,7 @@ def whiten(st: ScanState) -> None:
     rows into a reused float64 buffer (a view of W, no gather, where the distinct rows are a run)
     and running numpy's BLAS on it, the blocks shared out over worker threads with one BLAS thread
     each (:func:`~vocablens.argmax.state.run_in_workers`; the covariance's blocks fixed per worker,
-    so its sums do not depend on timing): measured on 49,152 x 576 on 2 shared cores, 1.5-2.1
-    CPU-s at load 3 (was 4.0-4.6 CPU-s with per-block torch copies, whose fresh pages cost as
-    much as the products, and MKL's float64 GEMM, slower than OpenBLAS's on this AMD CPU).
+    so its sums do not depend on timing). Figures: docs/performance-argmax.md.
     """
     n, d, Wn, reps = st.n, st.d, st.Wn, st.reps
     step = rows_per_block(d, 4, most=4096)          # float64 rows, two blocks' worth: ~0.1 s each
@@ -272,7 +270,7 @@ def whiten(st: ScanState) -> None:
         Cs[w] += X.T @ X                            # numpy: a symmetric rank-k update
         count.add(len(X))
 
-    with one_blas_thread():             # workers on one BLAS thread each (threaded LAPACK: 20x slower)
+    with one_blas_thread():             # workers on one BLAS thread each (threaded LAPACK is far slower)
         run_in_workers(mine, cov, workers, static=True)     # static: each C_w sums fixed blocks
         count.end()
         C = Cs[0]

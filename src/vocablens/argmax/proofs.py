@@ -130,7 +130,7 @@ def stage_proof(st: ScanState, max_rounds: int, row_budget_s: float | None) -> d
 
 def _start_sets(Zt: torch.Tensor, ks: np.ndarray, n0: int) -> np.ndarray:
     """The ``n0`` rows scoring highest at ``z_k`` for each k in ks (k itself left out): int64 [len(ks), n0].
-    Scores [B, n] by numpy's GEMM (faster here than torch's for these shapes, measured)."""
+    Scores [B, n] by numpy's GEMM (faster than torch's for these shapes)."""
     Zn = Zt.numpy()
     S0 = scores_against(Zn[ks], Zn)                              # [B, n]
     S0[np.arange(len(ks)), ks] = -np.inf
@@ -199,10 +199,9 @@ def _check_some(st: ScanState, probe: list, max_rounds: int, row_budget_s, fails
         grow = min(hi, max(lo, int(frac * len(row.S))))
         if len(viol) * INSIDE_HINT >= st.n:
             # a direction most rows beat: the row looks inside (support up to r + 1) or sits just
-            # outside. First r / 2 columns (still the Gram solve, ~9 ms at r = 576), then 2 (r + 1)
-            # at once: on SmolLM2's head the 13 rows of this stage, all argmaxable, each took two
-            # or three [r + 1, 1154] solves (~100 ms each) when the set went to 2 (r + 1) at once
-            # (proof stage 1.73 s), and are settled from the r / 2 set (0.35 s)
+            # outside. First r / 2 columns (still the Gram solve), then 2 (r + 1) at once: such rows
+            # are mostly settled from the r / 2 set, a few ms against ~100 ms per [r + 1, 2 (r + 1)]
+            # solve (docs/performance-argmax.md)
             goal = st.r // 2 if len(row.S) < st.r // 2 else 2 * (st.r + 1)
             grow = max(grow, goal - len(row.S))
         if len(viol) > grow + len(row.S):         # the most violated grow + |S| hold grow new ones

@@ -4,8 +4,7 @@ The reflect stage scores each open row's direction ``y`` against every row: ``z_
 ``m`` directions at a time. In float32 that is one ``[m, r] x [r, n]`` GEMM per pass; here the
 directions go on int8 grids of their own (``y = s_y q_y + e_y``) and the product ``Q q_y`` runs in
 exact integer arithmetic (:func:`~vocablens.argmax.kernels.exact_products`: oneDNN or
-``torch._int_mm`` at 3-5x the float32 GEMM's throughput on AVX-512 VNNI, measured; float32 GEMMs on
-the grid values where those are slower or not exact), with the rigorous bound
+``torch._int_mm`` where they are exact and faster, float32 GEMMs on the grid values elsewhere), with the rigorous bound
 
     |z_j . y - qs s_y (q_j . q_y)| <= qs ||q_j|| ||e_y|| + ||e_j|| ||y||      (z_j = qs q_j + e_j)
 

@@ -8,8 +8,8 @@ mean of all distinct rows) leaves a gap g inside the centroid's share ``w0``; th
 - the :class:`Ball` (the means of the rows on either side of each whitened axis, built once per run
   and only when a gap is within its reach ``ScanState.ball_reach``: 2 n r d float64 FLOPs) holds p:
   a certificate in O(r^2);
-- otherwise (the Ball is thin along p: measured, every planted row of the trained-like benchmark
-  head at 65,536 x 896) a tilted uniform combination of all rows reproduces p
+- otherwise (the Ball is thin along p, as for the planted rows of the trained-like benchmark
+  head) a tilted uniform combination of all rows reproduces p
   (:func:`~vocablens.argmax.tilt.tilt_points`, p being near the centre), in batches.
 
 A point between a few rows and the centre (a planted midpoint, a barely trained row) then gets a

@@ -63,7 +63,7 @@ class OutOfTime(Exception):
 def one_blas_thread():
     """Context manager: numpy's BLAS on one thread. The proofs run many small float64 products
     ([k, d] @ [d, r]); on a shared machine a threaded BLAS spends more time waking its threads
-    than computing (measured: 80 ms with two threads, 4 ms with one, for 33 x 640 x 640)."""
+    than computing (docs/performance-argmax.md)."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
@@ -78,7 +78,7 @@ def run_in_workers(items, fn, workers: int, static: bool = False) -> None:
 
     Each worker runs torch on one thread (restored after); numpy's BLAS the caller limits. Work
     split by Python threads that release the GIL in BLAS or torch never waits in a parallel region
-    for a descheduled peer, which on a shared machine cost ~2x the CPU time (measured). Items go out
+    for a descheduled peer (docs/performance-argmax.md). Items go out
     from a shared counter, or with ``static`` round-robin (worker w takes items w, w + workers, ...
     in order: what each worker sums is then fixed, so the result does not depend on timing). The
     first exception in any worker (OutOfTime, KeyboardInterrupt, an error) stops the others before
@@ -97,7 +97,7 @@ def run_in_workers(items, fn, workers: int, static: bool = False) -> None:
 
     def loop(w: int) -> None:
         if w:
-            torch.set_num_threads(1)            # in the thread itself (else 5x slower products, measured)
+            torch.set_num_threads(1)            # in the thread itself (else the products run far slower)
         mine = iter(range(w, len(items), workers)) if static else None
         try:
             while not errors:
@@ -141,7 +141,7 @@ def scores_against(Y: np.ndarray, Zn: np.ndarray) -> np.ndarray:
 
     def part(w: int, _w: int) -> None:
         a, b = int(cuts[w]), int(cuts[w + 1])
-        S[:, a:b] = Y @ Zn[a:b].T       # (splitting Y's rows, written in place: more CPU-s, measured)
+        S[:, a:b] = Y @ Zn[a:b].T       # (rows of Z, written in place: cheaper than splitting Y's rows)
 
     run_in_workers(range(workers), part, workers, static=True)
     return S
