@@ -28,8 +28,9 @@ cores.
 Issue 26: every run prints the scan as a ratio to one plain fp32 all-pairs pass of the same matrix
 (timed on blocks before and after the scan, scaled to all V rows) with the load average;
 ``--trained-like`` builds the synthetic trained-like head (``--V 151936 --d 896`` or
-``--V 262144 --d 640``; ``--reserved``, ``--clusters``, ``--planted``); ``--screen`` runs stage gemm
-by the half-width screen (vocablens.argmax.screen).
+``--V 262144 --d 640``; ``--reserved``, ``--clusters``, ``--planted``). (A ``--screen`` option ran
+stage gemm by a half-width screen, vocablens.argmax.screen, until issue 38 removed it: slower than the
+full product, docs/performance-argmax.md.)
 
 Measured for issue 26, first round (another 2-core machine, load average 8-15):
 - default head: scan 77.6 s wall / 27.5 CPU-s against an fp32 all-pairs pass of 158 s / 51.4 CPU-s
@@ -295,12 +296,12 @@ def allpairs_fp32_estimate(V: int, d: int, device: str = "cpu") -> tuple[float, 
 
 
 def run(name: str, W: torch.Tensor, expect: list[int] | None, ref_s: float | None, budget: float | None,
-        screen: bool = False, device: str = "cpu"):
+        device: str = "cpu"):
     print(f"\n== {name}: W [{W.shape[0]} x {W.shape[1]}]  (load average {os.getloadavg()[0]:.1f})", flush=True)
     est0 = allpairs_fp32_estimate(W.shape[0], W.shape[1], device)
     c0 = time.process_time()
     t0 = time.perf_counter()
-    res = find_unargmaxable(W, progress=StderrProgress(), time_budget_s=budget, screen=screen, device=device)
+    res = find_unargmaxable(W, progress=StderrProgress(), time_budget_s=budget, device=device)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     print(f"{'stage':8s} {'wall s':>9s} {'CPU s':>9s} {'settled':>9s}")
@@ -342,7 +343,6 @@ def main() -> None:
     ap.add_argument("--clusters", type=int, default=3000, help="--trained-like: Gaussian clusters")
     ap.add_argument("--spread", type=float, default=0.5, help="--trained-like: cluster centres' scale")
     ap.add_argument("--norm-sigma", type=float, default=0.6, help="--trained-like: log-normal norm factor")
-    ap.add_argument("--screen", action="store_true", help="stage gemm by the half-width screen")
     ap.add_argument("--device", default="cpu", help="where the all-pairs stage's products run (cpu, cuda)")
     ap.add_argument("--sizes", default="", help="--trained-like: comma-separated V values run in turn "
                     "(clusters, reserved and planted rows scaled by V / 151,936) to see how the ratio grows")
@@ -355,7 +355,7 @@ def main() -> None:
         lm = vocablens.load("smollm2")
         W = lm.borders.unembedding.weight.detach().clone()
         del lm
-        run("default model (smollm2)", W, None, REF_MODEL_S, args.budget, args.screen, args.device)
+        run("default model (smollm2)", W, None, REF_MODEL_S, args.budget, args.device)
     if not args.skip_random:
         if args.trained_like:
             for V in ([int(v) for v in args.sizes.split(",")] if args.sizes else [args.V]):
@@ -364,7 +364,7 @@ def main() -> None:
                 W, pl = trained_like(V, args.d, clusters=cl, n_reserved=rs, n_planted=pn,
                                      spread=args.spread, norm_sigma=args.norm_sigma)
                 run(f"trained-like {V:,} x {args.d:,} ({cl:,} clusters, {rs:,} reserved) + {pn:,} planted",
-                    W, pl, None, args.budget, args.screen, args.device)
+                    W, pl, None, args.budget, args.device)
         elif args.quick:
             W, pl = planted_matrix(32000, 256, 8)
             run("random 32,000 x 256 + 8 planted", W, pl, REF_32K_S, args.budget)

@@ -99,28 +99,8 @@ def stage_gemm(st: ScanState, block: int) -> None:
     and checking a direction costs a pass over all n rows, so n certificates cost n^2 r multiply-adds
     whichever directions they use (random directions included); the symmetric product halves that.
     """
-    from vocablens.argmax.screen import MIN_WIDTH, screened_maxima
-    from vocablens.argmax.state import OutOfTime
-
-    n, Qt = st.n, st.Qt
+    n = st.n
     rank, size = world()
-    st.gemm_pairs = (n * (n - 1) // 2, 0)
-    if getattr(st, "screen", False) and Qt.shape[1] >= MIN_WIDTH and n > 1:
-        tick = st.check_time if size == 1 else (lambda: None)
-        try:
-            best, complete, tails = screened_maxima(
-                st, block, exact_int_matmul, tick,
-                lambda a, b: st.progress("gemm", a, b), rank, size, device=st.device)
-        except OutOfTime:
-            st.cut("gemm")
-            best, complete, tails = np.full(n, math.inf), np.zeros(n, dtype=bool), 0
-        if size > 1:
-            bt = torch.from_numpy(best)
-            allreduce_max(bt)
-            best, complete = bt.numpy(), np.ones(n, dtype=bool)
-        st.gemm_pairs = (n * (n - 1) // 2, int(tails))
-        judge(st, best, complete, Bounds(st), None)
-        return
     bounds = Bounds(st)
     best_t, done, near = _dense_maxima(st, block, rank, size, bounds.thresholds(st))
     complete = np.zeros(n, dtype=bool)

@@ -96,7 +96,6 @@ def find_unargmaxable(
     row_budget_s: float | None = 60.0,
     time_budget_s: float | None = None,
     progress: Progress | None = None,
-    screen: bool = False,
     device: str = "cpu",
 ) -> ArgmaxResult:
     """Decide, for every row of an unembedding, whether it can be the strict argmax.
@@ -131,12 +130,7 @@ def find_unargmaxable(
             tokens not yet decided are ``undecided`` with reason ``"budget"`` (never a guessed
             verdict) and :attr:`ArgmaxResult.cut_short` names the stages cut short.
         progress: optional callback ``(stage, done, total)``.
-        screen: run stage ``gemm`` as the exact half-width screen (:mod:`~vocablens.argmax.screen`):
-            the same verdicts, about half the multiply-adds; measured on 2 shared cores it is slower
-            than the full int8 product (its reductions cost what the products save; on the default
-            head 15.1 CPU-s against 4.3 for the full product on worker threads, load 3), so it is
-            off by default.
-        device: where the all-pairs stage's certificate products (and the screen's bounds) run:
+        device: where the all-pairs stage's certificate products run:
             ``"cpu"`` or ``"cuda[:N]"`` (the GPU; the same exact integers, so the same verdicts).
 
     Returns:
@@ -165,7 +159,7 @@ def find_unargmaxable(
                        f"{' (CUDA is not available here)' if dev.type == 'cuda' else ''}")
     V, d = W.shape
     st = ScanState.new(V, d, tol, progress, time_budget_s)
-    st.screen, st.device = bool(screen), str(device)
+    st.device = str(device)
     apply_masks(st, padding, untrained, include_padding, include_untrained)
     st.Wn = as_numpy(W)
     st.pages = PageRelease(st.Wn)       # W's pages go back after each pass once Z is being built

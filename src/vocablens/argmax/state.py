@@ -214,9 +214,7 @@ class ScanState:
     ball: object = None          # sparse.Ball, built on first use
     ball_reach: float = math.inf  # no point of the Ball is farther from 0 (whitened; a filter only)
     pages: object = None         # pages.PageRelease over Wn (a no-op unless Wn is a read-only file mapping)
-    screen: bool = False         # stage gemm by the half-width screen (:mod:`~vocablens.argmax.screen`)
-    device: str = "cpu"          # where the all-pairs screen's products run ("cuda": the GPU)
-    gemm_pairs: tuple = (0, 0)   # (pairs in the all-pairs stage, pairs whose tail the screen computed)
+    device: str = "cpu"          # where the all-pairs stage's products run ("cuda": the GPU)
 
     @classmethod
     def new(cls, V: int, d: int, tol: float, progress: Progress | None, budget_s: float | None) -> "ScanState":
