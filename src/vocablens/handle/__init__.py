@@ -25,10 +25,11 @@ def load(spec: str | os.PathLike | None = "smollm2", dtype=None, device: str = "
     Raises:
         ModelNotFound, CorruptModelFile, UnsupportedArchitecture: as :func:`vocablens.models.load`.
     """
-    from vocablens import models
     from vocablens.handle.quiet import quiet_loading
 
     with quiet_loading():
+        from vocablens import models
+
         lm = models.load(spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
                          max_memory=max_memory)
     return Model.of(lm, spec=str(spec) if spec is not None else "smollm2")

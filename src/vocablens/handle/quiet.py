@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import contextmanager
 
 
@@ -12,8 +13,18 @@ def quiet_loading():
     block, then put back exactly what was set before (the process is left as it was found).
 
     Bars are what print an ``IProgress not found`` warning in a notebook without ipywidgets; tqdm
-    reads ``TQDM_DISABLE`` when a bar is made, so it is set only inside the block too.
+    reads ``TQDM_DISABLE`` when a bar is made, so it is set only inside the block too; the warning
+    ``tqdm.auto`` gives when it is first imported without ipywidgets is ignored inside the block only
+    (``warnings.catch_warnings`` puts the filters back).
     """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        with _settings_put_back():
+            yield
+
+
+@contextmanager
+def _settings_put_back():
     restore = []
     try:
         from transformers.utils import logging as hf_logging

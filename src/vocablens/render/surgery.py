@@ -81,7 +81,7 @@ def print_expand(res: ExpandResult, v: ExpandVerification, out_path, console, pr
                                 "scale breaks the bound)"))
     out.print(f"sample before: {' | '.join(repr(s) for s in v.sample_before)}")
     out.print(f"sample after:  {' | '.join(repr(s) for s in v.sample_after)}")
-    out.print(f"wrote {out_path}")
+    out.print(f"wrote {out_path}" if out_path is not None else "not saved yet: .save(DIR) writes it")
 
 
 def trim_table(res: TrimResult, v: TrimVerification) -> Table:
@@ -119,4 +119,5 @@ def print_trim(res: TrimResult, v: TrimVerification, out_path, console, provenan
     if corpus_docs:
         out.print(f"the trimmed tokenizer encodes {corpus_docs - corpus_docs_different:,} of {corpus_docs:,} corpus "
                   f"documents exactly as the original (ids mapped)")
-    out.print(f"wrote {out_path} (old -> new id map in vocab_map.json)")
+    out.print(f"wrote {out_path} (old -> new id map in vocab_map.json)" if out_path is not None
+              else "not saved yet: .save(DIR) writes it (with the old -> new id map)")
