@@ -13,7 +13,8 @@ from vocablens.units import fmt_bytes, plural
 
 def expand_to_dict(res: ExpandResult, v: ExpandVerification, out_path, provenance=None) -> dict:
     """The dict ``expand --json`` prints: ``{"model", "out", "expansion", "verification"}``."""
-    return {**({"model": provenance.to_dict()} if provenance is not None else {}), "out": None if out_path is None else str(out_path),
+    return {**({"model": provenance.to_dict()} if provenance is not None else {}),
+            "out": None if out_path is None else str(out_path),
             "expansion": res.to_dict(), "verification": v.to_dict()}
 
 
@@ -21,7 +22,8 @@ def trim_to_dict(res: TrimResult, v: TrimVerification, out_path, corpus: str | N
                  docs_different: int, provenance=None) -> dict:
     """The dict ``trim --json`` prints: ``{"model", "out", "corpus", "trim", "verification"}`` (the
     verification with the corpus documents checked and those the new tokenizer splits differently)."""
-    return {**({"model": provenance.to_dict()} if provenance is not None else {}), "out": None if out_path is None else str(out_path),
+    return {**({"model": provenance.to_dict()} if provenance is not None else {}),
+            "out": None if out_path is None else str(out_path),
             "corpus": corpus, "trim": res.to_dict(),
             "verification": {**v.to_dict(), "corpus_documents_checked": docs_checked,
                              "corpus_documents_tokenized_differently": docs_different}}
