@@ -168,7 +168,8 @@ def test_king_neighbors_include_queen(smollm2):
 def test_multi_token_string_on_real_model(smollm2):
     res = nearest_neighbors(smollm2.borders, smollm2.tokenizer, [" New York", "三"], k=5)
     ny, san = res.results
-    assert ny.used == "first token" and "' New York' is 2 tokens [' New', ' York']" in ny.note
+    a, b = ny.query_ids
+    assert ny.used == "first token" and f"' New York' is 2 tokens [' New' ({a}), ' York' ({b})]" in ny.note
     # partial UTF-8 bytes are shown as bytes, not mojibake
     assert "<0xE4><0xB8>" in san.note
 

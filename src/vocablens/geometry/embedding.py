@@ -164,7 +164,7 @@ def nearest_neighbors(borders, tokenizer, queries: Sequence[str], k: int = 10, u
         TokenNotInVocabulary: a string that encodes to no token or to an id with no row in the
             matrix (:func:`~vocablens.models.tokens.check_ids_fit`).
     """
-    from vocablens.models.tokens import single_token_id, token_str
+    from vocablens.models.tokens import quoted, single_token_id, token_str
 
     if not queries:
         raise BadInput("give at least one token string")
@@ -180,7 +180,7 @@ def nearest_neighbors(borders, tokenizer, queries: Sequence[str], k: int = 10, u
         chosen = ids if (use_mean and len(ids) > 1) else ids[:1]
         unreal = [i for i in chosen if not bool(mask[i])]
         if unreal:
-            extra = (f"{', '.join(repr(token_str(tokenizer, i)) for i in unreal)} is not a real trained "
+            extra = (f"{', '.join(f'{quoted(token_str(tokenizer, i))} ({int(i)})' for i in unreal)} is not a real trained "
                      f"token (padding or never-trained row)")
             note = f"{note}; {extra}" if note else extra
         lists = []

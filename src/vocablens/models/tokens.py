@@ -93,13 +93,20 @@ def token_bytes(tokenizer, token_id: int) -> bytes | None:
 
 
 def token_str(tokenizer, token_id: int) -> str:
-    """A readable form of one token: its bytes (:func:`token_bytes`: byte-level ``Ġ``/``Ċ`` and
-    SentencePiece ``▁`` become space/newline) shown by :func:`show_bytes` — complete characters as
-    text, control characters escaped (``\\n``), bytes of an incomplete UTF-8 sequence as ``<0xE2>``.
-    Unknown ids are ``<id N>``."""
+    """A readable form of one token, THE display rule of every table, figure and JSON: its bytes
+    (:func:`token_bytes`: byte-level ``Ġ``/``Ċ`` and SentencePiece ``▁`` become space/newline) shown
+    by :func:`show_bytes` — complete characters as text, control characters and the backslash
+    escaped once (``\\n``, ``\\\\``), bytes of an incomplete UTF-8 sequence as ``<0xE2>``. A
+    SentencePiece byte-fallback row is always ``<0xNN>`` (its piece), so the byte row ``<0x65>`` and
+    the piece ``e`` stay two tokens on the page. Unknown ids are ``<id N>``. :func:`shown_to_bytes`
+    inverts it."""
     b = token_bytes(tokenizer, token_id)
     if b is None:
         return f"<id {int(token_id)}>"
+    if len(b) == 1 and vocab_kind(tokenizer) == "sentencepiece" and int(token_id) not in special_ids(tokenizer):
+        raw = token_piece(tokenizer, int(token_id))
+        if raw is not None and BYTE_PIECE.fullmatch(raw):
+            return f"<0x{b[0]:02X}>"
     return show_bytes(b)
 
 
@@ -318,9 +325,9 @@ def single_token_id(tokenizer, text: str, vocab_size: int | None = None, use_mea
         check_ids_fit(ids, vocab_size, tokenizer)
     if len(ids) == 1:
         return ids, None
-    pieces = [token_str(tokenizer, i) for i in ids]
+    pieces = ", ".join(f"{quoted(token_str(tokenizer, i))} ({int(i)})" for i in ids)  # escaped once, as in tables
     how = "the mean of its tokens" if use_mean else "its first token"
-    return ids, f"{text!r} is {len(ids)} tokens {pieces}; using {how}"
+    return ids, f"{quoted(escape_text(text))} is {len(ids)} tokens [{pieces}]; using {how}"
 
 
 def context_length(config) -> int | None:

@@ -12,7 +12,7 @@ from typing import Any
 from rich.table import Table
 
 from vocablens.geometry.embedding import Neighbors, WordPCA
-from vocablens.models.tokens import token_str, quoted
+from vocablens.models.tokens import escape_text, quoted, token_str
 from vocablens.render.html import Section, esc, figure_html, table_html
 from vocablens.render.tokens import LEGEND, display_token, visible
 
@@ -43,29 +43,31 @@ def neighbors_header(res: Neighbors) -> str:
 
 
 def _label(q, tokenizer) -> str:
-    label = token_str(tokenizer, q.query_ids[0]) if q.used == "token" else q.query
-    shown = quoted(label) if q.used == "token" else repr(label)
-    return f"neighbours of {shown}" + ("" if q.used == "token" else f" ({q.used})")
+    if q.used == "token":  # the token as every table shows it, and its id
+        return f"neighbours of {quoted(token_str(tokenizer, q.query_ids[0]))} (id {int(q.query_ids[0])})"
+    return f"neighbours of {quoted(escape_text(q.query))} ({q.used})"  # escaped once, as tokens are
 
 
 def query_label(q, tokenizer) -> str:
-    """The heading of one query's neighbour table: ``neighbours of '␣king'``."""
+    """The heading of one query's neighbour table: ``neighbours of ' king' (id 4475)``."""
     return _label(q, tokenizer)
 
 
 def neighbors_tables(res: Neighbors, tokenizer) -> list[Table]:
-    """One rich table per query (no title): rank, then token (cosine) per matrix."""
+    """One rich table per query (no title): rank, then id, token and cosine per matrix."""
     tables = []
     for q in res.results:
         t = Table()
         t.add_column("#", justify="right")
         for lst in q.lists:
+            t.add_column("id", justify="right")
             t.add_column("embedding (input)" if lst.matrix == "input" else "LM head (output)")
             t.add_column("cos", justify="right")
         for r in range(res.k):
             cells = [str(r + 1)]
             for lst in q.lists:
-                cells += [quoted(token_str(tokenizer, int(lst.ids[r]))), f"{float(lst.cosines[r]):.3f}"]
+                cells += [str(int(lst.ids[r])), quoted(token_str(tokenizer, int(lst.ids[r]))),
+                          f"{float(lst.cosines[r]):.3f}"]
             t.add_row(*cells)
         tables.append(t)
     return tables
@@ -85,18 +87,19 @@ def neighbors_section(res: Neighbors, tokenizer) -> Section:
     """The report's neighbours section: one HTML table per query."""
     parts = [f"<p>{esc(neighbors_header(res))}. {esc(LEGEND)}</p><div class='cards'>"]
     for q in res.results:
-        label = display_token(tokenizer, q.query_ids[0]) if q.used == "token" else visible(q.query)
+        label = (f"{display_token(tokenizer, q.query_ids[0])} (id {int(q.query_ids[0])})" if q.used == "token"
+                 else visible(q.query))
         parts.append(f"<div class='card'><h3>{esc(label)}</h3>")
         if q.note:
             parts.append(f"<p class='note'>{esc(q.note)}</p>")
         headers = ["#"]
         for lst in q.lists:
-            headers += ["embedding (input)" if lst.matrix == "input" else "LM head (output)", "cos"]
+            headers += ["id", "embedding (input)" if lst.matrix == "input" else "LM head (output)", "cos"]
         rows = []
         for r in range(res.k):
             row: list = [r + 1]
             for lst in q.lists:
-                row += [display_token(tokenizer, int(lst.ids[r])), f"{float(lst.cosines[r]):.3f}"]
+                row += [int(lst.ids[r]), display_token(tokenizer, int(lst.ids[r])), f"{float(lst.cosines[r]):.3f}"]
             rows.append(row)
         parts.append(table_html(headers, rows) + "</div>")
     parts.append("</div>")

@@ -38,9 +38,10 @@ def score_to_dict(res: ScoreResult, tokenizer) -> dict:
 
 
 def score_table(res: ScoreResult, tokenizer, max_rows: int = 200) -> Table:
-    """One row per scored token: token, log-prob, entropy and the top-k alternatives."""
+    """One row per scored token: position, id, token, log-prob, entropy and the top-k alternatives."""
     t = Table(title="per-token log-probabilities (nats)", title_justify="left")
     t.add_column("pos", justify="right")
+    t.add_column("id", justify="right")
     t.add_column("token")
     t.add_column("logprob", justify="right")
     t.add_column("entropy", justify="right")
@@ -49,7 +50,7 @@ def score_table(res: ScoreResult, tokenizer, max_rows: int = 200) -> Table:
     ids = res.input_ids.tolist()
     n = res.logprobs.numel()
     for j in range(min(n, max_rows)):
-        row = [str(j + 1), quoted(token_str(tokenizer, ids[j + 1])), f"{float(res.logprobs[j]):.3f}",
+        row = [str(j + 1), str(ids[j + 1]), quoted(token_str(tokenizer, ids[j + 1])), f"{float(res.logprobs[j]):.3f}",
                f"{float(res.entropy[j]):.3f}"]
         if res.topk_ids.shape[-1]:
             row.append(", ".join(f"{quoted(token_str(tokenizer, i))} {lp:.2f}" for i, lp in
