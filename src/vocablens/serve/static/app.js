@@ -4,7 +4,7 @@
 
 const $ = (id) => document.getElementById(id);
 const S = { prompt: "", chat: false, view: "logit", metric: "p", cell: null, token: null, data: null, health: null,
-            cursor: null, seq: 0 };
+            cursor: null, seq: 0, cellSeq: 0, tokenSeq: 0 };
 window.vl = S;  // for the tests and the curious: the state and the last answers (S.last)
 S.last = {};
 
@@ -12,7 +12,7 @@ S.last = {};
 // token_str escapes a backslash as \\ and control characters as \n, \t, \r, \xNN, \uNNNN; read them
 // left to right, as vocablens.render.tokens.visible does: a token of a backslash and an n (token_str:
 // the three characters \\n) is no newline and shows as \\n (it showed as \⏎ when every \n was replaced)
-const VIS = { " ": "␣", "\u00a0": "⍽", "\\n": "⏎", "\\t": "⇥", "\\r": "␍", "\\u00a0": "⍽" };
+const VIS = { " ": "␣", "\u00a0": "⍽", "\\n": "⏎", "\\t": "⇥", "\\r": "⇤", "\\u00a0": "⍽" };
 const VIS_RE = /\\(?:[\\ntr]|x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})| |\u00a0/g;
 function vis(t) {
   return String(t).replace(VIS_RE, (m) => VIS[m] ?? m);
@@ -120,6 +120,10 @@ const METRICS = {
           get: (c) => c.final_top1_rank + 1, show: (v) => String(v), lo: 0, hi: null, log: true },
 };
 const CELL_PX = { font: 10, small: 8 };
+// the narrowest cell the map draws: wide enough for a cut token ("␣twen…") at CELL_PX.font; a long
+// prompt makes the map wider than the page and its box scrolls sideways (it never hides the text)
+const MIN_CELL_W = 42;
+const MAP_CHROME_W = 150;  // the layer axis, the colour bar and the margins beside the cells (px)
 
 function mapModel() {
   // the map as numbers: {lens, metric, tokens, z [L][T] (the metric; the difference tuned − logit in
@@ -138,7 +142,7 @@ function mapModel() {
         const a = lo.layers[l].positions[p], b = tu.layers[l].positions[p];
         const v = S.metric === "p" ? b.final_top1_prob - a.final_top1_prob : m.get(b) - m.get(a);
         zr.push(v); tr.push(b.top_tokens[0]);
-        hr.push(`layer ${l}, position ${p}<br>logit top-1 ${vis(a.top_tokens[0])} (${fmt(a.top_probs[0])})` +
+        hr.push(`layer ${l}, position ${p} (${vis(base.tokens[p])})<br>logit top-1 ${vis(a.top_tokens[0])} (${fmt(a.top_probs[0])})` +
                 `<br>tuned top-1 ${vis(b.top_tokens[0])} (${fmt(b.top_probs[0])})` +
                 (S.metric === "p" ? `<br>p(final top-1): tuned − logit = ${fmt(v)}`
                                   : `<br>${m.label}: tuned − logit = ${fmt(v)}`));
@@ -186,7 +190,7 @@ function heatmapTraces(M, texts) {
             zmin, zmax, zmid: M.diff ? 0 : undefined, xgap: 1, ygap: 1, colorbar }];
 }
 
-function heatmapLayout(M, plotW) {
+function heatmapLayout(M, plotW, width) {
   const T = M.tokens.length, L = M.layers.length;
   const cellW = plotW / T;
   const tickPx = 10;
@@ -197,7 +201,10 @@ function heatmapLayout(M, plotW) {
   const angle = cellW >= 70 ? 0 : -90;
   const room = angle === 0 ? cellW * every - 6 : 80;
   return {
-    margin: { l: 56, r: 10, t: 10, b: 10 }, height: Math.max(320, 16 * L + 150),
+    margin: { l: 56, r: 10, t: 10, b: 10 }, height: Math.max(320, 16 * L + 150), width,
+    // the hover says what every cell predicts, whatever the cell's size
+    hoverlabel: { font: { size: 13, family: "ui-monospace, DejaVu Sans Mono, monospace" }, align: "left",
+                  bgcolor: "white", bordercolor: "#6e6e73" },
     xaxis: { tickmode: "array", tickvals: vals, ticktext: vals.map((i) => fit(M.tokens[i], room, tickPx)),
              tickangle: angle, tickfont: { size: tickPx }, automargin: true,
              title: { text: "position (input token)", standoff: 12 }, fixedrange: true },
@@ -218,23 +225,37 @@ function drawHeatmap() {
   if (!base) return;
   const M = mapModel();
   S.map = M;
-  const gd = $("heatmap");
+  const gd = $("heatmap"), T = M.tokens.length;
+  // cells of at least MIN_CELL_W px: a long prompt widens the map past its box, which scrolls sideways
+  const room = Math.max(320, $("heatmap-scroll").clientWidth);
+  let width = Math.max(room, T * MIN_CELL_W + MAP_CHROME_W);
+  gd.style.width = width > room ? `${width}px` : "";
   // first guess of the plot area (the colour bar and the axis labels take ~150 px), then the real one
-  let plotW = Math.max(100, gd.clientWidth - 150);
-  let layout = heatmapLayout(M, plotW);
-  let texts = cellTexts(M, plotW / M.tokens.length, (layout.height - 150) / M.layers.length);
+  let plotW = Math.max(100, width - MAP_CHROME_W);
+  let layout = heatmapLayout(M, plotW, width);
+  let texts = cellTexts(M, plotW / T, (layout.height - 150) / M.layers.length);
   Plotly.react(gd, heatmapTraces(M, texts), layout, { ...PLOT_CONFIG, toImageButtonOptions:
     { ...PLOT_CONFIG.toImageButtonOptions, filename: "vocablens-lens-map" } });
   const fl = gd._fullLayout;
-  const w = fl.xaxis._length, h = fl.yaxis._length;
-  const again = cellTexts(M, w / M.tokens.length, h / M.layers.length);
-  if (Math.abs(w - plotW) > 2) {
-    layout = heatmapLayout(M, w);
+  let w = fl.xaxis._length;
+  if (width > room && w < T * MIN_CELL_W - 1) {  // the margins took more than guessed: widen by that
+    width += T * MIN_CELL_W - w;
+    gd.style.width = `${width}px`;
+  }
+  if (Math.abs(w - plotW) > 2 || width !== layout.width) {
+    plotW = width === layout.width ? w : T * MIN_CELL_W;
+    layout = heatmapLayout(M, plotW, width);
+    const again = cellTexts(M, plotW / T, fl.yaxis._length / M.layers.length);
     Plotly.react(gd, heatmapTraces(M, again), layout, gd._context);
-  } else if (JSON.stringify(again.text) !== JSON.stringify(texts.text) || again.show !== texts.show) {
+  }
+  w = gd._fullLayout.xaxis._length;
+  const h = gd._fullLayout.yaxis._length;
+  const again = cellTexts(M, w / T, h / M.layers.length);
+  if (JSON.stringify(again.text) !== JSON.stringify(gd.data[0].text) || (again.show ? "%{text}" : "") !== gd.data[0].texttemplate) {
     Plotly.react(gd, heatmapTraces(M, again), layout, gd._context);
   }
   S.cellText = { width: w / M.tokens.length, height: h / M.layers.length, show: again.show, px: again.px };
+  scrollToCursor();
   if (!gd._vlBound) {
     gd._vlBound = true;
     gd.on("plotly_click", (ev) => { const p = ev.points[0]; selectCell(p.y, p.x); });
@@ -278,6 +299,16 @@ function exportMap(kind) {
 }
 function M_name() { return `${S.map.lens.replace(/[^a-z]+/g, "-")}-${S.map.metric}`; }
 
+function scrollToCursor() {
+  // keep the cursor's cell inside the scrolling box (a map wider than the page)
+  const box = $("heatmap-scroll"), gd = $("heatmap"), fl = gd._fullLayout, c = S.cursor;
+  if (!c || !fl || !fl.xaxis || box.scrollWidth <= box.clientWidth) return;
+  const x = fl.xaxis._offset + fl.xaxis.l2p(c.pos), half = fl.xaxis._length / M_cells() / 2 + 8;
+  if (x - half < box.scrollLeft) box.scrollLeft = Math.max(0, x - half - 60);
+  else if (x + half > box.scrollLeft + box.clientWidth) box.scrollLeft = x + half + 60 - box.clientWidth;
+}
+function M_cells() { return S.map ? S.map.tokens.length : 1; }
+
 function moveCursor(dl, dp) {
   const base = lensOf("logit") || lensOf("tuned");
   if (!base) return;
@@ -285,6 +316,7 @@ function moveCursor(dl, dp) {
   const c = S.cursor || { layer: L - 1, pos: T - 1 };
   S.cursor = { layer: Math.min(L - 1, Math.max(0, c.layer + dl)), pos: Math.min(T - 1, Math.max(0, c.pos + dp)) };
   Plotly.relayout("heatmap", { shapes: cursorShape() });
+  scrollToCursor();
 }
 
 // -------------------------------------------------------------------------------------------- lens
@@ -299,6 +331,7 @@ async function run() {
   try {
     const { data } = await api("/api/lens", { prompt: S.prompt, kind, k: 5, chat: S.chat });
     if (seq !== S.seq) return;
+    clearPanels();
     S.data = data; S.last.lens = data;
     const base = lensOf("logit");
     S.cursor = { layer: base.layers.length - 1, pos: base.tokens.length - 1 };
@@ -309,10 +342,22 @@ async function run() {
   } catch (e) { status(e.message, true); }
 }
 
+function clearPanels() {
+  // every panel belongs to the prompt on screen: a new prompt's map closes the previous prompt's cell
+  // and token panels, empties them, and drops their answers (late ones are dropped: cellSeq, tokenSeq)
+  S.cell = null; S.token = null; S.cellSeq++; S.tokenSeq++; S.last = {};
+  $("cell-panel").hidden = true; $("token-panel").hidden = true;
+  for (const id of ["cell-title", "cell-token", "traj-token", "attr-token", "topk-body", "cell-neighbors-body",
+                    "traj-table", "attr-summary", "attr-table", "token-title", "tok-neighbors", "tok-argmax",
+                    "tok-undertrained", "tok-project"]) $(id).replaceChildren();
+  for (const id of ["traj-plot", "attr-plot"]) Plotly.purge($(id));
+}
+
 // -------------------------------------------------------------------------------------------- cell
 function selectCell(layer, pos) {
   if (!S.data) return;
-  S.cell = { layer, pos }; S.cursor = { layer, pos };
+  S.cell = { layer, pos }; S.cursor = { layer, pos }; S.cellSeq++;
+  scrollToCursor();
   Plotly.relayout("heatmap", { shapes: cursorShape() });
   const name = S.view === "tuned" && lensOf("tuned") ? "tuned" : "logit";
   const c = cellOf(name, layer, pos);
@@ -325,7 +370,8 @@ function selectCell(layer, pos) {
   writeURL();
   loadTrajectory(pos, tok);
   loadExplain(pos, tok);
-  loadNeighbors(tok.id, $("cell-neighbors-body"));
+  const seq = S.cellSeq;
+  loadNeighbors(tok.id, $("cell-neighbors-body"), null, () => S.cellSeq === seq);
 }
 
 function drawTopk(layer, pos) {
@@ -343,11 +389,11 @@ function drawTopk(layer, pos) {
 }
 
 async function loadTrajectory(pos, tok) {
-  const seq = S.seq;
+  const seq = S.cellSeq;
   $("traj-table").replaceChildren();
   try {
     const { data } = await api("/api/trajectory", { prompt: S.prompt, chat: S.chat, position: pos, token: tok.id });
-    if (seq !== S.seq) return;
+    if (seq !== S.cellSeq) return;
     S.last.trajectory = data;
     const layers = [...Array(data.n_layers + 1).keys()], traces = [];
     for (const [name, colour] of [["logit", "#0b5cad"], ["tuned", "#e4572e"]]) {
@@ -377,12 +423,12 @@ async function loadTrajectory(pos, tok) {
 }
 
 async function loadExplain(pos, tok) {
-  const seq = S.seq;
+  const seq = S.cellSeq;
   $("attr-table").replaceChildren();
   $("attr-summary").textContent = "computing…";
   try {
     const { data } = await api("/api/explain", { prompt: S.prompt, chat: S.chat, position: pos, target: tok.id });
-    if (seq !== S.seq) return;
+    if (seq !== S.cellSeq) return;
     S.last.explain = data;
     const blocks = data.blocks.map((b) => b.block);
     Plotly.react("attr-plot", [
@@ -410,13 +456,15 @@ async function loadExplain(pos, tok) {
       t.append(el("tr", {}, el("td", { class: "l", text: p.what }), el("td", { text: fmt(p.v) }),
                   el("td", { class: "l" }, tokList(p.toks, p.ids, 5))));
     }
-  } catch (e) { $("attr-summary").textContent = ""; status(e.message, true); }
+  } catch (e) { if (seq === S.cellSeq) { $("attr-summary").textContent = ""; status(e.message, true); } }
 }
 
-async function loadNeighbors(id, box, onQuery = null) {
+async function loadNeighbors(id, box, onQuery = null, live = () => true) {
+  // live(): whether the panel that asked is still on screen when the answer comes
   box.replaceChildren(el("span", { class: "dim", text: "…" }));
   try {
     const { data } = await api("/api/neighbors", { token: id, k: 10 });
+    if (!live()) return;
     const q = data.queries[0];
     if (onQuery) onQuery(q);
     box.replaceChildren();
@@ -426,7 +474,7 @@ async function loadNeighbors(id, box, onQuery = null) {
                  el("div", { class: "toks" }, ...q[m].map((n) => {
                    const b = tokButton(n.token, n.id); b.title = `cosine ${fmt(n.cosine)}`; return b; })));
     }
-  } catch (e) { box.replaceChildren(el("span", { class: "dim", text: e.message })); }
+  } catch (e) { if (live()) box.replaceChildren(el("span", { class: "dim", text: e.message })); }
 }
 
 // ------------------------------------------------------------------------------------------- token
@@ -436,7 +484,9 @@ function selectToken(id, text) {
   const title = (t) => $("token-title").replaceChildren(`Token `, el("span", { class: "tok", text: vis(t) }), ` (id ${id})`);
   title(text === null ? "…" : text);
   writeURL();
-  loadNeighbors(id, $("tok-neighbors"), text === null ? (q) => title(q.tokens[0]) : null);
+  const seq = ++S.tokenSeq;
+  const live = () => S.tokenSeq === seq;  // dropped once another token or prompt took the panel
+  loadNeighbors(id, $("tok-neighbors"), text === null ? (q) => title(q.tokens[0]) : null, live);
   loadArgmax(id);
   loadUndertrained(id);
   loadProject(id);
@@ -552,6 +602,8 @@ async function start() {
   $("metric").value = S.metric;
   $("metric").addEventListener("change", () => { S.metric = $("metric").value; writeURL(); drawHeatmap(); });
   for (const kind of ["csv", "json", "png"]) $(`export-${kind}`).addEventListener("click", () => exportMap(kind));
+  let resized = null;  // the map's width follows the window's (it is set in px: see drawHeatmap)
+  window.addEventListener("resize", () => { clearTimeout(resized); resized = setTimeout(() => { if (S.data) drawHeatmap(); }, 200); });
   $("heatmap").addEventListener("keydown", (e) => {
     const moves = { ArrowUp: [1, 0], ArrowDown: [-1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
     if (moves[e.key]) { e.preventDefault(); moveCursor(...moves[e.key]); }
