@@ -466,7 +466,7 @@ def test_pca_labels_sit_beside_their_markers(smollm2):
     from vocablens.render.geometry import pca_figure
 
     fig = pca_figure(word_pca(smollm2.borders, smollm2.tokenizer))
-    assert {t.textposition for t in fig.data} == {"middle right"}
+    assert {t.textposition for t in fig.data if t.mode == "text"} == {"middle right"}
 
 
 @pytest.mark.parametrize("expected", [0.0, 30.0, 500.0])
@@ -565,3 +565,88 @@ def test_the_eta_counts_the_under_trained_verification_at_its_expected_cost():
     assert full == pytest.approx(after_scan_share(150, elapsed + 2.0, after.budget_s))
     assert eta_s(plans, done_all, None, 0.0, elapsed + 2.0, 150, after_planned_s=100.0) == pytest.approx(25.0)
     assert eta_s(plans, done_all, None, 0.0, elapsed + 2.0, 150, after_planned_s=1e6) == pytest.approx(full)
+
+
+# ------------------------------------------------------------------------------ issue 40, fault 4
+#: whether each character draws as a glyph in ``font`` (a canvas): a character no font has draws as
+#: the fallback box, the same pixels as an unassigned code point's
+GLYPHS_JS = """([chars, font]) => {
+  const c = document.createElement('canvas'); c.width = 64; c.height = 64; const g = c.getContext('2d');
+  const draw = (ch) => { g.clearRect(0, 0, 64, 64); g.font = `40px ${font}`; g.fillStyle = '#000';
+                         g.fillText(ch, 4, 48); return g.getImageData(0, 0, 64, 64).data.join(','); };
+  const box = [draw('\\u{10FFFD}'), draw('\\uE000')];
+  return chars.map((ch) => { const d = draw(ch); return !box.includes(d) && /[1-9]/.test(d); });
+}"""
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_report_figures_read_in_chromium(smollm2, tmp_path):
+    """The report's figures as a reader sees them in Chromium: (a) a carriage return drew as empty boxes
+    (token 37468, U+240D is in no font Chromium has here) and the legend did not list it; (b) the KL
+    heatmap's colour scale was set by ~107 nats at layer 0, so layers 1..30 were one colour; (c) the 3-D
+    PCA labelled 4 of its 60 words."""
+    import math
+
+    if not CHROMIUM:
+        pytest.skip("Chromium is not installed: apt-get install -y --no-install-recommends chromium")
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    from vocablens.geometry.embedding import word_pca
+    from vocablens.lens.logit import lens_pair
+    from vocablens.lens.tuned import load_for_model
+    from vocablens.models.tokens import encode_prompt
+    from vocablens.render.geometry import pca_section
+    from vocablens.render.html import Section, esc, table_html
+    from vocablens.render.report import render_report
+    from vocablens.render.tokens import LEGEND, VISIBLE, display_token
+    from vocablens.render.tuned import KL_FLOOR, tuned_lens_section
+
+    tok, b = smollm2.tokenizer, smollm2.borders
+    lens = load_for_model(b, "smollm2")
+    logit, tuned = lens_pair(b, encode_prompt(tok, "The capital of France is"), lens)
+    wp = word_pca(b, tok)
+    cr = display_token(tok, 37468)  # "\r\r\n" + 8 spaces + "\r\r\n" + 11 spaces
+    assert cr.startswith(VISIBLE["\r"] * 2 + VISIBLE["\n"])
+    tokens = Section("tokens", "Tokens", f"<p id='legend'>{esc(LEGEND)}</p>" + table_html(["token"], [[cr]]))
+    page_file = tmp_path / "figures.html"
+    page_file.write_text(render_report("figures", [], [tokens, tuned_lens_section(logit, tuned, tok, colours=("kl",)),
+                                                       pca_section(wp)]), encoding="utf-8")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1300, "height": 900})
+        page.set_default_timeout(180_000)
+        problems = []
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.goto(page_file.as_uri())
+        page.wait_for_function("() => document.querySelectorAll('.figure .main-svg').length >= 2")
+        # (a) every whitespace symbol draws, in the page's font and in plotly's; the legend lists each
+        symbols = sorted(set(VISIBLE.values()))
+        for font in (page.evaluate("() => getComputedStyle(document.body).fontFamily"),
+                     '"Open Sans", verdana, arial, sans-serif'):
+            assert page.evaluate(GLYPHS_JS, [symbols + ["a"], font]) == [True] * (len(symbols) + 1), font
+            assert page.evaluate(GLYPHS_JS, [["␍"], font]) == [False]  # the symbol that drew as a box
+        legend = page.inner_text("#legend")
+        assert all(f"{s} (" in legend for s in symbols) and "carriage return" in legend
+        assert page.inner_text("#tokens td") == cr
+        # (b) KL on a log scale from KL_FLOOR, the cut stated on the colour bar; layers 1..L-1 use the scale
+        kl = page.evaluate("""() => { const gd = document.getElementById('tuned-lens-kl');
+            return {traces: gd._fullData.map((t) => ({z: t.z, kl: t.customdata, zmin: t.zmin, zmax: t.zmax})),
+                    bar: gd._fullData[1].colorbar.title.text,
+                    ticks: [...gd.querySelectorAll('.colorbar text')].map((e) => e.textContent)}; }""")
+        for t in kl["traces"]:
+            for zr, kr in zip(t["z"], t["kl"]):
+                assert zr == pytest.approx([math.log10(max(v, KL_FLOOR)) for v in kr])
+        lg = kl["traces"][0]
+        assert max(max(r) for r in lg["kl"]) > 50   # ~107 nats at layer 0
+        inner = [v for r in lg["z"][1:-1] for v in r]
+        assert (max(inner) - min(inner)) / (lg["zmax"] - lg["zmin"]) > 0.3   # linear: under 0.1
+        assert "log scale" in kl["bar"] and f"below {KL_FLOOR:g}" in kl["bar"]
+        assert {"0.01", "1", "100"} <= set(kl["ticks"])
+        # (c) every word of the PCA labelled, beside its translucent point
+        pca = page.evaluate("""() => document.getElementById('pca-3d')._fullData.filter((t) => t.visible === true)
+            .map((t) => ({mode: t.mode, text: t.text, pos: t.textposition, opacity: t.marker && t.marker.opacity}))""")
+        labels = [w for t in pca if t["mode"] == "text" for w in t["text"]]
+        assert sorted(labels) == sorted(wp.words) and len(labels) == 60
+        assert all(t["opacity"] < 1 for t in pca if t["mode"] == "markers")
+        browser.close()
+    assert problems == []

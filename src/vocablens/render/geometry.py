@@ -16,7 +16,7 @@ from vocablens.models.tokens import escape_text, quoted, token_str
 from vocablens.render.html import Section, esc, figure_html, table_html
 from vocablens.render.tokens import LEGEND, display_token, visible
 
-_PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2", "#9d755d", "#eeca3b",
+_PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2", "#9d755d", "#b08d00",
             "#ff9da6", "#bab0ac"]
 
 
@@ -108,52 +108,59 @@ def neighbors_section(res: Neighbors, tokenizer) -> Section:
 
 # ---------------------------------------------------------------------------------------- PCA
 def pca_figure(wp: WordPCA):
-    """A plotly 3-D scatter of the words, one trace per group, with a PCA / random-directions switch.
+    """A plotly 3-D scatter of the words, every word labelled, with a PCA / random-directions switch.
+
+    Per group and view, two traces: the points (translucent, with the word on hover) and the labels
+    (text only, beside their points, in the group's colour). WebGL draws translucent objects after
+    opaque ones, so a point in front of a label tints it and never hides it.
 
     Returns:
-        ``plotly.graph_objects.Figure`` with 2·G traces (G groups: PCA traces visible, random hidden)
-        and one ``updatemenus`` entry of two buttons, ``PCA`` and ``three random directions``.
+        ``plotly.graph_objects.Figure`` with 4·G traces (G groups; per view, G point traces then G
+        label traces; PCA visible, random hidden) and one ``updatemenus`` entry of two buttons,
+        ``PCA`` and ``three random directions``.
     """
     import plotly.graph_objects as go
 
     p = wp.pca
     order = list(dict.fromkeys(wp.groups))
+    G = len(order)
     fig = go.Figure()
     for view, coords in (("pca", p.coords), ("random", p.random_coords)):
-        labelled = _outermost(coords, wp.groups, order)
-        for gi, g in enumerate(order):
-            idx = [i for i, gg in enumerate(wp.groups) if gg == g]
-            xyz = coords[idx].tolist()
-            # every word on hover; a fixed label only on each group's outermost word, so the dense
-            # centre stays readable
-            fig.add_trace(go.Scatter3d(
-                x=[c[0] for c in xyz], y=[c[1] for c in xyz], z=[c[2] for c in xyz],
-                mode="markers+text", text=[wp.words[i] if i in labelled else "" for i in idx],
-                hovertext=[wp.words[i] for i in idx], name=g, legendgroup=g,
-                showlegend=(view == "pca"), visible=(view == "pca"),
-                # the label beside its marker, not on it (centred labels hid behind markers: "prin…")
-                textposition="middle right",
-                marker=dict(size=5, color=_PALETTE[gi % len(_PALETTE)]), textfont=dict(size=11),
-                hovertemplate="%{hovertext} (" + g + ")<extra></extra>",
-            ))
-    G = len(order)
+        for kind in ("points", "labels"):
+            for gi, g in enumerate(order):
+                idx = [i for i, gg in enumerate(wp.groups) if gg == g]
+                xyz = coords[idx].tolist()
+                colour = _PALETTE[gi % len(_PALETTE)]
+                common = dict(x=[c[0] for c in xyz], y=[c[1] for c in xyz], z=[c[2] for c in xyz], name=g,
+                              legendgroup=g, visible=(view == "pca"))
+                if kind == "points":
+                    fig.add_trace(go.Scatter3d(
+                        **common, mode="markers", hovertext=[wp.words[i] for i in idx],
+                        showlegend=(view == "pca"), marker=dict(size=4, color=colour, opacity=0.45),
+                        hovertemplate="%{hovertext} (" + g + ")<extra></extra>"))
+                else:  # every word, beside its point (a label centred on its point hid behind it)
+                    fig.add_trace(go.Scatter3d(
+                        **common, mode="text", text=[wp.words[i] for i in idx], textposition="middle right",
+                        textfont=dict(size=11, color=colour), showlegend=False, hoverinfo="skip"))
     ev, rev = p.explained_variance.tolist(), p.random_explained_variance.tolist()
 
     def axes(prefix, v):
         return {f"scene.{a}axis.title.text": f"{prefix} {i + 1} ({100 * v[i]:.1f}% var.)"
                 for i, a in enumerate("xyz")}
 
+    on, off = [True] * 2 * G, [False] * 2 * G
+    legend = [True] * G + [False] * G
     buttons = [
         dict(label="PCA", method="update",
-             args=[{"visible": [True] * G + [False] * G, "showlegend": [True] * G + [False] * G},
+             args=[{"visible": on + off, "showlegend": legend + [False] * 2 * G},
                    {"title.text": _title(wp, "PCA"), **axes("PC", ev)}]),
         dict(label="three random directions", method="update",
-             args=[{"visible": [False] * G + [True] * G, "showlegend": [False] * G + [True] * G},
+             args=[{"visible": off + on, "showlegend": [False] * 2 * G + legend},
                    {"title.text": _title(wp, "random"), **axes("random", rev)}]),
     ]
     fig.update_layout(
         title=dict(text=_title(wp, "PCA"), font=dict(size=14), x=0.01, y=0.98, yanchor="top"),
-        height=660, margin=dict(l=0, r=0, t=80, b=0),
+        height=700, margin=dict(l=0, r=0, t=80, b=0),
         updatemenus=[dict(type="buttons", direction="right", x=0.0, y=1.0, xanchor="left", yanchor="bottom",
                           pad=dict(t=0, b=4), buttons=buttons, showactive=True, active=0)],
         # the scene keeps clear of the title and buttons; the camera sits far enough out that
@@ -165,24 +172,6 @@ def pca_figure(wp: WordPCA):
         legend=dict(itemsizing="constant", x=0.86, y=0.5, yanchor="middle"),
     )
     return fig
-
-
-def _outermost(coords, groups, order, min_gap: float = 0.18) -> set[int]:
-    """The words that keep a fixed label: per group its word farthest from the centre of all words,
-    kept only when no other kept label lies within ``min_gap`` of the scene's extent (the dense
-    centre keeps hover text only, so labels never pile into a blob)."""
-    centre = coords.mean(0)
-    dist = (coords - centre).norm(dim=1)
-    gap = min_gap * float((coords.max(0).values - coords.min(0).values).norm())
-    candidates = []
-    for g in order:
-        idx = [i for i, gg in enumerate(groups) if gg == g]
-        candidates.append(max(idx, key=lambda i: float(dist[i])))
-    kept: list[int] = []
-    for i in sorted(candidates, key=lambda i: -float(dist[i])):
-        if all(float((coords[i] - coords[j]).norm()) >= gap for j in kept):
-            kept.append(i)
-    return set(kept)
 
 
 def _title(wp: WordPCA, view: str) -> str:
@@ -200,8 +189,9 @@ def pca_section(wp: WordPCA, div_id: str = "pca-3d") -> Section:
     text = (f"Embedding rows (W_E) of {len(wp.words)} common words in {len(set(wp.groups))} groups. "
             f"PCA is fitted on these rows only (centred on their mean): the top three directions keep "
             f"{100 * float(p.explained_variance.sum()):.1f}% of their variance, three random orthonormal "
-            f"directions {100 * float(p.random_explained_variance.sum()):.1f}%. Labels mark each group's outermost word where "
-            f"they do not overlap; hover any point for its word. Drag to rotate; the buttons switch views.")
+            f"directions {100 * float(p.random_explained_variance.sum()):.1f}%. Every word is labelled beside its point, "
+            f"in its group's colour (points are translucent, so none hides a label); hover a point for its word, "
+            f"drag to rotate, scroll to zoom into the dense centre; the buttons switch views.")
     if wp.skipped:
         text += f" Skipped (several tokens here): {', '.join(wp.skipped)}."
     return Section(id="pca", title="Word embeddings in 3-D", html=f"<p>{esc(text)}</p>" + figure_html(pca_figure(wp), div_id))

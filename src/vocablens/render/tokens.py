@@ -2,7 +2,9 @@
 
 A token that is a space looks like an empty cell, and a leading space (the mark of a word-initial
 token in byte-level BPE) vanishes in HTML; so every figure and table shows ``' '`` as ``␣``, a
-newline as ``⏎`` and a tab as ``⇥`` (other control characters as ``\\xNN``). JSON keeps the plain
+newline as ``⏎``, a tab as ``⇥`` and a carriage return as ``⇤`` (other control characters as
+``\\xNN``). Every symbol is one the fonts of a plain Linux browser draw (DejaVu, Chromium's
+fallback): ``␍`` (U+240D) is in none of them and showed as an empty box. JSON keeps the plain
 text of :func:`vocablens.models.tokens.token_str`.
 """
 
@@ -13,13 +15,14 @@ import re
 from vocablens.models.tokens import escape_text, token_str
 
 #: what each whitespace character of a token is shown as (escaped forms from ``token_str`` too)
-VISIBLE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍", "\u00a0": "⍽"}
-_ESCAPED = {"\\n": "⏎", "\\t": "⇥", "\\r": "␍", "\\u00a0": "⍽"}
+VISIBLE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "⇤", "\u00a0": "⍽"}
+_ESCAPED = {"\\n": "⏎", "\\t": "⇥", "\\r": "⇤", "\\u00a0": "⍽"}
 #: one escape of :func:`~vocablens.models.tokens.token_str`, read left to right (``\\\\n`` is a
 #: backslash and an n, not a newline)
 _ESCAPE = re.compile(r"\\(?:[\\ntr]|x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})")
 #: one line for the page, shown wherever the symbols appear
-LEGEND = ("Whitespace in tokens is shown as ␣ (space), ⏎ (newline), ⇥ (tab) and ⍽ (no-break space); other "
+LEGEND = ("Whitespace in tokens is shown as ␣ (space), ⏎ (newline), ⇥ (tab), ⇤ (carriage return) and ⍽ "
+          "(no-break space); other "
           "invisible characters as escapes such as \\u200b (zero-width space).")
 
 

@@ -7,6 +7,7 @@ token; logit lens and tuned lens side by side.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from rich.table import Table
@@ -21,6 +22,12 @@ COLOURS = {
     "kl": ("KL(final ‖ lens) (nats)", "kl_to_final"),
     "final_prob": ("probability of the final top-1 token", "final_top1_prob"),
 }
+
+
+#: the KL colour scale is log10 from this floor (nats): KL spans ~1e-3..1e2 over the layers (about 107
+#: nats at layer 0 of the default model), so a linear scale painted layers 1..L one colour; values
+#: below the floor (layer L is 0) are drawn at it, and the colour bar says so
+KL_FLOOR = 0.01
 
 
 def _f(x: float) -> str:
@@ -146,7 +153,8 @@ def _grid(res: LensResult, field: str):
 
 def trajectory_figure(logit: LensResult, tuned: LensResult, tokenizer, colour: str = "entropy"):
     """Two heatmaps side by side (logit | tuned): layers x positions, colour by ``colour``
-    (``entropy``, ``kl`` or ``final_prob``), text = the lens's top token.
+    (``entropy``, ``kl`` or ``final_prob``), text = the lens's top token. KL is coloured on a log10
+    scale from :data:`KL_FLOOR` nats (the cut named on the colour bar); every hover gives the value.
 
     Raises:
         BadInput: unknown colour.
@@ -163,21 +171,27 @@ def trajectory_figure(logit: LensResult, tuned: LensResult, tokenizer, colour: s
     pos = logit.positions.tolist()
     xs = [f"{p}: {display_token(tokenizer, int(logit.input_ids[p]))}" for p in pos]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("logit lens", "tuned lens"), horizontal_spacing=0.06)
-    zmax = None
     grids = [_grid(logit, field), _grid(tuned, field)]
+    top_z = max(max(max(r) for r in g[0]) for g in grids)
+    bar = dict(title=dict(text=label, side="right"))
     if colour == "final_prob":
         zmin, zmax = 0.0, 1.0
+    elif colour == "kl":  # log colour scale from KL_FLOOR (the cut is stated on the colour bar)
+        zmin, zmax = math.log10(KL_FLOOR), max(math.log10(KL_FLOOR) + 1, math.ceil(math.log10(max(top_z, KL_FLOOR))))
+        ticks = list(range(int(zmin), int(zmax) + 1))
+        bar = dict(title=dict(text=f"{label}, log scale; below {KL_FLOOR:g} drawn as {KL_FLOOR:g}", side="right"),
+                   tickvals=ticks, ticktext=[f"{10.0 ** t:g}" for t in ticks])
     else:
-        zmin = 0.0
-        zmax = max(max(max(r) for r in g[0]) for g in grids) or 1.0
+        zmin, zmax = 0.0, top_z or 1.0
     for col, (z, top) in enumerate(grids, start=1):
         text = [[display_token(tokenizer, t) for t in row] for row in top]
-        fig.add_trace(go.Heatmap(z=z, x=xs, y=[ly.layer for ly in logit.layers], text=text,
+        shown = [[math.log10(max(v, KL_FLOOR)) for v in row] for row in z] if colour == "kl" else z
+        fig.add_trace(go.Heatmap(z=shown, customdata=z, x=xs, y=[ly.layer for ly in logit.layers], text=text,
                                  texttemplate="%{text}", textfont=dict(size=9), zmin=zmin, zmax=zmax,
                                  colorscale="Viridis" if colour != "final_prob" else "Blues",
-                                 colorbar=dict(title=dict(text=label, side="right")) if col == 2 else None, showscale=col == 2,
+                                 colorbar=bar if col == 2 else None, showscale=col == 2,
                                  hovertemplate="layer %{y}, position %{x}<br>top %{text}<br>"
-                                               + label + " %{z:.3f}<extra></extra>"), row=1, col=col)
+                                               + label + " %{customdata:.3f}<extra></extra>"), row=1, col=col)
         fig.update_xaxes(tickangle=-45, row=1, col=col)
         fig.update_yaxes(title_text="layer" if col == 1 else None, row=1, col=col)
     fig.update_layout(height=max(400, 18 * len(logit.layers) + 140), margin=dict(l=50, r=20, t=50, b=90))
