@@ -296,3 +296,92 @@ def test_trim_drop_undertrained_shows_the_verification_stages(tiny_dir, tmp_path
     for stage in ("tokenizer classes", "indicators", "verification"):
         assert f"trim: under-trained tokens: stage {stage} started" in err, err
     assert "trim: under-trained tokens: stage verification done (" in err
+
+
+# ------------------------------------------------------------------ issue 40, fault 5: estimates that jump
+def test_an_eta_within_a_stage_only_counts_down_and_each_line_is_new():
+    """The report's ETA went 149 -> 16 -> 15 -> 43 -> 33 -> 40 -> 76 -> 105 -> 93 -> 99 s in one run, and
+    the same heartbeat line printed 3 times. Within a section the time left only counts down (an
+    estimate that would end later is not taken); a new section takes its fresh estimate; no heartbeat
+    line is the previous one again."""
+    from vocablens.cli.report import _ProgressBar
+
+    clock = Clock()
+    bar = _ProgressBar(disabled=False, clock=clock)
+    bar.live = False  # the plain lines (stderr is not a terminal here anyway)
+    left, done = [], 0.0
+    for description, eta in (("anatomy", 149), ("borders", 16), ("argmax", 15), ("argmax: gemm", 43),
+                             ("argmax: gemm", 33), ("argmax: certificates", 40), ("argmax: certificates", 76),
+                             ("argmax: certificates", 105), ("undertrained", 93), ("undertrained: verify", 99)):
+        bar.update(description, done, done + eta)
+        left.append((description.split(":")[0], round(bar.left())))
+        clock.t += 2.0
+        done += 2.0
+    assert left == [("anatomy", 149), ("borders", 16), ("argmax", 15), ("argmax", 13), ("argmax", 11),
+                    ("argmax", 9), ("argmax", 7), ("argmax", 5), ("undertrained", 93), ("undertrained", 91)]
+    # heartbeats: the seconds in the section and the time left counting down, never the same line twice
+    beats = []
+    for _ in range(3):
+        beats.append(bar._beat_line())
+        clock.t += 8.0
+    assert beats[0] == "report: undertrained (4 s in it, about 89 s left)"
+    assert beats[1] == "report: undertrained (12 s in it, about 81 s left)"
+    assert len(set(beats)) == 3 and bar._beat_line() != beats[-1]
+    clock.t += 200.0
+    assert bar._beat_line() == "report: undertrained (228 s in it, taking longer than estimated)"
+    assert bar._beat_line() is None   # nothing new to say: no line
+
+
+def test_plain_progress_eta_never_grows_within_a_stage():
+    """argmax / lens eval / settle lines: the ETA from the measured rate, not pushed back by a slower
+    stretch within the stage; once used up the line says so; a new stage starts afresh."""
+    lines, clock = [], Clock()
+    pp = PlainProgress(lines.append, every=10.0, clock=clock, name="cmd", unit="rows", thread=False)
+    pp("scan", 0, 100)
+    clock.t += 10
+    pp.tick()
+    assert lines[-1] == "cmd: scan 0/100 rows, 10 s, ETA unknown (nothing done yet)"
+    pp("scan", 50, 100)          # 10 s for half: 10 s left
+    clock.t += 10
+    pp.tick()
+    assert lines[-1] == "cmd: scan 50/100 rows, 20 s, ETA 20 s"
+    etas = []
+    for done in (55, 60, 62, 64):   # slower and slower: the rate says later, the ETA does not grow
+        pp("scan", done, 100)
+        clock.t += 10
+        pp.tick()
+        etas.append(lines[-1].rsplit("ETA ", 1)[1])
+    # the rate would say 25, 27, 38, 53 s left; the ETA keeps the end it gave (20 s from then)
+    assert etas == ["10 s"] + ["taking longer than estimated"] * 3 and len(set(lines)) == len(lines)
+    pp("next", 0, 10)
+    pp("next", 5, 10)
+    clock.t += 10
+    pp.tick()
+    assert lines[-1].endswith("ETA 10 s")
+
+
+def test_lens_eval_and_settle_report_within_their_first_row():
+    """`lens eval` and `settle` printed "0/512 tokens, ETA unknown" until their first (only) row was read:
+    they report after each group of layers, so a rate is measured early; the results do not change."""
+    from tiny_models import ids, make_tiny
+    from vocablens.lens.evaluate import READ_GROUPS, evaluate
+    from vocablens.lens.tuned import TunedLens
+    from vocablens.models import Borders
+    from vocablens.vocab_space import settle
+
+    b = Borders.from_model(make_tiny("llama"))
+    rows = ids(batch=1, T=12)
+    lens = TunedLens(b.d_model, b.n_layers)
+    calls = []
+    res = evaluate(b, lens, rows, on_row=lambda done, total: calls.append((done, total)))
+    assert len(calls) == READ_GROUPS and calls[-1] == (1, 1) and all(t == 1 for _, t in calls)
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls) and 0 < calls[0][0] < 1
+    ref = evaluate(b, lens, rows, chunk_rows=7)
+    assert res.logit_kl == pytest.approx(ref.logit_kl, rel=1e-5, abs=1e-6)
+    assert res.tuned_ce == pytest.approx(ref.tuned_ce, rel=1e-5, abs=1e-6)
+    seen = []
+    out = settle(b, [rows, rows[:, :6]], on_tokens=seen.append)
+    L = b.n_layers
+    assert len(seen) == 2 * (L + 1) and seen[-1] == 18 and seen[L] == 12
+    assert seen == sorted(seen) and 0 < seen[0] < 12
+    assert out.n_positions == 18

@@ -87,20 +87,39 @@ class PlainProgress(_Heartbeat):
         self.name, self.unit, self.default_unit, self.units = name, unit, unit, dict(units or {})
         self.stage, self.done, self.total, self.ended = None, 0, 0, False
         self.ended_at = 0.0
+        self.finish = None   # the stage's estimated end (clock seconds): it only moves earlier within the stage
+        self.said = ""
         super().__init__(write, every, clock, thread)
 
     def line(self) -> str:
-        el = self.clock() - self.t0
+        """``name: stage done/total unit, N s, ETA M s``: the ETA from the stage's measured rate (elapsed
+        / fraction done), counting down; within a stage it never grows (a later, slower rate does not
+        push the end back: the lines say "longer than estimated" once it is used up)."""
+        now = self.clock()
+        el = now - self.t0
         frac = self.done / self.total if self.total else 0.0
-        eta = f"{el / frac * (1 - frac):.0f} s" if frac > 0 else "unknown"
+        if frac > 0:
+            estimate = now + el / frac * (1 - frac)
+            self.finish = estimate if self.finish is None else min(self.finish, estimate)
+        if self.finish is None:
+            eta = "unknown (nothing done yet)"
+        elif self.finish - now >= 0.5:
+            eta = f"{self.finish - now:.0f} s"
+        else:
+            eta = "taking longer than estimated"
         return f"{self.name}: {self.stage} {self.done:,}/{self.total:,} {self.unit}, {el:.0f} s, ETA {eta}"
 
-    def beat_line(self) -> str:
+    def beat_line(self) -> str | None:
         if self.stage is None:
-            return f"{self.name}: starting, {self.clock() - self.t0:.0f} s"
-        if self.ended:
-            return f"{self.name}: working after stage {self.stage}, {self.clock() - self.ended_at:.0f} s since it ended"
-        return self.line()
+            line = f"{self.name}: starting, {self.clock() - self.t0:.0f} s"
+        elif self.ended:
+            line = f"{self.name}: working after stage {self.stage}, {self.clock() - self.ended_at:.0f} s since it ended"
+        else:
+            line = self.line()
+        if line == self.said:  # each line once
+            return None
+        self.said = line
+        return line
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         with self._lock:
@@ -108,7 +127,7 @@ class PlainProgress(_Heartbeat):
                 # a stage that follows another one began when that one ended (its first report can
                 # come later, after work of its own): so the line's time is the stage's whole time
                 start = self.ended_at if self.stage is not None and self.ended else self.clock()
-                self.stage, self.t0, self.ended = stage, start, False
+                self.stage, self.t0, self.ended, self.finish = stage, start, False, None
                 self.unit = self.units.get(stage, self.default_unit)
                 self.done, self.total = done, total
                 self.write(f"{self.name}: stage {stage} started ({total:,} {self.unit})")

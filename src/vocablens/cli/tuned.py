@@ -284,7 +284,7 @@ def lens_eval(
     T = int(rows.shape[1])
     with count_bar(quiet, (stop - start) * T, "lens eval", "tokens", stage="scoring both lenses") as tick:
         res = evaluate(lm.borders, lens, rows, n_bytes=text_bytes(lm.tokenizer, rows),
-                       on_row=lambda done, total: tick(done * T))
+                       on_row=lambda done, total: tick(int(done * T)))
     if rank != 0:
         return
     if plot is not None:

@@ -218,17 +218,10 @@ def settle_cmd(
     rows = lm.first_rows(corpus, seq_len, max_tokens)
     batches = [rows[i:i + batch] for i in range(0, len(rows), batch)]
     with count_bar(quiet or world > 1, rows.numel(), "settle", "tokens", stage="forward passes") as tick:
-
-        def ticking():  # one process: the bar advances as settle reads each batch
-            done = 0
-            for b in batches:
-                yield b
-                done += b.numel()
-                tick(done)
-
+        # one process: the bar advances after each layer of each batch (a first ETA after one layer)
         res = lm.settle(corpus, max_tokens=max_tokens, seq_len=seq_len, batch=batch, thresholds=ths, lens=lens,
-                        min_layer=min_layer, batches=batches if world > 1 else ticking(),
-                        lens_dir=tuned_path or None)
+                        min_layer=min_layer, batches=batches, lens_dir=tuned_path or None,
+                        on_tokens=None if world > 1 else (lambda n: tick(int(n))))
     if rank != 0:
         return
     if plot is not None:

@@ -221,7 +221,7 @@ class LensWorkflows:
     def settle(self, corpus: str, max_tokens: int = 2048, seq_len: int = 256, batch: int = 2,
                thresholds: Sequence[float] = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99), lens: str = "logit",
                min_layer: int = 0, rows: torch.Tensor | None = None, batches=None,
-               lens_dir: str | Path | None = None) -> R.Settle:
+               lens_dir: str | Path | None = None, on_tokens=None) -> R.Settle:
         """Where predictions settle over a corpus, and what an early exit would save and keep
         (``vocablens settle --corpus C --json``; :func:`vocablens.vocab_space.settle`).
 
@@ -231,6 +231,7 @@ class LensWorkflows:
             lens: ``logit`` or a kind with a translator (``tuned``).
             batches: an iterable of row batches [b, seq_len] to read instead (the CLI's progress).
             lens_dir: a tuned-lens directory read as ``tuned`` for this call only.
+            on_tokens: progress, ``on_tokens(tokens read)`` after each layer of each batch.
 
         Raises:
             BadInput: bad sizes, a missing corpus, an unknown lens.
@@ -245,7 +246,7 @@ class LensWorkflows:
             rows = self.first_rows(corpus, seq_len, max_tokens) if rows is None else rows
             batches = [rows[i:i + batch] for i in range(0, len(rows), batch)]
         res = vs.settle(self.borders, batches, thresholds=list(thresholds), translator=translator,
-                        min_layer=min_layer)
+                        min_layer=min_layer, on_tokens=on_tokens)
         return self._result(R.Settle, res, corpus=corpus, plot=None)
 
     # ---------------------------------------------------------------------------------- steer

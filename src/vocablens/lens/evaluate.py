@@ -64,6 +64,10 @@ class LensEval:
                 "layers": layers}
 
 
+#: readouts per row (each a group of the 2L lens-layer rows): the progress steps within a row
+READ_GROUPS = 4
+
+
 def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int = 0,
              chunk_rows: int | None = None, real_vocab_only: bool = True,
              on_row: Callable[[int, int], None] | None = None, split_ranks: bool = True) -> LensEval:
@@ -83,7 +87,9 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
             bits per byte; 0 = unknown.
         chunk_rows: (layer, token) rows per LM-head GEMM (default: a 96 MiB float32 buffer, :data:`vocablens.ops.kl.READOUT_CHUNK_BYTES`).
         real_vocab_only: top-1 agreement over real tokens only (padding rows excluded).
-        on_row: called as ``on_row(done, total)`` after each row (progress; this rank's rows).
+        on_row: called as ``on_row(done, total)`` after each readout of :data:`READ_GROUPS` per row
+            (progress in rows, fractional within a row; this rank's rows): a first estimate of the
+            time left comes after a part of the first row.
         split_ranks: under an initialised process group of W > 1 ranks (torchrun), each rank scores its
             contiguous share of the rows (:func:`vocablens.ops.vocab_parallel.comm.share`) and the float64 sums and
             counts are all-reduced: every rank returns the one-process result up to float rounding.
@@ -124,17 +130,22 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
             valid[-1] = 0
             X = U.normed(torch.cat([H[:L], lens.translate_all(H[:L])]), torch.float32)
             stats = dict(targets=targets, top_k=1, topk_cols=real, entropy=True)
-            res = kl_readout(X, W, ref, chunk_rows=chunk_rows, **stats, **U.head_kwargs())
             fin = logits_readout(ref, ref, **stats)  # layer L: the model's own logits, no GEMM
-            for rows_, r_ in ((slice(0, 2 * L), res), (2 * L, fin)):
+            parts = [(2 * L, lambda: fin)]
+            # the 2L (lens, layer) rows in READ_GROUPS readouts: progress after each, not only per row
+            step = -(-2 * L // READ_GROUPS)
+            parts += [(slice(a, min(2 * L, a + step)), lambda a=a: kl_readout(
+                X[a:a + step], W, ref, chunk_rows=chunk_rows, **stats, **U.head_kwargs())) for a in range(0, 2 * L, step)]
+            for rows_, read in parts:
+                r_ = read()
                 sums[rows_, 0] += r_.kl.double().sum(-1)
                 sums[rows_, 1] += (-r_.target_logprob.double() * valid).sum(-1)
                 sums[rows_, 2] += r_.entropy.double().sum(-1)
                 sums[rows_, 3] += (r_.topk_ids[..., 0] == final_top).double().sum(-1)
+                if on_row is not None and isinstance(rows_, slice):
+                    on_row(r + rows_.stop / (2 * L), int(rows.shape[0]))
             n_tok += T
             n_ce += T - 1
-            if on_row is not None:
-                on_row(r + 1, int(rows.shape[0]))
     if split_ranks and world()[1] > 1:
         sums = allreduce_sum(sums)
         n_tok, n_ce = (int(x) for x in allreduce_sum(torch.tensor([n_tok, n_ce], dtype=torch.float64)))

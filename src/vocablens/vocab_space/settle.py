@@ -13,7 +13,7 @@ output, L = the last block's output. The lens is read through ``borders.unembedd
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -102,7 +102,7 @@ def _lens_top1(U, h: torch.Tensor, layer: int, L: int, real: int, translator: Tr
 def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
            thresholds: Sequence[float] = DEFAULT_THRESHOLDS, translator: Translator | None = None,
            kind: str | None = None, chunk_rows: int | None = None, min_layer: int = 0,
-           split_ranks: bool = True) -> SettleResult:
+           split_ranks: bool = True, on_tokens: Callable[[float], None] | None = None) -> SettleResult:
     """Settling layers and early exits over a corpus (Geva et al. 2022 §5.2, with any lens).
 
     Args:
@@ -120,6 +120,9 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
             contiguous share of the batches (:func:`vocablens.ops.vocab_parallel.comm.share`); the per-position
             top-1s and confidences are gathered back in row order and the token counts summed, so
             every rank returns the one-process result. False: every rank reads every batch.
+        on_tokens: progress, called as ``on_tokens(tokens read)`` after each layer of each batch (this
+            rank's tokens; fractional within a batch), so the first estimate of the time left comes
+            after one layer, not after the first batch.
 
     Returns:
         :class:`SettleResult`. Memory: one batch's residual stream plus one chunk of [c, V] logits.
@@ -160,6 +163,8 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
             cf = torch.empty(L + 1, B * T, device=h.device)
             for layer in range(L + 1):
                 t1[layer], cf[layer] = _lens_top1(U, h[layer], layer, L, real, translator, chunk_rows)
+                if on_tokens is not None:
+                    on_tokens(n_tok - B * T + B * T * (layer + 1) / (L + 1))
             top1s.append(t1)
             confs.append(cf)
     top1 = torch.cat(top1s, 1) if top1s else torch.zeros(L + 1, 0, dtype=torch.long)  # [L+1, N]
