@@ -63,18 +63,19 @@ def check_stream_finite(borders, resid: torch.Tensor, logits: torch.Tensor | Non
         NonFiniteActivations: the first non-finite layer (block i-1's output for layer i), or the
             logits when every layer is finite.
     """
-    keep = None
+    pad = None  # [B, T] True at padding (read by no one), when the mask fits
     if attention_mask is not None and resid.dim() == 4 and tuple(attention_mask.shape) == tuple(resid.shape[1:3]):
-        keep = attention_mask.to(resid.device).bool()
-        resid = resid[:, keep]  # [L+1, N, d]: the real tokens
-        logits = None if logits is None else logits[keep.to(logits.device)]
-    flat = resid.reshape(resid.shape[0], -1)
-    bad = ~torch.isfinite(flat).all(dim=1)  # [L+1]
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0, 0])
-        what = "the embedding output" if i == 0 else f"block {i - 1}'s output"
-        raise NonFiniteActivations(nonfinite_message(borders, f"layer {i} of the residual stream ({what})"))
-    if logits is not None and not bool(torch.isfinite(logits).all()):
+        pad = ~attention_mask.to(resid.device).bool()
+
+    def finite(x: torch.Tensor) -> bool:  # x [B, T, n]; a bool per position, never a copy of x
+        ok = torch.isfinite(x).all(dim=-1)
+        return bool((ok | pad.to(ok.device)).all()) if pad is not None and ok.shape == pad.shape else bool(ok.all())
+
+    for i in range(resid.shape[0]):  # layer by layer: the check holds one layer's flags at a time
+        if not finite(resid[i]):
+            what = "the embedding output" if i == 0 else f"block {i - 1}'s output"
+            raise NonFiniteActivations(nonfinite_message(borders, f"layer {i} of the residual stream ({what})"))
+    if logits is not None and not finite(logits):
         raise NonFiniteActivations(nonfinite_message(borders, "the model's logits (after the final norm and the head)"))
 
 
