@@ -746,7 +746,7 @@ _products = types.SimpleNamespace(align=1, kind="test",
                                   mm=lambda A, a, b: (A.double() @ _Q[a:b].double().T).to(out_dtype))
 def _fake(st):
     global _Q
-    _Q = st.Qt
+    _Q = st.Q
     return _products
 cert.exact_products = _fake
 r = find_unargmaxable(W, None, block=64, row_budget_s=None)

@@ -11,6 +11,7 @@ import torch
 from vocablens.argmax import find_unargmaxable
 from vocablens.argmax import certificates as cert
 from vocablens.argmax import preparation as prep
+from vocablens.argmax.prepared import DistinctRows, SourceRows
 from vocablens.argmax.state import ScanState, run_in_workers
 from vocablens.errors import BadInput
 
@@ -19,9 +20,10 @@ def _prepared(W: torch.Tensor) -> ScanState:
     W, _ = prep.check_input(W, None, {})
     st = ScanState.new(W.shape[0], W.shape[1], 1e-9, None, None)
     prep.apply_masks(st, None, None, False, False)
-    st.Wn = prep.as_numpy(W)
-    prep.dedupe(st)
-    prep.whiten(st)
+    st.src = SourceRows(rows=prep.as_numpy(W), bias=None, defer=None, pages=None)
+    st.distinct = prep.dedupe(st)
+    st.white, st.Z, st.Q = prep.whiten(st)
+    st.left = np.arange(st.n)
     return st
 
 
@@ -50,7 +52,7 @@ def test_all_pairs_maxima_over_workers_and_narrow_products_are_exact(monkeypatch
     ref.fill_diagonal_(torch.iinfo(torch.int64).min)
     want = ref.max(1).values
     st = ScanState.new(203, 40, 1e-9, None, None)
-    st.reps, st.Qt = np.arange(203), Q
+    st.distinct, st.Q = DistinctRows(ids=np.arange(203), position=np.arange(203), twins={}), Q
     monkeypatch.setattr(cert, "GEMM_BYTES", 4 * 40 * 5)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -112,16 +114,16 @@ def test_the_ball_lies_within_its_reach():
     rng = np.random.default_rng(1)
     W = torch.from_numpy(rng.standard_normal((3000, 12)) * np.linspace(0.5, 3, 12) + 1.0)
     st = _prepared(W)
-    assert np.isfinite(st.ball_reach)
+    assert np.isfinite(st.white.ball_reach)
     ball = Ball(st)
     assert ball.ok
-    verts = np.vstack([(ball.mean_pos - st.mu) @ st.A, (ball.mean_neg - st.mu) @ st.A])
+    verts = np.vstack([(ball.mean_pos - st.white.center) @ st.white.whiten, (ball.mean_neg - st.white.center) @ st.white.whiten])
     h = np.minimum(ball.size, st.n - ball.size).min()
     norms = np.linalg.norm(verts, axis=1)
-    assert norms.max() <= (1 + 1e-9) / np.sqrt(h) <= st.ball_reach / 2 * (1 + 1e-9)
+    assert norms.max() <= (1 + 1e-9) / np.sqrt(h) <= st.white.ball_reach / 2 * (1 + 1e-9)
     assert norms.max() > 0.5 / np.sqrt(h)            # the bound is not vacuous
     mix = rng.dirichlet(np.ones(len(verts)), 200) @ verts
-    assert np.linalg.norm(mix, axis=1).max() <= st.ball_reach
+    assert np.linalg.norm(mix, axis=1).max() <= st.white.ball_reach
 
 
 def test_ill_conditioned_whitening_turns_the_ball_filter_off():
@@ -129,7 +131,7 @@ def test_ill_conditioned_whitening_turns_the_ball_filter_off():
     W = rng.standard_normal((800, 6))
     W[:, 5] = W[:, 4] + 1e-5 * rng.standard_normal(800)     # covariance condition ~1e10
     st = _prepared(torch.from_numpy(W))
-    assert st.r == 6 and st.ball_reach == float("inf")
+    assert st.r == 6 and st.white.ball_reach == float("inf")
 
 
 def test_planted_rows_are_still_proved_through_the_ball():

@@ -34,7 +34,7 @@ def test_certified_directions_are_certified_in_float64_and_easy_ones_are_found(s
     rng = np.random.default_rng(seed + 10)
     cols = rng.choice(st.n, 96, replace=False)
     cols[:40] = np.arange(1, 41)                                     # the near-duplicate rows
-    Zn = st.Zt.numpy()
+    Zn = st.Z.numpy()
     Y = (Zn[cols] + 0.05 * rng.standard_normal((len(cols), st.r)) *
          np.linalg.norm(Zn[cols], axis=1, keepdims=True) / np.sqrt(st.r)).astype(np.float32)
     Y[:40] = Zn[cols[:40]]                                           # at y = z_t: a twin ties within 1e-5
@@ -57,7 +57,7 @@ def test_certified_directions_are_certified_in_float64_and_easy_ones_are_found(s
     for q in range(0, len(cols), 17):
         sy = np.abs(Y[q].astype(np.float64)).max() / 127.0
         qy = np.rint(Y[q].astype(np.float64) / sy).astype(np.int64)
-        P = st.Qt.numpy().astype(np.int64) @ qy
+        P = st.Q.numpy().astype(np.int64) @ qy
         P[cols[q]] = np.iinfo(np.int64).min
         assert sorted(P[top[q]].tolist(), reverse=True) == sorted(P, reverse=True)[:16]
 
@@ -71,7 +71,7 @@ def test_many_near_rows_are_never_certified_by_the_int8_bound_alone():
     st = _prepared(torch.from_numpy(W))
     assert int8_ready(st)                                  # r = 32: a multiple of 8, Q resident
     cols = np.arange(64)
-    Y = st.Zt.numpy()[cols].copy()
+    Y = st.Z.numpy()[cols].copy()
     done, gap, jstar, top, lead, _ = int8_pass(st, cols, Y)
     E = _exact_scores(st, Y)
     own = E[np.arange(64), cols].copy()

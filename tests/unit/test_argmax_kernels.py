@@ -50,7 +50,7 @@ def test_packed_products_equal_int64_on_aligned_unaligned_and_partial_ranges(r):
 def test_the_picked_kernel_and_the_float32_kernel_equal_int64(r):
     n = 1100
     Q = _grid(n, r, r)
-    st = types.SimpleNamespace(Qt=Q, n=n, device="cpu")
+    st = types.SimpleNamespace(Q=Q, n=n, device="cpu")
     px = kernels.exact_products(st)
     assert kernels.exact_products(st) is px              # picked once, kept on the scan state
     assert px.kind in st.products_timing and px.kind in ("onednn", "int_mm", "float32")
@@ -79,7 +79,7 @@ def test_a_wrong_kernel_is_never_picked(monkeypatch):
     monkeypatch.setattr(kernels.PackedRows, "mm", off_by_one(true_pack))
     if true_int is not None:
         monkeypatch.setattr(torch, "_int_mm", off_by_one(true_int))
-    st = types.SimpleNamespace(Qt=Q, n=700, device="cpu")
+    st = types.SimpleNamespace(Q=Q, n=700, device="cpu")
     px = kernels.exact_products(st)
     assert px.kind == "float32" and set(st.products_timing) == {"float32"}
     assert torch.equal(px.mm(Q[:9], 0, 700).long(), Q[:9].long() @ Q.long().T)
@@ -93,10 +93,10 @@ def test_rows_wider_than_float32_exact_integers_are_refused_by_the_packed_kernel
 
 def test_products_serve_only_resident_cpu_int8_q():
     Q = torch.randint(-127, 128, (600, 64), dtype=torch.int8)
-    assert kernels.exact_products(types.SimpleNamespace(Qt=None, n=600, device="cpu")) is None
-    assert kernels.exact_products(types.SimpleNamespace(Qt=Q, n=600, device="cuda")) is None
-    assert kernels.exact_products(types.SimpleNamespace(Qt=Q.float(), n=600, device="cpu")) is None
-    assert kernels.exact_products(types.SimpleNamespace(Qt=Q[:40], n=40, device="cpu")) is None
+    assert kernels.exact_products(types.SimpleNamespace(Q=None, n=600, device="cpu")) is None
+    assert kernels.exact_products(types.SimpleNamespace(Q=Q, n=600, device="cuda")) is None
+    assert kernels.exact_products(types.SimpleNamespace(Q=Q.float(), n=600, device="cpu")) is None
+    assert kernels.exact_products(types.SimpleNamespace(Q=Q[:40], n=40, device="cpu")) is None
 
 
 def _head(V=3000, d=96, seed=0):
@@ -133,8 +133,8 @@ def test_scan_gives_the_same_result_on_every_kernel(monkeypatch):
     for kind in kinds:
         def forced(st, kind=kind):
             if getattr(st, "_products", False) is False:
-                pk = kernels.PackedRows(st.Qt) if kind == "onednn" else None
-                st._products = kernels.Products(st.Qt, kind, pk) if st.Qt is not None else None
+                pk = kernels.PackedRows(st.Q) if kind == "onednn" else None
+                st._products = kernels.Products(st.Q, kind, pk) if st.Q is not None else None
             used.append((kind, st._products is not None))
             return st._products
         for mod in (kernels, certificates, scoring):

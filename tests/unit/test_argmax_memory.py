@@ -161,19 +161,20 @@ def test_scan_on_a_read_only_mapping_gives_the_in_memory_results(tmp_path, monke
     assert torch.equal(ra.p_lower, rb.p_lower) and torch.equal(ra.p_upper, rb.p_upper)
 
 
-def test_q_set_aside_changes_nothing(monkeypatch):
-    """Q is dropped after the all-pairs stage and made again from Z (rows for the ball and the
-    residuals, all of it before the re-check): the same bits as keeping it."""
-    from vocablens.argmax.state import ScanState
+def test_q_made_again_from_z_has_the_stored_bits():
+    """Once Q is gone (the re-check keeps Q and drops Z; a caller may keep Z alone), its rows made
+    again from Z (``q_rows``, ``q_rows_at``, ``z_to_q``) are the stored grid's bits."""
+    from test_argmax_fast_paths import _prepared
 
     W, _ = planted(V=1200, d=16, n_planted=5, seed=4, offset=1.0)
-    a = find_unargmaxable(W)
-    monkeypatch.setattr(ScanState, "set_q_aside", lambda self: None)
-    b = find_unargmaxable(W)
-    assert torch.equal(a.quant, b.quant) and torch.equal(a.verdict, b.verdict)
-    assert torch.equal(a.margin.nan_to_num(), b.margin.nan_to_num())
-    assert torch.equal(a.residual.nan_to_num(), b.residual.nan_to_num())
-    assert a.combo_mean.keys() == b.combo_mean.keys()
+    st = _prepared(W)
+    Q = st.Q.clone()
+    st.Q = None
+    assert torch.equal(st.q_rows(0, st.n), Q)
+    pos = np.array([5, 0, 1199 - 7, 17])
+    assert torch.equal(st.q_rows_at(pos), Q[torch.from_numpy(pos)])
+    st.z_to_q()
+    assert st.Z is None and torch.equal(st.Q, Q)
 
 
 def test_cli_argmax_on_a_saved_model_reads_the_tokenizer_again(tmp_path, capsys):

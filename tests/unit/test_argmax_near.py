@@ -66,11 +66,11 @@ def test_thresholds_are_sound_and_tight():
     assert (far_up(st, T + 1, b.slack_q)[ok] >= b.own_q[ok]).all()
     # the own score's lower bound is below the exact float64 value at y = qs q_t
     Z = st.z64(np.arange(st.n))
-    y = st.Qt.double().numpy() * st.qs
+    y = st.Q.double().numpy() * st.white.grid_step
     assert (b.own_q <= np.einsum("ij,ij->i", Z, y) + 1e-12).all()
     # a competitor's bound from its exact product is above its exact score (every pair of a sample)
     rows = np.arange(0, st.n, 37)
-    S = st.Qt[rows].long() @ st.Qt.long().T                      # exact integer products [k, n]
+    S = st.Q[rows].long() @ st.Q.long().T                      # exact integer products [k, n]
     exact = y[rows] @ Z.T                                        # [k, n]
     up = far_up(st, S.numpy(), b.slack_q[rows][:, None])
     assert (up >= exact).all()
@@ -83,7 +83,7 @@ def test_int8_tilt_violators_contain_every_negative_weight():
     U = rng.standard_normal((40, st.r)) * 2e-4
     a = np.full(40, 1.0 / st.n)
     a[:5] = 0.0                                                  # about half the weights negative
-    exact = a[:, None] + U @ st.Qt.double().numpy().T           # [m, n] float64 (exact enough)
+    exact = a[:, None] + U @ st.Q.double().numpy().T           # [m, n] float64 (exact enough)
     for use8 in (True, False):
         st._int8_ok = None if use8 else False
         viol = tilt_mod._violators(st, S, U, a)
@@ -110,7 +110,7 @@ def test_int8_violator_prefilter_keeps_every_row_the_full_exact_test_flags():
     su = np.abs(U).max(1) / 127.0
     Pu = np.rint(U / su[:, None])
     eu = np.linalg.norm(U - su[:, None] * Pu, axis=1) * 1.01
-    I = Pu @ st.Qt.double().numpy().T                                 # exact integer products [m, n]
+    I = Pu @ st.Q.double().numpy().T                                 # exact integer products [m, n]
     a = np.full(m, 1.0 / st.n)
     for q in range(m // 2):                                           # a weight exactly 0 and ties near it
         a[q] = -su[q] * I[q, rng.integers(st.n)]
@@ -135,7 +135,7 @@ def test_tilt_columns_cached_equal_the_direct_product_also_when_the_cache_starts
     rng = np.random.default_rng(2)
 
     def direct(rows):
-        return S.Binv @ np.vstack([np.ones(len(rows)), st.Zt[rows].double().numpy().T])
+        return S.Binv @ np.vstack([np.ones(len(rows)), st.Z[rows].double().numpy().T])
 
     monkeypatch.setattr(tilt_mod, "TILT_CACHE_BYTES", 8 * (st.r + 1) * 50)   # room for 50 columns
     for _ in range(6):

@@ -122,7 +122,7 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int, T: np.ndarray
 
     n = st.n
     dev = torch.device(getattr(st, "device", "cpu") or "cpu")
-    Qt = st.Qt.to(dev)                                  # --device cuda: the products run on the GPU
+    Qt = st.Q.to(dev)                                  # --device cuda: the products run on the GPU
     mine = [i0 for bi, i0 in enumerate(range(0, n, block)) if bi % size == rank]
     workers = max(1, min(torch.get_num_threads(), len(mine))) if dev.type == "cpu" else 1
     finished: set = set()
@@ -224,15 +224,15 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
     """
     if not len(st.left) or iters <= 0:
         return
-    Zn, coef = st.Zt.numpy(), (st.r * U32 / (1 - st.r * U32) + 3 * U32) * 1.01
+    Zn, coef = st.Z.numpy(), (st.r * U32 / (1 - st.r * U32) + 3 * U32) * 1.01
     still: list[np.ndarray] = []
     left = st.left
     use8 = int8_ready(st)                                   # int8 scores, streamed over Q's rows
-    med = float(np.median(st.znorm))
-    if st.bn is None and st.n > st.r + 2:
+    med = float(np.median(st.white.z_norm))
+    if st.src.bias is None and st.n > st.r + 2:
         # rows near the centre go straight to the proof stage: the tilt proves them (a direction
         # for them is never found by reflections) and the NNLS proofs make their own start sets
-        centre = st.znorm[left] <= TILT_NORM * med
+        centre = st.white.z_norm[left] <= TILT_NORM * med
         still.append(left[centre])
         left = left[~centre]
     ncol = REFLECT_COLS if use8 else rows_per_block(st.n, 4, most=REFLECT_COLS)   # float32: [ncol, n] fit BLOCK_BYTES
@@ -268,13 +268,13 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
             bestv = S[ar, jstar]
             ynorm = np.linalg.norm(Y.astype(np.float64), axis=1)
             mm = own.astype(np.float64) - bestv
-            bnd = coef * ynorm * (st.znorm[cols] + st.zmax) + 1e-30
+            bnd = coef * ynorm * (st.white.z_norm[cols] + st.white.z_norm_max) + 1e-30
             done, gap = mm > bnd, mm - bnd
             lead = bestv.astype(np.float64) / np.maximum(np.abs(own.astype(np.float64)), 1e-300)
         dq = np.nonzero(done)[0]
-        X = Y[dq].astype(np.float64) @ st.A.T                # the certificates x = A y, one GEMM
+        X = Y[dq].astype(np.float64) @ st.white.whiten.T                # the certificates x = A y, one GEMM
         for i, q in enumerate(dq):
-            t = int(st.reps[int(cols[q])])
+            t = int(st.distinct.ids[int(cols[q])])
             st.settle_arg_y(t, 2, Y[q].astype(np.float64), float(gap[q]), X[i])
         fresh = np.nonzero(~done & (age == 0))[0]            # first scoring, at y = z_t
         if len(fresh) and top is None:
@@ -284,7 +284,7 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
         # the quick interior proof only where it can work: a row well beaten at its own direction
         # (a point between a few rows and the centre has competitors scoring ~2x its own), and not
         # a row near the centre (the tilt proves those; the Ball and 32 rows rarely reach them)
-        tryq = fresh[(lead[fresh] >= SCREEN_LEAD) & (st.znorm[cols[fresh]] > TILT_NORM * med)]
+        tryq = fresh[(lead[fresh] >= SCREEN_LEAD) & (st.white.z_norm[cols[fresh]] > TILT_NORM * med)]
         if screen is not None and len(tryq):
             for j in range(0, len(tryq), SCREEN_COLS):
                 part = tryq[j:j + SCREEN_COLS]

@@ -69,7 +69,7 @@ def gather(st: ScanState, mine: np.ndarray, still_open: np.ndarray, before: dict
     """
     import torch.distributed as dist
 
-    toks = [int(t) for t in st.reps[mine]]
+    toks = [int(t) for t in st.distinct.ids[mine]]
     twins = {int(st.group[t]) for t in toks if int(st.group[t]) >= 0}
     rec = {
         "rows": {t: tuple(getattr(st, f)[t] for f in _FIELDS) for t in toks},

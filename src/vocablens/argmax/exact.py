@@ -42,7 +42,9 @@ the near misses on the int8 grid), ``proof`` and ``bias``
 :mod:`~vocablens.argmax.proofs`: batched NNLS column generation from the reflect stage's top
 competitors, with the mean of the other rows as a shared column, HiGHS LPs as the fallback; the
 lifted LP with a bias) and ``verify``
-(:mod:`~vocablens.argmax.verify`: float64 re-check). The stages pass one :class:`~vocablens.argmax.state.ScanState`.
+(:mod:`~vocablens.argmax.verify`: float64 re-check). Stage prepare's results are frozen
+(:mod:`~vocablens.argmax.prepared`: the source rows, the distinct rows, the whitening and grid);
+every stage reads them and settles tokens in one verdict book (:class:`~vocablens.argmax.state.ScanState`).
 
 A solver failure never becomes a verdict: such tokens are ``undecided`` with a reason; so are the
 tokens left open when the time budget runs out (reason ``"budget"``; the result names the stages
@@ -59,6 +61,7 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import torch
 
 from vocablens.argmax.certificates import stage_gemm, stage_reflect
@@ -66,6 +69,7 @@ from vocablens.argmax.verify import stage_verify, verify_argmaxable
 from vocablens.argmax.distributed import gather as dist_gather
 from vocablens.argmax.distributed import deal_open_rows
 from vocablens.ops.vocab_parallel.comm import world
+from vocablens.argmax.prepared import SourceRows
 from vocablens.argmax.preparation import apply_masks, as_numpy, check_input, dedupe, whiten
 from vocablens.argmax.lp import stage_bias
 from vocablens.models.pages import PageRelease
@@ -145,6 +149,22 @@ def find_unargmaxable(
     whitening, symmetric blocked certificates and NNLS column generation are vocablens's.
     """
     W, bias = check_input(W, bias, {"padding": padding, "untrained": untrained, "defer": defer})
+    _check_options(verify, time_budget_s, row_budget_s, device)
+    st = ScanState.new(W.shape[0], W.shape[1], tol, progress, time_budget_s)
+    st.device = str(device)
+    apply_masks(st, padding, untrained, include_padding, include_untrained)
+    _prepare(st, W, bias, defer)
+    if st.n <= 1 or st.cut_short:
+        return st.result()
+    _run_stages(st, reflect_iters, block, max_rounds, row_budget_s)
+    st.z_to_q()                         # the re-check and the result read Q only: Z goes
+    _timed(st, "verify", lambda: stage_verify(st, verify))
+    return st.result()
+
+
+def _check_options(verify: str, time_budget_s, row_budget_s, device: str) -> None:
+    """BadInput for an unknown ``verify``, a negative or non-numeric budget, a device that is not
+    the CPU or an available CUDA GPU."""
     if verify not in ("borderline", "all"):
         raise BadInput(f"verify must be 'borderline' or 'all'; got {verify!r}")
     for name, v in (("time_budget_s", time_budget_s), ("row_budget_s", row_budget_s)):
@@ -157,33 +177,30 @@ def find_unargmaxable(
     if dev.type not in ("cpu", "cuda") or (dev.type == "cuda" and not torch.cuda.is_available()):
         raise BadInput(f"device {device!r}: the scan runs on cpu or an available CUDA GPU"
                        f"{' (CUDA is not available here)' if dev.type == 'cuda' else ''}")
-    V, d = W.shape
-    st = ScanState.new(V, d, tol, progress, time_budget_s)
-    st.device = str(device)
-    apply_masks(st, padding, untrained, include_padding, include_untrained)
-    st.Wn = as_numpy(W)
-    st.pages = PageRelease(st.Wn)       # W's pages go back after each pass once Z is being built
-    st.bn = None if bias is None else bias.detach().cpu().double().numpy()
-    st.defer = None if defer is None else defer.cpu().numpy()
+
+
+def _prepare(st: ScanState, W: torch.Tensor, bias: torch.Tensor | None, defer: torch.Tensor | None) -> None:
+    """Stage prepare: the source rows, the distinct rows (duplicates settled), and with more than
+    one distinct row the whitening, Z and Q (:mod:`~vocablens.argmax.preparation`); a budget spent
+    here marks the stage cut short."""
+    rows = as_numpy(W)
+    st.src = SourceRows(rows=rows, bias=None if bias is None else bias.detach().cpu().double().numpy(),
+                        defer=None if defer is None else defer.cpu().numpy(),
+                        pages=PageRelease(rows))    # W's pages go back after each pass once Z is being built
     try:
-        dedupe(st)
+        st.distinct = dedupe(st)
         if st.n == 1:
             # one distinct row: it wins (or ties with its twins) everywhere; x = 0 is a certificate
-            t = int(st.reps[0])
-            st.x_extra[t] = torch.zeros(d, dtype=torch.float64)
+            t = int(st.distinct.ids[0])
+            st.x_extra[t] = torch.zeros(st.d, dtype=torch.float64)
             st.settle_arg(t, 0, math.inf)
         if st.n > 1:
-            whiten(st)
+            st.white, st.Z, st.Q = whiten(st)
+            st.left = np.arange(st.n)
     except OutOfTime:
         st.cut("prepare")
     st.timings["prepare"] = time.perf_counter() - st.t0
     st.cpu["prepare"] = time.process_time() - st.c0
-    if st.n <= 1 or st.cut_short:
-        return st.result()
-    _run_stages(st, reflect_iters, block, max_rounds, row_budget_s)
-    st.z_to_q()                         # the re-check and the result read Q only: Z goes
-    _timed(st, "verify", lambda: stage_verify(st, verify))
-    return st.result()
 
 
 def _timed(st: ScanState, name: str, fn):
@@ -202,12 +219,12 @@ def _run_stages(st: ScanState, reflect_iters: int, block: int, max_rounds: int, 
     """gemm -> reflect -> proof -> bias, each skipped (and named cut short) once time is up.
     Under torch.distributed the all-pairs stage is split by blocks and the open rows by rank
     (:mod:`~vocablens.argmax.distributed`); every rank ends with the same state."""
-    screen = screen_interior if st.bn is None else None
+    screen = screen_interior if st.src.bias is None else None
     fails: dict = {}
     stages = (("gemm", lambda: stage_gemm(st, block)),
               ("reflect", lambda: stage_reflect(st, reflect_iters, screen)),
               ("proof", lambda: fails.update(stage_proof(st, max_rounds, row_budget_s))),
-              ("bias", lambda: stage_bias(st, fails, max_rounds) if st.bn is not None else None))
+              ("bias", lambda: stage_bias(st, fails, max_rounds) if st.src.bias is not None else None))
     rank, size = world()
     mine = before = None
     for name, fn in stages:

@@ -171,7 +171,7 @@ def exact_products(st) -> Products | None:
     if getattr(st, "_products", False) is not False:
         return st._products
     st._products = None
-    Q = st.Qt
+    Q = st.Q
     if (Q is None or Q.device.type != "cpu" or Q.dtype != torch.int8 or st.n < 64
             or str(getattr(st, "device", None) or "cpu") != "cpu"):
         return None

@@ -13,7 +13,7 @@ from vocablens.argmax.state import U32, ScanState
 def slack(st: ScanState, Y: torch.Tensor) -> np.ndarray:
     """Bound on the float32 rounding of ``Z y`` for each column of Y [r, m] (float64 [m])."""
     r = st.r
-    return 2.02 * (r * U32 / (1 - r * U32) + 3 * U32) * Y.double().norm(dim=0).numpy() * st.zmax + 1e-300
+    return 2.02 * (r * U32 / (1 - r * U32) + 3 * U32) * Y.double().norm(dim=0).numpy() * st.white.z_norm_max + 1e-300
 
 
 def lp_proof(st: ScanState, bz: np.ndarray | None, k: int, S, max_rounds: int):
@@ -67,7 +67,7 @@ def lp_proof(st: ScanState, bz: np.ndarray | None, k: int, S, max_rounds: int):
             # failure, but use it if it does (scale the bias away)
             s_ = 1e-12
         yt = torch.from_numpy(np.ascontiguousarray(y)).float()
-        sc = (st.Zt @ yt).double().numpy()
+        sc = (st.Z @ yt).double().numpy()
         sl = float(slack(st, yt[:, None])[0])
         if has_b:
             sc = sc / s_ + bz
@@ -87,22 +87,22 @@ def lp_proof(st: ScanState, bz: np.ndarray | None, k: int, S, max_rounds: int):
 
 def stage_bias(st: ScanState, fails: dict, max_rounds: int) -> None:
     """The lifted LP for each no-bias failure (bias in play); settles argmaxable or dominated."""
-    bz = st.bn[st.reps]
+    bz = st.src.bias[st.distinct.ids]
     items = list(fails.items())
     for q, (t, (ids, wts)) in enumerate(items):
         st.check_time()
-        k = int(st.row_of[t])
-        out = lp_proof(st, bz, k, st.row_of[np.asarray(ids, dtype=np.int64)], max_rounds)
+        k = int(st.distinct.position[t])
+        out = lp_proof(st, bz, k, st.distinct.position[np.asarray(ids, dtype=np.int64)], max_rounds)
         if out[0] == "arg":
             y, s_, m0 = out[1], out[2], out[3]
-            st.x_extra[t] = torch.from_numpy(st.A @ (y / s_))
+            st.x_extra[t] = torch.from_numpy(st.white.whiten @ (y / s_))
             st.settle_arg(t, 4, m0)
         elif out[0] == "int":
-            ids2, wts2 = st.reps[out[1]], out[2]
+            ids2, wts2 = st.distinct.ids[out[1]], out[2]
             rvec = st.rows64(ids2).T @ wts2 - st.rows64([t])[0]
             rn = float(np.linalg.norm(rvec))
-            gap = float(st.bn[ids2] @ wts2 - st.bn[t])
-            if rn <= st.tol * st.wscale and gap >= -st.tol * (1.0 + abs(st.bn[t])):
+            gap = float(st.src.bias[ids2] @ wts2 - st.src.bias[t])
+            if rn <= st.tol * st.white.w_scale and gap >= -st.tol * (1.0 + abs(st.src.bias[t])):
                 st.settle_unarg(t, ids2, wts2, rn, 4)
             else:
                 st.reasons[t] = f"lifted LP certificate failed its check (residual {rn:.3g}, bias gap {gap:.3g})"

@@ -33,20 +33,19 @@ NEAR_CAP = 64
 def far_up(st: ScanState, s: np.ndarray, slack: np.ndarray) -> np.ndarray:
     """Upper bound (float64) on a competitor's score from its exact product ``s = q_j . q_t``:
     ``qs^2 s`` (rounded up) plus the grid's ``slack`` [n] (:class:`Bounds`)."""
-    f = st.qs * st.qs * s.astype(np.float64)
+    f = st.white.grid_step * st.white.grid_step * s.astype(np.float64)
     return f + np.abs(f) * 4 * U64 + slack
 
 
 class Bounds:
     """Per-row float64 [n] figures of the stage-1 direction ``y = qs q_t`` (the grid row), from one
     pass over Z and Q: ``dg = q_t . q_t`` (exact), ``yn = ||y||``, ``own_q`` a lower bound on the
-    row's own score ``z_t . y`` and ``slack_q = emax ||y||`` (the bound on ``|e_j . y|``).
-"""
+    row's own score ``z_t . y`` and ``slack_q = emax ||y||`` (the bound on ``|e_j . y|``)."""
 
     def __init__(self, st: ScanState):
         n, r = st.n, st.r
         self.dg, self.own_q, self.yn = np.empty(n), np.empty(n), np.empty(n)
-        Zn, Q = st.Zt.numpy(), st.Qt.numpy()
+        Zn, Q = st.Z.numpy(), st.Q.numpy()
         step = rows_per_block(r, 8)
         starts = list(range(0, n, step))
         sl = exact_slack(r) * 1.01
@@ -56,15 +55,15 @@ class Bounds:
             q = Q[s:e].astype(np.float64)
             d2 = np.einsum("ij,ij->i", q, q)
             self.dg[s:e] = d2
-            q *= st.qs                                      # y = qs q_t, float64
-            yn = np.sqrt(d2) * st.qs
+            q *= st.white.grid_step                                      # y = qs q_t, float64
+            yn = np.sqrt(d2) * st.white.grid_step
             self.yn[s:e] = yn
-            ex = np.einsum("ij,ij->i", Zn[s:e].astype(np.float64), q) - sl * st.znorm[s:e] * yn
-            old = st.qs * st.qs * d2 - st.enorm[s:e] * yn * 1.001
+            ex = np.einsum("ij,ij->i", Zn[s:e].astype(np.float64), q) - sl * st.white.z_norm[s:e] * yn
+            old = st.white.grid_step * st.white.grid_step * d2 - st.white.grid_error[s:e] * yn * 1.001
             self.own_q[s:e] = np.maximum(ex, old)
 
         run_in_workers(starts, block, max(1, min(torch.get_num_threads(), len(starts))))
-        self.slack_q = st.emax * self.yn * 1.001
+        self.slack_q = st.white.grid_error_max * self.yn * 1.001
         st.q_dot_max = float(self.dg.max()) if n else 0.0       # max_t q_t . q_t, exact (the int8 scores' bound)
 
     def thresholds(self, st: ScanState) -> np.ndarray:
@@ -72,7 +71,7 @@ class Bounds:
         ``q_j . q_t < T_t`` scores provably below the row's own lower bound (checked on the
         computed values)."""
         own, slack = self.own_q, self.slack_q
-        x = (own - slack) / (st.qs * st.qs)
+        x = (own - slack) / (st.white.grid_step * st.white.grid_step)
         T = np.floor(np.clip(x - np.abs(x) * 1e-12, -2.0 ** 40, 2.0 ** 40)).astype(np.int64)
         for _ in range(4):                                         # enforce far_up(T) < own exactly
             bad = far_up(st, T, slack) >= own
@@ -142,15 +141,15 @@ def exact_near(st: ScanState, t: np.ndarray, j: np.ndarray, yn: np.ndarray) -> n
     best = np.full(st.n, -np.inf)
     if not len(t):
         return best
-    Zn, Q = st.Zt.numpy(), st.Qt.numpy()
+    Zn, Q = st.Z.numpy(), st.Q.numpy()
     step = rows_per_block(st.r, 16)
     slack = exact_slack(st.r) * 1.01
     for s in range(0, len(t), step):
         tt, jj = t[s:s + step], j[s:s + step]
         y = Q[tt].astype(np.float64)
-        y *= st.qs
+        y *= st.white.grid_step
         ex = np.einsum("ij,ij->i", Zn[jj].astype(np.float64), y)
-        ex += slack * st.znorm[jj] * yn[tt]
+        ex += slack * st.white.z_norm[jj] * yn[tt]
         np.maximum.at(best, tt, ex)
     return best
 
@@ -172,7 +171,7 @@ def judge(st: ScanState, best: np.ndarray, complete: np.ndarray, b: Bounds, near
         hit = cand & (m_q > 0)
         m1, ok = np.where(hit, m_q, m1), ok | hit
     for k in np.nonzero(ok)[0]:
-        t = int(st.reps[k])
+        t = int(st.distinct.ids[k])
         s, m = st.bias_scaled(t, float(m1[k]))
         st.scale[t] = s
         st.settle_arg(t, 1, m)

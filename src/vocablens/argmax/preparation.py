@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from vocablens.ops.vocab_parallel.comm import world
+from vocablens.argmax.prepared import DistinctRows, Whitening
 from vocablens.argmax.result import DUPLICATE, PADDING, UNARGMAXABLE, UNDECIDED, UNTRAINED
 from vocablens.argmax.state import U32, ScanState, one_blas_thread, rows_per_block, run_in_workers
 from vocablens.errors import BadInput, ShapeMismatch
@@ -169,16 +170,17 @@ def apply_masks(st: ScanState, padding, untrained, include_padding: bool, includ
     st.verdict[st.in_play] = UNDECIDED
 
 
-def dedupe(st: ScanState) -> None:
-    """Group bit-identical rows in play; fills ``reps``, ``row_of``, ``twins``, ``group``."""
+def dedupe(st: ScanState) -> DistinctRows:
+    """Group bit-identical rows in play: the distinct rows; settles the duplicates (``group``, and a
+    twin with a smaller bias as dominated by its larger-bias twin) in the verdict book."""
     play_ids = np.nonzero(st.in_play)[0]
     # under torch.distributed no rank may stop alone before the collectives of whiten and gemm
-    inv, cnt, order = group_identical(st.Wn, play_ids, st.check_time if world()[1] == 1 else None,
+    inv, cnt, order = group_identical(st.src.rows, play_ids, st.check_time if world()[1] == 1 else None,
                                       st.progress)
-    bn = st.bn
+    bn = st.src.bias
     bounds = np.concatenate([[0], np.cumsum(cnt)])
     reps: list[int] = play_ids[order[bounds[:-1][cnt == 1]]].tolist()      # the unique rows
-    gid = 0
+    gid, twins = 0, {}
     for g in np.nonzero(cnt > 1)[0]:
         members = play_ids[order[bounds[g]:bounds[g + 1]]]
         if bn is None:
@@ -196,13 +198,14 @@ def dedupe(st: ScanState) -> None:
             st.group[members] = gid
             st.verdict[top] = DUPLICATE
             st.stage[top] = 0
-            st.twins[int(top[0])] = top[1:]
+            twins[int(top[0])] = top[1:]
             gid += 1
         reps.append(int(top[0]))
-    st.reps = np.array(sorted(reps), dtype=np.int64)
+    ids = np.array(sorted(reps), dtype=np.int64)
     st.settled["prepare"] = int(np.sum(st.stage == 0))
-    st.row_of = np.full(st.V, -1, dtype=np.int64)
-    st.row_of[st.reps] = np.arange(len(st.reps))
+    position = np.full(st.V, -1, dtype=np.int64)
+    position[ids] = np.arange(len(ids))
+    return DistinctRows(ids=ids, position=position, twins=twins)
 
 
 def _sum_over_ranks(t: torch.Tensor, size: int, op: str = "sum") -> None:
@@ -220,8 +223,9 @@ def _rows_f32(Wn: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return Wn[ids]
 
 
-def whiten(st: ScanState) -> None:
-    """Centre and whiten the distinct rows (float64) and put them on the int8 grid.
+def whiten(st: ScanState) -> tuple[Whitening, torch.Tensor, torch.Tensor]:
+    """Centre and whiten the distinct rows (float64) and put them on the int8 grid: returns the
+    :class:`~vocablens.argmax.prepared.Whitening`, ``Z`` float32 [n, r] and ``Q`` int8 [n, r].
 
     Any invertible A gives the same answer; A only has to keep every direction the rows use, so it
     is the inverse square root of the row covariance on its numerical range (eigenvalues above
@@ -236,7 +240,7 @@ def whiten(st: ScanState) -> None:
     each (:func:`~vocablens.argmax.state.run_in_workers`; the covariance's blocks fixed per worker,
     so its sums do not depend on timing). Figures: docs/performance-argmax.md.
     """
-    n, d, Wn, reps = st.n, st.d, st.Wn, st.reps
+    n, d, Wn, reps = st.n, st.d, st.src.rows, st.distinct.ids
     step = rows_per_block(d, 4, most=4096)          # float64 rows, two blocks' worth: ~0.1 s each
     starts = list(range(0, n, step))
     rank, size = world()
@@ -307,13 +311,11 @@ def whiten(st: ScanState) -> None:
         wsq_t = torch.tensor([wsq], dtype=torch.float64)
         _sum_over_ranks(wsq_t, size, "max")
         wsq = float(wsq_t)
-    st.mu, st.A = mu, A
-    st.wscale = math.sqrt(wsq) or 1.0
-    st.Zt = torch.from_numpy(Z)
-    _grid(st, Z, tick, bool(lam[keep].min() > 1e-6 * lam[-1]))
+    grid, Q = _grid(st, Z, tick, bool(lam[keep].min() > 1e-6 * lam[-1]))
+    return Whitening(center=mu, whiten=A, w_scale=math.sqrt(wsq) or 1.0, **grid), torch.from_numpy(Z), Q
 
 
-def _grid(st: ScanState, Z: np.ndarray, tick, cond_ok: bool = False) -> None:
+def _grid(st: ScanState, Z: np.ndarray, tick, cond_ok: bool = False) -> tuple[dict, torch.Tensor]:
     """The global int8 grid for stage 1: ``q = round(z / qs)``, ``e = z - qs q`` (z exact: plus the
     float32 rounding of Z), with the bound ``enorm >= ||e||`` per row."""
     n, r = Z.shape
@@ -350,14 +352,12 @@ def _grid(st: ScanState, Z: np.ndarray, tick, cond_ok: bool = False) -> None:
     run_in_workers(starts, grid_block, workers)
     count.end()
     pos = pos_w.sum(0)
-    st.Qt, st.qs = torch.from_numpy(Q), qs
-    st.enorm, st.emax = enorm, float(enorm.max())
-    st.znorm, st.zmax = znorm, float(znorm.max())
-    st.bmax = float(st.bn[st.reps].max()) if st.bn is not None else 0.0
-    st.left = np.arange(n)
+    bias = st.src.bias
     # reach of the Ball (sparse.Ball): its points are convex combinations of means of at least
     # h = min_k min(pos_k, n - pos_k) whitened rows, and a mean of h rows has norm <= 1 / sqrt(h)
     # since Z^T Z = I (whitening); x2 for the rounding of Z^T Z. Only a filter (a gap farther than
     # this skips building the Ball), never part of a verdict; off when the whitening is ill-conditioned.
     h = int(np.minimum(pos, n - pos).min()) if r else 0
-    st.ball_reach = 2.0 / math.sqrt(h) if h > 0 and cond_ok else math.inf
+    return dict(grid_step=qs, grid_error=enorm, grid_error_max=float(enorm.max()), z_norm=znorm,
+                z_norm_max=float(znorm.max()), bias_max=float(bias[st.distinct.ids].max()) if bias is not None else 0.0,
+                ball_reach=2.0 / math.sqrt(h) if h > 0 and cond_ok else math.inf), torch.from_numpy(Q)

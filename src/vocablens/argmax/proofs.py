@@ -87,10 +87,10 @@ def stage_proof(st: ScanState, max_rounds: int, row_budget_s: float | None) -> d
     Raises:
         OutOfTime: the run's budget ran out (rows not settled stay open).
     """
-    n, r, Zt = st.n, st.r, st.Zt
+    n, r, Zt = st.n, st.r, st.Z
     rows = st.left
-    if st.defer is not None and len(rows):
-        rows = rows[np.argsort(st.defer[st.reps[rows]], kind="stable")]
+    if st.src.defer is not None and len(rows):
+        rows = rows[np.argsort(st.src.defer[st.distinct.ids[rows]], kind="stable")]
     fails: dict = {}
     rows = tilt_proofs(st, rows)            # rows near the centre: one dense combination each
     n0 = min(n - 1, max(START_COLS, SPARSE_COLS))
@@ -156,13 +156,13 @@ def _round(st: ScanState, row: _Row, fails: dict, room: list) -> bool:
 
 
 def _interior_found(st: ScanState, k: int, pos: np.ndarray, w: np.ndarray, fails: dict) -> None:
-    t = int(st.reps[k])
-    ids = st.reps[pos]
+    t = int(st.distinct.ids[k])
+    ids = st.distinct.ids[pos]
     rvec = st.rows64(ids).T @ w - st.rows64([t])[0]
     rn = float(np.linalg.norm(rvec))
-    if rn > st.tol * st.wscale:
+    if rn > st.tol * st.white.w_scale:
         st.reasons[t] = f"convex combination found but its residual {rn:.3g} exceeds the tolerance"
-    elif st.bn is None:
+    elif st.src.bias is None:
         st.settle_unarg(t, ids, w, rn, 3)
     else:
         fails[t] = (ids, w)
@@ -182,13 +182,13 @@ def _check_some(st: ScanState, probe: list, max_rounds: int, row_budget_s, fails
     """One ``Y^T Z^T`` product [len(probe), n]; the rows to extend are appended to ``nxt``."""
     Y = torch.from_numpy(np.stack([row.y for row in probe], axis=1)).float()   # [r, m]
     sl = slack(st, Y)
-    SC = scores_against(Y.numpy().T, st.Zt.numpy())              # [m, n] (numpy's GEMM: faster here)
+    SC = scores_against(Y.numpy().T, st.Z.numpy())              # [m, n] (numpy's GEMM: faster here)
     for q, row in enumerate(probe):
         sc = SC[q].astype(np.float64)
         own = sc[row.k]
         sc[row.k] = -np.inf
         viol = np.nonzero(sc >= own - sl[q])[0]
-        t = int(st.reps[row.k])
+        t = int(st.distinct.ids[row.k])
         if len(viol) == 0:
             # report the certificate at the token's own whitened norm (margins comparable to stage 1)
             y = row.y                                            # float64; Y is its float32 copy
@@ -222,7 +222,7 @@ def _check_some(st: ScanState, probe: list, max_rounds: int, row_budget_s, fails
 
 def _fallback(st: ScanState, row: _Row, why: str, fails: dict) -> None:
     """A HiGHS LP on the row's set; settles the row or records why not."""
-    k, t = row.k, int(st.reps[row.k])
+    k, t = row.k, int(st.distinct.ids[row.k])
     res = lp_proof(st, None, k, row.S, max_rounds=40)
     if res[0] == "arg":
         zt = st.z64([k])[0]

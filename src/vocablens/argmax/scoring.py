@@ -18,6 +18,8 @@ Every certificate from this stage is re-checked in float64 in the original coord
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -40,10 +42,57 @@ def int8_ready(st: ScanState) -> bool:
         if ok:
             qq = getattr(st, "q_dot_max", None)         # from stage gemm's Bounds, else one pass
             if qq is None:
-                qq = max(float((st.Qt[s:s + 4096].to(torch.int32) ** 2).sum(1).max())
+                qq = max(float((st.Q[s:s + 4096].to(torch.int32) ** 2).sum(1).max())
                          for s in range(0, st.n, 4096))
             st._qn_max = float(np.sqrt(qq))
     return st._int8_ok
+
+
+@dataclass(frozen=True, eq=False)
+class GridDirections:
+    """Directions ``Y`` float32 [m, r] put on int8 grids of their own, with what their scores need.
+
+    Attributes:
+        Y64: float64 [m, r] the directions; ``yn`` [m] their norms.
+        Qy: int8 [m, r] their grid rows (``y = sy qy + ey``, step ``sy`` per direction).
+        scale: float64 [m] ``qs sy``: a row's score is ``scale`` x its integer product.
+        beta: float64 [m] the bound ``|z_j . y - scale p_j| <= beta`` for every row j (both grids'
+            rounding, taken at its largest over j).
+        own_lo: float64 [m] a lower bound on each direction's own row's score ``z_t . y``.
+        thr: int32 [m] the integer product at which a row's upper bound reaches ``own_lo`` ("near").
+        zt: float64 [m, r] the own rows ``z_t``.
+    """
+
+    Y64: np.ndarray
+    yn: np.ndarray
+    Qy: torch.Tensor
+    scale: np.ndarray
+    beta: np.ndarray
+    own_lo: np.ndarray
+    thr: np.ndarray
+    zt: np.ndarray
+
+
+def grid_directions(st: ScanState, cols: np.ndarray, Y: np.ndarray) -> GridDirections:
+    """:class:`GridDirections` of ``Y`` float32 [m, r] for the rows at positions ``cols`` [m]."""
+    r = Y.shape[1]
+    Y64 = Y.astype(np.float64)
+    sy = np.abs(Y64).max(1) / 127.0
+    sy[sy == 0] = 1.0
+    Qy = np.rint(Y64 / sy[:, None])
+    ey = np.linalg.norm(Y64 - sy[:, None] * Qy, axis=1)
+    yn = np.linalg.norm(Y64, axis=1)
+    scale = st.white.grid_step * sy                                    # float64 [m]: score = scale x product
+    # |z_j . y - scale p_j| <= beta for every j (p_j = q_j . q_y, exact int32): the two grid roundings
+    beta = (st.white.grid_step * st._qn_max * ey + (float(st.white.grid_error.max()) + st.white.grid_error_max) * yn) * 1.01
+    zt = st.Z.numpy()[cols].astype(np.float64)
+    own_lo = (zt * Y64).sum(1) - exact_slack(r) * np.linalg.norm(zt, axis=1) * yn
+    # "near": S_j + beta >= own_lo, i.e. the integer product p_j >= ceil((own_lo - beta) / scale):
+    # thresholds in exact integers, so every reduction below runs on the int32 products themselves
+    x = (own_lo - beta) / scale
+    thr = np.clip(np.floor(x - np.abs(x) * 1e-12) - 1, -2 ** 31 + 2, 2 ** 31 - 1).astype(np.int32)
+    return GridDirections(Y64=Y64, yn=yn, Qy=torch.from_numpy(Qy.astype(np.int8)), scale=scale, beta=beta,
+                          own_lo=own_lo, thr=thr, zt=zt)
 
 
 def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0, top_rows=None):
@@ -64,37 +113,55 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0, to
     (``beta`` plus the own score's; ``gap / slack`` ranks the certificates for stage verify).
     """
     m, r = Y.shape
-    n = st.n
-    Y64 = Y.astype(np.float64)
-    sy = np.abs(Y64).max(1) / 127.0
-    sy[sy == 0] = 1.0
-    Qy = np.rint(Y64 / sy[:, None])
-    ey = np.linalg.norm(Y64 - sy[:, None] * Qy, axis=1)
-    Qy_t = torch.from_numpy(Qy.astype(np.int8))
-    yn = np.linalg.norm(Y64, axis=1)
-    scale = st.qs * sy                                    # float64 [m]: score = scale x product
-    # |z_j . y - scale p_j| <= beta for every j (p_j = q_j . q_y, exact int32): the two grid roundings
-    beta = (st.qs * st._qn_max * ey + (float(st.enorm.max()) + st.emax) * yn) * 1.01
-    Zn = st.Zt.numpy()
-    zt = Zn[cols].astype(np.float64)
-    own_lo = (zt * Y64).sum(1) - exact_slack(r) * np.linalg.norm(zt, axis=1) * yn
-    # "near": S_j + beta >= own_lo, i.e. the integer product p_j >= ceil((own_lo - beta) / scale):
-    # thresholds in exact integers, so every reduction below runs on the int32 products themselves
-    x = (own_lo - beta) / scale
-    thr = np.clip(np.floor(x - np.abs(x) * 1e-12) - 1, -2 ** 31 + 2, 2 ** 31 - 1).astype(np.int32)
-    low = np.iinfo(np.int32).min
+    g = grid_directions(st, cols, Y)
+    if not k_top:
+        want = None
+    else:
+        want = np.arange(m) if top_rows is None else np.asarray(top_rows, dtype=np.int64)
+    state = _block_maxima(st, cols, g, want, k_top)
+    bv, bj = state[0]["bv"], state[0]["bj"]
+    far, cnt = state[0]["far"], state[0]["cnt"]
+    for w in state[1:]:
+        up = w["bv"] > bv
+        bv[up], bj[up] = w["bv"][up], w["bj"][up]
+        far = np.maximum(far, w["far"])
+        cnt = cnt + w["cnt"]
+    best_up = _upper(g, bv)
+    best_up[bv == _LOW] = -np.inf
+    done = best_up < g.own_lo
+    gap = np.where(done, g.own_lo - best_up, 0.0)
+    jstar = bj.copy()
+    _judge_near_rows(st, g, state, far, cnt, done, gap, jstar)
+    top = None if want is None else _merged_top(state, want, m, min(k_top, st.n))
+    lead = best_up / np.maximum(np.abs(g.own_lo), 1e-300)          # best competitor / own score
+    slack = g.beta + exact_slack(r) * np.linalg.norm(g.zt, axis=1) * g.yn
+    return done, gap, jstar, top, lead, slack
+
+
+_LOW = np.iinfo(np.int32).min
+
+
+def _upper(g: GridDirections, v: np.ndarray, q=slice(None)) -> np.ndarray:
+    """Upper bounds on scores from integer products ``v``: ``scale x v`` rounded up, plus ``beta``."""
+    f = v.astype(np.float64) * g.scale[q]
+    return f + np.abs(f) * 8 * U64 + g.beta[q]
+
+
+def _block_maxima(st: ScanState, cols: np.ndarray, g: GridDirections, want, k_top: int) -> list[dict]:
+    """One pass over Q's row blocks on worker threads: per worker, each direction's best product
+    ``bv`` and its row ``bj``, the largest product below the near threshold ``far``, the near pairs
+    ``near`` (at most :data:`NEAR_MAX` + 1 per direction, counted in ``cnt``) and the ``k_top``
+    best rows of the wanted directions (``tv``, ``ti``)."""
+    m, n = len(cols), st.n
     step = rows_per_block(m, 4, SCORE_BYTES)
     px = exact_products(st)                               # the exact int8 kernel (int8_ready)
     if px.align > 1:
         step = max(px.align, step // px.align * px.align)
     starts = list(range(0, n, step))
     workers = max(1, min(torch.get_num_threads(), len(starts)))
+    thr, low, Qy_t = g.thr, _LOW, g.Qy
     thr_t = torch.from_numpy(thr)
     low64 = np.int64(np.iinfo(np.int32).min)
-    if not k_top:
-        want = None
-    else:
-        want = np.arange(m) if top_rows is None else np.asarray(top_rows, dtype=np.int64)
     state = [{"bv": np.full(m, low, dtype=np.int64), "bj": np.zeros(m, dtype=np.int64),
               "far": np.full(m, low, dtype=np.int64), "near": [], "cnt": np.zeros(m, dtype=np.int64),
               "tv": None, "ti": None} for _ in range(workers)]
@@ -142,52 +209,42 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0, to
                 g["tv"][sel], g["ti"][sel] = np.take_along_axis(tv, o, 1), np.take_along_axis(ti, o, 1)
 
     run_in_workers(starts, work, workers)
-    bv, bj = state[0]["bv"], state[0]["bj"]
-    far, cnt = state[0]["far"], state[0]["cnt"]
-    for g in state[1:]:
-        up = g["bv"] > bv
-        bv[up], bj[up] = g["bv"][up], g["bj"][up]
-        far = np.maximum(far, g["far"])
-        cnt = cnt + g["cnt"]
-    def up(v, q=slice(None)):                                 # scale x product, rounded up, + beta
-        f = v.astype(np.float64) * scale[q]
-        return f + np.abs(f) * 8 * U64 + beta[q]
+    return state
 
-    best_up = up(bv)
-    best_up[bv == low] = -np.inf
-    done = best_up < own_lo
-    gap = np.where(done, own_lo - best_up, 0.0)
-    jstar = bj.copy()
-    pairs = [p for g in state for p in g["near"]]
+
+def _judge_near_rows(st: ScanState, g: GridDirections, state: list[dict], far, cnt, done, gap, jstar) -> None:
+    """The directions not yet certified with few near rows: those rows scored exactly in float64
+    from Z, the others bounded by ``far``; fills ``done``, ``gap`` and ``jstar`` in place."""
+    Zn, r = st.Z.numpy(), st.r
+    pairs = [p for w in state for p in w["near"]]
     nq = np.concatenate([p[0] for p in pairs]) if pairs else np.zeros(0, dtype=np.int64)
     nj = np.concatenate([p[1] for p in pairs]) if pairs else np.zeros(0, dtype=np.int64)
     order = np.argsort(nq, kind="stable")
     nq, nj = nq[order], nj[order]
     for q in np.nonzero(~done & (cnt <= NEAR_MAX))[0]:
         near = np.unique(nj[np.searchsorted(nq, q):np.searchsorted(nq, q, side="right")])
-        far_up = -np.inf if far[q] == low else float(up(far[q:q + 1], slice(q, q + 1))[0])
+        far_up = -np.inf if far[q] == _LOW else float(_upper(g, far[q:q + 1], slice(q, q + 1))[0])
         top_up = far_up                                        # near rows exact, the others bounded
         if len(near):
             zn = Zn[near].astype(np.float64)
-            ex = zn @ Y64[q] + exact_slack(r) * np.linalg.norm(zn, axis=1) * yn[q]
+            ex = zn @ g.Y64[q] + exact_slack(r) * np.linalg.norm(zn, axis=1) * g.yn[q]
             k = int(np.argmax(ex))
             jstar[q] = near[k]
             top_up = max(float(ex[k]), far_up)
-        if top_up < own_lo[q]:
-            done[q], gap[q] = True, own_lo[q] - top_up
-    top = None
-    if want is not None:
-        kk = min(k_top, n)
-        top = np.zeros((m, kk), dtype=np.int64)
-        tis = [g["ti"] for g in state if g["ti"] is not None]
-        tvs = [g["tv"] for g in state if g["tv"] is not None]
-        if tis and len(want):
-            tv, ti = np.concatenate(tvs, 1), np.concatenate(tis, 1)
-            o = np.argsort(-tv, axis=1, kind="stable")[:, :kk]
-            top[want] = np.take_along_axis(ti, o, 1)
-    lead = best_up / np.maximum(np.abs(own_lo), 1e-300)          # best competitor / own score
-    slack = beta + exact_slack(r) * np.linalg.norm(zt, axis=1) * yn
-    return done, gap, jstar, top, lead, slack
+        if top_up < g.own_lo[q]:
+            done[q], gap[q] = True, g.own_lo[q] - top_up
 
 
-__all__ = ["NEAR_MAX", "int8_pass", "int8_ready"]
+def _merged_top(state: list[dict], want: np.ndarray, m: int, kk: int) -> np.ndarray:
+    """The ``kk`` best rows of the wanted directions over all workers (best first): int64 [m, kk]."""
+    top = np.zeros((m, kk), dtype=np.int64)
+    tis = [w["ti"] for w in state if w["ti"] is not None]
+    tvs = [w["tv"] for w in state if w["tv"] is not None]
+    if tis and len(want):
+        tv, ti = np.concatenate(tvs, 1), np.concatenate(tis, 1)
+        o = np.argsort(-tv, axis=1, kind="stable")[:, :kk]
+        top[want] = np.take_along_axis(ti, o, 1)
+    return top
+
+
+__all__ = ["NEAR_MAX", "GridDirections", "grid_directions", "int8_pass", "int8_ready"]

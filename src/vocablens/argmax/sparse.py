@@ -42,17 +42,17 @@ class Ball:
         for s in range(0, n, step):
             st.check_time()
             B = (st.q_rows(s, s + step) > 0).double().numpy()         # [c, r]
-            pos_sum += B.T @ st.Wn[st.reps[s:s + step]].astype(np.float64)
+            pos_sum += B.T @ st.src.rows[st.distinct.ids[s:s + step]].astype(np.float64)
             st.release(s, s + step)                                   # W's pages back (Z is resident)
             self.size += B.sum(0)
         self.ok = bool((self.size > 0).all() and (self.size < n).all())
         if not self.ok:
             return
-        total = n * st.mu
+        total = n * st.white.center
         self.mean_pos = pos_sum / self.size[:, None]                      # [r, d] original coords
         self.mean_neg = (total - pos_sum) / (n - self.size)[:, None]
         self.gamma = self.size / (n - self.size)
-        Qm = (self.mean_pos - st.mu) @ st.A                               # [r(k), r]
+        Qm = (self.mean_pos - st.white.center) @ st.white.whiten                               # [r(k), r]
         cond = np.linalg.cond(Qm)
         self.ok = bool(np.isfinite(cond) and cond < 1e8)
         if self.ok:
@@ -68,7 +68,7 @@ class Ball:
 
 def _ball_off(st: ScanState) -> bool:
     """Whether the sparse proof cannot run: a bias takes part, or the Ball was built and is unusable."""
-    return st.bn is not None or st.ball is False or (st.ball is not None and not st.ball.ok)
+    return st.src.bias is not None or st.ball is False or (st.ball is not None and not st.ball.ok)
 
 
 def _ball(st: ScanState) -> Ball | None:
@@ -83,7 +83,7 @@ def sparse_hint(st: ScanState, k: int, Spos: np.ndarray) -> bool:
     False leaves the row to the proof stage's NNLS rounds, a True is followed by the float64 proof."""
     if _ball_off(st):
         return False
-    Zn = st.Zt.numpy()
+    Zn = st.Z.numpy()
     zt = Zn[k].astype(np.float64)
     D = np.vstack([Zn[Spos].astype(np.float64) - zt, -zt[None, :]])
     om = 10.0 * float(np.median(np.linalg.norm(D, axis=1))) + 1e-30
@@ -93,7 +93,7 @@ def sparse_hint(st: ScanState, k: int, Spos: np.ndarray) -> bool:
     w, g = out
     w0 = float(w[-1])
     # a gap within the Ball's reach: the Ball or, where it is thin, the tilt (gap_tilts) may hold it
-    return w0 > 0 and float(np.linalg.norm(g)) <= w0 * st.ball_reach * 1.001
+    return w0 > 0 and float(np.linalg.norm(g)) <= w0 * st.white.ball_reach * 1.001
 
 
 def sparse_certificate(st: ScanState, k: int, Spos: np.ndarray, z64=None, pending: list | None = None) -> bool:
@@ -117,7 +117,7 @@ def sparse_certificate(st: ScanState, k: int, Spos: np.ndarray, z64=None, pendin
         return False
     w, g, _ = out
     w0 = float(w[-1])
-    if w0 <= 0 or float(np.linalg.norm(g)) > w0 * st.ball_reach:
+    if w0 <= 0 or float(np.linalg.norm(g)) > w0 * st.white.ball_reach:
         return False                    # the gap is beyond any point of the Ball: do not build it
     ball = _ball(st)
     h = None if ball is None else ball.weights(-g / w0)
@@ -127,13 +127,13 @@ def sparse_certificate(st: ScanState, k: int, Spos: np.ndarray, z64=None, pendin
         if pending is not None:
             pending.append((int(k), pos, wj, w0))
         return False
-    t = int(st.reps[k])
+    t = int(st.distinct.ids[k])
     h = w0 * h
     m_all = w0 - float(np.abs(h).sum())
     rn, omega = _structured_residual(st, ball, t, pos, wj, m_all, h)
-    if not rn <= st.tol * st.wscale:
+    if not rn <= st.tol * st.white.w_scale:
         return False
-    st.settle_unarg(t, st.reps[pos], wj, rn, 3, (m_all, h))
+    st.settle_unarg(t, st.distinct.ids[pos], wj, rn, 3, (m_all, h))
     return True
 
 
@@ -148,36 +148,36 @@ def gap_tilts(st: ScanState, pending: list) -> set:
 
     from vocablens.argmax.tilt import sums, tilt_points
 
-    if not pending or st.bn is not None or st.n <= st.r + 2:
+    if not pending or st.src.bias is not None or st.n <= st.r + 2:
         return set()
     ks = np.array([p[0] for p in pending], dtype=np.int64)
-    Wt = st.rows64(st.reps[ks])                                       # [m, d]
+    Wt = st.rows64(st.distinct.ids[ks])                                       # [m, d]
     Pw, err = np.empty_like(Wt), np.empty(len(ks))
     for i, (k, pos, wj, w0) in enumerate(pending):
-        WS = st.rows64(st.reps[pos])
+        WS = st.rows64(st.distinct.ids[pos])
         Pw[i] = (Wt[i] - wj @ WS) / w0
         err[i] = 4 * (len(pos) + st.d + 2) * U64 * (np.linalg.norm(Wt[i]) + wj @ np.linalg.norm(WS, axis=1))
-    sol = tilt_points(st, sums(st), (Pw - st.mu) @ st.A, Pw, [np.array([k]) for k in ks])
+    sol = tilt_points(st, sums(st), (Pw - st.white.center) @ st.white.whiten, Pw, [np.array([k]) for k in ks])
     done = set()
     for (k, pos, wj, w0), e, got in zip(pending, err, sol):
         if got is None:
             continue
         a, u, E, rn = got
         rt = w0 * rn + e
-        if rt <= st.tol * st.wscale:
-            t = int(st.reps[k])
-            st.settle_unarg(t, st.reps[pos], wj, rt, 3)
+        if rt <= st.tol * st.white.w_scale:
+            t = int(st.distinct.ids[k])
+            st.settle_unarg(t, st.distinct.ids[pos], wj, rt, 3)
             st.combo_tilt[t] = (float(a * w0), torch.from_numpy(np.asarray(u * w0, dtype=np.float64)),
-                                torch.from_numpy(np.asarray(st.reps[E], dtype=np.int64)))
+                                torch.from_numpy(np.asarray(st.distinct.ids[E], dtype=np.int64)))
             done.add(int(k))
     return done
 
 
 def _structured_residual(st: ScanState, ball: Ball, t: int, pos, wj, m_all: float, h: np.ndarray):
     """float64 residual ``||w_t - combination of the other rows||`` in the original coordinates."""
-    x = st.rows64(st.reps[pos]).T @ wj + m_all * st.mu
+    x = st.rows64(st.distinct.ids[pos]).T @ wj + m_all * st.white.center
     x += np.clip(h, 0, None) @ ball.mean_pos + np.clip(-h, 0, None) @ ball.mean_neg
-    k = int(st.row_of[t])
+    k = int(st.distinct.position[t])
     qt = st.q_rows(k, k + 1)[0].numpy() > 0
     sizes = np.where(h >= 0, ball.size, st.n - ball.size)
     inside = np.where(h >= 0, qt, ~qt)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from vocablens.argmax.prepared import DistinctRows, SourceRows, Whitening
 from vocablens.argmax.result import (
     ARGMAXABLE, BUDGET, DUPLICATE, STAGES, UNARGMAXABLE, UNDECIDED, ArgmaxResult, Progress,
 )
@@ -149,18 +150,16 @@ def scores_against(Y: np.ndarray, Zn: np.ndarray) -> np.ndarray:
 
 @dataclass(eq=False)
 class ScanState:
-    """Everything the stages share. Arrays are numpy, indexed by token id ([V]) unless noted.
+    """The scan's verdict book and clock, and what stage prepare made. Arrays are numpy, indexed by
+    token id ([V]) unless noted.
 
-    Token-level: ``verdict``, ``stage``, ``margin``, ``residual``, ``group``, ``scale``,
-    ``in_play``; dicts ``x_extra``, ``combos``, ``combo_mean``, ``reasons``, ``group_can_tie``.
-    Prepared geometry (filled by :func:`vocablens.argmax.preparation.prepare`): ``Wn`` rows
-    [V, d] (float32 or float64), ``bn`` bias [V] float64 or None, ``reps`` int64 [n] the distinct
-    rows' representatives, ``row_of`` [V] their position, ``twins`` rep -> its exact twins, ``mu``
-    float64 [d], ``A`` float64 [d, r], ``Zt`` float32 [n, r] (whitened rows), ``Qt`` int8 [n, r]
-    and ``qs`` (the int8 grid), ``enorm`` [n] rounding bounds, ``znorm`` [n], ``left`` int64
-    positions (into ``reps``) of the rows still open. ``Qt`` is None between the all-pairs stage
-    and the re-check (:meth:`set_q_aside`; read its rows through :meth:`q_rows`), ``Zt`` None from
-    the re-check on (:meth:`z_to_q`); ``pages`` releases W's pages after a pass.
+    Verdict book (written through the ``settle_*`` methods): ``verdict``, ``stage``, ``margin``,
+    ``residual``, ``group``, ``scale``, ``in_play``; dicts ``x_extra``, ``combos``, ``combo_mean``,
+    ``combo_tilt``, ``reasons``, ``group_can_tie``; ``settled`` per stage. What prepare made, frozen
+    (:mod:`~vocablens.argmax.prepared`): ``src`` (W, bias), ``distinct`` (the distinct rows),
+    ``white`` (whitening and int8 grid), and the matrices ``Z`` float32 [n, r] (whitened rows,
+    None from the re-check on: :meth:`z_to_q`) and ``Q`` int8 [n, r] (their grid rows). ``left``:
+    int64 positions (into ``distinct.ids``) of the rows still open.
     """
 
     V: int
@@ -191,29 +190,15 @@ class ScanState:
     cut_short: list = field(default_factory=list)
     interrupted: bool = False
     verified: int = 0
-    # prepared geometry
-    Wn: np.ndarray = None
-    bn: np.ndarray | None = None
-    reps: np.ndarray = None
-    row_of: np.ndarray = None
-    twins: dict = field(default_factory=dict)
-    defer: np.ndarray | None = None
-    mu: np.ndarray = None
-    A: np.ndarray = None
-    Zt: torch.Tensor = None
-    Qt: torch.Tensor = None
-    qs: float = 1.0
-    enorm: np.ndarray = None
-    emax: float = 0.0
-    znorm: np.ndarray = None
-    zmax: float = 0.0
-    wscale: float = 1.0
-    bmax: float = 0.0
+    # what stage prepare made (frozen: :mod:`~vocablens.argmax.prepared`)
+    src: SourceRows = None
+    distinct: DistinctRows | None = None
+    white: Whitening | None = None
+    Z: torch.Tensor = None
+    Q: torch.Tensor = None
     bound_ratio: np.ndarray = None
     left: np.ndarray = None
     ball: object = None          # sparse.Ball, built on first use
-    ball_reach: float = math.inf  # no point of the Ball is farther from 0 (whitened; a filter only)
-    pages: object = None         # pages.PageRelease over Wn (a no-op unless Wn is a read-only file mapping)
     device: str = "cpu"          # where the all-pairs stage's products run ("cuda": the GPU)
 
     @classmethod
@@ -235,12 +220,12 @@ class ScanState:
     @property
     def n(self) -> int:
         """Distinct rows in play."""
-        return 0 if self.reps is None else len(self.reps)
+        return 0 if self.distinct is None else len(self.distinct.ids)
 
     @property
     def r(self) -> int:
         """Dimension after whitening."""
-        return 0 if self.A is None else int(self.A.shape[1])
+        return 0 if self.white is None else self.white.rank
 
     def time_left(self) -> float:
         """Seconds left in the budget (inf without one)."""
@@ -256,7 +241,7 @@ class ScanState:
     def still_open(self, pos: np.ndarray) -> np.ndarray:
         """The positions (into ``reps``) among ``pos`` whose token no stage has settled yet."""
         pos = np.asarray(pos, dtype=np.int64)
-        return pos[self.stage[self.reps[pos]] < 1] if len(pos) else pos
+        return pos[self.stage[self.distinct.ids[pos]] < 1] if len(pos) else pos
 
     # ------------------------------------------------------------------ settling tokens
     def settle_arg(self, t: int, st: int, m: float) -> None:
@@ -294,47 +279,41 @@ class ScanState:
     def q_rows_at(self, pos) -> torch.Tensor:
         """int8 grid rows at positions ``pos`` (into ``reps``) [k, r] (the same bits as :meth:`q_rows`)."""
         pos = np.asarray(pos, dtype=np.int64)
-        if self.Qt is not None:
-            return self.Qt[torch.from_numpy(pos)]
-        return torch.from_numpy(quantize(self.Zt.numpy()[pos], self.qs))
+        if self.Q is not None:
+            return self.Q[torch.from_numpy(pos)]
+        return torch.from_numpy(quantize(self.Z.numpy()[pos], self.white.grid_step))
 
     def bias_scaled(self, t: int, m0: float) -> tuple[float, float]:
         """Scale s of a no-bias certificate with margin m0 so the biases cannot change the winner,
         and the margin it then has (with bias); (1, m0) without bias."""
-        if self.bn is None:
+        if self.src.bias is None:
             return 1.0, m0
-        s = 2.0 * max(1.0, (self.bmax - self.bn[t]) / m0)
-        return s, s * m0 - (self.bmax - self.bn[t])
+        s = 2.0 * max(1.0, (self.white.bias_max - self.src.bias[t]) / m0)
+        return s, s * m0 - (self.white.bias_max - self.src.bias[t])
 
     def settle_arg_y(self, t: int, st: int, y: np.ndarray, m0: float, x: np.ndarray | None = None) -> None:
         """Settle t with the whitened no-bias certificate y [r] and margin m0 (scaled for the bias);
         ``x = A y`` when the caller has it (a batch of them is one GEMM)."""
         s, m = self.bias_scaled(t, m0)
-        self.x_extra[int(t)] = torch.from_numpy(s * (self.A @ y if x is None else x))
+        self.x_extra[int(t)] = torch.from_numpy(s * (self.white.whiten @ y if x is None else x))
         self.settle_arg(t, st, m)
 
     def q_rows(self, s: int, e: int) -> torch.Tensor:
-        """int8 grid rows ``Q[s:e]`` [k, r]: the stored Q, or, while it is set aside
-        (:meth:`set_q_aside`), made again from Z by :func:`quantize` (the same bits)."""
-        if self.Qt is not None:
-            return self.Qt[s:e]
-        return torch.from_numpy(quantize(self.Zt[s:e].numpy(), self.qs))
-
-    def set_q_aside(self) -> None:
-        """Drop Q after the all-pairs stage (the later stages read single rows or blocks of it,
-        made again from Z): the resident set holds one [n, r] float32 matrix, not it plus Q."""
-        if self.Zt is not None:
-            self.Qt = None
+        """int8 grid rows ``Q[s:e]`` [k, r]: the stored Q, or, once it is gone, made again from Z by
+        :func:`quantize` (the same bits)."""
+        if self.Q is not None:
+            return self.Q[s:e]
+        return torch.from_numpy(quantize(self.Z[s:e].numpy(), self.white.grid_step))
 
     def z_to_q(self) -> None:
-        """Q made again from Z (if set aside), then Z dropped: the re-check and the result read Q only."""
-        if self.Qt is None and self.Zt is not None:
+        """Q made again from Z (if gone), then Z dropped: the re-check and the result read Q only."""
+        if self.Q is None and self.Z is not None:
             step = rows_per_block(self.r, 8, BLOCK_BYTES // 4)     # beside Z and Q: a small block
             Q = np.empty((self.n, self.r), dtype=np.int8)
             for s in range(0, self.n, step):
-                Q[s:s + step] = quantize(self.Zt[s:s + step].numpy(), self.qs)
-            self.Qt = torch.from_numpy(Q)
-        self.Zt = None
+                Q[s:s + step] = quantize(self.Z[s:s + step].numpy(), self.white.grid_step)
+            self.Q = torch.from_numpy(Q)
+        self.Z = None
 
     def rows64(self, ids) -> np.ndarray:
         """Rows ``W[ids]`` in float64 [k, d] (a copy); their pages then go back (:meth:`release`)."""
@@ -342,23 +321,23 @@ class ScanState:
         out = np.empty((len(ids), self.d), dtype=np.float64)
         step = GATHER_ROWS
         for s in range(0, len(ids), step):
-            out[s:s + step] = self.Wn[ids[s:s + step]]  # exact cast, row by row
-            if self.pages is not None:
-                self.pages.release_all()
+            out[s:s + step] = self.src.rows[ids[s:s + step]]  # exact cast, row by row
+            if self.src.pages is not None:
+                self.src.pages.release_all()
         return out
 
     def z64(self, pos) -> np.ndarray:
         """Whitened rows at positions ``pos`` (into ``reps``) in float64, computed afresh from W: [k, r]."""
-        X = self.rows64(self.reps[np.asarray(pos)])
-        X -= self.mu                                    # in place: the same numbers, one copy less
-        return X @ self.A
+        X = self.rows64(self.distinct.ids[np.asarray(pos)])
+        X -= self.white.center                                    # in place: the same numbers, one copy less
+        return X @ self.white.whiten
 
     def release(self, s: int, e: int) -> None:
         """Give back the resident pages of the distinct rows ``reps[s:e]`` after a pass has read
         them (:mod:`~vocablens.models.pages`: only for a read-only file mapping; results unchanged)."""
         e = min(e, self.n)
-        if self.pages is not None and e > s:
-            self.pages.release(self.reps[s], self.reps[e - 1] + 1)
+        if self.src.pages is not None and e > s:
+            self.src.pages.release(self.distinct.ids[s], self.distinct.ids[e - 1] + 1)
 
     def cut(self, stage: str) -> None:
         """Record that ``stage`` was cut short (or skipped) by the budget."""
@@ -371,24 +350,24 @@ class ScanState:
         why = "interrupted" if self.interrupted else (BUDGET if self.cut_short else "not settled")
         for t in np.nonzero(self.verdict == UNDECIDED)[0]:
             self.reasons.setdefault(int(t), why)
-        for t in self.twins:
+        for t in ({} if self.distinct is None else self.distinct.twins):
             if int(self.group[t]) not in self.group_can_tie:      # the group's question is open
                 self.reasons.setdefault(int(t), why)
         self.timings["total"] = time.perf_counter() - self.t0
         self.cpu["total"] = time.process_time() - self.c0
         d = self.d
-        center = torch.zeros(d, dtype=torch.float64) if self.mu is None else torch.from_numpy(self.mu)
-        A = torch.zeros(d, 0, dtype=torch.float64) if self.A is None else torch.from_numpy(self.A)
-        Q = torch.zeros(self.n, 0, dtype=torch.int8) if self.Qt is None else self.Qt
-        row = np.full(self.V, -1, dtype=np.int64) if self.row_of is None else self.row_of
+        center = torch.zeros(d, dtype=torch.float64) if self.white is None else torch.from_numpy(self.white.center)
+        A = torch.zeros(d, 0, dtype=torch.float64) if self.white is None else torch.from_numpy(self.white.whiten)
+        Q = torch.zeros(self.n, 0, dtype=torch.int8) if self.Q is None else self.Q
+        row = np.full(self.V, -1, dtype=np.int64) if self.distinct is None else self.distinct.position
         return ArgmaxResult(
             verdict=torch.from_numpy(self.verdict), stage=torch.from_numpy(self.stage),
             margin=torch.from_numpy(self.margin), residual=torch.from_numpy(self.residual),
             group=torch.from_numpy(self.group), group_can_tie=self.group_can_tie,
             in_play=torch.from_numpy(self.in_play), center=center, whiten=A,
-            scale=torch.from_numpy(self.scale), quant=Q, quant_scale=self.qs,
+            scale=torch.from_numpy(self.scale), quant=Q, quant_scale=1.0 if self.white is None else self.white.grid_step,
             row=torch.from_numpy(row), x_extra=self.x_extra, combos=self.combos,
             combo_mean=self.combo_mean, combo_tilt=self.combo_tilt, reasons=self.reasons, timings=self.timings,
-            settled=self.settled, bias_used=self.bn is not None, rank=self.r, n_unique=self.n,
+            settled=self.settled, bias_used=self.src.bias is not None, rank=self.r, n_unique=self.n,
             tol=self.tol, verified_f64=self.verified, interrupted=self.interrupted,
             budget_s=self.budget_s, cut_short=tuple(self.cut_short), cpu_s=dict(self.cpu))

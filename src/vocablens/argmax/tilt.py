@@ -66,12 +66,12 @@ class _Sums:
             st.check_time()
             e = min(n, s + step)
             Q = st.q_rows(s, e).double().numpy()                   # [k, r] exact integers
-            Wb = st.rows64(st.reps[s:e])                           # [k, d]
+            Wb = st.rows64(st.distinct.ids[s:e])                           # [k, d]
             a = acc[w]
             a[0] += Wb.sum(0)
             a[1] += Wb.T @ Q
             a[2] += Q.sum(0)
-            Zb = st.Zt[s:e].double().numpy()
+            Zb = st.Z[s:e].double().numpy()
             a[3] += Zb.sum(0)
             a[6] += Zb.T @ Q
             qn = np.linalg.norm(Q, axis=1)
@@ -114,7 +114,7 @@ class _Sums:
                 grown = np.empty((min(cap, max(2 * len(self._bi), self._used + len(miss))), width))
                 grown[:self._used] = self._bi[:self._used]
                 self._bi = grown
-            U = np.vstack([np.ones(len(miss)), st.Zt[miss].double().numpy().T])   # [r + 1, k]
+            U = np.vstack([np.ones(len(miss)), st.Z[miss].double().numpy().T])   # [r + 1, k]
             self._bi[self._used:self._used + len(miss)] = (self.Binv @ U).T
             self._pos[miss] = np.arange(self._used, self._used + len(miss))
             self._used += len(miss)
@@ -138,7 +138,7 @@ class _Woodbury:
             Bi, V = BiU[:, o:o + k], Vt[o:o + k]
             self.blocks.append((Bi, V, np.linalg.inv(np.eye(k) - V @ Bi)))
             o += k
-        self.WE = [st.rows64(st.reps[E]) for E in Es]
+        self.WE = [st.rows64(st.distinct.ids[E]) for E in Es]
         self.QE = [Vt[o - len(E):o, 1:] for o, E in zip(np.cumsum([len(E) for E in Es]), Es)]
 
     def solve(self, R: np.ndarray, cols) -> np.ndarray:
@@ -183,11 +183,11 @@ def _refined(S: _Sums, st: ScanState, Zp: np.ndarray, Wp: np.ndarray, Es: list, 
         # sum lambda w / sum lambda - w_t = (rho_w - rho_0 w_t) / sum lambda
         r_ = np.linalg.norm(rhow - rho0[None, :] * W_t[todo].T, axis=0)
         rn[todo] = np.where(ok, (r_ + ew + e0 * wt_n[todo]) / np.maximum(tot - e0, 1e-300), np.inf)
-        left = rn[todo] > 0.25 * st.tol * st.wscale
+        left = rn[todo] > 0.25 * st.tol * st.white.w_scale
         if not left.any():
             break
         todo_l = todo[left]
-        rx = ((rhow[:, left] - np.outer(st.mu, rho0[left])).T @ st.A).T    # whitened residuals [r, m']
+        rx = ((rhow[:, left] - np.outer(st.white.center, rho0[left])).T @ st.white.whiten).T    # whitened residuals [r, m']
         X[:, todo_l] -= wood.solve(np.vstack([rho0[left], rx]), todo_l)
         todo = todo_l
     return X, rn
@@ -205,10 +205,10 @@ def tilt_proofs(st: ScanState, rows: np.ndarray) -> np.ndarray:
     Raises:
         OutOfTime: the run's budget ran out.
     """
-    if st.bn is not None or st.n <= st.r + 2 or not len(rows):
+    if st.src.bias is not None or st.n <= st.r + 2 or not len(rows):
         return rows
-    med = float(np.median(st.znorm))
-    near = rows[st.znorm[rows] <= TILT_NORM * med]
+    med = float(np.median(st.white.z_norm))
+    near = rows[st.white.z_norm[rows] <= TILT_NORM * med]
     if not len(near):
         return rows
     st.progress("proof: centre", 0, len(near))
@@ -217,11 +217,11 @@ def tilt_proofs(st: ScanState, rows: np.ndarray) -> np.ndarray:
     for b0 in range(0, len(near), TILT_BATCH):
         st.progress("proof: centre", b0, len(near))
         ks = near[b0:b0 + TILT_BATCH]
-        sol = tilt_points(st, S, st.Zt[ks].double().numpy(), st.rows64(st.reps[ks]), [np.array([int(k)]) for k in ks])
+        sol = tilt_points(st, S, st.Z[ks].double().numpy(), st.rows64(st.distinct.ids[ks]), [np.array([int(k)]) for k in ks])
         for k, got in zip(ks, sol):
             if got is not None:
                 a, u, E, rn = got
-                st.settle_tilt(int(st.reps[k]), a, u, st.reps[E], rn, 3)
+                st.settle_tilt(int(st.distinct.ids[k]), a, u, st.distinct.ids[E], rn, 3)
                 done.add(int(k))
     st.progress("proof: centre", len(near), len(near))
     if not done:
@@ -267,7 +267,7 @@ def tilt_points(st: ScanState, S: _Sums, Zp: np.ndarray, Wp: np.ndarray, E0: lis
             a, u = float(x[0]), x[1:]
             bad = viol[q][~np.isin(viol[q], E[i])]
             if len(bad) == 0:
-                if rn <= st.tol * st.wscale:
+                if rn <= st.tol * st.white.w_scale:
                     tot = a * (st.n - len(E[i])) + float((S.SQ - st.q_rows_at(E[i]).double().numpy().sum(0)) @ u)
                     out[i] = (a / tot, u / tot, E[i], rn)
                 continue

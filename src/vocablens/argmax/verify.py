@@ -93,8 +93,8 @@ def cert_x(st: ScanState, t: int) -> np.ndarray:
     t = int(t)
     if t in st.x_extra:
         return st.x_extra[t].numpy()
-    k = int(st.row_of[t])
-    return st.scale[t] * (st.A @ (st.qs * st.q_rows(k, k + 1)[0].numpy().astype(np.float64)))
+    k = int(st.distinct.position[t])
+    return st.scale[t] * (st.white.whiten @ (st.white.grid_step * st.q_rows(k, k + 1)[0].numpy().astype(np.float64)))
 
 
 def stage_verify(st: ScanState, mode: str) -> None:
@@ -109,14 +109,14 @@ def stage_verify(st: ScanState, mode: str) -> None:
     if mode == "all" or st.bound_ratio is None:
         chosen = cand.astype(np.int64)
     else:
-        ratio = st.bound_ratio[st.row_of[cand]]
+        ratio = st.bound_ratio[st.distinct.position[cand]]
         rig = ratio > 0
         pick = cand[rig][np.argsort(ratio[rig], kind="stable")[:BORDERLINE]]
         chosen = np.unique(np.concatenate([cand[~rig], pick])).astype(np.int64)
-    res = verify_argmaxable(st.Wn, st.bn, st.in_play, chosen, lambda t: cert_x(st, t),
-                            twins_of=lambda t: st.twins.get(int(t), np.zeros(0, dtype=np.int64)),
+    res = verify_argmaxable(st.src.rows, st.src.bias, st.in_play, chosen, lambda t: cert_x(st, t),
+                            twins_of=lambda t: st.distinct.twins.get(int(t), np.zeros(0, dtype=np.int64)),
                             progress=lambda a, b: st.progress("verify", a, b), deadline=st.deadline,
-                            release=None if st.pages is None else st.pages.release)
+                            release=None if st.src.pages is None else st.src.pages.release)
     for t, m in zip(chosen, res):
         if np.isnan(m):
             st.cut("verify")
