@@ -256,7 +256,6 @@ def norm_reachability(
     # memory: the rows W' = (W diag(gain), centred) * logit_scale are never held whole; they are
     # made afresh by blocks of NORM_BLOCK_BYTES (float64), so the peak is W itself plus [n, k] scores
     rows = _Rows(W.detach().cpu(), ids, model, logit_scale)
-    n = len(ids)
     c, mu = rows.shift_and_mean(model.shift)                    # [n], [d] float64
     if bias is not None:
         c = c + bias.detach().cpu().double()[ids]
@@ -264,15 +263,36 @@ def norm_reachability(
     R = model.radius
     k = len(tok)
     tp = pos[tok]
+    Wown = rows.take(tp)                                           # [k, d] float64 own rows
+    best_U = _ascend(rows, Wown, tp, c, mu, R, iters, progress)
+    p_lower, p_upper, m_lo, m_up = _bounds(rows, best_U, Wown, tp, c, R)
+    verdict = torch.full((k,), -1, dtype=torch.int8)
+    verdict[m_lo > 0] = 1
+    verdict[m_up < 0] = 0
+    homog = bias is None and float(model.shift.abs().max()) == 0.0 and not model.centred
+    if homog and homogeneous_verdicts is not None:
+        for q, t in enumerate(tok.tolist()):
+            if t in homogeneous_verdicts and verdict[q] == -1:
+                verdict[q] = 1 if homogeneous_verdicts[t] else 0
+    return NormReach(tokens=tok, p_lower=p_lower, p_upper=torch.maximum(p_upper, p_lower),
+                     margin_lower=m_lo, margin_upper=m_up, argmaxable=verdict, u=best_U.T.contiguous(),
+                     model=model, iters=iters)
+
+
+def _ascend(rows: "_Rows", Wown: torch.Tensor, tp: torch.Tensor, c: torch.Tensor, mu: torch.Tensor, R: float,
+            iters: int, progress) -> torch.Tensor:
+    """Maximise each own row's log-probability over the norm ball ``||u|| <= R``: ``iters`` steps of
+    accelerated projected gradient (Nesterov/FISTA) on an active set. Returns U float64 [d, k].
+
+    ``Wown`` float64 [k, d] the own rows, ``tp`` [k] their positions among the rows, ``c`` [n] the
+    rows' offsets (bias, shift), ``mu`` [d] the rows' mean. Every ``refresh`` steps the M rows with
+    the largest logits (per token) are taken from one full product."""
+    d, k, n = Wown.shape[1], len(tp), len(c)
     # Lipschitz constant of grad f: Var_p(v.w) <= max ||w - mu||^2
     L = max(float(((Wb - mu) ** 2).sum(1).max()) for _, Wb in rows.blocks()) + 1e-12
     U = torch.zeros(d, k, dtype=torch.float64)
     Yv = U.clone()
     tk = 1.0
-    Wown = rows.take(tp)                                           # [k, d] float64 own rows
-
-    # Accelerated projected gradient on an active set: every `refresh` steps the M rows with the
-    # largest logits (per token) are taken from one full product; the final bounds use all rows.
     refresh, M = 20, min(n, 512)
     ar = torch.arange(k)
     Wt = Wown.float()                                              # [k, d] own rows
@@ -302,11 +322,17 @@ def norm_reachability(
             Yf = Yf * torch.clamp(R / Yf.norm(dim=1, keepdim=True).clamp_min(1e-30), max=1.0)
             Uf, tk = Un, tn
         U, Yv = Uf.T.double(), Yf.T.double()
-    best_U = U
     if progress is not None:
         progress(iters, iters)
-    # exact float64 evaluation at the final vectors
-    LgE = torch.cat([Wb @ best_U for _, Wb in rows.blocks()]) + c[:, None]    # [n, k]
+    return U
+
+
+def _bounds(rows: "_Rows", U: torch.Tensor, Wown: torch.Tensor, tp: torch.Tensor, c: torch.Tensor, R: float):
+    """Certified bounds at the final vectors U [d, k], in float64 over all rows: ``(p_lower, p_upper,
+    margin_lower, margin_upper)`` [k] each (the probability at U and the duality bound on the best
+    reachable one; the own logit's margin at U and the bound from the softmax-weighted competitors)."""
+    k = len(tp)
+    LgE = torch.cat([Wb @ U for _, Wb in rows.blocks()]) + c[:, None]    # [n, k]
     lpE = row_logprobs(LgE, 0)                                 # [n, k] float64 log-probs over the vocabulary
     fE = -lpE[tp, torch.arange(k)]
     PE = lpE.exp()
@@ -314,9 +340,9 @@ def norm_reachability(
     Pm[tp, torch.arange(k)] = 0
     Pm = Pm / Pm.sum(0, keepdim=True).clamp_min(1e-300)
     WP = rows.t_matmul(torch.cat([PE, Pm], 1))                    # [d, 2k]: one pass for both
-    GE = WP[:, :k] - Wown.T                                        # gradient of f at best_U
+    GE = WP[:, :k] - Wown.T                                        # gradient of f at U
     p_lower = torch.exp(-fE)
-    gap_lb = fE - (GE * best_U).sum(0) - R * GE.norm(dim=0)        # lower bound on f*
+    gap_lb = fE - (GE * U).sum(0) - R * GE.norm(dim=0)             # lower bound on f*
     p_upper = torch.exp(-torch.clamp(gap_lb, min=0.0))
     own = LgE[tp, torch.arange(k)]
     Lx = LgE.clone()
@@ -324,17 +350,7 @@ def norm_reachability(
     m_lo = own - Lx.max(0).values
     diff = Wown.T - WP[:, k:]                                      # sum mu_j (w'_t - w'_j) [d, k]
     m_up = R * diff.norm(dim=0) + (c[tp] - Pm.T @ c)
-    verdict = torch.full((k,), -1, dtype=torch.int8)
-    verdict[m_lo > 0] = 1
-    verdict[m_up < 0] = 0
-    homog = bias is None and float(model.shift.abs().max()) == 0.0 and not model.centred
-    if homog and homogeneous_verdicts is not None:
-        for q, t in enumerate(tok.tolist()):
-            if t in homogeneous_verdicts and verdict[q] == -1:
-                verdict[q] = 1 if homogeneous_verdicts[t] else 0
-    return NormReach(tokens=tok, p_lower=p_lower, p_upper=torch.maximum(p_upper, p_lower),
-                     margin_lower=m_lo, margin_upper=m_up, argmaxable=verdict, u=best_U.T.contiguous(),
-                     model=model, iters=iters)
+    return p_lower, p_upper, m_lo, m_up
 
 
 def reach_hidden(model: NormModel, u: torch.Tensor) -> torch.Tensor:
