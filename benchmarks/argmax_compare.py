@@ -11,7 +11,10 @@ runs the scan of whichever ``vocablens`` is on ``sys.path`` (set ``PYTHONPATH`` 
   ``find_unargmaxable``), replayed through this version.
 - ``compare A B``: exit status 1 and the first differences when they differ.
 
-Timings, CPU seconds and progress are not compared (they are measurements, not results).
+Timings, CPU seconds and progress are not compared (they are measurements, not results). The scans
+run on ``--threads`` torch threads, 1 by default: with several, the worker threads take blocks from a
+shared counter, and the order in which rows are settled can change which (valid) certificate a row
+gets, and its margin, though never its verdict; one thread makes every run of a version repeat itself.
 """
 
 from __future__ import annotations
@@ -89,8 +92,10 @@ def main() -> int:
     c = sub.add_parser("compare")
     c.add_argument("a")
     c.add_argument("b")
+    r.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     if args.cmd == "record":
+        torch.set_num_threads(args.threads)
         got = record_head() if args.head else record_calls(args.calls)
         with open(args.out, "wb") as f:
             pickle.dump(got, f)
