@@ -20,6 +20,10 @@ from typing import Any, Callable
 
 from vocablens.errors import BadInput
 from vocablens.render.json import json_ready
+from vocablens.render.printed import (
+    print_anatomy, print_argmax, print_explain, print_generate, print_lens, print_neighbors, print_pca,
+    print_project, print_score, print_settle, print_steer, print_surgery, print_tie_check, print_undertrained,
+)
 
 
 def _model(r) -> dict:
@@ -129,129 +133,6 @@ def _json_pca(r):
             "coords": json_ready(wp.pca.coords), "explained_variance": json_ready(wp.pca.explained_variance)}
 
 
-# ------------------------------------------------------------------------------- what the CLI prints
-def _print_anatomy(r, out):
-    from vocablens.render.anatomy import print_anatomy
-
-    print_anatomy([r.value], out)
-
-
-def _print_neighbors(r, out):
-    from vocablens.render.geometry import print_neighbors
-
-    print_neighbors(r.value, r.tokenizer, out)
-
-
-def _print_lens(r, out):
-    from rich.text import Text
-
-    from vocablens.render.lens import print_lens
-
-    batch = r.options.get("batch")
-    if batch:
-        out.print(f"model: {r.provenance.describe()}", style="dim", soft_wrap=True)
-    for i, (text, per_kind) in enumerate(zip(r.options["prompts"], r.value)):
-        if batch:
-            out.print(Text.assemble((f"prompt {i + 1}:", "bold"), f" {text}"), soft_wrap=True)
-        for res in per_kind:
-            print_lens(res, r.tokenizer, out, None if batch else r.provenance)
-
-
-def _print_score(r, out):
-    from vocablens.render.ops import print_score
-
-    print_score(r.value, r.tokenizer, out, r.provenance)
-
-
-def _print_explain(r, out):
-    from vocablens.render import vocab_space as rv
-
-    for t in rv.explanation_tables(r.value, r.tokenizer):
-        out.print(t)
-    out.print(rv.explanation_footer(r.value), style="dim")
-
-
-def _print_project(r, out):
-    from vocablens.render import vocab_space as rv
-
-    how = r.options.get("how", "vectors")
-    t = (rv.search_table(r.value, r.tokenizer, r.options.get("tops")) if how == "search" else
-         rv.interpretable_table(r.value, r.tokenizer) if how == "interpretable" else
-         rv.circuit_table(r.value, r.tokenizer) if how == "circuit" else rv.vectors_table(r.value, r.tokenizer))
-    out.print(t)
-
-
-def _print_settle(r, out):
-    from vocablens.render.vocab_space import settle_tables
-
-    for t in settle_tables(r.value):
-        out.print(t)
-
-
-def _print_argmax(r, out):
-    from vocablens.render.argmax import argmax_tables
-
-    for t in argmax_tables(r.value, r.tokenizer):
-        out.print(t)
-
-
-def _print_undertrained(r, out):
-    from vocablens.render.undertrained import undertrained_tables, undertrained_to_dict
-
-    for t in undertrained_tables(undertrained_to_dict(r.value, r.tokenizer, r.options.get("verdicts"))):
-        out.print(t)
-
-
-def _print_generate(r, out):
-    from vocablens.render.generate import generation_to_dict, summary_lines
-
-    out.print(generation_to_dict(r.value, r.tokenizer)["text"], markup=False, highlight=False)
-    for line in summary_lines(r.value):
-        out.print(line, style="dim")
-
-
-def _print_steer(r, out):
-    from vocablens.render.steer import print_steer
-
-    print_steer(out, r.options["rows"], r.value, r.tokenizer, saved_to=r.options.get("saved_to") or "")
-
-
-def _print_surgery(r, out):
-    from vocablens.render.surgery import print_expand, print_trim
-
-    o = r.options
-    if o["command"] == "expand":
-        from vocablens.render.surgery_undertrained import new_rows_table
-
-        print_expand(r.value, o["verification"], o.get("out"), out, r.provenance)
-        out.print(new_rows_table(o["indicator"]))
-        return
-    print_trim(r.value, o["verification"], o.get("out"), out, r.provenance, corpus_docs=o["docs_checked"],
-               corpus_docs_different=o["mismatches"])
-    if o.get("drop") is not None:
-        from vocablens.render.surgery_undertrained import print_drop
-
-        print_drop(o["drop"], out)
-
-
-def _print_tie_check(r, out):
-    from rich.table import Table
-
-    t = Table(title="tying: by storage and by value", title_justify="left")
-    t.add_column("")
-    t.add_column("", justify="right")
-    for k, v in r.value.to_dict().items():
-        t.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
-    out.print(t)
-
-
-def _print_pca(r, out):
-    wp = r.value
-    out.print(f"3-D PCA of {len(wp.words)} words in {len(set(wp.groups))} groups (input embedding)"
-              + (f"; skipped (several tokens): {', '.join(wp.skipped)}" if wp.skipped else "")
-              + ". .figure() draws it.")
-
-
 # ------------------------------------------------------------------------------------------ figures
 def _fig_anatomy(r):
     from vocablens.render.anatomy import params_figure
@@ -329,20 +210,20 @@ def _rows_anatomy(r):
 
 #: kind -> (to_json, print, figure or None, rows or None)
 RENDERERS: dict[str, tuple[Callable, Callable, Callable | None, Callable | None]] = {
-    "anatomy": (_json_anatomy, _print_anatomy, _fig_anatomy, _rows_anatomy),
-    "tie_check": (_json_plain, _print_tie_check, None, None),
-    "neighbors": (_json_neighbors, _print_neighbors, None, _rows_neighbors),
-    "pca": (_json_pca, _print_pca, _fig_pca, None),
-    "lens": (_json_lens, _print_lens, _fig_lens, _rows_lens),
-    "score": (_json_score, _print_score, None, _rows_score),
-    "explain": (_json_explain, _print_explain, None, None),
-    "project": (_json_project, _print_project, None, None),
-    "settle": (_json_settle, _print_settle, _fig_settle, None),
-    "argmax": (_json_argmax, _print_argmax, None, None),
-    "undertrained": (_json_undertrained, _print_undertrained, _fig_undertrained, None),
-    "generate": (_json_generate, _print_generate, None, None),
-    "steer": (_json_steer, _print_steer, None, None),
-    "surgery": (_json_surgery, _print_surgery, None, None),
+    "anatomy": (_json_anatomy, print_anatomy, _fig_anatomy, _rows_anatomy),
+    "tie_check": (_json_plain, print_tie_check, None, None),
+    "neighbors": (_json_neighbors, print_neighbors, None, _rows_neighbors),
+    "pca": (_json_pca, print_pca, _fig_pca, None),
+    "lens": (_json_lens, print_lens, _fig_lens, _rows_lens),
+    "score": (_json_score, print_score, None, _rows_score),
+    "explain": (_json_explain, print_explain, None, None),
+    "project": (_json_project, print_project, None, None),
+    "settle": (_json_settle, print_settle, _fig_settle, None),
+    "argmax": (_json_argmax, print_argmax, None, None),
+    "undertrained": (_json_undertrained, print_undertrained, _fig_undertrained, None),
+    "generate": (_json_generate, print_generate, None, None),
+    "steer": (_json_steer, print_steer, None, None),
+    "surgery": (_json_surgery, print_surgery, None, None),
 }
 
 
