@@ -1,7 +1,10 @@
 """The two vocabulary borders of a causal LM, found once for every family.
 
 :class:`Borders` is the only place that knows where each family keeps its embedding, blocks, final
-norm and LM head. Analyses read the residual stream and decode it through :meth:`Borders.unembed`
+norm and LM head. :meth:`Borders.from_model` finds them by attribute names, which is all a model
+without its blocks in memory allows; a whole load then finds the readout (final norm, projection,
+logit multiplier) by structure and checks it against the model's own logits
+(:func:`vocablens.models.readout.find_readout`), replacing what the names got wrong. Analyses read the residual stream and decode it through :meth:`Borders.unembed`
 without an ``if`` on the model type.
 
 Conventions (../shared/DESIGN.md): residual-stream layer 0 is the input of block 0 (embedding output,
@@ -12,6 +15,7 @@ is the last block's output *before* the final norm. ``unembed(resid[L])`` equals
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -143,6 +147,11 @@ class Borders:
             lm_head=head, softcap=softcap, logit_scale=logit_scale, tied=bool(tied), vocab_size=V,
             tokenizer_vocab_size=tvs, config=config,
         )
+
+    def replace(self, **changes) -> "Borders":
+        """A copy with ``changes`` (``final_norm``, ``project_out``, ``logit_scale`` ...) and fresh
+        memos: what :func:`vocablens.models.readout.find_readout` found by structure."""
+        return dataclasses.replace(self, _memo={}, **changes)
 
     # ------------------------------------------------------------------ matrices
     @property

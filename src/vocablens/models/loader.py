@@ -81,8 +81,10 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
         return load(spec, device=device, **kw)
     from vocablens.models.checkpoint_files import NoSafetensors
 
+    from vocablens.models.readout_store import apply_stored
+
     try:
-        return _partial(spec, mode, device, kw, max_memory, blocks, value_vectors)
+        return apply_stored(_partial(spec, mode, device, kw, max_memory, blocks, value_vectors), str(spec))
     except NoSafetensors:  # pytorch_model.bin only: no header to read a few tensors from
         from vocablens.models.loading import loaded_whole_instead
 

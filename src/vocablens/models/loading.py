@@ -45,18 +45,23 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     Raises:
         ModelNotFound: nothing to load under that spec (with how to make it available).
         CorruptModelFile: the files exist but cannot be read.
-        UnsupportedArchitecture: the family's borders cannot be found.
+        UnsupportedArchitecture: the family's borders cannot be found, or vocablens's readout of
+            the last block's output differs from the model's own logits on a probe of a few tokens
+            (:func:`vocablens.models.readout.find_readout`; the check runs on every whole load and
+            its result is the provenance's ``readout``).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tdtype, dtype_note = run_dtype(DEFAULT_MODEL if spec is None else spec, dtype, device)
     if max_memory is not None:
         from vocablens.models.checkpoint_files import NoSafetensors
+        from vocablens.models.readout_store import apply_stored
         from vocablens.models.streaming import load_streaming
 
         try:
-            return with_note(load_streaming(DEFAULT_MODEL if spec is None else spec, max_memory, tdtype,
-                                            trust_remote_code), dtype_note)
+            return with_note(apply_stored(load_streaming(DEFAULT_MODEL if spec is None else spec, max_memory,
+                                                         tdtype, trust_remote_code),
+                                          str(DEFAULT_MODEL if spec is None else spec)), dtype_note)
         except NoSafetensors:  # pytorch_model.bin only: the whole model, with a note
             return with_note(loaded_whole_instead(spec, "streaming", dtype=tdtype or "auto",
                                                   trust_remote_code=trust_remote_code), dtype_note)
@@ -86,7 +91,30 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     from vocablens.models.borders import Borders
 
     borders = Borders.from_model(model, tokenizer=tok)
-    return with_note(LoadedModel(model, tok, borders, prov), dtype_note)
+    borders, line = checked_readout(borders, spec_s)
+    return with_note(LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})), dtype_note)
+
+
+def checked_readout(borders, spec: str):
+    """``(borders, provenance line)`` after :func:`vocablens.models.readout.find_readout` (one probe
+    forward of a few tokens), the check stored for later loads without the blocks. Weights holding
+    NaN or inf are not checked (the commands refuse them with their own line first).
+
+    Raises:
+        UnsupportedArchitecture: the readout differs from the model's own logits (see find_readout).
+    """
+    from vocablens.errors import UnsupportedArchitecture
+    from vocablens.models.readout import find_readout
+    from vocablens.models.readout_store import store_check
+
+    try:
+        borders, check = find_readout(borders)
+    except UnsupportedArchitecture:
+        if borders.nonfinite():
+            return borders, "unchecked: the weights hold NaN or inf values"
+        raise
+    store_check(spec, check)
+    return borders, check.line()
 
 
 def loaded_whole_instead(spec, mode: str, device: str = "cpu", **kw) -> LoadedModel:

@@ -31,6 +31,10 @@ class Provenance:
         loaded_from: the directory the weights were read from when not ``source`` (a GGUF file's cache entry).
         content_sha256: a GGUF file's SHA-256 (hex) over its whole content, what its cache entry is found by.
         notes: where the file's metadata disagrees with what it holds, and which number was used.
+        readout: whether vocablens's readout (final norm -> head -> logits) was checked against the
+            model's own logits: ``checked: max |Δp| = ...`` (every whole load), ``checked at an
+            earlier whole load of these weights: ...``, or ``unchecked: WHY``
+            (:mod:`vocablens.models.readout`).
     """
 
     spec: str
@@ -44,6 +48,7 @@ class Provenance:
     loaded_from: str = ""
     content_sha256: str = ""
     notes: tuple[str, ...] = ()
+    readout: str = ""
 
     def describe(self) -> str:
         """One line for every output: ``SmolLM2-135M-Instruct, Q4_1 GGUF, dequantized``."""
@@ -83,6 +88,7 @@ class Provenance:
             "description": self.describe(),
             "content_sha256": self.content_sha256,
             "notes": list(self.notes),
+            "readout": self.readout,
         }
 
 
