@@ -102,14 +102,15 @@ class _RowState:
 
 def _full_rows(z: torch.Tensor, tc: torch.Tensor | None, k: int, entropy: bool, ebuf: torch.Tensor | None,
                cols: int | None = None, rank: bool = False):
-    """Statistics of one chunk of complete rows ``z [n, V]`` (float32, overwritten by its log-softmax).
+    """Statistics of one chunk of complete rows ``z [n, V]`` (float32, overwritten: shifted by its row
+    max, then its log-softmax when no entropy is asked).
 
     Returns ``(lse, logprob, entropy, topk_logprobs, topk_ids, rank)`` ([n] / [n, k]; None where not
     asked); top-k and rank read the first ``cols`` columns (None: all), on the raw logits.
-    Passes over z: the row max, the shift by it, for the entropy one exp into ``ebuf`` and two row
-    sums, one fused log-softmax (which depends only on differences), and the top-k on the raw logits
-    when asked (rows with -inf logits, where 0·-inf is NaN, get their entropy from the log-probs
-    with xlogy).
+    Passes over z: the row max and the shift by it; then with the entropy one exp into ``ebuf`` and
+    two row sums, which give the normalizer too (no log-softmax); without it one fused log-softmax
+    (which depends only on differences); and the top-k on the raw logits when asked (rows with -inf
+    logits, where 0·-inf is NaN, get their entropy with xlogy).
     """
     tv = ti = rk = None
     zc = z if cols is None else z[:, :cols]
@@ -124,26 +125,30 @@ def _full_rows(z: torch.Tensor, tc: torch.Tensor | None, k: int, entropy: bool, 
     z.sub_(ms[:, None])
     ent = None
     if entropy:
-        # from the shifted logits y = z - m <= 0, before the log-softmax: e = exp(y), S = Σ e, and the
-        # entropy is log S - Σ e·y / S. It does not read torch's float32 log-probs (over V = 70,000
-        # they share an error of ~1.4e-5), and both sums are float32 row sums (cascade summation,
-        # error ~eps·log V): float64 sums convert every element and cost 7x (109 ms against 3 ms for
-        # [512, 49,152] on one core), which made ``score`` slower than transformers' log-softmax
+        # from the shifted logits y = z - m <= 0: e = exp(y), S = Σ e; log S is the normalizer
+        # (log p = y - log S) and the entropy is log S - Σ e·y / S. It does not read torch's float32
+        # log-probs (over V = 70,000 they share an error of ~1.4e-5), and both sums are float32 row sums
+        # (cascade summation, error ~eps·log V): float64 sums convert every element and cost 7x (109 ms
+        # against 3 ms for [512, 49,152] on one core), which made ``score`` slower than transformers'
+        # log-softmax; and no log-softmax pass is needed on top
         e = ebuf[: z.numel()].view_as(z)
         torch.exp(z, out=e)
         S = e.sum(1).double()
-        ent = (torch.log(S) - e.mul_(z).sum(1).double() / S).float()
-    fused_inplace(z, "log_softmax")
-    ls = -z.gather(1, am[:, None]).squeeze(1)
-    lp = None if tc is None else z.gather(1, tc[:, None]).squeeze(1)
-    if k:
-        tv = (tv - ms[:, None]) - ls[:, None]
-    if entropy:
-        bad = torch.isnan(ent)  # rows with -inf logits (0·-inf): redone from their log-probs
+        logS = torch.log(S)
+        ent = (logS - e.mul_(z).sum(1).double() / S).float()
+        ls = logS.float()
+        lp = None if tc is None else z.gather(1, tc[:, None]).squeeze(1) - ls
+        bad = torch.isnan(ent)  # rows with -inf logits (0·-inf): p = exp(y - log S) with xlogy
         if bool(bad.any()):
             rows = bad.nonzero().squeeze(1)
-            p = z[rows].exp()
+            p = (z[rows] - ls[rows, None]).exp()
             ent[rows] = -torch.special.xlogy(p, p).sum(1)
+    else:
+        fused_inplace(z, "log_softmax")
+        ls = -z.gather(1, am[:, None]).squeeze(1)
+        lp = None if tc is None else z.gather(1, tc[:, None]).squeeze(1)
+    if k:
+        tv = (tv - ms[:, None]) - ls[:, None]
     return m + ls, lp, ent, tv, ti, rk
 
 
