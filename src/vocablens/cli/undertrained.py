@@ -48,8 +48,7 @@ def undertrained_cmd(
     candidates of the indicator are prompted to repeat themselves, and those whose highest probability
     stays below 0.01 are verified under-trained (Land & Bartolo 2024). With --argmax, each row also
     shows whether the token can win at all (argmax geometry: a different question)."""
-    from vocablens.render.undertrained import undertrained_tables, undertrained_to_dict
-    from vocablens.undertrained import undertrained
+    from vocablens.render.shown import print_result, to_json
     from vocablens.undertrained.beside import argmax_verdicts
 
     if candidates < 0:
@@ -64,15 +63,13 @@ def undertrained_cmd(
     cb, close = stage_progress("undertrained", "prompts", quiet=json_,
                                units={"tokenizer classes": "tokens", "indicators": "tokens"})
     try:
-        res = undertrained(lm.borders, lm.tokenizer, candidates=candidates or None, indicator=indicator,
-                           verify=not no_verify, batch_size=batch_size, progress=cb)
+        res = lm.undertrained(candidates=candidates, indicator=indicator, verify=not no_verify,
+                              batch_size=batch_size, argmax_verdicts=verdicts, progress=cb)
     finally:
         close()
-    d = undertrained_to_dict(res, lm.tokenizer, verdicts)
     if json_:
-        d["model"] = lm.provenance.to_dict()
-        emit_json(d)
+        emit_json(to_json(res))
         return
-    for r in undertrained_tables(d):
-        out.print(r)
-    err.print(f"timings: {', '.join(f'{k} {v:.1f} s' for k, v in d['timings_s'].items())}", style="dim")
+    print_result(res, out)
+    err.print(f"timings: {', '.join(f'{k} {v:.1f} s' for k, v in res.seconds.items() for v in [round(float(v), 3)])}",
+              style="dim")
