@@ -133,3 +133,28 @@ def test_expand_returns_a_new_verified_model_and_save_writes_it(m, tmp_path):
     assert rec["out"] is None and [t["token"] for t in rec["indicator"]["new_tokens"]] == [" zebra"]
     out = new.save(tmp_path / "out")
     assert (out / "vocablens_surgery.json").is_file() and new.surgery.to_json()["out"] == str(out)
+
+
+def test_the_other_workflows_return_results_that_render(m, tmp_path):
+    """tie_check, pca, train_lens (then a tuned lens read through it) and report, each one call."""
+    from vocablens.lens.train import TrainSettings
+
+    tie = m.tie_check()
+    assert tie.to_json() == tie.value.to_dict() and tie.tied is False and tie.saved_params == 0  # untied
+    words = sorted(w for w in m.tokenizer.get_vocab() if w.isascii() and w.isalpha() and len(w) > 1)[:8]
+    pca = m.pca(words, prefix="")  # whole vocabulary entries: each one token
+    got = pca.to_json()
+    assert got["words"] == list(pca.words) and len(got["coords"]) == len(pca.words) >= 4
+    assert len(pca.figure().data) >= 1
+    text = tmp_path / "corpus.txt"
+    text.write_text("the cat sat on the mat and the dog ran far away. " * 200, encoding="utf-8")
+    res = m.train_lens(str(text), out=tmp_path / "lens", settings=TrainSettings(steps=2, tokens_per_step=64, seq_len=32))
+    try:
+        assert (tmp_path / "lens" / "lens.safetensors").is_file() and m.translators["tuned"] is res.lens
+        lens = m.lens("the cat sat", kind="both", k=2)
+        assert lens.kinds == ["logit", "tuned"] and len(lens.to_json()["tuned"]["layers"]) == m.borders.n_layers + 1
+    finally:
+        m.translators.pop("tuned", None)
+    run = m.report(out=tmp_path / "r.html", only=("anatomy",), budget_s=60)
+    assert run.get("anatomy").result.vocab_size == m.borders.vocab_size
+    assert "anatomy" in (tmp_path / "r.html").read_text(encoding="utf-8").lower()
