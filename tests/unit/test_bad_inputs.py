@@ -66,7 +66,7 @@ CLI = [
     ("lens-layer-negative", ["lens", "x", *M, "--layers", "-1"], "outside 0..2"),
     ("lens-layers-not-ints", ["lens", "x", *M, "--layers", "a,b"], "comma-separated integers"),
     ("lens-position-out-of-range", ["lens", "x", *M, "--positions", "50"], "outside the prompt"),
-    ("lens-bad-kind", ["lens", "x", *M, "--kind", "bogus"], "--kind must be logit, tuned or both"),
+    ("lens-bad-kind", ["lens", "x", *M, "--kind", "bogus"], "--kind takes logit, tuned, jacobian, both or a comma list"),
     ("lens-missing-lens-dir", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/nolens"], "no tuned lens"),
     ("lens-file-as-lens-dir", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/notes.txt"], "no tuned lens"),
     ("lens-lens-of-another-model", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/otherlens"], "d_model=32"),

@@ -96,11 +96,14 @@ def tiny(tmp_path_factory):
 
     assert run_app(["lens", "train", "--corpus", str(corpus), "--out", str(root / "lens0"), "--max-tokens", "64",
                     "--steps", "1", *TRAIN, "-m", str(a), "--json"]) == 0
+    assert run_app(["lens", "fit-jacobian", "--corpus", str(corpus), "--out", str(root / "lens0"), *JFIT,  # beside it
+                    "--max-tokens", "16", "-m", str(a), "--json"]) == 0
     return {"A": str(a), "B": str(b), "corpus": str(corpus), "root": root}
 
 
 LONG = "The value of x is a number"
 TRAIN = ["--seq-len", "16", "--tokens-per-step", "32", "--val-fraction", "0.2"]
+JFIT = ["--seq-len", "8", "--skip-first", "2", "--val-fraction", "0.2", "--dim-batch", "16"]
 
 #: command -> (small input, large input); {A} {B} {corpus} {root} are filled in from the fixture.
 #: The tiny tokenizer prepends <s>, so a one-word prompt is one token after it (" the", " is" are
@@ -121,6 +124,12 @@ CASES = {
                                 ["--file", "{root}/normal.txt", "--kind", "both", "--lens", "{root}/lens0", "-m", "{A}"]),
     "lens --kind both": ([LONG, "--positions", "1", "--kind", "both", "--lens", "{root}/lens0", "-m", "{A}"],
                          [LONG, "--positions", "all", "--kind", "both", "--lens", "{root}/lens0", "-m", "{A}"]),
+    "lens --kind logit,tuned,jacobian": (
+        [LONG, "--positions", "1", "--kind", "logit,tuned,jacobian", "--lens", "{root}/lens0", "-m", "{A}"],
+        [LONG, "--positions", "all", "--kind", "logit,tuned,jacobian", "--lens", "{root}/lens0", "-m", "{A}"]),
+    "lens backward": ([" the", "--target", " is", "-m", "{A}"], [LONG, "--target", " is", "-k", "3", "-m", "{A}"]),
+    "lens fit-jacobian": (["--corpus", "{corpus}", "--out", "{root}/j1", "--max-tokens", "8", *JFIT, "-m", "{A}"],
+                          ["--corpus", "{corpus}", "--out", "{root}/j2", "--max-tokens", "24", *JFIT, "-m", "{A}"]),
     "align": (["{A}", "{B}", "--blocks-a", "0", "--blocks-b", "0", "--top", "1"], ["{A}", "{B}", "--top", "5"]),
     "steer": (["--promote", " the", "--top-n", "1", "--new-tokens", "1", "--prompt", " the", "-m", "{A}"],
               ["--promote", " the", "--promote", " is", "--suppress", " a", "--new-tokens", "3", "--prompt", LONG, "-m", "{A}"]),
@@ -140,6 +149,11 @@ CASES = {
                    ["--corpus", "{corpus}", "--out", "{root}/lens2", "--max-tokens", "256", "--steps", "3", *TRAIN, "-m", "{A}"]),
     "lens eval": (["--corpus", "{corpus}", "--lens", "{root}/lens0", "--split", "all", "--seq-len", "16", "--max-tokens", "16", "-m", "{A}"],
                   ["--corpus", "{corpus}", "--lens", "{root}/lens0", "--split", "all", "--seq-len", "16", "--max-tokens", "200", "-m", "{A}"]),
+    "lens eval --kind logit,tuned,jacobian": (
+        ["--corpus", "{corpus}", "--lens", "{root}/lens0", "--kind", "logit,tuned,jacobian", "--split", "all",
+         "--seq-len", "16", "--max-tokens", "16", "-m", "{A}"],
+        ["--corpus", "{corpus}", "--lens", "{root}/lens0", "--kind", "logit,tuned,jacobian", "--split", "all",
+         "--seq-len", "16", "--max-tokens", "200", "-m", "{A}"]),
     "lens anomaly": (["--normal", "{root}/normal.txt", "--test", "{root}/one.txt", "--kind", "logit", "-m", "{A}"],
                      ["--normal", "{root}/normal.txt", "--test", "{root}/three.jsonl", "--kind", "logit", "-m", "{A}"]),
     "undertrained": (["--candidates", "1", "-m", "{A}"], ["--candidates", "6", "-m", "{A}"]),

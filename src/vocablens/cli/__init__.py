@@ -27,6 +27,7 @@ from vocablens.cli import align as _align  # noqa: F401,E402
 from vocablens.cli import anomaly as _anomaly  # noqa: F401,E402
 from vocablens.cli import steer as _steer  # noqa: F401,E402
 from vocablens.cli import undertrained as _undertrained  # noqa: F401,E402
+from vocablens.cli import jacobian as _jacobian  # noqa: F401,E402
 
 
 def _reflow_help(*apps) -> None:

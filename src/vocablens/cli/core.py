@@ -51,8 +51,8 @@ def lens_show(
     layers: Annotated[str, typer.Option("--layers", help="Comma-separated stream layers 0..L (0 = embedding output, L = last block's output; default all).")] = "",
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the chat template (user turn).")] = False,
     prefix: Annotated[str, typer.Option("--prefix", help="Text that starts the assistant turn (with --chat) or follows the prompt.")] = "",
-    kind: Annotated[str, typer.Option("--kind", help="logit, tuned (the shipped or --lens tuned lens) or both.")] = "logit",
-    lens_path: Annotated[str, typer.Option("--lens", help="Tuned-lens directory for --kind tuned/both (default: the lens shipped for the model).")] = "",
+    kind: Annotated[str, typer.Option("--kind", help="logit, tuned, jacobian, both (= logit,tuned) or a comma list (the shipped or --lens lenses).")] = "logit",
+    lens_path: Annotated[str, typer.Option("--lens", help="For tuned/jacobian: a lens folder or file (ours, tuned-lens's params.pt, a published Jacobian lens.pt) or a hub id from the local cache (default: the lenses shipped for the model).")] = "",
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
@@ -71,25 +71,35 @@ def lens_show(
     lay = _parse_ints(layers, "--layers") if layers else None
     if k < 1:
         raise BadInput(f"-k must be at least 1; got {k}")
-    if kind not in ("logit", "tuned", "both"):
-        raise BadInput(f"--kind must be logit, tuned or both; got {kind!r}")
-    if lens_path and kind == "logit":
-        raise BadInput("--lens DIR reads a tuned lens: add --kind tuned or --kind both")
-    from vocablens.lens.tuned import find_lens
+    from vocablens.cli.lenses import find_lenses, lens_caption, lens_provenance, load_lenses, parse_kinds
 
-    found = find_lens(model, lens_path) if kind != "logit" else None  # before the model loads
+    kinds = parse_kinds(kind)
+    found = find_lenses(kinds, model, lens_path)  # before the model loads
     m = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
                    trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    lenses = load_lenses(found, m.borders)
+    if "jacobian" in lenses:
+        m.add_lens("jacobian", lenses["jacobian"])
+        jl = lenses["jacobian"]
+        if lay is None and len(jl.layers) < m.borders.n_layers:
+            lay = list(jl.layers) + [m.borders.n_layers]  # a published lens fits no matrix for stream layer 0
+    if not json_:
+        for kd, ln in lenses.items():
+            err.print(lens_caption(kd, ln), style="dim", soft_wrap=True)
     from vocablens.cli.progress import stage_progress
 
     cb, close = stage_progress("lens", "prompts", quiet=json_ or not file)   # --file: many prompts
     try:  # one forward per batch of prompts for every kind
-        res = m.lens(texts if file else prompt, kind=kind, k=k, positions=pos, layers=lay, chat=chat, prefix=prefix,
-                     lens_dir=found, progress=lambda d, n: cb("forward passes", d, n))
+        res = m.lens(texts if file else prompt, kind=kinds if kinds != ["logit", "tuned"] else "both", k=k,
+                     positions=pos, layers=lay, chat=chat, prefix=prefix, lens_dir=found.get("tuned"),
+                     progress=lambda d, n: cb("forward passes", d, n))
     finally:
         close()
     if json_:
-        emit_json(to_json(res))
+        doc = to_json(res)
+        if lenses:
+            doc["lenses"] = [lens_provenance(kd, ln) for kd, ln in lenses.items()]
+        emit_json(doc)
     else:
         print_result(res, out)
 

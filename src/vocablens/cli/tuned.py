@@ -210,7 +210,8 @@ class _progress:
 @lens_app.command("eval")
 def lens_eval(
     model: ModelOpt = "smollm2",
-    lens_path: Annotated[str, typer.Option("--lens", help="Tuned-lens directory (default: the lens shipped for the model).")] = "",
+    lens_path: Annotated[str, typer.Option("--lens", help="Lens folder or file (tuned: ours or tuned-lens's params.pt; jacobian: ours or a published lens.pt), or a hub id from the local cache (default: the lenses shipped for the model).")] = "",
+    kind: Annotated[str, typer.Option("--kind", help="The lenses to score, a comma list of logit, tuned, jacobian (default logit,tuned).")] = "logit,tuned",
     corpus: CorpusOpt = "",
     split: Annotated[str, typer.Option("--split", help="validation (held out, default) or train or all.")] = "validation",
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens to score.")] = 4096,
@@ -223,7 +224,15 @@ def lens_eval(
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
 ) -> None:
-    """Per layer, logit lens vs tuned lens on held-out text: KL to final, CE (nats, bits/byte), entropy, top-1 agreement."""
+    """Per layer, every lens asked for (default logit vs tuned) on the same held-out text: KL to final, CE (nats, bits/byte), entropy, top-1 agreement."""
+    from vocablens.cli.lenses import parse_kinds
+
+    kinds = parse_kinds(kind)
+    if kinds != ["logit", "tuned"]:
+        from vocablens.cli.lenses import eval_kinds
+
+        return eval_kinds(kinds, model, lens_path, corpus, split, max_tokens, seq_len, plot, threads, force,
+                          progress, json_, trust_remote_code, device)
     from vocablens.corpus import NAMED_CORPORA, corpus_record, load_documents
     from vocablens.lens.evaluate import evaluate, text_bytes
     from vocablens.lens.tuned import TunedLens, find_lens

@@ -47,10 +47,17 @@ def lens_to_dict(result: LensResult, tokenizer=None) -> dict:
 
 def lens_json(results: list[LensResult], tokenizer, provenance=None) -> dict:
     """The dict ``lens --json`` prints (and the explorer's ``/api/lens`` answers): one lens's
-    :func:`lens_to_dict`, or for two (logit, tuned) ``{"kind": "both", "logit": ..., "tuned": ...}``;
+    :func:`lens_to_dict`, or for two (logit, tuned) ``{"kind": "both", "logit": ..., "tuned": ...}``, for
+    another list of kinds ``{"kind": "logit,jacobian", "logit": ..., "jacobian": ...}``;
     plus ``"model"`` (the provenance) when given."""
     ds = [lens_to_dict(r, tokenizer) for r in results]
-    d = ds[0] if len(ds) == 1 else {"kind": "both", "logit": ds[0], "tuned": ds[1]}
+    kinds = [r.kind for r in results]
+    if len(ds) == 1:
+        d = ds[0]
+    elif kinds == ["logit", "tuned"]:
+        d = {"kind": "both", "logit": ds[0], "tuned": ds[1]}
+    else:  # several lenses (--kind logit,tuned,jacobian): one entry per kind, named by it
+        d = {"kind": ",".join(kinds), **dict(zip(kinds, ds))}
     if provenance is not None:
         d["model"] = provenance.to_dict()
     return d

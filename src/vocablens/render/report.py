@@ -91,7 +91,10 @@ def report_sections(run, lm, model: str) -> list[Section]:
         elif key == "lens":
             sec = lens_section(res, tok, run.prompt)
         elif key == "tuned":
-            sec = (tuned_lens_section(*sr.extra["pair"], tok, sr.extra["lens"].info()) if res is not None
+            sec = (tuned_lens_section(*sr.extra["pair"], tok, sr.extra["lens"].info(),
+                                      jacobian=sr.extra.get("jacobian"),
+                                      jacobian_info=getattr(sr.extra.get("jacobian_lens"), "info", dict)())
+                   if res is not None
                    else Section("tuned-lens", "Tuned lens", (
                        f"<p class='note'>No tuned lens for this model ({esc(sr.note)}). Train one with "
                        f"<code>vocablens lens train --model {esc(model)} --out DIR</code> and pass "

@@ -151,9 +151,11 @@ def _grid(res: LensResult, field: str):
     return z, top
 
 
-def trajectory_figure(logit: LensResult, tuned: LensResult, tokenizer, colour: str = "entropy"):
-    """Two heatmaps side by side (logit | tuned): layers x positions, colour by ``colour``
-    (``entropy``, ``kl`` or ``final_prob``), text = the lens's top token. KL is coloured on a log10
+def trajectory_figure(logit: LensResult, tuned: LensResult, tokenizer, colour: str = "entropy",
+                      jacobian: LensResult | None = None):
+    """Heatmaps side by side (logit | tuned, and | jacobian when given): layers x positions, colour by
+    ``colour`` (``entropy``, ``kl`` or ``final_prob``), text = the lens's top token (a lens that reads
+    no matrix for a layer, as a published Jacobian lens at layer 0, leaves that row out). KL is coloured on a log10
     scale from :data:`KL_FLOOR` nats (the cut named on the colour bar); every hover gives the value.
 
     Raises:
@@ -170,8 +172,10 @@ def trajectory_figure(logit: LensResult, tuned: LensResult, tokenizer, colour: s
     label, field = COLOURS[colour]
     pos = logit.positions.tolist()
     xs = [f"{p}: {display_token(tokenizer, int(logit.input_ids[p]))}" for p in pos]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("logit lens", "tuned lens"), horizontal_spacing=0.06)
-    grids = [_grid(logit, field), _grid(tuned, field)]
+    results = [logit, tuned] + ([jacobian] if jacobian is not None else [])
+    n = len(results)
+    fig = make_subplots(rows=1, cols=n, subplot_titles=[f"{r.kind} lens" for r in results], horizontal_spacing=0.05)
+    grids = [_grid(r, field) for r in results]
     top_z = max(max(max(r) for r in g[0]) for g in grids)
     bar = dict(title=dict(text=label, side="right"))
     if colour == "final_prob":
@@ -183,13 +187,13 @@ def trajectory_figure(logit: LensResult, tuned: LensResult, tokenizer, colour: s
                    tickvals=ticks, ticktext=[f"{10.0 ** t:g}" for t in ticks])
     else:
         zmin, zmax = 0.0, top_z or 1.0
-    for col, (z, top) in enumerate(grids, start=1):
+    for col, ((z, top), res) in enumerate(zip(grids, results), start=1):
         text = [[display_token(tokenizer, t) for t in row] for row in top]
         shown = [[math.log10(max(v, KL_FLOOR)) for v in row] for row in z] if colour == "kl" else z
-        fig.add_trace(go.Heatmap(z=shown, customdata=z, x=xs, y=[ly.layer for ly in logit.layers], text=text,
+        fig.add_trace(go.Heatmap(z=shown, customdata=z, x=xs, y=[ly.layer for ly in res.layers], text=text,
                                  texttemplate="%{text}", textfont=dict(size=9), zmin=zmin, zmax=zmax,
                                  colorscale="Viridis" if colour != "final_prob" else "Blues",
-                                 colorbar=bar if col == 2 else None, showscale=col == 2,
+                                 colorbar=bar if col == n else None, showscale=col == n,
                                  hovertemplate="layer %{y}, position %{x}<br>top %{text}<br>"
                                                + label + " %{customdata:.3f}<extra></extra>"), row=1, col=col)
         fig.update_xaxes(tickangle=-45, row=1, col=col)
@@ -199,8 +203,10 @@ def trajectory_figure(logit: LensResult, tuned: LensResult, tokenizer, colour: s
 
 
 def tuned_lens_section(logit: LensResult, tuned: LensResult, tokenizer, lens_info: dict | None = None,
-                       colours=("entropy", "kl", "final_prob"), eval_result: LensEval | None = None) -> Section:
-    """The report section: prediction trajectories of one prompt through both lenses.
+                       colours=("entropy", "kl", "final_prob"), eval_result: LensEval | None = None,
+                       jacobian: LensResult | None = None, jacobian_info: dict | None = None) -> Section:
+    """The report section: prediction trajectories of one prompt through the lenses side by side
+    (logit, tuned, and the Jacobian lens when ``jacobian`` is given).
 
     Args:
         logit, tuned: the two lenses over the same positions of one prompt
@@ -209,6 +215,8 @@ def tuned_lens_section(logit: LensResult, tuned: LensResult, tokenizer, lens_inf
         lens_info: ``{"name", "tokens"}`` of the tuned lens (its model name, training tokens).
         colours: one heatmap pair per colour (``entropy``, ``kl``, ``final_prob``).
         eval_result: an optional :class:`LensEval` to plot per-layer KL/CE/agreement too.
+        jacobian, jacobian_info: the Jacobian lens over the same positions, and its provenance
+            (:meth:`vocablens.lens.jacobian.JacobianLens.info`).
 
     Returns:
         :class:`Section` with id ``tuned-lens``.
@@ -225,8 +233,11 @@ def tuned_lens_section(logit: LensResult, tuned: LensResult, tokenizer, lens_inf
              f"{positions[0]}..{positions[-1]}: each cell is one layer (rows, 0 = embedding output, "
              f"{logit.n_layers} = model output) at one position; the text is the lens's top token. "
              f"Left: logit lens; right: tuned lens ({esc(info.get('name') or 'trained')}, "
-             f"{esc(info.get('tokens', '?'))} training tokens). {esc(LEGEND)}</p>"]
-    note = special_note(tokenizer, [int(ly.top_ids[p, 0]) for res in (logit, tuned) for ly in res.layers
+             f"{esc(info.get('tokens', '?'))} training tokens)"
+             + (f"; third: Jacobian lens (Gurnee et al. 2026; {esc(_jinfo(jacobian_info))})" if jacobian is not None else "")
+             + f". {esc(LEGEND)}</p>"]
+    note = special_note(tokenizer, [int(ly.top_ids[p, 0]) for res in (logit, tuned, jacobian) if res is not None
+                                    for ly in res.layers
                                     for p in range(len(positions))])
     if note:
         parts.append(f"<p class='note'>{esc(note)}</p>")
@@ -234,8 +245,17 @@ def tuned_lens_section(logit: LensResult, tuned: LensResult, tokenizer, lens_inf
         if c not in COLOURS:
             trajectory_figure(logit, tuned, tokenizer, c)  # raises BadInput naming the colours
         parts.append(f"<h3>{esc(COLOURS[c][0])}</h3>")
-        parts.append(figure_html(trajectory_figure(logit, tuned, tokenizer, c), f"tuned-lens-{c}"))
+        parts.append(figure_html(trajectory_figure(logit, tuned, tokenizer, c, jacobian), f"tuned-lens-{c}"))
     if eval_result is not None:
         parts.append("<h3>Per-layer quality on held-out text</h3>")
         parts.append(figure_html(eval_figure(eval_result), "tuned-lens-eval"))
-    return Section(id="tuned-lens", title="Tuned lens vs logit lens", html="\n".join(parts))
+    title = "Tuned lens vs logit lens" if jacobian is None else "Logit, tuned and Jacobian lens"
+    return Section(id="tuned-lens", title=title, html="\n".join(parts))
+
+
+def _jinfo(info: dict | None) -> str:
+    """``model, corpus, N prompts, dtype, source`` of a Jacobian lens (for the caption)."""
+    i = info or {}
+    return ", ".join(str(x) for x in (i.get("name") or "fitted", i.get("corpus") and f"fitted on {i['corpus']}",
+                                      i.get("n_prompts") and f"{i['n_prompts']} prompts",
+                                      i.get("dtype") and f"stored {i['dtype']}", i.get("source")) if x)

@@ -62,6 +62,26 @@ def _tuned(ctx, plan, run):
     run.extra["lens"] = lens
     run.result = logit_lens(ctx["borders"], ctx["ids"], positions="all", k=5, translator=lens)
     run.extra["pair"] = lens_pair(ctx["borders"], ctx["ids"][0], lens)
+    _jacobian(ctx, run)
+
+
+def _jacobian(ctx, run):
+    """The Jacobian lens beside the tuned one (Gurnee et al. 2026), when one is shipped or in --lens:
+    ``run.extra["jacobian"]`` over the positions of the pair, ``run.extra["jacobian_lens"]`` the lens."""
+    from vocablens.errors import BadInput, CheckpointMismatch
+    from vocablens.lens import logit_lens
+    from vocablens.lens.jacobian import JacobianLens, find_jacobian_lens
+
+    try:
+        jl = JacobianLens.load(find_jacobian_lens(ctx["model"], ctx["lens_path"] or None), ctx["borders"])
+    except (BadInput, CheckpointMismatch) as exc:
+        run.extra["jacobian_note"] = str(exc)
+        return
+    pos = run.extra["pair"][0].positions.tolist()
+    layers = None if len(jl.layers) == ctx["borders"].n_layers else [*jl.layers, ctx["borders"].n_layers]
+    run.extra["jacobian_lens"] = jl
+    run.extra["jacobian"] = logit_lens(ctx["borders"], ctx["ids"][0], positions=pos, k=1, translator=jl,
+                                       kind="jacobian", layers=layers)
 
 
 def _argmax_expected(ctx) -> float:

@@ -1,0 +1,156 @@
+"""Jacobian-lens and backward-lens commands: ``vocablens lens fit-jacobian`` and ``vocablens lens backward``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vocablens.cli.common import DeviceOpt, JsonOpt, ModelOpt, TrustOpt, emit_json, err, load_model, out, status
+from vocablens.cli.core import lens_app
+from vocablens.errors import BadInput, OutputExists
+
+
+@lens_app.command("fit-jacobian")
+def lens_fit_jacobian(
+    model: ModelOpt = "smollm2",
+    corpus: Annotated[str, typer.Option("--corpus", help="A named corpus (pydoc-topics, cpython-stdlib, python-docs, debian-handbook) or a path (text, jsonl, HTML, directory).")] = "pydoc-topics",
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for the lens (jacobian.safetensors + jacobian.json) and its checkpoint.")] = Path("jacobian-lens"),
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Fit on at most this many tokens (prompts of --seq-len tokens).")] = 1024,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per prompt (the reference: 128).")] = 128,
+    skip_first: Annotated[int, typer.Option("--skip-first", help="Leading positions left out of the average (attention sinks; the reference: 16).")] = 16,
+    dim_batch: Annotated[int, typer.Option("--dim-batch", help="Output directions per backward pass (memory grows with it, FLOPs do not).")] = 8,
+    prompt_batch: Annotated[int, typer.Option("--prompt-batch", help="Prompts per forward.")] = 1,
+    layers: Annotated[str, typer.Option("--layers", help="Comma-separated stream layers to fit (default all 0..L-1).")] = "",
+    val_fraction: Annotated[float, typer.Option("--val-fraction", help="Documents held out (not fitted on) for `lens eval`.")] = 0.1,
+    seed: Annotated[int, typer.Option("--seed", help="Order of the training documents.")] = 0,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Checkpoint every N batches of prompts (0 = at the end).")] = 1,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint in --out.")] = False,
+    save_dtype: Annotated[str, typer.Option("--save-dtype", help="float16 (default, as the reference), bfloat16 or float32 storage.")] = "float16",
+    threads: Annotated[int, typer.Option("--threads", help="torch threads (0 = torch's default).")] = 0,
+    force: Annotated[bool, typer.Option("--force", help="Replace a Jacobian lens already in --out.")] = False,
+    progress: Annotated[bool, typer.Option("--progress", help="Show progress on stderr even with --json.")] = False,
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """Fit a Jacobian lens (Gurnee et al. 2026): the exact average Jacobian of the last layer's stream
+    with respect to each layer's, by batched vector-Jacobian products; checkpoints go to --out."""
+    import torch
+
+    from vocablens.cli.common import parse_int_list
+    from vocablens.cli.lenses import set_threads
+    from vocablens.lens.jacobian import LENS_FILE
+    from vocablens.lens.jacobian_fit import CKPT_FILE, JacobianFitSettings, fit_jacobian_lens
+
+    dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+    if save_dtype not in dtypes:
+        raise BadInput(f"--save-dtype must be float16, bfloat16 or float32; got {save_dtype!r}")
+    if seq_len <= skip_first + 1:
+        raise BadInput(f"--seq-len {seq_len} leaves no position after --skip-first {skip_first} and the last; "
+                       f"use more than {skip_first + 1}")
+    if max_tokens < seq_len:
+        raise BadInput(f"--max-tokens {max_tokens} is less than one prompt of --seq-len {seq_len}")
+    if (out_dir / LENS_FILE).exists() and not force and not resume:
+        raise OutputExists(f"{out_dir} already holds a Jacobian lens; pass --force to replace it")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputExists(f"{out_dir} exists and is not a directory")
+    if resume and not (out_dir / "jacobian-checkpoint" / CKPT_FILE).exists():
+        raise BadInput(f"--resume: no checkpoint in {out_dir / 'checkpoint'} (fit without --resume first)")
+    settings = JacobianFitSettings(skip_first=skip_first, dim_batch=dim_batch, prompt_batch=prompt_batch,
+                                   layers=tuple(parse_int_list(layers, "--layers")) if layers else None)
+    set_threads(threads)
+    quiet = json_ and not progress
+    from vocablens.corpus import load_documents
+
+    docs = load_documents(corpus)  # a missing or empty corpus fails before the model loads
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
+    settings.validate(lm.borders.n_layers)
+    with status(f"tokenizing the training data of {corpus} ...", quiet=quiet):
+        rows, info = lm.corpus_rows(corpus, "train", seq_len, max_tokens, val_fraction, 0, seed, docs)
+    info["model"] = lm.provenance.name
+    rows = rows[: max(1, max_tokens // seq_len)]
+    if not quiet:
+        err.print(f"fitting on {rows.numel()} tokens: {rows.shape[0]} prompts of {seq_len} from {info['documents']} "
+                  f"documents of {corpus}; per prompt 1 forward + {-(-lm.borders.d_model // dim_batch)} backward "
+                  f"passes of {dim_batch} directions", style="dim", soft_wrap=True)
+    t0 = time.perf_counter()
+    last = [0.0]
+
+    def on_progress(p) -> None:
+        now = time.perf_counter()
+        if quiet or (now - last[0] < 10 and p.pass_done != p.passes):
+            return
+        last[0] = now
+        frac = (p.prompts_done + p.pass_done / p.passes) / p.prompts
+        eta = f", ETA {p.seconds / frac * (1 - frac):.0f} s" if frac > 0 else ""
+        err.print(f"fit-jacobian: prompt {min(p.prompts_done + 1, p.prompts)}/{p.prompts}, backward pass "
+                  f"{p.pass_done}/{p.passes}, {p.seconds:.0f} s{eta}", style="dim", soft_wrap=True)
+
+    lens = fit_jacobian_lens(lm.borders, rows, settings, checkpoint_dir=out_dir / "jacobian-checkpoint",
+                             checkpoint_every=checkpoint_every, resume=resume, data_info=info,
+                             on_progress=on_progress, name=lm.provenance.name)
+    wall = time.perf_counter() - t0
+    lens.settings["command"] = "vocablens lens fit-jacobian " + " ".join(_argv_tail())
+    lens.settings["seconds"] = round(wall, 1)
+    lens.save(out_dir, dtype=dtypes[save_dtype], force=True)
+    summary = {"out": str(out_dir), "n_prompts": lens.settings["n_prompts"], "tokens": lens.settings["tokens"],
+               "layers": lens.layers, "seconds": round(wall, 1), "stored_dtype": save_dtype,
+               "model": lm.provenance.to_dict()}
+    if json_:
+        emit_json(summary)
+    else:
+        out.print(f"saved the Jacobian lens to {out_dir} ({lens.settings['n_prompts']} prompts, "
+                  f"{lens.settings['tokens']} tokens, {len(lens.layers)} layers, {wall:.0f} s)")
+
+
+def _argv_tail() -> list[str]:
+    from vocablens.cli import tuned
+
+    import sys
+
+    saved = list(sys.argv)
+    try:
+        if "fit-jacobian" in sys.argv:
+            sys.argv = [sys.argv[0], "train"] + sys.argv[sys.argv.index("fit-jacobian") + 1:]
+        return tuned._argv_tail()
+    finally:
+        sys.argv = saved
+
+
+@lens_app.command("backward")
+def lens_backward(
+    prompt: Annotated[str, typer.Argument(help="Text to read.")],
+    target: Annotated[str, typer.Option("--target", help="The token whose loss is differentiated: its text (with its leading space) or its id.")],
+    model: ModelOpt = "smollm2",
+    position: Annotated[int, typer.Option("--position", help="Position predicting the target (default the last; negative from the end).")] = -1,
+    k: Annotated[int, typer.Option("-k", "--top-k", help="Top tokens per layer.")] = 5,
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the chat template (user turn).")] = False,
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """The backward lens (Katz et al. 2024): the gradient of -log p(TARGET) at every stream layer,
+    projected through the LM head: the tokens a gradient step on each layer's stream would promote."""
+    from vocablens.lens.backward import backward_lens
+    from vocablens.models.tokens import context_length, encode_prompt
+    from vocablens.render.backward import backward_json, print_backward
+    from vocablens.serve.adapters import token_id
+
+    if not prompt.strip():
+        raise BadInput("empty prompt: give some text")
+    if k < 1:
+        raise BadInput(f"-k must be at least 1; got {k}")
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    tid = token_id(lm, int(target) if target.strip().isdigit() else target)
+    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat)[0]
+    res = backward_lens(lm.borders, ids, tid, position=position, k=k)
+    if json_:
+        emit_json(backward_json(res, lm.tokenizer, lm.provenance))
+    else:
+        print_backward(res, lm.tokenizer, out, lm.provenance)
+
+
+__all__ = ["lens_backward", "lens_fit_jacobian"]

@@ -1,0 +1,47 @@
+"""One comparison of lenses on the same tokens: against the tuned-lens evaluation and a full-softmax oracle."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import tiny_models as tm
+from vocablens.lens.compare import compare_lenses
+from vocablens.lens.evaluate import evaluate
+from vocablens.lens.jacobian import JacobianLens
+from vocablens.lens.tuned import TunedLens
+from vocablens.models import Borders
+
+
+def test_compare_matches_evaluate_and_a_full_softmax_oracle():
+    model = tm.make_tiny("llama")
+    b = Borders.from_model(model)
+    L, d = b.n_layers, b.d_model
+    g = torch.Generator().manual_seed(3)
+    tuned = TunedLens.for_model(b)
+    with torch.no_grad():
+        tuned.weight.copy_(0.1 * torch.randn(L, d, d, generator=g))
+    J = torch.eye(d) + 0.2 * torch.randn(1, d, d, generator=g)
+    jac = JacobianLens(J, [1], L)  # a matrix for layer 1 only: layer 0 scores NaN
+    rows = tm.ids(batch=2, T=6, seed=7)
+    res = compare_lenses(b, {"logit": None, "tuned": tuned, "jacobian": jac}, rows, n_bytes=40)
+    ref = evaluate(b, tuned, rows, n_bytes=40)
+    for i in range(L + 1):
+        assert math.isclose(res.metrics["logit"]["kl"][i], ref.logit_kl[i], rel_tol=1e-5, abs_tol=1e-7)
+        assert math.isclose(res.metrics["tuned"]["ce"][i], ref.tuned_ce[i], rel_tol=1e-5)
+        assert math.isclose(res.metrics["tuned"]["top1_agreement"][i], ref.tuned_top1[i])
+        assert math.isclose(res.metrics["logit"]["bpb"][i], ref.logit_bpb[i], rel_tol=1e-5)
+    assert math.isnan(res.metrics["jacobian"]["kl"][0]) and res.metrics["jacobian"]["kl"][L] == 0.0
+    # the Jacobian lens at layer 1 by a full softmax over V, plain torch
+    with torch.no_grad():
+        kl = []
+        for r in rows:
+            resid, logits = b.residual_stream(r[None])
+            p = torch.log_softmax(logits[0].double(), -1)
+            q = torch.log_softmax(b.unembed(resid[1, 0].float() @ J[0].T).double(), -1)
+            kl.append((p.exp() * (p - q)).sum(-1))
+    assert math.isclose(res.metrics["jacobian"]["kl"][1], float(torch.cat(kl).mean()), rel_tol=1e-4)
+    assert res.mean_kl("jacobian") == res.metrics["jacobian"]["kl"][1]
+    d_ = res.to_dict()
+    assert d_["kinds"] == ["logit", "tuned", "jacobian"] and len(d_["layers"]) == L + 1
