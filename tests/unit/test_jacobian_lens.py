@@ -229,3 +229,23 @@ def test_cli_fit_read_and_refuse(tmp_path, capsys):
     assert code == 0 and json.loads(out)["kind"] == "backward", err
     code, out, err = run_cli(capsys, "lens", "backward", "The value", "--target", " is a number", "-m", str(a))
     assert code == 2 and "single token" in err
+
+
+def test_hub_ids_resolve_from_the_local_cache_only(tmp_path, monkeypatch):
+    import huggingface_hub.constants as hc
+
+    from vocablens.lens.tuned import find_lens
+
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path))
+    snap = tmp_path / "models--org--jlens" / "snapshots" / "abc123"
+    (snap / "tiny").mkdir(parents=True)
+    _reference_save(snap / "tiny" / "lens.pt", {0: torch.eye(4)}, 3, 4)
+    assert find_jacobian_lens("x", "org/jlens/tiny/lens.pt") == snap / "tiny" / "lens.pt"
+    assert find_jacobian_lens("x", "org/jlens/tiny") == snap / "tiny" / "lens.pt"
+    tl = tmp_path / "spaces--org--tuned" / "snapshots" / "def456" / "lens" / "tiny"
+    tl.mkdir(parents=True)
+    (tl / "config.json").write_text('{"d_model": 4, "num_hidden_layers": 1}')
+    torch.save({"0.weight": torch.zeros(4, 4), "0.bias": torch.zeros(4)}, tl / "params.pt")
+    assert find_lens("x", "org/tuned/lens/tiny") == tl
+    with pytest.raises(BadInput, match="local cache"):
+        find_jacobian_lens("x", "org/missing/lens.pt")

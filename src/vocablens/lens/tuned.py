@@ -273,14 +273,19 @@ def shipped_lens_path(model_name: str = "smollm2") -> Path | None:
 
 
 def find_lens(model_spec: str = "smollm2", path: str | Path | None = None) -> Path:
-    """THE way a command finds its tuned lens: the directory ``path`` (``--lens DIR``) when given,
-    else the lens shipped for ``model_spec``.
+    """THE way a command finds its tuned lens: the directory ``path`` (``--lens DIR``; ours or
+    tuned-lens's ``params.pt`` layout; or a hub id ``OWNER/REPO/PATH`` found in the local cache,
+    :func:`vocablens.lens.published.resolve_lens_source`) when given, else the lens shipped for ``model_spec``.
 
     Raises:
         BadInput: ``path`` holds no lens, or no path and no lens shipped for that model.
     """
     if path:
         p = Path(path).expanduser()
+        if not p.exists() and looks_like_hub_id(str(path)):  # a published lens in the local hub cache
+            from vocablens.lens.published import resolve_lens_source
+
+            p = resolve_lens_source(str(path))
         if p.is_file():
             p = p.parent
         if not ((p / LENS_FILE).exists() or (p / "params.pt").exists()):
@@ -292,6 +297,11 @@ def find_lens(model_spec: str = "smollm2", path: str | Path | None = None) -> Pa
         raise BadInput(f"no tuned lens shipped for {model_spec!r}; give `path` DIR "
                        "(train one with `vocablens lens train`)")
     return shipped
+
+
+def looks_like_hub_id(spec: str) -> bool:
+    """``OWNER/REPO[/PATH]`` that is not a local path (no leading ``/``, ``.`` or ``~``)."""
+    return len([x for x in spec.split("/") if x]) >= 2 and not spec.startswith(("/", ".", "~"))
 
 
 def load_for_model(borders: Borders, model_spec: str = "smollm2", path: str | Path | None = None) -> TunedLens:
@@ -384,6 +394,6 @@ def save_files(dirpath: Path, tensors: dict[str, torch.Tensor], meta: dict, tens
 
 
 __all__ = [
-    "CONFIG_FILE", "LENS_FILE", "TunedLens", "find_lens", "load_for_model", "load_tuned_lens_library",
+    "CONFIG_FILE", "LENS_FILE", "TunedLens", "find_lens", "load_for_model", "load_tuned_lens_library", "looks_like_hub_id",
     "model_identity", "read_json", "read_pair", "read_safetensors", "save_files", "shipped_lens_path",
 ]
