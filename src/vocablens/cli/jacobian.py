@@ -145,7 +145,7 @@ def lens_backward(
         raise BadInput(f"-k must be at least 1; got {k}")
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     tid = token_id(lm, int(target) if target.strip().isdigit() else target)
-    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat)[0]
+    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat, rows=lm.borders.vocab_size)[0]
     res = backward_lens(lm.borders, ids, tid, position=position, k=k)
     if json_:
         emit_json(backward_json(res, lm.tokenizer, lm.provenance))
