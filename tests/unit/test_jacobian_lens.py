@@ -249,3 +249,19 @@ def test_hub_ids_resolve_from_the_local_cache_only(tmp_path, monkeypatch):
     assert find_lens("x", "org/tuned/lens/tiny") == tl
     with pytest.raises(BadInput, match="local cache"):
         find_jacobian_lens("x", "org/missing/lens.pt")
+
+
+def test_model_handle_fits_and_reads_the_jacobian_lens(tmp_path):
+    from tiny_dirs import save_tiny, tiny_tokenizer
+
+    import vocablens
+
+    m = vocablens.load(str(save_tiny(tmp_path / "a", tiny_tokenizer())))
+    (tmp_path / "c.txt").write_text(("The value of x is a number. " * 30 + "\n") * 4)
+    lens = m.fit_jacobian_lens(str(tmp_path / "c.txt"), max_tokens=16, seq_len=8, out=tmp_path / "j",
+                               settings=JacobianFitSettings(skip_first=2, dim_batch=64))
+    assert lens.settings["n_prompts"] == 2 and (tmp_path / "j" / "jacobian.safetensors").exists()
+    res = m.lens("The value", kind="logit,jacobian", positions="all")
+    assert res.kinds == ["logit", "jacobian"]
+    assert float(res[0, "jacobian"].layers[-1].kl_to_final.abs().max()) < 1e-5  # layer L: the model itself
+    assert float(res[0, "jacobian"].layers[1].kl_to_final.sum()) != float(res[0, "logit"].layers[1].kl_to_final.sum())

@@ -45,3 +45,24 @@ def test_compare_matches_evaluate_and_a_full_softmax_oracle():
     assert res.mean_kl("jacobian") == res.metrics["jacobian"]["kl"][1]
     d_ = res.to_dict()
     assert d_["kinds"] == ["logit", "tuned", "jacobian"] and len(d_["layers"]) == L + 1
+
+
+def test_report_section_shows_the_three_lenses_side_by_side():
+    from vocablens.lens import logit_lens
+    from vocablens.render.tuned import trajectory_figure, tuned_lens_section
+    from tiny_dirs import tiny_tokenizer
+
+    b = Borders.from_model(tm.make_tiny("llama"))
+    L, d = b.n_layers, b.d_model
+    ids = tm.ids(batch=1, T=5, seed=2)[0]
+    tuned = TunedLens.for_model(b)
+    jac = JacobianLens(torch.eye(d)[None].repeat(L - 1, 1, 1), list(range(1, L)), L, {"name": "tiny"},
+                       {"n_prompts": 3, "corpus": "c", "stored_dtype": "float16", "source": "vocablens"})
+    res = [logit_lens(b, ids, positions="all", k=1, translator=t, kind=kd,
+                      layers=None if kd != "jacobian" else [*jac.layers, L])
+           for kd, t in (("logit", None), ("tuned", tuned), ("jacobian", jac))]
+    fig = trajectory_figure(*res[:2], tiny_tokenizer(), "kl", res[2])
+    assert [a.text for a in fig.layout.annotations][:3] == ["logit lens", "tuned lens", "jacobian lens"]
+    assert list(fig.data[2].y) == [*jac.layers, L]  # the published lens's rows: no layer 0
+    sec = tuned_lens_section(*res[:2], tiny_tokenizer(), {"name": "tiny"}, jacobian=res[2], jacobian_info=jac.info())
+    assert sec.title == "Logit, tuned and Jacobian lens" and "3 prompts" in sec.html and "stored float16" in sec.html

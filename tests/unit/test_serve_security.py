@@ -452,3 +452,26 @@ def test_real_server_answers_413_without_reading_the_body(real_server):
     assert status == 413 and f"over {cap} bytes" in d["error"]
     # and it goes on serving
     assert _raw(real_server, b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")[0] == 200
+
+
+def test_lens_kinds_include_the_jacobian_lens(c, state):
+    """/api/lens takes jacobian and comma lists; with none loaded or shipped, one line; J = I reads as the logit lens."""
+    import torch
+
+    from vocablens.lens.jacobian import JacobianLens
+
+    saved = state.jacobian
+    try:
+        state.jacobian = None
+        assert "no Jacobian lens" in one_line_error(c.post("/api/lens", json={"prompt": PROMPT, "kind": "jacobian"}), 400)
+        b = state.lm.borders
+        state.jacobian = JacobianLens(torch.eye(b.d_model).repeat(b.n_layers, 1, 1), list(range(b.n_layers)), b.n_layers)
+        r = c.post("/api/lens", json={"prompt": PROMPT, "kind": "logit,tuned,jacobian", "k": 2})
+        assert r.status_code == 200, r.text[:300]
+        d = r.json()
+        assert d["kind"] == "logit,tuned,jacobian" and d["jacobian"]["kind"] == "jacobian"
+        for a, j in zip(d["logit"]["layers"], d["jacobian"]["layers"]):
+            assert a["positions"][-1]["top_ids"] == j["positions"][-1]["top_ids"]
+        assert one_line_error(c.post("/api/lens", json={"prompt": PROMPT, "kind": "jacobian,logit"}), 422)
+    finally:
+        state.jacobian = saved

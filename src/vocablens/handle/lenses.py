@@ -72,6 +72,8 @@ class LensWorkflows:
             return self.tuned_lens
         if kind in self.translators:
             return self.translators[kind]
+        if kind == "jacobian":  # the Jacobian lens shipped for the model, read on first use
+            return self.load_jacobian_lens(None)
         known = ", ".join(["logit", "tuned", "both", *sorted(k for k in self.translators if k != "tuned")])
         raise BadInput(f"--kind must be one of {known}; got {kind!r}")
 
@@ -110,6 +112,40 @@ class LensWorkflows:
         if out is not None:
             res.lens.save(out, force=force)
         return res
+
+    def load_jacobian_lens(self, path: str | Path | None = None):
+        """Read a Jacobian lens (our folder, a published ``lens.pt``, a hub id from the local cache; None:
+        the one shipped for this model), check it against this model and use it as lens ``jacobian``.
+
+        Raises:
+            BadInput: no lens there. CheckpointMismatch: d_model, layer count or unembedding do not fit.
+        """
+        from vocablens.lens.jacobian import JacobianLens, find_jacobian_lens
+
+        lens = JacobianLens.load(find_jacobian_lens(self.spec or "smollm2", path), self.borders)
+        self.translators["jacobian"] = lens
+        return lens
+
+    def fit_jacobian_lens(self, corpus: str = "pydoc-topics", max_tokens: int = 1024, seq_len: int = 128,
+                          settings=None, out: str | Path | None = None, val_fraction: float = 0.1, seed: int = 0,
+                          on_progress=None, force: bool = False):
+        """Fit a Jacobian lens on this frozen model (Gurnee et al. 2026;
+        :func:`vocablens.lens.jacobian_fit.fit_jacobian_lens`: exact average Jacobians by batched VJPs) on
+        prompts of ``seq_len`` tokens from the training split of ``corpus``, use it as lens ``jacobian``
+        and save it to ``out`` (float16) when given. Returns the :class:`~vocablens.lens.jacobian.JacobianLens`.
+
+        Raises:
+            BadInput: bad settings, an empty corpus. OutputExists: ``out`` holds a Jacobian lens and not ``force``.
+        """
+        from vocablens.lens.jacobian_fit import JacobianFitSettings, fit_jacobian_lens
+
+        rows, info = self.corpus_rows(corpus, "train", seq_len, max_tokens, val_fraction, 0, seed)
+        lens = fit_jacobian_lens(self.borders, rows[: max(1, max_tokens // seq_len)], settings or JacobianFitSettings(),
+                                 data_info=info, on_progress=on_progress, name=self.provenance.name)
+        self.translators["jacobian"] = lens
+        if out is not None:
+            lens.save(out, force=force)
+        return lens
 
     def corpus_rows(self, corpus: str, split: str, seq_len: int, max_tokens: int | None = None,
                     val_fraction: float = 0.1, split_seed: int = 0, shuffle_seed: int | None = None, docs=None,
@@ -193,7 +229,8 @@ class LensWorkflows:
 
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise BadInput(f"-k must be at least 1; got {k}")
-        kinds = (["logit", "tuned"] if kind == "both" else [kind]) if isinstance(kind, str) else list(kind)
+        kinds = (["logit", "tuned"] if kind == "both" else [x.strip() for x in kind.split(",") if x.strip()]
+                 ) if isinstance(kind, str) else list(kind)  # "logit,tuned,jacobian": a comma list
         if not kinds:
             raise BadInput("give at least one lens kind")
         translators = [self._lens_for_call(kd, lens_dir) for kd in kinds]

@@ -139,17 +139,23 @@ class _Replayed:
 
 # ---------------------------------------------------------------------------------------- endpoints
 def lens_json(lm, ids: torch.Tensor, kind: str, k: int, tuned,
-              stream: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
+              stream: tuple[torch.Tensor, torch.Tensor] | None = None, jacobian=None) -> dict:
     """``/api/lens``: every layer x every position; the dict of ``lens --positions all --json``.
 
-    ``stream``: the prompt's cached :func:`forward` (None: run it); both lenses of ``kind="both"``
-    read the same forward pass.
+    ``kind``: ``logit``, ``tuned``, ``jacobian``, ``both`` (= logit,tuned) or a comma list of them;
+    ``tuned`` / ``jacobian``: those lenses (None when not asked for). ``stream``: the prompt's cached
+    :func:`forward` (None: run it); every lens asked for reads the same forward pass.
     """
-    if kind not in ("logit", "tuned", "both"):
-        raise BadInput(f"kind must be logit, tuned or both; got {kind!r}")
+    kinds = ["logit", "tuned"] if kind == "both" else [x for x in str(kind).split(",") if x]
+    if not kinds or any(x not in ("logit", "tuned", "jacobian") for x in kinds):
+        raise BadInput(f"kind must be logit, tuned, jacobian, both or a comma list of them; got {kind!r}")
     b = _Replayed(lm.borders, ids, stream if stream is not None else forward(lm, ids))
-    translators = [None] if kind == "logit" else [tuned] if kind == "tuned" else [None, tuned]
-    results = [logit_lens(b, ids, positions="all", k=k, translator=t) for t in translators]
+    by_kind = {"logit": None, "tuned": tuned, "jacobian": jacobian}
+    results = []
+    for kd in kinds:
+        jl = by_kind[kd] if kd == "jacobian" else None
+        layers = None if jl is None or len(jl.layers) == lm.borders.n_layers else [*jl.layers, lm.borders.n_layers]
+        results.append(logit_lens(b, ids, positions="all", k=k, translator=by_kind[kd], kind=kd, layers=layers))
     return _with_model(_lens_json(results, lm.tokenizer), lm)
 
 

@@ -80,7 +80,8 @@ def request_models(max_tokens: int) -> dict[str, type[BaseModel]]:
 
     class LensReq(_Req):
         prompt: Prompt
-        kind: Literal["logit", "tuned", "both"] = "both"
+        kind: Literal["logit", "tuned", "both", "jacobian", "logit,jacobian", "tuned,jacobian",
+                      "logit,tuned,jacobian"] = "both"
         k: StrictInt = Field(5, ge=1, le=50)
         chat: StrictBool = False
 
@@ -239,15 +240,16 @@ def create_app(state: ServerState, host: str = "127.0.0.1") -> FastAPI:
     @app.post("/api/lens")
     @_body(M["lens"])
     def lens(req):
-        """Every layer x every position of the prompt through the logit and/or tuned lens, top-k each.
+        """Every layer x every position of the prompt through the logit, tuned and/or Jacobian lens, top-k each.
 
         The prompt's forward pass is cached apart from the readout: another ``k`` or ``kind`` on the
         same prompt reads the cached residual stream (no forward pass)."""
         with state.lock:
-            tuned = state.need_tuned() if req.kind != "logit" else None
+            tuned = state.need_tuned() if req.kind in ("tuned", "both") or "tuned," in req.kind else None
+            jac = state.need_jacobian() if "jacobian" in req.kind else None
             e = state.entry(req.prompt, req.chat)
             d = cached(e, ("lens", req.kind, req.k),
-                       lambda: adapters.lens_json(state.lm, e.ids, req.kind, req.k, tuned, state.forward(e)))
+                       lambda: adapters.lens_json(state.lm, e.ids, req.kind, req.k, tuned, state.forward(e), jac))
             return JSONResponse(d)
 
     @app.post("/api/trajectory")

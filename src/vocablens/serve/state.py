@@ -157,6 +157,8 @@ class ServerState:
         lm = Model.of(lm, spec=model_spec)  # the handle: encoding and the workflows the endpoints call
         self.lm = lm
         self.model_spec = model_spec
+        self.lens_path = lens_path
+        self.jacobian = None
         self.max_tokens = max_tokens
         self.lock = threading.Lock()
         self.prompts = PromptCache()
@@ -204,6 +206,23 @@ class ServerState:
         if self._undertrained is None:
             self._undertrained = adapters.undertrained_index(self.lm)
         return self._undertrained
+
+    def need_jacobian(self):
+        """The Jacobian lens (``--lens`` when it holds one, else the one shipped for the model), read on
+        first use, or :class:`BadInput` saying why there is none."""
+        from vocablens.errors import BadInput, VocabLensError
+        from vocablens.lens.jacobian import JacobianLens, find_jacobian_lens
+
+        if getattr(self, "jacobian", None) is None:
+            try:
+                try:
+                    path = find_jacobian_lens(self.model_spec, self.lens_path or None)
+                except BadInput:
+                    path = find_jacobian_lens(self.model_spec, None)
+                self.jacobian = JacobianLens.load(path, self.lm.borders)
+            except VocabLensError as exc:
+                raise BadInput(f"no Jacobian lens: {exc}") from None
+        return self.jacobian
 
     def need_tuned(self):
         """The tuned lens, or :class:`BadInput` saying why there is none."""
