@@ -59,17 +59,17 @@ def test_tune_heap_is_seen_by_the_hook(libc_lookups):
     """Positive control: the one setter looks ``mallopt`` up (on glibc), and the hook records it."""
     import sys
 
-    from vocablens.cli.heap import MMAP_THRESHOLD, TRIM_THRESHOLD, tune_heap
+    from vocablens.cli.heap import tune_heap
 
     took = tune_heap()
     if sys.platform.startswith("linux") and took:
         assert "mallopt" in libc_lookups
-    assert MMAP_THRESHOLD == 4 << 20 and TRIM_THRESHOLD == 16 << 20
 
 
-def test_tune_heap_sets_both_thresholds(monkeypatch):
-    """The CLI's one setting: mmap threshold 4 MiB (glibc's M_MMAP_THRESHOLD = -3), trim threshold
-    16 MiB (M_TRIM_THRESHOLD = -1)."""
+def test_tune_heap_sets_the_thresholds(monkeypatch):
+    """The CLI's settings: block-wise commands fix the mmap threshold at 1 MiB (glibc's
+    M_MMAP_THRESHOLD = -3); an argmax scan at 4 MiB with the trim threshold (M_TRIM_THRESHOLD = -1)
+    at 16 MiB, set only when the scan reports its first stage (stored verdicts: no scan, no change)."""
     from vocablens.cli import heap
 
     calls = []
@@ -84,7 +84,15 @@ def test_tune_heap_sets_both_thresholds(monkeypatch):
 
     monkeypatch.setattr(heap, "_glibc", lambda: FakeLibc())
     assert heap.tune_heap()
-    assert calls == [(-3, 4 * 2 ** 20), (-1, 16 * 2 ** 20)]
+    assert calls == [(-3, 2 ** 20)]
+    seen = []
+    cb = heap.tuned_for_the_scan(lambda *a: seen.append(a))
+    cb("stored verdicts", 0, 10)
+    assert calls == [(-3, 2 ** 20)] and seen == [("stored verdicts", 0, 10)]
+    cb("prepare: duplicates", 0, 10)
+    cb("gemm", 5, 10)
+    assert calls == [(-3, 2 ** 20), (-3, 4 * 2 ** 20), (-1, 16 * 2 ** 20)]      # once
+    assert seen[-1] == ("gemm", 5, 10)
 
 
 @pytest.mark.parametrize("bias", [False, True])

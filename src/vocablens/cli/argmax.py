@@ -11,7 +11,7 @@ import typer
 from vocablens.cli.common import (
     DeviceOpt, JsonOpt, MaxMemOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out,
 )
-from vocablens.cli.heap import trim_heap
+from vocablens.cli.heap import trim_heap, tune_heap, tuned_for_the_scan
 from vocablens.cli.progress import PlainProgress, stage_progress  # noqa: F401  (PlainProgress: re-exported)
 from vocablens.errors import BadInput, OutputExists
 from vocablens.units import noun, plural
@@ -71,6 +71,7 @@ def argmax_cmd(
         raise BadInput(f"--bias must be auto, on or off; got {bias!r}")
     if not budget >= 0:
         raise BadInput(f"--budget must be a number of seconds >= 0 (0: no limit); got {budget}")
+    tune_heap()                     # freed blocks leave the resident set (the scan's own setting: below)
     rank = _rank()                  # torchrun: the rows are split across ranks, rank 0 prints
     quiet = json_ or rank != 0
     # the load speaks also with --json, as the scan's progress does (stderr only: stdout stays JSON)
@@ -81,6 +82,7 @@ def argmax_cmd(
     del lm                          # the tokenizer (~30 MiB) is read again for the tables, after the scan
     trim_heap()
     cb, close = _progress_bar(quiet) if rank == 0 else ((lambda *_: None), (lambda: None))
+    cb = tuned_for_the_scan(cb)
     try:
         ma = argmax_for_borders(borders, bias=bias, include_padding=include_padding,
                                 include_untrained=include_padding, norm=norm,

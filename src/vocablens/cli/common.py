@@ -23,7 +23,7 @@ from vocablens.cli.console import (  # noqa: F401  (re-exported: the commands pr
     LiteralConsole, err, literal_markup, out, print_error, print_note,
 )
 from vocablens.cli.damaged import refuse_nonfinite
-from vocablens.cli.heap import trim_heap, tune_heap  # noqa: F401  (trim_heap: re-exported for the commands)
+from vocablens.cli.heap import trim_heap, tune_heap  # noqa: F401  (re-exported for the commands)
 from vocablens.cli.global_options import print_stats, show_version, take_dtype, take_stats
 from vocablens.errors import BadInput, VocabLensError
 
@@ -50,7 +50,6 @@ def _main(
                                                  "the command's name (anatomy's own --dtype is its logits').")] = None,
 ) -> None:
     """The embedding and the unembedding (LM head) of decoder-only language models."""
-    tune_heap()  # the allocator's process-wide settings: here, once for every command (cli/heap.py)
 
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 (default), a model directory, a .gguf file or a hub id.")]

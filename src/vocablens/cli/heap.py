@@ -1,39 +1,57 @@
 """The C heap of a command's process (glibc only; no-ops elsewhere): the one place vocablens sets it.
 
-glibc's allocator settings are process-wide, so the library never touches them; the CLI sets them
-once per command (:func:`tune_heap`, from the app's callback), and a library caller who wants the
-same may call :func:`tune_heap` itself, knowing it holds for the rest of its process (glibc cannot
-read these settings back, so they cannot be restored).
+glibc's allocator settings are process-wide, so the library never touches them; the commands that
+work in blocks set them here (:func:`tune_heap`), and a library caller who wants the same may call
+:func:`tune_heap` itself, knowing it holds for the rest of its process (glibc cannot read these
+settings back, so they cannot be restored).
 
-Why: block-wise analyses (the argmax scan's worker-thread passes, the readout in row blocks)
+Why: block-wise analyses (the readout in row blocks, the argmax scan's worker-thread passes)
 allocate and free many arrays of 1-16 MiB. By default glibc raises its mmap threshold to the largest
 block freed, after which such blocks come from the arenas (one per thread), which fragment and keep
-the freed memory resident. With the threshold fixed, blocks of at least :data:`MMAP_THRESHOLD` are
-mapped and unmapped, so the resident set stays at the live data plus a block; fixing it also stops
-glibc's own raising of the trim threshold, which is therefore set too (:data:`TRIM_THRESHOLD`), so
-that smaller freed blocks (the int8 kernels' 2 MiB products) are reused instead of faulted in again.
-Results never depend on these settings. Figures: docs/performance-argmax.md.
+the freed memory resident. With the threshold fixed, larger blocks are mapped and unmapped, so the
+resident set stays at the live data plus a block. Fixing it also stops glibc's own raising of the
+trim threshold; the argmax scan therefore sets that too (:data:`SCAN_TRIM_THRESHOLD`), so that its
+2 MiB int8 product blocks are reused instead of faulted in again. Results never depend on these
+settings. Figures: docs/performance-argmax.md.
 """
 
 from __future__ import annotations
 
-#: blocks at least this large (bytes) are mapped, and unmapped when freed, instead of taken from an arena
-MMAP_THRESHOLD = 4 << 20
-#: free memory (bytes) an arena keeps at its top before giving it back to the OS
-TRIM_THRESHOLD = 16 << 20
+from typing import Callable
+
+#: bytes from which a block is mapped, and unmapped when freed, in the block-wise commands
+BLOCK_MMAP_THRESHOLD = 1 << 20
+#: the same during an argmax scan (its 1-4 MiB products stay in the arenas, reused)
+SCAN_MMAP_THRESHOLD = 4 << 20
+#: free memory (bytes) an arena keeps at its top before giving it back to the OS, during a scan
+SCAN_TRIM_THRESHOLD = 16 << 20
 _M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD = -3, -1      # glibc's mallopt parameter numbers
 
 
-def tune_heap() -> bool:
-    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` and its trim threshold at
-    :data:`TRIM_THRESHOLD` bytes, for the rest of the process.
+def tune_heap(scan: bool = False) -> bool:
+    """Fix glibc's mmap threshold at :data:`BLOCK_MMAP_THRESHOLD` bytes, or for an argmax scan
+    (``scan``) at :data:`SCAN_MMAP_THRESHOLD` with the trim threshold at :data:`SCAN_TRIM_THRESHOLD`,
+    for the rest of the process.
 
     Returns whether it took effect (False where glibc is not the allocator: nothing changed).
     """
     libc = _glibc()
-    if libc is None or not libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD):
+    if libc is None or not libc.mallopt(_M_MMAP_THRESHOLD, SCAN_MMAP_THRESHOLD if scan else BLOCK_MMAP_THRESHOLD):
         return False
-    return bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return bool(libc.mallopt(_M_TRIM_THRESHOLD, SCAN_TRIM_THRESHOLD)) if scan else True
+
+
+def tuned_for_the_scan(progress: Callable[[str, int, int], None]) -> Callable[[str, int, int], None]:
+    """``progress`` that first sets the scan's heap (:func:`tune_heap` with ``scan``) when the argmax
+    scan reports its first stage (not when stored verdicts answer the command: no scan runs)."""
+    done = []
+
+    def report(stage: str, a: int, b: int) -> None:
+        if not done and stage.startswith(("prepare", "gemm")):
+            done.append(tune_heap(scan=True))
+        progress(stage, a, b)
+
+    return report
 
 
 def trim_heap() -> bool:
@@ -58,4 +76,5 @@ def _glibc():
         return None
 
 
-__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "trim_heap", "tune_heap"]
+__all__ = ["BLOCK_MMAP_THRESHOLD", "SCAN_MMAP_THRESHOLD", "SCAN_TRIM_THRESHOLD", "trim_heap", "tune_heap",
+           "tuned_for_the_scan"]

@@ -38,6 +38,9 @@ def report(
     command that completes each.
     """
     from vocablens.report.runner import plan_report
+    from vocablens.cli.heap import tune_heap
+
+    tune_heap(scan=True)  # the argmax scan runs in this process (cli/heap.py)
     from vocablens.render.report import write_page
 
     if not prompt.strip():

@@ -53,6 +53,9 @@ def serve_cmd(
 ) -> None:
     """Serve the explorer page and its JSON API (schema at /openapi.json); Ctrl-C stops it."""
     from vocablens.serve import LOCAL_HOSTS, ServerState, serve
+    from vocablens.cli.heap import tune_heap
+
+    tune_heap(scan=True)  # the argmax scan runs in this process (cli/heap.py)
 
     if not 0 <= port <= 65535:
         raise BadInput(f"--port must be 0..65535; got {port}")

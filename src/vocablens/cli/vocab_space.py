@@ -85,7 +85,7 @@ def project_cmd(
     --block counts blocks 0..L-1 (block i reads residual-stream layer i and writes layer i+1); the
     JSON field "block" of vectors and rows is that block index, as in explain's JSON.
     """
-    from vocablens.cli.heap import trim_heap
+    from vocablens.cli.heap import trim_heap, tune_heap
     from vocablens.models.pages import release_after_reading
     from vocablens.render.shown import print_result, to_json
 
@@ -109,6 +109,7 @@ def project_cmd(
         _check_block_early(model, block)  # one line, before the loading line
     one_block = block is not None and not tokens and not interpretable  # that block + head + final norm
     values = not one_block and not keys  # every block's value vectors + head + final norm
+    tune_heap()  # the readout's freed row blocks leave the resident set
     release_after_reading()  # and so do the checkpoint pages of the rows it has read
     if one_block or values:  # that block or every value matrix, with the head and the final norm
         lm = load_model(model, mode="borders", blocks=[block] if one_block else None, value_vectors=values,
