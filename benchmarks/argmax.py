@@ -86,7 +86,7 @@ changed, each measured on that head:
   the near rows scored exactly in float64; vocablens.argmax.scoring), streamed over blocks of Q
   with 256 directions per pass, hands its top competitors to the proof stage, and reflects twice
   instead of 20 times (measured: the later reflections settled almost nothing);
-- glibc's mmap threshold fixed (now vocablens.cli.heap.tune_heap, which this script calls as the CLI does): the worker threads' blocks had piled up
+- glibc's mmap threshold fixed (now vocablens.cli.heap.tune_heap(scan=True), which this script calls as the CLI does): the worker threads' blocks had piled up
   in its arenas, 13.2 GiB resident at 151,936 x 896 (now 3.0 GiB).
 Final code, one run each (load average 1.1-1.9):
 
@@ -348,7 +348,7 @@ def main() -> None:
                     "(clusters, reserved and planted rows scaled by V / 151,936) to see how the ratio grows")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    tune_heap()         # the allocator as the CLI sets it (the library leaves it alone)
+    tune_heap(scan=True)    # the allocator as the CLI sets it for a scan (the library leaves it alone)
     if not args.skip_model:
         import vocablens
 
