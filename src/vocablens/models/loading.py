@@ -98,17 +98,21 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
 def checked_readout(borders, spec: str):
     """``(borders, provenance line)`` after :func:`vocablens.models.readout.find_readout` (one probe
     forward of a few tokens), the check stored for later loads without the blocks. Weights holding
-    NaN or inf are not checked (the commands refuse them with their own line first).
+    NaN or inf, or whose probe forward overflows (float16 kept by ``--dtype``), are not checked: the
+    commands refuse them with their own line, naming the layer, before printing anything.
 
     Raises:
         UnsupportedArchitecture: the readout differs from the model's own logits (see find_readout).
     """
-    from vocablens.errors import UnsupportedArchitecture
+    from vocablens.errors import NonFiniteActivations, UnsupportedArchitecture
     from vocablens.models.readout import find_readout
     from vocablens.models.readout_store import store_check
 
     try:
         borders, check = find_readout(borders)
+    except NonFiniteActivations as e:
+        # the commands' own forwards refuse such a stream naming its first non-finite layer
+        return borders, f"unchecked: {e}"
     except UnsupportedArchitecture:
         if borders.nonfinite():
             return borders, "unchecked: the weights hold NaN or inf values"

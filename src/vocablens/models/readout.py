@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vocablens.errors import UnsupportedArchitecture
+from vocablens.errors import NonFiniteActivations, UnsupportedArchitecture
 
 #: max |Δp| allowed between vocablens's readout and the model's own probabilities, by the head's dtype
 TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
@@ -185,6 +185,8 @@ def find_readout(borders) -> tuple[object, ReadoutCheck]:
         UnsupportedArchitecture: the readout of the last block's output differs from the model's
             own logits beyond :func:`tolerance` (one line: the size, and what it looks like), or the
             head's input cannot be traced from the last block's output.
+        NonFiniteActivations: the probe forward itself holds inf or NaN (a float16 stream that
+            overflows), so nothing can be compared.
     """
     from vocablens.models.find import named_children
 
@@ -194,6 +196,9 @@ def find_readout(borders) -> tuple[object, ReadoutCheck]:
     events, last, head_in, head_out, logits = _probe(borders, ids)
     if last is None or head_in is None or logits is None:
         raise UnsupportedArchitecture(family, found, "a probe forward did not run the last block and the LM head")
+    if not all(bool(torch.isfinite(t).all()) for t in (last, head_in, logits)):
+        raise NonFiniteActivations(f"the probe forward of {ids.shape[-1]} tokens overflowed "
+                                   f"{str(borders.W_U.dtype).replace('torch.', '')}: the readout cannot be checked")
     chain, x = [], last
     for mod, inp, outp in events:
         if inp is not None and outp is not None and _same(inp, x) and not _same(outp, inp):
