@@ -87,11 +87,7 @@ def test_streaming_mixed_checkpoint_scores_like_the_normal_load(dirs, capsys):
     assert code == 0, err
     code, got, err = run_cli(capsys, "score", "a mixed checkpoint", "-m", d, "--json", "--max-memory", "1kB")
     assert code == 0, err  # was: RuntimeError: expected m1 and m2 to have the same dtype
-    got, want = json.loads(got), json.loads(want)
-    # the streamed load (blocks on demand) reads the readout check the whole load stored; all else equal
-    assert want["model"].pop("readout").startswith("checked: ")
-    assert got["model"].pop("readout").startswith("checked at an earlier whole load of these weights: ")
-    assert got == want
+    assert json.loads(got) == json.loads(want)  # the streamed load reads the check the whole load stored
 
 
 @pytest.fixture(scope="module")

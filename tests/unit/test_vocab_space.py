@@ -681,10 +681,10 @@ def test_cli_bad_input_exit_2(smollm2, monkeypatch, capsys, argv, msg):
 @pytest.mark.slow
 def test_cli_moe_exit_2(smollm2, monkeypatch, capsys, tiny_cache):
     from vocablens.cli.common import run_app
-    from vocablens.models import LoadedModel
+    from vocablens.handle import Model
 
     b = tiny(tiny_cache, "mixtral")
-    _patch_model(monkeypatch, LoadedModel(b.model, smollm2.tokenizer, b, smollm2.provenance))
+    _patch_model(monkeypatch, Model(b.model, smollm2.tokenizer, b, smollm2.provenance))
     assert run_app(["project", "--block", "0", "--neuron", "1"]) == 2
     err = capsys.readouterr().err
     assert "unsupported architecture 'mixtral'" in err and "mixture-of-experts" in err

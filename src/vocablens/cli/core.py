@@ -71,7 +71,7 @@ def lens_show(
     lay = _parse_ints(layers, "--layers") if layers else None
     if k < 1:
         raise BadInput(f"-k must be at least 1; got {k}")
-    from vocablens.cli.lenses import find_lenses, lens_caption, lens_provenance, load_lenses, parse_kinds
+    from vocablens.cli.lenses import find_lenses, lens_caption, load_lenses, parse_kinds
 
     kinds = parse_kinds(kind)
     found = find_lenses(kinds, model, lens_path)  # before the model loads
@@ -96,10 +96,7 @@ def lens_show(
     finally:
         close()
     if json_:
-        doc = to_json(res)
-        if lenses:
-            doc["lenses"] = [lens_provenance(kd, ln) for kd, ln in lenses.items()]
-        emit_json(doc)
+        emit_json(to_json(res))
     else:
         print_result(res, out)
 

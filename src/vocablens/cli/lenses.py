@@ -81,14 +81,6 @@ def lens_caption(kind: str, lens) -> str:
     return ", ".join(bits)
 
 
-def lens_provenance(kind: str, lens) -> dict:
-    """The JSON form of :func:`lens_caption`."""
-    d = dict(lens.info()) if hasattr(lens, "info") else {}
-    if kind == "jacobian":
-        d["layers"] = list(lens.layers)
-    return {"kind": kind, **d}
-
-
 def set_threads(n: int) -> None:
     import torch
 
@@ -105,6 +97,7 @@ def eval_kinds(kinds: list[str], model: str, lens_path: str, corpus: str, split:
     from vocablens.lens.compare import compare_lenses
     from vocablens.lens.evaluate import text_bytes
     from vocablens.render.compare import comparison_to_dict, print_comparison, save_comparison_plot
+    from vocablens.render.lens import lens_record
 
     if max_tokens < 2 or seq_len < 2:
         raise BadInput("--max-tokens and --seq-len must be at least 2")
@@ -157,11 +150,11 @@ def eval_kinds(kinds: list[str], model: str, lens_path: str, corpus: str, split:
     if plot is not None:
         save_comparison_plot(res, plot, title=title)
     if json_:
-        emit_json(comparison_to_dict(res, lm.provenance, [lens_provenance(k, v) for k, v in lenses.items()], info, plot))
+        emit_json(comparison_to_dict(res, lm.provenance, [lens_record(k, v) for k, v in lenses.items()], info, plot))
     else:
         print_comparison(res, out, title=f"{lm.provenance.name}, {rows.numel()} tokens of {info['corpus']} ({split})")
         if plot is not None:
             err.print(f"wrote {plot}", style="dim")
 
 
-__all__ = ["KINDS", "eval_kinds", "find_lenses", "lens_caption", "lens_provenance", "load_lenses", "parse_kinds", "set_threads"]
+__all__ = ["KINDS", "eval_kinds", "find_lenses", "lens_caption", "load_lenses", "parse_kinds", "set_threads"]

@@ -252,7 +252,10 @@ class LensWorkflows:
                 prompts.append("".join(self.tokens(ids)))
         res = lens_batches(self.borders, seqs, translators, positions=positions, k=k, layers=layers,
                            kinds=kinds, progress=progress)
-        return self._result(R.Lens, [list(r) for r in zip(*res)], batch=batch, prompts=prompts)
+        from vocablens.render.lens import lens_record
+
+        lenses = [lens_record(kd, t) for kd, t in zip(kinds, translators) if t is not None]
+        return self._result(R.Lens, [list(r) for r in zip(*res)], batch=batch, prompts=prompts, lenses=lenses)
 
     # --------------------------------------------------------------------------------- settle
     def settle(self, corpus: str, max_tokens: int = 2048, seq_len: int = 256, batch: int = 2,

@@ -32,8 +32,9 @@ class Provenance:
         content_sha256: a GGUF file's SHA-256 (hex) over its whole content, what its cache entry is found by.
         notes: where the file's metadata disagrees with what it holds, and which number was used.
         readout: whether vocablens's readout (final norm -> head -> logits) was checked against the
-            model's own logits: ``checked: max |Δp| = ...`` (every whole load), ``checked at an
-            earlier whole load of these weights: ...``, or ``unchecked: WHY``
+            model's own logits: ``checked: max |Δp| = ...`` (every whole load, and a load without the
+            blocks of weights an earlier whole load checked: the stored check's line), or
+            ``unchecked: WHY``
             (:mod:`vocablens.models.readout`).
     """
 

@@ -45,11 +45,21 @@ def lens_to_dict(result: LensResult, tokenizer=None) -> dict:
     }
 
 
-def lens_json(results: list[LensResult], tokenizer, provenance=None) -> dict:
+def lens_record(kind: str, lens) -> dict:
+    """The JSON record of a translator a lens result was read through (``"lenses"`` in ``lens --json``):
+    ``{"kind", "name", "tokens", ...}`` from the lens's ``info()``, and a Jacobian lens's fitted layers."""
+    d = dict(lens.info()) if hasattr(lens, "info") else {}
+    if kind == "jacobian":
+        d["layers"] = list(lens.layers)
+    return {"kind": kind, **d}
+
+
+def lens_json(results: list[LensResult], tokenizer, provenance=None, lenses: list[dict] | None = None) -> dict:
     """The dict ``lens --json`` prints (and the explorer's ``/api/lens`` answers): one lens's
     :func:`lens_to_dict`, or for two (logit, tuned) ``{"kind": "both", "logit": ..., "tuned": ...}``, for
     another list of kinds ``{"kind": "logit,jacobian", "logit": ..., "jacobian": ...}``;
-    plus ``"model"`` (the provenance) when given."""
+    plus ``"model"`` (the provenance) when given, and ``"lenses"`` (:func:`lens_record` of each
+    translator read) when any."""
     ds = [lens_to_dict(r, tokenizer) for r in results]
     kinds = [r.kind for r in results]
     if len(ds) == 1:
@@ -60,16 +70,21 @@ def lens_json(results: list[LensResult], tokenizer, provenance=None) -> dict:
         d = {"kind": ",".join(kinds), **dict(zip(kinds, ds))}
     if provenance is not None:
         d["model"] = provenance.to_dict()
+    if lenses:
+        d["lenses"] = list(lenses)
     return d
 
 
-def lens_batch_json(results: list[list[LensResult]], tokenizer, provenance=None) -> dict:
+def lens_batch_json(results: list[list[LensResult]], tokenizer, provenance=None,
+                    lenses: list[dict] | None = None) -> dict:
     """The dict ``lens --file F --json`` prints, one schema whatever the number of prompts:
     ``{"prompts": [one object per prompt, as ``lens PROMPT --json`` prints it without "model"],
     "model": provenance}`` (``results[i]`` = the lenses of prompt i: one kind, or logit and tuned)."""
     d = {"prompts": [lens_json(r, tokenizer) for r in results]}
     if provenance is not None:
         d["model"] = provenance.to_dict()
+    if lenses:
+        d["lenses"] = list(lenses)
     return d
 
 

@@ -47,8 +47,8 @@ def _json_lens(r):
     from vocablens.render.lens import lens_batch_json, lens_json
 
     if r.options.get("batch"):
-        return lens_batch_json(r.value, r.tokenizer, r.provenance)
-    return lens_json(r.value[0], r.tokenizer, r.provenance)
+        return lens_batch_json(r.value, r.tokenizer, r.provenance, r.options.get("lenses"))
+    return lens_json(r.value[0], r.tokenizer, r.provenance, r.options.get("lenses"))
 
 
 def _json_score(r):

@@ -34,6 +34,7 @@ from vocablens.models.tokens import adds_bos, token_str
 from vocablens.render.argmax import argmax_to_dict
 from vocablens.render.json import json_ready
 from vocablens.render.lens import lens_json as _lens_json
+from vocablens.render.lens import lens_record
 from vocablens.render.vocab_space import search_to_dict
 
 
@@ -156,7 +157,8 @@ def lens_json(lm, ids: torch.Tensor, kind: str, k: int, tuned,
         jl = by_kind[kd] if kd == "jacobian" else None
         layers = None if jl is None or len(jl.layers) == lm.borders.n_layers else [*jl.layers, lm.borders.n_layers]
         results.append(logit_lens(b, ids, positions="all", k=k, translator=by_kind[kd], kind=kd, layers=layers))
-    return _with_model(_lens_json(results, lm.tokenizer), lm)
+    lenses = [lens_record(kd, by_kind[kd]) for kd in kinds if by_kind[kd] is not None]
+    return _with_model(_lens_json(results, lm.tokenizer, lenses=lenses), lm)
 
 
 def trajectory_json(lm, ids: torch.Tensor, resid: torch.Tensor, position: int, tid: int, tuned) -> dict:
