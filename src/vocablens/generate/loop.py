@@ -176,7 +176,7 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
     ids = torch.as_tensor(input_ids, dtype=torch.int64, device=borders.device).reshape(1, -1)
     if ids.shape[1] == 0:
         raise BadInput("empty prompt: no tokens to continue")
-    check_ids_fit(ids, borders.W_E.shape[0])
+    check_ids_fit(ids, borders.vocab_size)  # V: under vocab-parallel ranks W_E holds [0, d] after the split
     ctx = getattr(borders.config, "max_position_embeddings", None)
     if isinstance(ctx, int) and ids.shape[1] + max_new_tokens > ctx:
         raise BadInput(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "

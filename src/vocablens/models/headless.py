@@ -35,7 +35,7 @@ def check_forward_input(borders, input_ids: torch.Tensor) -> torch.Tensor:
         raise BadInput("empty input: no tokens to run")
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
-    check_ids_fit(input_ids, borders.W_E.shape[0])
+    check_ids_fit(input_ids, borders.vocab_size)  # V, also on a vocab-parallel rank (W_E emptied)
     if not getattr(borders.model, "vocablens_streamed", False) and any(p.is_meta for p in borders.blocks.parameters()):
         raise BadInput("this model was loaded with its borders only (no blocks): load it whole for a "
                        "forward pass")
