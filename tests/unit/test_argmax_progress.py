@@ -1,5 +1,10 @@
 """Progress of the argmax scan on a stderr that is not a terminal: one line per stage and a
-heartbeat at least every 10 s (here a fast fake clock and a short interval)."""
+heartbeat at least every 10 s (here a fast fake clock and a short interval).
+
+The clock runs 20 times faster than real time, so the 0.3 s that the slow stage reports nothing are 6 s
+on it and its heartbeats (one every 0.2 s of it) show the elapsed seconds going up: a heartbeat line is
+never the previous one again (issue 40 fault 5), so lines within one real second, all "0 s", would be
+one line."""
 
 import time
 
@@ -12,7 +17,8 @@ from vocablens.cli.argmax import PlainProgress
 
 def test_plain_progress_one_line_per_stage_and_a_heartbeat():
     lines = []
-    pp = PlainProgress(lines.append, every=0.05)
+    t0 = time.perf_counter()
+    pp = PlainProgress(lines.append, every=0.2, clock=lambda: 20 * (time.perf_counter() - t0))
     try:
         W = torch.from_numpy(np.random.default_rng(0).standard_normal((600, 16)))
         res = find_unargmaxable(W, progress=pp)
@@ -25,6 +31,7 @@ def test_plain_progress_one_line_per_stage_and_a_heartbeat():
     assert any("stage gemm started" in s for s in starts) and "argmax: stage slowstage started (10 rows)" in starts
     beats = [s for s in lines if s.startswith("argmax: slowstage 3/10 rows")]
     assert len(beats) >= 2 and all("ETA" in s for s in beats)
+    assert all(a != b for a, b in zip(lines, lines[1:]))   # each line once: no line the previous one again
     n = len(lines)
     time.sleep(0.2)
     assert len(lines) == n                   # closed: silent

@@ -385,3 +385,22 @@ def test_lens_eval_and_settle_report_within_their_first_row():
     assert len(seen) == 2 * (L + 1) and seen[-1] == 18 and seen[L] == 12
     assert seen == sorted(seen) and 0 < seen[0] < 12
     assert out.n_positions == 18
+
+
+def test_a_stage_that_reports_nothing_keeps_beating_with_new_lines():
+    """"Each line once" (issue 40 fault 5) means no line the previous one again, not no heartbeat: a
+    long silent stage still prints a line every ``every`` s (the elapsed seconds move on), and the ETA
+    in them only counts down."""
+    lines, clock = [], Clock()
+    pp = PlainProgress(lines.append, every=8.0, clock=clock, name="cmd", unit="rows", thread=False)
+    pp("scan", 0, 10)
+    clock.t += 4
+    pp("scan", 2, 10)                 # 4 s for 2 of 10: 16 s left
+    for _ in range(5):
+        clock.t += 8
+        pp.tick()
+    beats = lines[1:]
+    assert len(beats) == 5 and len(set(beats)) == 5
+    assert [b.split(", ")[1] for b in beats] == ["12 s", "20 s", "28 s", "36 s", "44 s"]
+    # the rate at the first beat (12 s for 2 of 10) says 48 s; later, slower rates do not push it back
+    assert [b.rsplit("ETA ", 1)[1] for b in beats] == ["48 s", "40 s", "32 s", "24 s", "16 s"]
