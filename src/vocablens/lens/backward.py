@@ -21,6 +21,7 @@ import torch
 
 from vocablens.errors import BadInput
 from vocablens.models import Borders
+from vocablens.ops import row_logprobs_at, row_logsumexp
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,9 @@ def layer_gradients(borders: Borders, input_ids: torch.Tensor, target: int, posi
         with torch.enable_grad():
             logits = store["logits"][0, pos]  # [V], the model's own output; float32 at least (float64 stays)
             logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-            loss = -torch.log_softmax(logits, dim=-1)[int(target)]
+            # the target's log-prob through ops (float32 at least; differentiable: one [1, V] row)
+            lse = row_logsumexp(logits[None], dtype=logits.dtype)
+            loss = -row_logprobs_at(logits[None], torch.tensor([[int(target)]], device=logits.device), lse)[0, 0]
             grads = torch.autograd.grad(loss, [store[ly] for ly in range(L + 1)])
     return torch.stack([g[0, pos] for g in grads]).detach(), float(loss.detach())
 
@@ -111,10 +114,12 @@ def backward_lens(borders: Borders, input_ids: torch.Tensor, target: int, positi
     scores = descent.to(W.device) @ W.T  # [L+1, V'], one GEMM (L+1 rows)
     top = scores.topk(k, dim=-1)
     T = int(ids.numel())
-    return BackwardLens(kind="backward", input_ids=ids.detach().cpu(), position=int(position) % T, target=int(target),
-                        loss=loss, grads=grads.float().cpu(), grad_norm=grads.float().norm(dim=-1).cpu(),
-                        top_ids=top.indices.cpu(), top_scores=top.values.cpu(),
-                        target_score=scores[:, int(target)].cpu())
+    # cpu: the finished result, once: a few [L+1, k] / [L+1, d] rows the renderers read on the host
+    host = {"grads": grads.float(), "grad_norm": grads.float().norm(dim=-1), "top_ids": top.indices,
+            "top_scores": top.values, "target_score": scores[:, int(target)]}
+    host = {name: t.cpu() for name, t in host.items()}  # cpu: the result, once (see above)
+    return BackwardLens(kind="backward", input_ids=ids.detach().cpu(),  # cpu: result label (the prompt ids)
+                        position=int(position) % T, target=int(target), loss=loss, **host)
 
 
 __all__ = ["BackwardLens", "backward_lens", "layer_gradients"]

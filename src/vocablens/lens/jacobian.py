@@ -209,7 +209,7 @@ class JacobianLens:
         """The reference format: ``{"J": {block l: [d, d]}, "n_prompts", "source_layers", "d_model",
         "metadata"}`` with block index l = stream layer - 1 (a stream-layer-0 matrix has no place there
         and is left out)."""
-        J = {ly - 1: self.J[i].to(dtype).cpu() for i, ly in enumerate(self.layers) if ly >= 1}
+        J = {ly - 1: self.J[i].to(dtype).cpu() for i, ly in enumerate(self.layers) if ly >= 1}  # cpu: torch.save's file
         meta = {"model_name": self.identity.get("name"), "target_layer": self.n_layers - 1,
                 "corpus": str((self.settings.get("data") or {}).get("corpus", "")),
                 "n_layers": self.n_layers, "source": "vocablens"}
