@@ -55,10 +55,18 @@ def test_lens_holds_a_batch_and_its_json_follows_the_lens_file_schema(m):
 
 
 def test_a_lens_kind_without_a_translator_is_refused_not_relabelled(m):
-    with pytest.raises(BadInput, match="no tuned lens"):
+    """A known kind with no translator available (none loaded, none shipped for this model) is refused
+    in one line that says how to get one; an unknown kind is refused naming the known ones. Neither is
+    read as another lens (no result, no translator registered under that kind)."""
+    with pytest.raises(BadInput, match="no tuned lens") as e:
         m.lens("the cat", kind="tuned")
-    with pytest.raises(BadInput, match="--kind must be one of"):
+    assert "\n" not in str(e.value)
+    with pytest.raises(BadInput, match=r"no Jacobian lens shipped for .*give --lens .*lens fit-jacobian") as e:
         m.lens("the cat", kind="jacobian")
+    assert "\n" not in str(e.value) and "jacobian" not in m.translators
+    with pytest.raises(BadInput, match="--kind must be one of") as e:
+        m.lens("the cat", kind="no-such-lens")
+    assert "\n" not in str(e.value) and "no-such-lens" not in m.translators
 
 
 def test_a_new_translator_kind_reads_through_its_translator(m):
