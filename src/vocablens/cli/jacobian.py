@@ -135,7 +135,6 @@ def lens_backward(
     """The backward lens (Katz et al. 2024): the gradient of -log p(TARGET) at every stream layer,
     projected through the LM head: the tokens a gradient step on each layer's stream would promote."""
     from vocablens.lens.backward import backward_lens
-    from vocablens.models.tokens import context_length, encode_prompt
     from vocablens.render.backward import backward_json, print_backward
     from vocablens.serve.adapters import token_id
 
@@ -145,7 +144,7 @@ def lens_backward(
         raise BadInput(f"-k must be at least 1; got {k}")
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     tid = token_id(lm, int(target) if target.strip().isdigit() else target)
-    ids = encode_prompt(lm.tokenizer, prompt, context_length(lm.model.config), chat=chat, rows=lm.borders.vocab_size)[0]
+    ids = lm.encode(prompt, chat=chat)[0]  # text -> ids through the handle
     res = backward_lens(lm.borders, ids, tid, position=position, k=k)
     if json_:
         emit_json(backward_json(res, lm.tokenizer, lm.provenance))

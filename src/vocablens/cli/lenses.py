@@ -93,7 +93,7 @@ def eval_kinds(kinds: list[str], model: str, lens_path: str, corpus: str, split:
     """``lens eval --kind K1,K2,...``: every lens on the same held-out tokens, one table and one figure
     (:func:`vocablens.lens.compare.compare_lenses`)."""
     from vocablens.cli.common import count_bar
-    from vocablens.corpus import NAMED_CORPORA, corpus_record, load_documents, pack_tokens
+    from vocablens.corpus import NAMED_CORPORA, corpus_record, load_documents
     from vocablens.lens.compare import compare_lenses
     from vocablens.lens.evaluate import text_bytes
     from vocablens.render.compare import comparison_to_dict, print_comparison, save_comparison_plot
@@ -128,7 +128,7 @@ def eval_kinds(kinds: list[str], model: str, lens_path: str, corpus: str, split:
     lenses = load_lenses(found, lm.borders)
     seq = min(seq_len, max_tokens)
     if split == "all":
-        rows = pack_tokens(docs, lm.tokenizer, seq, max_tokens=max_tokens, shrink=True)
+        rows = lm.pack(docs, seq, max_tokens=max_tokens, shrink=True)
         rec = corpus_record(corpus, docs)
         info = {"corpus": rec["corpus"], "corpus_sha256": rec["corpus_sha256"], "split": "all"}
     else:
