@@ -88,6 +88,23 @@ def set_threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
+def check_eval_options(max_tokens: int, seq_len: int, split: str, plot: Path | None, force: bool) -> None:
+    """The options every ``lens eval`` takes, refused in one line before anything loads.
+
+    Raises:
+        BadInput: --max-tokens or --seq-len below 2, an unknown --split, a --plot not .html/.png.
+        OutputExists: --plot exists and --force was not given.
+    """
+    if max_tokens < 2 or seq_len < 2:
+        raise BadInput("--max-tokens and --seq-len must be at least 2")
+    if split not in ("validation", "train", "all"):
+        raise BadInput(f"--split must be validation, train or all; got {split!r}")
+    if plot is not None and plot.exists() and not force:
+        raise OutputExists(f"{plot} exists; pass --force to replace it")
+    if plot is not None and plot.suffix.lower() not in (".html", ".png"):
+        raise BadInput(f"--plot must end in .html or .png; got {plot}")
+
+
 def eval_kinds(kinds: list[str], model: str, lens_path: str, corpus: str, split: str, max_tokens: int, seq_len: int,
                plot, threads: int, force: bool, progress: bool, json_: bool, trust_remote_code: bool, device: str) -> None:
     """``lens eval --kind K1,K2,...``: every lens on the same held-out tokens, one table and one figure
@@ -99,14 +116,7 @@ def eval_kinds(kinds: list[str], model: str, lens_path: str, corpus: str, split:
     from vocablens.render.compare import comparison_to_dict, print_comparison, save_comparison_plot
     from vocablens.render.lens import lens_record
 
-    if max_tokens < 2 or seq_len < 2:
-        raise BadInput("--max-tokens and --seq-len must be at least 2")
-    if split not in ("validation", "train", "all"):
-        raise BadInput(f"--split must be validation, train or all; got {split!r}")
-    if plot is not None and plot.exists() and not force:
-        raise OutputExists(f"{plot} exists; pass --force to replace it")
-    if plot is not None and plot.suffix.lower() not in (".html", ".png"):
-        raise BadInput(f"--plot must end in .html or .png; got {plot}")
+    check_eval_options(max_tokens, seq_len, split, plot, force)
     set_threads(threads)
     quiet = json_ and not progress
     found = find_lenses(kinds, model, lens_path)  # before the model loads

@@ -13,17 +13,11 @@ from vocablens.cli.common import (
     JsonOpt, ModelOpt, DeviceOpt, TrustOpt, count_bar, emit_json, err, load_model, out, status,
 )
 from vocablens.cli.core import lens_app
+from vocablens.cli.lenses import check_eval_options, set_threads
 from vocablens.errors import BadInput, OutputExists
 
 ProgressOpt = Annotated[bool, typer.Option("--progress", help="Show progress on stderr even with --json.")]
 CorpusOpt = Annotated[str, typer.Option("--corpus", help="A named corpus (python-docs, debian-handbook, pydoc-topics, cpython-stdlib) or a path (text, jsonl, HTML, directory).")]
-
-
-def _threads(n: int) -> None:
-    import torch
-
-    if n > 0:
-        torch.set_num_threads(n)
 
 
 def _init_distributed():
@@ -85,7 +79,7 @@ def lens_train(
         raise OutputExists(f"{out_dir} already holds a tuned lens; pass --force to replace it")
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputExists(f"{out_dir} exists and is not a directory")
-    _threads(threads)
+    set_threads(threads)
     rank, world = _init_distributed()
     quiet = (json_ and not progress) or rank != 0
     if resume:  # fail before reading the corpus or loading the model
@@ -238,15 +232,8 @@ def lens_eval(
     from vocablens.lens.tuned import TunedLens, find_lens
     from vocablens.render.tuned import eval_to_dict, print_eval, save_eval_plot
 
-    if max_tokens < 2 or seq_len < 2:
-        raise BadInput("--max-tokens and --seq-len must be at least 2")
-    if split not in ("validation", "train", "all"):
-        raise BadInput(f"--split must be validation, train or all; got {split!r}")
-    if plot is not None and plot.exists() and not force:
-        raise OutputExists(f"{plot} exists; pass --force to replace it")
-    if plot is not None and plot.suffix.lower() not in (".html", ".png"):
-        raise BadInput(f"--plot must end in .html or .png; got {plot}")
-    _threads(threads)
+    check_eval_options(max_tokens, seq_len, split, plot, force)
+    set_threads(threads)
     from vocablens.ops.vocab_parallel.comm import share
     from vocablens.parallel.processes import init_from_env
 
