@@ -112,6 +112,7 @@ def worker(job: dict) -> None:
     rec["rss_peak"] = _rss_bytes()
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(rec))
     if dist.is_initialized():
+        dist.barrier()  # no rank tears down its gloo pairs while another still uses them
         dist.destroy_process_group()
 
 

@@ -73,6 +73,7 @@ def worker(rank: int, world: int, port: int, cfg: dict, outdir: str) -> None:
            "time_s": min(times[1:]) if len(times) > 1 else times[0], "loss": float(loss.detach())}
     with open(os.path.join(outdir, f"r{rank}.json"), "w") as f:
         json.dump(res, f)
+    dist.barrier()  # no rank tears down its gloo pairs while another still uses them
     dist.destroy_process_group()
 
 

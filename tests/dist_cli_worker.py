@@ -38,4 +38,5 @@ if __name__ == "__main__":
                       "full_params": full, "V": V}
     with open(f"{outdir}/rank{dist.get_rank()}.json", "w") as f:
         json.dump({"runs": runs, "held": held}, f)
+    dist.barrier()  # no rank tears down its gloo pairs while another still uses them
     dist.destroy_process_group()

@@ -18,4 +18,7 @@ if __name__ == "__main__":
     res = train(b, rows_for(b, 8, 16), SMALL)
     if dist.get_rank() == 0:
         torch.save({"weight": res.lens.weight.detach(), "bias": res.lens.bias.detach()}, sys.argv[1])
+    # Every rank reaches the end before any tears its group down: a rank that destroys (or exits) while
+    # the other still has gloo pairs open can abort with "terminate called without an active exception".
+    dist.barrier()
     dist.destroy_process_group()

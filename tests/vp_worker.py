@@ -209,5 +209,6 @@ def worker(rank: int, world: int, port: int, scenarios: list[dict], outdir: str)
         with open(tmp, "w") as f:
             json.dump(res, f)
         os.replace(tmp, os.path.join(outdir, f"rank{rank}.json"))
+        dist.barrier()  # no rank tears down its gloo pairs while another still uses them
     finally:
         dist.destroy_process_group()

@@ -156,6 +156,28 @@ def test_under_torchrun_only_rank_0_speaks(monkeypatch, capsys):
     assert capsys.readouterr().err.count("error:") == 1
 
 
+def test_the_cli_tears_down_the_process_group_it_ran_in(tmp_path, capsys):
+    """`torchrun ... vocablens lens train` (and every command that splits over ranks) exited with its
+    gloo group still up; a rank then aborted at interpreter shutdown now and then ("terminate called
+    without an active exception", SIGABRT) and torchrun reported a command that had succeeded as failed.
+    The console entry point (whole_process) now ends the group after the command, ok or not."""
+    import torch.distributed as dist
+
+    from vocablens.cli.common import run_app
+
+    for argv, want in ((["anatomy", "smollm2", "--json"], 0), (["score", "   "], 2)):
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / argv[0]}", rank=0, world_size=1)
+        assert run_app(argv, whole_process=True) == want
+        assert not dist.is_initialized()
+    assert json.loads(capsys.readouterr().out)["models"][0]["vocab_size"] == 49152
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'lib'}", rank=0, world_size=1)
+    try:  # called as a library function (not the whole process), the caller's group is left alone
+        assert run_app(["score", "   "]) == 2
+        assert dist.is_initialized()
+    finally:
+        dist.destroy_process_group()
+
+
 def test_empty_device_is_an_error(capsys):
     from vocablens.cli.common import run_app
 

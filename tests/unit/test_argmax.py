@@ -753,6 +753,7 @@ r = find_unargmaxable(W, None, block=64, row_budget_s=None)
 out["mixed"] = {"verdict": r.verdict.tolist()}
 if dist.get_rank() == 0:
     print("RESULT " + json.dumps(out))
+dist.barrier()  # no rank tears down its gloo pairs while another still uses them
 dist.destroy_process_group()
 """
 

@@ -283,6 +283,22 @@ def _torchrun_rank() -> int | None:
         return None
 
 
+def leave_process_group(ok: bool) -> None:
+    """Tear down the torch.distributed group a command joined (the CLI owns the whole process here).
+
+    A process that exits with its gloo group still up can abort at interpreter shutdown ("terminate
+    called without an active exception", SIGABRT; pytorch/pytorch#179291), and torchrun then reports
+    a failure for a command that succeeded. After a command that ended well on every rank, a barrier
+    first, so no rank closes its pairs while another still uses them; after an error, no barrier (the
+    other ranks may be gone, and torchrun stops them)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    if ok:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def _splits_over_ranks(words: list[str]) -> bool:
     return (words[0],) in DISTRIBUTED or tuple(words[:2]) in DISTRIBUTED
 
@@ -357,10 +373,12 @@ def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
     if rank:  # under torchrun only rank 0 speaks: every rank raises the same error
         err.quiet = True
     global _WEIGHTS_DTYPE
+    code = 1
     try:
         argv, _WEIGHTS_DTYPE = take_dtype(argv)  # --dtype: every load_model of this command takes it
         code = app(args=argv, prog_name="vocablens", standalone_mode=False)
-        return code if isinstance(code, int) else 0
+        code = code if isinstance(code, int) else 0
+        return code
     except click_exc.NoArgsIsHelpError as exc:
         exc.show()  # `vocablens` alone: the help, exit 2 as click does
         return exc.exit_code
@@ -392,6 +410,8 @@ def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
         _WEIGHTS_DTYPE = None
+        if whole_process:
+            leave_process_group(code == 0)
         if stats:
             print_stats(t0, whole_process)
         warnings.showwarning = previous
