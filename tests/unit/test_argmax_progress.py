@@ -16,22 +16,42 @@ from vocablens.cli.argmax import PlainProgress
 
 
 def test_plain_progress_one_line_per_stage_and_a_heartbeat():
-    lines = []
-    t0 = time.perf_counter()
-    pp = PlainProgress(lines.append, every=0.2, clock=lambda: 20 * (time.perf_counter() - t0))
-    try:
-        W = torch.from_numpy(np.random.default_rng(0).standard_normal((600, 16)))
-        res = find_unargmaxable(W, progress=pp)
-        pp("slowstage", 3, 10)
-        time.sleep(0.3)                      # a stage that reports nothing for a while
-    finally:
-        pp.close()
+    # the clock is the test's and the heartbeat is ticked by hand: no line depends on when a thread
+    # happens to run (a thread-timed version of this test failed on a loaded machine: 1 beat, not 2)
+    lines, now = [], [0.0]
+    pp = PlainProgress(lines.append, every=0.2, clock=lambda: now[0], thread=False)
+    W = torch.from_numpy(np.random.default_rng(0).standard_normal((600, 16)))
+    res = find_unargmaxable(W, progress=pp)
+    pp("slowstage", 3, 10)
+    for t in (1.0, 2.0, 3.0):                # a stage that reports nothing for a while
+        now[0] = t
+        pp.tick()
+    n = len(lines)
+    pp.tick()                                # nothing new to say at the same moment: no line
+    pp.close()
+    now[0] = 9.0
+    pp.tick()                                # closed: silent
+    assert len(lines) == n
     assert res.counts()["undecided"] == 0
     starts = [s for s in lines if "started" in s]
     assert any("stage gemm started" in s for s in starts) and "argmax: stage slowstage started (10 rows)" in starts
     beats = [s for s in lines if s.startswith("argmax: slowstage 3/10 rows")]
-    assert len(beats) >= 2 and all("ETA" in s for s in beats)
+    assert len(beats) == 3 and all("ETA" in s for s in beats)
     assert all(a != b for a, b in zip(lines, lines[1:]))   # each line once: no line the previous one again
+
+
+def test_the_heartbeat_thread_writes_while_the_caller_is_silent():
+    lines = []
+    pp = PlainProgress(lines.append, every=0.05)
+    try:
+        pp("slowstage", 3, 10)
+        deadline = time.perf_counter() + 30  # generous: on a loaded machine the thread runs late
+        while sum(s.startswith("argmax: slowstage 3/10 rows") for s in lines) < 2 and time.perf_counter() < deadline:
+            time.sleep(0.05)
+    finally:
+        pp.close()
+    beats = [s for s in lines if s.startswith("argmax: slowstage 3/10 rows")]
+    assert len(beats) >= 2 and all("ETA" in s for s in beats)
     n = len(lines)
     time.sleep(0.2)
     assert len(lines) == n                   # closed: silent
