@@ -79,7 +79,7 @@ def argmax_cmd(
     borders, provenance = lm.borders, lm.provenance
     reserved = reserved_tokens(lm.tokenizer, borders.vocab_size)
     tokenizer, reload = _set_aside(lm.tokenizer, trust_remote_code)
-    del lm                          # the tokenizer (~30 MiB) is read again for the tables, after the scan
+    del lm                          # the tokenizer is read again for the tables, after the scan
     trim_heap()
     cb, close = _progress_bar(quiet) if rank == 0 else ((lambda *_: None), (lambda: None))
     cb = tuned_for_the_scan(cb)

@@ -12,7 +12,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 import typer  # noqa: E402
 
-try:  # typer >= 0.2x carries its own copy of click; its exceptions are those
+try:  # recent typer releases carry their own copy of click; its exceptions are those
     from typer._click import exceptions as click_exc  # noqa: E402
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exc  # noqa: E402
@@ -216,7 +216,7 @@ def load_model(spec: str, mode: str = "full", *, quiet: bool = False, device: st
 
     lm = Model.of(lm, spec=str(spec))  # the handle: the commands call its workflows
     refuse_nonfinite(lm)  # the one check every command passes through
-    trim_heap()  # the loaders' freed scratch (tokenizer and config parsing: ~14 MiB) leaves the resident set
+    trim_heap()  # the loaders' freed scratch (tokenizer and config parsing) leaves the resident set
     if not quiet:
         err.print(f"loaded {lm.provenance.describe()} in {time.perf_counter() - t0:.1f} s", style="dim")
         for note in lm.provenance.notes:

@@ -16,9 +16,9 @@ import sys
 
 from vocablens.cli.console import err
 
-#: seconds without a line after which a heartbeat line is written (issues 25-27: "at least every 10 s").
-#: The thread wakes every half second, so a line follows the last within EVERY + 0.5 s, unless the main
-#: thread holds the GIL in one long C call (measured: up to ~3 s while a model loads on a busy machine)
+#: seconds without a line after which a heartbeat line is written (the promise: a line at least every
+#: 10 s). The thread wakes every half second, so a line follows the last within EVERY plus half a
+#: second, unless the main thread holds the GIL in one long C call (a model's load can, for seconds)
 EVERY = 8.0
 
 

@@ -78,7 +78,7 @@ class _ProgressBar:
     The library re-estimates the time left at each section and argmax stage from the rates measured
     so far (:func:`vocablens.report.runner.eta_s`). A new section takes its estimate as it is; within
     a section (its sub-steps ``"title: step"`` included) the time left only counts down: an estimate
-    that would push the end later is not taken (an ETA went 43 -> 33 -> 40 -> 76 s in one run), and
+    that would push the end later is not taken (an ETA that jumps back up reads as a broken promise), and
     once the estimate is used up the lines say so instead of a number. Every heartbeat line is new
     (the seconds spent in the section change), never the previous line again."""
 

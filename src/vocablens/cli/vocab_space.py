@@ -121,7 +121,7 @@ def project_cmd(
     if block is not None and not 0 <= block < b.n_layers:
         raise BadInput(f"block {block} is out of range: this model has blocks 0..{b.n_layers - 1}")
     tids = [lm.single_token(x) for x in tokens]
-    lm = lm.without_tokenizer()  # encoding is done: token strings only from here on (~14 MiB less)
+    lm = lm.without_tokenizer()  # encoding is done: token strings only from here on (the tokenizer is freed)
     trim_heap()
     if tokens:
         if not json_:

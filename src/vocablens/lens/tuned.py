@@ -23,7 +23,7 @@ between documents, loss = sum over layers of the mean KL per token. Where ours d
   lens still beats the logit lens at every layer (see ``vocablens lens eval``).
 - chunk length: 512 tokens by default (the reference uses 2048), so a forward fits small machines.
 - the LM-head GEMMs of *training* may run with bfloat16 inputs (``gemm_dtype="bfloat16"``; float32
-  by default): on CPUs with AVX512-BF16 this is ~4x faster; softmax, log-sum-exp, KL and the
+  by default): faster on CPUs with native bf16 (AVX512-BF16, docs/performance-ops.md); softmax, log-sum-exp, KL and the
   translators stay float32, and evaluation is always float32. The shipped lens was trained that way.
 - an optional least-squares start (``--init regression``, :func:`regression_init`; off by default, so
   the default start is the paper's zero init = the logit lens) for runs with very few tokens.

@@ -70,10 +70,9 @@ def train_chunk_sizes(N: int, V: int, chunk_bytes: int | None = None, *, max_tok
     budget), token chunks are as long as possible (each chunk reads the whole of W four times: two
     logit GEMMs, grad_hidden, grad_W) and vocabulary tiles fill the rest of the budget but keep at
     least ``min_vocab`` columns. ``low_precision_grad`` (bf16/fp16 inputs, gradients wanted, default
-    budget): full-row chunks of at least 256 tokens. Measured (N=2048, d=576, V=49152 bf16, 2 threads,
-    shared CPU): 128-token chunks ran fwd+bwd at 1.25-1.32x naive, 256-token chunks at 0.97-1.13x:
-    each chunk's float32 weight-gradient GEMM reads and writes the whole float32 [V, d] accumulator,
-    so fewer, longer chunks halve that traffic.
+    budget): full-row chunks of at least 256 tokens: each chunk's float32 weight-gradient GEMM reads
+    and writes the whole float32 [V, d] accumulator, so fewer, longer chunks halve that traffic
+    (measurement: docs/performance-ops.md).
     """
     if chunk_bytes is None:
         chunk_bytes = default_chunk_bytes(N, V)
@@ -129,9 +128,8 @@ def gemm_operands(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """The operands the logit GEMMs run on: ``(h, weight, bias)`` themselves, except bf16/fp16 on CPU,
     which are widened to float32 once per call (+ one float32 copy of W, 4·V·d bytes).
 
-    Why: CPUs without native bf16 (AVX2 here) run a bf16 GEMM several times slower than the float32
-    one (measured: [256, 576] x [576, 49152] 7.9 s bf16 vs 1.1 s float32; the gradient GEMM
-    [256, 49152] x [49152, 576] over 100 s in bf16), and a low-precision GEMM rounds every logit to
+    Why: CPUs without native bf16 arithmetic run a bf16 GEMM several times slower than the float32
+    one (measurement: docs/performance-ops.md), and a low-precision GEMM rounds every logit to
     8 (bf16) or 11 (fp16) bits. The float32 GEMM of the widened operands computes the exact products
     of the low-precision inputs and accumulates them in float32. Accelerators keep the
     low-precision GEMM (their fast path); its output is widened to float32 by :func:`logits_into`.
@@ -261,8 +259,7 @@ def run_blocks(work: Callable[[int, int, int], None], n_jobs: int, device: torch
 
     For many small ops (the statistics of cache-sized blocks of logits), one op per thread beats every
     op split over all threads: each split op ends in a barrier, and on a busy machine a barrier waits
-    for a descheduled thread (measured, 2 threads, load ~10, the logit lens's statistics: 2.0x the
-    GEMM's CPU time split op by op, 1.33x this way). Other devices (and one thread) get a single call
+    for a descheduled thread (measurement: docs/performance-ops.md). Other devices (and one thread) get a single call
     ``work(0, n_jobs, 0)`` on the calling thread.
     """
     n = min(n_jobs, torch.get_num_threads() if torch.device(device).type == "cpu" else 1)

@@ -32,8 +32,8 @@ def float64_row_blocks(W: torch.Tensor, rows: int):
     """``(start, W[start:start + rows] as float64 on the CPU)`` for every block of rows of W [V, d].
 
     Every block is written into one reused buffer and nothing else of block size is allocated (fresh
-    blocks and temporaries per step let the C allocator keep them: measured, +150 MB of RSS for
-    16 MiB blocks over V = 49,152), so a block is only valid until the next one is read."""
+    blocks and temporaries per step let the C allocator keep them, raising the resident set;
+    docs/performance-ops.md), so a block is only valid until the next one is read."""
     V, d = W.shape
     buf = torch.empty(min(rows, V) * d, dtype=torch.float64)
     for a in range(0, V, rows):

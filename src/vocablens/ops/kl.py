@@ -36,8 +36,8 @@ from vocablens.ops.chunking import run_blocks
 from vocablens.ops.kl_block import PAIR_TOKENS, STATS_ROWS, ReadoutRows, block_stats, reference_chunk
 
 #: default budget of one [rows, V] float32 buffer, bytes (two such buffers are live per chunk): 256
-#: rows of V = 49,152. CPU GEMMs of 256+ rows run ~1.5x faster than 64-row ones (measured, 2-core EPYC:
-#: 8.3 vs 12.5 GFLOP/s single-threaded), and fewer, larger chunks mean fewer passes to schedule.
+#: rows of V = 49,152. CPU GEMMs of 256+ rows run faster per FLOP than 64-row ones, and fewer, larger
+#: chunks mean fewer passes to schedule (measurement: docs/performance-ops.md).
 DEFAULT_CHUNK_BYTES = 48 * 2**20
 
 
@@ -120,7 +120,7 @@ def _pair_dot(z: torch.Tensor, p: torch.Tensor, n: int, S: int) -> torch.Tensor:
 
 
 #: default budget of kl_readout's [rows, V] float32 logits buffer: 512 rows at V = 49,152 (CPU
-#: GEMMs of 512 rows run ~10% faster than those of 240).
+#: GEMMs of 512 rows run faster per FLOP than those of 240: docs/performance-ops.md).
 READOUT_CHUNK_BYTES = 96 * 2**20
 
 

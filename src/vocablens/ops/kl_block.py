@@ -18,19 +18,16 @@ import torch
 from vocablens.ops.topk import topk_by_blocks
 
 #: rows of logits whose statistics are read at a time: [16, V] float32 is 3 MiB at V = 49,152, so
-#: the block stays in cache through its passes; read [rows, V]-at-a-time, each pass streamed the
-#: whole chunk through memory again (measured, one thread, 240 x 49,152 logits: 200 ms for those
-#: passes unblocked, 80 ms in 16-row blocks).
+#: the block stays in cache through its passes; read [rows, V]-at-a-time, each pass would stream the
+#: whole chunk through memory again (measurement: docs/performance-ops.md).
 STATS_ROWS = 16
 #: tokens whose references [n, V] are normalized together: blocks of rows never straddle two such
 #: groups.
 PAIR_TOKENS = 8
-#: exp(y) of shifted logits y <= 0 is computed as 2^max(y·log2 e, -126) (:func:`exp_shifted`).
-#: Measured (torch 2.13, AVX2, one thread, per element): exp 1.2 ns on [-10, 0] but 18 ns on
-#: [-300, 0], where its results are subnormal (a layer-0 lens row has two thirds of its logits more
-#: than 87 nats below the max; flushing denormals did not help); exp2 0.6 ns and 2 ns. On 2,880 real
-#: lens rows: clamp + exp 0.219 s, mul + exp2 0.149 s, mul + clamp + exp2 0.150 s (the clamp keeps
-#: far-tail rows on the fast path). Accuracy: y·log2 e is rounded (relative 6e-8), so a term is off
+#: exp(y) of shifted logits y <= 0 is computed as 2^max(y·log2 e, -126) (:func:`exp_shifted`):
+#: torch's exp is much slower where its results are subnormal (y below -87; a layer-0 lens row has
+#: two thirds of its logits there), and the clamp keeps far-tail rows on exp2's fast path
+#: (measurement: docs/performance-ops.md). Accuracy: y·log2 e is rounded (relative 6e-8), so a term is off
 #: by |y|·4e-8 relative; each clamped term is below 1.2e-38, far under the half-ulp of
 #: s = Σ exp(y) >= 1. The reference side (:func:`reference_chunk`) uses the same function.
 LOG2_E = 1.4426950408889634

@@ -28,8 +28,8 @@ from vocablens.ops.chunking import (
 )
 
 #: full-row chunks of the forward-only path hold at least this many tokens when the budget allows
-#: (each chunk reads all of W: 21-token chunks of V = 49,152 read it 25 times for 512 tokens, and ran
-#: the head at 2.4x the one-GEMM time; 256-token chunks at ~1.1x)
+#: (each chunk reads all of W: 21-token chunks of V = 49,152 would read it 25 times for 512 tokens;
+#: measurement: docs/performance-ops.md)
 MIN_FULL_ROW_TOKENS = 256
 from vocablens.ops.topk import merge_topk, topk_lowest_id
 
@@ -128,9 +128,8 @@ def _full_rows(z: torch.Tensor, tc: torch.Tensor | None, k: int, entropy: bool, 
         # from the shifted logits y = z - m <= 0: e = exp(y), S = Σ e; log S is the normalizer
         # (log p = y - log S) and the entropy is log S - Σ e·y / S. It does not read torch's float32
         # log-probs (over V = 70,000 they share an error of ~1.4e-5), and both sums are float32 row sums
-        # (cascade summation, error ~eps·log V): float64 sums convert every element and cost 7x (109 ms
-        # against 3 ms for [512, 49,152] on one core), which made ``score`` slower than transformers'
-        # log-softmax; and no log-softmax pass is needed on top
+        # (cascade summation, error ~eps·log V): float64 sums would convert every element, several
+        # times the cost (docs/performance-ops.md); and no log-softmax pass is needed on top
         e = ebuf[: z.numel()].view_as(z)
         torch.exp(z, out=e)
         S = e.sum(1).double()

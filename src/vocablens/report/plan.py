@@ -30,11 +30,11 @@ DEFAULT_PROMPT = "The capital of France is"
 NEIGHBOR_TOKENS = (" king", " Paris", " three", " Monday", " dog", " happy")
 #: tokens whose strongest promoting FFN value vectors the report shows
 PROBE_TOKENS = (" three", " Monday", " France", " red")
-#: seconds for all analyses (model loading and writing the page come on top: about 30 s more)
+#: seconds for all analyses (model loading and writing the page come on top)
 DEFAULT_BUDGET_S = 150.0
 #: the argmax scan gets at least this share of the budget, even when the cheap sections took it all
 ARGMAX_MIN_SHARE = 0.1
-#: float32 FLOP/s the plan assumes (2 shared cores; a faster machine simply finishes early)
+#: float32 FLOP/s the plan assumes (a small shared CPU; a faster machine simply finishes early)
 ASSUMED_FLOPS_PER_S = 2.0e10
 #: settle: tokens of the corpus read at most, in rows of this length
 SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN = 256, 128

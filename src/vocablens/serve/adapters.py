@@ -256,7 +256,7 @@ def argmax_token_json(lm, ma, full: dict, tid: int) -> dict:
 def undertrained_index(lm):
     """The cheap part of ``vocablens undertrained`` (tokenizer classes and the indicator, no prompting):
     an :class:`~vocablens.undertrained.analysis.UndertrainedResult` whose candidates are the paper's
-    lowest 2% of the testable tokens (about 4 s on the default model; the server computes it once)."""
+    lowest 2% of the testable tokens (seconds on the default model: the server computes it once)."""
     from vocablens.undertrained import undertrained
 
     return undertrained(lm.borders, lm.tokenizer, verify=False)
