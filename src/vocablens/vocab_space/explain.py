@@ -154,6 +154,143 @@ def _through_post(post, raw: torch.Tensor, r2: torch.Tensor):
     return lin.pull_back(r), r @ lin.bias, lin
 
 
+def _prompt_position(input_ids: torch.Tensor, position: int) -> tuple[torch.Tensor, int]:
+    """The prompt as [T] and the explained position in 0..T-1. Raises BadInput: a batch, an empty
+    prompt, a position outside it."""
+    if input_ids.dim() == 2:
+        if input_ids.shape[0] != 1:
+            raise BadInput(f"explain reads one prompt; got a batch of {input_ids.shape[0]}")
+        input_ids = input_ids[0]
+    T = int(input_ids.numel())
+    if T == 0:
+        raise BadInput("empty prompt: give some text")
+    if not -T <= int(position) < T:
+        raise BadInput(f"position {position} is outside the prompt's {plural(T, 'token')}")
+    return input_ids, int(position) % T
+
+
+def _additive_views(borders: Borders) -> list:
+    """The block views, each checked to be input + attention update + MLP update.
+    Raises UnsupportedArchitecture otherwise (post-LN blocks)."""
+    views = block_views(borders)
+    for v in views:
+        if not v.additive:
+            raise UnsupportedArchitecture(borders.family, {"block": type(v.block).__name__},
+                                          f"cannot split block {v.index} into updates: {v.not_additive_reason}")
+    return views
+
+
+def _stream_and_updates(borders: Borders, views: list, input_ids: torch.Tensor, p: int):
+    """The residual stream at position ``p`` and each block's two updates there, float32 on the host:
+    ``(resid [L+1, 1, T, d] as the model computed it, captures, x [L+1, d], attn_u [L, d],
+    mlp_u [L, d], resid_error)``, where resid_error = max |x_0 + Σ updates - x_L|.
+    Raises UnsupportedArchitecture when a block's output is not its input plus its two updates."""
+    T = int(input_ids.numel())
+    with capture_updates(views, (1, T), positions=torch.tensor([p], device=borders.device)) as caps:
+        resid, _ = borders.residual_stream(input_ids[None])
+    x = _host(resid[:, 0, p])  # [L+1, d]
+    attn_u = torch.stack([_host(c.attn[0, 0]) for c in caps])  # [L, d]
+    mlp_u = torch.stack([_host(c.mlp[0, 0]) for c in caps])
+    recon = x[0] + (attn_u + mlp_u).sum(0)
+    resid_error = float((recon - x[-1]).abs().max())
+    step_err = (x[:-1] + attn_u + mlp_u - x[1:]).abs().max()
+    if float(step_err) > 1e-3 * max(float(x.abs().max()), 1.0):
+        raise UnsupportedArchitecture(borders.family, {"block": type(views[0].block).__name__},
+                                      f"block outputs are not input + attention + MLP updates "
+                                      f"(off by {float(step_err):.3g})")
+    return resid, caps, x, attn_u, mlp_u, resid_error
+
+
+def _lens_logprobs(U, resid: torch.Tensor, x: torch.Tensor, attn_u: torch.Tensor, real: int,
+                   token_id: int | None):
+    """Lens log-probabilities (nats) at x_l, x_l + attn_l, x_{l+1} (row 2L is x_L: the model's own
+    output), through the unembedding and the chunked ops (never a full [N, V] log-softmax).
+
+    Returns ``(hidden [2L+1, d] normed on the model's device, top2, lp_top1 [2L+1], lp_tok [2L+1] or
+    None)``: the final top-1 and runner-up among the real tokens, and the log-probabilities of the
+    top-1 and of ``token_id``."""
+    L = attn_u.shape[0]
+    states = torch.empty(2 * L + 1, x.shape[1])  # cpu: built from host rows, then moved
+    states[0::2] = x
+    states[1::2] = x[:-1] + attn_u
+    hidden = U.normed(states.to(resid.device, resid.dtype))
+    pad = U.vocab_size - real  # top-k over padding rows too, keeping the first real ones
+    tl = token_logprobs(hidden, U.weight, top_k=min(U.vocab_size, 2 + pad), chunk_bytes=CHUNK_BYTES,
+                        **U.head_kwargs())
+    top2 = [int(i) for i in tl.topk_ids[2 * L].tolist() if i < real][:2]
+    follow = [top2[0]] + ([int(token_id)] if token_id is not None else [])
+    lp = _host(U.logits(hidden, rows=follow) - tl.lse[:, None])  # [2L+1, 1 or 2]
+    return hidden, top2, lp[:, 0], (lp[:, 1] if token_id is not None else None)
+
+
+def _block_attribution(i: int, v, c, r2: torch.Tensor, n_sub: int, lp_top1: torch.Tensor,
+                       lp_tok: torch.Tensor | None):
+    """Block ``i``'s direct logit attribution to (target, contrast) through readout rows r2 [2, d].
+
+    Returns ``(fields, attn_dla [2], mlp_dla [2], sub_vec)``: the :class:`BlockExplanation` fields
+    except the top tokens (``sub_updates`` as dicts without theirs), the attention's and the MLP's
+    whole effects on the two logits, and the listed sub-updates' vectors [n_sub, d] after the block's
+    post-transform (None when ``n_sub`` is 0)."""
+    # attention: heads, bias, post-transform
+    ra, a_const, _ = _through_post(v.attn_post, c.attn_raw[0, 0], r2)
+    z = c.z[0, 0].float().view(v.n_heads, v.d_head)
+    WO = v.W_O.detach().float()  # [H, dh, d]
+    head_out = _host(torch.einsum("hk,hkd->hd", z, WO.to(z.device)))  # [H, d]
+    head_dla = head_out @ ra.t()  # [H, 2]
+    bO = v.b_O
+    a_bias = (ra @ _host(bO) if bO is not None else torch.zeros(2)) + a_const  # cpu: host
+    attn_dla = head_dla.sum(0) + a_bias
+    # MLP: sub-updates, bias, post-transform
+    rm, m_const, m_lin = _through_post(v.mlp_post, c.mlp_raw[0, 0], r2)
+    act_d = c.act[0, 0].float()  # [d_ff]
+    act = _host(act_d)
+    Wout = v.W_out.detach().float().to(act_d.device)  # [d_ff, d], where it lives
+    sub = act[:, None] * _host(Wout @ rm.t().to(act_d.device))  # [d_ff, 2]
+    bout = v.b_out
+    m_bias = (rm @ _host(bout) if bout is not None else torch.zeros(2)) + m_const  # cpu: host
+    mlp_dla = sub.sum(0) + m_bias
+    raw = act_d @ Wout + (bout.detach().float().to(act_d.device) if bout is not None else 0.0)
+    sub_err = float((raw - c.mlp_raw[0, 0].float()).abs().max())
+    diff = sub[:, 0] - sub[:, 1]
+    subs: list[dict] = []
+    sub_vec = None
+    if n_sub:
+        idx = torch.topk(diff.abs(), min(n_sub, len(diff))).indices
+        contrib = act[idx, None] * _host(Wout[idx.to(Wout.device)])  # [n, d] raw sub-updates
+        if m_lin is not None:
+            contrib = m_lin.linear(contrib)
+        sub_vec = contrib * v.mlp_post.scale
+        subs = [dict(block=i, neuron=int(j), activation=float(act[j]), dla=float(diff[j]),
+                     dla_target=float(sub[j, 0])) for j in idx.tolist()]
+    fields = dict(
+        block=i,
+        attn_dlogprob_top1=float(lp_top1[2 * i + 1] - lp_top1[2 * i]),
+        mlp_dlogprob_top1=float(lp_top1[2 * i + 2] - lp_top1[2 * i + 1]),
+        attn_dlogprob_token=None if lp_tok is None else float(lp_tok[2 * i + 1] - lp_tok[2 * i]),
+        mlp_dlogprob_token=None if lp_tok is None else float(lp_tok[2 * i + 2] - lp_tok[2 * i + 1]),
+        attn_dla=float(attn_dla[0] - attn_dla[1]), mlp_dla=float(mlp_dla[0] - mlp_dla[1]),
+        head_dla=(head_dla[:, 0] - head_dla[:, 1]).contiguous(),
+        attn_bias_dla=float(a_bias[0] - a_bias[1]), mlp_bias_dla=float(m_bias[0] - m_bias[1]),
+        sub_updates=subs, sub_update_error=sub_err,
+    )
+    return fields, attn_dla, mlp_dla, sub_vec
+
+
+def _with_top_tokens(pending: list[dict], tops: list[list[int]]) -> list[BlockExplanation]:
+    """Each block's fields completed with its top tokens: ``tops`` lists the attention updates' (one
+    per block), then the MLP updates', then every listed sub-update's in block order."""
+    n = len(pending)
+    at = 2 * n
+    blocks: list[BlockExplanation] = []
+    for i, kw in enumerate(pending):  # each result built once, whole (none mutated afterwards)
+        made = []
+        for sd in kw.pop("sub_updates"):
+            made.append(SubUpdate(top_ids=tops[at], **sd))
+            at += 1
+        blocks.append(BlockExplanation(**kw, attn_top_ids=tops[i], mlp_top_ids=tops[n + i], sub_updates=made))
+    return blocks
+
+
 def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token_id: int | None = None,
             k: int = 5, n_sub: int = 5) -> Explanation:
     """Per-block attention and FFN updates, FFN sub-updates and per-head direct logit attribution.
@@ -178,63 +315,25 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
         UnsupportedArchitecture: a block without a dense MLP, or whose output is not its input plus
             its two updates (post-LN blocks).
     """
-    if input_ids.dim() == 2:
-        if input_ids.shape[0] != 1:
-            raise BadInput(f"explain reads one prompt; got a batch of {input_ids.shape[0]}")
-        input_ids = input_ids[0]
-    T = int(input_ids.numel())
-    if T == 0:
-        raise BadInput("empty prompt: give some text")
-    if not -T <= int(position) < T:
-        raise BadInput(f"position {position} is outside the prompt's {plural(T, 'token')}")
-    p = int(position) % T
+    input_ids, p = _prompt_position(input_ids, position)
     real = borders.real_vocab_size
     check_k(k, real)
     if n_sub < 0:
         raise BadInput(f"the number of sub-updates must be >= 0; got {n_sub}")
     if token_id is not None:
         token_id = check_token(borders, token_id)
-    views = block_views(borders)
-    for v in views:
-        if not v.additive:
-            raise UnsupportedArchitecture(borders.family, {"block": type(v.block).__name__},
-                                          f"cannot split block {v.index} into updates: {v.not_additive_reason}")
+    views = _additive_views(borders)
     L = borders.n_layers
     U = borders.unembedding
     with torch.no_grad():
-        with capture_updates(views, (1, T), positions=torch.tensor([p], device=borders.device)) as caps:
-            resid, _ = borders.residual_stream(input_ids[None])
-        # the per-position arithmetic below is float32 on the host (_host); products with weight
+        # the per-position arithmetic is float32 on the host (_host); products with weight
         # matrices ([V, d], [d_ff, d], [H, dh, d]) run on the model's device and only their results move
+        resid, caps, x, attn_u, mlp_u, resid_error = _stream_and_updates(borders, views, input_ids, p)
         dev = resid.device
-        x = _host(resid[:, 0, p])  # [L+1, d]
-        attn_u = torch.stack([_host(c.attn[0, 0]) for c in caps])  # [L, d]
-        mlp_u = torch.stack([_host(c.mlp[0, 0]) for c in caps])
-        recon = x[0] + (attn_u + mlp_u).sum(0)
-        resid_error = float((recon - x[L]).abs().max())
-        step_err = (x[:-1] + attn_u + mlp_u - x[1:]).abs().max()
-        if float(step_err) > 1e-3 * max(float(x.abs().max()), 1.0):
-            raise UnsupportedArchitecture(borders.family, {"block": type(views[0].block).__name__},
-                                          f"block outputs are not input + attention + MLP updates "
-                                          f"(off by {float(step_err):.3g})")
-
-        # Lens log-probs at x_l, x_l + attn_l, x_{l+1} (row 2L is x_L: the model's own output),
-        # through the unembedding and the chunked ops (never a full [N, V] log-softmax here).
-        states = torch.empty(2 * L + 1, x.shape[1])  # cpu: built from host rows, then moved
-        states[0::2] = x
-        states[1::2] = x[:-1] + attn_u
-        hidden = U.normed(states.to(resid.device, resid.dtype))
-        pad = U.vocab_size - real  # top-k over padding rows too, keeping the first real ones
-        tl = token_logprobs(hidden, U.weight, top_k=min(U.vocab_size, 2 + pad), chunk_bytes=CHUNK_BYTES,
-                            **U.head_kwargs())
-        top2 = [int(i) for i in tl.topk_ids[2 * L].tolist() if i < real][:2]
+        hidden, top2, lp_top1, lp_tok = _lens_logprobs(U, resid, x, attn_u, real, token_id)
         top1 = top2[0]
         target = int(token_id) if token_id is not None else top1
         contrast = top1 if target != top1 else top2[1]
-        follow = [top1] + ([int(token_id)] if token_id is not None else [])
-        lp = _host(U.logits(hidden, rows=follow) - tl.lse[:, None])  # [2L+1, 1 or 2]
-        lp_top1 = lp[:, 0]
-        lp_tok = lp[:, 1] if token_id is not None else None
 
         # Final norm linearized at x_L; readout rows (logit scale folded in, no gain) for target and contrast.
         fl = linearize_norm(borders.final_norm, x[L])
@@ -244,71 +343,22 @@ def explain(borders: Borders, input_ids: torch.Tensor, position: int = -1, token
         # before the final-logit softcap
         logit_t, logit_c = U.logits(hidden[2 * L:], rows=[target, contrast], capped=False)[0].tolist()
 
-        def top_tokens(u: torch.Tensor) -> list[list[int]]:
-            """Tokens each row of u [n, d] promotes most (direct effect through the final norm
-            linearized at x_L): readout rows r with ``fl.pull_back(r)·u == r·fl.linear(u)``, so the
-            vocabulary is scored by the streamed readout, never a [V, d] matrix."""
-            s = U.scores(fl.linear(u.float()).to(dev), False, scaled=True, rows=slice(0, real))
-            return torch.topk(s, k, dim=-1).indices.tolist()
-
         embed = r2 @ x[0]
         total = embed.clone() + const
-        pending: list[dict] = []  # each layer's fields; its top tokens come from one matmul after the loop
+        pending: list[dict] = []  # each block's fields; its top tokens come from one matmul after the loop
         sub_vecs: list[torch.Tensor] = []
         for i, (v, c) in enumerate(zip(views, caps)):
-            # attention: heads, bias, post-transform
-            ra, a_const, _ = _through_post(v.attn_post, c.attn_raw[0, 0], r2)
-            z = c.z[0, 0].float().view(v.n_heads, v.d_head)
-            WO = v.W_O.detach().float()  # [H, dh, d]
-            head_out = _host(torch.einsum("hk,hkd->hd", z, WO.to(z.device)))  # [H, d]
-            head_dla = head_out @ ra.t()  # [H, 2]
-            bO = v.b_O
-            a_bias = (ra @ _host(bO) if bO is not None else torch.zeros(2)) + a_const  # cpu: host
-            attn_dla = head_dla.sum(0) + a_bias
-            # MLP: sub-updates, bias, post-transform
-            rm, m_const, m_lin = _through_post(v.mlp_post, c.mlp_raw[0, 0], r2)
-            act_d = c.act[0, 0].float()  # [d_ff]
-            act = _host(act_d)
-            Wout = v.W_out.detach().float().to(act_d.device)  # [d_ff, d], where it lives
-            sub = act[:, None] * _host(Wout @ rm.t().to(act_d.device))  # [d_ff, 2]
-            bout = v.b_out
-            m_bias = (rm @ _host(bout) if bout is not None else torch.zeros(2)) + m_const  # cpu: host
-            mlp_dla = sub.sum(0) + m_bias
-            raw = act_d @ Wout + (bout.detach().float().to(act_d.device) if bout is not None else 0.0)
-            sub_err = float((raw - c.mlp_raw[0, 0].float()).abs().max())
-            diff = sub[:, 0] - sub[:, 1]
-            subs: list[dict] = []
-            if n_sub:
-                idx = torch.topk(diff.abs(), min(n_sub, len(diff))).indices
-                contrib = act[idx, None] * _host(Wout[idx.to(Wout.device)])  # [n, d] raw sub-updates
-                if m_lin is not None:
-                    contrib = m_lin.linear(contrib)
-                sub_vecs.append(contrib * v.mlp_post.scale)
-                subs = [dict(block=i, neuron=int(j), activation=float(act[j]), dla=float(diff[j]),
-                             dla_target=float(sub[j, 0])) for j in idx.tolist()]
+            fields, attn_dla, mlp_dla, sub_vec = _block_attribution(i, v, c, r2, n_sub, lp_top1, lp_tok)
+            if sub_vec is not None:
+                sub_vecs.append(sub_vec)
             total = total + attn_dla + mlp_dla
-            pending.append(dict(
-                block=i,
-                attn_dlogprob_top1=float(lp_top1[2 * i + 1] - lp_top1[2 * i]),
-                mlp_dlogprob_top1=float(lp_top1[2 * i + 2] - lp_top1[2 * i + 1]),
-                attn_dlogprob_token=None if lp_tok is None else float(lp_tok[2 * i + 1] - lp_tok[2 * i]),
-                mlp_dlogprob_token=None if lp_tok is None else float(lp_tok[2 * i + 2] - lp_tok[2 * i + 1]),
-                attn_dla=float(attn_dla[0] - attn_dla[1]), mlp_dla=float(mlp_dla[0] - mlp_dla[1]),
-                head_dla=(head_dla[:, 0] - head_dla[:, 1]).contiguous(),
-                attn_bias_dla=float(a_bias[0] - a_bias[1]), mlp_bias_dla=float(m_bias[0] - m_bias[1]),
-                sub_updates=subs, sub_update_error=sub_err,
-            ))
-        # the tokens every update and listed sub-update promotes, in one matmul
-        tops = top_tokens(torch.cat([attn_u, mlp_u, *sub_vecs]))
-        n = len(pending)
-        at = 2 * n
-        blocks: list[BlockExplanation] = []
-        for i, kw in enumerate(pending):  # each result built once, whole (none mutated afterwards)
-            made = []
-            for sd in kw.pop("sub_updates"):
-                made.append(SubUpdate(top_ids=tops[at], **sd))
-                at += 1
-            blocks.append(BlockExplanation(**kw, attn_top_ids=tops[i], mlp_top_ids=tops[n + i], sub_updates=made))
+            pending.append(fields)
+        # the tokens every update and listed sub-update promotes most (direct effect through the final
+        # norm linearized at x_L: readout rows r with fl.pull_back(r)·u == r·fl.linear(u)), scored by
+        # the streamed readout in one matmul, never a [V, d] matrix
+        u = torch.cat([attn_u, mlp_u, *sub_vecs])
+        s = U.scores(fl.linear(u.float()).to(dev), False, scaled=True, rows=slice(0, real))
+        blocks = _with_top_tokens(pending, torch.topk(s, k, dim=-1).indices.tolist())
     sigma = float(fl.sigma.flatten()[0])
     return Explanation(
         input_ids=input_ids.detach().cpu(), position=p, top1=top1,  # cpu: result
