@@ -139,6 +139,9 @@ def test_expand_returns_a_new_verified_model_and_save_writes_it(m, tmp_path):
     assert note is None and tid >= m.borders.real_vocab_size      # one new token
     rec = new.surgery.to_json()
     assert rec["out"] is None and [t["token"] for t in rec["indicator"]["new_tokens"]] == [" zebra"]
+    (row,) = new.surgery.to_pandas().to_dict("records")  # a row per added token
+    assert (row["token"], row["id"], row["init"]) == (" zebra", tid, new.surgery.value.new_tokens[0].init)
+    assert row["indicator"] == rec["indicator"]["new_tokens"][0]["value"]
     out = new.save(tmp_path / "out")
     assert (out / "vocablens_surgery.json").is_file() and new.surgery.to_json()["out"] == str(out)
 

@@ -45,78 +45,76 @@ class Result:
             raise AttributeError(name)
         return getattr(object.__getattribute__(self, "value"), name)
 
+    def __init_subclass__(cls, kind: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.kind = kind or cls.kind
+
     def to_json(self) -> dict:
         """The dict ``vocablens COMMAND --json`` prints for the same call (JSON-ready: plain numbers)."""
-        from vocablens.render import shown
-
-        return shown.to_json(self)
+        return _shown().to_json(self)
 
     def table(self):
         """The rich renderables the command prints, as one ``rich.console.Group``."""
-        from vocablens.render import shown
+        return _shown().table(self)
 
-        return shown.table(self)
+    def figure(self, **options):
+        """The plotly figure of this result, as the report / explorer draws it
+        (:mod:`vocablens.render.result_figures`: which figure each kind draws).
 
-    def figure(self):
-        """The plotly figure of this result, as the report / explorer draws it.
+        Args:
+            options: the figure's own options (a lens's trajectories: ``colour="entropy"|"kl"|"final_prob"``).
 
         Raises:
-            BadInput: no figure is drawn for this kind of result.
+            BadInput: no figure is drawn for this kind of result, or an option its figure does not take.
         """
-        from vocablens.render import shown
-
-        return shown.figure(self)
+        return _shown().figure(self, **options)
 
     def to_pandas(self):
-        """One row per item of the result's table (a ``pandas.DataFrame``).
+        """One row per item of the result (a ``pandas.DataFrame``; :mod:`vocablens.render.frames`: the
+        rows of each kind), the columns named as the result's fields.
 
         Raises:
             BadInput: pandas is not installed (``pip install 'vocablens[pandas]'``), or the result is
                 not tabular.
         """
-        from vocablens.render import shown
-
-        return shown.to_pandas(self)
+        return _shown().to_pandas(self)
 
     def _repr_html_(self) -> str:
-        from vocablens.render import shown
-
-        return shown.to_html(self)
+        return _shown().to_html(self)
 
     def _repr_pretty_(self, p, cycle) -> None:
-        from vocablens.render import shown
-
-        p.text(shown.to_text(self).rstrip("\n"))
+        p.text(_shown().to_text(self).rstrip("\n"))
 
     def __repr__(self) -> str:
-        return f"<vocablens {type(self).__name__} result; .table(), .to_json(), .figure()>"
+        return f"<vocablens {type(self).__name__} result; .table(), .to_json(), .figure(), .to_pandas()>"
 
 
-class Anatomy(Result):
+def _shown():
+    from vocablens.render import shown
+
+    return shown
+
+
+class Anatomy(Result, kind="anatomy"):
     """``m.anatomy()``: :class:`~vocablens.accounting.anatomy.Anatomy` (``anatomy --load --json``)."""
-    kind = "anatomy"
 
 
-class TieCheck(Result):
+class TieCheck(Result, kind="tie_check"):
     """``m.tie_check()``: :class:`~vocablens.geometry.tying.TieCheck`."""
-    kind = "tie_check"
 
 
-class Neighbors(Result):
+class Neighbors(Result, kind="neighbors"):
     """``m.neighbors(...)``: :class:`~vocablens.geometry.embedding.Neighbors` (``neighbors --json``)."""
-    kind = "neighbors"
 
 
-class WordPCA(Result):
+class WordPCA(Result, kind="pca"):
     """``m.pca(...)``: :class:`~vocablens.geometry.embedding.WordPCA` (the report's 3-D figure)."""
-    kind = "pca"
 
 
-class Lens(Result):
+class Lens(Result, kind="lens"):
     """``m.lens(...)``: ``value[i][j]`` is lens j (``kinds[j]``) on prompt i (a
     :class:`~vocablens.lens.logit.LensResult`); a batch always, one prompt being a batch of one.
     ``to_json()`` is ``lens PROMPT --json`` for a string, ``lens --file F --json`` for a list."""
-    kind = "lens"
 
     @property
     def prompts(self) -> list[str]:
@@ -140,50 +138,41 @@ class Lens(Result):
         return self.value[i][0]
 
 
-class Score(Result):
+class Score(Result, kind="score"):
     """``m.score(text)``: :class:`~vocablens.generate.score.ScoreResult` (``score --json``)."""
-    kind = "score"
 
 
-class Explanation(Result):
+class Explanation(Result, kind="explain"):
     """``m.explain(...)``: :class:`~vocablens.vocab_space.explain.Explanation` (``explain --json``)."""
-    kind = "explain"
 
 
-class Projection(Result):
+class Projection(Result, kind="project"):
     """``m.project(...)``: value vectors projected, or a token's search (``project --json``)."""
-    kind = "project"
 
 
-class Settle(Result):
+class Settle(Result, kind="settle"):
     """``m.settle(corpus)``: :class:`~vocablens.vocab_space.settle.SettleResult` (``settle --json``)."""
-    kind = "settle"
 
 
-class Argmax(Result):
+class Argmax(Result, kind="argmax"):
     """``m.argmax()``: :class:`~vocablens.argmax.model.ModelArgmax` (``argmax --json``)."""
-    kind = "argmax"
 
 
-class Undertrained(Result):
+class Undertrained(Result, kind="undertrained"):
     """``m.undertrained()``: :class:`~vocablens.undertrained.analysis.UndertrainedResult`."""
-    kind = "undertrained"
 
 
-class Generation(Result):
+class Generation(Result, kind="generate"):
     """``m.generate(...)``: :class:`~vocablens.generate.loop.GenerationResult` (``generate --json``)."""
-    kind = "generate"
 
 
-class Steering(Result):
+class Steering(Result, kind="steer"):
     """``m.steer(...)``: the chosen vectors and, with a prompt, their effect (``steer --json``)."""
-    kind = "steer"
 
 
-class Surgery(Result):
+class Surgery(Result, kind="surgery"):
     """The record of ``m.expand`` / ``m.trim``: what changed and its verification (``expand --json`` /
     ``trim --json``; ``out`` is null until the model is saved)."""
-    kind = "surgery"
 
 
 __all__ = ["Result", "Anatomy", "TieCheck", "Neighbors", "WordPCA", "Lens", "Score", "Explanation", "Projection",

@@ -19,11 +19,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from vocablens.errors import BadInput
+from vocablens.render.frames import ROWS
 from vocablens.render.json import json_ready
 from vocablens.render.printed import (
     print_anatomy, print_argmax, print_explain, print_generate, print_lens, print_neighbors, print_pca,
     print_project, print_score, print_settle, print_steer, print_surgery, print_tie_check, print_undertrained,
 )
+from vocablens.render.result_figures import FIGURES, figure_of
 
 
 def _model(r) -> dict:
@@ -133,98 +135,28 @@ def _json_pca(r):
             "coords": json_ready(wp.pca.coords), "explained_variance": json_ready(wp.pca.explained_variance)}
 
 
-# ------------------------------------------------------------------------------------------ figures
-def _fig_anatomy(r):
-    from vocablens.render.anatomy import params_figure
-
-    return params_figure([r.value])
-
-
-def _fig_pca(r):
-    from vocablens.render.geometry import pca_figure
-
-    return pca_figure(r.value)
-
-
-def _fig_lens(r):
-    from vocablens.render.lens_batch import lens_batch_figure
-
-    return lens_batch_figure(r.value, r.tokenizer, r.options["prompts"])
-
-
-def _fig_settle(r):
-    from vocablens.render.vocab_space.updates import settle_figure
-
-    return settle_figure(r.value)
-
-
-def _fig_undertrained(r):
-    from vocablens.render.undertrained_report import undertrained_figure
-
-    return undertrained_figure(r.value, r.tokenizer)
-
-
-# ------------------------------------------------------------------------------------------- frames
-def _rows_neighbors(r):
-    from vocablens.models.tokens import token_str
-
-    rows = []
-    for q in r.value.results:
-        for lst in q.lists:
-            for rank, (i, c) in enumerate(zip(lst.ids.tolist(), lst.cosines.tolist()), start=1):
-                rows.append({"query": q.query, "matrix": lst.matrix, "rank": rank, "id": int(i),
-                             "token": token_str(r.tokenizer, int(i)), "cosine": float(c)})
-    return rows
-
-
-def _rows_lens(r):
-    from vocablens.models.tokens import token_str
-
-    rows = []
-    for p, (text, per_kind) in enumerate(zip(r.options["prompts"], r.value)):
-        for res in per_kind:
-            for ly in res.layers:
-                for j, pos in enumerate(res.positions.tolist()):
-                    top = int(ly.top_ids[j, 0])
-                    rows.append({"prompt": p, "kind": res.kind, "layer": ly.layer, "position": int(pos),
-                                 "token_read": token_str(r.tokenizer, int(res.input_ids[int(pos)])),
-                                 "top1_id": top, "top1": token_str(r.tokenizer, top),
-                                 "top1_prob": float(ly.top_probs[j, 0]), "entropy": float(ly.entropy[j]),
-                                 "kl_to_final": float(ly.kl_to_final[j]),
-                                 "final_top1_rank": int(ly.final_top1_rank[j])})
-    return rows
-
-
-def _rows_score(r):
-    from vocablens.models.tokens import token_str
-
-    res = r.value
-    ids = res.input_ids.tolist()
-    return [{"position": j + 1, "id": ids[j + 1], "token": token_str(r.tokenizer, ids[j + 1]),
-             "logprob": float(res.logprobs[j]), "entropy": float(res.entropy[j])} for j in range(res.logprobs.numel())]
-
-
-def _rows_anatomy(r):
-    return [{k: v for k, v in r.value.to_dict().items() if not isinstance(v, (dict, list))}]
-
-
-#: kind -> (to_json, print, figure or None, rows or None)
-RENDERERS: dict[str, tuple[Callable, Callable, Callable | None, Callable | None]] = {
-    "anatomy": (_json_anatomy, print_anatomy, _fig_anatomy, _rows_anatomy),
-    "tie_check": (_json_plain, print_tie_check, None, None),
-    "neighbors": (_json_neighbors, print_neighbors, None, _rows_neighbors),
-    "pca": (_json_pca, print_pca, _fig_pca, None),
-    "lens": (_json_lens, print_lens, _fig_lens, _rows_lens),
-    "score": (_json_score, print_score, None, _rows_score),
-    "explain": (_json_explain, print_explain, None, None),
-    "project": (_json_project, print_project, None, None),
-    "settle": (_json_settle, print_settle, _fig_settle, None),
-    "argmax": (_json_argmax, print_argmax, None, None),
-    "undertrained": (_json_undertrained, print_undertrained, _fig_undertrained, None),
-    "generate": (_json_generate, print_generate, None, None),
-    "steer": (_json_steer, print_steer, None, None),
-    "surgery": (_json_surgery, print_surgery, None, None),
+#: kind -> (to_json, print)
+_SHOWN: dict[str, tuple[Callable, Callable]] = {
+    "anatomy": (_json_anatomy, print_anatomy),
+    "tie_check": (_json_plain, print_tie_check),
+    "neighbors": (_json_neighbors, print_neighbors),
+    "pca": (_json_pca, print_pca),
+    "lens": (_json_lens, print_lens),
+    "score": (_json_score, print_score),
+    "explain": (_json_explain, print_explain),
+    "project": (_json_project, print_project),
+    "settle": (_json_settle, print_settle),
+    "argmax": (_json_argmax, print_argmax),
+    "undertrained": (_json_undertrained, print_undertrained),
+    "generate": (_json_generate, print_generate),
+    "steer": (_json_steer, print_steer),
+    "surgery": (_json_surgery, print_surgery),
 }
+
+#: kind -> (to_json, print, figure or None, rows or None): every renderer of a kind of result
+#: (figures: :data:`vocablens.render.result_figures.FIGURES`; rows: :data:`vocablens.render.frames.ROWS`)
+RENDERERS: dict[str, tuple[Callable, Callable, Callable | None, Callable | None]] = {
+    k: (j, p, FIGURES.get(k), ROWS.get(k)) for k, (j, p) in _SHOWN.items()}
 
 
 def _entry(r) -> tuple:
@@ -286,36 +218,38 @@ def to_text(r) -> str:
     return _recorded(r).export_text()
 
 
-def figure(r):
-    """The plotly figure of ``r``.
+def figure(r, **options):
+    """The plotly figure of ``r``, as the report or the explorer draws it
+    (:func:`vocablens.render.result_figures.figure_of`; ``options``: the lens trajectories' ``colour``).
 
     Raises:
-        BadInput: none is drawn for this kind of result.
+        BadInput: none is drawn for this kind of result, or an option its figure does not take.
     """
-    fig = _entry(r)[2]
-    if fig is None:
-        raise BadInput(f"no figure is drawn for a {r.kind} result; .table() shows it")
-    return fig(r)
+    _entry(r)
+    return figure_of(r, **options)
 
 
 def to_pandas(r):
-    """A ``pandas.DataFrame``, one row per item of the result.
+    """A ``pandas.DataFrame`` of :func:`rows_of`, one row per item of the result.
 
     Raises:
         BadInput: pandas missing (the ``pandas`` extra), or a result that is not tabular.
     """
-    rows = _entry(r)[3]
-    if rows is None:
-        raise BadInput(f"a {r.kind} result is not tabular; .to_json() holds its data")
+    rows = rows_of(r)
     try:
         import pandas as pd
     except ImportError:
         raise BadInput("to_pandas needs pandas: pip install 'vocablens[pandas]'") from None
-    return pd.DataFrame(rows_of(r))
+    return pd.DataFrame(rows)
 
 
 def rows_of(r) -> list[dict]:
-    """The rows :func:`to_pandas` builds its frame from (plain dicts; no pandas needed)."""
+    """The rows :func:`to_pandas` builds its frame from (plain dicts; no pandas needed;
+    :data:`vocablens.render.frames.ROWS`).
+
+    Raises:
+        BadInput: a result that is not tabular.
+    """
     rows = _entry(r)[3]
     if rows is None:
         raise BadInput(f"a {r.kind} result is not tabular; .to_json() holds its data")

@@ -10,12 +10,12 @@ from vocablens.render.vocab_space.parameters import (
     search_vectors, value_vectors_report_section, value_vectors_section, vectors_table, vectors_to_dict,
 )
 from vocablens.render.vocab_space.updates import (
-    explanation_footer, explanation_section, explanation_tables, explanation_to_dict, settle_figure,
+    attribution_figure, explanation_footer, explanation_section, explanation_tables, explanation_to_dict, settle_figure,
     settle_section, settle_tables, settle_to_dict, write_settle_plot,
 )
 
 __all__ = [
-    "circuit_table", "circuit_to_dict", "explanation_footer", "explanation_section", "explanation_tables",
+    "attribution_figure", "circuit_table", "circuit_to_dict", "explanation_footer", "explanation_section", "explanation_tables",
     "explanation_to_dict", "interpretable_table", "interpretable_to_dict", "search_table", "search_to_dict",
     "search_vectors", "settle_figure", "settle_section", "settle_tables", "settle_to_dict",
     "value_vectors_report_section", "value_vectors_section", "vectors_table", "vectors_to_dict",

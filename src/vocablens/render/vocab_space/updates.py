@@ -219,6 +219,27 @@ def write_settle_plot(res: SettleResult, path) -> None:
         plt.close(fig)
 
 
+def attribution_figure(e: Explanation, tokenizer):
+    """The explorer's attribution plot (``serve/static/app.js``, a cell's "what built it" panel) of one
+    explanation: per block 0..L-1, the direct logit attribution (logits) of the attention update and of
+    the FFN update to ``logit[target] - logit[contrast]``, stacked bars (Geva et al. 2022; Elhage et al.
+    2021). The same traces and axes as the explorer's, with a title naming the target, the contrast and
+    the position (the explorer says them beside the plot)."""
+    import plotly.graph_objects as go
+
+    blocks = [b.block for b in e.blocks]
+    fig = go.Figure([
+        go.Bar(x=blocks, y=[float(b.attn_dla) for b in e.blocks], name="attention", marker={"color": "#0b5cad"}),
+        go.Bar(x=blocks, y=[float(b.mlp_dla) for b in e.blocks], name="FFN", marker={"color": "#e4572e"}),
+    ])
+    tgt, con = shown(token_str(tokenizer, e.target)), shown(token_str(tokenizer, e.contrast))
+    fig.update_layout(title=f"logit[{tgt}] − logit[{con}] at position {e.position}: direct attribution per block",
+                      barmode="relative", margin={"l": 50, "r": 10, "t": 60, "b": 40}, height=340,
+                      legend={"orientation": "h", "y": 1.12}, xaxis={"title": {"text": "block"}},
+                      yaxis={"title": {"text": "direct logit attribution"}})
+    return fig
+
+
 def explanation_section(e: Explanation, tokenizer, prompt: str | None = None) -> Section:
     """Report section: per-block updates and the largest sub-updates behind the report prompt's prediction."""
     tgt, con = token_str(tokenizer, e.target), token_str(tokenizer, e.contrast)
