@@ -85,13 +85,17 @@ def _project(r) -> list[dict]:
     """A row per vector (value/key vectors, the most interpretable ones), per (direction, vector) of a
     token's search (``direction``: promote / suppress), or per (source, target) pair of a head's circuit:
     the entries of ``project --json``."""
-    from vocablens.render.shown import to_json
+    from vocablens.render import vocab_space as rv
 
-    d = to_json(r)
     how = r.options.get("how", "vectors")
     if how == "search":
+        d = rv.search_to_dict(r.value, r.tokenizer, r.options.get("tops"))
         return [{"direction": k, **e} for k in ("promote", "suppress") for e in d[k]]
-    return [dict(e) for e in d["pairs" if how == "circuit" else "vectors"]]
+    if how == "circuit":
+        return rv.circuit_to_dict(r.value, r.tokenizer)["pairs"]
+    d = rv.interpretable_to_dict(r.value, r.tokenizer) if how == "interpretable" else rv.vectors_to_dict(
+        r.value, r.tokenizer)
+    return d["vectors"]
 
 
 def _settle(r) -> list[dict]:
@@ -116,9 +120,9 @@ def _argmax(r) -> list[dict]:
 def _undertrained(r) -> list[dict]:
     """A row per token listed by ``undertrained --json`` (the verified candidates, lowest indicator
     first): its class, indicator, highest probability when prompted, verdict."""
-    from vocablens.render.shown import to_json
+    from vocablens.render.undertrained import undertrained_to_dict
 
-    return [dict(t) for t in to_json(r)["tokens"]]
+    return undertrained_to_dict(r.value, r.tokenizer, r.options.get("verdicts"))["tokens"]
 
 
 def _generate(r) -> list[dict]:
