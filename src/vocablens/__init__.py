@@ -32,6 +32,7 @@ _ENTRY_POINTS: dict[str, str] = {
     "LoadedModel": "vocablens.models.loading",
     "Borders": "vocablens.models.borders",
     "Provenance": "vocablens.models.provenance",
+    "Embedding": "vocablens.models.embed",
     "Unembedding": "vocablens.models.unembed",
     # accounting and geometry
     "anatomy": "vocablens.accounting.anatomy",

@@ -1,5 +1,7 @@
 """The Borders adapter on tiny random models of every supported family."""
 
+import copy
+
 import pytest
 import torch
 
@@ -37,18 +39,28 @@ def test_recomposed_logits_equal_model(tiny):
 
 
 def test_layer_zero_is_embedding_output(tiny):
+    """Embedding.lookup is, bit for bit, what block 0 reads from the token embedding (the input scale,
+    BLOOM's embedding norm, OPT's project_in, each where and how the model applies it). Families with
+    learned absolute positions (GPT-2's wpe, OPT's embed_positions) add position rows after it: a copy
+    with those rows zeroed shows the token part alone."""
     family, model, b = tiny
     x = ids()
+    E = b.input_embedding
+    assert (E.positions is not None) == (family in ("gpt2", "opt", "opt_project"))
+    assert (E.input_norm is not None) == (family == "bloom")
+    assert (E.project_in is not None) == (family == "opt_project")
+    if E.positions is not None:
+        model = copy.deepcopy(model)
+        b = Borders.from_model(model)
+        with torch.no_grad():
+            for p in b.input_embedding.positions.parameters():
+                p.zero_()
     with torch.no_grad():
         resid, _ = b.residual_stream(x)
-        emb = b.embed(x)
-        if b.project_in is not None:
-            emb = b.project_in(emb)
-    if family in ("gpt2", "opt", "opt_project", "bloom"):
-        # learned positions (gpt2, opt) or the embedding layernorm (bloom) are added before block 0
-        assert not torch.allclose(resid[0], emb)
-    else:
-        torch.testing.assert_close(resid[0], emb, rtol=1e-6, atol=1e-6)
+        emb = b.input_embedding.lookup(x)
+    assert emb.shape == (*x.shape, b.d_model) and emb.dtype == b.W_E.dtype
+    assert torch.equal(resid[0], emb)
+    assert torch.equal(b.embed(x), emb)
 
 
 def test_family_facts(tiny):

@@ -9,7 +9,8 @@ checkpoint's tensors by name), ``spec`` (where a spec points), ``gguf_header`` (
 and where its metadata disagrees with its tensors), ``tokenizer_files`` (why a tokenizer cannot be
 built, as one line), ``tie`` ("tied" by storage, as
 transformers decides it), ``config`` (a config without weights), ``provenance``, ``gguf_cache``,
-``blocks`` (one view of a decoder block), ``unembed`` (the one unembedding), ``rows``, ``borders``
+``blocks`` (one view of a decoder block), ``unembed`` (the one unembedding), ``embed`` (the one
+embedding: input scale, input norm, ``project_in``, lookup), ``rows``, ``borders``
 (the family adapter), ``headless``, ``flops`` (attention shape and FLOP counts), ``loaded``
 (:class:`LoadedModel`), ``sources`` (the directory the partial loaders read), ``lazy`` (borders
 only), ``matrices`` (the two matrices; the head only), ``streaming``, ``loading`` (:func:`load`),
@@ -17,6 +18,7 @@ only), ``matrices`` (the two matrices; the head only), ``streaming``, ``loading`
 """
 
 from vocablens.models.borders import Borders
+from vocablens.models.embed import Embedding
 from vocablens.models.rows import untrained_rows
 from vocablens.models.config import load_config
 from vocablens.models.loading import LoadedModel, load
@@ -24,6 +26,6 @@ from vocablens.models.provenance import Provenance, gguf_provenance
 from vocablens.models.spec import DEFAULT_MODEL, default_gguf_path, resolve_spec
 
 __all__ = [
-    "Borders", "untrained_rows", "DEFAULT_MODEL", "LoadedModel", "Provenance", "default_gguf_path",
+    "Borders", "Embedding", "untrained_rows", "DEFAULT_MODEL", "LoadedModel", "Provenance", "default_gguf_path",
     "gguf_provenance", "load", "load_config", "resolve_spec",
 ]

@@ -24,6 +24,7 @@ from torch import nn
 
 from vocablens.errors import BadInput, UnsupportedArchitecture
 from vocablens.models.find import config_value, find_blocks, find_decoder, named_children
+from vocablens.models.embed import Embedding, input_scale
 from vocablens.models.unembed import Unembedding
 
 _NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "final_layernorm", "final_norm", "norm_f", "ln_out")
@@ -111,16 +112,7 @@ class Borders:
                 break
         project_in = getattr(decoder, "project_in", None)
         project_out = getattr(decoder, "project_out", None)
-        # Input scale, as the model computes it.
-        scale_buf = getattr(emb, "embed_scale", None)
-        if isinstance(scale_buf, torch.Tensor) and scale_buf.is_meta:
-            embed_scale = float("nan")  # a meta-device model (built to count parameters) has no value
-        elif isinstance(scale_buf, torch.Tensor):
-            embed_scale = float(scale_buf.to(emb.weight.dtype))
-        elif isinstance(scale_buf, (int, float)):
-            embed_scale = float(torch.tensor(float(scale_buf), dtype=emb.weight.dtype))
-        else:
-            embed_scale = float(_cfg(config, "embedding_multiplier", default=1.0))
+        embed_scale = input_scale(emb, decoder, config)[0]  # as the model computes it (models.embed)
         softcap = _cfg(config, "final_logit_softcapping", default=None)
         softcap = float(softcap) if softcap else None
         logit_scale = 1.0
@@ -246,12 +238,9 @@ class Borders:
 
     @property
     def module_embed_scale(self) -> float | None:
-        """The input scale the embedding *module* applies in its own forward (Gemma 3's scaled
-        embedding), or None when the module returns the rows unscaled (the model scales them
-        elsewhere, as Gemma 1/2 do, or the scale is 1). A replacement of the embedding module (the
-        vocab-parallel embedding) applies this one; the model still applies the rest."""
-        inside = getattr(self.embedding, "embed_scale", None) is not None
-        return self.embed_scale if inside and self.embed_scale != 1.0 else None
+        """The input scale the embedding *module* applies in its own forward (Gemma's scaled
+        embedding), or None (:attr:`Embedding.module_scale <vocablens.models.embed.Embedding.module_scale>`)."""
+        return self.input_embedding.module_scale
 
     @property
     def fills_cache_only(self) -> bool:
@@ -262,12 +251,25 @@ class Borders:
         return self.family in KV_ONLY_FAMILIES
 
     # ------------------------------------------------------------------ computing through the borders
+    @property
+    def input_embedding(self) -> Embedding:
+        """The :class:`~vocablens.models.embed.Embedding` (W_E, input scale, input norm, project_in,
+        lookup, real-vocabulary mask) that every path reading the input side goes through: the
+        counterpart of :attr:`unembedding`."""
+        key = ("input_embedding", self.W_E._version, self.tokenizer_vocab_size)
+        if key not in self._memo:
+            self._memo[key] = Embedding.from_borders(self)
+        return self._memo[key]
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token ids [...] -> embedding rows times the input scale [..., d_emb] (no positions)."""
-        x = self.embedding(ids)
-        if self.embed_scale != 1.0 and getattr(self.embedding, "embed_scale", None) is None:
-            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
-        return x
+        """Token ids [...] -> what block 0 reads from the token embedding [..., d_model] (input
+        scale, input norm, ``project_in``; no positions): :meth:`Embedding.lookup
+        <vocablens.models.embed.Embedding.lookup>`.
+
+        Raises:
+            BadInput: an id outside [0, V).
+        """
+        return self.input_embedding.lookup(ids)
 
     def normed(self, resid: torch.Tensor) -> torch.Tensor:
         """Residual stream [..., d_model] -> input of the LM head [..., d_emb], in W_U's dtype.

@@ -100,11 +100,11 @@ class VocabParallelModel:
         self.real_mask = U.real_mask
         W, b = U.weight.detach(), None if U.bias is None else U.bias.detach()
         self.head = VocabParallelLMHead.from_full(W, b, group, softcap=U.softcap, logit_scale=U.logit_scale)
-        emb = borders.embedding
-        vp = VocabParallelEmbedding.from_full(emb.weight.detach(), group, scale=borders.module_embed_scale)
+        E = borders.input_embedding
+        vp = VocabParallelEmbedding.from_full(E.weight.detach(), group, scale=E.module_scale)
         self.vocab_start, self.vocab_stop = self.head.vocab_start, self.head.vocab_stop
         borders.model.set_input_embeddings(_ShardedEmbedding(vp))
-        for p in {id(x): x for x in (emb.weight, borders.W_U, borders.b_U) if x is not None}.values():
+        for p in {id(x): x for x in (E.weight, borders.W_U, borders.b_U) if x is not None}.values():
             p.data = p.data.new_empty((0,) + tuple(p.shape[1:]))  # free the full [V, d] (tied: once)
 
     def held_rows(self) -> int:

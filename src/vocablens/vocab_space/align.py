@@ -154,13 +154,8 @@ def _centred_grams(rows_a: Callable[[torch.Tensor], torch.Tensor], rows_b: Calla
 
 
 def _input_embedding(borders, rows: torch.Tensor) -> torch.Tensor:
-    """Embedding rows as they enter the stream (input scale, project_in) [S, d_model] float64."""
-    from vocablens.models.blocks import linear_weight
-
-    E = borders.W_E.detach()[rows.to(borders.W_E.device)].double() * float(borders.embed_scale)
-    if borders.project_in is not None:
-        E = E @ linear_weight(borders.project_in).detach().double().t()
-    return E
+    """Embedding rows as they enter the stream (input scale, input norm, project_in) [S, d_model] float64."""
+    return borders.input_embedding.rows(rows, torch.float64)
 
 
 def _units(borders, what: str, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor:

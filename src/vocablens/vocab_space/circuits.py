@@ -59,7 +59,8 @@ def head_circuit(borders: Borders, block: int, head: int, circuit: str = "ov", k
     """Top token pairs of one head's OV circuit ``E W_V W_O (g ⊙ U)ᵀ`` or QK circuit ``E W_Q W_Kᵀ Eᵀ``.
 
     Dar et al. 2022 §2.2 (attention parameters in embedding space); Elhage et al. 2021 ("A Mathematical
-    Framework for Transformer Circuits", the OV and QK circuits). E is the input embedding (input scale,
+    Framework for Transformer Circuits", the OV and QK circuits). E is the input embedding
+    (:meth:`Embedding.rows <vocablens.models.embed.Embedding.rows>`: input scale, input norm,
     ``project_in``; no positions, no norm before the attention), so the circuits ignore positions,
     rotary embeddings, q/k norms and biases. The [V, V] matrix is never built: it has rank <= d_head,
     so sources are streamed in chunks of ``[c, d_head] @ [d_head, V]``; cost 2·n_sources·V·d_head FLOPs.
@@ -86,7 +87,7 @@ def head_circuit(borders: Borders, block: int, head: int, circuit: str = "ov", k
     if not 1 <= n_src <= real:
         raise BadInput(f"max_sources must be between 1 and {real}; got {max_sources}")
     check_k(k, n_src * real)
-    dev = borders.W_E.device
+    dev = borders.input_embedding.device
     with torch.no_grad():
         # the [V, d] embedding and readout are streamed by blocks of rows; only [n, d_head] and
         # [d_head, V] products are kept

@@ -14,7 +14,6 @@ import torch
 
 from vocablens.errors import BadInput
 from vocablens.models import Borders
-from vocablens.models.blocks import linear_weight
 from vocablens.models.pages import release_pages
 from vocablens.ops.topk import merge_topk, topk_lowest_id
 
@@ -51,13 +50,10 @@ def readout_rows(borders: Borders, rows: slice | Sequence[int], apply_norm_gain:
 
 
 def input_embedding(borders: Borders, ids: torch.Tensor | slice | None = None) -> torch.Tensor:
-    """Token embeddings as they enter the residual stream (input scale, ``project_in``; no positions),
-    [V or n, d_model] float32; ``ids`` a tensor of ids or a slice of rows (a view, no gather)."""
-    W = borders.W_E.detach() if ids is None else borders.W_E.detach()[ids]
-    E = W.float() * borders.embed_scale
-    if borders.project_in is not None:
-        E = E @ linear_weight(borders.project_in).detach().float().t()
-    return E
+    """Token embeddings as they enter the residual stream (input scale, input norm, ``project_in``; no
+    positions), [V or n, d_model] float32; ``ids`` a tensor of ids or a slice of rows (a view, no
+    gather): :meth:`Embedding.rows <vocablens.models.embed.Embedding.rows>` of ``borders.input_embedding``."""
+    return borders.input_embedding.rows(ids, torch.float32)
 
 
 def vocab_blocks(V: int, width: int, block_bytes: int | None = None) -> list[tuple[int, int]]:
@@ -74,7 +70,7 @@ def stream_rows(borders: Borders, V: int, kind: str = "value", apply_norm_gain: 
     Once a block is used, the pages of its checkpoint rows leave the resident set where the command
     allows it (:func:`vocablens.models.pages.release_pages`)."""
     d = int(borders.d_model)
-    src = (borders.W_U if kind == "value" else borders.W_E).detach()
+    src = (borders.W_U if kind == "value" else borders.input_embedding.weight).detach()
     for a, b in vocab_blocks(V, d):
         yield a, b, (readout_rows(borders, slice(a, b), apply_norm_gain) if kind == "value"
                      else input_embedding(borders, slice(a, b)))

@@ -88,7 +88,7 @@ def project_vectors(borders: Borders, blocks: Sequence[int], neurons: Sequence[i
         k: tokens kept at each end (1..V).
         kind: ``value``: row i of ``W_out`` [d_ff, d] read as ``R v`` with R the readout
             (:func:`~vocablens.vocab_space.readout.readout`); ``key``: row i of the gate (gated MLPs) or
-            up projection read against the input embedding ``E k`` (input scale and ``project_in``).
+            up projection read against the input embedding ``E k`` (input scale, input norm and ``project_in``).
         apply_norm_gain: apply the final norm's gain before the unembedding (values only).
         chunk_rows: vectors scored per chunk (default: as many as 64 MiB of [rows, V] scores).
 
@@ -105,7 +105,7 @@ def project_vectors(borders: Borders, blocks: Sequence[int], neurons: Sequence[i
     X = gather_vectors(borders, blocks, neurons, kind)  # [n, d_model]
     real = borders.real_vocab_size
     check_k(k, real)
-    X = X.to(borders.W_U.device if kind == "value" else borders.W_E.device)
+    X = X.to(borders.W_U.device if kind == "value" else borders.input_embedding.device)
     step = rows_per_chunk(real, chunk_rows)
     parts = [TopBottom(k) for _ in range(0, len(X), step)]
     for a, _, R in stream_rows(borders, real, kind, apply_norm_gain):  # [rows, d] blocks, never [V, d]
