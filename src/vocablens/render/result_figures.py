@@ -84,21 +84,18 @@ FIGURES: dict[str, Callable] = {"anatomy": _anatomy, "pca": _pca, "lens": _lens,
                                 "settle": _settle, "undertrained": _undertrained}
 
 
-def figure_of(r, **options):
-    """The plotly figure of ``r`` (:data:`FIGURES`).
+def draw(builder: Callable, r, **options):
+    """``builder(r, **options)``, an option the builder does not take refused first.
 
     Raises:
-        BadInput: none is drawn for this kind of result, or an option its figure does not take
-            (the lens trajectories' ``colour`` is the only one).
+        BadInput: an option the figure does not take (the lens trajectories' ``colour`` is the only
+            one of the figures here).
     """
-    fig = FIGURES.get(r.kind)
-    if fig is None:
-        raise BadInput(f"no figure is drawn for a {r.kind} result; .table() shows it")
-    takes = set(inspect.signature(fig).parameters) - {"r"}
+    takes = set(inspect.signature(builder).parameters) - {"r"}
     if set(options) - takes:
         raise BadInput(f"a {r.kind} figure takes no option {', '.join(sorted(set(options) - takes))}"
                        + (f"; it takes {', '.join(sorted(takes))}" if takes else ""))
-    return fig(r, **options)
+    return builder(r, **options)
 
 
-__all__ = ["FIGURES", "figure_of"]
+__all__ = ["FIGURES", "draw"]

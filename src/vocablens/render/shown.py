@@ -25,7 +25,7 @@ from vocablens.render.printed import (
     print_anatomy, print_argmax, print_explain, print_generate, print_lens, print_neighbors, print_pca,
     print_project, print_score, print_settle, print_steer, print_surgery, print_tie_check, print_undertrained,
 )
-from vocablens.render.result_figures import FIGURES, figure_of
+from vocablens.render.result_figures import FIGURES, draw
 
 
 def _model(r) -> dict:
@@ -220,13 +220,15 @@ def to_text(r) -> str:
 
 def figure(r, **options):
     """The plotly figure of ``r``, as the report or the explorer draws it
-    (:func:`vocablens.render.result_figures.figure_of`; ``options``: the lens trajectories' ``colour``).
+    (:data:`RENDERERS`; ``options``: the lens trajectories' ``colour``).
 
     Raises:
         BadInput: none is drawn for this kind of result, or an option its figure does not take.
     """
-    _entry(r)
-    return figure_of(r, **options)
+    fig = _entry(r)[2]
+    if fig is None:
+        raise BadInput(f"no figure is drawn for a {r.kind} result; .table() shows it")
+    return draw(fig, r, **options)
 
 
 def to_pandas(r):
