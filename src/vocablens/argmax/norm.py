@@ -137,7 +137,7 @@ class _Rows:
         self.W, self.ids, self.model, self.scale = W, ids, model, scale
         self.step = max(1, NORM_BLOCK_BYTES // (8 * max(1, int(W.shape[1]))))
         self.whole = len(ids) == W.shape[0]                 # every row: slices, no gather
-        # a read-only mapped W gives its pages back after each block (results unchanged)
+        # a file-mapped W gives its pages back after each block (results unchanged)
         self.pages = PageRelease(W.numpy() if W.dtype in (torch.float32, torch.float64) else None)
 
     def _raw(self, s: int, e: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ class SourceRows:
     """The scan's input, as numpy.
 
     Attributes:
-        rows: ``W [V, d]`` float32 (float64 when given so); may be a read-only file mapping.
+        rows: ``W [V, d]`` float32 (float64 when given so); may be a file mapping.
         bias: ``b [V]`` float64, or None.
         defer: bool ``[V]`` rows whose proofs run last, or None.
         pages: a :class:`~vocablens.models.pages.PageRelease` over ``rows`` (gives a mapped W's pages

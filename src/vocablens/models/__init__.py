@@ -11,7 +11,8 @@ built, as one line), ``tie`` ("tied" by storage, as
 transformers decides it), ``config`` (a config without weights), ``provenance``, ``gguf_cache``,
 ``blocks`` (one view of a decoder block), ``unembed`` (the one unembedding), ``embed`` (the one
 embedding: input scale, input norm, ``project_in``, lookup), ``rows``, ``borders``
-(the family adapter), ``headless``, ``flops`` (attention shape and FLOP counts), ``loaded``
+(the family adapter), ``final_norm`` (the final norm of a load without modeling code, computed by
+the family's own module), ``headless``, ``flops`` (attention shape and FLOP counts), ``loaded``
 (:class:`LoadedModel`), ``sources`` (the directory the partial loaders read), ``lazy`` (borders
 only), ``matrices`` (the two matrices; the head only), ``streaming``, ``loading`` (:func:`load`),
 ``loader`` (``load_mode``: every loading mode).

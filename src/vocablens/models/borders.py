@@ -27,7 +27,8 @@ from vocablens.models.find import config_value, find_blocks, find_decoder, named
 from vocablens.models.embed import Embedding, input_scale
 from vocablens.models.unembed import Unembedding
 
-_NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "final_layernorm", "final_norm", "norm_f", "ln_out")
+#: module names under which decoders keep their final norm (read by the two-matrix loads too)
+FINAL_NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "final_layernorm", "final_norm", "norm_f", "ln_out")
 
 _cfg = config_value
 
@@ -105,7 +106,7 @@ class Borders:
                 f"embedding {tuple(emb.weight.shape)} and LM head {tuple(head.weight.shape)} do not match",
             )
         final_norm = None
-        for n in _NORM_NAMES:
+        for n in FINAL_NORM_NAMES:
             m = getattr(decoder, n, None)
             if isinstance(m, nn.Module):
                 final_norm = m

@@ -7,7 +7,7 @@ mode           what is in memory                                                
 ``borders``    embedding, LM head (+ bias), final norm; ``blocks`` / ``value_vectors``  no
                add one block or every FFN value matrix
                (:func:`vocablens.models.lazy.load_borders_only`)
-``head``       LM head and final norm, read-only mapped                                 no
+``head``       LM head and final norm (the family's own module), copy-on-write mapped   no
                (:func:`vocablens.models.matrices.load_head_only`)
 ``matrices``   embedding and LM head, no transformers modeling code                    no
                (:func:`vocablens.models.matrices.load_matrices_only`)
@@ -15,7 +15,9 @@ mode           what is in memory                                                
                at each forward (:func:`vocablens.models.streaming.load_streaming`)
 =============  ====================================================================  ==============
 
-Every mode reads the head the model itself uses (:mod:`vocablens.models.tie`) and places its real
+Every mode reads the head the model itself uses (:mod:`vocablens.models.tie`), computes the final
+norm with the family's own transformers module, hands out tensors that can be written (a write
+into a mapped tensor makes a private copy of its page, never touches the file), and places its real
 tensors on ``device`` (the partial modes read onto the CPU, then move: a tied matrix stays one
 tensor; the blocks left on ``meta`` stay there).
 """

@@ -7,9 +7,11 @@ the LM head ``W_U`` [V, d] (cosine neighbours). It reads the tensor names from t
 import alone is ~140 MB of resident memory, more than the matrix of a 135M model (see
 ``benchmarks/memory.py``). The matrices stay memory-mapped in the checkpoint's dtype.
 
-:func:`load_head_only` adds the final norm for the families whose final norm is transformers'
-``LlamaRMSNorm`` (``argmax`` reads the head and the norm) and maps the matrices read-only, so
-``argmax`` can hand their pages back after each pass (:mod:`vocablens.models.pages`).
+:func:`load_head_only` adds the final norm (``argmax`` reads the head and the norm): the
+checkpoint's tensors, computed by the family's own transformers module, built on first use
+(:mod:`vocablens.models.final_norm`). The matrices are the checkpoint's own pages (``safe_open``:
+a private, copy-on-write file mapping), so ``argmax`` can hand them back after each pass
+(:mod:`vocablens.models.pages`) and a write into them changes the process's copy only.
 
 What is not read raises instead of guessing: the final norm and the blocks are placeholders whose
 use raises :class:`~vocablens.errors.BadInput`, and the input scale is NaN (Gemma's sqrt(d) is a
@@ -21,7 +23,6 @@ remote code, a head bias, OPT's projections, unknown tensor names) is loaded by
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,6 +32,7 @@ from torch import nn
 
 from vocablens.errors import BadInput, CorruptModelFile
 from vocablens.models.checkpoint_files import matrix_keys, read_tensors, shard_files
+from vocablens.models.final_norm import FamilyNorm, final_norm_keys, skeleton_final_norm
 from vocablens.models.sources import light_tokenizer, source_dir
 
 _REFUSE = ("project_in", "project_out", "lm_head.bias", "embed_out.bias")
@@ -49,24 +51,6 @@ class _NotRead(nn.Module):
                        "load the borders or the whole model for this analysis")
 
 
-class RMSNorm(nn.Module):
-    """``weight * x / sqrt(mean(x^2) + eps)``, computed in float32 and cast back before the gain:
-    transformers' ``LlamaRMSNorm`` line for line (also Mistral's, Mixtral's, Qwen2/3's, Phi-3's),
-    so the probes of :mod:`vocablens.argmax.norm` see the same numbers. Shape [..., d] -> [..., d]."""
-
-    def __init__(self, weight: torch.Tensor, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
-
-
 class _Decoder(nn.Module):
     def __init__(self, emb: nn.Module, n_layers: int, d: int, norm: nn.Module | None = None):
         super().__init__()
@@ -77,13 +61,17 @@ class _Decoder(nn.Module):
 
 class MatricesOnly(nn.Module):
     """Module tree of the view: ``model.embed_tokens``, ``model.layers`` (placeholders),
-    ``model.norm`` (placeholder) and ``lm_head``, which :meth:`Borders.from_model` reads."""
+    ``model.norm`` (the final norm, or a placeholder), ``lm_head`` and the config's ``logit_scale``
+    when it has one (as the model holds it), which :meth:`Borders.from_model` reads."""
 
     def __init__(self, config, emb: nn.Embedding, head: nn.Linear, n_layers: int, norm: nn.Module | None = None):
         super().__init__()
         self.config = config
         self.model = _Decoder(emb, n_layers, int(emb.weight.shape[1]), norm)
         self.lm_head = head
+        ls = getattr(config, "logit_scale", None)  # a number the model multiplies its logits by (Cohere)
+        if isinstance(ls, (int, float)) and not isinstance(ls, bool):
+            self.logit_scale = float(ls)
 
     def get_input_embeddings(self):
         return self.model.embed_tokens
@@ -151,14 +139,15 @@ def load_matrices_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_re
 def load_head_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_remote_code: bool = False):
     """The LM head and the final norm (what ``argmax`` reads), without transformers' modeling code.
 
-    As :func:`load_matrices_only`, plus the final norm, for the families whose final norm is
-    transformers' ``LlamaRMSNorm`` (:data:`RMS_FAMILIES`; rebuilt as :class:`RMSNorm` from the
-    checkpoint's gain and ``rms_norm_eps``); in the checkpoint's dtype the matrices are mapped
-    read-only from the safetensors file, so a pass over them can hand their pages back to the
-    page cache (:mod:`vocablens.models.pages`). Writing into them raises SIGSEGV: this view is for
-    read-only analyses. Any other checkpoint (a head bias, another family, a config without
-    ``rms_norm_eps``) is loaded by :func:`vocablens.models.lazy.load_borders_only`: the same
-    tensors and norm outputs, more memory.
+    As :func:`load_matrices_only`, plus the final norm: the checkpoint's tensors in a
+    :class:`~vocablens.models.final_norm.FamilyNorm`, which computes with the family's own
+    transformers module (built from a meta-device skeleton at its first call, so the modeling
+    code is imported only by a caller that uses the norm). In the checkpoint's dtype the matrices
+    stay the file's copy-on-write mapping: a pass over them can hand their pages back to the page
+    cache (:mod:`vocablens.models.pages`), and writing into them changes this process's copy, never
+    the file. A checkpoint whose final norm cannot be named from its tensors, or that this view
+    cannot read exactly (a head bias, OPT's projections ...), is loaded by
+    :func:`vocablens.models.lazy.load_borders_only`: the same tensors and norm outputs, more memory.
 
     Returns:
         :class:`~vocablens.models.LoadedModel` whose ``borders`` has ``W_U`` [V, d], no bias, the
@@ -168,37 +157,6 @@ def load_head_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_remote
         As :func:`vocablens.models.lazy.load_borders_only`.
     """
     return _load(str(spec), dtype, trust_remote_code, head=True)
-
-
-#: model types whose final norm ``model.norm`` is transformers' ``LlamaRMSNorm`` (same forward)
-RMS_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "phi3")
-_NORM_KEYS = ("model.norm.weight", "norm.weight")
-_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
-
-
-def mapped_read_only(f: Path, key: str) -> torch.Tensor | None:
-    """Tensor ``key`` of the safetensors file ``f``, mapped read-only (``PROT_READ``, shared): its
-    pages are the page cache's, never copied. None when the header cannot be read or the dtype
-    is not a float one (the caller then reads it through ``safe_open``)."""
-    import warnings
-
-    import numpy as np
-
-    try:
-        with open(f, "rb") as h:
-            n = int.from_bytes(h.read(8), "little")
-            info = json.loads(h.read(n))[key]
-        dt = _ST_DTYPES[info["dtype"]]
-        s, e = (int(x) for x in info["data_offsets"])
-        shape = [int(x) for x in info["shape"]]
-        if e - s != math.prod(shape) * dt.itemsize or e <= s or (8 + n + s) % dt.itemsize:
-            return None
-        arr = np.memmap(f, dtype=np.uint8, mode="r", offset=8 + n + s, shape=(e - s,))
-        with warnings.catch_warnings():       # "not writable": by design (see load_head_only)
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.from_numpy(arr).view(dt).reshape(shape)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError):
-        return None
 
 
 def _load(spec: str, dtype, trust_remote_code: bool, head: bool):
@@ -213,31 +171,18 @@ def _load(spec: str, dtype, trust_remote_code: bool, head: bool):
     d, prov = source_dir(spec)
     files = shard_files(d)
     plan = _plan(d, files)
-    norm_key = None
-    if plan is not None and head:
-        cfg = plan[0]
-        norms = [k for k in _NORM_KEYS if k in files]
-        if getattr(cfg, "model_type", None) not in RMS_FAMILIES or len(norms) != 1 or \
-                not isinstance(getattr(cfg, "rms_norm_eps", None), (int, float)):
-            plan = None
-        else:
-            norm_key = norms[0]
-    if plan is None:
+    norm_keys = final_norm_keys(files) if head else {}
+    if plan is None or norm_keys is None:
         return fallback()
     config, emb_key, head_key, config_tied = plan
     from vocablens.models.run_dtype import run_dtype, with_note
 
     tdtype, dtype_note = run_dtype(spec, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
     keys = [emb_key] + ([head_key] if head_key else [])
-    ts = read_tensors(keys + ([norm_key] if norm_key else []), files, tdtype)
+    ts = read_tensors(keys + list(norm_keys.values()), files, tdtype)
     tied = checkpoint_tied(config_tied, ts.get(head_key) if head_key else None, ts[emb_key])
     if tied and head_key:                     # a stored copy of the embedding: one matrix, as transformers
         keys, head_key = [emb_key], None
-    if head and tdtype is None:               # read-only mappings of the same bytes
-        for k in keys:
-            t = mapped_read_only(files[k], k)
-            if t is not None and t.dtype == ts[k].dtype and t.shape == ts[k].shape:
-                ts[k] = t
     W_E = ts[emb_key]
     if W_E.dim() != 2 or (head_key and tuple(ts[head_key].shape) != tuple(W_E.shape)):
         return fallback()
@@ -247,10 +192,11 @@ def _load(spec: str, dtype, trust_remote_code: bool, head: bool):
         # the config disagrees with the weights: the borders-only load names the tensor and both shapes
         return fallback()
     norm = None
-    if norm_key is not None:
-        if tuple(ts[norm_key].shape) != (dm,):
+    if head:
+        if any(tuple(ts[k].shape) != (dm,) for k in norm_keys.values()):
             return fallback()
-        norm = RMSNorm(ts[norm_key], float(config.rms_norm_eps))
+        norm = FamilyNorm({n: ts[k] for n, k in norm_keys.items()},
+                          lambda: skeleton_final_norm(d, trust_remote_code))
     # modules around the tensors as they are (a meta-device init would import torch's meta kernels: ~70 MB)
     emb = nn.Embedding.from_pretrained(W_E, freeze=True)
     emb.register_buffer("embed_scale", torch.empty((), device="meta"), persistent=False)  # unknown here
@@ -271,4 +217,4 @@ def _load(spec: str, dtype, trust_remote_code: bool, head: bool):
     return with_note(LoadedModel(model, tok, Borders.from_model(model, tokenizer=tok), prov), dtype_note)
 
 
-__all__ = ["RMS_FAMILIES", "MatricesOnly", "RMSNorm", "load_head_only", "load_matrices_only", "mapped_read_only"]
+__all__ = ["MatricesOnly", "load_head_only", "load_matrices_only"]

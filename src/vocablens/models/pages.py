@@ -15,10 +15,12 @@ memory is anonymous too, so nothing happens to it). Process-wide and off unless 
 pages.
 
 :class:`PageRelease` serves the exact argmax check, which makes many passes over the rows of a
-numpy matrix ``W`` [V, d] while it holds the whitened rows: when the whole matrix is a file mapping
-*without write permission* (as :func:`vocablens.models.matrices.load_head_only` maps it), no page
-can differ from the file, so one check of ``/proc/self/maps`` replaces the per-page check and each
-release is one system call.
+numpy matrix ``W`` [V, d] while it holds the whitened rows: when the whole matrix lies in file
+mappings (``/proc/self/maps``) and none of its pages differs from the file when the pass begins
+(read-only mappings cannot differ; a copy-on-write mapping, as ``safe_open`` and
+:func:`vocablens.models.matrices.load_head_only` hand it out, is checked page by page once), each
+release is one system call. The scan only reads ``W``, so no page can become a private copy while
+it runs.
 """
 
 from __future__ import annotations
@@ -115,10 +117,27 @@ def _libc():
     return libc
 
 
-# ---------------------------------------------------------------- rows of a read-only mapping
+# ---------------------------------------------------------------- rows of a file mapping
 def read_only_file_mapping(lo: int, hi: int) -> bool:
     """True when the address range ``[lo, hi)`` lies wholly in file mappings (a path, an inode)
     without write permission, according to ``/proc/self/maps``; False otherwise or unreadable."""
+    return _file_mapping(lo, hi, writable=False)
+
+
+def file_pages_only(lo: int, hi: int) -> bool:
+    """True when ``[lo, hi)`` lies wholly in file mappings (read-only, or copy-on-write) and every
+    present page of it is the file's page (none written, none swapped out): dropping any of them
+    loses nothing. False otherwise or unreadable."""
+    if not _file_mapping(lo, hi, writable=True):
+        return False
+    if read_only_file_mapping(lo, hi):
+        return True
+    page = _page_size()
+    a, b = lo // page * page, -(-hi // page) * page
+    return _all_file_pages(a, b, page)
+
+
+def _file_mapping(lo: int, hi: int, writable: bool) -> bool:
     try:
         with open("/proc/self/maps") as f:
             lines = f.read().splitlines()
@@ -132,7 +151,7 @@ def read_only_file_mapping(lo: int, hi: int) -> bool:
         s, e = (int(x, 16) for x in f[0].split("-"))
         if e <= pos:
             continue
-        if s > pos or "w" in f[1] or f[4] == "0" or not f[5].startswith("/"):
+        if s > pos or ("w" in f[1] and not writable) or f[4] == "0" or not f[5].startswith("/"):
             return False
         pos = e
         if pos >= hi:
@@ -144,9 +163,10 @@ class PageRelease:
     """Drops the pages of rows of a C-contiguous numpy matrix [V, d] after they were read.
 
     ``release(start, stop)`` gives back the pages of rows ``[start, stop)``, ``release_all()``
-    those of the whole matrix; they do nothing unless the whole matrix is a read-only file mapping
-    (:func:`read_only_file_mapping`, checked once here). Results never change: a dropped page is
-    read again from the file when it is next touched.
+    those of the whole matrix; they do nothing unless the whole matrix is a file mapping whose
+    pages are all the file's (:func:`file_pages_only`, checked once here: the caller only reads the
+    matrix afterwards). Results never change: a dropped page is read again from the file when it
+    is next touched.
     """
 
     def __init__(self, a) -> None:
@@ -156,7 +176,7 @@ class PageRelease:
         if not isinstance(a, np.ndarray) or a.ndim != 2 or not a.flags.c_contiguous or a.nbytes < 2 * _page_size():
             return
         lo = a.ctypes.data
-        if not read_only_file_mapping(lo, lo + a.nbytes):
+        if not file_pages_only(lo, lo + a.nbytes):
             return
         libc = _libc()
         if libc is None:  # pragma: no cover - not Linux
@@ -166,7 +186,7 @@ class PageRelease:
 
     @property
     def active(self) -> bool:
-        """Whether releases reach the kernel (the matrix is a read-only file mapping)."""
+        """Whether releases reach the kernel (the matrix is a file mapping of unwritten pages)."""
         return self.base != 0
 
     def release(self, start: int, stop: int) -> None:
@@ -189,4 +209,4 @@ class PageRelease:
         self.release(0, self.n)
 
 
-__all__ = ["PageRelease", "read_once", "read_only_file_mapping", "release_after_reading", "release_pages"]
+__all__ = ["PageRelease", "file_pages_only", "read_once", "read_only_file_mapping", "release_after_reading", "release_pages"]
