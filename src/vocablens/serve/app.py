@@ -150,42 +150,29 @@ def _body(model: type[BaseModel]):
     return wrap
 
 
-def create_app(state: ServerState, host: str = "127.0.0.1") -> FastAPI:
-    """The FastAPI app around a loaded :class:`ServerState` (the argmax scan starts with the app).
+def _cached(e, key: tuple, make):
+    """The answer stored under ``key`` on a prompt's cache entry ``e``, made (``make()``) once."""
+    if key not in e.answers:
+        e.answers[key] = make()
+    return e.answers[key]
 
-    Args:
-        state: the loaded model and its caches.
-        host: the address the server is bound to: names the ``Host`` headers it answers
-            (:class:`~vocablens.serve.guard.HostPolicy`; 421 for any other).
-    """
-    from contextlib import asynccontextmanager
 
+def _load_assets() -> dict[str, tuple[bytes, str]]:
+    """name -> (bytes, media type) of the page's files and plotly.js, read once into memory."""
     import plotly.offline
-
-    from vocablens.serve.guard import BodyLimit, HostGuard, HostPolicy
 
     assets = {name: (_asset(name), mime) for name, mime in _ASSETS.items()}
     assets["plotly.min.js"] = (plotly.offline.get_plotlyjs().encode("utf-8"), "text/javascript")
-    M = request_models(state.max_tokens)
+    return assets
 
-    @asynccontextmanager
-    async def lifespan(_app):
-        state.start()
-        yield
-        state.argmax.cancel()  # never leave torch running in a thread while the interpreter exits
 
-    # no /docs or /redoc: FastAPI's Swagger and ReDoc pages load their scripts from a CDN
-    app = FastAPI(title="vocablens serve", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description="The embedding and the unembedding of one model, explored in the browser. "
-                              "Each POST endpoint answers the JSON of the matching CLI command's --json.")
-    app.state.vl = state
-    # outermost first: the Host check, then the body cap, before FastAPI reads anything
-    app.add_middleware(BodyLimit, max_bytes=body_bytes(state.max_tokens))
-    app.add_middleware(HostGuard, policy=HostPolicy(host))
-
+def _add_error_handlers(app: FastAPI, max_tokens: int) -> None:
+    """Every error as ``{"error": "one line"}``: 422 for a body the schema refuses, the HTTP status of
+    Starlette's own errors (400 for a body that is not JSON), 400 for a VocabLensError, 500 for
+    anything else (the server keeps serving)."""
     @app.exception_handler(RequestValidationError)
     async def _bad_body(_req: Request, exc: RequestValidationError):
-        return _err(422, _validation_line(exc, state.max_tokens))
+        return _err(422, _validation_line(exc, max_tokens))
 
     @app.exception_handler(HTTPException)
     async def _http(_req: Request, exc: HTTPException):
@@ -201,6 +188,9 @@ def create_app(state: ServerState, host: str = "127.0.0.1") -> FastAPI:
     async def _any(_req: Request, exc: Exception):
         return _err(500, f"internal error ({type(exc).__name__}); the server keeps serving")
 
+
+def _add_page_routes(app: FastAPI, assets: dict[str, tuple[bytes, str]]) -> None:
+    """``GET /`` and the page's static files, each looked up by its exact name in ``assets``."""
     def _send(name: str) -> Response:
         body, mime = assets[name]
         return Response(body, media_type=mime, headers={"Cache-Control": "no-cache"})
@@ -221,6 +211,10 @@ def create_app(state: ServerState, host: str = "127.0.0.1") -> FastAPI:
     def plotly_js() -> Response:
         return _send("plotly.min.js")
 
+
+def _add_prompt_routes(app: FastAPI, state: ServerState, M: dict[str, type[BaseModel]]) -> None:
+    """``GET /api/health`` and the endpoints that read a prompt (lens, trajectory, explain); their
+    answers are cached per prompt, under the model lock."""
     @app.get("/api/health")
     def health():
         """The model and its provenance, the argmax scan's state, forward passes run so far."""
@@ -231,11 +225,6 @@ def create_app(state: ServerState, host: str = "127.0.0.1") -> FastAPI:
         d["forward_passes"] = state.forward_passes
         d["max_tokens"] = state.max_tokens
         return JSONResponse(d)
-
-    def cached(e, key: tuple, make):
-        if key not in e.answers:
-            e.answers[key] = make()
-        return e.answers[key]
 
     @app.post("/api/lens")
     @_body(M["lens"])
@@ -248,8 +237,8 @@ def create_app(state: ServerState, host: str = "127.0.0.1") -> FastAPI:
             tuned = state.need_tuned() if req.kind in ("tuned", "both") or "tuned," in req.kind else None
             jac = state.need_jacobian() if "jacobian" in req.kind else None
             e = state.entry(req.prompt, req.chat)
-            d = cached(e, ("lens", req.kind, req.k),
-                       lambda: adapters.lens_json(state.lm, e.ids, req.kind, req.k, tuned, state.forward(e), jac))
+            d = _cached(e, ("lens", req.kind, req.k),
+                        lambda: adapters.lens_json(state.lm, e.ids, req.kind, req.k, tuned, state.forward(e), jac))
             return JSONResponse(d)
 
     @app.post("/api/trajectory")
@@ -260,7 +249,7 @@ def create_app(state: ServerState, host: str = "127.0.0.1") -> FastAPI:
             tid = adapters.token_id(state.lm, req.token)
             e = state.entry(req.prompt, req.chat)
             p = adapters.position(e.ids, req.position)
-            return JSONResponse(cached(e, ("trajectory", p, tid), lambda: adapters.trajectory_json(
+            return JSONResponse(_cached(e, ("trajectory", p, tid), lambda: adapters.trajectory_json(
                 state.lm, e.ids, state.resid(e), p, tid, state.tuned)))
 
     @app.post("/api/explain")
@@ -271,9 +260,13 @@ def create_app(state: ServerState, host: str = "127.0.0.1") -> FastAPI:
             tid = None if req.target is None else adapters.token_id(state.lm, req.target)
             e = state.entry(req.prompt, req.chat)
             p = adapters.position(e.ids, req.position)
-            return JSONResponse(cached(e, ("explain", p, tid),
-                                       lambda: adapters.explain_json(state.lm, e.ids, p, tid)))
+            return JSONResponse(_cached(e, ("explain", p, tid),
+                                        lambda: adapters.explain_json(state.lm, e.ids, p, tid)))
 
+
+def _add_token_routes(app: FastAPI, state: ServerState, M: dict[str, type[BaseModel]]) -> None:
+    """The endpoints that read one token: neighbours, value vectors, the argmax verdict (from the
+    background scan: 202 while it runs, 409 when off, 503 when it failed) and under-training."""
     @app.post("/api/neighbors")
     @_body(M["token_k"])
     def neighbors(req):
@@ -313,4 +306,38 @@ def create_app(state: ServerState, host: str = "127.0.0.1") -> FastAPI:
             return JSONResponse(adapters.undertrained_token_json(state.lm, state.undertrained_index(),
                                                                  state.undertrained_verified, tid))
 
+
+def create_app(state: ServerState, host: str = "127.0.0.1") -> FastAPI:
+    """The FastAPI app around a loaded :class:`ServerState` (the argmax scan starts with the app).
+
+    Args:
+        state: the loaded model and its caches.
+        host: the address the server is bound to: names the ``Host`` headers it answers
+            (:class:`~vocablens.serve.guard.HostPolicy`; 421 for any other).
+    """
+    from contextlib import asynccontextmanager
+
+    from vocablens.serve.guard import BodyLimit, HostGuard, HostPolicy
+
+    assets = _load_assets()
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        state.start()
+        yield
+        state.argmax.cancel()  # never leave torch running in a thread while the interpreter exits
+
+    # no /docs or /redoc: FastAPI's Swagger and ReDoc pages load their scripts from a CDN
+    app = FastAPI(title="vocablens serve", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  description="The embedding and the unembedding of one model, explored in the browser. "
+                              "Each POST endpoint answers the JSON of the matching CLI command's --json.")
+    app.state.vl = state
+    # outermost first: the Host check, then the body cap, before FastAPI reads anything
+    app.add_middleware(BodyLimit, max_bytes=body_bytes(state.max_tokens))
+    app.add_middleware(HostGuard, policy=HostPolicy(host))
+    _add_error_handlers(app, state.max_tokens)
+    _add_page_routes(app, assets)
+    M = request_models(state.max_tokens)
+    _add_prompt_routes(app, state, M)
+    _add_token_routes(app, state, M)
     return app
