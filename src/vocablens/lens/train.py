@@ -239,47 +239,14 @@ def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainS
     weight = U.weight.detach().to(gemm_dtype)
     opt = torch.optim.SGD([lens.weight, lens.bias], lr=settings.lr_at(0), momentum=settings.momentum,
                           nesterov=settings.momentum > 0, weight_decay=settings.weight_decay)
-    start = 0
-    history: list[StepInfo] = []
+    start, history = 0, []
     if resume:
-        if checkpoint_dir is None:
-            raise BadInput("`resume` needs a checkpoint directory")
-        tensors, meta = load_checkpoint(checkpoint_dir)
-        if meta.get("model", {}).get("unembed_sha256") != lens.identity.get("unembed_sha256"):
-            raise CheckpointMismatch(f"the checkpoint in {checkpoint_dir} is for another model")
-        if meta.get("settings") != asdict(settings):
-            diff = {k: (v, asdict(settings).get(k)) for k, v in (meta.get("settings") or {}).items()
-                    if asdict(settings).get(k) != v}
-            raise CheckpointMismatch(f"the checkpoint in {checkpoint_dir} was made with other settings: {diff}")
-        if meta.get("data", {}).get("rows_sha256") != data_info["rows_sha256"]:
-            raise CheckpointMismatch(f"the checkpoint in {checkpoint_dir} was made on other data")
-        with torch.no_grad():
-            lens.weight.copy_(tensors["weight"])
-            lens.bias.copy_(tensors["bias"])
-        for nm, p in (("weight", lens.weight), ("bias", lens.bias)):
-            if f"momentum.{nm}" in tensors:
-                opt.state[p]["momentum_buffer"] = tensors[f"momentum.{nm}"].to(p.device, copy=True)
-        start = int(meta["step"])
-        history = [StepInfo(**h) for h in meta.get("history", [])]
-        if start >= settings.steps:
-            raise BadInput(f"the checkpoint in {checkpoint_dir} is already at step {start} of {settings.steps}")
+        start, history = _resume(checkpoint_dir, lens, opt, settings, data_info)
     rps = settings.rows_per_step()
-    n_rows = int(rows.shape[0])
     tokens_per_step = rps * settings.seq_len
     t0 = time.perf_counter()
     tokens_run = 0
-    perm_cache: dict[int, list[int]] = {}
-
-    def step_rows(step: int) -> list[int]:
-        out = []
-        for g in range(step * rps, (step + 1) * rps):
-            epoch, i = divmod(g, n_rows)
-            if epoch not in perm_cache:
-                perm_cache.clear()
-                perm_cache[epoch] = torch.randperm(  # cpu: the data order, the same on every device
-                    n_rows, generator=torch.Generator().manual_seed(settings.seed * 1_000_003 + epoch)).tolist()
-            out.append(perm_cache[epoch][i])
-        return out
+    step_rows = _row_order(int(rows.shape[0]), rps, settings.seed)
 
     for step in range(start, settings.steps):
         lr = settings.lr_at(step)
@@ -295,25 +262,8 @@ def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainS
             ll = _train_microbatch(U, weight, lens, borders, ids, settings, scale)
             layer_loss += ll
         if dist is not None:
-            packed = torch.cat([lens.weight.grad.flatten(), lens.bias.grad.flatten(), layer_loss.float()])
-            dist.all_reduce(packed)
-            nW = lens.weight.numel()
-            lens.weight.grad.copy_(packed[:nW].view_as(lens.weight))
-            lens.bias.grad.copy_(packed[nW: nW + lens.bias.numel()].view_as(lens.bias))
-            layer_loss = packed[nW + lens.bias.numel():].double()
-        layer_mean = layer_loss * scale
-        gfin = torch.isfinite(lens.weight.grad).flatten(1).all(1) & torch.isfinite(lens.bias.grad).all(1)
-        # one host transfer per step: the per-layer losses, their sum and the finite-gradient flags
-        host = torch.cat([layer_mean, layer_mean.sum()[None], gfin.double()]).tolist()
-        means, loss_sum, grad_ok = host[:L], host[L], host[L + 1:]
-        bad = [i for i in range(L) if not math.isfinite(means[i])]
-        if not bad:
-            bad = [i for i in range(L) if not grad_ok[i]]
-        if bad:
-            where = f"; the last good checkpoint in {checkpoint_dir} is kept" if checkpoint_dir else ""
-            raise TrainingDiverged(
-                f"training diverged at step {step + 1}: non-finite loss or gradient at layer {bad[0]}"
-                f" (layers {bad[:8]}); lower `lr`{where}")
+            layer_loss = _all_reduce(dist, lens, layer_loss)
+        means, loss_sum = _checked_losses(lens, layer_loss * scale, step, checkpoint_dir)
         if settings.grad_clip > 0:
             gnorm = float(torch.nn.utils.clip_grad_norm_([lens.weight, lens.bias], settings.grad_clip))
         else:
@@ -336,6 +286,81 @@ def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainS
                      "world_size": world, "final_loss": history[-1].loss if history else None}
     return TrainResult(lens=lens, history=history, seconds=time.perf_counter() - t0, tokens=tokens_run,
                        resumed_from=start)
+
+
+def _resume(checkpoint_dir, lens: TunedLens, opt: torch.optim.Optimizer, settings: TrainSettings,
+            data_info: dict) -> tuple[int, list[StepInfo]]:
+    """Load ``checkpoint_dir``'s lens and momentum into ``lens`` and ``opt``: -> (its step, its history).
+    Raises BadInput (no directory, or the run already done) or CheckpointMismatch (another model,
+    other settings, other data)."""
+    if checkpoint_dir is None:
+        raise BadInput("`resume` needs a checkpoint directory")
+    tensors, meta = load_checkpoint(checkpoint_dir)
+    if meta.get("model", {}).get("unembed_sha256") != lens.identity.get("unembed_sha256"):
+        raise CheckpointMismatch(f"the checkpoint in {checkpoint_dir} is for another model")
+    if meta.get("settings") != asdict(settings):
+        diff = {k: (v, asdict(settings).get(k)) for k, v in (meta.get("settings") or {}).items()
+                if asdict(settings).get(k) != v}
+        raise CheckpointMismatch(f"the checkpoint in {checkpoint_dir} was made with other settings: {diff}")
+    if meta.get("data", {}).get("rows_sha256") != data_info["rows_sha256"]:
+        raise CheckpointMismatch(f"the checkpoint in {checkpoint_dir} was made on other data")
+    with torch.no_grad():
+        lens.weight.copy_(tensors["weight"])
+        lens.bias.copy_(tensors["bias"])
+    for nm, p in (("weight", lens.weight), ("bias", lens.bias)):
+        if f"momentum.{nm}" in tensors:
+            opt.state[p]["momentum_buffer"] = tensors[f"momentum.{nm}"].to(p.device, copy=True)
+    start = int(meta["step"])
+    if start >= settings.steps:
+        raise BadInput(f"the checkpoint in {checkpoint_dir} is already at step {start} of {settings.steps}")
+    return start, [StepInfo(**h) for h in meta.get("history", [])]
+
+
+def _row_order(n_rows: int, rps: int, seed: int) -> Callable[[int], list[int]]:
+    """step -> the ``rps`` row indices it reads: each epoch a seeded permutation of the ``n_rows`` rows
+    (the same on every process and device), read in order across steps."""
+    perm_cache: dict[int, list[int]] = {}
+
+    def step_rows(step: int) -> list[int]:
+        out = []
+        for g in range(step * rps, (step + 1) * rps):
+            epoch, i = divmod(g, n_rows)
+            if epoch not in perm_cache:
+                perm_cache.clear()
+                perm_cache[epoch] = torch.randperm(  # cpu: the data order, the same on every device
+                    n_rows, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+            out.append(perm_cache[epoch][i])
+        return out
+    return step_rows
+
+
+def _all_reduce(dist, lens: TunedLens, layer_loss: torch.Tensor) -> torch.Tensor:
+    """Sum the lens's gradients (in place) and the per-layer losses [L] over processes, in one call."""
+    packed = torch.cat([lens.weight.grad.flatten(), lens.bias.grad.flatten(), layer_loss.float()])
+    dist.all_reduce(packed)
+    nW = lens.weight.numel()
+    lens.weight.grad.copy_(packed[:nW].view_as(lens.weight))
+    lens.bias.grad.copy_(packed[nW: nW + lens.bias.numel()].view_as(lens.bias))
+    return packed[nW + lens.bias.numel():].double()
+
+
+def _checked_losses(lens: TunedLens, layer_mean: torch.Tensor, step: int, checkpoint_dir) -> tuple[list[float], float]:
+    """The per-layer mean losses [L] and their sum as floats (nats), in one host transfer with the
+    finite-gradient flags. Raises TrainingDiverged naming the first layer whose loss or gradient is
+    not finite."""
+    L = layer_mean.shape[0]
+    gfin = torch.isfinite(lens.weight.grad).flatten(1).all(1) & torch.isfinite(lens.bias.grad).all(1)
+    host = torch.cat([layer_mean, layer_mean.sum()[None], gfin.double()]).tolist()
+    means, loss_sum, grad_ok = host[:L], host[L], host[L + 1:]
+    bad = [i for i in range(L) if not math.isfinite(means[i])]
+    if not bad:
+        bad = [i for i in range(L) if not grad_ok[i]]
+    if bad:
+        where = f"; the last good checkpoint in {checkpoint_dir} is kept" if checkpoint_dir else ""
+        raise TrainingDiverged(
+            f"training diverged at step {step + 1}: non-finite loss or gradient at layer {bad[0]}"
+            f" (layers {bad[:8]}); lower `lr`{where}")
+    return means, loss_sum
 
 
 def _train_microbatch(U, weight: torch.Tensor, lens: TunedLens, borders: Borders, ids: torch.Tensor,
