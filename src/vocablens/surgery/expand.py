@@ -250,6 +250,76 @@ def replace_matrices(model: nn.Module, W_E: torch.Tensor, W_U: torch.Tensor | No
         raise UnsupportedArchitecture(str(model.config.model_type), "lm_head", "the head did not stay tied")
 
 
+def _checked_request(tokenizer, tokens: Sequence[str], init: str, interpolation: float) -> list[str]:
+    """The tokens as a list, checked: a known init, interpolation in [0, 1], at least one token, none
+    empty, none twice, none already in the vocabulary (else BadInput, nothing changed)."""
+    if init not in INIT_METHODS:
+        raise BadInput(f"unknown `init` {init!r}; use one of {', '.join(INIT_METHODS)}")
+    if not 0.0 <= interpolation <= 1.0:
+        raise BadInput(f"`interpolation` must be in [0, 1]; got {interpolation}")
+    tokens = list(tokens)
+    if not tokens:
+        raise BadInput("no tokens to add: give --add TOKEN or --add-file FILE")
+    seen: set[str] = set()
+    for s in tokens:
+        if not isinstance(s, str) or s == "":
+            raise BadInput("an empty string cannot be a token")
+        if s in seen:
+            raise BadInput(f"{s!r} is given twice; each token can be added once")
+        seen.add(s)
+        old = _existing_token(tokenizer, s)
+        if old is not None:
+            raise BadInput(f"{s!r} is already token {old} of the vocabulary; nothing changed")
+    return tokens
+
+
+def _tokenizer_with(tokenizer, tokens: list[str], special: bool):
+    """A copy of the tokenizer with ``tokens`` added (never normalized): -> (it, their new ids).
+    Raises BadInput when it takes fewer of them or gives an id below its old length."""
+    from tokenizers import AddedToken
+
+    new_tok = copy.deepcopy(tokenizer)
+    added = [AddedToken(s, special=special, normalized=False) for s in tokens]
+    n = new_tok.add_tokens(added, special_tokens=special)
+    if n != len(tokens):
+        raise BadInput(f"the tokenizer accepted {n} of {len(tokens)} new tokens; nothing changed")
+    new_ids = [int(new_tok.convert_tokens_to_ids(s)) for s in tokens]
+    if len(set(new_ids)) != len(new_ids) or min(new_ids) < len(tokenizer):
+        raise BadInput(f"the tokenizer gave ids {new_ids} that clash with existing tokens; nothing changed")
+    return new_tok, new_ids
+
+
+def _grown(W: torch.Tensor, new_rows: torch.Tensor, new_ids: list[int], rows_after: int) -> torch.Tensor:
+    """W [V, ...] grown to [rows_after, ...] in its dtype and device: its rows as they are, ``new_rows``
+    at ``new_ids``, zeros in any other row past V."""
+    rows_before = W.shape[0]
+    out = torch.empty((rows_after, *W.shape[1:]), dtype=W.dtype, device=W.device)
+    with torch.no_grad():
+        out[:rows_before] = W.detach()
+        if rows_after > rows_before:
+            # rows between the old end and the new ids (none unless ids skip): keep them defined
+            out[rows_before:] = 0
+        out[torch.tensor(new_ids, device=W.device)] = new_rows
+    return out
+
+
+def _records(tokenizer, tokens, new_ids, old_ids, fallback, rows_before: int, init: str):
+    """-> (a :class:`NewToken` per added token, the notes: fallbacks to the global mean, padding rows taken)."""
+    notes, new_tokens = [], []
+    for s, i, ids, f in zip(tokens, new_ids, old_ids, fallback):
+        pad = i < rows_before
+        if f:
+            notes.append(f"{s!r} tokenizes to nothing with the old tokenizer; its rows use the global mean")
+        if pad:
+            notes.append(f"{s!r} took id {i}, an existing padding row; that row was initialised")
+        new_tokens.append(NewToken(
+            token=s, id=i, old_ids=tuple(int(j) for j in ids),
+            old_pieces=tuple(token_str(tokenizer, j) for j in ids),
+            init="mean" if f else init, fallback=f, in_padding_row=pad,
+        ))
+    return new_tokens, notes
+
+
 def expand_vocab(model: nn.Module, tokenizer, tokens: Sequence[str], init: str = "subtoken-mean",
                  special: bool = False, interpolation: float = 0.5, seed: int = 0) -> Expansion:
     """Add ``tokens`` to a copy of the model and tokenizer, initialising their rows.
@@ -276,26 +346,7 @@ def expand_vocab(model: nn.Module, tokenizer, tokens: Sequence[str], init: str =
         UnsupportedArchitecture: another parameter is indexed by the vocabulary (e.g. per-layer
             embeddings) and would be left at the old size; or the tie did not survive.
     """
-    from tokenizers import AddedToken
-
-    if init not in INIT_METHODS:
-        raise BadInput(f"unknown `init` {init!r}; use one of {', '.join(INIT_METHODS)}")
-    if not 0.0 <= interpolation <= 1.0:
-        raise BadInput(f"`interpolation` must be in [0, 1]; got {interpolation}")
-    tokens = list(tokens)
-    if not tokens:
-        raise BadInput("no tokens to add: give --add TOKEN or --add-file FILE")
-    seen: set[str] = set()
-    for s in tokens:
-        if not isinstance(s, str) or s == "":
-            raise BadInput("an empty string cannot be a token")
-        if s in seen:
-            raise BadInput(f"{s!r} is given twice; each token can be added once")
-        seen.add(s)
-        old = _existing_token(tokenizer, s)
-        if old is not None:
-            raise BadInput(f"{s!r} is already token {old} of the vocabulary; nothing changed")
-
+    tokens = _checked_request(tokenizer, tokens, init, interpolation)
     borders = Borders.from_model(model, tokenizer)
     tied = borders.tied
     rows_before = borders.vocab_size
@@ -310,14 +361,7 @@ def expand_vocab(model: nn.Module, tokenizer, tokens: Sequence[str], init: str =
 
     old_ids = [list(tokenizer(s, add_special_tokens=False).input_ids) for s in tokens]
 
-    new_tok = copy.deepcopy(tokenizer)
-    added = [AddedToken(s, special=special, normalized=False) for s in tokens]
-    n = new_tok.add_tokens(added, special_tokens=special)
-    if n != len(tokens):
-        raise BadInput(f"the tokenizer accepted {n} of {len(tokens)} new tokens; nothing changed")
-    new_ids = [int(new_tok.convert_tokens_to_ids(s)) for s in tokens]
-    if len(set(new_ids)) != len(new_ids) or min(new_ids) < size_before:
-        raise BadInput(f"the tokenizer gave ids {new_ids} that clash with existing tokens; nothing changed")
+    new_tok, new_ids = _tokenizer_with(tokenizer, tokens, special)
     size_after = len(new_tok)
     rows_after = max(rows_before, max(new_ids) + 1)
 
@@ -334,14 +378,7 @@ def expand_vocab(model: nn.Module, tokenizer, tokens: Sequence[str], init: str =
         b_rows = init_rows(b_U[:, None], old_ids, b_init, trained_U, interpolation)[0][:, 0]
 
     def grown(W: torch.Tensor, new_rows: torch.Tensor) -> torch.Tensor:
-        out = torch.empty((rows_after, *W.shape[1:]), dtype=W.dtype, device=W.device)
-        with torch.no_grad():
-            out[:rows_before] = W.detach()
-            if rows_after > rows_before:
-                # rows between the old end and the new ids (none unless ids skip): keep them defined
-                out[rows_before:] = 0
-            out[torch.tensor(new_ids, device=W.device)] = new_rows
-        return out
+        return _grown(W, new_rows, new_ids, rows_after)
 
     new_model = shallow_copy(model)
     replace_matrices(new_model, grown(W_E, E_rows), None if tied else grown(W_U, U_rows),
@@ -350,18 +387,7 @@ def expand_vocab(model: nn.Module, tokenizer, tokens: Sequence[str], init: str =
     if nb.tied != tied:
         raise UnsupportedArchitecture(borders.family, "lm_head", "tying changed during the expansion")
 
-    notes, new_tokens = [], []
-    for s, i, ids, f in zip(tokens, new_ids, old_ids, fb):
-        pad = i < rows_before
-        if f:
-            notes.append(f"{s!r} tokenizes to nothing with the old tokenizer; its rows use the global mean")
-        if pad:
-            notes.append(f"{s!r} took id {i}, an existing padding row; that row was initialised")
-        new_tokens.append(NewToken(
-            token=s, id=i, old_ids=tuple(int(j) for j in ids),
-            old_pieces=tuple(token_str(tokenizer, j) for j in ids),
-            init="mean" if f else init, fallback=f, in_padding_row=pad,
-        ))
+    new_tokens, notes = _records(tokenizer, tokens, new_ids, old_ids, fb, rows_before, init)
     res = ExpandResult(
         new_tokens=tuple(new_tokens), init=init, interpolation=float(interpolation), special=special,
         rows_before=rows_before, rows_after=rows_after, tokenizer_size_before=size_before,
