@@ -151,6 +151,47 @@ def _full_rows(z: torch.Tensor, tc: torch.Tensor | None, k: int, entropy: bool, 
     return m + ls, lp, ent, tv, ti, rk
 
 
+def _tiled_rows(tile, V: int, n_voc: int, tc: torch.Tensor | None, k: int, entropy: bool, cols: int,
+                rank: bool, n: int, dev):
+    """Statistics of one chunk of ``n`` token rows read in vocabulary tiles ``tile(v0)`` -> [n, v]
+    float32 logits of columns v0..v0+v (overwritten), folded online (:class:`_RowState`).
+
+    Returns ``(lse, logprob, entropy, topk_logprobs, topk_ids, rank)`` as :func:`_full_rows` does.
+    The rank costs a second sweep over the tiles: the target's logit (from its own tile) is known
+    only after the first."""
+    st = _RowState(n, dev, entropy, tc is not None)
+    for v0 in range(0, V, n_voc):
+        z = tile(v0)
+        if tc is not None:
+            st.add_target(z, tc, v0, n_voc >= V)
+        if k and v0 < cols:
+            st.add_topk(z[:, :cols - v0], v0, k)
+        st.add_tile(z)
+    ms, log_s = safe_max(st.m), torch.log(st.s)
+    lp = None if tc is None else (st.zt - ms) - log_s
+    ent = log_s - st.q / st.s if entropy else None
+    tv, ti = ((st.tv - ms[:, None]) - log_s[:, None], st.ti) if k else (None, None)
+    rk = None
+    if rank:
+        rk = torch.zeros(n, dtype=torch.int64, device=dev)
+        for v0 in range(0, cols, n_voc):
+            z = tile(v0)
+            rk += (z[:, :cols - v0] > st.zt[:, None]).sum(1)
+    return st.m + log_s, lp, ent, tv, ti, rk
+
+
+def _checked_options(V: int, topk_cols, top_k, entropy, rank, targets) -> tuple[int, int]:
+    """-> (columns read by top-k and rank, k). Raises BadInput: topk_cols not an int in [1, V], top_k not
+    an int in [0, topk_cols], entropy or rank not a bool, rank without targets."""
+    cols = V if topk_cols is None else check_int("topk_cols", topk_cols, 1, V)
+    k = check_int("top_k", top_k, 0, cols)
+    check_bool("entropy", entropy)
+    check_bool("rank", rank)
+    if rank and targets is None:
+        raise BadInput("rank needs targets")
+    return cols, k
+
+
 @torch.no_grad()
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor | None = None, *,
                    bias: torch.Tensor | None = None, logit_scale: float = 1.0, softcap: float | None = None,
@@ -198,12 +239,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     check_head(hidden, weight, bias)
     logit_scale, softcap = check_head_transform(logit_scale, softcap)
     V = weight.shape[0]
-    cols = V if topk_cols is None else check_int("topk_cols", topk_cols, 1, V)
-    k = check_int("top_k", top_k, 0, cols)
-    check_bool("entropy", entropy)
-    check_bool("rank", rank)
-    if rank and targets is None:
-        raise BadInput("rank needs targets")
+    cols, k = _checked_options(V, topk_cols, top_k, entropy, rank, targets)
     sizes = [check_size(n, v) for n, v in (("chunk_bytes", chunk_bytes), ("chunk_tokens", chunk_tokens),
                                            ("chunk_vocab", chunk_vocab))]
     h, t, lead = flatten_tokens(hidden, targets)
@@ -227,42 +263,23 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     rk_out = torch.empty(N, dtype=torch.int64, device=dev) if rank else None
     for a in range(0, N, n_tok):
         b = min(N, a + n_tok)
+        ta = None if t is None else t[a:b]
         if n_voc >= V:  # complete rows: one fused log-softmax per chunk
             z = logits_into(h[a:b], W, bias, 0, V, logit_scale, softcap, bufs)
-            lse, lp, ent, tv, ti, rk = _full_rows(z, None if t is None else t[a:b], k, entropy, bufs.aux,
-                                                  None if cols == V else cols, rank)
-            lse_out[a:b] = lse
-            if rank:
-                rk_out[a:b] = rk
-            if t is not None:
-                lp_out[a:b] = lp
-            if entropy:
-                ent_out[a:b] = ent
-            if k:
-                tv_out[a:b], ti_out[a:b] = tv, ti
-            continue
-        st = _RowState(b - a, dev, entropy, t is not None)
-        for v0 in range(0, V, n_voc):
-            z = logits_into(h[a:b], W, bias, v0, min(V, v0 + n_voc), logit_scale, softcap, bufs)
-            if t is not None:
-                st.add_target(z, t[a:b], v0, n_voc >= V)
-            if k and v0 < cols:
-                st.add_topk(z[:, :cols - v0], v0, k)
-            st.add_tile(z)
-        ms, log_s = safe_max(st.m), torch.log(st.s)
-        lse_out[a:b] = st.m + log_s
+            lse, lp, ent, tv, ti, rk = _full_rows(z, ta, k, entropy, bufs.aux, None if cols == V else cols, rank)
+        else:
+            def tile(v0: int, a=a, b=b) -> torch.Tensor:  # logits [b - a, v] of the tile from column v0
+                return logits_into(h[a:b], W, bias, v0, min(V, v0 + n_voc), logit_scale, softcap, bufs)
+            lse, lp, ent, tv, ti, rk = _tiled_rows(tile, V, n_voc, ta, k, entropy, cols, rank, b - a, dev)
+        lse_out[a:b] = lse
+        if rank:
+            rk_out[a:b] = rk
         if t is not None:
-            lp_out[a:b] = (st.zt - ms) - log_s
+            lp_out[a:b] = lp
         if entropy:
-            ent_out[a:b] = log_s - st.q / st.s
+            ent_out[a:b] = ent
         if k:
-            tv_out[a:b] = (st.tv - ms[:, None]) - log_s[:, None]
-            ti_out[a:b] = st.ti
-        if rank:  # a second sweep: the target's logit (from its own tile) is known only now
-            rk_out[a:b] = 0
-            for v0 in range(0, cols, n_voc):
-                z = logits_into(h[a:b], W, bias, v0, min(V, v0 + n_voc), logit_scale, softcap, bufs)
-                rk_out[a:b] += (z[:, :cols - v0] > st.zt[:, None]).sum(1)
+            tv_out[a:b], ti_out[a:b] = tv, ti
 
     def shape(x, extra=()):
         return None if x is None else x.reshape(*lead, *extra)
