@@ -135,6 +135,41 @@ def _emit(logits: torch.Tensor, tok: int, top_n: int, exit_layer) -> GeneratedTo
                           exit_layer=exit_layer)
 
 
+def _checked_prompt(borders, input_ids, max_new_tokens) -> torch.Tensor:
+    """The prompt as [1, T] int64 on the model's device. Raises BadInput: an empty prompt, an id with
+    no embedding row (TokenNotInVocabulary), prompt plus ``max_new_tokens`` beyond the model's context."""
+    ids = torch.as_tensor(input_ids, dtype=torch.int64, device=borders.device).reshape(1, -1)
+    if ids.shape[1] == 0:
+        raise BadInput("empty prompt: no tokens to continue")
+    check_ids_fit(ids, borders.vocab_size)  # V: under vocab-parallel ranks W_E holds [0, d] after the split
+    ctx = getattr(borders.config, "max_position_embeddings", None)
+    if isinstance(ctx, int) and ids.shape[1] + max_new_tokens > ctx:
+        raise BadInput(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                       f"model's context of {ctx}")
+    return ids
+
+
+def _check_finite(borders, logits: torch.Tensor, ids: torch.Tensor, tokens: list[GeneratedToken]) -> None:
+    """Raise NonFiniteActivations (naming the first layer that holds inf or NaN) when the logits [1, V]
+    hold NaN or +inf; -inf is a masked row, fine."""
+    if bool(torch.isnan(logits).any() | torch.isposinf(logits).any()):
+        so_far = torch.cat([ids, torch.tensor([[t.id for t in tokens]], dtype=ids.dtype, device=ids.device)], 1)
+        locate_nonfinite(borders, so_far)  # names the first layer holding inf or NaN
+        raise NonFiniteActivations(nonfinite_message(borders, f"the logits of new token {len(tokens) + 1}"))
+
+
+def _early_exit_step(ctl, dec, kw: dict, step_in: torch.Tensor, U, mask, candidates: int):
+    """One decoding step under the exit controller: -> (logits [1, V], its :class:`StepRecord`). The
+    logits are the exit layer's lens read, or the head's (padding masked) when no layer exited."""
+    ctl.begin()
+    h = dec(input_ids=step_in, **kw).last_hidden_state[:, -1]
+    logits = ctl.logits if ctl.logits is not None else U.logits(h)
+    if ctl.logits is None and mask is not None:
+        logits = logits.masked_fill(~mask.to(logits.device), float("-inf"))
+    cand = torch.topk(logits[0], min(candidates, logits.shape[-1])).indices
+    return logits, ctl.end(cand)
+
+
 def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
              seed: int | None = None, stop_ids=(), top_n: int = 5, early_exit: ExitRule | None = None,
@@ -173,14 +208,7 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
     if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0:
         raise BadInput(f"top_n must be an int >= 0; got {top_n!r}")
     check_sampling_args(temperature, top_k, top_p, min_p)
-    ids = torch.as_tensor(input_ids, dtype=torch.int64, device=borders.device).reshape(1, -1)
-    if ids.shape[1] == 0:
-        raise BadInput("empty prompt: no tokens to continue")
-    check_ids_fit(ids, borders.vocab_size)  # V: under vocab-parallel ranks W_E holds [0, d] after the split
-    ctx = getattr(borders.config, "max_position_embeddings", None)
-    if isinstance(ctx, int) and ids.shape[1] + max_new_tokens > ctx:
-        raise BadInput(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-                       f"model's context of {ctx}")
+    ids = _checked_prompt(borders, input_ids, max_new_tokens)
     if head is not None and early_exit is not None:
         raise BadInput("early exit reads the full LM head at every layer: it does not run with a split head")
     U = borders.unembedding if head is None else head
@@ -198,10 +226,7 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
     contexts: list[int] = []
 
     def pick(logits: torch.Tensor) -> int:
-        if bool(torch.isnan(logits).any() | torch.isposinf(logits).any()):  # -inf: a masked row, fine
-            so_far = torch.cat([ids, torch.tensor([[t.id for t in tokens]], dtype=ids.dtype, device=ids.device)], 1)
-            locate_nonfinite(borders, so_far)  # names the first layer holding inf or NaN
-            raise NonFiniteActivations(nonfinite_message(borders, f"the logits of new token {len(tokens) + 1}"))
+        _check_finite(borders, logits, ids, tokens)
         return int(sample(logits, temperature, top_k, top_p, min_p, generator=gen, mask=mask)[0])
 
     t0 = time.perf_counter()
@@ -222,13 +247,7 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
             if ctl is None:
                 logits = U.logits(dec(input_ids=step_in, **kw).last_hidden_state[:, -1])
                 continue
-            ctl.begin()
-            h = dec(input_ids=step_in, **kw).last_hidden_state[:, -1]
-            logits = ctl.logits if ctl.logits is not None else U.logits(h)
-            if ctl.logits is None and mask is not None:
-                logits = logits.masked_fill(~mask.to(logits.device), float("-inf"))
-            cand = torch.topk(logits[0], min(early_exit.candidates, logits.shape[-1])).indices
-            rec = ctl.end(cand)
+            logits, rec = _early_exit_step(ctl, dec, kw, step_in, U, mask, early_exit.candidates)
             steps.append(rec)
             contexts.append(ids.shape[1] + len(tokens))
             exit_layer = rec.exit_layer
