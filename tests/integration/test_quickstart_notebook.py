@@ -52,3 +52,18 @@ def test_quickstart_runs_one_call_per_step_and_each_result_shows_itself(monkeypa
     assert row25.split("│")[2].strip().startswith("' Paris'")  # the tuned lens reads ' Paris' at layer 25
     added = _text(expand.outputs[-1])
     assert "vocablens" in added and "verif" in added.lower()
+
+
+def test_the_stored_quickstart_shows_its_outputs_and_no_machine_path():
+    """The notebook is stored executed (its outputs shown where it is opened): every code cell has its
+    output, none an error, none a path of the machine that ran it, and no cell keeps run timestamps."""
+    import json
+
+    nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code and all(c["outputs"] for c in code)
+    assert not [o for c in code for o in c["outputs"] if o["output_type"] == "error"]
+    assert not [c for c in code if "execution" in c.get("metadata", {})]
+    shown = json.dumps([c["outputs"] for c in code])
+    found = re.findall(r"(?:/home/|/Users/|/root/|/tmp/|/work/|/private/|[A-Za-z]:\\\\|\.cache/)[^\"\s]*", shown)
+    assert not found, found

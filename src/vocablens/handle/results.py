@@ -96,25 +96,31 @@ def _shown():
 
 
 class Anatomy(Result, kind="anatomy"):
-    """``m.anatomy()``: :class:`~vocablens.accounting.anatomy.Anatomy` (``anatomy --load --json``)."""
+    """``m.anatomy()``: :class:`~vocablens.accounting.anatomy.Anatomy` (``anatomy --load --json``).
+    ``.figure()``: the report's parameter bars; ``.to_pandas()``: one row of its counts."""
 
 
 class TieCheck(Result, kind="tie_check"):
-    """``m.tie_check()``: :class:`~vocablens.geometry.tying.TieCheck`."""
+    """``m.tie_check()``: :class:`~vocablens.geometry.tying.TieCheck`. ``.to_pandas()``: one row."""
 
 
 class Neighbors(Result, kind="neighbors"):
-    """``m.neighbors(...)``: :class:`~vocablens.geometry.embedding.Neighbors` (``neighbors --json``)."""
+    """``m.neighbors(...)``: :class:`~vocablens.geometry.embedding.Neighbors` (``neighbors --json``).
+    ``.to_pandas()``: a row per (query, matrix, rank)."""
 
 
 class WordPCA(Result, kind="pca"):
-    """``m.pca(...)``: :class:`~vocablens.geometry.embedding.WordPCA` (the report's 3-D figure)."""
+    """``m.pca(...)``: :class:`~vocablens.geometry.embedding.WordPCA`. ``.figure()``: the report's 3-D
+    map; ``.to_pandas()``: a row per word (group, id, ``pc1``..``pc3``)."""
 
 
 class Lens(Result, kind="lens"):
     """``m.lens(...)``: ``value[i][j]`` is lens j (``kinds[j]``) on prompt i (a
     :class:`~vocablens.lens.logit.LensResult`); a batch always, one prompt being a batch of one.
-    ``to_json()`` is ``lens PROMPT --json`` for a string, ``lens --file F --json`` for a list."""
+    ``to_json()`` is ``lens PROMPT --json`` for a string, ``lens --file F --json`` for a list.
+    ``.figure()``: for a string, the report's heatmap (one kind) or its trajectories side by side
+    (``colour=``, several kinds); for a list, a heatmap per kind with a column per (prompt, position).
+    ``.to_pandas()``: a row per (prompt, kind, layer, position)."""
 
     @property
     def prompts(self) -> list[str]:
@@ -139,40 +145,49 @@ class Lens(Result, kind="lens"):
 
 
 class Score(Result, kind="score"):
-    """``m.score(text)``: :class:`~vocablens.generate.score.ScoreResult` (``score --json``)."""
+    """``m.score(text)``: :class:`~vocablens.generate.score.ScoreResult` (``score --json``).
+    ``.to_pandas()``: a row per scored token."""
 
 
 class Explanation(Result, kind="explain"):
-    """``m.explain(...)``: :class:`~vocablens.vocab_space.explain.Explanation` (``explain --json``)."""
+    """``m.explain(...)``: :class:`~vocablens.vocab_space.explain.Explanation` (``explain --json``).
+    ``.figure()``: the explorer's attribution bars per block; ``.to_pandas()``: a row per block."""
 
 
 class Projection(Result, kind="project"):
-    """``m.project(...)``: value vectors projected, or a token's search (``project --json``)."""
+    """``m.project(...)``: value vectors projected, or a token's search (``project --json``).
+    ``.to_pandas()``: a row per vector, per (direction, vector) of a search, or per pair of a circuit."""
 
 
 class Settle(Result, kind="settle"):
-    """``m.settle(corpus)``: :class:`~vocablens.vocab_space.settle.SettleResult` (``settle --json``)."""
+    """``m.settle(corpus)``: :class:`~vocablens.vocab_space.settle.SettleResult` (``settle --json``).
+    ``.figure()``: the report's settle panels; ``.to_pandas()``: a row per stream layer."""
 
 
 class Argmax(Result, kind="argmax"):
-    """``m.argmax()``: :class:`~vocablens.argmax.model.ModelArgmax` (``argmax --json``)."""
+    """``m.argmax()``: :class:`~vocablens.argmax.model.ModelArgmax` (``argmax --json``).
+    ``.to_pandas()``: a row per vocabulary row (verdict, deciding stage, margin)."""
 
 
 class Undertrained(Result, kind="undertrained"):
-    """``m.undertrained()``: :class:`~vocablens.undertrained.analysis.UndertrainedResult`."""
+    """``m.undertrained()``: :class:`~vocablens.undertrained.analysis.UndertrainedResult`.
+    ``.figure()``: the report's indicator-vs-probability scatter; ``.to_pandas()``: a row per token listed."""
 
 
 class Generation(Result, kind="generate"):
-    """``m.generate(...)``: :class:`~vocablens.generate.loop.GenerationResult` (``generate --json``)."""
+    """``m.generate(...)``: :class:`~vocablens.generate.loop.GenerationResult` (``generate --json``).
+    ``.to_pandas()``: a row per new token."""
 
 
 class Steering(Result, kind="steer"):
-    """``m.steer(...)``: the chosen vectors and, with a prompt, their effect (``steer --json``)."""
+    """``m.steer(...)``: the chosen vectors and, with a prompt, their effect (``steer --json``).
+    ``.to_pandas()``: a row per chosen vector."""
 
 
 class Surgery(Result, kind="surgery"):
     """The record of ``m.expand`` / ``m.trim``: what changed and its verification (``expand --json`` /
-    ``trim --json``; ``out`` is null until the model is saved)."""
+    ``trim --json``; ``out`` is null until the model is saved). ``.to_pandas()``: a row per added token
+    (expand)."""
 
 
 __all__ = ["Result", "Anatomy", "TieCheck", "Neighbors", "WordPCA", "Lens", "Score", "Explanation", "Projection",
