@@ -162,3 +162,34 @@ def test_lookup_refuses_ids_outside_the_rows(bad):
         E.lookup(torch.tensor(bad))
     with pytest.raises(BadInput):
         E.rows(torch.tensor(bad))
+
+
+def test_borders_only_load_reads_the_embedding_norm(tmp_path):
+    """A borders-only load reads BLOOM's embedding norm with the matrices (it used to stay on the meta
+    device), so the input side it gives equals the full load's."""
+    from tiny_dirs import save_tiny, tiny_tokenizer
+    from vocablens.models import load
+    from vocablens.models.lazy import load_borders_only
+
+    save_tiny(tmp_path, tiny_tokenizer(), "bloom")
+    full = load(str(tmp_path)).borders.input_embedding
+    lazy = load_borders_only(str(tmp_path)).borders.input_embedding
+    x = torch.arange(full.vocab_size)
+    assert not any(p.is_meta for p in lazy.input_norm.parameters())
+    assert torch.equal(lazy.rows(x), full.rows(x))
+    with torch.no_grad():
+        assert torch.equal(lazy.lookup(x), full.lookup(x))
+
+
+def test_matrices_only_load_refuses_the_input_path(tmp_path):
+    """The two-matrices view does not read the input scale (NaN): the path through it is refused in
+    one line, never a NaN figure; the stored matrix is still there."""
+    from tiny_dirs import save_tiny, tiny_tokenizer
+    from vocablens.models.matrices import load_matrices_only
+
+    save_tiny(tmp_path, tiny_tokenizer(), "llama")
+    E = load_matrices_only(str(tmp_path)).borders.input_embedding
+    assert math.isnan(E.scale) and E.weight.shape[0] == E.vocab_size
+    for call in (lambda: E.rows(slice(0, 4)), lambda: E.rows(torch.tensor([1])), lambda: E.lookup(torch.tensor([1]))):
+        with pytest.raises(BadInput, match="input scale was not read"):
+            call()

@@ -255,9 +255,9 @@ class Borders:
     @property
     def input_embedding(self) -> Embedding:
         """The :class:`~vocablens.models.embed.Embedding` (W_E, input scale, input norm, project_in,
-        lookup, real-vocabulary mask) that every path reading the input side goes through: the
-        counterpart of :attr:`unembedding`."""
-        key = ("input_embedding", self.W_E._version, self.tokenizer_vocab_size)
+        lookup) that every path reading the input side goes through: the counterpart of
+        :attr:`unembedding`."""
+        key = ("input_embedding", id(self.W_E))
         if key not in self._memo:
             self._memo[key] = Embedding.from_borders(self)
         return self._memo[key]

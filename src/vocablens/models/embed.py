@@ -22,6 +22,7 @@ modeling code):
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 
 from vocablens.errors import BadInput
-from vocablens.models.find import config_value
+from vocablens.models.find import config_value, find_decoder
 
 _OUTSIDE_SCALES = ("embedding_multiplier", "embedding_scale", "normalizer")
 _INPUT_NORMS = ("word_embeddings_layernorm",)
@@ -100,7 +101,6 @@ class Embedding:
         project_in: OPT-style projection d_emb -> d_model before block 0, or None.
         positions: the learned absolute position embedding the model adds before block 0 (GPT-2's
             ``wpe``, OPT's ``embed_positions``), or None; never applied here.
-        real_mask: bool [V], True for rows the tokenizer can produce (the rest are padding), or None.
         d_model: width of the residual stream (differs from d_emb when project_in exists).
     """
 
@@ -112,32 +112,29 @@ class Embedding:
     input_norm: nn.Module | None = None
     project_in: nn.Module | None = None
     positions: nn.Module | None = None
-    real_mask: torch.Tensor | None = None
     d_model: int | None = None
 
     @classmethod
     def from_model(cls, model: nn.Module, embedding: nn.Module | None = None, decoder: nn.Module | None = None,
-                   config: Any = None, **extra) -> "Embedding":
+                   config: Any = None, d_model: int | None = None) -> "Embedding":
         """The embedding of a transformers causal LM (``embedding``: its token embedding module,
         default ``model.get_input_embeddings()``; ``decoder``: the module that holds the blocks,
-        default :func:`~vocablens.models.find.find_decoder`); ``extra``: ``real_mask``, ``d_model``."""
-        from vocablens.models.find import find_decoder
-
+        default :func:`~vocablens.models.find.find_decoder`; ``d_model``: the stream's width, default
+        the config's ``hidden_size``)."""
         emb = embedding if embedding is not None else model.get_input_embeddings()
         dec = decoder if decoder is not None else find_decoder(model)
         cfg = config if config is not None else getattr(model, "config", None)
         scale, inside, factor = input_scale(emb, dec, cfg)
         return cls(module=emb, weight=emb.weight, scale=scale, scale_in_module=inside, factor=factor,
                    input_norm=_module_named(dec, _INPUT_NORMS), project_in=_module_named(dec, ("project_in",)),
-                   positions=_module_named(dec, _POSITIONS), **extra)
+                   positions=_module_named(dec, _POSITIONS),
+                   d_model=d_model or config_value(cfg, "hidden_size", "n_embd", "d_model", default=None))
 
     @classmethod
     def from_borders(cls, borders) -> "Embedding":
         """The embedding of a :class:`~vocablens.models.Borders` (shares its modules and weights)."""
-        from vocablens.models.find import find_decoder
-
         return cls.from_model(borders.model, borders.embedding, find_decoder(borders.model), borders.config,
-                              real_mask=borders.real_token_mask(), d_model=int(borders.d_model))
+                              d_model=int(borders.d_model))
 
     # ------------------------------------------------------------------ shapes
     @property
@@ -165,7 +162,13 @@ class Embedding:
         embedding) must apply for the model to see the same rows."""
         return self.scale if self.scale_in_module and self.scale != 1.0 else None
 
+    def _known(self) -> None:
+        if math.isnan(self.scale):
+            raise BadInput("the input scale was not read (this model was loaded with its matrices only): "
+                           "load the borders or the whole model to read the input side")
+
     def _check(self, ids: torch.Tensor) -> torch.Tensor:
+        self._known()
         ids = torch.as_tensor(ids, device=self.device)
         if ids.dtype.is_floating_point or ids.dtype == torch.bool:
             raise BadInput(f"token ids must be integers; got {ids.dtype}")
@@ -182,7 +185,7 @@ class Embedding:
         Differentiable in the weights.
 
         Raises:
-            BadInput: non-integer ids, or an id outside [0, V).
+            BadInput: non-integer ids, an id outside [0, V), or an input scale this load did not read.
         """
         x = self.module(self._check(ids))
         if isinstance(self.factor, torch.Tensor):
@@ -206,10 +209,11 @@ class Embedding:
         model's own arithmetic. Detached.
 
         Raises:
-            BadInput: an id outside [0, V).
+            BadInput: an id outside [0, V), or an input scale this load did not read (NaN).
         """
         from vocablens.models.blocks.view import linear_bias, linear_weight
 
+        self._known()
         W = self.weight.detach()
         if isinstance(ids, slice):
             W = W[ids]

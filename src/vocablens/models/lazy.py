@@ -72,7 +72,8 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     files = shard_files(d)
     skel = Borders.from_model(model)
-    wanted = [skel.embedding, skel.lm_head, skel.final_norm, skel.project_in, skel.project_out]
+    E = skel.input_embedding  # the input side: the token embedding, its norm (BLOOM), project_in
+    wanted = [E.module, E.input_norm, E.project_in, skel.lm_head, skel.final_norm, skel.project_out]
     for i in blocks or ():
         if not 0 <= int(i) < skel.n_layers:
             raise BadInput(f"block {i} is out of range: this model has blocks 0..{skel.n_layers - 1}")
