@@ -266,7 +266,7 @@ def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEF
         BadInput: batch/context below 1 or an unknown dtype.
     """
     model, cfg = borders.model, borders.config
-    W_E, W_U = borders.W_E, borders.W_U
+    W_E, W_U = borders.input_embedding.weight, borders.W_U
     V, d_emb = int(W_E.shape[0]), int(W_E.shape[1])
     total = count_parameters(model)
     emb = W_E.numel()
@@ -275,7 +275,7 @@ def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEF
     b_U = borders.b_U
     if b_U is not None:
         unemb += b_U.numel()
-    pos = sum(w.numel() for w in _position_embeddings(model, borders.embedding, borders.lm_head))
+    pos = sum(w.numel() for w in _position_embeddings(model, borders.input_embedding.module, borders.lm_head))
     non_emb = total - emb - unemb - pos
     n_layers = borders.n_layers
     d_model = borders.d_model

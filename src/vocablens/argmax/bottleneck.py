@@ -176,8 +176,9 @@ def context_hidden(borders, ids: torch.Tensor, batch: int = 4, progress=None) ->
     """
     if ids.numel() == 0:
         raise BadInput("no contexts: the token batch is empty")
-    if int(ids.min()) < 0 or int(ids.max()) >= borders.W_E.shape[0]:
-        raise BadInput(f"token ids must lie in 0..{borders.W_E.shape[0] - 1}")
+    V = borders.input_embedding.vocab_size
+    if int(ids.min()) < 0 or int(ids.max()) >= V:
+        raise BadInput(f"token ids must lie in 0..{V - 1}")
     out = []
     U = borders.unembedding
     _tell(progress, "forward", 0, ids.shape[0])       # the stage starts before the first batch

@@ -172,7 +172,7 @@ def nearest_neighbors(borders, tokenizer, queries: Sequence[str], k: int = 10, u
         raise BadInput(f"-k must be at least 1; got {k}")
     mask = _real_mask(borders)
     V = borders.vocab_size
-    mats = [("input", borders.W_E)] + ([] if borders.tied else [("output", borders.W_U)])
+    mats = [("input", borders.input_embedding.weight)] + ([] if borders.tied else [("output", borders.W_U)])
     results = []
     for text in queries:
         ids, note = single_token_id(tokenizer, text, vocab_size=V, use_mean=use_mean)  # ids with rows
@@ -323,7 +323,7 @@ def word_pca(borders, tokenizer, groups: dict[str, Sequence[str]] | None = None,
             ids.append(tid[0])
     if len(ids) < 4:
         raise BadInput(f"only {len(ids)} of the words are single tokens; PCA needs at least 4")
-    return WordPCA(tuple(words), tuple(gs), pca_3d(borders.W_E, ids, seed=seed), tuple(skipped))
+    return WordPCA(tuple(words), tuple(gs), pca_3d(borders.input_embedding.weight, ids, seed=seed), tuple(skipped))
 
 
 __all__ = [

@@ -83,7 +83,7 @@ class SurgeryWorkflows:
         new = self._derived(ex.model, ex.tokenizer, None, [sample, *texts], {})
         with step("the new rows' under-training indicator ..."):
             nb, idx = new.borders, res.new_ids
-            ind = new_rows_to_dict(res, new_row_indicators(self.borders, self.tokenizer, nb.W_E[idx],
+            ind = new_rows_to_dict(res, new_row_indicators(self.borders, self.tokenizer, nb.input_embedding.weight[idx],
                                                            None if nb.tied else nb.W_U[idx]))
         record = {"command": "expand", "source_model": self.provenance.to_dict(), "expansion": res.to_dict(),
                   "verification": v.to_dict(), "indicator": ind}

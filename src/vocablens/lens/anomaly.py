@@ -92,7 +92,7 @@ def trajectory_features(borders, tokenizer, texts: Sequence[str], lens=None, kin
             seqs.append(tokenizer(t, return_tensors="pt").input_ids[0][-max_tokens:])
         except (TypeError, ValueError) as e:
             raise BadInput(f"input {i + 1} cannot be tokenized: {e}") from None
-        check_ids_fit(seqs[-1], borders.W_E.shape[0], tokenizer)
+        check_ids_fit(seqs[-1], borders.input_embedding.vocab_size, tokenizer)
     # the batched lens at each input's last position, every lens from the same forwards
     per_kind = lens_batches(borders, seqs, [None if kd == "logit" else lens for kd in kinds], positions="last",
                             k=1, layers=range(L), progress=progress)

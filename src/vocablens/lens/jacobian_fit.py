@@ -186,7 +186,7 @@ def jacobian_sums(borders: Borders, ids: torch.Tensor, layers: Sequence[int], sk
     d, L = borders.d_model, borders.n_layers
     k = max(1, min(int(dim_batch), d))
     root = min(layers)
-    acc = torch.float64 if borders.W_E.dtype == torch.float64 else torch.float32
+    acc = torch.float64 if borders.input_embedding.dtype == torch.float64 else torch.float32
     sums = torch.zeros(len(layers), d, d, dtype=acc)  # cpu: the running sums, one place for every device
     valid = torch.arange(skip_first, T - 1)
     with frozen(borders.model):
@@ -311,7 +311,7 @@ def fit_jacobian_lens(borders: Borders, rows, settings: JacobianFitSettings = Ja
     tokens = sum(int(p.numel()) for p in prompts)
     info = {"estimator": "jacobian_lens (reference: targets summed, sources averaged)", **sets,
             "n_prompts": n_done, "tokens": tokens, "data": data_info,
-            "fit_dtype": str(borders.W_E.dtype).replace("torch.", ""),
+            "fit_dtype": str(borders.input_embedding.dtype).replace("torch.", ""),
             "seconds_this_run": round(time.perf_counter() - t0, 1)}
     return JacobianLens((sums / n_done).float(), layers, borders.n_layers, identity, info)
 

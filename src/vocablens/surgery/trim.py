@@ -319,7 +319,8 @@ def trim_vocab(model: nn.Module, tokenizer, used_ids: Iterable[int]) -> Trimmed:
     kept, new_json = plan_bpe_trim(tj, keep)
     rows = borders.vocab_size
     check_ids_fit(kept, rows, tokenizer)
-    others = other_vocab_tensors(model, rows, [borders.W_E, borders.W_U, borders.b_U])
+    E = borders.input_embedding.weight  # W_E [V, d], the stored rows
+    others = other_vocab_tensors(model, rows, [E, borders.W_U, borders.b_U])
     if others:
         from vocablens.errors import UnsupportedArchitecture
 
@@ -328,9 +329,9 @@ def trim_vocab(model: nn.Module, tokenizer, used_ids: Iterable[int]) -> Trimmed:
 
     new_tok = copy.deepcopy(tokenizer)
     new_tok._tokenizer = Tokenizer.from_str(json.dumps(new_json))
-    idx = torch.tensor(kept, dtype=torch.long, device=borders.W_E.device)
+    idx = torch.tensor(kept, dtype=torch.long, device=E.device)
     with torch.no_grad():
-        W_E = borders.W_E.detach().index_select(0, idx).clone()
+        W_E = E.detach().index_select(0, idx).clone()
         W_U = None if borders.tied else borders.W_U.detach().index_select(0, idx).clone()
         b_U = None if borders.b_U is None else borders.b_U.detach().index_select(0, idx).clone()
     new_model = shallow_copy(model)
@@ -341,7 +342,7 @@ def trim_vocab(model: nn.Module, tokenizer, used_ids: Iterable[int]) -> Trimmed:
         _remap_config_ids(new_model.generation_config, o2n)
 
     p_before, p_after = _count_params(model), _count_params(new_model)
-    elt = borders.W_E.element_size()
+    elt = E.element_size()
     res = TrimResult(
         rows_before=rows, rows_after=len(kept), tokenizer_size_before=len(tokenizer),
         tokenizer_size_after=len(new_tok), used_tokens=len(used), kept_for_lossless=len(kept) - len(used & set(kept)),

@@ -155,7 +155,7 @@ def compute_indicators(borders, classes: TokenClasses, tokenizer=None, *, indica
         kind = (f"no unreachable, reserved or padding rows: the {int(ref.numel())} rows of smallest norm once "
                 "the first principal component is removed (a stand-in)")
     cos = cosine_to_reference(W, ref, pc)
-    norm = None if borders.tied else embedding_norm(borders.W_E.detach())
+    norm = None if borders.tied else embedding_norm(borders.input_embedding.weight.detach())
     values = cos if name == "unembedding_cosine" else norm
     return Indicators(values=values, name=name, why=why, unembedding_cosine=cos, embedding_norm=norm,
                       reference=ref, reference_kind=kind, seconds=time.perf_counter() - t0)
