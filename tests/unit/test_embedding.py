@@ -131,6 +131,9 @@ def test_rows_equal_a_float64_model(family):
     torch.testing.assert_close(E.rows(x), want32, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(E.rows(slice(3, 9)), E.rows(torch.arange(3, 9)), rtol=0, atol=0)
     assert E.rows().shape == (V, E.d_model)
+    d = E.describe()
+    assert (d["d_emb"], d["d_model"], d["project_in"]) == ((32, 64, True) if family == "opt_project" else (64, 64, False))
+    assert d["input_norm"] == ("LayerNorm" if family == "bloom" else None) and d["scale"] == E.scale
 
 
 def test_vocab_space_reads_the_input_side_through_it():

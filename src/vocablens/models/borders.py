@@ -40,9 +40,11 @@ class Borders:
     Attributes:
         model: the transformers model (``*ForCausalLM``).
         family: ``config.model_type`` (``llama``, ``gemma3_text``, ``gpt2`` ...).
-        embedding: the token embedding module; its weight is ``W_E`` [V, d_emb].
+        embedding: the token embedding module; its weight is ``W_E`` [V, d_emb]. The input side as
+            one object (scale, input norm, ``project_in``, lookup) is :attr:`input_embedding`.
         embed_scale: the factor the model multiplies embedding rows by (Gemma: sqrt(d_model) rounded
-            to the weight dtype as the model computes it; Granite: ``embedding_multiplier``; else 1.0).
+            to the weight dtype as the model computes it; Granite: ``embedding_multiplier``; else 1.0):
+            :func:`vocablens.models.embed.input_scale`, the same value as ``input_embedding.scale``.
         blocks: the decoder blocks, in order (L of them).
         final_norm: the norm applied after the last block, or None (OPT-350m has none).
         project_in: OPT-style projection from d_emb to d_model before block 0, or None.
@@ -236,12 +238,6 @@ class Borders:
         from vocablens.models.rows import check_finite
 
         check_finite(self, ids)
-
-    @property
-    def module_embed_scale(self) -> float | None:
-        """The input scale the embedding *module* applies in its own forward (Gemma's scaled
-        embedding), or None (:attr:`Embedding.module_scale <vocablens.models.embed.Embedding.module_scale>`)."""
-        return self.input_embedding.module_scale
 
     @property
     def fills_cache_only(self) -> bool:
