@@ -99,6 +99,56 @@ def _lens_top1(U, h: torch.Tensor, layer: int, L: int, real: int, translator: Tr
     return ids[:, 0], lps[:, 0].exp()
 
 
+def _read_batches(borders: Borders, batches, translator, chunk_rows, on_tokens):
+    """The lens's top-1 and its probability at every stream layer of every position read:
+    ``(top1 [L+1, N] int64, conf [L+1, N] float32, Σ over positions of the context length, N)``."""
+    L = borders.n_layers
+    real = borders.real_vocab_size
+    U = borders.unembedding
+    top1s, confs = [], []
+    ctx_sum, n_tok = 0.0, 0
+    with torch.no_grad():
+        for ids in batches:
+            if ids.numel() == 0:
+                continue
+            resid = blocks_forward(borders, ids, all_layers=True)  # [L+1, B, T, d]: no LM head in the forward
+            B, T = ids.shape
+            ctx_sum += B * T * (T + 1) / 2
+            n_tok += B * T
+            h = resid.reshape(L + 1, B * T, -1)
+            t1 = torch.empty(L + 1, B * T, dtype=torch.long, device=h.device)
+            cf = torch.empty(L + 1, B * T, device=h.device)
+            for layer in range(L + 1):
+                t1[layer], cf[layer] = _lens_top1(U, h[layer], layer, L, real, translator, chunk_rows)
+                if on_tokens is not None:
+                    on_tokens(n_tok - B * T + B * T * (layer + 1) / (L + 1))
+            top1s.append(t1)
+            confs.append(cf)
+    top1 = torch.cat(top1s, 1) if top1s else torch.zeros(L + 1, 0, dtype=torch.long)  # [L+1, N]
+    conf = torch.cat(confs, 1) if confs else torch.zeros(L + 1, 0)
+    return top1, conf, ctx_sum, n_tok
+
+
+def _exit_point(top1: torch.Tensor, conf: torch.Tensor, t: float, m: int, F_block: float,
+                F_head: float) -> ExitPoint:
+    """Exit at the first layer >= m whose lens confidence reaches ``t`` (else the last, L): its mean
+    layer, the blocks and FLOPs saved (a lens read per layer checked) and the agreement with the model."""
+    L = top1.shape[0] - 1
+    base = L * F_block + F_head
+    hit = conf >= t
+    hit[:m] = False
+    hit[L] = True
+    e = hit.int().argmax(0)  # first layer reaching the threshold
+    chosen = top1.gather(0, e[None])[0]
+    ef = e.float()
+    cost = ef * F_block + (ef - m + 1) * F_head
+    # one host transfer per threshold (float64 on the host, as float() of each gave)
+    mean_e, saved_b, saved_f, agree_t = torch.stack([
+        ef.mean(), ((L - ef) / L).mean(), 1 - cost.mean() / base, (chosen == top1[L]).float().mean()]).tolist()
+    return ExitPoint(threshold=t, mean_exit_layer=mean_e, saved_block_fraction=saved_b,
+                     saved_flops_fraction=saved_f, agreement=agree_t)
+
+
 def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
            thresholds: Sequence[float] = DEFAULT_THRESHOLDS, translator: Translator | None = None,
            kind: str | None = None, chunk_rows: int | None = None, min_layer: int = 0,
@@ -147,28 +197,7 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
         batches = batches[start:stop]
     L = borders.n_layers
     real = borders.real_vocab_size
-    U = borders.unembedding
-    top1s, confs = [], []
-    ctx_sum, n_tok = 0.0, 0
-    with torch.no_grad():
-        for ids in batches:
-            if ids.numel() == 0:
-                continue
-            resid = blocks_forward(borders, ids, all_layers=True)  # [L+1, B, T, d]: no LM head in the forward
-            B, T = ids.shape
-            ctx_sum += B * T * (T + 1) / 2
-            n_tok += B * T
-            h = resid.reshape(L + 1, B * T, -1)
-            t1 = torch.empty(L + 1, B * T, dtype=torch.long, device=h.device)
-            cf = torch.empty(L + 1, B * T, device=h.device)
-            for layer in range(L + 1):
-                t1[layer], cf[layer] = _lens_top1(U, h[layer], layer, L, real, translator, chunk_rows)
-                if on_tokens is not None:
-                    on_tokens(n_tok - B * T + B * T * (layer + 1) / (L + 1))
-            top1s.append(t1)
-            confs.append(cf)
-    top1 = torch.cat(top1s, 1) if top1s else torch.zeros(L + 1, 0, dtype=torch.long)  # [L+1, N]
-    conf = torch.cat(confs, 1) if confs else torch.zeros(L + 1, 0)
+    top1, conf, ctx_sum, n_tok = _read_batches(borders, batches, translator, chunk_rows, on_tokens)
     if parallel:  # back in row order on every rank: the rest is the one-process computation
         top1, conf = gather_columns(top1), gather_columns(conf)
         ctx_sum, n_tok = (x.item() for x in allreduce_sum(torch.tensor([ctx_sum, n_tok], dtype=torch.float64)))
@@ -182,21 +211,7 @@ def settle(borders: Borders, batches: Iterable[torch.Tensor] | torch.Tensor,
     N = top1.shape[1]
     F_block = block_flops(borders, ctx_sum / n_tok)
     F_head = 2.0 * real * borders.d_emb
-    base = L * F_block + F_head
-    exits = []
-    for t in ths:
-        hit = conf >= t
-        hit[:m] = False
-        hit[L] = True
-        e = hit.int().argmax(0)  # first layer reaching the threshold
-        chosen = top1.gather(0, e[None])[0]
-        ef = e.float()
-        cost = ef * F_block + (ef - m + 1) * F_head
-        # one host transfer per threshold (float64 on the host, as float() of each gave)
-        mean_e, saved_b, saved_f, agree_t = torch.stack([
-            ef.mean(), ((L - ef) / L).mean(), 1 - cost.mean() / base, (chosen == top1[L]).float().mean()]).tolist()
-        exits.append(ExitPoint(threshold=t, mean_exit_layer=mean_e, saved_block_fraction=saved_b,
-                               saved_flops_fraction=saved_f, agreement=agree_t))
+    exits = [_exit_point(top1, conf, t, m, F_block, F_head) for t in ths]
     return SettleResult(kind=kind, n_positions=N, n_layers=L,
                         min_layer=m,
                         settle_layer=settle_layer, histogram=hist,
