@@ -118,39 +118,58 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
         rows = rows[start:stop]
     with torch.no_grad():
         for r in range(rows.shape[0]):
-            ids = rows[r: r + 1]
-            T = ids.shape[1]
-            resid, logits = borders.residual_stream(ids)
-            H = resid[:, 0].float()  # [L+1, T, d]
-            ref = logits[0]  # [T, V] the model's own output
-            final_top = ref[:, :real].argmax(-1)
-            targets = torch.zeros(T, dtype=torch.long, device=dev)
-            targets[:-1] = ids[0, 1:]
-            valid = torch.ones(T, dtype=torch.float64, device=dev)
-            valid[-1] = 0
-            X = U.normed(torch.cat([H[:L], lens.translate_all(H[:L])]), torch.float32)
-            stats = dict(targets=targets, top_k=1, topk_cols=real, entropy=True)
-            fin = logits_readout(ref, ref, **stats)  # layer L: the model's own logits, no GEMM
-            parts = [(2 * L, lambda: fin)]
-            # the 2L (lens, layer) rows in READ_GROUPS readouts: progress after each, not only per row
-            step = -(-2 * L // READ_GROUPS)
-            parts += [(slice(a, min(2 * L, a + step)), lambda a=a: kl_readout(
-                X[a:a + step], W, ref, chunk_rows=chunk_rows, **stats, **U.head_kwargs())) for a in range(0, 2 * L, step)]
-            for rows_, read in parts:
-                r_ = read()
-                sums[rows_, 0] += r_.kl.double().sum(-1)
-                sums[rows_, 1] += (-r_.target_logprob.double() * valid).sum(-1)
-                sums[rows_, 2] += r_.entropy.double().sum(-1)
-                sums[rows_, 3] += (r_.topk_ids[..., 0] == final_top).double().sum(-1)
-                if on_row is not None and isinstance(rows_, slice):
-                    on_row(r + rows_.stop / (2 * L), int(rows.shape[0]))
+            def progress(done: float, r=r) -> None:
+                if on_row is not None:
+                    on_row(r + done, int(rows.shape[0]))
+            T = _score_row(borders, lens, U, W, rows[r: r + 1], real, chunk_rows, sums, progress)
             n_tok += T
             n_ce += T - 1
     if split_ranks and world()[1] > 1:
         sums = allreduce_sum(sums)
         n_tok, n_ce = (int(x) for x in allreduce_sum(torch.tensor([n_tok, n_ce], dtype=torch.float64)))
     sums = sums.cpu()  # cpu: the sums, once, after the last row (and the all-reduce)
+    return _from_sums(sums, L, n_tok, n_ce, n_bytes)
 
+
+def _score_row(borders: Borders, lens: TunedLens, U, W: torch.Tensor, ids: torch.Tensor, real: int,
+               chunk_rows: int | None, sums: torch.Tensor, progress: Callable[[float], None]) -> int:
+    """Add one row's sums (KL, CE, entropy, top-1 agreement) into ``sums`` [2L+1, 4] float64 (rows:
+    logit lens at layers 0..L-1, tuned lens at 0..L-1, layer L): one forward, the model's own logits
+    for layer L, the 2L lens rows in :data:`READ_GROUPS` readouts with ``progress(fraction of the
+    row)`` after each. ``ids`` [1, T]; returns T."""
+    L = borders.n_layers
+    dev = W.device
+    T = ids.shape[1]
+    resid, logits = borders.residual_stream(ids)
+    H = resid[:, 0].float()  # [L+1, T, d]
+    ref = logits[0]  # [T, V] the model's own output
+    final_top = ref[:, :real].argmax(-1)
+    targets = torch.zeros(T, dtype=torch.long, device=dev)
+    targets[:-1] = ids[0, 1:]
+    valid = torch.ones(T, dtype=torch.float64, device=dev)
+    valid[-1] = 0
+    X = U.normed(torch.cat([H[:L], lens.translate_all(H[:L])]), torch.float32)
+    stats = dict(targets=targets, top_k=1, topk_cols=real, entropy=True)
+    fin = logits_readout(ref, ref, **stats)  # layer L: the model's own logits, no GEMM
+    parts = [(2 * L, lambda: fin)]
+    # the 2L (lens, layer) rows in READ_GROUPS readouts: progress after each, not only per row
+    step = -(-2 * L // READ_GROUPS)
+    parts += [(slice(a, min(2 * L, a + step)), lambda a=a: kl_readout(
+        X[a:a + step], W, ref, chunk_rows=chunk_rows, **stats, **U.head_kwargs())) for a in range(0, 2 * L, step)]
+    for rows_, read in parts:
+        r_ = read()
+        sums[rows_, 0] += r_.kl.double().sum(-1)
+        sums[rows_, 1] += (-r_.target_logprob.double() * valid).sum(-1)
+        sums[rows_, 2] += r_.entropy.double().sum(-1)
+        sums[rows_, 3] += (r_.topk_ids[..., 0] == final_top).double().sum(-1)
+        if isinstance(rows_, slice):
+            progress(rows_.stop / (2 * L))
+    return T
+
+
+def _from_sums(sums: torch.Tensor, L: int, n_tok: int, n_ce: int, n_bytes: int) -> LensEval:
+    """The per-layer means of :func:`_score_row`'s sums [2L+1, 4] over n_tok tokens (n_ce predicted
+    ones for the cross-entropy), and bits per byte when ``n_bytes`` is known."""
     def col(j: int, tuned: bool, denom: int, final_value: float) -> list[float]:
         part = sums[L: 2 * L, j] if tuned else sums[:L, j]
         return [float(x) / denom for x in part] + [final_value]
