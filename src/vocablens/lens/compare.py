@@ -114,37 +114,61 @@ def compare_lenses(borders: Borders, lenses: dict, rows: torch.Tensor, n_bytes: 
             T = ids.shape[1]
             resid, logits = borders.residual_stream(ids)
             H = resid[:, 0].float()  # [L+1, T, d]
-            ref = logits[0]
-            final_top = ref[:, :real].argmax(-1)
-            targets = torch.zeros(T, dtype=torch.long, device=dev)
-            targets[:-1] = ids[0, 1:]
-            valid = torch.ones(T, dtype=torch.float64, device=dev)
-            valid[-1] = 0
-            states = []
-            for k in kinds:
-                ln, ly = lenses[k], reads[k]
-                if not ly:
-                    continue
-                if ln is None:
-                    states.append(H[ly])
-                else:
-                    states.append(torch.stack([ln.translate(x, H[x]) for x in ly]) if not hasattr(ln, "translate_all")
-                                  else ln.translate_all(H[:L])[ly])
-            stats = dict(targets=targets, top_k=1, topk_cols=real, entropy=True)
-            parts = [(slice(n, n + 1), logits_readout(ref, ref, **stats))]  # layer L: the model's own logits
-            if states:
-                X = U.normed(torch.cat(states), torch.float32)
-                parts.append((slice(0, n), kl_readout(X, W, ref, chunk_rows=chunk_rows, **stats, **U.head_kwargs())))
-            for sl, res in parts:
-                sums[sl, 0] += res.kl.double().sum(-1)
-                sums[sl, 1] += (-res.target_logprob.double() * valid).sum(-1)
-                sums[sl, 2] += res.entropy.double().sum(-1)
-                sums[sl, 3] += (res.topk_ids[..., 0] == final_top).double().sum(-1)
+            states = _translated(lenses, reads, H, L)
+            _add_row_sums(U, W, ids, logits[0], states, real, chunk_rows, sums)
             n_tok += T
             n_ce += T - 1
             if on_row is not None:
                 on_row(r + 1, int(rows.shape[0]))
     sums = sums.cpu()  # cpu: the sums, once
+    return _comparison(sums, kinds, reads, offsets, L, n_tok, n_ce, n_bytes)
+
+
+def _translated(lenses: dict, reads: dict[str, list[int]], H: torch.Tensor, L: int) -> list[torch.Tensor]:
+    """Each lens's states [len(reads[kind]), T, d] at the layers it reads, in ``lenses``' order (the
+    logit lens: the stream itself; lenses that read no layer: nothing)."""
+    states = []
+    for k, ln in lenses.items():
+        ly = reads[k]
+        if not ly:
+            continue
+        if ln is None:
+            states.append(H[ly])
+        else:
+            states.append(torch.stack([ln.translate(x, H[x]) for x in ly]) if not hasattr(ln, "translate_all")
+                          else ln.translate_all(H[:L])[ly])
+    return states
+
+
+def _add_row_sums(U, W: torch.Tensor, ids: torch.Tensor, ref: torch.Tensor, states: list[torch.Tensor], real: int,
+                  chunk_rows: int | None, sums: torch.Tensor) -> None:
+    """Add one row's KL, CE, entropy and top-1 agreement into ``sums`` [n + 1, 4] float64: rows 0..n-1
+    the (lens, layer) states read through the head, row n the model's own logits ``ref`` [T, V]."""
+    n = sums.shape[0] - 1
+    T = ids.shape[1]
+    dev = W.device
+    final_top = ref[:, :real].argmax(-1)
+    targets = torch.zeros(T, dtype=torch.long, device=dev)
+    targets[:-1] = ids[0, 1:]
+    valid = torch.ones(T, dtype=torch.float64, device=dev)
+    valid[-1] = 0
+    stats = dict(targets=targets, top_k=1, topk_cols=real, entropy=True)
+    parts = [(slice(n, n + 1), logits_readout(ref, ref, **stats))]  # layer L: the model's own logits
+    if states:
+        X = U.normed(torch.cat(states), torch.float32)
+        parts.append((slice(0, n), kl_readout(X, W, ref, chunk_rows=chunk_rows, **stats, **U.head_kwargs())))
+    for sl, res in parts:
+        sums[sl, 0] += res.kl.double().sum(-1)
+        sums[sl, 1] += (-res.target_logprob.double() * valid).sum(-1)
+        sums[sl, 2] += res.entropy.double().sum(-1)
+        sums[sl, 3] += (res.topk_ids[..., 0] == final_top).double().sum(-1)
+
+
+def _comparison(sums: torch.Tensor, kinds: list[str], reads: dict[str, list[int]], offsets: dict[str, int], L: int,
+                n_tok: int, n_ce: int, n_bytes: int) -> LensComparison:
+    """Per-lens, per-layer means of the sums (NaN at layers a lens does not read), bits per byte when
+    ``n_bytes`` is known."""
+    n = sums.shape[0] - 1
     to_bpb = (n_ce / n_bytes / math.log(2)) if n_bytes else float("nan")
     denom = (n_tok, n_ce, n_tok, n_tok)
     final = [float(sums[n, j]) / denom[j] for j in range(4)]
