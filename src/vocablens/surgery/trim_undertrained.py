@@ -59,7 +59,8 @@ def verified_undertrained(borders, tokenizer, candidates: int, progress=None):
 def planned_keep(model, tokenizer, used: Iterable[int]) -> list[int]:
     """The old ids :func:`~vocablens.surgery.trim.trim_vocab` keeps for ``used`` (its plan alone, no
     matrices touched): used ids, config ids, added tokens, the alphabet and the merge closure."""
-    from vocablens.surgery.trim import backend_json, config_ids, plan_bpe_trim
+    from vocablens.surgery.bpe_plan import backend_json, plan_bpe_trim
+    from vocablens.surgery.trim import config_ids
 
     n = len(tokenizer)
     keep = {int(i) for i in used} | {i for i in config_ids(model.config) if i < n}
