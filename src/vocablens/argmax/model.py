@@ -17,6 +17,7 @@ from vocablens.argmax.exact import find_unargmaxable
 from vocablens.argmax.norm import NormReach, norm_reachability, probe_norm
 from vocablens.argmax.result import ARGMAXABLE, DUPLICATE, UNARGMAXABLE, ArgmaxResult, Progress
 from vocablens.errors import BadInput
+from vocablens.models.pages import PageRelease
 
 #: names of reserved / unused special tokens: ``<|reserved_special_token_12|>`` (Llama 3),
 #: ``<unused17>`` (Gemma), ``[unused3]`` (BERT), ``<|reserved_0|>``, ``<reserved_5>`` ...
@@ -185,6 +186,9 @@ def _reach(U, W, bias, res: ArgmaxResult, n_tokens: int, progress=None):
         return None, "the model has no final norm: the hidden vector is not bounded"
     if U.project_out is not None:
         return None, "a projection follows the final norm: reachability is not computed"
+    # the scan is over: W's mapped pages go back before the norm is built and probed (the bounds read
+    # W again by blocks; a head-only load imports the family's modeling code at this first call)
+    PageRelease(W.numpy() if W.dtype in (torch.float32, torch.float64) else None).release_all()
     model = probe_norm(U.final_norm, int(W.shape[1]))
     if model is None:
         return None, f"the final norm ({type(U.final_norm).__name__}) does not act as gain*x/rms+shift"
