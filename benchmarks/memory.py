@@ -58,7 +58,7 @@ def needed_bytes(model: str) -> dict[str, int]:
     borders and block ``BLOCK`` are loaded here; the other blocks are counted at the checkpoint dtype)."""
     code = (
         f"import json, sys; sys.path.insert(0, {str(SRC)!r}); "
-        "from vocablens.models.lazy import load_borders_only; "
+        "from vocablens.models.partial import load_borders_only; "
         f"lm = load_borders_only({model!r}, blocks=[{BLOCK}]); b = lm.borders; "
         "nb = lambda ts: sum(t.numel() * t.element_size() for t in ts); "
         "mat = nb([b.W_E] + ([] if b.tied else [b.W_U])); "

@@ -29,7 +29,7 @@ _ENTRY_POINTS: dict[str, str] = {
     # models: loading and the two borders
     "load": "vocablens.handle",
     "Model": "vocablens.handle",
-    "LoadedModel": "vocablens.models.loading",
+    "LoadedModel": "vocablens.models.loader",
     "Borders": "vocablens.models.borders",
     "Provenance": "vocablens.models.provenance",
     "Embedding": "vocablens.models.embed",

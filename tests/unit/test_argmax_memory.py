@@ -16,8 +16,8 @@ from tiny_models import make_tiny
 from vocablens.argmax import find_unargmaxable
 from vocablens.models.pages import PageRelease, file_pages_only
 from vocablens.errors import BadInput
-from vocablens.models.lazy import load_borders_only
-from vocablens.models.matrices import MatricesOnly, load_head_only
+from vocablens.models.partial import load_borders_only
+from vocablens.models.partial import MatricesOnly, load_head_only
 
 
 def _save_tiny(family: str, d):

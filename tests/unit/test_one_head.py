@@ -60,8 +60,8 @@ def test_the_oracle_unties_only_the_different_head(oracle):
 
 def _loaders():
     from vocablens.models import load
-    from vocablens.models.lazy import load_borders_only
-    from vocablens.models.matrices import load_head_only, load_matrices_only
+    from vocablens.models.partial import load_borders_only
+    from vocablens.models.partial import load_head_only, load_matrices_only
     from vocablens.models.streaming import load_streaming
 
     return {"full": load, "borders_only": load_borders_only, "head_only": load_head_only,
@@ -122,7 +122,7 @@ def test_anatomy_and_neighbors_report_what_transformers_ties(dirs, oracle, case,
 
 
 def test_tie_check_says_the_config_disagrees(dirs, oracle):
-    from vocablens.models.matrices import load_head_only
+    from vocablens.models.partial import load_head_only
     from vocablens.geometry.tying import tie_check
 
     _, head, _ = oracle["diff"]

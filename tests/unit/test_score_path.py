@@ -12,7 +12,7 @@ import torch
 
 from tiny_models import FAMILIES, ids as tiny_ids, make_tiny
 from vocablens.models import Borders
-from vocablens.models.headless import blocks_forward
+from vocablens.models.blocks_forward import blocks_forward
 from vocablens.generate.score import score_ids
 
 

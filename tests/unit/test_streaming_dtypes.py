@@ -108,7 +108,7 @@ def sharded(tmp_path_factory, tok):
 
 
 def test_missing_shard_refused_before_loading_api(sharded, monkeypatch):
-    import vocablens.models.lazy as lazy
+    import vocablens.models.partial as lazy
     from vocablens.errors import CorruptModelFile, VocabLensError
     from vocablens.models.streaming import load_streaming
 

@@ -52,7 +52,7 @@ cut short). Memory: one [n, r] float32 matrix and one [n, r] int8 matrix at a ti
 fixed-size blocks: the whitened rows Z and their int8 grid Q from ``gemm`` to ``bias`` (the
 reflect stage scores on Q, :mod:`~vocablens.argmax.scoring`); Q alone in ``verify`` and in the
 result. When W is a
-file mapping of unwritten pages (:func:`vocablens.models.matrices.load_head_only`), its pages go back to
+file mapping of unwritten pages (:func:`vocablens.models.partial.load_head_only`), its pages go back to
 the page cache after each pass (:mod:`~vocablens.models.pages`), so W does not add to that.
 """
 

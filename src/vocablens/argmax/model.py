@@ -95,7 +95,7 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
     Raises:
         BadInput: ``bias="on"`` for a head without bias, or an unknown ``bias`` mode.
     """
-    from vocablens.models.rows import untrained_rows
+    from vocablens.models.weight_checks import untrained_rows
 
     t0 = time.perf_counter()
     if bias not in ("auto", "on", "off"):
@@ -169,7 +169,7 @@ def expected_scan_seconds(borders) -> float:
     the benchmarked ratio). Costs one SHA-256 of the head's bytes and a ~0.05 s product."""
     from vocablens.argmax.estimate import scan_seconds
     from vocablens.argmax.stored import load_verdicts
-    from vocablens.models.rows import untrained_rows
+    from vocablens.models.weight_checks import untrained_rows
 
     U = borders.unembedding
     W = U.weight.detach()

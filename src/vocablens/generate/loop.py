@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from vocablens.models.flops import block_flops
-from vocablens.models.headless import locate_nonfinite, nonfinite_message
+from vocablens.models.blocks_forward import locate_nonfinite, nonfinite_message
 from vocablens.models.tokens import check_ids_fit
 
 from vocablens.errors import BadInput, NonFiniteActivations, UnsupportedArchitecture

@@ -1,6 +1,6 @@
 """Score a text under a model: per-token log-probabilities through the chunked LM-head path (layer 3).
 
-The model's blocks run without its LM head (:func:`vocablens.models.headless.blocks_forward`: the
+The model's blocks run without its LM head (:func:`vocablens.models.blocks_forward.blocks_forward`: the
 forward stops after the last block, so the [T, V] logits of ``model(ids)`` are never made), and the
 residual stream at the last layer goes through the model's unembedding (``borders.unembedding``:
 final norm and project_out by ``U.normed``) and then :func:`vocablens.ops.token_logprobs` on
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from vocablens.errors import BadInput
-from vocablens.models.headless import blocks_forward
+from vocablens.models.blocks_forward import blocks_forward
 from vocablens.ops import token_logprobs
 from vocablens.units import plural
 

@@ -24,7 +24,7 @@ from vocablens.errors import BadInput, TokenNotInVocabulary
 from vocablens.handle import results as R
 from vocablens.handle.lenses import LensWorkflows
 from vocablens.handle.surgery import SurgeryWorkflows
-from vocablens.models.loaded import LoadedModel
+from vocablens.models.loaded_model import LoadedModel
 
 
 @dataclass(eq=False)

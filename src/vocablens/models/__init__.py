@@ -10,19 +10,20 @@ and where its metadata disagrees with its tensors), ``tokenizer_files`` (why a t
 built, as one line), ``tie`` ("tied" by storage, as
 transformers decides it), ``config`` (a config without weights), ``provenance``, ``gguf_cache``,
 ``blocks`` (one view of a decoder block), ``unembed`` (the one unembedding), ``embed`` (the one
-embedding: input scale, input norm, ``project_in``, lookup), ``rows``, ``borders``
-(the family adapter), ``final_norm`` (the final norm of a load without modeling code, computed by
-the family's own module), ``headless``, ``flops`` (attention shape and FLOP counts), ``loaded``
-(:class:`LoadedModel`), ``sources`` (the directory the partial loaders read), ``lazy`` (borders
-only), ``matrices`` (the two matrices; the head only), ``streaming``, ``loading`` (:func:`load`),
-``loader`` (``load_mode``: every loading mode).
+embedding: input scale, input norm, ``project_in``, lookup), ``weight_checks`` (NaN/inf weights,
+never-trained rows), ``borders`` (the family adapter), ``final_norm`` (the final norm of a load
+without modeling code, computed by the family's own module), ``blocks_forward`` (the blocks' forward,
+stopped before the final norm), ``flops`` (attention shape and FLOP counts), ``loaded_model``
+(:class:`LoadedModel`), ``sources`` (the directory the partial loads read), ``partial`` (loads of
+some tensors: the borders, the head, the two matrices), ``streaming`` (blocks read at each forward),
+``loader`` (the one entry: :func:`load` for the whole model, ``load_mode`` for every mode).
 """
 
 from vocablens.models.borders import Borders
 from vocablens.models.embed import Embedding
-from vocablens.models.rows import untrained_rows
+from vocablens.models.weight_checks import untrained_rows
 from vocablens.models.config import load_config
-from vocablens.models.loading import LoadedModel, load
+from vocablens.models.loader import LoadedModel, load
 from vocablens.models.provenance import Provenance, gguf_provenance
 from vocablens.models.spec import DEFAULT_MODEL, default_gguf_path, resolve_spec
 

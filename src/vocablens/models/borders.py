@@ -204,7 +204,7 @@ class Borders:
         if bad.numel():
             mask[bad] = False
         if exclude_untrained:
-            from vocablens.models.rows import untrained_rows
+            from vocablens.models.weight_checks import untrained_rows
 
             mask &= ~untrained_rows(self.W_E).to(mask.device)
             if not self.tied:
@@ -218,24 +218,24 @@ class Borders:
 
     # ------------------------------------------------------------------ non-finite weights
     def nonfinite(self) -> dict[str, int]:
-        """Parameters holding NaN or ±inf: ``{name: count}`` (see :func:`vocablens.models.rows.nonfinite`)."""
-        from vocablens.models.rows import nonfinite
+        """Parameters holding NaN or ±inf: ``{name: count}`` (see :func:`vocablens.models.weight_checks.nonfinite`)."""
+        from vocablens.models.weight_checks import nonfinite
 
         return nonfinite(self)
 
     def nonfinite_rows(self) -> torch.Tensor:
         """int64 ids of vocabulary rows whose embedding or LM-head row holds NaN or ±inf (sorted)."""
-        from vocablens.models.rows import nonfinite_rows
+        from vocablens.models.weight_checks import nonfinite_rows
 
         return nonfinite_rows(self)
 
     def check_finite(self, ids: torch.Tensor | None = None) -> None:
-        """Refuse a forward pass a non-finite weight would poison (:func:`vocablens.models.rows.check_finite`).
+        """Refuse a forward pass a non-finite weight would poison (:func:`vocablens.models.weight_checks.check_finite`).
 
         Raises:
             NonFiniteWeights: naming the tensor, how many values, and the matrices' rows.
         """
-        from vocablens.models.rows import check_finite
+        from vocablens.models.weight_checks import check_finite
 
         check_finite(self, ids)
 
@@ -341,7 +341,7 @@ class Borders:
             BadInput: empty input, or a token id outside the embedding's rows.
             NonFiniteActivations: a layer (or the logits) holds inf or NaN, named.
         """
-        from vocablens.models.headless import check_forward_input, check_stream_finite
+        from vocablens.models.blocks_forward import check_forward_input, check_stream_finite
 
         input_ids = check_forward_input(self, input_ids)  # [B, T]; the checks every forward of ours passes
         with self.capture() as store:

@@ -81,7 +81,10 @@ def checkpoint_name(param: str, available: dict[str, Path], prefix: str) -> str 
 
 
 def read_tensors(keys: list[str], files: dict[str, Path], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """The checkpoint tensors ``keys`` (memory-mapped by ``safe_open``; converted when ``dtype`` is given).
+    """The checkpoint tensors ``keys``: the one reader of every partial load (borders, head, matrices,
+    streamed blocks). Memory-mapped by ``safe_open`` as a private copy-on-write mapping (writing into
+    a tensor copies that page for this process, never touches the file); converted when ``dtype``
+    is given (then an in-memory copy).
 
     Raises:
         CorruptModelFile: a file that cannot be read (one line naming it).

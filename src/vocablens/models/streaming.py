@@ -12,7 +12,7 @@ Results are the same tensors as the normal load (same weights, same kernels, sam
 is reading each streamed block once per forward (see ``benchmarks/memory.py --max-memory``).
 Weights of a streamed block are on ``meta`` outside its forward: analyses that read block weights
 directly (``explain``'s head attribution, ``project``) need the whole model or the one-block load
-(:func:`vocablens.models.lazy.load_borders_only` with ``blocks``).
+(:func:`vocablens.models.partial.load_borders_only` with ``blocks``).
 """
 
 from __future__ import annotations
@@ -63,7 +63,6 @@ class BlockStreamer:
     def __init__(self, block: torch.nn.Module, keys: dict[str, tuple[str, Path]], dtype: torch.dtype | None):
         self.block, self.keys, self.dtype = block, keys, dtype
         self.loads = 0
-        self._handles: list = []
         from vocablens.models.hooks import ModelPatch
 
         self._patch = ModelPatch()  # kept for the model's lifetime; remove() takes the hooks off again
@@ -79,15 +78,11 @@ class BlockStreamer:
             mod._buffers[attr] = t
 
     def _load(self, module, args, kwargs):
-        from safetensors import safe_open
+        from vocablens.models.checkpoint_files import read_tensors
 
-        files = {}
-        for name, (key, f) in self.keys.items():
-            if f not in files:
-                files[f] = safe_open(str(f), framework="pt")
-            t = files[f].get_tensor(key)
-            self._set(name, t if self.dtype is None else t.to(self.dtype))
-        self._handles = list(files.values())
+        ts = read_tensors([k for k, _ in self.keys.values()], dict(self.keys.values()), self.dtype)
+        for name, (key, _) in self.keys.items():
+            self._set(name, ts[key])
         self.loads += 1
 
     def _drop(self, module, args, kwargs, output):
@@ -96,7 +91,7 @@ class BlockStreamer:
             mod = self.block.get_submodule(mod_name) if mod_name else self.block
             old = mod._parameters.get(attr, mod._buffers.get(attr))
             self._set(name, torch.empty(old.shape, dtype=old.dtype, device="meta"))
-        self._handles = []  # closes the mappings: the block's pages leave the process
+        # the block's tensors are gone: their file mappings close, and its pages leave the process
 
     def remove(self) -> None:
         """Detach the hooks (the block stays on ``meta``)."""
@@ -170,13 +165,13 @@ def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = 
     Raises:
         BadInput: a bad ``max_memory``; a block holding a buffer the checkpoint does not store.
         CorruptModelFile: a shard the index names is missing (checked before anything loads).
-        As :func:`vocablens.models.lazy.load_borders_only` otherwise.
+        As :func:`vocablens.models.partial.load_borders_only` otherwise.
     """
     from vocablens.errors import UnsupportedArchitecture
     from vocablens.models.run_dtype import run_dtype, with_note
     from vocablens.models.checkpoint_files import checkpoint_name, materialize, shard_files
     from vocablens.models.find import named_children
-    from vocablens.models.lazy import load_borders_only  # looked up at each call (tests replace it)
+    from vocablens.models.partial import load_borders_only  # looked up at each call (tests replace it)
     from vocablens.models.sources import source_dir
 
     from transformers import AutoConfig
@@ -227,7 +222,6 @@ def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = 
     for blk, keys in resident:  # read once and kept
         s = BlockStreamer(blk, keys, tdtype)
         s._load(blk, (), {})
-        s._handles = []
         s.remove()
     model.vocablens_streamers = streamers
     model.vocablens_streamed = True

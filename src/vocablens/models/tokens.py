@@ -126,7 +126,7 @@ def token_strs(tokenizer, ids) -> list[str]:
 def check_ids_fit(ids, rows: int, tokenizer=None) -> None:
     """THE check that token ids have rows in the matrices, called by every path that turns text into
     ids (:func:`encode_text`, :func:`encode_prompt`, :func:`single_token_id`) and by every forward
-    (:func:`vocablens.models.headless.check_forward_input`), so a tokenizer longer than the embedding
+    (:func:`vocablens.models.blocks_forward.check_forward_input`), so a tokenizer longer than the embedding
     and head (tokens added after training, a mismatched checkpoint) is one message for every command.
 
     Args:

@@ -25,9 +25,9 @@ F64 = torch.float64
 @torch.no_grad()
 def _logits(model, ids: Sequence[int]) -> torch.Tensor:
     """[T, rows] float32 logits of one sequence: the model's blocks without its LM head
-    (:func:`~vocablens.models.headless.blocks_forward`), then its own unembedding read once."""
+    (:func:`~vocablens.models.blocks_forward.blocks_forward`), then its own unembedding read once."""
     from vocablens.models import Borders
-    from vocablens.models.headless import blocks_forward
+    from vocablens.models.blocks_forward import blocks_forward
 
     b = Borders.from_model(model)
     U = b.unembedding

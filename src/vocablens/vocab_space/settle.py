@@ -20,7 +20,7 @@ import torch
 from vocablens.ops.vocab_parallel.comm import allreduce_sum, gather_columns, share, world
 from vocablens.errors import BadInput
 from vocablens.models.flops import block_flops
-from vocablens.models.headless import blocks_forward
+from vocablens.models.blocks_forward import blocks_forward
 from vocablens.lens.logit import Translator, lens_kind
 from vocablens.models import Borders
 from vocablens.ops import token_logprobs

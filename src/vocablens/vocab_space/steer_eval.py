@@ -22,7 +22,7 @@ from vocablens.errors import BadInput
 
 def _stream(borders, ids: torch.Tensor) -> torch.Tensor:
     """Head inputs [T, d_emb] (final norm applied once) of one sequence ids [T]."""
-    from vocablens.models.headless import blocks_forward
+    from vocablens.models.blocks_forward import blocks_forward
 
     return borders.unembedding.normed(blocks_forward(borders, ids[None])[0])  # no LM head in the forward
 
