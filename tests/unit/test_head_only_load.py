@@ -78,8 +78,8 @@ _WRITER = r"""
 import json, sys, torch
 from vocablens.models.loader import load_mode
 out = {}
-for mode in ("head", "matrices", "borders"):
-    lm = load_mode(sys.argv[1], mode)
+for mode in ("head", "matrices", "borders", "streaming", "full"):
+    lm = load_mode(sys.argv[1], mode, max_memory="30kB" if mode == "streaming" else None)
     errors, written = [], 0
     seen = set()
     for name, t in [*lm.model.named_parameters(), *lm.model.named_buffers()]:
@@ -98,7 +98,7 @@ print(json.dumps(out))
 
 
 def test_writing_into_every_loaded_tensor_never_crashes_the_process(tmp_path):
-    """Each partial load's tensors, written in place in a child process: the child must end normally
+    """Each load mode's tensors, written in place in a child process: the child must end normally
     (a write into a read-only mapping was SIGSEGV, killing it), each write either works (a
     copy-on-write page) or is a one-line Python error, and the checkpoint file is left unchanged."""
     model = _save("llama", tmp_path)
