@@ -38,6 +38,12 @@ def world(tmp_path_factory):
     (root / "out" / "keep.txt").write_text("the user's earlier output")
     TunedLens(32, 3).save(root / "otherlens")
     TunedLens(64, 2).save(root / "lens64")  # fits the tiny model (d=64, 2 blocks)
+    import reference_lens_files as ref  # published lenses of the tiny model's shapes, fitted for other models
+
+    ref.save_tuned_lens(root / "tl-qwen", 64, 2, "Qwen/Qwen2-0.5B")
+    ref.save_tuned_lens(root / "tl-hash", 64, 2, "", unembed_hash="0" * 64)
+    ref.save_jacobian_lens(root / "jl-qwen.pt", {0: torch.eye(64)}, 4, 64,
+                           {"model_name": "Qwen/Qwen2-0.5B", "model_revision": "abc1234", "target_layer": 1})
     return root
 
 
@@ -70,6 +76,12 @@ CLI = [
     ("lens-missing-lens-dir", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/nolens"], "no tuned lens"),
     ("lens-file-as-lens-dir", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/notes.txt"], "no tuned lens"),
     ("lens-lens-of-another-model", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/otherlens"], "d_model=32"),
+    ("lens-tuned-lens-file-of-another-model", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/tl-qwen"],
+     "tuned lens was fitted for Qwen/Qwen2-0.5B but the model is tiny"),
+    ("lens-tuned-lens-file-of-another-head", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/tl-hash"],
+     "tuned-lens unembedding hash 000000000000); the model tiny is another model"),
+    ("lens-jacobian-file-of-another-model", ["lens", "x", *M, "--kind", "jacobian", "--lens", "{d}/jl-qwen.pt"],
+     "Jacobian lens was fitted for Qwen/Qwen2-0.5B (revision abc1234) but the model is tiny"),
     ("lens-text-file-as-model", ["lens", "x", "-m", "{d}/notes.txt"], "neither a model directory"),
     ("lens-dir-without-config", ["lens", "x", "-m", "{d}/sub"], "without config.json"),
     ("lens-missing-model", ["lens", "x", "-m", "{d}/nope"], "no such model"),
@@ -218,6 +230,8 @@ CLI = [
     ("train-resume-without-checkpoint", ["lens", "train", *M, "--corpus", "{d}/notes.txt", "--out", "{d}/l8",
                                          "--resume", "--seq-len", "16"], "no checkpoint"),
     ("eval-missing-lens", ["lens", "eval", *M, "--lens", "{d}/nolens", "--corpus", "{d}/notes.txt"], "no tuned lens"),
+    ("eval-tuned-lens-file-of-another-model", ["lens", "eval", *M, "--lens", "{d}/tl-qwen", "--corpus",
+                                               "{d}/notes.txt"], "fitted for Qwen/Qwen2-0.5B but the model is tiny"),
     ("eval-empty-dir-as-lens", ["lens", "eval", *M, "--lens", "{d}/sub", "--corpus", "{d}/notes.txt"], "no tuned lens"),
     ("eval-bad-split", ["lens", "eval", *M, "--corpus", "{d}/notes.txt", "--split", "bogus"],
      "validation, train or all"),

@@ -64,5 +64,9 @@ def test_report_section_shows_the_three_lenses_side_by_side():
     fig = trajectory_figure(*res[:2], tiny_tokenizer(), "kl", res[2])
     assert [a.text for a in fig.layout.annotations][:3] == ["logit lens", "tuned lens", "jacobian lens"]
     assert list(fig.data[2].y) == [*jac.layers, L]  # the published lens's rows: no layer 0
-    sec = tuned_lens_section(*res[:2], tiny_tokenizer(), {"name": "tiny"}, jacobian=res[2], jacobian_info=jac.info())
+    jac.check_model(b)  # it records no model: accepted on its shapes, and says so
+    tuned.check_model(b)
+    sec = tuned_lens_section(*res[:2], tiny_tokenizer(), tuned.info(), jacobian=res[2], jacobian_info=jac.info())
     assert sec.title == "Logit, tuned and Jacobian lens" and "3 prompts" in sec.html and "stored float16" in sec.html
+    assert "unverified: the file names no model" in sec.html  # the Jacobian lens's provenance
+    assert "format vocablens, verified: unembedding hash" in sec.html  # the tuned lens's

@@ -466,10 +466,13 @@ def test_lens_kinds_include_the_jacobian_lens(c, state):
         assert "no Jacobian lens" in one_line_error(c.post("/api/lens", json={"prompt": PROMPT, "kind": "jacobian"}), 400)
         b = state.lm.borders
         state.jacobian = JacobianLens(torch.eye(b.d_model).repeat(b.n_layers, 1, 1), list(range(b.n_layers)), b.n_layers)
+        state.jacobian.check_model(b)  # as every load does: it records no model
         r = c.post("/api/lens", json={"prompt": PROMPT, "kind": "logit,tuned,jacobian", "k": 2})
         assert r.status_code == 200, r.text[:300]
         d = r.json()
         assert d["kind"] == "logit,tuned,jacobian" and d["jacobian"]["kind"] == "jacobian"
+        rec = {x["kind"]: x for x in d["lenses"]}["jacobian"]  # its provenance travels with the answer
+        assert rec["verified"] == "unverified: the file names no model" and rec["format"] == "vocablens"
         for a, j in zip(d["logit"]["layers"], d["jacobian"]["layers"]):
             assert a["positions"][-1]["top_ids"] == j["positions"][-1]["top_ids"]
         assert one_line_error(c.post("/api/lens", json={"prompt": PROMPT, "kind": "jacobian,logit"}), 422)

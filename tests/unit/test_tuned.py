@@ -323,6 +323,12 @@ def test_reads_a_lens_saved_by_the_tuned_lens_library(tmp_path):
     (tmp_path / "tl" / "config.json").write_text(json.dumps({
         "base_model_name_or_path": "tiny-llama", "d_model": d, "num_hidden_layers": L, "bias": True,
         "base_model_revision": None, "unembed_hash": "abc", "lens_type": "linear_tuned_lens"}))
+    with pytest.raises(CheckpointMismatch, match="tuned-lens unembedding hash abc"):  # not this model's head
+        TunedLens.load(tmp_path / "tl", b)
+    from vocablens.lens.identity import tuned_lens_unembed_hash
+
+    cfg = json.loads((tmp_path / "tl" / "config.json").read_text())
+    (tmp_path / "tl" / "config.json").write_text(json.dumps({**cfg, "unembed_hash": tuned_lens_unembed_hash(b)}))
     lens = TunedLens.load(tmp_path / "tl", b)
     h = torch.randn(3, d)
     for i in range(L):

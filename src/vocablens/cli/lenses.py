@@ -59,13 +59,16 @@ def load_lenses(found: dict[str, Path], borders) -> dict:
 
 
 def lens_caption(kind: str, lens) -> str:
-    """One line of provenance: model, corpus, prompts or tokens, stored dtype, source."""
+    """One line of provenance: model, corpus, prompts or tokens, stored dtype, source, revision, file
+    format and whether the file's model identity was verified (:func:`vocablens.lens.identity.verify_identity`)."""
     from vocablens.lens.jacobian import layer_span
 
     info = lens.info() if hasattr(lens, "info") else {}
     s = getattr(lens, "settings", {}) or {}
     data = s.get("data") or {}
-    bits = [f"{kind} lens for {info.get('name') or '?'}"]
+    from vocablens.lens.identity import shown_name
+
+    bits = [f"{kind} lens for {shown_name(str(info['name'])) if info.get('name') else '?'}"]
     corpus = info.get("corpus") or data.get("corpus")
     if corpus:
         bits.append(f"fitted on {corpus}" if kind == "jacobian" else f"trained on {corpus}")
@@ -78,6 +81,12 @@ def lens_caption(kind: str, lens) -> str:
     if kind == "jacobian":
         bits.append(f"layers {layer_span(list(lens.layers))}")
         bits.append(f"source {info.get('source')}")
+    if info.get("revision"):
+        bits.append(f"revision {str(info['revision'])[:12]}")
+    if info.get("format"):
+        bits.append(f"format {info['format']}")
+    if info.get("verified"):
+        bits.append(str(info["verified"]))
     return ", ".join(bits)
 
 

@@ -274,6 +274,9 @@ def lens_eval(
     rows = rows[: max(1, max_tokens // rows.shape[1])]
     name = info["corpus"]
     if not quiet:
+        from vocablens.cli.lenses import lens_caption
+
+        err.print(lens_caption("tuned", lens), style="dim", soft_wrap=True)
         err.print(f"scoring {rows.numel()} tokens of {name} ({split}) at {lm.borders.n_layers + 1} layers, "
                   f"both lenses", style="dim", soft_wrap=True)
     start, stop = share(int(rows.shape[0]))
@@ -286,7 +289,9 @@ def lens_eval(
     if plot is not None:
         save_eval_plot(res, plot, title=f"{lm.provenance.name}: logit vs tuned lens on {name} ({split})")
     if json_:
-        emit_json(eval_to_dict(res, lm.provenance, lens_label, info, plot))
+        from vocablens.render.lens import lens_record
+
+        emit_json(eval_to_dict(res, lm.provenance, lens_label, info, plot, [lens_record("tuned", lens)]))
     else:
         print_eval(res, out, title=f"{lm.provenance.name}, {rows.numel()} tokens of {name} ({split}), lens {lens_label}")
         if plot is not None:

@@ -38,6 +38,8 @@ from vocablens.models import Borders
 LENS_FILE = "jacobian.safetensors"
 CONFIG_FILE = "jacobian.json"
 PUBLISHED_FILE = "lens.pt"
+#: ``settings["format"]`` of a lens read from the published format
+PUBLISHED_FORMAT = "jacobian-lens"
 FORMAT = "vocablens-jacobian-lens"
 FORMAT_VERSION = 1
 
@@ -116,25 +118,32 @@ class JacobianLens:
 
     def check_model(self, borders: Borders) -> None:
         """Raise :class:`CheckpointMismatch` unless this lens fits ``borders``' model: d_model, the
-        number of layers and, when the lens records it, the unembedding's identity hash."""
+        number of layers, then every identity the file records (:func:`vocablens.lens.identity.
+        verify_identity`: the unembedding hash; a published file's model name and revision). Sets
+        :attr:`verified`."""
+        from vocablens.lens.identity import verify_identity
+
         name = self.identity.get("name")
         who = f" ({name})" if name else ""
         if borders.d_model != self.d_model or borders.n_layers != self.n_layers:
             raise CheckpointMismatch(
                 f"this Jacobian lens is for a model with d_model={self.d_model}, {self.n_layers} layers{who}; "
                 f"the model has d_model={borders.d_model}, {borders.n_layers} layers")
-        want = self.identity.get("unembed_sha256")
-        if want and want != borders.unembedding.identity_hash():
-            raise CheckpointMismatch(
-                f"this Jacobian lens was fitted on another model{who}: unembedding hash {want[:12]}, this "
-                f"model's is {borders.unembedding.identity_hash()[:12]}")
+        published = self.settings.get("format") == PUBLISHED_FORMAT
+        self.verified = verify_identity(borders, "Jacobian lens", name=name if published else None,
+                                        revision=self.identity.get("revision"),
+                                        unembed_sha256=self.identity.get("unembed_sha256"))
 
     def info(self) -> dict:
-        """Provenance for captions: ``{"name", "corpus", "n_prompts", "tokens", "dtype", "source"}``."""
+        """Provenance for captions and JSON: ``{"name", "corpus", "n_prompts", "tokens", "dtype", "source",
+        "revision", "format", "verified"}`` (``format``: ``vocablens`` or ``jacobian-lens`` for a
+        published ``lens.pt``; ``verified``: :func:`~vocablens.lens.identity.verify_identity`'s verdict
+        once checked against a model)."""
         s = self.settings
         return {"name": self.identity.get("name"), "corpus": (s.get("data") or {}).get("corpus", s.get("corpus")),
                 "n_prompts": s.get("n_prompts"), "tokens": s.get("tokens"), "dtype": s.get("stored_dtype"),
-                "source": s.get("source", "vocablens")}
+                "source": s.get("source", "vocablens"), "revision": self.identity.get("revision"),
+                "format": s.get("format", "vocablens"), "verified": getattr(self, "verified", None)}
 
     # ------------------------------------------------------------------ our files
     def config_dict(self) -> dict:
@@ -208,9 +217,11 @@ class JacobianLens:
     def published_dict(self, dtype: torch.dtype = torch.float16) -> dict:
         """The reference format: ``{"J": {block l: [d, d]}, "n_prompts", "source_layers", "d_model",
         "metadata"}`` with block index l = stream layer - 1 (a stream-layer-0 matrix has no place there
-        and is left out)."""
+        and is left out). ``metadata`` holds what TransformerLens 4 records (``model_name``,
+        ``model_revision``, ``target_layer``, ``corpus``) plus our ``unembed_sha256``."""
         J = {ly - 1: self.J[i].to(dtype).cpu() for i, ly in enumerate(self.layers) if ly >= 1}  # cpu: torch.save's file
-        meta = {"model_name": self.identity.get("name"), "target_layer": self.n_layers - 1,
+        meta = {"model_name": self.identity.get("name"), "model_revision": self.identity.get("revision"),
+                "unembed_sha256": self.identity.get("unembed_sha256"), "target_layer": self.n_layers - 1,
                 "corpus": str((self.settings.get("data") or {}).get("corpus", "")),
                 "n_layers": self.n_layers, "source": "vocablens"}
         return {"J": J, "n_prompts": int(self.settings.get("n_prompts") or 0), "source_layers": sorted(J),
@@ -238,7 +249,9 @@ def load_published(path: str | Path, borders: Borders | None = None, n_layers: i
     Raises:
         BadInput: neither ``borders`` nor ``n_layers``.
         CorruptModelFile: not such a dict (or not loadable with ``weights_only=True``).
-        CheckpointMismatch: d_model or the layer count does not fit the model.
+        CheckpointMismatch: d_model or the layer count does not fit the model, or the model name,
+            revision or unembedding hash the file records differ from the model's
+            (:func:`vocablens.lens.identity.verify_identity`; the reference's files record none).
     """
     path = Path(path)
     try:
@@ -280,11 +293,18 @@ def load_published(path: str | Path, borders: Borders | None = None, n_layers: i
     settings = {"source": source,
                 "n_prompts": int(obj.get("n_prompts") or 0), "corpus": meta.get("corpus"),
                 "stored_dtype": stored, "metadata": {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool))}}
-    identity = {"name": meta.get("model_name"), "d_model": d, "n_layers": L}
+    settings["format"] = PUBLISHED_FORMAT
+    identity = {"name": _text(meta.get("model_name")), "revision": _text(meta.get("model_revision")),
+                "unembed_sha256": _text(meta.get("unembed_sha256")), "d_model": d, "n_layers": L}
     lens = JacobianLens(torch.stack(mats), [b + 1 for b in blocks], L, identity, settings)
     if borders is not None:
+        lens.check_model(borders)
         lens.to(borders.device)
     return lens
+
+
+def _text(x) -> str | None:
+    return str(x) if isinstance(x, str) and x else None
 
 
 def layer_span(layers: list[int]) -> str:

@@ -131,22 +131,31 @@ class TunedLens(nn.Module):
         return torch.baddbmm(self.bias[:, None, :], H, self.weight.transpose(1, 2)) + H
 
     def check_model(self, borders: Borders) -> None:
-        """Raise :class:`CheckpointMismatch` unless this lens was made for ``borders``' model."""
-        ident = model_identity(borders) if self.identity.get("unembed_sha256") else None
+        """Raise :class:`CheckpointMismatch` unless this lens was made for ``borders``' model: shapes,
+        then every identity the file records (:func:`vocablens.lens.identity.verify_identity`; ours: the
+        unembedding hash; tuned-lens's: model name, revision, its unembedding hash). Sets :attr:`verified`."""
+        from vocablens.lens.identity import verify_identity
+
         if borders.d_model != self.d_model or borders.n_layers != self.n_layers:
             raise CheckpointMismatch(
                 f"this tuned lens is for a model with d_model={self.d_model}, {self.n_layers} layers"
                 f"{' (' + str(self.identity.get('name')) + ')' if self.identity.get('name') else ''}; "
                 f"the model has d_model={borders.d_model}, {borders.n_layers} layers")
-        if ident is not None and ident["unembed_sha256"] != self.identity["unembed_sha256"]:
-            raise CheckpointMismatch(
-                f"this tuned lens was trained on another model ({self.identity.get('name') or self.identity.get('family')}:"
-                f" unembedding hash {self.identity['unembed_sha256'][:12]}, this model's is "
-                f"{ident['unembed_sha256'][:12]})")
+        idt, published = self.identity, self.settings.get("source") == "tuned-lens library"
+        self.verified = verify_identity(borders, "tuned lens", name=idt.get("name") if published else None,
+                                        revision=idt.get("revision"), unembed_sha256=idt.get("unembed_sha256"),
+                                        tuned_lens_hash=idt.get("tuned_lens_unembed_hash"))
 
     def info(self) -> dict:
-        """``{"name", "tokens"}``: the model the lens is for and its training tokens (for captions)."""
-        return {"name": self.identity.get("name"), "tokens": self.settings.get("tokens", "?")}
+        """Provenance for captions and JSON: ``{"name", "tokens", "revision", "corpus", "dtype", "format",
+        "verified"}`` (the model the lens is for, its training tokens and corpus, stored dtype, file format,
+        :func:`~vocablens.lens.identity.verify_identity`'s verdict once checked against a model)."""
+        s = self.settings
+        data = s.get("data") or {}
+        return {"name": self.identity.get("name"), "tokens": s.get("tokens", data.get("tokens", "?")),
+                "revision": self.identity.get("revision"), "corpus": data.get("corpus", s.get("corpus")),
+                "dtype": s.get("stored_dtype"), "format": "tuned-lens" if s.get("source") == "tuned-lens library"
+                else "vocablens", "verified": getattr(self, "verified", None)}
 
     # ------------------------------------------------------------------ files
     def config_dict(self) -> dict:
@@ -198,6 +207,8 @@ class TunedLens(nn.Module):
         if path.is_file():
             path = path.parent
         if not (path / LENS_FILE).exists() and (path / "params.pt").exists():
+            from vocablens.lens.published import load_tuned_lens_library
+
             return load_tuned_lens_library(path, borders)
         if not (path / LENS_FILE).exists():
             raise BadInput(f"no tuned lens at {path} (expected {LENS_FILE} and {CONFIG_FILE})")
@@ -211,7 +222,8 @@ class TunedLens(nn.Module):
             raise CorruptModelFile(f"{path / CONFIG_FILE} lacks n_layers / d_model; train the lens again") from None
         if W is None or b is None or tuple(W.shape) != (L, d, d) or tuple(b.shape) != (L, d):
             raise CorruptModelFile(f"{path / LENS_FILE} does not hold weight [{L}, {d}, {d}] and bias [{L}, {d}]")
-        lens = cls(d, L, cfg.get("model") or {}, cfg.get("training") or {})
+        lens = cls(d, L, cfg.get("model") or {}, {**(cfg.get("training") or {}),
+                                                   "stored_dtype": str(W.dtype).replace("torch.", "")})
         with torch.no_grad():
             lens.weight.copy_(W.float())
             lens.bias.copy_(b.float())
@@ -219,50 +231,6 @@ class TunedLens(nn.Module):
             lens.check_model(borders)
             lens.to(borders.device)
         return lens
-
-
-def load_tuned_lens_library(path: str | Path, borders: Borders | None = None) -> TunedLens:
-    """Read a lens saved by the tuned-lens library: ``params.pt`` (state dict of its
-    ``layer_translators``: ``{i}.weight`` [d, d], ``{i}.bias`` [d], i = 0..L-1) + ``config.json``
-    (``d_model``, ``num_hidden_layers``, ``bias``). The layouts correspond: both compute
-    ``h + A h + b`` on the residual stream of layer i (the input of block i for i = 0).
-
-    ``params.pt`` is read with ``torch.load(weights_only=True)`` (no unpickling of code).
-
-    Raises:
-        CorruptModelFile: unreadable file, missing keys, or shapes that do not match the config.
-        CheckpointMismatch: ``borders`` given and its d_model / layer count differ.
-    """
-    path = Path(path)
-    cfg = read_json(path / CONFIG_FILE)
-    try:
-        d, L = int(cfg["d_model"]), int(cfg["num_hidden_layers"])
-    except (KeyError, TypeError, ValueError):
-        raise CorruptModelFile(f"{path / CONFIG_FILE} lacks d_model / num_hidden_layers") from None
-    try:
-        state = torch.load(path / "params.pt", map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise CorruptModelFile(f"cannot read {path / 'params.pt'}: {str(exc).splitlines()[0][:200]}") from None
-    if not isinstance(state, dict):
-        raise CorruptModelFile(f"{path / 'params.pt'} does not hold a state dict")
-    lens = TunedLens(d, L, {"name": cfg.get("base_model_name_or_path"),
-                            "tuned_lens_unembed_hash": cfg.get("unembed_hash")},
-                     {"source": "tuned-lens library", "lens_type": cfg.get("lens_type")})
-    with torch.no_grad():
-        for i in range(L):
-            w = state.get(f"{i}.weight")
-            if w is None or tuple(w.shape) != (d, d):
-                raise CorruptModelFile(f"{path / 'params.pt'}: translator {i} weight missing or not [{d}, {d}]")
-            lens.weight[i].copy_(w.float())
-            bvec = state.get(f"{i}.bias")
-            if bvec is not None:
-                if tuple(bvec.shape) != (d,):
-                    raise CorruptModelFile(f"{path / 'params.pt'}: translator {i} bias is not [{d}]")
-                lens.bias[i].copy_(bvec.float())
-    if borders is not None:
-        lens.check_model(borders)
-        lens.to(borders.device)
-    return lens
 
 
 # ---------------------------------------------------------------------------------------- finding a lens
@@ -394,6 +362,6 @@ def save_files(dirpath: Path, tensors: dict[str, torch.Tensor], meta: dict, tens
 
 
 __all__ = [
-    "CONFIG_FILE", "LENS_FILE", "TunedLens", "find_lens", "load_for_model", "load_tuned_lens_library", "looks_like_hub_id",
+    "CONFIG_FILE", "LENS_FILE", "TunedLens", "find_lens", "load_for_model", "looks_like_hub_id",
     "model_identity", "read_json", "read_pair", "read_safetensors", "save_files", "shipped_lens_path",
 ]

@@ -136,7 +136,7 @@ def write_page(run, lm, model: str, out_path, budget_s: float) -> list[Section]:
 def report_to_dict(run, lm, out_path, sections: list[Section], timings: dict[str, float]) -> dict:
     """The dict ``report --json`` prints: the output path, the model's provenance and borders, each
     section's result as its own command's ``--json`` builds it (null when the section did not run),
-    the sections written, what was cut short, and the timings (seconds)."""
+    ``lenses`` (the provenance of the tuned and Jacobian lenses the lens section read), the sections written, what was cut short, and the timings (seconds)."""
     from vocablens.render import vocab_space as rv
     from vocablens.render.argmax import argmax_to_dict
     from vocablens.render.geometry import neighbors_to_dict
@@ -157,6 +157,7 @@ def report_to_dict(run, lm, out_path, sections: list[Section], timings: dict[str
         "neighbors": part("neighbors", lambda x: neighbors_to_dict(x, tok)),
         "lens": part("lens", lambda x: lens_to_dict(x, tok)),
         "tuned_lens": part("tuned", lambda x: lens_to_dict(x, tok)),
+        "lenses": _lens_records(run.get("tuned")),
         "argmax": part("argmax", lambda x: argmax_to_dict(x, tok, per_token=False)),
         "explain": part("explain", lambda x: rv.explanation_to_dict(x, tok)),
         "settle": part("settle", rv.settle_to_dict),
@@ -165,6 +166,16 @@ def report_to_dict(run, lm, out_path, sections: list[Section], timings: dict[str
         "cut_short": run.cut_short,
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }
+
+
+def _lens_records(sr) -> list[dict]:
+    """``report --json``'s ``lenses``: the provenance record (:func:`vocablens.render.lens.lens_record`)
+    of each translator the lens section read through (none when it did not run)."""
+    from vocablens.render.lens import lens_record
+
+    extra = getattr(sr, "extra", None) or {}
+    return [lens_record(kd, extra[key]) for kd, key in (("tuned", "lens"), ("jacobian", "jacobian_lens"))
+            if extra.get(key) is not None and getattr(sr, "result", None) is not None]
 
 
 def argmax_notes(ma) -> str:

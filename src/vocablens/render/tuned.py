@@ -134,12 +134,14 @@ def train_summary_to_dict(res, out_dir, steps: int, wall_s: float, world_size: i
             "world_size": world_size, "data": data}
 
 
-def eval_to_dict(res: LensEval, provenance, lens_label: str, data: dict, plot: str | Path | None = None) -> dict:
+def eval_to_dict(res: LensEval, provenance, lens_label: str, data: dict, plot: str | Path | None = None,
+                 lenses: list[dict] | None = None) -> dict:
     """The dict ``lens eval --json`` prints: :meth:`LensEval.to_dict` plus ``model`` (provenance),
-    ``lens`` (which lens), ``data`` (the evaluation corpus record) and ``plot`` (the plot's path, null
-    without ``--plot``: one schema either way, as ``settle --json``)."""
+    ``lens`` (which lens), ``lenses`` (the tuned lens's provenance record,
+    :func:`vocablens.render.lens.lens_record`), ``data`` (the evaluation corpus record) and ``plot``
+    (the plot's path, null without ``--plot``: one schema either way, as ``settle --json``)."""
     d = res.to_dict()
-    d.update({"model": provenance.to_dict(), "lens": lens_label, "data": data,
+    d.update({"model": provenance.to_dict(), "lens": lens_label, "lenses": list(lenses or []), "data": data,
               "plot": str(plot) if plot is not None else None})
     return d
 
@@ -233,7 +235,7 @@ def tuned_lens_section(logit: LensResult, tuned: LensResult, tokenizer, lens_inf
              f"{positions[0]}..{positions[-1]}: each cell is one layer (rows, 0 = embedding output, "
              f"{logit.n_layers} = model output) at one position; the text is the lens's top token. "
              f"Left: logit lens; right: tuned lens ({esc(info.get('name') or 'trained')}, "
-             f"{esc(info.get('tokens', '?'))} training tokens)"
+             f"{esc(info.get('tokens', '?'))} training tokens{esc(_origin(info))})"
              + (f"; third: Jacobian lens (Gurnee et al. 2026; {esc(_jinfo(jacobian_info))})" if jacobian is not None else "")
              + f". {esc(LEGEND)}</p>"]
     note = special_note(tokenizer, [int(ly.top_ids[p, 0]) for res in (logit, tuned, jacobian) if res is not None
@@ -258,4 +260,11 @@ def _jinfo(info: dict | None) -> str:
     i = info or {}
     return ", ".join(str(x) for x in (i.get("name") or "fitted", i.get("corpus") and f"fitted on {i['corpus']}",
                                       i.get("n_prompts") and f"{i['n_prompts']} prompts",
-                                      i.get("dtype") and f"stored {i['dtype']}", i.get("source")) if x)
+                                      i.get("dtype") and f"stored {i['dtype']}", i.get("source")) if x) + _origin(i)
+
+
+def _origin(i: dict) -> str:
+    """``, format F, verified: ...`` of a lens's provenance (what its file says it was fitted for, and
+    whether that was checked against the model: :func:`vocablens.lens.identity.verify_identity`)."""
+    return "".join(f", {x}" for x in (i.get("revision") and f"revision {str(i['revision'])[:12]}",
+                                       i.get("format") and f"format {i['format']}", i.get("verified")) if x)
