@@ -52,7 +52,8 @@ def tuned_lens_unembed_hash(borders: Borders) -> str | None:
     W = borders.W_U.detach()
     if W.dtype not in (torch.float32, torch.float16, torch.float64):
         return None
-    text = np.array2string(W.cpu().numpy(), max_line_width=75, precision=1, suppress_small=False, separator=" ",
+    host = W.cpu().numpy()  # cpu: numpy prints it (tuned-lens's own hash), once when a published lens loads
+    text = np.array2string(host, max_line_width=75, precision=1, suppress_small=False, separator=" ",
                            prefix="", threshold=1000, edgeitems=3, floatmode="maxprec", sign="-", legacy=False)
     return hashlib.sha256(text.encode()).hexdigest()
 

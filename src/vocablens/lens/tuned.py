@@ -50,14 +50,12 @@ import torch
 from torch import nn
 
 from vocablens.errors import BadInput, CheckpointMismatch, CorruptModelFile, OutputExists, ShapeMismatch
-from vocablens.files import atomic_path
+from vocablens.lens.lens_files import META_KEY, read_json, read_pair, read_safetensors, save_files  # noqa: F401  (re-exported)
 from vocablens.models import Borders
 
 LENS_FILE = "lens.safetensors"
 CONFIG_FILE = "config.json"
 FORMAT = "vocablens-tuned-lens"
-#: the safetensors header key holding the JSON metadata saved with the tensors (see read_pair)
-META_KEY = "vocablens"
 FORMAT_VERSION = 1
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "lenses"
 
@@ -207,8 +205,6 @@ class TunedLens(nn.Module):
         if path.is_file():
             path = path.parent
         if not (path / LENS_FILE).exists() and (path / "params.pt").exists():
-            from vocablens.lens.published import load_tuned_lens_library
-
             return load_tuned_lens_library(path, borders)
         if not (path / LENS_FILE).exists():
             raise BadInput(f"no tuned lens at {path} (expected {LENS_FILE} and {CONFIG_FILE})")
@@ -231,6 +227,57 @@ class TunedLens(nn.Module):
             lens.check_model(borders)
             lens.to(borders.device)
         return lens
+
+
+def load_tuned_lens_library(path: str | Path, borders: Borders | None = None) -> TunedLens:
+    """Read a lens saved by the tuned-lens library (AlignmentResearch/tuned-lens,
+    ``tuned_lens/nn/lenses.py`` ``TunedLens.save``): ``params.pt`` (``torch.save`` of its
+    ``layer_translators`` state dict: ``{i}.weight`` [d, d], ``{i}.bias`` [d], i = 0..L-1) +
+    ``config.json`` (``TunedLensConfig``: ``base_model_name_or_path``, ``d_model``,
+    ``num_hidden_layers``, ``bias``, ``base_model_revision``, ``unembed_hash``, ``lens_type``). The
+    layouts correspond: both compute ``h + A h + b`` on the residual stream of layer i (the input of
+    block i for i = 0). The model name, revision and unembedding hash are checked against ``borders``
+    (:func:`vocablens.lens.identity.verify_identity`).
+
+    ``params.pt`` is read with ``torch.load(weights_only=True)`` (no unpickling of code).
+
+    Raises:
+        CorruptModelFile: unreadable file, missing keys, or shapes that do not match the config.
+        CheckpointMismatch: ``borders`` given and its shapes, name, revision or head differ.
+    """
+    path = Path(path)
+    cfg = read_json(path / CONFIG_FILE)
+    try:
+        d, L = int(cfg["d_model"]), int(cfg["num_hidden_layers"])
+    except (KeyError, TypeError, ValueError):
+        raise CorruptModelFile(f"{path / CONFIG_FILE} lacks d_model / num_hidden_layers") from None
+    try:
+        state = torch.load(path / "params.pt", map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CorruptModelFile(f"cannot read {path / 'params.pt'}: {str(exc).splitlines()[0][:200]}") from None
+    if not isinstance(state, dict):
+        raise CorruptModelFile(f"{path / 'params.pt'} does not hold a state dict")
+    first = state.get("0.weight")
+    lens = TunedLens(d, L, {"name": cfg.get("base_model_name_or_path") or None,
+                            "revision": cfg.get("base_model_revision") or None,
+                            "tuned_lens_unembed_hash": cfg.get("unembed_hash") or None},
+                     {"source": "tuned-lens library", "lens_type": cfg.get("lens_type"),
+                      "stored_dtype": str(first.dtype).replace("torch.", "") if torch.is_tensor(first) else None})
+    with torch.no_grad():
+        for i in range(L):
+            w = state.get(f"{i}.weight")
+            if w is None or tuple(w.shape) != (d, d):
+                raise CorruptModelFile(f"{path / 'params.pt'}: translator {i} weight missing or not [{d}, {d}]")
+            lens.weight[i].copy_(w.float())
+            bvec = state.get(f"{i}.bias")
+            if bvec is not None:
+                if tuple(bvec.shape) != (d,):
+                    raise CorruptModelFile(f"{path / 'params.pt'}: translator {i} bias is not [{d}]")
+                lens.bias[i].copy_(bvec.float())
+    if borders is not None:
+        lens.check_model(borders)
+        lens.to(borders.device)
+    return lens
 
 
 # ---------------------------------------------------------------------------------------- finding a lens
@@ -282,86 +329,7 @@ def load_for_model(borders: Borders, model_spec: str = "smollm2", path: str | Pa
     return TunedLens.load(find_lens(model_spec, path), borders)
 
 
-# ---------------------------------------------------------------------------------------- files
-def read_json(p: Path) -> dict:
-    """A JSON object from ``p``.
-
-    Raises:
-        BadInput: missing file. CorruptModelFile: not a JSON object (e.g. truncated).
-    """
-    try:
-        obj = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BadInput(f"{p} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptModelFile(f"{p} is not valid JSON ({exc.__class__.__name__}); the file may be truncated") from None
-    if not isinstance(obj, dict):
-        raise CorruptModelFile(f"{p} does not hold a JSON object")
-    return obj
-
-
-def read_safetensors(p: Path) -> dict[str, torch.Tensor]:
-    """Tensors of a safetensors file. Raises BadInput (missing) or CorruptModelFile (truncated)."""
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(p))
-    except FileNotFoundError:
-        raise BadInput(f"{p} does not exist") from None
-    except Exception as exc:
-        raise CorruptModelFile(f"{p} is truncated or not a safetensors file ({str(exc).splitlines()[0][:120]}); "
-                               "save, train or download it again") from None
-
-
-def read_pair(dirpath: Path, tensor_name: str, meta_name: str) -> tuple[dict[str, torch.Tensor], dict]:
-    """The tensors and the metadata that :func:`save_files` wrote together into ``dirpath``.
-
-    The metadata is read from the safetensors header (:data:`META_KEY`) when it is there, else
-    from ``meta_name``: a save killed between its two renames leaves the new tensors beside the old
-    (or no) JSON file, and the pair read is still the one written together.
-
-    Raises:
-        BadInput: a missing file. CorruptModelFile: a truncated or malformed file.
-    """
-    from safetensors import safe_open
-
-    tensors = read_safetensors(dirpath / tensor_name)
-    with safe_open(str(dirpath / tensor_name), framework="pt") as h:
-        embedded = (h.metadata() or {}).get(META_KEY)
-    if embedded is None:
-        return tensors, read_json(dirpath / meta_name)
-    try:
-        meta = json.loads(embedded)
-    except ValueError:
-        raise CorruptModelFile(f"{dirpath / tensor_name} holds malformed metadata; save it again") from None
-    if not isinstance(meta, dict):
-        raise CorruptModelFile(f"{dirpath / tensor_name} holds malformed metadata; save it again")
-    return tensors, meta
-
-
-def save_files(dirpath: Path, tensors: dict[str, torch.Tensor], meta: dict, tensor_name: str, meta_name: str) -> None:
-    """Write ``tensor_name`` (safetensors) then ``meta_name`` (JSON) into ``dirpath``, each through
-    :func:`vocablens.files.atomic_path` (temporary file, usual permissions, rename: never half a file).
-
-    Raises:
-        WriteFailed: the directory cannot be written.
-    """
-    from safetensors.torch import save_file
-
-    from vocablens.errors import WriteFailed
-
-    try:
-        dirpath.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise WriteFailed(f"cannot create {dirpath}: {exc.strerror or exc}") from None
-    with atomic_path(dirpath / tensor_name) as tmp:  # the tensors carry their metadata: see read_pair
-        save_file({k: t.detach().cpu().contiguous() for k, t in tensors.items()}, str(tmp),  # cpu: the file
-                  metadata={META_KEY: json.dumps(meta, sort_keys=True)})
-    with atomic_path(dirpath / meta_name) as tmp:
-        tmp.write_text(json.dumps(meta, indent=1, sort_keys=True), encoding="utf-8")
-
-
 __all__ = [
-    "CONFIG_FILE", "LENS_FILE", "TunedLens", "find_lens", "load_for_model", "looks_like_hub_id",
+    "CONFIG_FILE", "LENS_FILE", "TunedLens", "find_lens", "load_for_model", "load_tuned_lens_library", "looks_like_hub_id",
     "model_identity", "read_json", "read_pair", "read_safetensors", "save_files", "shipped_lens_path",
 ]
