@@ -43,6 +43,13 @@ def test_tuned_lens_hash_is_the_reference_one():
     assert tuned_lens_unembed_hash(Borders.from_model(b.model)) is None
 
 
+def test_a_hub_cache_snapshot_folder_names_its_hub_id_and_commit():
+    from vocablens.lens.identity import model_names
+
+    b = named(name=f"/root/.cache/huggingface/hub/models--Qwen--Qwen2-0.5B/snapshots/{REV}", revision=None)
+    assert model_names(b) == (["Qwen/Qwen2-0.5B"], REV)
+
+
 def test_names_compare_as_the_same_model():
     assert same_model("gpt2", "openai-community/gpt2")
     assert same_model("HuggingFaceTB/SmolLM2-135M-Instruct", "/cache/gguf/SmolLM2-135M-Instruct.Q4_1-1736b1d9b8ad4fb2")
@@ -176,3 +183,14 @@ def test_the_handle_result_carries_the_provenance(tmp_path):
     ref.save_tuned_lens(tmp_path / "tl", d, L, "org/other-model")
     with pytest.raises(CheckpointMismatch, match="fitted for org/other-model but the model is tiny-llama"):
         m.load_lens(tmp_path / "tl")
+    # the report's lens section and report --json: both published files of one folder, with their provenance
+    from vocablens.render.report import report_sections, report_to_dict
+
+    ref.save_tuned_lens(tmp_path / "pub", d, L, "tiny-llama", None, ref.tensor_hash(m.borders.W_U))
+    ref.save_jacobian_lens(tmp_path / "pub" / "lens.pt", {blk: torch.eye(d) for blk in range(L - 1)}, 3, d)
+    run = m.report(prompt="the class statement", lens_path=str(tmp_path / "pub"), only=("tuned",))
+    (sec,) = report_sections(run, m, str(tmp_path / "tiny-llama"))
+    assert "format tuned-lens, verified: model name, tuned-lens unembedding hash" in sec.html
+    assert "format jacobian-lens, unverified: the file names no model" in sec.html
+    recs = {r["kind"]: r for r in report_to_dict(run, m, tmp_path / "r.html", [sec], {})["lenses"]}
+    assert recs["tuned"]["format"] == "tuned-lens" and recs["jacobian"]["verified"] == NO_MODEL

@@ -39,6 +39,7 @@ from vocablens.errors import CheckpointMismatch
 from vocablens.models import Borders
 
 NO_MODEL = "unverified: the file names no model"
+_SNAPSHOT = re.compile(r"models--([^/]+?)--([^/]+)/snapshots/([0-9a-f]{40})/?$")
 _QUANT_TAIL = re.compile(r"([.-](i?q\d\w*|f16|bf16|f32|gguf))+(-[0-9a-f]{8,})?$")
 
 
@@ -60,11 +61,17 @@ def tuned_lens_unembed_hash(borders: Borders) -> str | None:
 
 def model_names(borders: Borders) -> tuple[list[str], str | None]:
     """``(names, revision)`` of the loaded model: its id or directory as transformers recorded it
-    (``config._name_or_path``) and the hub commit it was read at (``config._commit_hash``, None for a
-    local directory or file)."""
+    (``config._name_or_path``; a hub-cache snapshot folder read as its hub id and commit) and the hub
+    commit it was read at (``config._commit_hash``, None for a local directory or file)."""
     cfg = borders.config
-    names = [str(x) for x in {getattr(cfg, "_name_or_path", None), getattr(cfg, "name_or_path", None)} if x]
+    names = {str(x) for x in (getattr(cfg, "_name_or_path", None), getattr(cfg, "name_or_path", None)) if x}
     rev = getattr(cfg, "_commit_hash", None)
+    for n in list(names):  # a snapshot folder of the hub cache (a partial load reads one): its id and commit
+        hit = _SNAPSHOT.search(n.replace("\\", "/"))
+        if hit:
+            names.discard(n)
+            names.add(f"{hit.group(1)}/{hit.group(2)}")
+            rev = rev or hit.group(3)
     return sorted(names), (str(rev) if rev else None)
 
 
