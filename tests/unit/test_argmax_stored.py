@@ -134,6 +134,7 @@ def test_report_argmax_section_is_complete_after_one_argmax_run(tmp_path, monkey
     import vocablens.argmax.model as M
     from tiny_dirs import run_cli, save_tiny, tiny_tokenizer
     from vocablens.argmax import UNDECIDED
+    from vocablens.handle import Model
     from vocablens.models.loader import load
     from vocablens.report.runner import run_report
 
@@ -143,7 +144,7 @@ def test_report_argmax_section_is_complete_after_one_argmax_run(tmp_path, monkey
     code, _, err = run_cli(capsys, "argmax", "-m", str(d))
     assert code == 0, err
     assert len(list((tmp_path / "verdicts").rglob("*.json"))) == 1
-    lm = load(str(d))
+    lm = Model.of(load(str(d)))  # the report's sections call the handle's workflows
 
     def no_scan(*a, **k):
         raise AssertionError("the report scanned although a stored scan exists")
@@ -158,7 +159,7 @@ def test_report_argmax_section_is_complete_after_one_argmax_run(tmp_path, monkey
     # another head: the stored verdicts are not its own, so the report scans it
     calls = []
     monkeypatch.setattr(M, "find_unargmaxable", lambda *a, **k: calls.append(1) or real(*a, **k))
-    lm2 = load(str(save_tiny(tmp_path / "m2", tok, seed=1)))
+    lm2 = Model.of(load(str(save_tiny(tmp_path / "m2", tok, seed=1))))
     run2 = run_report(lm2, model=str(d), budget_s=60, only=("argmax",))
     assert calls == [1] and run2.result("argmax") is not None
 

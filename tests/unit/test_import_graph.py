@@ -13,12 +13,13 @@ Layers (DESIGN.md; imports point down or stay in their layer):
 ====  ==========================================================================================
  6    the package facade ``vocablens`` (``__init__``: lazy names only) and ``vocablens.__main__``
  5    ``cli``
- 4.5  ``serve`` (the explorer's server): it calls analyses and render's JSON builders
+ 4.5  ``serve`` (the explorer's server): it calls the handle's workflows and render's JSON builders
  4.25 ``handle``: ``vocablens.Model``, text -> ids and the workflows; imports analyses, render
       and report, never cli or serve (which call it)
  4    ``render``
- 3.5  ``report``, the report's runner (its plan, its sections under a budget): it calls analyses,
-      never render; render formats its result and never imports it
+ 3.5  ``report``, the report's runner (its plan, its sections under a budget): its sections call the
+      workflows of the :class:`vocablens.Model` they are handed (never importing the handle), never
+      render; render formats its result and never imports it
  3    analyses: ``accounting``, ``geometry``, ``lens``, ``vocab_space``, ``argmax``, ``undertrained``,
       ``surgery``, ``generate``, ``parallel`` (every package not named here)
  2    ``ops``

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.cli.common import JsonOpt, DeviceOpt, TrustOpt, app, emit_json, load_model, out
 from vocablens.errors import BadInput
 
 
@@ -40,8 +40,7 @@ def align_cmd(
     Each unit is read in vocabulary space and compared by correlation; each block of A is matched
     one-to-one (Hungarian) to its most similar block of B (Dar et al. 2022, §5)."""
     from vocablens.cli.progress import stage_progress
-    from vocablens.vocab_space.align import align_models, unit_top_tokens
-    from vocablens.render.align import alignment_tables, alignment_to_dict, token_names, top_matches
+    from vocablens.render.shown import print_result, to_json
 
     if what not in ("ffn", "heads"):
         raise BadInput(f"--what must be ffn or heads; got {what!r}")
@@ -54,23 +53,10 @@ def align_cmd(
     lb = _blocks(blocks_b, B.borders.n_layers, "b")
     cb, close = stage_progress("align", "rows", quiet=json_, units={"blocks": "blocks of A"})
     try:
-        res = align_models(A.borders, A.tokenizer, B.borders, B.tokenizer, what=what, blocks_a=la, blocks_b=lb,
-                           progress=cb)
+        res = A.align(B, what=what, blocks_a=la, blocks_b=lb, top=top, progress=cb)
     finally:
         close()
-
-    def names(side: str, block: int, unit: int) -> list[str]:
-        lm = A if side == "a" else B
-        return token_names(lm.tokenizer, unit_top_tokens(lm.borders, what, block, unit, k=5))
-
-    best = top_matches(res, names, top)
     if json_:
-        d = alignment_to_dict(res, best)
-        d["model_a"], d["model_b"] = A.provenance.to_dict(), B.provenance.to_dict()
-        emit_json(d)
-        return
-    vocab = ("identical vocabularies" if res.shared.identical
-             else f"{res.shared.size:,} shared tokens (mapped by string)")
-    out.print(f"{what}: {vocab}; units compared by the correlation of their vocabulary-space projections")
-    for t in alignment_tables(res, best, model_a, model_b):
-        out.print(t)
+        emit_json(to_json(res))
+    else:
+        print_result(res, out)

@@ -6,9 +6,8 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, emit_json, err, load_model, out
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, emit_json, load_model, out
 from vocablens.cli.core import lens_app
-from vocablens.errors import BadInput
 
 
 @lens_app.command("anomaly")
@@ -31,39 +30,17 @@ def lens_anomaly(
     Detectors are fitted on the normal inputs' trajectories (per layer: KL to the final distribution,
     entropy, rank of the final token; logit and tuned lens)."""
     from vocablens.cli.progress import stage_progress
-    from vocablens.lens.anomaly import DETECTORS, detect, read_inputs, trajectory_features
-    from vocablens.render.anomaly import anomaly_to_dict, print_anomaly
+    from vocablens.handle.trajectories import anomaly_inputs
+    from vocablens.render.shown import print_result, to_json
 
-    if kind not in ("logit", "tuned", "both"):
-        raise BadInput(f"--kind must be logit, tuned or both; got {kind!r}")
-    if detector not in (*DETECTORS, "both"):
-        raise BadInput(f"--detector must be iforest, lof or both; got {detector!r}")
-    kinds = ("logit", "tuned") if kind == "both" else (kind,)
-    dets = DETECTORS if detector == "both" else (detector,)
-    normal_texts, _ = read_inputs(normal)
-    test_texts, labels = read_inputs(test)
-    distinct = len(set(normal_texts))
-    if distinct < 5:
-        raise BadInput(f"--normal needs at least 5 distinct inputs to fit a detector; {normal} holds "
-                       f"{len(normal_texts)} ({distinct} distinct)")
+    inputs = anomaly_inputs(normal, test, kind, detector)  # read and checked before the model loads
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    tl = None
-    if "tuned" in kinds:
-        from vocablens.lens.tuned import load_for_model
-
-        tl = load_for_model(lm.borders, model, lens or None)
     cb, close = stage_progress("lens anomaly", "inputs", quiet=json_)
     try:
-        feats = []
-        for name, texts in (("normal inputs", normal_texts), ("test inputs", test_texts)):
-            stage = f"trajectories of {name}"
-            cb(stage, 0, len(texts))
-            feats.append(trajectory_features(lm.borders, lm.tokenizer, texts, lens=tl, kinds=kinds,
-                                             progress=lambda d, n, s=stage: cb(s, d, n)))
+        res = lm.anomaly(inputs, None, seed=seed, lens_dir=lens or None, progress=cb)
     finally:
         close()
-    rep = detect(feats[0], feats[1], labels, detectors=dets, seed=seed)
     if json_:
-        emit_json(anomaly_to_dict(rep, kinds, dets, test_texts, labels, lm.provenance))
+        emit_json(to_json(res))
     else:
-        print_anomaly(out, rep, dets, test_texts, labels)
+        print_result(res, out)

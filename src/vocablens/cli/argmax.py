@@ -64,8 +64,9 @@ def argmax_cmd(
 
     Runs on several processes with ``torchrun --nproc-per-node N -m vocablens argmax``."""
 
-    from vocablens.argmax.model import argmax_for_borders, reserved_tokens
-    from vocablens.render.argmax import argmax_tables, argmax_to_dict
+    from dataclasses import replace
+
+    from vocablens.render.shown import print_result, to_json
 
     if bias not in ("auto", "on", "off"):
         raise BadInput(f"--bias must be auto, on or off; got {bias!r}")
@@ -76,24 +77,21 @@ def argmax_cmd(
     quiet = json_ or rank != 0
     # the load speaks also with --json, as the scan's progress does (stderr only: stdout stays JSON)
     lm = load_model(model, mode="head", trust_remote_code=trust_remote_code, device=device, quiet=rank != 0)
-    borders, provenance = lm.borders, lm.provenance
-    reserved = reserved_tokens(lm.tokenizer, borders.vocab_size)
+    reserved = lm.reserved_tokens()
     tokenizer, reload = _set_aside(lm.tokenizer, trust_remote_code)
-    del lm                          # the tokenizer is read again for the tables, after the scan
+    lm.tokenizer = tokenizer        # the tokenizer is read again for the tables, after the scan
     trim_heap()
     cb, close = _progress_bar(quiet) if rank == 0 else ((lambda *_: None), (lambda: None))
     cb = tuned_for_the_scan(cb)
     try:
-        ma = argmax_for_borders(borders, bias=bias, include_padding=include_padding,
-                                include_untrained=include_padding, norm=norm,
-                                verify="all" if verify_all else "borderline", progress=cb,
-                                time_budget_s=budget or None, reserved=reserved, stored="readwrite",
-                                device=device if device.startswith("cuda") else "cpu")   # mps: scan on the CPU
+        res = lm.argmax(bias=bias, include_padding=include_padding, norm=norm, verify_all=verify_all,
+                        budget_s=budget or None, stored="readwrite", progress=cb, reserved=reserved)
     finally:
         close()
     if rank != 0:
         return
-    tokenizer = tokenizer if tokenizer is not None else reload()
+    res = replace(res, tokenizer=tokenizer if tokenizer is not None else reload())
+    ma = res.value
     if ma.result.interrupted:
         err.print("interrupted: unsettled tokens are reported as undecided", style="yellow")
     elif ma.result.cut_short:
@@ -101,12 +99,9 @@ def argmax_cmd(
                   f"{plural(ma.result.counts()['undecided'], 'token')} {noun(ma.result.counts()['undecided'], 'is')} undecided (run without --budget for "
                   "the exact answer)", style="yellow")
     if json_:
-        d = argmax_to_dict(ma, tokenizer)
-        d["model"] = provenance.to_dict()
-        emit_json(d)
+        emit_json(to_json(res))
     else:
-        for t in argmax_tables(ma, tokenizer):
-            out.print(t)
+        print_result(res, out)
 
 
 @app.command("bottleneck")
@@ -123,9 +118,7 @@ def bottleneck_cmd(
     max_memory: MaxMemOpt = "",
 ) -> None:
     """Softmax bottleneck: spectra and numerical ranks of W_U and of the log-probabilities over N > d contexts."""
-    from vocablens.argmax.bottleneck import context_hidden, softmax_bottleneck
-    from vocablens.corpus import load_documents
-    from vocablens.render.argmax import bottleneck_figure, bottleneck_tables, bottleneck_to_dict
+    from vocablens.render.shown import figure, print_result, to_json
 
     if plot and Path(plot).exists() and not force:
         raise OutputExists(f"{plot} exists; pass --force to replace it")
@@ -133,36 +126,21 @@ def bottleneck_cmd(
         raise BadInput(f"--seq-len must be at least 2; got {seq_len}")
     lm = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
                     trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    b = lm.borders
-    n = contexts or (b.d_emb + 64)
-    if n <= b.d_emb:
-        raise BadInput(f"--contexts must exceed d = {b.d_emb} to test the rank bound; got {n}")
-    rows = -(-n // seq_len)
-    docs = load_documents(corpus)
-    ids = lm.pack(docs, seq_len, max_tokens=rows * seq_len)
-    if ids.numel() < n:
-        raise BadInput(f"corpus {corpus!r} gives {plural(ids.numel(), 'token')}, fewer than --contexts {n}")
     cb, close = stage_progress("bottleneck", "rows", quiet=json_,
                                units={"spectrum of W": "singular values", "spectrum of the log-probabilities":
                                       "singular values"})
     try:
-        H = context_hidden(b, ids, progress=cb)[:n]
-        U = b.unembedding
-        res = softmax_bottleneck(U.weight, H, bias=U.bias, logit_scale=U.logit_scale, softcap=U.softcap, progress=cb)
+        res = lm.bottleneck(corpus, contexts=contexts, seq_len=seq_len, progress=cb)
     finally:
         close()
     if plot:
         from vocablens.files import atomic_path
 
         with atomic_path(plot) as tmp:
-            bottleneck_figure(res).write_html(str(tmp), include_plotlyjs=True)
+            figure(res).write_html(str(tmp), include_plotlyjs=True)
     if json_:
-        d = bottleneck_to_dict(res)
-        d["corpus"] = corpus
-        d["model"] = lm.provenance.to_dict()
-        emit_json(d)
+        emit_json(to_json(res))
     else:
-        for t in bottleneck_tables(res):
-            out.print(t)
+        print_result(res, out)
         if plot:
             err.print(f"wrote {plot}")

@@ -49,7 +49,6 @@ def undertrained_cmd(
     stays below 0.01 are verified under-trained (Land & Bartolo 2024). With --argmax, each row also
     shows whether the token can win at all (argmax geometry: a different question)."""
     from vocablens.render.shown import print_result, to_json
-    from vocablens.undertrained.beside import argmax_verdicts
 
     if candidates < 0:
         raise BadInput(f"--candidates must be >= 0 (0: the paper's lowest 2%); got {candidates}")
@@ -57,14 +56,13 @@ def undertrained_cmd(
         raise BadInput(f"--batch-size must be >= 1; got {batch_size}")
     scan = _read_scan(argmax) if argmax else None
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    verdicts = argmax_verdicts(scan, lm.borders.vocab_size) if scan is not None else None
     from vocablens.cli.progress import stage_progress
 
     cb, close = stage_progress("undertrained", "prompts", quiet=json_,
                                units={"tokenizer classes": "tokens", "indicators": "tokens"})
     try:
         res = lm.undertrained(candidates=candidates, indicator=indicator, verify=not no_verify,
-                              batch_size=batch_size, argmax_verdicts=verdicts, progress=cb)
+                              batch_size=batch_size, argmax_verdicts=scan, progress=cb)
     finally:
         close()
     if json_:

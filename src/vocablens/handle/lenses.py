@@ -60,14 +60,30 @@ class LensWorkflows:
             raise BadInput(f"this translator names itself a {own} lens; add it as kind={own!r}")
         self.translators[kind] = translator if own == kind else _Named(translator, kind)
 
-    def translator(self, kind: str):
+    def translator(self, kind: str, path=None):
         """The translator of lens ``kind`` (None for ``logit``).
 
+        Args:
+            path: for ``tuned`` or ``jacobian``, a lens folder or file read for this call only (not
+                kept), or a lens already loaded (handed back as it is); None: the one this model holds,
+                else the one shipped for it (then kept).
+
         Raises:
-            BadInput: an unknown kind, or ``tuned`` with none loaded or shipped.
+            BadInput: an unknown kind, or ``tuned`` / ``jacobian`` with none there, loaded or shipped.
+            CheckpointMismatch: the lens belongs to another model.
         """
         if kind == "logit":
             return None
+        if path is not None and not isinstance(path, (str, Path)):
+            return path
+        if path is not None and kind == "tuned":
+            from vocablens.lens.tuned import TunedLens, find_lens
+
+            return TunedLens.load(find_lens(self.spec or "smollm2", path), self.borders)
+        if path is not None and kind == "jacobian":
+            from vocablens.lens.jacobian import JacobianLens, find_jacobian_lens
+
+            return JacobianLens.load(find_jacobian_lens(self.spec or "smollm2", path), self.borders)
         if kind == "tuned":
             return self.tuned_lens
         if kind in self.translators:
@@ -79,11 +95,7 @@ class LensWorkflows:
 
     def _lens_for_call(self, kind: str, lens_dir=None):
         """The translator of ``kind``; ``tuned`` read from ``lens_dir`` when given (this call only)."""
-        if kind == "tuned" and lens_dir is not None:
-            from vocablens.lens.tuned import TunedLens, find_lens
-
-            return TunedLens.load(find_lens(self.spec or "smollm2", lens_dir), self.borders)
-        return self.translator(kind)
+        return self.translator(kind, lens_dir if kind == "tuned" else None)
 
     def train_lens(self, corpus: str = "python-docs", out: str | Path | None = None, settings=None,
                    max_tokens: int | None = None, val_fraction: float = 0.1, seed: int = 0, on_step=None,
@@ -147,59 +159,10 @@ class LensWorkflows:
             lens.save(out, force=force)
         return lens
 
-    def corpus_rows(self, corpus: str, split: str, seq_len: int, max_tokens: int | None = None,
-                    val_fraction: float = 0.1, split_seed: int = 0, shuffle_seed: int | None = None, docs=None,
-                    shrink: bool = False):
-        """One split of a corpus packed into rows [N, seq_len] int64 with EOS between documents; returns
-        ``(rows, info)``, ``info`` naming the corpus by name and content hash, never by a local path.
-
-        Raises:
-            BadInput: the corpus is missing, or the split holds no document.
-        """
-        import random
-
-        from vocablens.corpus import corpus_record, load_documents, split_documents
-
-        docs = load_documents(corpus) if docs is None else docs
-        train_docs, val_docs = split_documents(docs, val_fraction=val_fraction, seed=split_seed)
-        part = train_docs if split == "train" else val_docs
-        if not part:
-            raise BadInput(f"corpus {corpus!r} has no {split} documents (it holds {len(docs)}); give more text")
-        if shuffle_seed is not None:
-            part = list(part)
-            random.Random(shuffle_seed).shuffle(part)
-        rows = self.pack(part, seq_len, max_tokens=max_tokens, shrink=shrink)
-        rec = corpus_record(corpus, docs)
-        return rows, {"corpus": rec["corpus"], "corpus_sha256": rec["corpus_sha256"], "split": split,
-                      "val_fraction": val_fraction, "split_seed": split_seed, "documents": len(part),
-                      "tokens": int(rows.numel()), "seq_len": int(rows.shape[1])}
-
-    def first_rows(self, corpus: str, seq_len: int, max_tokens: int) -> torch.Tensor:
-        """Token rows [N, seq_len] from the first documents of a corpus (more are read only when needed).
-
-        Raises:
-            BadInput: the corpus is missing or too short.
-        """
-        from vocablens.corpus import load_documents
-
-        n = 4
-        while True:
-            docs = load_documents(corpus, max_docs=n)
-            short = len(docs) < n
-            try:
-                rows = self.pack(docs, seq_len, max_tokens=max_tokens)
-            except BadInput:
-                if short:
-                    raise
-                rows = None
-            if rows is not None and (rows.numel() + seq_len > max_tokens or short):
-                return rows
-            n *= 4
-
     # ------------------------------------------------------------------------------------- lens
     def lens(self, texts, kind: str | Sequence[str] = "logit", k: int = 5, positions="last",
              layers: Sequence[int] | None = None, chat: bool = False, prefix: str = "",
-             lens_dir: str | Path | None = None, progress=None) -> R.Lens:
+             lens_dir: str | Path | None = None, progress=None, stream=None, lenses: dict | None = None) -> R.Lens:
         """Read the residual stream at every layer through the LM head: top tokens, entropy and KL to
         the final distribution (``vocablens lens PROMPT --json``; a list: ``lens --file F --json``).
 
@@ -212,11 +175,15 @@ class LensWorkflows:
             kind: ``logit``, ``tuned`` (this model's :attr:`tuned_lens`), ``both`` (logit and tuned),
                 a kind added with :meth:`add_lens`, or a list of kinds.
             k: top tokens per layer. positions: ``last``, ``all`` or a list (negative from the end).
-            layers: stream layers 0..L (default all).
+            layers: stream layers 0..L (default all; a lens fitted on fewer layers, such as a published
+                Jacobian lens, reads its own layers and L).
             chat: wrap each prompt in the chat template (:meth:`encode`).
             prefix: text that follows each prompt (or starts the assistant turn with ``chat``).
             lens_dir: a tuned-lens directory read as ``tuned`` for this call only.
+            lenses: kind -> a lens (or its folder) read as that kind for this call only (:meth:`translator`).
             progress: ``progress(prompts done, prompts)`` after each forward.
+            stream: ``(resid [L+1, 1, T, d], logits [1, T, V])`` of one prompt's ids, as :meth:`forward`
+                returns it: read instead of running the model again (the explorer's cached forward).
 
         Returns:
             :class:`~vocablens.handle.results.Lens`, a batch (one prompt: a batch of one).
@@ -233,7 +200,8 @@ class LensWorkflows:
                  ) if isinstance(kind, str) else list(kind)  # "logit,tuned,jacobian": a comma list
         if not kinds:
             raise BadInput("give at least one lens kind")
-        translators = [self._lens_for_call(kd, lens_dir) for kd in kinds]
+        given = {"tuned": lens_dir, **(lenses or {})}
+        translators = [self.translator(kd, given.get(kd)) for kd in kinds]
         batch = not (isinstance(texts, str) or torch.is_tensor(texts) or
                      (isinstance(texts, (list, tuple)) and texts and isinstance(texts[0], int)))
         items = list(texts) if batch else [texts]
@@ -250,12 +218,34 @@ class LensWorkflows:
                 ids = torch.as_tensor(x, dtype=torch.int64).reshape(-1)
                 seqs.append(ids)
                 prompts.append("".join(self.tokens(ids)))
-        res = lens_batches(self.borders, seqs, translators, positions=positions, k=k, layers=layers,
-                           kinds=kinds, progress=progress)
+        if stream is not None and len(seqs) != 1:
+            raise BadInput("a cached forward (stream) is of one prompt; give that prompt alone")
+        borders = self.borders if stream is None else Replayed(self.borders, seqs[0], stream)
+        L = self.borders.n_layers
+        own = [layers if layers is not None or len(getattr(t, "layers", None) or range(L)) >= L
+               else [*t.layers, L] for t in translators]  # a lens of fewer layers reads its own
+        res: list = [None] * len(kinds)
+        for lay in [x for i, x in enumerate(own) if x not in own[:i]]:  # one pass per layer set (usually one)
+            js = [j for j, x in enumerate(own) if x == lay]
+            got = lens_batches(borders, seqs, [translators[j] for j in js], positions=positions, k=k, layers=lay,
+                               kinds=[kinds[j] for j in js], progress=progress)
+            for j, r in zip(js, got):
+                res[j] = r
         from vocablens.render.lens import lens_record
 
         lenses = [lens_record(kd, t) for kd, t in zip(kinds, translators) if t is not None]
         return self._result(R.Lens, [list(r) for r in zip(*res)], batch=batch, prompts=prompts, lenses=lenses)
+
+    def forward(self, ids) -> tuple[torch.Tensor, torch.Tensor]:
+        """One prompt's forward pass (text, or ids [T] / [1, T]): ``(resid [L+1, 1, T, d], logits [1, T, V]
+        float32)`` (:meth:`~vocablens.models.Borders.residual_stream`), to pass as ``stream`` to
+        :meth:`lens` and :meth:`trajectory` (the explorer caches it per prompt).
+
+        Raises:
+            BadInput: an empty prompt. PromptTooLong: over the model's context.
+        """
+        with torch.no_grad():
+            return self.borders.residual_stream(self._ids(ids))
 
     # --------------------------------------------------------------------------------- settle
     def settle(self, corpus: str, max_tokens: int = 2048, seq_len: int = 256, batch: int = 2,
@@ -366,6 +356,23 @@ class LensWorkflows:
 
             write_page(run, self, self.spec or "smollm2", out, run.budget_s)
         return run
+
+
+class Replayed:
+    """``borders`` with one prompt's forward pass already run: :meth:`residual_stream` of those ids (no
+    mask) answers the cached ``(resid, logits)``; any other call goes to the real Borders. A lens's
+    readout then reads the cached forward; the lens itself is unchanged."""
+
+    def __init__(self, borders, ids: torch.Tensor, stream: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self._borders, self._ids, self._stream = borders, ids.reshape(1, -1), stream
+
+    def residual_stream(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        if attention_mask is None and torch.equal(input_ids.reshape(1, -1).cpu(), self._ids.cpu()):
+            return self._stream
+        return self._borders.residual_stream(input_ids, attention_mask)
+
+    def __getattr__(self, name: str):
+        return getattr(self._borders, name)
 
 
 class _Named:

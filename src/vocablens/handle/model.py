@@ -10,7 +10,9 @@ notebook HTML). It has no math of its own and knows no model family.
 
 It still unpacks as ``model, tokenizer, borders, provenance = vocablens.load(...)``.
 Surgery (``expand``, ``trim``, ``save``) lives in :mod:`vocablens.handle.surgery`, the lens and
-report workflows in :mod:`vocablens.handle.lenses`.
+report workflows in :mod:`vocablens.handle.lenses`, a token's trajectory and lens anomalies in
+:mod:`vocablens.handle.trajectories`, the softmax bottleneck and the alignment of two models in
+:mod:`vocablens.handle.matrices`, corpora as token rows in :mod:`vocablens.handle.corpus`.
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ import torch
 
 from vocablens.errors import BadInput, TokenNotInVocabulary
 from vocablens.handle import results as R
+from vocablens.handle.corpus import CorpusWorkflows
 from vocablens.handle.lenses import LensWorkflows
+from vocablens.handle.matrices import MatrixWorkflows
 from vocablens.handle.surgery import SurgeryWorkflows
+from vocablens.handle.trajectories import TrajectoryWorkflows
 from vocablens.models.loaded_model import LoadedModel
 
 
 @dataclass(eq=False)
-class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
+class Model(SurgeryWorkflows, LensWorkflows, TrajectoryWorkflows, MatrixWorkflows, CorpusWorkflows, LoadedModel):
     """A loaded model with its workflows (module docstring).
 
     Attributes:
@@ -55,7 +60,7 @@ class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
 
     # ------------------------------------------------------------------------- the two matrices
     def anatomy(self, batch: int = 1, context: int = 4096, dtype: str = "float32",
-                name: str | None = None) -> R.Anatomy:
+                name: str | None = None, notes: Sequence[str] | None = None) -> R.Anatomy:
         """Parameters, bytes and FLOPs of the embedding and LM head, counted on the loaded weights
         (``vocablens anatomy --load --json``; :func:`~vocablens.accounting.anatomy.anatomy`).
 
@@ -64,6 +69,8 @@ class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
             context: its context length, also for attention FLOPs.
             dtype: the logits' dtype (``float32``, ``bfloat16``, ``float16``).
             name: the column's name (default: the spec it was loaded from).
+            notes: notes put first (default: the provenance's, e.g. a GGUF file's metadata that
+                disagrees with its tensors).
 
         Raises:
             BadInput: batch or context < 1, an unknown dtype.
@@ -74,7 +81,8 @@ class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
         return self._result(R.Anatomy, anatomy(self.borders, name=name or self.spec or self.provenance.name,
                                                batch=batch, context=context, logits_dtype=dtype,
                                                source="loaded model",
-                                               notes=tuple(getattr(self.provenance, "notes", ()) or ())))
+                                               notes=tuple(getattr(self.provenance, "notes", ()) or ())
+                                               if notes is None else tuple(notes)))
 
     def tie_check(self) -> R.TieCheck:
         """Whether the head is tied, by storage and by value (:func:`~vocablens.geometry.tying.tie_check`)."""
@@ -255,7 +263,7 @@ class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
 
     def argmax(self, bias: str = "auto", include_padding: bool = False, norm: bool = True,
                verify_all: bool = False, budget_s: float | None = None, stored: str = "readwrite",
-               progress=None) -> R.Argmax:
+               progress=None, reserved: torch.Tensor | None = None) -> R.Argmax:
         """Tokens that can never be the top prediction, with certificates (``vocablens argmax --json``;
         :func:`~vocablens.argmax.argmax_for_borders`, Grivas et al. 2022).
 
@@ -265,11 +273,13 @@ class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
             verify_all: re-check every certificate in float64. budget_s: wall seconds (None: no limit).
             stored: ``readwrite`` (reuse and store completed scans), ``read`` or ``off``.
             progress: ``progress(stage, done, total)``.
+            reserved: bool [V], the tokens named reserved or unused (default: :meth:`reserved_tokens`;
+                read them first to let go of the tokenizer during the scan).
 
         Raises:
             BadInput: a bad ``bias`` or budget.
         """
-        from vocablens.argmax.model import argmax_for_borders, reserved_tokens
+        from vocablens.argmax.model import argmax_for_borders
 
         if bias not in ("auto", "on", "off"):
             raise BadInput(f"--bias must be auto, on or off; got {bias!r}")
@@ -278,12 +288,20 @@ class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
                                 include_untrained=include_padding, norm=norm,
                                 verify="all" if verify_all else "borderline", progress=progress,
                                 time_budget_s=budget_s or None, stored=stored,
-                                reserved=reserved_tokens(self.tokenizer, self.borders.vocab_size),
+                                reserved=self.reserved_tokens() if reserved is None else reserved,
                                 device=dev if dev.startswith("cuda") else "cpu")
         return self._result(R.Argmax, ma)
 
+    def reserved_tokens(self) -> torch.Tensor:
+        """Bool [V]: the tokens whose name marks them reserved or unused (Llama 3's
+        ``<|reserved_special_token_N|>``, Gemma's ``<unusedN>``); all False without a tokenizer
+        (:func:`vocablens.argmax.model.reserved_tokens`)."""
+        from vocablens.argmax.model import reserved_tokens
+
+        return reserved_tokens(self.tokenizer, self.borders.vocab_size)
+
     def undertrained(self, candidates: int | None = 500, indicator: str = "auto", verify: bool = True,
-                     batch_size: int = 64, argmax_verdicts: list[str] | None = None,
+                     batch_size: int = 64, argmax_verdicts=None,
                      progress=None) -> R.Undertrained:
         """Under-trained tokens: tokenizer classes, an indicator from the matrices, verification by
         prompting (``vocablens undertrained --json``; Land & Bartolo 2024).
@@ -291,17 +309,23 @@ class Model(SurgeryWorkflows, LensWorkflows, LoadedModel):
         Args:
             candidates: lowest-indicator tokens verified (None: the paper's lowest 2%).
             indicator: ``auto``, ``unembedding_cosine`` or ``embedding_norm``.
-            argmax_verdicts: per-token verdicts of an argmax scan, shown beside each row.
+            argmax_verdicts: an argmax scan shown beside each row: its per-token verdicts [V], an
+                :meth:`argmax` result, or the dict ``vocablens argmax --json`` printed
+                (:func:`vocablens.undertrained.beside.argmax_verdicts`).
 
         Raises:
-            BadInput: candidates < 0 or batch_size < 1.
+            BadInput: candidates < 0 or batch_size < 1; a scan of another vocabulary size, or a dict
+                that is not an argmax result.
         """
         from vocablens.undertrained import undertrained
+        from vocablens.undertrained.beside import argmax_verdicts as verdicts_of
 
         if candidates is not None and candidates < 0:
             raise BadInput(f"--candidates must be >= 0 (0: the paper's lowest 2%); got {candidates}")
         if batch_size < 1:
             raise BadInput(f"--batch-size must be >= 1; got {batch_size}")
+        if argmax_verdicts is not None and not isinstance(argmax_verdicts, (list, tuple)):
+            argmax_verdicts = verdicts_of(getattr(argmax_verdicts, "value", argmax_verdicts), self.borders.vocab_size)
         res = undertrained(self.borders, self.tokenizer, candidates=candidates or None, indicator=indicator,
                            verify=verify, batch_size=batch_size, progress=progress)
         return self._result(R.Undertrained, res, verdicts=argmax_verdicts)

@@ -190,5 +190,26 @@ class Surgery(Result, kind="surgery"):
     (expand)."""
 
 
+class Trajectory(Result):
+    """``m.trajectory(...)``: kind -> :class:`~vocablens.ops.TokenLogprobs` [L+1] (the explorer's ``/api/trajectory``)."""
+    kind = "trajectory"
+
+
+class Bottleneck(Result):
+    """``m.bottleneck(...)``: :class:`~vocablens.argmax.bottleneck.Bottleneck` (``bottleneck --json``)."""
+    kind = "bottleneck"
+
+
+class Alignment(Result):
+    """``m.align(other)``: :class:`~vocablens.vocab_space.align.Alignment` (``align A B --json``)."""
+    kind = "align"
+
+
+class Anomaly(Result):
+    """``m.anomaly(...)``: :class:`~vocablens.lens.anomaly.AnomalyReport` (``lens anomaly --json``)."""
+    kind = "anomaly"
+
+
 __all__ = ["Result", "Anatomy", "TieCheck", "Neighbors", "WordPCA", "Lens", "Score", "Explanation", "Projection",
-           "Settle", "Argmax", "Undertrained", "Generation", "Steering", "Surgery"]
+           "Settle", "Argmax", "Undertrained", "Generation", "Steering", "Surgery", "Trajectory", "Bottleneck",
+           "Alignment", "Anomaly"]

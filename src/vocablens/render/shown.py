@@ -21,6 +21,7 @@ from typing import Any, Callable
 from vocablens.errors import BadInput
 from vocablens.render.frames import ROWS
 from vocablens.render.json import json_ready
+from vocablens.render.shown_clients import RENDERERS as CLIENT_RENDERERS
 from vocablens.render.printed import (
     print_anatomy, print_argmax, print_explain, print_generate, print_lens, print_neighbors, print_pca,
     print_project, print_score, print_settle, print_steer, print_surgery, print_tie_check, print_undertrained,
@@ -152,6 +153,7 @@ _SHOWN: dict[str, tuple[Callable, Callable]] = {
     "steer": (_json_steer, print_steer),
     "surgery": (_json_surgery, print_surgery),
 }
+RENDERERS.update(CLIENT_RENDERERS)  # trajectory, bottleneck, align, anomaly
 
 #: kind -> (to_json, print, figure or None, rows or None): every renderer of a kind of result
 #: (figures: :data:`vocablens.render.result_figures.FIGURES`; rows: :data:`vocablens.render.frames.ROWS`)

@@ -28,8 +28,8 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
     under-trained tokens with their share or what the scan left unused (module docstring).
 
     Args:
-        lm: a :class:`vocablens.Model` or :class:`~vocablens.models.LoadedModel` (``model, tokenizer,
-            borders, provenance`` and the text -> ids methods ``encode`` and ``pieces``).
+        lm: a :class:`vocablens.Model` (``vocablens.load``, or ``vocablens.Model.of(loaded)``): each
+            section calls one of its workflows.
         model: the spec it was loaded from (names the shipped tuned lens and the completing commands).
         prompt: text for the lens and explanation sections.
         lens_path: a tuned-lens directory (default: the lens shipped for ``model``, if any).
@@ -75,8 +75,7 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
                      now["expected"], fraction, now["after"])
         progress(description, elapsed, elapsed + rest)
 
-    ctx = {"borders": lm.borders, "tokenizer": lm.tokenizer, "pieces": lm.pieces, "pack": lm.pack, "name": lm.provenance.name,
-           "model": model,
+    ctx = {"lm": lm, "borders": lm.borders, "tokenizer": lm.tokenizer, "name": lm.provenance.name, "model": model,
            "ids": ids, "lens_path": lens_path, "progress": report}
     # what the scan is expected to cost here (0 with stored verdicts): the ETA's guess for it
     after = next((p for p in plans if p.key == AFTER_SCAN), None)

@@ -1,67 +1,63 @@
 """The report's sections: one runner per section key (``ctx``, its :class:`~vocablens.report.plan.SectionPlan`,
-its :class:`~vocablens.report.plan.SectionRun`), each calling one analysis within its share of the budget
-and saying what it left (``run.cut_short``)."""
+its :class:`~vocablens.report.plan.SectionRun`), each calling one workflow of the model (``ctx["lm"]``, a
+:class:`vocablens.Model`) within its share of the budget and saying what it left (``run.cut_short``).
+A section keeps the analysis's own result (``.value``), which the page renders."""
 
 from __future__ import annotations
 
 from vocablens.undertrained.section import run_section as _undertrained
 from vocablens.units import plural
 from vocablens.report.plan import (
-    NEIGHBOR_TOKENS, PROBE_TOKENS, SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN, settle_tokens,
+    NEIGHBOR_TOKENS, PROBE_TOKENS, SETTLE_SEQ_LEN, SETTLE_MAX_TOKENS, settle_tokens,
 )
 
-def _anatomy(ctx, plan, run):
-    from vocablens.accounting.anatomy import anatomy
+#: positions of the prompt's end the tuned-lens section follows (Belrose et al. 2023, Fig. 1)
+PAIR_POSITIONS = 24
 
-    run.result = anatomy(ctx["borders"], name=ctx["name"])
+
+def _anatomy(ctx, plan, run):
+    run.result = ctx["lm"].anatomy(name=ctx["name"], notes=()).value
 
 
 def _borders(ctx, plan, run):
-    from vocablens.geometry.tying import tie_check
-
-    run.result = tie_check(ctx["borders"])
+    run.result = ctx["lm"].tie_check().value
 
 
 def _neighbors(ctx, plan, run):
-    from vocablens.geometry.embedding import nearest_neighbors
-
-    queries = [q for q in NEIGHBOR_TOKENS if len(ctx["pieces"](q)) >= 1]
-    run.result = nearest_neighbors(ctx["borders"], ctx["tokenizer"], queries, k=8)
+    lm = ctx["lm"]
+    run.result = lm.neighbors([q for q in NEIGHBOR_TOKENS if len(lm.pieces(q)) >= 1], k=8).value
 
 
 def _pca(ctx, plan, run):
     from vocablens.errors import BadInput
-    from vocablens.geometry.embedding import word_pca
 
     try:
-        run.result = word_pca(ctx["borders"], ctx["tokenizer"])
+        run.result = ctx["lm"].pca().value
     except BadInput as exc:  # a small vocabulary: too few of the words are single tokens
         run.note = f"skipped: {exc}"
 
 
 def _lens(ctx, plan, run):
-    from vocablens.lens import logit_lens
-
-    run.result = logit_lens(ctx["borders"], ctx["ids"], positions="all", k=5)
+    run.result = ctx["lm"].lens(ctx["ids"], positions="all", k=5)[0]
 
 
 def _tuned(ctx, plan, run):
     from vocablens.errors import BadInput, CheckpointMismatch
-    from vocablens.lens import logit_lens
-    from vocablens.lens.tuned import load_for_model
 
+    lm, ids, path = ctx["lm"], ctx["ids"], ctx["lens_path"] or None
     try:
-        lens = load_for_model(ctx["borders"], ctx["model"], ctx["lens_path"] or None)
+        lens = lm.translator("tuned", path)
     except (BadInput, CheckpointMismatch) as exc:
         if ctx["lens_path"]:
             raise
         run.note = str(exc)
         return
-    from vocablens.lens.logit import lens_pair
-
     run.extra["lens"] = lens
-    run.result = logit_lens(ctx["borders"], ctx["ids"], positions="all", k=5, translator=lens)
-    run.extra["pair"] = lens_pair(ctx["borders"], ctx["ids"][0], lens)
+    run.result = lm.lens(ids, kind="tuned", positions="all", k=5, lenses={"tuned": lens})[0]
+    T = int(ids.shape[-1])
+    pair = lm.lens(ids, kind="both", positions=list(range(max(0, T - PAIR_POSITIONS), T)), k=1,
+                   lenses={"tuned": lens})
+    run.extra["pair"] = (pair[0, "logit"], pair[0, "tuned"])
     _jacobian(ctx, run)
 
 
@@ -69,19 +65,17 @@ def _jacobian(ctx, run):
     """The Jacobian lens beside the tuned one (Gurnee et al. 2026), when one is shipped or in --lens:
     ``run.extra["jacobian"]`` over the positions of the pair, ``run.extra["jacobian_lens"]`` the lens."""
     from vocablens.errors import BadInput, CheckpointMismatch
-    from vocablens.lens import logit_lens
-    from vocablens.lens.jacobian import JacobianLens, find_jacobian_lens
 
+    lm = ctx["lm"]
     try:
-        jl = JacobianLens.load(find_jacobian_lens(ctx["model"], ctx["lens_path"] or None), ctx["borders"])
+        jl = lm.translator("jacobian", ctx["lens_path"] or None)
     except (BadInput, CheckpointMismatch) as exc:
         run.extra["jacobian_note"] = str(exc)
         return
     pos = run.extra["pair"][0].positions.tolist()
-    layers = None if len(jl.layers) == ctx["borders"].n_layers else [*jl.layers, ctx["borders"].n_layers]
     run.extra["jacobian_lens"] = jl
-    run.extra["jacobian"] = logit_lens(ctx["borders"], ctx["ids"][0], positions=pos, k=1, translator=jl,
-                                       kind="jacobian", layers=layers)
+    # a lens fitted on fewer layers (a published one) reads its own layers and L
+    run.extra["jacobian"] = lm.lens(ctx["ids"], kind="jacobian", positions=pos, k=1, lenses={"jacobian": jl})[0]
 
 
 def _argmax_expected(ctx) -> float:
@@ -92,7 +86,7 @@ def _argmax_expected(ctx) -> float:
 
 
 def _argmax(ctx, plan, run):
-    from vocablens.argmax import UNDECIDED, argmax_for_borders
+    from vocablens.argmax import UNDECIDED
     from vocablens.argmax.estimate import scan_fraction
 
     report = ctx["progress"]
@@ -101,7 +95,7 @@ def _argmax(ctx, plan, run):
         report(f"{plan.title}: {name} {done:,}/{total:,}", fraction=scan_fraction(name, done, total))
 
     # a completed scan stored by `vocablens argmax` (same head, bias, norm and settings) is reused
-    res = argmax_for_borders(ctx["borders"], progress=stage, time_budget_s=plan.budget_s, stored="read")
+    res = ctx["lm"].argmax(progress=stage, budget_s=plan.budget_s, stored="read").value
     run.result = res
     n = int((res.result.verdict == UNDECIDED).sum())
     if n:
@@ -116,41 +110,32 @@ def _argmax(ctx, plan, run):
 
 
 def _value_vectors(ctx, plan, run):
-    import vocablens.vocab_space as vs
-
-    borders, pieces = ctx["borders"], ctx["pieces"]
-    probes = [q for q in PROBE_TOKENS if len(pieces(q)) == 1]
+    lm = ctx["lm"]
+    probes = [q for q in PROBE_TOKENS if len(lm.pieces(q)) == 1]
     if not probes:  # a small vocabulary
         run.note = f"skipped: none of the probe words ({', '.join(map(repr, PROBE_TOKENS))}) is a single token"
         return
-    found = vs.search_tokens(borders, [pieces(q)[0] for q in probes], k=1)
-    layers, neurons = [], []
-    for s in found:  # the order the report's table reads them: per search, promote rows then suppress rows
-        layers += s.promote_blocks.tolist() + s.suppress_blocks.tolist()
-        neurons += s.promote_neurons.tolist() + s.suppress_neurons.tolist()
-    run.result = vs.project_vectors(borders, layers, neurons, k=8)
+    # each probe's strongest promoting and suppressing value vector, with what each vector promotes
+    found = lm.project(token=[lm.pieces(q)[0] for q in probes], k=1)
+    run.result = found.options["tops"]
     # the most interpretable of a random sample; fewer per block on a large vocabulary (budget)
-    per_block = 32 if borders.vocab_size <= 100_000 else 16
-    run.extra.update(probes=probes, searches=found,
-                     interp=vs.interpretable_vectors(borders, n=20, per_block=per_block, k=8))
+    per_block = 32 if lm.borders.vocab_size <= 100_000 else 16
+    run.extra.update(probes=probes, searches=found.value,
+                     interp=lm.project(interpretable=20, sample=per_block, k=8).value)
 
 
 def _explain(ctx, plan, run):
-    import vocablens.vocab_space as vs
-
-    run.result = vs.explain(ctx["borders"], ctx["ids"])
+    run.result = ctx["lm"].explain(ctx["ids"]).value
 
 
 def _settle(ctx, plan, run):
-    import vocablens.vocab_space as vs
-    from vocablens.corpus import load_documents
-
     borders = ctx["borders"]
     min_layer = borders.n_layers // 2
     weights = sum(p.numel() for blk in borders.blocks for p in blk.parameters() if p.dim() >= 2)
     n = settle_tokens(borders.vocab_size, borders.d_model, borders.n_layers, weights, plan.budget_s, min_layer)
-    rows = ctx["pack"](load_documents("pydoc-topics", max_docs=8), SETTLE_SEQ_LEN, max_tokens=n)
-    run.result = vs.settle(borders, rows, min_layer=min_layer)
+    # the corpus's first documents, n tokens in rows of SETTLE_SEQ_LEN, read as one batch
+    run.result = ctx["lm"].settle("pydoc-topics", max_tokens=n, seq_len=SETTLE_SEQ_LEN, batch=n // SETTLE_SEQ_LEN,
+                                  min_layer=min_layer).value
     if n < SETTLE_MAX_TOKENS:
         run.cut_short = (f"read {n} of {SETTLE_MAX_TOKENS} corpus tokens to stay within {plan.budget_s:.0f} s; "
                          f"run `{plan.command} --max-tokens {SETTLE_MAX_TOKENS}` for the full sample")

@@ -234,11 +234,13 @@ def _add_prompt_routes(app: FastAPI, state: ServerState, M: dict[str, type[BaseM
         The prompt's forward pass is cached apart from the readout: another ``k`` or ``kind`` on the
         same prompt reads the cached residual stream (no forward pass)."""
         with state.lock:
-            tuned = state.need_tuned() if req.kind in ("tuned", "both") or "tuned," in req.kind else None
-            jac = state.need_jacobian() if "jacobian" in req.kind else None
+            if req.kind in ("tuned", "both") or "tuned," in req.kind:
+                state.need_tuned()  # the model's tuned lens, or why there is none
+            if "jacobian" in req.kind:
+                state.need_jacobian()
             e = state.entry(req.prompt, req.chat)
             d = _cached(e, ("lens", req.kind, req.k),
-                        lambda: adapters.lens_json(state.lm, e.ids, req.kind, req.k, tuned, state.forward(e), jac))
+                        lambda: adapters.lens_json(state.lm, e.ids, req.kind, req.k, state.forward(e)))
             return JSONResponse(d)
 
     @app.post("/api/trajectory")
@@ -248,9 +250,9 @@ def _add_prompt_routes(app: FastAPI, state: ServerState, M: dict[str, type[BaseM
         with state.lock:
             tid = adapters.token_id(state.lm, req.token)
             e = state.entry(req.prompt, req.chat)
-            p = adapters.position(e.ids, req.position)
+            p = adapters.position(state.lm, e.ids, req.position)
             return JSONResponse(_cached(e, ("trajectory", p, tid), lambda: adapters.trajectory_json(
-                state.lm, e.ids, state.resid(e), p, tid, state.tuned)))
+                state.lm, e.ids, state.forward(e), p, tid, state.tuned is not None)))
 
     @app.post("/api/explain")
     @_body(M["explain"])
@@ -259,7 +261,7 @@ def _add_prompt_routes(app: FastAPI, state: ServerState, M: dict[str, type[BaseM
         with state.lock:
             tid = None if req.target is None else adapters.token_id(state.lm, req.target)
             e = state.entry(req.prompt, req.chat)
-            p = adapters.position(e.ids, req.position)
+            p = adapters.position(state.lm, e.ids, req.position)
             return JSONResponse(_cached(e, ("explain", p, tid),
                                         lambda: adapters.explain_json(state.lm, e.ids, p, tid)))
 

@@ -165,7 +165,7 @@ class ServerState:
         self.forward_passes = 0
         lm.borders.model.register_forward_pre_hook(self._count)
         try:
-            self.tuned = adapters.load_tuned(lm, model_spec, lens_path)
+            self.tuned = adapters.load_tuned(lm, lens_path)
             self.tuned_note = "loaded"
         except VocabLensError as exc:
             if lens_path:
@@ -196,10 +196,6 @@ class ServerState:
             self.prompts.trim()
         return e.stream
 
-    def resid(self, e: PromptEntry) -> torch.Tensor:
-        """The prompt's residual stream [L+1, T, d] (from :meth:`forward`). Call with ``self.lock`` held."""
-        return self.forward(e)[0][:, 0]
-
     def undertrained_index(self):
         """Tokenizer classes and indicators (:func:`adapters.undertrained_index`), computed on first
         need. Call with ``self.lock`` held (the tokenizer is shared with the model's requests)."""
@@ -211,15 +207,10 @@ class ServerState:
         """The Jacobian lens (``--lens`` when it holds one, else the one shipped for the model), read on
         first use, or :class:`BadInput` saying why there is none."""
         from vocablens.errors import BadInput, VocabLensError
-        from vocablens.lens.jacobian import JacobianLens, find_jacobian_lens
 
         if getattr(self, "jacobian", None) is None:
             try:
-                try:
-                    path = find_jacobian_lens(self.model_spec, self.lens_path or None)
-                except BadInput:
-                    path = find_jacobian_lens(self.model_spec, None)
-                self.jacobian = JacobianLens.load(path, self.lm.borders)
+                self.jacobian = adapters.load_jacobian(self.lm, self.lens_path)
             except VocabLensError as exc:
                 raise BadInput(f"no Jacobian lens: {exc}") from None
         return self.jacobian

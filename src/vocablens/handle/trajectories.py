@@ -1,0 +1,147 @@
+"""Lens trajectories on :class:`vocablens.Model`: one token followed through every layer at one position
+(``trajectory``, the explorer's click), and odd inputs told apart by their trajectories (``anomaly``,
+``vocablens lens anomaly``; Belrose et al. 2023, §5).
+
+A kind is read through the translator the handle holds for it (:meth:`LensWorkflows.translator`), so
+the explorer, the CLI and a notebook read the same lens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from vocablens.errors import BadInput
+from vocablens.handle import results as R
+
+
+@dataclass(frozen=True)
+class AnomalyInputs:
+    """What ``lens anomaly`` reads, checked before a model loads (:func:`anomaly_inputs`).
+
+    Attributes:
+        normal: the normal texts the detectors are fitted on (at least 5 distinct).
+        test: the texts scored. labels: int64 [len(test)] (0 normal, 1 odd) or None.
+        kinds: the lenses (``("logit",)``, ``("tuned",)`` or both). detectors: ``iforest`` and/or ``lof``.
+    """
+
+    normal: list[str]
+    test: list[str]
+    labels: torch.Tensor | None
+    kinds: tuple[str, ...]
+    detectors: tuple[str, ...]
+
+
+def anomaly_inputs(normal, test, kind: str = "both", detector: str = "both", labels=None) -> AnomalyInputs:
+    """Check the options of an anomaly run and read its inputs: a path (a .txt with one input per line, a
+    .jsonl of ``{"text"}`` -- ``"label"`` on every test line gives the AUROC -- or a directory of them;
+    :func:`vocablens.lens.anomaly.read_inputs`) or a list of texts (then ``labels`` for the test texts).
+
+    Raises:
+        BadInput: an unknown kind or detector, an unreadable file, fewer than 5 distinct normal inputs.
+    """
+    from vocablens.lens.anomaly import DETECTORS, read_inputs
+
+    if kind not in ("logit", "tuned", "both"):
+        raise BadInput(f"--kind must be logit, tuned or both; got {kind!r}")
+    if detector not in (*DETECTORS, "both"):
+        raise BadInput(f"--detector must be iforest, lof or both; got {detector!r}")
+    normal_texts, _ = read_inputs(normal) if isinstance(normal, (str, Path)) else (list(normal), None)
+    if isinstance(test, (str, Path)):
+        test_texts, labels = read_inputs(test)
+    else:
+        test_texts = list(test)
+        labels = None if labels is None else torch.as_tensor(labels, dtype=torch.int64)
+    distinct = len(set(normal_texts))
+    if distinct < 5:
+        where = f"{normal} holds" if isinstance(normal, (str, Path)) else "got"
+        raise BadInput(f"--normal needs at least 5 distinct inputs to fit a detector; {where} "
+                       f"{len(normal_texts)} ({distinct} distinct)")
+    return AnomalyInputs(normal_texts, test_texts, labels, ("logit", "tuned") if kind == "both" else (kind,),
+                         DETECTORS if detector == "both" else (detector,))
+
+
+class TrajectoryWorkflows:
+    """Mixed into :class:`~vocablens.handle.Model` (fields, :meth:`encode`, :meth:`translator`)."""
+
+    def position(self, text, position: int) -> int:
+        """A position of a prompt (text, or ids [T] / [1, T]; negative counts from the end) -> 0..T-1.
+
+        Raises:
+            BadInput: outside [-T, T).
+        """
+        from vocablens.lens.logit import resolve_positions
+
+        return int(resolve_positions(int(self._ids(text).shape[-1]), [position])[0])
+
+    def trajectory(self, text, position: int = -1, token: str | int | None = None,
+                   kinds: Sequence[str] = ("logit", "tuned"), chat: bool = False, stream=None) -> R.Trajectory:
+        """One token's rank (0 = top) and probability, and the top-1, at every layer 0..L at one position,
+        through each lens of ``kinds`` (the explorer's ``/api/trajectory``;
+        :func:`vocablens.lens.trajectory.layer_readout`: one streamed pass over the head).
+
+        Ranks count real tokens whose logit exceeds the token's, as the lens's ``final_top1_rank`` does;
+        the tuned lens translates layers < L, as the lens does.
+
+        Args:
+            text: the prompt, or its ids [T] / [1, T].
+            position: the position read (negative from the end).
+            token: the token followed (its string, one token, or its id; default: the model's top-1 there).
+            kinds: lenses read (``logit``, ``tuned`` or any kind with a translator).
+            stream: the prompt's :meth:`forward`, read instead of running the model again.
+
+        Raises:
+            BadInput: a position outside the prompt, an unknown kind or one with no translator.
+            TokenNotInVocabulary: ``token`` is not one token.
+        """
+        from vocablens.lens.trajectory import layer_readout
+
+        ids = self._ids(text, chat=chat)
+        p = self.position(ids, position)
+        translators = {kd: self.translator(kd) for kd in kinds}
+        resid, logits = stream if stream is not None else self.forward(ids)
+        if token is None:
+            tid = int(logits[0, p, : self.borders.real_vocab_size].argmax())
+        else:
+            tid = token if isinstance(token, int) else self.single_token(token)
+        L = self.borders.n_layers
+        with torch.no_grad():
+            value = {kd: layer_readout(self.borders, resid[:, 0, p], range(L + 1), torch.tensor(tid), k=1,
+                                       translator=tr) for kd, tr in translators.items()}  # [L+1] each
+        return self._result(R.Trajectory, value, input_ids=ids[0].detach().cpu(), position=p, token_id=tid,
+                            n_layers=L)
+
+    def anomaly(self, normal, test, labels=None, kind: str = "both", detector: str = "both", seed: int = 0,
+                lens_dir: str | Path | None = None, progress=None) -> R.Anomaly:
+        """Score inputs by how odd their lens trajectories are (``vocablens lens anomaly --json``;
+        Belrose et al. 2023, §5): detectors fitted on the normal inputs' trajectories (per layer: KL to
+        the final distribution, entropy, rank of the final token; logit and tuned lens) score the test
+        inputs, higher = odder.
+
+        Args:
+            normal, test: paths or lists of texts (:func:`anomaly_inputs`); ``labels`` for a list of tests.
+            kind: ``logit``, ``tuned`` (this model's tuned lens, or ``lens_dir`` for this call) or ``both``.
+            detector: ``iforest``, ``lof`` or ``both``. seed: the isolation forest's seed.
+            progress: ``progress(stage, done, total)`` per input.
+
+        Raises:
+            BadInput: as :func:`anomaly_inputs`; no tuned lens for ``tuned``.
+        """
+        from vocablens.lens.anomaly import detect, trajectory_features
+
+        inp = normal if isinstance(normal, AnomalyInputs) else anomaly_inputs(normal, test, kind, detector, labels)
+        lens = self._lens_for_call("tuned", lens_dir) if "tuned" in inp.kinds else None
+        feats = []
+        for name, texts in (("normal inputs", inp.normal), ("test inputs", inp.test)):
+            stage = f"trajectories of {name}"
+            if progress is not None:
+                progress(stage, 0, len(texts))
+            feats.append(trajectory_features(self.borders, self.tokenizer, texts, lens=lens, kinds=inp.kinds,
+                                             progress=None if progress is None else
+                                             (lambda d, n, s=stage: progress(s, d, n))))
+        rep = detect(feats[0], feats[1], inp.labels, detectors=inp.detectors, seed=seed)
+        return self._result(R.Anomaly, rep, kinds=inp.kinds, detectors=inp.detectors, texts=inp.test,
+                            labels=inp.labels)

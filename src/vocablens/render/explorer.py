@@ -1,0 +1,75 @@
+"""The explorer's own JSON (``vocablens serve``): one token's entries of a whole-vocabulary result, and
+the server's health. Each reads a result the handle computed and formats it; every other endpoint
+answers with the matching command's ``--json`` (:mod:`vocablens.render.shown`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vocablens.models.tokens import adds_bos, token_str
+from vocablens.render.json import json_ready
+
+#: the scan's summary fields repeated in each token's ``/api/argmax`` answer
+SCAN_KEYS = ("vocab_size", "bias", "counts", "padding_rows", "untrained_rows", "unique_rows", "rank",
+             "tolerance", "interrupted", "settled", "verified_f64", "norm_note")
+
+
+def argmax_token_to_dict(full: dict, stage: int, tid: int, tokenizer) -> dict:
+    """``/api/argmax``: one token's entries of ``argmax --json`` (``full``, that dict): its verdict and
+    margin (per_token), its full record when flagged (certificate's combination, reason), its duplicate
+    group, its reachable probability under the final norm when probed, the ``stage`` that settled it
+    (an index of :data:`vocablens.argmax.exact.STAGES`, -1: none), and the scan's summary."""
+    from vocablens.argmax.exact import STAGES
+
+    names = full["per_token"]["verdict_names"]
+    flagged = {it["id"]: it for it in full["unargmaxable"] + full["undecided"]}
+    rec: dict[str, Any] = {"id": tid, "token": token_str(tokenizer, tid),
+                           "verdict": names[full["per_token"]["verdict"][tid]],
+                           "stage": STAGES[stage] if stage >= 0 else None,
+                           "margin": full["per_token"]["margin"][tid]}
+    rec.update(flagged.get(tid, {}))
+    rec["duplicates"] = next((g for g in full["duplicates"] if tid in g["ids"]), None)
+    norm = full["norm"]
+    rec["norm"] = None if norm is None else next((t for t in norm["tokens"] if t["id"] == tid), None)
+    rec["scan"] = {k: full[k] for k in SCAN_KEYS}
+    rec["status"] = "done"
+    rec["model"] = full["model"]
+    return rec
+
+
+def undertrained_token_to_dict(index, verified: dict[int, dict], tid: int, tokenizer, provenance) -> dict:
+    """``/api/undertrained``: one token's under-training figures from ``index`` (an
+    :class:`~vocablens.undertrained.analysis.UndertrainedResult`): its tokenizer ``class``, the
+    ``indicator`` (name, value, ``rank`` among the testable tokens from the lowest, 0-based, and
+    ``candidate``: within the paper's lowest 2%), ``verification`` (``max_prob``, ``verdict``) when an
+    earlier run prompted it (``verified``; else null), ``verdict`` (``under-trained``, ``trained``,
+    ``not tested``), and the vocabulary's ``counts`` per class."""
+    from vocablens.undertrained.analysis import testable
+
+    ind = index.indicators
+    ok = testable(index.classes)
+    value = float(ind.values[tid])
+    is_testable = bool(ok[tid])
+    rank = int((ind.values[ok] < value).sum()) if is_testable else None
+    ver = verified.get(tid)
+    return json_ready({
+        "id": tid, "token": token_str(tokenizer, tid), "class": index.classes.name(tid),
+        "testable": is_testable,
+        "indicator": {"name": ind.name, "value": value, "rank": rank, "of": int(ok.sum()),
+                      "candidate": bool((index.candidates == tid).any()),
+                      "threshold": index.indicator_threshold, "reference": ind.reference_kind},
+        "verification": ver, "verdict": "not tested" if ver is None else ver["verdict"],
+        "verified_run": bool(verified), "counts": index.counts(), "model": provenance.to_dict()})
+
+
+def health_to_dict(lm, tuned_note: str) -> dict:
+    """``GET /api/health``: the model's name and provenance, its sizes, whether a tuned lens is loaded, and
+    whether the tokenizer puts BOS in front of a text by itself (``adds_bos``; without it the first
+    position of every map is an attention sink, not a reading of the text)."""
+    b = lm.borders
+    return json_ready({"model": lm.provenance.name, "provenance": lm.provenance.to_dict(),
+                       "n_layers": b.n_layers, "vocab_size": b.vocab_size, "real_vocab_size": b.real_vocab_size,
+                       "d_model": b.d_emb, "tuned": tuned_note, "adds_bos": adds_bos(lm.tokenizer)})
+
+
+__all__ = ["SCAN_KEYS", "argmax_token_to_dict", "health_to_dict", "undertrained_token_to_dict"]

@@ -1,0 +1,112 @@
+"""Renderers (:mod:`vocablens.render.shown`) of the results whose workflows moved from the CLI and the
+explorer into :class:`vocablens.Model`: a token's trajectory through the layers (the explorer's
+``/api/trajectory``), the softmax bottleneck (``bottleneck``), an alignment of two models (``align``)
+and lens anomaly scores (``lens anomaly``). Each JSON is what that surface answered before."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from vocablens.models.tokens import token_str
+
+
+def _model(r) -> dict:
+    return {"model": r.provenance.to_dict()} if r.provenance is not None else {}
+
+
+# ------------------------------------------------------------------------------------- trajectory
+def _json_trajectory(r) -> dict:
+    """``{"tokens", "position", "token", "token_id", "n_layers", "logit": {"rank" [L+1], "prob" [L+1],
+    "top1" [L+1]}, "tuned": ... or null (no tuned lens read), ..., "model"}``."""
+    o, tok = r.options, r.tokenizer
+    out = {"tokens": [token_str(tok, i) for i in o["input_ids"].tolist()], "position": o["position"],
+           "token": token_str(tok, o["token_id"]), "token_id": o["token_id"], "n_layers": o["n_layers"]}
+    for name in dict.fromkeys(["logit", "tuned", *r.value]):
+        t = r.value.get(name)
+        out[name] = None if t is None else {"rank": t.target_rank.tolist(), "prob": t.logprob.exp().tolist(),
+                                            "top1": [token_str(tok, i) for i in t.topk_ids[:, 0].tolist()]}
+    return {**out, **_model(r)}
+
+
+def _print_trajectory(r, out) -> None:
+    from rich.table import Table
+
+    d = _json_trajectory(r)
+    kinds = [k for k in r.value]
+    t = Table(title=f"{d['token']!r} at position {d['position']} ({d['tokens'][d['position']]!r}), every layer",
+              title_justify="left")
+    t.add_column("layer", justify="right")
+    for k in kinds:
+        t.add_column(f"{k} rank", justify="right")
+        t.add_column(f"{k} prob", justify="right")
+        t.add_column(f"{k} top-1")
+    for layer in range(d["n_layers"] + 1):
+        t.add_row(str(layer), *[x for k in kinds for x in (str(d[k]["rank"][layer]), f"{d[k]['prob'][layer]:.4f}",
+                                                          repr(d[k]["top1"][layer]))])
+    out.print(t)
+
+
+# ------------------------------------------------------------------------------------- bottleneck
+def _json_bottleneck(r) -> dict:
+    from vocablens.render.argmax import bottleneck_to_dict
+
+    return {**bottleneck_to_dict(r.value), "corpus": r.options.get("corpus"), **_model(r)}
+
+
+def _print_bottleneck(r, out) -> None:
+    from vocablens.render.argmax import bottleneck_tables
+
+    for t in bottleneck_tables(r.value):
+        out.print(t)
+
+
+def _fig_bottleneck(r):
+    from vocablens.render.argmax import bottleneck_figure
+
+    return bottleneck_figure(r.value)
+
+
+# ---------------------------------------------------------------------------------------- align
+def _json_align(r) -> dict:
+    from vocablens.render.align import alignment_to_dict
+
+    other = r.options.get("other")
+    return {**alignment_to_dict(r.value, r.options["best"]),
+            "model_a": None if r.provenance is None else r.provenance.to_dict(),
+            "model_b": None if other is None else other.to_dict()}
+
+
+def _print_align(r, out) -> None:
+    from vocablens.render.align import alignment_tables
+
+    res = r.value
+    vocab = "identical vocabularies" if res.shared.identical else f"{res.shared.size:,} shared tokens (mapped by string)"
+    out.print(f"{res.what}: {vocab}; units compared by the correlation of their vocabulary-space projections")
+    for t in alignment_tables(res, r.options["best"], *r.options["names"]):
+        out.print(t)
+
+
+# -------------------------------------------------------------------------------------- anomaly
+def _json_anomaly(r) -> dict:
+    from vocablens.render.anomaly import anomaly_to_dict
+
+    o = r.options
+    return anomaly_to_dict(r.value, o["kinds"], o["detectors"], o["texts"], o["labels"], r.provenance)
+
+
+def _print_anomaly(r, out) -> None:
+    from vocablens.render.anomaly import print_anomaly
+
+    o = r.options
+    print_anomaly(out, r.value, o["detectors"], o["texts"], o["labels"])
+
+
+#: kind -> (to_json, print, figure or None, rows or None), as :data:`vocablens.render.shown.RENDERERS`
+RENDERERS: dict[str, tuple[Callable, Callable, Callable | None, Callable | None]] = {
+    "trajectory": (_json_trajectory, _print_trajectory, None, None),
+    "bottleneck": (_json_bottleneck, _print_bottleneck, _fig_bottleneck, None),
+    "align": (_json_align, _print_align, None, None),
+    "anomaly": (_json_anomaly, _print_anomaly, None, None),
+}
+
+__all__ = ["RENDERERS"]
