@@ -14,6 +14,12 @@ SCAN_KEYS = ("vocab_size", "bias", "counts", "padding_rows", "untrained_rows", "
              "tolerance", "interrupted", "settled", "verified_f64", "norm_note")
 
 
+def lens_response(d: dict) -> dict:
+    """``/api/lens``: the dict of ``lens --positions all --json`` (``d``, a lens result's ``to_json()``),
+    its ``"model"`` last, as the explorer has always answered (``--json`` puts it before ``"lenses"``)."""
+    return {**{k: v for k, v in d.items() if k != "model"}, **({"model": d["model"]} if "model" in d else {})}
+
+
 def argmax_token_to_dict(full: dict, stage: int, tid: int, tokenizer) -> dict:
     """``/api/argmax``: one token's entries of ``argmax --json`` (``full``, that dict): its verdict and
     margin (per_token), its full record when flagged (certificate's combination, reason), its duplicate
@@ -72,4 +78,4 @@ def health_to_dict(lm, tuned_note: str) -> dict:
                        "d_model": b.d_emb, "tuned": tuned_note, "adds_bos": adds_bos(lm.tokenizer)})
 
 
-__all__ = ["SCAN_KEYS", "argmax_token_to_dict", "health_to_dict", "undertrained_token_to_dict"]
+__all__ = ["SCAN_KEYS", "argmax_token_to_dict", "health_to_dict", "lens_response", "undertrained_token_to_dict"]

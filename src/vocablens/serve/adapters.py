@@ -28,7 +28,7 @@ import torch
 
 from vocablens.errors import BadInput, TokenNotInVocabulary
 from vocablens.models.tokens import token_str
-from vocablens.render.explorer import argmax_token_to_dict, health_to_dict, undertrained_token_to_dict
+from vocablens.render.explorer import argmax_token_to_dict, health_to_dict, lens_response, undertrained_token_to_dict
 from vocablens.render.json import json_ready
 
 
@@ -140,7 +140,7 @@ def lens_json(lm, ids: torch.Tensor, kind: str, k: int,
     kinds = ["logit", "tuned"] if kind == "both" else [x for x in str(kind).split(",") if x]
     if not kinds or any(x not in ("logit", "tuned", "jacobian") for x in kinds):
         raise BadInput(f"kind must be logit, tuned, jacobian, both or a comma list of them; got {kind!r}")
-    return lm.lens(ids, kind=kinds, k=k, positions="all", stream=stream).to_json()
+    return lens_response(lm.lens(ids, kind=kinds, k=k, positions="all", stream=stream).to_json())
 
 
 def trajectory_json(lm, ids: torch.Tensor, stream, position: int, tid: int, tuned: bool) -> dict:
