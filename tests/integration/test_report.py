@@ -140,10 +140,24 @@ def _fake_lm():
 
     from tiny_dirs import tiny_tokenizer
 
+    from vocablens.handle import Model
+
+    return Model(tokenizer=tiny_tokenizer(), borders=None, provenance=SimpleNamespace(name="m"),
+                 model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512)))
+
+
+def test_the_report_runs_on_the_handle_only():
+    """The sections call vocablens.Model's workflows: a bare LoadedModel is refused in one line, before any
+    section runs."""
+    import vocablens.report.runner as R
+    from vocablens.errors import BadInput
     from vocablens.models import LoadedModel
 
-    return LoadedModel(tokenizer=tiny_tokenizer(), borders=None, provenance=SimpleNamespace(name="m"),
-                       model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512)))
+    lm = _fake_lm()
+    bare = LoadedModel(lm.model, lm.tokenizer, lm.borders, lm.provenance)
+    with pytest.raises(BadInput, match=r"needs a vocablens\.Model") as e:
+        R.run_report(bare, budget_s=150)
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("slow", [1.0, 4.0])

@@ -233,8 +233,8 @@ class LensWorkflows:
                 res[j] = r
         from vocablens.render.lens import lens_record
 
-        lenses = [lens_record(kd, t) for kd, t in zip(kinds, translators) if t is not None]
-        return self._result(R.Lens, [list(r) for r in zip(*res)], batch=batch, prompts=prompts, lenses=lenses)
+        records = [lens_record(kd, t) for kd, t in zip(kinds, translators) if t is not None]
+        return self._result(R.Lens, [list(r) for r in zip(*res)], batch=batch, prompts=prompts, lenses=records)
 
     def forward(self, ids) -> tuple[torch.Tensor, torch.Tensor]:
         """One prompt's forward pass (text, or ids [T] / [1, T]): ``(resid [L+1, 1, T, d], logits [1, T, V]

@@ -44,8 +44,8 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
         :class:`ReportRun`, its sections in :data:`ORDER`.
 
     Raises:
-        BadInput: an empty prompt, a bad budget, an unknown key in ``only``, or a ``lens_path``
-            that is not a lens.
+        BadInput: an empty prompt, a bad budget, an unknown key in ``only``, a ``lens_path``
+            that is not a lens, ``lm`` not a :class:`vocablens.Model`.
         PromptTooLong: more prompt tokens than the model's context.
         CheckpointMismatch: ``lens_path`` belongs to another model.
     """
@@ -55,6 +55,8 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
 
     if not prompt or not prompt.strip():
         raise BadInput("empty prompt: give some text with `prompt`")
+    if not callable(getattr(lm, "lens", None)):  # a LoadedModel: its sections need the handle's workflows
+        raise BadInput("run_report needs a vocablens.Model: vocablens.load(spec), or vocablens.Model.of(loaded)")
     plans = plan_report(model, budget_s)
     if only is not None:
         unknown = sorted(set(only) - set(ORDER))
