@@ -153,12 +153,12 @@ _SHOWN: dict[str, tuple[Callable, Callable]] = {
     "steer": (_json_steer, print_steer),
     "surgery": (_json_surgery, print_surgery),
 }
-RENDERERS.update(CLIENT_RENDERERS)  # trajectory, bottleneck, align, anomaly
 
 #: kind -> (to_json, print, figure or None, rows or None): every renderer of a kind of result
 #: (figures: :data:`vocablens.render.result_figures.FIGURES`; rows: :data:`vocablens.render.frames.ROWS`)
 RENDERERS: dict[str, tuple[Callable, Callable, Callable | None, Callable | None]] = {
     k: (j, p, FIGURES.get(k), ROWS.get(k)) for k, (j, p) in _SHOWN.items()}
+RENDERERS.update(CLIENT_RENDERERS)  # trajectory, bottleneck, align, anomaly
 
 
 def _entry(r) -> tuple:
