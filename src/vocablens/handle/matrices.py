@@ -59,7 +59,9 @@ class MatrixWorkflows:
             other: a :class:`~vocablens.handle.Model` sharing this one's vocabulary, fully or in part
                 (itself works).
             what: ``ffn`` (value vectors) or ``heads`` (OV circuits).
-            blocks_a, blocks_b: blocks of this model / of ``other`` (default all).
+            blocks_a: blocks of this model (default all).
+            blocks_b: blocks of ``other`` (default all).
+            top: best matched pairs listed with their top tokens.
             progress: ``progress(stage, done, total)``.
 
         Raises:

@@ -24,8 +24,10 @@ class AnomalyInputs:
 
     Attributes:
         normal: the normal texts the detectors are fitted on (at least 5 distinct).
-        test: the texts scored. labels: int64 [len(test)] (0 normal, 1 odd) or None.
-        kinds: the lenses (``("logit",)``, ``("tuned",)`` or both). detectors: ``iforest`` and/or ``lof``.
+        test: the texts scored.
+        labels: int64 [len(test)] (0 normal, 1 odd) or None.
+        kinds: the lenses (``("logit",)``, ``("tuned",)`` or both).
+        detectors: ``iforest`` and/or ``lof``.
     """
 
     normal: list[str]
@@ -122,9 +124,15 @@ class TrajectoryWorkflows:
         inputs, higher = odder.
 
         Args:
-            normal, test: paths or lists of texts (:func:`anomaly_inputs`); ``labels`` for a list of tests.
+            normal: the normal inputs: a path or a list of texts (:func:`anomaly_inputs`), or the
+                :class:`AnomalyInputs` it returns (then ``test``, ``labels``, ``kind`` and ``detector``
+                are its).
+            test: the inputs scored: a path or a list of texts.
+            labels: 0 normal / 1 odd per test text (a list of tests; a .jsonl gives its own).
             kind: ``logit``, ``tuned`` (this model's tuned lens, or ``lens_dir`` for this call) or ``both``.
-            detector: ``iforest``, ``lof`` or ``both``. seed: the isolation forest's seed.
+            detector: ``iforest``, ``lof`` or ``both``.
+            seed: the isolation forest's seed.
+            lens_dir: a tuned-lens directory read as ``tuned`` for this call only.
             progress: ``progress(stage, done, total)`` per input.
 
         Raises:
