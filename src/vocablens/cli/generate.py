@@ -40,7 +40,7 @@ def generate_cmd(
 
     Under torchrun (WORLD_SIZE > 1) the embedding and LM head rows are split over the ranks (no
     --early-exit then) and rank 0 prints."""
-    from vocablens.generate import ExitRule, load_tuned_lens
+    from vocablens.generate import ExitRule
     from vocablens.ops.sampling import check_sampling_args
     from vocablens.render.generate import TextStream, summary_lines
     from vocablens.render.shown import to_json
@@ -62,7 +62,7 @@ def generate_cmd(
         raise BadInput(f"--threshold must be in (0, 1]; got {threshold}")
     if exit_test not in ("full", "candidates"):
         raise BadInput(f"--exit-test must be 'full' or 'candidates'; got {exit_test!r}")
-    from vocablens.parallel.processes import VocabParallelModel, common_seed, init_from_env
+    from vocablens.parallel.processes import common_seed, init_from_env
 
     rank, world = init_from_env()
     if world > 1 and early_exit is not None:
@@ -72,7 +72,7 @@ def generate_cmd(
     rule = None
     if early_exit is not None:
         m = borders.n_layers // 2 if min_layer is None else min_layer
-        tuned = load_tuned_lens(borders, model, lens_path) if early_exit == "tuned" else None
+        tuned = lm.translator("tuned", lens_path or None) if early_exit == "tuned" else None
         rule = ExitRule(lens=early_exit, threshold=threshold, min_layer=m, test=exit_test,
                         candidates=candidates, tuned=tuned)
         rule.validate(borders.n_layers)
@@ -83,10 +83,10 @@ def generate_cmd(
             sys.stdout.write(stream.push(t.id))
             sys.stdout.flush()
 
-    head = VocabParallelModel(borders) if world > 1 else None  # each rank keeps V/world rows
     seed = common_seed(seed)  # under torchrun every rank must draw the same tokens
     res = lm.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                      min_p=min_p, seed=seed, top=top, chat=chat, early_exit=rule, on_token=on_token, head=head)
+                      min_p=min_p, seed=seed, top=top, chat=chat, early_exit=rule, on_token=on_token,
+                      vocab_parallel=world > 1)
     if rank != 0:
         return
     if json_:

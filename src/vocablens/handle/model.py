@@ -333,7 +333,8 @@ class Model(SurgeryWorkflows, LensWorkflows, TrajectoryWorkflows, MatrixWorkflow
     # ------------------------------------------------------------------------------ generating
     def generate(self, text: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, min_p: float | None = None, seed: int | None = None, top: int = 0,
-                 chat: bool = False, early_exit=None, on_token=None, head=None) -> R.Generation:
+                 chat: bool = False, early_exit=None, on_token=None, head=None,
+                 vocab_parallel: bool = False) -> R.Generation:
         """Continue a text (``vocablens generate TEXT --json``; :func:`vocablens.generate.generate`):
         greedy by default, sampled with a temperature and top-k / top-p / min-p.
 
@@ -342,6 +343,7 @@ class Model(SurgeryWorkflows, LensWorkflows, TrajectoryWorkflows, MatrixWorkflow
                 :class:`~vocablens.generate.ExitRule` (tuned: this model's lens).
             on_token: called with each :class:`~vocablens.generate.loop.GeneratedToken` as it comes.
             head: a vocabulary-parallel head (torchrun), else None.
+            vocab_parallel: under torchrun, split the embedding and head rows over the ranks (builds ``head``).
 
         Raises:
             BadInput: empty prompt, max_new_tokens < 1, bad sampling arguments.
@@ -353,6 +355,10 @@ class Model(SurgeryWorkflows, LensWorkflows, TrajectoryWorkflows, MatrixWorkflow
         ids = self.encode(text, chat=chat)
         if early_exit is not None:
             early_exit.validate(self.borders.n_layers)
+        if vocab_parallel and head is None:
+            from vocablens.parallel.processes import VocabParallelModel
+
+            head = VocabParallelModel(self.borders)  # each rank keeps V/world rows
         res = generate(self.borders, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                        top_p=top_p, min_p=min_p, seed=seed, stop_ids=self.stop_ids(),
                        top_n=top, early_exit=early_exit, on_token=on_token, head=head)
