@@ -97,6 +97,7 @@ def test_settle_reads_fewer_tokens_on_a_bigger_model():
 
 def test_argmax_section_passes_what_is_left_and_says_what_is_undecided(smollm2, monkeypatch):
     import vocablens.argmax as A
+    import vocablens.argmax.model as M
     import vocablens.report.runner as R
     from vocablens.argmax.estimate import scan_fraction
     from vocablens.report.runner import run_report
@@ -114,7 +115,7 @@ def test_argmax_section_passes_what_is_left_and_says_what_is_undecided(smollm2, 
             progress("gemm", 1, 2)
             return Fake(borders.vocab_size, n)
 
-        monkeypatch.setattr(A, "argmax_for_borders", fake)
+        monkeypatch.setattr(M, "argmax_for_borders", fake)  # where the handle's m.argmax reads it
         monkeypatch.setattr(R, "_EXPECTED", {"argmax": lambda ctx: 50.0})
         lines = []
         t = iter(range(100))

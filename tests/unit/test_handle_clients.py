@@ -118,15 +118,21 @@ def test_a_lens_of_fewer_layers_reads_its_own(m):
     assert res.to_json()["logit"] == {k: v for k, v in alone.items() if k != "model"}
 
 
-def test_bottleneck_align_anomaly_to_json_are_the_commands_json(m, dirs, capsys, tmp_path):
+def test_bottleneck_align_anomaly_to_json_are_the_commands_json(m, dirs, capsys, tmp_path, monkeypatch):
+    import vocablens
+    import vocablens.cli.align
+    import vocablens.cli.anomaly
+    import vocablens.cli.argmax
+
     a, b, lens_dir = dirs
+    other = vocablens.load(str(b))
+    loaded = {str(a): m, str(b): other}  # the commands run on these models (no second load)
+    for mod in (vocablens.cli.align, vocablens.cli.anomaly, vocablens.cli.argmax):
+        monkeypatch.setattr(mod, "load_model", lambda spec, *_, **__: loaded[str(spec)])
     want = _cli_json(capsys, "bottleneck", "-m", a, "--contexts", "80", "--seq-len", "16")
     got = _printed(m.bottleneck(contexts=80, seq_len=16).to_json())
     assert got == want and want["corpus"] == "pydoc-topics"
 
-    import vocablens
-
-    other = vocablens.load(str(b))
     want = _cli_json(capsys, "align", a, b, "--top", "3")
     res = m.align(other, top=3)
     assert _printed(res.to_json()) == want and len(want["best_matches"]) == 3
@@ -137,9 +143,11 @@ def test_bottleneck_align_anomaly_to_json_are_the_commands_json(m, dirs, capsys,
     test = tmp_path / "test.jsonl"
     test.write_text('{"text": "the cat", "label": 0}\n{"text": "zz qq xx", "label": 1}\n'
                     '{"text": "hello there", "label": 0}\n')
-    want = _cli_json(capsys, "lens", "anomaly", "--normal", normal, "--test", test, "-m", a, "--lens", lens_dir)
-    got = _printed(m.anomaly(normal, test).to_json())
-    assert got == want and want["kinds"] == ["logit", "tuned"] and want["auroc"] is not None
+    want = _cli_json(capsys, "lens", "anomaly", "--normal", normal, "--test", test, "-m", a, "--lens", lens_dir,
+                     "--kind", "tuned", "--detector", "iforest")
+    got = _printed(m.anomaly(normal, test, kind="tuned", detector="iforest").to_json())
+    assert got == want and want["kinds"] == ["tuned"] and want["auroc"] is not None
     # texts given as lists: the same scores
-    lists = m.anomaly(normal.read_text().splitlines(), ["the cat", "zz qq xx", "hello there"], labels=[0, 1, 0])
+    lists = m.anomaly(normal.read_text().splitlines(), ["the cat", "zz qq xx", "hello there"], labels=[0, 1, 0],
+                      kind="tuned", detector="iforest")
     assert _printed(lists.to_json()) == want

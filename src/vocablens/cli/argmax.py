@@ -79,7 +79,7 @@ def argmax_cmd(
     lm = load_model(model, mode="head", trust_remote_code=trust_remote_code, device=device, quiet=rank != 0)
     reserved = lm.reserved_tokens()
     tokenizer, reload = _set_aside(lm.tokenizer, trust_remote_code)
-    lm.tokenizer = tokenizer        # the tokenizer is read again for the tables, after the scan
+    lm = replace(lm, tokenizer=tokenizer)  # None: let go during the scan, read again for the tables after it
     trim_heap()
     cb, close = _progress_bar(quiet) if rank == 0 else ((lambda *_: None), (lambda: None))
     cb = tuned_for_the_scan(cb)
