@@ -75,7 +75,7 @@ NOT_MOVED = {
     "cli/lenses.py": {"vocablens.lens.jacobian.find_jacobian_lens", "vocablens.lens.tuned.find_lens",
                       "vocablens.lens.jacobian.JacobianLens", "vocablens.lens.tuned.TunedLens",
                       "vocablens.lens.jacobian.layer_span", "vocablens.lens.compare.compare_lenses",
-                      "vocablens.lens.evaluate.text_bytes"},
+                      "vocablens.lens.evaluate.text_bytes", "vocablens.lens.identity.shown_name"},
     "cli/tuned.py": {"vocablens.lens.train.train", "vocablens.lens.tuned.TunedLens", "vocablens.lens.evaluate.evaluate",
                      "vocablens.lens.evaluate.text_bytes", "vocablens.lens.tuned.find_lens",
                      "vocablens.lens.regression.regression_init"},
