@@ -559,7 +559,7 @@ def test_tiny_blocks_give_the_same_verdicts_and_bounds(monkeypatch):
     # gathered); verdicts equal to the default blocks', certificates valid
     import vocablens.argmax.certificates as cert
     import vocablens.argmax.norm as nm
-    import vocablens.argmax.state as state
+    import vocablens.argmax.blocks as blocks
 
     W, pl = planted(V=900, d=24, n_planted=5, seed=3)
     W[1] = W[0]
@@ -582,7 +582,7 @@ def test_tiny_blocks_give_the_same_verdicts_and_bounds(monkeypatch):
     torch.set_num_threads(1)                    # hundreds of tiny products: no thread wake-ups
     try:
         ref, ref_reach = run()
-        monkeypatch.setattr(state, "BLOCK_BYTES", 4096)
+        monkeypatch.setattr(blocks, "BLOCK_BYTES", 4096)
         monkeypatch.setattr(cert, "GEMM_BYTES", 4096)
         monkeypatch.setattr(nm, "NORM_BLOCK_BYTES", 2048)
         got, got_reach = run()
@@ -732,8 +732,8 @@ for name, bias in (("nobias", None), ("bias", b)):
     r = find_unargmaxable(W, bias, block=64, row_budget_s=None)
     out[name] = {"verdict": r.verdict.tolist(), "settled": r.settled, "n_combos": len(r.combos)}
 import vocablens.argmax.preparation as prep
-import vocablens.argmax.state as state
-state.BLOCK_BYTES = 512         # 16-row whitening blocks: both ranks whiten a share, then all-reduce
+import vocablens.argmax.blocks as blocks
+blocks.BLOCK_BYTES = 512         # 16-row whitening blocks: both ranks whiten a share, then all-reduce
 calls, inner = [], prep._sum_over_ranks
 prep._sum_over_ranks = lambda t, size, op="sum": (calls.append((tuple(t.shape), op)), inner(t, size, op))
 r = find_unargmaxable(W, None, block=64, row_budget_s=None)
@@ -744,9 +744,9 @@ prep._sum_over_ranks = inner
 out_dtype = torch.int32 if dist.get_rank() == 0 else torch.float32
 _products = types.SimpleNamespace(align=1, kind="test",
                                   mm=lambda A, a, b: (A.double() @ _Q[a:b].double().T).to(out_dtype))
-def _fake(st):
+def _fake(Q, device="cpu"):
     global _Q
-    _Q = st.Q
+    _Q = Q
     return _products
 cert.exact_products = _fake
 r = find_unargmaxable(W, None, block=64, row_budget_s=None)

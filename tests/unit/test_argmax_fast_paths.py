@@ -11,20 +11,24 @@ import torch
 from vocablens.argmax import find_unargmaxable
 from vocablens.argmax import certificates as cert
 from vocablens.argmax import preparation as prep
+from vocablens.argmax import kernels
+from vocablens.argmax.blocks import run_in_workers
 from vocablens.argmax.prepared import DistinctRows, SourceRows
-from vocablens.argmax.state import ScanState, run_in_workers
+from vocablens.argmax.scan import Clock, Scan
 from vocablens.errors import BadInput
 
 
-def _prepared(W: torch.Tensor) -> ScanState:
+def _prepared(W: torch.Tensor) -> Scan:
+    """The scan after stage prepare (no bias, every row in play) with the int8 kernel and
+    ``q_norm_max`` stage gemm would give it."""
     W, _ = prep.check_input(W, None, {})
-    st = ScanState.new(W.shape[0], W.shape[1], 1e-9, None, None)
-    prep.apply_masks(st, None, None, False, False)
-    st.src = SourceRows(rows=prep.as_numpy(W), bias=None, defer=None, pages=None)
-    st.distinct = prep.dedupe(st)
-    st.white, st.Z, st.Q = prep.whiten(st)
-    st.left = np.arange(st.n)
-    return st
+    clock = Clock(t0=0.0, deadline=None, progress=lambda *_: None)
+    source = SourceRows(rows=prep.as_numpy(W), bias=None, defer=None, pages=None)
+    distinct, _, _ = prep.dedupe(source, np.ones(W.shape[0], dtype=bool), clock)
+    white, Z, Q = prep.whiten(source, distinct, clock)
+    qn = float(np.sqrt(float((Q.to(torch.int32) ** 2).sum(1).max())))
+    return Scan(V=W.shape[0], d=W.shape[1], tol=1e-9, clock=clock, source=source, distinct=distinct,
+                white=white, Z=Z, Q=Q, products=kernels.exact_products(Q), q_norm_max=qn)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
@@ -51,8 +55,9 @@ def test_all_pairs_maxima_over_workers_and_narrow_products_are_exact(monkeypatch
     ref = Q.long() @ Q.long().T
     ref.fill_diagonal_(torch.iinfo(torch.int64).min)
     want = ref.max(1).values
-    st = ScanState.new(203, 40, 1e-9, None, None)
-    st.distinct, st.Q = DistinctRows(ids=np.arange(203), position=np.arange(203), twins={}), Q
+    st = Scan(V=203, d=40, tol=1e-9, clock=Clock(t0=0.0, deadline=None, progress=lambda *_: None),
+              source=None, distinct=DistinctRows(ids=np.arange(203), position=np.arange(203), twins={}),
+              white=None, Z=None, Q=Q)
     monkeypatch.setattr(cert, "GEMM_BYTES", 4 * 40 * 5)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -61,11 +66,11 @@ def test_all_pairs_maxima_over_workers_and_narrow_products_are_exact(monkeypatch
         # overflows the per-worker cap and is left open), row 9 above everything (no pairs)
         T = ref.topk(3, dim=1).values[:, -1].numpy().astype(np.int64)
         T[5], T[9] = -10 ** 6, 10 ** 6
-        best, done, near = cert._dense_maxima(st, 16, 0, 1, T)
+        best, done, near, _, cut = cert._dense_maxima(st, 16, 0, 1, T)
         assert torch.get_num_threads() == 2          # restored after the workers
     finally:
         torch.set_num_threads(threads)
-    assert done == 203
+    assert done == 203 and not cut
     assert torch.equal(best.long(), want)
     # the near pairs are exactly the (t, j), j != t, with q_t . q_j >= T_t, for every row not left open
     assert near.over[5] and near.over.sum() == 1

@@ -10,7 +10,7 @@ import torch
 
 from test_argmax_fast_paths import _prepared        # the prepared scan state (masks, dedupe, whitening)
 from vocablens.argmax.scoring import NEAR_MAX, int8_pass, int8_ready
-from vocablens.argmax.state import ScanState
+from vocablens.argmax.scan import Scan
 
 
 def _head(V=3000, d=32, seed=0):
@@ -21,7 +21,7 @@ def _head(V=3000, d=32, seed=0):
     return torch.from_numpy(W.astype(np.float32))
 
 
-def _exact_scores(st: ScanState, Y: np.ndarray) -> np.ndarray:
+def _exact_scores(st: Scan, Y: np.ndarray) -> np.ndarray:
     """float64 scores of every direction against the exact whitened rows (computed from W)."""
     Z = st.z64(np.arange(st.n))
     return Y.astype(np.float64) @ Z.T                                # [m, n]

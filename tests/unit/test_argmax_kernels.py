@@ -5,7 +5,7 @@ kernel it runs on."""
 
 from __future__ import annotations
 
-import types
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +13,6 @@ import torch
 
 import vocablens.argmax.certificates as certificates
 import vocablens.argmax.kernels as kernels
-import vocablens.argmax.scoring as scoring
 from vocablens.argmax import find_unargmaxable
 
 needs_onednn = pytest.mark.skipif(kernels._op() is None, reason="this PyTorch build has no oneDNN int8 matmul")
@@ -50,10 +49,8 @@ def test_packed_products_equal_int64_on_aligned_unaligned_and_partial_ranges(r):
 def test_the_picked_kernel_and_the_float32_kernel_equal_int64(r):
     n = 1100
     Q = _grid(n, r, r)
-    st = types.SimpleNamespace(Q=Q, n=n, device="cpu")
-    px = kernels.exact_products(st)
-    assert kernels.exact_products(st) is px              # picked once, kept on the scan state
-    assert px.kind in st.products_timing and px.kind in ("onednn", "int_mm", "float32")
+    px = kernels.exact_products(Q)
+    assert px.kind in px.timing and px.kind in ("onednn", "int_mm", "float32")
     fp = kernels.Products(Q, "float32")
     A = torch.cat([Q[:30], _grid(5, r, r + 1)])
     for a, b in RANGES + [(0, n), (1099, n)]:
@@ -79,9 +76,8 @@ def test_a_wrong_kernel_is_never_picked(monkeypatch):
     monkeypatch.setattr(kernels.PackedRows, "mm", off_by_one(true_pack))
     if true_int is not None:
         monkeypatch.setattr(torch, "_int_mm", off_by_one(true_int))
-    st = types.SimpleNamespace(Q=Q, n=700, device="cpu")
-    px = kernels.exact_products(st)
-    assert px.kind == "float32" and set(st.products_timing) == {"float32"}
+    px = kernels.exact_products(Q)
+    assert px.kind == "float32" and set(px.timing) == {"float32"}
     assert torch.equal(px.mm(Q[:9], 0, 700).long(), Q[:9].long() @ Q.long().T)
 
 
@@ -93,10 +89,11 @@ def test_rows_wider_than_float32_exact_integers_are_refused_by_the_packed_kernel
 
 def test_products_serve_only_resident_cpu_int8_q():
     Q = torch.randint(-127, 128, (600, 64), dtype=torch.int8)
-    assert kernels.exact_products(types.SimpleNamespace(Q=None, n=600, device="cpu")) is None
-    assert kernels.exact_products(types.SimpleNamespace(Q=Q, n=600, device="cuda")) is None
-    assert kernels.exact_products(types.SimpleNamespace(Q=Q.float(), n=600, device="cpu")) is None
-    assert kernels.exact_products(types.SimpleNamespace(Q=Q[:40], n=40, device="cpu")) is None
+    assert kernels.exact_products(None) is None
+    assert kernels.exact_products(Q, "cuda") is None
+    assert kernels.exact_products(Q.float()) is None
+    assert kernels.exact_products(Q[:40]) is None
+    assert kernels.exact_products(Q) is not None
 
 
 def _head(V=3000, d=96, seed=0):
@@ -130,18 +127,23 @@ def test_scan_gives_the_same_result_on_every_kernel(monkeypatch):
     W = _head()
     results, used = {}, []
     kinds = _kinds_exact_here(torch.randint(-127, 128, (64, W.shape[1]), dtype=torch.int8))
+    callers = set()
+    true_mm = kernels.Products.mm
+
+    def mm(self, A, a, b):
+        callers.add((self.kind, sys._getframe(1).f_globals["__name__"]))
+        return true_mm(self, A, a, b)
+
+    monkeypatch.setattr(kernels.Products, "mm", mm)
     for kind in kinds:
-        def forced(st, kind=kind):
-            if getattr(st, "_products", False) is False:
-                pk = kernels.PackedRows(st.Q) if kind == "onednn" else None
-                st._products = kernels.Products(st.Q, kind, pk) if st.Q is not None else None
-            used.append((kind, st._products is not None))
-            return st._products
-        for mod in (kernels, certificates, scoring):
-            monkeypatch.setattr(mod, "exact_products", forced)
+        def forced(Q, device="cpu", kind=kind):
+            used.append(kind)
+            return kernels.Products(Q, kind, kernels.PackedRows(Q) if kind == "onednn" else None)
+        monkeypatch.setattr(certificates, "exact_products", forced)
         results[kind] = find_unargmaxable(W)
+    assert used == kinds                                  # picked once per scan, by stage gemm
     for kind in kinds:       # the all-pairs stage, the reflect scores and the tilt each ran on it
-        assert sum(1 for k, ok in used if k == kind and ok) >= 3
+        assert {(kind, "vocablens.argmax." + m) for m in ("certificates", "scoring", "tilt")} <= callers
     ref = results["float32"]
     for kind, res in results.items():
         assert torch.equal(res.verdict, ref.verdict), kind

@@ -158,19 +158,19 @@ def test_scan_on_a_read_only_mapping_gives_the_in_memory_results(tmp_path, monke
 
 
 def test_q_made_again_from_z_has_the_stored_bits():
-    """Once Q is gone (the re-check keeps Q and drops Z; a caller may keep Z alone), its rows made
-    again from Z (``q_rows``, ``q_rows_at``, ``z_to_q``) are the stored grid's bits."""
+    """The int8 grid rows made again from Z by blocks (``q_from_z``) are the stored grid's bits, and
+    the scan without Z (stage verify's) reads the same rows (``q_rows``, ``q_rows_at``)."""
     from test_argmax_fast_paths import _prepared
+    from vocablens.argmax.scan import q_from_z
 
     W, _ = planted(V=1200, d=16, n_planted=5, seed=4, offset=1.0)
     st = _prepared(W)
-    Q = st.Q.clone()
-    st.Q = None
-    assert torch.equal(st.q_rows(0, st.n), Q)
+    assert torch.equal(q_from_z(st.Z, st.white.grid_step), st.Q)
+    lean = st.without_z()
+    assert lean.Z is None and st.Z is not None                  # a new scan: the first keeps its Z
     pos = np.array([5, 0, 1199 - 7, 17])
-    assert torch.equal(st.q_rows_at(pos), Q[torch.from_numpy(pos)])
-    st.z_to_q()
-    assert st.Z is None and torch.equal(st.Q, Q)
+    assert torch.equal(lean.q_rows(0, lean.n), st.Q)
+    assert torch.equal(lean.q_rows_at(pos), st.Q[torch.from_numpy(pos)])
 
 
 def test_cli_argmax_on_a_saved_model_reads_the_tokenizer_again(tmp_path, capsys):

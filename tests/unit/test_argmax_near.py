@@ -10,6 +10,8 @@ import torch
 
 from test_argmax_fast_paths import _prepared        # the prepared scan state (masks, dedupe, whitening)
 from vocablens.argmax import find_unargmaxable
+from dataclasses import replace
+
 from vocablens.argmax import near as near_mod
 from vocablens.argmax import tilt as tilt_mod
 from vocablens.argmax import verify as verify_mod
@@ -85,8 +87,7 @@ def test_int8_tilt_violators_contain_every_negative_weight():
     a[:5] = 0.0                                                  # about half the weights negative
     exact = a[:, None] + U @ st.Q.double().numpy().T           # [m, n] float64 (exact enough)
     for use8 in (True, False):
-        st._int8_ok = None if use8 else False
-        viol = tilt_mod._violators(st, S, U, a)
+        viol = tilt_mod._violators(st if use8 else replace(st, products=None), S, U, a)
         for q in range(40):
             neg = np.nonzero(exact[q] <= 0)[0]
             if len(neg) <= tilt_mod.TILT_MAX_EXCLUDED:
@@ -100,7 +101,7 @@ def test_int8_tilt_violators_contain_every_negative_weight():
 def test_int8_violator_prefilter_keeps_every_row_the_full_exact_test_flags():
     # the int32 threshold only skips products that cannot fail the exact float64 test: the rows
     # flagged equal the full test's on every product, including weights planted exactly at zero
-    from vocablens.argmax.state import U64
+    from vocablens.argmax.blocks import U64
 
     st = _prepared(_ties(5, V=1800, d=40))
     S = tilt_mod._Sums(st)
@@ -114,7 +115,6 @@ def test_int8_violator_prefilter_keeps_every_row_the_full_exact_test_flags():
     a = np.full(m, 1.0 / st.n)
     for q in range(m // 2):                                           # a weight exactly 0 and ties near it
         a[q] = -su[q] * I[q, rng.integers(st.n)]
-    st._int8_ok = None
     from vocablens.argmax.scoring import int8_ready
     assert int8_ready(st)                                             # the path under test runs here
     viol = tilt_mod._violators(st, S, U, a)

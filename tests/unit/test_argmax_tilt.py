@@ -77,7 +77,7 @@ def test_verdicts_equal_with_the_tilt_off(monkeypatch):
     on = find_unargmaxable(W)
     monkeypatch.setattr(tilt, "TILT_NORM", 0.0)                    # no row qualifies: NNLS/LP path
     import vocablens.argmax.proofs as proofs
-    monkeypatch.setattr(proofs, "gap_tilts", lambda st, pending: set())   # nor a sparse proof's gap
+    monkeypatch.setattr(proofs, "gap_tilts", lambda scan, parts, pending: {})   # nor a sparse proof's gap
     off = find_unargmaxable(W)
     assert not off.combo_tilt and on.combo_tilt
     assert torch.equal(on.verdict, off.verdict)
@@ -140,7 +140,7 @@ def test_sparse_gap_held_by_a_tilt_when_the_ball_cannot(monkeypatch):
     monkeypatch.setattr(sparse.Ball, "weights", lambda self, v: None)
     calls = []
     orig = sparse.gap_tilts
-    monkeypatch.setattr(sparse, "gap_tilts", lambda st, p: calls.append(len(p)) or orig(st, p))
+    monkeypatch.setattr(sparse, "gap_tilts", lambda scan, parts, p: calls.append(len(p)) or orig(scan, parts, p))
     import vocablens.argmax.proofs as proofs
     monkeypatch.setattr(proofs, "gap_tilts", sparse.gap_tilts)
     got = find_unargmaxable(W)

@@ -23,13 +23,16 @@ import torch
 from vocablens.argmax.distributed import allreduce_max, gather_near
 from vocablens.argmax.kernels import fp32_exact_mm, exact_products
 from vocablens.ops.vocab_parallel.comm import world
+from vocablens.argmax.decisions import Argmaxable, StageResult, Stopped, argmaxable_at, still_open
 from vocablens.argmax.near import Bounds, NearPairs, judge
+from vocablens.argmax.sparse import screen_interior
 from vocablens.argmax.scoring import int8_pass, int8_ready
-from vocablens.argmax.state import U32, ScanState, rows_per_block, scores_against
+from vocablens.argmax.blocks import U32, rows_per_block, scores_against
+from vocablens.argmax.scan import Scan
 from vocablens.argmax.tilt import TILT_NORM
 
 #: reflect columns at a time at most (the scores are [n, this] float32, capped at
-#: :data:`~vocablens.argmax.state.BLOCK_BYTES`)
+#: :data:`~vocablens.argmax.blocks.BLOCK_BYTES`)
 REFLECT_COLS = 256
 #: columns handed to the interior screen at a time
 SCREEN_COLS = 32
@@ -83,46 +86,60 @@ def exact_int_matmul(Q: torch.Tensor):
 GEMM_BYTES = 2 * 2 ** 20
 
 
-def stage_gemm(st: ScanState, block: int) -> None:
-    """Stage 1 for every open row; leaves the failures in ``st.left``.
+def stage_gemm(scan: Scan, block: int) -> StageResult:
+    """Stage 1 for every distinct row: the rows it certifies (:class:`~vocablens.argmax.decisions.Argmaxable`
+    with no explicit x: ``scale A (qs q_t)``), the failures open, each row's ``bound_ratio``, the
+    exact int8 kernel it picked (``products``) and ``q_dot_max``.
 
     The upper triangle of ``Q Q^T`` by blocks of ``block`` rows x as many columns as fit :data:`GEMM_BYTES`: each
     product serves its rows (maxima along its rows) and its columns (along its columns), so
     V^2 r FLOPs in all (one multiply-add per pair, half of the full product) and the rows' maxima
     are complete once their own row block is done. Memory: the maxima [n] and one block of scores
     (:data:`GEMM_BYTES`).
-    The budget is checked before each product; on :class:`~vocablens.argmax.state.OutOfTime` the
-    rows whose maximum is complete (the row blocks done) are still judged, the rest stay open.
+    The budget is checked before each product; when it runs out the rows whose maximum is complete
+    (the row blocks done) are still judged, the rest stay open, and the result is ``cut``.
 
     A row certified here is the strict argmax of its own (quantised whitened) direction; no other
     certificate can be cheaper in general: one direction certifies at most one row (its argmax),
     and checking a direction costs a pass over all n rows, so n certificates cost n^2 r multiply-adds
     whichever directions they use (random directions included); the symmetric product halves that.
     """
-    n = st.n
+    n = scan.n
     rank, size = world()
-    bounds = Bounds(st)
-    best_t, done, near = _dense_maxima(st, block, rank, size, bounds.thresholds(st))
-    complete = np.zeros(n, dtype=bool)
-    complete[:done] = True
-    judge(st, best_t.double().numpy(), complete, bounds, near)
+    decided: list = []
+    with Stopped() as stop:
+        bounds = Bounds(scan)
+        best_t, done, near, px, cut = _dense_maxima(scan, block, rank, size, bounds.thresholds(scan))
+        complete = np.zeros(n, dtype=bool)
+        complete[:done] = True
+        ok, m1, ratio = judge(scan, best_t.double().numpy(), complete, bounds, near)
+        for k in np.nonzero(ok)[0]:
+            t = int(scan.distinct.ids[k])
+            s, m = scan.bias_scaled(t, float(m1[k]))
+            decided.append(Argmaxable(token=t, stage=1, margin=m, scale=s))
+        return StageResult(name="gemm", decided=tuple(decided), open=np.nonzero(~ok)[0], cut=cut,
+                           bound_ratio=(np.arange(n), ratio), q_dot_max=bounds.q_dot_max, products=px)
+    return StageResult(name="gemm", decided=tuple(decided), open=still_open(np.arange(n), decided, scan.distinct.position),
+                       cut=stop.cut, interrupted=stop.interrupted)
 
 
-def _dense_maxima(st: ScanState, block: int, rank: int, size: int, T: np.ndarray):
+def _dense_maxima(scan: Scan, block: int, rank: int, size: int, T: np.ndarray):
     """Every pair's exact product (the upper triangle of ``Q Q^T``): the rows' maxima, the number
-    of leading rows whose maximum is complete, and the :class:`~vocablens.argmax.near.NearPairs`
-    whose product reaches the row's threshold ``T`` [n] (every rank's, under torch.distributed).
+    of leading rows whose maximum is complete, the :class:`~vocablens.argmax.near.NearPairs`
+    whose product reaches the row's threshold ``T`` [n] (every rank's, under torch.distributed),
+    the exact int8 kernel picked (:func:`~vocablens.argmax.kernels.exact_products`; None on a GPU)
+    and whether the budget cut the pass short.
 
     On the CPU the row blocks go to ``torch.get_num_threads()`` Python workers that each run their
     products and reductions on one torch thread (a shared counter hands out the blocks; each worker
     keeps its own maxima, merged at the end): a product is then never a parallel region whose threads
     wait for each other (on a shared machine a descheduled peer stalls the others). The
     main thread is one of the workers and reports the progress."""
-    from vocablens.argmax.state import OutOfTime, run_in_workers
+    from vocablens.argmax.blocks import OutOfTime, run_in_workers
 
-    n = st.n
-    dev = torch.device(getattr(st, "device", "cpu") or "cpu")
-    Qt = st.Q.to(dev)                                  # --device cuda: the products run on the GPU
+    n = scan.n
+    dev = torch.device(scan.device or "cpu")
+    Qt = scan.Q.to(dev)                                  # --device cuda: the products run on the GPU
     mine = [i0 for bi, i0 in enumerate(range(0, n, block)) if bi % size == rank]
     workers = max(1, min(torch.get_num_threads(), len(mine))) if dev.type == "cpu" else 1
     finished: set = set()
@@ -140,7 +157,7 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int, T: np.ndarray
         QI = Qt[i0:i1].float() if floating and (px is None or px.kind == "float32") else Qt[i0:i1]
         for c0 in range(i0, n, col_chunk):
             if size == 1:
-                st.check_time()
+                scan.check_time()
             c1 = min(n, c0 + col_chunk)
             S = imm(QI, Qt[c0:c1]) if px is None else px.mm(QI, c0, c1)     # [bi, bc] exact integers
             if c0 < i1:                                 # the diagonal runs through it: masked
@@ -156,13 +173,13 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int, T: np.ndarray
         now = complete_rows() if size == 1 else i1
         if w == 0 and now > told[0]:                    # progress from the main thread only
             told[0] = now
-            st.progress("gemm", now, n)
+            scan.progress("gemm", now, n)
 
     threads = torch.get_num_threads()
     if workers > 1:
         torch.set_num_threads(1)                        # the kernel is picked (timed) as it will run
     try:
-        px = exact_products(st) if dev.type == "cpu" else None     # the scan's exact int8 kernel
+        px = exact_products(scan.Q, scan.device) if dev.type == "cpu" else None     # the scan's exact int8 kernel
         imm = exact_int_matmul(Qt) if px is None else None          # the GPU's (--device cuda)
         probe = imm(Qt[:2], Qt[:2]) if px is None else px.mm(Qt[:2], 0, 2)
     finally:
@@ -176,16 +193,17 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int, T: np.ndarray
     col_chunk = rows_per_block(max(block, Qt.shape[1]), 4, GEMM_BYTES)
     if px is not None and px.align > 1:                 # whole packed chunks
         col_chunk = max(px.align, col_chunk // px.align * px.align)
+    cut = False
     try:
         run_in_workers(mine, work, workers)
     except OutOfTime:
-        st.cut("gemm")
+        cut = True
     best = bests[0]
     for b in bests[1:]:
         torch.maximum(best, b, out=best)
     done = complete_rows() if size == 1 else (n if len(finished) == len(mine) else 0)
-    if size == 1 and done > told[0] and "gemm" not in st.cut_short:
-        st.progress("gemm", done, n)
+    if size == 1 and done > told[0] and not cut:
+        scan.progress("gemm", done, n)
     best = best.cpu()
     if size > 1:
         # each rank picks its faster kernel by timing, so one rank's maxima may be int32 and
@@ -195,7 +213,7 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int, T: np.ndarray
         allreduce_max(best)
         gather_near(near)
         done = n
-    return best, done, near
+    return best, done, near, px, cut
 
 
 #: competitors kept per row the first scoring leaves open (the proof stage starts from them and
@@ -203,11 +221,13 @@ def _dense_maxima(st: ScanState, block: int, rank: int, size: int, T: np.ndarray
 START_TOP = 32
 
 
-def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
-    """Stage 2 on ``st.left``; failures stay in ``st.left``.
+def stage_reflect(scan: Scan, left: np.ndarray, iters: int, parts=None) -> StageResult:
+    """Stage 2 on the open rows ``left`` (int64 positions into ``distinct.ids``): the rows it
+    decides, those left open, the rigorous certificates' ``bound_ratio`` and the top competitors
+    of the rows left open (``start_top``, where the proof stage starts).
 
     The open rows go through one pool of at most :data:`REFLECT_COLS` columns (fewer when their
-    scores [n, columns] would pass :data:`~vocablens.argmax.state.BLOCK_BYTES`): each pass scores
+    scores [n, columns] would pass :data:`~vocablens.argmax.blocks.BLOCK_BYTES`): each pass scores
     every pooled direction against all rows with one product, settles the columns it certifies,
     reflects the others, and refills the freed columns from the rows still waiting. A pass costs
     about one read of Z however few columns it holds, so the pool keeps passes full: the number of
@@ -216,33 +236,44 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
 
     Args:
         iters: scorings per column at most (the first at ``y = z_t``, then after each reflection).
-        screen: optional ``(state, cols, top) -> bool mask`` called (for at most :data:`SCREEN_COLS`
-            columns at a time) with the :data:`START_TOP` rows scoring highest at ``y = z_t``
-            (int64 [m, k], best first, the row itself left out) for the columns the first scoring
-            did not settle; it returns the columns it settled itself (a quick interior proof), which
-            then skip the reflections.
+        parts: the :class:`~vocablens.argmax.sparse.InteriorParts` of a scan without bias, or None.
+            With them the columns the first scoring did not settle get a quick interior proof
+            (:func:`~vocablens.argmax.sparse.screen_interior`, at most :data:`SCREEN_COLS` columns at
+            a time, from the :data:`START_TOP` rows scoring highest at ``y = z_t``); the columns it
+            settles skip the reflections.
     """
-    if not len(st.left) or iters <= 0:
-        return
-    Zn, coef = st.Z.numpy(), (st.r * U32 / (1 - st.r * U32) + 3 * U32) * 1.01
+    if not len(left) or iters <= 0:
+        return StageResult(name="reflect", decided=(), open=left)
+    decided: list = []
+    with Stopped() as stop:
+        return _reflect(scan, left, iters, parts, decided)
+    return StageResult(name="reflect", decided=tuple(decided), open=still_open(left, decided, scan.distinct.position),
+                       cut=stop.cut, interrupted=stop.interrupted)
+
+
+def _reflect(scan: Scan, left: np.ndarray, iters: int, parts, decided: list) -> StageResult:
+    """The body of :func:`stage_reflect`; appends to ``decided`` as it goes."""
+    Zn, coef = scan.Z.numpy(), (scan.r * U32 / (1 - scan.r * U32) + 3 * U32) * 1.01
     still: list[np.ndarray] = []
-    left = st.left
-    use8 = int8_ready(st)                                   # int8 scores, streamed over Q's rows
-    med = float(np.median(st.white.z_norm))
-    if st.src.bias is None and st.n > st.r + 2:
+    ratios: list = []                                       # (positions, margin / slack) of the int8 scorings
+    start_top: dict = {}
+    cut = False
+    use8 = int8_ready(scan)                                   # int8 scores, streamed over Q's rows
+    med = float(np.median(scan.white.z_norm))
+    if scan.source.bias is None and scan.n > scan.r + 2:
         # rows near the centre go straight to the proof stage: the tilt proves them (a direction
         # for them is never found by reflections) and the NNLS proofs make their own start sets
-        centre = st.white.z_norm[left] <= TILT_NORM * med
+        centre = scan.white.z_norm[left] <= TILT_NORM * med
         still.append(left[centre])
         left = left[~centre]
-    ncol = REFLECT_COLS if use8 else rows_per_block(st.n, 4, most=REFLECT_COLS)   # float32: [ncol, n] fit BLOCK_BYTES
+    ncol = REFLECT_COLS if use8 else rows_per_block(scan.n, 4, most=REFLECT_COLS)   # float32: [ncol, n] fit BLOCK_BYTES
     cols = np.zeros(0, dtype=np.int64)
-    Y = np.zeros((0, st.r), dtype=np.float32)                # one direction per pooled column
+    Y = np.zeros((0, scan.r), dtype=np.float32)                # one direction per pooled column
     age = np.zeros(0, dtype=np.int64)                        # scorings done per pooled column
     nxt, finished = 0, 0
     while True:
-        if st.time_left() <= 0:
-            st.cut("reflect")
+        if scan.time_left() <= 0:
+            cut = True
             still += [cols, left[nxt:]]
             break
         add = left[nxt:nxt + ncol - len(cols)]
@@ -256,8 +287,8 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
         S = top = None
         if use8 and len(cols) >= 32:
             # int8 products with a rigorous bound, the near calls exact (vocablens.argmax.scoring)
-            done, gap, jstar, top, lead, slack = int8_pass(st, cols, Y, START_TOP, np.nonzero(age == 0)[0])
-            st.bound_ratio[cols[done]] = gap[done] / slack[done]     # rigorous: verify re-checks the smallest
+            done, gap, jstar, top, lead, slack = int8_pass(scan, cols, Y, START_TOP, np.nonzero(age == 0)[0])
+            ratios.append((cols[done], gap[done] / slack[done]))     # rigorous: verify re-checks the smallest
         else:
             # scores [m, n]: numpy's float32 GEMM and reductions along rows (faster than torch's
             # [n, m] product and column maxima: docs/performance-argmax.md)
@@ -268,29 +299,31 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
             bestv = S[ar, jstar]
             ynorm = np.linalg.norm(Y.astype(np.float64), axis=1)
             mm = own.astype(np.float64) - bestv
-            bnd = coef * ynorm * (st.white.z_norm[cols] + st.white.z_norm_max) + 1e-30
+            bnd = coef * ynorm * (scan.white.z_norm[cols] + scan.white.z_norm_max) + 1e-30
             done, gap = mm > bnd, mm - bnd
             lead = bestv.astype(np.float64) / np.maximum(np.abs(own.astype(np.float64)), 1e-300)
         dq = np.nonzero(done)[0]
-        X = Y[dq].astype(np.float64) @ st.white.whiten.T                # the certificates x = A y, one GEMM
+        X = Y[dq].astype(np.float64) @ scan.white.whiten.T                # the certificates x = A y, one GEMM
         for i, q in enumerate(dq):
-            t = int(st.distinct.ids[int(cols[q])])
-            st.settle_arg_y(t, 2, Y[q].astype(np.float64), float(gap[q]), X[i])
+            t = int(scan.distinct.ids[int(cols[q])])
+            decided.append(argmaxable_at(scan, t, 2, Y[q].astype(np.float64), float(gap[q]), X[i]))
         fresh = np.nonzero(~done & (age == 0))[0]            # first scoring, at y = z_t
         if len(fresh) and top is None:
-            k = min(START_TOP, st.n - 1)
+            k = min(START_TOP, scan.n - 1)
             top = np.zeros((len(cols), k), dtype=np.int64)
             top[fresh] = torch.topk(torch.from_numpy(S[fresh]), k, dim=1).indices.numpy()
         # the quick interior proof only where it can work: a row well beaten at its own direction
         # (a point between a few rows and the centre has competitors scoring ~2x its own), and not
         # a row near the centre (the tilt proves those; the Ball and 32 rows rarely reach them)
-        tryq = fresh[(lead[fresh] >= SCREEN_LEAD) & (st.white.z_norm[cols[fresh]] > TILT_NORM * med)]
-        if screen is not None and len(tryq):
+        tryq = fresh[(lead[fresh] >= SCREEN_LEAD) & (scan.white.z_norm[cols[fresh]] > TILT_NORM * med)]
+        if parts is not None and len(tryq):
             for j in range(0, len(tryq), SCREEN_COLS):
                 part = tryq[j:j + SCREEN_COLS]
-                done[part] |= screen(st, cols[part], top[part])
-        for q in fresh[~done[fresh]]:             # the proof stage starts from these, and does not
-            st.start_top[int(cols[q])] = (top[q], screen is not None)    # try the sparse proof again
+                got, certs = screen_interior(scan, parts, cols[part], top[part])
+                done[part] |= got
+                decided.extend(certs)
+        for q in fresh[~done[fresh]]:             # the proof stage starts from these
+            start_top[int(cols[q])] = top[q]
         del S
         age += 1
         spent = ~done & (age >= iters)
@@ -302,5 +335,9 @@ def stage_reflect(st: ScanState, iters: int, screen=None) -> None:
             nv = Zn[cols] - Zn[jstar]                    # [m, r]  z_t - z_j
             coefr = (nv * Y).sum(1) / np.maximum((nv * nv).sum(1), 1e-30)
             Y = Y - (2.0 * coefr)[:, None] * nv
-        st.progress("reflect", finished, len(left))
-    st.left = np.sort(np.concatenate(still)) if still else np.zeros(0, dtype=np.int64)
+        scan.progress("reflect", finished, len(left))
+    pos = np.concatenate([p for p, _ in ratios]) if ratios else np.zeros(0, dtype=np.int64)
+    ratio = np.concatenate([v for _, v in ratios]) if ratios else np.zeros(0)
+    return StageResult(name="reflect", decided=tuple(decided),
+                       open=np.sort(np.concatenate(still)) if still else np.zeros(0, dtype=np.int64),
+                       cut=cut, bound_ratio=(pos, ratio), start_top=start_top)

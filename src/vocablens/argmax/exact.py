@@ -43,8 +43,13 @@ the near misses on the int8 grid), ``proof`` and ``bias``
 competitors, with the mean of the other rows as a shared column, HiGHS LPs as the fallback; the
 lifted LP with a bias) and ``verify``
 (:mod:`~vocablens.argmax.verify`: float64 re-check). Stage prepare's results are frozen
-(:mod:`~vocablens.argmax.prepared`: the source rows, the distinct rows, the whitening and grid);
-every stage reads them and settles tokens in one verdict book (:class:`~vocablens.argmax.state.ScanState`).
+(:mod:`~vocablens.argmax.prepared`: the source rows, the distinct rows, the whitening and grid) and
+every later stage reads them through one frozen :class:`~vocablens.argmax.scan.Scan`. Each stage
+takes the rows the one before left open and returns a frozen
+:class:`~vocablens.argmax.decisions.StageResult`: the tokens it decided, each with its certificate
+or the reason it gave up, and the rows still open. Only this driver folds those results into the
+per-token arrays (:class:`~vocablens.argmax.book.VerdictBook`) and freezes them into the
+:class:`ArgmaxResult`.
 
 A solver failure never becomes a verdict: such tokens are ``undecided`` with a reason; so are the
 tokens left open when the time budget runs out (reason ``"budget"``; the result names the stages
@@ -60,27 +65,30 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 
+from vocablens.argmax.blocks import one_blas_thread
+from vocablens.argmax.book import VerdictBook
 from vocablens.argmax.certificates import stage_gemm, stage_reflect
-from vocablens.argmax.verify import stage_verify, verify_argmaxable
-from vocablens.argmax.distributed import gather as dist_gather
-from vocablens.argmax.distributed import deal_open_rows
-from vocablens.ops.vocab_parallel.comm import world
-from vocablens.argmax.prepared import SourceRows
-from vocablens.argmax.preparation import apply_masks, as_numpy, check_input, dedupe, whiten
+from vocablens.argmax.decisions import Argmaxable, StageResult, Stopped
+from vocablens.argmax.distributed import exchange
 from vocablens.argmax.lp import stage_bias
-from vocablens.models.pages import PageRelease
+from vocablens.argmax.preparation import as_numpy, check_input, dedupe, excluded, whiten
+from vocablens.argmax.prepared import SourceRows
 from vocablens.argmax.proofs import stage_proof
-from vocablens.argmax.sparse import screen_interior
 from vocablens.argmax.result import (
     ARGMAXABLE, BUDGET, DUPLICATE, PADDING, STAGES, UNARGMAXABLE, UNDECIDED, UNTRAINED, VERDICTS,
     ArgmaxResult, Progress,
 )
-from vocablens.argmax.state import OutOfTime, ScanState, one_blas_thread
+from vocablens.argmax.scan import Clock, Scan
+from vocablens.argmax.sparse import InteriorParts
+from vocablens.argmax.verify import stage_verify, verify_argmaxable
 from vocablens.errors import BadInput
+from vocablens.models.pages import PageRelease
+from vocablens.ops.vocab_parallel.comm import world
 
 
 def find_unargmaxable(
@@ -150,16 +158,18 @@ def find_unargmaxable(
     """
     W, bias = check_input(W, bias, {"padding": padding, "untrained": untrained, "defer": defer})
     _check_options(verify, time_budget_s, row_budget_s, device)
-    st = ScanState.new(W.shape[0], W.shape[1], tol, progress, time_budget_s)
-    st.device = str(device)
-    apply_masks(st, padding, untrained, include_padding, include_untrained)
-    _prepare(st, W, bias, defer)
-    if st.n <= 1 or st.cut_short:
-        return st.result()
-    _run_stages(st, reflect_iters, block, max_rounds, row_budget_s)
-    st.z_to_q()                         # the re-check and the result read Q only: Z goes
-    _timed(st, "verify", lambda: stage_verify(st, verify))
-    return st.result()
+    book = VerdictBook(W.shape[0], W.shape[1], tol, time_budget_s, bias is not None)
+    clock = Clock(t0=book.t0, deadline=None if time_budget_s is None else book.t0 + float(time_budget_s),
+                  progress=progress or (lambda *_: None))
+    book.exclude(*excluded(padding, untrained, include_padding, include_untrained))
+    scan, distinct = _prepare(book, clock, W, bias, defer, tol, str(device))
+    if scan is None:
+        return book.result(None, distinct)
+    scan = _run_stages(book, scan, reflect_iters, block, max_rounds, row_budget_s)
+    scan = scan.without_z()             # the re-check and the result read Q only: Z goes
+    _timed(book, "verify", lambda: book.fold_verify(*stage_verify(
+        scan, verify, book.argmaxable_candidates(), book.bound_ratio, book.x_extra, book.scale, book.in_play)))
+    return book.result(scan, distinct)
 
 
 def _check_options(verify: str, time_budget_s, row_budget_s, device: str) -> None:
@@ -179,75 +189,96 @@ def _check_options(verify: str, time_budget_s, row_budget_s, device: str) -> Non
                        f"{' (CUDA is not available here)' if dev.type == 'cuda' else ''}")
 
 
-def _prepare(st: ScanState, W: torch.Tensor, bias: torch.Tensor | None, defer: torch.Tensor | None) -> None:
-    """Stage prepare: the source rows, the distinct rows (duplicates settled), and with more than
-    one distinct row the whitening, Z and Q (:mod:`~vocablens.argmax.preparation`); a budget spent
-    here marks the stage cut short."""
+def _prepare(book: VerdictBook, clock: Clock, W: torch.Tensor, bias: torch.Tensor | None,
+             defer: torch.Tensor | None, tol: float, device: str):
+    """Stage prepare: the source rows, the distinct rows (duplicates folded into the book), and with
+    more than one distinct row the whitening, Z and Q (:mod:`~vocablens.argmax.preparation`).
+    Returns ``(scan, distinct)``: the :class:`~vocablens.argmax.scan.Scan` (None when there is
+    nothing left to decide: one distinct row, or a budget spent here, which marks the stage cut
+    short) and the distinct rows (None when the budget ran out before them)."""
     rows = as_numpy(W)
-    st.src = SourceRows(rows=rows, bias=None if bias is None else bias.detach().cpu().double().numpy(),
+    source = SourceRows(rows=rows, bias=None if bias is None else bias.detach().cpu().double().numpy(),
                         defer=None if defer is None else defer.cpu().numpy(),
                         pages=PageRelease(rows))    # W's pages go back after each pass once Z is being built
-    try:
-        st.distinct = dedupe(st)
-        if st.n == 1:
+    scan = distinct = None
+    with Stopped() as stop:
+        distinct, groups, dominated = dedupe(source, book.in_play, clock)
+        book.fold_duplicates(groups, dominated)
+        if len(distinct.ids) == 1:
             # one distinct row: it wins (or ties with its twins) everywhere; x = 0 is a certificate
-            t = int(st.distinct.ids[0])
-            st.x_extra[t] = torch.zeros(st.d, dtype=torch.float64)
-            st.settle_arg(t, 0, math.inf)
-        if st.n > 1:
-            st.white, st.Z, st.Q = whiten(st)
-            st.left = np.arange(st.n)
-    except OutOfTime:
-        st.cut("prepare")
-    st.timings["prepare"] = time.perf_counter() - st.t0
-    st.cpu["prepare"] = time.process_time() - st.c0
+            t = int(distinct.ids[0])
+            one = Argmaxable(token=t, stage=0, margin=math.inf, x=torch.zeros(book.d, dtype=torch.float64))
+            book.fold(StageResult(name="prepare", decided=(one,), open=np.zeros(0, dtype=np.int64)))
+        if len(distinct.ids) > 1:
+            white, Z, Q = whiten(source, distinct, clock)
+            scan = Scan(V=book.V, d=book.d, tol=tol, clock=clock, source=source, distinct=distinct,
+                        white=white, Z=Z, Q=Q, device=device)
+    if stop.interrupted:
+        raise KeyboardInterrupt
+    if stop.cut:
+        book.cut("prepare")
+        scan = None
+    book.timings["prepare"] = time.perf_counter() - book.t0
+    book.cpu["prepare"] = time.process_time() - book.c0
+    return scan, distinct
 
 
-def _timed(st: ScanState, name: str, fn):
+def _timed(book: VerdictBook, name: str, fn):
     """Run one stage, add its wall and CPU time; Ctrl-C marks the run interrupted."""
     ts, cs = time.perf_counter(), time.process_time()
     try:
         return fn()
     except KeyboardInterrupt:
-        st.interrupted = True
+        book.interrupted = True
     finally:
-        st.timings[name] += time.perf_counter() - ts
-        st.cpu[name] += time.process_time() - cs
+        book.add_time(name, time.perf_counter() - ts, time.process_time() - cs)
 
 
-def _run_stages(st: ScanState, reflect_iters: int, block: int, max_rounds: int, row_budget_s) -> None:
-    """gemm -> reflect -> proof -> bias, each skipped (and named cut short) once time is up.
-    Under torch.distributed the all-pairs stage is split by blocks and the open rows by rank
-    (:mod:`~vocablens.argmax.distributed`); every rank ends with the same state."""
-    screen = screen_interior if st.src.bias is None else None
-    fails: dict = {}
-    stages = (("gemm", lambda: stage_gemm(st, block)),
-              ("reflect", lambda: stage_reflect(st, reflect_iters, screen)),
-              ("proof", lambda: fails.update(stage_proof(st, max_rounds, row_budget_s))),
-              ("bias", lambda: stage_bias(st, fails, max_rounds) if st.src.bias is not None else None))
+def _run_stages(book: VerdictBook, scan: Scan, reflect_iters: int, block: int, max_rounds: int,
+                row_budget_s) -> Scan:
+    """gemm -> reflect -> proof -> bias, each taking the rows the one before left open and each
+    skipped (and named cut short) once time is up; their results folded into the book in order.
+    Returns the scan with stage gemm's int8 kernel. Under torch.distributed the all-pairs stage is
+    split by blocks and the open rows by rank (:mod:`~vocablens.argmax.distributed`); every rank
+    then folds every rank's results, so all end with the same book."""
+    has_bias = scan.source.bias is not None
+    parts = None if has_bias else InteriorParts()      # the Ball and the tilt's sums, built on first use
     rank, size = world()
-    mine = before = None
-    for name, fn in stages:
+    left, lifted, start_top = np.arange(scan.n), {}, {}
+    mine: list | None = None
+    for name in ("gemm", "reflect", "proof", "bias"):
         if size > 1 and name == "reflect":
-            before, mine = dict(st.settled), deal_open_rows(st)
-            st.left = mine
-        if st.interrupted:
+            left, mine = left[rank::size], []           # this rank's share of the open rows
+        if book.interrupted:
             break
-        if st.cut_short or st.time_left() <= 0:
-            if name == "gemm" or (name == "bias" and fails) or (name != "bias" and len(st.left)):
-                st.cut(name)
+        if book.cut_short or scan.time_left() <= 0:
+            if name == "gemm" or (name == "bias" and lifted) or (name != "bias" and len(left)):
+                book.cut(name)
             continue
-        try:
-            if name == "gemm":
-                _timed(st, name, fn)    # Q stays: the reflect stage's int8 scores and the tilt read it
-            else:
-                with one_blas_thread():
-                    _timed(st, name, fn)
-        except OutOfTime:
-            st.cut(name)
-            st.left = st.still_open(st.left)
-    if size > 1 and mine is not None:
-        dist_gather(st, mine, st.left, before)
+        if name == "gemm":
+            res = _timed(book, name, lambda: stage_gemm(scan, block))  # Q stays: reflect and the tilt read it
+        elif name == "bias" and not has_bias:
+            continue
+        else:
+            fn = {"reflect": lambda: stage_reflect(scan, left, reflect_iters, parts),
+                  "proof": lambda: stage_proof(scan, left, max_rounds, row_budget_s, start_top, parts),
+                  "bias": lambda: stage_bias(scan, lifted, max_rounds)}[name]
+            with one_blas_thread():
+                res = _timed(book, name, fn)
+        if res is None:                                 # Ctrl-C outside a stage's own guard
+            break
+        book.fold(res)
+        if name == "gemm":
+            scan = replace(scan, products=res.products, q_norm_max=math.sqrt(res.q_dot_max or 0.0))
+        left, start_top, lifted = res.open, res.start_top, res.lifted
+        if mine is not None:
+            mine.append(replace(res, start_top={}, lifted={}))
+    if mine is not None:
+        for r, theirs in enumerate(exchange(mine)):
+            if r != rank:
+                for res in theirs:
+                    book.fold(replace(res, interrupted=False))
+    return scan
 
 
 __all__ = [

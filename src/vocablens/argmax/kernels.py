@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from vocablens.argmax.state import run_in_workers
+from vocablens.argmax.blocks import run_in_workers
 
 #: Q's rows per packed chunk: the all-pairs stage's column blocks and the scoring blocks are
 #: multiples of it (a product over a range that is not costs the chunks it touches)
@@ -120,8 +120,9 @@ class Products:
     ending at multiples of it cost no more than their rows (the packed chunks).
     """
 
-    def __init__(self, Q: torch.Tensor, kind: str, packed: PackedRows | None = None):
+    def __init__(self, Q: torch.Tensor, kind: str, packed: PackedRows | None = None, timing: dict | None = None):
         self.Q, self.kind, self.packed = Q, kind, packed
+        self.timing = dict(timing or {})            # ms per probe product of each kernel that was timed
         self.n, self.r = Q.shape
         self.align = packed.rows if packed is not None else 1
         self._fp = fp32_exact_mm(self.r)
@@ -157,9 +158,10 @@ def _extremes(r: int) -> torch.Tensor:
     return ext
 
 
-def exact_products(st) -> Products | None:
-    """The scan's exact int8 product kernel (picked once and kept on ``st``), or None where no
-    kernel can serve: Q not resident, not int8 or not on the CPU, fewer than 64 rows.
+def exact_products(Q: torch.Tensor | None, device: str = "cpu") -> Products | None:
+    """The exact int8 product kernel for the rows of ``Q`` (int8 [n, r]), or None where no kernel
+    can serve: Q absent, not int8 or not on the CPU, the scan's products on a GPU (``device``),
+    fewer than 64 rows. Stage gemm picks it once per scan (:mod:`~vocablens.argmax.certificates`).
 
     Each candidate kernel (:class:`Products`) counts only where it reproduces int64 products on
     Q's own rows and on rows at the grid's extremes (on some CPUs oneDNN's int8 path saturates
@@ -168,12 +170,8 @@ def exact_products(st) -> Products | None:
     512 rows), is used. float32 GEMMs are always a candidate, so a kernel exists wherever Q is
     resident. Which kernel wins differs by CPU by up to 30x (docs/performance-argmax.md).
     """
-    if getattr(st, "_products", False) is not False:
-        return st._products
-    st._products = None
-    Q = st.Q
-    if (Q is None or Q.device.type != "cpu" or Q.dtype != torch.int8 or st.n < 64
-            or str(getattr(st, "device", None) or "cpu") != "cpu"):
+    if (Q is None or Q.device.type != "cpu" or Q.dtype != torch.int8 or Q.shape[0] < 64
+            or str(device or "cpu") != "cpu"):
         return None
     n, r = Q.shape
     sample = Q[: min(n, 2 * PACK_ROWS + 3)]             # across a chunk boundary
@@ -214,9 +212,7 @@ def exact_products(st) -> Products | None:
     packed = None
     if kind == "onednn":
         packed = PackedRows(Q, workers=threads)
-    st._products = Products(Q, kind, packed)
-    st.products_timing = {k: (round(v * 1e3, 3)) for k, v in times.items()}   # ms per probe product
-    return st._products
+    return Products(Q, kind, packed, {k: (round(v * 1e3, 3)) for k, v in times.items()})
 
 
 __all__ = ["MAX_WIDTH", "PACK_ROWS", "PackedRows", "Products", "exact_products", "fp32_exact_mm"]

@@ -7,16 +7,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vocablens.argmax.state import U32, ScanState
+from vocablens.argmax.blocks import U32
+from vocablens.argmax.decisions import Argmaxable, GaveUp, StageResult, Stopped, dominated, still_open
+from vocablens.argmax.scan import Scan
 
 
-def slack(st: ScanState, Y: torch.Tensor) -> np.ndarray:
+def slack(scan: Scan, Y: torch.Tensor) -> np.ndarray:
     """Bound on the float32 rounding of ``Z y`` for each column of Y [r, m] (float64 [m])."""
-    r = st.r
-    return 2.02 * (r * U32 / (1 - r * U32) + 3 * U32) * Y.double().norm(dim=0).numpy() * st.white.z_norm_max + 1e-300
+    r = scan.r
+    return 2.02 * (r * U32 / (1 - r * U32) + 3 * U32) * Y.double().norm(dim=0).numpy() * scan.white.z_norm_max + 1e-300
 
 
-def lp_proof(st: ScanState, bz: np.ndarray | None, k: int, S, max_rounds: int):
+def lp_proof(scan: Scan, bz: np.ndarray | None, k: int, S, max_rounds: int):
     """HiGHS LP with constraint generation (Grivas et al.'s Chebyshev LP, reformulated).
 
     max tau  s.t.  (z_j - z_k).y + (b_j - b_k) s + tau <= 0  (j in S),  -1 <= y <= 1,
@@ -31,14 +33,14 @@ def lp_proof(st: ScanState, bz: np.ndarray | None, k: int, S, max_rounds: int):
     """
     from scipy.optimize import linprog
 
-    r = st.r
-    zt = st.z64([k])[0]
+    r = scan.r
+    zt = scan.z64([k])[0]
     S = np.asarray(S, dtype=np.int64)
     Sset = set(S.tolist())
     has_b = bz is not None
     for _ in range(max_rounds):
-        st.check_time()
-        D = st.z64(S) - zt
+        scan.check_time()
+        D = scan.z64(S) - zt
         bcol = (bz[S] - bz[k])[:, None] if has_b else np.zeros((len(S), 1))
         Aub = np.hstack([D, bcol, np.ones((len(S), 1))])
         c = np.zeros(r + 2)
@@ -54,7 +56,7 @@ def lp_proof(st: ScanState, bz: np.ndarray | None, k: int, S, max_rounds: int):
             return ("undecided", f"HiGHS status {res.status}: {res.message}")
         tau = float(res.x[-1])
         scaleD = float(np.median(np.abs(D).sum(1))) + 1e-30
-        if tau <= st.tol * scaleD:
+        if tau <= scan.tol * scaleD:
             mu = np.clip(-np.asarray(res.ineqlin.marginals), 0, None)
             if mu.sum() <= 0:
                 return ("undecided", "HiGHS gave no dual multipliers")
@@ -67,8 +69,8 @@ def lp_proof(st: ScanState, bz: np.ndarray | None, k: int, S, max_rounds: int):
             # failure, but use it if it does (scale the bias away)
             s_ = 1e-12
         yt = torch.from_numpy(np.ascontiguousarray(y)).float()
-        sc = (st.Z @ yt).double().numpy()
-        sl = float(slack(st, yt[:, None])[0])
+        sc = (scan.Z @ yt).double().numpy()
+        sl = float(slack(scan, yt[:, None])[0])
         if has_b:
             sc = sc / s_ + bz
             sl = sl / s_
@@ -85,27 +87,38 @@ def lp_proof(st: ScanState, bz: np.ndarray | None, k: int, S, max_rounds: int):
     return ("undecided", "LP did not converge")
 
 
-def stage_bias(st: ScanState, fails: dict, max_rounds: int) -> None:
-    """The lifted LP for each no-bias failure (bias in play); settles argmaxable or dominated."""
-    bz = st.src.bias[st.distinct.ids]
-    items = list(fails.items())
+def stage_bias(scan: Scan, lifted: dict, max_rounds: int) -> StageResult:
+    """The lifted LP for each no-bias failure (``lifted``: token -> ``(ids, weights)`` from stage
+    proof): argmaxable with the bias, dominated, or given up on with the reason."""
+    decided: list = []
+    with Stopped() as stop:
+        _lifted_lps(scan, lifted, max_rounds, decided)
+    rows = scan.distinct.position[np.asarray(list(lifted), dtype=np.int64)]
+    return StageResult(name="bias", decided=tuple(decided), open=still_open(np.sort(rows), decided, scan.distinct.position),
+                       cut=stop.cut, interrupted=stop.interrupted)
+
+
+def _lifted_lps(scan: Scan, lifted: dict, max_rounds: int, decided: list) -> None:
+    """The body of :func:`stage_bias`; appends to ``decided`` as it goes."""
+    bz = scan.source.bias[scan.distinct.ids]
+    items = list(lifted.items())
     for q, (t, (ids, wts)) in enumerate(items):
-        st.check_time()
-        k = int(st.distinct.position[t])
-        out = lp_proof(st, bz, k, st.distinct.position[np.asarray(ids, dtype=np.int64)], max_rounds)
+        scan.check_time()
+        k = int(scan.distinct.position[t])
+        out = lp_proof(scan, bz, k, scan.distinct.position[np.asarray(ids, dtype=np.int64)], max_rounds)
         if out[0] == "arg":
             y, s_, m0 = out[1], out[2], out[3]
-            st.x_extra[t] = torch.from_numpy(st.white.whiten @ (y / s_))
-            st.settle_arg(t, 4, m0)
+            decided.append(Argmaxable(token=int(t), stage=4, margin=m0,
+                                      x=torch.from_numpy(scan.white.whiten @ (y / s_))))
         elif out[0] == "int":
-            ids2, wts2 = st.distinct.ids[out[1]], out[2]
-            rvec = st.rows64(ids2).T @ wts2 - st.rows64([t])[0]
+            ids2, wts2 = scan.distinct.ids[out[1]], out[2]
+            rvec = scan.rows64(ids2).T @ wts2 - scan.rows64([t])[0]
             rn = float(np.linalg.norm(rvec))
-            gap = float(st.src.bias[ids2] @ wts2 - st.src.bias[t])
-            if rn <= st.tol * st.white.w_scale and gap >= -st.tol * (1.0 + abs(st.src.bias[t])):
-                st.settle_unarg(t, ids2, wts2, rn, 4)
+            gap = float(scan.source.bias[ids2] @ wts2 - scan.source.bias[t])
+            if rn <= scan.tol * scan.white.w_scale and gap >= -scan.tol * (1.0 + abs(scan.source.bias[t])):
+                decided.append(dominated(t, ids2, wts2, rn, 4))
             else:
-                st.reasons[t] = f"lifted LP certificate failed its check (residual {rn:.3g}, bias gap {gap:.3g})"
+                decided.append(GaveUp(int(t), f"lifted LP certificate failed its check (residual {rn:.3g}, bias gap {gap:.3g})"))
         else:
-            st.reasons[t] = out[1]
-        st.progress("bias", q + 1, len(items))
+            decided.append(GaveUp(int(t), out[1]))
+        scan.progress("bias", q + 1, len(items))

@@ -24,28 +24,30 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vocablens.argmax.state import U64, ScanState, exact_slack, rows_per_block, run_in_workers
+from vocablens.argmax.blocks import U64, exact_slack, rows_per_block, run_in_workers
+from vocablens.argmax.scan import Scan
 
 #: competitors recorded per row and worker at most; a row with more stays open (its pairs dropped)
 NEAR_CAP = 64
 
 
-def far_up(st: ScanState, s: np.ndarray, slack: np.ndarray) -> np.ndarray:
+def far_up(scan: Scan, s: np.ndarray, slack: np.ndarray) -> np.ndarray:
     """Upper bound (float64) on a competitor's score from its exact product ``s = q_j . q_t``:
     ``qs^2 s`` (rounded up) plus the grid's ``slack`` [n] (:class:`Bounds`)."""
-    f = st.white.grid_step * st.white.grid_step * s.astype(np.float64)
+    f = scan.white.grid_step * scan.white.grid_step * s.astype(np.float64)
     return f + np.abs(f) * 4 * U64 + slack
 
 
 class Bounds:
     """Per-row float64 [n] figures of the stage-1 direction ``y = qs q_t`` (the grid row), from one
     pass over Z and Q: ``dg = q_t . q_t`` (exact), ``yn = ||y||``, ``own_q`` a lower bound on the
-    row's own score ``z_t . y`` and ``slack_q = emax ||y||`` (the bound on ``|e_j . y|``)."""
+    row's own score ``z_t . y`` and ``slack_q = emax ||y||`` (the bound on ``|e_j . y|``);
+    ``q_dot_max = max_t dg`` (the int8 scores' bound, :mod:`~vocablens.argmax.scoring`)."""
 
-    def __init__(self, st: ScanState):
-        n, r = st.n, st.r
+    def __init__(self, scan: Scan):
+        n, r = scan.n, scan.r
         self.dg, self.own_q, self.yn = np.empty(n), np.empty(n), np.empty(n)
-        Zn, Q = st.Z.numpy(), st.Q.numpy()
+        Zn, Q = scan.Z.numpy(), scan.Q.numpy()
         step = rows_per_block(r, 8)
         starts = list(range(0, n, step))
         sl = exact_slack(r) * 1.01
@@ -55,26 +57,26 @@ class Bounds:
             q = Q[s:e].astype(np.float64)
             d2 = np.einsum("ij,ij->i", q, q)
             self.dg[s:e] = d2
-            q *= st.white.grid_step                                      # y = qs q_t, float64
-            yn = np.sqrt(d2) * st.white.grid_step
+            q *= scan.white.grid_step                                      # y = qs q_t, float64
+            yn = np.sqrt(d2) * scan.white.grid_step
             self.yn[s:e] = yn
-            ex = np.einsum("ij,ij->i", Zn[s:e].astype(np.float64), q) - sl * st.white.z_norm[s:e] * yn
-            old = st.white.grid_step * st.white.grid_step * d2 - st.white.grid_error[s:e] * yn * 1.001
+            ex = np.einsum("ij,ij->i", Zn[s:e].astype(np.float64), q) - sl * scan.white.z_norm[s:e] * yn
+            old = scan.white.grid_step * scan.white.grid_step * d2 - scan.white.grid_error[s:e] * yn * 1.001
             self.own_q[s:e] = np.maximum(ex, old)
 
         run_in_workers(starts, block, max(1, min(torch.get_num_threads(), len(starts))))
-        self.slack_q = st.white.grid_error_max * self.yn * 1.001
-        st.q_dot_max = float(self.dg.max()) if n else 0.0       # max_t q_t . q_t, exact (the int8 scores' bound)
+        self.slack_q = scan.white.grid_error_max * self.yn * 1.001
+        self.q_dot_max = float(self.dg.max()) if n else 0.0       # max_t q_t . q_t, exact (the int8 scores' bound)
 
-    def thresholds(self, st: ScanState) -> np.ndarray:
+    def thresholds(self, scan: Scan) -> np.ndarray:
         """int64 [n]: the smallest integer product :func:`far_up` cannot clear: a competitor with
         ``q_j . q_t < T_t`` scores provably below the row's own lower bound (checked on the
         computed values)."""
         own, slack = self.own_q, self.slack_q
-        x = (own - slack) / (st.white.grid_step * st.white.grid_step)
+        x = (own - slack) / (scan.white.grid_step * scan.white.grid_step)
         T = np.floor(np.clip(x - np.abs(x) * 1e-12, -2.0 ** 40, 2.0 ** 40)).astype(np.int64)
         for _ in range(4):                                         # enforce far_up(T) < own exactly
-            bad = far_up(st, T, slack) >= own
+            bad = far_up(scan, T, slack) >= own
             if not bad.any():
                 break
             T[bad] -= 1 + np.abs(T[bad]) // 10 ** 9
@@ -135,48 +137,45 @@ class NearPairs:
         return t[keep], j[keep]
 
 
-def exact_near(st: ScanState, t: np.ndarray, j: np.ndarray, yn: np.ndarray) -> np.ndarray:
+def exact_near(scan: Scan, t: np.ndarray, j: np.ndarray, yn: np.ndarray) -> np.ndarray:
     """float64 [n]: the largest upper bound on ``z_j . y_t`` (``y_t = qs q_t``) over each row's
     pairs ``(t, j)``, scored from the float32 rows in float64 (``-inf`` for rows without pairs)."""
-    best = np.full(st.n, -np.inf)
+    best = np.full(scan.n, -np.inf)
     if not len(t):
         return best
-    Zn, Q = st.Z.numpy(), st.Q.numpy()
-    step = rows_per_block(st.r, 16)
-    slack = exact_slack(st.r) * 1.01
+    Zn, Q = scan.Z.numpy(), scan.Q.numpy()
+    step = rows_per_block(scan.r, 16)
+    slack = exact_slack(scan.r) * 1.01
     for s in range(0, len(t), step):
         tt, jj = t[s:s + step], j[s:s + step]
         y = Q[tt].astype(np.float64)
-        y *= st.white.grid_step
+        y *= scan.white.grid_step
         ex = np.einsum("ij,ij->i", Zn[jj].astype(np.float64), y)
-        ex += slack * st.white.z_norm[jj] * yn[tt]
+        ex += slack * scan.white.z_norm[jj] * yn[tt]
         np.maximum.at(best, tt, ex)
     return best
 
 
-def judge(st: ScanState, best: np.ndarray, complete: np.ndarray, b: Bounds, near: NearPairs | None) -> None:
-    """Settle the rows (complete maxima only) whose certificate ``y = qs q_t`` holds: every
-    competitor provably below the row's own score, by the integer bound or, for the recorded near
-    pairs, exactly. Leaves the others in ``st.left``; ``st.bound_ratio`` is each margin over its
-    rounding slack (stage verify re-checks the smallest in float64)."""
+def judge(scan: Scan, best: np.ndarray, complete: np.ndarray, b: Bounds, near: NearPairs | None):
+    """Which rows (complete maxima only) the certificate ``y = qs q_t`` settles: every competitor
+    provably below the row's own score, by the integer bound or, for the recorded near pairs,
+    exactly.
+
+    Returns ``(ok bool [n], margin float64 [n], bound_ratio float64 [n])``: the rows settled, their
+    certified margins (whitened, no bias) and each margin over its rounding slack (0 for the rows
+    not settled; stage verify re-checks the smallest in float64)."""
     best = np.where(np.isfinite(best), best, -2.0 ** 40)           # no competitor: the dtype's lowest
     live = complete & (b.dg > 0)
-    m1 = b.own_q - far_up(st, best, b.slack_q)
+    m1 = b.own_q - far_up(scan, best, b.slack_q)
     ok = (m1 > 0) & live
     if near is not None:
         t, j = near.gathered()
         cand = ~ok & live & ~near.over
         T = near.T_np
-        m_q = b.own_q - np.maximum(far_up(st, T - 1, b.slack_q), exact_near(st, t, j, b.yn))
+        m_q = b.own_q - np.maximum(far_up(scan, T - 1, b.slack_q), exact_near(scan, t, j, b.yn))
         hit = cand & (m_q > 0)
         m1, ok = np.where(hit, m_q, m1), ok | hit
-    for k in np.nonzero(ok)[0]:
-        t = int(st.distinct.ids[k])
-        s, m = st.bias_scaled(t, float(m1[k]))
-        st.scale[t] = s
-        st.settle_arg(t, 1, m)
-    st.left = np.nonzero(~ok)[0]
-    st.bound_ratio = np.where(ok, m1 / (2 * b.slack_q + 1e-300), 0.0)
+    return ok, m1, np.where(ok, m1 / (2 * b.slack_q + 1e-300), 0.0)
 
 
 __all__ = ["NEAR_CAP", "Bounds", "NearPairs", "far_up", "judge"]

@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from vocablens.argmax.state import GATHER_ROWS
+from vocablens.argmax.blocks import GATHER_ROWS
 from vocablens.errors import BadInput, ShapeMismatch
 from vocablens.ops.rows import row_logprobs, row_softmax
 

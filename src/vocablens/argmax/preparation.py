@@ -8,7 +8,7 @@
   ``Z = (W - mu) A``, and rounded to one global int8 grid ``Q`` (step ``qs``) for stage 1, with a
   rigorous bound ``enorm`` on ``||z - qs q||`` (rounding to the grid and to float32).
 
-Memory: every pass runs over blocks of rows of about :data:`~vocablens.argmax.state.BLOCK_BYTES`
+Memory: every pass runs over blocks of rows of about :data:`~vocablens.argmax.blocks.BLOCK_BYTES`
 (float64), so the peak is the float32 ``Z`` and the int8 ``Q`` ([n, r] each) plus a few such blocks,
 whatever V and d; each block checks the time budget.
 """
@@ -21,9 +21,8 @@ import numpy as np
 import torch
 
 from vocablens.ops.vocab_parallel.comm import world
-from vocablens.argmax.prepared import DistinctRows, Whitening
-from vocablens.argmax.result import DUPLICATE, PADDING, UNARGMAXABLE, UNDECIDED, UNTRAINED
-from vocablens.argmax.state import U32, ScanState, one_blas_thread, rows_per_block, run_in_workers
+from vocablens.argmax.blocks import U32, one_blas_thread, rows_per_block, run_in_workers
+from vocablens.argmax.prepared import DistinctRows, SourceRows, Whitening
 from vocablens.errors import BadInput, ShapeMismatch
 
 
@@ -89,7 +88,7 @@ def check_input(W, bias, masks: dict):
 
 class _Count:
     """Thread-safe progress of one preparation step: ``add(k)`` after each block of k rows, from any
-    worker, reports ``st.progress(stage, done, total)`` (0 when made, total at :meth:`end`)."""
+    worker, reports ``progress(stage, done, total)`` (0 when made, total at :meth:`end`)."""
 
     def __init__(self, progress, stage: str, total: int):
         import threading
@@ -157,30 +156,31 @@ def group_identical(Wn: np.ndarray, ids: np.ndarray, tick=None, progress=None):
     return inv, cnt, order
 
 
-def apply_masks(st: ScanState, padding, untrained, include_padding: bool, include_untrained: bool) -> None:
-    """Exclude padding and never-trained rows (unless included): verdict set, out of play."""
-    if padding is not None and not include_padding:
-        pm = padding.cpu().numpy()
-        st.verdict[pm] = PADDING
-        st.in_play &= ~pm
-    if untrained is not None and not include_untrained:
-        um = untrained.cpu().numpy() & st.in_play
-        st.verdict[um] = UNTRAINED
-        st.in_play &= ~um
-    st.verdict[st.in_play] = UNDECIDED
+def excluded(padding, untrained, include_padding: bool, include_untrained: bool):
+    """The padding and never-trained rows to exclude (bool [V] numpy each, None: none)."""
+    pm = None if padding is None or include_padding else padding.cpu().numpy()
+    um = None if untrained is None or include_untrained else untrained.cpu().numpy()
+    return pm, um
 
 
-def dedupe(st: ScanState) -> DistinctRows:
-    """Group bit-identical rows in play: the distinct rows; settles the duplicates (``group``, and a
-    twin with a smaller bias as dominated by its larger-bias twin) in the verdict book."""
-    play_ids = np.nonzero(st.in_play)[0]
+def dedupe(source: SourceRows, in_play: np.ndarray, clock) -> tuple[DistinctRows, list, list]:
+    """Group bit-identical rows in play (bool [V]): the distinct rows, the duplicate groups
+    ``(members, top)`` (int64 token ids: the group, and its rows with the largest bias, which can
+    only tie) with more than one top row, and the rows dominated by an identical row with a larger
+    bias ``(token, twin)``.
+
+    Raises:
+        OutOfTime: the run's budget ran out (checked per block of rows, in one process only).
+    """
+    V = len(in_play)
+    play_ids = np.nonzero(in_play)[0]
     # under torch.distributed no rank may stop alone before the collectives of whiten and gemm
-    inv, cnt, order = group_identical(st.src.rows, play_ids, st.check_time if world()[1] == 1 else None,
-                                      st.progress)
-    bn = st.src.bias
+    inv, cnt, order = group_identical(source.rows, play_ids, clock.check_time if world()[1] == 1 else None,
+                                      clock.progress)
+    bn = source.bias
     bounds = np.concatenate([[0], np.cumsum(cnt)])
     reps: list[int] = play_ids[order[bounds[:-1][cnt == 1]]].tolist()      # the unique rows
-    gid, twins = 0, {}
+    twins, groups, dominated = {}, [], []
     for g in np.nonzero(cnt > 1)[0]:
         members = play_ids[order[bounds[g]:bounds[g + 1]]]
         if bn is None:
@@ -188,24 +188,15 @@ def dedupe(st: ScanState) -> DistinctRows:
         else:
             bmax = bn[members].max()
             top = members[bn[members] == bmax]
-            for m in members[bn[members] < bmax]:
-                # dominated by an identical row with a larger bias: mu = e_top
-                st.verdict[m] = UNARGMAXABLE
-                st.stage[m] = 0
-                st.residual[m] = 0.0
-                st.combos[int(m)] = (torch.tensor([int(top[0])]), torch.tensor([1.0], dtype=torch.float64))
+            dominated += [(m, int(top[0])) for m in members[bn[members] < bmax]]
         if len(top) > 1:
-            st.group[members] = gid
-            st.verdict[top] = DUPLICATE
-            st.stage[top] = 0
+            groups.append((members, top))
             twins[int(top[0])] = top[1:]
-            gid += 1
         reps.append(int(top[0]))
     ids = np.array(sorted(reps), dtype=np.int64)
-    st.settled["prepare"] = int(np.sum(st.stage == 0))
-    position = np.full(st.V, -1, dtype=np.int64)
+    position = np.full(V, -1, dtype=np.int64)
     position[ids] = np.arange(len(ids))
-    return DistinctRows(ids=ids, position=position, twins=twins)
+    return DistinctRows(ids=ids, position=position, twins=twins), groups, dominated
 
 
 def _sum_over_ranks(t: torch.Tensor, size: int, op: str = "sum") -> None:
@@ -223,7 +214,7 @@ def _rows_f32(Wn: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return Wn[ids]
 
 
-def whiten(st: ScanState) -> tuple[Whitening, torch.Tensor, torch.Tensor]:
+def whiten(source: SourceRows, distinct: DistinctRows, clock) -> tuple[Whitening, torch.Tensor, torch.Tensor]:
     """Centre and whiten the distinct rows (float64) and put them on the int8 grid: returns the
     :class:`~vocablens.argmax.prepared.Whitening`, ``Z`` float32 [n, r] and ``Q`` int8 [n, r].
 
@@ -237,14 +228,15 @@ def whiten(st: ScanState) -> tuple[Whitening, torch.Tensor, torch.Tensor]:
     Cost: three passes over the rows (mean, covariance, whitened rows), each reading a block of
     rows into a reused float64 buffer (a view of W, no gather, where the distinct rows are a run)
     and running numpy's BLAS on it, the blocks shared out over worker threads with one BLAS thread
-    each (:func:`~vocablens.argmax.state.run_in_workers`; the covariance's blocks fixed per worker,
+    each (:func:`~vocablens.argmax.blocks.run_in_workers`; the covariance's blocks fixed per worker,
     so its sums do not depend on timing). Figures: docs/performance-argmax.md.
     """
-    n, d, Wn, reps = st.n, st.d, st.src.rows, st.distinct.ids
+    Wn, reps = source.rows, distinct.ids
+    n, d = len(reps), Wn.shape[1]
     step = rows_per_block(d, 4, most=4096)          # float64 rows, two blocks' worth: ~0.1 s each
     starts = list(range(0, n, step))
     rank, size = world()
-    tick = st.check_time if size == 1 else (lambda: None)   # ranks must reach each all_reduce together
+    tick = clock.check_time if size == 1 else (lambda: None)   # ranks must reach each all_reduce together
     mine = starts[rank::size]           # under torch.distributed each rank whitens every size-th block
     workers = max(1, min(torch.get_num_threads(), len(mine)))
     bufs = [np.empty((min(step, n), d)) for _ in range(workers)]    # each worker's float64 block
@@ -266,7 +258,7 @@ def whiten(st: ScanState) -> tuple[Whitening, torch.Tensor, torch.Tensor]:
     mu /= n
     Cs = [np.zeros((d, d)) for _ in range(workers)]
     n_mine = sum(min(s + step, n) - s for s in mine)   # this rank's rows (progress counts them)
-    count = _Count(st.progress, "prepare: covariance", n_mine)
+    count = _Count(clock.progress, "prepare: covariance", n_mine)
 
     def cov(s: int, w: int) -> None:
         tick()
@@ -291,7 +283,7 @@ def whiten(st: ScanState) -> tuple[Whitening, torch.Tensor, torch.Tensor]:
         Z = (np.zeros if size > 1 else np.empty)((n, r), dtype=np.float32)
         wsq = [0.0] * workers
         zbufs = [np.empty((len(bufs[0]), r)) for _ in range(workers)]
-        count = _Count(st.progress, "prepare: whitening", n_mine)
+        count = _Count(clock.progress, "prepare: whitening", n_mine)
 
         def whitened(s: int, w: int) -> None:
             tick()
@@ -300,7 +292,8 @@ def whiten(st: ScanState) -> tuple[Whitening, torch.Tensor, torch.Tensor]:
             wsq[w] = max(wsq[w], float(np.einsum("ij,ij->i", X, X).max()))
             np.matmul(X, A, out=zbufs[w][:k])
             Z[s:s + k] = zbufs[w][:k]                   # float64 -> float32, one rounding
-            st.release(s, s + k)                        # W's pages out as Z's come in: one [n, d] matrix
+            if source.pages is not None:                # W's pages out as Z's come in: one [n, d] matrix
+                source.pages.release(reps[s], reps[min(s + k, n) - 1] + 1)
             count.add(k)
 
         run_in_workers(mine, whitened, workers)
@@ -311,11 +304,11 @@ def whiten(st: ScanState) -> tuple[Whitening, torch.Tensor, torch.Tensor]:
         wsq_t = torch.tensor([wsq], dtype=torch.float64)
         _sum_over_ranks(wsq_t, size, "max")
         wsq = float(wsq_t)
-    grid, Q = _grid(st, Z, tick, bool(lam[keep].min() > 1e-6 * lam[-1]))
+    grid, Q = _grid(Z, source.bias, reps, clock.progress, tick, bool(lam[keep].min() > 1e-6 * lam[-1]))
     return Whitening(center=mu, whiten=A, w_scale=math.sqrt(wsq) or 1.0, **grid), torch.from_numpy(Z), Q
 
 
-def _grid(st: ScanState, Z: np.ndarray, tick, cond_ok: bool = False) -> tuple[dict, torch.Tensor]:
+def _grid(Z: np.ndarray, bias, reps: np.ndarray, progress, tick, cond_ok: bool = False) -> tuple[dict, torch.Tensor]:
     """The global int8 grid for stage 1: ``q = round(z / qs)``, ``e = z - qs q`` (z exact: plus the
     float32 rounding of Z), with the bound ``enorm >= ||e||`` per row."""
     n, r = Z.shape
@@ -333,7 +326,7 @@ def _grid(st: ScanState, Z: np.ndarray, tick, cond_ok: bool = False) -> tuple[di
     enorm = np.empty(n)
     znorm = np.empty(n)
     pos_w = np.zeros((workers, r), dtype=np.int64)  # rows with q_k > 0, per axis (the Ball's halves)
-    count = _Count(st.progress, "prepare: int8 grid", n)
+    count = _Count(progress, "prepare: int8 grid", n)
 
     def grid_block(s: int, w: int) -> None:
         tick()
@@ -352,12 +345,11 @@ def _grid(st: ScanState, Z: np.ndarray, tick, cond_ok: bool = False) -> tuple[di
     run_in_workers(starts, grid_block, workers)
     count.end()
     pos = pos_w.sum(0)
-    bias = st.src.bias
     # reach of the Ball (sparse.Ball): its points are convex combinations of means of at least
     # h = min_k min(pos_k, n - pos_k) whitened rows, and a mean of h rows has norm <= 1 / sqrt(h)
     # since Z^T Z = I (whitening); x2 for the rounding of Z^T Z. Only a filter (a gap farther than
     # this skips building the Ball), never part of a verdict; off when the whitening is ill-conditioned.
     h = int(np.minimum(pos, n - pos).min()) if r else 0
     return dict(grid_step=qs, grid_error=enorm, grid_error_max=float(enorm.max()), z_norm=znorm,
-                z_norm_max=float(znorm.max()), bias_max=float(bias[st.distinct.ids].max()) if bias is not None else 0.0,
+                z_norm_max=float(znorm.max()), bias_max=float(bias[reps].max()) if bias is not None else 0.0,
                 ball_reach=2.0 / math.sqrt(h) if h > 0 and cond_ok else math.inf), torch.from_numpy(Q)

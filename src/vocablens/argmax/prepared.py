@@ -5,8 +5,9 @@ bias; :class:`DistinctRows` says whether it is a distinct row (``position[t] = k
 t``) or an exact twin of one; :class:`Whitening` maps its row to the whitened row
 ``z_k = (W[t] - center) @ whiten`` (float32 ``Z[k]``) and to the int8 grid row ``Q[k]`` of step
 ``grid_step``, whose rounding error is at most ``grid_error[k]``. The stages
-(:mod:`~vocablens.argmax.certificates`, :mod:`~vocablens.argmax.proofs`, ...) read these and settle
-tokens in the scan's verdict book (:class:`~vocablens.argmax.state.ScanState`).
+(:mod:`~vocablens.argmax.certificates`, :mod:`~vocablens.argmax.proofs`, ...) read these through a
+:class:`~vocablens.argmax.scan.Scan` and return what they decided
+(:class:`~vocablens.argmax.decisions.StageResult`).
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vocablens.argmax.kernels import exact_products
-from vocablens.argmax.state import U64, ScanState, exact_slack, rows_per_block, run_in_workers
+from vocablens.argmax.blocks import U64, exact_slack, rows_per_block, run_in_workers
+from vocablens.argmax.scan import Scan
 
 #: rows scored exactly per direction at most (their int8 upper bound reaches the row's own score)
 NEAR_MAX = 64
@@ -33,19 +33,10 @@ NEAR_MAX = 64
 SCORE_BYTES = 2 * 2 ** 20
 
 
-def int8_ready(st: ScanState) -> bool:
-    """Whether the int8 path can run: Q resident and an exact product kernel for it
-    (:func:`~vocablens.argmax.kernels.exact_products`; checked once per scan)."""
-    if getattr(st, "_int8_ok", None) is None:
-        ok = exact_products(st) is not None
-        st._int8_ok = bool(ok)
-        if ok:
-            qq = getattr(st, "q_dot_max", None)         # from stage gemm's Bounds, else one pass
-            if qq is None:
-                qq = max(float((st.Q[s:s + 4096].to(torch.int32) ** 2).sum(1).max())
-                         for s in range(0, st.n, 4096))
-            st._qn_max = float(np.sqrt(qq))
-    return st._int8_ok
+def int8_ready(scan: Scan) -> bool:
+    """Whether the int8 path can run: an exact product kernel for Q (picked by stage gemm,
+    :func:`~vocablens.argmax.kernels.exact_products`: ``scan.products``)."""
+    return scan.products is not None
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,7 +64,7 @@ class GridDirections:
     zt: np.ndarray
 
 
-def grid_directions(st: ScanState, cols: np.ndarray, Y: np.ndarray) -> GridDirections:
+def grid_directions(scan: Scan, cols: np.ndarray, Y: np.ndarray) -> GridDirections:
     """:class:`GridDirections` of ``Y`` float32 [m, r] for the rows at positions ``cols`` [m]."""
     r = Y.shape[1]
     Y64 = Y.astype(np.float64)
@@ -82,10 +73,10 @@ def grid_directions(st: ScanState, cols: np.ndarray, Y: np.ndarray) -> GridDirec
     Qy = np.rint(Y64 / sy[:, None])
     ey = np.linalg.norm(Y64 - sy[:, None] * Qy, axis=1)
     yn = np.linalg.norm(Y64, axis=1)
-    scale = st.white.grid_step * sy                                    # float64 [m]: score = scale x product
+    scale = scan.white.grid_step * sy                                    # float64 [m]: score = scale x product
     # |z_j . y - scale p_j| <= beta for every j (p_j = q_j . q_y, exact int32): the two grid roundings
-    beta = (st.white.grid_step * st._qn_max * ey + (float(st.white.grid_error.max()) + st.white.grid_error_max) * yn) * 1.01
-    zt = st.Z.numpy()[cols].astype(np.float64)
+    beta = (scan.white.grid_step * scan.q_norm_max * ey + (float(scan.white.grid_error.max()) + scan.white.grid_error_max) * yn) * 1.01
+    zt = scan.Z.numpy()[cols].astype(np.float64)
     own_lo = (zt * Y64).sum(1) - exact_slack(r) * np.linalg.norm(zt, axis=1) * yn
     # "near": S_j + beta >= own_lo, i.e. the integer product p_j >= ceil((own_lo - beta) / scale):
     # thresholds in exact integers, so every reduction below runs on the int32 products themselves
@@ -95,10 +86,10 @@ def grid_directions(st: ScanState, cols: np.ndarray, Y: np.ndarray) -> GridDirec
                           own_lo=own_lo, thr=thr, zt=zt)
 
 
-def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0, top_rows=None):
+def int8_pass(scan: Scan, cols: np.ndarray, Y: np.ndarray, k_top: int = 0, top_rows=None):
     """Judge directions ``Y`` float32 [m, r] for the rows at positions ``cols`` [m] against every
     row, on the int8 grid, streaming over blocks of Q's rows (scores ``[m, block]`` of about
-    :data:`~vocablens.argmax.state.BLOCK_BYTES`, blocks on worker threads).
+    :data:`~vocablens.argmax.blocks.BLOCK_BYTES`, blocks on worker threads).
 
     ``top_rows``: the directions (indices into ``cols``) whose ``k_top`` best rows are wanted (all
     by default; the other rows of ``top`` are 0).
@@ -113,12 +104,12 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0, to
     (``beta`` plus the own score's; ``gap / slack`` ranks the certificates for stage verify).
     """
     m, r = Y.shape
-    g = grid_directions(st, cols, Y)
+    g = grid_directions(scan, cols, Y)
     if not k_top:
         want = None
     else:
         want = np.arange(m) if top_rows is None else np.asarray(top_rows, dtype=np.int64)
-    state = _block_maxima(st, cols, g, want, k_top)
+    state = _block_maxima(scan, cols, g, want, k_top)
     bv, bj = state[0]["bv"], state[0]["bj"]
     far, cnt = state[0]["far"], state[0]["cnt"]
     for w in state[1:]:
@@ -131,8 +122,8 @@ def int8_pass(st: ScanState, cols: np.ndarray, Y: np.ndarray, k_top: int = 0, to
     done = best_up < g.own_lo
     gap = np.where(done, g.own_lo - best_up, 0.0)
     jstar = bj.copy()
-    _judge_near_rows(st, g, state, far, cnt, done, gap, jstar)
-    top = None if want is None else _merged_top(state, want, m, min(k_top, st.n))
+    _judge_near_rows(scan, g, state, far, cnt, done, gap, jstar)
+    top = None if want is None else _merged_top(state, want, m, min(k_top, scan.n))
     lead = best_up / np.maximum(np.abs(g.own_lo), 1e-300)          # best competitor / own score
     slack = g.beta + exact_slack(r) * np.linalg.norm(g.zt, axis=1) * g.yn
     return done, gap, jstar, top, lead, slack
@@ -147,14 +138,14 @@ def _upper(g: GridDirections, v: np.ndarray, q=slice(None)) -> np.ndarray:
     return f + np.abs(f) * 8 * U64 + g.beta[q]
 
 
-def _block_maxima(st: ScanState, cols: np.ndarray, g: GridDirections, want, k_top: int) -> list[dict]:
+def _block_maxima(scan: Scan, cols: np.ndarray, g: GridDirections, want, k_top: int) -> list[dict]:
     """One pass over Q's row blocks on worker threads: per worker, each direction's best product
     ``bv`` and its row ``bj``, the largest product below the near threshold ``far``, the near pairs
     ``near`` (at most :data:`NEAR_MAX` + 1 per direction, counted in ``cnt``) and the ``k_top``
     best rows of the wanted directions (``tv``, ``ti``)."""
-    m, n = len(cols), st.n
+    m, n = len(cols), scan.n
     step = rows_per_block(m, 4, SCORE_BYTES)
-    px = exact_products(st)                               # the exact int8 kernel (int8_ready)
+    px = scan.products                                    # the exact int8 kernel (int8_ready)
     if px.align > 1:
         step = max(px.align, step // px.align * px.align)
     starts = list(range(0, n, step))
@@ -167,7 +158,7 @@ def _block_maxima(st: ScanState, cols: np.ndarray, g: GridDirections, want, k_to
               "tv": None, "ti": None} for _ in range(workers)]
 
     def work(a: int, w: int) -> None:
-        st.check_time()
+        scan.check_time()
         b = min(n, a + step)
         g = state[w]
         # exact integers [m, c] (int32, or float32 from the packed Q: below 2^24, exact)
@@ -212,10 +203,10 @@ def _block_maxima(st: ScanState, cols: np.ndarray, g: GridDirections, want, k_to
     return state
 
 
-def _judge_near_rows(st: ScanState, g: GridDirections, state: list[dict], far, cnt, done, gap, jstar) -> None:
+def _judge_near_rows(scan: Scan, g: GridDirections, state: list[dict], far, cnt, done, gap, jstar) -> None:
     """The directions not yet certified with few near rows: those rows scored exactly in float64
     from Z, the others bounded by ``far``; fills ``done``, ``gap`` and ``jstar`` in place."""
-    Zn, r = st.Z.numpy(), st.r
+    Zn, r = scan.Z.numpy(), scan.r
     pairs = [p for w in state for p in w["near"]]
     nq = np.concatenate([p[0] for p in pairs]) if pairs else np.zeros(0, dtype=np.int64)
     nj = np.concatenate([p[1] for p in pairs]) if pairs else np.zeros(0, dtype=np.int64)

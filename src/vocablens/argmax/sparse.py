@@ -6,7 +6,7 @@ mean of all distinct rows) leaves a gap g inside the centroid's share ``w0``; th
 ``p = -g / w0`` must be shown inside the hull. Two ways:
 
 - the :class:`Ball` (the means of the rows on either side of each whitened axis, built once per run
-  and only when a gap is within its reach ``ScanState.ball_reach``: 2 n r d float64 FLOPs) holds p:
+  and only when a gap is within its reach ``Whitening.ball_reach``: 2 n r d float64 FLOPs) holds p:
   a certificate in O(r^2);
 - otherwise (the Ball is thin along p, as for the planted rows of the trained-like benchmark
   head) a tilted uniform combination of all rows reproduces p
@@ -21,7 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from vocablens.argmax.nnls import nnls_nearest, nnls_gram
-from vocablens.argmax.state import U64, ScanState, rows_per_block
+from vocablens.argmax.blocks import U64, rows_per_block
+from vocablens.argmax.decisions import Dominated, dominated
+from vocablens.argmax.scan import Scan
 
 #: competitors of the sparse first try (screen in the reflect stage, first round of a proof)
 SPARSE_COLS = 32
@@ -34,25 +36,25 @@ class Ball:
     ``-a_k / gamma_k`` when negative) is ``sum beta_k (half-space mean) + (1 - sum beta) 0``: a point
     of the hull, with a certificate in O(r^2). Built once per run (2 n r d float64 FLOPs)."""
 
-    def __init__(self, st: ScanState):
-        n, r, d = st.n, st.r, st.d
+    def __init__(self, scan: Scan):
+        n, r, d = scan.n, scan.r, scan.d
         pos_sum = np.zeros((r, d))
         self.size = np.zeros(r)
         step = rows_per_block(max(r, d))                               # float64 blocks
         for s in range(0, n, step):
-            st.check_time()
-            B = (st.q_rows(s, s + step) > 0).double().numpy()         # [c, r]
-            pos_sum += B.T @ st.src.rows[st.distinct.ids[s:s + step]].astype(np.float64)
-            st.release(s, s + step)                                   # W's pages back (Z is resident)
+            scan.check_time()
+            B = (scan.q_rows(s, s + step) > 0).double().numpy()         # [c, r]
+            pos_sum += B.T @ scan.source.rows[scan.distinct.ids[s:s + step]].astype(np.float64)
+            scan.release(s, s + step)                                   # W's pages back (Z is resident)
             self.size += B.sum(0)
         self.ok = bool((self.size > 0).all() and (self.size < n).all())
         if not self.ok:
             return
-        total = n * st.white.center
+        total = n * scan.white.center
         self.mean_pos = pos_sum / self.size[:, None]                      # [r, d] original coords
         self.mean_neg = (total - pos_sum) / (n - self.size)[:, None]
         self.gamma = self.size / (n - self.size)
-        Qm = (self.mean_pos - st.white.center) @ st.white.whiten                               # [r(k), r]
+        Qm = (self.mean_pos - scan.white.center) @ scan.white.whiten                               # [r(k), r]
         cond = np.linalg.cond(Qm)
         self.ok = bool(np.isfinite(cond) and cond < 1e8)
         if self.ok:
@@ -66,127 +68,146 @@ class Ball:
         return h if float(np.abs(h).sum()) <= 1.0 - 1e-9 else None
 
 
-def _ball_off(st: ScanState) -> bool:
+class InteriorParts:
+    """What the interior proofs of one scan without bias build once, on first use: the
+    :class:`Ball` (stages reflect and proof) and the tilt's sums (:func:`~vocablens.argmax.tilt.sums`,
+    stage proof). Made by the driver, filled only by its own methods."""
+
+    def __init__(self):
+        self._ball = None           # None: not built; False: not buildable (n <= r + 1)
+        self._sums = None
+
+    def ball(self, scan: Scan) -> Ball | None:
+        """The scan's Ball (built now if not yet), or None where it is unusable."""
+        if self._ball is None:
+            self._ball = Ball(scan) if scan.n > scan.r + 1 else False
+        return self._ball if self._ball and self._ball.ok else None
+
+    def ball_unusable(self) -> bool:
+        """Whether the Ball was built (or found unbuildable) and cannot be used."""
+        return self._ball is False or (self._ball is not None and not self._ball.ok)
+
+    def sums(self, scan: Scan):
+        """The tilt's sums over the distinct rows (:func:`~vocablens.argmax.tilt.sums`), made once."""
+        if self._sums is None:
+            from vocablens.argmax.tilt import sums
+
+            self._sums = sums(scan)
+        return self._sums
+
+
+def _ball_off(scan: Scan, parts: InteriorParts | None) -> bool:
     """Whether the sparse proof cannot run: a bias takes part, or the Ball was built and is unusable."""
-    return st.src.bias is not None or st.ball is False or (st.ball is not None and not st.ball.ok)
+    return scan.source.bias is not None or parts is None or parts.ball_unusable()
 
 
-def _ball(st: ScanState) -> Ball | None:
-    if st.ball is None:
-        st.ball = Ball(st) if st.n > st.r + 1 else False
-    return st.ball if st.ball and st.ball.ok else None
-
-
-def sparse_hint(st: ScanState, k: int, Spos: np.ndarray) -> bool:
+def sparse_hint(scan: Scan, parts: InteriorParts | None, k: int, Spos: np.ndarray) -> bool:
     """Whether :func:`sparse_certificate` can work for row k: the same NNLS and Ball test on the
     float32 whitened rows (no rows read from W), with room for their rounding. Only a filter: a
     False leaves the row to the proof stage's NNLS rounds, a True is followed by the float64 proof."""
-    if _ball_off(st):
+    if _ball_off(scan, parts):
         return False
-    Zn = st.Z.numpy()
+    Zn = scan.Z.numpy()
     zt = Zn[k].astype(np.float64)
     D = np.vstack([Zn[Spos].astype(np.float64) - zt, -zt[None, :]])
     om = 10.0 * float(np.median(np.linalg.norm(D, axis=1))) + 1e-30
-    out = nnls_gram(D, om, 20 * (len(D) + st.r))      # the Gram solve: its precision is enough here
+    out = nnls_gram(D, om, 20 * (len(D) + scan.r))      # the Gram solve: its precision is enough here
     if out is None:
         return True                                     # undecided by the filter: try the proof
     w, g = out
     w0 = float(w[-1])
     # a gap within the Ball's reach: the Ball or, where it is thin, the tilt (gap_tilts) may hold it
-    return w0 > 0 and float(np.linalg.norm(g)) <= w0 * st.white.ball_reach * 1.001
+    return w0 > 0 and float(np.linalg.norm(g)) <= w0 * scan.white.ball_reach * 1.001
 
 
-def sparse_certificate(st: ScanState, k: int, Spos: np.ndarray, z64=None, pending: list | None = None) -> bool:
+def sparse_certificate(scan: Scan, parts: InteriorParts | None, k: int, Spos: np.ndarray, z64=None,
+                       pending: list | None = None) -> Dominated | None:
     """Prove row k interior from a few competitors: NNLS over ``Spos`` and the centroid 0 (the mean
     of all distinct rows), then the :class:`Ball` absorbs the remaining gap inside the centroid's
-    share. Settles the row (stage ``proof``) and returns True, or returns False (no verdict).
+    share. Returns the row's certificate (stage ``proof``), or None (no verdict).
 
     The combination includes row k itself (through the means) with weight ``omega < 1``; removing
     it and renormalising gives a combination of the other rows (``ArgmaxResult.combination``).
-    ``z64``: optional ``positions -> float64 whitened rows`` (default :meth:`ScanState.z64`; a batch
+    ``z64``: optional ``positions -> float64 whitened rows`` (default :meth:`Scan.z64`; a batch
     of calls shares one computed from W at once). ``pending``: where the Ball does not hold the gap,
     ``(k, positions, weights, w0)`` is appended for :func:`gap_tilts` (one batch for many rows).
     """
-    if _ball_off(st):
-        return False
-    z64 = z64 or st.z64
+    if _ball_off(scan, parts):
+        return None
+    z64 = z64 or scan.z64
     zt = z64([k])[0]
     D = np.vstack([z64(Spos) - zt, -zt[None, :]])
-    out = nnls_nearest(D, maxiter=20 * (len(D) + st.r))
+    out = nnls_nearest(D, maxiter=20 * (len(D) + scan.r))
     if out is None:
-        return False
+        return None
     w, g, _ = out
     w0 = float(w[-1])
-    if w0 <= 0 or float(np.linalg.norm(g)) > w0 * st.white.ball_reach:
-        return False                    # the gap is beyond any point of the Ball: do not build it
-    ball = _ball(st)
+    if w0 <= 0 or float(np.linalg.norm(g)) > w0 * scan.white.ball_reach:
+        return None                     # the gap is beyond any point of the Ball: do not build it
+    ball = parts.ball(scan)
     h = None if ball is None else ball.weights(-g / w0)
     keep = w[:-1] > 0
     pos, wj = Spos[keep], w[:-1][keep]
     if h is None:
         if pending is not None:
             pending.append((int(k), pos, wj, w0))
-        return False
-    t = int(st.distinct.ids[k])
+        return None
+    t = int(scan.distinct.ids[k])
     h = w0 * h
     m_all = w0 - float(np.abs(h).sum())
-    rn, omega = _structured_residual(st, ball, t, pos, wj, m_all, h)
-    if not rn <= st.tol * st.white.w_scale:
-        return False
-    st.settle_unarg(t, st.distinct.ids[pos], wj, rn, 3, (m_all, h))
-    return True
+    rn, omega = _structured_residual(scan, ball, t, pos, wj, m_all, h)
+    if not rn <= scan.tol * scan.white.w_scale:
+        return None
+    return dominated(t, scan.distinct.ids[pos], wj, rn, 3, (m_all, h))
 
 
-def gap_tilts(st: ScanState, pending: list) -> set:
-    """Settle the rows of ``pending`` (from :func:`sparse_certificate`) whose gap point
+def gap_tilts(scan: Scan, parts: InteriorParts, pending: list) -> dict:
+    """Certificates for the rows of ``pending`` (from :func:`sparse_certificate`) whose gap point
     ``p = (w_t - sum_S mu_j w_j) / w0`` a tilted combination of all rows reproduces
     (:func:`~vocablens.argmax.tilt.tilt_points`, the row itself excluded): ``w_t = sum_S mu_j w_j +
-    w0 sum lambda_j w_j``, residual ``<= w0 rn`` plus the float64 error of p. Returns the positions
-    settled. The certificate: the explicit part in ``combos``, the tilt scaled by w0 in ``combo_tilt``.
+    w0 sum lambda_j w_j``, residual ``<= w0 rn`` plus the float64 error of p. Returns position ->
+    :class:`~vocablens.argmax.decisions.Dominated` (the explicit part in ``ids``/``weights``, the tilt
+    scaled by w0 in ``tilt``).
     """
-    import torch
+    from vocablens.argmax.tilt import tilt_points
 
-    from vocablens.argmax.tilt import sums, tilt_points
-
-    if not pending or st.src.bias is not None or st.n <= st.r + 2:
-        return set()
+    if not pending or scan.source.bias is not None or scan.n <= scan.r + 2:
+        return {}
     ks = np.array([p[0] for p in pending], dtype=np.int64)
-    Wt = st.rows64(st.distinct.ids[ks])                                       # [m, d]
+    Wt = scan.rows64(scan.distinct.ids[ks])                                       # [m, d]
     Pw, err = np.empty_like(Wt), np.empty(len(ks))
     for i, (k, pos, wj, w0) in enumerate(pending):
-        WS = st.rows64(st.distinct.ids[pos])
+        WS = scan.rows64(scan.distinct.ids[pos])
         Pw[i] = (Wt[i] - wj @ WS) / w0
-        err[i] = 4 * (len(pos) + st.d + 2) * U64 * (np.linalg.norm(Wt[i]) + wj @ np.linalg.norm(WS, axis=1))
-    sol = tilt_points(st, sums(st), (Pw - st.white.center) @ st.white.whiten, Pw, [np.array([k]) for k in ks])
-    done = set()
+        err[i] = 4 * (len(pos) + scan.d + 2) * U64 * (np.linalg.norm(Wt[i]) + wj @ np.linalg.norm(WS, axis=1))
+    sol = tilt_points(scan, parts.sums(scan), (Pw - scan.white.center) @ scan.white.whiten, Pw, [np.array([k]) for k in ks])
+    done = {}
     for (k, pos, wj, w0), e, got in zip(pending, err, sol):
         if got is None:
             continue
         a, u, E, rn = got
         rt = w0 * rn + e
-        if rt <= st.tol * st.white.w_scale:
-            t = int(st.distinct.ids[k])
-            st.settle_unarg(t, st.distinct.ids[pos], wj, rt, 3)
-            st.combo_tilt[t] = (float(a * w0), torch.from_numpy(np.asarray(u * w0, dtype=np.float64)),
-                                torch.from_numpy(np.asarray(st.distinct.ids[E], dtype=np.int64)))
-            done.add(int(k))
+        if rt <= scan.tol * scan.white.w_scale:
+            t = int(scan.distinct.ids[k])
+            done[int(k)] = dominated(t, scan.distinct.ids[pos], wj, rt, 3,
+                                     tilt=(float(a * w0), u * w0, scan.distinct.ids[E]))
     return done
 
 
-def _structured_residual(st: ScanState, ball: Ball, t: int, pos, wj, m_all: float, h: np.ndarray):
+def _structured_residual(scan: Scan, ball: Ball, t: int, pos, wj, m_all: float, h: np.ndarray):
     """float64 residual ``||w_t - combination of the other rows||`` in the original coordinates."""
-    x = st.rows64(st.distinct.ids[pos]).T @ wj + m_all * st.white.center
+    x = scan.rows64(scan.distinct.ids[pos]).T @ wj + m_all * scan.white.center
     x += np.clip(h, 0, None) @ ball.mean_pos + np.clip(-h, 0, None) @ ball.mean_neg
-    k = int(st.distinct.position[t])
-    qt = st.q_rows(k, k + 1)[0].numpy() > 0
-    sizes = np.where(h >= 0, ball.size, st.n - ball.size)
+    k = int(scan.distinct.position[t])
+    qt = scan.q_rows(k, k + 1)[0].numpy() > 0
+    sizes = np.where(h >= 0, ball.size, scan.n - ball.size)
     inside = np.where(h >= 0, qt, ~qt)
-    omega = m_all / st.n + float((np.abs(h) * inside / sizes).sum())
-    wt = st.rows64([t])[0]
+    omega = m_all / scan.n + float((np.abs(h) * inside / sizes).sum())
+    wt = scan.rows64([t])[0]
     return float(np.linalg.norm(x - wt)) / (1.0 - omega), omega
 
 
-def screen_interior(st: ScanState, cols: np.ndarray, top: np.ndarray) -> np.ndarray:
+def screen_interior(scan: Scan, parts: InteriorParts, cols: np.ndarray, top: np.ndarray):
     """Quick interior proofs inside the reflect stage (:func:`sparse_certificate` with the
     :data:`SPARSE_COLS` highest scoring rows).
 
@@ -195,28 +216,33 @@ def screen_interior(st: ScanState, cols: np.ndarray, top: np.ndarray) -> np.ndar
             ``y = z_t`` (best first, the row itself left out).
 
     Returns:
-        bool [m], the rows settled here.
+        ``(settled bool [m], certificates)``: the rows proved here and their
+        :class:`~vocablens.argmax.decisions.Dominated`, in order.
     """
     ok = np.zeros(len(cols), dtype=bool)
-    if st.n < 3 or st.n <= st.r + 1 or _ball_off(st):
-        return ok
+    certs: list = []
+    if scan.n < 3 or scan.n <= scan.r + 1 or _ball_off(scan, parts):
+        return ok, certs
     top = np.asarray(top)[:, :SPARSE_COLS]
     cols = np.asarray(cols, dtype=np.int64)
-    try_ = np.array([q for q in range(len(cols)) if st.time_left() > 0 and sparse_hint(st, int(cols[q]), top[q])],
+    try_ = np.array([q for q in range(len(cols)) if scan.time_left() > 0 and sparse_hint(scan, parts, int(cols[q]), top[q])],
                     dtype=np.int64)
     if not len(try_):
-        return ok
+        return ok, certs
     need = np.unique(np.concatenate([cols[try_], top[try_].ravel()]))
-    Zb = st.z64(need)                           # every row the float64 proofs read, one product
+    Zb = scan.z64(need)                           # every row the float64 proofs read, one product
 
     def z64(pos):
         return Zb[np.searchsorted(need, np.asarray(pos, dtype=np.int64))]
 
     for q in try_:
-        if st.time_left() <= 0:
+        if scan.time_left() <= 0:
             break                               # the reflect stage records the cut
-        ok[q] = sparse_certificate(st, int(cols[q]), top[q], z64)
-    return ok
+        cert = sparse_certificate(scan, parts, int(cols[q]), top[q], z64)
+        if cert is not None:
+            ok[q] = True
+            certs.append(cert)
+    return ok, certs
 
 
-__all__ = ["SPARSE_COLS", "Ball", "gap_tilts", "screen_interior", "sparse_certificate", "sparse_hint"]
+__all__ = ["SPARSE_COLS", "Ball", "InteriorParts", "gap_tilts", "screen_interior", "sparse_certificate", "sparse_hint"]

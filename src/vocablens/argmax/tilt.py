@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from vocablens.argmax.state import U32, U64, ScanState, rows_per_block
+from vocablens.argmax.blocks import U32, U64, rows_per_block
+from vocablens.argmax.decisions import dominated
+from vocablens.argmax.scan import Scan
 
 #: rows tried: whitened norm at most this fraction of the median whitened norm (rows near the centre)
 TILT_NORM = 0.05
@@ -51,11 +53,11 @@ class _Sums:
     bordered system ``B = sum [1; z_j] [1; q_j]^T`` for solving (from float32 Z: the refinement
     against the exact residual removes what that rounding leaves); 2 n r (r + d) float64 FLOPs."""
 
-    def __init__(self, st: ScanState):
-        from vocablens.argmax.state import run_in_workers
+    def __init__(self, scan: Scan):
+        from vocablens.argmax.blocks import run_in_workers
         import torch
 
-        n, r, d = st.n, st.r, st.d
+        n, r, d = scan.n, scan.r, scan.d
         step = rows_per_block(max(d, r))
         starts = list(range(0, n, step))
         workers = max(1, min(torch.get_num_threads(), len(starts)))
@@ -63,15 +65,15 @@ class _Sums:
         self.qn = np.zeros(n)                       # ||q_j||
 
         def block(s: int, w: int) -> None:
-            st.check_time()
+            scan.check_time()
             e = min(n, s + step)
-            Q = st.q_rows(s, e).double().numpy()                   # [k, r] exact integers
-            Wb = st.rows64(st.distinct.ids[s:e])                           # [k, d]
+            Q = scan.q_rows(s, e).double().numpy()                   # [k, r] exact integers
+            Wb = scan.rows64(scan.distinct.ids[s:e])                           # [k, d]
             a = acc[w]
             a[0] += Wb.sum(0)
             a[1] += Wb.T @ Q
             a[2] += Q.sum(0)
-            Zb = st.Z[s:e].double().numpy()
+            Zb = scan.Z[s:e].double().numpy()
             a[3] += Zb.sum(0)
             a[6] += Zb.T @ Q
             qn = np.linalg.norm(Q, axis=1)
@@ -93,7 +95,7 @@ class _Sums:
         self._bi = np.empty((0, r + 1))
         self._used = 0
 
-    def binv_u(self, st: ScanState, rows: np.ndarray) -> np.ndarray:
+    def binv_u(self, scan: Scan, rows: np.ndarray) -> np.ndarray:
         """``B^-1 [1; z_j]`` for the rows j (positions, repeats allowed): float64 [r + 1, len(rows)].
 
         Every excluded set of every round and batch asks for these columns, and the rows that break
@@ -114,7 +116,7 @@ class _Sums:
                 grown = np.empty((min(cap, max(2 * len(self._bi), self._used + len(miss))), width))
                 grown[:self._used] = self._bi[:self._used]
                 self._bi = grown
-            U = np.vstack([np.ones(len(miss)), st.Z[miss].double().numpy().T])   # [r + 1, k]
+            U = np.vstack([np.ones(len(miss)), scan.Z[miss].double().numpy().T])   # [r + 1, k]
             self._bi[self._used:self._used + len(miss)] = (self.Binv @ U).T
             self._pos[miss] = np.arange(self._used, self._used + len(miss))
             self._used += len(miss)
@@ -127,18 +129,18 @@ class _Woodbury:
     and each |E| x |E| capacitance matrix factored once, so every solve of a refinement reuses
     them; also each set's rows in float64 (``W_E``, ``Q_E``) for :func:`_exact`."""
 
-    def __init__(self, S: _Sums, st: ScanState, Es: list):
+    def __init__(self, S: _Sums, scan: Scan, Es: list):
         self.S, self.Es = S, Es
         allE = np.concatenate(Es)
-        Vt = np.hstack([np.ones((len(allE), 1)), st.q_rows_at(allE).double().numpy()])  # [sum |E|, r + 1]
-        BiU = S.binv_u(st, allE)                                                      # [r + 1, sum |E|]
+        Vt = np.hstack([np.ones((len(allE), 1)), scan.q_rows_at(allE).double().numpy()])  # [sum |E|, r + 1]
+        BiU = S.binv_u(scan, allE)                                                      # [r + 1, sum |E|]
         self.blocks, o = [], 0
         for E in Es:
             k = len(E)
             Bi, V = BiU[:, o:o + k], Vt[o:o + k]
             self.blocks.append((Bi, V, np.linalg.inv(np.eye(k) - V @ Bi)))
             o += k
-        self.WE = [st.rows64(st.distinct.ids[E]) for E in Es]
+        self.WE = [scan.rows64(scan.distinct.ids[E]) for E in Es]
         self.QE = [Vt[o - len(E):o, 1:] for o, E in zip(np.cumsum([len(E) for E in Es]), Es)]
 
     def solve(self, R: np.ndarray, cols) -> np.ndarray:
@@ -151,51 +153,54 @@ class _Woodbury:
         return out
 
 
-def _exact(S: _Sums, st: ScanState, Wp: np.ndarray, X: np.ndarray, wood: _Woodbury, cols):
+def _exact(S: _Sums, scan: Scan, Wp: np.ndarray, X: np.ndarray, wood: _Woodbury, cols):
     """For the exact weights ``lambda_j = a + q_j . u`` (a column of X = [a; u]) on the distinct
     rows outside E: ``sum lambda - 1`` [m] and ``sum lambda_j w_j - w_t`` [d, m] in float64 by
     linearity, and bounds on their float64 summation errors ([m] each)."""
     A_, U_ = X[0], X[1:]
-    rho0 = A_ * st.n + S.SQ @ U_ - 1.0
+    rho0 = A_ * scan.n + S.SQ @ U_ - 1.0
     rhow = np.outer(S.SW, A_) + S.MWQ @ U_ - Wp.T
     for i, c in enumerate(cols):
         c_ = wood.QE[c] @ U_[:, i] + A_[i]                      # the weights the base leaves out
         rho0[i] -= c_.sum()
         rhow[:, i] -= wood.WE[c].T @ c_
     un = np.linalg.norm(U_, axis=0)
-    return rho0, rhow, S.gamma_n * (np.abs(A_) * st.n + un * S.qsum), S.gamma_n * (np.abs(A_) * S.w1 + un * S.wq)
+    return rho0, rhow, S.gamma_n * (np.abs(A_) * scan.n + un * S.qsum), S.gamma_n * (np.abs(A_) * S.w1 + un * S.wq)
 
 
-def _refined(S: _Sums, st: ScanState, Zp: np.ndarray, Wp: np.ndarray, Es: list, steps: int = 6):
+def _refined(S: _Sums, scan: Scan, Zp: np.ndarray, Wp: np.ndarray, Es: list, steps: int = 6):
     """(X [r + 1, m], rn [m]): ``[a; u]`` for the target points (whitened ``Zp`` [m, r], original
     ``Wp`` [m, d], float64) with bases outside Es, refined against the exact residual, and the
     residual bound of each renormalised combination (inf when it does not get there)."""
-    wood = _Woodbury(S, st, Es)
+    wood = _Woodbury(S, scan, Es)
     X = wood.solve(np.vstack([np.ones(len(Zp)), Zp.T]), range(len(Zp)))
     W_t = Wp                                                              # [m, d]
     wt_n = np.linalg.norm(W_t, axis=1)
     rn = np.full(len(Zp), np.inf)
     todo = np.arange(len(Zp))
     for _ in range(steps):
-        rho0, rhow, e0, ew = _exact(S, st, W_t[todo], X[:, todo], wood, todo)
+        rho0, rhow, e0, ew = _exact(S, scan, W_t[todo], X[:, todo], wood, todo)
         tot = 1.0 + rho0
         ok = tot > 2 * e0
         # sum lambda w / sum lambda - w_t = (rho_w - rho_0 w_t) / sum lambda
         r_ = np.linalg.norm(rhow - rho0[None, :] * W_t[todo].T, axis=0)
         rn[todo] = np.where(ok, (r_ + ew + e0 * wt_n[todo]) / np.maximum(tot - e0, 1e-300), np.inf)
-        left = rn[todo] > 0.25 * st.tol * st.white.w_scale
+        left = rn[todo] > 0.25 * scan.tol * scan.white.w_scale
         if not left.any():
             break
         todo_l = todo[left]
-        rx = ((rhow[:, left] - np.outer(st.white.center, rho0[left])).T @ st.white.whiten).T    # whitened residuals [r, m']
+        rx = ((rhow[:, left] - np.outer(scan.white.center, rho0[left])).T @ scan.white.whiten).T    # whitened residuals [r, m']
         X[:, todo_l] -= wood.solve(np.vstack([rho0[left], rx]), todo_l)
         todo = todo_l
     return X, rn
 
 
-def tilt_proofs(st: ScanState, rows: np.ndarray) -> np.ndarray:
+def tilt_proofs(scan: Scan, parts, rows: np.ndarray, found: list) -> np.ndarray:
     """Prove the rows near the centre (whitened norm <= :data:`TILT_NORM` x the median) interior
-    by tilted uniform combinations; returns the rows (positions into ``reps``) still open.
+    by tilted uniform combinations (``parts``: the scan's
+    :class:`~vocablens.argmax.sparse.InteriorParts`, whose tilt sums are made here on first use);
+    appends their :class:`~vocablens.argmax.decisions.Dominated` to ``found`` (in order) and returns
+    the rows (positions into ``distinct.ids``) still open.
 
     No bias only (with a bias the lifted problem needs ``sum lambda_j b_j >= b_t``: the NNLS and LP
     proofs decide those). Cost: one pass for the sums (2 n r d float64 FLOPs, only when some row
@@ -205,38 +210,37 @@ def tilt_proofs(st: ScanState, rows: np.ndarray) -> np.ndarray:
     Raises:
         OutOfTime: the run's budget ran out.
     """
-    if st.src.bias is not None or st.n <= st.r + 2 or not len(rows):
+    if scan.source.bias is not None or scan.n <= scan.r + 2 or not len(rows):
         return rows
-    med = float(np.median(st.white.z_norm))
-    near = rows[st.white.z_norm[rows] <= TILT_NORM * med]
+    med = float(np.median(scan.white.z_norm))
+    near = rows[scan.white.z_norm[rows] <= TILT_NORM * med]
     if not len(near):
         return rows
-    st.progress("proof: centre", 0, len(near))
-    S = sums(st)
+    scan.progress("proof: centre", 0, len(near))
+    S = parts.sums(scan)
     done: set = set()
     for b0 in range(0, len(near), TILT_BATCH):
-        st.progress("proof: centre", b0, len(near))
+        scan.progress("proof: centre", b0, len(near))
         ks = near[b0:b0 + TILT_BATCH]
-        sol = tilt_points(st, S, st.Z[ks].double().numpy(), st.rows64(st.distinct.ids[ks]), [np.array([int(k)]) for k in ks])
+        sol = tilt_points(scan, S, scan.Z[ks].double().numpy(), scan.rows64(scan.distinct.ids[ks]), [np.array([int(k)]) for k in ks])
         for k, got in zip(ks, sol):
             if got is not None:
                 a, u, E, rn = got
-                st.settle_tilt(int(st.distinct.ids[k]), a, u, st.distinct.ids[E], rn, 3)
+                found.append(dominated(int(scan.distinct.ids[k]), [], [], rn, 3, tilt=(a, u, scan.distinct.ids[E])))
                 done.add(int(k))
-    st.progress("proof: centre", len(near), len(near))
+    scan.progress("proof: centre", len(near), len(near))
     if not done:
         return rows
     return rows[~np.isin(rows, np.fromiter(done, dtype=np.int64))]
 
 
-def sums(st: ScanState) -> _Sums:
-    """The run's :class:`_Sums` (one pass over the rows, made on first use)."""
-    if getattr(st, "_tilt_sums", None) is None:
-        st._tilt_sums = _Sums(st)
-    return st._tilt_sums
+def sums(scan: Scan) -> _Sums:
+    """The sums over the scan's distinct rows that every tilt reads (one pass over the rows; the
+    scan's :class:`~vocablens.argmax.sparse.InteriorParts` keeps them)."""
+    return _Sums(scan)
 
 
-def tilt_points(st: ScanState, S: _Sums, Zp: np.ndarray, Wp: np.ndarray, E0: list) -> list:
+def tilt_points(scan: Scan, S: _Sums, Zp: np.ndarray, Wp: np.ndarray, E0: list) -> list:
     """Tilted uniform combinations of the distinct rows outside ``E0[i]`` (positions; grown by the
     rows whose weight is not provably positive) for target points (whitened ``Zp`` [m, r], original
     ``Wp`` [m, d], float64). Returns per point ``(a, u, E, rn)`` (weights ``a + q_j . u`` >= 0 on
@@ -250,25 +254,25 @@ def tilt_points(st: ScanState, S: _Sums, Zp: np.ndarray, Wp: np.ndarray, E0: lis
     out: list = [None] * m
     active = list(range(m))
     for _ in range(TILT_ROUNDS):
-        st.check_time()
+        scan.check_time()
         if not active:
             break
-        X, rns = _refined(S, st, Zp[active], Wp[active], [E[i] for i in active])
+        X, rns = _refined(S, scan, Zp[active], Wp[active], [E[i] for i in active])
         sol = {i: (X[:, q], rns[q]) for q, i in enumerate(active)}
         active = [i for i in active if np.isfinite(sol[i][1])]
         if not active:
             break
         U = np.stack([sol[i][0][1:] for i in active])                         # [m', r]
         avec = np.array([float(sol[i][0][0]) for i in active])
-        viol = _violators(st, S, U, avec)                                     # rows j, weight <= 0
+        viol = _violators(scan, S, U, avec)                                     # rows j, weight <= 0
         nxt = []
         for q, i in enumerate(active):
             x, rn = sol[i]
             a, u = float(x[0]), x[1:]
             bad = viol[q][~np.isin(viol[q], E[i])]
             if len(bad) == 0:
-                if rn <= st.tol * st.white.w_scale:
-                    tot = a * (st.n - len(E[i])) + float((S.SQ - st.q_rows_at(E[i]).double().numpy().sum(0)) @ u)
+                if rn <= scan.tol * scan.white.w_scale:
+                    tot = a * (scan.n - len(E[i])) + float((S.SQ - scan.q_rows_at(E[i]).double().numpy().sum(0)) @ u)
                     out[i] = (a / tot, u / tot, E[i], rn)
                 continue
             if len(E[i]) + len(bad) > TILT_MAX_EXCLUDED:
@@ -279,7 +283,7 @@ def tilt_points(st: ScanState, S: _Sums, Zp: np.ndarray, Wp: np.ndarray, E0: lis
     return out
 
 
-def _violators(st: ScanState, S: _Sums, U: np.ndarray, a: np.ndarray) -> list[np.ndarray]:
+def _violators(scan: Scan, S: _Sums, U: np.ndarray, a: np.ndarray) -> list[np.ndarray]:
     """For each tilt ``(a_q, u_q)`` (U float64 [m, r], a [m]), the rows j (positions, sorted) whose
     weight ``a_q + q_j . u_q`` is not provably positive, by blocks of Q's rows on worker threads.
 
@@ -291,12 +295,11 @@ def _violators(st: ScanState, S: _Sums, U: np.ndarray, a: np.ndarray) -> list[np
     rows flagged are the full test's."""
     import torch
 
-    from vocablens.argmax.kernels import exact_products
     from vocablens.argmax.scoring import SCORE_BYTES, int8_ready
-    from vocablens.argmax.state import run_in_workers
+    from vocablens.argmax.blocks import run_in_workers
 
     m = len(U)
-    use8 = int8_ready(st)
+    use8 = int8_ready(scan)
     if use8:
         su = np.abs(U).max(1) / 127.0
         su[su == 0] = 1.0
@@ -305,24 +308,24 @@ def _violators(st: ScanState, S: _Sums, U: np.ndarray, a: np.ndarray) -> list[np
         Pu_t = torch.from_numpy(Pu.astype(np.int8))
     else:
         Uf = U.astype(np.float32)
-        coef = (st.r * U32 / (1 - st.r * U32) + 2 * U32) * 1.01
+        coef = (scan.r * U32 / (1 - scan.r * U32) + 2 * U32) * 1.01
         eu = coef * np.linalg.norm(Uf.astype(np.float64), axis=1) + np.linalg.norm(U - Uf, axis=1) * 1.01
     step = rows_per_block(m, 8, SCORE_BYTES)
-    px = exact_products(st) if use8 else None                  # the exact int8 kernel, or None
+    px = scan.products if use8 else None                      # the exact int8 kernel, or None
     if px is not None and px.align > 1:
         step = max(px.align, step // px.align * px.align)
-    starts = list(range(0, st.n, step))
+    starts = list(range(0, scan.n, step))
     found: list[list] = [[] for _ in starts]
 
     def block(s: int, _w: int) -> None:
-        st.check_time()
-        e = min(st.n, s + step)
+        scan.check_time()
+        e = min(scan.n, s + step)
         if use8:
             # The exact test below on the integer products that can pass it: with the block's
             # largest ||q_j|| and |I| <= 127 * 128 * r its bound is at most Bq, so a product above
             # (Bq - a_q) / s_q (rounded up, plus one) cannot fail; one int32 comparison per product.
             I = px.mm(Pu_t, s, e)                                          # [m, k] exact integers
-            Bq = float(S.qn[s:e].max()) * eu + 4 * U64 * (su * 127.0 * 128.0 * st.r + 2 * np.abs(a))
+            Bq = float(S.qn[s:e].max()) * eu + 4 * U64 * (su * 127.0 * 128.0 * scan.r + 2 * np.abs(a))
             tau = np.floor((Bq - a) / su + np.abs(Bq - a) / su * 1e-9) + 1           # generous
             tau = torch.from_numpy(np.clip(tau, -2**31 + 1, 2**31 - 1).astype(np.int32))
             qq, jj = (x.numpy() for x in torch.nonzero(I <= tau[:, None], as_tuple=True))
@@ -331,7 +334,7 @@ def _violators(st: ScanState, S: _Sums, U: np.ndarray, a: np.ndarray) -> list[np
             hit = val <= bound
             qq, jj = qq[hit], jj[hit]                                      # sorted by qq
         else:
-            val = (Uf @ st.q_rows(s, e).float().numpy().T).astype(np.float64)
+            val = (Uf @ scan.q_rows(s, e).float().numpy().T).astype(np.float64)
             val += a[:, None]                                              # the weights [m, k]
             bound = S.qn[None, s:e] * eu[:, None] + 4 * U64 * (np.abs(val) + np.abs(a)[:, None])
             qq, jj = np.nonzero(val <= bound)                              # sorted by qq

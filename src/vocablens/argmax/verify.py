@@ -10,8 +10,8 @@ import time
 import numpy as np
 import torch
 
-from vocablens.argmax.result import DUPLICATE, UNDECIDED
-from vocablens.argmax.state import ScanState, one_blas_thread, rows_per_block, run_in_workers
+from vocablens.argmax.blocks import one_blas_thread, rows_per_block, run_in_workers
+from vocablens.argmax.scan import Scan
 
 #: certificates with a rigorous bound re-checked in float64 by ``verify="borderline"``: those with the
 #: smallest margin over their rounding bound
@@ -26,7 +26,7 @@ def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int =
         Wn: rows ``[V, d]`` (numpy, float32 or float64); bn: bias [V] or None; in_play: bool [V].
         tokens: int64 [k]; cert: ``t -> x`` float64 [d].
         chunk: tokens per pass over the rows (lowered so their certificates ``[d, chunk]`` fit
-            :data:`~vocablens.argmax.state.BLOCK_BYTES`).
+            :data:`~vocablens.argmax.blocks.BLOCK_BYTES`).
         deadline: ``time.perf_counter()`` value after which no new pass starts.
         release: optional ``(start, stop)`` callback after each block of rows ``[start, stop)`` is
             read (:class:`~vocablens.models.pages.PageRelease`: hands their pages back).
@@ -36,7 +36,7 @@ def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int =
 
     Memory: per worker (``torch.get_num_threads()`` of them, one BLAS thread each: the row blocks
     are shared out) one block of rows in float64 and their scores ``[chunk, rows]`` (about
-    :data:`~vocablens.argmax.state.BLOCK_BYTES` each), whatever V: the maxima are kept per token.
+    :data:`~vocablens.argmax.blocks.BLOCK_BYTES` each), whatever V: the maxima are kept per token.
     """
     tokens = np.asarray(tokens, dtype=np.int64)
     out = np.full(len(tokens), np.nan)
@@ -88,48 +88,39 @@ def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int =
     return out
 
 
-def cert_x(st: ScanState, t: int) -> np.ndarray:
-    """The argmaxable certificate of token t in the original coordinates, float64 [d]."""
+def cert_x(scan: Scan, x_extra: dict, scale: np.ndarray, t: int) -> np.ndarray:
+    """The argmaxable certificate of token t in the original coordinates, float64 [d]: its explicit
+    x (``x_extra``), or stage gemm's ``scale[t] A (qs q_t)``."""
     t = int(t)
-    if t in st.x_extra:
-        return st.x_extra[t].numpy()
-    k = int(st.distinct.position[t])
-    return st.scale[t] * (st.white.whiten @ (st.white.grid_step * st.q_rows(k, k + 1)[0].numpy().astype(np.float64)))
+    if t in x_extra:
+        return x_extra[t].numpy()
+    k = int(scan.distinct.position[t])
+    return scale[t] * (scan.white.whiten @ (scan.white.grid_step * scan.q_rows(k, k + 1)[0].numpy().astype(np.float64)))
 
 
-def stage_verify(st: ScanState, mode: str) -> None:
-    """float64 re-check, in the original coordinates, of the argmaxable certificates: (``"all"``)
-    every one, or (``"borderline"``) every one without a rigorous whitened bound (the float32
-    scorings, the proof stage's directions) and the :data:`BORDERLINE` with the smallest margin
-    relative to their rounding bound among those that have one (stage 1's exact int8 products, the
-    reflect stage's int8 scorings: ``ScanState.bound_ratio``). A failed re-check never leaves a
-    verdict standing: the token becomes undecided. With a budget, certificates not reached keep
-    their certified margins."""
-    cand = np.nonzero((st.stage >= 1) & ~np.isnan(st.margin))[0]
-    if mode == "all" or st.bound_ratio is None:
+def stage_verify(scan: Scan, mode: str, candidates: np.ndarray, bound_ratio: np.ndarray | None,
+                 x_extra: dict, scale: np.ndarray, in_play: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float64 re-check, in the original coordinates, of the argmaxable certificates of
+    ``candidates`` (int64 token ids): (``"all"``) every one, or (``"borderline"``) every one without
+    a rigorous whitened bound (the float32 scorings, the proof stage's directions) and the
+    :data:`BORDERLINE` with the smallest margin relative to their rounding bound among those that
+    have one (stage 1's exact int8 products, the reflect stage's int8 scorings: ``bound_ratio``
+    float64 [n] per distinct row, > 0 for those). ``x_extra``, ``scale``: the certificates
+    (:func:`cert_x`); ``in_play``: bool [V] the competitors.
+
+    Returns ``(tokens int64 [k], margins float64 [k])``: the float64 margins (NaN for those not
+    reached before the budget ran out). The driver never leaves a verdict standing whose margin
+    is not > 0 (:meth:`~vocablens.argmax.book.VerdictBook.fold_verify`)."""
+    cand = candidates
+    if mode == "all" or bound_ratio is None:
         chosen = cand.astype(np.int64)
     else:
-        ratio = st.bound_ratio[st.distinct.position[cand]]
+        ratio = bound_ratio[scan.distinct.position[cand]]
         rig = ratio > 0
         pick = cand[rig][np.argsort(ratio[rig], kind="stable")[:BORDERLINE]]
         chosen = np.unique(np.concatenate([cand[~rig], pick])).astype(np.int64)
-    res = verify_argmaxable(st.src.rows, st.src.bias, st.in_play, chosen, lambda t: cert_x(st, t),
-                            twins_of=lambda t: st.distinct.twins.get(int(t), np.zeros(0, dtype=np.int64)),
-                            progress=lambda a, b: st.progress("verify", a, b), deadline=st.deadline,
-                            release=None if st.src.pages is None else st.src.pages.release)
-    for t, m in zip(chosen, res):
-        if np.isnan(m):
-            st.cut("verify")
-            continue
-        st.verified += 1
-        if m > 0:
-            st.margin[t] = m
-        else:
-            # never report a verdict the float64 check does not confirm
-            if st.verdict[t] == DUPLICATE:
-                st.group_can_tie.pop(int(st.group[t]), None)
-            else:
-                st.verdict[t] = UNDECIDED
-            st.reasons[int(t)] = f"float64 re-check of the certificate gave margin {m:.3g}"
-            st.margin[t] = np.nan
-    st.settled["verify"] = st.verified
+    res = verify_argmaxable(scan.source.rows, scan.source.bias, in_play, chosen, lambda t: cert_x(scan, x_extra, scale, t),
+                            twins_of=lambda t: scan.distinct.twins.get(int(t), np.zeros(0, dtype=np.int64)),
+                            progress=lambda a, b: scan.progress("verify", a, b), deadline=scan.clock.deadline,
+                            release=None if scan.source.pages is None else scan.source.pages.release)
+    return chosen, res
