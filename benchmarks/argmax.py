@@ -54,7 +54,7 @@ after, at load 3.2: 9.3 s wall / 9.0 CPU-s against 39.3 s / 38.8 CPU-s, 0.24x wa
 free the fp32 pass runs on two threads, so the wall ratio is the tighter one (the proofs, NNLS and
 scipy's import, ~0.7 s, run on one). What did it:
 - the all-pairs blocks, the whitening and the re-check run on Python worker threads with one
-  torch/BLAS thread each (``vocablens.argmax.state.run_in_workers``): on a shared machine a 2-thread
+  torch/BLAS thread each (``vocablens.argmax.blocks.run_in_workers``): on a shared machine a 2-thread
   product waits for a descheduled peer, which cost up to 2x the CPU seconds (and the kernel pick, a
   single timing, once chose float32 for a whole scan at load 6: 30 CPU-s);
 - 1,024 x 512 int8 products (2 MiB of scores, read from cache by the two reductions): 3.3 CPU-s per

@@ -123,6 +123,23 @@ def stage_gemm(scan: Scan, block: int) -> StageResult:
                        cut=stop.cut, interrupted=stop.interrupted)
 
 
+def _pick_kernel(scan: Scan, Qt: torch.Tensor, dev: torch.device, workers: int):
+    """The all-pairs stage's exact kernel, picked (timed) on as many torch threads as each worker
+    runs: ``(px, imm, probe)``, the scan's int8 kernel for the CPU
+    (:func:`~vocablens.argmax.kernels.exact_products`) or None, the GPU's product (``--device
+    cuda``) or None, and one product of two rows (its dtype is the scores')."""
+    threads = torch.get_num_threads()
+    if workers > 1:
+        torch.set_num_threads(1)                        # the kernel is picked (timed) as it will run
+    try:
+        px = exact_products(scan.Q, scan.device) if dev.type == "cpu" else None     # the scan's exact int8 kernel
+        imm = exact_int_matmul(Qt) if px is None else None          # the GPU's (--device cuda)
+        probe = imm(Qt[:2], Qt[:2]) if px is None else px.mm(Qt[:2], 0, 2)
+    finally:
+        torch.set_num_threads(threads)
+    return px, imm, probe
+
+
 def _dense_maxima(scan: Scan, block: int, rank: int, size: int, T: np.ndarray):
     """Every pair's exact product (the upper triangle of ``Q Q^T``): the rows' maxima, the number
     of leading rows whose maximum is complete, the :class:`~vocablens.argmax.near.NearPairs`
@@ -175,15 +192,7 @@ def _dense_maxima(scan: Scan, block: int, rank: int, size: int, T: np.ndarray):
             told[0] = now
             scan.progress("gemm", now, n)
 
-    threads = torch.get_num_threads()
-    if workers > 1:
-        torch.set_num_threads(1)                        # the kernel is picked (timed) as it will run
-    try:
-        px = exact_products(scan.Q, scan.device) if dev.type == "cpu" else None     # the scan's exact int8 kernel
-        imm = exact_int_matmul(Qt) if px is None else None          # the GPU's (--device cuda)
-        probe = imm(Qt[:2], Qt[:2]) if px is None else px.mm(Qt[:2], 0, 2)
-    finally:
-        torch.set_num_threads(threads)
+    px, imm, probe = _pick_kernel(scan, Qt, dev, workers)
     floating = probe.is_floating_point()
     low = -math.inf if floating else torch.iinfo(torch.int32).min
     bests = [torch.full((n,), low, dtype=probe.dtype, device=dev) for _ in range(workers)]
@@ -251,9 +260,29 @@ def stage_reflect(scan: Scan, left: np.ndarray, iters: int, parts=None) -> Stage
                        cut=stop.cut, interrupted=stop.interrupted)
 
 
+def _float32_pass(scan: Scan, Zn: np.ndarray, cols: np.ndarray, Y: np.ndarray):
+    """Directions ``Y`` float32 [m, r] for the rows ``cols`` [m] scored against all rows ``Zn`` in
+    float32 with the GEMM's rounding bound: ``(done, gap, jstar, lead, S)`` as
+    :func:`~vocablens.argmax.scoring.int8_pass` gives them, and the scores ``S`` [m, n] (own
+    entries -inf). Scores [m, n]: numpy's float32 GEMM and reductions along rows (faster than
+    torch's [n, m] product and column maxima: docs/performance-argmax.md)."""
+    coef = (scan.r * U32 / (1 - scan.r * U32) + 3 * U32) * 1.01
+    ar = np.arange(len(cols))
+    S = scores_against(Y, Zn)
+    own = S[ar, cols].copy()
+    S[ar, cols] = -np.inf
+    jstar = S.argmax(1)
+    bestv = S[ar, jstar]
+    ynorm = np.linalg.norm(Y.astype(np.float64), axis=1)
+    mm = own.astype(np.float64) - bestv
+    bnd = coef * ynorm * (scan.white.z_norm[cols] + scan.white.z_norm_max) + 1e-30
+    lead = bestv.astype(np.float64) / np.maximum(np.abs(own.astype(np.float64)), 1e-300)
+    return mm > bnd, mm - bnd, jstar, lead, S
+
+
 def _reflect(scan: Scan, left: np.ndarray, iters: int, parts, decided: list) -> StageResult:
     """The body of :func:`stage_reflect`; appends to ``decided`` as it goes."""
-    Zn, coef = scan.Z.numpy(), (scan.r * U32 / (1 - scan.r * U32) + 3 * U32) * 1.01
+    Zn = scan.Z.numpy()
     still: list[np.ndarray] = []
     ratios: list = []                                       # (positions, margin / slack) of the int8 scorings
     start_top: dict = {}
@@ -283,25 +312,13 @@ def _reflect(scan: Scan, left: np.ndarray, iters: int, parts, decided: list) -> 
             age = np.concatenate([age, np.zeros(len(add), dtype=np.int64)])
         if not len(cols):
             break
-        ar = np.arange(len(cols))
         S = top = None
         if use8 and len(cols) >= 32:
             # int8 products with a rigorous bound, the near calls exact (vocablens.argmax.scoring)
             done, gap, jstar, top, lead, slack = int8_pass(scan, cols, Y, START_TOP, np.nonzero(age == 0)[0])
             ratios.append((cols[done], gap[done] / slack[done]))     # rigorous: verify re-checks the smallest
         else:
-            # scores [m, n]: numpy's float32 GEMM and reductions along rows (faster than torch's
-            # [n, m] product and column maxima: docs/performance-argmax.md)
-            S = scores_against(Y, Zn)
-            own = S[ar, cols].copy()
-            S[ar, cols] = -np.inf
-            jstar = S.argmax(1)
-            bestv = S[ar, jstar]
-            ynorm = np.linalg.norm(Y.astype(np.float64), axis=1)
-            mm = own.astype(np.float64) - bestv
-            bnd = coef * ynorm * (scan.white.z_norm[cols] + scan.white.z_norm_max) + 1e-30
-            done, gap = mm > bnd, mm - bnd
-            lead = bestv.astype(np.float64) / np.maximum(np.abs(own.astype(np.float64)), 1e-300)
+            done, gap, jstar, lead, S = _float32_pass(scan, Zn, cols, Y)
         dq = np.nonzero(done)[0]
         X = Y[dq].astype(np.float64) @ scan.white.whiten.T                # the certificates x = A y, one GEMM
         for i, q in enumerate(dq):
