@@ -157,11 +157,46 @@ def _surgery(r) -> list[dict]:
              "looks_undertrained": ind.get(nt.id, {}).get("looks_undertrained")} for nt in r.value.new_tokens]
 
 
+def _trajectory(r) -> list[dict]:
+    """A row per (lens kind, stream layer): the followed token's rank there (0 = on top), its
+    probability, and the lens's top-1 token."""
+    rows = []
+    for kind, t in r.value.items():
+        if t is None:
+            continue
+        for layer, (rank, lp, top) in enumerate(zip(t.target_rank.tolist(), t.logprob.exp().tolist(),
+                                                    t.topk_ids[:, 0].tolist())):
+            rows.append({"kind": kind, "layer": layer, "rank": int(rank), "prob": float(lp), "top1_id": int(top),
+                         "top1": token_str(r.tokenizer, int(top))})
+    return rows
+
+
+def _bottleneck(r) -> list[dict]:
+    """A row per singular value (index 1..): of W_U (``sigma_W``) and of the log-probabilities over the
+    contexts (``sigma_logprobs``; None past that spectrum's length)."""
+    w, a = r.value.sigma_W.tolist(), r.value.sigma_A.tolist()
+    return [{"index": i + 1, "sigma_W": w[i] if i < len(w) else None, "sigma_logprobs": a[i] if i < len(a) else None}
+            for i in range(max(len(w), len(a)))]
+
+
+def _align(r) -> list[dict]:
+    """A row per best-matching pair of units listed (``align --json``'s ``best_matches``)."""
+    return [dict(p) for p in r.options["best"]]
+
+
+def _anomaly(r) -> list[dict]:
+    """A row per test input: its index, label and text, and a column per ``kind/detector`` score."""
+    o, rep = r.options, r.value
+    return [{"index": i, "label": None if o["labels"] is None else int(o["labels"][i]), "text": o["texts"][i],
+             **{k: float(v[i]) for k, v in rep.scores.items()}} for i in range(rep.n_test)]
+
+
 #: kind -> the rows of its frame
 ROWS: dict[str, Callable[..., list[dict]]] = {
     "anatomy": _record, "tie_check": _record, "neighbors": _neighbors, "pca": _pca, "lens": _lens,
     "score": _score, "explain": _explain, "project": _project, "settle": _settle, "argmax": _argmax,
     "undertrained": _undertrained, "generate": _generate, "steer": _steer, "surgery": _surgery,
+    "trajectory": _trajectory, "bottleneck": _bottleneck, "align": _align, "anomaly": _anomaly,
 }
 
 

@@ -10,12 +10,16 @@ explorer draws, the builder that draws it there, called on the result's own fiel
   prompts, one heatmap per kind with a column per (prompt, position)
   (:func:`vocablens.render.lens_batch.lens_batch_figure`);
 * ``explain``: the explorer's attribution bars (:func:`vocablens.render.vocab_space.attribution_figure`);
+* ``trajectory``: the explorer's rank-and-probability plot of a token
+  (:func:`vocablens.render.trajectory.trajectory_plot`);
+* ``bottleneck``: the singular spectra ``bottleneck --plot`` writes
+  (:func:`vocablens.render.argmax.bottleneck_figure`);
 * ``settle``: the report's settle panels (:func:`vocablens.render.vocab_space.settle_figure`);
 * ``undertrained``: the report's indicator-vs-probability scatter
   (:func:`vocablens.render.undertrained_report.undertrained_figure`).
 
-The other kinds (score, neighbours, projections, argmax, generation, steering, surgery) are drawn
-nowhere; their tables are their display.
+The other kinds (score, neighbours, projections, argmax, generation, steering, surgery, alignment,
+anomaly scores) are drawn nowhere; their tables are their display.
 """
 
 from __future__ import annotations
@@ -79,9 +83,22 @@ def _undertrained(r):
     return undertrained_figure(r.value, r.tokenizer)
 
 
+def _trajectory(r):
+    from vocablens.render.trajectory import trajectory_plot
+
+    return trajectory_plot(r.value, r.tokenizer)
+
+
+def _bottleneck(r):
+    from vocablens.render.argmax import bottleneck_figure
+
+    return bottleneck_figure(r.value)
+
+
 #: kind -> the builder of its figure (``builder(result, **options)``)
 FIGURES: dict[str, Callable] = {"anatomy": _anatomy, "pca": _pca, "lens": _lens, "explain": _explain,
-                                "settle": _settle, "undertrained": _undertrained}
+                                "settle": _settle, "undertrained": _undertrained, "trajectory": _trajectory,
+                                "bottleneck": _bottleneck}
 
 
 def draw(builder: Callable, r, **options):
