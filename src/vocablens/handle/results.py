@@ -190,24 +190,25 @@ class Surgery(Result, kind="surgery"):
     (expand)."""
 
 
-class Trajectory(Result):
-    """``m.trajectory(...)``: kind -> :class:`~vocablens.ops.TokenLogprobs` [L+1] (the explorer's ``/api/trajectory``)."""
-    kind = "trajectory"
+class Trajectory(Result, kind="trajectory"):
+    """``m.trajectory(...)``: kind -> :class:`~vocablens.ops.TokenLogprobs` [L+1] (the explorer's
+    ``/api/trajectory``). ``.figure()``: the explorer's rank-and-probability plot; ``.to_pandas()``: a row
+    per (kind, layer)."""
 
 
-class Bottleneck(Result):
-    """``m.bottleneck(...)``: :class:`~vocablens.argmax.bottleneck.Bottleneck` (``bottleneck --json``)."""
-    kind = "bottleneck"
+class Bottleneck(Result, kind="bottleneck"):
+    """``m.bottleneck(...)``: :class:`~vocablens.argmax.bottleneck.Bottleneck` (``bottleneck --json``).
+    ``.figure()``: the spectra ``bottleneck --plot`` writes; ``.to_pandas()``: a row per singular value."""
 
 
-class Alignment(Result):
-    """``m.align(other)``: :class:`~vocablens.vocab_space.align.Alignment` (``align A B --json``)."""
-    kind = "align"
+class Alignment(Result, kind="align"):
+    """``m.align(other)``: :class:`~vocablens.vocab_space.align.Alignment` (``align A B --json``).
+    ``.to_pandas()``: a row per best-matching pair listed."""
 
 
-class Anomaly(Result):
-    """``m.anomaly(...)``: :class:`~vocablens.lens.anomaly.AnomalyReport` (``lens anomaly --json``)."""
-    kind = "anomaly"
+class Anomaly(Result, kind="anomaly"):
+    """``m.anomaly(...)``: :class:`~vocablens.lens.anomaly.AnomalyReport` (``lens anomaly --json``).
+    ``.to_pandas()``: a row per test input, a column per ``kind/detector`` score."""
 
 
 __all__ = ["Result", "Anatomy", "TieCheck", "Neighbors", "WordPCA", "Lens", "Score", "Explanation", "Projection",

@@ -157,8 +157,7 @@ _SHOWN: dict[str, tuple[Callable, Callable]] = {
 #: kind -> (to_json, print, figure or None, rows or None): every renderer of a kind of result
 #: (figures: :data:`vocablens.render.result_figures.FIGURES`; rows: :data:`vocablens.render.frames.ROWS`)
 RENDERERS: dict[str, tuple[Callable, Callable, Callable | None, Callable | None]] = {
-    k: (j, p, FIGURES.get(k), ROWS.get(k)) for k, (j, p) in _SHOWN.items()}
-RENDERERS.update(CLIENT_RENDERERS)  # trajectory, bottleneck, align, anomaly
+    k: (j, p, FIGURES.get(k), ROWS.get(k)) for k, (j, p) in {**_SHOWN, **CLIENT_RENDERERS}.items()}
 
 
 def _entry(r) -> tuple:

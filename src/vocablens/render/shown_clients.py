@@ -60,12 +60,6 @@ def _print_bottleneck(r, out) -> None:
         out.print(t)
 
 
-def _fig_bottleneck(r):
-    from vocablens.render.argmax import bottleneck_figure
-
-    return bottleneck_figure(r.value)
-
-
 # ---------------------------------------------------------------------------------------- align
 def _json_align(r) -> dict:
     from vocablens.render.align import alignment_to_dict
@@ -101,12 +95,13 @@ def _print_anomaly(r, out) -> None:
     print_anomaly(out, r.value, o["detectors"], o["texts"], o["labels"])
 
 
-#: kind -> (to_json, print, figure or None, rows or None), as :data:`vocablens.render.shown.RENDERERS`
-RENDERERS: dict[str, tuple[Callable, Callable, Callable | None, Callable | None]] = {
-    "trajectory": (_json_trajectory, _print_trajectory, None, None),
-    "bottleneck": (_json_bottleneck, _print_bottleneck, _fig_bottleneck, None),
-    "align": (_json_align, _print_align, None, None),
-    "anomaly": (_json_anomaly, _print_anomaly, None, None),
+#: kind -> (to_json, print); their figures and rows are in :mod:`vocablens.render.result_figures` and
+#: :mod:`vocablens.render.frames` (:data:`vocablens.render.shown.RENDERERS` gathers them)
+RENDERERS: dict[str, tuple[Callable, Callable]] = {
+    "trajectory": (_json_trajectory, _print_trajectory),
+    "bottleneck": (_json_bottleneck, _print_bottleneck),
+    "align": (_json_align, _print_align),
+    "anomaly": (_json_anomaly, _print_anomaly),
 }
 
 __all__ = ["RENDERERS"]
