@@ -483,11 +483,15 @@ def test_budget_is_kept_inside_every_stage_and_never_guesses():
     full = find_unargmaxable(W)
     assert set(pl) <= set(full.ids("unargmaxable").tolist())
     seen_cuts = set()
+    threads = torch.get_num_threads()
     for budget in (0.005, 0.05, 0.3, 1.0):
-        t0 = _time.perf_counter()
+        c0 = _time.process_time()
         res = find_unargmaxable(W, time_budget_s=budget)
-        wall = _time.perf_counter() - t0
-        assert wall <= 1.1 * budget + 2.0, (budget, wall)        # a block's time, on a loaded machine
+        cpu = _time.process_time() - c0
+        # CPU seconds, not wall: until the (wall) deadline the run can use at most `threads` CPU-s per
+        # second, after it at most a block's work; a loaded machine stretches the wall time (a wall
+        # bound failed at load 13: 4.5 s for a 0.3 s budget) but not the work done
+        assert cpu <= threads * (1.1 * budget + 2.0), (budget, cpu)
         und = res.verdict == 3
         assert torch.equal(res.verdict[~und], full.verdict[~und]), budget
         if res.cut_short:
