@@ -11,7 +11,7 @@ tuned lens, and held-out KL per layer for the logit, tuned and Jacobian lens.
 checkpoint folder, its per-prompt driver fed the same ids), each in its own process, alternating
 (ours, theirs, ours, theirs ...), each process in its own virtual environment (TransformerLens in
 ``--tl-python``'s, installed apart: ``python3 -m venv /work/venv-tl; pip install torch==2.13.0
-transformer-lens==4.3.0``). Printed: wall seconds of the fit alone, peak resident memory of the
+transformer-lens==4.3.0``). Printed: wall seconds and CPU seconds (user + system, all threads) of the fit alone, peak resident memory of the
 process and the part the fit added, the ratios, and the largest difference between the two
 lenses' matrices (their block l = our stream layer l+1). Where TransformerLens does not install or
 boot, the ratio is not printed and the reason is.
@@ -22,6 +22,9 @@ alternately in one process.
 
 ``kl``: :func:`vocablens.lens.compare.compare_lenses` on held-out text (the validation split of
 pydoc-topics, which neither shipped lens was fitted on): KL per layer for the three lenses.
+
+Threads: the same for both (``--threads``, default 1: on a shared machine a second thread mostly
+spins; CPU time is the figure least moved by the load).
 
 Always say the load average with a figure (it is printed): the machine may be shared.
 """
@@ -48,6 +51,7 @@ ids = torch.load(ids_path, weights_only=True)
 bridge = TransformerBridge.boot_transformers(model_dir, device="cpu", dtype=torch.float32)
 bridge.eval()
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+ru0 = resource.getrusage(resource.RUSAGE_SELF)
 layers = list(range(bridge.cfg.n_layers - 1))
 t0 = time.perf_counter()
 sums = None
@@ -57,8 +61,10 @@ with jl._frozen_parameters(bridge):
                                     skip_first_positions=skip, backward_provider=jl._ordinary_vjp)
         sums = J if sums is None else {k: sums[k] + J[k] for k in J}
 wall = time.perf_counter() - t0
+ru1 = resource.getrusage(resource.RUSAGE_SELF)
+cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
 torch.save({k: v / len(ids) for k, v in sums.items()}, out_path)
-print(json.dumps({"seconds": wall, "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+print(json.dumps({"seconds": wall, "cpu_seconds": cpu, "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                   "rss_before_fit_kib": rss0}))
 '''
 
@@ -71,12 +77,15 @@ torch.set_num_threads(int(sys.argv[6]))
 ids = torch.load(ids_path, weights_only=True)
 lm = load_mode(model_dir, "full")
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+ru0 = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
 lens = fit_jacobian_lens(lm.borders, ids, JacobianFitSettings(skip_first=skip, dim_batch=dim_batch,
                                                               layers=tuple(range(1, lm.borders.n_layers))))
 wall = time.perf_counter() - t0
+ru1 = resource.getrusage(resource.RUSAGE_SELF)
+cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
 torch.save({ly: lens.matrix(ly) for ly in lens.layers}, out_path)
-print(json.dumps({"seconds": wall, "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+print(json.dumps({"seconds": wall, "cpu_seconds": cpu, "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                   "rss_before_fit_kib": rss0}))
 '''
 
@@ -131,7 +140,7 @@ def fit(args) -> None:
             rec = json.loads(p.stdout.strip().splitlines()[-1])
             rec["load"] = _load()
             runs[who].append(rec)
-            print(f"{who:17s} rep {rep + 1}: fit {rec['seconds']:7.1f} s, peak RSS {rec['peak_rss_kib'] / 1024:7.0f} MiB "
+            print(f"{who:17s} rep {rep + 1}: fit {rec['seconds']:7.1f} s ({rec['cpu_seconds']:.1f} CPU s), peak RSS {rec['peak_rss_kib'] / 1024:7.0f} MiB "
                   f"(before the fit {rec['rss_before_fit_kib'] / 1024:.0f} MiB), load {rec['load']}", flush=True)
     print(f"\n{args.prompts} prompts x {args.seq_len} tokens, dim_batch {args.dim_batch}, skip_first {args.skip_first}, "
           f"{args.threads} threads, source layers = every block output below the last (TL 0..L-2 = our 1..L-1)")
@@ -139,10 +148,12 @@ def fit(args) -> None:
         print(f"TransformerLens 4.3 not measured: {why_not}")
         return
     best = {w: min(r["seconds"] for r in runs[w]) for w in runs}
+    cpu = {w: min(r["cpu_seconds"] for r in runs[w]) for w in runs}
     peak = {w: max(r["peak_rss_kib"] for r in runs[w]) for w in runs}
     add = {w: max(r["peak_rss_kib"] - r["rss_before_fit_kib"] for r in runs[w]) for w in runs}
     print(f"time  vocablens / TransformerLens = {best['vocablens']:.1f} / {best['transformer_lens']:.1f} s "
-          f"= {best['vocablens'] / best['transformer_lens']:.2f}x (best of {args.repeats} each)")
+          f"= {best['vocablens'] / best['transformer_lens']:.2f}x (best of {args.repeats} each); CPU time "
+          f"{cpu['vocablens']:.1f} / {cpu['transformer_lens']:.1f} s = {cpu['vocablens'] / cpu['transformer_lens']:.2f}x")
     print(f"peak RSS  {peak['vocablens'] / 1024:.0f} / {peak['transformer_lens'] / 1024:.0f} MiB = "
           f"{peak['vocablens'] / peak['transformer_lens']:.2f}x; added by the fit {add['vocablens'] / 1024:.0f} / "
           f"{add['transformer_lens'] / 1024:.0f} MiB")
@@ -220,7 +231,7 @@ def main() -> None:
     f.add_argument("--dim-batch", type=int, default=8)
     f.add_argument("--skip-first", type=int, default=16)
     f.add_argument("--repeats", type=int, default=2)
-    f.add_argument("--threads", type=int, default=2)
+    f.add_argument("--threads", type=int, default=1)
     f.add_argument("--tl-python", default="/work/venv-tl/bin/python")
     a = sub.add_parser("apply")
     a.add_argument("--tokens", type=int, default=512)

@@ -265,3 +265,22 @@ def test_model_handle_fits_and_reads_the_jacobian_lens(tmp_path):
     assert res.kinds == ["logit", "jacobian"]
     assert float(res[0, "jacobian"].layers[-1].kl_to_final.abs().max()) < 1e-5  # layer L: the model itself
     assert float(res[0, "jacobian"].layers[1].kl_to_final.sum()) != float(res[0, "logit"].layers[1].kl_to_final.sum())
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gemma2", "opt", "bloom", "gpt_neox", "falcon"])
+def test_skipped_positions_in_the_cache_change_no_term(family, monkeypatch):
+    """Positions < skip_first run into the key/value cache without grad (the backward passes skip
+    them): by causality the sums equal those of the whole sequence in the graph (families with rotary,
+    learned, ALiBi positions, sliding windows, a router; llama and gpt2 meet the autograd oracle)."""
+    import vocablens.lens.stream_graph as sg
+
+    model = tm.make_tiny(family)
+    b = Borders.from_model(model)
+    assert sg._cache_kwarg(model) is not None  # the cache path is the one taken
+    ids = tm.ids(batch=2, T=7, seed=3)
+    layers = list(range(b.n_layers))
+    cached = jacobian_sums(b, ids, layers, skip_first=3, dim_batch=b.d_model)
+    monkeypatch.setattr(sg, "_cache_kwarg", lambda _m: None)  # the whole sequence in the graph
+    whole = jacobian_sums(b, ids, layers, skip_first=3, dim_batch=b.d_model)
+    assert torch.allclose(cached, whole, atol=2e-5, rtol=1e-5), float((cached - whole).abs().max())
+    assert float(whole.abs().max()) > 0.1

@@ -61,7 +61,7 @@ def layer_gradients(borders: Borders, input_ids: torch.Tensor, target: int, posi
     Raises:
         BadInput: empty prompt, a position outside the prompt, a target outside the vocabulary.
     """
-    from vocablens.lens.jacobian_fit import frozen, stream_graph
+    from vocablens.lens.stream_graph import frozen, stream_graph
 
     ids = torch.as_tensor(input_ids).flatten()
     T = int(ids.numel())

@@ -17,15 +17,22 @@ used. The prompt is replicated ``dim_batch`` times along the batch axis (k copie
 forwarded once with the graph kept, and each backward plants k output directions (one per copy):
 ``ceil(d / k)`` backwards per batch of prompts. The graph is rooted at the lowest fitted layer (a leaf
 tensor replaces the stream there), the model's parameters are frozen for the duration (their
-``requires_grad`` flags put back afterwards) so no weight gradient is formed, and the LM head is not
-differentiated.
+``requires_grad`` flags put back afterwards) so no weight gradient is formed, and neither the final
+norm nor the LM head is run. Only positions ``skip_first .. T-2`` are in the graph
+(:func:`~vocablens.lens.stream_graph.suffix_graph`): the first ``skip_first`` run once without grad
+into the model's key/value cache (they are no sources, and by causality a source p reaches only
+targets p' >= p through positions >= p, so for every source they are constants), and the last
+position is not run (it is no target and reaches no earlier position). The terms are the same as the
+whole sequence's; every backward is T' = T - 1 - skip_first positions long instead of T (TransformerLens
+4.3 differentiates all T).
 
 Cost per batch of B prompts of T tokens: one forward of k·B·T tokens, plus ceil(d/k) backward passes
-of k·B·T tokens through the blocks above the root (each ≈ 1 forward's FLOPs: input gradients only).
-In all ≈ d·B·T · 2·N_blocks FLOPs (N_blocks = the blocks' parameters), i.e. about d forward passes
-per prompt, whatever k. Peak memory: the kept graph of k·B·T tokens (activations of every block
-above the root) plus, per backward, one [k·B, T, d] gradient per fitted layer, plus the sums
-S·d²·4 bytes (float32; float64 for a float64 model).
+of k·B·T' tokens through the blocks above the root (each ≈ 1 forward's FLOPs: input gradients only).
+In all ≈ d·B·T' · 2·N_blocks FLOPs (N_blocks = the blocks' parameters), i.e. about d·T'/T forward
+passes per prompt, whatever k. Peak memory: the kept graph of k·B·T' tokens (activations of every
+block above the root, the cache of k·B·skip_first keys and values) plus, per backward, one
+[k·B, T', d] gradient per fitted layer, plus the sums S·d²·4 bytes (float32; float64 for a float64
+model).
 
 Resumable like ``lens train``: a checkpoint (``checkpoint.safetensors``: the running sums; ``checkpoint.json``:
 prompts done, settings, data hash, model identity) written through :mod:`vocablens.files` every
@@ -34,18 +41,18 @@ prompts done, settings, data hash, model identity) written through :mod:`vocable
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from vocablens.errors import BadInput, CheckpointMismatch, CorruptModelFile
 from vocablens.lens.jacobian import FORMAT, JacobianLens
+from vocablens.lens.stream_graph import frozen, stream_graph, suffix_graph
 from vocablens.lens.tuned import model_identity, read_pair, save_files
 from vocablens.models import Borders
 
@@ -97,71 +104,13 @@ class FitProgress:
     seconds: float
 
 
-@contextlib.contextmanager
-def frozen(model: torch.nn.Module) -> Iterator[None]:
-    """Parameters' ``requires_grad`` set to False for the block, each flag put back afterwards."""
-    saved = [(p, p.requires_grad) for p in model.parameters()]
-    try:
-        for p, _ in saved:
-            p.requires_grad_(False)
-        yield
-    finally:
-        for p, flag in saved:
-            p.requires_grad_(flag)
-
-
-def _output(out):
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
-def stream_graph(borders: Borders, ids: torch.Tensor, root: int, keep: Sequence[int]) -> dict[int, torch.Tensor]:
-    """One forward of ``ids`` [N, T] with the stream at layer ``root`` made a leaf that requires grad;
-    returns ``{layer: [N, T, d]}`` for the layers in ``keep`` (each >= root) and L, in the graph, and
-    ``store["logits"]``: the model's own logits [N, T, V] (in the graph too)."""
-    from vocablens.models.hooks import ModelPatch
-
-    store: dict = {}
-    wanted = set(keep) | {borders.n_layers}
-
-    def make_leaf(x: torch.Tensor) -> torch.Tensor:
-        return x.detach().requires_grad_(True)
-
-    def pre_root(_mod, args, kwargs):
-        if args:
-            leaf = make_leaf(args[0])
-            store[0] = leaf
-            return (leaf, *args[1:]), kwargs
-        leaf = make_leaf(kwargs["hidden_states"])
-        store[0] = leaf
-        return args, {**kwargs, "hidden_states": leaf}
-
-    def make_post(i: int):
-        def post(_mod, _args, output):
-            if i == root:
-                leaf = make_leaf(_output(output))
-                store[i] = leaf
-                return (leaf, *output[1:]) if isinstance(output, tuple) else leaf
-            if i in wanted:
-                store[i] = _output(output)
-            return None
-
-        return post
-
-    with ModelPatch() as patch, torch.enable_grad():
-        if root == 0:
-            patch.pre_hook(borders.blocks[0], pre_root, with_kwargs=True)
-        for i, blk in enumerate(borders.blocks, start=1):
-            if i >= root:
-                patch.post_hook(blk, make_post(i))
-        out = borders.model(input_ids=ids.to(borders.device), use_cache=False)
-    store["logits"] = out.logits
-    return store
-
-
 def jacobian_sums(borders: Borders, ids: torch.Tensor, layers: Sequence[int], skip_first: int = SKIP_FIRST,
                   dim_batch: int = 8, on_pass: Callable[[int, int], None] | None = None) -> torch.Tensor:
     """Σ over the B prompts of ``ids`` [B, T] of their per-prompt J_l (module docstring), for each
     layer in ``layers``: [S, d, d] in float32 (float64 for a float64 model), on the CPU.
+
+    Only positions ``skip_first .. T-2`` are in the graph (:func:`suffix_graph`; the last position is
+    no target and, by causality, reaches no earlier one, so it is not run at all).
 
     Args:
         borders: the model (eval mode; its parameters' ``requires_grad`` flags are left as found).
@@ -188,11 +137,13 @@ def jacobian_sums(borders: Borders, ids: torch.Tensor, layers: Sequence[int], sk
     root = min(layers)
     acc = torch.float64 if borders.input_embedding.dtype == torch.float64 else torch.float32
     sums = torch.zeros(len(layers), d, d, dtype=acc)  # cpu: the running sums, one place for every device
-    valid = torch.arange(skip_first, T - 1)
     with frozen(borders.model):
-        store = stream_graph(borders, ids.repeat(k, 1), root, layers)  # row j*B + b = copy j of prompt b
+        # row j*B + b = copy j of prompt b; the last position is dropped (no target, reaches nothing earlier)
+        store = suffix_graph(borders, ids[:, : T - 1].repeat(k, 1), root, layers, skip_first)
         target = store[L]
         sources = [store[ly] for ly in layers]
+        Ts = target.shape[1]  # T - 1 - skip_first, or T - 1 when the model takes no cache
+        valid = torch.arange(Ts - (T - 1 - skip_first), Ts)
         dev = target.device
         vpos = valid.to(dev)
         copies = torch.arange(k, device=dev)
@@ -202,11 +153,11 @@ def jacobian_sums(borders: Borders, ids: torch.Tensor, layers: Sequence[int], sk
             for n_pass, start in enumerate(range(0, d, k)):
                 n = min(k, d - start)
                 cot.zero_()
-                view = cot.view(k, B, T, d)
+                view = cot.view(k, B, Ts, d)
                 view[copies[:n, None, None], :, vpos[None, :, None], (start + copies[:n])[:, None, None]] = 1.0
                 grads = torch.autograd.grad(target, sources, grad_outputs=cot, retain_graph=n_pass < passes - 1)
                 for s, g in enumerate(grads):
-                    rows = g.reshape(k, B, T, d)[:n, :, vpos.to(g.device)].to(acc).mean(dim=2).sum(dim=1)  # [n, d]
+                    rows = g.reshape(k, B, Ts, d)[:n, :, vpos.to(g.device)].to(acc).mean(dim=2).sum(dim=1)  # [n, d]
                     sums[s, start: start + n] += rows.cpu()  # cpu: into the running sums
                 del grads
                 if on_pass is not None:
