@@ -710,7 +710,9 @@ def test_reserved_tokens_are_their_own_group_and_the_cli_budget(capsys, monkeypa
     assert cut.norm_note.startswith("skipped") and cut.result.cut_short
     html = argmax_section(cut, tok).html
     assert "Cut short" in html and "vocablens argmax" in html and "Reserved / unused special tokens" in html
-    lm = types.SimpleNamespace(borders=b, tokenizer=tok, provenance=types.SimpleNamespace(to_dict=lambda: {}))
+    from vocablens import Model
+
+    lm = Model(b.model, tok, b, types.SimpleNamespace(to_dict=lambda: {}))  # the CLI reads the handle
     monkeypatch.setattr(cli_mod, "load_model", lambda *a, **k: lm)
     assert run_app(["argmax", "--json", "--budget", "0.000001", "--no-norm"]) == 0
     j = json.loads(capsys.readouterr().out)
