@@ -171,7 +171,12 @@ def score_methods(torch, lm, peers):
     def user(ids):  # what a user writes: the whole forward, then a [T-1, V] log-softmax and a gather
         return model(ids[None], use_cache=False).logits[0, :-1].log_softmax(-1).gather(1, ids[1:, None])[:, 0]
 
-    methods = {"vocablens": lambda ids: score_ids(lm.borders, ids).logprobs, "transformers": user}
+    def user_like_score(ids):  # what a user writes to get what `vocablens score` prints: log-probs and entropy
+        lp = model(ids[None], use_cache=False).logits[0, :-1].log_softmax(-1)
+        return lp.gather(1, ids[1:, None])[:, 0], -(lp.exp() * lp).sum(-1)
+
+    methods = {"vocablens": lambda ids: score_ids(lm.borders, ids).logprobs, "transformers": user,
+               "transformers+entropy": lambda ids: user_like_score(ids)[0]}
     if "nnsight" in peers:
         nm = peers["nnsight"]
 
@@ -334,7 +339,8 @@ def main() -> None:
         best, out, rounds = timed(torch, score_methods(torch, lm, peers), ids[:n], a.reps)
         agree = "; ".join(f"{k}: max |dlogp| {float((out['vocablens'] - v).abs().max()):.1e}" for k, v in out.items()
                           if k != "vocablens")
-        score_ratios[n] = paired(rounds, "vocablens", "transformers")
+        score_ratios[f"{n:,} tokens (log-probs)"] = paired(rounds, "vocablens", "transformers")
+        score_ratios[f"{n:,} tokens (log-probs + entropy, as score prints)"] = paired(rounds, "vocablens", "transformers+entropy")
         row(f"per-token log-probs of {n} tokens", best, rounds, extra=agree)
     if "generate" in a.jobs:
         best, out, rounds = timed(torch, generate_methods(torch, lm, peers, 30), ids[:16], a.reps)
@@ -379,7 +385,7 @@ def main() -> None:
     end = os.getloadavg()
     if score_ratios:
         print("target: score <= 1.0x transformers' time: " + "; ".join(
-            f"{n:,} tokens {r['min_wall']:.2f}x (median of pairs {r['median_wall']:.2f}x; CPU {r['min_cpu']:.2f}x, "
+            f"{n} {r['min_wall']:.2f}x (median of pairs {r['median_wall']:.2f}x; CPU {r['min_cpu']:.2f}x, "
             f"median {r['median_cpu']:.2f}x)" for n, r in score_ratios.items()))
     if nb is not None:
         print(f"targets: neighbours per query {nb[0]:.2f}x torch (<= 1.5x), first call {nb[1]:.3f} s (<= 0.5 s)")
