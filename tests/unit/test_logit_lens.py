@@ -139,10 +139,14 @@ def test_trajectory_streamed_equals_float64_full_rows(family):
     with torch.no_grad():
         resid, _ = b.residual_stream(x[None])
     tuned = _Shift(L, b.d_model)
-    lm = SimpleNamespace(borders=b, tokenizer=tok, provenance=SimpleNamespace(to_dict=lambda: {"name": "tiny"}))
+    from vocablens import Model
+
+    lm = Model(model, tok, b, SimpleNamespace(to_dict=lambda: {"name": "tiny"}))
+    lm.add_lens("tuned", tuned)  # the explorer reads the handle's tuned lens
+    stream = lm.forward(x[None])  # the prompt's cached forward, as the explorer keeps it
     U = b.unembedding
     for tid in (7, int(real) - 1):
-        out = trajectory_json(lm, x[None], resid[:, 0], 3, tid, tuned)
+        out = trajectory_json(lm, x[None], stream, 3, tid, True)
         assert set(out) == {"tokens", "position", "token", "token_id", "n_layers", "logit", "tuned", "model"}
         for name, tr in (("logit", None), ("tuned", tuned)):
             ranks, probs, top1 = [], [], []

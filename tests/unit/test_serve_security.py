@@ -460,13 +460,14 @@ def test_lens_kinds_include_the_jacobian_lens(c, state):
 
     from vocablens.lens.jacobian import JacobianLens
 
-    saved = state.jacobian
+    held = state.lm.translators
+    saved = held.pop("jacobian", None)
     try:
-        state.jacobian = None
         assert "no Jacobian lens" in one_line_error(c.post("/api/lens", json={"prompt": PROMPT, "kind": "jacobian"}), 400)
         b = state.lm.borders
-        state.jacobian = JacobianLens(torch.eye(b.d_model).repeat(b.n_layers, 1, 1), list(range(b.n_layers)), b.n_layers)
-        state.jacobian.check_model(b)  # as every load does: it records no model
+        J = JacobianLens(torch.eye(b.d_model).repeat(b.n_layers, 1, 1), list(range(b.n_layers)), b.n_layers)
+        J.check_model(b)  # as every load does: it records no model
+        state.lm.add_lens("jacobian", J)  # the model's lens: what /api/lens reads through
         r = c.post("/api/lens", json={"prompt": PROMPT, "kind": "logit,tuned,jacobian", "k": 2})
         assert r.status_code == 200, r.text[:300]
         d = r.json()
@@ -477,4 +478,6 @@ def test_lens_kinds_include_the_jacobian_lens(c, state):
             assert a["positions"][-1]["top_ids"] == j["positions"][-1]["top_ids"]
         assert one_line_error(c.post("/api/lens", json={"prompt": PROMPT, "kind": "jacobian,logit"}), 422)
     finally:
-        state.jacobian = saved
+        held.pop("jacobian", None)
+        if saved is not None:
+            held["jacobian"] = saved

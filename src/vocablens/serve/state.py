@@ -158,7 +158,6 @@ class ServerState:
         self.lm = lm
         self.model_spec = model_spec
         self.lens_path = lens_path
-        self.jacobian = None
         self.max_tokens = max_tokens
         self.lock = threading.Lock()
         self.prompts = PromptCache()
@@ -208,12 +207,13 @@ class ServerState:
         first use, or :class:`BadInput` saying why there is none."""
         from vocablens.errors import BadInput, VocabLensError
 
-        if getattr(self, "jacobian", None) is None:
+        lens = self.lm.translators.get("jacobian")  # the model's lens is the one its lens reads go through
+        if lens is None:
             try:
-                self.jacobian = adapters.load_jacobian(self.lm, self.lens_path)
+                lens = adapters.load_jacobian(self.lm, self.lens_path)
             except VocabLensError as exc:
                 raise BadInput(f"no Jacobian lens: {exc}") from None
-        return self.jacobian
+        return lens
 
     def need_tuned(self):
         """The tuned lens, or :class:`BadInput` saying why there is none."""
