@@ -61,6 +61,19 @@ def test_explorer_in_headless_chromium(server, tmp_path):
             return [L, T, gd.data[0].text[L][T - 1], d.layers[L].positions[T - 1].top_tokens[0]]; }""")
         assert top == " Paris" and drawn == "␣Paris" and L == 30 and T == 5
 
+        # the lens selector: the shipped Jacobian lens is read in the same request and the map shows it
+        assert page.evaluate("() => window.vl.health.jacobian") == "loaded"
+        page.check("input[name=view][value=jacobian]")
+        same, differs, last = page.evaluate("""() => {
+            const d = window.vl.data, gd = document.getElementById('heatmap'), z = gd.data[0].z;
+            let same = true, differs = false;
+            d.jacobian.layers.forEach((ly, l) => ly.positions.forEach((c, p) => {
+                same = same && z[l][p] === c.top_probs[0];
+                differs = differs || c.top_probs[0] !== d.logit.layers[l].positions[p].top_probs[0]; }));
+            return [same && window.vl.map.lens === 'jacobian', differs, gd.data[0].text[d.jacobian.layers.length - 1][4]]; }""")
+        assert same and differs and last == "␣Paris"
+        page.check("input[name=view][value=logit]")
+
         # keyboard: the arrow keys move the cursor over the cells
         page.focus("#heatmap")
         page.keyboard.press("ArrowLeft")

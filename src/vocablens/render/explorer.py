@@ -68,14 +68,18 @@ def undertrained_token_to_dict(index, verified: dict[int, dict], tid: int, token
         "verified_run": bool(verified), "counts": index.counts(), "model": provenance.to_dict()})
 
 
-def health_to_dict(lm, tuned_note: str) -> dict:
-    """``GET /api/health``: the model's name and provenance, its sizes, whether a tuned lens is loaded, and
-    whether the tokenizer puts BOS in front of a text by itself (``adds_bos``; without it the first
-    position of every map is an attention sink, not a reading of the text)."""
+def health_to_dict(lm, tuned_note: str, jacobian_note: str | None = None) -> dict:
+    """``GET /api/health``: the model's name and provenance, its sizes, whether a tuned lens and a
+    Jacobian lens are loaded (``"loaded"``, else why not), and whether the tokenizer puts BOS in front
+    of a text by itself (``adds_bos``; without it the first position of every map is an attention
+    sink, not a reading of the text)."""
     b = lm.borders
-    return json_ready({"model": lm.provenance.name, "provenance": lm.provenance.to_dict(),
-                       "n_layers": b.n_layers, "vocab_size": b.vocab_size, "real_vocab_size": b.real_vocab_size,
-                       "d_model": b.d_emb, "tuned": tuned_note, "adds_bos": adds_bos(lm.tokenizer)})
+    d = {"model": lm.provenance.name, "provenance": lm.provenance.to_dict(),
+         "n_layers": b.n_layers, "vocab_size": b.vocab_size, "real_vocab_size": b.real_vocab_size,
+         "d_model": b.d_emb, "tuned": tuned_note, "adds_bos": adds_bos(lm.tokenizer)}
+    if jacobian_note is not None:
+        d["jacobian"] = jacobian_note
+    return json_ready(d)
 
 
 __all__ = ["SCAN_KEYS", "argmax_token_to_dict", "health_to_dict", "lens_response", "undertrained_token_to_dict"]

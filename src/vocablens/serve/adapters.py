@@ -224,6 +224,6 @@ def undertrained_token_json(lm, index, verified: dict[int, dict], tid: int) -> d
     return undertrained_token_to_dict(index, verified, tid, lm.tokenizer, lm.provenance)
 
 
-def health_json(lm, tuned_note: str) -> dict:
+def health_json(lm, tuned_note: str, jacobian_note: str | None = None) -> dict:
     """``GET /api/health`` (:func:`vocablens.render.explorer.health_to_dict`)."""
-    return health_to_dict(lm, tuned_note)
+    return health_to_dict(lm, tuned_note, jacobian_note)

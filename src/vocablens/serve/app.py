@@ -218,7 +218,7 @@ def _add_prompt_routes(app: FastAPI, state: ServerState, M: dict[str, type[BaseM
     @app.get("/api/health")
     def health():
         """The model and its provenance, the argmax scan's state, forward passes run so far."""
-        d = adapters.health_json(state.lm, state.tuned_note)
+        d = adapters.health_json(state.lm, state.tuned_note, getattr(state, "jacobian_note", None))
         job = state.argmax
         d["argmax"] = ("off" if not state.want_argmax else "done" if job.done else "failed" if job.error
                        else "pending")

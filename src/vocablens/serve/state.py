@@ -170,6 +170,11 @@ class ServerState:
             if lens_path:
                 raise
             self.tuned, self.tuned_note = None, str(exc)
+        try:  # the Jacobian lens (--lens when it holds one, else the one shipped): the page offers it if loaded
+            adapters.load_jacobian(lm, lens_path)
+            self.jacobian_note = "loaded"
+        except VocabLensError as exc:
+            self.jacobian_note = str(exc)
         self.argmax = ArgmaxJob(lm, report=argmax_report, on_end=argmax_end)
         self.want_argmax = argmax
         self.undertrained_verified = adapters.undertrained_verified(undertrained, lm.borders.vocab_size)

@@ -91,7 +91,7 @@ function readURL() {
   const q = new URLSearchParams(location.search);
   const cell = (q.get("cell") || "").split(",").map(Number);
   return { prompt: q.get("prompt") || "", chat: q.get("chat") === "1",
-           view: ["logit", "tuned", "diff"].includes(q.get("view")) ? q.get("view") : "logit",
+           view: ["logit", "tuned", "jacobian", "diff"].includes(q.get("view")) ? q.get("view") : "logit",
            metric: Object.keys(METRICS).includes(q.get("metric")) ? q.get("metric") : "p",
            cell: cell.length === 2 && cell.every(Number.isInteger) ? { layer: cell[0], pos: cell[1] } : null,
            token: /^\d+$/.test(q.get("token") || "") ? Number(q.get("token")) : null };
@@ -101,7 +101,8 @@ function readURL() {
 function lensOf(name) {
   const d = S.data;
   if (!d) return null;
-  return d.kind === "both" ? d[name] : (d.kind === name ? d : null);
+  // one kind: the answer is that lens; several ("both", "logit,tuned,jacobian"): one entry per kind
+  return d.kind === name ? d : (d[name] || null);
 }
 function cellOf(name, layer, pos) {
   const d = lensOf(name);
@@ -130,7 +131,7 @@ function mapModel() {
   // the diff view), top1 [L][T], hover [L][T]}; z is what the colour shows (rank: the rank itself)
   const lo = lensOf("logit"), tu = lensOf("tuned");
   const diff = S.view === "diff" && tu;
-  const base = S.view === "tuned" && tu ? tu : lo;
+  const base = (S.view === "tuned" || S.view === "jacobian") && lensOf(S.view) ? lensOf(S.view) : lo;
   const m = METRICS[S.metric];
   const L = base.layers.length, T = base.tokens.length;
   const z = [], top1 = [], hover = [];
@@ -156,7 +157,7 @@ function mapModel() {
     }
     z.push(zr); top1.push(tr); hover.push(hr);
   }
-  return { lens: diff ? "tuned − logit" : (base === tu ? "tuned" : "logit"), metric: S.metric,
+  return { lens: diff ? "tuned − logit" : (base === lo ? "logit" : S.view), metric: S.metric,
            metric_label: diff && S.metric === "p" ? "Δp final top-1 (tuned − logit)" : m.label,
            tokens: base.tokens, layers: [...Array(L).keys()], z, top1, hover, diff: !!diff };
 }
@@ -269,7 +270,7 @@ function mapCSV() {
   const q = (v) => { const t = String(v); return /[",\n\r]/.test(t) ? `"${t.replace(/"/g, '""')}"` : t; };
   const head = ["layer", "position", "input_token", "value", "lens"];
   const cols = ["top1_token", "top1_id", "top1_prob", "entropy", "kl_to_final", "final_top1_rank", "final_top1_prob"];
-  const lenses = [["logit", lo], ["tuned", tu]].filter(([, d]) => d);
+  const lenses = [["logit", lo], ["tuned", tu], ["jacobian", lensOf("jacobian")]].filter(([, d]) => d);
   const rows = [head.concat(...lenses.map(([n]) => cols.map((c) => `${n}_${c}`))).join(",")];
   for (let l = 0; l < M.layers.length; l++) {
     for (let p = 0; p < M.tokens.length; p++) {
@@ -326,7 +327,9 @@ async function run() {
   S.prompt = prompt; S.chat = $("chat").checked;
   const seq = ++S.seq;
   status("Reading every layer and position…");
-  const kind = S.health && S.health.tuned === "loaded" ? "both" : "logit";
+  // every lens the server holds, read in one request (the map switches between them without another)
+  const kinds = ["logit", ...["tuned", "jacobian"].filter((k) => S.health && S.health[k] === "loaded")];
+  const kind = kinds.join(",") === "logit,tuned" ? "both" : kinds.join(",");
   const t0 = performance.now();
   try {
     const { data } = await api("/api/lens", { prompt: S.prompt, kind, k: 5, chat: S.chat });
@@ -359,7 +362,7 @@ function selectCell(layer, pos) {
   S.cell = { layer, pos }; S.cursor = { layer, pos }; S.cellSeq++;
   scrollToCursor();
   Plotly.relayout("heatmap", { shapes: cursorShape() });
-  const name = S.view === "tuned" && lensOf("tuned") ? "tuned" : "logit";
+  const name = (S.view === "tuned" || S.view === "jacobian") && lensOf(S.view) ? S.view : "logit";
   const c = cellOf(name, layer, pos);
   const tok = { id: c.top_ids[0], text: c.top_tokens[0] };
   const base = lensOf(name);
@@ -377,7 +380,7 @@ function selectCell(layer, pos) {
 function drawTopk(layer, pos) {
   const body = $("topk-body");
   body.replaceChildren();
-  for (const name of ["logit", "tuned"]) {
+  for (const name of ["logit", "tuned", "jacobian"]) {
     const c = cellOf(name, layer, pos);
     if (!c) continue;
     const t = el("table", {}, el("tr", {}, el("th", { class: "l", text: `${name} lens` }), el("th", { text: "p" })));
@@ -617,6 +620,7 @@ async function start() {
       `d=${S.health.d_model} · V=${S.health.vocab_size}` +
       (S.health.tuned === "loaded" ? " · tuned lens loaded" : " · no tuned lens");
     if (S.health.tuned !== "loaded") for (const v of ["tuned", "diff"]) document.querySelector(`input[name=view][value=${v}]`).disabled = true;
+    if (S.health.jacobian !== "loaded") document.querySelector("input[name=view][value=jacobian]").disabled = true;
     showScan(S.health.argmax);
     $("bos-note").hidden = S.health.adds_bos !== false;
   } catch (e) { status("cannot reach the server: " + e.message, true); return; }
