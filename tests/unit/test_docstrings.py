@@ -43,16 +43,9 @@ NARRATION = re.compile(r"""
  | \b[Ii]ssues?\ \#?\d+ | \(\#\d+\)                              # this project's issue numbers
 """, re.X)
 
-#: narration left in packages whose rewrite was under way when this test came (issue 38: the argmax
-#: engine as stages, one loader): (package, the matched text). Keyed by package, not file, so that a
-#: module renamed inside its package keeps its entry; an entry that no longer matches is harmless.
-#: Remove entries as those docstrings are rewritten; no other package may be added here.
-PENDING = {
-    ("argmax", "~0.05 s"), ("argmax", "~0.1 s"), ("argmax", "100 ms"),
-    ("models", "2 shared cores"), ("models", "0.7 s"), ("models", "~45 MiB"), ("models", "~0.6 MiB"),
-    ("models", "~14 MiB"), ("models", "~70 MB"), ("models", "~140 MB"), ("models", "~40 MiB"),
-    ("models", "was 0"), ("models", "2.25 s"), ("models", "~0.1 s"), ("models", "~90 MiB"), ("models", "~3 s"),
-}
+#: narration still allowed somewhere, as (package, matched text): none. The entries that the argmax and
+#: loader rewrites left (issue 38) were rewritten; keep this empty.
+PENDING: set[tuple[str, str]] = set()
 
 
 def prose(source: str):
@@ -84,8 +77,8 @@ def test_src_docstrings_and_comments_do_not_narrate():
                        "docs/performance*.md):\n" + "\n".join(found))
 
 
-def test_pending_names_only_the_packages_under_rewrite():
-    assert {package for package, _ in PENDING} <= {"argmax", "models"}
+def test_nothing_is_pending():
+    assert not PENDING
 
 
 @pytest.mark.parametrize("text", [

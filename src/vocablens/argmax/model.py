@@ -166,7 +166,7 @@ def expected_scan_seconds(borders) -> float:
     on this machine now: 0 when a stored scan of this head answers it
     (:mod:`~vocablens.argmax.stored`), else the measured estimate
     (:func:`~vocablens.argmax.estimate.scan_seconds`: a timed slice of the fp32 all-pairs pass x
-    the benchmarked ratio). Costs one SHA-256 of the head's bytes and a ~0.05 s product."""
+    the benchmarked ratio). Costs one SHA-256 of the head's bytes and that slice's product."""
     from vocablens.argmax.estimate import scan_seconds
     from vocablens.argmax.stored import load_verdicts
     from vocablens.models.weight_checks import untrained_rows

@@ -233,7 +233,7 @@ def whiten(source: SourceRows, distinct: DistinctRows, clock) -> tuple[Whitening
     """
     Wn, reps = source.rows, distinct.ids
     n, d = len(reps), Wn.shape[1]
-    step = rows_per_block(d, 4, most=4096)          # float64 rows, two blocks' worth: ~0.1 s each
+    step = rows_per_block(d, 4, most=4096)          # float64 rows, two blocks' worth per step
     starts = list(range(0, n, step))
     rank, size = world()
     tick = clock.check_time if size == 1 else (lambda: None)   # ranks must reach each all_reduce together

@@ -238,7 +238,7 @@ def _check_some(scan: Scan, probe: list, max_rounds: int, row_budget_s, found: _
         if len(viol) * INSIDE_HINT >= scan.n:
             # a direction most rows beat: the row looks inside (support up to r + 1) or sits just
             # outside. First r / 2 columns (still the Gram solve), then 2 (r + 1) at once: such rows
-            # are mostly settled from the r / 2 set, a few ms against ~100 ms per [r + 1, 2 (r + 1)]
+            # are mostly settled from the r / 2 set, far cheaper than a [r + 1, 2 (r + 1)]
             # solve (docs/performance-argmax.md)
             goal = scan.r // 2 if len(row.S) < scan.r // 2 else 2 * (scan.r + 1)
             grow = max(grow, goal - len(row.S))

@@ -60,8 +60,8 @@ def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False)
 
 @lru_cache(maxsize=8)
 def _gguf_config(path: str, mtime_ns: int, size: int):
-    """A GGUF file's config, parsed once per file version (transformers' header reading takes seconds;
-    5-25 s for the default model on 2 shared cores). When the file's float32 cache entry exists
+    """A GGUF file's config, parsed once per file version (transformers' header reading takes seconds
+    for the default model: docs/performance.md). When the file's float32 cache entry exists
     (:mod:`vocablens.models.gguf_cache`, written by its first load) its ``config.json`` is read
     instead, in milliseconds: the config transformers made from this same header, less the two keys
     saving added (``architectures``, ``dtype``)."""

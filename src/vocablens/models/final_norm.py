@@ -3,7 +3,7 @@ the family's own transformers module.
 
 The two-matrix loads (:mod:`vocablens.models.partial`) read the final norm's tensors by name (a
 module named like a final norm, outside every block: :func:`final_norm_keys`) but build no model,
-because importing a family's modeling code costs ~90 MiB of resident memory and ~3 s. What the norm
+because importing a family's modeling code costs resident memory and seconds (docs/performance.md). What the norm
 computes is never re-implemented here: :class:`FamilyNorm` hands its input to the module of the
 family's own class (``LlamaRMSNorm``, Gemma's ``(1 + w)`` RMSNorm, ``nn.LayerNorm`` with or without
 bias ...), taken from a meta-device skeleton of the model (the family adapter,

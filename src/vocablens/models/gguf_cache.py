@@ -77,8 +77,7 @@ def _sha256(path: Path) -> str:
 def file_identity(path: Path) -> str:
     """The SHA-256 of a GGUF file's whole content, as hex: what names its cache entry.
 
-    Computed once per file version (sha256 runs at about 0.5-0.7 s per GB from the page cache with
-    SHA instructions; disk reads may be slower) and kept beside the file's stat (device, inode,
+    Computed once per file version (its cost per GB: ``benchmarks/gguf_identity.py``) and kept beside the file's stat (device, inode,
     size, mtime_ns, ctime_ns) under ``cache_root()/hashes`` and in memory; it is reused without
     reading the file only while that stat is exactly the same, so a file changed in any byte is
     hashed (and dequantized) again. Not its location: the same content elsewhere hashes the same.

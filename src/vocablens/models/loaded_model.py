@@ -139,7 +139,7 @@ class LoadedModel:
 
     def without_tokenizer(self) -> "LoadedModel":
         """This model with its tokenizer swapped for a :class:`~vocablens.models.token_table.TokenTable`
-        of its token strings (~0.6 MiB for SmolLM2's 49,152 tokens; the tokenizer holds ~14 MiB).
+        of its token strings (a packed buffer, a small fraction of what the tokenizer holds).
 
         For commands that encode a little input, then run a memory-heavy analysis, then print token
         strings (``project``): encode first, then ``lm = lm.without_tokenizer()`` before the heavy

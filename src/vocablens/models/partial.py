@@ -14,7 +14,7 @@ unless one is asked for.
 - :func:`load_matrices_only` and :func:`load_head_only` build no model: they read the tensor names
   from the checkpoint's headers, the sizes from ``config.json`` and the tokenizer with its own class
   (no ``Auto*`` lookup), so neither transformers' model classes nor its config classes are imported:
-  that import alone is ~140 MB of resident memory, more than the matrix of a 135M model (see
+  that import alone costs more resident memory than the matrix of a 135M model (see
   ``benchmarks/memory.py``). :func:`load_head_only` adds the final norm (``argmax`` reads the head and
   the norm): the checkpoint's tensors, computed by the family's own transformers module, built on
   first use (:mod:`vocablens.models.final_norm`). What is not read raises instead of guessing: the
@@ -85,7 +85,7 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
     tdtype, dtype_note = run_dtype(spec_s, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
     try:
         config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
-        tok = light_tokenizer(d, trust_remote_code, spec_s)   # AutoTokenizer parses tokenizer.json twice (~45 MiB kept)
+        tok = light_tokenizer(d, trust_remote_code, spec_s)   # AutoTokenizer parses tokenizer.json twice (both copies kept)
     except file_errors() as e:
         raise CorruptModelFile(diagnose_dir(d) or missing_parts(d) or f"cannot read the config or tokenizer in {d}: "
                                f"{str(e).splitlines()[0]}") from None
@@ -298,7 +298,7 @@ def _load(spec: str, dtype, trust_remote_code: bool, head: bool):
             return fallback()
         norm = FamilyNorm({n: ts[k] for n, k in norm_keys.items()},
                           lambda: skeleton_final_norm(d, trust_remote_code))
-    # modules around the tensors as they are (a meta-device init would import torch's meta kernels: ~70 MB)
+    # modules around the tensors as they are (a meta-device init would import torch's meta kernels, tens of MB)
     emb = nn.Embedding.from_pretrained(W_E, freeze=True)
     emb.register_buffer("embed_scale", torch.empty((), device="meta"), persistent=False)  # unknown here
     lm_head = nn.Linear(1, 1, bias=False)

@@ -34,7 +34,7 @@ class TokenTable:
     merges, the Rust model), more than a borders-only analysis can spare in its heavy phase. This
     table keeps, per id, the tokenizer's piece (``convert_ids_to_tokens``), the special and added ids,
     and how pieces become bytes (byte-level or SentencePiece; any other tokenizer: each id's own
-    decoding), packed in one buffer: about 0.6 MiB for 49,152 tokens, built in ~0.1 s.
+    decoding), packed in one buffer (a few bytes per token).
     ``token_str(table, i) == token_str(tokenizer, i)`` for every int ``i`` (the same code reads the
     same pieces). It cannot encode text: encode what you need first
     (:meth:`vocablens.models.LoadedModel.without_tokenizer`).

@@ -27,7 +27,7 @@ def nonfinite(borders) -> dict[str, int]:
                 flat = p.reshape(-1)
                 # chunks: no [numel] temporaries; a chunk whose sum is finite holds no NaN/inf (either
                 # would make the sum NaN or ±inf), so only the others are counted: no per-chunk
-                # temporary (a bool chunk per step left ~40 MiB with the C allocator) and 5x faster
+                # temporary (a bool chunk per step stayed resident with the C allocator) and faster
                 n = sum(0 if bool(torch.isfinite(c.sum())) else int(c.isfinite().logical_not().count_nonzero())
                         for c in read_once(flat.split(2**22)))  # mapped pages go (models.pages)
                 if n:
@@ -52,8 +52,8 @@ def nonfinite_rows(borders) -> torch.Tensor:
     """int64 ids of vocabulary rows whose embedding or LM-head row (or head bias) holds NaN or ±inf (sorted).
 
     Reads the two matrices only (one chunked pass each; kept while they are unchanged), not the
-    whole model: ``neighbors`` needs the rows, not the blocks (the whole-model scan was 0.3 s of
-    its first call, seconds on a loaded machine)."""
+    whole model: ``neighbors`` needs the rows, not the blocks (a whole-model scan would read every
+    block)."""
     key = ("nonfinite_rows", borders.W_E._version, borders.W_U._version,
            None if borders.b_U is None else borders.b_U._version)
     if key not in borders._memo:
@@ -97,8 +97,8 @@ def untrained_rows(W: torch.Tensor, min_group: int = 8) -> torch.Tensor:
     computed elementwise then summed along the row (the same operations for every row, so bit-identical
     rows get bit-identical keys; a BLAS matrix-vector product gave the last row of an odd-sized
     block another rounding, measured). A zero row has key 0 exactly. Rows that share a key with >= ``min_group`` others, or whose key is 0,
-    are then confirmed by exact comparison, so a key collision never marks a trained row. (Before:
-    float64 copies, a GEMM and ``unique(dim=0)`` over two keys: 2.25 s for SmolLM2's [49,152, 576].)
+    are then confirmed by exact comparison, so a key collision never marks a trained row. (It replaces
+    float64 copies, a GEMM and ``unique(dim=0)`` over two keys, several times slower.)
 
     Args:
         W: [V, d] any float dtype.
