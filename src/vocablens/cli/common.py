@@ -23,6 +23,7 @@ from vocablens.cli.console import (  # noqa: F401  (re-exported: the commands pr
     LiteralConsole, err, literal_markup, out, print_error, print_note,
 )
 from vocablens.cli.damaged import refuse_nonfinite
+from vocablens.cli.torchrun import leave_process_group, splits_over_ranks, torchrun_rank
 from vocablens.cli.heap import trim_heap, tune_heap  # noqa: F401  (re-exported for the commands)
 from vocablens.cli.global_options import print_stats, show_version, take_dtype, take_stats
 from vocablens.errors import BadInput, VocabLensError
@@ -271,38 +272,6 @@ def fail(message: str) -> None:
     raise VocabLensError(message)
 
 
-#: commands that split their work over torchrun ranks (the others run on rank 0 alone)
-DISTRIBUTED = {("argmax",), ("lens", "eval"), ("lens", "train"), ("settle",), ("score",), ("generate",)}
-
-
-def _torchrun_rank() -> int | None:
-    """This process's rank under torchrun (``WORLD_SIZE`` > 1), else None."""
-    try:
-        return int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
-    except ValueError:
-        return None
-
-
-def leave_process_group(ok: bool) -> None:
-    """Tear down the torch.distributed group a command joined (the CLI owns the whole process here).
-
-    A process that exits with its gloo group still up can abort at interpreter shutdown ("terminate
-    called without an active exception", SIGABRT; pytorch/pytorch#179291), and torchrun then reports
-    a failure for a command that succeeded. After a command that ended well on every rank, a barrier
-    first, so no rank closes its pairs while another still uses them; after an error, no barrier (the
-    other ranks may be gone, and torchrun stops them)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return
-    if ok:
-        dist.barrier()
-    dist.destroy_process_group()
-
-
-def _splits_over_ranks(words: list[str]) -> bool:
-    return (words[0],) in DISTRIBUTED or tuple(words[:2]) in DISTRIBUTED
-
-
 def _command_options(argv: list[str]) -> dict[str, str]:
     """Python parameter name -> its long option (``max_memory`` -> ``--max-memory``) of the command
     ``argv`` names (subcommands followed as the app resolves them)."""
@@ -363,9 +332,9 @@ def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
             previous(message, category, filename, lineno, file, line)
 
     previous, warnings.showwarning = warnings.showwarning, show_note
-    rank = _torchrun_rank()
+    rank = torchrun_rank()
     words = [a for a in argv if not a.startswith("-")][:2]
-    if rank is not None and words and not _splits_over_ranks(words):
+    if rank is not None and words and not splits_over_ranks(words):
         if rank != 0:
             return 0  # a command that does not split over processes: rank 0 runs it alone
         print_note(f"`vocablens {words[0]}` does not split over processes; rank 0 runs it alone")
