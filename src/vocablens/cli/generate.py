@@ -40,43 +40,18 @@ def generate_cmd(
 
     Under torchrun (WORLD_SIZE > 1) the embedding and LM head rows are split over the ranks (no
     --early-exit then) and rank 0 prints."""
-    from vocablens.generate import ExitRule
-    from vocablens.ops.sampling import check_sampling_args
     from vocablens.render.generate import TextStream, summary_lines
     from vocablens.render.shown import to_json
 
-    if max_new_tokens < 1:
-        raise BadInput(f"--max-new-tokens must be at least 1; got {max_new_tokens}")
-    if top < 0:
-        raise BadInput(f"--top must be >= 0; got {top}")
-    try:
-        check_sampling_args(temperature, top_k, top_p, min_p)
-    except BadInput as e:  # name the flags, not the Python arguments
-        msg = str(e)
-        for name in ("temperature", "top_k", "top_p", "min_p"):
-            msg = msg.replace(name, "--" + name.replace("_", "-"), 1) if msg.startswith(name) else msg
-        raise BadInput(msg) from None
-    if early_exit is not None and early_exit not in ("logit", "tuned"):
-        raise BadInput(f"--early-exit must be 'logit' or 'tuned'; got {early_exit!r}")
-    if not 0 < threshold <= 1:
-        raise BadInput(f"--threshold must be in (0, 1]; got {threshold}")
-    if exit_test not in ("full", "candidates"):
-        raise BadInput(f"--exit-test must be 'full' or 'candidates'; got {exit_test!r}")
+    _check_flags(max_new_tokens, top, temperature, top_k, top_p, min_p, early_exit, threshold, exit_test)
     from vocablens.parallel.processes import common_seed, init_from_env
 
     rank, world = init_from_env()
     if world > 1 and early_exit is not None:
         raise BadInput("--early-exit reads the whole LM head at every layer: run it without torchrun")
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0)
-    borders, tok = lm.borders, lm.tokenizer
-    rule = None
-    if early_exit is not None:
-        m = borders.n_layers // 2 if min_layer is None else min_layer
-        tuned = lm.translator("tuned", lens_path or None) if early_exit == "tuned" else None
-        rule = ExitRule(lens=early_exit, threshold=threshold, min_layer=m, test=exit_test,
-                        candidates=candidates, tuned=tuned)
-        rule.validate(borders.n_layers)
-    stream = TextStream(tok)
+    rule = _exit_rule(lm, early_exit, threshold, min_layer, exit_test, candidates, lens_path)
+    stream = TextStream(lm.tokenizer)
 
     def on_token(t) -> None:
         if not json_ and rank == 0:
@@ -96,3 +71,44 @@ def generate_cmd(
     sys.stdout.flush()
     for line in summary_lines(res.value):
         err.print(line, style="dim")
+
+
+def _check_flags(max_new_tokens: int, top: int, temperature: float, top_k, top_p, min_p, early_exit,
+                 threshold: float, exit_test: str) -> None:
+    """Raise BadInput naming the flag for a bad count, sampling filter or early-exit option."""
+    from vocablens.ops.sampling import check_sampling_args
+
+    if max_new_tokens < 1:
+        raise BadInput(f"--max-new-tokens must be at least 1; got {max_new_tokens}")
+    if top < 0:
+        raise BadInput(f"--top must be >= 0; got {top}")
+    try:
+        check_sampling_args(temperature, top_k, top_p, min_p)
+    except BadInput as e:  # name the flags, not the Python arguments
+        msg = str(e)
+        for name in ("temperature", "top_k", "top_p", "min_p"):
+            msg = msg.replace(name, "--" + name.replace("_", "-"), 1) if msg.startswith(name) else msg
+        raise BadInput(msg) from None
+    if early_exit is not None and early_exit not in ("logit", "tuned"):
+        raise BadInput(f"--early-exit must be 'logit' or 'tuned'; got {early_exit!r}")
+    if not 0 < threshold <= 1:
+        raise BadInput(f"--threshold must be in (0, 1]; got {threshold}")
+    if exit_test not in ("full", "candidates"):
+        raise BadInput(f"--exit-test must be 'full' or 'candidates'; got {exit_test!r}")
+
+
+def _exit_rule(lm, early_exit: str | None, threshold: float, min_layer: int | None, exit_test: str,
+               candidates: int, lens_path: str | None):
+    """The :class:`~vocablens.generate.ExitRule` the flags ask for, checked against the model's layers
+    (None without --early-exit); ``tuned`` loads the tuned lens (``--lens``, or the shipped one)."""
+    from vocablens.generate import ExitRule
+
+    if early_exit is None:
+        return None
+    n_layers = lm.borders.n_layers
+    m = n_layers // 2 if min_layer is None else min_layer
+    tuned = lm.translator("tuned", lens_path or None) if early_exit == "tuned" else None
+    rule = ExitRule(lens=early_exit, threshold=threshold, min_layer=m, test=exit_test,
+                    candidates=candidates, tuned=tuned)
+    rule.validate(n_layers)
+    return rule

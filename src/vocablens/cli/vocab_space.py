@@ -85,12 +85,31 @@ def project_cmd(
     --block counts blocks 0..L-1 (block i reads residual-stream layer i and writes layer i+1); the
     JSON field "block" of vectors and rows is that block index, as in explain's JSON.
     """
-    from vocablens.cli.heap import trim_heap, tune_heap
-    from vocablens.models.pages import release_after_reading
+    from vocablens.cli.heap import trim_heap
     from vocablens.render.shown import print_result, to_json
 
     block = _block(block, layer)
     tokens = list(token or [])
+    ns = _check_project_flags(block, tokens, k, circuit, head, interpretable, neuron)
+    if block is not None:
+        _check_block_early(model, block)  # one line, before the loading line
+    lm = _load_for_project(model, block, tokens, interpretable, keys, trust_remote_code, device, json_)
+    b = lm.borders
+    if block is not None and not 0 <= block < b.n_layers:
+        raise BadInput(f"block {block} is out of range: this model has blocks 0..{b.n_layers - 1}")
+    tids = [lm.single_token(x) for x in tokens]
+    lm = lm.without_tokenizer()  # encoding is done: token strings only from here on (the tokenizer is freed)
+    trim_heap()
+    res = _project(lm, tids=tids, interpretable=interpretable, block=block, head=head, neurons=ns, circuit=circuit,
+                   keys=keys, sample=sample, seed=seed, k=k, norm_gain=not no_norm_gain, max_sources=max_sources,
+                   quiet=json_)
+    emit_json(to_json(res)) if json_ else print_result(res, out)
+
+
+def _check_project_flags(block: int | None, tokens: list[str], k: int, circuit: str, head: int | None,
+                         interpretable: int, neuron: str) -> list[int] | None:
+    """Raise BadInput for flags ``project`` cannot combine or take; -> the ``--neuron`` list, or None
+    when no neurons are chosen (a sample, or another mode)."""
     if k < 1:
         raise BadInput(f"-k must be at least 1; got {k}")
     if circuit not in ("ov", "qk"):
@@ -104,44 +123,43 @@ def project_cmd(
     uses_neuron = bool(neuron) and not tokens and not interpretable and head is None
     if uses_neuron and block is None:
         raise BadInput("--neuron needs --block")
-    ns = parse_int_list(neuron, "--neuron") if uses_neuron else []
-    if block is not None:
-        _check_block_early(model, block)  # one line, before the loading line
+    return parse_int_list(neuron, "--neuron") if uses_neuron else None
+
+
+def _load_for_project(spec: str, block: int | None, tokens: list[str], interpretable: int, keys: bool,
+                      trust_remote_code: bool, device: str, quiet: bool):
+    """Load only what the mode reads: one block (or every block's value matrix) with the head and the
+    final norm; the whole model for key vectors of every block. Freed row blocks and read checkpoint
+    pages leave the resident set."""
+    from vocablens.cli.heap import tune_heap
+    from vocablens.models.pages import release_after_reading
+
     one_block = block is not None and not tokens and not interpretable  # that block + head + final norm
     values = not one_block and not keys  # every block's value vectors + head + final norm
     tune_heap()  # the readout's freed row blocks leave the resident set
     release_after_reading()  # and so do the checkpoint pages of the rows it has read
     if one_block or values:  # that block or every value matrix, with the head and the final norm
-        lm = load_model(model, mode="borders", blocks=[block] if one_block else None, value_vectors=values,
-                        trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    else:
-        lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    b = lm.borders
-    gain = not no_norm_gain
-    if block is not None and not 0 <= block < b.n_layers:
-        raise BadInput(f"block {block} is out of range: this model has blocks 0..{b.n_layers - 1}")
-    tids = [lm.single_token(x) for x in tokens]
-    lm = lm.without_tokenizer()  # encoding is done: token strings only from here on (the tokenizer is freed)
-    trim_heap()
-    if tokens:
-        if not json_:
-            err.print(f"scoring {b.n_layers} blocks of value vectors against the vocabulary ...", style="dim")
-        res = lm.project(token=tids, k=k, norm_gain=gain)
-        emit_json(to_json(res)) if json_ else print_result(res, out)
-        return
+        return load_model(spec, mode="borders", blocks=[block] if one_block else None, value_vectors=values,
+                          trust_remote_code=trust_remote_code, device=device, quiet=quiet)
+    return load_model(spec, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
+
+
+def _project(lm, *, tids: list[int], interpretable: int, block: int | None, head: int | None,
+             neurons: list[int] | None, circuit: str, keys: bool, sample: int | None, seed: int, k: int,
+             norm_gain: bool, max_sources: int | None, quiet: bool):
+    """The one ``lm.project`` call the flags ask for: reverse token search, the most interpretable value
+    vectors, a head's OV/QK circuit, or value/key vectors (the chosen neurons or a sample)."""
+    if tids:
+        if not quiet:
+            err.print(f"scoring {lm.borders.n_layers} blocks of value vectors against the vocabulary ...", style="dim")
+        return lm.project(token=tids, k=k, norm_gain=norm_gain)
     if interpretable:
-        if not json_:
+        if not quiet:
             err.print(f"reading {sample or 32} value vectors per block ...", style="dim")
-        res = lm.project(interpretable=interpretable, sample=sample, seed=seed, k=k, norm_gain=gain)
-        emit_json(to_json(res)) if json_ else print_result(res, out)
-        return
+        return lm.project(interpretable=interpretable, sample=sample, seed=seed, k=k, norm_gain=norm_gain)
     if head is not None:
-        res = lm.project(block=block, head=head, circuit=circuit, k=k, norm_gain=gain, max_sources=max_sources)
-        emit_json(to_json(res)) if json_ else print_result(res, out)
-        return
-    res = lm.project(block=block, neurons=ns if neuron else None, sample=sample, seed=seed, k=k, keys=keys,
-                     norm_gain=gain)
-    emit_json(to_json(res)) if json_ else print_result(res, out)
+        return lm.project(block=block, head=head, circuit=circuit, k=k, norm_gain=norm_gain, max_sources=max_sources)
+    return lm.project(block=block, neurons=neurons, sample=sample, seed=seed, k=k, keys=keys, norm_gain=norm_gain)
 
 
 @app.command("explain")

@@ -9,6 +9,7 @@ unembedding to the last hidden state only: (T-1)·2·V·d head FLOPs are never s
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from dataclasses import dataclass, field
@@ -170,6 +171,64 @@ def _early_exit_step(ctl, dec, kw: dict, step_in: torch.Tensor, U, mask, candida
     return logits, ctl.end(cand)
 
 
+def _check_counts(max_new_tokens, top_n) -> None:
+    """Raise BadInput unless ``max_new_tokens`` is an int >= 1 and ``top_n`` an int >= 0 (bools refused)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise BadInput(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}")
+    if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0:
+        raise BadInput(f"top_n must be an int >= 0; got {top_n!r}")
+
+
+def _padding_mask(U) -> torch.Tensor | None:
+    """``U.real_mask`` [V] bool (False on padding rows), or None when every row is real."""
+    mask = U.real_mask
+    return None if mask is not None and bool(mask.all()) else mask
+
+
+class _CachedDecoder:
+    """The base decoder over one KV cache, read through the head ``U``: :meth:`prefill` the prompt, then
+    :meth:`step` one token at a time; ``ctl`` is the early exit's controller (None for the full model)."""
+
+    def __init__(self, borders, U, mask, rule: ExitRule | None) -> None:
+        self.dec, self.U, self.mask, self.rule = base_decoder(borders), U, mask, rule
+        self.kw = {cache_kwarg(self.dec): new_cache(borders.model), "use_cache": True}
+        self.ctl = ExitController(borders, rule, mask) if rule is not None else None
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        """The prompt [1, T] through the decoder, the head at the last position only: -> logits [1, V]."""
+        return self.U.logits(self.dec(input_ids=ids, **self.kw).last_hidden_state[:, -1])  # h [1, d_emb], normed
+
+    def step(self, step_in: torch.Tensor) -> tuple[torch.Tensor, StepRecord | None]:
+        """One new token [1, 1] through the cache: -> (logits [1, V], the early exit's record or None)."""
+        if self.ctl is None:
+            return self.U.logits(self.dec(input_ids=step_in, **self.kw).last_hidden_state[:, -1]), None
+        return _early_exit_step(self.ctl, self.dec, self.kw, step_in, self.U, self.mask, self.rule.candidates)
+
+
+def _decode(borders, run: _CachedDecoder, ids: torch.Tensor, logits: torch.Tensor, draw, *, stop: set[int],
+            max_new_tokens: int, top_n: int, on_token) -> tuple[list[GeneratedToken], list[StepRecord], list[int]]:
+    """Draw a token from ``logits`` [1, V], emit it, feed it back, until a ``stop`` id or ``max_new_tokens``:
+    -> (tokens, the early exit's step records, each step's context length in tokens)."""
+    tokens: list[GeneratedToken] = []
+    steps: list[StepRecord] = []
+    contexts: list[int] = []
+    exit_layer = borders.n_layers if run.ctl else None
+    while True:
+        _check_finite(borders, logits, ids, tokens)
+        tok = int(draw(logits)[0])
+        t = _emit(logits[0], tok, top_n, exit_layer)
+        tokens.append(t)
+        if on_token is not None:
+            on_token(t)
+        if tok in stop or len(tokens) >= max_new_tokens:
+            return tokens, steps, contexts
+        logits, rec = run.step(torch.tensor([[tok]], device=ids.device))
+        if rec is not None:
+            steps.append(rec)
+            contexts.append(ids.shape[1] + len(tokens))
+            exit_layer = rec.exit_layer
+
+
 def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
              seed: int | None = None, stop_ids=(), top_n: int = 5, early_exit: ExitRule | None = None,
@@ -203,56 +262,25 @@ def generate(borders, input_ids: torch.Tensor, *, max_new_tokens: int = 32, temp
         TokenNotInVocabulary (a BadInput): a prompt id with no row in the embedding.
         NonFiniteActivations: the logits hold NaN or +inf (the message names the first layer that does).
     """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise BadInput(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}")
-    if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0:
-        raise BadInput(f"top_n must be an int >= 0; got {top_n!r}")
+    _check_counts(max_new_tokens, top_n)
     check_sampling_args(temperature, top_k, top_p, min_p)
     ids = _checked_prompt(borders, input_ids, max_new_tokens)
     if head is not None and early_exit is not None:
         raise BadInput("early exit reads the full LM head at every layer: it does not run with a split head")
     U = borders.unembedding if head is None else head
-    mask = U.real_mask
-    if mask is not None and bool(mask.all()):
-        mask = None
+    mask = _padding_mask(U)
     gen = torch.Generator(device=borders.device).manual_seed(int(seed)) if seed is not None else None
-    dec, model = base_decoder(borders), borders.model
-    cache = new_cache(model)
-    kw = {cache_kwarg(dec): cache, "use_cache": True}
-    stop = {int(s) for s in stop_ids}
-    ctl = ExitController(borders, early_exit, mask) if early_exit is not None else None
-    tokens: list[GeneratedToken] = []
-    steps: list[StepRecord] = []
-    contexts: list[int] = []
-
-    def pick(logits: torch.Tensor) -> int:
-        _check_finite(borders, logits, ids, tokens)
-        return int(sample(logits, temperature, top_k, top_p, min_p, generator=gen, mask=mask)[0])
-
+    draw = functools.partial(sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                             generator=gen, mask=mask)
+    run = _CachedDecoder(borders, U, mask, early_exit)
     t0 = time.perf_counter()
-    with torch.no_grad(), (ctl.installed() if ctl else _null()):
-        h = dec(input_ids=ids, **kw).last_hidden_state[:, -1]  # [1, d_emb], already normed
-        logits = U.logits(h)
+    with torch.no_grad(), (run.ctl.installed() if run.ctl else _null()):
+        logits = run.prefill(ids)
         prefill_s = time.perf_counter() - t0
-        exit_layer = borders.n_layers if ctl else None
-        while True:
-            tok = pick(logits)
-            t = _emit(logits[0], tok, top_n, exit_layer)
-            tokens.append(t)
-            if on_token is not None:
-                on_token(t)
-            if tok in stop or len(tokens) >= max_new_tokens:
-                break
-            step_in = torch.tensor([[tok]], device=ids.device)
-            if ctl is None:
-                logits = U.logits(dec(input_ids=step_in, **kw).last_hidden_state[:, -1])
-                continue
-            logits, rec = _early_exit_step(ctl, dec, kw, step_in, U, mask, early_exit.candidates)
-            steps.append(rec)
-            contexts.append(ids.shape[1] + len(tokens))
-            exit_layer = rec.exit_layer
+        tokens, steps, contexts = _decode(borders, run, ids, logits, draw, stop={int(s) for s in stop_ids},
+                                          max_new_tokens=max_new_tokens, top_n=top_n, on_token=on_token)
     T = ids.shape[1]
-    flops = _step_flops(borders, early_exit, steps, contexts) if ctl else {}
+    flops = _step_flops(borders, early_exit, steps, contexts) if run.ctl else {}
     return GenerationResult(prompt_ids=ids[0].cpu(), tokens=tuple(tokens),  # cpu: the result, once
                             prefill_head_flops_saved=int(2 * U.vocab_size * U.d_emb * (T - 1)),
                             time_s=time.perf_counter() - t0, prefill_s=prefill_s, n_layers=borders.n_layers,

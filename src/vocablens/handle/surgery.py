@@ -133,48 +133,25 @@ class SurgeryWorkflows:
         texts = list(documents) if documents is not None else \
             [d.text for d in load_documents(corpus, max_docs=max_docs or None)] if corpus else []
         tok = self.tokenizer
-        phase = progress or (lambda name: ((lambda *_: None), (lambda: None)))
-        cb, close = phase("corpus")
-        try:
-            used = corpus_token_ids(tok, texts, progress=cb) | read_token_list(list(token_list), tok)
-        finally:
-            close()
-        seeds, ut, drop = used, None, None
+        used = _in_phase(progress, "corpus", lambda cb: corpus_token_ids(tok, texts, progress=cb)
+                         | read_token_list(list(token_list), tok))
+        seeds, ut, rows_without = used, None, None
         if drop_undertrained:
-            from vocablens.surgery import trim_undertrained as tu
-
-            cb, close = phase("undertrained")
-            try:  # the lowest-indicator tokens, verified by prompting (stages as `vocablens undertrained`)
-                ut = tu.verified_undertrained(self.borders, tok, undertrained_candidates, progress=cb)
-            finally:
-                close()
-            seeds, rows_without = tu.drop_undertrained(self.model, tok, used, ut.verified.tolist())
+            seeds, ut, rows_without = _without_undertrained(self, used, undertrained_candidates, progress)
         with step("trimming the vocabulary ..."):
             tr = trim_vocab(self.model, tok, seeds)
-        checked = texts
-        if ut is not None:  # documents holding a dropped token are spelled otherwise: left out of the check
-            gone = set(ut.verified.tolist()) - set(tr.kept_old_ids)
-            checked, respelled = tu.check_documents(tok, texts, gone)
-            drop = tu.summarize(ut, used, tr.kept_old_ids, rows_without, respelled)
+        checked, drop = _documents_to_check(tok, texts, used, tr, ut, rows_without)
         checks = checked[:verify_texts] if checked else [tok.decode(sorted(seeds)[:200])]
         with step(f"checking the trimmed model against the original on {plural(len(checks), 'text')} ..."):
             v = verify_trim(self.model, tok, tr.model, tr.tokenizer, tr.kept_old_ids, checks,
                             max_tokens=verify_tokens)
-        cb, close = phase("tokenization")
-        try:
-            mismatches = tokenization_mismatches(tok, tr.tokenizer, tr.kept_old_ids, checked, progress=cb)
-        finally:
-            close()
+        mismatches = _in_phase(progress, "tokenization", lambda cb: tokenization_mismatches(
+            tok, tr.tokenizer, tr.kept_old_ids, checked, progress=cb))
         accept_trim(v, mismatches)
-        vocab_map = {"kept_old_ids": tr.kept_old_ids, "old_to_new": {str(o): n for n, o in enumerate(tr.kept_old_ids)},
-                     "rows_before": tr.result.rows_before}
-        record = {"command": "trim", "source_model": self.provenance.to_dict(), "corpus": corpus or None,
-                  "trim": tr.result.to_dict(), "verification": v.to_dict(), "corpus_documents_checked": len(checked),
-                  "undertrained": None if drop is None else drop.to_dict()}
         surgery = self._result(R.Surgery, tr.result, command="trim", verification=v, out=None, corpus=corpus or None,
                                docs_checked=len(checked), mismatches=mismatches, drop=drop)
         return self._derived(tr.model, tr.tokenizer, surgery, checks,
-                             {"vocab_map.json": vocab_map, "vocablens_surgery.json": record})
+                             _trim_files(self.provenance, corpus, tr, v, checked, drop))
 
     def save(self, out: str | os.PathLike, force: bool = False) -> Path:
         """Write this model as a Hugging Face model directory (safetensors, config, tokenizer; written
@@ -196,6 +173,50 @@ class SurgeryWorkflows:
 
             self.surgery = dataclasses.replace(self.surgery, options={**self.surgery.options, "out": path})
         return path
+
+
+def _in_phase(progress, name: str, work):
+    """``work(callback)`` under the progress phase ``name`` (``progress(name) -> (callback, close)``,
+    None: no progress), closed also when ``work`` raises."""
+    cb, close = progress(name) if progress else ((lambda *_: None), (lambda: None))
+    try:
+        return work(cb)
+    finally:
+        close()
+
+
+def _without_undertrained(m, used: set[int], candidates: int, progress):
+    """The ``candidates`` lowest-indicator tokens of ``m`` verified under-trained by prompting (stages as
+    ``vocablens undertrained``) dropped from ``used``: -> (ids to keep, the verification, rows_without)."""
+    from vocablens.surgery import trim_undertrained as tu
+
+    ut = _in_phase(progress, "undertrained", lambda cb: tu.verified_undertrained(m.borders, m.tokenizer, candidates,
+                                                                                 progress=cb))
+    seeds, rows_without = tu.drop_undertrained(m.model, m.tokenizer, used, ut.verified.tolist())
+    return seeds, ut, rows_without
+
+
+def _documents_to_check(tok, texts: list[str], used: set[int], tr, ut, rows_without):
+    """The corpus documents the trim is checked on, and the drop's summary (None without a drop):
+    documents holding a dropped under-trained token are spelled otherwise, so they are left out."""
+    if ut is None:
+        return texts, None
+    from vocablens.surgery import trim_undertrained as tu
+
+    gone = set(ut.verified.tolist()) - set(tr.kept_old_ids)
+    checked, respelled = tu.check_documents(tok, texts, gone)
+    return checked, tu.summarize(ut, used, tr.kept_old_ids, rows_without, respelled)
+
+
+def _trim_files(provenance, corpus: str, tr, v, checked: list[str], drop) -> dict:
+    """What :meth:`SurgeryWorkflows.save` writes beside a trimmed model: ``vocab_map.json`` (old id -> new
+    id) and ``vocablens_surgery.json`` (the record of the trim and its checks)."""
+    vocab_map = {"kept_old_ids": tr.kept_old_ids, "old_to_new": {str(o): n for n, o in enumerate(tr.kept_old_ids)},
+                 "rows_before": tr.result.rows_before}
+    record = {"command": "trim", "source_model": provenance.to_dict(), "corpus": corpus or None,
+              "trim": tr.result.to_dict(), "verification": v.to_dict(), "corpus_documents_checked": len(checked),
+              "undertrained": None if drop is None else drop.to_dict()}
+    return {"vocab_map.json": vocab_map, "vocablens_surgery.json": record}
 
 
 class _no_status:
