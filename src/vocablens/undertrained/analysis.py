@@ -204,27 +204,9 @@ def undertrained(borders, tokenizer, *, candidates: int | None = None, fraction:
         raise BadInput(f"candidates must be an int >= 0 or None; got {candidates!r}")
     if not 0.0 < float(fraction) <= 1.0:
         raise BadInput(f"fraction must lie in (0, 1]; got {fraction}")
-    seconds = {}
-    t0 = time.perf_counter()
-    if reuse is not None:
-        classes, ind = reuse.classes, reuse.indicators
-        seconds.update({k: reuse.seconds[k] for k in ("classes", "indicators")})
-    else:
-        V = int(borders.vocab_size)
-        say = (lambda *_: None) if progress is None else progress
-        say("tokenizer classes", 0, V)
-        classes = classify_tokens(tokenizer, borders.vocab_size)
-        seconds["classes"] = time.perf_counter() - t0
-        say("tokenizer classes", V, V)
-        say("indicators", 0, V)
-        ind = compute_indicators(borders, classes, tokenizer, indicator=indicator, known_unused=known_unused)
-        seconds["indicators"] = ind.seconds
-        say("indicators", V, V)
+    classes, ind, seconds = _classes_and_indicators(borders, tokenizer, indicator, known_unused, progress, reuse)
     ok = testable(classes)
-    pool = ok.nonzero().flatten()
-    n = int(round(fraction * pool.numel())) if candidates is None else candidates
-    n = min(n, int(pool.numel()))
-    order = pool[torch.argsort(ind.values[pool], stable=True)]
+    order, n = _lowest_first(ind.values, ok, candidates, fraction)
     cand = order[:n]
     thr = float(ind.values[cand[-1]]) if n else float("nan")
     ver = None
@@ -239,6 +221,35 @@ def undertrained(borders, tokenizer, *, candidates: int | None = None, fraction:
             thr = float(ind.values[cand[-1]]) if cand.numel() else float("nan")
     return UndertrainedResult(classes=classes, indicators=ind, candidates=cand, indicator_threshold=thr,
                               verification=ver, seconds=seconds)
+
+
+
+def _classes_and_indicators(borders, tokenizer, indicator: str, known_unused, progress, reuse):
+    """The tokenizer classes and the indicator of every row, and their seconds: taken from ``reuse``, or
+    computed with the stages ``tokenizer classes`` and ``indicators`` reported to ``progress``."""
+    if reuse is not None:
+        return reuse.classes, reuse.indicators, {k: reuse.seconds[k] for k in ("classes", "indicators")}
+    t0 = time.perf_counter()
+    V = int(borders.vocab_size)
+    say = (lambda *_: None) if progress is None else progress
+    say("tokenizer classes", 0, V)
+    classes = classify_tokens(tokenizer, borders.vocab_size)
+    seconds = {"classes": time.perf_counter() - t0}
+    say("tokenizer classes", V, V)
+    say("indicators", 0, V)
+    ind = compute_indicators(borders, classes, tokenizer, indicator=indicator, known_unused=known_unused)
+    seconds["indicators"] = ind.seconds
+    say("indicators", V, V)
+    return classes, ind, seconds
+
+
+def _lowest_first(values: torch.Tensor, ok: torch.Tensor, candidates: int | None, fraction: float):
+    """The testable ids (``ok`` [V] bool) by rising indicator ``values`` [V] (ties by id), and how many of
+    the first are candidates: ``candidates``, or ``fraction`` of the testable ids, at most all of them."""
+    pool = ok.nonzero().flatten()
+    n = int(round(fraction * pool.numel())) if candidates is None else candidates
+    n = min(n, int(pool.numel()))
+    return pool[torch.argsort(values[pool], stable=True)], n
 
 
 __all__ = ["DEFAULT_FRACTION", "THRESHOLD", "VERDICTS", "UndertrainedResult", "undertrained", "compute_indicators",

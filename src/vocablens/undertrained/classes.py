@@ -134,16 +134,33 @@ def classify_tokens(tokenizer, vocab_size: int | None = None) -> TokenClasses:
 
     n_tok = len(tokenizer)
     V = n_tok if vocab_size is None else int(vocab_size)
-    n = min(V, n_tok)
-    cls = [PADDING] * V  # plain lists while classifying (a tensor write per token is one torch call each, V of them)
-    trips = [False] * V
     kind = vocab_kind(tokenizer)
-    specials = special_ids(tokenizer)
+    cls, texts = _classes_by_bytes(tokenizer, min(V, n_tok), V, kind)
+    ids = [i for i, t in texts.items() if t]
+    back = _round_trips(tokenizer, texts, ids, kind)
+    trips = [False] * V
+    for i in ids:
+        ok = i in back
+        trips[i] = ok
+        if not ok and cls[i] == NORMAL:
+            cls[i] = UNREACHABLE
+    for i, t in texts.items():  # an empty text (a token that decodes to nothing) cannot come back
+        if t == "" and cls[i] == NORMAL:
+            cls[i] = UNREACHABLE
+    return TokenClasses(cls=torch.tensor(cls, dtype=torch.int8), round_trips=torch.tensor(trips, dtype=torch.bool),
+                        kind=kind, n_tokens=n_tok)
+
+
+def _classes_by_bytes(tokenizer, n: int, V: int, kind: str) -> tuple[list[int], dict[int, str | None]]:
+    """Each row's class from its bytes alone (special, unreachable, single byte, partial UTF-8 or normal;
+    rows n..V-1 padding), and the text of each token that has bytes (None: not valid UTF-8)."""
     from vocablens.argmax.model import RESERVED_NAME  # one pattern for "reserved" in the project
 
+    cls = [PADDING] * V  # plain lists while classifying (a tensor write per token is one torch call each, V of them)
+    specials = special_ids(tokenizer)
     pieces = tokenizer.convert_ids_to_tokens(list(range(n)))
     all_bytes = _all_bytes(tokenizer, pieces, specials, kind)
-    texts: dict[int, str] = {}
+    texts: dict[int, str | None] = {}
     for i in range(n):
         if i in specials or (isinstance(pieces[i], str) and RESERVED_NAME.match(pieces[i])):
             cls[i] = SPECIAL
@@ -155,14 +172,19 @@ def classify_tokens(tokenizer, vocab_size: int | None = None) -> TokenClasses:
         try:
             texts[i] = b.decode("utf-8")
         except UnicodeDecodeError:
-            texts[i] = None  # type: ignore[assignment]
+            texts[i] = None
         if len(b) == 1:
             cls[i] = SINGLE_BYTE
         elif texts[i] is None:
             cls[i] = PARTIAL_UTF8
         else:
             cls[i] = NORMAL
-    ids = [i for i, t in texts.items() if t]
+    return cls, texts
+
+
+def _round_trips(tokenizer, texts: dict[int, str | None], ids: list[int], kind: str) -> set[int]:
+    """The ids of ``ids`` whose text encodes back to that one token: alone, after an anchor text, or
+    (SentencePiece) without its leading space."""
     # each try runs only on the tokens the tries before it did not bring back (the same verdicts)
     plain = _encode_all(tokenizer, [texts[i] for i in ids])
     back = {i for i, p in zip(ids, plain) if list(p) == [i]}
@@ -179,16 +201,7 @@ def classify_tokens(tokenizer, vocab_size: int | None = None) -> TokenClasses:
     for i, u in zip(spaced, _encode_all(tokenizer, [texts[i][1:] for i in spaced])):
         if list(u) == [i]:
             back.add(i)
-    for i in ids:
-        ok = i in back
-        trips[i] = ok
-        if not ok and cls[i] == NORMAL:
-            cls[i] = UNREACHABLE
-    for i, t in texts.items():  # an empty text (a token that decodes to nothing) cannot come back
-        if t == "" and cls[i] == NORMAL:
-            cls[i] = UNREACHABLE
-    return TokenClasses(cls=torch.tensor(cls, dtype=torch.int8), round_trips=torch.tensor(trips, dtype=torch.bool),
-                        kind=kind, n_tokens=n_tok)
+    return back
 
 
 __all__ = ["CLASSES", "TokenClasses", "classify_tokens"]

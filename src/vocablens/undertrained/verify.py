@@ -138,51 +138,25 @@ def verify_tokens(borders, tokenizer, ids, *, examples: list[int], batch_size: i
     Raises:
         BadInput: an id outside the vocabulary, batch_size < 1, no examples, a negative budget.
     """
-    from vocablens.generate.loop import new_cache
-    from vocablens.ops import token_logprobs
-
     cand = torch.as_tensor(ids, dtype=torch.int64).flatten()
-    V = borders.vocab_size
-    if cand.numel() and (int(cand.min()) < 0 or int(cand.max()) >= V):
-        raise BadInput(f"candidate ids must lie in [0, {V})")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise BadInput(f"batch_size must be an int >= 1; got {batch_size!r}")
-    if not examples:
-        raise BadInput("verification needs at least one example token for its few-shot prompts")
-    if time_budget_s is not None and (isinstance(time_budget_s, bool) or not time_budget_s >= 0):
-        raise BadInput(f"time_budget_s must be None or a number of seconds >= 0; got {time_budget_s!r}")
-    U = borders.unembedding
+    _check_arguments(cand, borders.vocab_size, batch_size, examples, time_budget_s)
+    U, dev = borders.unembedding, borders.device
     dec, kw = _decoder_and_kw(borders)
-    dev = borders.device
     n, T = int(cand.numel()), len(TEMPLATES)
     probs = torch.zeros(n, T, dtype=torch.float32)
     t0 = time.perf_counter()
     start = clock()
     if progress is not None:            # the stage starts before the prefixes' forwards
         progress(0, n * T)
-    prefixes = []                       # each template's few-shot prefix, read once: (KV cache, query, slots)
-    for tpl in TEMPLATES:
-        prefix, query = template_ids(tokenizer, tpl, examples)
-        cache = new_cache(borders.model)
-        dec(input_ids=torch.tensor([prefix], device=dev), **{kw: cache}, use_cache=True)
-        q = torch.tensor(query, dtype=torch.int64)
-        prefixes.append((cache, q, q == SLOT))
+    prefixes = _read_prefixes(borders, dec, kw, tokenizer, examples)
     done = verified = 0
     for a in range(0, n, batch_size):
         if a and time_budget_s is not None and clock() - start >= time_budget_s:
             break
         c = cand[a:a + batch_size]
         B = int(c.numel())
-        for t, (cache, q, slots) in enumerate(prefixes):
-            x = q.repeat(B, 1)
-            x[:, slots] = c[:, None]
-            batch_cache = copy.deepcopy(cache)
-            if B > 1:
-                batch_cache.batch_repeat_interleave(B)
-            h = dec(input_ids=x.to(dev), **{kw: batch_cache}, use_cache=True).last_hidden_state[:, -1]
-            lp = token_logprobs(h, U.weight, c.to(dev), **U.head_kwargs()).logprob
-            probs[a:a + B, t] = lp.float().exp().cpu()
-            del batch_cache
+        for t, prefix in enumerate(prefixes):
+            probs[a:a + B, t] = _repeat_probs(dec, kw, U, dev, prefix, c)
             done += B
             if progress is not None:
                 progress(done, n * T)
@@ -191,6 +165,51 @@ def verify_tokens(borders, tokenizer, ids, *, examples: list[int], batch_size: i
     return Verification(ids=cand[:verified], max_prob=probs.amax(1) if T else torch.zeros(verified),
                         per_template=probs, templates=tuple(x[0] for x in TEMPLATES),
                         examples=tuple(int(e) for e in examples), seconds=time.perf_counter() - t0)
+
+
+def _check_arguments(cand: torch.Tensor, V: int, batch_size, examples, time_budget_s) -> None:
+    """Raise BadInput for a candidate id outside [0, V), a batch size that is not an int >= 1, no
+    examples, or a budget that is not None or seconds >= 0."""
+    if cand.numel() and (int(cand.min()) < 0 or int(cand.max()) >= V):
+        raise BadInput(f"candidate ids must lie in [0, {V})")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise BadInput(f"batch_size must be an int >= 1; got {batch_size!r}")
+    if not examples:
+        raise BadInput("verification needs at least one example token for its few-shot prompts")
+    if time_budget_s is not None and (isinstance(time_budget_s, bool) or not time_budget_s >= 0):
+        raise BadInput(f"time_budget_s must be None or a number of seconds >= 0; got {time_budget_s!r}")
+
+
+def _read_prefixes(borders, dec, kw: str, tokenizer, examples: list[int]) -> list[tuple]:
+    """Each template's few-shot prefix run once through the decoder: ``(KV cache, query [q] int64,
+    slots [q] bool)`` per template, the slots marking where the candidate goes in the query."""
+    from vocablens.generate.loop import new_cache
+
+    prefixes = []
+    for tpl in TEMPLATES:
+        prefix, query = template_ids(tokenizer, tpl, examples)
+        cache = new_cache(borders.model)
+        dec(input_ids=torch.tensor([prefix], device=borders.device), **{kw: cache}, use_cache=True)
+        q = torch.tensor(query, dtype=torch.int64)
+        prefixes.append((cache, q, q == SLOT))
+    return prefixes
+
+
+def _repeat_probs(dec, kw: str, U, dev, prefix: tuple, c: torch.Tensor) -> torch.Tensor:
+    """float32 [B] on the host: the probability under the head ``U`` of each candidate of ``c`` [B]
+    where one template asks for it back, the template's prefix cache copied and repeated B times;
+    ``dev`` is the model's device (Land & Bartolo 2024, §3.3)."""
+    from vocablens.ops import token_logprobs
+
+    cache, q, slots = prefix
+    B = int(c.numel())
+    x = q.repeat(B, 1)
+    x[:, slots] = c[:, None]
+    batch_cache = copy.deepcopy(cache)
+    if B > 1:
+        batch_cache.batch_repeat_interleave(B)
+    h = dec(input_ids=x.to(dev), **{kw: batch_cache}, use_cache=True).last_hidden_state[:, -1]
+    return token_logprobs(h, U.weight, c.to(dev), **U.head_kwargs()).logprob.float().exp().cpu()
 
 
 __all__ = ["THRESHOLD", "TEMPLATES", "Verification", "verify_tokens", "pick_examples", "template_ids"]
