@@ -46,6 +46,47 @@ def _int(name: str, x, lo: int) -> int:
     return x
 
 
+def _top_z(borders: Borders, X: torch.Tensor, step: int, k: int, apply_norm_gain: bool):
+    """Each vector of ``X`` [N, d] scored against every real readout row, ``step`` vectors at a time:
+    -> (per chunk, the :class:`TopBottom` result (top ids, top scores, bottom ids, bottom scores),
+    the criterion [N] float32 on the host: the mean z-score of its top k logits within its own logits)."""
+    real = borders.real_vocab_size
+    chunks = list(range(0, len(X), step))
+    tbs = [TopBottom(k) for _ in chunks]
+    # each vector's mean and M2 = Σ (s - mean)² over the vocabulary: per block in float32 (var_mean),
+    # merged across blocks in float64 (Chan, Golub and LeVeque 1979's pairwise update)
+    mean = torch.zeros(len(X), dtype=torch.float64, device=X.device)
+    m2 = torch.zeros_like(mean)
+    for a, b, R in stream_rows(borders, real, "value", apply_norm_gain):  # [rows, d] blocks, never [V, d]
+        for tb, i in zip(tbs, chunks):
+            S = X[i:i + step] @ R.t()  # [c, rows]
+            tb.add(S, a)
+            var_b, mean_b = torch.var_mean(S, dim=1, correction=0)
+            delta = mean_b.double() - mean[i:i + step]
+            mean[i:i + step] += delta * ((b - a) / b)
+            m2[i:i + step] += var_b.double() * (b - a) + delta * delta * (a * (b - a) / b)
+            del S
+        del R  # before the next block is made
+    std = (m2 / real).sqrt()
+    parts = [tb.result() for tb in tbs]
+    tiny = torch.finfo(torch.float32).tiny
+    crit = [((p[1].double() - mean[i:i + step, None]) / std[i:i + step, None].clamp_min(tiny)).mean(1).float()
+            for p, i in zip(parts, chunks)]
+    return parts, torch.cat(crit).cpu()  # cpu: once; the selection is a host loop
+
+
+def _best_per_block(score: torch.Tensor, blocks: list[int], n: int, max_per_block: int | None) -> list[int]:
+    """Indices of the ``n`` best ``score`` [N] (ties by index), at most ``max_per_block`` from one block."""
+    chosen, per = [], {}
+    for j in torch.argsort(score, descending=True, stable=True).tolist():
+        if len(chosen) == n:
+            break
+        if max_per_block is None or per.get(blocks[j], 0) < max_per_block:
+            chosen.append(j)
+            per[blocks[j]] = per.get(blocks[j], 0) + 1
+    return chosen
+
+
 def interpretable_vectors(borders: Borders, n: int = 20, per_block: int = 32, k: int = 8,
                           max_per_block: int | None = 2, seed: int = 0, apply_norm_gain: bool = True,
                           chunk_rows: int | None = None) -> InterpretableVectors:
@@ -76,38 +117,9 @@ def interpretable_vectors(borders: Borders, n: int = 20, per_block: int = 32, k:
     check_k(k, borders.real_vocab_size)
     blocks, neurons = sample_neurons(borders, _int("per_block", per_block, 1), seed)
     X = gather_vectors(borders, blocks, neurons).to(borders.W_U.device)
-    real = borders.real_vocab_size
-    step = rows_per_chunk(real, chunk_rows)
-    chunks = list(range(0, len(X), step))
-    tbs = [TopBottom(k) for _ in chunks]
-    # each vector's mean and M2 = Σ (s - mean)² over the vocabulary: per block in float32 (var_mean),
-    # merged across blocks in float64 (Chan, Golub and LeVeque 1979's pairwise update)
-    mean = torch.zeros(len(X), dtype=torch.float64, device=X.device)
-    m2 = torch.zeros_like(mean)
-    for a, b, R in stream_rows(borders, real, "value", apply_norm_gain):  # [rows, d] blocks, never [V, d]
-        for tb, i in zip(tbs, chunks):
-            S = X[i:i + step] @ R.t()  # [c, rows]
-            tb.add(S, a)
-            var_b, mean_b = torch.var_mean(S, dim=1, correction=0)
-            delta = mean_b.double() - mean[i:i + step]
-            mean[i:i + step] += delta * ((b - a) / b)
-            m2[i:i + step] += var_b.double() * (b - a) + delta * delta * (a * (b - a) / b)
-            del S
-        del R  # before the next block is made
-    std = (m2 / real).sqrt()
-    parts = [tb.result() for tb in tbs]
-    tiny = torch.finfo(torch.float32).tiny
-    crit = [((p[1].double() - mean[i:i + step, None]) / std[i:i + step, None].clamp_min(tiny)).mean(1).float()
-            for p, i in zip(parts, chunks)]
-    score = torch.cat(crit).cpu()  # cpu: once; the selection below is a host loop
-    order = torch.argsort(score, descending=True, stable=True).tolist()
-    chosen, per = [], {}
-    for j in order:
-        if len(chosen) == n:
-            break
-        if max_per_block is None or per.get(blocks[j], 0) < max_per_block:
-            chosen.append(j)
-            per[blocks[j]] = per.get(blocks[j], 0) + 1
+    step = rows_per_chunk(borders.real_vocab_size, chunk_rows)
+    parts, score = _top_z(borders, X, step, k, apply_norm_gain)
+    chosen = _best_per_block(score, blocks, n, max_per_block)
     sel = torch.tensor(chosen, dtype=torch.long)  # cpu: indices into the host result
     ti, tv, bi, bv = (torch.cat([p[q] for p in parts]).cpu()[sel] for q in range(4))  # cpu: the result, once
     blocks_t, neurons_t = torch.tensor(blocks)[sel], torch.tensor(neurons)[sel]  # cpu: result labels
