@@ -232,6 +232,40 @@ def _check_layers(layers: Sequence[int] | None, L: int, which: str) -> list[int]
     return out
 
 
+def _shared_grams(borders_a, borders_b, shared, what: str, fold_norm_gain: bool, say) -> tuple:
+    """``(C, Ga, Gb, KE, EAA, EBB)``: the centred Gram matrices of the shared tokens' readout rows
+    (:func:`_centred_grams`), and for ``heads`` those of their input embeddings (else None), streamed
+    block by block (never the [S, d] readout)."""
+    say("readout Grams", 0, 2 * shared.size)
+    C, Ga, Gb = _centred_grams(lambda r: borders_a.unembedding.readout_rows(r, fold_norm_gain),
+                               lambda r: borders_b.unembedding.readout_rows(r, fold_norm_gain), shared,
+                               progress=lambda a, b: say("readout Grams", a, b))
+    KE = EAA = EBB = None
+    if what == "heads":
+        say("embedding Grams", 0, 2 * shared.size)
+        KE, EAA, EBB = _centred_grams(lambda r: _input_embedding(borders_a, r),
+                                      lambda r: _input_embedding(borders_b, r), shared,
+                                      progress=lambda a, b: say("embedding Grams", a, b))
+    return C, Ga, Gb, KE, EAA, EBB
+
+
+def _block_corrs(ua, what: str, lb: Sequence[int], units_b: dict, sides_b: dict, grams: tuple) -> dict:
+    """Correlations [n_A, n_B] of one block's units ``ua`` of A with the units of each block ``m`` of
+    B in ``lb`` (``units_b[m]``); B's FFN sides are computed once and kept in ``sides_b``."""
+    C, Ga, Gb, KE, EAA, EBB = grams
+    corrs = {}
+    for j, m in enumerate(lb):
+        if what == "ffn":
+            if m not in sides_b:
+                _, sides_b[m] = _ffn_sides(units_b[m][:1], units_b[m], C, Ga, Gb)
+            if j == 0:
+                side_a, _ = _ffn_sides(ua, units_b[m][:1], C, Ga, Gb)
+            corrs[m] = side_a @ sides_b[m].t()
+        else:
+            corrs[m] = _head_corr(ua, units_b[m], KE, C, EAA, Ga, EBB, Gb).float()
+    return corrs
+
+
 def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ffn",
                  blocks_a: Sequence[int] | None = None, blocks_b: Sequence[int] | None = None,
                  fold_norm_gain: bool = True, progress: Callable[[str, int, int], None] | None = None) -> Alignment:
@@ -269,35 +303,16 @@ def align_models(borders_a, tokenizer_a, borders_b, tokenizer_b, what: str = "ff
                                min_shared=max(borders_a.d_model, borders_b.d_model) + 1)
     say = progress or (lambda *_: None)
     with torch.no_grad():
-        # the readouts of the shared tokens, streamed block by block (never the [S, d] readout)
-        say("readout Grams", 0, 2 * shared.size)
-        C, Ga, Gb = _centred_grams(lambda r: borders_a.unembedding.readout_rows(r, fold_norm_gain),
-                                   lambda r: borders_b.unembedding.readout_rows(r, fold_norm_gain), shared,
-                                   progress=lambda a, b: say("readout Grams", a, b))
-        if what == "heads":
-            say("embedding Grams", 0, 2 * shared.size)
-            KE, EAA, EBB = _centred_grams(lambda r: _input_embedding(borders_a, r),
-                                          lambda r: _input_embedding(borders_b, r), shared,
-                                          progress=lambda a, b: say("embedding Grams", a, b))
+        grams = _shared_grams(borders_a, borders_b, shared, what, fold_norm_gain, say)
         say("blocks", 0, len(la))
         units_b = {m: _units(borders_b, what, m) for m in lb}
         sides_b = {}
         sim = torch.empty(len(la), len(lb), dtype=torch.float32, device=borders_a.device)
         matches: list[LayerMatch] = []
         for i, l in enumerate(la):
-            ua = _units(borders_a, what, l)
-            corrs = {}
+            corrs = _block_corrs(_units(borders_a, what, l), what, lb, units_b, sides_b, grams)
             for j, m in enumerate(lb):
-                if what == "ffn":
-                    if m not in sides_b:
-                        _, sides_b[m] = _ffn_sides(units_b[m][:1], units_b[m], C, Ga, Gb)
-                    if j == 0:
-                        side_a, _ = _ffn_sides(ua, units_b[m][:1], C, Ga, Gb)
-                    c = side_a @ sides_b[m].t()
-                else:
-                    c = _head_corr(ua, units_b[m], KE, C, EAA, Ga, EBB, Gb).float()
-                corrs[m] = c
-                sim[i, j] = c.max(1).values.mean()  # stays on the device: one sync per layer of A, below
+                sim[i, j] = corrs[m].max(1).values.mean()  # stays on the device: one sync per layer of A, below
             best = lb[int(sim[i].argmax())]
             partner, got = _hungarian(corrs[best])
             matches.append(LayerMatch(block_a=l, block_b=best, partner=partner, corr=got))
