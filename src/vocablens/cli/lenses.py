@@ -119,7 +119,7 @@ def eval_kinds(kinds: list[str], model: str, lens_path: str, corpus: str, split:
     """``lens eval --kind K1,K2,...``: every lens on the same held-out tokens, one table and one figure
     (:func:`vocablens.lens.compare.compare_lenses`)."""
     from vocablens.cli.common import count_bar
-    from vocablens.corpus import NAMED_CORPORA, corpus_record, load_documents
+    from vocablens.corpus import NAMED_CORPORA, load_documents
     from vocablens.lens.compare import compare_lenses
     from vocablens.lens.evaluate import text_bytes
     from vocablens.render.compare import comparison_to_dict, print_comparison, save_comparison_plot
@@ -145,17 +145,9 @@ def eval_kinds(kinds: list[str], model: str, lens_path: str, corpus: str, split:
     docs = load_documents(corpus)
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
     lenses = load_lenses(found, lm.borders)
-    seq = min(seq_len, max_tokens)
-    if split == "all":
-        rows = lm.pack(docs, seq, max_tokens=max_tokens, shrink=True)
-        rec = corpus_record(corpus, docs)
-        info = {"corpus": rec["corpus"], "corpus_sha256": rec["corpus_sha256"], "split": "all"}
-    else:
-        val_fraction = float(data.get("val_fraction", 0.1))
-        with status(f"tokenizing the {split} split of {corpus} ...", quiet=quiet):
-            rows, info = lm.corpus_rows(corpus, split, seq, max_tokens, val_fraction, int(data.get("split_seed", 0)),
-                               None, docs, shrink=True)
-    rows = rows[: max(1, max_tokens // rows.shape[1])]
+    with status(f"tokenizing the {split} split of {corpus} ...", quiet=quiet or split == "all"):
+        rows, info = lm.eval_rows(corpus, split, min(seq_len, max_tokens), max_tokens,
+                                  float(data.get("val_fraction", 0.1)), int(data.get("split_seed", 0)), docs)
     if not quiet:
         for kd, ln in lenses.items():
             err.print(lens_caption(kd, ln), style="dim", soft_wrap=True)

@@ -10,11 +10,10 @@ from typing import Annotated
 import typer
 
 from vocablens.cli.common import (
-    JsonOpt, ModelOpt, DeviceOpt, TrustOpt, count_bar, emit_json, err, load_model, out, status,
+    JsonOpt, ModelOpt, DeviceOpt, TrustOpt, emit_json, err, load_model, out, status,
 )
 from vocablens.cli.core import lens_app
 from vocablens.cli.lenses import check_eval_options, set_threads
-from vocablens.errors import BadInput, OutputExists
 
 ProgressOpt = Annotated[bool, typer.Option("--progress", help="Show progress on stderr even with --json.")]
 CorpusOpt = Annotated[str, typer.Option("--corpus", help="A named corpus (python-docs, debian-handbook, pydoc-topics, cpython-stdlib) or a path (text, jsonl, HTML, directory).")]
@@ -62,70 +61,38 @@ def lens_train(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Train a tuned lens (Belrose et al. 2023) on a frozen model; checkpoints go to --out."""
-    import torch
-
-    from vocablens.lens.train import TrainSettings, train
-    from vocablens.lens.tuned import LENS_FILE, TunedLens
+    from vocablens.corpus import load_documents
+    from vocablens.handle.lens_training import check_train_options
+    from vocablens.lens.train import TrainSettings
+    from vocablens.render.shown import print_result, to_json
 
     settings = TrainSettings(steps=steps, tokens_per_step=tokens_per_step, seq_len=seq_len, lr=lr,
                              weight_decay=weight_decay, grad_clip=grad_clip, warmup_steps=warmup, loss=loss,
                              seed=seed, chunk_rows=chunk_rows, gemm_dtype=gemm_dtype)
     settings.validate()
-    if init not in ("zero", "regression"):
-        raise BadInput(f"--init must be zero or regression; got {init!r}")
-    if save_dtype not in ("float32", "bfloat16"):
-        raise BadInput(f"--save-dtype must be float32 or bfloat16; got {save_dtype!r}")
-    if (out_dir / LENS_FILE).exists() and not force:
-        raise OutputExists(f"{out_dir} already holds a tuned lens; pass --force to replace it")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise OutputExists(f"{out_dir} exists and is not a directory")
+    check_train_options(out_dir, init, save_dtype, force, resume)  # fails before the corpus or the model is read
     set_threads(threads)
-    rank, world = _init_distributed()
+    rank, _ = _init_distributed()
     quiet = (json_ and not progress) or rank != 0
-    if resume:  # fail before reading the corpus or loading the model
-        from vocablens.lens.train import CKPT_FILE
-
-        if not (out_dir / "checkpoint" / CKPT_FILE).exists():
-            raise BadInput(f"--resume: no checkpoint in {out_dir / 'checkpoint'} (train without --resume first)")
-    from vocablens.corpus import load_documents
-
     docs = load_documents(corpus)  # a missing or empty corpus fails before the model loads
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
-    with status(f"tokenizing the training data of {corpus} ...", quiet=quiet):
-        rows, info = lm.corpus_rows(corpus, "train", seq_len, max_tokens or None, val_fraction, 0, seed, docs)
-    info["model"] = lm.provenance.name
-    if not quiet:
-        err.print(f"training data: {info['tokens']} tokens in {rows.shape[0]} chunks of {seq_len} "
-                  f"from {info['documents']} documents of {corpus}", style="dim", soft_wrap=True)
-    lens = TunedLens.for_model(lm.borders, name=lm.provenance.name)
-    t0 = time.perf_counter()
-    init_info = {"init": init}
-    if init == "regression" and not resume:
-        from vocablens.lens.regression import regression_init
 
-        n_fit = max(1, min(rows.shape[0] - 1, init_tokens // seq_len))
-        with status(f"least-squares start on {n_fit * seq_len} tokens ...", quiet=quiet):
-            lens, alphas = regression_init(lm.borders, rows[:n_fit], lens=lens, calib=rows[n_fit: n_fit + 1])
-        init_info.update({"init_tokens": n_fit * seq_len, "init_alphas": alphas,
-                          "init_seconds": round(time.perf_counter() - t0, 1)})
-    with _progress(quiet, steps) as on_step:
-        res = train(lm.borders, rows, settings, lens=lens, checkpoint_dir=out_dir / "checkpoint",
-                    checkpoint_every=checkpoint_every, resume=resume, data_info=info, on_step=on_step,
-                    name=lm.provenance.name)
-    wall = time.perf_counter() - t0
-    if rank == 0:
-        res.lens.settings.update(init_info)
-        res.lens.settings["command"] = "vocablens lens train " + " ".join(_argv_tail())
-        res.lens.settings["seconds"] = round(wall, 1)
-        res.lens.save(out_dir, dtype=torch.bfloat16 if save_dtype == "bfloat16" else torch.float32, force=True)
-        from vocablens.render.tuned import train_summary_to_dict
+    def started(info: dict) -> None:
+        if not quiet:
+            err.print(f"training data: {info['tokens']} tokens in {info['tokens'] // seq_len} chunks of {seq_len} "
+                      f"from {info['documents']} documents of {corpus}", style="dim", soft_wrap=True)
 
-        summary = train_summary_to_dict(res, out_dir, steps, wall, world, info)
-        if json_:
-            emit_json(summary)
-        else:
-            out.print(f"saved the tuned lens to {out_dir} ({res.tokens} tokens in {wall:.0f} s, "
-                      f"{summary['tokens_per_s']:.1f} tokens/s; final loss {summary['final_loss']:.4f} nats summed over layers)")
+    res = lm.train_lens(corpus, out_dir, settings, max_tokens or None, val_fraction, seed, init=init,
+                        init_tokens=init_tokens, resume=resume, checkpoint_every=checkpoint_every,
+                        save_dtype=save_dtype, force=True, docs=docs, on_step=_progress(quiet, steps),
+                        command="vocablens lens train " + " ".join(_argv_tail()),
+                        status=lambda msg: status(msg, quiet=quiet), started=started)
+    if rank != 0:
+        return
+    if json_:
+        emit_json(to_json(res))
+    else:
+        print_result(res, out)
 
 
 def _argv_tail() -> list[str]:
@@ -227,72 +194,40 @@ def lens_eval(
 
         return eval_kinds(kinds, model, lens_path, corpus, split, max_tokens, seq_len, plot, threads, force,
                           progress, json_, trust_remote_code, device)
-    from vocablens.corpus import NAMED_CORPORA, corpus_record, load_documents
-    from vocablens.lens.evaluate import evaluate, text_bytes
-    from vocablens.lens.tuned import TunedLens, find_lens
-    from vocablens.render.tuned import eval_to_dict, print_eval, save_eval_plot
+    from vocablens.cli.lenses import lens_caption
+    from vocablens.cli.progress import stage_progress
+    from vocablens.handle.lens_training import lens_eval_inputs
+    from vocablens.parallel.processes import init_from_env
+    from vocablens.render.shown import print_result, to_json
 
     check_eval_options(max_tokens, seq_len, split, plot, force)
     set_threads(threads)
-    from vocablens.ops.vocab_parallel.comm import share
-    from vocablens.parallel.processes import init_from_env
-
     rank, _ = init_from_env()  # under torchrun: rows split over ranks, sums all-reduced, rank 0 prints
     quiet = (json_ and not progress) or rank != 0
-    path = find_lens(model, lens_path)
-    lens = TunedLens.load(path)  # checked against the model below
-    lens_label = lens_path or f"shipped for {model}"  # never a path the user did not give
-    data = lens.settings.get("data") or {}
-    docs = None
-    if not corpus:
-        trained_on, trained_sha = str(data.get("corpus") or ""), data.get("corpus_sha256")
-        if trained_on in NAMED_CORPORA:
-            corpus = trained_on
-        elif trained_on and trained_sha and Path(trained_on).exists():
-            here = load_documents(trained_on)
-            if corpus_record(trained_on, here)["corpus_sha256"] == trained_sha:
-                corpus, docs = trained_on, here
-        if not corpus:
-            corpus = "pydoc-topics"
-            if trained_on and not quiet:
-                err.print(f"the lens was trained on the corpus {trained_on!r}"
-                          f"{' (sha256 ' + trained_sha[:12] + ')' if trained_sha else ''}, which is not here; "
-                          f"evaluating on {corpus} ({split}); give --corpus to choose", style="dim")
-    docs = load_documents(corpus) if docs is None else docs  # a missing or empty corpus fails before the model loads
+    inputs = lens_eval_inputs(model, lens_path or None, corpus or None, split,  # before the model loads
+                              notes=None if quiet else (lambda line: err.print(line, style="dim")))
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
-    lens.check_model(lm.borders)
-    val_fraction = float(data.get("val_fraction", 0.1)) if split != "all" else 0.0
-    seq = min(seq_len, max_tokens)
-    if split == "all":
-        rows = lm.pack(docs, seq, max_tokens=max_tokens, shrink=True)
-        rec = corpus_record(corpus, docs)
-        info = {"corpus": rec["corpus"], "corpus_sha256": rec["corpus_sha256"], "split": "all"}
-    else:
-        with status(f"tokenizing the {split} split of {corpus} ...", quiet=quiet):
-            rows, info = lm.corpus_rows(corpus, split, seq, max_tokens, val_fraction, int(data.get("split_seed", 0)),
-                               None, docs, shrink=True)
-    rows = rows[: max(1, max_tokens // rows.shape[1])]
-    name = info["corpus"]
-    if not quiet:
-        from vocablens.cli.lenses import lens_caption
 
-        err.print(lens_caption("tuned", lens), style="dim", soft_wrap=True)
-        err.print(f"scoring {rows.numel()} tokens of {name} ({split}) at {lm.borders.n_layers + 1} layers, "
-                  f"both lenses", style="dim", soft_wrap=True)
-    start, stop = share(int(rows.shape[0]))
-    T = int(rows.shape[1])
-    with count_bar(quiet, (stop - start) * T, "lens eval", "tokens", stage="scoring both lenses") as tick:
-        res = evaluate(lm.borders, lens, rows, n_bytes=text_bytes(lm.tokenizer, rows),
-                       on_row=lambda done, total: tick(int(done * T)))
+    bar = [(lambda *_: None), (lambda: None)]  # the progress bar, opened when scoring starts
+
+    def started(lens, tokens: int, data: dict) -> None:
+        if not quiet:
+            err.print(lens_caption("tuned", lens), style="dim", soft_wrap=True)
+            err.print(f"scoring {tokens} tokens of {data['corpus']} ({split}) at {lm.borders.n_layers + 1} layers, "
+                      f"both lenses", style="dim", soft_wrap=True)
+        bar[:] = stage_progress("lens eval", "tokens", quiet=quiet)
+
+    try:
+        res = lm.eval_lens(inputs, max_tokens=max_tokens, seq_len=seq_len, plot=plot, force=force,
+                           status=lambda msg: status(msg, quiet=quiet), started=started,
+                           progress=lambda *a: bar[0](*a))
+    finally:
+        bar[1]()
     if rank != 0:
         return
-    if plot is not None:
-        save_eval_plot(res, plot, title=f"{lm.provenance.name}: logit vs tuned lens on {name} ({split})")
     if json_:
-        from vocablens.render.lens import lens_record
-
-        emit_json(eval_to_dict(res, lm.provenance, lens_label, info, plot, [lens_record("tuned", lens)]))
+        emit_json(to_json(res))
     else:
-        print_eval(res, out, title=f"{lm.provenance.name}, {rows.numel()} tokens of {name} ({split}), lens {lens_label}")
+        print_result(res, out)
         if plot is not None:
             err.print(f"wrote {plot}", style="dim")

@@ -1,6 +1,7 @@
 """Corpora as token rows for :class:`vocablens.Model`: a split packed into rows [N, seq_len] with EOS
 between documents (lens training and evaluation, the Jacobian lens's fit, ``settle``, the bottleneck),
-named by corpus name and content hash, never by a local path."""
+named by corpus name and content hash, never by a local path. One split packing serves every lens
+scored on a corpus (:meth:`CorpusWorkflows.eval_rows`: ``lens eval``, with ``--split all`` too)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,28 @@ class CorpusWorkflows:
         return rows, {"corpus": rec["corpus"], "corpus_sha256": rec["corpus_sha256"], "split": split,
                       "val_fraction": val_fraction, "split_seed": split_seed, "documents": len(part),
                       "tokens": int(rows.numel()), "seq_len": int(rows.shape[1])}
+
+    def eval_rows(self, corpus: str, split: str, seq_len: int, max_tokens: int, val_fraction: float = 0.1,
+                  split_seed: int = 0, docs=None):
+        """The rows a lens is scored on (``lens eval``): at most ``max_tokens`` tokens [N, T] int64 of one
+        split, T = ``seq_len`` or the longest run the text allows (``shrink``); ``all`` packs every
+        document (no split, nothing held out). Returns ``(rows, info)`` as :meth:`corpus_rows` (for
+        ``all``: ``{"corpus", "corpus_sha256", "split": "all"}``).
+
+        Raises:
+            BadInput: the corpus is missing, or the split holds no document.
+        """
+        from vocablens.corpus import corpus_record, load_documents
+
+        docs = load_documents(corpus) if docs is None else docs
+        if split == "all":
+            rows = self.pack(docs, seq_len, max_tokens=max_tokens, shrink=True)
+            rec = corpus_record(corpus, docs)
+            info = {"corpus": rec["corpus"], "corpus_sha256": rec["corpus_sha256"], "split": "all"}
+        else:
+            rows, info = self.corpus_rows(corpus, split, seq_len, max_tokens, val_fraction, split_seed, None, docs,
+                                          shrink=True)
+        return rows[: max(1, max_tokens // rows.shape[1])], info
 
     def first_rows(self, corpus: str, seq_len: int, max_tokens: int) -> torch.Tensor:
         """Token rows [N, seq_len] from the first documents of a corpus (more are read only when needed).

@@ -1,5 +1,6 @@
 """The lens workflows of :class:`vocablens.Model`: ``lens``, the translators it reads through
-(``tuned_lens``, ``load_lens``, ``add_lens``, ``train_lens``), ``settle``, ``steer`` and ``report``.
+(``tuned_lens``, ``load_lens``, ``add_lens``), ``settle``, ``steer`` and ``report`` (training and
+evaluating a tuned lens: :mod:`vocablens.handle.lens_training`).
 
 A lens ``kind`` names a translator: ``logit`` is the identity (the logit lens), ``tuned`` the tuned
 lens loaded with :meth:`LensWorkflows.load_lens` or shipped for the model (read on first use), and
@@ -96,34 +97,6 @@ class LensWorkflows:
     def _lens_for_call(self, kind: str, lens_dir=None):
         """The translator of ``kind``; ``tuned`` read from ``lens_dir`` when given (this call only)."""
         return self.translator(kind, lens_dir if kind == "tuned" else None)
-
-    def train_lens(self, corpus: str = "python-docs", out: str | Path | None = None, settings=None,
-                   max_tokens: int | None = None, val_fraction: float = 0.1, seed: int = 0, on_step=None,
-                   force: bool = False):
-        """Train a tuned lens on this frozen model (Belrose et al. 2023, §3;
-        :func:`vocablens.lens.train.train`), use it as this model's ``tuned`` lens and save it to
-        ``out`` when given. Returns :class:`~vocablens.lens.train.TrainResult`.
-
-        Args:
-            corpus: a named corpus, a file or a directory (its training split).
-            settings: :class:`~vocablens.lens.train.TrainSettings` (default: the module's defaults).
-
-        Raises:
-            BadInput: bad settings, an empty corpus. OutputExists: ``out`` holds a lens and not ``force``.
-        """
-        from vocablens.lens.train import TrainSettings, train
-        from vocablens.lens.tuned import TunedLens
-
-        settings = settings or TrainSettings()
-        settings.validate()
-        rows, info = self.corpus_rows(corpus, "train", settings.seq_len, max_tokens, val_fraction, 0, seed)
-        lens = TunedLens.for_model(self.borders, name=self.provenance.name)
-        res = train(self.borders, rows, settings, lens=lens, data_info=info, on_step=on_step,
-                    name=self.provenance.name)
-        self.translators["tuned"] = res.lens
-        if out is not None:
-            res.lens.save(out, force=force)
-        return res
 
     def load_jacobian_lens(self, path: str | Path | None = None):
         """Read a Jacobian lens (our folder, a published ``lens.pt``, a hub id from the local cache; None:

@@ -25,6 +25,7 @@ import torch
 from vocablens.errors import BadInput, TokenNotInVocabulary
 from vocablens.handle import results as R
 from vocablens.handle.corpus import CorpusWorkflows
+from vocablens.handle.lens_training import LensTraining
 from vocablens.handle.lenses import LensWorkflows
 from vocablens.handle.matrices import MatrixWorkflows
 from vocablens.handle.surgery import SurgeryWorkflows
@@ -33,7 +34,7 @@ from vocablens.models.loaded_model import LoadedModel
 
 
 @dataclass(eq=False)
-class Model(SurgeryWorkflows, LensWorkflows, TrajectoryWorkflows, MatrixWorkflows, CorpusWorkflows, LoadedModel):
+class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, MatrixWorkflows, CorpusWorkflows, LoadedModel):
     """A loaded model with its workflows (module docstring).
 
     Attributes:

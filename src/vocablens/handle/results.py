@@ -211,6 +211,18 @@ class Anomaly(Result, kind="anomaly"):
     ``.to_pandas()``: a row per test input, a column per ``kind/detector`` score."""
 
 
+class LensTraining(Result, kind="lens_train"):
+    """``m.train_lens(...)``: :class:`~vocablens.lens.train.TrainResult` (``lens train --json``; ``.lens``,
+    ``.history`` read through). ``.to_pandas()``: a row per optimizer step (loss, per-layer losses, lr)."""
+
+
+class LensEval(Result, kind="lens_eval"):
+    """``m.eval_lens(...)``: :class:`~vocablens.lens.evaluate.LensEval` (``lens eval --json``).
+    ``.figure()``: KL, cross-entropy and top-1 agreement per layer, logit vs tuned (the ``--plot`` and
+    the report's figure; ``unit="bpb"``: cross-entropy in bits per byte); ``.to_pandas()``: a row per
+    (lens, layer)."""
+
+
 __all__ = ["Result", "Anatomy", "TieCheck", "Neighbors", "WordPCA", "Lens", "Score", "Explanation", "Projection",
            "Settle", "Argmax", "Undertrained", "Generation", "Steering", "Surgery", "Trajectory", "Bottleneck",
-           "Alignment", "Anomaly"]
+           "Alignment", "Anomaly", "LensTraining", "LensEval"]

@@ -19,10 +19,10 @@ from typing import Callable
 
 import torch
 
-from vocablens.errors import BadInput, CheckpointMismatch, CorruptModelFile, TrainingDiverged
+from vocablens.errors import BadInput, CheckpointMismatch, CorruptModelFile
+from vocablens.lens.train_step import optimizer_step
 from vocablens.lens.tuned import FORMAT, TunedLens, read_pair, save_files
 from vocablens.models import Borders
-from vocablens.ops.kl import linear_kl
 
 CKPT_FILE = "checkpoint.safetensors"
 CKPT_META = "checkpoint.json"
@@ -226,7 +226,6 @@ def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainS
     if rows.dim() != 2 or rows.shape[0] < 1 or rows.shape[1] != settings.seq_len:
         raise BadInput(f"training rows must be [N >= 1, seq_len={settings.seq_len}]; got {list(rows.shape)}")
     dist, rank, world = _dist()
-    L = borders.n_layers
     data_info = dict(data_info or {})
     data_info.setdefault("n_rows", int(rows.shape[0]))
     data_info.setdefault("rows_sha256", hashlib.sha256(rows.cpu().numpy().tobytes()).hexdigest()[:16])  # cpu: once
@@ -252,25 +251,8 @@ def train(borders: Borders, rows: torch.Tensor, settings: TrainSettings = TrainS
         lr = settings.lr_at(step)
         for g in opt.param_groups:
             g["lr"] = lr
-        mine = step_rows(step)[rank::world]
-        opt.zero_grad(set_to_none=False)
-        layer_loss = torch.zeros(L, dtype=torch.float64, device=weight.device)
-        per_row = settings.seq_len if settings.loss == "kl" else settings.seq_len - 1
-        scale = 1.0 / (rps * per_row)
-        for mb in range(0, len(mine), settings.micro_batch):
-            ids = rows[mine[mb: mb + settings.micro_batch]]
-            ll = _train_microbatch(U, weight, lens, borders, ids, settings, scale)
-            layer_loss += ll
-        if dist is not None:
-            layer_loss = _all_reduce(dist, lens, layer_loss)
-        means, loss_sum = _checked_losses(lens, layer_loss * scale, step, checkpoint_dir)
-        if settings.grad_clip > 0:
-            gnorm = float(torch.nn.utils.clip_grad_norm_([lens.weight, lens.bias], settings.grad_clip))
-        else:
-            gnorm = float(torch.sqrt(lens.weight.grad.pow(2).sum() + lens.bias.grad.pow(2).sum()))
-        opt.step()
-        if not bool(torch.isfinite(lens.weight).all() & torch.isfinite(lens.bias).all()):
-            raise TrainingDiverged(f"training diverged at step {step + 1}: the translators became non-finite")
+        means, loss_sum, gnorm = optimizer_step(U, weight, lens, opt, borders, rows[step_rows(step)[rank::world]],
+                                                 settings, dist, step, checkpoint_dir)
         tokens_run += tokens_per_step
         info = StepInfo(step=step + 1, steps=settings.steps, loss=loss_sum,
                         layer_loss=means, tokens=(step + 1) * tokens_per_step,
@@ -332,67 +314,6 @@ def _row_order(n_rows: int, rps: int, seed: int) -> Callable[[int], list[int]]:
             out.append(perm_cache[epoch][i])
         return out
     return step_rows
-
-
-def _all_reduce(dist, lens: TunedLens, layer_loss: torch.Tensor) -> torch.Tensor:
-    """Sum the lens's gradients (in place) and the per-layer losses [L] over processes, in one call."""
-    packed = torch.cat([lens.weight.grad.flatten(), lens.bias.grad.flatten(), layer_loss.float()])
-    dist.all_reduce(packed)
-    nW = lens.weight.numel()
-    lens.weight.grad.copy_(packed[:nW].view_as(lens.weight))
-    lens.bias.grad.copy_(packed[nW: nW + lens.bias.numel()].view_as(lens.bias))
-    return packed[nW + lens.bias.numel():].double()
-
-
-def _checked_losses(lens: TunedLens, layer_mean: torch.Tensor, step: int, checkpoint_dir) -> tuple[list[float], float]:
-    """The per-layer mean losses [L] and their sum as floats (nats), in one host transfer with the
-    finite-gradient flags. Raises TrainingDiverged naming the first layer whose loss or gradient is
-    not finite."""
-    L = layer_mean.shape[0]
-    gfin = torch.isfinite(lens.weight.grad).flatten(1).all(1) & torch.isfinite(lens.bias.grad).all(1)
-    host = torch.cat([layer_mean, layer_mean.sum()[None], gfin.double()]).tolist()
-    means, loss_sum, grad_ok = host[:L], host[L], host[L + 1:]
-    bad = [i for i in range(L) if not math.isfinite(means[i])]
-    if not bad:
-        bad = [i for i in range(L) if not grad_ok[i]]
-    if bad:
-        where = f"; the last good checkpoint in {checkpoint_dir} is kept" if checkpoint_dir else ""
-        raise TrainingDiverged(
-            f"training diverged at step {step + 1}: non-finite loss or gradient at layer {bad[0]}"
-            f" (layers {bad[:8]}); lower `lr`{where}")
-    return means, loss_sum
-
-
-def _train_microbatch(U, weight: torch.Tensor, lens: TunedLens, borders: Borders, ids: torch.Tensor,
-                      settings: TrainSettings, scale: float) -> torch.Tensor:
-    """Accumulate gradients of one micro-batch into the lens; returns the summed loss per layer [L].
-
-    The loss and its gradient with respect to the normed lens states come from
-    :func:`vocablens.ops.linear_kl` (token-chunked, analytic); autograd only runs the translators
-    and the float32 final norm.
-    """
-    L = borders.n_layers
-    with torch.no_grad():
-        resid, logits = borders.residual_stream(ids)
-        B, T = ids.shape
-        N = B * T
-        H = resid[:L].reshape(L, N, -1).float()
-        del resid
-        kw: dict = {}
-        if settings.loss == "kl":
-            kw["reference"] = logits.reshape(N, -1)
-        else:
-            targets = torch.zeros(B, T, dtype=torch.long, device=logits.device)
-            targets[:, :-1] = ids[:, 1:]
-            valid = torch.ones(B, T, dtype=torch.bool, device=logits.device)
-            valid[:, -1] = False
-            kw.update(targets=targets.reshape(N), valid=valid.reshape(N))
-    with torch.enable_grad():
-        X = U.normed(lens.translate_all(H), torch.float32)
-        res = linear_kl(X.detach(), weight, **kw, **U.head_kwargs(), grad_scale=scale,
-                        chunk_rows=settings.chunk_rows)
-        X.backward(res.grad)
-    return res.loss
 
 
 __all__ = ["CKPT_FILE", "CKPT_META", "StepInfo", "TrainResult", "TrainSettings", "lens_from_checkpoint",

@@ -191,12 +191,27 @@ def _anomaly(r) -> list[dict]:
              **{k: float(v[i]) for k, v in rep.scores.items()}} for i in range(rep.n_test)]
 
 
+def _lens_train(r) -> list[dict]:
+    """A row per optimizer step run: its loss (nats summed over layers), per-layer losses, tokens seen,
+    tokens/s, learning rate and gradient norm (before clipping)."""
+    return [{"step": h.step, "loss": h.loss, "layer_loss": list(h.layer_loss), "tokens": h.tokens,
+             "tokens_per_s": h.tokens_per_s, "lr": h.lr, "grad_norm": h.grad_norm} for h in r.value.history]
+
+
+def _lens_eval(r) -> list[dict]:
+    """A row per (lens, stream layer): KL to the final distribution, cross-entropy (nats), bits per
+    byte, entropy (nats) and top-1 agreement, as ``lens eval --json`` names them."""
+    return [{"kind": kind, "layer": ly["layer"], **ly[kind]} for kind in ("logit", "tuned")
+            for ly in r.value.to_dict()["layers"]]
+
+
 #: kind -> the rows of its frame
 ROWS: dict[str, Callable[..., list[dict]]] = {
     "anatomy": _record, "tie_check": _record, "neighbors": _neighbors, "pca": _pca, "lens": _lens,
     "score": _score, "explain": _explain, "project": _project, "settle": _settle, "argmax": _argmax,
     "undertrained": _undertrained, "generate": _generate, "steer": _steer, "surgery": _surgery,
     "trajectory": _trajectory, "bottleneck": _bottleneck, "align": _align, "anomaly": _anomaly,
+    "lens_train": _lens_train, "lens_eval": _lens_eval,
 }
 
 

@@ -16,10 +16,13 @@ explorer draws, the builder that draws it there, called on the result's own fiel
   (:func:`vocablens.render.argmax.bottleneck_figure`);
 * ``settle``: the report's settle panels (:func:`vocablens.render.vocab_space.settle_figure`);
 * ``undertrained``: the report's indicator-vs-probability scatter
-  (:func:`vocablens.render.undertrained_report.undertrained_figure`).
+  (:func:`vocablens.render.undertrained_report.undertrained_figure`);
+* ``lens_eval``: KL, cross-entropy and top-1 agreement per layer, logit vs tuned lens, the figure
+  ``lens eval --plot`` writes and the report draws (:func:`vocablens.render.tuned.eval_figure`;
+  ``unit="bpb"``: the cross-entropy in bits per byte).
 
 The other kinds (score, neighbours, projections, argmax, generation, steering, surgery, alignment,
-anomaly scores) are drawn nowhere; their tables are their display.
+anomaly scores, a lens's training) are drawn nowhere; their tables are their display.
 """
 
 from __future__ import annotations
@@ -95,18 +98,24 @@ def _bottleneck(r):
     return bottleneck_figure(r.value)
 
 
+def _lens_eval(r, unit: str = "nats"):
+    from vocablens.render.tuned import eval_figure
+
+    return eval_figure(r.value, r.options.get("title", ""), unit)
+
+
 #: kind -> the builder of its figure (``builder(result, **options)``)
 FIGURES: dict[str, Callable] = {"anatomy": _anatomy, "pca": _pca, "lens": _lens, "explain": _explain,
                                 "settle": _settle, "undertrained": _undertrained, "trajectory": _trajectory,
-                                "bottleneck": _bottleneck}
+                                "bottleneck": _bottleneck, "lens_eval": _lens_eval}
 
 
 def draw(builder: Callable, r, **options):
     """``builder(r, **options)``, an option the builder does not take refused first.
 
     Raises:
-        BadInput: an option the figure does not take (the lens trajectories' ``colour`` is the only
-            one of the figures here).
+        BadInput: an option the figure does not take (the lens trajectories' ``colour`` and the lens
+            evaluation's ``unit`` are the only ones of the figures here).
     """
     takes = set(inspect.signature(builder).parameters) - {"r"}
     if set(options) - takes:

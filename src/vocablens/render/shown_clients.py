@@ -1,7 +1,8 @@
 """Renderers (:mod:`vocablens.render.shown`) of the results whose workflows moved from the CLI and the
 explorer into :class:`vocablens.Model`: a token's trajectory through the layers (the explorer's
-``/api/trajectory``), the softmax bottleneck (``bottleneck``), an alignment of two models (``align``)
-and lens anomaly scores (``lens anomaly``). Each JSON is what that surface answered before."""
+``/api/trajectory``), the softmax bottleneck (``bottleneck``), an alignment of two models (``align``),
+lens anomaly scores (``lens anomaly``), a tuned lens trained (``lens train``) and evaluated (``lens
+eval``). Each JSON is what that surface answered before."""
 
 from __future__ import annotations
 
@@ -95,6 +96,38 @@ def _print_anomaly(r, out) -> None:
     print_anomaly(out, r.value, o["detectors"], o["texts"], o["labels"])
 
 
+# ------------------------------------------------------------------------------ lens train / eval
+def _json_lens_train(r) -> dict:
+    from vocablens.render.tuned import train_summary_to_dict
+
+    o = r.options
+    return train_summary_to_dict(r.value, o["out"], o["steps"], o["seconds"], o["world_size"], o["data"])
+
+
+def _print_lens_train(r, out) -> None:
+    d = _json_lens_train(r)
+    where = f"saved the tuned lens to {d['out']}" if d["out"] is not None else "trained a tuned lens"
+    tps = f"{d['tokens_per_s']:.1f}" if d["tokens_per_s"] is not None else "?"
+    loss = f"{d['final_loss']:.4f}" if d["final_loss"] is not None else "?"
+    out.print(f"{where} ({d['tokens']} tokens in {r.options['seconds']:.0f} s, {tps} tokens/s; "
+              f"final loss {loss} nats summed over layers)")
+
+
+def _json_lens_eval(r) -> dict:
+    from vocablens.render.tuned import eval_to_dict
+
+    o = r.options
+    return eval_to_dict(r.value, r.provenance, o["label"], o["data"], o.get("plot"), o["lenses"])
+
+
+def _print_lens_eval(r, out) -> None:
+    from vocablens.render.tuned import print_eval
+
+    o = r.options
+    print_eval(r.value, out, title=f"{r.provenance.name}, {o['tokens']} tokens of {o['data']['corpus']} "
+                                   f"({o['split']}), lens {o['label']}")
+
+
 #: kind -> (to_json, print); their figures and rows are in :mod:`vocablens.render.result_figures` and
 #: :mod:`vocablens.render.frames` (:data:`vocablens.render.shown.RENDERERS` gathers them)
 RENDERERS: dict[str, tuple[Callable, Callable]] = {
@@ -102,6 +135,8 @@ RENDERERS: dict[str, tuple[Callable, Callable]] = {
     "bottleneck": (_json_bottleneck, _print_bottleneck),
     "align": (_json_align, _print_align),
     "anomaly": (_json_anomaly, _print_anomaly),
+    "lens_train": (_json_lens_train, _print_lens_train),
+    "lens_eval": (_json_lens_eval, _print_lens_eval),
 }
 
 __all__ = ["RENDERERS"]

@@ -67,16 +67,30 @@ def print_eval(res: LensEval, out, title: str = "") -> None:
               f"({res.tokens} tokens; KL, CE, entropy in nats; bpb = bits per byte)")
 
 
-def eval_figure(res: LensEval, title: str = ""):
-    """A plotly figure: KL, CE and top-1 agreement per layer, logit vs tuned (layers on x)."""
+def eval_figure(res: LensEval, title: str = "", unit: str = "nats"):
+    """A plotly figure: KL, cross-entropy and top-1 agreement per layer, logit vs tuned (layers on x).
+
+    Args:
+        unit: the cross-entropy's unit, ``nats`` or ``bpb`` (bits per byte, Belrose et al. 2023, Fig. 3).
+
+    Raises:
+        BadInput: another unit, or ``bpb`` of an evaluation that did not count the text's bytes.
+    """
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from vocablens.errors import BadInput
+
+    if unit not in ("nats", "bpb"):
+        raise BadInput(f"unit must be nats or bpb; got {unit!r}")
+    if unit == "bpb" and not res.n_bytes:
+        raise BadInput("bits per byte need the bytes of the text scored; this evaluation has none")
+    ce = (res.logit_ce, res.tuned_ce) if unit == "nats" else (res.logit_bpb, res.tuned_bpb)
     x = list(range(res.n_layers + 1))
-    fig = make_subplots(rows=1, cols=3, subplot_titles=("KL to final (nats)", "CE vs next token (nats)",
-                                                         "top-1 agreement with final"))
-    for col, (lg, tu) in enumerate(((res.logit_kl, res.tuned_kl), (res.logit_ce, res.tuned_ce),
-                                    (res.logit_top1, res.tuned_top1)), start=1):
+    fig = make_subplots(rows=1, cols=3, subplot_titles=(
+        "KL to final (nats)", "CE vs next token (nats)" if unit == "nats" else "CE vs next token (bits per byte)",
+        "top-1 agreement with final"))
+    for col, (lg, tu) in enumerate(((res.logit_kl, res.tuned_kl), ce, (res.logit_top1, res.tuned_top1)), start=1):
         fig.add_trace(go.Scatter(x=x, y=lg, name="logit lens", line=dict(color="#d62728"),
                                  showlegend=col == 1, legendgroup="logit"), row=1, col=col)
         fig.add_trace(go.Scatter(x=x, y=tu, name="tuned lens", line=dict(color="#1f77b4"),
@@ -126,7 +140,7 @@ def train_summary_to_dict(res, out_dir, steps: int, wall_s: float, world_size: i
     losses (None before any step), the world size and the data record. ``res`` is a
     :class:`vocablens.lens.train.TrainResult`."""
     last = res.history[-1] if res.history else None
-    return {"out": str(out_dir), "steps": steps, "resumed_from": res.resumed_from,
+    return {"out": str(out_dir) if out_dir is not None else None, "steps": steps, "resumed_from": res.resumed_from,
             "tokens": res.tokens, "seconds": round(wall_s, 2),
             "tokens_per_s": res.tokens / wall_s if wall_s > 0 else None,
             "final_loss": last.loss if last is not None else None,
