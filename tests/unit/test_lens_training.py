@@ -125,6 +125,23 @@ def test_eval_lens_is_lens_eval(m, tiny, capsys):
         m.eval_lens(lens, corpus, max_tokens=48, seq_len=16, plot=plot)
 
 
+def test_eval_lens_without_a_lens_is_lens_eval_without_lens(m, tiny, capsys, monkeypatch):
+    """No lens named: the lens shipped for the model (here the fixture's, shipped for the tiny model's
+    directory), whether the model has read it already (``m.tuned_lens``) or not: the JSON of
+    ``lens eval -m MODEL``, the lens named ``shipped for MODEL``."""
+    import vocablens.lens.tuned as tuned
+
+    spec, corpus = str(tiny["dir"]), str(tiny["corpus"])
+    monkeypatch.setattr(tuned, "shipped_lens_path", lambda name="smollm2": tiny["lens"] if str(name) == spec else None)
+    code, out, err = run_cli(capsys, "lens", "eval", "-m", spec, "--corpus", corpus, *EVAL, "--json")
+    assert code == 0, err
+    want = json.loads(out)
+    assert want["lens"] == f"shipped for {spec}" and m.spec == spec
+    assert _printed(m.eval_lens(corpus=corpus, max_tokens=48, seq_len=16).to_json()) == want
+    assert m.tuned_lens is m.translators["tuned"]  # read and held now
+    assert _printed(m.eval_lens(corpus=corpus, max_tokens=48, seq_len=16).to_json()) == want
+
+
 def test_the_evaluation_figure_and_frame_hold_its_numbers(m, tiny):
     """``.figure()``: KL, cross-entropy (nats, or bits per byte) and top-1 agreement per layer, a trace
     per lens; ``.to_pandas()``: a row per (lens, layer), the JSON's numbers."""

@@ -233,7 +233,8 @@ class LensTraining:
         Args:
             lens: a lens folder or file, a lens already read, the :class:`LensEvalInputs` of
                 :func:`lens_eval_inputs` (then ``corpus``, ``split``, ``label`` and ``notes`` are its), or
-                None: this model's tuned lens when one was loaded or trained, else the one shipped for it.
+                None: this model's tuned lens when it holds one (loaded, trained, or the shipped one read
+                by :attr:`tuned_lens`), else the one shipped for it.
             corpus: the corpus scored (default: as :func:`lens_eval_inputs`).
             split: ``validation`` (the part held out from the lens's training), ``train`` or ``all``.
             max_tokens: tokens scored (rows of ``min(seq_len, max_tokens)``).
@@ -265,7 +266,7 @@ class LensTraining:
         if not isinstance(inp, LensEvalInputs):
             held = self.translators.get("tuned") if lens is None else None
             inp = lens_eval_inputs(self.spec or "smollm2", held if held is not None else lens, corpus, split,
-                                   label or ("loaded" if held is not None else None), notes)
+                                   label or (self._held_label(held) if held is not None else None), notes)
         tl = inp.lens
         tl.check_model(self.borders)
         tl.to(self.borders.device)
@@ -290,5 +291,21 @@ class LensTraining:
         return self._result(R.LensEval, res, label=inp.label, data=info, split=inp.split, tokens=int(rows.numel()),
                             plot=None if plot is None else str(plot), lenses=[lens_record("tuned", tl)], title=title)
 
+
+    def _held_label(self, held) -> str:
+        """``shipped for SPEC`` when the tuned lens this model holds is the one shipped for its spec (read
+        by :attr:`tuned_lens`: the same model identity and training record as the shipped config), else
+        ``loaded`` (read with :meth:`load_lens`, or trained)."""
+        from vocablens.lens.tuned import CONFIG_FILE, read_json, shipped_lens_path
+
+        spec = self.spec or "smollm2"
+        shipped = shipped_lens_path(spec)
+        if shipped is not None:
+            cfg = read_json(shipped / CONFIG_FILE)
+            mine = getattr(held, "settings", None) or {}
+            if cfg.get("model") == getattr(held, "identity", None) and \
+                    all(mine.get(k) == v for k, v in (cfg.get("training") or {}).items()):
+                return f"shipped for {spec}"
+        return "loaded"
 
 __all__ = ["LensEvalInputs", "LensTraining", "SPLITS", "check_train_options", "lens_eval_inputs"]
