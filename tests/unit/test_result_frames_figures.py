@@ -95,7 +95,7 @@ def test_a_batch_is_one_heatmap_per_kind_with_a_column_per_prompt(m):
 def test_the_reports_other_figures_are_their_sections(m):
     """anatomy, pca, settle and undertrained: each section's figure is the result's ``.figure()``."""
     from vocablens.render.anatomy import anatomy_section
-    from vocablens.render.geometry import pca_section
+    from vocablens.render.pca import pca_section
     from vocablens.render.html import figure_html
     from vocablens.render.undertrained_report import undertrained_section
     from vocablens.render.vocab_space import settle_section

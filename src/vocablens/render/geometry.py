@@ -1,8 +1,6 @@
-"""Rendering of embedding geometry: neighbour tables and the rotatable 3-D PCA figure.
+"""Rendering of embedding neighbours: tables for the terminal, the report and ``--json``.
 
-``pca_figure`` is the seeds' figure: ~60 word embeddings in 3-D, coloured by group, labelled with the
-tokens, with two buttons switching between the top-3 principal directions and three random
-orthonormal directions (which show how little of the structure a random view keeps).
+The word-embedding PCA figures are in :mod:`vocablens.render.pca`.
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from vocablens.geometry.embedding import Neighbors, WordPCA
+from vocablens.geometry.embedding import Neighbors
 from vocablens.models.tokens import escape_text, quoted, token_str
 from vocablens.render.html import Section, esc, figure_html, table_html
 from vocablens.render.tokens import LEGEND, display_token, visible
@@ -106,96 +104,4 @@ def neighbors_section(res: Neighbors, tokenizer) -> Section:
     return Section(id="neighbors", title="Embedding neighbours", html="".join(parts))
 
 
-# ---------------------------------------------------------------------------------------- PCA
-def pca_figure(wp: WordPCA):
-    """A plotly 3-D scatter of the words, every word labelled, with a PCA / random-directions switch.
-
-    Per group and view, two traces: the points (translucent, with the word on hover) and the labels
-    (text only, beside their points, in the group's colour). WebGL draws translucent objects after
-    opaque ones, so a point in front of a label tints it and never hides it.
-
-    Returns:
-        ``plotly.graph_objects.Figure`` with 4·G traces (G groups; per view, G point traces then G
-        label traces; PCA visible, random hidden) and one ``updatemenus`` entry of two buttons,
-        ``PCA`` and ``three random directions``.
-    """
-    import plotly.graph_objects as go
-
-    p = wp.pca
-    order = list(dict.fromkeys(wp.groups))
-    G = len(order)
-    fig = go.Figure()
-    for view, coords in (("pca", p.coords), ("random", p.random_coords)):
-        for kind in ("points", "labels"):
-            for gi, g in enumerate(order):
-                idx = [i for i, gg in enumerate(wp.groups) if gg == g]
-                xyz = coords[idx].tolist()
-                colour = _PALETTE[gi % len(_PALETTE)]
-                common = dict(x=[c[0] for c in xyz], y=[c[1] for c in xyz], z=[c[2] for c in xyz], name=g,
-                              legendgroup=g, visible=(view == "pca"))
-                if kind == "points":
-                    fig.add_trace(go.Scatter3d(
-                        **common, mode="markers", hovertext=[wp.words[i] for i in idx],
-                        showlegend=(view == "pca"), marker=dict(size=4, color=colour, opacity=0.45),
-                        hovertemplate="%{hovertext} (" + g + ")<extra></extra>"))
-                else:  # every word, beside its point (a label centred on its point hid behind it)
-                    fig.add_trace(go.Scatter3d(
-                        **common, mode="text", text=[wp.words[i] for i in idx], textposition="middle right",
-                        textfont=dict(size=11, color=colour), showlegend=False, hoverinfo="skip"))
-    ev, rev = p.explained_variance.tolist(), p.random_explained_variance.tolist()
-
-    def axes(prefix, v):
-        return {f"scene.{a}axis.title.text": f"{prefix} {i + 1} ({100 * v[i]:.1f}% var.)"
-                for i, a in enumerate("xyz")}
-
-    on, off = [True] * 2 * G, [False] * 2 * G
-    legend = [True] * G + [False] * G
-    buttons = [
-        dict(label="PCA", method="update",
-             args=[{"visible": on + off, "showlegend": legend + [False] * 2 * G},
-                   {"title.text": _title(wp, "PCA"), **axes("PC", ev)}]),
-        dict(label="three random directions", method="update",
-             args=[{"visible": off + on, "showlegend": [False] * 2 * G + legend},
-                   {"title.text": _title(wp, "random"), **axes("random", rev)}]),
-    ]
-    fig.update_layout(
-        title=dict(text=_title(wp, "PCA"), font=dict(size=14), x=0.01, y=0.98, yanchor="top"),
-        height=700, margin=dict(l=0, r=0, t=80, b=0),
-        updatemenus=[dict(type="buttons", direction="right", x=0.0, y=1.0, xanchor="left", yanchor="bottom",
-                          pad=dict(t=0, b=4), buttons=buttons, showactive=True, active=0)],
-        # the scene keeps clear of the title and buttons; the camera sits far enough out that
-        # the cube and its axis titles fit inside the figure at every rotation
-        scene=dict(domain=dict(x=[0.0, 0.84], y=[0.0, 0.94]), aspectmode="cube",
-                   camera=dict(eye=dict(x=1.5, y=1.5, z=0.9), center=dict(x=0, y=0, z=-0.05)),
-                   xaxis_title=f"PC 1 ({100 * ev[0]:.1f}% var.)", yaxis_title=f"PC 2 ({100 * ev[1]:.1f}% var.)",
-                   zaxis_title=f"PC 3 ({100 * ev[2]:.1f}% var.)"),
-        legend=dict(itemsizing="constant", x=0.86, y=0.5, yanchor="middle"),
-    )
-    return fig
-
-
-def _title(wp: WordPCA, view: str) -> str:
-    n = len(wp.words)
-    if view == "PCA":
-        return (f"{n} word embeddings on their top-3 principal directions "
-                f"({100 * float(wp.pca.explained_variance.sum()):.1f}% of their variance; PCA fitted on these rows)")
-    return (f"the same {n} embeddings on three random orthonormal directions (seed {wp.pca.seed}; "
-            f"{100 * float(wp.pca.random_explained_variance.sum()):.1f}% of their variance)")
-
-
-def pca_section(wp: WordPCA, div_id: str = "pca-3d") -> Section:
-    """The report's 3-D PCA section: the rotatable figure with its PCA / random switch."""
-    p = wp.pca
-    text = (f"Embedding rows (W_E) of {len(wp.words)} common words in {len(set(wp.groups))} groups. "
-            f"PCA is fitted on these rows only (centred on their mean): the top three directions keep "
-            f"{100 * float(p.explained_variance.sum()):.1f}% of their variance, three random orthonormal "
-            f"directions {100 * float(p.random_explained_variance.sum()):.1f}%. Every word is labelled beside its point, "
-            f"in its group's colour (points are translucent, so none hides a label); hover a point for its word, "
-            f"drag to rotate, scroll to zoom into the dense centre; the buttons switch views.")
-    if wp.skipped:
-        text += f" Skipped (several tokens here): {', '.join(wp.skipped)}."
-    return Section(id="pca", title="Word embeddings in 3-D", html=f"<p>{esc(text)}</p>" + figure_html(pca_figure(wp), div_id))
-
-
-__all__ = ["neighbors_to_dict", "neighbors_tables", "print_neighbors", "neighbors_section", "pca_figure",
-           "pca_section"]
+__all__ = ["neighbors_to_dict", "neighbors_tables", "print_neighbors", "neighbors_section"]

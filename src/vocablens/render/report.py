@@ -32,6 +32,7 @@ table.data td.txt,table.data th.txt{text-align:left}
 .note{color:#5b6478;font-size:13px}
 code,.tok{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;background:#f3f5f9;padding:0 3px;border-radius:3px}
 .figure{margin:8px 0}
+.scroll{overflow-x:auto}
 .cards{display:flex;flex-wrap:wrap;gap:6px 22px;align-items:flex-start}
 .card h3{margin:8px 0 2px 0;font-size:15px}
 .budget{background:#fff8e6;border:1px solid #f0d48a;border-radius:8px;padding:8px 16px;margin:18px 0;font-size:13px}
@@ -68,7 +69,8 @@ def report_sections(run, lm, model: str) -> list[Section]:
     from vocablens.render.anatomy import anatomy_section
     from vocablens.render.argmax import argmax_section
     from vocablens.render.borders import borders_section
-    from vocablens.render.geometry import neighbors_section, pca_section
+    from vocablens.render.geometry import neighbors_section
+    from vocablens.render.pca import pca_section
     from vocablens.render.lens import lens_section
     from vocablens.render.tuned import tuned_lens_section
 

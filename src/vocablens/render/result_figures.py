@@ -2,7 +2,7 @@
 explorer draws, the builder that draws it there, called on the result's own fields (:data:`FIGURES`).
 
 * ``anatomy``: the report's parameter bars (:func:`vocablens.render.anatomy.params_figure`);
-* ``pca``: the report's 3-D word map (:func:`vocablens.render.geometry.pca_figure`);
+* ``pca``: the report's 3-D word map (:func:`vocablens.render.pca.pca_figure`);
 * ``lens``: one prompt read through one lens, the report's logit-lens heatmap
   (:func:`vocablens.render.lens.lens_heatmap`); one prompt through the logit lens and a translator (and
   a third, the Jacobian lens), the report's prediction trajectories side by side
@@ -40,7 +40,7 @@ def _anatomy(r):
 
 
 def _pca(r):
-    from vocablens.render.geometry import pca_figure
+    from vocablens.render.pca import pca_figure
 
     return pca_figure(r.value)
 
