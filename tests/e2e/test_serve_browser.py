@@ -209,6 +209,42 @@ def map_geometry(page) -> dict:
     }""")
 
 
+SIDE_JS = """() => { const gd = document.getElementById('heatmap'), fl = gd._fullLayout, side = document.getElementById('heatmap-side');
+    const box = document.getElementById('heatmap-scroll').getBoundingClientRect(), r = gd.getBoundingClientRect();
+    const inView = (e) => { const b = e.getBoundingClientRect(); return b.width > 0 && b.left >= box.left - 1 && b.right <= innerWidth; };
+    const ticks = [...side.querySelectorAll('.ytick text')].filter(inView);
+    const rowOf = Object.fromEntries(ticks.map((e) => { const b = e.getBoundingClientRect(); return [e.textContent, (b.top + b.bottom) / 2]; }));
+    const main = Object.fromEntries(Object.keys(rowOf).map((k) => [k, r.top + fl.yaxis._offset + fl.yaxis.l2p(Number(k))]));
+    const bar = side.querySelector('.colorbar');
+    return {hidden: side.hidden, rowOf, main, bar: !!bar && inView(bar),
+            barTicks: bar ? [...bar.querySelectorAll('text')].map((e) => e.textContent) : [],
+            mainBarTicks: [...gd.querySelectorAll('.colorbar text')].map((e) => e.textContent),
+            title: [...side.querySelectorAll('.g-ytitle text')].map((e) => e.textContent),
+            scroll: document.getElementById('heatmap-scroll').scrollLeft,
+            page: document.documentElement.scrollWidth, inner: innerWidth}; }"""
+
+
+def assert_scale_beside_the_map(page) -> None:
+    """A map that scrolls opened at the prompt's end, where neither its layer axis (at its left end) nor
+    its colour bar (at its right end) was on screen (issue 40, 128 tokens): beside the scrolling box a
+    layer axis on the same rows and the same colour bar stay in view wherever the map is scrolled."""
+    for left in (None, 0, 2000):
+        if left is not None:
+            page.evaluate(f"() => {{ document.getElementById('heatmap-scroll').scrollLeft = {left}; }}")
+        s = page.evaluate(SIDE_JS)
+        assert not s["hidden"] and s["page"] <= s["inner"], s
+        assert set(s["rowOf"]) == {"0", "5", "10", "15", "20", "25", "30"} and s["title"] == ["layer"], s
+        for k, y in s["rowOf"].items():   # each layer number on its row of the map
+            assert abs(y - s["main"][k]) <= 2, (k, y, s["main"][k])
+        assert s["bar"] and s["barTicks"] == s["mainBarTicks"] and "p(top-1)" in s["barTicks"], s
+        assert left != 2000 or s["scroll"] > 0
+    page.select_option("#metric", "rank")   # the log colour scale's ticks follow
+    page.wait_for_timeout(300)
+    s = page.evaluate(SIDE_JS)
+    assert s["barTicks"] == s["mainBarTicks"] and "rank of final top-1" in s["barTicks"], s
+    page.select_option("#metric", "p")
+
+
 @pytest.mark.slow
 @pytest.mark.browser
 def test_heatmap_text_fits_its_cells_at_5_56_and_128_tokens(server, browser, smollm2, tmp_path):
@@ -222,6 +258,7 @@ def test_heatmap_text_fits_its_cells_at_5_56_and_128_tokens(server, browser, smo
     assert len(full) == 5 * (L + 1), "a token that fits its cell is drawn whole"
     assert g["titleTop"] >= g["ticksBottom"] and not g["tickClash"]
     page.locator("#heatmap-section").screenshot(path=str(tmp_path / "map5.png"))
+    assert page.evaluate("() => document.getElementById('heatmap-side').hidden")  # a map that fits: its own scale
     for n in (56, 128):
         read(page, prompt_of(smollm2, n))
         assert len(page.evaluate("() => window.vl.map.tokens")) == n
@@ -231,6 +268,7 @@ def test_heatmap_text_fits_its_cells_at_5_56_and_128_tokens(server, browser, smo
         assert g["widest"] <= g["cw"] - 4 + 0.5, (n, g["widest"], g["cw"])
         assert g["titleTop"] >= g["ticksBottom"] and not g["tickClash"], n
         page.locator("#heatmap-section").screenshot(path=str(tmp_path / f"map{n}.png"))
+    assert_scale_beside_the_map(page)
     assert page.problems == []
     page.close()
 
@@ -538,3 +576,4 @@ def test_the_map_at_110_tokens_says_what_every_cell_predicts(server, browser, sm
     page.locator("#heatmap-section").screenshot(path=str(tmp_path / "map110.png"))
     assert page.problems == []
     page.close()
+

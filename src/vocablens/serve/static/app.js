@@ -125,6 +125,7 @@ const CELL_PX = { font: 10, small: 8 };
 // prompt makes the map wider than the page and its box scrolls sideways (it never hides the text)
 const MIN_CELL_W = 42;
 const MAP_CHROME_W = 150;  // the layer axis, the colour bar and the margins beside the cells (px)
+const SIDE_W = 150;  // the layer axis and colour bar kept beside a map that scrolls (px)
 
 function mapModel() {
   // the map as numbers: {lens, metric, tokens, z [L][T] (the metric; the difference tuned − logit in
@@ -227,7 +228,10 @@ function drawHeatmap() {
   const M = mapModel();
   S.map = M;
   const gd = $("heatmap"), T = M.tokens.length;
-  // cells of at least MIN_CELL_W px: a long prompt widens the map past its box, which scrolls sideways
+  // cells of at least MIN_CELL_W px: a long prompt widens the map past its box, which scrolls sideways,
+  // with the layer axis and the colour bar kept in view beside it (drawSide)
+  const scrolls = T * MIN_CELL_W + MAP_CHROME_W > $("heatmap-row").clientWidth;
+  $("heatmap-side").hidden = !scrolls;
   const room = Math.max(320, $("heatmap-scroll").clientWidth);
   let width = Math.max(room, T * MIN_CELL_W + MAP_CHROME_W);
   gd.style.width = width > room ? `${width}px` : "";
@@ -256,11 +260,30 @@ function drawHeatmap() {
     Plotly.react(gd, heatmapTraces(M, again), layout, gd._context);
   }
   S.cellText = { width: w / M.tokens.length, height: h / M.layers.length, show: again.show, px: again.px };
+  drawSide(scrolls);
   scrollToCursor();
   if (!gd._vlBound) {
     gd._vlBound = true;
     gd.on("plotly_click", (ev) => { const p = ev.points[0]; selectCell(p.y, p.x); });
   }
+}
+
+function drawSide(scrolls) {
+  // a map wider than its box scrolls: its own layer axis and colour bar scroll out of view, so a copy
+  // of both (same rows, same scale) stays beside the box
+  const side = $("heatmap-side"), gd = $("heatmap");
+  if (!scrolls) { Plotly.purge(side); return; }
+  const fl = gd._fullLayout, t = gd._fullData[0], d = gd.data[0];
+  const marker = { color: [t.zmin], cmin: t.zmin, cmax: t.zmax, cmid: d.zmid, colorscale: d.colorscale,
+                   reversescale: d.reversescale, showscale: true, opacity: 0,
+                   colorbar: { ...d.colorbar, x: 1, xanchor: "left", xpad: 6, len: 1, y: 0.5, yanchor: "middle" } };
+  Plotly.react(side, [{ type: "scatter", mode: "markers", x: [0], y: [fl.yaxis.range[0]], marker, hoverinfo: "skip" }],
+    { width: SIDE_W, height: fl.height, showlegend: false, margin: { l: 46, r: SIDE_W - 50, t: fl._size.t, b: fl._size.b },
+      xaxis: { visible: false, range: [1, 2], fixedrange: true },
+      yaxis: { range: fl.yaxis.range, dtick: fl.yaxis.dtick, fixedrange: true, automargin: false, showgrid: false,
+               zeroline: false, title: { text: "layer", standoff: 6 } },
+      plot_bgcolor: "rgba(0,0,0,0)", paper_bgcolor: "rgba(0,0,0,0)" },
+    { displayModeBar: false, staticPlot: true });
 }
 
 // ------------------------------------------------------------------------------------------ export
