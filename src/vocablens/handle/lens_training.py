@@ -173,7 +173,6 @@ class LensTraining:
 
         from vocablens.corpus import load_documents
         from vocablens.lens.train import TrainSettings, train
-        from vocablens.lens.tuned import TunedLens
         from vocablens.ops.vocab_parallel.comm import world
 
         settings = settings or TrainSettings()
