@@ -69,8 +69,9 @@ class BlockExplanation:
             final top-1 when the attention update, then the FFN update, are added.
         attn_dlogprob_token, mlp_dlogprob_token: the same for the user's token (None without one).
         attn_dla, mlp_dla: direct effect of each update on the logit difference target - contrast.
-        head_dla: [H] float32, per-head share of ``attn_dla``; ``attn_bias_dla`` is the rest (the output
-            projection's bias and a post-norm's bias), so ``head_dla.sum() + attn_bias_dla == attn_dla``.
+        head_dla: [H] float32 on the model's device, per-head share of ``attn_dla``; ``attn_bias_dla``
+            is the rest (the output projection's bias and a post-norm's bias), so
+            ``head_dla.sum() + attn_bias_dla == attn_dla``.
         mlp_bias_dla: the down projection's (and post-norm's) bias part of ``mlp_dla``.
         attn_top_ids, mlp_top_ids: [k] tokens each update promotes most.
         sub_updates: the FFN sub-updates with the largest |dla|, largest first.
@@ -269,7 +270,7 @@ def _block_attribution(i: int, v, c, r2: torch.Tensor, n_sub: int, lp_top1: torc
         attn_dlogprob_token=None if lp_tok is None else float(lp_tok[2 * i + 1] - lp_tok[2 * i]),
         mlp_dlogprob_token=None if lp_tok is None else float(lp_tok[2 * i + 2] - lp_tok[2 * i + 1]),
         attn_dla=float(attn_dla[0] - attn_dla[1]), mlp_dla=float(mlp_dla[0] - mlp_dla[1]),
-        head_dla=(head_dla[:, 0] - head_dla[:, 1]).contiguous(),
+        head_dla=(head_dla[:, 0] - head_dla[:, 1]).to(z.device),  # a result tensor: on the model's device
         attn_bias_dla=float(a_bias[0] - a_bias[1]), mlp_bias_dla=float(m_bias[0] - m_bias[1]),
         sub_updates=subs, sub_update_error=sub_err,
     )
