@@ -74,6 +74,45 @@ def test_a_head_only_norm_reads_the_family_default_eps(tmp_path):
     assert torch.equal(head.final_norm(x), full.final_norm(x))
 
 
+
+def test_norm_bounds_reuse_the_family_modules_form_without_building_it(tmp_path, monkeypatch):
+    """argmax's final-norm bounds on a head-only load keep the form the family's module gave
+    (``stored="readwrite"``); a later load reads it back without building that module (so without
+    importing the family's modeling code), and every bound equals the borders load's, whose norm is
+    the model's own module."""
+    from vocablens.argmax.model import argmax_for_borders
+    from vocablens.argmax.stored import norm_key
+    from vocablens.models.loader import load_mode
+
+    family = "gpt2"                                           # a LayerNorm with bias: centred, a shift
+    monkeypatch.setenv("VOCABLENS_ARGMAX_CACHE", str(tmp_path / "store"))
+    d = tmp_path / family
+    _save(family, d)
+    ref = argmax_for_borders(load_mode(str(d), "borders").borders, norm_tokens=2, stored="readwrite")
+    assert not list((tmp_path / "store").glob("norm-*"))      # the model's own module: nothing to keep
+    first = load_mode(str(d), "head").borders
+    a = argmax_for_borders(first, norm_tokens=2, stored="readwrite")
+    assert first.final_norm.built and len(list((tmp_path / "store").glob("norm-*.safetensors"))) == 1
+    again = load_mode(str(d), "head").borders
+    b = argmax_for_borders(again, norm_tokens=2, stored="read")
+    assert not again.final_norm.built                         # read back: the family's module never built
+    assert ref.reach.model.centred and bool(ref.reach.model.shift.any())
+    for r in (a, b):
+        assert r.norm_note == ref.norm_note and torch.equal(r.result.verdict, ref.result.verdict)
+        for f in ("gain", "shift"):
+            assert torch.equal(getattr(r.reach.model, f), getattr(ref.reach.model, f)), f
+        for f in ("tokens", "p_lower", "p_upper", "margin_lower", "margin_upper", "argmaxable", "u"):
+            assert torch.equal(getattr(r.reach, f), getattr(ref.reach, f)), f
+    # what decides the module (the config: here its epsilon) or a parameter's bits changed: another key
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "layer_norm_epsilon": cfg["layer_norm_epsilon"] * 2}))
+    changed = load_mode(str(d), "head").borders.final_norm
+    assert norm_key(changed) != norm_key(again.final_norm)
+    with torch.no_grad():
+        changed.weight[0] = torch.nextafter(changed.weight[0], changed.weight[0] + 1)
+    assert norm_key(changed) != norm_key(load_mode(str(d), "head").borders.final_norm)
+    assert norm_key(load_mode(str(d), "borders").borders.final_norm) is None
+
 _WRITER = r"""
 import json, sys, torch
 from vocablens.models.loader import load_mode

@@ -84,8 +84,10 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
         tokenizer: optional; names the reserved / unused special tokens (their own group).
         reserved: bool [V], those tokens already found (:func:`reserved_tokens`); overrides
             ``tokenizer`` (a caller can then free the tokenizer before the scan).
-        stored: ``"off"``, ``"read"`` (reuse a stored scan of the same head and settings,
-            :mod:`~vocablens.argmax.stored`) or ``"readwrite"`` (also store a completed scan).
+        stored: ``"off"``, ``"read"`` (reuse a stored scan of the same head and settings, and the
+            final norm's form a head-only load's family module gave before:
+            :mod:`~vocablens.argmax.stored`) or ``"readwrite"`` (also store a completed scan, and
+            that form).
         progress: ``(stage, done, total)``: the scan's stages (``find_unargmaxable``); with
             ``stored``, ``stored verdicts`` (0 then V rows around hashing the head and reading the
             store) and ``reusing the stored verdicts`` when one matched; with ``norm``,
@@ -100,6 +102,8 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
     t0 = time.perf_counter()
     if bias not in ("auto", "on", "off"):
         raise BadInput(f"`bias` must be auto, on or off; got {bias!r}")
+    if stored not in ("off", "read", "readwrite"):
+        raise BadInput(f"stored must be off, read or readwrite; got {stored!r}")
     U = borders.unembedding
     b = U.bias
     if bias == "on" and b is None:
@@ -114,38 +118,45 @@ def argmax_for_borders(borders, bias: str = "auto", include_padding: bool = Fals
     if reserved.shape != (V,):
         raise BadInput(f"reserved must be a bool mask of shape [V] = [{V}]; got {tuple(reserved.shape)}")
     left = None if time_budget_s is None else max(0.0, time_budget_s - (time.perf_counter() - t0))
-    res, key = None, None
-    if stored in ("read", "readwrite"):
-        from vocablens.argmax.stored import load_verdicts
-
-        say = progress or (lambda *_: None)
-        say("stored verdicts", 0, V)           # hashing the head: about a second per 100 MB
-        key = _stored_key(U, W, use_b, padding, untrained, include_padding, include_untrained, kwargs)
-        res = load_verdicts(key)
-        say("stored verdicts", V, V)
-        if res is not None:
-            say("reusing the stored verdicts", V, V)
-    elif stored != "off":
-        raise BadInput(f"stored must be off, read or readwrite; got {stored!r}")
-    if res is None:
-        res = find_unargmaxable(W, use_b, padding=padding, untrained=untrained,
-                                include_padding=include_padding, include_untrained=include_untrained,
-                                defer=reserved if bool(reserved.any()) else None, progress=progress,
-                                time_budget_s=left, **kwargs)
-        if stored == "readwrite":
-            from vocablens.argmax.stored import store_verdicts
-
-            store_verdicts(res, key)
+    res = _verdicts(U, W, use_b, padding, untrained, reserved, stored, progress,
+                    dict(kwargs, include_padding=include_padding, include_untrained=include_untrained,
+                         time_budget_s=left))
     reach, note = None, "not requested"
     if norm:
         if time_budget_s is not None and time.perf_counter() - t0 >= time_budget_s:
             note = "skipped: the time budget ran out"
         else:
-            reach, note = _reach(U, W, use_b, res, norm_tokens, progress)
+            reach, note = _reach(U, W, use_b, res, norm_tokens, progress, stored)
     return ModelArgmax(result=res, reach=reach, norm_note=note,
                        bias_mode="on" if use_b is not None else "off", vocab_size=V,
                        padding_rows=int(padding.sum()), untrained_rows=int(untrained.sum()),
                        reserved=reserved.nonzero().flatten())
+
+
+def _verdicts(U, W, use_b, padding, untrained, reserved, stored: str, progress, scan: dict) -> ArgmaxResult:
+    """The exact verdicts: a stored scan of this head and settings when ``stored`` reads one, else
+    :func:`~vocablens.argmax.exact.find_unargmaxable` with the ``scan`` keywords (kept when
+    ``stored="readwrite"``)."""
+    key = None
+    if stored in ("read", "readwrite"):
+        from vocablens.argmax.stored import load_verdicts
+
+        V = int(W.shape[0])
+        say = progress or (lambda *_: None)
+        say("stored verdicts", 0, V)           # hashing the head: about a second per 100 MB
+        key = _stored_key(U, W, use_b, padding, untrained, scan["include_padding"], scan["include_untrained"], scan)
+        res = load_verdicts(key)
+        say("stored verdicts", V, V)
+        if res is not None:
+            say("reusing the stored verdicts", V, V)
+            return res
+    res = find_unargmaxable(W, use_b, padding=padding, untrained=untrained,
+                            defer=reserved if bool(reserved.any()) else None, progress=progress, **scan)
+    if stored == "readwrite":
+        from vocablens.argmax.stored import store_verdicts
+
+        store_verdicts(res, key)
+    return res
 
 
 def _stored_key(U, W, use_b, padding, untrained, include_padding: bool, include_untrained: bool,
@@ -181,15 +192,32 @@ def expected_scan_seconds(borders) -> float:
     return scan_seconds(W)
 
 
-def _reach(U, W, bias, res: ArgmaxResult, n_tokens: int, progress=None):
+def _norm_model(norm: torch.nn.Module, d: int, stored: str):
+    """The final norm's probed form (:func:`~vocablens.argmax.norm.probe_norm`), or None when it is not
+    ``gain * x / rms + shift``. A head-only load's norm builds the family's module at its first call,
+    importing the family's modeling code; with ``stored`` reading, the form that module gave in an
+    earlier run is read back instead (:func:`~vocablens.argmax.stored.load_norm_model`: the same
+    float64 numbers), and ``readwrite`` keeps a form probed now."""
+    from vocablens.argmax.stored import load_norm_model, norm_key, store_norm_model
+
+    key = norm_key(norm) if stored in ("read", "readwrite") else None
+    model = load_norm_model(key) if key else None
+    if model is None:
+        model = probe_norm(norm, d)
+        if model is not None and key and stored == "readwrite":
+            store_norm_model(model, key)
+    return model
+
+
+def _reach(U, W, bias, res: ArgmaxResult, n_tokens: int, progress=None, stored: str = "off"):
     if U.final_norm is None:
         return None, "the model has no final norm: the hidden vector is not bounded"
     if U.project_out is not None:
         return None, "a projection follows the final norm: reachability is not computed"
-    # the scan is over: W's mapped pages go back before the norm is built and probed (the bounds read
-    # W again by blocks; a head-only load imports the family's modeling code at this first call)
+    # the scan is over: W's mapped pages go back before the norm is probed (the bounds read W again by
+    # blocks; a head-only load may import the family's modeling code for the probe)
     PageRelease(W.numpy() if W.dtype in (torch.float32, torch.float64) else None).release_all()
-    model = probe_norm(U.final_norm, int(W.shape[1]))
+    model = _norm_model(U.final_norm, int(W.shape[1]), stored)
     if model is None:
         return None, f"the final norm ({type(U.final_norm).__name__}) does not act as gain*x/rms+shift"
     flagged = [int(t) for t in torch.cat([res.ids("unargmaxable"), res.ids("undecided")])]

@@ -11,6 +11,14 @@ of the head ``W [V, d]``, the bias ``[V]`` as used, the final norm's parameters,
 (padding, untrained, deferred rows) and the scan's settings (tolerance, verify mode, bias mode ...).
 Any change to one of them gives another key: a changed head is never served stale verdicts. Only a
 scan that ran to its end is stored (not interrupted, no stage cut short by a budget).
+
+Beside them, ``norm-<key>.safetensors``: the final norm's probed form (gain, shift, centring:
+:func:`vocablens.argmax.norm.probe_norm`) of a head-only load, whose norm is the family's
+transformers module built at first use (:class:`~vocablens.models.final_norm.FamilyNorm`). Building
+it imports the family's modeling code (tens of MiB resident, seconds of CPU); read back, the norm
+bounds of a later run use the numbers that module gave, without building it. Its key is a SHA-256 of
+what decides the module (:attr:`FamilyNorm.family`: the config's bytes and the transformers
+version), the norm's parameters and the vocablens version.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from vocablens.argmax.norm import NormModel
 from vocablens.argmax.result import ArgmaxResult
 
 #: bumped when the stored layout or the meaning of a verdict changes
@@ -134,4 +143,55 @@ def load_verdicts(key: str) -> ArgmaxResult | None:
         return ArgmaxResult(**{n: tens[f"t.{n}"] for n in _TENSORS}, x_extra=x_extra, combos=combos,
                             combo_mean=cmean, combo_tilt=ctilt, **meta)
     except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def norm_key(norm) -> str | None:
+    """SHA-256 (hex) under which the probed form of ``norm`` is kept, or None when ``norm`` names no
+    family (:attr:`~vocablens.models.final_norm.FamilyNorm.family`: only a head-only load's norm is
+    costly to build; a module already built is probed in milliseconds)."""
+    from vocablens.version import __version__
+
+    family = getattr(norm, "family", None)
+    if not isinstance(family, str):
+        return None
+    return verdict_key(torch.zeros(0), None, {n: p for n, p in norm.named_parameters()}, {},
+                       {"norm form": FORMAT, "family": family, "vocablens": __version__})
+
+
+def store_norm_model(model: NormModel, key: str) -> Path | None:
+    """Keep ``model`` under ``key`` (:func:`norm_key`); returns the file, or None when caching is
+    off. ``gain`` and ``shift`` are stored bit for bit (float64 [d]), the rest in the metadata."""
+    from safetensors.torch import save_file
+
+    from vocablens.files import atomic_path
+
+    d = store_dir()
+    if d is None:
+        return None
+    d.mkdir(parents=True, exist_ok=True)
+    meta = {"key": key, "radius": repr(model.radius), "centred": str(model.centred), "kind": model.kind,
+            "max_error": repr(model.max_error)}
+    with atomic_path(d / f"norm-{key}.safetensors") as tmp:
+        save_file({"gain": model.gain.contiguous(), "shift": model.shift.contiguous()}, str(tmp), metadata=meta)
+    return d / f"norm-{key}.safetensors"
+
+
+def load_norm_model(key: str) -> NormModel | None:
+    """The :class:`~vocablens.argmax.norm.NormModel` kept under ``key``, or None (none kept,
+    caching off, or an unreadable or mismatched file)."""
+    from safetensors import safe_open
+
+    d = store_dir()
+    f = None if d is None else d / f"norm-{key}.safetensors"
+    if f is None or not f.is_file():
+        return None
+    try:
+        with safe_open(str(f), framework="pt") as h:
+            meta = h.metadata() or {}
+            if meta.get("key") != key or meta.get("centred") not in ("True", "False"):
+                return None
+            return NormModel(gain=h.get_tensor("gain"), shift=h.get_tensor("shift"), radius=float(meta["radius"]),
+                             centred=meta["centred"] == "True", kind=meta["kind"], max_error=float(meta["max_error"]))
+    except Exception:  # noqa: BLE001  (an unreadable or corrupt file, safetensors' own error too: none kept)
         return None

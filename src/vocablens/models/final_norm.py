@@ -9,11 +9,14 @@ family's own class (``LlamaRMSNorm``, Gemma's ``(1 + w)`` RMSNorm, ``nn.LayerNor
 bias ...), taken from a meta-device skeleton of the model (the family adapter,
 :meth:`vocablens.models.Borders.from_model`, finds it there) the first time the norm is called, with
 the checkpoint's tensors put in its place. A caller that never calls the norm (``argmax --no-norm``,
-the scan before its norm bounds) never pays for the modeling code.
+the scan before its norm bounds) never pays for the modeling code, and a caller that keeps what the
+family's module computed from an earlier run can key it by :attr:`FamilyNorm.family` (the argmax
+norm bounds do: :mod:`vocablens.argmax.stored`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Callable
 
@@ -49,6 +52,22 @@ def skeleton_final_norm(d: Path, trust_remote_code: bool = False) -> nn.Module |
     return Borders.from_model(model).final_norm
 
 
+def family_identity(d: Path) -> str | None:
+    """What decides the family's final-norm module of the model in directory ``d``, as a SHA-256
+    (hex) of the bytes of ``d/config.json`` (the family, its sizes and epsilon) and the transformers
+    version (the family's code); None when the config cannot be read or names remote code
+    (``auto_map``: its code is not transformers')."""
+    import transformers
+
+    try:
+        raw = (Path(d) / "config.json").read_bytes()
+    except OSError:
+        return None
+    if b'"auto_map"' in raw:
+        return None
+    return hashlib.sha256(b"%s\0%s" % (transformers.__version__.encode(), raw)).hexdigest()
+
+
 class FamilyNorm(nn.Module):
     """The checkpoint's final-norm tensors (``weight`` [d], ``bias`` [d] when stored), computed by the
     family's own module. Shape [..., d] -> [..., d], in the module's dtype rules (transformers').
@@ -57,18 +76,27 @@ class FamilyNorm(nn.Module):
         params: parameter name -> tensor, as the checkpoint stores them.
         build: returns the family's final-norm module (parameters on ``meta``), called once, at the
             first forward (:func:`skeleton_final_norm`).
+        family: what decides that module (:func:`family_identity`), or None: with the parameters'
+            bytes, a key under which a caller may keep what the module computes across runs.
 
     Raises (at the first forward):
         CorruptModelFile: the family's module has other parameters than the checkpoint's, or a
             buffer the checkpoint does not store.
     """
 
-    def __init__(self, params: dict[str, torch.Tensor], build: Callable[[], nn.Module | None]):
+    def __init__(self, params: dict[str, torch.Tensor], build: Callable[[], nn.Module | None],
+                 family: str | None = None):
         super().__init__()
         for n, t in params.items():
             self.register_parameter(n, nn.Parameter(t, requires_grad=False))
         self.__dict__["_build"] = build
         self.__dict__["_family"] = None        # not a submodule: the parameters are listed once, here
+        self.family = family
+
+    @property
+    def built(self) -> bool:
+        """Whether the family's module (and so its modeling code) has been built in this process."""
+        return self.__dict__["_family"] is not None
 
     def family_module(self) -> nn.Module:
         """The family's own module holding this norm's tensors (built on the first call)."""
@@ -96,4 +124,4 @@ class FamilyNorm(nn.Module):
         return "family module built at first use" if m is None else type(m).__name__
 
 
-__all__ = ["FamilyNorm", "final_norm_keys", "skeleton_final_norm"]
+__all__ = ["FamilyNorm", "family_identity", "final_norm_keys", "skeleton_final_norm"]

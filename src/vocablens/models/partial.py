@@ -39,7 +39,7 @@ from torch import nn
 
 from vocablens.errors import BadInput, CorruptModelFile
 from vocablens.models.checkpoint_files import checkpoint_name, matrix_keys, materialize, read_tensors, shard_files
-from vocablens.models.final_norm import FamilyNorm, final_norm_keys, skeleton_final_norm
+from vocablens.models.final_norm import FamilyNorm, family_identity, final_norm_keys, skeleton_final_norm
 from vocablens.models.sources import light_tokenizer, source_dir
 
 
@@ -297,7 +297,7 @@ def _load(spec: str, dtype, trust_remote_code: bool, head: bool):
         if any(tuple(ts[k].shape) != (dm,) for k in norm_keys.values()):
             return fallback()
         norm = FamilyNorm({n: ts[k] for n, k in norm_keys.items()},
-                          lambda: skeleton_final_norm(d, trust_remote_code))
+                          lambda: skeleton_final_norm(d, trust_remote_code), family_identity(d))
     # modules around the tensors as they are (a meta-device init would import torch's meta kernels, tens of MB)
     emb = nn.Embedding.from_pretrained(W_E, freeze=True)
     emb.register_buffer("embed_scale", torch.empty((), device="meta"), persistent=False)  # unknown here
