@@ -197,22 +197,34 @@ def _dense_maxima(scan: Scan, block: int, rank: int, size: int, T: np.ndarray):
     low = -math.inf if floating else torch.iinfo(torch.int32).min
     bests = [torch.full((n,), low, dtype=probe.dtype, device=dev) for _ in range(workers)]
     near = NearPairs(T, workers, probe.dtype, dev)
-    # columns per product: the scores [block, cols] and the columns' float32 copy [cols, r] fit
-    # GEMM_BYTES (the block's diagonal square may span several products: each masks its part)
-    col_chunk = rows_per_block(max(block, Qt.shape[1]), 4, GEMM_BYTES)
-    if px is not None and px.align > 1:                 # whole packed chunks
-        col_chunk = max(px.align, col_chunk // px.align * px.align)
+    col_chunk = _column_chunk(block, int(Qt.shape[1]), px)
     cut = False
     try:
         run_in_workers(mine, work, workers)
     except OutOfTime:
         cut = True
+    done = complete_rows() if size == 1 else n
+    if size == 1 and done > told[0] and not cut:
+        scan.progress("gemm", done, n)
+    return _merged_maxima(bests, near, size), done, near, px, cut
+
+
+def _column_chunk(block: int, r: int, px) -> int:
+    """Columns per product of the all-pairs pass: the scores [block, cols] and the columns' float32
+    copy [cols, r] fit GEMM_BYTES (the block's diagonal square may span several products: each masks
+    its part); whole packed chunks for a packed kernel ``px``."""
+    col_chunk = rows_per_block(max(block, r), 4, GEMM_BYTES)
+    if px is not None and px.align > 1:
+        col_chunk = max(px.align, col_chunk // px.align * px.align)
+    return col_chunk
+
+
+def _merged_maxima(bests: list[torch.Tensor], near: NearPairs, size: int) -> torch.Tensor:
+    """The rows' maxima [n] over the workers' ``bests`` (merged in place into the first), on the CPU;
+    under torch.distributed over every rank too, whose near pairs are gathered as well."""
     best = bests[0]
     for b in bests[1:]:
         torch.maximum(best, b, out=best)
-    done = complete_rows() if size == 1 else (n if len(finished) == len(mine) else 0)
-    if size == 1 and done > told[0] and not cut:
-        scan.progress("gemm", done, n)
     best = best.cpu()
     if size > 1:
         # each rank picks its faster kernel by timing, so one rank's maxima may be int32 and
@@ -221,8 +233,7 @@ def _dense_maxima(scan: Scan, block: int, rank: int, size: int, T: np.ndarray):
         best = best.double()
         allreduce_max(best)
         gather_near(near)
-        done = n
-    return best, done, near, px, cut
+    return best
 
 
 #: competitors kept per row the first scoring leaves open (the proof stage starts from them and

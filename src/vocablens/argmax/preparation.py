@@ -249,13 +249,7 @@ def whiten(source: SourceRows, distinct: DistinctRows, clock) -> tuple[Whitening
         X -= mu
         return X
 
-    mu = np.zeros(d)
-    for s in mine:
-        tick()
-        mu += np.add.reduce(_rows_f32(Wn, reps[s:s + step]), axis=0, dtype=np.float64)
-    mu_t = torch.from_numpy(mu)
-    _sum_over_ranks(mu_t, size)
-    mu /= n
+    mu = _row_mean(Wn, reps, mine, step, size, tick)
     Cs = [np.zeros((d, d)) for _ in range(workers)]
     n_mine = sum(min(s + step, n) - s for s in mine)   # this rank's rows (progress counts them)
     count = _Count(clock.progress, "prepare: covariance", n_mine)
@@ -274,11 +268,7 @@ def whiten(source: SourceRows, distinct: DistinctRows, clock) -> tuple[Whitening
             C += Cw
         _sum_over_ranks(torch.from_numpy(C), size)
         tick()
-        lam, vec = np.linalg.eigh(C)
-        keep = lam > max(lam[-1], 0.0) * 1e-12
-        if not keep.any():
-            keep[-1] = True
-        A = np.ascontiguousarray(vec[:, keep] / np.sqrt(lam[keep]))     # [d, r]
+        A, cond_ok = _inverse_sqrt(C)
         r = A.shape[1]
         Z = (np.zeros if size > 1 else np.empty)((n, r), dtype=np.float32)
         wsq = [0.0] * workers
@@ -298,14 +288,45 @@ def whiten(source: SourceRows, distinct: DistinctRows, clock) -> tuple[Whitening
 
         run_in_workers(mine, whitened, workers)
         count.end()
-    wsq = max(wsq)
-    if size > 1:                        # every rank needs every whitened row: the others' are zeros here
-        _sum_over_ranks(torch.from_numpy(Z), size)
-        wsq_t = torch.tensor([wsq], dtype=torch.float64)
-        _sum_over_ranks(wsq_t, size, "max")
-        wsq = float(wsq_t)
-    grid, Q = _grid(Z, source.bias, reps, clock.progress, tick, bool(lam[keep].min() > 1e-6 * lam[-1]))
+    wsq = _over_ranks(Z, max(wsq), size)
+    grid, Q = _grid(Z, source.bias, reps, clock.progress, tick, cond_ok)
     return Whitening(center=mu, whiten=A, w_scale=math.sqrt(wsq) or 1.0, **grid), torch.from_numpy(Z), Q
+
+
+def _over_ranks(Z: np.ndarray, wsq: float, size: int) -> float:
+    """Under torch.distributed, every rank's whitened rows summed into ``Z`` in place (each rank
+    wrote its own blocks, zeros elsewhere); returns the largest squared row norm over the ranks
+    (``wsq``, this rank's, with one process)."""
+    if size == 1:
+        return wsq
+    _sum_over_ranks(torch.from_numpy(Z), size)
+    wsq_t = torch.tensor([wsq], dtype=torch.float64)
+    _sum_over_ranks(wsq_t, size, "max")
+    return float(wsq_t)
+
+
+def _row_mean(Wn, reps: np.ndarray, mine: list[int], step: int, size: int, tick) -> np.ndarray:
+    """The mean of the rows ``Wn[reps]`` float64 [d]: this rank's blocks ``reps[s:s + step]`` (s in
+    ``mine``) summed in float64, summed over the ranks, divided by ``len(reps)``."""
+    mu = np.zeros(Wn.shape[1])
+    for s in mine:
+        tick()
+        mu += np.add.reduce(_rows_f32(Wn, reps[s:s + step]), axis=0, dtype=np.float64)
+    _sum_over_ranks(torch.from_numpy(mu), size)
+    mu /= len(reps)
+    return mu
+
+
+def _inverse_sqrt(C: np.ndarray) -> tuple[np.ndarray, bool]:
+    """The whitening matrix of the covariance (sum) ``C`` float64 [d, d]: ``A = V diag(lam^-1/2)``
+    [d, r] on the eigenvalues above 1e-12 of the largest (at least the largest), so ``A^T C A = I_r``;
+    and whether the kept spectrum is well conditioned (smallest kept > 1e-6 of the largest)."""
+    lam, vec = np.linalg.eigh(C)
+    keep = lam > max(lam[-1], 0.0) * 1e-12
+    if not keep.any():
+        keep[-1] = True
+    A = np.ascontiguousarray(vec[:, keep] / np.sqrt(lam[keep]))     # [d, r]
+    return A, bool(lam[keep].min() > 1e-6 * lam[-1])
 
 
 def _grid(Z: np.ndarray, bias, reps: np.ndarray, progress, tick, cond_ok: bool = False) -> tuple[dict, torch.Tensor]:
