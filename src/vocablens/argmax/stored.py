@@ -153,10 +153,12 @@ def norm_key(norm) -> str | None:
     from vocablens.version import __version__
 
     family = getattr(norm, "family", None)
-    if not isinstance(family, str):
+    params = dict(norm.named_parameters())
+    if not isinstance(family, str) or not params:
         return None
-    return verdict_key(torch.zeros(0), None, {n: p for n, p in norm.named_parameters()}, {},
-                       {"norm form": FORMAT, "family": family, "vocablens": __version__})
+    device = next(iter(params.values())).device.type       # the probe runs where the norm is
+    return verdict_key(torch.zeros(0), None, params, {},
+                       {"norm form": FORMAT, "family": family, "vocablens": __version__, "device": device})
 
 
 def store_norm_model(model: NormModel, key: str) -> Path | None:
