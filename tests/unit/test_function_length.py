@@ -31,13 +31,10 @@ CEILING = 80
 OVER_CEILING: dict[str, int] = {
     "models/blocks/mapping.py:block_view": 105,
     "ops/logprobs.py:token_logprobs": 94,
-    "argmax/preparation.py:whiten": 92,
     "models/partial.py:load_borders_only": 91,
     "cli/jacobian.py:lens_fit_jacobian": 90,
     "ops/kl.py:linear_kl": 88,
     "report/runner.py:run_report": 86,
-    "argmax/model.py:argmax_for_borders": 83,
-    "argmax/certificates.py:_dense_maxima": 83,
     "models/streaming.py:load_streaming": 82,
     "models/readout.py:find_readout": 82,
 }
