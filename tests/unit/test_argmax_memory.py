@@ -17,7 +17,8 @@ from vocablens.argmax import find_unargmaxable
 from vocablens.models.pages import PageRelease, file_pages_only
 from vocablens.errors import BadInput
 from vocablens.models.partial import load_borders_only
-from vocablens.models.partial import MatricesOnly, load_head_only
+from vocablens.models.matrices_only import MatricesOnly
+from vocablens.models.partial import load_head_only
 
 
 def _save_tiny(family: str, d):

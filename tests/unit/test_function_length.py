@@ -29,14 +29,10 @@ CEILING = 80
 #: ``path:qualified name`` (path relative to src/vocablens) of each function over the ceiling, with
 #: its length when listed (for the reader; only membership is checked). It may only lose entries.
 OVER_CEILING: dict[str, int] = {
-    "models/blocks/mapping.py:block_view": 105,
     "ops/logprobs.py:token_logprobs": 94,
-    "models/partial.py:load_borders_only": 91,
     "cli/jacobian.py:lens_fit_jacobian": 90,
     "ops/kl.py:linear_kl": 88,
     "report/runner.py:run_report": 86,
-    "models/streaming.py:load_streaming": 82,
-    "models/readout.py:find_readout": 82,
 }
 
 

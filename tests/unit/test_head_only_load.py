@@ -38,7 +38,7 @@ def saved(request, tmp_path_factory):
 def test_head_only_readout_equals_the_models_logits(saved):
     from vocablens.models.final_norm import FamilyNorm
     from vocablens.models.loader import load_mode
-    from vocablens.models.partial import MatricesOnly
+    from vocablens.models.matrices_only import MatricesOnly
 
     family, model, d = saved
     lm = load_mode(str(d), "head")

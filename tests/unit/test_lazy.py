@@ -6,7 +6,8 @@ import torch
 from tiny_models import make_tiny, writes_through
 from vocablens.errors import BadInput, CorruptModelFile
 from vocablens.models.partial import load_borders_only
-from vocablens.models.partial import MatricesOnly, load_matrices_only
+from vocablens.models.matrices_only import MatricesOnly
+from vocablens.models.partial import load_matrices_only
 
 
 @pytest.fixture(scope="module", params=["llama", "llama_tied", "gpt2", "opt", "qwen3", "gemma3_text"])

@@ -55,3 +55,66 @@ def test_bad_arguments_are_one_line_before_loading(kw, match):
     with pytest.raises(BadInput, match=match) as e:
         load_mode("/nonexistent/model/dir", **kw)
     assert "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------ the one entry: load(spec, read=...)
+def test_each_mode_is_a_read_of_the_one_entry(tiny_dir):
+    from vocablens.models.loader import MODE_READS, load
+    from vocablens.models.matrices_only import MatricesOnly
+    from vocablens.models.partial import BORDERS
+
+    assert MODE_READS["borders"] == BORDERS and set(MODE_READS) == set(MODES)
+    ref = load(str(tiny_dir))  # the whole model, through transformers
+    for read, light in ((("head", "final_norm"), True), (("embedding", "head"), True), (BORDERS, False)):
+        lm = load(str(tiny_dir), read=read)
+        assert isinstance(lm.model, MatricesOnly) is light, read   # no modeling code for the matrices and the norm
+        assert torch.equal(lm.borders.W_U, ref.borders.W_U) and torch.equal(lm.borders.W_E, ref.borders.W_E)
+        assert all(p.is_meta for blk in lm.borders.blocks for p in blk.parameters()) or light
+    h = torch.randn(2, 3, ref.borders.W_E.shape[1])
+    normed = load(str(tiny_dir), read=("head", "final_norm")).borders.final_norm(h)
+    assert torch.allclose(normed, ref.borders.final_norm(h), atol=0, rtol=0)  # the family's own module
+
+
+def test_blocks_and_value_vectors_are_read_on_demand(tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    from vocablens.models.loader import load
+
+    ref = AutoModelForCausalLM.from_pretrained(str(tiny_dir)).eval()
+    lm = load(str(tiny_dir), read=("input_embedding", "head", "final_norm"), blocks=[1])
+    assert torch.equal(lm.borders.blocks[1].mlp.down_proj.weight, ref.model.layers[1].mlp.down_proj.weight)
+    assert all(p.is_meta for p in lm.borders.blocks[0].parameters())
+    vv = load(str(tiny_dir), read=("head", "value_vectors")).borders   # value vectors build the modules
+    for i, blk in enumerate(vv.blocks):
+        assert torch.equal(blk.mlp.down_proj.weight, ref.model.layers[i].mlp.down_proj.weight)
+        assert blk.mlp.up_proj.weight.is_meta
+
+
+def test_max_memory_streams_the_whole_model(tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    from vocablens.models.loader import load
+
+    ref = AutoModelForCausalLM.from_pretrained(str(tiny_dir)).eval()
+    lm = load(str(tiny_dir), max_memory="1kB")
+    assert len(lm.model.vocablens_streamers) == len(lm.borders.blocks)  # nothing fits: every block streams
+    ids = torch.tensor([[0, 4, 9, 30]])
+    with torch.no_grad():
+        assert torch.allclose(lm.borders.residual_stream(ids)[1], ref(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(read=("heads",)), "read takes parts of"),
+    (dict(read=()), "read takes parts of"),
+    (dict(blocks=[0]), "blocks are read with read"),
+    (dict(read=("head",), blocks=["one"]), "block indices"),
+    (dict(read=("head",), max_memory="1GB"), "whole-model load"),
+    (dict(max_memory="1GB", device="meta"), "CPU memory"),
+    (dict(max_memory="lots"), "`max_memory` takes a size"),
+])
+def test_bad_reads_are_one_line_before_loading(kw, match):
+    from vocablens.models.loader import load
+
+    with pytest.raises(BadInput, match=match) as e:
+        load("/nonexistent/model/dir", **kw)
+    assert "\n" not in str(e.value)

@@ -117,7 +117,7 @@ def test_missing_shard_refused_before_loading_api(sharded, monkeypatch):
     def no_load(*a, **k):
         raise AssertionError("loaded before checking the shards")
 
-    monkeypatch.setattr(lazy, "load_borders_only", no_load)
+    monkeypatch.setattr(lazy, "materialize_parts", no_load)
     with pytest.raises(CorruptModelFile) as e:
         load_streaming(str(d), max_memory=1)
     assert isinstance(e.value, VocabLensError) and e.value.exit_code == 2

@@ -14,9 +14,10 @@ embedding: input scale, input norm, ``project_in``, lookup), ``weight_checks`` (
 never-trained rows), ``borders`` (the family adapter), ``final_norm`` (the final norm of a load
 without modeling code, computed by the family's own module), ``blocks_forward`` (the blocks' forward,
 stopped before the final norm), ``flops`` (attention shape and FLOP counts), ``loaded_model``
-(:class:`LoadedModel`), ``sources`` (the directory the partial loads read), ``partial`` (loads of
-some tensors: the borders, the head, the two matrices), ``streaming`` (blocks read at each forward),
-``loader`` (the one entry: :func:`load` for the whole model, ``load_mode`` for every mode).
+(:class:`LoadedModel`), ``sources`` (the directory the partial loads read), ``matrices_only`` (the two matrices and the
+final norm read without modeling code), ``partial`` (what a load reads, ``Parts``, and the one
+materializer, ``materialize_parts``), ``streaming`` (blocks read at each forward), ``loader`` (the one
+entry: :func:`load` takes what to read; ``load_mode`` names the CLI's five reads).
 """
 
 from vocablens.models.borders import Borders

@@ -1,9 +1,9 @@
 """A safetensors checkpoint's tensors by name: which file holds each, and reading a few of them.
 
-The low-level reading that every partial loader shares (borders-only, head-only, matrices-only,
-streaming) and the tie check: :func:`shard_files` (tensor name -> file, single file or sharded
-through ``model.safetensors.index.json``), :func:`checkpoint_name` (a model parameter's key in the
-checkpoint, with or without the base-model prefix), :func:`read_tensors` (memory-mapped by
+The low-level reading that every partial read shares (:func:`vocablens.models.partial.materialize_parts`,
+:mod:`vocablens.models.matrices_only`, the streamed blocks) and the tie check: :func:`shard_files`
+(tensor name -> file, single file or sharded through ``model.safetensors.index.json``),
+:func:`checkpoint_name` (a model parameter's key in the checkpoint, with or without the base-model prefix), :func:`read_tensors` (memory-mapped by
 ``safe_open``), :func:`materialize` (meta parameters of a model replaced by the checkpoint's
 tensors) and the names under which checkpoints store the two vocabulary matrices
 (:data:`EMB_SUFFIXES`, :data:`HEAD_NAMES`, :func:`matrix_keys`). Nothing here knows a model family
@@ -27,8 +27,8 @@ HEAD_NAMES = ("lm_head.weight", "embed_out.weight", "output.weight")
 
 
 class NoSafetensors(BadInput):
-    """A checkpoint whose weights are only ``pytorch_model*.bin`` pickles: the partial loaders read
-    safetensors headers, so :func:`vocablens.models.loader.load_mode` loads such a model whole."""
+    """A checkpoint whose weights are only ``pytorch_model*.bin`` pickles: the partial reads read
+    safetensors headers, so :func:`vocablens.models.loader.load` loads such a model whole."""
 
 
 def shard_files(d: Path) -> dict[str, Path]:

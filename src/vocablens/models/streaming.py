@@ -12,7 +12,7 @@ Results are the same tensors as the normal load (same weights, same kernels, sam
 is reading each streamed block once per forward (see ``benchmarks/memory.py --max-memory``).
 Weights of a streamed block are on ``meta`` outside its forward: analyses that read block weights
 directly (``explain``'s head attribution, ``project``) need the whole model or the one-block load
-(:func:`vocablens.models.partial.load_borders_only` with ``blocks``).
+(``vocablens.models.load(spec, read=..., blocks=[i])``).
 """
 
 from __future__ import annotations
@@ -165,55 +165,42 @@ def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = 
     Raises:
         BadInput: a bad ``max_memory``; a block holding a buffer the checkpoint does not store.
         CorruptModelFile: a shard the index names is missing (checked before anything loads).
-        As :func:`vocablens.models.partial.load_borders_only` otherwise.
+        As :func:`vocablens.models.partial.read_parts` otherwise (the same materializer reads the resident parts).
     """
-    from vocablens.errors import UnsupportedArchitecture
     from vocablens.models.run_dtype import run_dtype, with_note
-    from vocablens.models.checkpoint_files import checkpoint_name, materialize, shard_files
-    from vocablens.models.find import named_children
-    from vocablens.models.partial import load_borders_only  # looked up at each call (tests replace it)
     from vocablens.models.sources import source_dir
 
-    from transformers import AutoConfig
-
     cap = parse_bytes(max_memory)
-    d, _ = source_dir(str(spec))
+    d, prov = source_dir(str(spec))
+    tdtype, dtype_note = run_dtype(spec, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
+    return with_note(stream_beyond(str(spec), d, prov, cap, tdtype, trust_remote_code), dtype_note)
+
+
+def stream_beyond(spec: str, d: Path, prov, cap: int, tdtype: torch.dtype | None, trust_remote_code: bool = False):
+    """:func:`load_streaming` of the safetensors directory ``d`` (``prov`` its provenance), ``cap``
+    bytes resident, in ``tdtype`` (None: the normal load's, :func:`normal_load_dtype`): the borders
+    read by the one materializer (:func:`vocablens.models.partial.materialize_parts`), then the
+    parameters outside the blocks, then the blocks that fit; the rest stream.
+
+    Raises:
+        As :func:`load_streaming`.
+    """
+    from vocablens.models import partial  # materialize_parts looked up at each call (tests replace it)
+    from vocablens.models.checkpoint_files import shard_files
+
     files = shard_files(d)
     check_shards(d, files)  # a missing shard: one line now, not a traceback mid-forward
-    tdtype, dtype_note = run_dtype(spec, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
     if tdtype is None:  # the normal load's one dtype (a mixed checkpoint is cast, as from_pretrained does)
-        try:
-            config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
-        except (OSError, ValueError):
-            config = None   # the borders-only load below says what is wrong with the config
-        tdtype = normal_load_dtype(config, d, files) if config is not None else None
-    lm = load_borders_only(spec, dtype=tdtype, trust_remote_code=trust_remote_code)
+        tdtype = _normal_load_dtype_of(d, files, trust_remote_code)
+    lm = partial.materialize_parts(spec, d, prov, partial.Parts.of(partial.BORDERS), tdtype, trust_remote_code)
+    used = _outside_blocks_resident(lm, files, tdtype)
     b, model = lm.borders, lm.model
-    prefix = getattr(model, "base_model_prefix", "") or ""
-    esize = b.W_E.element_size()
-    in_blocks = {id(t) for blk in b.blocks for t in [*blk.parameters(), *blk.buffers()]}
-    rest = [n for n, p in model.named_parameters() if p.is_meta and id(p) not in in_blocks]
-    materialize(model, rest, files, tdtype)  # learned positions (GPT-2, OPT) and the like: resident
-    lost = [n for n, t in model.named_buffers() if t.is_meta and id(t) not in in_blocks]
-    if lost:
-        raise UnsupportedArchitecture(b.family, named_children(model), f"buffer {lost[0]} is not in the "
-                                      "checkpoint, so the model cannot be streamed; load it whole")
-    used = _nbytes({id(p): p for p in model.parameters() if not p.is_meta}.values())
     block_names = {id(blk): n for n, blk in model.named_modules() if any(blk is x for x in b.blocks)}
     streamers, resident = [], []
     for i, blk in enumerate(b.blocks):
-        need = sum(p.numel() * (esize if tdtype is None else p.element_size()) for p in blk.parameters())
-        bname = block_names[id(blk)]
-        keys: dict[str, tuple[str, Path]] = {}
-        for n, t in [*blk.named_parameters(), *blk.named_buffers()]:
-            if not t.is_meta:
-                continue
-            key = checkpoint_name(f"{bname}.{n}", files, prefix)
-            if key is None:
-                raise UnsupportedArchitecture(b.family, named_children(blk),
-                                              f"block {i}: {n} is not in the checkpoint, so it cannot be "
-                                              "streamed; load the whole model (no `max_memory`)")
-            keys[n] = (key, files[key])
+        need = sum(p.numel() * (b.W_E.element_size() if tdtype is None else p.element_size())
+                   for p in blk.parameters())
+        keys = _block_keys(model, blk, block_names[id(blk)], files, i, b.family)
         if not streamers and used + need <= cap:
             resident.append((blk, keys))
             used += need
@@ -225,7 +212,64 @@ def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = 
         s.remove()
     model.vocablens_streamers = streamers
     model.vocablens_streamed = True
-    return with_note(lm, dtype_note)
+    return lm
 
 
-__all__ = ["BlockStreamer", "checkpoint_bytes", "load_streaming", "parse_bytes"]
+def _normal_load_dtype_of(d: Path, files: dict[str, Path], trust_remote_code: bool) -> torch.dtype | None:
+    """:func:`normal_load_dtype` of directory ``d``; None when its config cannot be read (the
+    borders' read then says what is wrong with it)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None
+    return normal_load_dtype(config, d, files)
+
+
+def _outside_blocks_resident(lm, files: dict[str, Path], tdtype) -> int:
+    """Read the parameters outside the borders and the blocks (learned positions: GPT-2, OPT) and
+    keep them resident; returns the bytes of every real parameter.
+
+    Raises:
+        UnsupportedArchitecture: a buffer outside the blocks that the checkpoint does not store.
+    """
+    from vocablens.errors import UnsupportedArchitecture
+    from vocablens.models.checkpoint_files import materialize
+    from vocablens.models.find import named_children
+
+    b, model = lm.borders, lm.model
+    in_blocks = {id(t) for blk in b.blocks for t in [*blk.parameters(), *blk.buffers()]}
+    rest = [n for n, p in model.named_parameters() if p.is_meta and id(p) not in in_blocks]
+    materialize(model, rest, files, tdtype)
+    lost = [n for n, t in model.named_buffers() if t.is_meta and id(t) not in in_blocks]
+    if lost:
+        raise UnsupportedArchitecture(b.family, named_children(model), f"buffer {lost[0]} is not in the "
+                                      "checkpoint, so the model cannot be streamed; load it whole")
+    return _nbytes({id(p): p for p in model.parameters() if not p.is_meta}.values())
+
+
+def _block_keys(model, blk, bname: str, files: dict[str, Path], i: int, family: str) -> dict[str, tuple[str, Path]]:
+    """Block ``i``'s parameters and buffers on ``meta`` -> (checkpoint key, file).
+
+    Raises:
+        UnsupportedArchitecture: one of them is not in the checkpoint.
+    """
+    from vocablens.errors import UnsupportedArchitecture
+    from vocablens.models.checkpoint_files import checkpoint_name
+    from vocablens.models.find import named_children
+
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    keys: dict[str, tuple[str, Path]] = {}
+    for n, t in [*blk.named_parameters(), *blk.named_buffers()]:
+        if not t.is_meta:
+            continue
+        key = checkpoint_name(f"{bname}.{n}", files, prefix)
+        if key is None:
+            raise UnsupportedArchitecture(family, named_children(blk), f"block {i}: {n} is not in the checkpoint, "
+                                          "so it cannot be streamed; load the whole model (no `max_memory`)")
+        keys[n] = (key, files[key])
+    return keys
+
+
+__all__ = ["BlockStreamer", "checkpoint_bytes", "load_streaming", "parse_bytes", "stream_beyond"]

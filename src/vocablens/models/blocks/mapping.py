@@ -8,6 +8,7 @@ granite residual multiplier, parallel attention + MLP, and post-LN blocks (not a
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 import torch
@@ -113,6 +114,34 @@ def block_view(borders, index: int) -> BlockView:
         mlp = blk  # OPT keeps fc1/fc2 on the block itself
     else:
         found.update({f"{mn}.{k}": v for k, v in named_children(mlp).items()})
+    where = (family, found, index)
+    up, gate, down, gate_up_split = _mlp_projections(mlp, where)
+    _, attn_out = first_child(attn, _OUT_PROJ_NAMES)
+    if attn_out is None:
+        raise UnsupportedArchitecture(family, found, f"block {index}: no attention output projection")
+    H, Hkv, dh = _heads(config, family, attn)
+    if linear_weight(attn_out).shape[1] != H * dh or H % Hkv:
+        raise UnsupportedArchitecture(family, found, f"block {index}: attention output reads "
+                                      f"{linear_weight(attn_out).shape[1]} features, expected {H}x{dh}")
+    attn_post, mlp_post = _post_transforms(blk)
+    additive, why = _additive(config)
+    return BlockView(
+        index=index, family=family, block=blk, parallel=_parallel(config, family), additive=additive,
+        n_heads=H, n_kv_heads=Hkv, d_head=dh, attn=attn, attn_out=attn_out, mlp_in=up, mlp_gate=gate,
+        mlp_out=down, act=_activation(family, config, mlp, blk), attn_post=attn_post, mlp_post=mlp_post,
+        not_additive_reason=why, _qkv=partial(_qkv, attn, (H, Hkv, dh), where), _gate_up_split=gate_up_split,
+        _qkv_bias=partial(_qkv_bias, attn, (H, Hkv, dh)),
+    )
+
+
+def _mlp_projections(mlp: nn.Module, where: tuple) -> tuple:
+    """``(up, gate or None, down, gate_up_split)`` of a dense MLP (phi3's fused ``gate_up_proj``:
+    split True); ``where`` is ``(family, modules found, block index)`` for the errors.
+
+    Raises:
+        UnsupportedArchitecture: a mixture of experts, or no up/gate/down projections of matching shapes.
+    """
+    family, found, index = where
     if any(isinstance(getattr(mlp, m, None), nn.Module) for m in _MOE_MARKERS) or \
             isinstance(getattr(mlp, "gate", None), nn.Module) and not isinstance(getattr(mlp, "gate"), nn.Linear):
         raise UnsupportedArchitecture(family, found, f"block {index} has a mixture-of-experts MLP, not one "
@@ -136,44 +165,56 @@ def block_view(borders, index: int) -> BlockView:
     if n_up != (2 * d_ff if gate_up_split else d_ff):
         raise UnsupportedArchitecture(family, found, f"block {index}: up projection has {n_up} rows, "
                                       f"down projection reads {d_ff}")
-    _, attn_out = first_child(attn, _OUT_PROJ_NAMES)
-    if attn_out is None:
-        raise UnsupportedArchitecture(family, found, f"block {index}: no attention output projection")
-    H, Hkv, dh = _heads(config, family, attn)
-    if linear_weight(attn_out).shape[1] != H * dh or H % Hkv:
-        raise UnsupportedArchitecture(family, found, f"block {index}: attention output reads "
-                                      f"{linear_weight(attn_out).shape[1]} features, expected {H}x{dh}")
+    return up, gate, down, gate_up_split
 
-    def qkv():
-        if all(isinstance(getattr(attn, n, None), nn.Module) for n in ("q_proj", "k_proj", "v_proj")):
-            ws = [linear_weight(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj")]
-            q = ws[0].reshape(H, dh, -1).transpose(1, 2)
-            k = ws[1].reshape(Hkv, dh, -1).transpose(1, 2)
-            v = ws[2].reshape(Hkv, dh, -1).transpose(1, 2)
-            return q, k, v
-        for n, split in (("c_attn", _split_concat), ("qkv_proj", _split_concat), ("W_pack", _split_concat),
-                         ("query_key_value", _split_grouped)):
-            m = getattr(attn, n, None)
-            if isinstance(m, nn.Module):
-                return split(linear_weight(m), H, Hkv, dh)
-        raise UnsupportedArchitecture(family, found, f"block {index}: no q/k/v projections found")
 
-    def qkv_bias():
-        if all(isinstance(getattr(attn, n, None), nn.Module) for n in ("q_proj", "k_proj", "v_proj")):
-            bs = [linear_bias(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj")]
-            return tuple(None if bb is None else bb.reshape(n, dh) for bb, n in zip(bs, (H, Hkv, Hkv)))
-        for n, split in (("c_attn", _split_concat), ("qkv_proj", _split_concat), ("W_pack", _split_concat),
-                         ("query_key_value", _split_grouped)):
-            m = getattr(attn, n, None)
-            if isinstance(m, nn.Module):
-                bb = linear_bias(m)
-                if bb is None:
-                    return None, None, None
-                q, k, v = split(bb[:, None], H, Hkv, dh)  # [n, 1, dh]
-                return q[:, 0], k[:, 0], v[:, 0]
-        return None, None, None
+_SEPARATE_QKV = ("q_proj", "k_proj", "v_proj")
+#: fused q/k/v projections and how their rows are laid out
+_FUSED_QKV = (("c_attn", _split_concat), ("qkv_proj", _split_concat), ("W_pack", _split_concat),
+              ("query_key_value", _split_grouped))
 
-    # What the block does to each sublayer's output before the residual add.
+
+def _qkv(attn: nn.Module, heads: tuple[int, int, int], where: tuple):
+    """``(W_Q [H, d, dh], W_K [Hkv, d, dh], W_V [Hkv, d, dh])`` of an attention module; ``heads`` is
+    ``(H, Hkv, dh)``.
+
+    Raises:
+        UnsupportedArchitecture: no q/k/v projections, separate or fused.
+    """
+    H, Hkv, dh = heads
+    if all(isinstance(getattr(attn, n, None), nn.Module) for n in _SEPARATE_QKV):
+        ws = [linear_weight(getattr(attn, n)) for n in _SEPARATE_QKV]
+        q = ws[0].reshape(H, dh, -1).transpose(1, 2)
+        k = ws[1].reshape(Hkv, dh, -1).transpose(1, 2)
+        v = ws[2].reshape(Hkv, dh, -1).transpose(1, 2)
+        return q, k, v
+    for n, split in _FUSED_QKV:
+        m = getattr(attn, n, None)
+        if isinstance(m, nn.Module):
+            return split(linear_weight(m), H, Hkv, dh)
+    family, found, index = where
+    raise UnsupportedArchitecture(family, found, f"block {index}: no q/k/v projections found")
+
+
+def _qkv_bias(attn: nn.Module, heads: tuple[int, int, int]):
+    """``(b_Q [H, dh], b_K [Hkv, dh], b_V [Hkv, dh])`` of an attention module, each None when not stored."""
+    H, Hkv, dh = heads
+    if all(isinstance(getattr(attn, n, None), nn.Module) for n in _SEPARATE_QKV):
+        bs = [linear_bias(getattr(attn, n)) for n in _SEPARATE_QKV]
+        return tuple(None if bb is None else bb.reshape(n, dh) for bb, n in zip(bs, (H, Hkv, Hkv)))
+    for n, split in _FUSED_QKV:
+        m = getattr(attn, n, None)
+        if isinstance(m, nn.Module):
+            bb = linear_bias(m)
+            if bb is None:
+                return None, None, None
+            q, k, v = split(bb[:, None], H, Hkv, dh)  # [n, 1, dh]
+            return q[:, 0], k[:, 0], v[:, 0]
+    return None, None, None
+
+
+def _post_transforms(blk: nn.Module) -> tuple[PostTransform, PostTransform]:
+    """What the block does to its attention's and its MLP's output before the residual add."""
     attn_post, mlp_post = PostTransform(), PostTransform()
     if isinstance(getattr(blk, "post_feedforward_layernorm", None), nn.Module):
         # gemma2 / gemma3 / olmo2: the sublayer outputs are normed, then added
@@ -183,17 +224,16 @@ def block_view(borders, index: int) -> BlockView:
     if isinstance(mult, (int, float)) and float(mult) != 1.0:
         attn_post = PostTransform(attn_post.norm, float(mult))
         mlp_post = PostTransform(mlp_post.norm, float(mult))
-    additive, why = True, ""
-    if getattr(config, "do_layer_norm_before", True) is False:
-        additive, why = False, "post-LN blocks (do_layer_norm_before=False) norm the sum, not the updates"
+    return attn_post, mlp_post
+
+
+def _additive(config) -> tuple[bool, str]:
+    """``(True, "")`` when each block adds its updates to the stream, else ``(False, why not)`` (post-LN)."""
     if getattr(config, "apply_residual_connection_post_layernorm", False):
-        additive, why = False, "the residual connection reads the normed stream"
-    return BlockView(
-        index=index, family=family, block=blk, parallel=_parallel(config, family), additive=additive,
-        n_heads=H, n_kv_heads=Hkv, d_head=dh, attn=attn, attn_out=attn_out, mlp_in=up, mlp_gate=gate,
-        mlp_out=down, act=_activation(family, config, mlp, blk), attn_post=attn_post, mlp_post=mlp_post,
-        not_additive_reason=why, _qkv=qkv, _gate_up_split=gate_up_split, _qkv_bias=qkv_bias,
-    )
+        return False, "the residual connection reads the normed stream"
+    if getattr(config, "do_layer_norm_before", True) is False:
+        return False, "post-LN blocks (do_layer_norm_before=False) norm the sum, not the updates"
+    return True, ""
 
 
 def block_views(borders) -> list[BlockView]:
