@@ -118,3 +118,30 @@ def test_bad_reads_are_one_line_before_loading(kw, match):
     with pytest.raises(BadInput, match=match) as e:
         load("/nonexistent/model/dir", **kw)
     assert "\n" not in str(e.value)
+
+
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine: the GPU half "
+                           "of this test runs where torch.cuda.is_available()")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=_CUDA)])
+def test_every_read_is_placed_on_the_device_and_a_tied_matrix_stays_one(tiny_dir, tmp_path_factory, device):
+    from vocablens.models.loader import MODE_READS, load
+
+    tied_dir = save_tiny(tmp_path_factory.mktemp("tied") / "m", tiny_tokenizer(), family="llama_tied")
+    for d, tied in ((tiny_dir, False), (tied_dir, True)):
+        ref = load(str(d)).borders  # the whole model on the CPU
+        h = torch.randn(3, 5, ref.W_E.shape[1])
+        for read in [r for r in MODE_READS.values() if r is not None] + [("head", "final_norm", "value_vectors")]:
+            lm = load(str(d), read=read, device=device, blocks=[1] if "input_embedding" in read else None)
+            b = lm.borders
+            real = [t for t in [*lm.model.parameters(), *lm.model.buffers()] if not t.is_meta]
+            assert real and all(t.device.type == device for t in real), read
+            assert b.tied is tied and (b.W_U.data_ptr() == b.W_E.data_ptr()) is tied, read  # one tensor when tied
+            assert torch.equal(b.W_U.cpu(), ref.W_U) and torch.equal(b.W_E.cpu(), ref.W_E)
+            if "input_embedding" in read:
+                assert all(p.is_meta for p in b.blocks[0].parameters())           # blocks not read stay on meta
+                assert all(p.device.type == device for p in b.blocks[1].parameters())
+            if "final_norm" in read:
+                got = b.final_norm(h.to(device)).cpu()
+                torch.testing.assert_close(got, ref.final_norm(h), rtol=1e-5, atol=1e-5)
