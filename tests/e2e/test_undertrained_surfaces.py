@@ -52,7 +52,7 @@ def verified_json(saved, tmp_path_factory):
 def test_report_section_verification_stops_at_its_budget(saved, monkeypatch):
     """With no time left the section verifies its first batch only, says how many of the paper's
     candidates that is, and names the command that verifies them all."""
-    import vocablens.undertrained.section as S
+    import vocablens.report.sections as S
     from dataclasses import replace
 
     from vocablens.report.plan import SectionRun, plan_report
@@ -61,7 +61,7 @@ def test_report_section_verification_stops_at_its_budget(saved, monkeypatch):
     monkeypatch.setattr(S, "REPORT_BATCH", 2)
     plan = replace(next(p for p in plan_report(str(d), 150) if p.key == "undertrained"), budget_s=0.0)
     run = SectionRun(plan)
-    S.run_section({"borders": lm.borders, "tokenizer": lm.tokenizer}, plan, run)
+    S.RUNNERS["undertrained"]({"lm": lm}, plan, run)
     assert int(run.result.candidates.numel()) == 2 and run.extra["paper_candidates"] == 5
     assert run.cut_short.startswith("verified the lowest 2 of the paper's 5 candidates")
     assert f"`vocablens undertrained --model {d} -n 5`" in run.cut_short

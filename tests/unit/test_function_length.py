@@ -30,9 +30,7 @@ CEILING = 80
 #: its length when listed (for the reader; only membership is checked). It may only lose entries.
 OVER_CEILING: dict[str, int] = {
     "ops/logprobs.py:token_logprobs": 94,
-    "cli/jacobian.py:lens_fit_jacobian": 90,
     "ops/kl.py:linear_kl": 88,
-    "report/runner.py:run_report": 86,
 }
 
 

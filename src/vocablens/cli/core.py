@@ -77,7 +77,7 @@ def lens_show(
     found = find_lenses(kinds, model, lens_path)  # before the model loads
     m = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
                    trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    lenses = load_lenses(found, m.borders)
+    lenses = load_lenses(found, m)
     if "jacobian" in lenses:
         m.add_lens("jacobian", lenses["jacobian"])
         jl = lenses["jacobian"]

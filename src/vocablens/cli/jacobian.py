@@ -10,7 +10,7 @@ import typer
 
 from vocablens.cli.common import DeviceOpt, JsonOpt, ModelOpt, TrustOpt, emit_json, err, load_model, out, status
 from vocablens.cli.core import lens_app
-from vocablens.errors import BadInput, OutputExists
+from vocablens.errors import BadInput
 
 
 @lens_app.command("fit-jacobian")
@@ -38,72 +38,54 @@ def lens_fit_jacobian(
 ) -> None:
     """Fit a Jacobian lens (Gurnee et al. 2026): the exact average Jacobian of the last layer's stream
     with respect to each layer's, by batched vector-Jacobian products; checkpoints go to --out."""
-    import torch
-
     from vocablens.cli.common import parse_int_list
     from vocablens.cli.lenses import set_threads
-    from vocablens.lens.jacobian import LENS_FILE
-    from vocablens.lens.jacobian_fit import CKPT_FILE, JacobianFitSettings, fit_jacobian_lens
+    from vocablens.corpus import load_documents
+    from vocablens.handle.lens_compare import check_fit_options
+    from vocablens.lens.jacobian_fit import JacobianFitSettings
+    from vocablens.render.shown import print_result, to_json
 
-    dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-    if save_dtype not in dtypes:
-        raise BadInput(f"--save-dtype must be float16, bfloat16 or float32; got {save_dtype!r}")
-    if seq_len <= skip_first + 1:
-        raise BadInput(f"--seq-len {seq_len} leaves no position after --skip-first {skip_first} and the last; "
-                       f"use more than {skip_first + 1}")
-    if max_tokens < seq_len:
-        raise BadInput(f"--max-tokens {max_tokens} is less than one prompt of --seq-len {seq_len}")
-    if (out_dir / LENS_FILE).exists() and not force and not resume:
-        raise OutputExists(f"{out_dir} already holds a Jacobian lens; pass --force to replace it")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise OutputExists(f"{out_dir} exists and is not a directory")
-    if resume and not (out_dir / "jacobian-checkpoint" / CKPT_FILE).exists():
-        raise BadInput(f"--resume: no checkpoint in {out_dir / 'checkpoint'} (fit without --resume first)")
+    check_fit_options(out_dir, save_dtype, seq_len, skip_first, max_tokens, force, resume)
     settings = JacobianFitSettings(skip_first=skip_first, dim_batch=dim_batch, prompt_batch=prompt_batch,
                                    layers=tuple(parse_int_list(layers, "--layers")) if layers else None)
     set_threads(threads)
     quiet = json_ and not progress
-    from vocablens.corpus import load_documents
-
     docs = load_documents(corpus)  # a missing or empty corpus fails before the model loads
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
-    settings.validate(lm.borders.n_layers)
-    with status(f"tokenizing the training data of {corpus} ...", quiet=quiet):
-        rows, info = lm.corpus_rows(corpus, "train", seq_len, max_tokens, val_fraction, 0, seed, docs)
-    info["model"] = lm.provenance.name
-    rows = rows[: max(1, max_tokens // seq_len)]
-    if not quiet:
-        err.print(f"fitting on {rows.numel()} tokens: {rows.shape[0]} prompts of {seq_len} from {info['documents']} "
-                  f"documents of {corpus}; per prompt 1 forward + {-(-lm.borders.d_model // dim_batch)} backward "
-                  f"passes of {dim_batch} directions", style="dim", soft_wrap=True)
-    t0 = time.perf_counter()
-    last = [0.0]
 
-    def on_progress(p) -> None:
+    def started(prompts: int, tokens: int, data: dict) -> None:
+        if not quiet:
+            err.print(f"fitting on {tokens} tokens: {prompts} prompts of {seq_len} from {data['documents']} "
+                      f"documents of {corpus}; per prompt 1 forward + {-(-lm.borders.d_model // dim_batch)} backward "
+                      f"passes of {dim_batch} directions", style="dim", soft_wrap=True)
+
+    res = lm.fit_jacobian_lens(corpus, max_tokens, seq_len, settings, out=out_dir, val_fraction=val_fraction, seed=seed,
+                               checkpoint_every=checkpoint_every, resume=resume, save_dtype=save_dtype, force=True,
+                               docs=docs, command="vocablens lens fit-jacobian " + " ".join(_argv_tail()),
+                               status=lambda msg: status(msg, quiet=quiet), started=started,
+                               on_progress=None if quiet else _FitProgress())
+    if json_:
+        emit_json(to_json(res))
+    else:
+        print_result(res, out)
+
+
+class _FitProgress:
+    """``on_progress`` of the fit: a line on stderr at most every 10 s (and at each prompt's last pass)
+    with the prompt, the backward pass and an ETA."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+
+    def __call__(self, p) -> None:
         now = time.perf_counter()
-        if quiet or (now - last[0] < 10 and p.pass_done != p.passes):
+        if now - self.last < 10 and p.pass_done != p.passes:
             return
-        last[0] = now
+        self.last = now
         frac = (p.prompts_done + p.pass_done / p.passes) / p.prompts
         eta = f", ETA {p.seconds / frac * (1 - frac):.0f} s" if frac > 0 else ""
         err.print(f"fit-jacobian: prompt {min(p.prompts_done + 1, p.prompts)}/{p.prompts}, backward pass "
                   f"{p.pass_done}/{p.passes}, {p.seconds:.0f} s{eta}", style="dim", soft_wrap=True)
-
-    lens = fit_jacobian_lens(lm.borders, rows, settings, checkpoint_dir=out_dir / "jacobian-checkpoint",
-                             checkpoint_every=checkpoint_every, resume=resume, data_info=info,
-                             on_progress=on_progress, name=lm.provenance.name)
-    wall = time.perf_counter() - t0
-    lens.settings["command"] = "vocablens lens fit-jacobian " + " ".join(_argv_tail())
-    lens.settings["seconds"] = round(wall, 1)
-    lens.save(out_dir, dtype=dtypes[save_dtype], force=True)
-    summary = {"out": str(out_dir), "n_prompts": lens.settings["n_prompts"], "tokens": lens.settings["tokens"],
-               "layers": lens.layers, "seconds": round(wall, 1), "stored_dtype": save_dtype,
-               "model": lm.provenance.to_dict()}
-    if json_:
-        emit_json(summary)
-    else:
-        out.print(f"saved the Jacobian lens to {out_dir} ({lens.settings['n_prompts']} prompts, "
-                  f"{lens.settings['tokens']} tokens, {len(lens.layers)} layers, {wall:.0f} s)")
 
 
 def _argv_tail() -> list[str]:
@@ -134,22 +116,18 @@ def lens_backward(
 ) -> None:
     """The backward lens (Katz et al. 2024): the gradient of -log p(TARGET) at every stream layer,
     projected through the LM head: the tokens a gradient step on each layer's stream would promote."""
-    from vocablens.lens.backward import backward_lens
-    from vocablens.render.backward import backward_json, print_backward
-    from vocablens.serve.adapters import token_id
+    from vocablens.render.shown import print_result, to_json
 
     if not prompt.strip():
         raise BadInput("empty prompt: give some text")
     if k < 1:
         raise BadInput(f"-k must be at least 1; got {k}")
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    tid = token_id(lm, int(target) if target.strip().isdigit() else target)
-    ids = lm.encode(prompt, chat=chat)[0]  # text -> ids through the handle
-    res = backward_lens(lm.borders, ids, tid, position=position, k=k)
+    res = lm.backward_lens(prompt, target, position=position, k=k, chat=chat)
     if json_:
-        emit_json(backward_json(res, lm.tokenizer, lm.provenance))
+        emit_json(to_json(res))
     else:
-        print_backward(res, lm.tokenizer, out, lm.provenance)
+        print_result(res, out)
 
 
 __all__ = ["lens_backward", "lens_fit_jacobian"]

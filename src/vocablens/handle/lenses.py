@@ -111,27 +111,6 @@ class LensWorkflows:
         self.translators["jacobian"] = lens
         return lens
 
-    def fit_jacobian_lens(self, corpus: str = "pydoc-topics", max_tokens: int = 1024, seq_len: int = 128,
-                          settings=None, out: str | Path | None = None, val_fraction: float = 0.1, seed: int = 0,
-                          on_progress=None, force: bool = False):
-        """Fit a Jacobian lens on this frozen model (Gurnee et al. 2026;
-        :func:`vocablens.lens.jacobian_fit.fit_jacobian_lens`: exact average Jacobians by batched VJPs) on
-        prompts of ``seq_len`` tokens from the training split of ``corpus``, use it as lens ``jacobian``
-        and save it to ``out`` (float16) when given. Returns the :class:`~vocablens.lens.jacobian.JacobianLens`.
-
-        Raises:
-            BadInput: bad settings, an empty corpus. OutputExists: ``out`` holds a Jacobian lens and not ``force``.
-        """
-        from vocablens.lens.jacobian_fit import JacobianFitSettings, fit_jacobian_lens
-
-        rows, info = self.corpus_rows(corpus, "train", seq_len, max_tokens, val_fraction, 0, seed)
-        lens = fit_jacobian_lens(self.borders, rows[: max(1, max_tokens // seq_len)], settings or JacobianFitSettings(),
-                                 data_info=info, on_progress=on_progress, name=self.provenance.name)
-        self.translators["jacobian"] = lens
-        if out is not None:
-            lens.save(out, force=force)
-        return lens
-
     # ------------------------------------------------------------------------------------- lens
     def lens(self, texts, kind: str | Sequence[str] = "logit", k: int = 5, positions="last",
              layers: Sequence[int] | None = None, chat: bool = False, prefix: str = "",

@@ -12,7 +12,8 @@ It still unpacks as ``model, tokenizer, borders, provenance = vocablens.load(...
 Surgery (``expand``, ``trim``, ``save``) lives in :mod:`vocablens.handle.surgery`, the lens and
 report workflows in :mod:`vocablens.handle.lenses`, a token's trajectory and lens anomalies in
 :mod:`vocablens.handle.trajectories`, the softmax bottleneck and the alignment of two models in
-:mod:`vocablens.handle.matrices`, corpora as token rows in :mod:`vocablens.handle.corpus`.
+:mod:`vocablens.handle.matrices`, corpora as token rows in :mod:`vocablens.handle.corpus`, lenses
+compared, the backward lens and the Jacobian fit in :mod:`vocablens.handle.lens_compare`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from vocablens.errors import BadInput, TokenNotInVocabulary
 from vocablens.handle import results as R
 from vocablens.handle.corpus import CorpusWorkflows
+from vocablens.handle.lens_compare import LensCompareWorkflows
 from vocablens.handle.lens_training import LensTraining
 from vocablens.handle.lenses import LensWorkflows
 from vocablens.handle.matrices import MatrixWorkflows
@@ -34,7 +36,7 @@ from vocablens.models.loaded_model import LoadedModel
 
 
 @dataclass(eq=False)
-class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, MatrixWorkflows, CorpusWorkflows, LoadedModel):
+class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, MatrixWorkflows, CorpusWorkflows, LensCompareWorkflows, LoadedModel):
     """A loaded model with its workflows (module docstring).
 
     Attributes:

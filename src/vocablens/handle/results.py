@@ -164,6 +164,22 @@ class Settle(Result, kind="settle"):
     ``.figure()``: the report's settle panels; ``.to_pandas()``: a row per stream layer."""
 
 
+class LensComparison(Result, kind="lens_compare"):
+    """``m.compare_lenses(...)``: :class:`~vocablens.lens.compare.LensComparison` (``lens eval --kind
+    K1,K2,... --json``). ``.figure()``: the three panels ``lens eval --plot`` writes; ``.to_pandas()``: a
+    row per (layer, lens)."""
+
+
+class BackwardLens(Result, kind="backward"):
+    """``m.backward_lens(...)``: :class:`~vocablens.lens.backward.BackwardLens` (``lens backward --json``).
+    ``.figure()``: the tokens a descent step promotes at each layer; ``.to_pandas()``: a row per (layer, rank)."""
+
+
+class JacobianFit(Result, kind="jacobian_fit"):
+    """``m.fit_jacobian_lens(...)``: the fitted :class:`~vocablens.lens.jacobian.JacobianLens`
+    (``lens fit-jacobian --json``; ``.settings``, ``.layers`` read through)."""
+
+
 class Argmax(Result, kind="argmax"):
     """``m.argmax()``: :class:`~vocablens.argmax.model.ModelArgmax` (``argmax --json``).
     ``.to_pandas()``: a row per vocabulary row (verdict, deciding stage, margin)."""
@@ -224,5 +240,5 @@ class LensEval(Result, kind="lens_eval"):
 
 
 __all__ = ["Result", "Anatomy", "TieCheck", "Neighbors", "WordPCA", "Lens", "Score", "Explanation", "Projection",
-           "Settle", "Argmax", "Undertrained", "Generation", "Steering", "Surgery", "Trajectory", "Bottleneck",
-           "Alignment", "Anomaly", "LensTraining", "LensEval"]
+           "Settle", "LensComparison", "BackwardLens", "JacobianFit", "Argmax", "Undertrained", "Generation",
+           "Steering", "Surgery", "Trajectory", "Bottleneck", "Alignment", "Anomaly", "LensTraining", "LensEval"]

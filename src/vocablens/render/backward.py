@@ -1,4 +1,5 @@
-"""Rendering of the backward lens (:mod:`vocablens.lens.backward`): its ``--json`` dict and a rich table."""
+"""Rendering of the backward lens (:mod:`vocablens.lens.backward`): its ``--json`` dict, a rich table and a
+heatmap; and the summary of a Jacobian lens fitted (``lens fit-jacobian``)."""
 
 from __future__ import annotations
 
@@ -46,4 +47,42 @@ def print_backward(res: BackwardLens, tokenizer, out, provenance=None) -> None:
     out.print(backward_table(res, tokenizer))
 
 
-__all__ = ["backward_json", "backward_table", "print_backward"]
+def backward_figure(res: BackwardLens, tokenizer):
+    """A plotly heatmap: one row per stream layer 0..L, one column per rank 1..k of ``W_U (-g_l)``, the
+    cell's colour its score (logit units per unit step) and its text the token a descent step on that
+    layer's stream promotes (Katz et al. 2024, §3: the gradient read in vocabulary space)."""
+    import plotly.graph_objects as go
+
+    n, k = int(res.top_ids.shape[0]), int(res.top_ids.shape[1])
+    text = [[token_str(tokenizer, i) for i in row] for row in res.top_ids.tolist()]
+    fig = go.Figure(go.Heatmap(z=res.top_scores.tolist(), x=[f"#{j + 1}" for j in range(k)], y=list(range(n)),
+                               text=text, texttemplate="%{text}", colorscale="Viridis",
+                               colorbar=dict(title="score"),
+                               hovertemplate="layer %{y}, rank %{x}: %{text}<br>score %{z:.3g}<extra></extra>"))
+    fig.update_layout(title=f"backward lens: -log p({token_str(tokenizer, res.target)!r}) = {res.loss:.3f} nats "
+                            f"at position {res.position}", xaxis_title="rank", yaxis_title="layer",
+                      height=max(300, 40 + 28 * n), margin=dict(l=40, r=20, t=60, b=40))
+    return fig
+
+
+def fit_summary_to_dict(lens, out, seconds: float, stored_dtype: str, provenance=None) -> dict:
+    """The dict ``lens fit-jacobian --json`` prints: ``{"out" (null when not saved), "n_prompts",
+    "tokens", "layers", "seconds" (wall, to a tenth of a second), "stored_dtype",
+    "model"}``."""
+    d = {"out": None if out is None else str(out), "n_prompts": lens.settings["n_prompts"],
+         "tokens": lens.settings["tokens"], "layers": lens.layers, "seconds": round(seconds, 1),
+         "stored_dtype": stored_dtype}
+    if provenance is not None:
+        d["model"] = provenance.to_dict()
+    return d
+
+
+def print_fit_summary(lens, out, seconds: float, console) -> None:
+    """One line: where the Jacobian lens was saved, its prompts, tokens, layers and wall seconds."""
+    what = f"saved the Jacobian lens to {out}" if out is not None else "fitted a Jacobian lens"
+    console.print(f"{what} ({lens.settings['n_prompts']} prompts, {lens.settings['tokens']} tokens, "
+                  f"{len(lens.layers)} layers, {seconds:.0f} s)")
+
+
+__all__ = ["backward_figure", "backward_json", "backward_table", "fit_summary_to_dict", "print_backward",
+           "print_fit_summary"]

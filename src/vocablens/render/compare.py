@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Sequence
 
 from rich.table import Table
 
@@ -43,16 +44,22 @@ def print_comparison(res: LensComparison, out, title: str = "") -> None:
               f" of 0..{L - 1} ({res.tokens} tokens; KL and CE in nats, bpb = bits per byte)")
 
 
-def comparison_figure(res: LensComparison, title: str = ""):
-    """A plotly figure: KL, CE and top-1 agreement per layer, one line per lens."""
+def panels_figure(n_layers: int, series: dict[str, dict[str, list[float]]], title: str = "",
+                  panel_titles: Sequence[str] = tuple(p[1] for p in PANELS)):
+    """The three-panel figure of lenses scored per layer (Belrose et al. 2023, Fig. 3): KL to the final
+    distribution (log scale), CE against the next token (nats) and top-1 agreement, one line per lens,
+    layers 0..``n_layers`` on x. ``series[kind][metric]`` = [L+1] floats (NaN: not read, drawn as a gap);
+    the metrics are ``kl``, ``ce`` and ``top1_agreement`` (``panel_titles``: the three panels' titles,
+    e.g. the cross-entropy in bits per byte). ``lens eval`` draws it for any list of lenses
+    (:func:`comparison_figure`) and for logit vs tuned (:func:`vocablens.render.tuned.eval_figure`)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    x = list(range(res.n_layers + 1))
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in PANELS])
+    x = list(range(n_layers + 1))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=list(panel_titles))
     for col, (m, _) in enumerate(PANELS, start=1):
-        for k in res.kinds:
-            fig.add_trace(go.Scatter(x=x, y=[None if math.isnan(v) else v for v in res.metrics[k][m]],
+        for k, s in series.items():
+            fig.add_trace(go.Scatter(x=x, y=[None if math.isnan(v) else v for v in s[m]],
                                      name=f"{k} lens", line=dict(color=COLOURS.get(k)), showlegend=col == 1,
                                      legendgroup=k), row=1, col=col)
         fig.update_xaxes(title_text="layer", row=1, col=col)
@@ -61,8 +68,10 @@ def comparison_figure(res: LensComparison, title: str = ""):
     return fig
 
 
-def save_comparison_plot(res: LensComparison, path: str | Path, title: str = "") -> Path:
-    """Write the comparison figure: ``.html`` (plotly, self-contained) or ``.png`` (matplotlib), atomically."""
+def save_panels(path: str | Path, n_layers: int, series: dict[str, dict[str, list[float]]], title: str = "",
+                png_titles: tuple[str, str, str] = tuple(p[1] for p in PANELS)) -> Path:
+    """Write :func:`panels_figure` to ``path``, atomically: ``.html`` (plotly, self-contained) or ``.png``
+    (matplotlib, the same three panels titled ``png_titles``)."""
     from vocablens.files import atomic_path
 
     path = Path(path)
@@ -73,11 +82,11 @@ def save_comparison_plot(res: LensComparison, path: str | Path, title: str = "")
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
 
-            x = list(range(res.n_layers + 1))
+            x = list(range(n_layers + 1))
             fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-            for ax, (m, name) in zip(axes, PANELS):
-                for k in res.kinds:
-                    ax.plot(x, res.metrics[k][m], color=COLOURS.get(k), label=f"{k} lens")
+            for ax, (m, _), name in zip(axes, PANELS, png_titles):
+                for k, s in series.items():
+                    ax.plot(x, s[m], color=COLOURS.get(k), label=f"{k} lens")
                 ax.set_xlabel("layer")
                 ax.set_title(name)
             axes[0].set_yscale("log")
@@ -88,8 +97,18 @@ def save_comparison_plot(res: LensComparison, path: str | Path, title: str = "")
             fig.savefig(tmp, dpi=110, format="png")
             plt.close(fig)
         else:
-            comparison_figure(res, title).write_html(str(tmp), include_plotlyjs=True, full_html=True)
+            panels_figure(n_layers, series, title).write_html(str(tmp), include_plotlyjs=True, full_html=True)
     return path
+
+
+def comparison_figure(res: LensComparison, title: str = ""):
+    """:func:`panels_figure` of a comparison: KL, CE and top-1 agreement per layer, one line per lens."""
+    return panels_figure(res.n_layers, {k: res.metrics[k] for k in res.kinds}, title)
+
+
+def save_comparison_plot(res: LensComparison, path: str | Path, title: str = "") -> Path:
+    """Write the comparison figure: ``.html`` (plotly, self-contained) or ``.png`` (matplotlib), atomically."""
+    return save_panels(path, res.n_layers, {k: res.metrics[k] for k in res.kinds}, title)
 
 
 def comparison_to_dict(res: LensComparison, provenance, lenses: list[dict], data: dict,
@@ -103,4 +122,5 @@ def comparison_to_dict(res: LensComparison, provenance, lenses: list[dict], data
     return d
 
 
-__all__ = ["comparison_figure", "comparison_table", "comparison_to_dict", "print_comparison", "save_comparison_plot"]
+__all__ = ["comparison_figure", "comparison_table", "comparison_to_dict", "panels_figure", "print_comparison",
+           "save_comparison_plot", "save_panels"]

@@ -54,6 +54,37 @@ def lens_record(kind: str, lens) -> dict:
     return {"kind": kind, **d}
 
 
+def lens_caption(kind: str, lens) -> str:
+    """One line of provenance: model, corpus, prompts or tokens, stored dtype, source, revision, file
+    format and whether the file's model identity was verified (:func:`vocablens.lens.identity.verify_identity`)."""
+    from vocablens.lens.identity import shown_name
+    from vocablens.lens.jacobian import layer_span
+
+    info = lens.info() if hasattr(lens, "info") else {}
+    s = getattr(lens, "settings", {}) or {}
+    data = s.get("data") or {}
+    bits = [f"{kind} lens for {shown_name(str(info['name'])) if info.get('name') else '?'}"]
+    corpus = info.get("corpus") or data.get("corpus")
+    if corpus:
+        bits.append(f"fitted on {corpus}" if kind == "jacobian" else f"trained on {corpus}")
+    if kind == "jacobian":
+        bits.append(f"{info.get('n_prompts') or '?'} prompts")
+    if info.get("tokens") not in (None, "?"):
+        bits.append(f"{info['tokens']} tokens")
+    if info.get("dtype") or s.get("stored_dtype"):
+        bits.append(f"stored {info.get('dtype') or s.get('stored_dtype')}")
+    if kind == "jacobian":
+        bits.append(f"layers {layer_span(list(lens.layers))}")
+        bits.append(f"source {info.get('source')}")
+    if info.get("revision"):
+        bits.append(f"revision {str(info['revision'])[:12]}")
+    if info.get("format"):
+        bits.append(f"format {info['format']}")
+    if info.get("verified"):
+        bits.append(str(info["verified"]))
+    return ", ".join(bits)
+
+
 def lens_json(results: list[LensResult], tokenizer, provenance=None, lenses: list[dict] | None = None) -> dict:
     """The dict ``lens --json`` prints (and the explorer's ``/api/lens`` answers): one lens's
     :func:`lens_to_dict`, or for two (logit, tuned) ``{"kind": "both", "logit": ..., "tuned": ...}``, for

@@ -22,6 +22,7 @@ from vocablens.errors import BadInput
 from vocablens.render.frames import ROWS
 from vocablens.render.json import json_ready
 from vocablens.render.shown_clients import RENDERERS as CLIENT_RENDERERS
+from vocablens.render.shown_lenses import RENDERERS as LENS_RENDERERS
 from vocablens.render.printed import (
     print_anatomy, print_argmax, print_explain, print_generate, print_lens, print_neighbors, print_pca,
     print_project, print_score, print_settle, print_steer, print_surgery, print_tie_check, print_undertrained,
@@ -158,6 +159,7 @@ _SHOWN: dict[str, tuple[Callable, Callable]] = {
 #: (figures: :data:`vocablens.render.result_figures.FIGURES`; rows: :data:`vocablens.render.frames.ROWS`)
 RENDERERS: dict[str, tuple[Callable, Callable, Callable | None, Callable | None]] = {
     k: (j, p, FIGURES.get(k), ROWS.get(k)) for k, (j, p) in {**_SHOWN, **CLIENT_RENDERERS}.items()}
+RENDERERS.update(LENS_RENDERERS)  # lens compare, backward lens, Jacobian fit: all four in one place
 
 
 def _entry(r) -> tuple:

@@ -67,8 +67,15 @@ def print_eval(res: LensEval, out, title: str = "") -> None:
               f"({res.tokens} tokens; KL, CE, entropy in nats; bpb = bits per byte)")
 
 
+def _series(res: LensEval, unit: str = "nats") -> dict[str, dict[str, list[float]]]:
+    ce = (res.logit_ce, res.tuned_ce) if unit == "nats" else (res.logit_bpb, res.tuned_bpb)
+    return {"logit": {"kl": res.logit_kl, "ce": ce[0], "top1_agreement": res.logit_top1},
+            "tuned": {"kl": res.tuned_kl, "ce": ce[1], "top1_agreement": res.tuned_top1}}
+
+
 def eval_figure(res: LensEval, title: str = "", unit: str = "nats"):
-    """A plotly figure: KL, cross-entropy and top-1 agreement per layer, logit vs tuned (layers on x).
+    """A plotly figure: KL, cross-entropy and top-1 agreement per layer, logit vs tuned (layers on x;
+    :func:`vocablens.render.compare.panels_figure`).
 
     Args:
         unit: the cross-entropy's unit, ``nats`` or ``bpb`` (bits per byte, Belrose et al. 2023, Fig. 3).
@@ -76,62 +83,25 @@ def eval_figure(res: LensEval, title: str = "", unit: str = "nats"):
     Raises:
         BadInput: another unit, or ``bpb`` of an evaluation that did not count the text's bytes.
     """
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     from vocablens.errors import BadInput
+    from vocablens.render.compare import PANELS, panels_figure
 
     if unit not in ("nats", "bpb"):
         raise BadInput(f"unit must be nats or bpb; got {unit!r}")
     if unit == "bpb" and not res.n_bytes:
         raise BadInput("bits per byte need the bytes of the text scored; this evaluation has none")
-    ce = (res.logit_ce, res.tuned_ce) if unit == "nats" else (res.logit_bpb, res.tuned_bpb)
-    x = list(range(res.n_layers + 1))
-    fig = make_subplots(rows=1, cols=3, subplot_titles=(
-        "KL to final (nats)", "CE vs next token (nats)" if unit == "nats" else "CE vs next token (bits per byte)",
-        "top-1 agreement with final"))
-    for col, (lg, tu) in enumerate(((res.logit_kl, res.tuned_kl), ce, (res.logit_top1, res.tuned_top1)), start=1):
-        fig.add_trace(go.Scatter(x=x, y=lg, name="logit lens", line=dict(color="#d62728"),
-                                 showlegend=col == 1, legendgroup="logit"), row=1, col=col)
-        fig.add_trace(go.Scatter(x=x, y=tu, name="tuned lens", line=dict(color="#1f77b4"),
-                                 showlegend=col == 1, legendgroup="tuned"), row=1, col=col)
-        fig.update_xaxes(title_text="layer", row=1, col=col)
-    fig.update_yaxes(type="log", row=1, col=1)
-    fig.update_layout(title=title or None, height=380, margin=dict(l=40, r=20, t=60, b=40))
-    return fig
+    titles = [p[1] for p in PANELS]
+    if unit == "bpb":
+        titles[1] = "CE vs next token (bits per byte)"
+    return panels_figure(res.n_layers, _series(res, unit), title, titles)
 
 
 def save_eval_plot(res: LensEval, path: str | Path, title: str = "") -> Path:
     """Write the evaluation plot: ``.html`` (plotly, self-contained) or ``.png`` (matplotlib), atomically."""
-    from vocablens.files import atomic_path
+    from vocablens.render.compare import save_panels
 
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        if path.suffix.lower() == ".png":
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-
-            x = list(range(res.n_layers + 1))
-            fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-            for ax, (lg, tu, name) in zip(axes, ((res.logit_kl, res.tuned_kl, "KL to final (nats)"),
-                                                 (res.logit_ce, res.tuned_ce, "CE vs next token (nats)"),
-                                                 (res.logit_top1, res.tuned_top1, "top-1 agreement"))):
-                ax.plot(x, lg, color="#d62728", label="logit lens")
-                ax.plot(x, tu, color="#1f77b4", label="tuned lens")
-                ax.set_xlabel("layer")
-                ax.set_title(name)
-            axes[0].set_yscale("log")
-            axes[0].legend()
-            if title:
-                fig.suptitle(title)
-            fig.tight_layout()
-            fig.savefig(tmp, dpi=110, format="png")
-            plt.close(fig)
-        else:
-            eval_figure(res, title).write_html(str(tmp), include_plotlyjs=True, full_html=True)
-    return path
+    return save_panels(path, res.n_layers, _series(res), title,
+                       png_titles=("KL to final (nats)", "CE vs next token (nats)", "top-1 agreement"))
 
 
 def train_summary_to_dict(res, out_dir, steps: int, wall_s: float, world_size: int, data: dict) -> dict:

@@ -49,20 +49,7 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
         PromptTooLong: more prompt tokens than the model's context.
         CheckpointMismatch: ``lens_path`` belongs to another model.
     """
-    from dataclasses import replace
-
-    from vocablens.errors import BadInput
-
-    if not prompt or not prompt.strip():
-        raise BadInput("empty prompt: give some text with `prompt`")
-    if not callable(getattr(lm, "lens", None)):  # a LoadedModel: its sections need the handle's workflows
-        raise BadInput("run_report needs a vocablens.Model: vocablens.load(spec), or vocablens.Model.of(loaded)")
-    plans = plan_report(model, budget_s)
-    if only is not None:
-        unknown = sorted(set(only) - set(ORDER))
-        if unknown:
-            raise BadInput(f"unknown report section {unknown[0]!r}; sections are {', '.join(ORDER)}")
-        plans = [p for p in plans if p.key in only]
+    plans = _checked_plans(lm, model, prompt, budget_s, only)
     ids = lm.encode(prompt)  # the model's one rule for text -> ids
     t_all = clock()
     finished: dict[str, float] = {}
@@ -90,12 +77,8 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
     for plan in sorted(plans, key=lambda p: (p.key == AFTER_SCAN) * 2 + (p.key == _LAST)):
         run = runs[plan.key]
         t0 = clock()
-        if plan.key == _LAST:  # what the others left, less the planned share of the section after it
-            plan = run.plan = replace(plan, budget_s=argmax_share(budget_s, t0 - t_all,
-                                                                  after.budget_s if after else 0.0))
-            now["deadline"] = t0 - t_all + plan.budget_s
-        elif plan.key == AFTER_SCAN:  # its share, or what the scan left when that is more
-            plan = run.plan = replace(plan, budget_s=after_scan_share(budget_s, t0 - t_all, plan.budget_s))
+        if plan.key in (_LAST, AFTER_SCAN):  # their budgets depend on what the sections before them took
+            plan = run.plan = _budgeted(plan, budget_s, t0 - t_all, after)
             now["deadline"] = t0 - t_all + plan.budget_s
         now.update(key=plan.key, t0=t0)
         report(plan.title)
@@ -106,6 +89,37 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
     report("done")
     return ReportRun(prompt=prompt, input_ids=ids, budget_s=budget_s, seconds=clock() - t_all,
                      sections=[runs[p.key] for p in plans])
+
+
+def _checked_plans(lm, model: str, prompt: str, budget_s: float, only) -> list[SectionPlan]:
+    """The sections :func:`run_report` runs (:func:`plan_report`, kept to ``only``), its arguments checked.
+
+    Raises:
+        BadInput: an empty prompt, ``lm`` not a :class:`vocablens.Model`, a bad budget, an unknown key.
+    """
+    from vocablens.errors import BadInput
+
+    if not prompt or not prompt.strip():
+        raise BadInput("empty prompt: give some text with `prompt`")
+    if not callable(getattr(lm, "lens", None)):  # a LoadedModel: its sections need the handle's workflows
+        raise BadInput("run_report needs a vocablens.Model: vocablens.load(spec), or vocablens.Model.of(loaded)")
+    plans = plan_report(model, budget_s)
+    if only is not None:
+        unknown = sorted(set(only) - set(ORDER))
+        if unknown:
+            raise BadInput(f"unknown report section {unknown[0]!r}; sections are {', '.join(ORDER)}")
+        plans = [p for p in plans if p.key in only]
+    return plans
+
+
+def _budgeted(plan: SectionPlan, budget_s: float, elapsed_s: float, after: SectionPlan | None) -> SectionPlan:
+    """The argmax scan's plan with what the others left, less the planned share of the section after it;
+    that section's plan with its share, or what the scan left when that is more."""
+    from dataclasses import replace
+
+    if plan.key == _LAST:
+        return replace(plan, budget_s=argmax_share(budget_s, elapsed_s, after.budget_s if after else 0.0))
+    return replace(plan, budget_s=after_scan_share(budget_s, elapsed_s, plan.budget_s))
 
 
 __all__ = [

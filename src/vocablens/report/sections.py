@@ -5,7 +5,6 @@ A section keeps the analysis's own result (``.value``), which the page renders."
 
 from __future__ import annotations
 
-from vocablens.undertrained.section import run_section as _undertrained
 from vocablens.units import plural
 from vocablens.report.plan import (
     NEIGHBOR_TOKENS, PROBE_TOKENS, SETTLE_SEQ_LEN, SETTLE_MAX_TOKENS, settle_tokens,
@@ -139,6 +138,34 @@ def _settle(ctx, plan, run):
     if n < SETTLE_MAX_TOKENS:
         run.cut_short = (f"read {n} of {SETTLE_MAX_TOKENS} corpus tokens to stay within {plan.budget_s:.0f} s; "
                          f"run `{plan.command} --max-tokens {SETTLE_MAX_TOKENS}` for the full sample")
+
+
+#: candidates per verification batch in the under-trained section (its budget is checked between batches)
+REPORT_BATCH = 32
+
+
+def _undertrained(ctx, plan, run):
+    """Under-trained tokens (Land & Bartolo 2024): classes and indicators always, then the paper's
+    candidates (the lowest 2% of the indicator) verified lowest first within ``plan.budget_s``
+    (:meth:`vocablens.Model.undertrained_within`). The report runs it after the argmax scan, with its
+    own share plus what the scan left unused, so after one ``vocablens argmax`` the list is usually
+    complete; when fewer than the paper's candidates were verified, ``run.cut_short`` names the command
+    that verifies them all."""
+    report = ctx.get("progress")
+
+    def progress(stage, done, total):
+        if report is not None:
+            report(f"{plan.title}: {stage} {done:,}/{total:,}", fraction=done / total if total else None)
+
+    res = ctx["lm"].undertrained_within(plan.budget_s, batch_size=REPORT_BATCH, progress=progress)
+    run.result = res.value
+    paper, fraction = res.options["paper_candidates"], res.options["fraction"]
+    run.extra.update(paper_candidates=paper, fraction=fraction)
+    n = int(run.result.candidates.numel())
+    if n < paper:
+        run.cut_short = (f"verified the lowest {n:,} of the paper's {paper:,} candidates (the lowest "
+                         f"{fraction:.0%} of the indicator) within its {plan.budget_s:.0f} s; run "
+                         f"`{plan.command} -n {paper}` to verify them all")
 
 
 RUNNERS = {"anatomy": _anatomy, "borders": _borders, "neighbors": _neighbors, "pca": _pca, "lens": _lens,

@@ -26,8 +26,7 @@ from typing import Any
 
 import torch
 
-from vocablens.errors import BadInput, TokenNotInVocabulary
-from vocablens.models.tokens import token_str
+from vocablens.errors import BadInput
 from vocablens.render.explorer import argmax_token_to_dict, health_to_dict, lens_response, undertrained_token_to_dict
 from vocablens.render.json import json_ready
 
@@ -55,26 +54,16 @@ def encode(lm, prompt: str, chat: bool, max_tokens: int) -> torch.Tensor:
 
 def token_id(lm, token: str | int) -> int:
     """A single token given as its text (``" Paris"``) or its id -> the id: the one rule of every endpoint
-    that takes a token (neighbors, project, trajectory, explain's target, argmax).
-
-    A text that spells several tokens is refused (never silently replaced by its first token).
+    that takes a token (neighbors, project, trajectory, explain's target, argmax;
+    :meth:`vocablens.Model.token_id`). A text that spells several tokens is refused (never silently
+    replaced by its first token).
 
     Raises:
         TokenNotInVocabulary: empty, several tokens, or an id outside the real vocabulary.
     """
-    real = lm.borders.real_vocab_size
-    if isinstance(token, int):
-        if not 0 <= token < real:
-            raise TokenNotInVocabulary(f"token id {token} is outside the vocabulary 0..{real - 1}")
-        return token
-    ids, _ = lm.token_ids(token)
-    if len(ids) != 1:
-        shown = [token_str(lm.tokenizer, i) for i in ids[:6]] + (["..."] if len(ids) > 6 else [])
-        raise TokenNotInVocabulary(f"{token[:40]!r}{'...' if len(token) > 40 else ''} is {len(ids)} tokens "
-                                   f"{shown}; give a single token (its text with its leading space, or its id)")
-    if not 0 <= int(ids[0]) < real:
-        raise TokenNotInVocabulary(f"{token!r} is token {ids[0]}, outside the real vocabulary 0..{real - 1}")
-    return int(ids[0])
+    from vocablens.handle import Model
+
+    return Model.of(lm).token_id(token)
 
 
 def position(lm, ids: torch.Tensor, position: int) -> int:
