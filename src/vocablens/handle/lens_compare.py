@@ -152,7 +152,8 @@ class LensCompareWorkflows:
             lenses: ``--lens`` (a folder or file), the :class:`CompareInputs` of :func:`compare_inputs`
                 (then ``kinds``, ``corpus`` and ``split`` are its), or None: the lenses this model holds,
                 else those shipped for it.
-            corpus, split: the text scored (default: as :func:`compare_inputs`).
+            corpus: the text scored (default: as :func:`compare_inputs`).
+            split: ``validation`` (held out from the lens's fit), ``train`` or ``all``.
             max_tokens: tokens scored (rows of ``min(seq_len, max_tokens)``).
             plot: write the figure there (``.html`` plotly, ``.png`` matplotlib), named in the JSON.
             force: replace an existing ``plot``.
@@ -172,7 +173,7 @@ class LensCompareWorkflows:
         from vocablens.lens.evaluate import text_bytes
         from vocablens.render.lens import lens_record
 
-        _check_plot(max_tokens, seq_len, plot, force)
+        check_scoring_options(max_tokens, seq_len, plot, force)
         inp = lenses
         if not isinstance(inp, CompareInputs):
             if lenses is None:
@@ -345,7 +346,13 @@ class LensCompareWorkflows:
         return self._result(R.Undertrained, res, verdicts=None, paper_candidates=paper, fraction=DEFAULT_FRACTION)
 
 
-def _check_plot(max_tokens: int, seq_len: int, plot, force: bool) -> None:
+def check_scoring_options(max_tokens: int, seq_len: int, plot, force: bool) -> None:
+    """The options of scoring lenses on a corpus (``compare_lenses``, ``eval_lens``) that need no model.
+
+    Raises:
+        BadInput: max_tokens or seq_len < 2, a ``plot`` not ending in ``.html`` or ``.png``.
+        OutputExists: ``plot`` exists and not ``force``.
+    """
     if max_tokens < 2 or seq_len < 2:
         raise BadInput("--max-tokens and --seq-len must be at least 2")
     if plot is not None and Path(plot).exists() and not force:
@@ -354,5 +361,5 @@ def _check_plot(max_tokens: int, seq_len: int, plot, force: bool) -> None:
         raise BadInput(f"--plot must end in .html or .png; got {plot}")
 
 
-__all__ = ["CompareInputs", "FIT_DTYPES", "LensCompareWorkflows", "check_fit_options", "compare_inputs",
-           "find_lenses"]
+__all__ = ["CompareInputs", "FIT_DTYPES", "LensCompareWorkflows", "check_fit_options", "check_scoring_options",
+           "compare_inputs", "find_lenses"]

@@ -252,15 +252,11 @@ class LensTraining:
             BadInput: max_tokens or seq_len < 2, a bad split or plot suffix, no lens, a missing corpus.
             OutputExists: ``plot`` exists and not ``force``. CheckpointMismatch: a lens of another model.
         """
+        from vocablens.handle.lens_compare import check_scoring_options
         from vocablens.lens.evaluate import evaluate, text_bytes
         from vocablens.ops.vocab_parallel.comm import share, world
 
-        if max_tokens < 2 or seq_len < 2:
-            raise BadInput("--max-tokens and --seq-len must be at least 2")
-        if plot is not None and Path(plot).exists() and not force:
-            raise OutputExists(f"{plot} exists; pass --force to replace it")
-        if plot is not None and Path(plot).suffix.lower() not in (".html", ".png"):
-            raise BadInput(f"--plot must end in .html or .png; got {plot}")
+        check_scoring_options(max_tokens, seq_len, plot, force)
         inp = lens
         if not isinstance(inp, LensEvalInputs):
             held = self.translators.get("tuned") if lens is None else None
