@@ -40,7 +40,7 @@ ASSUMED_FLOPS_PER_S = 2.0e10
 SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN = 256, 128
 
 #: key -> (title, share of the budget, command that gives the complete answer; {model} is filled in).
-#: For the cheap sections the share is the planned cost (the ETA's first guess); for ``settle`` it
+#: For the cheap sections the share is their planned budget (the ETA's first guess is :data:`REFERENCE_S`); for ``settle`` it
 #: sizes the corpus sample; ``argmax`` gets what the others leave; ``undertrained`` runs after it.
 SECTIONS: dict[str, tuple[str, float, str]] = {
     "anatomy": ("anatomy", 0.5, "vocablens anatomy --model {model}"),
@@ -185,21 +185,50 @@ def after_scan_share(budget_s: float, elapsed_s: float, planned_s: float) -> flo
     return max(planned_s, budget_s - elapsed_s)
 
 
+#: FLOP/s the ETA's priors assume for the report's compute-bound work (settle's forward and lens readouts,
+#: the under-trained verification's short batched queries): a 2-thread CPU, as the cheap sections'
+#: :data:`REFERENCE_S`. Only a first guess: each run scales it by its own measured ratio (:func:`eta_s`)
+REFERENCE_FLOPS_PER_S = 1.1e10
+#: reference seconds of the cheap sections for the default model (SmolLM2-135M) on a 2-thread CPU:
+#: the ETA's priors, scaled to another model by its forward + head FLOPs per token
+#: (:data:`REFERENCE_TOKEN_FLOPS`) and to this run by the measured ratio. ``settle``'s prior is its FLOPs
+REFERENCE_S = {"anatomy": 0.01, "borders": 0.01, "neighbors": 1.0, "pca": 1.7, "lens": 3.4, "tuned": 11.0,
+               "value_vectors": 15.0, "explain": 1.4}
+#: forward + head FLOPs per token of the default model: 2 x 106,168,320 block weights + 2 x 49,152 x 576
+REFERENCE_TOKEN_FLOPS = 2 * 106_168_320 + 2 * 49_152 * 576
+#: reference seconds of evidence the prior ratio (1) counts for: a section of a few hundredths of a
+#: second (anatomy) barely moves the ratio, one of many seconds sets it
+PRIOR_WEIGHT_S = 1.0
+
+
+def measured_ratio(finished: dict[str, float], priors: dict[str, float]) -> float:
+    """This run's speed against the priors: (measured + w) / (prior + w) seconds over the finished
+    sections that have a prior, ``w`` = :data:`PRIOR_WEIGHT_S` (1 before any; > 1: slower than the
+    priors). The pooled ratio weights each section by its prior seconds, so a section of milliseconds
+    (anatomy: 0.01 s planned, its measured time mostly overhead) cannot set the rate of minutes of work."""
+    keys = [k for k in finished if k in priors]
+    return (sum(finished[k] for k in keys) + PRIOR_WEIGHT_S) / (sum(priors[k] for k in keys) + PRIOR_WEIGHT_S)
+
+
 def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | None, in_section_s: float,
           elapsed_s: float, budget_s: float, deadline_s: float | None = None,
           argmax_expected_s: float | None = None, section_fraction: float | None = None,
-          after_planned_s: float | None = None) -> float:
+          after_planned_s: float | None = None, priors: dict[str, float] | None = None,
+          after_floor_s: float | None = None) -> float:
     """Estimated seconds until the report's sections are done.
 
-    The cheap sections not finished yet cost their planned seconds times the measured ratio of
-    actual to planned seconds of the cheap sections finished so far (1 before the first); the one
-    running counts what its estimate has left (none once it overran). The argmax scan then takes
-    its expected seconds (``argmax_expected_s``: 0 with stored verdicts, else the time measured for
-    this head on this machine, :func:`vocablens.argmax.expected_scan_seconds`), never more than its
-    share (:func:`argmax_share`); :data:`AFTER_SCAN` then takes its share, or what is left when that
-    is more (:func:`after_scan_share`: its verification stops there). While the scan or the section
-    after it runs, its rest is extrapolated from the fraction it reports done (``section_fraction``),
-    never past its deadline; with no fraction, the scan's expected seconds, else the deadline.
+    Each cheap section not finished yet costs its prior (``priors[key]``: reference seconds; its
+    planned seconds where it has none) times this run's measured ratio (:func:`measured_ratio` over
+    the sections finished so far); the one running counts what its estimate has left (none once it
+    overran). The argmax scan then takes its expected seconds (``argmax_expected_s``: 0 with stored
+    verdicts, else the time measured for this head on this machine,
+    :func:`vocablens.argmax.expected_scan_seconds`), never more than its share (:func:`argmax_share`);
+    :data:`AFTER_SCAN` then takes its full cost (``after_planned_s`` reference seconds times the ratio)
+    up to its share (or what is left when that is more, :func:`after_scan_share`: its verification
+    stops there), but never less than what it costs whatever its budget (``after_floor_s`` times the
+    ratio: classes, indicators and the first batch always run). While the scan or the section after
+    it runs, its rest is extrapolated from the fraction it reports done (``section_fraction``), never
+    past its deadline; with no fraction, its expected seconds, else the deadline.
 
     ``plans``: the report's sections; ``finished``: key -> measured seconds; ``current``: the section
     running (None between sections), ``in_section_s`` seconds into it; ``elapsed_s`` since the start;
@@ -208,20 +237,20 @@ def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | N
     """
     after = next((p for p in plans if p.key == AFTER_SCAN and p.key not in finished), None)
     cheap = [p for p in plans if p.key not in (LAST, AFTER_SCAN)]
-    done_plan = sum(p.budget_s for p in cheap if p.key in finished)
-    ratio = sum(finished[p.key] for p in cheap if p.key in finished) / done_plan if done_plan > 0 else 1.0
-
-    # the verification is compute-bound like settle, which is sized at the same assumed FLOP rate:
-    # settle's measured / planned seconds is the machine's rate against it (else the cheap sections')
-    settle = next((p for p in plans if p.key == "settle" and p.key in finished and p.budget_s > 0), None)
-    rate = finished[settle.key] / settle.budget_s if settle is not None else ratio
+    prior = {p.key: p.budget_s for p in cheap}
+    prior.update({k: v for k, v in (priors or {}).items() if k in prior})
+    rate = measured_ratio(finished, prior)
 
     def after_s(at_s: float) -> float:
         share = after_scan_share(budget_s, at_s, after.budget_s)
-        return share if after_planned_s is None else min(share, after_planned_s * rate)
+        est = share if after_planned_s is None else min(share, after_planned_s * rate)
+        return max(est, (after_floor_s or 0.0) * rate)
 
     if current in (LAST, AFTER_SCAN):
         left = math.inf if deadline_s is None else max(deadline_s - elapsed_s, 0.0)
+        floor = 0.0
+        if current == AFTER_SCAN and after is not None:   # its first batch runs whatever its deadline
+            floor = max((after_floor_s or 0.0) * rate - in_section_s, 0.0)
         if section_fraction is not None and section_fraction >= 0.02:
             est = in_section_s * (1.0 - min(section_fraction, 1.0)) / section_fraction
         elif current == LAST and argmax_expected_s is not None:
@@ -230,7 +259,7 @@ def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | N
             est = max(after_s(elapsed_s - in_section_s) - in_section_s, 0.0)
         else:
             est = left
-        est = min(est, left)
+        est = max(min(est, left), floor)
         est = est if math.isfinite(est) else 0.0
         if current == LAST and after is not None:
             est += after_s(elapsed_s + est)
@@ -239,7 +268,7 @@ def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | N
     for p in cheap:
         if p.key in finished:
             continue
-        est = p.budget_s * ratio
+        est = prior[p.key] * rate
         rest += max(est - in_section_s, 0.0) if p.key == current else est
     if any(p.key == LAST for p in plans) and LAST not in finished:
         share = argmax_share(budget_s, elapsed_s + rest, after.budget_s if after is not None else 0.0)
@@ -252,5 +281,6 @@ def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | N
 __all__ = [
     "DEFAULT_PROMPT", "DEFAULT_BUDGET_S", "ASSUMED_FLOPS_PER_S", "ARGMAX_MIN_SHARE", "NEIGHBOR_TOKENS",
     "PROBE_TOKENS", "SECTIONS", "ORDER", "LAST", "SectionPlan", "SectionRun", "ReportRun", "plan_report",
-    "settle_tokens", "eta_s", "argmax_share", "AFTER_SCAN", "after_scan_share",
+    "settle_tokens", "eta_s", "argmax_share", "AFTER_SCAN", "after_scan_share", "measured_ratio", "REFERENCE_S",
+    "REFERENCE_FLOPS_PER_S", "REFERENCE_TOKEN_FLOPS", "PRIOR_WEIGHT_S",
 ]

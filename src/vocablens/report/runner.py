@@ -10,11 +10,12 @@ from typing import Callable
 
 from vocablens.report.plan import (  # noqa: F401  (re-exported: the runner's names in one place)
     AFTER_SCAN, ARGMAX_MIN_SHARE, ASSUMED_FLOPS_PER_S, DEFAULT_BUDGET_S, DEFAULT_PROMPT, LAST, NEIGHBOR_TOKENS, ORDER,
-    PROBE_TOKENS, SECTIONS, SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN, ReportProgress, ReportRun, SectionPlan, SectionRun,
+    PRIOR_WEIGHT_S, PROBE_TOKENS, REFERENCE_S, SECTIONS, SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN, ReportProgress, ReportRun, SectionPlan, SectionRun,
     after_scan_share, argmax_share, eta_s, plan_report, settle_tokens,
 )
 from vocablens.report.sections import EXPECTED as _EXPECTED
 from vocablens.report.sections import RUNNERS as _RUNNERS
+from vocablens.report.sections import priors as _PRIORS
 from vocablens.units import plural  # noqa: F401
 
 _LAST = LAST
@@ -61,7 +62,8 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
         t = clock()
         elapsed = t - t_all
         rest = eta_s(plans, finished, now["key"], t - now["t0"], elapsed, budget_s, now["deadline"],
-                     now["expected"], fraction, now["after"])
+                     now["expected"], fraction, now["priors"].get(AFTER_SCAN), now["priors"],
+                     now["priors"].get(AFTER_SCAN + "_floor"))
         progress(description, elapsed, elapsed + rest)
 
     ctx = {"lm": lm, "borders": lm.borders, "tokenizer": lm.tokenizer, "name": lm.provenance.name, "model": model,
@@ -70,8 +72,8 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
     after = next((p for p in plans if p.key == AFTER_SCAN), None)
     scans = progress is not None and any(p.key == _LAST for p in plans)
     now["expected"] = _EXPECTED[_LAST](ctx) if scans else None
-    get_after = _EXPECTED.get(AFTER_SCAN)
-    now["after"] = get_after(ctx) if progress is not None and after is not None and get_after else None
+    # each section's reference seconds: the ETA scales them by the ratio measured on this run
+    now["priors"] = _PRIORS(ctx, plans) if progress is not None else {}
     runs = {p.key: SectionRun(p) for p in plans}
     # the cheap sections, then the argmax scan, then the section after it
     for plan in sorted(plans, key=lambda p: (p.key == AFTER_SCAN) * 2 + (p.key == _LAST)):

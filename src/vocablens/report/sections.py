@@ -174,21 +174,41 @@ RUNNERS = {"anatomy": _anatomy, "borders": _borders, "neighbors": _neighbors, "p
             "undertrained": _undertrained}
 
 
-def _undertrained_planned(ctx) -> float:
-    """Seconds verifying the paper's candidates (2% of V) costs at the report's assumed FLOP rate:
-    3 templates x (4 query tokens through the blocks + one head pass) per candidate."""
+def priors(ctx, plans) -> dict[str, float]:
+    """The ETA's reference seconds (:func:`vocablens.report.plan.eta_s`) per section key, scaled by
+    each run's measured ratio: the cheap sections' :data:`~vocablens.report.plan.REFERENCE_S`, scaled
+    to this model by its forward + head FLOPs per token; ``settle``: the FLOPs of the tokens it will
+    read; ``undertrained``: classes and indicators (about 8e-5 s a vocabulary row), the three
+    few-shot prefixes, and 3 templates x (the query's 4 tokens through the blocks + one head pass)
+    per candidate for the paper's 2% of V, all at :data:`~vocablens.report.plan.REFERENCE_FLOPS_PER_S`;
+    ``undertrained_floor``: what that section costs whatever its budget (classes, indicators,
+    prefixes and its first batch of :data:`REPORT_BATCH` candidates). Without borders: the cheap
+    sections' reference seconds only."""
     from vocablens.models.flops import block_flops, head_flops
-    from vocablens.report.plan import ASSUMED_FLOPS_PER_S
+    from vocablens.report.plan import REFERENCE_FLOPS_PER_S, REFERENCE_S, REFERENCE_TOKEN_FLOPS
 
-    b = ctx["borders"]
-    per = 3 * (4 * b.n_layers * block_flops(b, 0) + head_flops(b.vocab_size, b.d_model))
-    return 0.02 * b.vocab_size * per / ASSUMED_FLOPS_PER_S
+    b = ctx.get("borders")
+    if b is None:
+        return dict(REFERENCE_S)
+    per_token = b.n_layers * block_flops(b, 0) + head_flops(b.vocab_size, b.d_model)
+    out = {k: v * per_token / REFERENCE_TOKEN_FLOPS for k, v in REFERENCE_S.items()}
+    settle = next((p for p in plans if p.key == "settle"), None)
+    if settle is not None:
+        weights = sum(p.numel() for blk in b.blocks for p in blk.parameters() if p.dim() >= 2)
+        min_layer = b.n_layers // 2
+        n = settle_tokens(b.vocab_size, b.d_model, b.n_layers, weights, settle.budget_s, min_layer)
+        out["settle"] = n * (2 * weights + (b.n_layers - min_layer + 1) * head_flops(b.vocab_size, b.d_model)) \
+            / REFERENCE_FLOPS_PER_S
+    fixed = 8e-5 * b.vocab_size + 3 * 40 * b.n_layers * block_flops(b, 40) / REFERENCE_FLOPS_PER_S
+    per = 3 * (4 * b.n_layers * block_flops(b, 40) + head_flops(b.vocab_size, b.d_model)) / REFERENCE_FLOPS_PER_S
+    out["undertrained"] = fixed + round(0.02 * b.vocab_size) * per
+    out["undertrained_floor"] = fixed + min(REPORT_BATCH, round(0.02 * b.vocab_size)) * per
+    return out
 
 
-#: seconds a section is expected to take, measured before the report starts (the ETA's first guess
-#: where a section's planned share says nothing: the scan takes what it needs, up to what is left;
-#: the under-trained verification's cost at the assumed FLOP rate, scaled by the cheap sections' ratio)
-EXPECTED = {"argmax": _argmax_expected, "undertrained": _undertrained_planned}
+#: seconds the scan is expected to take, measured before the report starts (the ETA's first guess
+#: where the scan's share says nothing: it takes what it needs, up to what is left)
+EXPECTED = {"argmax": _argmax_expected}
 
 
-__all__ = ["RUNNERS", "EXPECTED"]
+__all__ = ["RUNNERS", "EXPECTED", "priors"]
