@@ -205,7 +205,7 @@ def measured_ratio(finished: dict[str, float], priors: dict[str, float]) -> floa
     """This run's speed against the priors: (measured + w) / (prior + w) seconds over the finished
     sections that have a prior, ``w`` = :data:`PRIOR_WEIGHT_S` (1 before any; > 1: slower than the
     priors). The pooled ratio weights each section by its prior seconds, so a section of milliseconds
-    (anatomy: 0.01 s planned, its measured time mostly overhead) cannot set the rate of minutes of work."""
+    (anatomy, its measured time mostly overhead) cannot set the rate of minutes of work."""
     keys = [k for k in finished if k in priors]
     return (sum(finished[k] for k in keys) + PRIOR_WEIGHT_S) / (sum(priors[k] for k in keys) + PRIOR_WEIGHT_S)
 
