@@ -40,7 +40,7 @@ ASSUMED_FLOPS_PER_S = 2.0e10
 SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN = 256, 128
 
 #: key -> (title, share of the budget, command that gives the complete answer; {model} is filled in).
-#: For the cheap sections the share is their planned budget (the ETA's first guess is :data:`REFERENCE_S`); for ``settle`` it
+#: For the cheap sections the share is their budget (the ETA's priors: :data:`REFERENCE_S`); for ``settle`` it
 #: sizes the corpus sample; ``argmax`` gets what the others leave; ``undertrained`` runs after it.
 SECTIONS: dict[str, tuple[str, float, str]] = {
     "anatomy": ("anatomy", 0.5, "vocablens anatomy --model {model}"),

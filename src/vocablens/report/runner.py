@@ -10,7 +10,8 @@ from typing import Callable
 
 from vocablens.report.plan import (  # noqa: F401  (re-exported: the runner's names in one place)
     AFTER_SCAN, ARGMAX_MIN_SHARE, ASSUMED_FLOPS_PER_S, DEFAULT_BUDGET_S, DEFAULT_PROMPT, LAST, NEIGHBOR_TOKENS, ORDER,
-    PRIOR_WEIGHT_S, PROBE_TOKENS, REFERENCE_S, SECTIONS, SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN, ReportProgress, ReportRun, SectionPlan, SectionRun,
+    PRIOR_WEIGHT_S, PROBE_TOKENS, REFERENCE_S, SECTIONS, SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN, ReportProgress, ReportRun,
+    SectionPlan, SectionRun,
     after_scan_share, argmax_share, eta_s, plan_report, settle_tokens,
 )
 from vocablens.report.sections import EXPECTED as _EXPECTED
