@@ -169,3 +169,31 @@ def test_the_other_workflows_return_results_that_render(m, tmp_path):
     run = m.report(out=tmp_path / "r.html", only=("anatomy",), budget_s=60)
     assert run.get("anatomy").result.vocab_size == m.borders.vocab_size
     assert "anatomy" in (tmp_path / "r.html").read_text(encoding="utf-8").lower()
+
+
+def test_trim_takes_documents_without_a_corpus(m):
+    """``m.trim(documents=[...])`` keeps the tokens those texts use (it was refused: 'give --corpus F')."""
+    text = "the cat sat on the mat and the dog ran far away"
+    new = m.trim(documents=[text * 3], verify_texts=1, verify_tokens=32)
+    assert new.borders.real_vocab_size < m.borders.real_vocab_size
+    assert new.tokenizer.decode(new.encode(text)[0]).endswith(text)  # every token of the text kept
+    with pytest.raises(BadInput, match="give corpus, documents or token_list"):
+        m.trim()
+
+
+def test_a_result_repr_names_only_the_methods_that_work(m):
+    """The repr offered ``.figure()`` on results that draw none (it raised BadInput)."""
+    for res, draws in ((m.neighbors("the", k=3), False), (m.lens("the cat sat", k=2), True)):
+        assert (".figure()" in repr(res)) is draws and ".to_pandas()" in repr(res)
+        if draws:
+            assert len(res.figure().data) >= 1
+        else:
+            with pytest.raises(BadInput, match="no figure"):
+                res.figure()
+
+
+def test_save_prints_no_progress_bar(m, tmp_path, capfd):
+    """``m.save`` printed transformers' 'Writing model shards' bar into the notebook."""
+    out = m.save(tmp_path / "saved")
+    assert (out / "config.json").is_file()
+    assert "Writing model shards" not in capfd.readouterr().err

@@ -145,7 +145,8 @@ class LensCompareWorkflows:
         """Every lens of ``kinds`` at every layer on the same held-out tokens: KL to the final distribution,
         cross-entropy (nats and bits per byte), entropy and top-1 agreement (``vocablens lens eval --kind
         K1,K2,... --json``; Belrose et al. 2023, §4; Gurnee et al. 2026;
-        :func:`vocablens.lens.compare.compare_lenses`).
+        :func:`vocablens.lens.compare.compare_lenses`). ``--kind logit,tuned`` (the command's default)
+        prints :meth:`eval_lens`'s JSON instead: for that pair, ``m.eval_lens().to_json()`` is what it prints.
 
         Args:
             kinds: the lenses in display order (``logit``, ``tuned``, ``jacobian``).

@@ -86,7 +86,10 @@ class Result:
         p.text(_shown().to_text(self).rstrip("\n"))
 
     def __repr__(self) -> str:
-        return f"<vocablens {type(self).__name__} result; .table(), .to_json(), .figure(), .to_pandas()>"
+        entry = _shown().RENDERERS.get(self.kind) or (None, None, None, None)
+        shows = [".table()", ".to_json()"] + [n for n, f in ((".figure()", entry[2]), (".to_pandas()", entry[3]))
+                                              if f is not None]  # only what this kind draws
+        return f"<vocablens {type(self).__name__} result; {', '.join(shows)}>"
 
 
 def _shown():

@@ -117,7 +117,7 @@ class SurgeryWorkflows:
             a new :class:`~vocablens.handle.Model`; ``.surgery`` its verified record.
 
         Raises:
-            BadInput: no corpus and no token list, bad sizes. TrimRejected: the check failed.
+            BadInput: no corpus, documents or token list, bad sizes. TrimRejected: the check failed.
         """
         from vocablens.corpus import load_documents
         from vocablens.surgery import corpus_token_ids, trim_vocab, verify_trim
@@ -126,8 +126,8 @@ class SurgeryWorkflows:
         from vocablens.units import plural
 
         step = status or _no_status
-        if not corpus and not token_list:
-            raise BadInput("give --corpus F (or --token-list F): the tokens to keep")
+        if not corpus and not token_list and documents is None:
+            raise BadInput("give corpus, documents or token_list: the tokens to keep")
         if undertrained_candidates < 1:
             raise BadInput(f"--undertrained-candidates must be >= 1; got {undertrained_candidates}")
         texts = list(documents) if documents is not None else \
@@ -164,10 +164,13 @@ class SurgeryWorkflows:
         """
         from vocablens.surgery.io import check_out, save_model_dir
 
+        from vocablens.handle.quiet import quiet_loading
+
         path = check_out(str(out), force)
         probes, extra = self._save_with
-        save_model_dir(self.model, self.tokenizer, path, force=force, probe_texts=list(probes) or None,
-                       extra_json=dict(extra) or None)
+        with quiet_loading():  # no transformers progress bar ("Writing model shards") in a notebook
+            save_model_dir(self.model, self.tokenizer, path, force=force, probe_texts=list(probes) or None,
+                           extra_json=dict(extra) or None)
         if self.surgery is not None:
             import dataclasses
 
