@@ -111,4 +111,5 @@ _in_ipython()
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    """The public names and the submodules imported so far (not this module's own imports)."""
+    return sorted((set(globals()) - {"annotations", "importlib", "sys"}) | set(__all__))

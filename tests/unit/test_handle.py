@@ -64,8 +64,8 @@ def test_a_lens_kind_without_a_translator_is_refused_not_relabelled(m):
     with pytest.raises(BadInput, match=r"no Jacobian lens shipped for .*give --lens .*lens fit-jacobian") as e:
         m.lens("the cat", kind="jacobian")
     assert "\n" not in str(e.value) and "jacobian" not in m.translators
-    with pytest.raises(BadInput, match="--kind must be one of") as e:
-        m.lens("the cat", kind="no-such-lens")
+    with pytest.raises(BadInput, match="--kind must be one of logit, tuned, jacobian, both;") as e:
+        m.lens("the cat", kind="no-such-lens")  # jacobian is taken too (it was left out of the list)
     assert "\n" not in str(e.value) and "no-such-lens" not in m.translators
 
 
@@ -197,3 +197,12 @@ def test_save_prints_no_progress_bar(m, tmp_path, capfd):
     out = m.save(tmp_path / "saved")
     assert (out / "config.json").is_file()
     assert "Writing model shards" not in capfd.readouterr().err
+
+
+def test_the_package_root_lists_its_entry_points_not_its_own_imports():
+    """``dir(vocablens)`` (tab completion) offered ``annotations``, ``importlib`` and ``sys``."""
+    import vocablens
+
+    names = set(dir(vocablens))
+    assert set(vocablens.__all__) <= names and {"load", "Model"} <= names
+    assert not names & {"annotations", "importlib", "sys"}

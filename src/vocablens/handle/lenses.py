@@ -91,7 +91,8 @@ class LensWorkflows:
             return self.translators[kind]
         if kind == "jacobian":  # the Jacobian lens shipped for the model, read on first use
             return self.load_jacobian_lens(None)
-        known = ", ".join(["logit", "tuned", "both", *sorted(k for k in self.translators if k != "tuned")])
+        known = ", ".join(["logit", "tuned", "jacobian", "both",
+                           *sorted(k for k in self.translators if k not in ("tuned", "jacobian"))])
         raise BadInput(f"--kind must be one of {known}; got {kind!r}")
 
     def _lens_for_call(self, kind: str, lens_dir=None):
