@@ -29,7 +29,8 @@ class ScoreResult:
     Attributes:
         input_ids: [T] int64 the tokens of the text.
         logprobs: [T-1] float32 log p(token t | tokens < t) for t = 1..T-1.
-        entropy: [T-1] float32 entropy (nats) of the distribution that scored token t.
+        entropy: [T-1] float32 entropy (nats) of the distribution that scored token t, or None when
+            :func:`score_ids` ran with ``entropy=False``.
         topk_ids: [T-1, k] int64 the k most likely tokens at each scored position (k may be 0).
         topk_logprobs: [T-1, k] float32 their log-probabilities.
         n_bytes: UTF-8 bytes of the scored text (tokens 1..T-1 decoded).
@@ -37,7 +38,7 @@ class ScoreResult:
 
     input_ids: torch.Tensor
     logprobs: torch.Tensor
-    entropy: torch.Tensor
+    entropy: torch.Tensor | None
     topk_ids: torch.Tensor
     topk_logprobs: torch.Tensor
     n_bytes: int
@@ -64,7 +65,8 @@ class ScoreResult:
 
 
 @torch.no_grad()
-def score_ids(borders, input_ids: torch.Tensor, top_k: int = 0, n_bytes: int = 0) -> ScoreResult:
+def score_ids(borders, input_ids: torch.Tensor, top_k: int = 0, n_bytes: int = 0, *,
+              entropy: bool = True) -> ScoreResult:
     """Score token ids under the model behind ``borders``.
 
     Args:
@@ -72,12 +74,14 @@ def score_ids(borders, input_ids: torch.Tensor, top_k: int = 0, n_bytes: int = 0
         input_ids: [T] or [1, T] int64, T >= 2.
         top_k: alternatives per position (0..V).
         n_bytes: UTF-8 bytes of the scored text (for per-byte figures).
+        entropy: also the entropy of each scoring distribution (``vocablens score`` prints it); False
+            skips its passes over the [T-1, V] logits (``ScoreResult.entropy`` is then None).
 
     Returns:
         :class:`ScoreResult`.
 
     Raises:
-        BadInput: fewer than 2 tokens, top_k outside [0, V].
+        BadInput: fewer than 2 tokens, top_k outside [0, V], entropy not a bool.
     """
     ids = input_ids.reshape(-1).to(borders.device, torch.int64)
     if ids.numel() < 2:
@@ -86,8 +90,10 @@ def score_ids(borders, input_ids: torch.Tensor, top_k: int = 0, n_bytes: int = 0
     V = U.vocab_size
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= V:
         raise BadInput(f"`top_k` must be an int in [0, {V}]; got {top_k!r}")
+    if not isinstance(entropy, bool):
+        raise BadInput(f"`entropy` must be True or False; got {entropy!r}")
     h = U.normed(blocks_forward(borders, ids[None])[0])  # [T, d_emb]: layer L, final norm once
-    r = token_logprobs(h[:-1], U.weight, ids[1:], **U.head_kwargs(), top_k=top_k, entropy=True)
+    r = token_logprobs(h[:-1], U.weight, ids[1:], **U.head_kwargs(), top_k=top_k, entropy=entropy)
     k = top_k
     empty_i = torch.zeros(ids.numel() - 1, 0, dtype=torch.int64, device=ids.device)
     empty_f = torch.zeros(ids.numel() - 1, 0, dtype=torch.float32, device=ids.device)

@@ -23,14 +23,17 @@ from vocablens.ops._checks import (
     check_bool, check_head, check_head_transform, check_ids, check_int, check_nonempty, check_size,
 )
 from vocablens.ops.chunking import (
-    MAX_CHUNK_BYTES, ChunkBuffers, chunk_sizes, default_chunk_bytes, flatten_tokens, fused_inplace, gemm_operands,
+    ChunkBuffers, chunk_sizes, default_chunk_bytes, flatten_tokens, gemm_operands,
     logits_into, override_sizes, safe_max,
 )
 
-#: full-row chunks of the forward-only path hold at least this many tokens when the budget allows
-#: (each chunk reads all of W: 21-token chunks of V = 49,152 would read it 25 times for 512 tokens;
-#: measurement: docs/performance-ops.md)
-MIN_FULL_ROW_TOKENS = 256
+#: full-row chunks of the forward-only path hold this many tokens (fewer when N is smaller) when
+#: they fit :data:`FULL_ROW_CHUNK_BYTES`: each chunk reads all of W, and a CPU GEMM of 512 rows runs
+#: faster per FLOP than two of 256, more so on two threads (measurement: docs/performance-ops.md)
+MIN_FULL_ROW_TOKENS = 512
+#: the largest default chunk of complete rows, bytes: 512 rows at V = 49,152 (as
+#: :data:`vocablens.ops.kl.READOUT_CHUNK_BYTES`); a larger V gets fewer rows, or vocabulary tiles
+FULL_ROW_CHUNK_BYTES = 96 * 2**20
 from vocablens.ops.topk import merge_topk, topk_lowest_id
 
 
@@ -100,17 +103,43 @@ class _RowState:
         self.m = m_new
 
 
+#: rows of a complete-row chunk whose exp-sums are read at a time: [16, V] float32 is 3 MiB at
+#: V = 49,152, so the scratch of exp(y) stays in cache through its sums (see :mod:`vocablens.ops.kl_block`).
+EXP_ROWS = 16
+
+
+def _exp_sums(y: torch.Tensor, scratch: torch.Tensor | None, entropy: bool):
+    """Row sums of the shifted logits ``y [n, V]`` (float32, <= 0), ``EXP_ROWS`` rows at a time.
+
+    Returns ``(S, Q)`` float32 [n]: S = Σ exp(y), and with ``entropy`` Q = Σ exp(y)·y (else None).
+    With ``entropy`` exp(y) goes to ``scratch`` (>= EXP_ROWS·V floats) and y is kept; without it y is
+    overwritten by exp(y). Both are float32 row sums (cascade summation, error ~eps·log V)."""
+    n = y.shape[0]
+    S = torch.empty(n, dtype=torch.float32, device=y.device)
+    Q = torch.empty(n, dtype=torch.float32, device=y.device) if entropy else None
+    for i in range(0, n, EXP_ROWS):
+        yb = y[i:i + EXP_ROWS]
+        j = i + yb.shape[0]
+        if entropy:
+            e = torch.exp(yb, out=scratch[: yb.numel()].view_as(yb))
+            torch.sum(e, 1, out=S[i:j])
+            torch.sum(e.mul_(yb), 1, out=Q[i:j])
+        else:
+            torch.sum(yb.exp_(), 1, out=S[i:j])
+    return S, Q
+
+
 def _full_rows(z: torch.Tensor, tc: torch.Tensor | None, k: int, entropy: bool, ebuf: torch.Tensor | None,
                cols: int | None = None, rank: bool = False):
     """Statistics of one chunk of complete rows ``z [n, V]`` (float32, overwritten: shifted by its row
-    max, then its log-softmax when no entropy is asked).
+    max, then, without the entropy, its exp).
 
     Returns ``(lse, logprob, entropy, topk_logprobs, topk_ids, rank)`` ([n] / [n, k]; None where not
     asked); top-k and rank read the first ``cols`` columns (None: all), on the raw logits.
-    Passes over z: the row max and the shift by it; then with the entropy one exp into ``ebuf`` and
-    two row sums, which give the normalizer too (no log-softmax); without it one fused log-softmax
-    (which depends only on differences); and the top-k on the raw logits when asked (rows with -inf
-    logits, where 0·-inf is NaN, get their entropy with xlogy).
+    Passes over z: top-k and rank when asked; the row max and the shift by it; then the exp-sums of
+    :func:`_exp_sums` in cache-sized blocks (``ebuf``: their scratch, with the entropy). From y = z - m:
+    log p = y - log S, and the entropy is log S - Σ e·y / S (e = exp(y), S = Σ e); rows with -inf
+    logits, where 0·-inf is NaN, get their entropy with xlogy.
     """
     tv = ti = rk = None
     zc = z if cols is None else z[:, :cols]
@@ -118,34 +147,28 @@ def _full_rows(z: torch.Tensor, tc: torch.Tensor | None, k: int, entropy: bool, 
         tv, ti = topk_lowest_id(zc, k)
     if rank:
         rk = (zc > z.gather(1, tc[:, None])).sum(1)
-    m, am = torch.max(z, 1)
+    m = torch.amax(z, 1)
     ms = safe_max(m)
     # shift by the row max first: torch's fused log-softmax forms z - lse, which at |z| ~ 57 was off by
-    # 3e-5 per log-prob (entropy 3e-4 over V = 70,000); z - m is exact (Sterbenz) and small
+    # 3e-5 per log-prob (entropy 3e-4 over V = 70,000); z - m is small and exact near the top. The
+    # normalizer is the log of a float32 cascade sum, never torch's float32 log-probs (over
+    # V = 70,000 they share an error of ~1.4e-5); float64 sums would convert every element, several
+    # times the cost (docs/performance-ops.md)
     z.sub_(ms[:, None])
+    yt = None if tc is None else z.gather(1, tc[:, None]).squeeze(1)
+    S, Q = _exp_sums(z, ebuf, entropy)
+    S = S.double()
+    logS = torch.log(S)
+    ls = logS.float()
     ent = None
     if entropy:
-        # from the shifted logits y = z - m <= 0: e = exp(y), S = Σ e; log S is the normalizer
-        # (log p = y - log S) and the entropy is log S - Σ e·y / S. It does not read torch's float32
-        # log-probs (over V = 70,000 they share an error of ~1.4e-5), and both sums are float32 row sums
-        # (cascade summation, error ~eps·log V): float64 sums would convert every element, several
-        # times the cost (docs/performance-ops.md); and no log-softmax pass is needed on top
-        e = ebuf[: z.numel()].view_as(z)
-        torch.exp(z, out=e)
-        S = e.sum(1).double()
-        logS = torch.log(S)
-        ent = (logS - e.mul_(z).sum(1).double() / S).float()
-        ls = logS.float()
-        lp = None if tc is None else z.gather(1, tc[:, None]).squeeze(1) - ls
+        ent = (logS - Q.double() / S).float()
         bad = torch.isnan(ent)  # rows with -inf logits (0·-inf): p = exp(y - log S) with xlogy
         if bool(bad.any()):
             rows = bad.nonzero().squeeze(1)
             p = (z[rows] - ls[rows, None]).exp()
             ent[rows] = -torch.special.xlogy(p, p).sum(1)
-    else:
-        fused_inplace(z, "log_softmax")
-        ls = -z.gather(1, am[:, None]).squeeze(1)
-        lp = None if tc is None else z.gather(1, tc[:, None]).squeeze(1)
+    lp = None if yt is None else yt - ls
     if k:
         tv = (tv - ms[:, None]) - ls[:, None]
     return m + ls, lp, ent, tv, ti, rk
@@ -192,6 +215,45 @@ def _checked_options(V: int, topk_cols, top_k, entropy, rank, targets) -> tuple[
     return cols, k
 
 
+def _chunk_plan(N: int, V: int, chunk_bytes: int | None, chunk_tokens: int | None,
+                chunk_vocab: int | None) -> tuple[int, int]:
+    """(tokens per chunk, vocabulary columns per tile): complete rows of min(N, MIN_FULL_ROW_TOKENS)
+    tokens when they fit :data:`FULL_ROW_CHUNK_BYTES` (else as many as fit, or vocabulary tiles of
+    the default budget); the caller's sizes (already checked) override."""
+    budget = chunk_bytes
+    if budget is None:
+        budget = max(default_chunk_bytes(N, V), min(FULL_ROW_CHUNK_BYTES, min(N, MIN_FULL_ROW_TOKENS) * V * 4))
+    return override_sizes(*chunk_sizes(N, V, budget), N, V, chunk_tokens, chunk_vocab)
+
+
+class _Outputs:
+    """The [N] / [N, k] float32 (ids, ranks int64) outputs of :func:`token_logprobs`, filled chunk by chunk."""
+
+    def __init__(self, N: int, k: int, targets: bool, entropy: bool, rank: bool, dev) -> None:
+        f32 = dict(dtype=torch.float32, device=dev)
+        self.k = k
+        self.lse = torch.empty(N, **f32)
+        self.lp = torch.empty(N, **f32) if targets else None
+        self.ent = torch.empty(N, **f32) if entropy else None
+        self.tv = torch.empty(N, k, **f32) if k else None
+        self.ti = torch.empty(N, k, dtype=torch.int64, device=dev) if k else None
+        self.rk = torch.empty(N, dtype=torch.int64, device=dev) if rank else None
+
+    def put(self, a: int, b: int, stats) -> None:
+        """Rows a..b from ``(lse, logprob, entropy, topk_logprobs, topk_ids, rank)`` of one chunk."""
+        for out, x in zip((self.lse, self.lp, self.ent, self.tv, self.ti, self.rk), stats):
+            if out is not None:
+                out[a:b] = x
+
+    def result(self, lead) -> TokenLogprobs:
+        def shape(x, extra=()):
+            return None if x is None else x.reshape(*lead, *extra)
+
+        k = (self.k,)
+        return TokenLogprobs(logprob=shape(self.lp), lse=shape(self.lse), entropy=shape(self.ent),
+                             topk_logprobs=shape(self.tv, k), topk_ids=shape(self.ti, k), target_rank=shape(self.rk))
+
+
 @torch.no_grad()
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor | None = None, *,
                    bias: torch.Tensor | None = None, logit_scale: float = 1.0, softcap: float | None = None,
@@ -229,12 +291,14 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
             int in [0, topk_cols], entropy or rank not a bool, rank without targets, a chunk size not
             None or an int >= 1, bad logit_scale / softcap.
 
-    Default chunks: complete rows of min(N, 256) tokens when they fit 64 MiB (V = 49,152: 48 MiB),
-    else :func:`~vocablens.ops.chunking.default_chunk_bytes`. A chunk of complete rows is read by one
-    fused log-softmax (the values of ``log_softmax(z).gather(targets)`` over the whole row).
-    Peak extra memory is one [n, v] float32 chunk (two with ``entropy`` over complete rows) and O(N·k) outputs (plus, for bf16/fp16 inputs, a
-    float32 copy of W on CPU or one chunk in the input dtype elsewhere; see
-    :func:`~vocablens.ops.chunking.gemm_operands`); every reduction is float32.
+    Default chunks: complete rows of min(N, 512) tokens when they fit 96 MiB (V = 49,152: 96 MiB),
+    else as many complete rows as fit 96 MiB, or tiles of :func:`~vocablens.ops.chunking.default_chunk_bytes`. A chunk of complete rows is read by its
+    row max, the shift by it and row sums of exp (:func:`_full_rows`), the same values as
+    ``log_softmax(z).gather(targets)`` over the whole row.
+    Peak extra memory is one [n, v] float32 chunk (plus a [16, V] scratch with ``entropy`` over
+    complete rows) and O(N·k) outputs (plus, for bf16/fp16 inputs, a float32 copy of W on CPU or
+    one chunk in the input dtype elsewhere; see :func:`~vocablens.ops.chunking.gemm_operands`);
+    every reduction is float32.
     """
     check_head(hidden, weight, bias)
     logit_scale, softcap = check_head_transform(logit_scale, softcap)
@@ -246,47 +310,25 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     check_nonempty("hidden", h)
     if t is not None:
         check_ids("targets", t, V)
-    N = h.shape[0]
-    budget = sizes[0]
-    if budget is None:  # full rows of at least MIN_FULL_ROW_TOKENS tokens when they fit the largest default chunk
-        budget = max(default_chunk_bytes(N, V), min(MAX_CHUNK_BYTES, min(N, MIN_FULL_ROW_TOKENS) * V * 4))
-    n_tok, n_voc = override_sizes(*chunk_sizes(N, V, budget), N, V, sizes[1], sizes[2])
-    dev = h.device
+    N, dev = h.shape[0], h.device
+    n_tok, n_voc = _chunk_plan(N, V, *sizes)
     h, W, bias = gemm_operands(h, weight, bias)
-    bufs = ChunkBuffers(n_tok, n_voc, h.dtype, dev, aux=entropy and n_voc >= V)
-    f32 = dict(dtype=torch.float32, device=dev)
-    lse_out = torch.empty(N, **f32)
-    lp_out = torch.empty(N, **f32) if t is not None else None
-    ent_out = torch.empty(N, **f32) if entropy else None
-    tv_out = torch.empty(N, k, **f32) if k else None
-    ti_out = torch.empty(N, k, dtype=torch.int64, device=dev) if k else None
-    rk_out = torch.empty(N, dtype=torch.int64, device=dev) if rank else None
+    bufs = ChunkBuffers(n_tok, n_voc, h.dtype, dev)
+    ebuf = torch.empty(min(n_tok, EXP_ROWS) * V, dtype=torch.float32, device=dev) if entropy and n_voc >= V else None
+    out = _Outputs(N, k, t is not None, entropy, rank, dev)
     for a in range(0, N, n_tok):
         b = min(N, a + n_tok)
         ta = None if t is None else t[a:b]
-        if n_voc >= V:  # complete rows: one fused log-softmax per chunk
-            z = logits_into(h[a:b], W, bias, 0, V, logit_scale, softcap, bufs)
-            lse, lp, ent, tv, ti, rk = _full_rows(z, ta, k, entropy, bufs.aux, None if cols == V else cols, rank)
+
+        def tile(v0: int, a=a, b=b) -> torch.Tensor:  # logits [b - a, v] of the tile from column v0
+            return logits_into(h[a:b], W, bias, v0, min(V, v0 + n_voc), logit_scale, softcap, bufs)
+
+        if n_voc >= V:  # complete rows: the row statistics of one chunk
+            stats = _full_rows(tile(0), ta, k, entropy, ebuf, None if cols == V else cols, rank)
         else:
-            def tile(v0: int, a=a, b=b) -> torch.Tensor:  # logits [b - a, v] of the tile from column v0
-                return logits_into(h[a:b], W, bias, v0, min(V, v0 + n_voc), logit_scale, softcap, bufs)
-            lse, lp, ent, tv, ti, rk = _tiled_rows(tile, V, n_voc, ta, k, entropy, cols, rank, b - a, dev)
-        lse_out[a:b] = lse
-        if rank:
-            rk_out[a:b] = rk
-        if t is not None:
-            lp_out[a:b] = lp
-        if entropy:
-            ent_out[a:b] = ent
-        if k:
-            tv_out[a:b], ti_out[a:b] = tv, ti
-
-    def shape(x, extra=()):
-        return None if x is None else x.reshape(*lead, *extra)
-
-    return TokenLogprobs(logprob=shape(lp_out), lse=shape(lse_out), entropy=shape(ent_out),
-                         topk_logprobs=shape(tv_out, (k,)) if k else None,
-                         topk_ids=shape(ti_out, (k,)) if k else None, target_rank=shape(rk_out))
+            stats = _tiled_rows(tile, V, n_voc, ta, k, entropy, cols, rank, b - a, dev)
+        out.put(a, b, stats)
+    return out.result(lead)
 
 
-__all__ = ["TokenLogprobs", "chunk_sizes", "default_chunk_bytes", "token_logprobs"]
+__all__ = ["EXP_ROWS", "FULL_ROW_CHUNK_BYTES", "MIN_FULL_ROW_TOKENS", "TokenLogprobs", "chunk_sizes", "default_chunk_bytes", "token_logprobs"]
