@@ -7,7 +7,7 @@ import torch
 from vocablens.errors import BadInput
 from vocablens.lens.tuned import TunedLens
 from vocablens.models import Borders
-from vocablens.ops.kl import linear_kl
+from vocablens.ops.kl_train import linear_kl
 
 
 def regression_init(borders: Borders, rows: torch.Tensor, lens: TunedLens | None = None, ridge: float = 1e-3,

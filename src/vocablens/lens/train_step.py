@@ -14,7 +14,7 @@ import torch
 from vocablens.errors import TrainingDiverged
 from vocablens.lens.tuned import TunedLens
 from vocablens.models import Borders
-from vocablens.ops.kl import linear_kl
+from vocablens.ops.kl_train import linear_kl
 
 
 def optimizer_step(U, weight: torch.Tensor, lens: TunedLens, opt: torch.optim.Optimizer, borders: Borders,

@@ -9,6 +9,8 @@
   float64 statistics (logsumexp, chosen log-probs, KL, max |Δ log p|) one block of rows at a time.
 * :mod:`~vocablens.ops.gram` — float64 Grams of W and of the log-probabilities, streamed over V.
 * :mod:`~vocablens.ops.logprobs` — chunked log-probabilities of targets, top-k, entropy, logsumexp.
+* :mod:`~vocablens.ops.kl` (with :mod:`~vocablens.ops.kl_block`) — KL to a reference through the head,
+  forward only; :mod:`~vocablens.ops.kl_train` — the same KL with its gradient (the tuned lens's loss).
 * :mod:`~vocablens.ops.cross_entropy` (with :mod:`~vocablens.ops.ce_passes`) — a fused chunked
   cross-entropy with backward, never materializing [N, V].
 * :mod:`~vocablens.ops.sampling` — temperature, top-k, top-p, min-p sampling without a full sort.
@@ -42,4 +44,5 @@ __all__ = [
     "vocab_parallel_gather_logits", "vocab_parallel_log_softmax", "vocab_parallel_logits",
     "vocab_parallel_logsumexp", "vocab_parallel_topk",
 ]
-from vocablens.ops.kl import KLReadout, LinearKL, kl_readout, linear_kl, logits_readout  # noqa: E402,F401  (KL to a reference, with gradient)
+from vocablens.ops.kl import KLReadout, kl_readout, logits_readout  # noqa: E402,F401  (KL to a reference)
+from vocablens.ops.kl_train import LinearKL, linear_kl  # noqa: E402,F401  (the same KL with its gradient)

@@ -11,8 +11,9 @@ thread per block range, :func:`vocablens.ops.chunking.run_blocks`) before the ne
   request the entropy, the top-k, the log-probability and rank of a target token, and
   max_v |q_v - p_v| — all from the one GEMM (the logit lens and the tuned lens's evaluation read the
   stream this way: one LM-head GEMM per layer and token, nothing else over V).
-* :func:`linear_kl` (training): per layer, the KL summed over tokens (or, with ``targets`` and no
-  reference, the cross-entropy = KL to a one-hot reference), with its analytic gradient with
+* :func:`~vocablens.ops.kl_train.linear_kl` (training, in :mod:`vocablens.ops.kl_train`): per
+  layer, the KL summed over tokens (or, with ``targets`` and no reference, the cross-entropy = KL
+  to a one-hot reference), with its analytic gradient with
   respect to the hidden states: d KL / d logits = q - p (Belrose et al. 2023, §3, train the tuned
   lens on this KL; the gradient is that of softmax cross-entropy with soft targets), pulled back
   through the softcap and scale (:func:`vocablens.logit_transform.transform_logits_backward`) and
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from vocablens.errors import BadInput, ShapeMismatch
-from vocablens.logit_transform import check_transform, transform_logits, transform_logits_backward
+from vocablens.logit_transform import check_transform, transform_logits
 from vocablens.ops._checks import check_float, check_ids
 from vocablens.ops.chunking import run_blocks
 from vocablens.ops.kl_block import PAIR_TOKENS, STATS_ROWS, ReadoutRows, block_stats, reference_chunk
@@ -68,9 +69,12 @@ class KLReadout:
     max_abs_dp: torch.Tensor | None = None
 
 
-def _stacked(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+def stacked_inputs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
              logit_scale: float, softcap: float | None) -> tuple[torch.Tensor, bool]:
-    """Validate and view hidden as [S, N, d]; returns (hidden3, was_2d)."""
+    """``hidden`` [N, d] or [S, N, d] viewed as [S, N, d], checked against ``weight`` [V, d] and ``bias`` [V].
+
+    Returns ``(hidden3, was_2d)``. Raises ShapeMismatch (dtypes, d, bias shape), BadInput (empty
+    input, a bad logit_scale or softcap)."""
     check_float("hidden", hidden)
     check_float("weight", weight)
     check_transform(logit_scale, softcap)
@@ -86,18 +90,21 @@ def _stacked(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return (hidden[None] if two else hidden), two
 
 
-def _check_reference(reference: torch.Tensor, N: int, V: int) -> None:
+def check_reference(reference: torch.Tensor, N: int, V: int) -> None:
+    """Raise ShapeMismatch unless ``reference`` is float logits [N, V]."""
     check_float("reference", reference)
     if tuple(reference.shape) != (N, V):
         raise ShapeMismatch(f"reference logits must be [N, V]=({N}, {V}); got {tuple(reference.shape)}")
 
 
-def _tokens_per_chunk(S: int, V: int, chunk_bytes: int | None, chunk_rows: int | None) -> int:
+def tokens_per_chunk(S: int, V: int, chunk_bytes: int | None, chunk_rows: int | None) -> int:
+    """Tokens per chunk of S stacked layers: ``chunk_rows`` (rows = tokens·S), else the rows of a
+    float32 [rows, V] buffer of ``chunk_bytes`` (default :data:`DEFAULT_CHUNK_BYTES`); at least 1."""
     rows = chunk_rows if chunk_rows else max(1, (chunk_bytes or DEFAULT_CHUNK_BYTES) // (4 * V))
     return max(1, int(rows) // S)
 
 
-def _logits_into(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, logit_scale: float,
+def head_logits_into(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, logit_scale: float,
                  softcap: float | None, buf: torch.Tensor) -> torch.Tensor:
     """float32 logits [R, V] of R head inputs, written into the reused buffer ``buf`` (>= R·V floats)."""
     R, V = h.shape[0], weight.shape[0]
@@ -113,7 +120,7 @@ def _logits_into(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return transform_logits(z, logit_scale, softcap, inplace=True)
 
 
-def _pair_dot(z: torch.Tensor, p: torch.Tensor, n: int, S: int) -> torch.Tensor:
+def pair_dot(z: torch.Tensor, p: torch.Tensor, n: int, S: int) -> torch.Tensor:
     """Σ_v z[j·S + s, v] p[j, v] for token-major rows z [n·S, V] and p [n, V] -> [n, S] (one GEMM)."""
     full = torch.mm(z, p.t()).view(n, S, n)  # n x more products than needed, but one pass over z
     return full.diagonal(dim1=0, dim2=2).t()
@@ -199,13 +206,13 @@ def kl_readout(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tens
         BadInput: empty input, targets outside [0, V), top_k / topk_cols out of range, rank without
             targets, a bad scale or softcap.
     """
-    H, two = _stacked(hidden, weight, bias, logit_scale, softcap)
+    H, two = stacked_inputs(hidden, weight, bias, logit_scale, softcap)
     S, N, _ = H.shape
     V = int(weight.shape[0])
-    _check_reference(reference, N, V)
+    check_reference(reference, N, V)
 
     def chunk(a: int, b: int, buf: torch.Tensor) -> torch.Tensor:  # rows token-major: j*S + s = token a+j, layer s
-        return _logits_into(H[:, a:b].transpose(0, 1).reshape((b - a) * S, -1), weight, bias, logit_scale,
+        return head_logits_into(H[:, a:b].transpose(0, 1).reshape((b - a) * S, -1), weight, bias, logit_scale,
                             softcap, buf)
 
     o, plogp = _readout(chunk, S, N, V, H.device, reference, targets, rank, top_k, topk_cols, entropy,
@@ -228,7 +235,7 @@ def logits_readout(logits: torch.Tensor, reference: torch.Tensor, *, targets: to
     if logits.dim() != 2 or 0 in logits.shape:
         raise ShapeMismatch(f"logits must be a non-empty [N, V]; got {tuple(logits.shape)}")
     N, V = (int(x) for x in logits.shape)
-    _check_reference(reference, N, V)
+    check_reference(reference, N, V)
 
     def chunk(a: int, b: int, buf: torch.Tensor) -> torch.Tensor:
         return buf[: (b - a) * V].view(b - a, V).copy_(logits[a:b])
@@ -253,7 +260,7 @@ def _readout(chunk, S: int, N: int, V: int, dev, reference, targets, rank, top_k
         targets = targets.to(torch.int64)
     elif rank:
         raise BadInput("rank needs targets")
-    n_tok = _tokens_per_chunk(S, V, chunk_bytes or READOUT_CHUNK_BYTES, chunk_rows)
+    n_tok = tokens_per_chunk(S, V, chunk_bytes or READOUT_CHUNK_BYTES, chunk_rows)
     n_tok = min(N, n_tok - n_tok % PAIR_TOKENS if n_tok > PAIR_TOKENS else n_tok)  # whole pair blocks
     f32 = dict(dtype=torch.float32, device=dev)
     zbuf = torch.empty(n_tok * S * V, **f32)
@@ -291,109 +298,5 @@ def _result(o: ReadoutRows, plogp: torch.Tensor, N: int, S: int, two: bool) -> K
         target_rank=None if o.rk is None else out(o.rk.to(torch.int64)), max_abs_dp=out(o.dp))
 
 
-@dataclass(frozen=True)
-class LinearKL:
-    """Result of :func:`linear_kl`.
-
-    Attributes:
-        loss: [S] float64, KL(reference ‖ q) (or cross-entropy) summed over the counted tokens, nats.
-        grad: [S, N, d] float32, ``grad_scale`` · d(Σ loss) / d hidden, or None.
-    """
-
-    loss: torch.Tensor
-    grad: torch.Tensor | None
-
-
-@torch.no_grad()
-def linear_kl(hidden: torch.Tensor, weight: torch.Tensor, reference: torch.Tensor | None = None,
-              targets: torch.Tensor | None = None, *, valid: torch.Tensor | None = None,
-              bias: torch.Tensor | None = None, logit_scale: float = 1.0, softcap: float | None = None,
-              grad_scale: float = 1.0, want_grad: bool = True, chunk_bytes: int | None = None,
-              chunk_rows: int | None = None) -> LinearKL:
-    """KL(reference ‖ q) of S stacked layers, summed over tokens, with its gradient w.r.t. hidden.
-
-    With ``reference=None`` and ``targets`` the reference is one-hot on the target: the loss is the
-    cross-entropy -log q(target) and d/d logits = q - onehot. Cost: two GEMMs per (layer, token)
-    row (logits, and the gradient's pull-back through W), 2·V·d FLOPs each.
-
-    Args:
-        hidden: [S, N, d] (or [N, d]) head inputs (already normed); the GEMMs run in ``weight``'s
-            dtype (bfloat16 weights: bfloat16 GEMMs), everything else in float32.
-        weight: [V, d] the unembedding W_U (no gradient is computed for it).
-        reference: [N, V] reference logits, or None (then ``targets``).
-        targets: [N] int token ids (cross-entropy mode).
-        valid: [N] bool, tokens that count (None = all).
-        bias: the head's bias [V] or None.
-        logit_scale: the head's factor before the softcap.
-        softcap: the head's final-logit softcap or None.
-        grad_scale: factor on the returned gradient (e.g. 1 / counted tokens).
-        want_grad: False = loss only.
-        chunk_bytes: as :func:`kl_readout`.
-        chunk_rows: as :func:`kl_readout`.
-
-    Returns:
-        :class:`LinearKL`.
-
-    Raises:
-        ShapeMismatch: shapes or dtypes disagree.
-        BadInput: neither or both of reference and targets, targets outside [0, V), empty input, a bad
-            scale or softcap.
-    """
-    H, two = _stacked(hidden, weight, bias, logit_scale, softcap)
-    S, N, d = H.shape
-    V = int(weight.shape[0])
-    if (reference is None) == (targets is None):
-        raise BadInput("linear_kl takes a reference [N, V] (KL) or targets [N] (cross-entropy), not both or neither")
-    if reference is not None:
-        _check_reference(reference, N, V)
-    else:
-        check_ids("targets", targets, V)
-        if tuple(targets.shape) != (N,):
-            raise ShapeMismatch(f"targets must be [N]=({N},); got {tuple(targets.shape)}")
-        targets = targets.to(torch.int64)
-    if valid is not None and tuple(valid.shape) != (N,):
-        raise ShapeMismatch(f"valid must be [N]=({N},); got {tuple(valid.shape)}")
-    n_tok = min(N, _tokens_per_chunk(S, V, chunk_bytes, chunk_rows))
-    dev = H.device
-    zbuf = torch.empty(n_tok * S * V, dtype=torch.float32, device=dev)
-    ebuf = torch.empty_like(zbuf)
-    pbuf = torch.empty(n_tok * V, dtype=torch.float32, device=dev) if reference is not None else None
-    losses = torch.zeros(S, dtype=torch.float64, device=dev)
-    G = torch.empty(S, N, d, dtype=torch.float32, device=dev) if want_grad else None
-    for a in range(0, N, n_tok):
-        b = min(N, a + n_tok)
-        n, R = b - a, (b - a) * S
-        z = _logits_into(H[:, a:b].transpose(0, 1).reshape(R, -1), weight, bias, logit_scale, softcap, zbuf)
-        y = z.clone() if (want_grad and softcap is not None) else None  # transformed logits, for the backward
-        m = z.amax(1, keepdim=True)
-        z.sub_(m)
-        e = torch.exp(z, out=ebuf[: R * V].view(R, V))
-        s = e.sum(1, keepdim=True)
-        log_s = s.log().view(n, S)
-        if reference is not None:
-            p, plogp = reference_chunk(reference[a:b], pbuf)
-            loss = plogp[:, None] - _pair_dot(z, p, n, S) + log_s
-        else:
-            idx = targets[a:b].view(n, 1, 1).expand(n, S, 1)
-            loss = log_s - z.view(n, S, V).gather(2, idx).view(n, S)
-        w = None if valid is None else valid[a:b].to(torch.float32).view(n, 1)
-        if w is not None:
-            loss = loss * w
-        losses += loss.double().sum(0)
-        if not want_grad:
-            continue
-        e.div_(s)  # q
-        q3 = e.view(n, S, V)
-        if reference is not None:
-            q3.sub_(p[:, None, :])
-        else:
-            q3.scatter_add_(2, idx, torch.full((n, S, 1), -1.0, dtype=torch.float32, device=dev))
-        q3.mul_(grad_scale if w is None else w.view(n, 1, 1) * grad_scale)
-        g = transform_logits_backward(e, y, logit_scale, softcap, inplace=True)
-        gh = (g.to(weight.dtype) @ weight).float()  # [R, d]
-        G[:, a:b] = gh.view(n, S, d).transpose(0, 1)
-    return LinearKL(loss=losses[0:1] if two else losses, grad=(G[0] if two and G is not None else G))
-
-
-__all__ = ["DEFAULT_CHUNK_BYTES", "PAIR_TOKENS", "READOUT_CHUNK_BYTES", "REF_TOKENS", "STATS_ROWS", "KLReadout", "LinearKL", "kl_readout", "linear_kl",
+__all__ = ["DEFAULT_CHUNK_BYTES", "PAIR_TOKENS", "READOUT_CHUNK_BYTES", "REF_TOKENS", "STATS_ROWS", "KLReadout", "kl_readout",
            "logits_readout"]
