@@ -23,9 +23,11 @@ from vocablens.ops._checks import (
     check_bool, check_head, check_head_transform, check_ids, check_int, check_nonempty, check_size,
 )
 from vocablens.ops.chunking import (
-    ChunkBuffers, chunk_sizes, default_chunk_bytes, flatten_tokens, gemm_operands,
-    logits_into, override_sizes, safe_max,
+    ChunkBuffers, chunk_sizes, default_chunk_bytes, flatten_tokens, gemm_operands, logits_into, override_sizes,
+    run_blocks, safe_max,
 )
+from vocablens.ops.kl_block import exp_shifted
+from vocablens.ops.topk import merge_topk, topk_lowest_id
 
 #: full-row chunks of the forward-only path hold this many tokens (fewer when N is smaller) when
 #: they fit :data:`FULL_ROW_CHUNK_BYTES`: each chunk reads all of W, and a CPU GEMM of 512 rows runs
@@ -34,7 +36,6 @@ MIN_FULL_ROW_TOKENS = 512
 #: the largest default chunk of complete rows, bytes: 512 rows at V = 49,152 (as
 #: :data:`vocablens.ops.kl.READOUT_CHUNK_BYTES`); a larger V gets fewer rows, or vocabulary tiles
 FULL_ROW_CHUNK_BYTES = 96 * 2**20
-from vocablens.ops.topk import merge_topk, topk_lowest_id
 
 
 @dataclass(frozen=True)
@@ -108,25 +109,38 @@ class _RowState:
 EXP_ROWS = 16
 
 
-def _exp_sums(y: torch.Tensor, scratch: torch.Tensor | None, entropy: bool):
-    """Row sums of the shifted logits ``y [n, V]`` (float32, <= 0), ``EXP_ROWS`` rows at a time.
+def _row_sums(z: torch.Tensor, scratch: torch.Tensor | None, entropy: bool):
+    """Row max and exp-sums of logits ``z [n, V]`` (float32), read ``EXP_ROWS`` rows at a time (one
+    CPU thread per block, :func:`~vocablens.ops.chunking.run_blocks`), so that every pass over a
+    block after its max runs in cache and no pass waits for the other threads.
 
-    Returns ``(S, Q)`` float32 [n]: S = Σ exp(y), and with ``entropy`` Q = Σ exp(y)·y (else None).
-    With ``entropy`` exp(y) goes to ``scratch`` (>= EXP_ROWS·V floats) and y is kept; without it y is
-    overwritten by exp(y). Both are float32 row sums (cascade summation, error ~eps·log V)."""
-    n = y.shape[0]
-    S = torch.empty(n, dtype=torch.float32, device=y.device)
-    Q = torch.empty(n, dtype=torch.float32, device=y.device) if entropy else None
-    for i in range(0, n, EXP_ROWS):
-        yb = y[i:i + EXP_ROWS]
-        j = i + yb.shape[0]
-        if entropy:
-            e = torch.exp(yb, out=scratch[: yb.numel()].view_as(yb))
-            torch.sum(e, 1, out=S[i:j])
-            torch.sum(e.mul_(yb), 1, out=Q[i:j])
-        else:
-            torch.sum(yb.exp_(), 1, out=S[i:j])
-    return S, Q
+    Returns ``(m, ms, S, Q)`` float32 [n]: the row max m, ms = m with -inf as 0
+    (:func:`~vocablens.ops.chunking.safe_max`), S = Σ exp(y) and with ``entropy`` Q = Σ exp(y)·y
+    (else None), y = z - ms <= 0. z is overwritten by y, or without the entropy by exp(y); with the
+    entropy exp(y) goes to ``scratch`` (>= threads·EXP_ROWS·V floats, a block per thread). exp is
+    :func:`~vocablens.ops.kl_block.exp_shifted` (exp2 of y·log2 e, floored at 2^-126: a -inf logit
+    adds 2^-126 to S and -inf to Q). Both are float32 row sums (cascade summation, error ~eps·log V)."""
+    n, V = z.shape
+    f32 = dict(dtype=torch.float32, device=z.device)
+    m, ms, S = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
+    Q = torch.empty(n, **f32) if entropy else None
+
+    def blocks(lo: int, hi: int, w: int) -> None:
+        for i in range(lo * EXP_ROWS, min(n, hi * EXP_ROWS), EXP_ROWS):
+            j = min(n, i + EXP_ROWS)
+            yb = z[i:j]
+            torch.amax(yb, 1, out=m[i:j])
+            ms[i:j] = safe_max(m[i:j])
+            yb.sub_(ms[i:j, None])
+            if entropy:
+                e = exp_shifted(yb, scratch[w * EXP_ROWS * V:][: yb.numel()].view_as(yb))
+                torch.sum(e, 1, out=S[i:j])
+                torch.sum(e.mul_(yb), 1, out=Q[i:j])
+            else:
+                torch.sum(exp_shifted(yb, yb), 1, out=S[i:j])
+
+    run_blocks(blocks, -(-n // EXP_ROWS), z.device, dynamic=True)
+    return m, ms, S, Q
 
 
 def _full_rows(z: torch.Tensor, tc: torch.Tensor | None, k: int, entropy: bool, ebuf: torch.Tensor | None,
@@ -136,10 +150,10 @@ def _full_rows(z: torch.Tensor, tc: torch.Tensor | None, k: int, entropy: bool, 
 
     Returns ``(lse, logprob, entropy, topk_logprobs, topk_ids, rank)`` ([n] / [n, k]; None where not
     asked); top-k and rank read the first ``cols`` columns (None: all), on the raw logits.
-    Passes over z: top-k and rank when asked; the row max and the shift by it; then the exp-sums of
-    :func:`_exp_sums` in cache-sized blocks (``ebuf``: their scratch, with the entropy). From y = z - m:
+    Passes over z: top-k and rank when asked; then the row max, the shift and the exp-sums of
+    :func:`_row_sums` in cache-sized blocks (``ebuf``: their scratch, with the entropy). From y = z - m:
     log p = y - log S, and the entropy is log S - Σ e·y / S (e = exp(y), S = Σ e); rows with -inf
-    logits, where 0·-inf is NaN, get their entropy with xlogy.
+    logits get their entropy from the exact p with xlogy (0·log 0 = 0).
     """
     tv = ti = rk = None
     zc = z if cols is None else z[:, :cols]
@@ -147,23 +161,21 @@ def _full_rows(z: torch.Tensor, tc: torch.Tensor | None, k: int, entropy: bool, 
         tv, ti = topk_lowest_id(zc, k)
     if rank:
         rk = (zc > z.gather(1, tc[:, None])).sum(1)
-    m = torch.amax(z, 1)
-    ms = safe_max(m)
+    zt = None if tc is None else z.gather(1, tc[:, None]).squeeze(1)
     # shift by the row max first: torch's fused log-softmax forms z - lse, which at |z| ~ 57 was off by
     # 3e-5 per log-prob (entropy 3e-4 over V = 70,000); z - m is small and exact near the top. The
     # normalizer is the log of a float32 cascade sum, never torch's float32 log-probs (over
     # V = 70,000 they share an error of ~1.4e-5); float64 sums would convert every element, several
-    # times the cost (docs/performance-ops.md)
-    z.sub_(ms[:, None])
-    yt = None if tc is None else z.gather(1, tc[:, None]).squeeze(1)
-    S, Q = _exp_sums(z, ebuf, entropy)
+    # times the cost (docs/performance-ops.md). The shift happens block by block in _row_sums
+    m, ms, S, Q = _row_sums(z, ebuf, entropy)
+    yt = None if zt is None else zt - ms
     S = S.double()
     logS = torch.log(S)
     ls = logS.float()
     ent = None
     if entropy:
         ent = (logS - Q.double() / S).float()
-        bad = torch.isnan(ent)  # rows with -inf logits (0·-inf): p = exp(y - log S) with xlogy
+        bad = ~torch.isfinite(ent)  # rows with -inf logits (Q = -inf): p = exp(y - log S) with xlogy
         if bool(bad.any()):
             rows = bad.nonzero().squeeze(1)
             p = (z[rows] - ls[rows, None]).exp()
@@ -213,6 +225,11 @@ def _checked_options(V: int, topk_cols, top_k, entropy, rank, targets) -> tuple[
     if rank and targets is None:
         raise BadInput("rank needs targets")
     return cols, k
+
+
+def _threads(dev) -> int:
+    """Threads :func:`~vocablens.ops.chunking.run_blocks` runs on ``dev`` (1 off the CPU)."""
+    return torch.get_num_threads() if torch.device(dev).type == "cpu" else 1
 
 
 def _chunk_plan(N: int, V: int, chunk_bytes: int | None, chunk_tokens: int | None,
@@ -314,7 +331,9 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     n_tok, n_voc = _chunk_plan(N, V, *sizes)
     h, W, bias = gemm_operands(h, weight, bias)
     bufs = ChunkBuffers(n_tok, n_voc, h.dtype, dev)
-    ebuf = torch.empty(min(n_tok, EXP_ROWS) * V, dtype=torch.float32, device=dev) if entropy and n_voc >= V else None
+    ebuf = None  # the entropy's scratch over complete rows: a block of rows per thread (_row_sums)
+    if entropy and n_voc >= V:
+        ebuf = torch.empty(_threads(dev) * min(n_tok, EXP_ROWS) * V, dtype=torch.float32, device=dev)
     out = _Outputs(N, k, t is not None, entropy, rank, dev)
     for a in range(0, N, n_tok):
         b = min(N, a + n_tok)
