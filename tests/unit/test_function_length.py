@@ -28,10 +28,7 @@ CEILING = 80
 
 #: ``path:qualified name`` (path relative to src/vocablens) of each function over the ceiling, with
 #: its length when listed (for the reader; only membership is checked). It may only lose entries.
-OVER_CEILING: dict[str, int] = {
-    "ops/logprobs.py:token_logprobs": 94,
-    "ops/kl.py:linear_kl": 88,
-}
+OVER_CEILING: dict[str, int] = {}
 
 
 def function_lengths(source: str, path: str = "") -> dict[str, int]:
