@@ -24,7 +24,7 @@ from vocablens.ops._checks import (
 )
 from vocablens.ops.chunking import (
     ChunkBuffers, chunk_sizes, default_chunk_bytes, flatten_tokens, gemm_operands, logits_into, override_sizes,
-    run_blocks, safe_max,
+    safe_max,
 )
 from vocablens.ops.kl_block import exp_shifted
 from vocablens.ops.topk import merge_topk, topk_lowest_id
@@ -110,36 +110,34 @@ EXP_ROWS = 16
 
 
 def _row_sums(z: torch.Tensor, scratch: torch.Tensor | None, entropy: bool):
-    """Row max and exp-sums of logits ``z [n, V]`` (float32), read ``EXP_ROWS`` rows at a time (one
-    CPU thread per block, :func:`~vocablens.ops.chunking.run_blocks`), so that every pass over a
-    block after its max runs in cache and no pass waits for the other threads.
+    """Row max and exp-sums of logits ``z [n, V]`` (float32), ``EXP_ROWS`` rows at a time, so that
+    every pass over a block after its max runs in cache.
 
     Returns ``(m, ms, S, Q)`` float32 [n]: the row max m, ms = m with -inf as 0
     (:func:`~vocablens.ops.chunking.safe_max`), S = Σ exp(y) and with ``entropy`` Q = Σ exp(y)·y
     (else None), y = z - ms <= 0. z is overwritten by y, or without the entropy by exp(y); with the
-    entropy exp(y) goes to ``scratch`` (>= threads·EXP_ROWS·V floats, a block per thread). exp is
+    entropy exp(y) goes to ``scratch`` (>= EXP_ROWS·V floats). exp is
     :func:`~vocablens.ops.kl_block.exp_shifted` (exp2 of y·log2 e, floored at 2^-126: a -inf logit
-    adds 2^-126 to S and -inf to Q). Both are float32 row sums (cascade summation, error ~eps·log V)."""
-    n, V = z.shape
+    adds 2^-126 to S and -inf to Q). Both are float32 row sums (cascade summation, error ~eps·log V).
+    The blocks run one after another, each op on all threads: one op per thread
+    (:func:`~vocablens.ops.chunking.run_blocks`) and a row max over the whole chunk first both cost
+    more here (measurement: docs/performance-ops.md)."""
+    n = z.shape[0]
     f32 = dict(dtype=torch.float32, device=z.device)
     m, ms, S = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
     Q = torch.empty(n, **f32) if entropy else None
-
-    def blocks(lo: int, hi: int, w: int) -> None:
-        for i in range(lo * EXP_ROWS, min(n, hi * EXP_ROWS), EXP_ROWS):
-            j = min(n, i + EXP_ROWS)
-            yb = z[i:j]
-            torch.amax(yb, 1, out=m[i:j])
-            ms[i:j] = safe_max(m[i:j])
-            yb.sub_(ms[i:j, None])
-            if entropy:
-                e = exp_shifted(yb, scratch[w * EXP_ROWS * V:][: yb.numel()].view_as(yb))
-                torch.sum(e, 1, out=S[i:j])
-                torch.sum(e.mul_(yb), 1, out=Q[i:j])
-            else:
-                torch.sum(exp_shifted(yb, yb), 1, out=S[i:j])
-
-    run_blocks(blocks, -(-n // EXP_ROWS), z.device, dynamic=True)
+    for i in range(0, n, EXP_ROWS):
+        yb = z[i:i + EXP_ROWS]
+        j = i + yb.shape[0]
+        torch.amax(yb, 1, out=m[i:j])
+        ms[i:j] = safe_max(m[i:j])
+        yb.sub_(ms[i:j, None])
+        if entropy:
+            e = exp_shifted(yb, scratch[: yb.numel()].view_as(yb))
+            torch.sum(e, 1, out=S[i:j])
+            torch.sum(e.mul_(yb), 1, out=Q[i:j])
+        else:
+            torch.sum(exp_shifted(yb, yb), 1, out=S[i:j])
     return m, ms, S, Q
 
 
@@ -225,11 +223,6 @@ def _checked_options(V: int, topk_cols, top_k, entropy, rank, targets) -> tuple[
     if rank and targets is None:
         raise BadInput("rank needs targets")
     return cols, k
-
-
-def _threads(dev) -> int:
-    """Threads :func:`~vocablens.ops.chunking.run_blocks` runs on ``dev`` (1 off the CPU)."""
-    return torch.get_num_threads() if torch.device(dev).type == "cpu" else 1
 
 
 def _chunk_plan(N: int, V: int, chunk_bytes: int | None, chunk_tokens: int | None,
@@ -331,9 +324,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     n_tok, n_voc = _chunk_plan(N, V, *sizes)
     h, W, bias = gemm_operands(h, weight, bias)
     bufs = ChunkBuffers(n_tok, n_voc, h.dtype, dev)
-    ebuf = None  # the entropy's scratch over complete rows: a block of rows per thread (_row_sums)
-    if entropy and n_voc >= V:
-        ebuf = torch.empty(_threads(dev) * min(n_tok, EXP_ROWS) * V, dtype=torch.float32, device=dev)
+    ebuf = torch.empty(min(n_tok, EXP_ROWS) * V, dtype=torch.float32, device=dev) if entropy and n_voc >= V else None
     out = _Outputs(N, k, t is not None, entropy, rank, dev)
     for a in range(0, N, n_tok):
         b = min(N, a + n_tok)
