@@ -131,11 +131,12 @@ def test_explain_draws_the_explorers_attribution_bars(m):
         assert s in plot, s  # the explorer's plot is still the one drawn here
 
 
-@pytest.mark.parametrize("what", ["score", "neighbors", "tie_check", "project", "argmax"])
-def test_results_drawn_nowhere_say_so(m, argmax, what):
+@pytest.mark.parametrize(("what", "article"), [("score", "a"), ("neighbors", "a"), ("tie_check", "a"), ("project", "a"),
+                                               ("argmax", "an")])
+def test_results_drawn_nowhere_say_so(m, argmax, what, article):
     res = {"score": lambda: m.score(PROMPT), "neighbors": lambda: m.neighbors(["the"], k=2),
            "tie_check": m.tie_check, "project": m.project, "argmax": lambda: argmax}[what]()
-    with pytest.raises(BadInput, match=f"no figure is drawn for a {what} result"):
+    with pytest.raises(BadInput, match=f"no figure is drawn for {article} {what} result"):
         res.figure()
 
 

@@ -230,7 +230,7 @@ def figure(r, **options):
     """
     fig = _entry(r)[2]
     if fig is None:
-        raise BadInput(f"no figure is drawn for a {r.kind} result; .table() shows it")
+        raise BadInput(f"no figure is drawn for {_article(r.kind)} {r.kind} result; .table() shows it")
     return draw(fig, r, **options)
 
 
@@ -257,8 +257,13 @@ def rows_of(r) -> list[dict]:
     """
     rows = _entry(r)[3]
     if rows is None:
-        raise BadInput(f"a {r.kind} result is not tabular; .to_json() holds its data")
+        raise BadInput(f"{_article(r.kind)} {r.kind} result is not tabular; .to_json() holds its data")
     return rows(r)
+
+
+def _article(word: str) -> str:
+    """``an`` before a vowel, else ``a``: the article a message puts before ``word``."""
+    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 __all__ = ["RENDERERS", "figure", "print_result", "rows_of", "table", "to_html", "to_json", "to_pandas", "to_text"]
