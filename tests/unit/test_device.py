@@ -130,6 +130,7 @@ def _analyses(borders, tok=None) -> dict[str, torch.Tensor]:
     from vocablens.geometry.embedding import cosine_neighbors
     from vocablens.generate.loop import generate
     from vocablens.lens.evaluate import evaluate
+    from vocablens.lens.jacobian_fit import JacobianFitSettings, fit_jacobian_lens
     from vocablens.lens.logit import logit_lens
     from vocablens.lens.train import TrainSettings, train
     from vocablens.lens.tuned import TunedLens
@@ -183,6 +184,8 @@ def _analyses(borders, tok=None) -> dict[str, torch.Tensor]:
     gen = generate(borders, rows[0, :5], max_new_tokens=4, top_n=2)
     out.update(gen=torch.tensor([tk.id for tk in gen.tokens]))  # cpu: ids
     out.update(concept=concept_scores(borders, [5, 9])[2])
+    jl = fit_jacobian_lens(borders, rows, JacobianFitSettings(skip_first=4, dim_batch=8, prompt_batch=2))
+    out.update(jacobian=jl.J)
     res = train(borders, rows[:, :8], TrainSettings(steps=2, tokens_per_step=16, seq_len=8, chunk_rows=16))
     out.update(trained=res.lens.weight.detach(), trained_loss=torch.tensor([h.loss for h in res.history]))  # cpu
     return out

@@ -123,7 +123,7 @@ def jacobian_sums(borders: Borders, ids: torch.Tensor, layers: Sequence[int], sk
     Raises:
         BadInput: prompts too short, a model in training mode.
     """
-    ids = torch.as_tensor(ids)
+    ids = torch.as_tensor(ids)  # cpu: the prompts as passed; the graph moves them to the model's device
     if ids.dim() == 1:
         ids = ids[None]
     B, T = ids.shape
@@ -143,9 +143,8 @@ def jacobian_sums(borders: Borders, ids: torch.Tensor, layers: Sequence[int], sk
         target = store[L]
         sources = [store[ly] for ly in layers]
         Ts = target.shape[1]  # T - 1 - skip_first, or T - 1 when the model takes no cache
-        valid = torch.arange(Ts - (T - 1 - skip_first), Ts)
         dev = target.device
-        vpos = valid.to(dev)
+        vpos = torch.arange(Ts - (T - 1 - skip_first), Ts, device=dev)  # the positions averaged
         copies = torch.arange(k, device=dev)
         cot = torch.zeros_like(target)
         passes = math.ceil(d / k)
