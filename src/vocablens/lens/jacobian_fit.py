@@ -208,7 +208,7 @@ def fit_jacobian_lens(borders: Borders, rows, settings: JacobianFitSettings = Ja
 
     Returns:
         :class:`~vocablens.lens.jacobian.JacobianLens` over ``settings.layers`` (default 0..L-1),
-        ``settings["n_prompts"]`` the prompts averaged.
+        ``settings["n_prompts"]`` the prompts averaged; its matrices on the model's device.
 
     Raises:
         BadInput: bad settings or prompts, resume without a checkpoint.
@@ -263,7 +263,7 @@ def fit_jacobian_lens(borders: Borders, rows, settings: JacobianFitSettings = Ja
             "n_prompts": n_done, "tokens": tokens, "data": data_info,
             "fit_dtype": str(borders.input_embedding.dtype).replace("torch.", ""),
             "seconds_this_run": round(time.perf_counter() - t0, 1)}
-    return JacobianLens((sums / n_done).float(), layers, borders.n_layers, identity, info)
+    return JacobianLens((sums / n_done).float(), layers, borders.n_layers, identity, info).to(borders.device)
 
 
 def _save_checkpoint(dirpath, sums, next_batch, n_done, sets, data_info, identity) -> None:
