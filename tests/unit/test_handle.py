@@ -206,3 +206,13 @@ def test_the_package_root_lists_its_entry_points_not_its_own_imports():
     names = set(dir(vocablens))
     assert set(vocablens.__all__) <= names and {"load", "Model"} <= names
     assert not names & {"annotations", "importlib", "sys"}
+
+
+def test_score_takes_ids_as_well_as_text(m):
+    text = "the cat sat on the mat"
+    ids = m.encode(text)[0]
+    by_text = m.score(text, top_k=2).to_json()
+    assert m.score(ids, top_k=2).to_json() == by_text                  # a [T] tensor
+    assert m.score(ids.tolist(), top_k=2).to_json() == by_text         # a list of ints
+    with pytest.raises(BadInput, match="empty text"):
+        m.score("   ")

@@ -132,7 +132,7 @@ class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, 
         return self._result(R.WordPCA, word_pca(self.borders, self.tokenizer, groups, prefix=prefix, seed=seed))
 
     # ------------------------------------------------------------------------- through the head
-    def score(self, text: str, top_k: int = 3, special_text: str = "parse",
+    def score(self, text: str | Sequence[int] | torch.Tensor, top_k: int = 3, special_text: str = "parse",
               vocab_parallel: bool = False) -> R.Score:
         """Per-token log-probabilities (nats) of a text, total and per byte
         (``vocablens score TEXT --json``; :func:`~vocablens.generate.score.score_ids`).
@@ -141,8 +141,9 @@ class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, 
         of exactly the scored tokens (special tokens with their text).
 
         Args:
+            text: a string (encoded by :meth:`encode`) or its ids ([T] int, as the model reads them).
             top_k: alternatives per position (0 = none).
-            special_text: ``parse`` or ``plain`` (:meth:`encode`).
+            special_text: ``parse`` or ``plain`` (:meth:`encode`), for a string.
             vocab_parallel: under torchrun, split the embedding and head rows over the ranks.
 
         Raises:
@@ -152,9 +153,9 @@ class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, 
 
         if top_k < 0:
             raise BadInput(f"--top-k must be >= 0; got {top_k}")
-        if not text or not str(text).strip():
+        if isinstance(text, str) and not text.strip():
             raise BadInput("empty text: nothing to score")
-        ids = self.encode(text, special_text=special_text)[0]
+        ids = self.encode(text, special_text=special_text)[0] if isinstance(text, str) else self._ids(text)[0]
         n_bytes = self.n_bytes(ids[1:])
         if vocab_parallel:
             from vocablens.parallel.processes import VocabParallelModel
