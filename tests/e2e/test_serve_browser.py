@@ -12,7 +12,7 @@ import pytest
 
 from test_serve import PROMPT, assert_close, post, start_server
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+from browser import CHROMIUM, require_browser
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +26,7 @@ def server():
 @pytest.mark.slow
 @pytest.mark.browser
 def test_explorer_in_headless_chromium(server, tmp_path):
-    if not CHROMIUM:
-        pytest.skip("Debian's chromium is not installed: apt-get install -y --no-install-recommends chromium")
-    from playwright.sync_api import sync_playwright
+    sync_playwright = require_browser().sync_playwright
 
     url = server
     problems, outside = [], []
@@ -150,9 +148,7 @@ LONG = ("In the beginning of the twentieth century, the city of Vienna was a cen
 
 @pytest.fixture(scope="module")
 def browser():
-    if not CHROMIUM:
-        pytest.skip("Debian's chromium is not installed: apt-get install -y --no-install-recommends chromium")
-    from playwright.sync_api import sync_playwright
+    sync_playwright = require_browser().sync_playwright
 
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--no-first-run"])

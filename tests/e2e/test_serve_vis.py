@@ -18,7 +18,7 @@ from vocablens.render.tokens import visible
 
 APP = Path(__file__).resolve().parents[2] / "src" / "vocablens" / "serve" / "static" / "app.js"
 NODE = shutil.which("node")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+from browser import CHROMIUM
 
 CASES = [b"\\n", b"\\", b"\\\\", b"\\\\n", b'a"b', b"'", b'\\"', b"\n", b" \\t", b"\\x41", b"\t\r",
          b" \xc2\xa0x", b" \xe2\x80\x8b\xe2\x80\x8b", b"\\u00a0", b"\\u200b", b"C:\\new\\table", b"\x01"]

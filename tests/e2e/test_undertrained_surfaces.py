@@ -7,7 +7,6 @@ The model: the tiny untied llama of ``test_undertrained`` trained here on a corp
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ import torch
 from test_undertrained import N_UNUSED, UNUSED, USED, _trained
 from tiny_dirs import run_cli
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+from browser import CHROMIUM, require_browser
 
 
 @pytest.fixture(scope="module")
@@ -134,9 +133,7 @@ def test_api_undertrained_without_a_verification(saved):
 
 @pytest.mark.browser
 def test_token_panel_shows_undertraining_in_chromium(saved, verified_json):
-    if not CHROMIUM:
-        pytest.skip("Debian's chromium is not installed: apt-get install -y --no-install-recommends chromium")
-    from playwright.sync_api import sync_playwright
+    sync_playwright = require_browser().sync_playwright
 
     from test_serve import start_server
 
@@ -244,9 +241,7 @@ def test_new_row_indicators_mean_vs_zero(tied):
 @pytest.mark.browser
 def test_report_section_draws_in_chromium(saved, tmp_path):
     """The section's page (plotly inlined): the scatter draws, nothing overlaps or is clipped."""
-    if not CHROMIUM:
-        pytest.skip("Debian's chromium is not installed: apt-get install -y --no-install-recommends chromium")
-    from playwright.sync_api import sync_playwright
+    sync_playwright = require_browser().sync_playwright
 
     from test_figures import BOXES_JS, layout_problems
     from vocablens.render.report import render_report, report_sections

@@ -4,13 +4,12 @@ import io
 import json
 import os
 import stat
-import shutil
 
 import numpy as np
 import pytest
 import torch
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+from browser import CHROMIUM, require_browser
 
 
 @pytest.fixture(scope="module")
@@ -308,9 +307,7 @@ def test_display_token_shows_whitespace(smollm2):
 def test_report_renders_in_headless_chromium(cli, report_file):
     from matplotlib.image import imread
 
-    if not CHROMIUM:
-        pytest.skip("Chromium is not installed: apt-get install -y --no-install-recommends chromium")
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    playwright = require_browser()
     sync_playwright = playwright.sync_playwright
     from test_figures import BOXES_JS, layout_problems
 
@@ -601,9 +598,7 @@ def test_report_figures_read_in_chromium(smollm2, tmp_path):
     PCA's labels, is read in Chromium by tests/unit/test_pca_labels.py on the same 60 words' coordinates."""
     import math
 
-    if not CHROMIUM:
-        pytest.skip("Chromium is not installed: apt-get install -y --no-install-recommends chromium")
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    playwright = require_browser()
     from vocablens.lens.logit import lens_pair
     from vocablens.lens.tuned import load_for_model
     from vocablens.models.tokens import encode_prompt

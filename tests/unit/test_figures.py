@@ -1,7 +1,6 @@
 """render/figures.save_figure: the one writer of ``--plot`` files (HTML or image by suffix)."""
 
 import os
-import shutil
 import stat
 
 import pytest
@@ -74,7 +73,7 @@ def test_existing_file_kept_when_drawing_fails(tmp_path):
 
 # --- figure layout: legends and titles never overlap a plot, an axis title or each other ---------------
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+from browser import CHROMIUM, require_browser
 
 #: boxes of one plotly figure's parts, in page pixels: legends, axis titles, tick labels, plot areas,
 #: annotations (subplot titles), colour bars, and the whole svg
@@ -162,9 +161,7 @@ def test_settle_figure_one_quantity_per_titled_axis():
 def test_settle_figure_layout_in_headless_chromium(tmp_path):
     """Drawn by plotly.js at the report's width and a narrow one: no legend over a plot, an axis title,
     a tick label or another legend; no axis title over a plot; nothing clipped; three titled y axes."""
-    if not CHROMIUM:
-        pytest.skip("Chromium is not installed: apt-get install -y --no-install-recommends chromium")
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    playwright = require_browser()
     from vocablens.render.vocab_space.updates import settle_figure
 
     page_file = tmp_path / "settle.html"

@@ -8,7 +8,6 @@ W_E, ``word_pca`` with the default groups), so these tests need no model.
 from __future__ import annotations
 
 import math
-import shutil
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from figure_labels import LABELS_JS, label_problems
 from vocablens.geometry.embedding import DEFAULT_WORD_GROUPS, PCA3D, WordPCA
 from vocablens.render.labels import place_labels, project_scene, text_size
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+from browser import CHROMIUM, require_browser
 
 #: the default model's 60 words on their top-3 principal directions, in DEFAULT_WORD_GROUPS order
 COORDS = [
@@ -138,9 +137,7 @@ def test_pca_labels_read_in_chromium(tmp_path):
     (measured in the DOM; the 3-D points through the scene's own camera matrices); the map labels
     all 60 words, the 3-D view most, and every point has its word on hover. Before: all 60 labels at
     their points in WebGL, the dense centre's piled on each other."""
-    if not CHROMIUM:
-        pytest.skip("Chromium is not installed: apt-get install -y --no-install-recommends chromium")
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    playwright = require_browser()
     from vocablens.render.pca import pca_section
     from vocablens.render.report import render_report
 

@@ -82,11 +82,9 @@ def _script(args: list[str], timeout: int) -> "subprocess.CompletedProcess":
 
 @pytest.mark.browser
 def test_screenshots_script_shows_its_steps(tmp_path):
-    import shutil
+    from browser import require_browser
 
-    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
-        pytest.skip("Debian's chromium is not installed: apt-get install -y --no-install-recommends chromium")
-    pytest.importorskip("playwright")
+    require_browser()
     page = tmp_path / "r.html"  # what the script waits for: a drawn figure, and sections under <main>
     page.write_text("<html><body><div class='figure'><svg class='main-svg' width='10' height='10'></svg></div><main>"
                     + "".join(f"<section id='s{i}'><h2>section {i}</h2></section>" for i in range(3)) + "</main></body></html>")

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, DeviceOpt, TrustOpt, app, emit_json, load_model, out
+from vocablens.cli.common import JsonOpt, DeviceOpt, TrustOpt, app, load_model, show
 from vocablens.errors import BadInput
 
 
@@ -40,7 +40,6 @@ def align_cmd(
     Each unit is read in vocabulary space and compared by correlation; each block of A is matched
     one-to-one (Hungarian) to its most similar block of B (Dar et al. 2022, §5)."""
     from vocablens.cli.progress import stage_progress
-    from vocablens.render.shown import print_result, to_json
 
     if what not in ("ffn", "heads"):
         raise BadInput(f"--what must be ffn or heads; got {what!r}")
@@ -56,7 +55,4 @@ def align_cmd(
         res = A.align(B, what=what, blocks_a=la, blocks_b=lb, top=top, progress=cb)
     finally:
         close()
-    if json_:
-        emit_json(to_json(res))
-    else:
-        print_result(res, out)
+    show(res, json_)

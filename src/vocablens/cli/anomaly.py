@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, emit_json, load_model, out
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, load_model, show
 from vocablens.cli.core import lens_app
 
 
@@ -31,7 +31,6 @@ def lens_anomaly(
     entropy, rank of the final token; logit and tuned lens)."""
     from vocablens.cli.progress import stage_progress
     from vocablens.handle.trajectories import anomaly_inputs
-    from vocablens.render.shown import print_result, to_json
 
     inputs = anomaly_inputs(normal, test, kind, detector)  # read and checked before the model loads
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
@@ -40,7 +39,4 @@ def lens_anomaly(
         res = lm.anomaly(inputs, None, seed=seed, lens_dir=lens or None, progress=cb)
     finally:
         close()
-    if json_:
-        emit_json(to_json(res))
-    else:
-        print_result(res, out)
+    show(res, json_)

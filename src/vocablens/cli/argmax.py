@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from vocablens.cli.common import (
-    DeviceOpt, JsonOpt, MaxMemOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out,
+    DeviceOpt, JsonOpt, MaxMemOpt, ModelOpt, TrustOpt, app, emit_json, show, err, load_model, out,
 )
 from vocablens.cli.heap import trim_heap, tune_heap, tuned_for_the_scan
 from vocablens.cli.progress import PlainProgress, stage_progress  # noqa: F401  (PlainProgress: re-exported)
@@ -66,8 +66,6 @@ def argmax_cmd(
 
     from dataclasses import replace
 
-    from vocablens.render.shown import print_result, to_json
-
     if bias not in ("auto", "on", "off"):
         raise BadInput(f"--bias must be auto, on or off; got {bias!r}")
     if not budget >= 0:
@@ -98,10 +96,7 @@ def argmax_cmd(
         err.print(f"the --budget of {budget:g} s ran out in: {', '.join(ma.result.cut_short)}; "
                   f"{plural(ma.result.counts()['undecided'], 'token')} {noun(ma.result.counts()['undecided'], 'is')} undecided (run without --budget for "
                   "the exact answer)", style="yellow")
-    if json_:
-        emit_json(to_json(res))
-    else:
-        print_result(res, out)
+    show(res, json_)
 
 
 @app.command("bottleneck")

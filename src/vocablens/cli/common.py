@@ -135,6 +135,14 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
+def show(result, json_: bool) -> None:
+    """A command's result on stdout: its ``--json`` (:func:`vocablens.render.shown.to_json`) or the
+    table it prints (:func:`vocablens.render.shown.print_result`)."""
+    from vocablens.render.shown import print_result, to_json
+
+    emit_json(to_json(result)) if json_ else print_result(result, out)
+
+
 @contextmanager
 def status(msg: str, quiet: bool = False):
     """A spinner on stderr while a step runs; on a stderr that is not a terminal, the message and then

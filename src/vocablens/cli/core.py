@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from vocablens.cli.common import (
     parse_int_list,
-    DefaultCommandGroup, JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TrustOpt, app, emit_json, err, load_model, out,
+    DefaultCommandGroup, JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TrustOpt, app, show, err, load_model,
 )
 from vocablens.errors import BadInput
 
@@ -60,7 +60,6 @@ def lens_show(
 ) -> None:
     """Read the residual stream through the LM head: `vocablens lens PROMPT`. Top tokens, entropy and KL
     to the final distribution at every stream layer 0..L (logit lens, tuned lens, or both)."""
-    from vocablens.render.shown import print_result, to_json
 
     if prompt and file:
         raise BadInput("give a PROMPT or --file F, not both")
@@ -95,10 +94,7 @@ def lens_show(
                      progress=lambda d, n: cb("forward passes", d, n))
     finally:
         close()
-    if json_:
-        emit_json(to_json(res))
-    else:
-        print_result(res, out)
+    show(res, json_)
 
 
 def _read_prompts(path: str) -> list[str]:

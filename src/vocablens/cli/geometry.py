@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, load_model, out
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, show, load_model
 from vocablens.errors import BadInput
 
 
@@ -23,7 +23,6 @@ def neighbors_cmd(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Cosine nearest neighbours over the real vocabulary (padding and never-trained rows excluded)."""
-    from vocablens.render.shown import print_result, to_json
 
     if k < 1:
         raise BadInput(f"-k must be at least 1; got {k}")
@@ -33,7 +32,4 @@ def neighbors_cmd(
         raise TokenNotInVocabulary("empty token string")
     lm = load_model(model, mode="matrices", trust_remote_code=trust_remote_code, quiet=json_, device=device)
     res = lm.neighbors(tokens, k=k, mean=mean)
-    if json_:
-        emit_json(to_json(res))
-    else:
-        print_result(res, out)
+    show(res, json_)

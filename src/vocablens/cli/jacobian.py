@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import DeviceOpt, JsonOpt, ModelOpt, TrustOpt, emit_json, err, load_model, out, status
+from vocablens.cli.common import DeviceOpt, JsonOpt, ModelOpt, TrustOpt, show, err, load_model, status
 from vocablens.cli.core import lens_app
 from vocablens.errors import BadInput
 
@@ -43,7 +43,6 @@ def lens_fit_jacobian(
     from vocablens.corpus import load_documents
     from vocablens.handle.lens_compare import check_fit_options
     from vocablens.lens.jacobian_fit import JacobianFitSettings
-    from vocablens.render.shown import print_result, to_json
 
     check_fit_options(out_dir, save_dtype, seq_len, skip_first, max_tokens, force, resume)
     settings = JacobianFitSettings(skip_first=skip_first, dim_batch=dim_batch, prompt_batch=prompt_batch,
@@ -64,10 +63,7 @@ def lens_fit_jacobian(
                                docs=docs, command="vocablens lens fit-jacobian " + " ".join(_argv_tail()),
                                status=lambda msg: status(msg, quiet=quiet), started=started,
                                on_progress=None if quiet else _FitProgress())
-    if json_:
-        emit_json(to_json(res))
-    else:
-        print_result(res, out)
+    show(res, json_)
 
 
 class _FitProgress:
@@ -116,7 +112,6 @@ def lens_backward(
 ) -> None:
     """The backward lens (Katz et al. 2024): the gradient of -log p(TARGET) at every stream layer,
     projected through the LM head: the tokens a gradient step on each layer's stream would promote."""
-    from vocablens.render.shown import print_result, to_json
 
     if not prompt.strip():
         raise BadInput("empty prompt: give some text")
@@ -124,10 +119,7 @@ def lens_backward(
         raise BadInput(f"-k must be at least 1; got {k}")
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     res = lm.backward_lens(prompt, target, position=position, k=k, chat=chat)
-    if json_:
-        emit_json(to_json(res))
-    else:
-        print_result(res, out)
+    show(res, json_)
 
 
 __all__ = ["lens_backward", "lens_fit_jacobian"]

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from vocablens.cli.common import (
-    JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TrustOpt, app, emit_json, load_model, out, status,
+    JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TrustOpt, app, show, load_model, status,
 )
 from vocablens.errors import BadInput
 from vocablens.units import plural
@@ -33,7 +33,6 @@ def score(
     The first token is scored only when the tokenizer adds BOS (it then has a prefix); bits per byte
     divide by the bytes of exactly the scored tokens. Under torchrun (WORLD_SIZE > 1) the embedding
     and LM head rows are split over the ranks and rank 0 prints."""
-    from vocablens.render.shown import print_result, to_json
 
     if (text is None) == (file is None):
         raise BadInput("give either TEXT or --file F (exactly one)")
@@ -57,7 +56,4 @@ def score(
         res = lm.score(text, top_k=top_k, special_text=special_text, vocab_parallel=world > 1)  # torchrun: V/world rows a rank
     if rank != 0:
         return
-    if json_:
-        emit_json(to_json(res))
-    else:
-        print_result(res, out)
+    show(res, json_)

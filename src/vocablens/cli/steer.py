@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, show, err, load_model
 from vocablens.errors import BadInput
 
 
@@ -51,7 +51,6 @@ def steer_cmd(
     The vectors are chosen by the tokens' z-score in vocabulary space (Geva et al. 2022, §5.1) and
     scaled with a forward hook (no weight edit); reported before and after: the tokens' probability
     mass, the held-out perplexity and greedy continuations."""
-    from vocablens.render.shown import print_result, to_json
 
     if not promote and not suppress:
         raise BadInput("give --promote TOKEN and/or --suppress TOKEN")
@@ -82,4 +81,4 @@ def steer_cmd(
         with res.options["steering"].folded():
             saved = str(lm.save(save, force=force))
         res = dataclasses.replace(res, options={**res.options, "saved": saved, "saved_to": save})
-    emit_json(to_json(res)) if json_ else print_result(res, out)
+    show(res, json_)

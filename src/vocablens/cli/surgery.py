@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out, status
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, show, err, load_model, out, status
 from vocablens.errors import BadInput
 
 OutOpt = Annotated[str, typer.Option("--out", "-o", help="Output directory (a Hugging Face model directory).")]
@@ -41,7 +41,6 @@ def expand(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Add tokens: subtoken-mean rows on both ends (tied stays tied), verified on held-out text."""
-    from vocablens.render.shown import print_result, to_json
     from vocablens.surgery.io import check_out, chunk_texts, heldout_texts
 
     out_path = check_out(out_dir, force)
@@ -57,10 +56,7 @@ def expand(
                     heldout=texts, status=lambda msg: status(msg, quiet=json_))
     with status(f"writing {out_path} ...", quiet=json_):
         new.save(out_path, force=force)
-    if json_:
-        emit_json(to_json(new.surgery))
-    else:
-        print_result(new.surgery, out)
+    show(new.surgery, json_)
 
 
 @app.command("trim")

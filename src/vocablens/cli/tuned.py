@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from vocablens.cli.common import (
-    JsonOpt, ModelOpt, DeviceOpt, TrustOpt, emit_json, err, load_model, out, status,
+    JsonOpt, ModelOpt, DeviceOpt, TrustOpt, emit_json, show, err, load_model, out, status,
 )
 from vocablens.cli.core import lens_app
 from vocablens.cli.lenses import check_eval_options, set_threads
@@ -64,7 +64,6 @@ def lens_train(
     from vocablens.corpus import load_documents
     from vocablens.handle.lens_training import check_train_options
     from vocablens.lens.train import TrainSettings
-    from vocablens.render.shown import print_result, to_json
 
     settings = TrainSettings(steps=steps, tokens_per_step=tokens_per_step, seq_len=seq_len, lr=lr,
                              weight_decay=weight_decay, grad_clip=grad_clip, warmup_steps=warmup, loss=loss,
@@ -89,10 +88,7 @@ def lens_train(
                         status=lambda msg: status(msg, quiet=quiet), started=started)
     if rank != 0:
         return
-    if json_:
-        emit_json(to_json(res))
-    else:
-        print_result(res, out)
+    show(res, json_)
 
 
 def _argv_tail() -> list[str]:

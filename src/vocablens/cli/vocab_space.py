@@ -9,7 +9,7 @@ import typer
 from rich.text import Text
 
 from vocablens.cli.common import (
-    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, count_bar, emit_json, err, load_model, out,
+    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, count_bar, emit_json, show, err, load_model, out,
     parse_int_list,
 )
 from vocablens.errors import BadInput, OutputExists
@@ -86,7 +86,6 @@ def project_cmd(
     JSON field "block" of vectors and rows is that block index, as in explain's JSON.
     """
     from vocablens.cli.heap import trim_heap
-    from vocablens.render.shown import print_result, to_json
 
     block = _block(block, layer)
     tokens = list(token or [])
@@ -103,7 +102,7 @@ def project_cmd(
     res = _project(lm, tids=tids, interpretable=interpretable, block=block, head=head, neurons=ns, circuit=circuit,
                    keys=keys, sample=sample, seed=seed, k=k, norm_gain=not no_norm_gain, max_sources=max_sources,
                    quiet=json_)
-    emit_json(to_json(res)) if json_ else print_result(res, out)
+    show(res, json_)
 
 
 def _check_project_flags(block: int | None, tokens: list[str], k: int, circuit: str, head: int | None,
@@ -176,7 +175,6 @@ def explain_cmd(
     device: DeviceOpt = "cpu",
 ) -> None:
     """What built a prediction: per-block attention/FFN updates, FFN sub-updates, per-head logit attribution."""
-    from vocablens.render.shown import print_result, to_json
 
     if not prompt.strip():
         raise BadInput("empty prompt: give some text")
@@ -184,10 +182,7 @@ def explain_cmd(
         raise BadInput(f"-k must be at least 1; got {k}")
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     e = lm.explain(prompt, position=position, target=token or None, k=k, subs=subs, chat=chat)
-    if json_:
-        emit_json(to_json(e))
-    else:
-        print_result(e, out)
+    show(e, json_)
 
 
 @app.command("settle")
