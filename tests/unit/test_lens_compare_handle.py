@@ -134,8 +134,12 @@ def test_backward_lens_is_lens_backward(m, dirs, capsys):
     res = m.backward_lens("The value of x", " is", position=-2, k=3)
     assert _printed(res.to_json()) == want and want["kind"] == "backward"
     assert _shown(capsys, res) == _cli(capsys, *argv)
-    by_id = m.backward_lens("The value of x", str(want["target_id"]), position=-2, k=3)  # the id, as text
-    assert _printed(by_id.to_json()) == want
+    for by_id in (m.backward_lens("The value of x", f"id:{want['target_id']}", position=-2, k=3),  # id:N
+                  m.backward_lens("The value of x", want["target_id"], position=-2, k=3)):  # an int
+        assert _printed(by_id.to_json()) == want
+    argv_id = ["lens", "backward", "The value of x", "--target-id", str(want["target_id"]), "-k", "3",
+               "--position", "-2", "-m", a, "--json"]
+    assert json.loads(_cli(capsys, *argv_id)) == want
     # the figure: a row per layer, a column per rank, the JSON's scores and tokens
     fig = res.figure()
     (heat,) = fig.data

@@ -59,6 +59,7 @@ ALLOWED = {
     "vocablens.ops.sampling.check_sampling_args": "checks --temperature/--top-k/--top-p before the load",
     "vocablens.accounting.anatomy.logits_memory": "checks --batch/--context/--dtype before the load",
     "vocablens.surgery.io.check_out": "refuses an --out that exists before the load",
+    "vocablens.lens.positions.parse_positions": "refuses --positions before the load (the parser Model.lens uses)",
     "vocablens.surgery.io.chunk_texts": "reads --corpus texts before the load",
     "vocablens.surgery.io.heldout_texts": "reads the held-out texts before the load",
     # the report's budget: time estimates, no result of the model

@@ -47,7 +47,7 @@ def lens_show(
     file: Annotated[str, typer.Option("--file", help="Read a batch of prompts, one per line (a newline inside a prompt written as \\n); one forward for the batch.")] = "",
     model: ModelOpt = "smollm2",
     k: Annotated[int, typer.Option("-k", "--top-k", help="Top tokens per layer.")] = 5,
-    positions: Annotated[str, typer.Option("--positions", help="last, all, or comma-separated positions.")] = "last",
+    positions: Annotated[str, typer.Option("--positions", help="last, all, or comma-separated positions (negative from the end), as `positions=` of Model.lens takes them.")] = "last",
     layers: Annotated[str, typer.Option("--layers", help="Comma-separated stream layers 0..L (0 = embedding output, L = last block's output; default all).")] = "",
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the chat template (user turn).")] = False,
     prefix: Annotated[str, typer.Option("--prefix", help="Text that starts the assistant turn (with --chat) or follows the prompt.")] = "",
@@ -66,7 +66,9 @@ def lens_show(
     texts = _read_prompts(file) if file else [prompt]
     if not file and not prompt.strip():
         raise BadInput("empty prompt: give some text")
-    pos = _parse_positions(positions)
+    from vocablens.lens.positions import parse_positions
+
+    pos = parse_positions(positions, "--positions")
     lay = _parse_ints(layers, "--layers") if layers else None
     if k < 1:
         raise BadInput(f"-k must be at least 1; got {k}")
@@ -119,10 +121,3 @@ def _parse_ints(s: str, what: str) -> list[int]:
     if not vals:
         raise BadInput(f"{what} takes comma-separated integers; got {s!r}")
     return vals
-
-
-def _parse_positions(s: str):
-    s = (s or "last").strip()
-    if s in ("last", "all"):
-        return s
-    return _parse_ints(s, "--positions")

@@ -13,7 +13,7 @@ from vocablens.errors import BadInput
 @app.command("neighbors")
 def neighbors_cmd(
     tokens: Annotated[list[str], typer.Argument(help="Token strings, e.g. ' king' (a leading space is part "
-                                                     "of a word-initial token).")],
+                                                     "of a word-initial token; '4' is the text \"4\"; id:N names id N).")],
     k: Annotated[int, typer.Option("-k", "--top-k", help="Neighbours per token.")] = 10,
     mean: Annotated[bool, typer.Option("--mean", help="A string of several tokens: use the mean of their rows "
                                                       "(default: its first token).")] = False,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -101,7 +101,8 @@ def _argv_tail() -> list[str]:
 @lens_app.command("backward")
 def lens_backward(
     prompt: Annotated[str, typer.Argument(help="Text to read.")],
-    target: Annotated[str, typer.Option("--target", help="The token whose loss is differentiated: its text (with its leading space) or its id.")],
+    target: Annotated[Optional[str], typer.Option("--target", help="The token whose loss is differentiated, by its text (with its leading space; '4' is the text \"4\"); id:N names id N.")] = None,
+    target_id: Annotated[Optional[int], typer.Option("--target-id", help="The token whose loss is differentiated, by its id (instead of --target).")] = None,
     model: ModelOpt = "smollm2",
     position: Annotated[int, typer.Option("--position", help="Position predicting the target (default the last; negative from the end).")] = -1,
     k: Annotated[int, typer.Option("-k", "--top-k", help="Top tokens per layer.")] = 5,
@@ -113,12 +114,15 @@ def lens_backward(
     """The backward lens (Katz et al. 2024): the gradient of -log p(TARGET) at every stream layer,
     projected through the LM head: the tokens a gradient step on each layer's stream would promote."""
 
+    if (target is None) == (target_id is None):
+        raise BadInput("give the target as --target TEXT or --target-id N (one of them)")
     if not prompt.strip():
         raise BadInput("empty prompt: give some text")
     if k < 1:
         raise BadInput(f"-k must be at least 1; got {k}")
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    res = lm.backward_lens(prompt, target, position=position, k=k, chat=chat)
+    tid = lm.token_id(target, "--target") if target_id is None else lm.token_id(target_id, "--target-id")
+    res = lm.backward_lens(prompt, tid, position=position, k=k, chat=chat)
     show(res, json_)
 
 

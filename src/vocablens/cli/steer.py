@@ -26,8 +26,8 @@ def _stream_layers(s: str, L: int) -> list[int] | None:
 
 @app.command("steer")
 def steer_cmd(
-    promote: Annotated[list[str], typer.Option("--promote", help="A token to promote (repeat the option).")] = [],  # noqa: B006
-    suppress: Annotated[list[str], typer.Option("--suppress", help="A token to suppress (repeat the option).")] = [],  # noqa: B006
+    promote: Annotated[list[str], typer.Option("--promote", help="A token to promote, by its text (id:N names id N; repeat the option).")] = [],  # noqa: B006
+    suppress: Annotated[list[str], typer.Option("--suppress", help="A token to suppress, by its text (id:N names id N; repeat the option).")] = [],  # noqa: B006
     top_n: Annotated[int, typer.Option("--top-n", help="Value vectors chosen per token set.")] = 10,
     scale: Annotated[float, typer.Option("--scale", help="Factor on the chosen vectors' activations.")] = 8.0,
     layers: Annotated[str, typer.Option("--layers", help="Only the blocks that write stream layers A..B "

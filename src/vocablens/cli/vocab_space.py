@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.text import Text
@@ -66,7 +66,7 @@ def project_cmd(
     block: Annotated[int | None, typer.Option("--block", "-b", help="Block 0..L-1 (block i reads stream layer i and writes i+1); default: all blocks.")] = None,
     layer: Annotated[int | None, typer.Option("--layer", "-l", hidden=True, help="Deprecated alias of --block.")] = None,
     neuron: Annotated[str, typer.Option("--neuron", "-n", help="Neuron(s) of --block, comma-separated.")] = "",
-    token: Annotated[list[str] | None, typer.Option("--token", "-t", help="Reverse search: the value vectors that most single out this token, ranked by its z-score among each vector's own logits (repeat for several tokens).")] = None,
+    token: Annotated[list[str] | None, typer.Option("--token", "-t", help="Reverse search: the value vectors that most single out this token (its text; id:N names id N), ranked by its z-score among each vector's own logits (repeat for several tokens).")] = None,
     interpretable: Annotated[int, typer.Option("--interpretable", help="List the N most interpretable value vectors of a sample (--sample per block, default 32), by the mean z-score of their top -k tokens.")] = 0,
     head: Annotated[int | None, typer.Option("--head", help="Read this attention head of --block (OV or QK circuit).")] = None,
     circuit: Annotated[str, typer.Option("--circuit", help="ov (what the head copies/writes) or qk (what attends to what).")] = "ov",
@@ -96,7 +96,7 @@ def project_cmd(
     b = lm.borders
     if block is not None and not 0 <= block < b.n_layers:
         raise BadInput(f"block {block} is out of range: this model has blocks 0..{b.n_layers - 1}")
-    tids = [lm.single_token(x) for x in tokens]
+    tids = [lm.token_id(x, "--token") for x in tokens]
     lm = lm.without_tokenizer()  # encoding is done: token strings only from here on (the tokenizer is freed)
     trim_heap()
     res = _project(lm, tids=tids, interpretable=interpretable, block=block, head=head, neurons=ns, circuit=circuit,
@@ -166,7 +166,8 @@ def explain_cmd(
     prompt: Annotated[str, typer.Argument(help="Text whose next-token prediction is explained.")],
     model: ModelOpt = "smollm2",
     position: Annotated[int, typer.Option("--position", "-p", help="Position explained (negative from the end).")] = -1,
-    token: Annotated[str, typer.Option("--token", "-t", help="A token to follow and attribute (default: the top-1).")] = "",
+    token: Annotated[str, typer.Option("--token", "-t", help="A token to follow and attribute, by its text ('4' is the text \"4\"; id:N names id N); default: the top-1.")] = "",
+    token_id: Annotated[Optional[int], typer.Option("--token-id", help="The token to follow and attribute, by its id (instead of --token).")] = None,
     k: KOpt = 5,
     subs: Annotated[int, typer.Option("--subs", help="FFN sub-updates kept per block.")] = 5,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the chat template (user turn).")] = False,
@@ -180,8 +181,11 @@ def explain_cmd(
         raise BadInput("empty prompt: give some text")
     if k < 1:
         raise BadInput(f"-k must be at least 1; got {k}")
+    if token and token_id is not None:
+        raise BadInput("give --token TEXT or --token-id N, not both")
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
-    e = lm.explain(prompt, position=position, target=token or None, k=k, subs=subs, chat=chat)
+    tid = lm.token_id(token_id, "--token-id") if token_id is not None else lm.token_id(token, "--token") if token else None
+    e = lm.explain(prompt, position=position, target=tid, k=k, subs=subs, chat=chat)
     show(e, json_)
 
 

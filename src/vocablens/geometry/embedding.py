@@ -152,7 +152,8 @@ def nearest_neighbors(borders, tokenizer, queries: Sequence[str], k: int = 10, u
     Args:
         borders: :class:`vocablens.models.Borders`.
         tokenizer: the model's tokenizer.
-        queries: strings such as ``" king"`` (the leading space is part of the token).
+        queries: strings such as ``" king"`` (the leading space is part of the token); ``"id:N"``
+            names token id N (:func:`~vocablens.models.token_input.resolve_token`).
         k: neighbours per list, >= 1.
         use_mean: average the rows of a multi-token string instead of taking its first token.
 
@@ -164,7 +165,8 @@ def nearest_neighbors(borders, tokenizer, queries: Sequence[str], k: int = 10, u
         TokenNotInVocabulary: a string that encodes to no token or to an id with no row in the
             matrix (:func:`~vocablens.models.tokens.check_ids_fit`).
     """
-    from vocablens.models.tokens import quoted, single_token_id, token_str
+    from vocablens.models.token_input import resolve_token
+    from vocablens.models.tokens import quoted, token_str
 
     if not queries:
         raise BadInput("give at least one token string")
@@ -175,7 +177,7 @@ def nearest_neighbors(borders, tokenizer, queries: Sequence[str], k: int = 10, u
     mats = [("input", borders.input_embedding.weight)] + ([] if borders.tied else [("output", borders.W_U)])
     results = []
     for text in queries:
-        ids, note = single_token_id(tokenizer, text, vocab_size=V, use_mean=use_mean)  # ids with rows
+        ids, note = resolve_token(tokenizer, text, V, several="mean" if use_mean else "first")  # ids with rows
         used = "token" if len(ids) == 1 else ("mean of tokens" if use_mean else "first token")
         chosen = ids if (use_mean and len(ids) > 1) else ids[:1]
         unreal = [i for i in chosen if not bool(mask[i])]

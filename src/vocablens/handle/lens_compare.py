@@ -209,9 +209,9 @@ class LensCompareWorkflows:
         :func:`vocablens.lens.backward.backward_lens`).
 
         Args:
-            text: the prompt (a string, or ids [T] / [1, T]).
-            target: the token whose loss is differentiated: its text (with its leading space), its id, or
-                its id as a string of digits.
+            text: the prompt (a string, or ids [T] / [1, T]: an integer tensor or a list of ints).
+            target: the token whose loss is differentiated: its text (with its leading space; ``"4"``
+                is the text "4"), or its id as an int or ``"id:N"`` (:meth:`token_id`).
             position: the position predicting it (negative from the end).
             k: top tokens per layer.
             chat: wrap the prompt in the chat template (user turn).
@@ -229,33 +229,27 @@ class LensCompareWorkflows:
             raise BadInput("empty prompt: give some text")
         if k < 1:
             raise BadInput(f"-k must be at least 1; got {k}")
-        tid = self.token_id(int(target) if isinstance(target, str) and target.strip().isdigit() else target)
+        tid = self.token_id(target, "target")
         ids = self._ids(text, chat=chat)[0]
         return self._result(R.BackwardLens, backward_lens(self.borders, ids, tid, position=position, k=k))
 
-    def token_id(self, token: str | int) -> int:
-        """A single token given as its text (``" Paris"``) or its id -> the id. A text that spells several
-        tokens is refused, never replaced by its first token.
+    def token_id(self, token: str | int, what: str = "token") -> int:
+        """A single token named by its text (``" Paris"``; ``"4"`` is the text "4") or explicitly by its
+        id (an int, or the string ``"id:4"``) -> the id: THE rule of every place that takes a token
+        (:func:`vocablens.models.token_input.resolve_token`). A text that spells several tokens is
+        refused, never replaced by its first token.
+
+        Args:
+            what: how the caller named the argument (``target``, ``--target`` ...), for the messages.
 
         Raises:
+            BadInput: ``id:`` not followed by an integer, a type other than str or int.
             TokenNotInVocabulary: empty, several tokens, or an id outside the real vocabulary.
         """
-        from vocablens.errors import TokenNotInVocabulary
-        from vocablens.models.tokens import token_str
+        from vocablens.models.token_input import resolve_token
 
-        real = self.borders.real_vocab_size
-        if isinstance(token, int):
-            if not 0 <= token < real:
-                raise TokenNotInVocabulary(f"token id {token} is outside the vocabulary 0..{real - 1}")
-            return token
-        ids, _ = self.token_ids(token)
-        if len(ids) != 1:
-            shown = [token_str(self.tokenizer, i) for i in ids[:6]] + (["..."] if len(ids) > 6 else [])
-            raise TokenNotInVocabulary(f"{token[:40]!r}{'...' if len(token) > 40 else ''} is {len(ids)} tokens "
-                                       f"{shown}; give a single token (its text with its leading space, or its id)")
-        if not 0 <= int(ids[0]) < real:
-            raise TokenNotInVocabulary(f"{token!r} is token {ids[0]}, outside the real vocabulary 0..{real - 1}")
-        return int(ids[0])
+        b = self.borders
+        return resolve_token(self.tokenizer, token, b.vocab_size, b.real_vocab_size, what=what)[0][0]
 
     def fit_jacobian_lens(self, corpus: str = "pydoc-topics", max_tokens: int = 1024, seq_len: int = 128,
                           settings=None, out: str | Path | None = None, val_fraction: float = 0.1, seed: int = 0,

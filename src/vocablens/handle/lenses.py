@@ -124,10 +124,15 @@ class LensWorkflows:
         (:func:`vocablens.lens.logit.lens_batches`); every kind reads the same forward.
 
         Args:
-            texts: a prompt, a list of prompts, ids [T] / [1, T], or a list of id tensors.
+            texts: a prompt, a list of prompts, or token ids: an integer tensor [T] / [1, T] or a list of
+                ints is one prompt, an integer tensor [B, T] or a list of id lists / tensors is a batch
+                (each prompt's result equals its own run). Float, bool and complex tensors are refused.
             kind: ``logit``, ``tuned`` (this model's :attr:`tuned_lens`), ``both`` (logit and tuned),
                 a kind added with :meth:`add_lens`, or a list of kinds.
-            k: top tokens per layer. positions: ``last``, ``all`` or a list (negative from the end).
+            k: top tokens per layer.
+            positions: ``last``, ``all``, an int, a list of ints (negative from the end), or the same as a
+                string, as ``--positions`` takes it (``"12"``, ``"1,2"``:
+                :func:`~vocablens.lens.positions.parse_positions`).
             layers: stream layers 0..L (default all; a lens fitted on fewer layers, such as a published
                 Jacobian lens, reads its own layers and L).
             chat: wrap each prompt in the chat template (:meth:`encode`).
@@ -143,9 +148,12 @@ class LensWorkflows:
 
         Raises:
             BadInput: an empty prompt, k < 1, an unknown kind, a kind with no translator, a layer or
-                position out of range. PromptTooLong: a prompt over the model's context.
+                position out of range, positions not in that syntax, ids that are not integers.
+            TokenNotInVocabulary: an id outside [0, V). PromptTooLong: a prompt over the model's
+                context (text or ids).
         """
         from vocablens.lens.logit import lens_batches
+        from vocablens.lens.positions import parse_positions
 
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise BadInput(f"-k must be at least 1; got {k}")
@@ -155,22 +163,8 @@ class LensWorkflows:
             raise BadInput("give at least one lens kind")
         given = {"tuned": lens_dir, **(lenses or {})}
         translators = [self.translator(kd, given.get(kd)) for kd in kinds]
-        batch = not (isinstance(texts, str) or torch.is_tensor(texts) or
-                     (isinstance(texts, (list, tuple)) and texts and isinstance(texts[0], int)))
-        items = list(texts) if batch else [texts]
-        if batch and not items:
-            raise BadInput("no prompts: give at least one text")
-        seqs, prompts = [], []
-        for i, x in enumerate(items):
-            if isinstance(x, str):
-                if not x.strip():
-                    raise BadInput("empty prompt: give some text" if not batch else f"prompt {i + 1} is empty")
-                seqs.append(self.encode(x, chat=chat, prefix=prefix)[0])
-                prompts.append(x)
-            else:
-                ids = torch.as_tensor(x, dtype=torch.int64).reshape(-1)
-                seqs.append(ids)
-                prompts.append("".join(self.tokens(ids)))
+        seqs, prompts, batch = self._lens_prompts(texts, chat, prefix)
+        positions = parse_positions(positions, "positions")
         if stream is not None and len(seqs) != 1:
             raise BadInput("a cached forward (stream) is of one prompt; give that prompt alone")
         borders = self.borders if stream is None else Replayed(self.borders, seqs[0], stream)
@@ -188,6 +182,30 @@ class LensWorkflows:
 
         records = [lens_record(kd, t) for kd, t in zip(kinds, translators) if t is not None]
         return self._result(R.Lens, [list(r) for r in zip(*res)], batch=batch, prompts=prompts, lenses=records)
+
+    def _lens_prompts(self, texts, chat: bool, prefix: str) -> tuple[list[torch.Tensor], list[str], bool]:
+        """``texts`` of :meth:`lens` -> ``(ids [T] per prompt, prompt texts, batch?)``: a string, ids
+        [T] / [1, T] or a list of ints is one prompt; a list (of texts, id lists or id tensors) or an
+        integer tensor [B, T] with B > 1 is a batch. Ids are checked (:meth:`prompt_ids`), never cast."""
+        if isinstance(texts, str):
+            return [self.encode(_text(texts, 0, False), chat=chat, prefix=prefix)[0]], [texts], False
+        listed = isinstance(texts, (list, tuple)) and any(isinstance(x, (str, list, tuple)) or torch.is_tensor(x)
+                                                          for x in texts)
+        if isinstance(texts, (list, tuple)) and not texts:
+            raise BadInput("no prompts: give at least one text")
+        if not listed:  # ids: one prompt, or a [B, T] tensor of B
+            seqs = self.prompt_ids(texts, batch=True, what="texts")
+            batch = torch.is_tensor(texts) and texts.dim() == 2 and texts.shape[0] != 1
+            return seqs, ["".join(self.tokens(ids)) for ids in seqs], batch
+        seqs, prompts = [], []
+        for i, x in enumerate(texts):
+            if isinstance(x, str):
+                seqs.append(self.encode(_text(x, i, True), chat=chat, prefix=prefix)[0])
+                prompts.append(x)
+            else:
+                seqs.append(self.prompt_ids(x, what=f"texts[{i}]")[0])
+                prompts.append("".join(self.tokens(seqs[-1])))
+        return seqs, prompts, True
 
     def forward(self, ids) -> tuple[torch.Tensor, torch.Tensor]:
         """One prompt's forward pass (text, or ids [T] / [1, T]): ``(resid [L+1, 1, T, d], logits [1, T, V]
@@ -309,6 +327,12 @@ class LensWorkflows:
 
             write_page(run, self, self.spec or "smollm2", out, run.budget_s)
         return run
+
+
+def _text(x: str, i: int, batch: bool) -> str:
+    if not x.strip():
+        raise BadInput("empty prompt: give some text" if not batch else f"prompt {i + 1} is empty")
+    return x
 
 
 class Replayed:

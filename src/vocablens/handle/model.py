@@ -141,13 +141,16 @@ class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, 
         of exactly the scored tokens (special tokens with their text).
 
         Args:
-            text: a string (encoded by :meth:`encode`) or its ids ([T] int, as the model reads them).
+            text: a string (encoded by :meth:`encode`) or its ids as the model reads them (an integer
+                tensor [T] / [1, T] or a list of ints; ids of several prompts are refused).
             top_k: alternatives per position (0 = none).
             special_text: ``parse`` or ``plain`` (:meth:`encode`), for a string.
             vocab_parallel: under torchrun, split the embedding and head rows over the ranks.
 
         Raises:
-            BadInput: empty text, top_k < 0, fewer than 2 tokens. PromptTooLong: over the context.
+            BadInput: empty text, top_k < 0, fewer than 2 tokens; ids that are not an integer tensor
+                or list of ints, or of several prompts. TokenNotInVocabulary: an id outside [0, V).
+            PromptTooLong: over the context (text or ids).
         """
         from vocablens.generate.score import score_ids
 
@@ -165,16 +168,14 @@ class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, 
             res = score_ids(self.borders, ids, top_k=top_k, n_bytes=n_bytes)
         return self._result(R.Score, res, text=text)
 
-    def single_token(self, text: str) -> int:
-        """The id of a string that is exactly one token.
+    def single_token(self, text: str | int) -> int:
+        """The id of a token named by its text (exactly one token) or explicitly by its id (``"id:N"``
+        or an int): :meth:`token_id`.
 
         Raises:
-            TokenNotInVocabulary: it is several tokens, or none.
+            TokenNotInVocabulary: several tokens or none, or an id outside the vocabulary.
         """
-        ids, note = self.token_ids(text)
-        if len(ids) != 1:
-            raise TokenNotInVocabulary(f"{note}; give a single token (e.g. with its leading space)")
-        return int(ids[0])
+        return self.token_id(text)
 
     def explain(self, text: str | torch.Tensor, position: int = -1, target: str | int | None = None, k: int = 5,
                 subs: int = 5, chat: bool = False) -> R.Explanation:
@@ -183,9 +184,10 @@ class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, 
         :func:`vocablens.vocab_space.explain`, Geva et al. 2022).
 
         Args:
-            text: the prompt (or its ids [1, T]).
+            text: the prompt (or its ids [T] / [1, T], an integer tensor or a list of ints).
             position: the position explained (negative from the end).
-            target: a token (string or id) to follow and attribute (default: the top-1).
+            target: a token to follow and attribute (default: the top-1): its text, or its id as an
+                int or ``"id:N"`` (:meth:`token_id`).
             k: tokens per update.
             subs: FFN sub-updates kept per block.
 
@@ -198,7 +200,7 @@ class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, 
         if k < 1:
             raise BadInput(f"-k must be at least 1; got {k}")
         ids = self._ids(text, chat=chat)
-        tid = target if isinstance(target, int) or target is None else self.single_token(target)
+        tid = None if target is None else self.token_id(target, "target")
         e = vs.explain(self.borders, ids, position=position, token_id=tid, k=k, n_sub=subs)
         return self._result(R.Explanation, e)
 
@@ -210,7 +212,8 @@ class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, 
         promote and suppress a token (``vocablens project ... --json``; Geva et al. 2022, Dar et al. 2022).
 
         Args:
-            token: token string(s): reverse search (with the top tokens of the vectors found).
+            token: token(s), each its text or its id (an int or ``"id:N"``, :meth:`token_id`): reverse
+                search (with the top tokens of the vectors found).
             block: a block 0..L-1 (its vectors only).
             neurons: these value vectors of ``block``; without them, ``sample`` random ones
                 (default 4) per block (of ``block`` when given).
@@ -248,7 +251,7 @@ class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, 
             return self._result(R.Projection, res, how="circuit")
         if token is not None and token != [] and token != "":
             items = [token] if isinstance(token, (str, int)) else list(token)
-            tids = [t if isinstance(t, int) else self.single_token(t) for t in items]
+            tids = [self.token_id(t, "token") for t in items]
             res = vs.search_tokens(b, tids, k=k, apply_norm_gain=norm_gain)
             layers, ns = search_vectors(res)
             tops = vs.project_vectors(b, layers, ns, k=min(8, b.real_vocab_size), apply_norm_gain=norm_gain)
@@ -380,12 +383,16 @@ class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, 
                 ids.update(int(i) for i in src)
         return sorted(ids)
 
-    def _ids(self, x, chat: bool = False, prefix: str = "") -> torch.Tensor:
-        """Text (encoded by :meth:`encode`) or ids -> [1, T] int64."""
+    def _ids(self, x, chat: bool = False, prefix: str = "", what: str = "text") -> torch.Tensor:
+        """Text (encoded by :meth:`encode`) or the ids of one prompt (checked by :meth:`prompt_ids`,
+        never cast) -> [1, T] int64.
+
+        Raises:
+            BadInput: as :meth:`encode` / :meth:`prompt_ids` (ids of several prompts included).
+        """
         if isinstance(x, str):
             return self.encode(x, chat=chat, prefix=prefix)
-        t = torch.as_tensor(x, dtype=torch.int64)
-        return t.reshape(1, -1)
+        return self.prompt_ids(x, what=what)[0].reshape(1, -1)
 
     def __repr__(self) -> str:
         b = self.borders

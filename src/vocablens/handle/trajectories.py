@@ -91,7 +91,8 @@ class TrajectoryWorkflows:
         Args:
             text: the prompt, or its ids [T] / [1, T].
             position: the position read (negative from the end).
-            token: the token followed (its string, one token, or its id; default: the model's top-1 there).
+            token: the token followed (its text, one token, or its id as an int or ``"id:N"``:
+                :meth:`token_id`; default: the model's top-1 there).
             kinds: lenses read (``logit``, ``tuned`` or any kind with a translator).
             stream: the prompt's :meth:`forward`, read instead of running the model again.
 
@@ -108,7 +109,7 @@ class TrajectoryWorkflows:
         if token is None:
             tid = int(logits[0, p, : self.borders.real_vocab_size].argmax())
         else:
-            tid = token if isinstance(token, int) else self.single_token(token)
+            tid = self.token_id(token, "token")
         L = self.borders.n_layers
         with torch.no_grad():
             value = {kd: layer_readout(self.borders, resid[:, 0, p], range(L + 1), torch.tensor(tid), k=1,

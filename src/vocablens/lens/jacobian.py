@@ -32,7 +32,8 @@ from typing import Any
 import torch
 
 from vocablens.errors import BadInput, CheckpointMismatch, CorruptModelFile, OutputExists, ShapeMismatch
-from vocablens.lens.tuned import model_identity, read_pair, save_files
+from vocablens.lens.published import IDENTITY_ATOL, layer_span, published_matrix, usable_blocks  # noqa: F401  (re-exported)
+from vocablens.lens.tuned import check_lens_tensor, model_identity, read_pair, save_files
 from vocablens.models import Borders
 
 LENS_FILE = "jacobian.safetensors"
@@ -185,7 +186,8 @@ class JacobianLens:
 
         Raises:
             BadInput: nothing readable at ``path``; a published lens without ``borders``.
-            CorruptModelFile: a truncated or malformed file.
+            CorruptModelFile: a truncated or malformed file, a J that is not floating point.
+            NonFiniteWeights: a NaN or inf in J (the message names the file, the tensor and the layer).
             CheckpointMismatch: the lens does not fit ``borders``' model.
         """
         path = Path(path).expanduser()
@@ -207,6 +209,7 @@ class JacobianLens:
             raise CorruptModelFile(f"{path / CONFIG_FILE} lacks n_layers / d_model; fit the lens again") from None
         if J is None or layers is None or J.dim() != 3 or tuple(J.shape[1:]) != (d, d) or J.shape[0] != layers.numel():
             raise CorruptModelFile(f"{path / LENS_FILE} does not hold J [S, {d}, {d}] and layers [S]")
+        check_lens_tensor(path / LENS_FILE, "J", J, [f"layer {int(x)}" for x in layers.tolist()])
         lens = cls(J, layers.tolist(), L, cfg.get("model") or {}, cfg.get("fitting") or {})
         if borders is not None:
             lens.check_model(borders)
@@ -245,11 +248,17 @@ def load_published(path: str | Path, borders: Borders | None = None, n_layers: i
     Block l becomes stream layer l+1. The model's layer count comes from ``borders`` (or ``n_layers``);
     the file's ``metadata.target_layer`` (TransformerLens) or, failing that, a contiguous run of source
     layers 0..m (the reference's default fits every block below the last: m = n_layers - 2) must agree.
+    A matrix for the last block itself (scripts that store ``target + 1`` slots, the target's own J = I)
+    is checked to be the identity (within :data:`IDENTITY_ATOL`) and left out: layer L is never
+    translated. Every matrix must be floating point and finite (:func:`~vocablens.lens.lens_files.
+    check_lens_tensor`).
 
     Raises:
         BadInput: neither ``borders`` nor ``n_layers``.
-        CorruptModelFile: not such a dict (or not loadable with ``weights_only=True``).
-        CheckpointMismatch: d_model or the layer count does not fit the model, or the model name,
+        CorruptModelFile: not such a dict (or not loadable with ``weights_only=True``), a matrix not
+            floating point. NonFiniteWeights: a NaN or inf (naming the file, J[b] and the layer).
+        CheckpointMismatch: d_model or the layers do not fit the model (the message names the blocks
+            the file holds and the blocks the model has), a last-block matrix that is not I, or the model name,
             revision or unembedding hash the file records differ from the model's
             (:func:`vocablens.lens.identity.verify_identity`; the reference's files record none).
     """
@@ -275,18 +284,8 @@ def load_published(path: str | Path, borders: Borders | None = None, n_layers: i
         raise BadInput("a published Jacobian lens records no layer count: load it with the model")
     if borders is not None and borders.d_model != d:
         raise CheckpointMismatch(f"this Jacobian lens is for d_model={d}; the model has d_model={borders.d_model}")
-    target = meta.get("target_layer")
-    fitted_for = int(target) + 1 if isinstance(target, int) else (
-        blocks[-1] + 2 if blocks and blocks == list(range(blocks[-1] + 1)) else None)
-    if not blocks or blocks[0] < 0 or blocks[-1] >= L - 1 or (fitted_for is not None and fitted_for != L):
-        n = f"{fitted_for} layers" if fitted_for else f"blocks {layer_span(blocks)}"
-        raise CheckpointMismatch(f"this Jacobian lens was fitted for a model of {n}; the model has {L} layers")
-    mats = []
-    for b in blocks:
-        m = obj["J"][b] if b in obj["J"] else obj["J"][str(b)]
-        if not torch.is_tensor(m) or tuple(m.shape) != (d, d):
-            raise CorruptModelFile(f"{path}: J[{b}] is not a [{d}, {d}] tensor")
-        mats.append(m.float())
+    mats = {b: published_matrix(path, obj["J"], b, d) for b in blocks}
+    blocks = usable_blocks(blocks, mats, meta.get("target_layer"), L, d)
     first = obj["J"][blocks[0]] if blocks[0] in obj["J"] else obj["J"][str(blocks[0])]
     stored = str(first.dtype).replace("torch.", "")
     source = "TransformerLens" if meta.get("transformer_lens_fit") else str(meta.get("source") or "jacobian-lens format")
@@ -296,7 +295,7 @@ def load_published(path: str | Path, borders: Borders | None = None, n_layers: i
     settings["format"] = PUBLISHED_FORMAT
     identity = {"name": _text(meta.get("model_name")), "revision": _text(meta.get("model_revision")),
                 "unembed_sha256": _text(meta.get("unembed_sha256")), "d_model": d, "n_layers": L}
-    lens = JacobianLens(torch.stack(mats), [b + 1 for b in blocks], L, identity, settings)
+    lens = JacobianLens(torch.stack([mats[b].float() for b in blocks]), [b + 1 for b in blocks], L, identity, settings)
     if borders is not None:
         lens.check_model(borders)
         lens.to(borders.device)
@@ -305,15 +304,6 @@ def load_published(path: str | Path, borders: Borders | None = None, n_layers: i
 
 def _text(x) -> str | None:
     return str(x) if isinstance(x, str) and x else None
-
-
-def layer_span(layers: list[int]) -> str:
-    """``[1, 2, 3]`` -> ``"1..3"``; a non-contiguous list as ``"1,3"``; empty -> ``"none"``."""
-    if not layers:
-        return "none"
-    if layers == list(range(layers[0], layers[-1] + 1)):
-        return f"{layers[0]}..{layers[-1]}"
-    return ",".join(map(str, layers))
 
 
 def shipped_jacobian_path(model_name: str = "smollm2") -> Path | None:
@@ -356,5 +346,5 @@ def identity_for(borders: Borders, name: str | None = None) -> dict[str, Any]:
     return model_identity(borders, name)
 
 
-__all__ = ["CONFIG_FILE", "FORMAT", "JacobianLens", "LENS_FILE", "PUBLISHED_FILE", "find_jacobian_lens",
+__all__ = ["CONFIG_FILE", "FORMAT", "IDENTITY_ATOL", "JacobianLens", "LENS_FILE", "PUBLISHED_FILE", "find_jacobian_lens",
            "layer_span", "load_published", "shipped_jacobian_path"]

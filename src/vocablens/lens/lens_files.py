@@ -71,6 +71,42 @@ def read_pair(dirpath: Path, tensor_name: str, meta_name: str) -> tuple[dict[str
     return tensors, meta
 
 
+def check_lens_tensor(path: Path, name: str, t, layers: list[str] | None = None) -> torch.Tensor:
+    """THE check of every tensor a lens file holds, on load (tuned lens, Jacobian lens, their published
+    formats): a floating-point tensor whose values are all finite, else one line naming the file, the
+    tensor and the layer. A lens with an integer matrix or a NaN would give read-outs with no meaning
+    (a NaN row ranks the final token first).
+
+    Args:
+        path: the file read. name: the tensor's name in it (``weight``, ``J``, ``3.bias``, ``J[5]``).
+        t: the tensor (a stack [S, ...] when ``layers`` is given).
+        layers: for a stack, how each of its S slices is named (``"layer 3"``, ``"block 5 (stream layer 6)"``).
+
+    Returns:
+        ``t``.
+
+    Raises:
+        CorruptModelFile: not a tensor, or not floating point (an int32 J).
+        NonFiniteWeights (a CorruptModelFile): NaN or inf, at the first such slice.
+    """
+    from vocablens.errors import NonFiniteWeights
+
+    if not torch.is_tensor(t) or not t.is_floating_point():
+        what = str(t.dtype).replace("torch.", "") if torch.is_tensor(t) else type(t).__name__
+        raise CorruptModelFile(f"{path}: lens tensor {name} is {what}, not floating point: a lens is never read "
+                               "from integer or bool values; save or fit it again in a float dtype")
+    bad = ~torch.isfinite(t)
+    if not bool(bad.any()):
+        return t
+    where = ""
+    if layers is not None and t.dim() >= 1 and len(layers) == t.shape[0]:
+        i = int(bad.reshape(t.shape[0], -1).any(dim=1).nonzero()[0, 0])
+        where = f" at {layers[i]}"
+    kinds = " and ".join(x for x, m in (("NaN", torch.isnan(t)), ("inf", torch.isinf(t))) if bool(m.any()))
+    raise NonFiniteWeights(f"{path}: lens tensor {name}{where} holds {kinds} ({int(bad.sum()):,} entries); a "
+                           "lens with a non-finite value is never read: train, fit or download it again")
+
+
 def save_files(dirpath: Path, tensors: dict[str, torch.Tensor], meta: dict, tensor_name: str, meta_name: str) -> None:
     """Write ``tensor_name`` (safetensors) then ``meta_name`` (JSON) into ``dirpath``, each through
     :func:`vocablens.files.atomic_path` (temporary file, usual permissions, rename: never half a file).
@@ -93,4 +129,4 @@ def save_files(dirpath: Path, tensors: dict[str, torch.Tensor], meta: dict, tens
         tmp.write_text(json.dumps(meta, indent=1, sort_keys=True), encoding="utf-8")
 
 
-__all__ = ["META_KEY", "read_json", "read_pair", "read_safetensors", "save_files"]
+__all__ = ["META_KEY", "check_lens_tensor", "read_json", "read_pair", "read_safetensors", "save_files"]

@@ -20,6 +20,7 @@ import torch
 
 from vocablens.errors import BadInput
 from vocablens.lens.kinds import lens_kind
+from vocablens.lens.positions import resolve_positions  # noqa: F401  (its home is there; re-exported)
 from vocablens.models import Borders
 from vocablens.units import plural
 from vocablens.ops.rows import row_logprobs
@@ -77,27 +78,6 @@ class LensResult:
     final_top1: torch.Tensor
     model_max_abs_diff: float
     n_layers: int = 0
-
-
-def resolve_positions(T: int, positions: str | int | Sequence[int] | None) -> torch.Tensor:
-    """``None``/``"last"`` -> [T-1]; ``"all"`` -> 0..T-1; ints (negative from the end) -> checked.
-
-    Raises:
-        BadInput: a position outside [-T, T).
-    """
-    if positions is None or positions == "last":
-        return torch.tensor([T - 1])
-    if positions == "all":
-        return torch.arange(T)
-    if isinstance(positions, int):
-        positions = [positions]
-    out = []
-    for p in positions:
-        p = int(p)
-        if not -T <= p < T:
-            raise BadInput(f"position {p} is outside the prompt's {plural(T, 'token')}")
-        out.append(p % T)
-    return torch.tensor(out, dtype=torch.long)
 
 
 def layer_logprobs(borders: Borders, h: torch.Tensor, layer: int,

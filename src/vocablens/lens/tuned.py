@@ -50,7 +50,8 @@ import torch
 from torch import nn
 
 from vocablens.errors import BadInput, CheckpointMismatch, CorruptModelFile, OutputExists, ShapeMismatch
-from vocablens.lens.lens_files import META_KEY, read_json, read_pair, read_safetensors, save_files  # noqa: F401  (re-exported)
+from vocablens.lens.lens_files import (  # noqa: F401  (re-exported)
+    META_KEY, check_lens_tensor, read_json, read_pair, read_safetensors, save_files)
 from vocablens.models import Borders
 
 LENS_FILE = "lens.safetensors"
@@ -196,7 +197,8 @@ class TunedLens(nn.Module):
 
         Raises:
             BadInput: nothing readable at ``path``.
-            CorruptModelFile: a truncated or malformed file.
+            CorruptModelFile: a truncated or malformed file; a tensor not floating point.
+            NonFiniteWeights: a NaN or inf in the file (the message names the tensor and the layer).
             CheckpointMismatch: the lens belongs to another model.
         """
         path = Path(path)
@@ -218,6 +220,8 @@ class TunedLens(nn.Module):
             raise CorruptModelFile(f"{path / CONFIG_FILE} lacks n_layers / d_model; train the lens again") from None
         if W is None or b is None or tuple(W.shape) != (L, d, d) or tuple(b.shape) != (L, d):
             raise CorruptModelFile(f"{path / LENS_FILE} does not hold weight [{L}, {d}, {d}] and bias [{L}, {d}]")
+        for name, t in (("weight", W), ("bias", b)):
+            check_lens_tensor(path / LENS_FILE, name, t, [f"layer {i}" for i in range(L)])
         lens = cls(d, L, cfg.get("model") or {}, {**(cfg.get("training") or {}),
                                                    "stored_dtype": str(W.dtype).replace("torch.", "")})
         with torch.no_grad():
@@ -242,7 +246,8 @@ def load_tuned_lens_library(path: str | Path, borders: Borders | None = None) ->
     ``params.pt`` is read with ``torch.load(weights_only=True)`` (no unpickling of code).
 
     Raises:
-        CorruptModelFile: unreadable file, missing keys, or shapes that do not match the config.
+        CorruptModelFile: unreadable file, missing keys, shapes that do not match the config, a tensor
+            not floating point. NonFiniteWeights: a NaN or inf (naming the tensor and the layer).
         CheckpointMismatch: ``borders`` given and its shapes, name, revision or head differ.
     """
     path = Path(path)
@@ -268,12 +273,12 @@ def load_tuned_lens_library(path: str | Path, borders: Borders | None = None) ->
             w = state.get(f"{i}.weight")
             if w is None or tuple(w.shape) != (d, d):
                 raise CorruptModelFile(f"{path / 'params.pt'}: translator {i} weight missing or not [{d}, {d}]")
-            lens.weight[i].copy_(w.float())
+            lens.weight[i].copy_(check_lens_tensor(path / "params.pt", f"{i}.weight (layer {i})", w).float())
             bvec = state.get(f"{i}.bias")
             if bvec is not None:
                 if tuple(bvec.shape) != (d,):
                     raise CorruptModelFile(f"{path / 'params.pt'}: translator {i} bias is not [{d}]")
-                lens.bias[i].copy_(bvec.float())
+                lens.bias[i].copy_(check_lens_tensor(path / "params.pt", f"{i}.bias (layer {i})", bvec).float())
     if borders is not None:
         lens.check_model(borders)
         lens.to(borders.device)

@@ -41,6 +41,22 @@ class LoadedModel:
         return encode_prompt(self.tokenizer, text, context_length(self.model.config), chat=chat, prefix=prefix,
                              special_text=special_text, rows=getattr(self.borders, "vocab_size", None))
 
+    def prompt_ids(self, ids, batch: bool = False, what: str = "ids"):
+        """Token ids a caller gave -> ``[ids [T] int64, ...]`` (one prompt, or B with ``batch``), checked
+        as text is: an integer tensor [T] / [1, T] / [B, T], a list of ints or a list of id lists
+        (:func:`~vocablens.models.token_input.prompt_ids`); never cast.
+
+        Raises:
+            BadInput: a float, bool or complex tensor (named by its dtype), an empty prompt, several
+                prompts without ``batch``. TokenNotInVocabulary: an id outside [0, V).
+            PromptTooLong: a prompt over the model's context (the check text passes).
+        """
+        from vocablens.models.token_input import prompt_ids
+        from vocablens.models.tokens import context_length
+
+        return prompt_ids(ids, rows=getattr(self.borders, "vocab_size", None),
+                          context=context_length(self.model.config), batch=batch, what=what)
+
     def encode_batch(self, texts, *, chat: bool = False, prefix: str = "", special_text: str = "parse"):
         """Several prompts -> ``(input_ids [B, T] int64, attention_mask [B, T] int64)``, right-padded
         (padding id: the tokenizer's pad, else EOS, else 0; mask 1 = token, 0 = padding), each prompt
@@ -111,9 +127,9 @@ class LoadedModel:
         Raises:
             TokenNotInVocabulary: it encodes to no token, or to ids beyond the matrix rows.
         """
-        from vocablens.models.tokens import single_token_id
+        from vocablens.models.token_input import resolve_token
 
-        return single_token_id(self.tokenizer, text, self.borders.vocab_size, use_mean=use_mean)
+        return resolve_token(self.tokenizer, text, self.borders.vocab_size, several="mean" if use_mean else "first")
 
     def pieces(self, text: str) -> list[int]:
         """The token ids of ``text`` without BOS or other special tokens added ([] when it has none)."""

@@ -236,6 +236,17 @@ def encode_text(tokenizer, text: str, special_text: str = "parse", add_special_t
     return ids
 
 
+def check_context(n_tokens: int, max_len: int | None) -> None:
+    """THE check that a prompt fits the model's context, for text (:func:`encode_prompt`) and ids
+    (:func:`vocablens.models.token_input.prompt_ids`) alike.
+
+    Raises:
+        PromptTooLong: more than ``max_len`` tokens (None: no limit known).
+    """
+    if max_len is not None and n_tokens > max_len:
+        raise PromptTooLong(f"prompt has {n_tokens} tokens, more than the model's context of {max_len}")
+
+
 def encode_prompt(tokenizer, prompt: str, max_len: int | None = None, chat: bool = False,
                   prefix: str = "", special_text: str = "parse", rows: int | None = None) -> torch.Tensor:
     """Prompt text -> input ids [1, T] int64, by the rule of :func:`encode_text`.
@@ -266,8 +277,7 @@ def encode_prompt(tokenizer, prompt: str, max_len: int | None = None, chat: bool
         ids = torch.tensor([encode_text(tokenizer, prompt + (prefix or ""), special_text)], dtype=torch.int64)
     if ids.numel() == 0:
         raise BadInput("the prompt encodes to no tokens")
-    if max_len is not None and ids.shape[1] > max_len:
-        raise PromptTooLong(f"prompt has {ids.shape[1]} tokens, more than the model's context of {max_len}")
+    check_context(int(ids.shape[1]), max_len)
     if rows is not None:
         check_ids_fit(ids, rows, tokenizer)
     return ids

@@ -28,7 +28,7 @@ def backward_json(res: BackwardLens, tokenizer, provenance=None) -> dict:
 
 def backward_table(res: BackwardLens, tokenizer) -> Table:
     """One row per stream layer: |g|, the target's score and the top tokens of ``W_U (-g)``."""
-    t = Table(title=f"backward lens: -log p({token_str(tokenizer, res.target)!r}) = {res.loss:.3f} nats "
+    t = Table(title=f"backward lens: -log p({token_str(tokenizer, res.target)!r}, id {res.target}) = {res.loss:.3f} nats "
                     f"at position {res.position}", title_justify="left")
     t.add_column("layer", justify="right")
     t.add_column("|∂loss/∂h|", justify="right")

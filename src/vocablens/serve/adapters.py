@@ -53,10 +53,11 @@ def encode(lm, prompt: str, chat: bool, max_tokens: int) -> torch.Tensor:
 
 
 def token_id(lm, token: str | int) -> int:
-    """A single token given as its text (``" Paris"``) or its id -> the id: the one rule of every endpoint
-    that takes a token (neighbors, project, trajectory, explain's target, argmax;
-    :meth:`vocablens.Model.token_id`). A text that spells several tokens is refused (never silently
-    replaced by its first token).
+    """A single token given as its text (``" Paris"``; ``"4"`` is the text "4") or its id (a JSON integer,
+    or the string ``"id:N"``) -> the id: the one rule of every endpoint that takes a token (neighbors,
+    project, trajectory, explain's target, argmax; :meth:`vocablens.Model.token_id`, the rule of the
+    handle and the CLI too). A text that spells several tokens is refused (never silently replaced by
+    its first token).
 
     Raises:
         TokenNotInVocabulary: empty, several tokens, or an id outside the real vocabulary.
@@ -76,14 +77,14 @@ def position(lm, ids: torch.Tensor, position: int) -> int:
 
 
 def token_query(lm, token: str | int) -> str:
-    """The string ``neighbors`` looks a token up by: the text itself, or for an id its vocabulary entry
-    (exact). Checked by :func:`token_id` first (the same rule as every endpoint).
+    """The string ``neighbors`` looks a token up by: the text itself, or for an id ``"id:N"``. Checked by
+    :func:`token_id` first (the same rule as every endpoint).
 
     Raises:
         TokenNotInVocabulary: as :func:`token_id`.
     """
     tid = token_id(lm, token)
-    return lm.tokenizer.convert_ids_to_tokens(tid) if isinstance(token, int) else token
+    return f"id:{tid}" if isinstance(token, int) else token
 
 
 def load_tuned(lm, path: str = ""):

@@ -75,8 +75,8 @@ def request_models(max_tokens: int) -> dict[str, type[BaseModel]]:
                                                                   f"(--max-tokens) and {n} characters")]
     TokenText = Annotated[StrictStr, Field(max_length=MAX_TOKEN_CHARS)]
     TokenF = Annotated[Union[TokenText, StrictInt], Field(
-        description="one token: its text (with its leading space, e.g. \" Paris\") or its id; "
-                    "a text that is several tokens is refused (400)")]
+        description="one token: its text (with its leading space, e.g. \" Paris\"; \"4\" is the text 4), or "
+                    "its id as an integer or the string \"id:N\"; a text that is several tokens is refused (400)")]
 
     class LensReq(_Req):
         prompt: Prompt

@@ -42,7 +42,7 @@ def explanation_to_dict(e: Explanation, tokenizer) -> dict:
         "tokens": toks(tokenizer, e.input_ids), "position": e.position,
         "top1": tok(e.top1), "top1_logprob": rnd(e.top1_logprob, 6),
         "token": tok(e.token), "token_logprob": None if e.token_logprob is None else rnd(e.token_logprob, 6),
-        "target": tok(e.target), "contrast": tok(e.contrast),
+        "target": tok(e.target), "target_id": int(e.target), "contrast": tok(e.contrast),
         "logit_diff_model": rnd(e.logit_diff_model, 6), "logit_diff_sum": rnd(e.logit_diff_sum, 6),
         "logit_target_model": rnd(e.logit_target_model, 6), "logit_target_sum": rnd(e.logit_target_sum, 6),
         "embed_dla": rnd(e.embed_dla, 6), "const_dla": rnd(e.const_dla, 6),
