@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from tiny_dirs import save_tiny, tiny_tokenizer
-from vocablens.errors import BadInput, CheckpointMismatch, ModelNotFound, ShapeMismatch, VocabLensError
+from vocablens.errors import (BadInput, CheckpointMismatch, CorruptModelFile, ModelNotFound, NonFiniteWeights, ShapeMismatch,
+                             VocabLensError)
 
 SURROGATE = "x\udced\udca0\udc80y"  # what a shell passes for the bytes ED A0 80: not encodable text
 NOTES = "The class statement defines a new type. An object is an instance of that type.\n" * 12
@@ -44,7 +45,28 @@ def world(tmp_path_factory):
     ref.save_tuned_lens(root / "tl-hash", 64, 2, "", unembed_hash="0" * 64)
     ref.save_jacobian_lens(root / "jl-qwen.pt", {0: torch.eye(64)}, 4, 64,
                            {"model_name": "Qwen/Qwen2-0.5B", "model_revision": "abc1234", "target_layer": 1})
+    _bad_lens_files(root)
     return root
+
+
+def _bad_lens_files(root: Path) -> None:
+    """Lens files of the tiny model's shapes holding a NaN, an inf, an int32 J, a last block's J != I."""
+    import reference_lens_files as ref
+    from vocablens.lens.jacobian import JacobianLens
+    from vocablens.lens.tuned import TunedLens
+
+    lens = TunedLens(64, 2)
+    with torch.no_grad():
+        lens.bias[1, 3] = float("nan")
+    lens.save(root / "lens-nan")
+    state = ref.save_tuned_lens(root / "tl-inf", 64, 2, "")
+    state["0.weight"][5, 5] = float("inf")
+    torch.save(state, root / "tl-inf" / "params.pt")
+    J = torch.eye(64)
+    J[1, 2] = float("nan")
+    ref.save_jacobian_lens(root / "jl-nan.pt", {0: J}, 4, 64)
+    JacobianLens(torch.eye(64).repeat(2, 1, 1), [0, 1], 2).save(root / "jl-int", dtype=torch.int32)
+    ref.save_jacobian_lens(root / "jl-last.pt", {0: torch.eye(64), 1: 2 * torch.eye(64)}, 4, 64)
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +94,17 @@ CLI = [
     ("lens-layer-negative", ["lens", "x", *M, "--layers", "-1"], "outside 0..2"),
     ("lens-layers-not-ints", ["lens", "x", *M, "--layers", "a,b"], "comma-separated integers"),
     ("lens-position-out-of-range", ["lens", "x", *M, "--positions", "50"], "outside the prompt"),
+    ("lens-positions-a-word", ["lens", "x", *M, "--positions", "middle"], "--positions takes last, all, or positions"),
+    ("lens-tuned-lens-with-nan", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/lens-nan"],
+     "lens.safetensors: lens tensor bias at layer 1 holds NaN"),
+    ("lens-tuned-lens-library-with-inf", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/tl-inf"],
+     "params.pt: lens tensor 0.weight (layer 0) holds inf"),
+    ("lens-jacobian-lens-with-nan", ["lens", "x", *M, "--kind", "jacobian", "--lens", "{d}/jl-nan.pt"],
+     "jl-nan.pt: lens tensor J[0] at block 0 (stream layer 1) holds NaN"),
+    ("lens-jacobian-lens-int32", ["lens", "x", *M, "--kind", "jacobian", "--lens", "{d}/jl-int"],
+     "lens tensor J is int32, not floating point"),
+    ("lens-jacobian-last-block-not-identity", ["lens", "x", *M, "--kind", "jacobian", "--lens", "{d}/jl-last.pt"],
+     "holds matrices for blocks 0..1 (d_model=64); the model has 2 blocks (0..1): its matrix for block 1"),
     ("lens-bad-kind", ["lens", "x", *M, "--kind", "bogus"], "--kind takes logit, tuned, jacobian, both or a comma list"),
     ("lens-missing-lens-dir", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/nolens"], "no tuned lens"),
     ("lens-file-as-lens-dir", ["lens", "x", *M, "--kind", "tuned", "--lens", "{d}/notes.txt"], "no tuned lens"),
@@ -194,9 +227,18 @@ CLI = [
     ("align-block-out-of-range", ["align", "{m}", "{m}", "--blocks-a", "7"], "0..1"),
     # lens backward / fit-jacobian
     ("backward-empty-prompt", ["lens", "backward", "", *M, "--target", "5"], "empty prompt"),
-    ("backward-missing-target", ["lens", "backward", "x", *M], "Missing option '--target'"),
+    ("backward-missing-target", ["lens", "backward", "x", *M], "give the target as --target TEXT or --target-id N"),
+    ("backward-target-and-target-id", ["lens", "backward", "x", *M, "--target", "5", "--target-id", "5"],
+     "(one of them)"),
+    ("backward-target-id-prefix-outside-vocab", ["lens", "backward", "x", *M, "--target", "id:5000"],
+     "--target: token id 5000 is outside the vocabulary 0..299"),
+    ("backward-target-id-prefix-not-a-number", ["lens", "backward", "x", *M, "--target", "id:five"],
+     "--target 'id:five': id:N names a token by its id"),
+    ("backward-target-several-tokens", ["lens", "backward", "x", *M, "--target", "5000"],
+     "--target: '5000' is"),
     ("backward-k-zero", ["lens", "backward", "x", *M, "--target", "5", "-k", "0"], "-k must be at least 1"),
-    ("backward-target-id-outside-vocab", ["lens", "backward", "x", *M, "--target", "5000"], "outside the vocabulary 0..299"),
+    ("backward-target-id-outside-vocab", ["lens", "backward", "x", *M, "--target-id", "5000"],
+     "--target-id: token id 5000 is outside the vocabulary 0..299"),
     ("backward-position-out-of-range", ["lens", "backward", "x", *M, "--target", "5", "--position", "50"],
      "outside the prompt"),
     ("backward-missing-model", ["lens", "backward", "x", "-m", "{d}/nope", "--target", "5"], "no such model"),
@@ -286,6 +328,11 @@ CLI_SERVE_HELPER = [
     ("project-sample-zero", ["project", *M, "--block", "0", "--sample", "0", "--keys"], "--sample must be"),
     ("project-interpretable-negative", ["project", *M, "--interpretable", "-1"], "--interpretable must be >= 1"),
     ("explain-position-wrong-type", ["explain", "x", *M, "--position", "last"], "Invalid value for '--position'"),
+    ("explain-token-and-token-id", ["explain", "x", *M, "--token", "5", "--token-id", "5"], "not both"),
+    ("explain-token-id-outside-vocab", ["explain", "x", *M, "--token-id", "300"],
+     "--token-id: token id 300 is outside the vocabulary 0..299"),
+    ("project-token-id-prefix-outside-vocab", ["project", *M, "--token", "id:300"],
+     "--token: token id 300 is outside the vocabulary 0..299"),
     ("score-top-k-wrong-type", ["score", "x", *M, "--top-k", "many"], "Invalid value for '--top-k'"),
     ("bottleneck-bad-max-memory", ["bottleneck", *M, "--max-memory", "lots"], "--max-memory takes a size"),
     ("anomaly-missing-test", ["lens", "anomaly", *M, "--normal", "{d}/notes.txt", "--test", "{d}/nofile",
@@ -351,6 +398,21 @@ def _api_cases():
          BadInput, "0 token"),
         ("anatomy-of-missing", lambda d, lm: vocablens.anatomy_of(str(d / "nope")), ModelNotFound, "nope"),
         ("search-token-out-of-vocab", lambda d, lm: vocablens.search_token(lm.borders, 10**6), BadInput, str(10**6)),
+        ("lens-float-ids", lambda d, lm: lm.lens(torch.tensor([5.0, 6.5])), BadInput, "got dtype float32"),
+        ("lens-bool-ids", lambda d, lm: lm.lens(torch.tensor([True, False])), BadInput, "got dtype bool"),
+        ("lens-ids-past-the-context", lambda d, lm: lm.lens(torch.full((129,), 5)), BadInput,
+         "more than the model's context of 128"),
+        ("lens-positions-a-word", lambda d, lm: lm.lens("x y", positions="middle"), BadInput,
+         "positions takes last, all"),
+        ("score-a-batch-of-ids", lambda d, lm: lm.score(torch.ones(2, 4, dtype=torch.long)), BadInput,
+         "ids of 2 prompts"),
+        ("score-complex-ids", lambda d, lm: lm.score(torch.ones(4, dtype=torch.complex64)), BadInput,
+         "got dtype complex64"),
+        ("tuned-lens-with-nan", lambda d, lm: vocablens.TunedLens.load(d / "lens-nan", lm.borders),
+         NonFiniteWeights, "holds NaN"),
+        ("jacobian-lens-int32", lambda d, lm: lm.load_jacobian_lens(d / "jl-int"), CorruptModelFile,
+         "not floating point"),
+        ("token-id-prefix-not-a-number", lambda d, lm: lm.token_id("id:x"), BadInput, "id:N names a token"),
     ]
 
 
