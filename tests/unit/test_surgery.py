@@ -403,9 +403,14 @@ def test_token_list_reads_ids_and_vocabulary_strings(tiny_tok):
     from vocablens.surgery.trim import read_token_list
 
     s = tiny_tok.convert_ids_to_tokens(300)
-    assert read_token_list(["17", s, "", "  "], tiny_tok) == {17, 300}
+    assert read_token_list(["id:17", s, "", "  "], tiny_tok) == {17, 300}
     with pytest.raises(BadInput, match="line 1"):
         read_token_list(["not-a-token-\u2603\u2603"], tiny_tok)
+    # a number is a token's text, as everywhere a token is named: an id only when written id:N
+    five = tiny_tok.convert_tokens_to_ids("5")
+    assert five != 5 and read_token_list(["5"], tiny_tok) == {five}
+    with pytest.raises(BadInput, match=r"line 2: '17' is not a token of the vocabulary \(an id is written id:17\)"):
+        read_token_list(["5", "17"], tiny_tok)
 
 
 def test_failed_save_with_force_keeps_the_existing_directory(tiny_tok, tmp_path):

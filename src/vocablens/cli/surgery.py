@@ -63,7 +63,7 @@ def expand(
 def trim(
     model: ModelOpt = "smollm2",
     corpus: Annotated[str, typer.Option("--corpus", help="Corpus whose tokens to keep: a file, a directory or a named corpus (pydoc-topics, python-docs, debian-handbook ...).")] = "",
-    token_list: Annotated[str, typer.Option("--token-list", help="File of tokens to keep: one id or vocabulary string per line (with or instead of --corpus).")] = "",
+    token_list: Annotated[str, typer.Option("--token-list", help="File of tokens to keep: one vocabulary string (the tokenizer's piece) or id:N per line (with or instead of --corpus).")] = "",
     out_dir: OutOpt = "",
     max_docs: Annotated[int, typer.Option("--max-docs", help="Read at most this many corpus documents (0 = all).")] = 0,
     verify_texts: Annotated[int, typer.Option("--verify-texts", help="Corpus documents the trimmed model is checked on.")] = 3,

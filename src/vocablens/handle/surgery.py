@@ -101,7 +101,8 @@ class SurgeryWorkflows:
 
         Args:
             corpus: a file, a directory or a named corpus whose tokens are kept.
-            token_list: more tokens to keep: ids or vocabulary strings, one per item.
+            token_list: more tokens to keep: vocabulary strings or ids written ``id:N``, one per item
+                (:func:`~vocablens.surgery.trim.read_token_list`).
             max_docs: read at most this many corpus documents (None: all).
             verify_texts: corpus documents the trimmed model is checked on.
             verify_tokens: tokens read from the start of each check document.

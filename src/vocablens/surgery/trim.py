@@ -236,21 +236,28 @@ def tokenization_mismatches(old_tokenizer, new_tokenizer, kept_old_ids: Sequence
 
 
 def read_token_list(lines: Sequence[str], tokenizer) -> set[int]:
-    """Ids from a token list: one token per line, an integer id or a vocabulary string.
+    """Ids from a token list: one token per line, a vocabulary string (the tokenizer's own piece, e.g.
+    ``Ġthe``; ``4`` is the piece "4") or an id written ``id:N``
+    (:func:`~vocablens.models.token_input.parse_token`: the rule of every place that names a token).
 
     Raises:
-        BadInput: a line that is neither an id nor a token of the vocabulary.
+        BadInput: a line that is neither a token of the vocabulary nor ``id:N`` (a bare number that
+            is no piece is refused with that hint).
     """
+    from vocablens.models.token_input import parse_token
+
     vocab = tokenizer.get_vocab()
     out: set[int] = set()
     for n, line in enumerate(lines, 1):
         s = line.rstrip("\n")
         if not s.strip():
             continue
-        if s.strip().lstrip("-").isdigit():
-            out.add(int(s.strip()))
+        got = parse_token(s.strip() if s.strip().startswith("id:") else s, f"token list line {n}")
+        if isinstance(got, int):
+            out.add(got)
         elif s in vocab:
             out.add(int(vocab[s]))
         else:
-            raise BadInput(f"token list line {n}: {s!r} is neither an id nor a token of the vocabulary")
+            hint = f" (an id is written id:{s.strip()})" if s.strip().lstrip("-").isdigit() else ""
+            raise BadInput(f"token list line {n}: {s!r} is not a token of the vocabulary{hint}")
     return out
