@@ -98,7 +98,8 @@ class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, 
         (``vocablens neighbors TOKEN... -k K --json``; :func:`~vocablens.geometry.embedding.nearest_neighbors`).
 
         Args:
-            tokens: a token string (``" king"``: the leading space is part of a word-initial token) or several.
+            tokens: a token string (``" king"``: the leading space is part of a word-initial token; ``"4"``
+                is the text "4"), an id (an int or ``"id:N"``), or several.
             k: neighbours per token, >= 1.
             mean: a string of several tokens uses the mean of their rows (default: its first token).
 
@@ -107,7 +108,8 @@ class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, 
         """
         from vocablens.geometry.embedding import nearest_neighbors
 
-        tokens = [tokens] if isinstance(tokens, str) else list(tokens)
+        tokens = [tokens] if isinstance(tokens, (str, int)) else list(tokens)
+        tokens = [f"id:{t}" if isinstance(t, int) and not isinstance(t, bool) else t for t in tokens]  # as shown
         if k < 1:
             raise BadInput(f"-k must be at least 1; got {k}")
         if any(t == "" for t in tokens):

@@ -38,7 +38,7 @@ def _int_tensor(x, what: str) -> torch.Tensor:
     if x.dtype == torch.bool or x.is_floating_point() or x.is_complex():
         raise BadInput(f"{what}: token ids must be an integer tensor; got dtype "
                        f"{str(x.dtype).replace('torch.', '')} (never cast: cast it yourself if it holds ids)")
-    return x.detach().to("cpu", torch.int64)
+    return x.detach().to(torch.int64)
 
 
 def _checked(t: torch.Tensor, rows: int | None, context: int | None, what: str) -> torch.Tensor:

@@ -73,7 +73,7 @@ def explanation_tables(e: Explanation, tokenizer) -> list:
     """Two tables: per-block updates, and the largest FFN sub-updates overall."""
     tgt, con = token_str(tokenizer, e.target), token_str(tokenizer, e.contrast)
     top1 = token_str(tokenizer, e.top1)
-    t = Table(title=(f"position {e.position}: top-1 {quoted(top1)} (log p {e.top1_logprob:.3f}); DLA of logit[{quoted(tgt)}] - "
+    t = Table(title=(f"position {e.position}: top-1 {quoted(top1)} (log p {e.top1_logprob:.3f}); DLA of logit[{quoted(tgt)}, id {int(e.target)}] - "
                      f"logit[{quoted(con)}]"), title_justify="left")
     cols = ["block", "Δlogp top-1 attn", "Δlogp top-1 mlp"]
     if e.token is not None:
