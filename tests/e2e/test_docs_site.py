@@ -71,6 +71,33 @@ def test_api_reference_renders_the_docstrings(site):
     assert "ShapeMismatch" in html and "BadInput" in html
 
 
+def test_api_reference_lists_every_public_method_of_model(site):
+    """The API page of ``vocablens.Model`` has a section, with its signature, for every public method
+    ``dir(Model)`` names (those of its mixins and of LoadedModel too), and its attributes table has one
+    row per attribute (it had one row named ``model,`` typed ``(tokenizer, borders, provenance)``)."""
+    import inspect
+
+    from vocablens.handle import Model
+
+    html = (site[0] / "api" / "model" / "index.html").read_text(encoding="utf-8")
+    public = {n for n in dir(Model) if not n.startswith("_")}
+    methods = {n for n in public if callable(getattr(Model, n)) or isinstance(getattr(Model, n), property)}
+    assert {"lens", "settle", "expand", "trim", "steer", "save", "report", "add_lens", "load_lens"} <= methods
+    shown = set(re.findall(r'<h3 id="vocablens\.handle\.Model\.([a-z_]+)"', html))
+    assert methods <= shown, sorted(methods - shown)
+    for name in methods - {n for n in methods if isinstance(getattr(Model, n), property)}:
+        section = html[html.index(f'<h3 id="vocablens.handle.Model.{name}"'):]
+        signature = re.sub(r"<[^>]+>", "", section[section.index('class="doc-signature'):section.index("</pre>")])
+        params = [p for p in inspect.signature(getattr(Model, name)).parameters if p not in ("self", "cls")]
+        assert f"{name}(" in signature and all(p in signature for p in params), (name, signature[:300])
+    table = html[html.index("doc-section-title\">Attributes:"):]
+    table = table[:table.index("</table>")]
+    rows = re.findall(r'<tr class="doc-section-item">\s*<td><code><span title="vocablens\.handle\.Model\.([^"]+)"', table)
+    attributes = {"model", "tokenizer", "borders", "provenance", "spec", "translators", "surgery"}
+    assert set(rows) == attributes and len(rows) == len(attributes), rows
+    assert attributes | methods >= public, sorted(public - attributes - methods)
+
+
 def test_tour_examples_are_shown_as_console_blocks(site):
     """docs/tour.md keeps its bare doctest examples (the suite runs them); the site fences them."""
     text = (ROOT / "docs" / "tour.md").read_text(encoding="utf-8")

@@ -299,7 +299,7 @@ def _command_options(argv: list[str]) -> dict[str, str]:
 
 #: library argument -> the command parameter that passes it, where the two names differ
 ARGUMENT_OPTIONS = {"per_block": ("sample",), "budget_s": ("budget",), "out": ("out_dir",),
-                    "path": ("lens_path", "tuned_path")}
+                    "path": ("lens_path", "tuned_path", "lens")}
 
 
 def in_cli_words(message: str, argv: list[str]) -> str:

@@ -40,7 +40,9 @@ def serve_cmd(
         "localhost or [::1], any port; --host NAME also answers NAME (e.g. --host myhost.lan), and "
         "--host 0.0.0.0 also this machine's host name and any IP address. Others get 421."))] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8765,
-    lens: Annotated[str, typer.Option("--lens", help="Tuned-lens directory (default: the one shipped for the model).")] = "",
+    lens: Annotated[str, typer.Option("--lens", help=(
+        "A lens folder holding a tuned lens, a Jacobian lens or both (or a published Jacobian lens.pt): each kind "
+        "it holds is served from it, the others are the ones shipped for the model (default: those)."))] = "",
     max_tokens: Annotated[int, typer.Option("--max-tokens", help=(
         "Longest prompt read, in tokens (and 32 characters per token); request bodies are capped to "
         "match (413 beyond)."))] = 128,
@@ -91,7 +93,7 @@ def serve_cmd(
         close()
         err.print(message, style="dim", soft_wrap=True)
 
-    with status("loading the tuned lens ..."):
+    with status("loading the lenses ..."):
         state = ServerState(lm, model_spec=model, lens_path=lens, max_tokens=max_tokens, argmax=not no_argmax,
                             undertrained=verified, argmax_report=report, argmax_end=ended)
     shown = f"[{host}]" if ":" in host else host

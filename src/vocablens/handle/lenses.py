@@ -263,7 +263,8 @@ class LensWorkflows:
             promote: token strings whose vectors are boosted.
             suppress: token strings whose vectors are suppressed.
             blocks: block indices (default all).
-            prompt / corpus: the probe text(s) (default ``"The weather today is"``).
+            prompt: the probe text (default ``"The weather today is"``).
+            corpus: or a corpus whose texts are the probes.
             heldout: the corpus whose held-out texts measure perplexity.
             new_tokens: greedy tokens of the continuation compared (0..512; none with ``corpus``).
             progress: ``progress(stage, done, total)`` over the forward passes.

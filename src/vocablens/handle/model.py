@@ -40,10 +40,15 @@ class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, 
     """A loaded model with its workflows (module docstring).
 
     Attributes:
-        model, tokenizer, borders, provenance: as :class:`~vocablens.models.LoadedModel`.
+        model: the ``transformers`` causal LM (``PreTrainedModel``), as :class:`~vocablens.models.LoadedModel`.
+        tokenizer: its tokenizer (a ``PreTrainedTokenizerBase``).
+        borders: its :class:`~vocablens.models.Borders`: the embedding, the blocks, the final norm and the head.
+        provenance: its :class:`~vocablens.models.Provenance`: what was loaded, from where, in which dtype.
         spec: what it was loaded from (``smollm2``, a directory ...): names the shipped tuned lens.
         translators: lens kind -> translator loaded for this model (``tuned`` once read; more kinds
             can be added with :meth:`add_lens`).
+        surgery: the :class:`~vocablens.handle.results.Surgery` record of the :meth:`expand` or
+            :meth:`trim` that made this model (None for a loaded one).
     """
 
     spec: str | None = None

@@ -7,7 +7,8 @@ renders dispatches to :mod:`vocablens.render.shown`, the same renderers the CLI,
 explorer use:
 
 * ``.to_json()``: the dict the matching command prints with ``--json`` for the same call;
-* ``.table()``: the rich renderables the command prints (a ``rich.console.Group``);
+* ``.table()``: the rich renderables the command prints (a ``rich.console.Group``; ``print(res.table())``
+  prints them as plain text);
 * ``.figure()``: the plotly figure the report or the explorer draws (where one is drawn);
 * ``.to_pandas()``: a DataFrame of the tabular results (pandas: the ``pandas`` extra);
 * Jupyter display: ``_repr_html_`` (the tables as HTML) and a plain-text ``repr`` in IPython.
@@ -54,7 +55,8 @@ class Result:
         return _shown().to_json(self)
 
     def table(self):
-        """The rich renderables the command prints, as one ``rich.console.Group``."""
+        """The rich renderables the command prints, as one ``rich.console.Group``: ``rich``'s
+        ``Console.print`` draws it in colour, the built-in ``print`` (its ``str()``) as plain text."""
         return _shown().table(self)
 
     def figure(self, **options):

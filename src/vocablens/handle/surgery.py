@@ -45,8 +45,9 @@ class SurgeryWorkflows:
         Args:
             tokens: the token strings to add (a leading space is kept).
             init: ``subtoken-mean`` (default), ``mean``, ``interpolate``, ``zeros`` or ``random``.
-            eval_corpus / eval_text: held-out text (the corpus's validation split, or this text),
-                ``eval_texts`` chunks of ``eval_chars`` characters.
+            eval_corpus: the held-out text is this corpus's validation split, ``eval_texts`` chunks of
+                ``eval_chars`` characters.
+            eval_text: or this text, chunked the same way.
             sample: a sentence shown tokenized before and after (default: built from the new tokens).
             seed: the seed of ``init="random"``.
             heldout: the held-out texts themselves (instead of reading ``eval_corpus`` / ``eval_text``).

@@ -336,7 +336,7 @@ def find_jacobian_lens(model_spec: str = "smollm2", path: str | Path | None = No
         raise BadInput(f"no Jacobian lens in {path} (expected {LENS_FILE} + {CONFIG_FILE}, or a {PUBLISHED_FILE})")
     shipped = shipped_jacobian_path(str(model_spec))
     if shipped is None:
-        raise BadInput(f"no Jacobian lens shipped for {model_spec!r}; give --lens (fit one with "
+        raise BadInput(f"no Jacobian lens shipped for {model_spec!r}; give `path` (fit one with "
                        "`vocablens lens fit-jacobian`)")
     return shipped
 

@@ -36,7 +36,8 @@ def save_figure(fig_or_builder: Any | Callable[[str], Any], path: str | os.PathL
     """Write a figure to ``path``, atomically; the suffix picks the format.
 
     Args:
-        fig_or_builder: a plotly ``Figure`` (HTML; images need the optional ``kaleido`` package), or a
+        fig_or_builder: a plotly ``Figure`` (HTML; images need the ``image`` extra: kaleido and a
+            Chrome or Chromium on the machine), or a
             callable ``builder(kind)`` with kind ``"html"`` or ``"image"`` that returns a plotly
             ``Figure`` or a matplotlib ``Figure`` (the usual pair: plotly for HTML, matplotlib for
             images, so no extra package is needed). matplotlib runs on its Agg backend.
@@ -47,7 +48,7 @@ def save_figure(fig_or_builder: Any | Callable[[str], Any], path: str | os.PathL
         The path written.
 
     Raises:
-        BadInput: an unknown suffix, or a plotly figure for an image without ``kaleido``.
+        BadInput: an unknown suffix, or a plotly figure for an image without kaleido or a browser.
         WriteFailed: the directory is missing, read-only or full (nothing written).
     """
     path = Path(path)
@@ -63,13 +64,13 @@ def save_figure(fig_or_builder: Any | Callable[[str], Any], path: str | os.PathL
         try:
             import kaleido  # noqa: F401
         except ImportError:
-            raise BadInput(f"writing {path.name} from a plotly figure needs the kaleido package "
-                           "(pip install kaleido), or write .html") from None
+            raise BadInput(f"writing {path.name} from a plotly figure needs the image extra "
+                           "(pip install 'vocablens[image]': kaleido), or write .html") from None
     with atomic_path(path) as tmp:
         if is_plotly and kind == "html":
             fig.write_html(str(tmp), include_plotlyjs=True, full_html=True)
         elif is_plotly:
-            fig.write_image(str(tmp))
+            _write_image(fig, tmp, path)
         else:
             try:
                 fig.savefig(str(tmp), dpi=dpi, format=path.suffix.lower().lstrip("."))
@@ -78,6 +79,22 @@ def save_figure(fig_or_builder: Any | Callable[[str], Any], path: str | os.PathL
 
                 plt.close(fig)
     return path
+
+
+def _write_image(fig, tmp: Path, path: Path) -> None:
+    """``fig.write_image(tmp)`` through kaleido, which drives a Chrome or Chromium found on the machine
+    (``BROWSER_PATH``, else the usual names such as Debian's ``chromium``); it downloads nothing.
+
+    Raises:
+        BadInput: no such browser found (one line: how to install one).
+    """
+    try:
+        fig.write_image(str(tmp))
+    except RuntimeError as exc:
+        if "requires Google Chrome" not in str(exc):
+            raise
+        raise BadInput(f"writing {path.name} needs Chrome or Chromium for kaleido (Debian/Ubuntu: apt-get "
+                       "install chromium; or set BROWSER_PATH), or write .html") from None
 
 
 __all__ = ["HTML_SUFFIXES", "IMAGE_SUFFIXES", "figure_kind", "save_figure"]

@@ -16,6 +16,7 @@ This module never imports the handle (it sits above render); it reads the result
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from vocablens.errors import BadInput
@@ -193,12 +194,34 @@ class _Collect:
 
 
 def table(r):
-    """The renderables the command prints, in a ``rich.console.Group``."""
-    from rich.console import Group
-
+    """The renderables the command prints, in a ``rich.console.Group`` that also prints as text with the
+    built-in ``print`` (its ``str()``: the tables as plain text)."""
     c = _Collect()
     print_result(r, c)
-    return Group(*c.items)
+    return _tables()(*c.items)
+
+
+@functools.cache
+def _tables() -> type:
+    """The class of what ``.table()`` returns, defined on first use (rich is imported only when a result
+    is shown)."""
+    from rich.console import Group
+
+    class Tables(Group):
+        """What a command prints, as one ``rich.console.Group``: ``rich``'s ``Console.print`` draws it
+        with its styles; ``str()`` (so the built-in ``print``, and ``repr`` at a prompt) gives the same
+        tables as plain text, :data:`vocablens.render.notebook.WIDTH` columns wide."""
+
+        def __str__(self) -> str:
+            from vocablens.render.notebook import recording_console
+
+            console = recording_console()
+            console.print(self)
+            return console.export_text().rstrip("\n")
+
+        __repr__ = __str__
+
+    return Tables
 
 
 def _recorded(r):

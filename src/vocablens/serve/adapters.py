@@ -98,18 +98,25 @@ def load_tuned(lm, path: str = ""):
 
 
 def load_jacobian(lm, path: str = ""):
-    """The Jacobian lens (``path`` when it holds one, else the one shipped for the model), from now on
-    the model's ``jacobian`` lens (:meth:`Model.load_jacobian_lens`).
+    """The Jacobian lens (``path``, or the one shipped for the model), from now on the model's
+    ``jacobian`` lens (:meth:`Model.load_jacobian_lens`).
 
     Raises:
-        BadInput: none there and none shipped. CheckpointMismatch: a lens of another model.
+        BadInput: none there / none shipped. CheckpointMismatch: a lens of another model.
     """
-    try:
-        return lm.load_jacobian_lens(path or None)
-    except BadInput:
-        if not path:
-            raise
-        return lm.load_jacobian_lens(None)
+    return lm.load_jacobian_lens(path or None)
+
+
+def lenses_at(lm, path: str) -> dict:
+    """Every lens kind the ``--lens`` folder or file holds, ``{kind: where}``
+    (:func:`vocablens.lens.published.lenses_at`).
+
+    Raises:
+        BadInput: it holds neither a tuned nor a Jacobian lens.
+    """
+    from vocablens.lens.published import lenses_at as held
+
+    return held(path, lm.spec or "smollm2")
 
 
 def forward(lm, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

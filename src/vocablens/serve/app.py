@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException
 
 from vocablens.errors import VocabLensError
 from vocablens.serve import adapters
-from vocablens.serve.state import ServerState
+from vocablens.serve.state import ServerState, served_words
 
 MAX_TOKEN_CHARS = 1024      # one token's text: the longest entry of common vocabularies is < 300 characters
 CHARS_PER_TOKEN = 32        # the prompt's character cap is this many per token of --max-tokens
@@ -182,7 +182,7 @@ def _add_error_handlers(app: FastAPI, max_tokens: int) -> None:
 
     @app.exception_handler(VocabLensError)
     async def _vl(_req: Request, exc: VocabLensError):
-        return _err(400, str(exc))
+        return _err(400, served_words(str(exc)))
 
     @app.exception_handler(Exception)
     async def _any(_req: Request, exc: Exception):

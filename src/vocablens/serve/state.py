@@ -133,13 +133,25 @@ class ArgmaxJob:
         return self.done
 
 
+def served_words(message: str) -> str:
+    """A library message in the server's words: the lens folder the library calls `` `path` `` is the
+    server's ``--lens`` (the CLI does the same for its commands, :func:`vocablens.cli.common.in_cli_words`)."""
+    return message.replace("`path`", "--lens")
+
+
 class ServerState:
     """The loaded model, its tuned lens (or why there is none), the lock, the caches and counters.
 
     Args:
         lm: a :class:`~vocablens.models.LoadedModel`.
         model_spec: the ``--model`` it was loaded from (names the shipped tuned lens).
-        lens_path: a tuned-lens directory, or "" for the shipped one.
+        lens_path: ``--lens``: a folder (or published file) holding a tuned lens, a Jacobian lens or both;
+            each kind it holds is read from it, the others are the ones shipped for the model, if any.
+            "": the shipped ones.
+
+    Raises:
+        BadInput: ``lens_path`` holds no lens (:func:`adapters.lenses_at`). CheckpointMismatch,
+            CorruptModelFile: a lens it holds is of another model, or unreadable.
         max_tokens: longest prompt accepted, in tokens (the lens reads every position: cost ~ T).
         argmax: start the background argmax scan (``start()``).
         undertrained: an earlier verification (an ``UndertrainedResult`` or the dict of ``vocablens
@@ -163,22 +175,25 @@ class ServerState:
         self.prompts = PromptCache()
         self.forward_passes = 0
         lm.borders.model.register_forward_pre_hook(self._count)
-        try:
-            self.tuned = adapters.load_tuned(lm, lens_path)
-            self.tuned_note = "loaded"
-        except VocabLensError as exc:
-            if lens_path:
-                raise
-            self.tuned, self.tuned_note = None, str(exc)
-        try:  # the Jacobian lens (--lens when it holds one, else the one shipped): the page offers it if loaded
-            adapters.load_jacobian(lm, lens_path)
-            self.jacobian_note = "loaded"
-        except VocabLensError as exc:
-            self.jacobian_note = str(exc)
+        held = adapters.lenses_at(lm, lens_path) if lens_path else {}  # --lens: every kind it holds
+        self.tuned, self.tuned_note = self._first_load(adapters.load_tuned, held.get("tuned"))
+        self.jacobian_note = self._first_load(adapters.load_jacobian, held.get("jacobian"))[1]
         self.argmax = ArgmaxJob(lm, report=argmax_report, on_end=argmax_end)
         self.want_argmax = argmax
         self.undertrained_verified = adapters.undertrained_verified(undertrained, lm.borders.vocab_size)
         self._undertrained = None
+
+    def _first_load(self, load, path):
+        """``(lens, "loaded")`` read from ``path`` (a lens ``--lens`` holds: its errors stop the server),
+        else from the lens shipped for the model: ``(None, why not)`` when that fails."""
+        from vocablens.errors import VocabLensError
+
+        if path is not None:
+            return load(self.lm, str(path)), "loaded"
+        try:
+            return load(self.lm, ""), "loaded"
+        except VocabLensError as exc:
+            return None, served_words(str(exc))
 
     def _count(self, *_):
         self.forward_passes += 1
@@ -208,16 +223,16 @@ class ServerState:
         return self._undertrained
 
     def need_jacobian(self):
-        """The Jacobian lens (``--lens`` when it holds one, else the one shipped for the model), read on
-        first use, or :class:`BadInput` saying why there is none."""
+        """The Jacobian lens (read at start from ``--lens`` when it holds one, else the one shipped for the
+        model, read on first use), or :class:`BadInput` saying why there is none."""
         from vocablens.errors import BadInput, VocabLensError
 
         lens = self.lm.translators.get("jacobian")  # the model's lens is the one its lens reads go through
         if lens is None:
             try:
-                lens = adapters.load_jacobian(self.lm, self.lens_path)
+                lens = adapters.load_jacobian(self.lm, "")
             except VocabLensError as exc:
-                raise BadInput(f"no Jacobian lens: {exc}") from None
+                raise BadInput(f"no Jacobian lens: {served_words(str(exc))}") from None
         return lens
 
     def need_tuned(self):
