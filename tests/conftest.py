@@ -70,3 +70,14 @@ def cli(monkeypatch, capsys, smollm2):
         return code, o.out, o.err
 
     return run
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The family sweep's tally (tests/unit/test_readout_families.py: built / refused / not built tiny,
+    with why), shown in every output mode, ``-q`` included, when the sweep ran."""
+    mod = next((m for n, m in list(sys.modules.items()) if n.rsplit(".", 1)[-1] == "test_readout_families"), None)
+    lines = mod.tally_lines() if mod is not None and hasattr(mod, "tally_lines") else []
+    if lines:
+        terminalreporter.section("families")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -12,7 +12,7 @@ import torch
 from tiny_models import make_tiny
 from vocablens.errors import BadInput
 from vocablens.models import Borders, Embedding
-from vocablens.models.find import find_blocks, find_decoder
+from vocablens.models.find import find_stream
 
 V, D = 96, 64
 _KW = dict(vocab_size=V, hidden_size=D, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -58,7 +58,7 @@ def _block0_input(model, x: torch.Tensor) -> torch.Tensor:
     def hook(_mod, args, kwargs):
         got["x"] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
 
-    blocks = find_blocks(find_decoder(model), None)
+    blocks = find_stream(model)[1]
     handle = blocks[0].register_forward_pre_hook(hook, with_kwargs=True)
     try:
         with torch.no_grad():

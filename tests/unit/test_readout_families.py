@@ -1,48 +1,61 @@
-"""Every family in the installed transformers' causal-LM auto mapping that builds at tiny size
-(hidden 64, 2 layers, the default model's tokenizer): vocablens's readout of the last block's output
-equals the model's own logits, and ``score_ids`` equals the model's own log-probabilities (issue 42, C).
+"""Every type in the installed transformers' causal-LM and image-text-to-text auto mappings that builds
+at tiny size (:mod:`tiny_families`: the config and each sub-config at hidden 64, 2 layers, a 32-pixel
+image, few experts; the default model's tokenizer): the blocks are found by structure, vocablens's
+readout of the last block's output equals the model's own logits, and ``score_ids`` equals the model's
+own log-probabilities, on text (issues 42 C and 50 D).
 
-The default suite runs :data:`DEFAULT` (a few tens of seconds); the whole mapping runs with
-``-m slow`` (about 6 minutes on a busy 2-core machine). Families that cannot be built tiny (a config that needs sub-configs, a minimum size, extra inputs,
-weights over the size limit ...) are listed with the reason in the test's output (``-s`` or the
-report's captured stdout), never skipped in silence; :func:`test_families_covered` prints the tally.
+For the image-text-to-text types this checks the text part found by structure on a text-only
+forward of the whole composite model (built with ``AutoModelForImageTextToText``); whether vocablens
+loads them from a directory, and images, are checked by their own tests (issue 50 B and C).
+
+The default suite runs :data:`DEFAULT` and one type of each kind (:data:`KINDS`: composite text,
+vision-language, mixture of experts, hybrid): about a minute. The whole sweep over both mappings runs
+with ``VOCABLENS_FAMILIES=all`` (about 11 minutes on a busy 2-core machine). Types that cannot be built
+tiny (a config knob out of reach, a forward that needs pixels ...) and types vocablens refuses are
+listed with the reason; the tally (built / refused / not built, by mapping) is printed in pytest's
+terminal summary (``families`` section, :func:`tally_lines`), in every output mode.
 """
 
 from __future__ import annotations
 
-import warnings
+import os
 
 import pytest
 import torch
 
-SIZES = dict(hidden_size=64, n_embd=64, d_model=64, num_hidden_layers=2, n_layer=2, num_layers=2,
-             num_attention_heads=4, n_head=4, num_heads=4, num_key_value_heads=2, intermediate_size=96,
-             ffn_dim=96, n_inner=96, head_dim=16, max_position_embeddings=128, n_positions=128)
-#: sizes a family needs beyond SIZES to be a model its own config accepts (``validate_architecture``).
-#: Dory (a looped nGPT) runs n_input_layers, then n_recurrent_layers n_recurrent_loops times, then
-#: n_output_layers, which must add up to num_hidden_layers; with its defaults (8, 20, 8) left beside
-#: num_hidden_layers=2, the input and the output sections were the same two layers run twice, and with
-#: the KV cache on (the model's default forward) their second pass also attended over the keys of their
-#: first pass: the model's own logits moved by ~8e-4 from its own use_cache=False forward (which our
-#: readout runs). That was the ~1.5e-3 nats `score_ids` "deviation" this file once listed as KNOWN.
-FAMILY_SIZES = {"dory": dict(num_hidden_layers=3, n_input_layers=1, n_recurrent_layers=1, n_output_layers=1)}
-#: parameters allowed outside the two vocabulary matrices (a config whose size knobs we do not know)
-MAX_BLOCK_PARAMS = 2_000_000
-_RESULTS: dict[str, str] = {}
-#: run in the default suite (a few tens of seconds): families whose readout differs from the first
-#: lookup by names (BioGPT's norm, HyperCLOVA X's multiplier, Cohere's and Granite's scales) and one
-#: of each kind of head (tied, biased, projected, soft-capped); the rest of the mapping is ``slow``
+from tiny_families import build, kind
+
+CAUSAL, ITT = "causal", "image-text-to-text"
+#: run in the default suite: families whose readout differs from the first lookup by names (BioGPT's
+#: norm, HyperCLOVA X's multiplier, Cohere's and Granite's scales) and one of each kind of head (tied,
+#: biased, projected, soft-capped)
 DEFAULT = ("biogpt", "bloom", "cohere2", "dory", "gemma2", "gpt2", "gpt_neox", "granitemoe", "hyperclovax", "llama",
            "opt", "starcoder2", "xglm")
-#: known deviations, listed (and asserted still to deviate, so a fix shows): family -> what. Empty:
-#: dory's was the tiny config's, not ours (FAMILY_SIZES).
+#: one type of each kind, run in the default suite too: (mapping, type) -> kind
+KINDS = {(CAUSAL, "gemma3"): "composite text", (ITT, "llava"): "vision-language",
+         (CAUSAL, "qwen3_moe"): "moe", (CAUSAL, "qwen3_next"): "hybrid"}
+#: known deviations, listed (and asserted still to deviate, so a fix shows): family -> what
+#: Empty: dory's was the tiny config's, not ours (tiny_families.FAMILY_SIZES).
 KNOWN: dict[str, str] = {}
+#: (mapping, type) -> "ok" / "refused: why" / "not built tiny: why" / "known deviation: what"
+RESULTS: dict[tuple[str, str], str] = {}
+KIND_OF: dict[tuple[str, str], str] = {}
+ALL = os.environ.get("VOCABLENS_FAMILIES", "") == "all"
 
 
-def _types() -> list[str]:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+def _types(mapping: str) -> list[str]:
+    from transformers.models.auto import modeling_auto as ma
 
-    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    names = ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if mapping == CAUSAL else ma.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    return sorted(names)
+
+
+def _params():
+    chosen = [(CAUSAL, t) for t in _types(CAUSAL) if ALL or t in DEFAULT] + \
+             [(ITT, t) for t in _types(ITT) if ALL] + [k for k in KINDS if not ALL and k[0] == ITT]
+    if not ALL:
+        chosen += [k for k in KINDS if k[0] == CAUSAL and k[1] not in DEFAULT]
+    return [pytest.param(mp, t, id=f"{'itt' if mp == ITT else 'causal'}:{t}") for mp, t in sorted(chosen)]
 
 
 @pytest.fixture(scope="module")
@@ -52,66 +65,45 @@ def tokenizer():
     return light_tokenizer(source_dir("smollm2")[0])
 
 
-def _build(model_type: str, V: int):
-    """A tiny random model of ``model_type``, or the reason it cannot be built tiny (str)."""
-    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+def _record(key, result: str) -> None:
+    RESULTS[key] = result
 
+
+def _own_logprobs(m, ids):
+    """The model's own log-probabilities [T, V] float64 on a text-only forward, or why it has none."""
     try:
-        cfg = CONFIG_MAPPING[model_type]()
-        d = cfg.to_dict()
-        if any(isinstance(v, dict) and k.endswith("config") for k, v in d.items()):
-            return "a composite config (sub-configs for text and another modality)"
-        for k, v in {**SIZES, **FAMILY_SIZES.get(model_type, {}), "vocab_size": V}.items():
-            if k in d:
-                setattr(cfg, k, v)
-        for k in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
-            if isinstance(d.get(k), int) and d[k] >= V:
-                setattr(cfg, k, 0)
-        torch.manual_seed(0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+        with torch.no_grad():
+            return torch.log_softmax(m(input_ids=ids[None]).logits[0].double(), -1)
     except Exception as e:  # noqa: BLE001  (the reason is the result)
-        return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"
-    emb = m.get_input_embeddings()
-    n = sum(p.numel() for p in m.parameters()) - 2 * (emb.weight.numel() if emb is not None else 0)
-    if n > MAX_BLOCK_PARAMS:
-        return f"{n:,} parameters outside the vocabulary matrices at the tiny sizes (config knobs not reached)"
-    return m
+        return f"its own forward fails on text alone ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:100]})"
 
 
-def _params():
-    return [pytest.param(t, marks=() if t in DEFAULT else (pytest.mark.slow,)) for t in _types()]
+def _no_text_forward(m, ids) -> str | None:
+    """Why the model gives no log-probabilities on text alone, or None when it does."""
+    ref = _own_logprobs(m, ids)
+    return ref if isinstance(ref, str) else None
 
 
-@pytest.mark.parametrize("model_type", _params())
-def test_readout_and_score_equal_the_models_own(model_type, tokenizer):
+@pytest.mark.parametrize(("mapping", "model_type"), _params())
+def test_readout_and_score_equal_the_models_own(mapping, model_type, tokenizer):
     from vocablens.errors import VocabLensError
     from vocablens.generate.score import score_ids
     from vocablens.models.borders import Borders
     from vocablens.models.readout import find_readout
 
-    V = len(tokenizer)
-    m = _build(model_type, V)
-    if isinstance(m, str):
-        _RESULTS[model_type] = f"not built tiny: {m}"
-        print(f"{model_type}: not built tiny: {m}")
-        return
+    key = (mapping, model_type)
     ids = torch.tensor(tokenizer("The class statement defines a new type.").input_ids)
-    try:
-        with torch.no_grad():
-            ref = torch.log_softmax(m(input_ids=ids[None]).logits[0].double(), -1)
-    except Exception as e:  # noqa: BLE001
-        why = f"its own forward fails at tiny size ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:100]})"
-        _RESULTS[model_type] = f"not built tiny: {why}"
-        print(f"{model_type}: not built tiny: {why}")
-        return
+    m = build(model_type, len(tokenizer), mapping, works=lambda m: _no_text_forward(m, ids))
+    if isinstance(m, str):
+        return _record(key, f"not built tiny: {m}")
+    KIND_OF[key] = kind(model_type, m, mapping)
+    if key in KINDS:
+        assert KIND_OF[key] == KINDS[key], key
+    ref = _own_logprobs(m, ids)
     try:
         b, check = find_readout(Borders.from_model(m))
     except VocabLensError as e:  # refused, never read wrong: the family is listed with why
-        _RESULTS[model_type] = f"refused: {str(e)[:160]}"
-        print(f"{model_type}: refused: {e}")
-        return
+        return _record(key, f"refused: {str(e)[:160]}")
     resid, logits = b.residual_stream(ids[None])
     mine = b.unembed(resid[-1])
     assert (torch.softmax(mine, -1) - torch.softmax(logits, -1)).abs().max() <= 1e-4
@@ -120,36 +112,46 @@ def test_readout_and_score_equal_the_models_own(model_type, tokenizer):
     close = torch.allclose(res.logprobs.float(), own, atol=2e-4, rtol=0)
     if model_type in KNOWN:
         assert not close, f"{model_type} now agrees: remove it from KNOWN"
-        _RESULTS[model_type] = f"known deviation: {KNOWN[model_type]}"
-        print(f"{model_type}: known deviation: {KNOWN[model_type]}")
-        return
-    assert close, model_type
-    _RESULTS[model_type] = "ok"
+        return _record(key, f"known deviation: {KNOWN[model_type]}")
+    assert close, key
+    _record(key, "ok")
 
 
-def test_dory_is_built_as_its_config_allows_and_its_cache_changes_nothing(tokenizer):
-    """The cause of dory's old KNOWN entry, pinned: the tiny dory is a valid dory (its sections add up to
-    its layers), and its own forward gives the same logits with and without the KV cache, so the
-    reference `score_ids` is compared with is the model's own in both of its modes."""
-    m = _build("dory", len(tokenizer))
-    assert not isinstance(m, str), m
-    m.config.validate_architecture()
-    ids = torch.tensor(tokenizer("The class statement defines a new type.").input_ids)[None]
-    with torch.no_grad():
-        cached, plain = m(input_ids=ids).logits, m(input_ids=ids, use_cache=False).logits
-    assert torch.allclose(cached, plain, atol=1e-6, rtol=0)
+def tally_lines() -> list[str]:
+    """The sweep's tally by mapping (built and checked / refused / not built tiny, each with why), for
+    pytest's terminal summary (tests/conftest.py); empty when the sweep did not run."""
+    lines = []
+    for mp in (CAUSAL, ITT):
+        done = {t: v for (m, t), v in sorted(RESULTS.items()) if m == mp}
+        if not done:
+            continue
+        ok = [t for t, v in done.items() if v == "ok"]
+        refused = {t: v for t, v in done.items() if v.startswith("refused")}
+        other = {t: v for t, v in done.items() if t not in ok and t not in refused}
+        kinds = {}
+        for t in ok:
+            kinds.setdefault(KIND_OF.get((mp, t), "?"), []).append(t)
+        lines.append(f"{mp} mapping: {len(done)} of {len(_types(mp))} types run: {len(ok)} built and checked "
+                     f"(readout == logits, score == own log-probs), {len(refused)} refused with a reason, "
+                     f"{len(other)} not built tiny or listed")
+        lines += [f"  checked, {k}: {', '.join(v)}" for k, v in sorted(kinds.items())]
+        lines += [f"  {t}: {v}" for t, v in {**refused, **other}.items()]
+    return lines
 
 
 def test_families_covered():
-    """The tally, printed: how many families were checked, refused and not built (with why)."""
-    done = {k: v for k, v in _RESULTS.items()}
-    ok = sorted(k for k, v in done.items() if v == "ok")
-    other = {k: v for k, v in done.items() if v != "ok"}
-    print(f"\nreadout == logits and score_ids == own log-probs: {len(ok)} of {len(_types())} families "
-          f"({', '.join(ok)})")
-    for k, v in sorted(other.items()):
-        print(f"  {k}: {v}")
-    if len(done) == len(_types()):  # the whole mapping ran (-m slow included)
-        assert len(ok) >= 70  # 76 with transformers 5.x of this release: a guard against regressions
-    elif set(DEFAULT) <= set(done):
-        assert set(ok) >= set(DEFAULT) - set(KNOWN)
+    """The tally asserted: the default kinds all checked; the whole sweep not below its floor."""
+    for mp in (CAUSAL, ITT):
+        done = {t: v for (m, t), v in RESULTS.items() if m == mp}
+        ok = {t for t, v in done.items() if v == "ok"}
+        if len(done) == len(_types(mp)):  # the whole mapping ran (VOCABLENS_FAMILIES=all)
+            assert len(ok) >= FLOOR[mp], (mp, len(ok))
+    ran = set(RESULTS)
+    assert {k for k in KINDS if k in ran} <= {k for k in ran if RESULTS[k] == "ok"}
+    assert {(CAUSAL, t) for t in DEFAULT if (CAUSAL, t) in ran and t not in KNOWN} <= \
+        {k for k in ran if RESULTS[k] == "ok"}
+
+
+#: the whole sweep's floor of types checked, by mapping: a guard against regressions (with this
+#: transformers: see the tally)
+FLOOR = {CAUSAL: 100, ITT: 30}

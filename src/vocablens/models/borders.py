@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from vocablens.errors import BadInput, UnsupportedArchitecture
-from vocablens.models.find import config_value, find_blocks, find_decoder, named_children
+from vocablens.models.find import config_value, find_stream, input_embedding_of, named_children, text_config
 from vocablens.models.embed import Embedding, input_scale
 from vocablens.models.unembed import Unembedding
 
@@ -87,21 +87,20 @@ class Borders:
             UnsupportedArchitecture: naming the family and the modules found, when the embedding,
                 the blocks or the LM head cannot be found.
         """
-        config = getattr(model, "config", None)
-        family = str(getattr(config, "model_type", type(model).__name__))
+        family = str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
+        config = text_config(model)  # a composite model's text config: what its blocks and head read
         found = named_children(model)
-        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        emb = input_embedding_of(model)
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        decoder = find_decoder(model)
+        decoder, blocks = find_stream(model, _cfg(config, "num_hidden_layers", "n_layer", "num_layers"))
         found.update({f"{type(decoder).__name__}.{k}": v for k, v in named_children(decoder).items()})
-        n_layers = _cfg(config, "num_hidden_layers", "n_layer", "num_layers")
-        blocks = find_blocks(decoder, n_layers)
         if emb is None or getattr(emb, "weight", None) is None or emb.weight.dim() != 2:
             raise UnsupportedArchitecture(family, found, "no token embedding found")
         if head is None or getattr(head, "weight", None) is None or head.weight.dim() != 2:
             raise UnsupportedArchitecture(family, found, "no LM head found")
         if blocks is None:
-            raise UnsupportedArchitecture(family, found, "no list of decoder blocks found")
+            raise UnsupportedArchitecture(family, found, "no list of repeated blocks (an nn.ModuleList of modules "
+                                          "with weights) anywhere in the model")
         if head.weight.shape[1] != emb.weight.shape[1] or head.weight.shape[0] != emb.weight.shape[0]:
             raise UnsupportedArchitecture(
                 family, found,

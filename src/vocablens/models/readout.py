@@ -6,6 +6,10 @@ cap) differs by family, and the attribute names of the first lookup (:meth:`Bord
 cannot know every family. :func:`find_readout` runs the model once on a few tokens with hooks that
 record, in call order, every module outside the blocks and the LM head, then follows the values:
 
+0. the list of blocks the stream flows through: of the lists of repeated blocks found by structure
+   (:func:`vocablens.models.find.block_lists`), the one whose every block ran, in order, and whose
+   last block ran last before the head (a vision tower does not run on text; a composite model's text
+   model does), replacing the first choice when the probe shows another;
 1. the chain of modules whose input is exactly the last block's output, then exactly the previous
    module's output, up to the LM head's input (a module that returns its input unchanged, dropout at
    eval, is skipped): that chain is the final norm (and ``project_out``: a linear map d_model ->
@@ -110,43 +114,73 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _probe(borders, ids: torch.Tensor):
-    """One forward with hooks: ``(events, last, head_in, head_out, logits)``; events are
-    ``(module, input, output)`` of every module outside the blocks and the head, in call order,
-    after the last block ran."""
+    """One forward with hooks: ``(blocks, events, last, head_in, head_out, logits)``. ``blocks`` is the
+    list of blocks the stream flows through (:func:`_stream_blocks`); events are ``(module, input,
+    output)`` of every module outside the lists of blocks and the head, in call order, after its last
+    block ran and before the head."""
+    from vocablens.models.find import block_lists, config_value
     from vocablens.models.hooks import ModelPatch
 
     model = borders.model
-    skip = {id(m) for m in borders.blocks.modules()} | {id(m) for m in borders.lm_head.modules()}
+    lists = [m for _, m in block_lists(model, config_value(borders.config, "num_hidden_layers", default=None))]
+    if not any(m is borders.blocks for m in lists):
+        lists.insert(0, borders.blocks)
+    skip = {id(m) for ml in lists for m in ml.modules()} | {id(m) for m in borders.lm_head.modules()}
     skip |= {id(model), id(borders.embedding)}
-    events: list[tuple[nn.Module, torch.Tensor | None, torch.Tensor | None]] = []
-    seen: dict[str, torch.Tensor] = {}
+    events: list[tuple[int, nn.Module, torch.Tensor | None, torch.Tensor | None]] = []
+    runs: list[list[tuple[int, int, torch.Tensor | None]]] = [[] for _ in lists]  # (seq, entry, output)
+    seen: dict[str, object] = {}
+    seq = iter(range(1 << 62))
 
     def rec(mod, args, kwargs, output):
-        if "last" in seen and "head_in" not in seen:
-            x = args[0] if args else next(iter(kwargs.values()), None)
-            events.append((mod, _first_tensor(x), _first_tensor(output)))
+        x = args[0] if args else next(iter(kwargs.values()), None)
+        events.append((next(seq), mod, _first_tensor(x), _first_tensor(output)))
 
-    def last_hook(_m, _a, output):
-        seen["last"] = _first_tensor(output)
-        events.clear()  # a block called again (a shared block) restarts the chain
+    def block_hook(li, j):
+        return lambda _m, _a, output: runs[li].append((next(seq), j, _first_tensor(output)))
 
     def head_pre(_m, args, kwargs):
         x = args[0] if args else next(iter(kwargs.values()), None)
-        seen["head_in"] = _first_tensor(x)
+        seen.setdefault("head_seq", next(seq))
+        seen.setdefault("head_in", _first_tensor(x))
 
     def head_post(_m, _a, output):
-        seen["head_out"] = _first_tensor(output)
+        seen.setdefault("head_out", _first_tensor(output))
 
     with ModelPatch() as patch, torch.no_grad():
         for m in model.modules():
             if id(m) not in skip and not isinstance(m, (nn.ModuleList, nn.ModuleDict)):
                 patch.post_hook(m, rec, with_kwargs=True)
-        patch.post_hook(borders.blocks[-1], last_hook)
+        for li, ml in enumerate(lists):
+            for j, blk in enumerate(ml):
+                patch.post_hook(blk, block_hook(li, j))
         patch.pre_hook(borders.lm_head, head_pre, with_kwargs=True)
         patch.post_hook(borders.lm_head, head_post)
         out = model(input_ids=ids.to(borders.device), use_cache=False)
     logits = _first_tensor(getattr(out, "logits", out))
-    return events, seen.get("last"), seen.get("head_in"), seen.get("head_out"), logits
+    head_seq = seen.get("head_seq", 1 << 62)
+    li, last_seq, last = _stream_blocks(lists, runs, head_seq)
+    events = [(m, i, o) for s, m, i, o in events if last_seq < s < head_seq]
+    return (lists[li] if li is not None else borders.blocks), events, last, seen.get("head_in"), \
+        seen.get("head_out"), logits
+
+
+def _stream_blocks(lists: list, runs: list, head_seq: int) -> tuple[int | None, int, torch.Tensor | None]:
+    """``(index, seq, output)``: of the lists whose every block ran, in order, before the head (a
+    vision tower does not run on text), the one whose last block ran last before the head: the
+    stream flows from it to the head. ``(None, -1, None)`` when none did."""
+    best: tuple[int | None, int, torch.Tensor | None] = (None, -1, None)
+    for li, ml in enumerate(lists):
+        calls = [(s, j, o) for s, j, o in runs[li] if s < head_seq]
+        firsts = {}
+        for s, j, _o in calls:
+            firsts.setdefault(j, s)
+        if len(firsts) != len(ml) or [firsts[j] for j in range(len(ml))] != sorted(firsts.values()):
+            continue
+        s, _j, o = max((c for c in calls if c[1] == len(ml) - 1), key=lambda c: c[0])
+        if s > best[1]:
+            best = (li, s, o)
+    return best
 
 
 def _is_projection(m: nn.Module) -> bool:
@@ -178,7 +212,7 @@ def find_readout(borders) -> tuple[object, ReadoutCheck]:
         borders: a :class:`~vocablens.models.Borders` of a fully loaded model (its blocks in memory).
 
     Returns:
-        ``(borders, check)``: the borders with the final norm, ``project_out`` and logit scale found
+        ``(borders, check)``: the borders with the blocks, final norm, ``project_out`` and logit scale found
         (the same object when the first lookup was right) and the :class:`ReadoutCheck`.
 
     Raises:
@@ -193,9 +227,10 @@ def find_readout(borders) -> tuple[object, ReadoutCheck]:
     model = borders.model
     family, found = borders.family, named_children(model)
     ids = probe_ids(borders)
-    events, last, head_in, head_out, logits = _probe(borders, ids)
+    blocks, events, last, head_in, head_out, logits = _probe(borders, ids)
     if last is None or head_in is None or logits is None:
-        raise UnsupportedArchitecture(family, found, "a probe forward did not run the last block and the LM head")
+        raise UnsupportedArchitecture(family, found, "a probe forward of text ran no list of blocks in full, "
+                                      "in order, before the LM head")
     if not all(bool(torch.isfinite(t).all()) for t in (last, head_in, logits)):
         raise NonFiniteActivations(f"the probe forward of {ids.shape[-1]} tokens overflowed "
                                    f"{str(borders.W_U.dtype).replace('torch.', '')}: the readout cannot be checked")
@@ -207,7 +242,7 @@ def find_readout(borders) -> tuple[object, ReadoutCheck]:
     pre = _scale_before_head(borders, x, head_in)
     names = {id(m): n for n, m in model.named_modules()}
     final_norm, project_out = _norm_and_projection(borders, chain, names)
-    cand = borders.replace(final_norm=final_norm, project_out=project_out,
+    cand = borders.replace(final_norm=final_norm, project_out=project_out, blocks=blocks,
                            logit_scale=float(borders.logit_scale) * pre)
     tol = tolerance(borders.W_U.dtype)
     cand, mine, dp = _with_scale_read_off(cand, last.detach(), logits, head_out, tol)
@@ -222,7 +257,7 @@ def find_readout(borders) -> tuple[object, ReadoutCheck]:
                          project_out=names.get(id(project_out)) if project_out is not None else None,
                          logit_scale=float(cand.logit_scale), softcap=cand.softcap, family=family)
     same = (cand.final_norm is borders.final_norm and cand.project_out is borders.project_out
-            and cand.logit_scale == borders.logit_scale)
+            and cand.logit_scale == borders.logit_scale and cand.blocks is borders.blocks)
     return (borders if same else cand), check
 
 
