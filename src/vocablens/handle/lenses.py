@@ -10,6 +10,7 @@ translator is refused in one line; it is never read as a relabelled logit lens.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Sequence
 
@@ -115,7 +116,8 @@ class LensWorkflows:
     # ------------------------------------------------------------------------------------- lens
     def lens(self, texts, kind: str | Sequence[str] = "logit", k: int = 5, positions="last",
              layers: Sequence[int] | None = None, chat: bool = False, prefix: str = "",
-             lens_dir: str | Path | None = None, progress=None, stream=None, lenses: dict | None = None) -> R.Lens:
+             lens_dir: str | Path | None = None, progress=None, stream=None, lenses: dict | None = None,
+             images=None) -> R.Lens:
         """Read the residual stream at every layer through the LM head: top tokens, entropy and KL to
         the final distribution (``vocablens lens PROMPT --json``; a list: ``lens --file F --json``).
 
@@ -137,13 +139,17 @@ class LensWorkflows:
             progress: ``progress(prompts done, prompts)`` after each forward.
             stream: ``(resid [L+1, 1, T, d], logits [1, T, V])`` of one prompt's ids, as :meth:`forward`
                 returns it: read instead of running the model again (the explorer's cached forward).
+            images: for a vision-language model, an image (a path or a PIL image) or a list of them read
+                with the one prompt ``texts`` through the model's own processor
+                (:mod:`vocablens.handle.images`); image positions are labelled ``<image k/n>``.
 
         Returns:
             :class:`~vocablens.handle.results.Lens`, a batch (one prompt: a batch of one).
 
         Raises:
             BadInput: an empty prompt, k < 1, an unknown kind, a kind with no translator, a layer or
-                position out of range. PromptTooLong: a prompt over the model's context.
+                position out of range; images with a model that has no vision tower, with several
+                prompts, or that cannot be read. PromptTooLong: a prompt over the model's context.
         """
         from vocablens.lens.logit import lens_batches
 
@@ -155,6 +161,35 @@ class LensWorkflows:
             raise BadInput("give at least one lens kind")
         given = {"tuned": lens_dir, **(lenses or {})}
         translators = [self.translator(kd, given.get(kd)) for kd in kinds]
+        labels = None
+        if images is not None:  # one prompt through the model's processor; image positions labelled
+            from vocablens.handle.images import with_images
+
+            ids, borders, labels = with_images(self, texts, images)
+            batch, seqs, prompts = False, [ids], [texts]
+        else:
+            batch, seqs, prompts = self._lens_inputs(texts, chat, prefix)
+            if stream is not None and len(seqs) != 1:
+                raise BadInput("a cached forward (stream) is of one prompt; give that prompt alone")
+            borders = self.borders if stream is None else Replayed(self.borders, seqs[0], stream)
+        L = self.borders.n_layers
+        own = [layers if layers is not None or len(getattr(t, "layers", None) or range(L)) >= L
+               else [*t.layers, L] for t in translators]  # a lens of fewer layers reads its own
+        res: list = [None] * len(kinds)
+        for lay in [x for i, x in enumerate(own) if x not in own[:i]]:  # one pass per layer set (usually one)
+            js = [j for j, x in enumerate(own) if x == lay]
+            got = lens_batches(borders, seqs, [translators[j] for j in js], positions=positions, k=k, layers=lay,
+                               kinds=[kinds[j] for j in js], progress=progress)
+            for j, r in zip(js, got):
+                res[j] = r if labels is None else [dataclasses.replace(x, input_labels=labels) for x in r]
+        from vocablens.render.lens import lens_record
+
+        records = [lens_record(kd, t) for kd, t in zip(kinds, translators) if t is not None]
+        return self._result(R.Lens, [list(r) for r in zip(*res)], batch=batch, prompts=prompts, lenses=records)
+
+    def _lens_inputs(self, texts, chat: bool, prefix: str) -> tuple[bool, list[torch.Tensor], list[str]]:
+        """``(batch, ids [T] per prompt, prompt texts)`` of :meth:`lens`'s ``texts`` (text encoded by
+        :meth:`encode`; ids as given)."""
         batch = not (isinstance(texts, str) or torch.is_tensor(texts) or
                      (isinstance(texts, (list, tuple)) and texts and isinstance(texts[0], int)))
         items = list(texts) if batch else [texts]
@@ -171,23 +206,7 @@ class LensWorkflows:
                 ids = torch.as_tensor(x, dtype=torch.int64).reshape(-1)
                 seqs.append(ids)
                 prompts.append("".join(self.tokens(ids)))
-        if stream is not None and len(seqs) != 1:
-            raise BadInput("a cached forward (stream) is of one prompt; give that prompt alone")
-        borders = self.borders if stream is None else Replayed(self.borders, seqs[0], stream)
-        L = self.borders.n_layers
-        own = [layers if layers is not None or len(getattr(t, "layers", None) or range(L)) >= L
-               else [*t.layers, L] for t in translators]  # a lens of fewer layers reads its own
-        res: list = [None] * len(kinds)
-        for lay in [x for i, x in enumerate(own) if x not in own[:i]]:  # one pass per layer set (usually one)
-            js = [j for j, x in enumerate(own) if x == lay]
-            got = lens_batches(borders, seqs, [translators[j] for j in js], positions=positions, k=k, layers=lay,
-                               kinds=[kinds[j] for j in js], progress=progress)
-            for j, r in zip(js, got):
-                res[j] = r
-        from vocablens.render.lens import lens_record
-
-        records = [lens_record(kd, t) for kd, t in zip(kinds, translators) if t is not None]
-        return self._result(R.Lens, [list(r) for r in zip(*res)], batch=batch, prompts=prompts, lenses=records)
+        return batch, seqs, prompts
 
     def forward(self, ids) -> tuple[torch.Tensor, torch.Tensor]:
         """One prompt's forward pass (text, or ids [T] / [1, T]): ``(resid [L+1, 1, T, d], logits [1, T, V]

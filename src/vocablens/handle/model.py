@@ -44,10 +44,12 @@ class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, 
         spec: what it was loaded from (``smollm2``, a directory ...): names the shipped tuned lens.
         translators: lens kind -> translator loaded for this model (``tuned`` once read; more kinds
             can be added with :meth:`add_lens`).
+        processor: a vision-language model's own processor, read on the first call with images.
     """
 
     spec: str | None = None
     translators: dict = field(default_factory=dict, repr=False)
+    processor: Any = field(default=None, repr=False)
 
     @classmethod
     def of(cls, lm, spec: str | None = None) -> "Model":

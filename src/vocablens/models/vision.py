@@ -1,0 +1,157 @@
+"""Images into a vision-language model (issue 50, C): the image read and checked, the model's own
+processor, and which input positions are image tokens.
+
+A vision-language checkpoint (loaded through the image-text-to-text mapping,
+:mod:`vocablens.models.auto_class`) turns an image into a run of image-token positions: its
+processor (``AutoProcessor``, saved with the checkpoint) writes the image token once per visual
+token into the ids and the pixels into ``pixel_values``; the model's forward replaces those
+positions' embeddings by the projected vision features. The residual stream then holds the visual
+tokens at those positions, and every lens reads them as it reads text (LLaVA: Liu et al. 2023,
+"Visual Instruction Tuning", §4.1). Nothing here names a family: the image token is the config's
+(``image_token_id`` / ``image_token_index``) or the processor's.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vocablens.errors import BadInput
+
+#: the most pixels (width x height) an image may have; larger ones are refused before decoding
+MAX_PIXELS = 40_000_000
+#: the largest image file read
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
+
+def has_vision(model) -> bool:
+    """Whether ``model`` takes images: its config has a vision sub-config (``vision_config``)."""
+    return getattr(getattr(model, "config", None), "vision_config", None) is not None
+
+
+def read_image(image) -> Any:
+    """A path (str / ``os.PathLike``) or a PIL image -> a PIL image in RGB, checked.
+
+    Raises:
+        BadInput: no such file, a file that is not an image PIL can read, an image over
+            :data:`MAX_PIXELS` pixels or a file over :data:`MAX_FILE_BYTES` bytes, or another type.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(image, Image.Image):
+        im = image
+    elif isinstance(image, (str, os.PathLike)):
+        p = Path(image).expanduser()
+        if not p.is_file():
+            raise BadInput(f"--image: no such file {str(image)!r}")
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise BadInput(f"--image: {p} is {p.stat().st_size:,} bytes; the limit is {MAX_FILE_BYTES:,}")
+        try:
+            im = Image.open(p)  # reads the header only: the size is checked before the pixels are decoded
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+            raise BadInput(f"--image: {p} is not an image PIL can read ({type(e).__name__})") from None
+    else:
+        raise BadInput(f"images are paths or PIL images; got {type(image).__name__}")
+    w, h = im.size
+    if w * h > MAX_PIXELS or w < 1 or h < 1:
+        raise BadInput(f"--image: {w}x{h} pixels; images up to {MAX_PIXELS:,} pixels are read")
+    try:
+        return im.convert("RGB")
+    except (OSError, ValueError, Image.DecompressionBombError) as e:  # a truncated or damaged file
+        raise BadInput(f"--image: the image cannot be decoded ({type(e).__name__}: {str(e)[:80]})") from None
+
+
+def load_processor(lm):
+    """The model's own processor (``AutoProcessor``) from where ``lm`` was loaded, sharing its
+    tokenizer.
+
+    Raises:
+        BadInput: a model without a vision tower (:func:`has_vision`), or a checkpoint saved without
+            a processor that takes images.
+    """
+    from transformers import AutoProcessor
+
+    from vocablens.models.spec import resolve_spec
+
+    if not has_vision(lm.model):
+        raise BadInput(f"{lm.provenance.spec} has no vision tower: --image needs a vision-language checkpoint")
+    kind, path, hub = resolve_spec(lm.provenance.spec)
+    src = str(path) if kind == "dir" else hub
+    try:
+        proc = AutoProcessor.from_pretrained(src, tokenizer=lm.tokenizer, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise BadInput(f"cannot read the processor saved with {lm.provenance.spec}: {str(e).splitlines()[0][:160]}") from None
+    if getattr(proc, "image_processor", None) is None:
+        raise BadInput(f"{lm.provenance.spec} was saved without an image processor (preprocessor_config.json)")
+    return proc
+
+
+def image_token_id(config, processor=None) -> int:
+    """The id the processor writes at each image position: the config's ``image_token_id`` or
+    ``image_token_index``, else the processor's.
+
+    Raises:
+        BadInput: neither names one.
+    """
+    for n in ("image_token_id", "image_token_index"):
+        v = getattr(config, n, None)
+        if isinstance(v, int):
+            return v
+    v = getattr(processor, "image_token_id", None)
+    if isinstance(v, int):
+        return v
+    raise BadInput("this model's config names no image token (image_token_id)")
+
+
+def image_inputs(lm, processor, text: str, images: list) -> tuple[torch.Tensor, dict]:
+    """One prompt and its images through the model's own processor: ``(ids [T] int64, inputs)``,
+    ``inputs`` the further tensors of the model's forward (``pixel_values`` [N, C, H, W] in the
+    model's dtype, on its device, ...). A prompt without the processor's image token gets one per
+    image in front (``"<image>\\n" + text``), as the model's chat formats place it.
+
+    Raises:
+        BadInput: empty text, an image that cannot be read (:func:`read_image`), or what the
+            processor refuses (its message).
+    """
+    from vocablens.models.tokens import check_text
+
+    check_text(text)
+    pics = [read_image(x) for x in images]
+    tok = getattr(processor, "image_token", None)
+    if tok and tok not in text:
+        text = "".join(f"{tok}\n" for _ in pics) + text
+    try:
+        enc = processor(text=text, images=pics, return_tensors="pt")
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise BadInput(f"the model's processor refused the image: {str(e).splitlines()[0][:200]}") from None
+    ids = enc["input_ids"][0].to(torch.int64)
+    dtype = next(lm.model.parameters()).dtype
+    dev = lm.borders.device
+    extra = {k: (v.to(dev, dtype) if v.is_floating_point() else v.to(dev)) for k, v in enc.items()
+             if torch.is_tensor(v) and k not in ("input_ids", "attention_mask")}
+    return ids, extra
+
+
+def image_labels(ids: torch.Tensor, image_id: int) -> tuple[str | None, ...]:
+    """Per input position, ``<image k/n>`` at the k-th of the n positions of one image's run of
+    image tokens (``<image 2: k/n>`` with several images), else None: ids [T] int64."""
+    flags = (ids.reshape(-1) == int(image_id)).tolist()
+    runs: list[list[int]] = []
+    for i, f in enumerate(flags):
+        if f:
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+    out: list[str | None] = [None] * len(flags)
+    for r, run in enumerate(runs, start=1):
+        for k, i in enumerate(run, start=1):
+            out[i] = f"<image {k}/{len(run)}>" if len(runs) == 1 else f"<image {r}: {k}/{len(run)}>"
+    return tuple(out)
+
+
+__all__ = ["MAX_FILE_BYTES", "MAX_PIXELS", "has_vision", "image_inputs", "image_labels", "image_token_id",
+           "load_processor", "read_image"]
