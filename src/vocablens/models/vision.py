@@ -32,6 +32,30 @@ def has_vision(model) -> bool:
     return getattr(getattr(model, "config", None), "vision_config", None) is not None
 
 
+def vision_parts(model) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``(vision tower parameters, projector parameters)`` of a vision-language model; ``([], [])``
+    for a text model. Found by structure: the tower is the outermost module whose config is the
+    model's ``vision_config``; the projector is every other parameter outside the language model
+    (the outermost module whose config is the text config) and the LM head (LLaVA's
+    ``multi_modal_projector``). A model whose language model is not found so counts no projector."""
+    cfg = getattr(model, "config", None)
+    vc = getattr(cfg, "vision_config", None)
+    if vc is None:
+        return [], []
+    from vocablens.models.auto_class import text_config
+
+    tc = text_config(cfg)
+    tower = next((m for m in model.modules() if getattr(m, "config", None) is vc), None)
+    lm = next((m for m in model.modules() if m is not model and getattr(m, "config", None) is tc), None)
+    tower_ps = list(tower.parameters()) if tower is not None else []
+    if lm is None:
+        return tower_ps, []
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    inside = {id(p) for p in tower_ps} | {id(p) for p in lm.parameters()}
+    inside |= {id(p) for p in head.parameters()} if head is not None else set()
+    return tower_ps, [p for p in model.parameters() if id(p) not in inside]
+
+
 def read_image(image) -> Any:
     """A path (str / ``os.PathLike``) or a PIL image -> a PIL image in RGB, checked.
 
@@ -153,5 +177,5 @@ def image_labels(ids: torch.Tensor, image_id: int) -> tuple[str | None, ...]:
     return tuple(out)
 
 
-__all__ = ["MAX_FILE_BYTES", "MAX_PIXELS", "has_vision", "image_inputs", "image_labels", "image_token_id",
+__all__ = ["MAX_FILE_BYTES", "MAX_PIXELS", "has_vision", "vision_parts", "image_inputs", "image_labels", "image_token_id",
            "load_processor", "read_image"]
