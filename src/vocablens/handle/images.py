@@ -1,4 +1,4 @@
-"""Images in the handle's workflows (issue 50, C): a prompt and its images through the model's own
+"""Images in the handle's workflows: a prompt and its images through the model's own
 processor, then the same lens path as text, every position read, image positions labelled.
 
 :func:`with_images` returns the prompt's ids, a :class:`Pictured` view of the borders (its forward

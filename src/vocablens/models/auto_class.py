@@ -1,6 +1,6 @@
 """Which transformers Auto class builds a checkpoint: the causal-LM mapping first, else the
 image-text-to-text mapping when the checkpoint's language model is a decoder (LLaVA-style
-vision-language checkpoints: issue 50, B).
+vision-language checkpoints).
 
 A vision-language checkpoint (``LlavaForConditionalGeneration`` ...) is a vision tower, a projector
 and a decoder-only language model whose embedding and LM head are the model's two vocabulary

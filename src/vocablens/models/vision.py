@@ -1,4 +1,4 @@
-"""Images into a vision-language model (issue 50, C): the image read and checked, the model's own
+"""Images into a vision-language model: the image read and checked, the model's own
 processor, and which input positions are image tokens.
 
 A vision-language checkpoint (loaded through the image-text-to-text mapping,
