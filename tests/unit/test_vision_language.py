@@ -172,3 +172,31 @@ def test_image_on_a_model_without_a_vision_tower_is_one_line(tmp_path, image, ca
     assert code == 2 and out == "" and "Traceback" not in err
     assert [line for line in err.splitlines() if line.startswith("error")] == [err.strip().splitlines()[-1]]
     assert "no vision tower" in err.strip().splitlines()[-1]
+
+
+def test_trajectory_and_a_cached_forward_read_image_positions(vlm, image):
+    lens = vlm.lens("What is this?", images=str(image), positions="all", k=1)[0]
+    t = vlm.trajectory("What is this?", position=2, images=str(image), kinds=("logit",))
+    d = t.to_json()
+    assert d["tokens"][2] == f"<image 3/{N_IMAGE_TOKENS}>" and d["position"] == 2
+    # its token (the model's top-1 there) is rank 0 at layer L, as the lens at L says
+    assert d["token_id"] == int(lens.layers[-1].top_ids[2, 0]) and d["logit"]["rank"][-1] == 0
+    ids, inputs = vlm.image_prompt("What is this?", str(image))
+    cached = vlm.lens(ids, positions="all", k=1, stream=vlm.forward(ids, inputs))[0]
+    assert cached.input_labels == lens.input_labels and torch.equal(cached.layers[-1].top_ids, lens.layers[-1].top_ids)
+
+
+def test_explorer_with_an_image_labels_the_map(vlm, vlm_dir, image):
+    from serve_tiny import client
+    from vocablens.serve import ServerState, create_app
+
+    state = ServerState(vlm, model_spec=str(vlm_dir), max_tokens=64, argmax=False, images=[str(image)])
+    with client(create_app(state)) as c:
+        r = c.post("/api/lens", json={"prompt": "What is this?", "kind": "logit", "k": 3})
+        assert r.status_code == 200, r.text
+        d = r.json()
+        assert d["tokens"][:N_IMAGE_TOKENS] == [f"<image {k}/{N_IMAGE_TOKENS}>" for k in range(1, N_IMAGE_TOKENS + 1)]
+        own = vlm.lens("What is this?", images=str(image), positions="all", k=3)[0]
+        assert [p["top_ids"] for p in d["layers"][-1]["positions"]] == own.layers[-1].top_ids.tolist()
+        r = c.post("/api/explain", json={"prompt": "What is this?", "position": -1})
+        assert r.status_code == 400 and "images" in r.json()["error"]

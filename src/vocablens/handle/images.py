@@ -1,9 +1,10 @@
-"""Images in the handle's workflows: a prompt and its images through the model's own
-processor, then the same lens path as text, every position read, image positions labelled.
+"""Images in the handle's workflows: a prompt and its images through the model's own processor, then
+the same lens path as text, every position read, image positions labelled.
 
-:func:`with_images` returns the prompt's ids, a :class:`Pictured` view of the borders (its forward
-takes the pixels with those ids) and the label of each position (``<image 3/256>``,
-:func:`vocablens.models.vision.image_labels`). The lenses read the forward as they read any other:
+:meth:`ImageWorkflows.image_prompt` gives a prompt's ids and the further inputs of the model's
+forward (``pixel_values`` ...); :class:`Pictured` is the borders whose forward of those ids takes
+them; :meth:`ImageWorkflows.position_labels` labels each image position ``<image 3/256>``
+(:func:`vocablens.models.vision.image_labels`). The lenses read the forward as they read any other:
 layer L equals the model's own logits on the same inputs, pixels included.
 """
 
@@ -30,39 +31,52 @@ class Pictured:
         return getattr(self._borders, name)
 
 
-def as_list(images) -> list:
-    """``images`` (a path, a PIL image, or a list of them) as a list.
+class ImageWorkflows:
+    """Mixed into :class:`~vocablens.handle.Model` (its ``model``, ``borders``, ``processor`` fields)."""
 
-    Raises:
-        BadInput: an empty list.
-    """
-    got = list(images) if isinstance(images, (list, tuple)) else [images]
-    if not got:
-        raise BadInput("images: give at least one image (a path or a PIL image)")
-    return got
+    def image_prompt(self, text: str, images) -> tuple[torch.Tensor, dict]:
+        """One prompt and its images through the model's own processor (read on first use, kept):
+        ``(ids [1, T] int64, inputs)``, ``inputs`` the further tensors of the model's forward
+        (``pixel_values`` [N, C, H, W] in the model's dtype ...; :func:`vocablens.models.vision.image_inputs`).
+        ``images``: a path, a PIL image, or a list of them. A prompt without the image token gets one
+        per image in front.
+
+        Raises:
+            BadInput: a prompt that is not one text, no images, a model without a vision tower, an image
+                that cannot be read or is too large (:func:`vocablens.models.vision.read_image`).
+        """
+        from vocablens.models.vision import image_inputs, load_processor
+
+        if not isinstance(text, str):
+            raise BadInput("a prompt with images is one text (images are read with one prompt)")
+        if not text.strip():
+            raise BadInput("empty prompt: give some text")
+        pics = list(images) if isinstance(images, (list, tuple)) else [images]
+        if not pics:
+            raise BadInput("images: give at least one image (a path or a PIL image)")
+        if self.processor is None:
+            self.processor = load_processor(self)
+        ids, inputs = image_inputs(self, self.processor, text, pics)
+        return ids.reshape(1, -1), inputs
+
+    def position_labels(self, ids) -> tuple[str | None, ...] | None:
+        """Per position of ``ids`` ([T] or [1, T]), ``<image k/n>`` at image-token positions, else None;
+        None when the model has no vision tower or ``ids`` hold no image token."""
+        from vocablens.models.vision import has_vision, image_labels, image_token_id
+
+        if not has_vision(self.model):
+            return None
+        try:
+            tid = image_token_id(self.model.config, self.processor)
+        except BadInput:
+            return None
+        ids = torch.as_tensor(ids).reshape(-1)
+        return image_labels(ids, tid) if bool((ids == tid).any()) else None
+
+    def with_images(self, text: str, images) -> tuple[torch.Tensor, Pictured]:
+        """``(ids [T] int64, Pictured borders)`` of one prompt and its images (:meth:`image_prompt`)."""
+        ids, inputs = self.image_prompt(text, images)
+        return ids[0], Pictured(self.borders, ids[0], inputs)
 
 
-def with_images(m, text, images) -> tuple[torch.Tensor, Pictured, tuple[str | None, ...]]:
-    """One prompt and its images through ``m``'s processor (loaded on first use, kept on ``m``):
-    ``(ids [T] int64, Pictured borders, labels per position)``.
-
-    Raises:
-        BadInput: several prompts, a prompt that is not text, a model without a vision tower, an image
-            that cannot be read or is too large (:func:`vocablens.models.vision.read_image`).
-    """
-    from vocablens.models.vision import image_inputs, image_labels, image_token_id, load_processor
-
-    if not isinstance(text, str):
-        raise BadInput("a prompt with images is one text (images are read with one prompt)")
-    if not text.strip():
-        raise BadInput("empty prompt: give some text")
-    pics = as_list(images)
-    if m.processor is None:
-        m.processor = load_processor(m)
-    proc = m.processor
-    ids, inputs = image_inputs(m, proc, text, pics)
-    labels = image_labels(ids, image_token_id(m.model.config, proc))
-    return ids, Pictured(m.borders, ids, inputs), labels
-
-
-__all__ = ["Pictured", "as_list", "with_images"]
+__all__ = ["ImageWorkflows", "Pictured"]

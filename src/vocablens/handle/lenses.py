@@ -161,11 +161,8 @@ class LensWorkflows:
             raise BadInput("give at least one lens kind")
         given = {"tuned": lens_dir, **(lenses or {})}
         translators = [self.translator(kd, given.get(kd)) for kd in kinds]
-        labels = None
         if images is not None:  # one prompt through the model's processor; image positions labelled
-            from vocablens.handle.images import with_images
-
-            ids, borders, labels = with_images(self, texts, images)
+            ids, borders = self.with_images(texts, images)
             batch, seqs, prompts = False, [ids], [texts]
         else:
             batch, seqs, prompts = self._lens_inputs(texts, chat, prefix)
@@ -181,7 +178,9 @@ class LensWorkflows:
             got = lens_batches(borders, seqs, [translators[j] for j in js], positions=positions, k=k, layers=lay,
                                kinds=[kinds[j] for j in js], progress=progress)
             for j, r in zip(js, got):
-                res[j] = r if labels is None else [dataclasses.replace(x, input_labels=labels) for x in r]
+                res[j] = r
+        labels = [self.position_labels(x) for x in seqs]  # image positions: <image k/n>
+        res = [[x if lb is None else dataclasses.replace(x, input_labels=lb) for x, lb in zip(r, labels)] for r in res]
         from vocablens.render.lens import lens_record
 
         records = [lens_record(kd, t) for kd, t in zip(kinds, translators) if t is not None]
@@ -208,16 +207,18 @@ class LensWorkflows:
                 prompts.append("".join(self.tokens(ids)))
         return batch, seqs, prompts
 
-    def forward(self, ids) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, ids, inputs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One prompt's forward pass (text, or ids [T] / [1, T]): ``(resid [L+1, 1, T, d], logits [1, T, V]
         float32)`` (:meth:`~vocablens.models.Borders.residual_stream`), to pass as ``stream`` to
-        :meth:`lens` and :meth:`trajectory` (the explorer caches it per prompt).
+        :meth:`lens` and :meth:`trajectory` (the explorer caches it per prompt). ``inputs``: the further
+        inputs of the model's forward for those ids (a vision-language prompt's ``pixel_values`` ...,
+        as :meth:`image_prompt` returns them).
 
         Raises:
             BadInput: an empty prompt. PromptTooLong: over the model's context.
         """
         with torch.no_grad():
-            return self.borders.residual_stream(self._ids(ids))
+            return self.borders.residual_stream(self._ids(ids), **(inputs or {}))
 
     # --------------------------------------------------------------------------------- settle
     def settle(self, corpus: str, max_tokens: int = 2048, seq_len: int = 256, batch: int = 2,

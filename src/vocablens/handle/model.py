@@ -26,6 +26,7 @@ import torch
 from vocablens.errors import BadInput, TokenNotInVocabulary
 from vocablens.handle import results as R
 from vocablens.handle.corpus import CorpusWorkflows
+from vocablens.handle.images import ImageWorkflows
 from vocablens.handle.lens_compare import LensCompareWorkflows
 from vocablens.handle.lens_training import LensTraining
 from vocablens.handle.lenses import LensWorkflows
@@ -36,7 +37,8 @@ from vocablens.models.loaded_model import LoadedModel
 
 
 @dataclass(eq=False)
-class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, MatrixWorkflows, CorpusWorkflows, LensCompareWorkflows, LoadedModel):
+class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, MatrixWorkflows, CorpusWorkflows,
+            LensCompareWorkflows, ImageWorkflows, LoadedModel):
     """A loaded model with its workflows (module docstring).
 
     Attributes:

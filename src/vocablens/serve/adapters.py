@@ -52,6 +52,22 @@ def encode(lm, prompt: str, chat: bool, max_tokens: int) -> torch.Tensor:
     return ids
 
 
+def encode_with_images(lm, prompt: str, images: list, max_tokens: int) -> tuple[torch.Tensor, dict]:
+    """Prompt text and the server's images -> ``(input ids [1, T] int64, the forward's further inputs)``
+    through the model's own processor (:meth:`vocablens.Model.image_prompt`).
+
+    Raises:
+        BadInput: empty prompt, an image the processor refuses; PromptTooLong: over ``max_tokens``.
+    """
+    from vocablens.errors import PromptTooLong
+
+    ids, inputs = lm.image_prompt(prompt, images)
+    if ids.shape[1] > max_tokens:
+        raise PromptTooLong(f"the prompt and its image have {ids.shape[1]} tokens; this server reads prompts of at "
+                            f"most {max_tokens} tokens (start it with --max-tokens N for more)")
+    return ids, inputs
+
+
 def token_id(lm, token: str | int) -> int:
     """A single token given as its text (``" Paris"``) or its id -> the id: the one rule of every endpoint
     that takes a token (neighbors, project, trajectory, explain's target, argmax;
@@ -111,10 +127,11 @@ def load_jacobian(lm, path: str = ""):
         return lm.load_jacobian_lens(None)
 
 
-def forward(lm, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward pass of one prompt (ids [1, T]): ``(resid [L+1, 1, T, d], logits [1, T, V] float32)``
-    (:meth:`Model.forward`); the server caches it per prompt."""
-    return lm.forward(ids)
+def forward(lm, ids: torch.Tensor, inputs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass of one prompt (ids [1, T]; ``inputs``: its images' tensors, or None):
+    ``(resid [L+1, 1, T, d], logits [1, T, V] float32)`` (:meth:`Model.forward`); the server caches it
+    per prompt."""
+    return lm.forward(ids, inputs)
 
 
 # ---------------------------------------------------------------------------------------- endpoints

@@ -259,6 +259,7 @@ def _add_prompt_routes(app: FastAPI, state: ServerState, M: dict[str, type[BaseM
     def explain(req):
         """Attribution of the prediction at one position to blocks, heads and FFN sub-updates."""
         with state.lock:
+            state.no_images("explain")  # its forward would read the image tokens without their pixels
             tid = None if req.target is None else adapters.token_id(state.lm, req.target)
             e = state.entry(req.prompt, req.chat)
             p = adapters.position(state.lm, e.ids, req.position)
