@@ -38,8 +38,8 @@ class Borders:
     """The embedding and unembedding of one causal LM, and the path between them.
 
     Attributes:
-        model: the transformers model (``*ForCausalLM``).
-        family: ``config.model_type`` (``llama``, ``gemma3_text``, ``gpt2`` ...).
+        model: the transformers model (``*ForCausalLM``, or a vision-language ``*ForConditionalGeneration``).
+        family: the model's ``config.model_type`` (``llama``, ``gemma3_text``, ``gpt2``, ``llava`` ...).
         embedding: the token embedding module; its weight is ``W_E`` [V, d_emb]. The input side as
             one object (scale, input norm, ``project_in``, lookup) is :attr:`input_embedding`.
         embed_scale: the factor the model multiplies embedding rows by (Gemma: sqrt(d_model) rounded
@@ -87,8 +87,11 @@ class Borders:
             UnsupportedArchitecture: naming the family and the modules found, when the embedding,
                 the blocks or the LM head cannot be found.
         """
-        config = getattr(model, "config", None)
-        family = str(getattr(config, "model_type", type(model).__name__))
+        from vocablens.models.auto_class import text_config
+
+        family = str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
+        # a composite model's (vision-language) sizes are its language model's: the text config
+        config = text_config(model.config) if getattr(model, "config", None) is not None else None
         found = named_children(model)
         emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
