@@ -200,3 +200,22 @@ def test_explorer_with_an_image_labels_the_map(vlm, vlm_dir, image):
         assert [p["top_ids"] for p in d["layers"][-1]["positions"]] == own.layers[-1].top_ids.tolist()
         r = c.post("/api/explain", json={"prompt": "What is this?", "position": -1})
         assert r.status_code == 400 and "images" in r.json()["error"]
+        r = c.post("/api/patch", json={"prompt": "What is this?", "position": 3})  # <image 4/4>: bottom right
+        assert r.status_code == 200, r.text
+        p = r.json()
+        assert p["label"] == f"<image 4/{N_IMAGE_TOKENS}>" and p["size"] == [28, 28] and p["box"] == [14, 14, 28, 28]
+        assert p["png"].startswith("data:image/png;base64,")
+        r = c.post("/api/patch", json={"prompt": "What is this?", "position": -1})  # '?': no patch
+        assert r.status_code == 400 and "not an image position" in r.json()["error"]
+
+
+def test_the_patch_is_the_pixels_the_model_read(vlm, image):
+    """The patch view's image, normalized again by the processor's mean and std, is the model's
+    pixel_values (to the 8-bit rounding of a PNG), and its box is the patch grid's cell."""
+    ids, inputs = vlm.image_prompt("What is this?", str(image))
+    img, box, label = vlm.image_patch(ids, inputs, 1)
+    ip = vlm.processor.image_processor
+    x = torch.tensor(list(img.getdata()), dtype=torch.float32).reshape(28, 28, 3).permute(2, 0, 1) / 255
+    again = (x - torch.tensor(ip.image_mean).view(3, 1, 1)) / torch.tensor(ip.image_std).view(3, 1, 1)
+    assert (again - inputs["pixel_values"][0]).abs().max() <= 0.5 / 255 / min(ip.image_std) + 1e-6
+    assert box == (14, 0, 28, 14) and label == f"<image 2/{N_IMAGE_TOKENS}>"

@@ -73,6 +73,22 @@ class ImageWorkflows:
         ids = torch.as_tensor(ids).reshape(-1)
         return image_labels(ids, tid) if bool((ids == tid).any()) else None
 
+    def image_patch(self, ids, inputs: dict, position: int):
+        """The patch of the image the model saw at image position ``position`` of ``ids`` ([T] or
+        [1, T], with the ``inputs`` of :meth:`image_prompt`): ``(image, box, label)``
+        (:func:`vocablens.models.vision.image_patch`: the image as the model reads it, the patch's
+        pixel box ``(x0, y0, x1, y1)``, ``<image k/n>``).
+
+        Raises:
+            BadInput: not an image position, or a layout of image tokens that is not a square grid.
+        """
+        from vocablens.models.vision import image_patch, image_token_id
+
+        if self.processor is None:
+            raise BadInput("no image was read with this model (image_prompt first)")
+        ids = torch.as_tensor(ids).reshape(-1)
+        return image_patch(ids, image_token_id(self.model.config, self.processor), int(position), inputs, self.processor)
+
     def with_images(self, text: str, images) -> tuple[torch.Tensor, Pictured]:
         """``(ids [T] int64, Pictured borders)`` of one prompt and its images (:meth:`image_prompt`)."""
         ids, inputs = self.image_prompt(text, images)

@@ -159,23 +159,63 @@ def image_inputs(lm, processor, text: str, images: list) -> tuple[torch.Tensor, 
     return ids, extra
 
 
-def image_labels(ids: torch.Tensor, image_id: int) -> tuple[str | None, ...]:
-    """Per input position, ``<image k/n>`` at the k-th of the n positions of one image's run of
-    image tokens (``<image 2: k/n>`` with several images), else None: ids [T] int64."""
-    flags = (ids.reshape(-1) == int(image_id)).tolist()
+def image_runs(ids: torch.Tensor, image_id: int) -> list[list[int]]:
+    """The positions of each image in ids [T]: one list per run of consecutive image tokens, in order."""
     runs: list[list[int]] = []
-    for i, f in enumerate(flags):
+    for i, f in enumerate((ids.reshape(-1) == int(image_id)).tolist()):
         if f:
             if runs and runs[-1][-1] == i - 1:
                 runs[-1].append(i)
             else:
                 runs.append([i])
-    out: list[str | None] = [None] * len(flags)
+    return runs
+
+
+def image_labels(ids: torch.Tensor, image_id: int) -> tuple[str | None, ...]:
+    """Per input position, ``<image k/n>`` at the k-th of the n positions of one image's run of
+    image tokens (``<image 2: k/n>`` with several images), else None: ids [T] int64."""
+    runs = image_runs(ids, image_id)
+    out: list[str | None] = [None] * int(ids.numel())
     for r, run in enumerate(runs, start=1):
         for k, i in enumerate(run, start=1):
             out[i] = f"<image {k}/{len(run)}>" if len(runs) == 1 else f"<image {r}: {k}/{len(run)}>"
     return tuple(out)
 
 
-__all__ = ["MAX_FILE_BYTES", "MAX_PIXELS", "has_vision", "vision_parts", "image_inputs", "image_labels", "image_token_id",
-           "load_processor", "read_image"]
+def image_patch(ids: torch.Tensor, image_id: int, position: int, inputs: dict, processor) -> tuple[Any, tuple, str]:
+    """What the model saw at image position ``position`` of ``ids`` [T]: ``(image, box, label)``, the
+    image as the model reads it (its ``pixel_values`` with the processor's normalization undone, a PIL
+    RGB image), the patch's pixel box ``(x0, y0, x1, y1)`` in it, and the position's label
+    (``<image k/n>``). The n image tokens of one image are read as a square grid of patches in row
+    order (LLaVA's: CLIP's patches after the class token is dropped).
+
+    Raises:
+        BadInput: ``position`` is not an image position, or the image's tokens are not a square grid
+            of one image's patches (a tiled or pooled layout this view does not map).
+    """
+    import math
+
+    from PIL import Image
+
+    runs = image_runs(ids, image_id)
+    which = next((r for r, run in enumerate(runs) if position in run), None)
+    if which is None:
+        raise BadInput(f"position {position} is not an image position")
+    k, n = runs[which].index(position), len(runs[which])
+    side = math.isqrt(n)
+    pv = inputs.get("pixel_values")
+    if side * side != n or pv is None or pv.dim() != 4 or pv.shape[0] != len(runs):
+        raise BadInput("this model's image tokens are not one square grid of patches per image; the patch is not shown")
+    ip = getattr(processor, "image_processor", None)
+    mean = torch.tensor(getattr(ip, "image_mean", None) or [0.0] * pv.shape[1]).view(-1, 1, 1)
+    std = torch.tensor(getattr(ip, "image_std", None) or [1.0] * pv.shape[1]).view(-1, 1, 1)
+    x = (pv[which].detach().float().cpu() * std + mean).clamp(0, 1)  # [C, H, W] in 0..1
+    img = Image.fromarray((x.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy())
+    H, W = x.shape[1], x.shape[2]
+    r, c = divmod(k, side)
+    return img, (c * W // side, r * H // side, (c + 1) * W // side, (r + 1) * H // side), \
+        image_labels(ids, image_id)[position]
+
+
+__all__ = ["MAX_FILE_BYTES", "MAX_PIXELS", "has_vision", "vision_parts", "image_inputs", "image_labels", "image_patch",
+           "image_runs", "image_token_id", "load_processor", "read_image"]

@@ -17,6 +17,7 @@ endpoint           CLI equivalent
                    ``vocablens undertrained --json``
 ``/api/trajectory`` the ``final_top1_rank`` / ``final_top1_prob`` columns of ``vocablens lens PROMPT
                    --positions POS --kind both --json`` when TOKEN is the final top-1, for any token
+``/api/patch``     the patch of ``serve --image``'s image the model saw at an image position (no CLI twin)
 =================  ==========================================================================
 """
 
@@ -66,6 +67,20 @@ def encode_with_images(lm, prompt: str, images: list, max_tokens: int) -> tuple[
         raise PromptTooLong(f"the prompt and its image have {ids.shape[1]} tokens; this server reads prompts of at "
                             f"most {max_tokens} tokens (start it with --max-tokens N for more)")
     return ids, inputs
+
+
+def patch_json(lm, ids: torch.Tensor, inputs: dict, pos: int) -> dict:
+    """``/api/patch``: the patch of the image the model saw at an image position, outlined on the image
+    as the model read it (:meth:`vocablens.Model.image_patch`, :func:`~vocablens.render.explorer.patch_to_dict`).
+
+    Raises:
+        BadInput: not an image position, or image tokens that are not a square grid of patches.
+    """
+    from vocablens.render.explorer import patch_to_dict
+
+    p = lm.position(ids, pos)
+    img, box, label = lm.image_patch(ids, inputs, p)
+    return patch_to_dict(img, box, label, p)
 
 
 def token_id(lm, token: str | int) -> int:
