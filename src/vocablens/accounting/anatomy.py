@@ -90,7 +90,11 @@ class Anatomy:
         params_embedding: V × d_emb, the token embedding.
         params_unembedding: parameters the LM head adds: 0 when tied, V × d_emb (+ bias V) when not.
         params_position: learned position embeddings (GPT-2 ``wpe``, OPT), 0 for rotary models.
-        params_non_embedding: total − embedding − unembedding − position (Kaplan et al. 2020).
+        params_non_embedding: total − embedding − unembedding − position (Kaplan et al. 2020), the
+            language model's; a vision-language model's vision tower and projector are counted apart.
+        params_vision: a vision-language model's vision tower (0 for a text model).
+        params_projector: the projector from the vision tower into the language model's stream (0 for a
+            text model; :func:`vocablens.models.vision.vision_parts`).
         embedding_share: params_embedding / params_total.
         vocab_share: (params_embedding + params_unembedding) / params_total, the two borders together.
         matrix_bytes: bytes of one V × d_emb matrix per weight format (``fp32``, ``bf16``, ``fp8``, ``int4``).
@@ -134,6 +138,8 @@ class Anatomy:
     logits: LogitsMemory
     source: str = ""
     notes: tuple[str, ...] = field(default=())
+    params_vision: int = 0
+    params_projector: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON (the field names are the CLI's ``--json`` keys)."""
@@ -174,9 +180,11 @@ def count_parameters(model: nn.Module) -> int:
     return n
 
 
-def _position_embeddings(model: nn.Module, token_embedding: nn.Module, head: nn.Module) -> list[torch.Tensor]:
-    """Weights of every ``nn.Embedding`` other than the token embedding and the head: learned positions."""
-    skip = {_storage_key(token_embedding.weight), _storage_key(head.weight)}
+def _position_embeddings(model: nn.Module, token_embedding: nn.Module, head: nn.Module,
+                         other: list[torch.Tensor] = ()) -> list[torch.Tensor]:
+    """Weights of every ``nn.Embedding`` other than the token embedding, the head and ``other`` (a vision
+    tower's own): learned positions."""
+    skip = {_storage_key(token_embedding.weight), _storage_key(head.weight), *(_storage_key(p) for p in other)}
     out, seen = [], set()
     for m in model.modules():
         if m is token_embedding or m is head or not isinstance(m, nn.Embedding):
@@ -187,6 +195,11 @@ def _position_embeddings(model: nn.Module, token_embedding: nn.Module, head: nn.
         seen.add(k)
         out.append(m.weight)
     return out
+
+
+def _count(params: list[torch.Tensor]) -> int:
+    """Scalars in ``params``, shared storage counted once."""
+    return sum(p.numel() for p in {_storage_key(p): p for p in params}.values())
 
 
 def _bytes(n: int, per: float) -> int:
@@ -275,8 +288,13 @@ def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEF
     b_U = borders.b_U
     if b_U is not None:
         unemb += b_U.numel()
-    pos = sum(w.numel() for w in _position_embeddings(model, borders.input_embedding.module, borders.lm_head))
-    non_emb = total - emb - unemb - pos
+    from vocablens.models.vision import vision_parts
+
+    tower, projector = vision_parts(model)
+    vision, proj = _count(tower), _count(projector)
+    pos = sum(w.numel() for w in _position_embeddings(model, borders.input_embedding.module, borders.lm_head,
+                                                      tower + projector))
+    non_emb = total - emb - unemb - pos - vision - proj
     n_layers = borders.n_layers
     d_model = borders.d_model
     d_attn = attention_shape(cfg, d_model).d_attn
@@ -294,6 +312,9 @@ def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEF
         notes.append(f"{V - tvs:,} rows beyond the tokenizer's {tvs:,} tokens are padding")
     if pos:
         notes.append(f"learned position embeddings ({pos:,} parameters) excluded from non-embedding")
+    if vision or proj:
+        notes.append(f"vision tower ({vision:,} parameters) and projector ({proj:,}) counted in the total, not in "
+                     "non-embedding: they run once per image, not per text token")
     if name is None:
         name = str(_cfg(cfg, "name_or_path", "_name_or_path", default="") or borders.family)
     return Anatomy(
@@ -307,6 +328,7 @@ def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEF
         flops_forward=fwd, head_share=flops_head / fwd,
         head_share_no_attention=flops_head / (flops_ne + flops_head),
         logits=logits_memory(V, batch, context, logits_dtype), source=source, notes=tuple(notes),
+        params_vision=vision, params_projector=proj,
     )
 
 

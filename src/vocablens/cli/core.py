@@ -53,6 +53,7 @@ def lens_show(
     prefix: Annotated[str, typer.Option("--prefix", help="Text that starts the assistant turn (with --chat) or follows the prompt.")] = "",
     kind: Annotated[str, typer.Option("--kind", help="logit, tuned, jacobian, both (= logit,tuned) or a comma list (the shipped or --lens lenses).")] = "logit",
     lens_path: Annotated[str, typer.Option("--lens", help="For tuned/jacobian: a lens folder or file (ours, tuned-lens's params.pt, a published Jacobian lens.pt) or a hub id from the local cache (default: the lenses shipped for the model).")] = "",
+    image: Annotated[list[str] | None, typer.Option("--image", help="An image read with the prompt by a vision-language model's own processor (repeat for several); image positions are read and labelled <image k/n>.")] = None,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
@@ -63,6 +64,13 @@ def lens_show(
 
     if prompt and file:
         raise BadInput("give a PROMPT or --file F, not both")
+    if image and (file or chat or prefix):
+        raise BadInput("--image is read with one PROMPT (not with --file, --chat or --prefix)")
+    if image:
+        from vocablens.models.vision import read_image
+
+        for x in image:
+            read_image(x)  # a file that is no image, or too large: one line before the model loads
     texts = _read_prompts(file) if file else [prompt]
     if not file and not prompt.strip():
         raise BadInput("empty prompt: give some text")
@@ -93,7 +101,7 @@ def lens_show(
     try:  # one forward per batch of prompts for every kind
         res = m.lens(texts if file else prompt, kind=kinds if kinds != ["logit", "tuned"] else "both", k=k,
                      positions=pos, layers=lay, chat=chat, prefix=prefix, lens_dir=found.get("tuned"),
-                     progress=lambda d, n: cb("forward passes", d, n))
+                     progress=lambda d, n: cb("forward passes", d, n), images=image or None)
     finally:
         close()
     show(res, json_)

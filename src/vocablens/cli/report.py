@@ -28,6 +28,7 @@ def report(
     budget: Annotated[float, typer.Option("--budget", help="Seconds for all analyses (shared out over the sections; "
                                                            "loading and writing come on top).")] = DEFAULT_BUDGET_S,
     progress: Annotated[bool, typer.Option("--progress", help="Show progress on stderr even with --json.")] = False,
+    image: Annotated[list[str] | None, typer.Option("--image", help="An image read with --prompt by a vision-language model's own processor (repeat for several): the lens sections read its positions, labelled <image k/n>.")] = None,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
@@ -51,13 +52,19 @@ def report(
     if not out_path.parent.exists():
         raise BadInput(f"--out: directory {out_path.parent} does not exist")
     plan_report(model, budget)  # validates --budget before loading
+    if image:
+        from vocablens.models.vision import read_image
+
+        for x in image:
+            read_image(x)  # a file that is no image, or too large: one line before the model loads
     quiet = json_ and not progress
     timings: dict[str, float] = {}
     t_all = time.perf_counter()
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
     timings["load"] = time.perf_counter() - t_all
     with _ProgressBar(disabled=quiet) as bar:
-        run = lm.report(prompt=prompt, lens_path=lens_path or None, budget_s=budget, progress=bar.update)
+        run = lm.report(prompt=prompt, lens_path=lens_path or None, budget_s=budget, progress=bar.update,
+                        images=image or None)
     for s in run.sections:
         timings[s.plan.title] = s.seconds
     if not quiet:

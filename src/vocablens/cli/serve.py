@@ -50,6 +50,9 @@ def serve_cmd(
     undertrained: Annotated[str, typer.Option("--undertrained", help=(
         "A saved `vocablens undertrained --json` of the same model: the token panel also shows each "
         "verified token's repeat probability (class and indicator are shown without it)."))] = "",
+    image: Annotated[list[str] | None, typer.Option("--image", help=(
+        "An image read with every prompt by a vision-language model's own processor (repeat for several): "
+        "the map reads the image positions too, labelled <image k/n>."))] = None,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
 ) -> None:
@@ -72,6 +75,11 @@ def serve_cmd(
     if host not in LOCAL_HOSTS:
         err.print(Text.assemble(("warning:", "bold yellow"), f" listening on {host}: anyone who can reach this machine "
                             "can use the model; use --host 127.0.0.1 to keep it local"))
+    if image:
+        from vocablens.models.vision import read_image
+
+        for x in image:
+            read_image(x)  # a file that is no image, or too large: one line before the model loads
     verified = _read_json(undertrained, "--undertrained", "vocablens undertrained --json") if undertrained else None
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device)
     # the background argmax scan speaks on stderr: its stages (stored verdicts reused, or the scan's
@@ -95,7 +103,7 @@ def serve_cmd(
 
     with status("loading the lenses ..."):
         state = ServerState(lm, model_spec=model, lens_path=lens, max_tokens=max_tokens, argmax=not no_argmax,
-                            undertrained=verified, argmax_report=report, argmax_end=ended)
+                            undertrained=verified, argmax_report=report, argmax_end=ended, images=image or None)
     shown = f"[{host}]" if ":" in host else host
     print(f"vocablens serve: http://{shown}:{port}/  (Ctrl-C stops)", flush=True)
     try:

@@ -10,6 +10,7 @@ translator is refused in one line; it is never read as a relabelled logit lens.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Sequence
 
@@ -115,7 +116,8 @@ class LensWorkflows:
     # ------------------------------------------------------------------------------------- lens
     def lens(self, texts, kind: str | Sequence[str] = "logit", k: int = 5, positions="last",
              layers: Sequence[int] | None = None, chat: bool = False, prefix: str = "",
-             lens_dir: str | Path | None = None, progress=None, stream=None, lenses: dict | None = None) -> R.Lens:
+             lens_dir: str | Path | None = None, progress=None, stream=None, lenses: dict | None = None,
+             images=None) -> R.Lens:
         """Read the residual stream at every layer through the LM head: top tokens, entropy and KL to
         the final distribution (``vocablens lens PROMPT --json``; a list: ``lens --file F --json``).
 
@@ -142,13 +144,17 @@ class LensWorkflows:
             progress: ``progress(prompts done, prompts)`` after each forward.
             stream: ``(resid [L+1, 1, T, d], logits [1, T, V])`` of one prompt's ids, as :meth:`forward`
                 returns it: read instead of running the model again (the explorer's cached forward).
+            images: for a vision-language model, an image (a path or a PIL image) or a list of them read
+                with the one prompt ``texts`` through the model's own processor
+                (:mod:`vocablens.handle.images`); image positions are labelled ``<image k/n>``.
 
         Returns:
             :class:`~vocablens.handle.results.Lens`, a batch (one prompt: a batch of one).
 
         Raises:
             BadInput: an empty prompt, k < 1, an unknown kind, a kind with no translator, a layer or
-                position out of range, positions not in that syntax, ids that are not integers.
+                position out of range, positions not in that syntax, ids that are not integers; images
+                with a model that has no vision tower, with several prompts, or that cannot be read.
             TokenNotInVocabulary: an id outside [0, V). PromptTooLong: a prompt over the model's
                 context (text or ids).
         """
@@ -163,11 +169,15 @@ class LensWorkflows:
             raise BadInput("give at least one lens kind")
         given = {"tuned": lens_dir, **(lenses or {})}
         translators = [self.translator(kd, given.get(kd)) for kd in kinds]
-        seqs, prompts, batch = self._lens_prompts(texts, chat, prefix)
+        if images is not None:  # one prompt through the model's processor; image positions labelled
+            ids, borders = self.with_images(texts, images)
+            batch, seqs, prompts = False, [ids], [texts]
+        else:
+            seqs, prompts, batch = self._lens_prompts(texts, chat, prefix)
+            if stream is not None and len(seqs) != 1:
+                raise BadInput("a cached forward (stream) is of one prompt; give that prompt alone")
+            borders = self.borders if stream is None else Replayed(self.borders, seqs[0], stream)
         positions = parse_positions(positions, "positions")
-        if stream is not None and len(seqs) != 1:
-            raise BadInput("a cached forward (stream) is of one prompt; give that prompt alone")
-        borders = self.borders if stream is None else Replayed(self.borders, seqs[0], stream)
         L = self.borders.n_layers
         own = [layers if layers is not None or len(getattr(t, "layers", None) or range(L)) >= L
                else [*t.layers, L] for t in translators]  # a lens of fewer layers reads its own
@@ -178,6 +188,8 @@ class LensWorkflows:
                                kinds=[kinds[j] for j in js], progress=progress)
             for j, r in zip(js, got):
                 res[j] = r
+        labels = [self.position_labels(x) for x in seqs]  # image positions: <image k/n>
+        res = [[x if lb is None else dataclasses.replace(x, input_labels=lb) for x, lb in zip(r, labels)] for r in res]
         from vocablens.render.lens import lens_record
 
         records = [lens_record(kd, t) for kd, t in zip(kinds, translators) if t is not None]
@@ -207,16 +219,18 @@ class LensWorkflows:
                 prompts.append("".join(self.tokens(seqs[-1])))
         return seqs, prompts, True
 
-    def forward(self, ids) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, ids, inputs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One prompt's forward pass (text, or ids [T] / [1, T]): ``(resid [L+1, 1, T, d], logits [1, T, V]
         float32)`` (:meth:`~vocablens.models.Borders.residual_stream`), to pass as ``stream`` to
-        :meth:`lens` and :meth:`trajectory` (the explorer caches it per prompt).
+        :meth:`lens` and :meth:`trajectory` (the explorer caches it per prompt). ``inputs``: the further
+        inputs of the model's forward for those ids (a vision-language prompt's ``pixel_values`` ...,
+        as :meth:`image_prompt` returns them).
 
         Raises:
             BadInput: an empty prompt. PromptTooLong: over the model's context.
         """
         with torch.no_grad():
-            return self.borders.residual_stream(self._ids(ids))
+            return self.borders.residual_stream(self._ids(ids), **(inputs or {}))
 
     # --------------------------------------------------------------------------------- settle
     def settle(self, corpus: str, max_tokens: int = 2048, seq_len: int = 256, batch: int = 2,
@@ -311,18 +325,22 @@ class LensWorkflows:
 
     # --------------------------------------------------------------------------------- report
     def report(self, out: str | Path | None = None, prompt: str | None = None, lens_path: str | None = None,
-               budget_s: float | None = None, progress=None, only: tuple[str, ...] | None = None):
+               budget_s: float | None = None, progress=None, only: tuple[str, ...] | None = None, images=None):
         """Run the HTML report's sections on this model within ``budget_s`` seconds
         (:func:`vocablens.report.runner.run_report`) and write the page to ``out`` when given.
         Returns the :class:`~vocablens.report.plan.ReportRun`.
 
+        ``images``: for a vision-language model, images read with ``prompt`` by its own processor (the
+        lens sections read the image positions, labelled; the explanation is skipped).
+
         Raises:
-            BadInput: an empty prompt, a bad budget, ``out`` a directory.
+            BadInput: an empty prompt, a bad budget, ``out`` a directory; images as :meth:`image_prompt`.
         """
         from vocablens.report.runner import DEFAULT_BUDGET_S, DEFAULT_PROMPT, run_report
 
         run = run_report(self, model=self.spec or "smollm2", prompt=prompt or DEFAULT_PROMPT, lens_path=lens_path,
-                         budget_s=DEFAULT_BUDGET_S if budget_s is None else budget_s, progress=progress, only=only)
+                         budget_s=DEFAULT_BUDGET_S if budget_s is None else budget_s, progress=progress, only=only,
+                         images=images)
         if out is not None:
             from vocablens.render.report import write_page
 

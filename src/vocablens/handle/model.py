@@ -26,6 +26,7 @@ import torch
 from vocablens.errors import BadInput, TokenNotInVocabulary
 from vocablens.handle import results as R
 from vocablens.handle.corpus import CorpusWorkflows
+from vocablens.handle.images import ImageWorkflows
 from vocablens.handle.lens_compare import LensCompareWorkflows
 from vocablens.handle.lens_training import LensTraining
 from vocablens.handle.lenses import LensWorkflows
@@ -36,7 +37,8 @@ from vocablens.models.loaded_model import LoadedModel
 
 
 @dataclass(eq=False)
-class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, MatrixWorkflows, CorpusWorkflows, LensCompareWorkflows, LoadedModel):
+class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, MatrixWorkflows, CorpusWorkflows,
+            LensCompareWorkflows, ImageWorkflows, LoadedModel):
     """A loaded model with its workflows (module docstring).
 
     Attributes:
@@ -49,10 +51,12 @@ class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, 
             can be added with :meth:`add_lens`).
         surgery: the :class:`~vocablens.handle.results.Surgery` record of the :meth:`expand` or
             :meth:`trim` that made this model (None for a loaded one).
+        processor: a vision-language model's own processor, read on the first call with images.
     """
 
     spec: str | None = None
     translators: dict = field(default_factory=dict, repr=False)
+    processor: Any = field(default=None, repr=False)
 
     @classmethod
     def of(cls, lm, spec: str | None = None) -> "Model":

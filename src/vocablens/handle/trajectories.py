@@ -80,7 +80,8 @@ class TrajectoryWorkflows:
         return int(resolve_positions(int(self._ids(text).shape[-1]), [position])[0])
 
     def trajectory(self, text, position: int = -1, token: str | int | None = None,
-                   kinds: Sequence[str] = ("logit", "tuned"), chat: bool = False, stream=None) -> R.Trajectory:
+                   kinds: Sequence[str] = ("logit", "tuned"), chat: bool = False, stream=None,
+                   images=None) -> R.Trajectory:
         """One token's rank (0 = top) and probability, and the top-1, at every layer 0..L at one position,
         through each lens of ``kinds`` (the explorer's ``/api/trajectory``;
         :func:`vocablens.lens.trajectory.layer_readout`: one streamed pass over the head).
@@ -95,6 +96,8 @@ class TrajectoryWorkflows:
                 :meth:`token_id`; default: the model's top-1 there).
             kinds: lenses read (``logit``, ``tuned`` or any kind with a translator).
             stream: the prompt's :meth:`forward`, read instead of running the model again.
+            images: for a vision-language model, images read with the prompt ``text`` by the model's
+                own processor (:meth:`image_prompt`); ``position`` counts the image positions too.
 
         Raises:
             BadInput: a position outside the prompt, an unknown kind or one with no translator.
@@ -102,10 +105,14 @@ class TrajectoryWorkflows:
         """
         from vocablens.lens.trajectory import layer_readout
 
-        ids = self._ids(text, chat=chat)
+        inputs = None
+        if images is not None:
+            ids, inputs = self.image_prompt(text, images)
+        else:
+            ids = self._ids(text, chat=chat)
         p = self.position(ids, position)
         translators = {kd: self.translator(kd) for kd in kinds}
-        resid, logits = stream if stream is not None else self.forward(ids)
+        resid, logits = stream if stream is not None else self.forward(ids, inputs)
         if token is None:
             tid = int(logits[0, p, : self.borders.real_vocab_size].argmax())
         else:
@@ -115,7 +122,7 @@ class TrajectoryWorkflows:
             value = {kd: layer_readout(self.borders, resid[:, 0, p], range(L + 1), torch.tensor(tid), k=1,
                                        translator=tr) for kd, tr in translators.items()}  # [L+1] each
         return self._result(R.Trajectory, value, input_ids=ids[0].detach().cpu(), position=p, token_id=tid,
-                            n_layers=L)
+                            n_layers=L, input_labels=self.position_labels(ids))
 
     def anomaly(self, normal, test, labels=None, kind: str = "both", detector: str = "both", seed: int = 0,
                 lens_dir: str | Path | None = None, progress=None) -> R.Anomaly:

@@ -69,6 +69,8 @@ class LensResult:
         model_max_abs_diff: max_v |p_lens(L) - p_model| at the prompt's last position (should be ~0;
             NaN when that position is not read).
         n_layers: L, the model's number of blocks.
+        input_labels: per input position, a label shown instead of the token (an image position:
+            ``<image 3/256>``) or None; None for a text prompt.
     """
 
     kind: str
@@ -78,6 +80,7 @@ class LensResult:
     final_top1: torch.Tensor
     model_max_abs_diff: float
     n_layers: int = 0
+    input_labels: tuple[str | None, ...] | None = None
 
 
 def layer_logprobs(borders: Borders, h: torch.Tensor, layer: int,

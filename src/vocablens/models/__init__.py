@@ -9,7 +9,9 @@ checkpoint's tensors by name), ``spec`` (where a spec points), ``gguf_header`` (
 and where its metadata disagrees with its tensors), ``tokenizer_files`` (why a tokenizer cannot be
 built, as one line), ``tie`` ("tied" by storage, as
 transformers decides it), ``config`` (a config without weights), ``provenance``, ``gguf_cache``,
-``blocks`` (one view of a decoder block), ``unembed`` (the one unembedding), ``embed`` (the one
+``auto_class`` (which transformers Auto class builds a checkpoint: causal LM, else a vision-language
+model's; the checkpoint's keys as the model names them), ``vision`` (images into a vision-language
+model: the image checked, its processor, image positions), ``blocks`` (one view of a decoder block), ``unembed`` (the one unembedding), ``embed`` (the one
 embedding: input scale, input norm, ``project_in``, lookup), ``weight_checks`` (NaN/inf weights,
 never-trained rows), ``borders`` (the family adapter), ``final_norm`` (the final norm of a load
 without modeling code, computed by the family's own module), ``blocks_forward`` (the blocks' forward,

@@ -38,8 +38,8 @@ class Borders:
     """The embedding and unembedding of one causal LM, and the path between them.
 
     Attributes:
-        model: the transformers model (``*ForCausalLM``).
-        family: ``config.model_type`` (``llama``, ``gemma3_text``, ``gpt2`` ...).
+        model: the transformers model (``*ForCausalLM``, or a vision-language ``*ForConditionalGeneration``).
+        family: the model's ``config.model_type`` (``llama``, ``gemma3_text``, ``gpt2``, ``llava`` ...).
         embedding: the token embedding module; its weight is ``W_E`` [V, d_emb]. The input side as
             one object (scale, input norm, ``project_in``, lookup) is :attr:`input_embedding`.
         embed_scale: the factor the model multiplies embedding rows by (Gemma: sqrt(d_model) rounded
@@ -323,13 +323,15 @@ class Borders:
                 patch.post_hook(blk, make_post(i))
             yield store
 
-    def residual_stream(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    def residual_stream(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                        **inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the model once and capture the residual stream at every layer.
 
         Args:
             input_ids: [B, T] int64.
             attention_mask: [B, T] or None.
+            inputs: further inputs of the model's forward, as its processor makes them (a
+                vision-language model's ``pixel_values`` [N, C, H, W] ...: :mod:`vocablens.models.vision`).
 
         Returns:
             ``(resid, logits)``: resid [L+1, B, T, d_model] in the model dtype (layer 0 = input of
@@ -345,7 +347,7 @@ class Borders:
         input_ids = check_forward_input(self, input_ids)  # [B, T]; the checks every forward of ours passes
         with self.capture() as store:
             out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask,
-                             use_cache=False)
+                             use_cache=False, **inputs)
         L = self.n_layers
         missing = [i for i in range(L + 1) if i not in store]
         if missing:

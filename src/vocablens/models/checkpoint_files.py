@@ -26,6 +26,17 @@ EMB_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "
 HEAD_NAMES = ("lm_head.weight", "embed_out.weight", "output.weight")
 
 
+class RenamedFiles(dict):
+    """tensor name -> file, as :func:`shard_files`, under the names the model's parameters have when
+    the checkpoint stores them under others (a vision-language checkpoint's
+    ``language_model.model.embed_tokens.weight`` read as ``model.language_model.embed_tokens.weight``);
+    ``stored`` maps such a name back to the key in the file (:func:`read_tensors` reads by it)."""
+
+    def __init__(self, files: dict[str, Path], stored: dict[str, str]):
+        super().__init__(files)
+        self.stored = stored
+
+
 class NoSafetensors(BadInput):
     """A checkpoint whose weights are only ``pytorch_model*.bin`` pickles: the partial reads read
     safetensors headers, so :func:`vocablens.models.loader.load` loads such a model whole."""
@@ -94,12 +105,13 @@ def read_tensors(keys: list[str], files: dict[str, Path], dtype: torch.dtype | N
     by_file: dict[Path, list[str]] = {}
     for k in keys:
         by_file.setdefault(files[k], []).append(k)
+    stored = getattr(files, "stored", {})  # RenamedFiles: the key in the file of a renamed tensor
     out = {}
     for f, ks in by_file.items():
         try:
             with safe_open(str(f), framework="pt") as h:
                 for k in ks:
-                    t = h.get_tensor(k)
+                    t = h.get_tensor(stored.get(k, k))
                     out[k] = t if dtype is None else t.to(dtype)
         except Exception as e:  # safetensors raises its own error types for a damaged file
             raise CorruptModelFile(f"cannot read {f}: {str(e).splitlines()[0]}; download it again") from None
@@ -131,5 +143,5 @@ def materialize(model: torch.nn.Module, names: list[str], files: dict[str, Path]
         setattr(mod, attr, torch.nn.Parameter(t, requires_grad=False))
 
 
-__all__ = ["EMB_SUFFIXES", "HEAD_NAMES", "NoSafetensors", "checkpoint_name", "materialize", "matrix_keys", "read_tensors",
+__all__ = ["EMB_SUFFIXES", "HEAD_NAMES", "NoSafetensors", "RenamedFiles", "checkpoint_name", "materialize", "matrix_keys", "read_tensors",
            "shard_files"]

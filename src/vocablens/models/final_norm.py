@@ -44,11 +44,13 @@ def skeleton_final_norm(d: Path, trust_remote_code: bool = False) -> nn.Module |
     meta-device skeleton (``AutoModelForCausalLM.from_config`` under ``init_empty_weights``: no
     storage); None when the family has none."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from vocablens.models.auto_class import auto_model_class
 
     config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
     with init_empty_weights():
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        model = auto_model_class(config).from_config(config, trust_remote_code=trust_remote_code)
     return Borders.from_model(model).final_norm
 
 

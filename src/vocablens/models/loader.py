@@ -224,7 +224,9 @@ def borders_to(lm, device: str):
 def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedModel:
     """The whole model through transformers (a GGUF file through its float32 cache), its readout
     checked against the model's own logits (:func:`checked_readout`)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
+
+    from vocablens.models.auto_class import auto_model_class
 
     tdtype, dtype_note = run_dtype(spec, dtype, device)
     kind, path, hub = resolve_spec(spec)
@@ -239,7 +241,9 @@ def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedMode
             with building_tokenizer(spec, lambda: json_tokenizer_problem(Path(src)) if kind == "dir"
                                     else hub_tokenizer_problem(src)):
                 tok = AutoTokenizer.from_pretrained(src, **kw)
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=tdtype or "auto", use_safetensors=None, **kw)
+            config = AutoConfig.from_pretrained(src, **kw)  # the causal-LM mapping, else image-text-to-text
+            model = auto_model_class(config).from_pretrained(src, config=config, dtype=tdtype or "auto",
+                                                             use_safetensors=None, **kw)
             prov = dir_provenance(path, spec) if kind == "dir" else Provenance(
                 spec=spec, name=hub, source=f"hub:{hub}", format="hub",
                 quantization=str(getattr(model.config, "dtype", "") or ""),

@@ -16,13 +16,12 @@ def meta_model(config, trust_remote_code: bool = False) -> nn.Module:
     Raises:
         UnsupportedArchitecture: transformers has no causal-LM class for ``config.model_type``.
     """
-    from transformers import AutoModelForCausalLM
-
     from vocablens.errors import UnsupportedArchitecture
+    from vocablens.models.auto_class import auto_model_class
 
     try:
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        with torch.device("meta"):  # the causal-LM class, else a vision-language model's (models.auto_class)
+            return auto_model_class(config).from_config(config, trust_remote_code=trust_remote_code)
     except (ValueError, KeyError) as exc:
         raise UnsupportedArchitecture(str(getattr(config, "model_type", "?")), "none",
                                       str(exc).splitlines()[0] if str(exc) else "no causal LM class") from None

@@ -145,8 +145,9 @@ def materialize_parts(spec: str, d: Path, prov, parts: Parts, tdtype: torch.dtyp
 def _on_family_modules(spec: str, d: Path, prov, parts: Parts, tdtype, trust_remote_code: bool):
     """The skeleton's borders (and ``parts``' blocks or value vectors) replaced by the checkpoint's tensors."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
+    from vocablens.models.auto_class import auto_model_class, renamed_files
     from vocablens.models.borders import Borders
     from vocablens.models.loaded_model import LoadedModel
     from vocablens.models.provenance import Provenance
@@ -158,9 +159,9 @@ def _on_family_modules(spec: str, d: Path, prov, parts: Parts, tdtype, trust_rem
     except file_errors() as e:
         raise CorruptModelFile(diagnose_dir(d) or missing_parts(d) or f"cannot read the config or tokenizer in {d}: "
                                f"{str(e).splitlines()[0]}") from None
-    with init_empty_weights():
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    files = shard_files(d)
+    with init_empty_weights():  # the causal-LM class, else a vision-language model's (models.auto_class)
+        model = auto_model_class(config).from_config(config, trust_remote_code=trust_remote_code)
+    files = renamed_files(model, shard_files(d))  # the checkpoint's keys as the model names them
     skel = Borders.from_model(model)
     wanted = _modules_read(skel, parts)
     tied = _stored_tie(model, skel, config, files, tdtype)

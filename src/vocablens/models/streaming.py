@@ -193,6 +193,9 @@ def stream_beyond(spec: str, d: Path, prov, cap: int, tdtype: torch.dtype | None
     if tdtype is None:  # the normal load's one dtype (a mixed checkpoint is cast, as from_pretrained does)
         tdtype = _normal_load_dtype_of(d, files, trust_remote_code)
     lm = partial.materialize_parts(spec, d, prov, partial.Parts.of(partial.BORDERS), tdtype, trust_remote_code)
+    from vocablens.models.auto_class import renamed_files
+
+    files = renamed_files(lm.model, files)  # the checkpoint's keys as the model names them (a vision-language model)
     used = _outside_blocks_resident(lm, files, tdtype)
     b, model = lm.borders, lm.model
     block_names = {id(blk): n for n, blk in model.named_modules() if any(blk is x for x in b.blocks)}
@@ -268,7 +271,7 @@ def _block_keys(model, blk, bname: str, files: dict[str, Path], i: int, family: 
         if key is None:
             raise UnsupportedArchitecture(family, named_children(blk), f"block {i}: {n} is not in the checkpoint, "
                                           "so it cannot be streamed; load the whole model (no `max_memory`)")
-        keys[n] = (key, files[key])
+        keys[n] = (getattr(files, "stored", {}).get(key, key), files[key])  # the key in the file
     return keys
 
 

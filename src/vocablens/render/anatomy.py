@@ -59,6 +59,11 @@ def anatomy_rows(results: Sequence[Anatomy]) -> list[tuple[str, list[str]]]:
         ("LM head, extra", [("0 (tied)" if a.params_unembedding == 0 else fmt_count(a.params_unembedding))
                             for a in results]),
         ("learned positions", [f"{a.params_position:,}" for a in results]),
+    ]
+    if any(a.params_vision or a.params_projector for a in results):  # a vision-language model's other side
+        rows += [("vision tower", [fmt_count(a.params_vision) for a in results]),
+                 ("vision projector", [fmt_count(a.params_projector) for a in results])]
+    rows += [
         ("NON-EMBEDDING (compare by this)", [fmt_count(a.params_non_embedding) for a in results]),
     ]
     if len(results) > 1:

@@ -20,6 +20,26 @@ def lens_response(d: dict) -> dict:
     return {**{k: v for k, v in d.items() if k != "model"}, **({"model": d["model"]} if "model" in d else {})}
 
 
+def patch_to_dict(image, box: tuple, label: str, position: int, size: int = 224) -> dict:
+    """``/api/patch``: ``{"position", "label", "box": [x0, y0, x1, y1] (pixels of the model's input
+    image), "size": [W, H], "png": a data URL}``, the PNG the image as the model saw it, scaled to
+    ``size`` pixels wide (nearest neighbour), the patch outlined."""
+    import base64
+    import io
+
+    from PIL import ImageDraw
+
+    W, H = image.size
+    f = max(1, size // max(W, 1))
+    big = image.resize((W * f, H * f), resample=0)
+    ImageDraw.Draw(big).rectangle([box[0] * f, box[1] * f, box[2] * f - 1, box[3] * f - 1], outline=(255, 0, 0),
+                                  width=max(2, f // 4))
+    buf = io.BytesIO()
+    big.save(buf, format="PNG")
+    return {"position": int(position), "label": label, "box": [int(x) for x in box], "size": [W, H],
+            "png": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")}
+
+
 def argmax_token_to_dict(full: dict, stage: int, tid: int, tokenizer) -> dict:
     """``/api/argmax``: one token's entries of ``argmax --json`` (``full``, that dict): its verdict and
     margin (per_token), its full record when flagged (certificate's combination, reason), its duplicate

@@ -8,6 +8,15 @@ from vocablens.lens.logit import LensResult
 from vocablens.models.tokens import token_str
 
 
+def input_token(result: LensResult, tokenizer, i: int) -> str:
+    """The string shown for input position ``i``: its label (an image position: ``<image 3/256>``)
+    when the result has one there, else the token's string."""
+    labels = getattr(result, "input_labels", None)
+    if labels is not None and labels[i] is not None:
+        return labels[i]
+    return token_str(tokenizer, int(result.input_ids[i])) if tokenizer is not None else str(int(result.input_ids[i]))
+
+
 def lens_to_dict(result: LensResult, tokenizer=None) -> dict:
     """Plain JSON-ready data, one schema whatever the number of positions read:
     ``{"kind", "tokens", "positions", "final_top1", "model_max_abs_diff", "n_layers", "layers":
@@ -36,7 +45,7 @@ def lens_to_dict(result: LensResult, tokenizer=None) -> dict:
         layers.append({"layer": ly.layer, "positions": rows})
     return {
         "kind": result.kind,
-        "tokens": [tok(i) for i in result.input_ids.tolist()],
+        "tokens": [input_token(result, tokenizer, i) for i in range(len(result.input_ids))],
         "positions": result.positions.tolist(),
         "final_top1": [tok(i) for i in result.final_top1.tolist()],
         "model_max_abs_diff": result.model_max_abs_diff,
@@ -124,8 +133,7 @@ def lens_table(res: LensResult, tokenizer, j: int = 0, k: int | None = None,
     """A table: one row per layer at the j-th position read (top ``k`` tokens; every ``every``-th
     layer plus the last three when ``every`` > 1)."""
     pos = int(res.positions[j])
-    tokens = res.input_ids.tolist()
-    title = (f"{res.kind} lens at position {pos} (after '{token_str(tokenizer, tokens[pos])}'); "
+    title = (f"{res.kind} lens at position {pos} (after '{input_token(res, tokenizer, pos)}'); "
              f"final top-1 '{token_str(tokenizer, int(res.final_top1[j]))}'")
     t = Table(title=title, title_justify="left")
     t.add_column("layer", justify="right")
@@ -161,7 +169,8 @@ def lens_heatmap(res: LensResult, tokenizer, title: str | None = None):
     from vocablens.render.tokens import display_token
 
     P = len(res.positions)
-    in_toks = [display_token(tokenizer, res.input_ids[int(p)]) for p in res.positions]
+    labels = getattr(res, "input_labels", None) or [None] * len(res.input_ids)
+    in_toks = [labels[int(p)] or display_token(tokenizer, res.input_ids[int(p)]) for p in res.positions]
     xlabels = [f"{j}: {t}" for j, t in zip(res.positions.tolist(), in_toks)]
     z, text, hover = [], [], []
     ylabels = []

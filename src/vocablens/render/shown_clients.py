@@ -20,7 +20,9 @@ def _json_trajectory(r) -> dict:
     """``{"tokens", "position", "token", "token_id", "n_layers", "logit": {"rank" [L+1], "prob" [L+1],
     "top1" [L+1]}, "tuned": ... or null (no tuned lens read), ..., "model"}``."""
     o, tok = r.options, r.tokenizer
-    out = {"tokens": [token_str(tok, i) for i in o["input_ids"].tolist()], "position": o["position"],
+    labels = o.get("input_labels") or [None] * len(o["input_ids"])  # image positions: <image k/n>
+    out = {"tokens": [lb or token_str(tok, i) for i, lb in zip(o["input_ids"].tolist(), labels)],
+           "position": o["position"],
            "token": token_str(tok, o["token_id"]), "token_id": o["token_id"], "n_layers": o["n_layers"]}
     for name in dict.fromkeys(["logit", "tuned", *r.value]):
         t = r.value.get(name)

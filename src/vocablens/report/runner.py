@@ -24,7 +24,8 @@ _LAST = LAST
 
 def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_path: str | None = None,
                budget_s: float = DEFAULT_BUDGET_S, progress: ReportProgress | None = None,
-               only: tuple[str, ...] | None = None, clock: Callable[[], float] = time.perf_counter) -> ReportRun:
+               only: tuple[str, ...] | None = None, clock: Callable[[], float] = time.perf_counter,
+               images=None) -> ReportRun:
     """Run every planned section of the report on a loaded model: the cheap ones always, then the argmax
     scan with what is left of the budget (less the under-trained section's share), then the
     under-trained tokens with their share or what the scan left unused (module docstring).
@@ -41,6 +42,8 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
             first, :func:`vocablens.argmax.expected_scan_seconds`).
         only: run just these section keys (default: all of :data:`ORDER`).
         clock: seconds, monotonic (tests pass a fake one).
+        images: for a vision-language model, images read with the prompt by its own processor
+            (:meth:`vocablens.Model.image_prompt`): the lens sections read image positions, labelled.
 
     Returns:
         :class:`ReportRun`, its sections in :data:`ORDER`.
@@ -52,7 +55,11 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
         CheckpointMismatch: ``lens_path`` belongs to another model.
     """
     plans = _checked_plans(lm, model, prompt, budget_s, only)
-    ids = lm.encode(prompt)  # the model's one rule for text -> ids
+    inputs = None
+    if images is not None:  # the prompt and its pixels through the model's processor
+        ids, inputs = lm.image_prompt(prompt, images)
+    else:
+        ids = lm.encode(prompt)  # the model's one rule for text -> ids
     t_all = clock()
     finished: dict[str, float] = {}
     now = {"key": None, "t0": t_all, "deadline": None, "fraction": None}
@@ -68,7 +75,8 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
         progress(description, elapsed, elapsed + rest)
 
     ctx = {"lm": lm, "borders": lm.borders, "tokenizer": lm.tokenizer, "name": lm.provenance.name, "model": model,
-           "ids": ids, "lens_path": lens_path, "progress": report}
+           "ids": ids, "lens_path": lens_path, "progress": report,
+           "stream": None if inputs is None else lm.forward(ids, inputs)}
     # what the scan is expected to cost here (0 with stored verdicts): the ETA's guess for it
     after = next((p for p in plans if p.key == AFTER_SCAN), None)
     scans = progress is not None and any(p.key == _LAST for p in plans)

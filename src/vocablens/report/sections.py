@@ -37,7 +37,8 @@ def _pca(ctx, plan, run):
 
 
 def _lens(ctx, plan, run):
-    run.result = ctx["lm"].lens(ctx["ids"], positions="all", k=5)[0]
+    # with images, every lens section reads the one forward of the prompt and its pixels (ctx["stream"])
+    run.result = ctx["lm"].lens(ctx["ids"], positions="all", k=5, stream=ctx.get("stream"))[0]
 
 
 def _tuned(ctx, plan, run):
@@ -52,10 +53,10 @@ def _tuned(ctx, plan, run):
         run.note = str(exc)
         return
     run.extra["lens"] = lens
-    run.result = lm.lens(ids, kind="tuned", positions="all", k=5, lenses={"tuned": lens})[0]
+    run.result = lm.lens(ids, kind="tuned", positions="all", k=5, lenses={"tuned": lens}, stream=ctx.get("stream"))[0]
     T = int(ids.shape[-1])
     pair = lm.lens(ids, kind="both", positions=list(range(max(0, T - PAIR_POSITIONS), T)), k=1,
-                   lenses={"tuned": lens})
+                   lenses={"tuned": lens}, stream=ctx.get("stream"))
     run.extra["pair"] = (pair[0, "logit"], pair[0, "tuned"])
     _jacobian(ctx, run)
 
@@ -74,7 +75,8 @@ def _jacobian(ctx, run):
     pos = run.extra["pair"][0].positions.tolist()
     run.extra["jacobian_lens"] = jl
     # a lens fitted on fewer layers (a published one) reads its own layers and L
-    run.extra["jacobian"] = lm.lens(ctx["ids"], kind="jacobian", positions=pos, k=1, lenses={"jacobian": jl})[0]
+    run.extra["jacobian"] = lm.lens(ctx["ids"], kind="jacobian", positions=pos, k=1, lenses={"jacobian": jl},
+                                    stream=ctx.get("stream"))[0]
 
 
 def _argmax_expected(ctx) -> float:
@@ -124,6 +126,9 @@ def _value_vectors(ctx, plan, run):
 
 
 def _explain(ctx, plan, run):
+    if ctx.get("stream") is not None:  # its forward would read the image tokens without their pixels
+        run.note = "skipped: the explanation does not read images yet (the lens sections do)"
+        return
     run.result = ctx["lm"].explain(ctx["ids"]).value
 
 

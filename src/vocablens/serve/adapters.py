@@ -17,6 +17,7 @@ endpoint           CLI equivalent
                    ``vocablens undertrained --json``
 ``/api/trajectory`` the ``final_top1_rank`` / ``final_top1_prob`` columns of ``vocablens lens PROMPT
                    --positions POS --kind both --json`` when TOKEN is the final top-1, for any token
+``/api/patch``     the patch of ``serve --image``'s image the model saw at an image position (no CLI twin)
 =================  ==========================================================================
 """
 
@@ -50,6 +51,36 @@ def encode(lm, prompt: str, chat: bool, max_tokens: int) -> torch.Tensor:
         raise PromptTooLong(f"the prompt has {ids.shape[1]} tokens; this server reads prompts of at most "
                             f"{max_tokens} tokens (start it with --max-tokens N for more)")
     return ids
+
+
+def encode_with_images(lm, prompt: str, images: list, max_tokens: int) -> tuple[torch.Tensor, dict]:
+    """Prompt text and the server's images -> ``(input ids [1, T] int64, the forward's further inputs)``
+    through the model's own processor (:meth:`vocablens.Model.image_prompt`).
+
+    Raises:
+        BadInput: empty prompt, an image the processor refuses; PromptTooLong: over ``max_tokens``.
+    """
+    from vocablens.errors import PromptTooLong
+
+    ids, inputs = lm.image_prompt(prompt, images)
+    if ids.shape[1] > max_tokens:
+        raise PromptTooLong(f"the prompt and its image have {ids.shape[1]} tokens; this server reads prompts of at "
+                            f"most {max_tokens} tokens (start it with --max-tokens N for more)")
+    return ids, inputs
+
+
+def patch_json(lm, ids: torch.Tensor, inputs: dict, pos: int) -> dict:
+    """``/api/patch``: the patch of the image the model saw at an image position, outlined on the image
+    as the model read it (:meth:`vocablens.Model.image_patch`, :func:`~vocablens.render.explorer.patch_to_dict`).
+
+    Raises:
+        BadInput: not an image position, or image tokens that are not a square grid of patches.
+    """
+    from vocablens.render.explorer import patch_to_dict
+
+    p = lm.position(ids, pos)
+    img, box, label = lm.image_patch(ids, inputs, p)
+    return patch_to_dict(img, box, label, p)
 
 
 def token_id(lm, token: str | int) -> int:
@@ -119,10 +150,11 @@ def lenses_at(lm, path: str) -> dict:
     return held(path, lm.spec or "smollm2")
 
 
-def forward(lm, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward pass of one prompt (ids [1, T]): ``(resid [L+1, 1, T, d], logits [1, T, V] float32)``
-    (:meth:`Model.forward`); the server caches it per prompt."""
-    return lm.forward(ids)
+def forward(lm, ids: torch.Tensor, inputs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass of one prompt (ids [1, T]; ``inputs``: its images' tensors, or None):
+    ``(resid [L+1, 1, T, d], logits [1, T, V] float32)`` (:meth:`Model.forward`); the server caches it
+    per prompt."""
+    return lm.forward(ids, inputs)
 
 
 # ---------------------------------------------------------------------------------------- endpoints

@@ -26,7 +26,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException
 
-from vocablens.errors import VocabLensError
+from vocablens.errors import BadInput, VocabLensError
 from vocablens.serve import adapters
 from vocablens.serve.state import ServerState, served_words
 
@@ -104,8 +104,12 @@ def request_models(max_tokens: int) -> dict[str, type[BaseModel]]:
     class ArgmaxReq(_Req):
         token: TokenF
 
+    class PatchReq(_Req):
+        prompt: Prompt
+        position: StrictInt
+
     return {"lens": LensReq, "token_k": TokenKReq, "explain": ExplainReq, "trajectory": TrajectoryReq,
-            "argmax": ArgmaxReq}
+            "argmax": ArgmaxReq, "patch": PatchReq}
 
 
 def _err(status: int, msg: str) -> JSONResponse:
@@ -224,6 +228,7 @@ def _add_prompt_routes(app: FastAPI, state: ServerState, M: dict[str, type[BaseM
                        else "pending")
         d["forward_passes"] = state.forward_passes
         d["max_tokens"] = state.max_tokens
+        d["images"] = len(state.images or [])  # serve --image: every prompt is read with them
         return JSONResponse(d)
 
     @app.post("/api/lens")
@@ -254,11 +259,23 @@ def _add_prompt_routes(app: FastAPI, state: ServerState, M: dict[str, type[BaseM
             return JSONResponse(_cached(e, ("trajectory", p, tid), lambda: adapters.trajectory_json(
                 state.lm, e.ids, state.forward(e), p, tid, state.tuned is not None)))
 
+    @app.post("/api/patch")
+    @_body(M["patch"])
+    def patch(req):
+        """The patch of the server's image (``serve --image``) the model saw at an image position."""
+        with state.lock:
+            if not state.images:
+                raise BadInput("this server reads no image (start it with --image FILE)")
+            e = state.entry(req.prompt, False)
+            return JSONResponse(_cached(e, ("patch", req.position),
+                                        lambda: adapters.patch_json(state.lm, e.ids, e.inputs, req.position)))
+
     @app.post("/api/explain")
     @_body(M["explain"])
     def explain(req):
         """Attribution of the prediction at one position to blocks, heads and FFN sub-updates."""
         with state.lock:
+            state.no_images("explain")  # its forward would read the image tokens without their pixels
             tid = None if req.target is None else adapters.token_id(state.lm, req.target)
             e = state.entry(req.prompt, req.chat)
             p = adapters.position(state.lm, e.ids, req.position)

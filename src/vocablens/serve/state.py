@@ -29,6 +29,7 @@ class PromptEntry:
     ids: torch.Tensor
     stream: tuple[torch.Tensor, torch.Tensor] | None = None
     answers: dict[tuple, dict] = field(default_factory=dict)
+    inputs: dict | None = None  # the images' tensors of the forward (``serve --image``), else None
 
     @property
     def nbytes(self) -> int:
@@ -158,10 +159,13 @@ class ServerState:
             undertrained --json``) whose figures the token panel shows; the indicators are computed
             on the first request either way (:meth:`undertrained_index`).
         argmax_report, argmax_end: the background scan's ``report`` and ``on_end`` (:class:`ArgmaxJob`).
+        images: images (paths or PIL images) read with every prompt by a vision-language model's
+            processor (``serve --image``); None: text prompts.
     """
 
     def __init__(self, lm, model_spec: str = "smollm2", lens_path: str = "", max_tokens: int = 128,
-                 argmax: bool = True, undertrained=None, argmax_report=None, argmax_end=None) -> None:
+                 argmax: bool = True, undertrained=None, argmax_report=None, argmax_end=None,
+                 images: list | None = None) -> None:
         from vocablens.errors import VocabLensError
 
         from vocablens.handle import Model
@@ -171,6 +175,9 @@ class ServerState:
         self.model_spec = model_spec
         self.lens_path = lens_path
         self.max_tokens = max_tokens
+        self.images = list(images) if images else None
+        if self.images:
+            lm.image_prompt("x", self.images)  # no vision tower, an image the processor refuses: one line now
         self.lock = threading.Lock()
         self.prompts = PromptCache()
         self.forward_passes = 0
@@ -204,14 +211,45 @@ class ServerState:
             self.argmax.start()
 
     def entry(self, prompt: str, chat: bool) -> PromptEntry:
-        """The prompt's cache entry (encodes it on first use). Call with ``self.lock`` held."""
-        return self.prompts.get((prompt, chat), lambda: adapters.encode(self.lm, prompt, chat, self.max_tokens))
+        """The prompt's cache entry (encodes it on first use; with :attr:`images`, through the model's
+        processor). Call with ``self.lock`` held.
+
+        Raises:
+            BadInput: ``chat`` with images (the processor reads the prompt as it is).
+        """
+        if not self.images:
+            return self.prompts.get((prompt, chat), lambda: adapters.encode(self.lm, prompt, chat, self.max_tokens))
+        from vocablens.errors import BadInput
+
+        if chat:
+            raise BadInput("this server reads each prompt with its image as written: turn the chat template off")
+        made: dict = {}
+
+        def make():
+            ids, made["inputs"] = adapters.encode_with_images(self.lm, prompt, self.images, self.max_tokens)
+            return ids
+
+        e = self.prompts.get((prompt, chat), make)
+        if "inputs" in made:
+            e.inputs = made["inputs"]
+        return e
+
+    def no_images(self, what: str) -> None:
+        """Refuse ``what`` (an endpoint that reads a prompt without its pixels) on a server with images.
+
+        Raises:
+            BadInput: the server reads its prompts with images.
+        """
+        from vocablens.errors import BadInput
+
+        if self.images:
+            raise BadInput(f"{what} does not read images yet; the lens and trajectories do")
 
     def forward(self, e: PromptEntry) -> tuple[torch.Tensor, torch.Tensor]:
         """The prompt's forward pass (resid [L+1, 1, T, d], logits [1, T, V]), run once. Call with
         ``self.lock`` held."""
         if e.stream is None:
-            e.stream = adapters.forward(self.lm, e.ids)
+            e.stream = adapters.forward(self.lm, e.ids, e.inputs)
             self.prompts.trim()
         return e.stream
 

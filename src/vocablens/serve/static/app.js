@@ -395,7 +395,9 @@ function selectCell(layer, pos) {
   drawTopk(layer, pos);
   writeURL();
   loadTrajectory(pos, tok);
-  loadExplain(pos, tok);
+  loadPatch(pos, String(base.tokens[pos]));
+  if (!String(base.tokens[pos]).startsWith("<image ")) loadExplain(pos, tok);
+  else $("attr-summary").textContent = "the attribution does not read images yet";
   const seq = S.cellSeq;
   loadNeighbors(tok.id, $("cell-neighbors-body"), null, () => S.cellSeq === seq);
 }
@@ -446,6 +448,22 @@ async function loadTrajectory(pos, tok) {
         el("td", { text: data.tuned ? fmt(data.tuned.prob[l], 4) : "–" })));
     }
   } catch (e) { status(e.message, true); }
+}
+
+async function loadPatch(pos, label) {
+  // an image position (labelled "<image k/n>" by the server): the patch of the image the model saw there
+  const seq = S.cellSeq;
+  $("patch").hidden = !label.startsWith("<image ");
+  if ($("patch").hidden) return;
+  $("patch-label").textContent = label;
+  $("patch-note").textContent = "loading…";
+  try {
+    const { data } = await api("/api/patch", { prompt: S.prompt, position: pos });
+    if (seq !== S.cellSeq) return;
+    $("patch-img").src = data.png;
+    $("patch-note").textContent = `pixels ${data.box[0]}–${data.box[2]} × ${data.box[1]}–${data.box[3]} of the ` +
+      `${data.size[0]}×${data.size[1]} image the model read`;
+  } catch (e) { $("patch-note").textContent = e.message; }
 }
 
 async function loadExplain(pos, tok) {
