@@ -74,7 +74,7 @@ def test_image_lens_labels_image_positions_and_layer_L_is_the_models_own(vlm, vl
     from transformers import AutoProcessor
 
     res = vlm.lens("What is this?", images=str(image), positions="all", k=5)[0]
-    proc = AutoProcessor.from_pretrained(vlm_dir)
+    proc = AutoProcessor.from_pretrained(vlm_dir, tokenizer=vlm.tokenizer)
     inputs = proc(text="<image>\nWhat is this?", images=Image.open(image).convert("RGB"), return_tensors="pt")
     assert torch.equal(res.input_ids, inputs["input_ids"][0])
     img = (inputs["input_ids"][0] == vlm.model.config.image_token_index).nonzero()[:, 0].tolist()
@@ -104,7 +104,7 @@ def test_intermediate_layer_and_a_translator_read_at_image_positions(vlm, vlm_di
 
     vlm.add_lens("half", Half())
     res = vlm.lens("What is this?", images=[Image.open(image)], kind="logit,half", positions="all", k=3)
-    inputs = AutoProcessor.from_pretrained(vlm_dir)(text="<image>\nWhat is this?", images=Image.open(image).convert("RGB"),
+    inputs = AutoProcessor.from_pretrained(vlm_dir, tokenizer=vlm.tokenizer)(text="<image>\nWhat is this?", images=Image.open(image).convert("RGB"),
                                                     return_tensors="pt")
     got = {}
     lm = vlm.model.model.language_model
