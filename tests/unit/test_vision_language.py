@@ -219,3 +219,12 @@ def test_the_patch_is_the_pixels_the_model_read(vlm, image):
     again = (x - torch.tensor(ip.image_mean).view(3, 1, 1)) / torch.tensor(ip.image_std).view(3, 1, 1)
     assert (again - inputs["pixel_values"][0]).abs().max() <= 0.5 / 255 / min(ip.image_std) + 1e-6
     assert box == (14, 0, 28, 14) and label == f"<image 2/{N_IMAGE_TOKENS}>"
+
+
+def test_report_lens_sections_read_the_image(vlm, image):
+    run = vlm.report(prompt="What is this?", images=str(image), only=("lens", "explain"), budget_s=60)
+    lens = next(s for s in run.sections if s.plan.key == "lens").result
+    want = vlm.lens("What is this?", images=str(image), positions="all", k=5)[0]
+    assert lens.input_labels == want.input_labels and torch.equal(lens.layers[-1].top_ids, want.layers[-1].top_ids)
+    explain = next(s for s in run.sections if s.plan.key == "explain")
+    assert explain.result is None and "images" in explain.note
