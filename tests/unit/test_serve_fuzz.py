@@ -19,7 +19,7 @@ from serve_tiny import BASE, tiny_state
 EXAMPLES = 40  # per operation and mode: 8 operations x 2 modes x 40 = 640 requests
 OPERATIONS = [("GET", "/api/health"), ("POST", "/api/lens"), ("POST", "/api/trajectory"), ("POST", "/api/explain"),
               ("POST", "/api/neighbors"), ("POST", "/api/project"), ("POST", "/api/argmax"),
-              ("POST", "/api/undertrained")]
+              ("POST", "/api/undertrained"), ("POST", "/api/patch")]
 
 
 @pytest.fixture(scope="module")

@@ -224,6 +224,7 @@ def _oversized(max_tokens: int):
         ("/api/explain", {"prompt": long_prompt}, "prompt"),
         ("/api/explain", {"prompt": PROMPT, "target": long_token}, "target"),
         ("/api/trajectory", {"prompt": long_prompt, "token": " the"}, "prompt"),
+        ("/api/patch", {"prompt": long_prompt, "position": 0}, "prompt"),
         ("/api/trajectory", {"prompt": PROMPT, "token": long_token}, "token"),
         ("/api/neighbors", {"token": long_token}, "token"),
         ("/api/project", {"token": long_token}, "token"),
@@ -237,7 +238,7 @@ def _oversized(max_tokens: int):
 def test_every_string_and_list_field_has_a_cap_in_the_schema(app):
     schemas = app.openapi()["components"]["schemas"]
     bodies = {n: s for n, s in schemas.items() if n.endswith("Req")}
-    assert set(bodies) == {"LensReq", "TokenKReq", "ExplainReq", "TrajectoryReq", "ArgmaxReq"}
+    assert set(bodies) == {"LensReq", "TokenKReq", "ExplainReq", "TrajectoryReq", "ArgmaxReq", "PatchReq"}
 
     def capped(s) -> bool:
         alts = s.get("anyOf", [s])

@@ -74,7 +74,7 @@ def test_image_lens_labels_image_positions_and_layer_L_is_the_models_own(vlm, vl
     from transformers import AutoProcessor
 
     res = vlm.lens("What is this?", images=str(image), positions="all", k=5)[0]
-    proc = AutoProcessor.from_pretrained(vlm_dir)
+    proc = AutoProcessor.from_pretrained(vlm_dir, tokenizer=vlm.tokenizer)
     inputs = proc(text="<image>\nWhat is this?", images=Image.open(image).convert("RGB"), return_tensors="pt")
     assert torch.equal(res.input_ids, inputs["input_ids"][0])
     img = (inputs["input_ids"][0] == vlm.model.config.image_token_index).nonzero()[:, 0].tolist()
@@ -104,7 +104,7 @@ def test_intermediate_layer_and_a_translator_read_at_image_positions(vlm, vlm_di
 
     vlm.add_lens("half", Half())
     res = vlm.lens("What is this?", images=[Image.open(image)], kind="logit,half", positions="all", k=3)
-    inputs = AutoProcessor.from_pretrained(vlm_dir)(text="<image>\nWhat is this?", images=Image.open(image).convert("RGB"),
+    inputs = AutoProcessor.from_pretrained(vlm_dir, tokenizer=vlm.tokenizer)(text="<image>\nWhat is this?", images=Image.open(image).convert("RGB"),
                                                     return_tensors="pt")
     got = {}
     lm = vlm.model.model.language_model
@@ -219,3 +219,12 @@ def test_the_patch_is_the_pixels_the_model_read(vlm, image):
     again = (x - torch.tensor(ip.image_mean).view(3, 1, 1)) / torch.tensor(ip.image_std).view(3, 1, 1)
     assert (again - inputs["pixel_values"][0]).abs().max() <= 0.5 / 255 / min(ip.image_std) + 1e-6
     assert box == (14, 0, 28, 14) and label == f"<image 2/{N_IMAGE_TOKENS}>"
+
+
+def test_report_lens_sections_read_the_image(vlm, image):
+    run = vlm.report(prompt="What is this?", images=str(image), only=("lens", "explain"), budget_s=60)
+    lens = next(s for s in run.sections if s.plan.key == "lens").result
+    want = vlm.lens("What is this?", images=str(image), positions="all", k=5)[0]
+    assert lens.input_labels == want.input_labels and torch.equal(lens.layers[-1].top_ids, want.layers[-1].top_ids)
+    explain = next(s for s in run.sections if s.plan.key == "explain")
+    assert explain.result is None and "images" in explain.note
