@@ -132,3 +132,24 @@ def test_published_lens_layer_mismatches_name_what_the_file_holds(tmp_path, b):
         JacobianLens.load(tmp_path / "target.pt", b)
     assert "records target_layer 5 (the block its matrices map to)" in one_line(e)
     assert "a model of" not in one_line(e)
+
+
+def test_our_lens_file_holding_layer_L_reads_when_its_matrix_is_the_identity(tmp_path, b):
+    """The same rule for our own format: a matrix for stream layer L (the target) is read only as I."""
+    from vocablens.lens.lens_files import save_files
+
+    d, L = b.d_model, b.n_layers
+    torch.manual_seed(1)
+    plain = JacobianLens(torch.randn(L, d, d), list(range(L)), L)
+    plain.save(tmp_path / "plain", dtype=torch.float32)
+    want = JacobianLens.load(tmp_path / "plain", b)
+    cfg = plain.config_dict()
+    for name, last in (("eye", torch.eye(d)), ("not-eye", torch.eye(d) + 0.5)):
+        tensors = {"J": torch.cat([plain.J, last[None]]), "layers": torch.arange(L + 1)}
+        save_files(tmp_path / name, tensors, {**cfg, "layers": list(range(L + 1))}, "jacobian.safetensors",
+                   "jacobian.json")
+    got = JacobianLens.load(tmp_path / "eye", b)
+    assert got.layers == want.layers == list(range(L)) and torch.equal(got.J, want.J)
+    with pytest.raises(CheckpointMismatch) as e:
+        JacobianLens.load(tmp_path / "not-eye", b)
+    assert f"holds a matrix for layer {L}, the last block's output" in one_line(e) and "max |J - I| = 0.5" in one_line(e)

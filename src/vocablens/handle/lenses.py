@@ -207,8 +207,7 @@ class LensWorkflows:
             raise BadInput("no prompts: give at least one text")
         if not listed:  # ids: one prompt, or a [B, T] tensor of B
             seqs = self.prompt_ids(texts, batch=True, what="texts")
-            batch = torch.is_tensor(texts) and texts.dim() == 2 and texts.shape[0] != 1
-            return seqs, ["".join(self.tokens(ids)) for ids in seqs], batch
+            return seqs, ["".join(self.tokens(ids)) for ids in seqs], len(seqs) > 1
         seqs, prompts = [], []
         for i, x in enumerate(texts):
             if isinstance(x, str):

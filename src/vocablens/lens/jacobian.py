@@ -32,7 +32,8 @@ from typing import Any
 import torch
 
 from vocablens.errors import BadInput, CheckpointMismatch, CorruptModelFile, OutputExists, ShapeMismatch
-from vocablens.lens.published import IDENTITY_ATOL, layer_span, published_matrix, usable_blocks  # noqa: F401  (re-exported)
+from vocablens.lens.published import (  # noqa: F401  (layer_span re-exported)
+    IDENTITY_ATOL, identity_gap, layer_span, published_matrix, usable_blocks)
 from vocablens.lens.tuned import check_lens_tensor, model_identity, read_pair, save_files
 from vocablens.models import Borders
 
@@ -188,7 +189,8 @@ class JacobianLens:
             BadInput: nothing readable at ``path``; a published lens without ``borders``.
             CorruptModelFile: a truncated or malformed file, a J that is not floating point.
             NonFiniteWeights: a NaN or inf in J (the message names the file, the tensor and the layer).
-            CheckpointMismatch: the lens does not fit ``borders``' model.
+            CheckpointMismatch: the lens does not fit ``borders``' model; a matrix for layer L (the
+                target's own, stored by some scripts) that is not the identity.
         """
         path = Path(path).expanduser()
         if path.is_file() and path.suffix == ".pt":
@@ -210,7 +212,15 @@ class JacobianLens:
         if J is None or layers is None or J.dim() != 3 or tuple(J.shape[1:]) != (d, d) or J.shape[0] != layers.numel():
             raise CorruptModelFile(f"{path / LENS_FILE} does not hold J [S, {d}, {d}] and layers [S]")
         check_lens_tensor(path / LENS_FILE, "J", J, [f"layer {int(x)}" for x in layers.tolist()])
-        lens = cls(J, layers.tolist(), L, cfg.get("model") or {}, cfg.get("fitting") or {})
+        lay = [int(x) for x in layers.tolist()]
+        if lay and lay[-1] == L:  # the target layer's own J (= I), as some scripts store it: never translated
+            gap = identity_gap(J[-1])
+            if gap > IDENTITY_ATOL:
+                raise CheckpointMismatch(f"{path / LENS_FILE} holds a matrix for layer {L}, the last block's output "
+                                         f"(the target, which maps to itself), that is not the identity "
+                                         f"(max |J - I| = {gap:.3g})")
+            J, lay = J[:-1], lay[:-1]
+        lens = cls(J, lay, L, cfg.get("model") or {}, cfg.get("fitting") or {})
         if borders is not None:
             lens.check_model(borders)
             lens.to(borders.device)

@@ -70,16 +70,17 @@ def resolve_positions(T: int, positions: str | int | Sequence[int] | None) -> to
         BadInput: a position outside [-T, T); what :func:`parse_positions` refuses.
     """
     positions = parse_positions(positions)
+    # cpu: position labels, indices the readout moves to the stream's device
     if positions == "last":
-        return torch.tensor([T - 1])
+        return torch.tensor([T - 1])  # cpu: a label
     if positions == "all":
-        return torch.arange(T)
+        return torch.arange(T)  # cpu: labels
     out = []
     for p in positions:
         if not -T <= p < T:
             raise BadInput(f"position {p} is outside the prompt's {plural(T, 'token')}")
         out.append(p % T)
-    return torch.tensor(out, dtype=torch.long)
+    return torch.tensor(out, dtype=torch.long)  # cpu: labels
 
 
 __all__ = ["parse_positions", "resolve_positions"]

@@ -67,6 +67,11 @@ def published_matrix(path: Path, J: dict, b: int, d: int) -> torch.Tensor:
     return check_lens_tensor(path, f"J[{b}]", m[None], [f"block {b} (stream layer {b + 1})"])[0]
 
 
+def identity_gap(m: torch.Tensor) -> float:
+    """max |m - I| of a square matrix [d, d] (float32): 0 for the target layer's own Jacobian."""
+    return float((m.float() - torch.eye(m.shape[0], device=m.device)).abs().max())
+
+
 def usable_blocks(blocks: list[int], mats: dict, target, L: int, d: int) -> list[int]:
     """The blocks of a published lens read on a model of L blocks: a matrix for the last block (the
     target layer, which maps to itself) is dropped when it is the identity, as fitting scripts that
@@ -86,7 +91,7 @@ def usable_blocks(blocks: list[int], mats: dict, target, L: int, d: int) -> list
         raise CheckpointMismatch(f"{held} and records target_layer {target} (the block its matrices map to); "
                                  f"{has}, and the lens is read into the last one, block {L - 1}")
     if blocks[-1] == L - 1:
-        gap = float((mats[L - 1].float() - torch.eye(d)).abs().max())
+        gap = identity_gap(mats[L - 1])
         if gap > IDENTITY_ATOL:
             raise CheckpointMismatch(f"{held}; {has}: its matrix for block {L - 1}, the last block (the target, "
                                      f"which maps to itself) should be the identity and is not (max |J - I| = "
@@ -136,4 +141,4 @@ def lenses_at(path: str | Path, model_spec: str = "smollm2") -> dict[str, Path]:
     return found
 
 
-__all__ = ["IDENTITY_ATOL", "layer_span", "lenses_at", "published_matrix", "resolve_lens_source", "usable_blocks"]
+__all__ = ["IDENTITY_ATOL", "identity_gap", "layer_span", "lenses_at", "published_matrix", "resolve_lens_source", "usable_blocks"]

@@ -138,7 +138,7 @@ def _validation_line(exc: RequestValidationError, max_tokens: int) -> str:
     if kind == "string_too_long":
         return f"{field}: over {MAX_TOKEN_CHARS} characters: give one token's text or its id"
     if field in ("token", "target") and len(loc) > 1:  # a union: say what the field takes, not each branch
-        return f"{field}: give one token as a string (its text) or an integer (its id)"
+        return f"{field}: give one token as a string (its text, or \"id:N\") or an integer (its id)"
     return f"{field or 'body'}: {e.get('msg', 'invalid')}"
 
 
