@@ -98,6 +98,14 @@ def test_api_reference_lists_every_public_method_of_model(site):
     assert attributes | methods >= public, sorted(public - attributes - methods)
 
 
+def test_the_lens_and_explorer_guides_name_the_jacobian_lens():
+    """The guide pages of `vocablens lens` and `vocablens serve` left the Jacobian lens out (issue 48):
+    each names it, the kind that selects it and the command that fits one."""
+    for page in ("lens.md", "serve.md"):
+        text = (ROOT / "docs" / "guide" / page).read_text(encoding="utf-8")
+        assert "Jacobian lens" in text and re.search(r"kind\W+[a-z|,\" ]*jacobian", text) and "fit-jacobian" in text, page
+
+
 def test_tour_examples_are_shown_as_console_blocks(site):
     """docs/tour.md keeps its bare doctest examples (the suite runs them); the site fences them."""
     text = (ROOT / "docs" / "tour.md").read_text(encoding="utf-8")

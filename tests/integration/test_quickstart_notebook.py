@@ -41,6 +41,7 @@ def test_quickstart_runs_one_call_per_step_and_each_result_shows_itself(monkeypa
     fig = lens.outputs[-1]["data"]["application/vnd.plotly.v1+json"]["data"][0]
     assert fig["type"] == "heatmap" and len(fig["x"]) == 3 and fig["y"][-1] == 30  # 3 prompts, layers 0..30
     assert fig["text"][-1][0] == "␣Paris"                                          # layer 30, first prompt
+    _assert_static_png(lens.outputs[-1])  # and the static image GitHub and nbviewer show
     table = _text(neighbors.outputs[-1])
     assert all(w in table for w in ("query", "matrix", "cosine", " king", " Paris")) and "<table" in \
         neighbors.outputs[-1]["data"]["text/html"]
@@ -52,6 +53,30 @@ def test_quickstart_runs_one_call_per_step_and_each_result_shows_itself(monkeypa
     assert row25.split("│")[2].strip().startswith("' Paris'")  # the tuned lens reads ' Paris' at layer 25
     added = _text(expand.outputs[-1])
     assert "vocablens" in added and "verif" in added.lower()
+
+
+def _assert_static_png(output) -> None:
+    """A figure's output holds, beside plotly's JSON, a PNG of the figure's own size (issue 48, item 15:
+    on GitHub and nbviewer, which do not run plotly.js, the figure was blank)."""
+    import base64
+    import struct
+
+    data = output["data"]
+    png = base64.b64decode(data["image/png"])
+    layout = data["application/vnd.plotly.v1+json"]["layout"]
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    assert struct.unpack(">II", png[16:24]) == (layout.get("width", 700), layout.get("height", 500))
+
+
+def test_the_stored_quickstart_keeps_a_static_image_beside_each_figure():
+    import json
+
+    nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    figures = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]
+               if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    assert figures
+    for o in figures:
+        _assert_static_png(o)
 
 
 def test_the_stored_quickstart_shows_its_outputs_and_no_machine_path():

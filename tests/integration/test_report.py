@@ -430,25 +430,6 @@ def test_report_skips_pca_when_too_few_words_are_single_tokens(tmp_path, capsys)
     assert "pca" not in d.get("cut_short", {})
 
 
-def test_summary_heads_each_neighbour_table_with_its_token(smollm2, tmp_path, capsys):
-    """The terminal summary printed three neighbour tables with nothing naming their token."""
-    from vocablens.cli.report import _summary
-    from vocablens.geometry.embedding import nearest_neighbors
-    from vocablens.report.runner import ReportRun, SectionRun, plan_report
-
-    plans = {p.key: p for p in plan_report()}
-    nb = nearest_neighbors(smollm2.borders, smollm2.tokenizer, [" king", " Paris", " three", " dog"], k=3)
-    run = ReportRun("x", torch.zeros(1, 1, dtype=torch.long), 150.0, 1.0, [SectionRun(plans["neighbors"], result=nb)])
-    page = tmp_path / "r.html"
-    page.write_text("x")
-    _summary(run, smollm2, page, {"total": 1.0, "load": 0.5})
-    text = capsys.readouterr().out
-    heads = [text.index(f"neighbours of ' {w}'") for w in ("king", "Paris", "three")]
-    assert heads == sorted(heads) and "neighbours of ' dog'" not in text  # three tables, each headed
-    tables = [text.index("┏", h) for h in heads]  # each heading right above its own table
-    assert all(h < t for h, t in zip(heads, tables)) and all(t < h for t, h in zip(tables, heads[1:]))
-
-
 def test_lens_section_says_when_the_tokenizer_adds_no_bos(smollm2):
     from vocablens.lens import logit_lens
     from vocablens.render.lens import BOS_NOTE, lens_section

@@ -217,7 +217,7 @@ def test_serve_background_scan_reports_and_ends():
 def test_the_loading_line_names_the_gguf_and_its_cache(tmp_path, monkeypatch, cached):
     from tiny_dirs import save_tiny_gguf, tiny_tokenizer
     from vocablens.cli.common import _load_source
-    from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
+    from vocablens.models.gguf_cache import CACHE_MARK, FIRST_LOAD_S_PER_MIB, cache_dir
 
     monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path / "cache"))
     g = save_tiny_gguf(tmp_path / "t.gguf", tiny_tokenizer())
@@ -227,7 +227,12 @@ def test_the_loading_line_names_the_gguf_and_its_cache(tmp_path, monkeypatch, ca
         (cdir / CACHE_MARK).write_text("{}")
         assert _load_source(str(g)) == " (t.gguf, from its float32 cache)"
     else:
-        assert _load_source(str(g)).startswith(" (first load of t.gguf: dequantizing it to a float32 cache")
+        line = _load_source(str(g))
+        assert line.startswith(" (first load of t.gguf: dequantizing it to a float32 cache")
+        # the estimate follows the file's size at the measured rate (it was "a minute per 100M parameters")
+        size = g.stat().st_size / 2**20
+        assert f"about {max(1, round(size * FIRST_LOAD_S_PER_MIB))} s for its {size:.0f} MiB" in line
+        assert "per 100M parameters" not in line
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text('{"model_type": "llama"}')

@@ -242,7 +242,7 @@ def _load_source(spec: str) -> str:
     """What loading ``spec`` reads, for the loading line: ``" (first load of F.gguf: dequantizing ...)"``
     when a GGUF file has no cache entry yet, ``" (F.gguf, from its float32 cache)"`` when it has one,
     else ``""`` (a model directory or a hub id: the name says it)."""
-    from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
+    from vocablens.models.gguf_cache import CACHE_MARK, FIRST_LOAD_S_PER_MIB, cache_dir, first_load_seconds
     from vocablens.models.spec import resolve_spec
 
     try:
@@ -254,8 +254,10 @@ def _load_source(spec: str) -> str:
         return ""
     if cdir is not None and (cdir / CACHE_MARK).is_file():
         return f" ({path.name}, from its float32 cache)"
-    return (f" (first load of {path.name}: dequantizing it to a float32 cache, once; about a minute per 100M "
-            "parameters, later loads take seconds)" if cdir is not None else
+    est = first_load_seconds(path)
+    return (f" (first load of {path.name}: dequantizing it to a float32 cache, once; about {max(1, round(est))} s "
+            f"for its {path.stat().st_size / 2**20:.0f} MiB at the {FIRST_LOAD_S_PER_MIB} s per MiB measured on 2 CPU "
+            "cores; later loads read the cache)" if cdir is not None else
             f" ({path.name}: dequantizing it to float32; the cache is off, VOCABLENS_CACHE=off)")
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.text import Text
 
 from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out
 from vocablens.errors import BadInput
@@ -33,7 +32,8 @@ def report(
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
 ) -> None:
-    """Write one self-contained HTML report (plotly inlined) and print a terminal summary.
+    """Write one self-contained HTML report (plotly inlined) and print its summary: the figures to act
+    on, then the page's path.
 
     Every section runs within its share of --budget; the page lists the ones cut short and the
     command that completes each.
@@ -74,7 +74,7 @@ def report(
     if json_:
         _emit(run, lm, out_path, sections, timings)
         return
-    _summary(run, lm, out_path, timings)
+    _summary(run, lm, out_path, sections, timings)
 
 
 class _ProgressBar:
@@ -179,27 +179,11 @@ def _emit(run, lm, out_path: Path, sections, timings: dict[str, float]) -> None:
     emit_json(report_to_dict(run, lm, out_path, sections, timings))
 
 
-def _summary(run, lm, out_path: Path, timings: dict[str, float]) -> None:
-    from vocablens.render.anatomy import anatomy_table
-    from vocablens.render.borders import borders_table
-    from vocablens.render.geometry import neighbors_tables, query_label
-    from vocablens.render.lens import lens_table
+def _summary(run, lm, out_path: Path, sections, timings: dict[str, float]) -> None:
+    """The summary on stdout (:func:`vocablens.render.report_summary.summary_lines`): the figures a reader
+    acts on, what was cut short, then the page's path; the page holds the rest."""
+    from vocablens.render.report import report_to_dict
+    from vocablens.render.report_summary import summary_lines
 
-    tok, r = lm.tokenizer, run.result
-    out.print(Text.assemble(("vocablens report", "bold"), f" — {lm.provenance.describe()}"))
-    if r("anatomy") is not None:
-        out.print(anatomy_table([r("anatomy")]))
-    if r("borders") is not None:
-        out.print(borders_table(lm.borders, r("borders")))
-    if r("neighbors") is not None:
-        res = r("neighbors")
-        for q, t in list(zip(res.results, neighbors_tables(res, tok)))[:3]:
-            out.print(query_label(q, tok), style="bold", markup=False, highlight=False)
-            out.print(t)
-    res = r("lens")
-    if res is not None:
-        out.print(lens_table(res, tok, len(res.positions) - 1, k=3, every=5))
-    for key, why in run.cut_short.items():
-        out.print(Text.assemble(("cut short", "yellow"), f" {run.get(key).plan.title}: {why}"))
-    out.print(Text.assemble("wrote ", (str(out_path), "bold"), f" ({out_path.stat().st_size / 2**20:.1f} MiB) in "
-                            f"{timings['total']:.1f} s (load {timings['load']:.1f} s)"))
+    for line in summary_lines(report_to_dict(run, lm, out_path, sections, timings)):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
