@@ -32,7 +32,7 @@ SIZES = dict(
     num_local_experts=4, num_experts=4, n_routed_experts=4, moe_num_experts=4, num_experts_per_tok=2,
     n_group=1, topk_group=1,
     linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-    kv_lora_rank=16, q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, qk_head_dim=24,
+    kv_lora_rank=16, q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, qk_head_dim=32,
     index_head_dim=16, index_n_heads=2, index_topk=8,
     max_position_embeddings=128, n_positions=128, image_size=32, patch_size=8,
     first_k_dense_replace=1, hidden_size_per_layer_input=8, codebook_dim=64,
@@ -106,6 +106,10 @@ def _shrink(d: dict, V: int, text: bool) -> dict:
             out[k] = v
     if isinstance(out.get("num_kv_shared_layers"), int):
         out["num_kv_shared_layers"] = 0
+    if "kv_lora_rank" in out and "num_attention_heads" in out:  # latent attention: one K/V head per head
+        out["num_key_value_heads"] = out["num_attention_heads"]
+    if "attn_layer_indices" in out and not out["attn_layer_indices"]:  # a hybrid keeps one attention layer
+        out["attn_layer_indices"] = [1]
     return out
 
 

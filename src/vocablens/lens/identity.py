@@ -63,7 +63,7 @@ def model_names(borders: Borders) -> tuple[list[str], str | None]:
     """``(names, revision)`` of the loaded model: its id or directory as transformers recorded it
     (``config._name_or_path``; a hub-cache snapshot folder read as its hub id and commit) and the hub
     commit it was read at (``config._commit_hash``, None for a local directory or file)."""
-    cfg = borders.config
+    cfg = getattr(borders.model, "config", None) or borders.config  # a composite model: its own config
     names = {str(x) for x in (getattr(cfg, "_name_or_path", None), getattr(cfg, "name_or_path", None)) if x}
     rev = getattr(cfg, "_commit_hash", None)
     for n in list(names):  # a snapshot folder of the hub cache (a partial load reads one): its id and commit

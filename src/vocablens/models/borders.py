@@ -1,10 +1,14 @@
 """The two vocabulary borders of a causal LM, found once for every family.
 
 :class:`Borders` is the only place that knows where each family keeps its embedding, blocks, final
-norm and LM head. :meth:`Borders.from_model` finds them by attribute names, which is all a model
-without its blocks in memory allows; a whole load then finds the readout (final norm, projection,
-logit multiplier) by structure and checks it against the model's own logits
-(:func:`vocablens.models.readout.find_readout`), replacing what the names got wrong. Analyses read the residual stream and decode it through :meth:`Borders.unembed`
+norm and LM head. :meth:`Borders.from_model` finds the embedding and head through transformers'
+accessors, the blocks by structure (:func:`vocablens.models.find.find_stream`: the list of repeated
+blocks nearest the embedding, a composite model's text model included) and the final norm by
+attribute names, which is all a model without its blocks in memory allows; a whole load then finds
+the blocks the stream flows through and the readout (final norm, projection, logit multiplier) by a
+probe forward and checks it against the model's own logits
+(:func:`vocablens.models.readout.find_readout`), replacing what the first lookup got wrong. A
+composite model's config is read through its text config (:func:`vocablens.models.find.text_config`). Analyses read the residual stream and decode it through :meth:`Borders.unembed`
 without an ``if`` on the model type.
 
 Conventions (../shared/DESIGN.md): residual-stream layer 0 is the input of block 0 (embedding output,
