@@ -42,6 +42,7 @@ from vocablens.errors import BadInput
 from vocablens.models.gguf_cache import load_gguf
 from vocablens.models.loaded_model import LoadedModel
 from vocablens.models.provenance import Provenance, dir_provenance
+from vocablens.models.quantized import quantization_config, quantized_provenance, refused
 from vocablens.models.run_dtype import run_dtype, with_note
 from vocablens.models.spec import DEFAULT_MODEL, hub_kwargs, reading, resolve_spec
 from vocablens.models.tokenizer_files import building_tokenizer, hub_tokenizer_problem, json_tokenizer_problem
@@ -124,6 +125,9 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
 
     try:
         d, prov = source_dir(spec)  # the safetensors directory (a GGUF file: its float32 cache)
+        if _quantized_dir(d):  # its tensors are stored quantized: only its quantizer reads them
+            return loaded_whole_instead(spec, "streaming" if parts is None else "borders", device=device, dtype=dtype,
+                                        trust_remote_code=trust_remote_code, why="quantized")
         tdtype, dtype_note = run_dtype(spec, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
         if parts is None:
             lm = stream_beyond(spec, d, prov, parse_bytes(max_memory), tdtype, trust_remote_code)
@@ -224,7 +228,8 @@ def borders_to(lm, device: str):
 def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedModel:
     """The whole model through transformers (a GGUF file through its float32 cache), its readout
     checked against the model's own logits (:func:`checked_readout`)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch
+    from transformers import AutoTokenizer
 
     tdtype, dtype_note = run_dtype(spec, dtype, device)
     kind, path, hub = resolve_spec(spec)
@@ -239,12 +244,13 @@ def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedMode
             with building_tokenizer(spec, lambda: json_tokenizer_problem(Path(src)) if kind == "dir"
                                     else hub_tokenizer_problem(src)):
                 tok = AutoTokenizer.from_pretrained(src, **kw)
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=tdtype or "auto", use_safetensors=None, **kw)
+            model = _from_pretrained(spec, src, tdtype, device, kw)
             prov = dir_provenance(path, spec) if kind == "dir" else Provenance(
                 spec=spec, name=hub, source=f"hub:{hub}", format="hub",
                 quantization=str(getattr(model.config, "dtype", "") or ""),
             )
-    model.to(device)
+    if quantization_config(model) is None or next(model.parameters()).device.type != torch.device(device).type:
+        model.to(device)  # a quantized model that its quantizer placed (bitsandbytes: CUDA) is left there
     model.eval()
     model.requires_grad_(False)
     pdtype = next(model.parameters()).dtype
@@ -252,8 +258,32 @@ def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedMode
     from vocablens.models.borders import Borders
 
     borders = Borders.from_model(model, tokenizer=tok)
+    prov = quantized_provenance(prov, model, borders)  # the matrices read dequantized, and said so
     borders, line = checked_readout(borders, spec)
     return with_note(LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})), dtype_note)
+
+
+def _from_pretrained(spec: str, src: str, tdtype, device: str, kw: dict):
+    """``AutoModelForCausalLM.from_pretrained`` of a directory or hub id. A checkpoint quantized by a
+    transformers quantizer (its config's ``quantization_config``) loads through it too, placed on
+    ``device`` by the quantizer (a quantized model cannot be moved after loading).
+
+    Raises:
+        UnsupportedQuantization: a quantized checkpoint transformers cannot load here (its quantizer's
+            package or device missing), in one line.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(src, dtype=tdtype or "auto", use_safetensors=None, **kw)
+    except (ImportError, ValueError, RuntimeError, NotImplementedError, TypeError, AttributeError) as exc:
+        try:
+            qc = quantization_config(AutoConfig.from_pretrained(src, **kw))
+        except Exception:  # noqa: BLE001 - the config itself is unreadable: the loader's own error says why
+            qc = None
+        if qc is None:
+            raise
+        raise refused(spec, qc, exc) from None
 
 
 def checked_readout(borders, spec: str):
@@ -282,20 +312,40 @@ def checked_readout(borders, spec: str):
     return borders, check.line()
 
 
+def _quantized_dir(d: Path) -> bool:
+    """Whether the checkpoint in ``d`` was quantized by a transformers quantizer (``config.json``'s
+    ``quantization_config``; a GGUF file's float32 cache is not)."""
+    import json
+
+    from vocablens.models.quantized import quantization_config
+
+    try:
+        cfg = json.loads((Path(d) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False  # no readable config: the partial read says what is wrong
+    return isinstance(cfg, dict) and quantization_config(cfg) is not None
+
+
 def loaded_whole_instead(spec: str, mode: str, device: str = "cpu", dtype=None,
-                         trust_remote_code: bool = False) -> LoadedModel:
+                         trust_remote_code: bool = False, why: str = "pickle") -> LoadedModel:
     """The whole model, for a partial ``mode`` of a checkpoint stored as ``pytorch_model*.bin`` only
-    (the partial reads need safetensors headers), and a :class:`~vocablens.errors.VocabLensNote`
-    saying so once it loaded (a hostile pickle fails first, with its own line)."""
+    (``why="pickle"``: the partial reads need safetensors headers), or quantized by a transformers
+    quantizer (``why="quantized"``: its tensors are stored quantized, under the quantizer's own names,
+    and only the quantizer reads them), and a :class:`~vocablens.errors.VocabLensNote` saying so once it
+    loaded (a hostile pickle fails first, with its own line)."""
     import warnings
 
     from vocablens.errors import VocabLensNote
 
     lm = _whole(str(spec), dtype, device, trust_remote_code)
     what = "the blocks that fit" if mode == "streaming" else "the borders"
-    warnings.warn(VocabLensNote(f"{spec} holds its weights as pytorch_model.bin only; reading just {what} needs "
-                                "safetensors, so the whole model was loaded (read with weights_only=True)"),
-                  stacklevel=3)
+    if why == "quantized":
+        line = (f"{spec} is quantized ({lm.provenance.quantization}); reading just {what} needs the quantizer, "
+                "so the whole model was loaded (its matrices read dequantized)")
+    else:
+        line = (f"{spec} holds its weights as pytorch_model.bin only; reading just {what} needs "
+                "safetensors, so the whole model was loaded (read with weights_only=True)")
+    warnings.warn(VocabLensNote(line), stacklevel=3)
     return lm
 
 
