@@ -92,9 +92,9 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
         a private copy of its page, never touches the file.
 
     A partial read (``read`` or ``max_memory``) of a checkpoint stored as ``pytorch_model*.bin`` only
-    loads the whole model instead, with a :class:`~vocablens.errors.VocabLensNote` saying so; the
-    pickle is read with ``weights_only=True``. A read without the blocks takes the readout check an
-    earlier whole load of the same weights stored (:mod:`vocablens.models.readout_store`).
+    (read with ``weights_only=True``), or quantized by a transformers quantizer, loads the whole model
+    instead, with a :class:`~vocablens.errors.VocabLensNote` saying so (:func:`loaded_whole_instead`).
+    A read without the blocks takes the readout check an earlier whole load stored (:mod:`vocablens.models.readout_store`).
 
     Raises:
         ModelNotFound: nothing to load under that spec (with how to make it available).
@@ -122,12 +122,10 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     from vocablens.models.partial import materialize_parts
     from vocablens.models.sources import source_dir
     from vocablens.models.streaming import parse_bytes, stream_beyond
-
     try:
         d, prov = source_dir(spec)  # the safetensors directory (a GGUF file: its float32 cache)
         if _quantized_dir(d):  # its tensors are stored quantized: only its quantizer reads them
-            return loaded_whole_instead(spec, "streaming" if parts is None else "borders", device=device, dtype=dtype,
-                                        trust_remote_code=trust_remote_code, why="quantized")
+            return loaded_whole_instead(spec, "streaming" if parts is None else "borders", device, dtype, trust_remote_code, "quantized")
         tdtype, dtype_note = run_dtype(spec, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
         if parts is None:
             lm = stream_beyond(spec, d, prov, parse_bytes(max_memory), tdtype, trust_remote_code)
