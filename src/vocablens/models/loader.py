@@ -1,8 +1,9 @@
 """The one loader: :func:`load` takes what to read; :func:`load_mode` names five reads.
 
 ``load(spec)`` reads the whole model through transformers (a GGUF file dequantized to float32 once
-and cached as safetensors, :mod:`vocablens.models.gguf_cache`) and checks the readout against the
-model's own logits. ``load(spec, read=...)`` reads only the parts named
+and cached as safetensors, :mod:`vocablens.models.gguf_cache`; a checkpoint quantized by a
+transformers quantizer through its quantizer, its matrices read dequantized,
+:mod:`vocablens.models.quantized`) and checks the readout against the model's own logits. ``load(spec, read=...)`` reads only the parts named
 (:class:`~vocablens.models.partial.Parts`), through the one materializer
 :func:`~vocablens.models.partial.materialize_parts`; ``load(spec, max_memory=...)`` keeps the borders and
 the blocks that fit resident and reads the rest at each forward (:mod:`vocablens.models.streaming`,
