@@ -43,7 +43,7 @@ from vocablens.errors import BadInput
 from vocablens.models.gguf_cache import load_gguf
 from vocablens.models.loaded_model import LoadedModel
 from vocablens.models.provenance import Provenance, dir_provenance
-from vocablens.models.quantized import quantization_config, quantized_provenance, refused
+from vocablens.models.quantized import quantization_config, quantization_name, quantized_provenance, refused
 from vocablens.models.run_dtype import run_dtype, with_note
 from vocablens.models.spec import DEFAULT_MODEL, hub_kwargs, reading, resolve_spec
 from vocablens.models.tokenizer_files import building_tokenizer, hub_tokenizer_problem, json_tokenizer_problem
@@ -249,7 +249,7 @@ def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedMode
                 quantization=str(getattr(model.config, "dtype", "") or ""),
             )
     if quantization_config(model) is None or next(model.parameters()).device.type != torch.device(device).type:
-        model.to(device)  # a quantized model that its quantizer placed (bitsandbytes: CUDA) is left there
+        _placed(model, spec, device)  # a quantized model that its quantizer placed (bitsandbytes: CUDA) stays
     model.eval()
     model.requires_grad_(False)
     pdtype = next(model.parameters()).dtype
@@ -283,6 +283,24 @@ def _from_pretrained(spec: str, src: str, tdtype, device: str, kw: dict):
         if qc is None:
             raise
         raise refused(spec, qc, exc) from None
+
+
+def _placed(model, spec: str, device: str) -> None:
+    """``model.to(device)``; a quantized model whose quantizer cannot move it is one line.
+
+    Raises:
+        UnsupportedQuantization: the quantizer refuses the move (bitsandbytes weights stay on CUDA).
+    """
+    from vocablens.errors import UnsupportedQuantization
+
+    try:
+        model.to(device)
+    except (ValueError, RuntimeError, NotImplementedError) as exc:
+        qc = quantization_config(model)
+        if qc is None:
+            raise
+        raise UnsupportedQuantization(f"{spec} ({quantization_name(qc)}) cannot run on {device}: "
+                                      f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
 
 
 def checked_readout(borders, spec: str):
