@@ -60,14 +60,21 @@ def _inner(t: torch.Tensor) -> torch.Tensor:
     return t.data if isinstance(t, nn.Parameter) and type(t) is nn.Parameter else t
 
 
+#: packages whose tensor subclasses hold quantized weights (other subclasses, such as the DTensors of
+#: tensor parallelism, are not quantized and are read as they are)
+QUANTIZER_PACKAGES = frozenset({"torchao", "optimum", "bitsandbytes", "hqq", "compressed_tensors", "gptqmodel"})
+
+
 def is_quantized(t) -> bool:
-    """Whether ``t`` is a quantized weight: a tensor subclass (torchao, quanto), or a bitsandbytes
-    parameter (``quant_state``: 4-bit; ``SCB``: 8-bit)."""
+    """Whether ``t`` is a quantized weight: a tensor subclass of a quantizer's package (torchao,
+    optimum-quanto ...: :data:`QUANTIZER_PACKAGES`), a bitsandbytes parameter (``quant_state``:
+    4-bit; ``SCB``: 8-bit), or one of torch's own quantized tensors."""
     if not isinstance(t, torch.Tensor):
         return False
     if getattr(t, "quant_state", None) is not None or getattr(t, "SCB", None) is not None:
         return True
-    return type(_inner(t)) not in (torch.Tensor, nn.Parameter)
+    inner = _inner(t)
+    return type(inner).__module__.split(".")[0] in QUANTIZER_PACKAGES or bool(getattr(inner, "is_quantized", False))
 
 
 def dequantized(t: torch.Tensor) -> torch.Tensor:
