@@ -155,11 +155,22 @@ def weights_stored_bytes(model: nn.Module) -> int:
     seen: set = set()
     n = 0
     for t in tensors:
-        key = ("object", id(t)) if is_quantized(t) else (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        key = _memory_key(t)
         if key not in seen:
             seen.add(key)
             n += stored_bytes(t)
     return n
+
+
+def _memory_key(t: torch.Tensor) -> tuple:
+    """What tells two tensors apart as memory: storage, offset and shape; a quantized weight or a
+    subclass without a storage of its own: the object."""
+    if is_quantized(t) or t.is_meta:
+        return ("object", id(t))
+    try:
+        return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+    except (RuntimeError, NotImplementedError):  # a subclass (a DTensor shard) without a plain storage
+        return ("object", id(t))
 
 
 def logical_numel(t: torch.Tensor) -> int:
