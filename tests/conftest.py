@@ -11,6 +11,13 @@ from hypothesis import settings
 # model in-process; tests/e2e: subprocesses, the server, the browser)
 for _d in ("e2e", "integration", "unit", ""):
     sys.path.insert(0, str(Path(__file__).parent / _d))
+# transformers imports the quantizers' packages (torchao) with every model when they are installed; their
+# import-time WARNING lines would land in whichever test imports first (the CLI quiets them the same way:
+# vocablens.cli.quiet_import_noise)
+import logging  # noqa: E402
+
+for _n in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_n).setLevel(logging.ERROR)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -85,6 +85,12 @@ class WriteFailed(VocabLensError):
     """The destination cannot be written (read-only, disk full, a missing directory); nothing changed."""
 
 
+class UnsupportedQuantization(VocabLensError):
+    """A quantized checkpoint that transformers cannot load on this machine (its quantizer's package,
+    kernels or device are missing: bitsandbytes without CUDA ...), or a quantized weight that cannot be
+    read as numbers, or an edit that would write into quantized weights."""
+
+
 class VocabLensNote(UserWarning):
     """Not an error: something the user should know about their input (the CLI prints it on stderr
     as one ``note:`` line; Python shows it as a warning)."""

@@ -19,7 +19,9 @@ Conventions:
   leaves out of N. The attention term is Kaplan's "Attention: Mask" row (QKᵀ and A·V against
   ``n_ctx`` earlier positions); ``d_attn`` = heads × head_dim.
 * Bytes: fp32 4, bf16 2, fp8 1, int4 0.5 bytes per parameter (rounded up to whole bytes), weights
-  only (no quantization scales, no KV cache, no activations).
+  only (no scales, KV cache or activations). A loaded model's ``stored_bytes`` is what its weights
+  hold as stored: a quantized weight its values, scales and zero points
+  (:func:`vocablens.models.quantized.stored_bytes`); its parameters are the logical count.
 
 Layer 3: pure functions, a :class:`~vocablens.models.Borders` (or a model) in, a frozen dataclass out.
 Resolving a config (catalogue, file, directory, GGUF, hub cache) goes through ``vocablens.models``.
@@ -41,6 +43,7 @@ from vocablens.models.catalogue import catalogue_entry
 from vocablens.models.config import meta_model, resolve_config
 from vocablens.models.dtypes import canonical_dtype, dtype_bytes
 from vocablens.models.flops import attention_flops, attention_shape, head_flops
+from vocablens.models.quantized import is_quantized, logical_numel, weights_stored_bytes
 
 #: Bytes per parameter for the weight formats :class:`Anatomy` reports.
 WEIGHT_FORMATS: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0, "int4": 0.5}
@@ -109,6 +112,11 @@ class Anatomy:
         logits: size of the logits tensor for the batch, context and dtype asked for.
         source: where the numbers came from (``catalogue``, ``config``, ``gguf``, ``loaded model``).
         notes: caveats (mixture-of-experts FLOPs count every expert, tokenizer size unknown ...).
+        stored_bytes: bytes the loaded weights hold as stored (parameters and persistent buffers,
+            shared storage once; a quantized weight: its quantized values, scales and zero points);
+            None when built from a config (no weights read).
+        stored_as: the storage those bytes are in: the parameters' dtype (``float32``), or the
+            quantization (``torchao Int8WeightOnlyConfig``); empty when built from a config.
     """
 
     name: str
@@ -140,6 +148,8 @@ class Anatomy:
     notes: tuple[str, ...] = field(default=())
     params_vision: int = 0
     params_projector: int = 0
+    stored_bytes: int | None = None
+    stored_as: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON (the field names are the CLI's ``--json`` keys)."""
@@ -150,9 +160,10 @@ class Anatomy:
 
 # ---------------------------------------------------------------------------------------- counting
 def _storage_key(p: torch.Tensor) -> tuple:
-    """Identity of a tensor's memory: storage pointer, offset, shape, stride (meta: the object)."""
-    if p.is_meta:
-        return ("meta", id(p))
+    """Identity of a tensor's memory: storage pointer, offset, shape, stride (meta, or a quantized
+    weight, which has no storage of its own: the object)."""
+    if p.is_meta or is_quantized(p):
+        return ("object", id(p))
     return (p.untyped_storage().data_ptr(), p.storage_offset(), tuple(p.shape), tuple(p.stride()))
 
 
@@ -161,7 +172,8 @@ def count_parameters(model: nn.Module) -> int:
 
     Two parameters are the same when they are one object, or (for real tensors) view the same memory
     with the same offset, shape and stride — so a head tied by assigning ``.data`` counts once too.
-    Works on meta-device models (no storage; identity only).
+    Works on meta-device models (no storage; identity only). A quantized weight counts the
+    parameters it stands for (:func:`~vocablens.models.quantized.logical_numel`), not its packing.
 
     Args:
         model: any ``nn.Module``.
@@ -176,7 +188,7 @@ def count_parameters(model: nn.Module) -> int:
         if key in seen:
             continue
         seen.add(key)
-        n += p.numel()
+        n += logical_numel(p)
     return n
 
 
@@ -328,8 +340,21 @@ def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEF
         flops_forward=fwd, head_share=flops_head / fwd,
         head_share_no_attention=flops_head / (flops_ne + flops_head),
         logits=logits_memory(V, batch, context, logits_dtype), source=source, notes=tuple(notes),
-        params_vision=vision, params_projector=proj,
+        params_vision=vision, params_projector=proj, **_stored(model),
     )
+
+
+def _stored(model: nn.Module) -> dict[str, Any]:
+    """``stored_bytes`` and ``stored_as`` of :class:`Anatomy`: counted on a loaded model's weights
+    (:func:`~vocablens.models.quantized.weights_stored_bytes`), None and empty for a model built on the meta device from its config."""
+    from vocablens.models.quantized import quantization_config, quantization_name
+
+    params = list(model.parameters())
+    if not params or any(p.is_meta for p in params):
+        return {"stored_bytes": None, "stored_as": ""}
+    qc = quantization_config(model)
+    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in params if not is_quantized(p)})
+    return {"stored_bytes": weights_stored_bytes(model), "stored_as": quantization_name(qc) if qc else "/".join(dtypes)}
 
 
 def anatomy_of(spec: str | os.PathLike, batch: int = 1, context: int = DEFAULT_CONTEXT,

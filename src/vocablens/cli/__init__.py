@@ -48,9 +48,25 @@ _core.lens_app.info.help = ("The logit lens: `vocablens lens PROMPT` reads the r
                             "tuned lens.")
 
 
+#: loggers of packages transformers imports with every model when they are installed (a quantizer's
+#: package: torchao), whose import-time WARNING lines (kernels built for another torch, a pytree
+#: deprecation) say nothing about the user's command; the CLI keeps stderr for its own lines
+_IMPORT_NOISE = ("torchao", "torch.utils._pytree")
+
+
+def quiet_import_noise() -> None:
+    """Raise :data:`_IMPORT_NOISE`'s loggers to ERROR: a process-wide setting, made here (the CLI's
+    whole process) and in the tests' conftest, never by library code."""
+    import logging
+
+    for name in _IMPORT_NOISE:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
+    quiet_import_noise()
     sys.exit(run_app(argv, whole_process=True))
 
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "quiet_import_noise"]

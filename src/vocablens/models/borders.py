@@ -129,8 +129,11 @@ class Borders:
             logit_scale *= float(model.logit_scale)
         # Meta tensors (built without storage to count parameters) all report data_ptr() == 0, so
         # only identity can tell that they are shared there.
-        tied = head.weight is emb.weight or (
-            not emb.weight.is_meta and not head.weight.is_meta
+        from vocablens.models.quantized import is_quantized
+
+        tied = head.weight is emb.weight or (  # a quantized weight has no storage of its own to compare
+            not emb.weight.is_meta and not head.weight.is_meta and not is_quantized(emb.weight)
+            and not is_quantized(head.weight)
             and head.weight.data_ptr() == emb.weight.data_ptr() and head.weight.shape == emb.weight.shape
         )
         V = int(emb.weight.shape[0])
@@ -154,13 +157,26 @@ class Borders:
     # ------------------------------------------------------------------ matrices
     @property
     def W_E(self) -> torch.Tensor:
-        """Embedding matrix [V, d_emb], the checkpoint's own weights (no scale applied)."""
-        return self.embedding.weight
+        """Embedding matrix [V, d_emb], the checkpoint's own weights (no scale applied); a quantized
+        one read dequantized (:func:`vocablens.models.quantized.dequantized`, once per weight)."""
+        return self._plain(self.embedding.weight)
 
     @property
     def W_U(self) -> torch.Tensor:
-        """Unembedding (LM head) matrix [V, d_emb]; the same storage as ``W_E`` when tied."""
-        return self.lm_head.weight
+        """Unembedding (LM head) matrix [V, d_emb]; the same storage as ``W_E`` when tied; a quantized
+        one read dequantized (a copy: the model's forward runs on the quantized weight)."""
+        return self._plain(self.lm_head.weight)
+
+    def _plain(self, w: torch.Tensor) -> torch.Tensor:
+        """``w`` itself, or its dequantized copy (kept while ``w`` is the module's weight)."""
+        from vocablens.models.quantized import dequantized, is_quantized
+
+        if not is_quantized(w):
+            return w
+        key = ("dequantized", id(w))
+        if key not in self._memo:
+            self._memo[key] = (w, dequantized(w))  # w kept alive so its id is not reused
+        return self._memo[key][1]
 
     @property
     def b_U(self) -> torch.Tensor | None:

@@ -1,8 +1,9 @@
 """The one loader: :func:`load` takes what to read; :func:`load_mode` names five reads.
 
 ``load(spec)`` reads the whole model through transformers (a GGUF file dequantized to float32 once
-and cached as safetensors, :mod:`vocablens.models.gguf_cache`) and checks the readout against the
-model's own logits. ``load(spec, read=...)`` reads only the parts named
+and cached as safetensors, :mod:`vocablens.models.gguf_cache`; a checkpoint quantized by a
+transformers quantizer through its quantizer, its matrices read dequantized,
+:mod:`vocablens.models.quantized`) and checks the readout against the model's own logits. ``load(spec, read=...)`` reads only the parts named
 (:class:`~vocablens.models.partial.Parts`), through the one materializer
 :func:`~vocablens.models.partial.materialize_parts`; ``load(spec, max_memory=...)`` keeps the borders and
 the blocks that fit resident and reads the rest at each forward (:mod:`vocablens.models.streaming`,
@@ -42,6 +43,7 @@ from vocablens.errors import BadInput
 from vocablens.models.gguf_cache import load_gguf
 from vocablens.models.loaded_model import LoadedModel
 from vocablens.models.provenance import Provenance, dir_provenance
+from vocablens.models.quantized import quantization_config, quantization_name, quantized_provenance, refused
 from vocablens.models.run_dtype import run_dtype, with_note
 from vocablens.models.spec import DEFAULT_MODEL, hub_kwargs, reading, resolve_spec
 from vocablens.models.tokenizer_files import building_tokenizer, hub_tokenizer_problem, json_tokenizer_problem
@@ -91,9 +93,9 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
         a private copy of its page, never touches the file.
 
     A partial read (``read`` or ``max_memory``) of a checkpoint stored as ``pytorch_model*.bin`` only
-    loads the whole model instead, with a :class:`~vocablens.errors.VocabLensNote` saying so; the
-    pickle is read with ``weights_only=True``. A read without the blocks takes the readout check an
-    earlier whole load of the same weights stored (:mod:`vocablens.models.readout_store`).
+    (read with ``weights_only=True``), or quantized by a transformers quantizer, loads the whole model
+    instead, with a :class:`~vocablens.errors.VocabLensNote` saying so (:func:`loaded_whole_instead`).
+    A read without the blocks takes the readout check an earlier whole load stored (:mod:`vocablens.models.readout_store`).
 
     Raises:
         ModelNotFound: nothing to load under that spec (with how to make it available).
@@ -121,9 +123,10 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     from vocablens.models.partial import materialize_parts
     from vocablens.models.sources import source_dir
     from vocablens.models.streaming import parse_bytes, stream_beyond
-
     try:
         d, prov = source_dir(spec)  # the safetensors directory (a GGUF file: its float32 cache)
+        if _quantized_dir(d):  # its tensors are stored quantized: only its quantizer reads them
+            return loaded_whole_instead(spec, "streaming" if parts is None else "borders", device, dtype, trust_remote_code, "quantized")
         tdtype, dtype_note = run_dtype(spec, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
         if parts is None:
             lm = stream_beyond(spec, d, prov, parse_bytes(max_memory), tdtype, trust_remote_code)
@@ -224,9 +227,8 @@ def borders_to(lm, device: str):
 def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedModel:
     """The whole model through transformers (a GGUF file through its float32 cache), its readout
     checked against the model's own logits (:func:`checked_readout`)."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from vocablens.models.auto_class import auto_model_class
+    import torch
+    from transformers import AutoTokenizer
 
     tdtype, dtype_note = run_dtype(spec, dtype, device)
     kind, path, hub = resolve_spec(spec)
@@ -241,14 +243,13 @@ def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedMode
             with building_tokenizer(spec, lambda: json_tokenizer_problem(Path(src)) if kind == "dir"
                                     else hub_tokenizer_problem(src)):
                 tok = AutoTokenizer.from_pretrained(src, **kw)
-            config = AutoConfig.from_pretrained(src, **kw)  # the causal-LM mapping, else image-text-to-text
-            model = auto_model_class(config).from_pretrained(src, config=config, dtype=tdtype or "auto",
-                                                             use_safetensors=None, **kw)
+            model = _from_pretrained(spec, src, tdtype, device, kw)
             prov = dir_provenance(path, spec) if kind == "dir" else Provenance(
                 spec=spec, name=hub, source=f"hub:{hub}", format="hub",
                 quantization=str(getattr(model.config, "dtype", "") or ""),
             )
-    model.to(device)
+    if quantization_config(model) is None or next(model.parameters()).device.type != torch.device(device).type:
+        _placed(model, spec, device)  # a quantized model that its quantizer placed (bitsandbytes: CUDA) stays
     model.eval()
     model.requires_grad_(False)
     pdtype = next(model.parameters()).dtype
@@ -256,8 +257,52 @@ def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedMode
     from vocablens.models.borders import Borders
 
     borders = Borders.from_model(model, tokenizer=tok)
+    prov = quantized_provenance(prov, model, borders)  # the matrices read dequantized, and said so
     borders, line = checked_readout(borders, spec)
     return with_note(LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})), dtype_note)
+
+
+def _from_pretrained(spec: str, src: str, tdtype, device: str, kw: dict):
+    """``from_pretrained`` of a directory or hub id (the causal-LM class, else the image-text-to-text
+    one: :func:`~vocablens.models.auto_class.auto_model_class`). A checkpoint quantized by a
+    transformers quantizer (its config's ``quantization_config``) loads through it too, placed on
+    ``device`` by the quantizer (a quantized model cannot be moved after loading).
+
+    Raises:
+        UnsupportedQuantization: a quantized checkpoint transformers cannot load here (its quantizer's
+            package or device missing), in one line.
+    """
+    from transformers import AutoConfig
+
+    from vocablens.models.auto_class import auto_model_class
+
+    config = AutoConfig.from_pretrained(src, **kw)  # the causal-LM mapping, else image-text-to-text
+    try:
+        return auto_model_class(config).from_pretrained(src, config=config, dtype=tdtype or "auto",
+                                                        use_safetensors=None, **kw)
+    except (ImportError, ValueError, RuntimeError, NotImplementedError, TypeError, AttributeError) as exc:
+        qc = quantization_config(config)
+        if qc is None:
+            raise
+        raise refused(spec, qc, exc) from None
+
+
+def _placed(model, spec: str, device: str) -> None:
+    """``model.to(device)``; a quantized model whose quantizer cannot move it is one line.
+
+    Raises:
+        UnsupportedQuantization: the quantizer refuses the move (bitsandbytes weights stay on CUDA).
+    """
+    from vocablens.errors import UnsupportedQuantization
+
+    try:
+        model.to(device)
+    except (ValueError, RuntimeError, NotImplementedError) as exc:
+        qc = quantization_config(model)
+        if qc is None:
+            raise
+        raise UnsupportedQuantization(f"{spec} ({quantization_name(qc)}) cannot run on {device}: "
+                                      f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
 
 
 def checked_readout(borders, spec: str):
@@ -286,20 +331,40 @@ def checked_readout(borders, spec: str):
     return borders, check.line()
 
 
+def _quantized_dir(d: Path) -> bool:
+    """Whether the checkpoint in ``d`` was quantized by a transformers quantizer (``config.json``'s
+    ``quantization_config``; a GGUF file's float32 cache is not)."""
+    import json
+
+    from vocablens.models.quantized import quantization_config
+
+    try:
+        cfg = json.loads((Path(d) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False  # no readable config: the partial read says what is wrong
+    return isinstance(cfg, dict) and quantization_config(cfg) is not None
+
+
 def loaded_whole_instead(spec: str, mode: str, device: str = "cpu", dtype=None,
-                         trust_remote_code: bool = False) -> LoadedModel:
+                         trust_remote_code: bool = False, why: str = "pickle") -> LoadedModel:
     """The whole model, for a partial ``mode`` of a checkpoint stored as ``pytorch_model*.bin`` only
-    (the partial reads need safetensors headers), and a :class:`~vocablens.errors.VocabLensNote`
-    saying so once it loaded (a hostile pickle fails first, with its own line)."""
+    (``why="pickle"``: the partial reads need safetensors headers), or quantized by a transformers
+    quantizer (``why="quantized"``: its tensors are stored quantized, under the quantizer's own names,
+    and only the quantizer reads them), and a :class:`~vocablens.errors.VocabLensNote` saying so once it
+    loaded (a hostile pickle fails first, with its own line)."""
     import warnings
 
     from vocablens.errors import VocabLensNote
 
     lm = _whole(str(spec), dtype, device, trust_remote_code)
     what = "the blocks that fit" if mode == "streaming" else "the borders"
-    warnings.warn(VocabLensNote(f"{spec} holds its weights as pytorch_model.bin only; reading just {what} needs "
-                                "safetensors, so the whole model was loaded (read with weights_only=True)"),
-                  stacklevel=3)
+    if why == "quantized":
+        line = (f"{spec} is quantized ({lm.provenance.quantization}); reading just {what} needs the quantizer, "
+                "so the whole model was loaded (its matrices read dequantized)")
+    else:
+        line = (f"{spec} holds its weights as pytorch_model.bin only; reading just {what} needs "
+                "safetensors, so the whole model was loaded (read with weights_only=True)")
+    warnings.warn(VocabLensNote(line), stacklevel=3)
     return lm
 
 

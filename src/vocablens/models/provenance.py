@@ -24,9 +24,13 @@ class Provenance:
         name: a human name for the model (``SmolLM2-135M-Instruct``).
         source: the file or directory the weights were read from.
         format: ``gguf``, ``safetensors``, ``pytorch`` or ``config`` (no weights).
-        quantization: one phrase read from the files (``Q4_1 GGUF``, ``bf16 safetensors``).
-        tensor_types: storage type of tensor groups, e.g. ``{"token_embd": "Q8_0", "blocks": "Q4_1"}``.
-        dequantized: whether the weights were dequantized on load.
+        quantization: one phrase read from the files (``Q4_1 GGUF``, ``bf16 safetensors``,
+            ``torchao Int8WeightOnlyConfig``).
+        tensor_types: storage type of tensor groups, e.g. ``{"token_embd": "Q8_0", "blocks": "Q4_1"}``
+            (a transformers-quantized model: ``{"lm_head": "Int8Tensor", ...}``).
+        dequantized: whether the weights vocablens reads were dequantized: a GGUF file's, on load; a
+            checkpoint quantized by a transformers quantizer's matrices, when read (the model runs
+            on its quantized weights; :mod:`vocablens.models.quantized`).
         dtype: the torch dtype of the loaded parameters (``float32``).
         loaded_from: the directory the weights were read from when not ``source`` (a GGUF file's cache entry).
         content_sha256: a GGUF file's SHA-256 (hex) over its whole content, what its cache entry is found by.

@@ -11,6 +11,7 @@ import torch
 
 from vocablens.errors import NonFiniteWeights
 from vocablens.models.pages import read_once
+from vocablens.models.quantized import stored_parts
 
 
 def nonfinite(borders) -> dict[str, int]:
@@ -22,14 +23,14 @@ def nonfinite(borders) -> dict[str, int]:
         bad = {}
         with torch.no_grad():
             for name, p in params:
-                if p.is_meta or not p.is_floating_point():
-                    continue
-                flat = p.reshape(-1)
+                # a quantized weight: its stored float parts (scales, zero points), where a NaN or inf
+                # of its dequantized values comes from (models.quantized); its integers are finite
+                parts = [t for t in stored_parts(p) if not t.is_meta and t.is_floating_point()]
                 # chunks: no [numel] temporaries; a chunk whose sum is finite holds no NaN/inf (either
                 # would make the sum NaN or ±inf), so only the others are counted: no per-chunk
                 # temporary (a bool chunk per step stayed resident with the C allocator) and faster
                 n = sum(0 if bool(torch.isfinite(c.sum())) else int(c.isfinite().logical_not().count_nonzero())
-                        for c in read_once(flat.split(2**22)))  # mapped pages go (models.pages)
+                        for t in parts for c in read_once(t.reshape(-1).split(2**22)))  # mapped pages go (models.pages)
                 if n:
                     bad[name] = n
         for k in [k for k in borders._memo if isinstance(k, tuple) and k[0] == "nonfinite"]:

@@ -74,6 +74,9 @@ def anatomy_rows(results: Sequence[Anatomy]) -> list[tuple[str, list[str]]]:
         rows.append((f"one matrix, {k}", [fmt_bytes(a.matrix_bytes[k]) for a in results]))
     for k in WEIGHT_FORMATS:
         rows.append((f"whole model, {k}", [fmt_bytes(a.model_bytes[k]) for a in results]))
+    if any(a.stored_bytes is not None for a in results):
+        rows.append(("whole model, as stored", [f"{fmt_bytes(a.stored_bytes)} ({a.stored_as})" if a.stored_bytes
+                                                is not None else "(not loaded)" for a in results]))
     rows += [
         ("LM head FLOPs/token 2·V·d", [fmt_flops(a.flops_head) for a in results]),
         ("non-embedding FLOPs/token 2·N", [fmt_flops(a.flops_non_embedding) for a in results]),

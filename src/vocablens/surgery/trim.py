@@ -166,8 +166,14 @@ def trim_vocab(model: nn.Module, tokenizer, used_ids: Iterable[int]) -> Trimmed:
         UnsupportedTokenizer: not a fast BPE tokenizer (nothing is changed).
         UnsupportedArchitecture: another parameter is indexed by the vocabulary.
         BadInput: no used ids, or an id without a matrix row.
+        UnsupportedQuantization: a model quantized by a transformers quantizer (its matrices are
+            read dequantized; an edit would not reach it).
     """
     from tokenizers import Tokenizer
+
+    from vocablens.models.quantized import refuse_edit
+
+    refuse_edit(model, "trim")
 
     used = {int(i) for i in used_ids}
     if not used:

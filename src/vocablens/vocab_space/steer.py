@@ -110,9 +110,16 @@ class Steering:
     @contextlib.contextmanager
     def folded(self) -> Iterator[None]:
         """Fold the factors into the down projections' weights for the duration of the block (and put
-        the original columns back afterwards, bit for bit): for saving an edited model."""
-        from vocablens.models.blocks import block_view
+        the original columns back afterwards, bit for bit): for saving an edited model.
 
+        Raises:
+            UnsupportedQuantization: a model quantized by a transformers quantizer (its down
+                projections are read dequantized: a fold would not reach the weights saved).
+        """
+        from vocablens.models.blocks import block_view
+        from vocablens.models.quantized import refuse_edit
+
+        refuse_edit(self.borders.model, "saving a steered model")  # W_out would be a dequantized copy
         saved = []
         with torch.no_grad():
             try:

@@ -18,8 +18,11 @@ def _is_conv1d(mod: nn.Module) -> bool:
 
 
 def linear_weight(mod: nn.Module) -> torch.Tensor:
-    """The weight of a linear-like module as ``[out, in]`` (transformers' ``Conv1D`` stores ``[in, out]``)."""
-    w = mod.weight
+    """The weight of a linear-like module as ``[out, in]`` (transformers' ``Conv1D`` stores ``[in, out]``);
+    a quantized weight read dequantized (:func:`vocablens.models.quantized.dequantized`)."""
+    from vocablens.models.quantized import dequantized
+
+    w = dequantized(mod.weight)
     return w.t() if _is_conv1d(mod) else w
 
 
