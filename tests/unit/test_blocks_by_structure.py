@@ -134,3 +134,36 @@ def test_a_model_without_a_list_of_blocks_is_refused_saying_so():
     with pytest.raises(UnsupportedArchitecture, match="no list of repeated blocks") as e:
         Borders.from_model(_NoBlocks())
     assert "\n" not in str(e.value)
+
+
+def test_a_logit_multiplier_of_a_composite_model_is_read_off_even_when_probabilities_are_flat():
+    """Aya Vision multiplies its Cohere 2 text model's logits by ``logit_scale`` (1/16) in the composite
+    class; on a tiny random model every probability is ~1/V, so |Δp| alone passed the readout without
+    it. The multiplier is read off the logits, and the score equals the model's own log-probabilities."""
+    from tiny_families import build
+
+    from vocablens.generate.score import score_ids
+    from vocablens.models.borders import Borders
+    from vocablens.models.readout import find_readout
+
+    m = build("aya_vision", 512, "image-text-to-text")
+    b, check = find_readout(Borders.from_model(m))
+    assert check.logit_scale == pytest.approx(m.config.text_config.logit_scale, rel=1e-5)
+    ids = torch.randint(0, 400, (12,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        own = torch.log_softmax(m(input_ids=ids[None]).logits[0].double(), -1)[torch.arange(11), ids[1:]]
+    assert torch.allclose(score_ids(b, ids, top_k=0).logprobs.double(), own, atol=2e-5, rtol=0)
+
+
+def test_several_residual_streams_are_refused_saying_so():
+    """DeepSeek V4's hyper-connections keep 4 streams per position ([B, T, 4, d]): refused in one line,
+    never read as one stream."""
+    from tiny_families import build
+
+    from vocablens.models.borders import Borders
+    from vocablens.models.readout import find_readout
+
+    m = build("deepseek_v4", 512)
+    with pytest.raises(UnsupportedArchitecture, match=r"not one residual stream \[B, T, d\]") as e:
+        find_readout(Borders.from_model(m))
+    assert "\n" not in str(e.value)

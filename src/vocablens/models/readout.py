@@ -231,6 +231,10 @@ def find_readout(borders) -> tuple[object, ReadoutCheck]:
     if last is None or head_in is None or logits is None:
         raise UnsupportedArchitecture(family, found, "a probe forward of text ran no list of blocks in full, "
                                       "in order, before the LM head")
+    if tuple(last.shape[:-1]) != tuple(ids.shape):
+        raise UnsupportedArchitecture(family, found, f"the last block's output is {tuple(last.shape)} for "
+                                      f"{tuple(ids.shape)} tokens, not one residual stream [B, T, d] (several "
+                                      "streams, as hyper-connections keep): the lens cannot read it as one")
     if not all(bool(torch.isfinite(t).all()) for t in (last, head_in, logits)):
         raise NonFiniteActivations(f"the probe forward of {ids.shape[-1]} tokens overflowed "
                                    f"{str(borders.W_U.dtype).replace('torch.', '')}: the readout cannot be checked")
@@ -303,20 +307,29 @@ def _norm_and_projection(borders, chain: list, names: dict) -> tuple:
 def _with_scale_read_off(cand, h_L: torch.Tensor, logits: torch.Tensor, head_out, tol: float):
     """``(borders, their logits of h_L, max |Δp| against logits)``: ``cand``, or ``cand`` with the
     logit scale read off the model when its logits are a constant multiple of the head's output
-    ``head_out`` and that scale brings ``cand`` within ``tol``."""
+    ``head_out`` and that scale brings ``cand`` within ``tol`` and closer to the model's logits (also
+    when the probabilities agree already: a tiny or untrained model's near-uniform distributions
+    hide a logit multiplier from |Δp|, never from the logits themselves)."""
     with torch.no_grad():
         mine = cand.unembed(h_L)
         dp = _max_dp(mine, logits)
-        if dp > tol and head_out is not None and cand.softcap is None:
+        if (dp > tol or _rel_diff(mine, logits) > 1e-3) and head_out is not None and cand.softcap is None:
             z = head_out.float()
             lg = logits.float()[..., -z.shape[-2]:, :] if z.dim() >= 2 else logits.float()
             s = float((lg * z).sum() / (z * z).sum().clamp_min(1e-30))
             alt = cand.replace(logit_scale=s)
             mine_alt = alt.unembed(h_L)
             dp_alt = _max_dp(mine_alt, logits)
-            if dp_alt <= tol and s > 0:
+            if dp_alt <= tol and s > 0 and _rel_diff(mine_alt, logits) < _rel_diff(mine, logits):
                 return alt, mine_alt, dp_alt
     return cand, mine, dp
+
+
+def _rel_diff(mine: torch.Tensor, theirs: torch.Tensor) -> float:
+    """max |mine - theirs| / max |theirs| over the positions both hold (logits)."""
+    t = theirs.float()
+    m = mine.float()[..., -t.shape[-2]:, :] if t.dim() >= 2 and mine.shape != t.shape else mine.float()
+    return float((m - t).abs().max() / t.abs().max().clamp_min(1e-30)) if m.shape == t.shape else float("inf")
 
 
 __all__ = ["PROBE_TOKENS", "TOLERANCE", "ReadoutCheck", "find_readout", "probe_ids", "tolerance"]
