@@ -352,7 +352,7 @@ class Borders:
         if missing:
             raise UnsupportedArchitecture(self.family, named_children(self.model),
                                           f"residual stream not captured at layers {missing}")
-        resid = torch.stack([store[i] for i in range(L + 1)])
+        resid = torch.stack([store[i].to(self.W_U.device) for i in range(L + 1)])  # read where the head is
         logits = out.logits.float()
         check_stream_finite(self, resid, logits, attention_mask)  # no figure is read from inf or NaN
         return resid, logits
