@@ -205,8 +205,19 @@ def pinned(skel, coarse: dict[str, Any]) -> dict[str, Any]:
             fine[names[id(m)]] = first
     for m in (b.final_norm, b.project_out, b.lm_head):
         if m is not None:
-            fine[names[id(m)]] = first if (m is b.lm_head and b.tied) else last
+            fine[names[id(m)]] = first if (m is b.lm_head and _tied(skel, b, names)) else last
     return fine
+
+
+def _tied(skel, b, names: dict) -> bool:
+    """Whether the head is the embedding: by identity, or (a meta-device skeleton, where transformers
+    ties only on load) by the model's own list of tied weights, or its config where it has no list."""
+    keys = getattr(skel, "all_tied_weights_keys", None)
+    if b.tied or keys is None:
+        cfg = getattr(skel, "config", None)
+        return b.tied or bool(getattr(cfg, "tie_word_embeddings", False))
+    head, emb = names[id(b.lm_head)] + ".weight", names[id(b.embedding)] + ".weight"
+    return keys.get(head) == emb or keys.get(emb) == head
 
 
 def _refine(mod, name: str, coarse: dict, keep: set, names: dict, fine: dict) -> None:
