@@ -200,8 +200,10 @@ def test_cli_device_map_flags(tiny_dir, tmp_path, capsys):
         code, out, err = run_cli(capsys, "score", "the cat sat", "-m", tiny_dir, "--json", *extra)
         assert code == 0, err
         assert _without_notes(json.loads(out)) == _without_notes(json.loads(whole))
+    code, whole, err = run_cli(capsys, "lens", "the cat", "-m", tiny_dir, "--json")
+    assert code == 0, err
     code, out, err = run_cli(capsys, "--device-map", mp, "lens", "the cat", "-m", tiny_dir, "--json")
-    assert code == 0 and json.loads(out)["logit"]["layers"], err
+    assert code == 0 and _without_notes(json.loads(out)) == _without_notes(json.loads(whole)), err
 
 
 @pytest.mark.parametrize("argv, says", [
