@@ -128,6 +128,13 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
         return _whole(spec, dtype, device, trust_remote_code, placement)
     if parts is None and max_memory in (None, ""):
         return _whole(spec, dtype, device, trust_remote_code)
+    return _partial(spec, parts, dtype, device, trust_remote_code, max_memory)
+
+
+def _partial(spec: str, parts, dtype, device: str, trust_remote_code: bool, max_memory) -> LoadedModel:
+    """The parts named (``parts``), or with ``parts`` None the streaming load of ``max_memory``
+    (:func:`load`): read from the safetensors headers; a ``pytorch_model.bin`` only checkpoint
+    loads whole instead (:func:`loaded_whole_instead`)."""
     from vocablens.models.checkpoint_files import NoSafetensors
     from vocablens.models.readout_store import apply_stored
 
