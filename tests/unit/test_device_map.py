@@ -243,3 +243,58 @@ def test_load_refuses_bad_combinations(tiny_dir):
         vocablens.load(str(tiny_dir), offload_folder="/tmp/x")
     with pytest.raises(BadInput, match="not a module"):
         vocablens.load(str(tiny_dir), device_map={"model.nothing": "cpu", "": "cpu"})
+
+
+def _same(a, b, path="") -> None:
+    """Two analysis results equal: dataclasses field by field, tensors and floats within TOL."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        assert type(a) is type(b), path
+        for f in dataclasses.fields(a):
+            if f.name not in CLOCKS and not f.name.endswith("_s") and f.name != "model":
+                _same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+    elif isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.shape == b.shape, path
+        assert torch.allclose(a.double(), b.double(), atol=TOL, rtol=0, equal_nan=True), path
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{path}[{i}]")
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, float):
+        assert abs(a - b) <= TOL or a == b, (path, a, b)
+    elif isinstance(a, (int, str, bool, type(None))):
+        assert a == b, (path, a, b)
+
+
+def test_report_and_explorer_give_the_whole_loads_answers(loads, tmp_path):
+    """The report's sections that run the model, and the explorer's lens, explain, project and
+    trajectory answers, on the placed model equal the whole load's."""
+    from serve_tiny import client
+
+    from vocablens.serve import ServerState, create_app
+
+    whole, placed, _ = loads
+    only = ("lens", "explain", "settle")  # value vectors: the explorer's project below
+    runs = [m.report(only=only, budget_s=600) for m in (whole, placed)]
+    for key in only:
+        a, b = runs[0].get(key), runs[1].get(key)
+        assert a.result is not None and a.cut_short is None and b.cut_short is None, key
+        _same(a.result, b.result, key)
+    asks = [("/api/lens", {"prompt": "the cat sat", "kind": "logit", "k": 3}),
+            ("/api/explain", {"prompt": "the cat sat", "position": -1}),
+            ("/api/project", {"token": " the", "k": 4}),
+            ("/api/trajectory", {"prompt": "the cat sat", "position": 2, "token": " the"})]
+    answers = []
+    for m in (whole, placed):
+        state = ServerState(m, model_spec="tiny", max_tokens=16, argmax=False)
+        state.start()
+        c = client(create_app(state))
+        answers.append([c.post(path, json=body) for path, body in asks])
+    for (path, _), a, b in zip(asks, *answers):
+        assert a.status_code == b.status_code == 200, (path, a.text, b.text)
+        _close(_without_notes(a.json()), _without_notes(b.json()), path)
