@@ -151,8 +151,8 @@ def test_workflows_give_the_whole_loads_json(loads, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n\n".join(f"the cat {i} sat on the mat and the dog ran far away. " * 4 for i in range(20)),
                       encoding="utf-8")
-    fits = [m.fit_jacobian_lens(str(corpus), max_tokens=32, seq_len=8,
-                                settings=JacobianFitSettings(skip_first=2, dim_batch=64, prompt_batch=4))
+    fits = [m.fit_jacobian_lens(str(corpus), max_tokens=16, seq_len=8,
+                                settings=JacobianFitSettings(skip_first=2, dim_batch=64, prompt_batch=2))
             for m in (whole, placed, auto)]
     for f in fits[1:]:
         _close(_without_notes(fits[0].to_json()), _without_notes(f.to_json()))

@@ -214,7 +214,15 @@ class Borders:
 
     @property
     def device(self) -> torch.device:
+        """Where the token ids go: the embedding's device."""
         return self.W_E.device
+
+    @property
+    def read_device(self) -> torch.device:
+        """Where the residual stream is read: the LM head's device. The embedding's (:attr:`device`)
+        on a one-device load; a model placed over several devices (``device_map``) has every
+        captured layer and every lens there."""
+        return self.W_U.device
 
     # ------------------------------------------------------------------ non-finite weights
     def nonfinite(self) -> dict[str, int]:

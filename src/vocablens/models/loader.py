@@ -205,7 +205,8 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
         max_memory: bytes or a size string (``"200MB"``), for ``streaming`` (required there).
         blocks: for ``borders``: block indices read too.
         value_vectors: for ``borders``: every block's FFN value vectors read too.
-        device_map, offload_folder: for ``full``: as :func:`load` (``max_memory`` then caps each device).
+        device_map: for ``full``: as :func:`load` (``max_memory`` then caps each device).
+        offload_folder: with ``device_map``: as :func:`load`.
 
     Raises:
         BadInput: an unknown mode; ``max_memory`` missing or bad for ``streaming``, or given with
