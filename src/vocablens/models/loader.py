@@ -275,10 +275,12 @@ def _whole(spec: str, dtype, device: str, trust_remote_code: bool, placement: tu
 
     tdtype, dtype_note = run_dtype(spec, dtype, "cuda" if placement and P.uses_gpu(*placement[:2]) else device)
     kind, path, hub = resolve_spec(spec)
+    placed_prov = None
     if placement is not None and kind == "gguf":  # a device map reads the float32 cache as a directory
         from vocablens.models.sources import source_dir
 
-        kind, path = "dir", source_dir(spec)[0]
+        path, placed_prov = source_dir(spec)  # the provenance names the GGUF file, as a whole load's does
+        kind = "dir"
     with reading(spec, kind, hub, "load", path):
         if kind == "gguf":
             tok, model, prov = load_gguf(path, spec, tdtype)
@@ -294,7 +296,7 @@ def _whole(spec: str, dtype, device: str, trust_remote_code: bool, placement: tu
             scratch = placed.pop("scratch", None)
             model = AutoModelForCausalLM.from_pretrained(src, dtype=tdtype or "auto", use_safetensors=None, **kw, **placed)
             P.remove_scratch_with(model, scratch)
-            prov = dir_provenance(path, spec) if kind == "dir" else Provenance(
+            prov = placed_prov or dir_provenance(path, spec) if kind == "dir" else Provenance(
                 spec=spec, name=hub, source=f"hub:{hub}", format="hub",
                 quantization=str(getattr(model.config, "dtype", "") or ""),
             )

@@ -136,11 +136,10 @@ def placed_kwargs(src: str, kw: dict, tdtype, device_map: str | dict, max_memory
     Raises:
         BadInput: a map that leaves parameters unplaced or names modules the model does not have.
     """
-    from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(src, **kw)
-    with init_empty_weights():
+    with torch.device("meta"):  # shapes only; a tied head stays tied (accelerate's init_empty_weights unties it)
         skel = AutoModelForCausalLM.from_config(config, dtype=tdtype or getattr(config, "dtype", None),
                                                 trust_remote_code=kw.get("trust_remote_code", False))
     coarse = device_map if isinstance(device_map, dict) else planned(skel, device_map, max_memory, tdtype)
