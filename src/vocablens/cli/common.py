@@ -26,6 +26,8 @@ from vocablens.cli.damaged import refuse_nonfinite
 from vocablens.cli.torchrun import leave_process_group, splits_over_ranks, torchrun_rank
 from vocablens.cli.heap import trim_heap, tune_heap  # noqa: F401  (re-exported for the commands)
 from vocablens.cli.global_options import print_stats, show_version, take_dtype, take_stats
+from vocablens.cli import placement
+from vocablens.cli.placement import DeviceOpt, resolve_device  # noqa: F401  (re-exported for the commands)
 from vocablens.errors import BadInput, VocabLensError
 
 app = typer.Typer(
@@ -49,6 +51,13 @@ def _main(
                                                  "float16, or auto (the checkpoint's). Default: the checkpoint's, "
                                                  "except float16 runs in float32 on the CPU. Also taken after "
                                                  "the command's name (anatomy's own --dtype is its logits').")] = None,
+    device_map: Annotated[Optional[str], typer.Option("--device-map", help="One model over several devices of "
+                          "this machine (accelerate): auto, balanced, sequential or FILE.json ({module: device}; "
+                          "devices 0, 1, cpu, disk); taken anywhere, by every command that runs the model. With it "
+                          "--max-memory caps each device (0=70GiB,1=70GiB,cpu=200GiB); without it --max-memory "
+                          "streams blocks from the checkpoint (one small machine's last resort).")] = None,
+    offload_folder: Annotated[Optional[str], typer.Option("--offload-folder", help="With --device-map: where "
+                              "weights put on disk are kept (default: a temporary folder).")] = None,
 ) -> None:
     """The embedding and the unembedding (LM head) of decoder-only language models."""
 
@@ -57,48 +66,9 @@ ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 (default),
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout, nothing else on stdout.")]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow the model's own Python code (off by default).")]
 MaxMemOpt = Annotated[str, typer.Option("--max-memory", help="Keep at most this much of the weights in memory "
-                                        "(e.g. 200MB, 2GiB); the other blocks are read from the checkpoint at each forward.")]
+                                        "(e.g. 200MB, 2GiB); the other blocks are read from the checkpoint at each "
+                                        "forward. With --device-map: each device's cap (0=70GiB,cpu=200GiB).")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Weights dtype: float32 (default for GGUF), bfloat16, float16, auto.")]
-
-
-def resolve_device(text: str | None) -> str:
-    """``--device`` -> a canonical torch device string: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
-
-    Under torchrun (``LOCAL_RANK`` set), a bare ``cuda`` means ``cuda:LOCAL_RANK``.
-
-    Raises:
-        BadInput: an unknown device, CUDA (or MPS) asked for but not available, ``cuda:N`` beyond
-            the devices present.
-    """
-    import torch
-
-    if text is not None and not str(text).strip():
-        raise BadInput("--device is empty; use cpu, cuda, cuda:N or mps")
-    raw = (text or "cpu").strip()
-    try:
-        dev = torch.device(raw.lower())
-    except (RuntimeError, ValueError):
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda", "mps"):
-        raise BadInput(f"--device {raw!r} is not a device vocablens runs on; use cpu, cuda, cuda:N or mps")
-    if dev.type == "cuda":
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if n == 0:
-            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-            raise BadInput(f"--device {raw}: CUDA is not available here (torch {torch.__version__}, {build}); "
-                           "use --device cpu")
-        if dev.index is None and os.environ.get("LOCAL_RANK", "").isdigit():
-            dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % n)
-        if dev.index is not None and dev.index >= n:
-            raise BadInput(f"--device {raw}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise BadInput(f"--device {raw}: MPS (Apple GPU) is not available here; use --device cpu")
-    return "cpu" if dev.type == "cpu" else str(dev)
-
-
-DeviceOpt = Annotated[str, typer.Option(
-    "--device", callback=resolve_device,
-    help="Where the model's tensors live and the work runs: cpu (default), cuda, cuda:N, mps.")]
 
 
 class DefaultCommandGroup(TyperGroup):
@@ -206,6 +176,7 @@ def load_model(spec: str, mode: str = "full", *, quiet: bool = False, device: st
     from vocablens.models.loader import load_mode
 
     device = resolve_device(device)
+    mode, options = placement.placed(mode, device, options)  # --device-map: the whole model, placed
     if mode == "streaming":  # a bad size or device is one line (in the CLI's words), before anything loads
         from vocablens.models.streaming import parse_bytes
 
@@ -355,6 +326,7 @@ def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
     code = 1
     try:
         argv, _WEIGHTS_DTYPE = take_dtype(argv)  # --dtype: every load_model of this command takes it
+        argv = placement.take_placement(argv)  # --device-map (and its --max-memory): every whole-model load
         code = app(args=argv, prog_name="vocablens", standalone_mode=False)
         code = code if isinstance(code, int) else 0
         return code
@@ -388,7 +360,7 @@ def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
-        _WEIGHTS_DTYPE = None
+        _WEIGHTS_DTYPE = placement.PLACEMENT = None
         if whole_process:
             leave_process_group(code == 0)
         if stats:

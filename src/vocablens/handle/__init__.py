@@ -15,17 +15,21 @@ from vocablens.handle.results import Result
 
 
 def load(spec: str | os.PathLike | None = "smollm2", dtype=None, device: str = "cpu",
-         trust_remote_code: bool = False, max_memory: str | int | None = None, *, read=None,
-         blocks=None) -> Model:
+         trust_remote_code: bool = False, max_memory: str | int | dict | None = None, *, read=None,
+         blocks=None, device_map: str | dict | None = None, offload_folder: str | os.PathLike | None = None) -> Model:
     """Load a causal LM as a :class:`Model` (:func:`vocablens.models.load`; the arguments are its).
 
     ``m = vocablens.load("smollm2")``; it still unpacks as ``model, tokenizer, borders, provenance``.
-    ``vocablens.load("smollm2", read=("head", "final_norm"))`` reads those parts only.
+    ``vocablens.load("smollm2", read=("head", "final_norm"))`` reads those parts only;
+    ``vocablens.load(spec, device_map="auto", max_memory={0: "70GiB", 1: "70GiB", "cpu": "200GiB"})``
+    places one model over several devices (:mod:`vocablens.models.placement`; ``"disk"`` offload
+    included, ``offload_folder`` for what transformers rewrites), every workflow giving the figures of
+    a one-device load.
     Transformers' progress bars and logging are silenced for the duration of the load only (the
     previous settings are put back), so a notebook shows no bars and no IProgress warning.
 
     Raises:
-        ModelNotFound, CorruptModelFile, UnsupportedArchitecture: as :func:`vocablens.models.load`.
+        ModelNotFound, CorruptModelFile, UnsupportedArchitecture, BadInput: as :func:`vocablens.models.load`.
     """
     from vocablens.handle.quiet import quiet_loading
 
@@ -33,7 +37,8 @@ def load(spec: str | os.PathLike | None = "smollm2", dtype=None, device: str = "
         from vocablens import models
 
         lm = models.load(spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
-                         max_memory=max_memory, read=read, blocks=blocks)
+                         max_memory=max_memory, read=read, blocks=blocks, device_map=device_map,
+                         offload_folder=offload_folder)
     return Model.of(lm, spec=str(spec) if spec is not None else "smollm2")
 
 

@@ -264,7 +264,7 @@ class LensTraining:
                                    label or (self._held_label(held) if held is not None else None), notes)
         tl = inp.lens
         tl.check_model(self.borders)
-        tl.to(self.borders.device)
+        tl.to(self.borders.read_device)
         with _status(None if inp.split == "all" else status, f"tokenizing the {inp.split} split of {inp.corpus} ..."):
             rows, info = self.eval_rows(inp.corpus, inp.split, min(seq_len, max_tokens), max_tokens, inp.val_fraction,
                                         inp.split_seed, inp.docs)

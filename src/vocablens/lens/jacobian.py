@@ -223,7 +223,7 @@ class JacobianLens:
         lens = cls(J, lay, L, cfg.get("model") or {}, cfg.get("fitting") or {})
         if borders is not None:
             lens.check_model(borders)
-            lens.to(borders.device)
+            lens.to(borders.read_device)
         return lens
 
     # ------------------------------------------------------------------ the published format
@@ -308,7 +308,7 @@ def load_published(path: str | Path, borders: Borders | None = None, n_layers: i
     lens = JacobianLens(torch.stack([mats[b].float() for b in blocks]), [b + 1 for b in blocks], L, identity, settings)
     if borders is not None:
         lens.check_model(borders)
-        lens.to(borders.device)
+        lens.to(borders.read_device)
     return lens
 
 

@@ -263,7 +263,7 @@ def fit_jacobian_lens(borders: Borders, rows, settings: JacobianFitSettings = Ja
             "n_prompts": n_done, "tokens": tokens, "data": data_info,
             "fit_dtype": str(borders.input_embedding.dtype).replace("torch.", ""),
             "seconds_this_run": round(time.perf_counter() - t0, 1)}
-    return JacobianLens((sums / n_done).float(), layers, borders.n_layers, identity, info).to(borders.device)
+    return JacobianLens((sums / n_done).float(), layers, borders.n_layers, identity, info).to(borders.read_device)
 
 
 def _save_checkpoint(dirpath, sums, next_batch, n_done, sets, data_info, identity) -> None:

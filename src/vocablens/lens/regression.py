@@ -43,7 +43,7 @@ def regression_init(borders: Borders, rows: torch.Tensor, lens: TunedLens | None
         raise BadInput(f"regression_init needs token rows [N, T]; got {list(rows.shape)}")
     L, d = borders.n_layers, borders.d_model
     lens = lens if lens is not None else TunedLens.for_model(borders)
-    f64 = {"dtype": torch.float64, "device": borders.device}
+    f64 = {"dtype": torch.float64, "device": borders.read_device}
     XtX = torch.zeros(L, d + 1, d + 1, **f64)
     XtY = torch.zeros(L, d + 1, d, **f64)
     with torch.no_grad():

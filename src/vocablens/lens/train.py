@@ -185,7 +185,7 @@ def lens_from_checkpoint(dirpath: str | Path, borders: Borders | None = None) ->
         lens.bias.copy_(tensors["bias"].float())
     if borders is not None:
         lens.check_model(borders)
-        lens.to(borders.device)
+        lens.to(borders.read_device)
     return lens
 
 

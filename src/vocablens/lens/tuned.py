@@ -108,7 +108,7 @@ class TunedLens(nn.Module):
     @classmethod
     def for_model(cls, borders: Borders, name: str | None = None, settings: dict | None = None) -> "TunedLens":
         """A zero (untrained, = logit lens) tuned lens shaped for ``borders``' model."""
-        return cls(borders.d_model, borders.n_layers, model_identity(borders, name), settings, device=borders.device)
+        return cls(borders.d_model, borders.n_layers, model_identity(borders, name), settings, device=borders.read_device)
 
     def translate(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         """[..., d] residual stream at ``layer`` (0..L-1) -> translated [..., d] float32.
@@ -121,12 +121,12 @@ class TunedLens(nn.Module):
             raise BadInput(f"the tuned lens has translators for layers 0..{self.n_layers - 1}; got {layer}")
         if h.shape[-1] != self.d_model:
             raise ShapeMismatch(f"residual stream has width {h.shape[-1]}, the lens expects {self.d_model}")
-        h = h.float()
+        h = h.to(self.weight.device, torch.float32)  # a placed model: the layer is read where the lens is
         return h + torch.nn.functional.linear(h, self.weight[layer], self.bias[layer])
 
     def translate_all(self, H: torch.Tensor) -> torch.Tensor:
         """[L, N, d] residual streams of layers 0..L-1 -> translated [L, N, d] float32 (one batched GEMM)."""
-        H = H.float()
+        H = H.to(self.weight.device, torch.float32)
         return torch.baddbmm(self.bias[:, None, :], H, self.weight.transpose(1, 2)) + H
 
     def check_model(self, borders: Borders) -> None:
@@ -229,7 +229,7 @@ class TunedLens(nn.Module):
             lens.bias.copy_(b.float())
         if borders is not None:
             lens.check_model(borders)
-            lens.to(borders.device)
+            lens.to(borders.read_device)
         return lens
 
 
@@ -281,7 +281,7 @@ def load_tuned_lens_library(path: str | Path, borders: Borders | None = None) ->
                 lens.bias[i].copy_(check_lens_tensor(path / "params.pt", f"{i}.bias (layer {i})", bvec).float())
     if borders is not None:
         lens.check_model(borders)
-        lens.to(borders.device)
+        lens.to(borders.read_device)
     return lens
 
 

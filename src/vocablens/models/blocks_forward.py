@@ -36,7 +36,8 @@ def check_forward_input(borders, input_ids: torch.Tensor) -> torch.Tensor:
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
     check_ids_fit(input_ids, borders.vocab_size)  # V, also on a vocab-parallel rank (W_E emptied)
-    if not getattr(borders.model, "vocablens_streamed", False) and any(p.is_meta for p in borders.blocks.parameters()):
+    held = getattr(borders.model, "vocablens_streamed", False) or getattr(borders.model, "hf_device_map", None)
+    if not held and any(p.is_meta for p in borders.blocks.parameters()):  # offloaded blocks: accelerate reads them
         raise BadInput("this model was loaded with its borders only (no blocks): load it whole for a "
                        "forward pass")
     borders.check_finite(input_ids)
@@ -131,7 +132,7 @@ def blocks_forward(borders, input_ids: torch.Tensor, attention_mask: torch.Tenso
         raise UnsupportedArchitecture(borders.family, named_children(borders.model),
                                       f"residual stream not captured at layers {missing}")
     if all_layers:
-        resid = torch.stack([got[i] for i in want])
+        resid = torch.stack([got[i].to(borders.W_U.device) for i in want])  # read where the head is
         check_stream_finite(borders, resid, attention_mask=attention_mask)
         return resid
     last = got[L] if attention_mask is None else got[L][attention_mask.to(got[L].device).bool()]

@@ -233,7 +233,15 @@ class Borders:
 
     @property
     def device(self) -> torch.device:
+        """Where the token ids go: the embedding's device."""
         return self.W_E.device
+
+    @property
+    def read_device(self) -> torch.device:
+        """Where the residual stream is read: the LM head's device. The embedding's (:attr:`device`)
+        on a one-device load; a model placed over several devices (``device_map``) has every
+        captured layer and every lens there."""
+        return self.W_U.device
 
     # ------------------------------------------------------------------ non-finite weights
     def nonfinite(self) -> dict[str, int]:
@@ -373,7 +381,7 @@ class Borders:
         if missing:
             raise UnsupportedArchitecture(self.family, named_children(self.model),
                                           f"residual stream not captured at layers {missing}")
-        resid = torch.stack([store[i] for i in range(L + 1)])
+        resid = torch.stack([store[i].to(self.W_U.device) for i in range(L + 1)])  # read where the head is
         logits = out.logits.float()
         check_stream_finite(self, resid, logits, attention_mask)  # no figure is read from inf or NaN
         return resid, logits

@@ -58,7 +58,8 @@ MODE_READS: dict[str, tuple[str, ...] | None] = {
 
 def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str = "cpu",
          trust_remote_code: bool = False, max_memory: str | int | None = None, *,
-         read: str | Iterable[str] | None = None, blocks: Iterable[int] | None = None) -> LoadedModel:
+         read: str | Iterable[str] | None = None, blocks: Iterable[int] | None = None,
+         device_map: str | dict | None = None, offload_folder: str | os.PathLike | None = None) -> LoadedModel:
     """Load a causal LM, or the parts of it named by ``read``: the one entry of every load.
 
     ``load(spec)`` reads the whole model; ``load(spec, max_memory="200MB")`` the whole model with
@@ -81,11 +82,20 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
         device: torch device string; a partial read maps its tensors on the CPU, then moves them
             (a tied matrix stays one tensor; the blocks left on ``meta`` stay there).
         trust_remote_code: passed to transformers; off unless the user turns it on.
-        max_memory: bytes or a size (``"200MB"``) for the resident weights of a whole-model load on
-            the CPU: the borders, then blocks 0, 1, ... while they fit; the rest stream.
+        max_memory: without ``device_map``: bytes or a size (``"200MB"``) for the resident weights
+            of a whole-model load on the CPU: the borders, then blocks 0, 1, ... while they fit; the
+            rest stream from the checkpoint at each forward (one small machine's last resort). With
+            ``device_map``: each device's cap, ``"0=70GiB,1=70GiB,cpu=200GiB"`` or ``{0: "70GiB", "cpu": ...}``.
         read: None (the whole model), or names of :data:`~vocablens.models.partial.PARTS`:
             ``embedding``, ``input_embedding``, ``head``, ``final_norm``, ``value_vectors``.
         blocks: with ``read``, block indices 0..L-1 read whole too.
+        device_map: one model over several devices (:mod:`vocablens.models.placement`): ``auto``,
+            ``balanced``, ``balanced_low_0``, ``sequential``, a JSON file of ``{module: device}`` or
+            such a dict (devices: GPU index, ``cpu``, ``disk``). The embedding sits where block 0
+            runs, the final norm and head where the last block runs; accelerate moves the stream.
+        offload_folder: with ``device_map``, where weights mapped to ``disk`` that transformers
+            rewrites are kept (default: a temporary folder removed with the model; most are read
+            in place from the checkpoint's safetensors files).
 
     Returns:
         :class:`LoadedModel` (unpacks to ``model, tokenizer, borders, provenance``); the model is in
@@ -106,15 +116,27 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
             its result is the provenance's ``readout``).
         BadInput: a model that needs its own code without ``trust_remote_code``
             (:mod:`vocablens.models.remote_code`); an unknown part, ``blocks`` without ``read`` or out
-            of range; a bad ``max_memory``, or one given with ``read`` or a device other than the CPU.
+            of range; a bad ``max_memory``, or one given with ``read`` or a device other than the CPU;
+            a bad ``device_map`` (:func:`~vocablens.models.placement.device_map_arg`), or one given
+            with ``read`` or ``device``.
     """
     from vocablens.models.spec import check_remote_code
 
     spec = DEFAULT_MODEL if spec is None else str(spec)
-    parts = _what_to_read(read, blocks, max_memory, device)
+    placement = _placement(device_map, max_memory, offload_folder, read, device)
+    parts = _what_to_read(read, blocks, None if placement else max_memory, device)
     check_remote_code(spec, trust_remote_code)  # a model's own code: refused in one line before transformers reads it
+    if placement is not None:
+        return _whole(spec, dtype, device, trust_remote_code, placement)
     if parts is None and max_memory in (None, ""):
         return _whole(spec, dtype, device, trust_remote_code)
+    return _partial(spec, parts, dtype, device, trust_remote_code, max_memory)
+
+
+def _partial(spec: str, parts, dtype, device: str, trust_remote_code: bool, max_memory) -> LoadedModel:
+    """The parts named (``parts``), or with ``parts`` None the streaming load of ``max_memory``
+    (:func:`load`): read from the safetensors headers; a ``pytorch_model.bin`` only checkpoint
+    loads whole instead (:func:`loaded_whole_instead`)."""
     from vocablens.models.checkpoint_files import NoSafetensors
     from vocablens.models.readout_store import apply_stored
 
@@ -138,6 +160,21 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
                                     dtype=dtype, trust_remote_code=trust_remote_code)
 
 
+def _placement(device_map, max_memory, offload_folder, read, device: str) -> tuple | None:
+    """``(device map, max_memory map, offload folder)`` checked (None without a device map)."""
+    from vocablens.models.placement import device_map_arg, max_memory_map
+
+    if device_map in (None, ""):
+        if offload_folder:
+            raise BadInput("`offload_folder` holds the weights a device map puts on disk: give a device map too")
+        return None
+    if read is not None:
+        raise BadInput("a device map places a whole model; a read of some parts is placed by `device`")
+    if str(device) != "cpu":
+        raise BadInput(f"give `device` or a device map, not both (got device {device!r}); the map names the devices")
+    return device_map_arg(device_map), max_memory_map(max_memory), None if not offload_folder else str(offload_folder)
+
+
 def _what_to_read(read, blocks, max_memory, device: str):
     """:class:`~vocablens.models.partial.Parts` of ``read`` and ``blocks`` (None: the whole model),
     after the argument checks of :func:`load` (one line each, before anything loads)."""
@@ -159,7 +196,7 @@ def _what_to_read(read, blocks, max_memory, device: str):
 
 def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device: str = "cpu",
               trust_remote_code: bool = False, max_memory: str | int | None = None, blocks=None,
-              value_vectors: bool = False):
+              value_vectors: bool = False, device_map=None, offload_folder=None):
     """Load ``spec`` in one of :data:`MODES` (module docstring): :func:`load` with the mode's
     ``read`` (:data:`MODE_READS`) -> :class:`~vocablens.models.LoadedModel`.
 
@@ -171,6 +208,8 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
         max_memory: bytes or a size string (``"200MB"``), for ``streaming`` (required there).
         blocks: for ``borders``: block indices read too.
         value_vectors: for ``borders``: every block's FFN value vectors read too.
+        device_map: for ``full``: as :func:`load` (``max_memory`` then caps each device).
+        offload_folder: with ``device_map``: as :func:`load`.
 
     Raises:
         BadInput: an unknown mode; ``max_memory`` missing or bad for ``streaming``, or given with
@@ -181,6 +220,11 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
 
     if mode not in MODES:
         raise BadInput(f"unknown loading mode {mode!r}; one of {', '.join(MODES)}")
+    if device_map not in (None, ""):
+        if mode != "full":
+            raise BadInput(f"a device map places the whole model (mode full), not {mode!r}")
+        return load(spec, None if dtype == "" else dtype, device, trust_remote_code, max_memory or None,
+                    device_map=device_map, offload_folder=offload_folder)
     if mode == "streaming":
         if max_memory in (None, ""):
             raise BadInput("the streaming load needs max_memory (a size such as 200MB)")
@@ -224,14 +268,23 @@ def borders_to(lm, device: str):
 
 
 # ------------------------------------------------------------------ the whole model
-def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedModel:
+def _whole(spec: str, dtype, device: str, trust_remote_code: bool, placement: tuple | None = None) -> LoadedModel:
     """The whole model through transformers (a GGUF file through its float32 cache), its readout
-    checked against the model's own logits (:func:`checked_readout`)."""
+    checked against the model's own logits (:func:`checked_readout`); ``placement``: ``(device map,
+    max_memory, offload folder)`` of :mod:`vocablens.models.placement`, or None (all on ``device``)."""
     import torch
     from transformers import AutoTokenizer
 
-    tdtype, dtype_note = run_dtype(spec, dtype, device)
+    from vocablens.models import placement as P
+
+    tdtype, dtype_note = run_dtype(spec, dtype, "cuda" if placement and P.uses_gpu(*placement[:2]) else device)
     kind, path, hub = resolve_spec(spec)
+    placed_prov = None
+    if placement is not None and kind == "gguf":  # a device map reads the float32 cache as a directory
+        from vocablens.models.sources import source_dir
+
+        path, placed_prov = source_dir(spec)  # the provenance names the GGUF file, as a whole load's does
+        kind = "dir"
     with reading(spec, kind, hub, "load", path):
         if kind == "gguf":
             tok, model, prov = load_gguf(path, spec, tdtype)
@@ -243,12 +296,16 @@ def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedMode
             with building_tokenizer(spec, lambda: json_tokenizer_problem(Path(src)) if kind == "dir"
                                     else hub_tokenizer_problem(src)):
                 tok = AutoTokenizer.from_pretrained(src, **kw)
-            model = _from_pretrained(spec, src, tdtype, device, kw)
-            prov = dir_provenance(path, spec) if kind == "dir" else Provenance(
+            placed = {} if placement is None else P.placed_kwargs(src, kw, tdtype, *placement)
+            scratch = placed.pop("scratch", None)
+            model = _from_pretrained(spec, src, tdtype, kw, placed)
+            P.remove_scratch_with(model, scratch)
+            prov = placed_prov or dir_provenance(path, spec) if kind == "dir" else Provenance(
                 spec=spec, name=hub, source=f"hub:{hub}", format="hub",
                 quantization=str(getattr(model.config, "dtype", "") or ""),
             )
-    if quantization_config(model) is None or next(model.parameters()).device.type != torch.device(device).type:
+    if placement is None and (quantization_config(model) is None
+                              or next(model.parameters()).device.type != torch.device(device).type):
         _placed(model, spec, device)  # a quantized model that its quantizer placed (bitsandbytes: CUDA) stays
     model.eval()
     model.requires_grad_(False)
@@ -259,14 +316,16 @@ def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedMode
     borders = Borders.from_model(model, tokenizer=tok)
     prov = quantized_provenance(prov, model, borders)  # the matrices read dequantized, and said so
     borders, line = checked_readout(borders, spec)
-    return with_note(LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})), dtype_note)
+    lm = with_note(LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})), dtype_note)
+    return lm if placement is None else with_note(lm, P.placement_line(model))
 
 
-def _from_pretrained(spec: str, src: str, tdtype, device: str, kw: dict):
+def _from_pretrained(spec: str, src: str, tdtype, kw: dict, placed: dict):
     """``from_pretrained`` of a directory or hub id (the causal-LM class, else the image-text-to-text
     one: :func:`~vocablens.models.auto_class.auto_model_class`). A checkpoint quantized by a
-    transformers quantizer (its config's ``quantization_config``) loads through it too, placed on
-    ``device`` by the quantizer (a quantized model cannot be moved after loading).
+    transformers quantizer (its config's ``quantization_config``) loads through it too, placed by the
+    quantizer (a quantized model cannot be moved after loading). ``kw``: the config's and the weights'
+    keyword arguments (revision, trust_remote_code ...); ``placed``: the weights' alone (a device map's).
 
     Raises:
         UnsupportedQuantization: a quantized checkpoint transformers cannot load here (its quantizer's
@@ -279,7 +338,7 @@ def _from_pretrained(spec: str, src: str, tdtype, device: str, kw: dict):
     config = AutoConfig.from_pretrained(src, **kw)  # the causal-LM mapping, else image-text-to-text
     try:
         return auto_model_class(config).from_pretrained(src, config=config, dtype=tdtype or "auto",
-                                                        use_safetensors=None, **kw)
+                                                        use_safetensors=None, **kw, **placed)
     except (ImportError, ValueError, RuntimeError, NotImplementedError, TypeError, AttributeError) as exc:
         qc = quantization_config(config)
         if qc is None:

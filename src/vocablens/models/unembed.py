@@ -73,9 +73,10 @@ class Unembedding:
         """Residual stream [..., d_model] -> head input [..., d_emb].
 
         Applies the final norm exactly once (when there is one) and ``project_out``, in the modules'
-        own dtype (``dtype=None``: W_U's dtype, as the model computes it). Differentiable.
+        own dtype (``dtype=None``: W_U's dtype, as the model computes it), on W_U's device (a model
+        placed over several devices: where the last block's output goes). Differentiable.
         """
-        h = resid.to(dtype or self.weight.dtype)
+        h = resid.to(self.weight.device, dtype or self.weight.dtype)
         if self.final_norm is not None:
             h = self.final_norm(h)
         if self.project_out is not None:

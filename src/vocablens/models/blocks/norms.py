@@ -67,9 +67,11 @@ def norm_gain(norm: nn.Module | None, d: int) -> tuple[torch.Tensor, torch.Tenso
     """
     if norm is None:
         return torch.ones(d), torch.zeros(d), False
+    from vocablens.models.offload import runs_on
+
     w = next((p for p in norm.parameters()), None)
     dtype = w.dtype if w is not None else torch.float32
-    dev = w.device if w is not None else torch.device("cpu")
+    dev = runs_on(norm)  # an offloaded norm (device map): where its hook runs it
     eps = _norm_eps(norm)
     with torch.no_grad():
         zeros = torch.zeros(1, d, dtype=dtype, device=dev)

@@ -19,15 +19,19 @@ def _is_conv1d(mod: nn.Module) -> bool:
 
 def linear_weight(mod: nn.Module) -> torch.Tensor:
     """The weight of a linear-like module as ``[out, in]`` (transformers' ``Conv1D`` stores ``[in, out]``);
-    a quantized weight read dequantized (:func:`vocablens.models.quantized.dequantized`)."""
+    a module a device map offloaded: its stored weight (:func:`vocablens.models.offload.held`); a quantized
+    weight read dequantized (:func:`vocablens.models.quantized.dequantized`)."""
+    from vocablens.models.offload import held
     from vocablens.models.quantized import dequantized
 
-    w = dequantized(mod.weight)
+    w = dequantized(held(mod, "weight"))
     return w.t() if _is_conv1d(mod) else w
 
 
 def linear_bias(mod: nn.Module) -> torch.Tensor | None:
-    b = getattr(mod, "bias", None)
+    from vocablens.models.offload import held
+
+    b = held(mod, "bias")
     return b if isinstance(b, torch.Tensor) else None
 
 
