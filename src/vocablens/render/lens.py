@@ -80,6 +80,9 @@ def lens_caption(kind: str, lens) -> str:
         bits.append(f"revision {str(info['revision'])[:12]}")
     if info.get("format"):
         bits.append(f"format {info['format']}")
+    if info.get("hub"):
+        hub = info["hub"]
+        bits.append(f"from the hub {hub['repo']}@{str(hub['revision'])[:12]}")
     if info.get("verified"):
         bits.append(str(info["verified"]))
     return ", ".join(bits)
