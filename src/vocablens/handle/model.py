@@ -27,6 +27,7 @@ from vocablens.errors import BadInput, TokenNotInVocabulary
 from vocablens.handle import results as R
 from vocablens.handle.corpus import CorpusWorkflows
 from vocablens.handle.lens_compare import LensCompareWorkflows
+from vocablens.handle.lens_quality import LensQuality
 from vocablens.handle.lens_training import LensTraining
 from vocablens.handle.lenses import LensWorkflows
 from vocablens.handle.matrices import MatrixWorkflows
@@ -36,7 +37,7 @@ from vocablens.models.loaded_model import LoadedModel
 
 
 @dataclass(eq=False)
-class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, MatrixWorkflows, CorpusWorkflows, LensCompareWorkflows, LoadedModel):
+class Model(SurgeryWorkflows, LensTraining, LensQuality, LensWorkflows, TrajectoryWorkflows, MatrixWorkflows, CorpusWorkflows, LensCompareWorkflows, LoadedModel):
     """A loaded model with its workflows (module docstring).
 
     Attributes:
