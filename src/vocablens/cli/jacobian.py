@@ -56,9 +56,9 @@ def lens_fit_jacobian(
     settings = JacobianFitSettings(skip_first=skip_first, dim_batch=dim_batch, prompt_batch=prompt_batch,
                                    layers=tuple(parse_int_list(layers, "--layers")) if layers else None)
     set_threads(threads)
-    quiet = json_ and not progress
     docs = load_documents(corpus)  # a missing or empty corpus fails before the model loads
-    init_from_env(device)  # under torchrun: each rank fits its share of the prompts
+    rank, _ = init_from_env(device)  # under torchrun: each rank fits its share of the prompts, rank 0 prints
+    quiet = (json_ and not progress) or rank != 0
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
 
     def started(prompts: int, tokens: int, data: dict) -> None:
@@ -73,7 +73,8 @@ def lens_fit_jacobian(
                                status=lambda msg: status(msg, quiet=quiet), started=started,
                                on_progress=None if quiet else _FitProgress(), shard=shard_in,
                                quality_tokens=quality_tokens)
-    show(res, json_)
+    if rank == 0:
+        show(res, json_)
 
 
 @lens_app.command("merge")
@@ -88,13 +89,33 @@ def lens_merge(
     their prompts); shards of different fits (model, dtype, layers, estimator, skip_first, corpus
     manifest) are refused. The merged lens's quality is measured on its first use (cached)."""
     from vocablens.cli.common import emit_json
-    from vocablens.lens.jacobian_merge import merge_lens_files
+    from vocablens.handle.lens_compare import merge_shards
 
-    rec = merge_lens_files(shards, out_dir, save_dtype, force)
+    rec = merge_shards(shards, out_dir, save_dtype, force)
     if json_:
         emit_json(rec)
     else:
         err.print(f"merged {len(shards)} shards ({rec['n_prompts']} prompts) into {out_dir}", soft_wrap=True)
+
+
+@lens_app.command("decompose")
+def lens_decompose(
+    prompt: Annotated[str, typer.Argument(help="Text to read.")],
+    layer: Annotated[int, typer.Option("--layer", "-l", help="Stream layer (0..L-1) the Jacobian lens has a matrix for.")],
+    model: ModelOpt = "smollm2",
+    position: Annotated[int, typer.Option("--position", "-p", help="Position read (default the last; negative from the end).")] = -1,
+    k: Annotated[int, typer.Option("-k", help="Token directions at most.")] = 10,
+    lens_path: Annotated[str, typer.Option("--lens", help="A Jacobian lens (folder, lens.pt, hub id); default: the one shipped for the model.")] = "",
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """A stream vector as a few nonnegative Jacobian-lens token directions (nonnegative OMP + NNLS, as
+    TransformerLens 4's decompose), with the residual and the fraction of its squared norm explained."""
+    if not prompt.strip():
+        raise BadInput("empty prompt: give some text")
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    show(lm.decompose(prompt, layer, position=position, k=k, lens=lens_path or None), json_)
 
 
 class _FitProgress:
@@ -153,4 +174,4 @@ def lens_backward(
     show(res, json_)
 
 
-__all__ = ["lens_backward", "lens_fit_jacobian", "lens_merge"]
+__all__ = ["lens_backward", "lens_decompose", "lens_fit_jacobian", "lens_merge"]

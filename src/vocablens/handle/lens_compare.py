@@ -365,6 +365,18 @@ class LensCompareWorkflows:
         return self._result(R.Undertrained, res, verdicts=None, paper_candidates=paper, fraction=DEFAULT_FRACTION)
 
 
+def merge_shards(paths: Sequence, out, save_dtype: str = "float16", force: bool = False) -> dict:
+    """``vocablens lens merge``: the shards of a Jacobian-lens fit merged exactly and saved (no model
+    needed; :func:`vocablens.lens.jacobian_merge.merge_lens_files`); returns its record.
+
+    Raises:
+        BadInput, CheckpointMismatch, OutputExists: as :func:`~vocablens.lens.jacobian_merge.merge_lens_files`.
+    """
+    from vocablens.lens.jacobian_merge import merge_lens_files
+
+    return merge_lens_files(paths, out, save_dtype, force)
+
+
 def check_scoring_options(max_tokens: int, seq_len: int, plot, force: bool) -> None:
     """The options of scoring lenses on a corpus (``compare_lenses``, ``eval_lens``) that need no model.
 
@@ -380,5 +392,5 @@ def check_scoring_options(max_tokens: int, seq_len: int, plot, force: bool) -> N
         raise BadInput(f"--plot must end in .html or .png; got {plot}")
 
 
-__all__ = ["CompareInputs", "FIT_DTYPES", "LensCompareWorkflows", "check_fit_options", "check_scoring_options",
+__all__ = ["CompareInputs", "FIT_DTYPES", "LensCompareWorkflows", "check_fit_options", "check_scoring_options", "merge_shards",
            "compare_inputs", "find_lenses"]

@@ -27,6 +27,7 @@ from vocablens.errors import BadInput, TokenNotInVocabulary
 from vocablens.handle import results as R
 from vocablens.handle.corpus import CorpusWorkflows
 from vocablens.handle.lens_compare import LensCompareWorkflows
+from vocablens.handle.lens_decompose import LensDecompose
 from vocablens.handle.lens_quality import LensQuality
 from vocablens.handle.lens_training import LensTraining
 from vocablens.handle.lenses import LensWorkflows
@@ -37,7 +38,7 @@ from vocablens.models.loaded_model import LoadedModel
 
 
 @dataclass(eq=False)
-class Model(SurgeryWorkflows, LensTraining, LensQuality, LensWorkflows, TrajectoryWorkflows, MatrixWorkflows, CorpusWorkflows, LensCompareWorkflows, LoadedModel):
+class Model(SurgeryWorkflows, LensTraining, LensQuality, LensDecompose, LensWorkflows, TrajectoryWorkflows, MatrixWorkflows, CorpusWorkflows, LensCompareWorkflows, LoadedModel):
     """A loaded model with its workflows (module docstring).
 
     Attributes:
