@@ -121,7 +121,7 @@ def test_hub_lenses_downloaded_pinned_cached_and_read(tmp_path, monkeypatch, cap
     code, out_, err = run_cli(capsys, "lens", "x", "-m", model_dir, "--kind", "jacobian", "--lens",
                               "neuronpedia/jacobian-lens/other.pt")
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "not in the local Hugging Face cache and HF_HUB_OFFLINE is set" in err
+    assert "not in the local cache of the Hugging Face hub and HF_HUB_OFFLINE is set" in err
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"

@@ -176,7 +176,7 @@ def fetch(spec: str, repo_type: str | None = None) -> Path:
     if offline():
         hit = cached(repo, inner, revision)
         if hit is None:
-            raise BadInput(f"--lens {spec}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set "
+            raise BadInput(f"--lens {spec}: not in the local cache of the Hugging Face hub and HF_HUB_OFFLINE is set "
                            "(download it where the hub is reachable, or unset HF_HUB_OFFLINE)")
         return hit
     rtype, info = _repo_info(spec, repo, revision, repo_type)
