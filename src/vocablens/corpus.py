@@ -9,7 +9,8 @@ A corpus is a list of :class:`Document`. Sources:
 - a named corpus (:data:`NAMED_CORPORA`): ``pydoc-topics`` (English prose about Python, ships with
   CPython: always available), ``cpython-stdlib`` (code, ships with CPython: always available),
   ``python-docs`` (English prose, Debian ``python3.11-doc``) and ``debian-handbook`` (English
-  prose, Debian ``debian-handbook``); each says the command that installs it.
+  prose, Debian ``debian-handbook``) and ``fortunes`` (general English: quotations, literature, wisdom,
+  Debian ``fortunes``, one document per fortune); each says the command that installs it.
 
 Train/validation splits are by document, deterministic (a hash of the document name). A document's
 name is relative to the corpus (a file's own name, a path inside the directory, ``stdlib/abc.py``),
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +80,19 @@ NAMED_CORPORA: dict[str, dict[str, str]] = {
         "path": "/usr/share/doc/debian-handbook/html/en-US",
         "install": "apt-get install -y debian-handbook",
     },
+    "fortunes": {
+        "kind": "prose",
+        "description": "fortune(6)'s English collections (quotations, literature, people, wisdom, science, "
+                       "politics ...; no computing or ASCII-art files), one document per fortune (about 1.3 MB)",
+        "path": "/usr/share/games/fortunes",
+        "install": "apt-get install -y fortunes",
+    },
 }
+
+#: the files of the ``fortunes`` corpus: the general-English collections of Debian's ``fortunes``
+FORTUNE_FILES = ("education", "food", "fortunes", "humorists", "kids", "law", "literature", "love", "medicine",
+                 "men-women", "miscellaneous", "news", "people", "pets", "platitudes", "politics", "riddles",
+                 "science", "songs-poems", "sports", "wisdom", "work")
 
 
 def html_to_text(html: str) -> str:
@@ -142,6 +156,8 @@ def _named(name: str, max_docs: int | None) -> list[Document]:
     root = Path(info["path"])
     if not root.is_dir():
         raise BadInput(f"corpus {name!r} is not installed; install it with: {info['install']}")
+    if name == "fortunes":
+        return _fortunes(root, max_docs)
     # the HTML pages only (python-docs also ships its reStructuredText sources under _sources/)
     files = sorted(f for f in root.rglob("*.html") if not any(part.startswith("_") for part in f.relative_to(root).parts))
     docs: list[Document] = []
@@ -150,6 +166,17 @@ def _named(name: str, max_docs: int | None) -> list[Document]:
         if max_docs and len(docs) >= max_docs:
             break
     return docs
+
+
+def _fortunes(root: Path, max_docs: int | None) -> list[Document]:
+    """One document per fortune (entries are separated by a line ``%``), named ``FILE#i``."""
+    docs: list[Document] = []
+    for f in FORTUNE_FILES:
+        if not (root / f).is_file():
+            continue
+        parts = re.split(r"^%$", read_text(root / f), flags=re.MULTILINE)
+        docs.extend(Document(f"{f}#{i + 1}", t.strip()) for i, t in enumerate(parts) if t.strip())
+    return docs[: max_docs or None]
 
 
 def load_documents(spec: str | Path, max_docs: int | None = None) -> list[Document]:

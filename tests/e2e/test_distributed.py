@@ -61,8 +61,11 @@ def world(tmp_path_factory):
         ["score", TEXT, "-m", tied, "--top-k", "3", "--json"],
         ["generate", "t3 t17 t5", "-m", untied, "-n", "12", "--json"],
         ["generate", "t3 t17 t5", "-m", untied, "-n", "8", "-t", "1.5", "--json"],  # no seed: one drawn for all ranks
+        ["lens", "fit-jacobian", "-m", untied, "--corpus", str(corpus), "--out", str(root / "jl-ranks"), "--seq-len",
+         "12", "--max-tokens", "48", "--skip-first", "2", "--dim-batch", "64", "--quality-tokens", "0",
+         "--save-dtype", "float32", "--json"],
     ]
-    return {"commands": cmds, "models": [untied, tied]}
+    return {"commands": cmds, "models": [untied, tied], "root": str(root)}
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +116,9 @@ def test_two_ranks_print_the_one_process_results(world, two_ranks, capsys):
     under 2 gloo ranks: rank 0 prints what one process prints, rank 1 prints nothing."""
     assert all(code == 0 and out == "" for code, out in two_ranks[1]["runs"])
     for argv, (code, got) in zip(world["commands"], two_ranks[0]["runs"]):
+        if argv[1] == "fit-jacobian":
+            _fit_jacobian_ranks_equal_one_process(world, argv, code, capsys)
+            continue
         ref_code, ref = _one_process(capsys, argv)
         assert code == ref_code == 0, argv
         g, r = json.loads(got), json.loads(ref)
@@ -128,6 +134,23 @@ def test_two_ranks_print_the_one_process_results(world, two_ranks, capsys):
             _close(g, r, 1e-6)  # float64 sums: equal up to float32 rounding of each row
     ev = json.loads(two_ranks[0]["runs"][0][1])
     assert ev["tokens"] == 320 and ev["layers"][0]["logit"]["kl"] > 0
+
+
+def _fit_jacobian_ranks_equal_one_process(world, argv, code, capsys):
+    """``torchrun ... lens fit-jacobian``: the 2 ranks fit 2 prompts each and all-reduce the prompt-weighted
+    sums; rank 0's saved lens equals the one-process fit of the 4 prompts (float32 rounding, 1e-5 relative)."""
+    from vocablens.lens.jacobian import JacobianLens
+
+    assert code == 0
+    ranks = JacobianLens.load(Path(world["root"]) / "jl-ranks")
+    one = list(argv)
+    one[one.index("--out") + 1] = str(Path(world["root"]) / "jl-one")
+    ref_code, _ = _one_process(capsys, one)
+    assert ref_code == 0
+    whole = JacobianLens.load(Path(world["root"]) / "jl-one")
+    assert ranks.settings["n_prompts"] == whole.settings["n_prompts"] == 4 and ranks.settings["world_size"] == 2
+    assert ranks.settings["data"]["prompts_sha256"] == whole.settings["data"]["prompts_sha256"]
+    assert (ranks.J - whole.J).abs().max() <= 1e-5 * whole.J.abs().max()
 
 
 def test_each_rank_holds_only_its_slice_of_the_vocabulary(world, two_ranks):

@@ -28,7 +28,9 @@ def lens_fit_jacobian(
     seed: Annotated[int, typer.Option("--seed", help="Order of the training documents.")] = 0,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Checkpoint every N batches of prompts (0 = at the end).")] = 1,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint in --out.")] = False,
-    save_dtype: Annotated[str, typer.Option("--save-dtype", help="float16 (default, as the reference), bfloat16 or float32 storage.")] = "float16",
+    save_dtype: Annotated[str, typer.Option("--save-dtype", help="float16 (default, as the reference; float32 for a --shard, so that the merge is exact), bfloat16 or float32 storage.")] = "",
+    shard: Annotated[str, typer.Option("--shard", help="I/N: fit only the I-th of N disjoint slices of the prompts; merge the N lenses with `vocablens lens merge`.")] = "",
+    quality_tokens: Annotated[int, typer.Option("--quality-tokens", help="Held-out tokens (validation split) on which the lens's per-layer KL and top-1 are measured and stored (0 = none).")] = 2048,
     threads: Annotated[int, typer.Option("--threads", help="torch threads (0 = torch's default).")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace a Jacobian lens already in --out.")] = False,
     progress: Annotated[bool, typer.Option("--progress", help="Show progress on stderr even with --json.")] = False,
@@ -43,13 +45,20 @@ def lens_fit_jacobian(
     from vocablens.corpus import load_documents
     from vocablens.handle.lens_compare import check_fit_options
     from vocablens.lens.jacobian_fit import JacobianFitSettings
+    from vocablens.lens.jacobian_merge import parse_shard
+    from vocablens.parallel.processes import init_from_env
 
+    shard_in = parse_shard(shard) if shard else None
+    save_dtype = save_dtype or ("float32" if shard_in else "float16")
+    if quality_tokens < 0:
+        raise BadInput(f"--quality-tokens must be >= 0; got {quality_tokens}")
     check_fit_options(out_dir, save_dtype, seq_len, skip_first, max_tokens, force, resume)
     settings = JacobianFitSettings(skip_first=skip_first, dim_batch=dim_batch, prompt_batch=prompt_batch,
                                    layers=tuple(parse_int_list(layers, "--layers")) if layers else None)
     set_threads(threads)
-    quiet = json_ and not progress
     docs = load_documents(corpus)  # a missing or empty corpus fails before the model loads
+    rank, _ = init_from_env(device)  # under torchrun: each rank fits its share of the prompts, rank 0 prints
+    quiet = (json_ and not progress) or rank != 0
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
 
     def started(prompts: int, tokens: int, data: dict) -> None:
@@ -62,8 +71,51 @@ def lens_fit_jacobian(
                                checkpoint_every=checkpoint_every, resume=resume, save_dtype=save_dtype, force=True,
                                docs=docs, command="vocablens lens fit-jacobian " + " ".join(_argv_tail()),
                                status=lambda msg: status(msg, quiet=quiet), started=started,
-                               on_progress=None if quiet else _FitProgress())
-    show(res, json_)
+                               on_progress=None if quiet else _FitProgress(), shard=shard_in,
+                               quality_tokens=quality_tokens)
+    if rank == 0:
+        show(res, json_)
+
+
+@lens_app.command("merge")
+def lens_merge(
+    shards: Annotated[list[Path], typer.Argument(help="The shards' folders (`lens fit-jacobian --shard I/N --out DIR`).")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for the merged lens.")] = Path("jacobian-lens"),
+    save_dtype: Annotated[str, typer.Option("--save-dtype", help="float16 (default, as the reference), bfloat16 or float32 storage.")] = "float16",
+    force: Annotated[bool, typer.Option("--force", help="Replace a Jacobian lens already in --out.")] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Merge the shards of a Jacobian-lens fit, weighted by their prompt counts (exact: the lens of all
+    their prompts); shards of different fits (model, dtype, layers, estimator, skip_first, corpus
+    manifest) are refused. The merged lens's quality is measured on its first use (cached)."""
+    from vocablens.cli.common import emit_json
+    from vocablens.handle.lens_compare import merge_shards
+
+    rec = merge_shards(shards, out_dir, save_dtype, force)
+    if json_:
+        emit_json(rec)
+    else:
+        err.print(f"merged {len(shards)} shards ({rec['n_prompts']} prompts) into {out_dir}", soft_wrap=True)
+
+
+@lens_app.command("decompose")
+def lens_decompose(
+    prompt: Annotated[str, typer.Argument(help="Text to read.")],
+    layer: Annotated[int, typer.Option("--layer", "-l", help="Stream layer (0..L-1) the Jacobian lens has a matrix for.")],
+    model: ModelOpt = "smollm2",
+    position: Annotated[int, typer.Option("--position", "-p", help="Position read (default the last; negative from the end).")] = -1,
+    k: Annotated[int, typer.Option("-k", help="Token directions at most.")] = 10,
+    lens_path: Annotated[str, typer.Option("--lens", help="A Jacobian lens (folder, lens.pt, hub id); default: the one shipped for the model.")] = "",
+    json_: JsonOpt = False,
+    trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """A stream vector as a few nonnegative Jacobian-lens token directions (nonnegative OMP + NNLS, as
+    TransformerLens 4's decompose), with the residual and the fraction of its squared norm explained."""
+    if not prompt.strip():
+        raise BadInput("empty prompt: give some text")
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
+    show(lm.decompose(prompt, layer, position=position, k=k, lens=lens_path or None), json_)
 
 
 class _FitProgress:
@@ -126,4 +178,4 @@ def lens_backward(
     show(res, json_)
 
 
-__all__ = ["lens_backward", "lens_fit_jacobian"]
+__all__ = ["lens_backward", "lens_decompose", "lens_fit_jacobian", "lens_merge"]

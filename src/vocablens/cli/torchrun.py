@@ -7,7 +7,7 @@ import os
 import sys
 
 #: commands that split their work over torchrun ranks (the others run on rank 0 alone)
-DISTRIBUTED = {("argmax",), ("lens", "eval"), ("lens", "train"), ("settle",), ("score",), ("generate",)}
+DISTRIBUTED = {("argmax",), ("lens", "eval"), ("lens", "train"), ("lens", "fit-jacobian"), ("settle",), ("score",), ("generate",)}
 
 
 def torchrun_rank() -> int | None:

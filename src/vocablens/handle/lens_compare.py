@@ -255,7 +255,8 @@ class LensCompareWorkflows:
                           settings=None, out: str | Path | None = None, val_fraction: float = 0.1, seed: int = 0,
                           checkpoint_every: int | None = None, resume: bool = False, save_dtype: str = "float16",
                           force: bool = False, docs=None, command: str | None = None, status=None, started=None,
-                          on_progress=None) -> R.JacobianFit:
+                          on_progress=None, shard: tuple[int, int] | None = None,
+                          quality_tokens: int = 2048) -> R.JacobianFit:
         """Fit a Jacobian lens on this frozen model (Gurnee et al. 2026;
         :func:`vocablens.lens.jacobian_fit.fit_jacobian_lens`: exact average Jacobians by batched VJPs) on
         prompts of ``seq_len`` tokens from the training split of ``corpus`` (documents shuffled with
@@ -274,6 +275,14 @@ class LensCompareWorkflows:
             status: ``status(message)`` -> a context manager shown while the corpus is tokenized.
             started: ``started(prompts, tokens, data)`` before fitting.
             on_progress: called with each :class:`~vocablens.lens.jacobian_fit.FitProgress`.
+            shard: ``(I, N)``: fit only the I-th of N disjoint contiguous slices of the prompts
+                (:func:`~vocablens.lens.jacobian_merge.shard_range`), recorded with the manifest of all
+                the prompts, for ``lens merge``. Under torchrun each rank fits its share of the (shard's)
+                prompts and the sums are all-reduced (:func:`~vocablens.lens.jacobian_merge.reduce_over_ranks`);
+                rank 0 saves; checkpoints go to one folder per rank.
+            quality_tokens: held-out tokens (the validation split) on which the lens's per-layer KL and
+                top-1 agreement are measured beside the logit lens's and stored with it
+                (:func:`vocablens.lens.quality.measure_quality`); 0: not measured.
 
         Returns:
             :class:`~vocablens.handle.results.JacobianFit` (the lens's ``.settings``, ``.layers`` read through).
@@ -293,18 +302,27 @@ class LensCompareWorkflows:
         with _status(status, f"tokenizing the training data of {corpus} ..."):
             rows, info = self.corpus_rows(corpus, "train", seq_len, max_tokens, val_fraction, 0, seed, docs)
         info["model"] = self.provenance.name
-        rows = rows[: max(1, max_tokens // seq_len)]
+        from vocablens.lens.jacobian_merge import prompts_for, reduce_over_ranks
+
+        rows, shard_rec, rank = prompts_for(rows[: max(1, max_tokens // seq_len)], shard, info)
         if started is not None:
             started(int(rows.shape[0]), int(rows.numel()), info)
         t0 = time.perf_counter()
         ckpt = None if out is None or checkpoint_every is None else Path(out) / "jacobian-checkpoint"
+        if ckpt is not None and shard_rec.get("world_size", 1) > 1:
+            ckpt = ckpt / f"rank{rank}"
         lens = fit_jacobian_lens(self.borders, rows, settings, checkpoint_dir=ckpt,
                                  checkpoint_every=checkpoint_every or 0, resume=resume, data_info=info, on_progress=on_progress, name=self.provenance.name)
+        reduce_over_ranks(lens)
+        if shard is not None:
+            lens.settings["shard"] = {k: v for k, v in shard_rec.items() if k != "world_size"}
+        if shard is None:  # a shard's figures would be of a part: the merged lens is measured on first use
+            self.quality_after_fit(lens, "jacobian", corpus, val_fraction, quality_tokens, docs=docs)
         wall = time.perf_counter() - t0
         if command is not None:
             lens.settings["command"] = command
         lens.settings["seconds"] = round(wall, 1)
-        if out is not None:
+        if out is not None and rank == 0:
             lens.save(out, dtype=getattr(torch, save_dtype), force=True)
         self.translators["jacobian"] = lens
         return self._result(R.JacobianFit, lens, out=None if out is None else str(out), seconds=wall,
@@ -341,6 +359,18 @@ class LensCompareWorkflows:
         return self._result(R.Undertrained, res, verdicts=None, paper_candidates=paper, fraction=DEFAULT_FRACTION)
 
 
+def merge_shards(paths: Sequence, out, save_dtype: str = "float16", force: bool = False) -> dict:
+    """``vocablens lens merge``: the shards of a Jacobian-lens fit merged exactly and saved (no model
+    needed; :func:`vocablens.lens.jacobian_merge.merge_lens_files`); returns its record.
+
+    Raises:
+        BadInput, CheckpointMismatch, OutputExists: as :func:`~vocablens.lens.jacobian_merge.merge_lens_files`.
+    """
+    from vocablens.lens.jacobian_merge import merge_lens_files
+
+    return merge_lens_files(paths, out, save_dtype, force)
+
+
 def check_scoring_options(max_tokens: int, seq_len: int, plot, force: bool) -> None:
     """The options of scoring lenses on a corpus (``compare_lenses``, ``eval_lens``) that need no model.
 
@@ -356,5 +386,5 @@ def check_scoring_options(max_tokens: int, seq_len: int, plot, force: bool) -> N
         raise BadInput(f"--plot must end in .html or .png; got {plot}")
 
 
-__all__ = ["CompareInputs", "FIT_DTYPES", "LensCompareWorkflows", "check_fit_options", "check_scoring_options",
+__all__ = ["CompareInputs", "FIT_DTYPES", "LensCompareWorkflows", "check_fit_options", "check_scoring_options", "merge_shards",
            "compare_inputs", "find_lenses"]

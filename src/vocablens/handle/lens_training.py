@@ -132,7 +132,7 @@ class LensTraining:
                    init: str = "zero", init_tokens: int = 8192, resume: bool = False,
                    checkpoint_every: int | None = None, save_dtype: str = "float32", force: bool = False,
                    docs=None, command: str | None = None, on_step=None, status=None,
-                   started=None) -> R.LensTraining:
+                   started=None, quality_tokens: int = 2048) -> R.LensTraining:
         """Train a tuned lens on this frozen model (``vocablens lens train --json``; Belrose et al. 2023,
         §3; :func:`vocablens.lens.train.train`), use it as this model's ``tuned`` lens, and save it to
         ``out`` when given (on rank 0 under torchrun).
@@ -160,6 +160,8 @@ class LensTraining:
                 least-squares start) runs.
             started: called with the data record (``tokens``, ``seq_len``, ``documents`` ...) before
                 training.
+            quality_tokens: held-out tokens (the validation split) on which the trained lens's per-layer
+                KL and top-1 agreement are measured beside the logit lens's and stored with it (0: none).
 
         Returns:
             :class:`~vocablens.handle.results.LensTraining` (``.lens``, ``.history`` read through).
@@ -199,6 +201,7 @@ class LensTraining:
         if command is not None:
             res.lens.settings["command"] = command
         res.lens.settings["seconds"] = round(wall, 1)
+        self.quality_after_fit(res.lens, "tuned", corpus, val_fraction, quality_tokens, docs=docs)
         if out is not None and rank == 0:
             res.lens.save(out, dtype=torch.bfloat16 if save_dtype == "bfloat16" else torch.float32, force=True)
         self.translators["tuned"] = res.lens

@@ -63,6 +63,21 @@ class LensWorkflows:
         self.translators[kind] = translator if own == kind else _Named(translator, kind)
 
     def translator(self, kind: str, path=None):
+        """The translator of lens ``kind`` (None for ``logit``), carrying its quality figures (measured on
+        first use when it has none: :meth:`~vocablens.handle.lens_quality.LensQuality.ensure_lens_quality`).
+
+        Args:
+            path: as :meth:`_translator`.
+
+        Raises:
+            BadInput, CheckpointMismatch: as :meth:`_translator`.
+        """
+        lens = self._translator(kind, path)
+        if lens is not None:
+            self.ensure_lens_quality(lens, getattr(lens, "kind", kind))
+        return lens
+
+    def _translator(self, kind: str, path=None):
         """The translator of lens ``kind`` (None for ``logit``).
 
         Args:

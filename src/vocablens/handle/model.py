@@ -28,6 +28,8 @@ from vocablens.handle import results as R
 from vocablens.handle.corpus import CorpusWorkflows
 from vocablens.handle.images import ImageWorkflows
 from vocablens.handle.lens_compare import LensCompareWorkflows
+from vocablens.handle.lens_decompose import LensDecompose
+from vocablens.handle.lens_quality import LensQuality
 from vocablens.handle.lens_training import LensTraining
 from vocablens.handle.lenses import LensWorkflows
 from vocablens.handle.matrices import MatrixWorkflows
@@ -37,8 +39,8 @@ from vocablens.models.loaded_model import LoadedModel
 
 
 @dataclass(eq=False)
-class Model(SurgeryWorkflows, LensTraining, LensWorkflows, TrajectoryWorkflows, MatrixWorkflows, CorpusWorkflows,
-            LensCompareWorkflows, ImageWorkflows, LoadedModel):
+class Model(SurgeryWorkflows, LensTraining, LensQuality, LensDecompose, LensWorkflows, TrajectoryWorkflows,
+            MatrixWorkflows, CorpusWorkflows, LensCompareWorkflows, ImageWorkflows, LoadedModel):
     """A loaded model with its workflows (module docstring).
 
     Attributes:

@@ -185,6 +185,10 @@ class JacobianFit(Result, kind="jacobian_fit"):
     (``lens fit-jacobian --json``; ``.settings``, ``.layers`` read through)."""
 
 
+class Decomposition(Result, kind="decompose"):
+    """``m.decompose(...)``: :class:`~vocablens.lens.decompose.Decomposition` (``lens decompose --json``)."""
+
+
 class Argmax(Result, kind="argmax"):
     """``m.argmax()``: :class:`~vocablens.argmax.model.ModelArgmax` (``argmax --json``).
     ``.to_pandas()``: a row per vocabulary row (verdict, deciding stage, margin)."""

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from vocablens.errors import BadInput, CheckpointMismatch, CorruptModelFile, OutputExists, ShapeMismatch
+from vocablens.lens.hub import with_origin
 from vocablens.lens.published import (  # noqa: F401  (layer_span re-exported)
     IDENTITY_ATOL, identity_gap, layer_span, published_matrix, usable_blocks)
 from vocablens.lens.tuned import check_lens_tensor, model_identity, read_pair, save_files
@@ -138,14 +139,17 @@ class JacobianLens:
 
     def info(self) -> dict:
         """Provenance for captions and JSON: ``{"name", "corpus", "n_prompts", "tokens", "dtype", "source",
-        "revision", "format", "verified"}`` (``format``: ``vocablens`` or ``jacobian-lens`` for a
+        "revision", "format", "verified", "hub", "quality"}`` (``hub``: the repository, commit and path
+        of a lens fetched from the hub, :func:`~vocablens.lens.hub.hub_origin`; ``quality``: per-layer KL and
+        top-1 on held-out text, :mod:`vocablens.lens.quality`; ``format``: ``vocablens`` or ``jacobian-lens`` for a
         published ``lens.pt``; ``verified``: :func:`~vocablens.lens.identity.verify_identity`'s verdict
         once checked against a model)."""
         s = self.settings
         return {"name": self.identity.get("name"), "corpus": (s.get("data") or {}).get("corpus", s.get("corpus")),
                 "n_prompts": s.get("n_prompts"), "tokens": s.get("tokens"), "dtype": s.get("stored_dtype"),
                 "source": s.get("source", "vocablens"), "revision": self.identity.get("revision"),
-                "format": s.get("format", "vocablens"), "verified": getattr(self, "verified", None)}
+                "format": s.get("format", "vocablens"), "verified": getattr(self, "verified", None),
+                "hub": s.get("hub"), "quality": s.get("quality")}
 
     # ------------------------------------------------------------------ our files
     def config_dict(self) -> dict:
@@ -181,6 +185,7 @@ class JacobianLens:
         return path
 
     @classmethod
+    @with_origin
     def load(cls, path: str | Path, borders: Borders | None = None) -> "JacobianLens":
         """Read a Jacobian lens: our directory (``jacobian.safetensors`` + ``jacobian.json``), or a
         published ``lens.pt`` (a file, or a directory holding one; needs ``borders`` for the layer count).
@@ -335,7 +340,7 @@ def find_jacobian_lens(model_spec: str = "smollm2", path: str | Path | None = No
     if path:
         from vocablens.lens.published import resolve_lens_source
 
-        p = resolve_lens_source(str(path))
+        p = resolve_lens_source(str(path), "jacobian", str(model_spec))
         if p.is_file() and p.suffix == ".pt":
             return p
         d = p if p.is_dir() else p.parent

@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 from vocablens.errors import BadInput, CheckpointMismatch, CorruptModelFile, OutputExists, ShapeMismatch
+from vocablens.lens.hub import with_origin
 from vocablens.lens.lens_files import (  # noqa: F401  (re-exported)
     META_KEY, check_lens_tensor, read_json, read_pair, read_safetensors, save_files)
 from vocablens.models import Borders
@@ -148,13 +149,16 @@ class TunedLens(nn.Module):
     def info(self) -> dict:
         """Provenance for captions and JSON: ``{"name", "tokens", "revision", "corpus", "dtype", "format",
         "verified"}`` (the model the lens is for, its training tokens and corpus, stored dtype, file format,
-        :func:`~vocablens.lens.identity.verify_identity`'s verdict once checked against a model)."""
+        :func:`~vocablens.lens.identity.verify_identity`'s verdict once checked against a model; ``hub``:
+        where a lens fetched from the hub came from, :func:`~vocablens.lens.hub.hub_origin`; ``quality``:
+        per-layer KL and top-1 on held-out text, :mod:`vocablens.lens.quality`)."""
         s = self.settings
         data = s.get("data") or {}
         return {"name": self.identity.get("name"), "tokens": s.get("tokens", data.get("tokens", "?")),
                 "revision": self.identity.get("revision"), "corpus": data.get("corpus", s.get("corpus")),
                 "dtype": s.get("stored_dtype"), "format": "tuned-lens" if s.get("source") == "tuned-lens library"
-                else "vocablens", "verified": getattr(self, "verified", None)}
+                else "vocablens", "verified": getattr(self, "verified", None), "hub": s.get("hub"),
+                "quality": s.get("quality")}
 
     # ------------------------------------------------------------------ files
     def config_dict(self) -> dict:
@@ -187,6 +191,7 @@ class TunedLens(nn.Module):
         return path
 
     @classmethod
+    @with_origin
     def load(cls, path: str | Path, borders: Borders | None = None) -> "TunedLens":
         """Read a lens directory (ours, or the tuned-lens library's ``params.pt`` layout).
 
@@ -302,10 +307,11 @@ def find_lens(model_spec: str = "smollm2", path: str | Path | None = None) -> Pa
     """
     if path:
         p = Path(path).expanduser()
-        if not p.exists() and looks_like_hub_id(str(path)):  # a published lens in the local hub cache
-            from vocablens.lens.published import resolve_lens_source
+        if not p.exists() and (looks_like_hub_id(str(path)) or str(path) in ("published", "tuned:published",
+                                                                             "jacobian:published")):
+            from vocablens.lens.published import resolve_lens_source  # a published lens: the hub or its cache
 
-            p = resolve_lens_source(str(path))
+            p = resolve_lens_source(str(path), "tuned", str(model_spec))
         if p.is_file():
             p = p.parent
         if not ((p / LENS_FILE).exists() or (p / "params.pt").exists()):

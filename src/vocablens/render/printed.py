@@ -25,11 +25,12 @@ def print_lens(r, out):
     batch = r.options.get("batch")
     if batch:
         out.print(f"model: {r.provenance.describe()}", style="dim", soft_wrap=True)
+    quality = {rec.get("kind"): rec.get("quality") for rec in r.options.get("lenses") or []}
     for i, (text, per_kind) in enumerate(zip(r.options["prompts"], r.value)):
         if batch:
             out.print(Text.assemble((f"prompt {i + 1}:", "bold"), f" {text}"), soft_wrap=True)
         for res in per_kind:
-            print_lens(res, r.tokenizer, out, None if batch else r.provenance)
+            print_lens(res, r.tokenizer, out, None if batch else r.provenance, quality.get(res.kind))
 
 
 def print_score(r, out):

@@ -84,11 +84,39 @@ def _print_fit(r, out) -> None:
     print_fit_summary(r.value, r.options.get("out"), r.options["seconds"], out)
 
 
+# ------------------------------------------------------------------------------------ decompose
+def _json_decompose(r) -> dict:
+    """``{"layer", "position", "token", "terms": [{"id", "token", "coef", "unit_coef"}], "norm", "residual_norm",
+    "fve", "fve_path", "lens", "model"}``."""
+    v, o = r.value, r.options
+    terms = [{"id": int(i), "token": token_str(r.tokenizer, int(i)), "coef": float(c), "unit_coef": float(u)}
+             for i, c, u in zip(v.ids.tolist(), v.coef.tolist(), v.unit_coef.tolist())]
+    return {"layer": v.layer, "position": o["position"], "token": token_str(r.tokenizer, o["ids"][o["position"]]),
+            "terms": terms, "norm": v.norm_h, "residual_norm": v.residual_norm, "fve": v.fve,
+            "fve_path": list(v.fve_path), "lens": o["lens"], "model": r.provenance.to_dict()}
+
+
+def _print_decompose(r, out) -> None:
+    from rich.table import Table
+
+    d = _json_decompose(r)
+    t = Table(title=f"layer {d['layer']}, position {d['position']} ('{d['token']}') as Jacobian-lens token "
+                    f"directions (nonnegative OMP)", title_justify="left")
+    for col in ("token", "coefficient", "on the unit direction"):
+        t.add_column(col, justify="left" if col == "token" else "right")
+    for term in d["terms"]:
+        t.add_row(f"'{term['token']}'", f"{term['coef']:.4f}", f"{term['unit_coef']:.3f}")
+    out.print(t)
+    out.print(f"||h|| = {d['norm']:.3f}, residual {d['residual_norm']:.3f}, fraction of ||h||² explained "
+              f"{d['fve']:.3f}", style="dim")
+
+
 #: kind -> (to_json, print, figure or None, rows or None)
 RENDERERS: dict[str, tuple[Callable, Callable, Callable | None, Callable | None]] = {
     "lens_compare": (_json_compare, _print_compare, _figure_compare, _rows_compare),
     "backward": (_json_backward, _print_backward, _figure_backward, _rows_backward),
     "jacobian_fit": (_json_fit, _print_fit, None, None),
+    "decompose": (_json_decompose, _print_decompose, None, None),
 }
 
 __all__ = ["RENDERERS"]

@@ -250,5 +250,10 @@ def _jinfo(info: dict | None) -> str:
 def _origin(i: dict) -> str:
     """``, format F, verified: ...`` of a lens's provenance (what its file says it was fitted for, and
     whether that was checked against the model: :func:`vocablens.lens.identity.verify_identity`)."""
+    from vocablens.render.lens import quality_text
+
+    hub = i.get("hub") or {}
     return "".join(f", {x}" for x in (i.get("revision") and f"revision {str(i['revision'])[:12]}",
-                                       i.get("format") and f"format {i['format']}", i.get("verified")) if x)
+                                       i.get("format") and f"format {i['format']}", i.get("verified"),
+                                       hub and f"from the hub {hub.get('repo')}@{str(hub.get('revision'))[:12]}",
+                                       quality_text(i.get("quality"))) if x)

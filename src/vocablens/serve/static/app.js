@@ -104,6 +104,14 @@ function lensOf(name) {
   // one kind: the answer is that lens; several ("both", "logit,tuned,jacobian"): one entry per kind
   return d.kind === name ? d : (d[name] || null);
 }
+function qualityAt(name, l) {
+  // the lens's stored quality at layer l (lens --json "lenses"): held-out KL and top-1, beside the logit lens's
+  const rec = ((S.data && S.data.lenses) || []).find((r) => r.kind === name);
+  const q = rec && rec.quality;
+  if (!q || !q.kl || q.kl[l] === null || q.kl[l] === undefined) return "";
+  return `<br>${name} lens at this layer on held-out ${q.corpus || "text"}: KL ${fmt(q.kl[l], 2)} nats, ` +
+         `top-1 ${fmt(100 * q.top1[l], 0)}% (logit lens: ${fmt(q.logit_kl[l], 2)} nats, ${fmt(100 * q.logit_top1[l], 0)}%)`;
+}
 function cellOf(name, layer, pos) {
   const d = lensOf(name);
   return d ? d.layers[layer].positions[pos] : null;
@@ -153,7 +161,7 @@ function mapModel() {
         zr.push(v); tr.push(c.top_tokens[0]);
         hr.push(`layer ${l}, position ${p} (${vis(base.tokens[p])})<br>top-1 ${vis(c.top_tokens[0])} ` +
                 `p=${fmt(c.top_probs[0])}<br>entropy ${fmt(c.entropy, 2)} nats; KL to final ${fmt(c.kl_to_final, 2)} nats` +
-                `<br>rank of final top-1: ${c.final_top1_rank + 1}`);
+                `<br>rank of final top-1: ${c.final_top1_rank + 1}` + qualityAt(base === lo ? "logit" : S.view, l));
       }
     }
     z.push(zr); top1.push(tr); hover.push(hr);
