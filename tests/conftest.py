@@ -35,12 +35,28 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "vocablens"))
 _REAL_MODEL_FIXTURES = {"smollm2", "cli"}
 
 
+#: the contributors' fast subset (``python -m pytest -q -m fast``, README): the structural checks and
+#: each layer's core oracles (the readout against the model's own logits, log-probabilities, KL, the
+#: lenses, tokens, argmax, surgery, sampling, the handle), on tiny random models; chosen from measured
+#: durations (see README for its time), never a test that loads the real model
+FAST_MODULES = frozenset({
+    "test_function_length", "test_import_graph", "test_docstrings", "test_naming", "test_unembed", "test_kl",
+    "test_ops_logprobs", "test_ops_exact", "test_logit_lens", "test_lens_oracle", "test_tuned", "test_score_path",
+    "test_tokens", "test_embedding", "test_geometry", "test_argmax", "test_surgery", "test_generate",
+    "test_sampling", "test_anatomy", "test_families", "test_readout_found", "test_json_shapes", "test_cli_words",
+    "test_result_tables_print", "test_serve_lens_folders", "test_nonfinite", "test_hooks_restore", "test_properties",
+})
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark every test that loads the real model as ``slow`` (``-m "not slow"`` skips them all):
-    those using a real-model fixture here; tests that load it otherwise carry the marker themselves."""
+    those using a real-model fixture here; tests that load it otherwise carry the marker themselves.
+    The tests of :data:`FAST_MODULES` that are not slow are marked ``fast``."""
     for item in items:
         if _REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if item.path.stem in FAST_MODULES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.fast)
 
 
 @pytest.fixture(scope="session")

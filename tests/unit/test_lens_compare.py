@@ -70,3 +70,27 @@ def test_report_section_shows_the_three_lenses_side_by_side():
     assert sec.title == "Logit, tuned and Jacobian lens" and "3 prompts" in sec.html and "stored float16" in sec.html
     assert "unverified: the file names no model" in sec.html  # the Jacobian lens's provenance
     assert "format vocablens, verified: unembedding hash" in sec.html  # the tuned lens's
+
+
+def test_the_three_heatmaps_are_wide_enough_for_their_tokens():
+    """The report's three-lens heatmaps were ~280 px each with 9 px text: tokens were cut
+    ("NotFoundErro") or spilled over. Each cell is now as wide as its longest token at 11 px, and the
+    page scrolls sideways rather than squeezing the panels."""
+    from vocablens.lens import logit_lens
+    from vocablens.render.tokens import display_token
+    from vocablens.render.tuned import trajectory_figure, tuned_lens_section
+    from tiny_dirs import tiny_tokenizer
+
+    b = Borders.from_model(tm.make_tiny("llama"))
+    ids = tm.ids(batch=1, T=6, seed=3)[0]
+    tok = tiny_tokenizer()
+    res = [logit_lens(b, ids, positions="all", k=1) for _ in range(3)]  # three panels (their kind only titles them)
+    fig = trajectory_figure(*res[:2], tok, "entropy", res[2])
+    longest = max(len(display_token(tok, int(t))) for r in res for ly in r.layers for t in ly.top_ids[:, 0])
+    plot_px = fig.layout.width - fig.layout.margin.l - fig.layout.margin.r
+    for axis in (fig.layout.xaxis, fig.layout.xaxis2, fig.layout.xaxis3):
+        panel_px = (axis.domain[1] - axis.domain[0]) * plot_px
+        assert panel_px / len(ids) >= max(56, 0.62 * 11 * longest) and panel_px >= 320, (panel_px, longest)
+    assert all(tr.textfont.size >= 11 for tr in fig.data)
+    sec = tuned_lens_section(*res[:2], tok, jacobian=res[2])
+    assert sec.html.count("<div class='scroll'>") == 3  # one per colour, each scrolls rather than shrinks

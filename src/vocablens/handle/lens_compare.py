@@ -42,6 +42,34 @@ def find_lenses(kinds: Sequence[str], model: str, lens_path: str | Path | None) 
     return {k: find_lens(model, lens_path) if k == "tuned" else find_jacobian_lens(model, lens_path) for k in wanted}
 
 
+def lenses_at(path: str | Path, model_spec: str = "smollm2") -> dict[str, Path]:
+    """Every lens kind the folder or file ``path`` holds, as ``{kind: where}`` for ``tuned`` and/or
+    ``jacobian`` (:func:`~vocablens.lens.tuned.find_lens`, :func:`~vocablens.lens.jacobian.find_jacobian_lens`):
+    a folder may hold a tuned lens, a Jacobian lens or both; a published ``lens.pt`` is a Jacobian lens.
+    Only where the files are is decided here; reading and checking them is the loaders' work.
+
+    Raises:
+        BadInput: ``path`` is not there, or holds no lens of either kind (one line naming both layouts).
+    """
+    from vocablens.lens.jacobian import CONFIG_FILE as J_CONFIG, LENS_FILE as J_FILE, PUBLISHED_FILE, find_jacobian_lens
+    from vocablens.lens.tuned import CONFIG_FILE, LENS_FILE, find_lens
+
+    from vocablens.lens.published import resolve_lens_source
+
+    resolve_lens_source(str(path))  # not there at all: say so first
+    found = {}
+    for kind, find in (("tuned", find_lens), ("jacobian", find_jacobian_lens)):
+        try:
+            found[kind] = find(model_spec, path)
+        except BadInput:
+            continue
+    if not found:
+        raise BadInput(f"no lens in {path}: a tuned lens is {LENS_FILE} + {CONFIG_FILE} (or tuned-lens's params.pt), "
+                       f"a Jacobian lens {J_FILE} + {J_CONFIG} (or a published {PUBLISHED_FILE}); "
+                       "`path` takes a folder holding either")
+    return found
+
+
 @dataclass(frozen=True)
 class CompareInputs:
     """What ``lens eval --kind K1,K2,...`` reads before a model loads (:func:`compare_inputs`).
@@ -386,5 +414,6 @@ def check_scoring_options(max_tokens: int, seq_len: int, plot, force: bool) -> N
         raise BadInput(f"--plot must end in .html or .png; got {plot}")
 
 
-__all__ = ["CompareInputs", "FIT_DTYPES", "LensCompareWorkflows", "check_fit_options", "check_scoring_options", "merge_shards",
+__all__ = ["CompareInputs", "FIT_DTYPES", "LensCompareWorkflows", "check_fit_options", "check_scoring_options", "lenses_at",
+           "merge_shards",
            "compare_inputs", "find_lenses"]

@@ -101,30 +101,4 @@ def layer_span(layers: list[int]) -> str:
     return ",".join(map(str, layers))
 
 
-def lenses_at(path: str | Path, model_spec: str = "smollm2") -> dict[str, Path]:
-    """Every lens kind the folder or file ``path`` holds, as ``{kind: where}`` for ``tuned`` and/or
-    ``jacobian`` (:func:`~vocablens.lens.tuned.find_lens`, :func:`~vocablens.lens.jacobian.find_jacobian_lens`):
-    a folder may hold a tuned lens, a Jacobian lens or both; a published ``lens.pt`` is a Jacobian lens.
-    Only where the files are is decided here; reading and checking them is the loaders' work.
-
-    Raises:
-        BadInput: ``path`` is not there, or holds no lens of either kind (one line naming both layouts).
-    """
-    from vocablens.lens.jacobian import CONFIG_FILE as J_CONFIG, LENS_FILE as J_FILE, PUBLISHED_FILE, find_jacobian_lens
-    from vocablens.lens.tuned import CONFIG_FILE, LENS_FILE, find_lens
-
-    resolve_lens_source(str(path))  # not there at all: say so first
-    found = {}
-    for kind, find in (("tuned", find_lens), ("jacobian", find_jacobian_lens)):
-        try:
-            found[kind] = find(model_spec, path)
-        except BadInput:
-            continue
-    if not found:
-        raise BadInput(f"no lens in {path}: a tuned lens is {LENS_FILE} + {CONFIG_FILE} (or tuned-lens's params.pt), "
-                       f"a Jacobian lens {J_FILE} + {J_CONFIG} (or a published {PUBLISHED_FILE}); "
-                       "`path` takes a folder holding either")
-    return found
-
-
-__all__ = ["IDENTITY_ATOL", "identity_gap", "layer_span", "lenses_at", "published_matrix", "resolve_lens_source", "usable_blocks"]
+__all__ = ["IDENTITY_ATOL", "identity_gap", "layer_span", "published_matrix", "resolve_lens_source", "usable_blocks"]

@@ -23,10 +23,8 @@ from vocablens.models.provenance import Provenance, gguf_provenance
 #: the file that marks a complete cache entry (written last, inside the swapped-in directory)
 CACHE_MARK = "vocablens-provenance.json"
 #: CPU seconds the first load of a GGUF file takes per MiB of the file (dequantizing it with transformers
-#: and writing the float32 cache), measured: the default model's 93.8 MiB Q4_1 file took 24.5 s of CPU
-#: (the cached load after it 3.9 s), 2-core machine, torch 2.13, transformers 5.25 (issue 48: the
-#: note said "about a minute per 100M parameters"; the user's first load took 6.6 s)
-FIRST_LOAD_S_PER_MIB = 0.26
+#: and writing the float32 cache); docs/performance.md gives the measurement it comes from
+FIRST_LOAD_S_PER_MIB = 0.07
 
 
 def first_load_seconds(path: Path) -> float:

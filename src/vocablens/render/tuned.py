@@ -137,6 +137,11 @@ def _grid(res: LensResult, field: str):
     return z, top
 
 
+#: the trajectory heatmaps' cell text (px), narrowest cell and panel, gap between panels and margins (px;
+#: the right margin holds the colour bar)
+CELL_FONT, MIN_CELL_PX, MIN_PANEL_PX, GAP_PX, MARGIN_L, MARGIN_R = 11, 56, 320, 40, 60, 140
+
+
 def trajectory_figure(logit: LensResult, tuned: LensResult, tokenizer, colour: str = "entropy",
                       jacobian: LensResult | None = None):
     """Heatmaps side by side (logit | tuned, and | jacobian when given): layers x positions, colour by
@@ -160,8 +165,15 @@ def trajectory_figure(logit: LensResult, tuned: LensResult, tokenizer, colour: s
     xs = [f"{p}: {display_token(tokenizer, int(logit.input_ids[p]))}" for p in pos]
     results = [logit, tuned] + ([jacobian] if jacobian is not None else [])
     n = len(results)
-    fig = make_subplots(rows=1, cols=n, subplot_titles=[f"{r.kind} lens" for r in results], horizontal_spacing=0.05)
     grids = [_grid(r, field) for r in results]
+    texts = [[[display_token(tokenizer, t) for t in row] for row in top] for _, top in grids]
+    # each cell as wide as the longest top token at CELL_FONT px (about 0.62 em a character), never under
+    # MIN_CELL_PX: a panel squeezed into a third of the page cut tokens ("NotFoundErro") or spilled them over
+    longest = max(len(t) for panel in texts for row in panel for t in row)
+    panel = max(MIN_PANEL_PX, len(pos) * max(MIN_CELL_PX, math.ceil(0.62 * CELL_FONT * longest) + 12))
+    width = n * panel + (n - 1) * GAP_PX + MARGIN_L + MARGIN_R
+    fig = make_subplots(rows=1, cols=n, subplot_titles=[f"{r.kind} lens" for r in results],
+                        horizontal_spacing=GAP_PX / (width - MARGIN_L - MARGIN_R))
     top_z = max(max(max(r) for r in g[0]) for g in grids)
     bar = dict(title=dict(text=label, side="right"))
     if colour == "final_prob":
@@ -173,18 +185,18 @@ def trajectory_figure(logit: LensResult, tuned: LensResult, tokenizer, colour: s
                    tickvals=ticks, ticktext=[f"{10.0 ** t:g}" for t in ticks])
     else:
         zmin, zmax = 0.0, top_z or 1.0
-    for col, ((z, top), res) in enumerate(zip(grids, results), start=1):
-        text = [[display_token(tokenizer, t) for t in row] for row in top]
+    for col, ((z, _), text, res) in enumerate(zip(grids, texts, results), start=1):
         shown = [[math.log10(max(v, KL_FLOOR)) for v in row] for row in z] if colour == "kl" else z
         fig.add_trace(go.Heatmap(z=shown, customdata=z, x=xs, y=[ly.layer for ly in res.layers], text=text,
-                                 texttemplate="%{text}", textfont=dict(size=9), zmin=zmin, zmax=zmax,
+                                 texttemplate="%{text}", textfont=dict(size=CELL_FONT), zmin=zmin, zmax=zmax,
                                  colorscale="Viridis" if colour != "final_prob" else "Blues",
                                  colorbar=bar if col == n else None, showscale=col == n,
                                  hovertemplate="layer %{y}, position %{x}<br>top %{text}<br>"
                                                + label + " %{customdata:.3f}<extra></extra>"), row=1, col=col)
         fig.update_xaxes(tickangle=-45, row=1, col=col)
         fig.update_yaxes(title_text="layer" if col == 1 else None, row=1, col=col)
-    fig.update_layout(height=max(400, 18 * len(logit.layers) + 140), margin=dict(l=50, r=20, t=50, b=90))
+    fig.update_layout(width=width, height=max(400, 20 * len(logit.layers) + 140),
+                      margin=dict(l=MARGIN_L, r=MARGIN_R, t=50, b=90))
     return fig
 
 
@@ -231,7 +243,8 @@ def tuned_lens_section(logit: LensResult, tuned: LensResult, tokenizer, lens_inf
         if c not in COLOURS:
             trajectory_figure(logit, tuned, tokenizer, c)  # raises BadInput naming the colours
         parts.append(f"<h3>{esc(COLOURS[c][0])}</h3>")
-        parts.append(figure_html(trajectory_figure(logit, tuned, tokenizer, c, jacobian), f"tuned-lens-{c}"))
+        # the panels keep their width (the page scrolls sideways when they are wider than it)
+        parts.append(f"<div class='scroll'>{figure_html(trajectory_figure(logit, tuned, tokenizer, c, jacobian), f'tuned-lens-{c}')}</div>")
     if eval_result is not None:
         parts.append("<h3>Per-layer quality on held-out text</h3>")
         parts.append(figure_html(eval_figure(eval_result), "tuned-lens-eval"))
