@@ -89,7 +89,7 @@ def lens_merge(
     their prompts); shards of different fits (model, dtype, layers, estimator, skip_first, corpus
     manifest) are refused. The merged lens's quality is measured on its first use (cached)."""
     from vocablens.cli.common import emit_json
-    from vocablens.handle.lens_compare import merge_shards
+    from vocablens.handle.lens_sources import merge_shards
 
     rec = merge_shards(shards, out_dir, save_dtype, force)
     if json_:

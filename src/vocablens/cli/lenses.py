@@ -32,12 +32,12 @@ def parse_kinds(kind: str) -> list[str]:
 
 
 def find_lenses(kinds: list[str], model: str, lens_path: str) -> dict[str, Path]:
-    """Where each non-logit kind's lens is, before the model loads (:func:`vocablens.handle.lens_compare.find_lenses`).
+    """Where each non-logit kind's lens is, before the model loads (:func:`vocablens.handle.lens_sources.find_lenses`).
 
     Raises:
         BadInput: ``--lens`` with only the logit lens, or no lens of a kind asked for.
     """
-    from vocablens.handle.lens_compare import find_lenses as find
+    from vocablens.handle.lens_sources import find_lenses as find
 
     return find(kinds, model, lens_path)
 

@@ -5,7 +5,7 @@ fit-jacobian``) and ``undertrained_within`` (the report's section), each one cal
 result that shows itself.
 
 What a command must refuse or read before a model loads is done by functions that need no model:
-:func:`find_lenses` (which lens of each kind, where), :func:`compare_inputs` (those lenses and the
+:func:`~vocablens.handle.lens_sources.find_lenses` (which lens of each kind, where), :func:`compare_inputs` (those lenses and the
 corpus they are scored on) and :func:`check_fit_options` (the Jacobian fit's output folder and
 options). The methods run them too, so a notebook gets the same one-line errors.
 """
@@ -20,54 +20,10 @@ from typing import Sequence
 
 from vocablens.errors import BadInput, OutputExists
 from vocablens.handle import results as R
+from vocablens.handle.lens_sources import find_lenses, lenses_at, merge_shards  # noqa: F401  (re-exported)
 
 #: the storage dtypes of a fitted Jacobian lens (``--save-dtype``)
 FIT_DTYPES = ("float16", "bfloat16", "float32")
-
-
-def find_lenses(kinds: Sequence[str], model: str, lens_path: str | Path | None) -> dict[str, Path]:
-    """Where each non-logit kind's lens is, before the model loads: ``lens_path`` (``--lens``: a folder
-    may hold both a tuned and a Jacobian lens; a published file serves its own kind) or the lens shipped
-    for ``model`` (:func:`vocablens.lens.tuned.find_lens`, :func:`vocablens.lens.jacobian.find_jacobian_lens`).
-
-    Raises:
-        BadInput: ``lens_path`` with only the logit lens, or no lens of a kind asked for.
-    """
-    from vocablens.lens.jacobian import find_jacobian_lens
-    from vocablens.lens.tuned import find_lens
-
-    wanted = [k for k in kinds if k != "logit"]
-    if lens_path and not wanted:
-        raise BadInput("--lens reads a tuned or Jacobian lens: add --kind tuned or --kind jacobian")
-    return {k: find_lens(model, lens_path) if k == "tuned" else find_jacobian_lens(model, lens_path) for k in wanted}
-
-
-def lenses_at(path: str | Path, model_spec: str = "smollm2") -> dict[str, Path]:
-    """Every lens kind the folder or file ``path`` holds, as ``{kind: where}`` for ``tuned`` and/or
-    ``jacobian`` (:func:`~vocablens.lens.tuned.find_lens`, :func:`~vocablens.lens.jacobian.find_jacobian_lens`):
-    a folder may hold a tuned lens, a Jacobian lens or both; a published ``lens.pt`` is a Jacobian lens.
-    Only where the files are is decided here; reading and checking them is the loaders' work.
-
-    Raises:
-        BadInput: ``path`` is not there, or holds no lens of either kind (one line naming both layouts).
-    """
-    from vocablens.lens.jacobian import CONFIG_FILE as J_CONFIG, LENS_FILE as J_FILE, PUBLISHED_FILE, find_jacobian_lens
-    from vocablens.lens.tuned import CONFIG_FILE, LENS_FILE, find_lens
-
-    from vocablens.lens.published import resolve_lens_source
-
-    resolve_lens_source(str(path))  # not there at all: say so first
-    found = {}
-    for kind, find in (("tuned", find_lens), ("jacobian", find_jacobian_lens)):
-        try:
-            found[kind] = find(model_spec, path)
-        except BadInput:
-            continue
-    if not found:
-        raise BadInput(f"no lens in {path}: a tuned lens is {LENS_FILE} + {CONFIG_FILE} (or tuned-lens's params.pt), "
-                       f"a Jacobian lens {J_FILE} + {J_CONFIG} (or a published {PUBLISHED_FILE}); "
-                       "`path` takes a folder holding either")
-    return found
 
 
 @dataclass(frozen=True)
@@ -385,18 +341,6 @@ class LensCompareWorkflows:
         res = undertrained(self.borders, self.tokenizer, candidates=paper, verify=bool(examples),
                            batch_size=batch_size, progress=progress, reuse=res, time_budget_s=left)
         return self._result(R.Undertrained, res, verdicts=None, paper_candidates=paper, fraction=DEFAULT_FRACTION)
-
-
-def merge_shards(paths: Sequence, out, save_dtype: str = "float16", force: bool = False) -> dict:
-    """``vocablens lens merge``: the shards of a Jacobian-lens fit merged exactly and saved (no model
-    needed; :func:`vocablens.lens.jacobian_merge.merge_lens_files`); returns its record.
-
-    Raises:
-        BadInput, CheckpointMismatch, OutputExists: as :func:`~vocablens.lens.jacobian_merge.merge_lens_files`.
-    """
-    from vocablens.lens.jacobian_merge import merge_lens_files
-
-    return merge_lens_files(paths, out, save_dtype, force)
 
 
 def check_scoring_options(max_tokens: int, seq_len: int, plot, force: bool) -> None:
