@@ -16,11 +16,14 @@ from vocablens.handle.results import Result
 
 def load(spec: str | os.PathLike | None = "smollm2", dtype=None, device: str = "cpu",
          trust_remote_code: bool = False, max_memory: str | int | None = None, *, read=None,
-         blocks=None) -> Model:
+         blocks=None, tp: bool = False) -> Model:
     """Load a causal LM as a :class:`Model` (:func:`vocablens.models.load`; the arguments are its).
 
     ``m = vocablens.load("smollm2")``; it still unpacks as ``model, tokenizer, borders, provenance``.
-    ``vocablens.load("smollm2", read=("head", "final_norm"))`` reads those parts only.
+    ``vocablens.load("smollm2", read=("head", "final_norm"))`` reads those parts only;
+    ``vocablens.load(spec, tp=True)`` under torchrun splits the model over the ranks with
+    transformers' tensor parallel (lens, score, generate and lens evaluation then read the head
+    vocab-parallel, :mod:`vocablens.parallel.tensor`).
     Transformers' progress bars and logging are silenced for the duration of the load only (the
     previous settings are put back), so a notebook shows no bars and no IProgress warning.
 
@@ -33,7 +36,7 @@ def load(spec: str | os.PathLike | None = "smollm2", dtype=None, device: str = "
         from vocablens import models
 
         lm = models.load(spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
-                         max_memory=max_memory, read=read, blocks=blocks)
+                         max_memory=max_memory, read=read, blocks=blocks, tp=tp)
     return Model.of(lm, spec=str(spec) if spec is not None else "smollm2")
 
 

@@ -56,7 +56,8 @@ MODE_READS: dict[str, tuple[str, ...] | None] = {
 
 def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str = "cpu",
          trust_remote_code: bool = False, max_memory: str | int | None = None, *,
-         read: str | Iterable[str] | None = None, blocks: Iterable[int] | None = None) -> LoadedModel:
+         read: str | Iterable[str] | None = None, blocks: Iterable[int] | None = None,
+         tp: bool = False) -> LoadedModel:
     """Load a causal LM, or the parts of it named by ``read``: the one entry of every load.
 
     ``load(spec)`` reads the whole model; ``load(spec, max_memory="200MB")`` the whole model with
@@ -84,6 +85,9 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
         read: None (the whole model), or names of :data:`~vocablens.models.partial.PARTS`:
             ``embedding``, ``input_embedding``, ``head``, ``final_norm``, ``value_vectors``.
         blocks: with ``read``, block indices 0..L-1 read whole too.
+        tp: under ``torchrun``, load with transformers' tensor parallel (``tp_plan="auto"``): each
+            rank holds 1/N of every block and its rows of the embedding and LM head
+            (:mod:`vocablens.models.tensor_parallel`); the readout check runs vocab-parallel.
 
     Returns:
         :class:`LoadedModel` (unpacks to ``model, tokenizer, borders, provenance``); the model is in
@@ -104,15 +108,23 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
             its result is the provenance's ``readout``).
         BadInput: a model that needs its own code without ``trust_remote_code``
             (:mod:`vocablens.models.remote_code`); an unknown part, ``blocks`` without ``read`` or out
-            of range; a bad ``max_memory``, or one given with ``read`` or a device other than the CPU.
+            of range; a bad ``max_memory``, or one given with ``read`` or a device other than the CPU;
+            ``tp`` without torchrun, with a GGUF file, a partial read or ``max_memory``, or for a
+            family whose config has no tensor-parallel plan.
     """
     from vocablens.models.spec import check_remote_code
 
     spec = DEFAULT_MODEL if spec is None else str(spec)
     parts = _what_to_read(read, blocks, max_memory, device)
     check_remote_code(spec, trust_remote_code)  # a model's own code: refused in one line before transformers reads it
+    if tp:
+        from vocablens.models.tensor_parallel import tp_refusal
+
+        why = tp_refusal(resolve_spec(spec)[0], read, max_memory)
+        if why:
+            raise BadInput(why)
     if parts is None and max_memory in (None, ""):
-        return _whole(spec, dtype, device, trust_remote_code)
+        return _whole(spec, dtype, device, trust_remote_code, tp=tp)
     from vocablens.models.checkpoint_files import NoSafetensors
     from vocablens.models.readout_store import apply_stored
 
@@ -156,7 +168,7 @@ def _what_to_read(read, blocks, max_memory, device: str):
 
 def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device: str = "cpu",
               trust_remote_code: bool = False, max_memory: str | int | None = None, blocks=None,
-              value_vectors: bool = False):
+              value_vectors: bool = False, tp: bool = False):
     """Load ``spec`` in one of :data:`MODES` (module docstring): :func:`load` with the mode's
     ``read`` (:data:`MODE_READS`) -> :class:`~vocablens.models.LoadedModel`.
 
@@ -168,6 +180,7 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
         max_memory: bytes or a size string (``"200MB"``), for ``streaming`` (required there).
         blocks: for ``borders``: block indices read too.
         value_vectors: for ``borders``: every block's FFN value vectors read too.
+        tp: tensor parallel under torchrun, for ``full`` (as :func:`load`).
 
     Raises:
         BadInput: an unknown mode; ``max_memory`` missing or bad for ``streaming``, or given with
@@ -192,7 +205,7 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
     if value_vectors:
         read = (*read, "value_vectors")
     return load(spec, None if dtype == "" else dtype, device, trust_remote_code, max_memory or None,
-                read=read, blocks=blocks or None)
+                read=read, blocks=blocks or None, tp=tp)
 
 
 def borders_to(lm, device: str):
@@ -221,9 +234,10 @@ def borders_to(lm, device: str):
 
 
 # ------------------------------------------------------------------ the whole model
-def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedModel:
+def _whole(spec: str, dtype, device: str, trust_remote_code: bool, tp: bool = False) -> LoadedModel:
     """The whole model through transformers (a GGUF file through its float32 cache), its readout
-    checked against the model's own logits (:func:`checked_readout`)."""
+    checked against the model's own logits (:func:`checked_readout`); ``tp``: split over the torchrun
+    ranks by the family's tensor-parallel plan (``tp_plan="auto"``, placed by transformers)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tdtype, dtype_note = run_dtype(spec, dtype, device)
@@ -239,12 +253,15 @@ def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedMode
             with building_tokenizer(spec, lambda: json_tokenizer_problem(Path(src)) if kind == "dir"
                                     else hub_tokenizer_problem(src)):
                 tok = AutoTokenizer.from_pretrained(src, **kw)
+            if tp:
+                kw["tp_plan"] = _tp_plan(src, kw)
             model = AutoModelForCausalLM.from_pretrained(src, dtype=tdtype or "auto", use_safetensors=None, **kw)
             prov = dir_provenance(path, spec) if kind == "dir" else Provenance(
                 spec=spec, name=hub, source=f"hub:{hub}", format="hub",
                 quantization=str(getattr(model.config, "dtype", "") or ""),
             )
-    model.to(device)
+    if not tp:
+        model.to(device)  # a tensor-parallel load sits where transformers put each rank's shards
     model.eval()
     model.requires_grad_(False)
     pdtype = next(model.parameters()).dtype
@@ -252,8 +269,28 @@ def _whole(spec: str, dtype, device: str, trust_remote_code: bool) -> LoadedMode
     from vocablens.models.borders import Borders
 
     borders = Borders.from_model(model, tokenizer=tok)
-    borders, line = checked_readout(borders, spec)
+    if tp:
+        from vocablens.models.tensor_parallel import check_tp_readout
+
+        line = check_tp_readout(borders, spec)
+    else:
+        borders, line = checked_readout(borders, spec)
     return with_note(LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})), dtype_note)
+
+
+def _tp_plan(src: str, kw: dict) -> str:
+    """``"auto"`` for a family whose config has a tensor-parallel plan.
+
+    Raises:
+        BadInput: the family has none (one line; never loaded replicated instead)."""
+    from transformers import AutoConfig
+
+    from vocablens.models.tensor_parallel import plan_refusal
+
+    why = plan_refusal(AutoConfig.from_pretrained(src, **kw))
+    if why:
+        raise BadInput(why)
+    return "auto"
 
 
 def checked_readout(borders, spec: str):

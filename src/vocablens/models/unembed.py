@@ -266,7 +266,10 @@ class Unembedding:
             for prefix, mod in (("final_norm", self.final_norm), ("project_out", self.project_out)):
                 if mod is not None:
                     tensors += [(f"{prefix}.{n}", p) for n, p in sorted(mod.named_parameters())]
+            from vocablens.models.tensor_parallel import whole
+
             for n, t in tensors:
+                t = whole(t)  # a tensor-parallel head: the whole matrix (every rank hashes it together)
                 h.update(n.encode())
                 h.update(str(tuple(t.shape)).encode())
                 h.update(t.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())
