@@ -25,7 +25,9 @@ def _held(m) -> dict:
     experts of a mixture (which a plan may leave whole on every rank), and its rows of W_U."""
     from vocablens.models.tensor_parallel import local
 
-    n = {"local": 0, "whole": 0, "dense_local": 0, "dense_whole": 0}
+    n = {"local": 0, "whole": 0, "dense_local": 0, "dense_whole": 0,
+         "blocks_split": sum(any(local(p).numel() < p.numel() for p in b.parameters()) for b in m.borders.blocks),
+         "blocks": len(m.borders.blocks)}
     for name, p in m.borders.blocks.named_parameters():
         n["local"] += local(p).numel()
         n["whole"] += p.numel()
@@ -47,12 +49,25 @@ def reads(m, spec: dict, prompt: list[int]) -> dict:
 
     ids = torch.tensor(prompt)
     head = VocabParallelModel(m.borders) if is_tensor_parallel(m.borders) else None
-    gen = generate(m.borders, ids[:4], max_new_tokens=5, top_n=2, head=head)
     rows = torch.tensor(prompt * 4).reshape(-1, 10)[:, :8] % V_TINY
-    return {"lens": m.lens([ids, ids[:5]], kind="logit", k=3, positions="all").to_json(),
-            "score": m.score(ids, top_k=3).to_json(),
-            "generate": [[t.id, t.logprob, [list(x) for x in t.top]] for t in gen.tokens],
-            "eval": evaluate(m.borders, TunedLens.load(spec["lens"], m.borders), rows, n_bytes=100).to_dict()}
+
+    def gen():
+        res = generate(m.borders, ids[:4], max_new_tokens=5, top_n=2, head=head)
+        return [[t.id, t.logprob, [list(x) for x in t.top]] for t in res.tokens]
+
+    return {"lens": _tried(lambda: m.lens([ids, ids[:5]], kind="logit", k=3, positions="all").to_json()),
+            "score": _tried(lambda: m.score(ids, top_k=3).to_json()), "generate": _tried(gen),
+            "eval": _tried(lambda: evaluate(m.borders, TunedLens.load(spec["lens"], m.borders), rows,
+                                            n_bytes=100).to_dict())}
+
+
+def _tried(read):
+    """``read()``, or ``{"failed": the error's first line}`` (the same read may fail in one process too:
+    a family's own limit, e.g. a cache of its own that generation cannot use)."""
+    try:
+        return read()
+    except Exception as e:  # noqa: BLE001  (compared with the one-process run's failure)
+        return {"failed": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
 
 
 #: the tiny models' vocabulary
@@ -64,8 +79,10 @@ def run_model(spec: dict, prompt: list[int]) -> dict:
     try:
         m = vocablens.load(spec["dir"], tp=True)
         return {**reads(m, spec, prompt), "held": _held(m), "readout": m.provenance.readout}
-    except VocabLensError as e:
+    except VocabLensError as e:  # a refusal: one line, the same on every rank
         return {"error": str(e)}
+    except Exception as e:  # noqa: BLE001  (a failure the library should have refused: the test fails on it)
+        return {"crash": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
 
 
 if __name__ == "__main__":

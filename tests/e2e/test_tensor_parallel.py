@@ -86,10 +86,9 @@ def world(tmp_path_factory):
         if isinstance(m, str):
             skipped[t] = f"not built tiny: {m}"
             continue
-        n = m.config.num_hidden_layers
-        if isinstance(getattr(m.config, "layer_types", None), list):  # the default config's 32 layers
-            m.config.layer_types = m.config.layer_types[:n]
         try:
+            if isinstance(getattr(m.config, "layer_types", None), list):  # the default config's 32 layers
+                m.config.layer_types = m.config.layer_types[:m.config.num_hidden_layers]
             d = _save(m, root / t)
             lens = TunedLens.for_model(load(d).borders, name=t)
         except Exception as e:  # noqa: BLE001  (the reason is the result)
@@ -144,6 +143,25 @@ def _generation(g: dict) -> dict:
     return _drop_time({k: v for k, v in g.items() if k not in ("tokens_per_s",)})
 
 
+def _untied(a: dict, b: dict) -> None:
+    """Positions of a lens JSON: top tokens compared where their probability is apart from the other
+    listed ones by more than TOL (equal probabilities, e.g. a uniform layer, list tokens in either
+    order: vocablens's merged top-k puts the lowest id first, torch.topk any of them)."""
+    if isinstance(b, dict) and "top_probs" in b:
+        p = b["top_probs"]
+        apart = [all(abs(p[i] - p[j]) > TOL for j in range(len(p)) if j != i) for i in range(len(p))]
+        for key in ("top_tokens", "top_ids"):
+            if key in b:
+                a[key] = [x if keep else y for x, y, keep in zip(a[key], b[key], apart)]
+    elif isinstance(b, dict):
+        for k in b:
+            if k in a:
+                _untied(a[k], b[k])
+    elif isinstance(b, list) and isinstance(a, list):
+        for x, y in zip(a, b):
+            _untied(x, y)
+
+
 def _figures(d):
     """A result's JSON without the loaded model's provenance (its readout line says how it was loaded)."""
     if isinstance(d, dict):
@@ -188,31 +206,46 @@ def test_refusals_are_one_line(world, two_ranks, capsys):
 def test_each_family_with_a_plan_equals_one_process(world, two_ranks):
     """A model loaded with tp=True on 2 ranks equals one process: lens (batch, every position), score,
     greedy generation, lens evaluation; each rank holds half the head's rows and about half the blocks'
-    weights (outside a mixture's experts, which some plans keep whole: the share is printed)."""
+    weights (outside a mixture's experts, which some plans keep whole: the share is printed); a plan that
+    splits no block is refused in one line."""
     import vocablens
 
-    ok, refused, held = [], dict(world["skipped"]), {}
+    ok, refused, held, crashed = [], dict(world["skipped"]), {}, {}
     for t, spec in world["models"].items():
         a, b = two_ranks[0]["models"][t], two_ranks[1]["models"][t]
+        if "crash" in a or "crash" in b:
+            crashed[t] = a.get("crash") or b.get("crash")
+            continue
         if "error" in a:
             assert a == b  # refused alike on every rank, in one line
             refused[t] = a["error"]
             continue
         ref = reads(vocablens.load(spec["dir"]), spec, PROMPT)
-        for k in ("lens", "score", "eval"):
-            _close(_figures(a[k]), _figures(ref[k]), TOL, f"{t}.{k}")
-            _close(_figures(b[k]), _figures(ref[k]), TOL, f"{t}.{k}")
-        assert [x[0] for x in a["generate"]] == [x[0] for x in ref["generate"]], t  # the same greedy tokens
-        _close(a["generate"], ref["generate"], TOL, f"{t}.generate")
-        for h in (a["held"], b["held"]):
-            assert h["dense_local"] < 0.75 * h["dense_whole"], (t, h)  # the plan split the blocks
-            assert h["W_U_rows"] == V // 2, (t, h)
+        try:
+            for k in ("lens", "score", "eval", "generate"):
+                if "failed" in ref[k]:  # the read fails in one process too: not tensor parallel's doing
+                    assert a[k] == b[k] == ref[k], (k, a[k], ref[k])
+                    refused[t] = f"{k} fails in one process too: {ref[k]['failed']}"
+                    continue
+                for got in (a[k], b[k]):
+                    _untied(got, ref[k])
+                    _close(_figures(got), _figures(ref[k]), TOL, f"{t}.{k}")
+            for h in (a["held"], b["held"]):
+                assert h["blocks_split"] >= 1, h  # the plan split the blocks (a plan that splits none is refused)
+                assert h["W_U_rows"] == V // 2, h
+                assert t not in DEFAULT or t == "mixtral" or h["dense_local"] < 0.55 * h["dense_whole"], h
+            assert a["readout"].startswith("checked:") and "tensor parallel over 2 ranks" in a["readout"]
+        except AssertionError as e:
+            crashed[t] = f"differs from one process: {str(e).splitlines()[0][:200]}"
+            continue
         held[t] = a["held"]["local"] / a["held"]["whole"]
-        assert a["readout"].startswith("checked:") and "tensor parallel over 2 ranks" in a["readout"]
         ok.append(t)
     print(f"\n--tp equals one process on {len(ok)} families (rank 0's share of the block weights): "
           + ", ".join(f"{t} {held[t]:.2f}" for t in ok))
     for t, why in sorted(refused.items()):
         print(f"  {t}: {why}")
+    for t, why in sorted(crashed.items()):
+        print(f"  {t}: FAILED (not refused in one line): {why}")
+    assert not crashed, crashed
     assert set(DEFAULT) - set(refused) <= set(ok)
     assert {"llama", "qwen2", "gemma2"} <= set(ok)

@@ -23,7 +23,7 @@ def load(spec: str | os.PathLike | None = "smollm2", dtype=None, device: str = "
     ``vocablens.load("smollm2", read=("head", "final_norm"))`` reads those parts only;
     ``vocablens.load(spec, tp=True)`` under torchrun splits the model over the ranks with
     transformers' tensor parallel (lens, score, generate and lens evaluation then read the head
-    vocab-parallel, :mod:`vocablens.parallel.tensor`).
+    vocab-parallel, :mod:`vocablens.lens.readout_path`).
     Transformers' progress bars and logging are silenced for the duration of the load only (the
     previous settings are put back), so a notebook shows no bars and no IProgress warning.
 

@@ -35,6 +35,7 @@ one tensor; the blocks left on ``meta`` stay there). Where a spec points is deci
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -56,8 +57,7 @@ MODE_READS: dict[str, tuple[str, ...] | None] = {
 
 def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str = "cpu",
          trust_remote_code: bool = False, max_memory: str | int | None = None, *,
-         read: str | Iterable[str] | None = None, blocks: Iterable[int] | None = None,
-         tp: bool = False) -> LoadedModel:
+         read: str | Iterable[str] | None = None, blocks: Iterable[int] | None = None, tp: bool = False) -> LoadedModel:
     """Load a causal LM, or the parts of it named by ``read``: the one entry of every load.
 
     ``load(spec)`` reads the whole model; ``load(spec, max_memory="200MB")`` the whole model with
@@ -77,17 +77,14 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
             own; default (None): float32 for GGUF, the checkpoint's own dtype otherwise, except that
             a float16 checkpoint runs in float32 on the CPU (a note in the provenance says so;
             :mod:`vocablens.models.run_dtype`).
-        device: torch device string; a partial read maps its tensors on the CPU, then moves them
-            (a tied matrix stays one tensor; the blocks left on ``meta`` stay there).
+        device: torch device string (a partial read maps its tensors on the CPU, then moves them).
         trust_remote_code: passed to transformers; off unless the user turns it on.
         max_memory: bytes or a size (``"200MB"``) for the resident weights of a whole-model load on
             the CPU: the borders, then blocks 0, 1, ... while they fit; the rest stream.
         read: None (the whole model), or names of :data:`~vocablens.models.partial.PARTS`:
             ``embedding``, ``input_embedding``, ``head``, ``final_norm``, ``value_vectors``.
         blocks: with ``read``, block indices 0..L-1 read whole too.
-        tp: under ``torchrun``, load with transformers' tensor parallel (``tp_plan="auto"``): each
-            rank holds 1/N of every block and its rows of the embedding and LM head
-            (:mod:`vocablens.models.tensor_parallel`); the readout check runs vocab-parallel.
+        tp: under torchrun, transformers' tensor parallel (:mod:`vocablens.models.tensor_parallel`).
 
     Returns:
         :class:`LoadedModel` (unpacks to ``model, tokenizer, borders, provenance``); the model is in
@@ -109,20 +106,13 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
         BadInput: a model that needs its own code without ``trust_remote_code``
             (:mod:`vocablens.models.remote_code`); an unknown part, ``blocks`` without ``read`` or out
             of range; a bad ``max_memory``, or one given with ``read`` or a device other than the CPU;
-            ``tp`` without torchrun, with a GGUF file, a partial read or ``max_memory``, or for a
-            family whose config has no tensor-parallel plan.
+            ``tp`` where it cannot run (no torchrun, no plan, GGUF, a partial read or ``max_memory``).
     """
     from vocablens.models.spec import check_remote_code
 
     spec = DEFAULT_MODEL if spec is None else str(spec)
-    parts = _what_to_read(read, blocks, max_memory, device)
+    parts = _what_to_read(read, blocks, max_memory, device, spec if tp else None)
     check_remote_code(spec, trust_remote_code)  # a model's own code: refused in one line before transformers reads it
-    if tp:
-        from vocablens.models.tensor_parallel import tp_refusal
-
-        why = tp_refusal(resolve_spec(spec)[0], read, max_memory)
-        if why:
-            raise BadInput(why)
     if parts is None and max_memory in (None, ""):
         return _whole(spec, dtype, device, trust_remote_code, tp=tp)
     from vocablens.models.checkpoint_files import NoSafetensors
@@ -147,11 +137,17 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
                                     dtype=dtype, trust_remote_code=trust_remote_code)
 
 
-def _what_to_read(read, blocks, max_memory, device: str):
+def _what_to_read(read, blocks, max_memory, device: str, tp_spec: str | None = None):
     """:class:`~vocablens.models.partial.Parts` of ``read`` and ``blocks`` (None: the whole model),
-    after the argument checks of :func:`load` (one line each, before anything loads)."""
+    after the argument checks of :func:`load` (one line each, before anything loads); ``tp_spec``: the
+    spec of a ``tp=True`` load (:func:`~vocablens.models.tensor_parallel.tp_refusal`)."""
     from vocablens.models.partial import Parts
     from vocablens.models.streaming import parse_bytes
+    from vocablens.models.tensor_parallel import tp_refusal
+
+    why = None if tp_spec is None else tp_refusal(resolve_spec(tp_spec)[0], read, max_memory)
+    if why:
+        raise BadInput(why)
 
     if max_memory not in (None, ""):
         parse_bytes(max_memory)  # a bad size is one line, before anything loads
@@ -255,7 +251,8 @@ def _whole(spec: str, dtype, device: str, trust_remote_code: bool, tp: bool = Fa
                 tok = AutoTokenizer.from_pretrained(src, **kw)
             if tp:
                 kw["tp_plan"] = _tp_plan(src, kw)
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=tdtype or "auto", use_safetensors=None, **kw)
+            with _tp_failure(tp, "loading"):
+                model = AutoModelForCausalLM.from_pretrained(src, dtype=tdtype or "auto", use_safetensors=None, **kw)
             prov = dir_provenance(path, spec) if kind == "dir" else Provenance(
                 spec=spec, name=hub, source=f"hub:{hub}", format="hub",
                 quantization=str(getattr(model.config, "dtype", "") or ""),
@@ -269,13 +266,32 @@ def _whole(spec: str, dtype, device: str, trust_remote_code: bool, tp: bool = Fa
     from vocablens.models.borders import Borders
 
     borders = Borders.from_model(model, tokenizer=tok)
-    if tp:
-        from vocablens.models.tensor_parallel import check_tp_readout
-
-        line = check_tp_readout(borders, spec)
-    else:
+    with _tp_failure(tp, "running the probe forward"):  # tensor parallel: the same check, the probe's logits gathered
         borders, line = checked_readout(borders, spec)
+    if tp:
+        from vocablens.models.tensor_parallel import check_split, world_size
+
+        check_split(borders)
+        line += f", tensor parallel over {world_size()} ranks"
     return with_note(LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})), dtype_note)
+
+
+@contextmanager
+def _tp_failure(tp: bool, step: str):
+    """Under ``tp``, an error of transformers' tensor-parallel code becomes one line naming the step
+    (:class:`~vocablens.errors.UnsupportedArchitecture`), never a traceback nor a replicated load."""
+    from vocablens.errors import UnsupportedArchitecture, VocabLensError
+
+    try:
+        yield
+    except VocabLensError:
+        raise
+    except Exception as e:  # noqa: BLE001  (transformers' TP code raises many kinds)
+        if not tp:
+            raise
+        first = (str(e).splitlines() or [""])[0][:160]
+        raise UnsupportedArchitecture("tensor parallel", [type(e).__name__],
+                                      f"--tp: {step} with the family's tensor-parallel plan failed: {first}") from None
 
 
 def _tp_plan(src: str, kw: dict) -> str:

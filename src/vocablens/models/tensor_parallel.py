@@ -5,8 +5,10 @@ tensor-parallel plan (``config.base_model_tp_plan``): each rank holds 1/N of eve
 projections, and the plan's embedding and LM head are split by vocabulary rows (parameters become
 ``torch.distributed.tensor.DTensor``). Between blocks the residual stream is whole on every rank
 (the row-parallel outputs are all-reduced), so the lens reads it as in one process; the head is
-read vocab-parallel (:mod:`vocablens.parallel.tensor`). This module decides what may load this way
-(one line naming why not) and checks the readout of the loaded model against its own logits.
+read vocab-parallel (:mod:`vocablens.lens.readout_path`). This module decides what may load this way
+(one line naming why not) and holds the helpers that read a split tensor (this rank's part, the
+whole); the readout check on load is :func:`vocablens.models.readout.find_readout`'s, its probe's
+few logits gathered (:func:`gathered_linear`).
 
 Rules every caller keeps (nnsight's tensor-parallel notes say the same): every rank runs the same
 calls in the same order (a rank that skips one deadlocks the others), with the same seed.
@@ -59,6 +61,16 @@ def local_rows(t: torch.Tensor) -> tuple[int, torch.Tensor]:
                                       "the plan splits the LM head otherwise than by vocabulary rows")
     _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, pl)
     return int(offset[0]), t.to_local()
+
+
+def gathered_linear(h: torch.Tensor, W, b=None) -> torch.Tensor:
+    """``h [..., d] @ W.T (+ b)`` for W [V, d] split by rows over the ranks: each rank's [..., V_r]
+    gathered into the whole [..., V] on every rank (for a few rows: the readout check's probe, an ad
+    hoc read; the analyses read the head vocab-parallel instead, never gathering [T, V])."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    hd = DTensor.from_local(h, W.device_mesh, [Replicate()], run_check=False)
+    return torch.nn.functional.linear(hd, W, b).full_tensor()
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -119,42 +131,27 @@ def plan_refusal(config) -> str | None:
             "(config.base_model_tp_plan is empty); run it without --tp (one process, or --device-map)")
 
 
-@torch.no_grad()
-def check_tp_readout(borders, spec: str) -> str:
-    """The readout check of a tensor-parallel load (:func:`vocablens.models.readout.find_readout`'s
-    for one process): the model's own logits of a probe of a few tokens against the vocab-parallel
-    readout of its last block's output (this rank's rows of W_U, the softmax normalised across
-    ranks), max |Δp| over the vocabulary reduced across ranks. Returns the provenance line.
+def check_split(borders) -> None:
+    """Refuse a tensor-parallel load whose plan split none of the blocks' weights (plan entries
+    that name no module of this model): it would run replicated on every rank.
 
     Raises:
-        UnsupportedArchitecture: max |Δp| beyond :func:`~vocablens.models.readout.tolerance`.
+        UnsupportedArchitecture: no block parameter is split.
     """
-    from vocablens.models.find import named_children
-    from vocablens.models.readout import ReadoutCheck, probe_ids, tolerance
-    from vocablens.ops.vocab_parallel.comm import all_reduce
-    from vocablens.ops.vocab_parallel.losses import vocab_parallel_log_softmax
+    if not any(is_dtensor(p) and local(p).numel() < p.numel() for p in borders.blocks.parameters()):
+        from vocablens.models.find import named_children
+
+        raise UnsupportedArchitecture(borders.family, named_children(borders.model),
+                                      "--tp: the family's tensor-parallel plan splits none of the blocks' weights "
+                                      "(its entries name no module here): it would run replicated on every rank")
+
+
+def world_size() -> int:
+    """Processes in the default torch.distributed group (1 without one)."""
     import torch.distributed as dist
 
-    ids = probe_ids(borders)
-    with borders.capture() as store:
-        out = borders.model(input_ids=ids.to(borders.device), use_cache=False)
-    start, W = local_rows(borders.W_U)
-    _, b = local_rows(borders.b_U) if borders.b_U is not None else (0, None)
-    U = borders.unembedding
-    z = torch.nn.functional.linear(U.normed(store[borders.n_layers]).to(W.dtype), W, b).float()
-    mine = vocab_parallel_log_softmax(U.transform(z), None).exp()
-    theirs = torch.softmax(out.logits.float(), -1)[..., start:start + W.shape[0]]  # a probe: [1, 4, V] gathered
-    dp = float(all_reduce((mine - theirs).abs().amax().reshape(1), dist.ReduceOp.MAX))
-    tol = tolerance(W.dtype)
-    if not dp <= tol:
-        raise UnsupportedArchitecture(borders.family, named_children(borders.model),
-                                      f"under --tp, vocablens's readout differs from the model's own logits: "
-                                      f"max |Δp| = {dp:.2e} (tolerance {tol:.0e})")
-    return ReadoutCheck(max_dp=dp, tolerance=tol, dtype=str(W.dtype).replace("torch.", ""),
-                        tokens=int(ids.shape[-1]), final_norm=None, project_out=None,
-                        logit_scale=float(borders.logit_scale), softcap=borders.softcap,
-                        family=borders.family).line() + f", tensor parallel over {dist.get_world_size()} ranks"
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-__all__ = ["check_tp_readout", "is_dtensor", "local", "rows_any", "sum_sharded", "tp_device", "is_tensor_parallel", "local_rows", "plan_refusal", "tp_refusal",
-           "whole"]
+__all__ = ["check_split", "gathered_linear", "is_dtensor", "local", "rows_any", "sum_sharded", "tp_device", "is_tensor_parallel", "local_rows", "plan_refusal", "tp_refusal",
+           "whole", "world_size"]

@@ -19,6 +19,7 @@ from torch import nn
 
 from vocablens.errors import BadInput
 from vocablens.logit_transform import transform_logits
+from vocablens.models.tensor_parallel import gathered_linear, is_dtensor
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,7 +103,10 @@ class Unembedding:
                 raise BadInput(f"vocabulary rows must lie in [0, {self.vocab_size}); got {r.tolist()[:8]}")
             W = W[r]
             b = None if b is None else b[r]
-        z = nn.functional.linear(h.to(W.dtype), W, b).float()
+        if is_dtensor(W):  # tensor parallel: each rank's rows, the logits gathered (a probe's few rows)
+            z = gathered_linear(h.to(W.dtype), W, b).float()
+        else:
+            z = nn.functional.linear(h.to(W.dtype), W, b).float()
         cap = self.softcap if capped else None
         return transform_logits(z, self.logit_scale, cap, inplace=not z.requires_grad)  # autograd needs the cap's output intact
 
