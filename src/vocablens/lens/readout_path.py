@@ -22,7 +22,7 @@ import torch
 
 from vocablens.errors import UnsupportedArchitecture
 from vocablens.models.tensor_parallel import is_tensor_parallel, local_rows, whole
-from vocablens.ops.kl import kl_readout, logits_readout
+from vocablens import ops
 from vocablens.ops.vocab_parallel import VocabParallelLMHead, shard_range
 from vocablens.ops.vocab_parallel.comm import world
 from vocablens.ops.vocab_parallel.functional import vocab_parallel_argmax
@@ -76,7 +76,7 @@ class OneProcess:
     def kl(self, X: torch.Tensor, ref: torch.Tensor, float32: bool = False, **kw):
         """:func:`vocablens.ops.kl_readout` of head inputs X through W_U against ``ref``; ``float32``:
         the GEMM in float32 whatever W_U's dtype (a float32 copy of W_U, made once)."""
-        return kl_readout(X, self._weight(float32), ref, **kw)
+        return ops.kl_readout(X, self._weight(float32), ref, **kw)  # looked up at call time (tests wrap it)
 
     def _weight(self, float32: bool) -> torch.Tensor:
         W = self.U.weight.detach()
@@ -88,7 +88,7 @@ class OneProcess:
 
     def final(self, ref: torch.Tensor, **kw):
         """:func:`vocablens.ops.logits_readout` of the model's own logits against themselves."""
-        return logits_readout(ref, ref, **kw)
+        return ops.logits_readout(ref, ref, **kw)
 
 
 class TensorParallel(OneProcess):
