@@ -184,9 +184,10 @@ def test_cli_with_tp_prints_the_one_process_results(world, two_ranks, capsys):
         _close(_figures(g), _figures(r), TOL, argv[0])
 
 
-def test_refusals_are_one_line(world, two_ranks, capsys):
+def test_refusals_are_one_line(world, two_ranks, capsys, monkeypatch):
     """--tp on a family without a plan, on a command that does not run split, and on lens eval with
-    other lenses: exit 2 on every rank, one line on rank 0 naming why; --tp without torchrun too."""
+    other lenses: exit 2 on every rank, one line on rank 0 naming why; --tp without torchrun (CLI and
+    Python), with a GGUF file, --max-memory or a partial read: one line each."""
     n = len(world["cli"])
     for rank in two_ranks:
         assert [code for code, _ in rank["cli"][n:]] == [2] * len(world["refused"])
@@ -199,6 +200,17 @@ def test_refusals_are_one_line(world, two_ranks, capsys):
     from transformers import GPT2Config
 
     assert "no tensor-parallel plan" in plan_refusal(GPT2Config())
+    import vocablens
+    from vocablens.errors import BadInput
+    from vocablens.models.tensor_parallel import tp_refusal as load_refusal
+
+    with pytest.raises(BadInput, match="torchrun"):  # the Python API, before anything loads
+        vocablens.load(world["models"]["llama"]["dir"], tp=True)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets: the refusals that follow it
+    assert ".gguf" in load_refusal("gguf", None, None)
+    assert "--max-memory" in load_refusal("dir", None, "200MB")
+    assert "parts" in load_refusal("dir", ("head",), None)
+    assert load_refusal("dir", None, None) is None
     assert "does not run tensor-parallel" in tp_refusal(["neighbors", " t3"], world["refused"][1])
     assert "logit and tuned" in tp_refusal(["lens", "eval"], world["refused"][2])
 

@@ -54,6 +54,10 @@ def tp_refusal(words: list[str], argv: list[str]) -> str | None:
     kinds = argv[argv.index("--kind") + 1] if cmd == ("lens", "eval") and "--kind" in argv[:-1] else "logit,tuned"
     if sorted(k.strip() for k in kinds.split(",")) not in (["logit", "tuned"], ["both"]):
         return "--tp: lens eval scores the logit and tuned lenses (the default --kind) tensor-parallel; run other kinds without --tp"
+    if torchrun_rank() is None:  # before anything loads: the loader's own line
+        from vocablens.models.tensor_parallel import tp_refusal as load_refusal
+
+        return load_refusal("dir", None, None)
     return None
 
 
