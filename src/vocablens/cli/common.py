@@ -23,7 +23,7 @@ from vocablens.cli.console import (  # noqa: F401  (re-exported: the commands pr
     LiteralConsole, err, literal_markup, out, print_error, print_note,
 )
 from vocablens.cli.damaged import refuse_nonfinite
-from vocablens.cli.torchrun import leave_process_group, splits_over_ranks, torchrun_rank
+from vocablens.cli.torchrun import leave_process_group, splits_over_ranks, torchrun_rank, tp_refusal
 from vocablens.cli.heap import trim_heap, tune_heap  # noqa: F401  (re-exported for the commands)
 from vocablens.cli.global_options import print_stats, show_version, take_dtype, take_stats
 from vocablens.cli import placement
@@ -68,6 +68,7 @@ TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow the m
 MaxMemOpt = Annotated[str, typer.Option("--max-memory", help="Keep at most this much of the weights in memory "
                                         "(e.g. 200MB, 2GiB); the other blocks are read from the checkpoint at each "
                                         "forward. With --device-map: each device's cap (0=70GiB,cpu=200GiB).")]
+TpOpt = Annotated[bool, typer.Option("--tp", help="Under torchrun: the model split over the ranks by transformers' tensor parallel (tp_plan=auto): 1/N of every block and of the LM head's rows on each. Several machines: torchrun's rendezvous.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Weights dtype: float32 (default for GGUF), bfloat16, float16, auto.")]
 
 
@@ -315,7 +316,10 @@ def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
     previous, warnings.showwarning = warnings.showwarning, show_note
     rank = torchrun_rank()
     words = [a for a in argv if not a.startswith("-")][:2]
-    if rank is not None and words and not splits_over_ranks(words):
+    refused = tp_refusal(words, argv)  # --tp on a command that cannot run split: one line (rank 0), exit 2
+    if refused:
+        return 2 if rank else print_error(refused) or 2
+    if rank is not None and words and not splits_over_ranks(words) and "--tp" not in argv:
         if rank != 0:
             return 0  # a command that does not split over processes: rank 0 runs it alone
         print_note(f"`vocablens {words[0]}` does not split over processes; rank 0 runs it alone")

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from vocablens.cli.common import (
     parse_int_list,
-    DefaultCommandGroup, JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TrustOpt, app, show, err, load_model,
+    DefaultCommandGroup, JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TpOpt, TrustOpt, app, show, err, load_model,
 )
 from vocablens.errors import BadInput
 
@@ -58,9 +58,11 @@ def lens_show(
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
     max_memory: MaxMemOpt = "",
+    tp: TpOpt = False,
 ) -> None:
     """Read the residual stream through the LM head: `vocablens lens PROMPT`. Top tokens, entropy and KL
-    to the final distribution at every stream layer 0..L (logit lens, tuned lens, or both)."""
+    to the final distribution at every stream layer 0..L (logit lens, tuned lens, or both). Under
+    torchrun with --tp the model is split over the ranks (the top-k merged across them) and rank 0 prints."""
 
     if prompt and file:
         raise BadInput("give a PROMPT or --file F, not both")
@@ -84,27 +86,39 @@ def lens_show(
 
     kinds = parse_kinds(kind)
     found = find_lenses(kinds, model, lens_path)  # before the model loads
+    rank = _tp_rank(tp, device)
     m = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
-                   trust_remote_code=trust_remote_code, device=device, quiet=json_)
+                   trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0, tp=tp)
     lenses = load_lenses(found, m)
     if "jacobian" in lenses:
         m.add_lens("jacobian", lenses["jacobian"])
         jl = lenses["jacobian"]
         if lay is None and len(jl.layers) < m.borders.n_layers:
             lay = list(jl.layers) + [m.borders.n_layers]  # a published lens fits no matrix for stream layer 0
-    if not json_:
+    if not json_ and rank == 0:
         for kd, ln in lenses.items():
             err.print(lens_caption(kd, ln), style="dim", soft_wrap=True)
     from vocablens.cli.progress import stage_progress
 
-    cb, close = stage_progress("lens", "prompts", quiet=json_ or not file)   # --file: many prompts
+    cb, close = stage_progress("lens", "prompts", quiet=json_ or not file or rank != 0)   # --file: many prompts
     try:  # one forward per batch of prompts for every kind
         res = m.lens(texts if file else prompt, kind=kinds if kinds != ["logit", "tuned"] else "both", k=k,
                      positions=pos, layers=lay, chat=chat, prefix=prefix, lens_dir=found.get("tuned"),
                      progress=lambda d, n: cb("forward passes", d, n), images=image or None)
     finally:
         close()
-    show(res, json_)
+    if rank == 0:
+        show(res, json_)
+
+
+def _tp_rank(tp: bool, device: str) -> int:
+    """With ``--tp``: join torchrun's process group (every rank runs the lens) and return this rank; else 0."""
+    if not tp:
+        return 0
+    from vocablens.cli.torchrun import group_device
+    from vocablens.parallel.processes import init_from_env
+
+    return init_from_env(group_device(tp, device))[0]
 
 
 def _read_prompts(path: str) -> list[str]:

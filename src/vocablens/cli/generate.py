@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TpOpt, TrustOpt, app, emit_json, err, load_model
 from vocablens.errors import BadInput
 
 
@@ -35,21 +35,25 @@ def generate_cmd(
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
+    tp: TpOpt = False,
 ) -> None:
     """Generate text, streamed to stdout as it comes; notes on stderr; --json for tokens and logprobs.
 
     Under torchrun (WORLD_SIZE > 1) the embedding and LM head rows are split over the ranks (no
-    --early-exit then) and rank 0 prints."""
+    --early-exit then) and rank 0 prints; with --tp the blocks are split too (transformers' tensor
+    parallel), every rank draws the same tokens."""
     from vocablens.render.generate import TextStream, summary_lines
     from vocablens.render.shown import to_json
 
     _check_flags(max_new_tokens, top, temperature, top_k, top_p, min_p, early_exit, threshold, exit_test)
+    from vocablens.cli.torchrun import group_device
     from vocablens.parallel.processes import common_seed, init_from_env
 
-    rank, world = init_from_env()
+    rank, world = init_from_env(group_device(tp, device))
     if world > 1 and early_exit is not None:
         raise BadInput("--early-exit reads the whole LM head at every layer: run it without torchrun")
-    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0)
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0,
+                    tp=tp)
     rule = _exit_rule(lm, early_exit, threshold, min_layer, exit_test, candidates, lens_path)
     stream = TextStream(lm.tokenizer)
 

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from vocablens.cli.common import (
-    JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TrustOpt, app, show, load_model, status,
+    JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TpOpt, TrustOpt, app, show, load_model, status,
 )
 from vocablens.errors import BadInput
 from vocablens.units import plural
@@ -27,12 +27,14 @@ def score(
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
     max_memory: MaxMemOpt = "",
+    tp: TpOpt = False,
 ) -> None:
     """Per-token log-probabilities of a text: total, per byte, and the top-k alternatives per position.
 
     The first token is scored only when the tokenizer adds BOS (it then has a prefix); bits per byte
     divide by the bytes of exactly the scored tokens. Under torchrun (WORLD_SIZE > 1) the embedding
-    and LM head rows are split over the ranks and rank 0 prints."""
+    and LM head rows are split over the ranks and rank 0 prints; with --tp the blocks are split too
+    (transformers' tensor parallel) and the head is read from the plan's own split."""
 
     if (text is None) == (file is None):
         raise BadInput("give either TEXT or --file F (exactly one)")
@@ -44,16 +46,18 @@ def score(
         raise BadInput(f"--top-k must be >= 0; got {top_k}")
     if not text or not text.strip():
         raise BadInput("empty text: nothing to score")
+    from vocablens.cli.torchrun import group_device
     from vocablens.parallel.processes import init_from_env
 
-    rank, world = init_from_env()
+    rank, world = init_from_env(group_device(tp, device))
     if world > 1 and max_memory:
         raise BadInput("--max-memory does not run under torchrun (the ranks split the LM head of a whole "
                        "model); run it in one process")
     lm = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
-                    trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0)
+                    trust_remote_code=trust_remote_code, device=device, quiet=json_ or rank != 0, tp=tp)
     with status(f"scoring {plural(len(text), 'character')} ...", quiet=json_ or rank != 0):
         res = lm.score(text, top_k=top_k, special_text=special_text, vocab_parallel=world > 1)  # torchrun: V/world rows a rank
     if rank != 0:
         return
     show(res, json_)
+

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from vocablens.cli.common import (
-    JsonOpt, ModelOpt, DeviceOpt, TrustOpt, emit_json, show, err, load_model, out, status,
+    JsonOpt, ModelOpt, DeviceOpt, TpOpt, TrustOpt, emit_json, show, err, load_model, out, status,
 )
 from vocablens.cli.core import lens_app
 from vocablens.cli.lenses import check_eval_options, set_threads
@@ -180,6 +180,7 @@ def lens_eval(
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
+    tp: TpOpt = False,
 ) -> None:
     """Per layer, every lens asked for (default logit vs tuned) on the same held-out text: KL to final, CE (nats, bits/byte), entropy, top-1 agreement."""
     from vocablens.cli.lenses import parse_kinds
@@ -198,11 +199,14 @@ def lens_eval(
 
     check_eval_options(max_tokens, seq_len, split, plot, force)
     set_threads(threads)
-    rank, _ = init_from_env()  # under torchrun: rows split over ranks, sums all-reduced, rank 0 prints
+    from vocablens.cli.torchrun import group_device
+
+    # under torchrun: rows split over ranks, sums all-reduced, rank 0 prints (--tp: the model split instead)
+    rank, _ = init_from_env(group_device(tp, device))
     quiet = (json_ and not progress) or rank != 0
     inputs = lens_eval_inputs(model, lens_path or None, corpus or None, split,  # before the model loads
                               notes=None if quiet else (lambda line: err.print(line, style="dim")))
-    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet)
+    lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet, tp=tp)
 
     bar = [(lambda *_: None), (lambda: None)]  # the progress bar, opened when scoring starts
 

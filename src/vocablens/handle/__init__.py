@@ -16,7 +16,8 @@ from vocablens.handle.results import Result
 
 def load(spec: str | os.PathLike | None = "smollm2", dtype=None, device: str = "cpu",
          trust_remote_code: bool = False, max_memory: str | int | dict | None = None, *, read=None,
-         blocks=None, device_map: str | dict | None = None, offload_folder: str | os.PathLike | None = None) -> Model:
+         blocks=None, device_map: str | dict | None = None, offload_folder: str | os.PathLike | None = None,
+         tp: bool = False) -> Model:
     """Load a causal LM as a :class:`Model` (:func:`vocablens.models.load`; the arguments are its).
 
     ``m = vocablens.load("smollm2")``; it still unpacks as ``model, tokenizer, borders, provenance``.
@@ -24,7 +25,9 @@ def load(spec: str | os.PathLike | None = "smollm2", dtype=None, device: str = "
     ``vocablens.load(spec, device_map="auto", max_memory={0: "70GiB", 1: "70GiB", "cpu": "200GiB"})``
     places one model over several devices (:mod:`vocablens.models.placement`; ``"disk"`` offload
     included, ``offload_folder`` for what transformers rewrites), every workflow giving the figures of
-    a one-device load.
+    a one-device load. ``vocablens.load(spec, tp=True)`` under torchrun splits the model over the ranks
+    with transformers' tensor parallel (lens, score, generate and lens evaluation then read the head
+    vocab-parallel, :mod:`vocablens.lens.readout_path`).
     Transformers' progress bars and logging are silenced for the duration of the load only (the
     previous settings are put back), so a notebook shows no bars and no IProgress warning.
 
@@ -38,7 +41,7 @@ def load(spec: str | os.PathLike | None = "smollm2", dtype=None, device: str = "
 
         lm = models.load(spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
                          max_memory=max_memory, read=read, blocks=blocks, device_map=device_map,
-                         offload_folder=offload_folder)
+                         offload_folder=offload_folder, tp=tp)
     return Model.of(lm, spec=str(spec) if spec is not None else "smollm2")
 
 

@@ -273,7 +273,10 @@ class LensTraining:
                                         inp.split_seed, inp.docs)
         if started is not None:
             started(tl, int(rows.numel()), info)
-        start, stop = share(int(rows.shape[0]))
+        from vocablens.models.tensor_parallel import is_tensor_parallel
+
+        # rows split over torchrun ranks, or (tensor parallel) every rank reads every row
+        start, stop = (0, int(rows.shape[0])) if is_tensor_parallel(self.borders) else share(int(rows.shape[0]))
         T, stage = int(rows.shape[1]), "scoring both lenses"
         tick = (lambda done, total: None) if progress is None else (
             lambda done, total: progress(stage, int(done * T), (stop - start) * T))

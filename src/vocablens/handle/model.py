@@ -36,6 +36,7 @@ from vocablens.handle.matrices import MatrixWorkflows
 from vocablens.handle.surgery import SurgeryWorkflows
 from vocablens.handle.trajectories import TrajectoryWorkflows
 from vocablens.models.loaded_model import LoadedModel
+from vocablens.models.tensor_parallel import is_tensor_parallel
 
 
 @dataclass(eq=False)
@@ -158,7 +159,7 @@ class Model(SurgeryWorkflows, LensTraining, LensQuality, LensDecompose, LensWork
                 tensor [T] / [1, T] or a list of ints; ids of several prompts are refused).
             top_k: alternatives per position (0 = none).
             special_text: ``parse`` or ``plain`` (:meth:`encode`), for a string.
-            vocab_parallel: under torchrun, split the embedding and head rows over the ranks.
+            vocab_parallel: under torchrun, split the embedding and head rows over the ranks (tp=True: always).
 
         Raises:
             BadInput: empty text, top_k < 0, fewer than 2 tokens; ids that are not an integer tensor
@@ -173,7 +174,7 @@ class Model(SurgeryWorkflows, LensTraining, LensQuality, LensDecompose, LensWork
             raise BadInput("empty text: nothing to score")
         ids = self.encode(text, special_text=special_text)[0] if isinstance(text, str) else self._ids(text)[0]
         n_bytes = self.n_bytes(ids[1:])
-        if vocab_parallel:
+        if vocab_parallel or is_tensor_parallel(self.borders):
             from vocablens.parallel.processes import VocabParallelModel
 
             res = VocabParallelModel(self.borders).score(ids, top_k=top_k, n_bytes=n_bytes)
@@ -363,7 +364,7 @@ class Model(SurgeryWorkflows, LensTraining, LensQuality, LensDecompose, LensWork
                 :class:`~vocablens.generate.ExitRule` (tuned: this model's lens).
             on_token: called with each :class:`~vocablens.generate.loop.GeneratedToken` as it comes.
             head: a vocabulary-parallel head (torchrun), else None.
-            vocab_parallel: under torchrun, split the embedding and head rows over the ranks (builds ``head``).
+            vocab_parallel: under torchrun, split the embedding and head rows over the ranks (builds ``head``; tp=True: always).
 
         Raises:
             BadInput: empty prompt, max_new_tokens < 1, bad sampling arguments.
@@ -375,7 +376,7 @@ class Model(SurgeryWorkflows, LensTraining, LensQuality, LensDecompose, LensWork
         ids = self.encode(text, chat=chat)
         if early_exit is not None:
             early_exit.validate(self.borders.n_layers)
-        if vocab_parallel and head is None:
+        if (vocab_parallel or is_tensor_parallel(self.borders)) and head is None:
             from vocablens.parallel.processes import VocabParallelModel
 
             head = VocabParallelModel(self.borders)  # each rank keeps V/world rows

@@ -12,7 +12,6 @@ from vocablens.ops.vocab_parallel.comm import allreduce_sum, share, world
 from vocablens.errors import BadInput
 from vocablens.lens.tuned import TunedLens
 from vocablens.models import Borders
-from vocablens.ops.kl import kl_readout, logits_readout
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,8 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
         split_ranks: under an initialised process group of W > 1 ranks (torchrun), each rank scores its
             contiguous share of the rows (:func:`vocablens.ops.vocab_parallel.comm.share`) and the float64 sums and
             counts are all-reduced: every rank returns the one-process result up to float rounding.
-            False: every rank scores all rows.
+            False: every rank scores all rows (always so for a tensor-parallel load, whose ranks
+            run every forward together and split the head's rows instead).
 
     Returns:
         :class:`LensEval`.
@@ -104,11 +104,14 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
     """
     if rows.dim() != 2 or rows.numel() == 0 or rows.shape[1] < 2:
         raise BadInput(f"evaluation needs token rows [N >= 1, T >= 2]; got {list(rows.shape)}")
+    from vocablens.lens.readout_path import TensorParallel, readout_path
+
     lens.check_model(borders)
-    U = borders.unembedding.float32()
-    W = U.weight.detach().float()
+    path = readout_path(borders)  # tensor parallel: every rank reads every row, V split over the ranks
+    split_ranks = split_ranks and not isinstance(path, TensorParallel)
+    U = path.U
     L = borders.n_layers
-    dev = W.device
+    dev = U.weight.device
     # [logit 0..L-1, tuned 0..L-1, layer L] x [KL, CE, H, top1]
     sums = torch.zeros(2 * L + 1, 4, dtype=torch.float64, device=dev)
     n_tok = n_ce = 0
@@ -121,7 +124,7 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
             def progress(done: float, r=r) -> None:
                 if on_row is not None:
                     on_row(r + done, int(rows.shape[0]))
-            T = _score_row(borders, lens, U, W, rows[r: r + 1], real, chunk_rows, sums, progress)
+            T = _score_row(borders, lens, path, rows[r: r + 1], real, chunk_rows, sums, progress)
             n_tok += T
             n_ce += T - 1
     if split_ranks and world()[1] > 1:
@@ -131,31 +134,32 @@ def evaluate(borders: Borders, lens: TunedLens, rows: torch.Tensor, n_bytes: int
     return _from_sums(sums, L, n_tok, n_ce, n_bytes)
 
 
-def _score_row(borders: Borders, lens: TunedLens, U, W: torch.Tensor, ids: torch.Tensor, real: int,
+def _score_row(borders: Borders, lens: TunedLens, path, ids: torch.Tensor, real: int,
                chunk_rows: int | None, sums: torch.Tensor, progress: Callable[[float], None]) -> int:
     """Add one row's sums (KL, CE, entropy, top-1 agreement) into ``sums`` [2L+1, 4] float64 (rows:
     logit lens at layers 0..L-1, tuned lens at 0..L-1, layer L): one forward, the model's own logits
     for layer L, the 2L lens rows in :data:`READ_GROUPS` readouts with ``progress(fraction of the
-    row)`` after each. ``ids`` [1, T]; returns T."""
-    L = borders.n_layers
-    dev = W.device
+    row)`` after each. ``ids`` [1, T]; ``path``: :func:`~vocablens.lens.readout_path.readout_path`;
+    returns T."""
+    L, U = borders.n_layers, path.U
+    dev = U.weight.device
     T = ids.shape[1]
-    resid, logits = borders.residual_stream(ids)
+    resid, logits = path.stream(ids)
     H = resid[:, 0].float()  # [L+1, T, d]
-    ref = logits[0]  # [T, V] the model's own output
-    final_top = ref[:, :real].argmax(-1)
+    ref = logits[0]  # [T, V] the model's own output (tensor parallel: this rank's [T, V_r])
+    final_top = path.argmax(ref, real)
     targets = torch.zeros(T, dtype=torch.long, device=dev)
     targets[:-1] = ids[0, 1:]
     valid = torch.ones(T, dtype=torch.float64, device=dev)
     valid[-1] = 0
     X = U.normed(torch.cat([H[:L], lens.translate_all(H[:L])]), torch.float32)
     stats = dict(targets=targets, top_k=1, topk_cols=real, entropy=True)
-    fin = logits_readout(ref, ref, **stats)  # layer L: the model's own logits, no GEMM
+    fin = path.final(ref, **stats)  # layer L: the model's own logits, no GEMM
     parts = [(2 * L, lambda: fin)]
     # the 2L (lens, layer) rows in READ_GROUPS readouts: progress after each, not only per row
     step = -(-2 * L // READ_GROUPS)
-    parts += [(slice(a, min(2 * L, a + step)), lambda a=a: kl_readout(
-        X[a:a + step], W, ref, chunk_rows=chunk_rows, **stats, **U.head_kwargs())) for a in range(0, 2 * L, step)]
+    parts += [(slice(a, min(2 * L, a + step)), lambda a=a: path.kl(
+        X[a:a + step], ref, float32=True, chunk_rows=chunk_rows, **stats, **U.head_kwargs())) for a in range(0, 2 * L, step)]
     for rows_, read in parts:
         r_ = read()
         sums[rows_, 0] += r_.kl.double().sum(-1)

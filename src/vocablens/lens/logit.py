@@ -298,9 +298,10 @@ def _lens_group(borders: Borders, seqs: list[torch.Tensor], pos: list[torch.Tens
                 translators: Sequence[Translator | None], wanted: list[int]) -> list[list[tuple]]:
     """One forward of right-padded prompts, one readout per lens of every position read: per lens,
     per prompt ``(layers, final_top1, model_max_abs_diff)``."""
-    from vocablens.ops import kl_readout, logits_readout
+    from vocablens.lens.readout_path import readout_path
 
-    U = borders.unembedding.float32()
+    path = readout_path(borders)  # one process, or tensor parallel: this rank's columns of V
+    U = path.U
     head = U.head_kwargs()
     real = borders.real_vocab_size
     L = borders.n_layers
@@ -314,7 +315,7 @@ def _lens_group(borders: Borders, seqs: list[torch.Tensor], pos: list[torch.Tens
         mask[b, :lens[b]] = 1
     padded = bool((mask == 0).any())
     with torch.no_grad():
-        resid, model_logits = borders.residual_stream(ids, mask.to(borders.device) if padded else None)
+        resid, model_logits = path.stream(ids, mask.to(borders.device) if padded else None)
         counts = [int(p.numel()) for p in pos]
         if not padded and all(c == Tm for c in counts):  # every position of every prompt: views
             resid, ref = resid.flatten(1, 2), model_logits.flatten(0, 1)  # [L+1, N, d], [N, V]
@@ -323,7 +324,7 @@ def _lens_group(borders: Borders, seqs: list[torch.Tensor], pos: list[torch.Tens
             pi = torch.cat(pos).long().to(resid.device)
             resid, ref = resid[:, bi, pi], model_logits[bi, pi]
         del model_logits
-        final_top1 = ref[:, :real].argmax(dim=-1)
+        final_top1 = path.argmax(ref, real)
         stats = dict(targets=final_top1, rank=True, top_k=k, topk_cols=real, entropy=True, **head)
         early = [ly for ly in wanted if ly < L]
         offsets = [0]
@@ -336,15 +337,15 @@ def _lens_group(borders: Borders, seqs: list[torch.Tensor], pos: list[torch.Tens
         X_check = lens_states(borders, resid[:, rows], [L]) if lasts else None
         # one number per prompt for every caller (CLI, report, server): max |p_lens(L) - p_model| at the
         # prompt's last position, the lens's own path (final norm, LM head) against the model's output
-        diffs = {} if X_check is None else dict(zip(lasts, kl_readout(
-            X_check, U.weight, ref[rows], max_abs_dp=True, **head).max_abs_dp[0].tolist()))
+        diffs = {} if X_check is None else dict(zip(lasts, path.kl(
+            X_check, ref[rows], max_abs_dp=True, **head).max_abs_dp[0].tolist()))
         # layer L is the model's own output: its statistics are read off the model's logits (no GEMM)
-        last = (logits_readout(ref, ref, **{k: v for k, v in stats.items() if k not in head}), slice(None))
+        last = (path.final(ref, **{k: v for k, v in stats.items() if k not in head}), slice(None))
         out = []
         for translator in translators:
             reads = {L: last}
             if early:  # one GEMM pass per layer for every position of every prompt
-                r = kl_readout(lens_states(borders, resid, early, translator), U.weight, ref, **stats)
+                r = path.kl(lens_states(borders, resid, early, translator), ref, **stats)
                 reads.update({ly: (r, i) for i, ly in enumerate(early)})
             per_prompt = []
             for b in range(B):

@@ -37,16 +37,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 from vocablens.errors import BadInput
-from vocablens.models.gguf_cache import load_gguf
 from vocablens.models.loaded_model import LoadedModel
-from vocablens.models.provenance import Provenance, dir_provenance
-from vocablens.models.quantized import quantization_config, quantization_name, quantized_provenance, refused
 from vocablens.models.run_dtype import run_dtype, with_note
-from vocablens.models.spec import DEFAULT_MODEL, hub_kwargs, reading, resolve_spec
-from vocablens.models.tokenizer_files import building_tokenizer, hub_tokenizer_problem, json_tokenizer_problem
+from vocablens.models.spec import DEFAULT_MODEL, resolve_spec
+from vocablens.models.whole import _whole, checked_readout  # noqa: F401  (checked_readout re-exported)
 
 MODES = ("full", "borders", "head", "matrices", "streaming")
 #: what each mode of :func:`load_mode` reads (``read=`` of :func:`load`; None: the whole model)
@@ -59,7 +56,8 @@ MODE_READS: dict[str, tuple[str, ...] | None] = {
 def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str = "cpu",
          trust_remote_code: bool = False, max_memory: str | int | None = None, *,
          read: str | Iterable[str] | None = None, blocks: Iterable[int] | None = None,
-         device_map: str | dict | None = None, offload_folder: str | os.PathLike | None = None) -> LoadedModel:
+         device_map: str | dict | None = None, offload_folder: str | os.PathLike | None = None,
+         tp: bool = False) -> LoadedModel:
     """Load a causal LM, or the parts of it named by ``read``: the one entry of every load.
 
     ``load(spec)`` reads the whole model; ``load(spec, max_memory="200MB")`` the whole model with
@@ -79,8 +77,7 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
             own; default (None): float32 for GGUF, the checkpoint's own dtype otherwise, except that
             a float16 checkpoint runs in float32 on the CPU (a note in the provenance says so;
             :mod:`vocablens.models.run_dtype`).
-        device: torch device string; a partial read maps its tensors on the CPU, then moves them
-            (a tied matrix stays one tensor; the blocks left on ``meta`` stay there).
+        device: torch device string (a partial read maps its tensors on the CPU, then moves them).
         trust_remote_code: passed to transformers; off unless the user turns it on.
         max_memory: without ``device_map``: bytes or a size (``"200MB"``) for the resident weights
             of a whole-model load on the CPU: the borders, then blocks 0, 1, ... while they fit; the
@@ -96,6 +93,7 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
         offload_folder: with ``device_map``, where weights mapped to ``disk`` that transformers
             rewrites are kept (default: a temporary folder removed with the model; most are read
             in place from the checkpoint's safetensors files).
+        tp: under torchrun, transformers' tensor parallel (:mod:`vocablens.models.tensor_parallel`).
 
     Returns:
         :class:`LoadedModel` (unpacks to ``model, tokenizer, borders, provenance``); the model is in
@@ -118,18 +116,22 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
             (:mod:`vocablens.models.remote_code`); an unknown part, ``blocks`` without ``read`` or out
             of range; a bad ``max_memory``, or one given with ``read`` or a device other than the CPU;
             a bad ``device_map`` (:func:`~vocablens.models.placement.device_map_arg`), or one given
-            with ``read`` or ``device``.
+            with ``read``, ``device`` or ``tp``; ``tp`` where it cannot run (no torchrun, no plan, GGUF,
+            a partial read or ``max_memory``).
     """
     from vocablens.models.spec import check_remote_code
 
     spec = DEFAULT_MODEL if spec is None else str(spec)
     placement = _placement(device_map, max_memory, offload_folder, read, device)
-    parts = _what_to_read(read, blocks, None if placement else max_memory, device)
+    if tp and placement is not None:
+        raise BadInput("`tp` splits the model over the torchrun ranks and a device map places it in one "
+                       "process: give one of them")
+    parts = _what_to_read(read, blocks, None if placement else max_memory, device, spec if tp else None)
     check_remote_code(spec, trust_remote_code)  # a model's own code: refused in one line before transformers reads it
     if placement is not None:
         return _whole(spec, dtype, device, trust_remote_code, placement)
     if parts is None and max_memory in (None, ""):
-        return _whole(spec, dtype, device, trust_remote_code)
+        return _whole(spec, dtype, device, trust_remote_code, tp=tp)
     return _partial(spec, parts, dtype, device, trust_remote_code, max_memory)
 
 
@@ -175,11 +177,17 @@ def _placement(device_map, max_memory, offload_folder, read, device: str) -> tup
     return device_map_arg(device_map), max_memory_map(max_memory), None if not offload_folder else str(offload_folder)
 
 
-def _what_to_read(read, blocks, max_memory, device: str):
+def _what_to_read(read, blocks, max_memory, device: str, tp_spec: str | None = None):
     """:class:`~vocablens.models.partial.Parts` of ``read`` and ``blocks`` (None: the whole model),
-    after the argument checks of :func:`load` (one line each, before anything loads)."""
+    after the argument checks of :func:`load` (one line each, before anything loads); ``tp_spec``: the
+    spec of a ``tp=True`` load (:func:`~vocablens.models.tensor_parallel.tp_refusal`)."""
     from vocablens.models.partial import Parts
     from vocablens.models.streaming import parse_bytes
+    from vocablens.models.tensor_parallel import tp_refusal
+
+    why = None if tp_spec is None else tp_refusal(resolve_spec(tp_spec)[0], read, max_memory)
+    if why:
+        raise BadInput(why)
 
     if max_memory not in (None, ""):
         parse_bytes(max_memory)  # a bad size is one line, before anything loads
@@ -196,7 +204,7 @@ def _what_to_read(read, blocks, max_memory, device: str):
 
 def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device: str = "cpu",
               trust_remote_code: bool = False, max_memory: str | int | None = None, blocks=None,
-              value_vectors: bool = False, device_map=None, offload_folder=None):
+              value_vectors: bool = False, device_map=None, offload_folder=None, tp: bool = False):
     """Load ``spec`` in one of :data:`MODES` (module docstring): :func:`load` with the mode's
     ``read`` (:data:`MODE_READS`) -> :class:`~vocablens.models.LoadedModel`.
 
@@ -210,6 +218,7 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
         value_vectors: for ``borders``: every block's FFN value vectors read too.
         device_map: for ``full``: as :func:`load` (``max_memory`` then caps each device).
         offload_folder: with ``device_map``: as :func:`load`.
+        tp: tensor parallel under torchrun, for ``full`` (as :func:`load`).
 
     Raises:
         BadInput: an unknown mode; ``max_memory`` missing or bad for ``streaming``, or given with
@@ -224,7 +233,7 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
         if mode != "full":
             raise BadInput(f"a device map places the whole model (mode full), not {mode!r}")
         return load(spec, None if dtype == "" else dtype, device, trust_remote_code, max_memory or None,
-                    device_map=device_map, offload_folder=offload_folder)
+                    device_map=device_map, offload_folder=offload_folder, tp=tp)
     if mode == "streaming":
         if max_memory in (None, ""):
             raise BadInput("the streaming load needs max_memory (a size such as 200MB)")
@@ -239,7 +248,7 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
     if value_vectors:
         read = (*read, "value_vectors")
     return load(spec, None if dtype == "" else dtype, device, trust_remote_code, max_memory or None,
-                read=read, blocks=blocks or None)
+                read=read, blocks=blocks or None, tp=tp)
 
 
 def borders_to(lm, device: str):
@@ -265,129 +274,6 @@ def borders_to(lm, device: str):
     if not moved:
         return lm
     return LoadedModel(lm.model, lm.tokenizer, Borders.from_model(lm.model, tokenizer=lm.tokenizer), lm.provenance)
-
-
-# ------------------------------------------------------------------ the whole model
-def _whole(spec: str, dtype, device: str, trust_remote_code: bool, placement: tuple | None = None) -> LoadedModel:
-    """The whole model through transformers (a GGUF file through its float32 cache), its readout
-    checked against the model's own logits (:func:`checked_readout`); ``placement``: ``(device map,
-    max_memory, offload folder)`` of :mod:`vocablens.models.placement`, or None (all on ``device``)."""
-    import torch
-    from transformers import AutoTokenizer
-
-    from vocablens.models import placement as P
-
-    tdtype, dtype_note = run_dtype(spec, dtype, "cuda" if placement and P.uses_gpu(*placement[:2]) else device)
-    kind, path, hub = resolve_spec(spec)
-    placed_prov = None
-    if placement is not None and kind == "gguf":  # a device map reads the float32 cache as a directory
-        from vocablens.models.sources import source_dir
-
-        path, placed_prov = source_dir(spec)  # the provenance names the GGUF file, as a whole load's does
-        kind = "dir"
-    with reading(spec, kind, hub, "load", path):
-        if kind == "gguf":
-            tok, model, prov = load_gguf(path, spec, tdtype)
-        else:
-            src = str(path) if kind == "dir" else hub
-            kw: dict[str, Any] = {"trust_remote_code": trust_remote_code}
-            if kind == "hub":
-                kw.update(hub_kwargs(hub))
-            with building_tokenizer(spec, lambda: json_tokenizer_problem(Path(src)) if kind == "dir"
-                                    else hub_tokenizer_problem(src)):
-                tok = AutoTokenizer.from_pretrained(src, **kw)
-            placed = {} if placement is None else P.placed_kwargs(src, kw, tdtype, *placement)
-            scratch = placed.pop("scratch", None)
-            model = _from_pretrained(spec, src, tdtype, kw, placed)
-            P.remove_scratch_with(model, scratch)
-            prov = placed_prov or dir_provenance(path, spec) if kind == "dir" else Provenance(
-                spec=spec, name=hub, source=f"hub:{hub}", format="hub",
-                quantization=str(getattr(model.config, "dtype", "") or ""),
-            )
-    if placement is None and (quantization_config(model) is None
-                              or next(model.parameters()).device.type != torch.device(device).type):
-        _placed(model, spec, device)  # a quantized model that its quantizer placed (bitsandbytes: CUDA) stays
-    model.eval()
-    model.requires_grad_(False)
-    pdtype = next(model.parameters()).dtype
-    prov = Provenance(**{**prov.__dict__, "dtype": str(pdtype).replace("torch.", "")})
-    from vocablens.models.borders import Borders
-
-    borders = Borders.from_model(model, tokenizer=tok)
-    prov = quantized_provenance(prov, model, borders)  # the matrices read dequantized, and said so
-    borders, line = checked_readout(borders, spec)
-    lm = with_note(LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})), dtype_note)
-    return lm if placement is None else with_note(lm, P.placement_line(model))
-
-
-def _from_pretrained(spec: str, src: str, tdtype, kw: dict, placed: dict):
-    """``from_pretrained`` of a directory or hub id (the causal-LM class, else the image-text-to-text
-    one: :func:`~vocablens.models.auto_class.auto_model_class`). A checkpoint quantized by a
-    transformers quantizer (its config's ``quantization_config``) loads through it too, placed by the
-    quantizer (a quantized model cannot be moved after loading). ``kw``: the config's and the weights'
-    keyword arguments (revision, trust_remote_code ...); ``placed``: the weights' alone (a device map's).
-
-    Raises:
-        UnsupportedQuantization: a quantized checkpoint transformers cannot load here (its quantizer's
-            package or device missing), in one line.
-    """
-    from transformers import AutoConfig
-
-    from vocablens.models.auto_class import auto_model_class
-
-    config = AutoConfig.from_pretrained(src, **kw)  # the causal-LM mapping, else image-text-to-text
-    try:
-        return auto_model_class(config).from_pretrained(src, config=config, dtype=tdtype or "auto",
-                                                        use_safetensors=None, **kw, **placed)
-    except (ImportError, ValueError, RuntimeError, NotImplementedError, TypeError, AttributeError) as exc:
-        qc = quantization_config(config)
-        if qc is None:
-            raise
-        raise refused(spec, qc, exc) from None
-
-
-def _placed(model, spec: str, device: str) -> None:
-    """``model.to(device)``; a quantized model whose quantizer cannot move it is one line.
-
-    Raises:
-        UnsupportedQuantization: the quantizer refuses the move (bitsandbytes weights stay on CUDA).
-    """
-    from vocablens.errors import UnsupportedQuantization
-
-    try:
-        model.to(device)
-    except (ValueError, RuntimeError, NotImplementedError) as exc:
-        qc = quantization_config(model)
-        if qc is None:
-            raise
-        raise UnsupportedQuantization(f"{spec} ({quantization_name(qc)}) cannot run on {device}: "
-                                      f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
-
-
-def checked_readout(borders, spec: str):
-    """``(borders, provenance line)`` after :func:`vocablens.models.readout.find_readout` (one probe
-    forward of a few tokens), the check stored for later loads without the blocks. Weights holding
-    NaN or inf, or whose probe forward overflows (float16 kept by ``--dtype``), are not checked: the
-    commands refuse them with their own line, naming the layer, before printing anything.
-
-    Raises:
-        UnsupportedArchitecture: the readout differs from the model's own logits (see find_readout).
-    """
-    from vocablens.errors import NonFiniteActivations, UnsupportedArchitecture
-    from vocablens.models.readout import find_readout
-    from vocablens.models.readout_store import store_check
-
-    try:
-        borders, check = find_readout(borders)
-    except NonFiniteActivations as e:
-        # the commands' own forwards refuse such a stream naming its first non-finite layer
-        return borders, f"unchecked: {e}"
-    except UnsupportedArchitecture:
-        if borders.nonfinite():
-            return borders, "unchecked: the weights hold NaN or inf values"
-        raise
-    store_check(spec, check)
-    return borders, check.line()
 
 
 def _quantized_dir(d: Path) -> bool:

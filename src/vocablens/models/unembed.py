@@ -19,6 +19,7 @@ from torch import nn
 
 from vocablens.errors import BadInput
 from vocablens.logit_transform import transform_logits
+from vocablens.models.tensor_parallel import gathered_linear, is_dtensor
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,7 +104,10 @@ class Unembedding:
                 raise BadInput(f"vocabulary rows must lie in [0, {self.vocab_size}); got {r.tolist()[:8]}")
             W = W[r]
             b = None if b is None else b[r]
-        z = nn.functional.linear(h.to(W.dtype), W, b).float()
+        if is_dtensor(W):  # tensor parallel: each rank's rows, the logits gathered (a probe's few rows)
+            z = gathered_linear(h.to(W.dtype), W, b).float()
+        else:
+            z = nn.functional.linear(h.to(W.dtype), W, b).float()
         cap = self.softcap if capped else None
         return transform_logits(z, self.logit_scale, cap, inplace=not z.requires_grad)  # autograd needs the cap's output intact
 
@@ -267,7 +271,10 @@ class Unembedding:
             for prefix, mod in (("final_norm", self.final_norm), ("project_out", self.project_out)):
                 if mod is not None:
                     tensors += [(f"{prefix}.{n}", p) for n, p in sorted(mod.named_parameters())]
+            from vocablens.models.tensor_parallel import whole
+
             for n, t in tensors:
+                t = whole(t)  # a tensor-parallel head: the whole matrix (every rank hashes it together)
                 h.update(n.encode())
                 h.update(str(tuple(t.shape)).encode())
                 h.update(t.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())

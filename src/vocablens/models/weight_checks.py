@@ -17,30 +17,43 @@ from vocablens.models.quantized import stored_parts
 def nonfinite(borders) -> dict[str, int]:
     """Parameters holding NaN or ±inf: ``{name: count}`` (empty for a healthy model). One pass over
     the weights, done once and kept while they are unchanged (in-place edits are noticed)."""
+    from vocablens.models.tensor_parallel import is_dtensor, local, sum_sharded
+
     params = list(borders.model.named_parameters())
     key = ("nonfinite", tuple(p._version for _, p in params))
     if key not in borders._memo:
-        bad = {}
+        counts = []
         with torch.no_grad():
             for name, p in params:
                 # a quantized weight: its stored float parts (scales, zero points), where a NaN or inf
-                # of its dequantized values comes from (models.quantized); its integers are finite
-                parts = [t for t in stored_parts(p) if not t.is_meta and t.is_floating_point()]
+                # of its dequantized values comes from (models.quantized); its integers are finite.
+                # Tensor parallel: this rank's part (counts summed below)
+                parts = [t for t in stored_parts(local(p)) if not t.is_meta and t.is_floating_point()]
                 # chunks: no [numel] temporaries; a chunk whose sum is finite holds no NaN/inf (either
                 # would make the sum NaN or ±inf), so only the others are counted: no per-chunk
                 # temporary (a bool chunk per step stayed resident with the C allocator) and faster
                 n = sum(0 if bool(torch.isfinite(c.sum())) else int(c.isfinite().logical_not().count_nonzero())
                         for t in parts for c in read_once(t.reshape(-1).split(2**22)))  # mapped pages go (models.pages)
-                if n:
-                    bad[name] = n
+                counts.append(n)
+        sharded = [is_dtensor(p) for _, p in params]
+        if any(sharded):  # the same on every rank: every rank takes this branch
+            counts = sum_sharded(counts, sharded)
+        bad = {name: n for (name, _), n in zip(params, counts) if n}
         for k in [k for k in borders._memo if isinstance(k, tuple) and k[0] == "nonfinite"]:
             del borders._memo[k]  # an older reading of weights edited since
         borders._memo[key] = bad
     return dict(borders._memo[key])
 
 def _bad_rows(M: torch.Tensor) -> torch.Tensor:
-    """Bool [V]: rows of ``M`` [V, d] holding NaN or ±inf, in chunks of rows; a chunk whose sum is
-    finite holds neither (either would make the sum NaN or ±inf), so only the others are scanned."""
+    """Bool [V]: rows of ``M`` [V, d] (or entries of a [V] bias) holding NaN or ±inf, in chunks of rows;
+    a chunk whose sum is finite holds neither (either would make the sum NaN or ±inf), so only the
+    others are scanned. A tensor-parallel matrix: each rank scans its rows, the marks are combined."""
+    from vocablens.models.tensor_parallel import is_dtensor, local_rows, rows_any
+
+    if is_dtensor(M):
+        start, part = local_rows(M)
+        return rows_any(_bad_rows(part), start, int(M.shape[0]))
+    M = M if M.dim() == 2 else M[:, None]
     out = torch.zeros(M.shape[0], dtype=torch.bool)
     for a in range(0, M.shape[0], 8192):
         c = M[a:a + 8192].detach()
@@ -62,7 +75,7 @@ def nonfinite_rows(borders) -> torch.Tensor:
         if not borders.tied:
             rows |= _bad_rows(borders.W_U)
         if borders.b_U is not None:
-            rows |= ~torch.isfinite(borders.b_U.detach()).cpu()
+            rows |= _bad_rows(borders.b_U.detach())
         borders._memo[key] = rows.nonzero().flatten()
     return borders._memo[key].clone()
 

@@ -81,6 +81,10 @@ class VocabParallelModel:
     decoder runs unchanged (one all-reduce of [B, T, d] per forward). Per rank, the two matrices
     take ``(V_r/V)`` of their former bytes.
 
+    A model loaded tensor-parallel (``vocablens.load(spec, tp=True)``) keeps its own split: the head
+    is this rank's rows of the plan's sharded LM head (:func:`vocablens.lens.readout_path.tensor_parallel_head`),
+    the embedding and blocks are left as the plan placed them.
+
     Implements the head protocol of :func:`vocablens.generate.generate` (``logits``, ``vocab_size``,
     ``d_emb``, ``real_mask``).
 
@@ -91,13 +95,21 @@ class VocabParallelModel:
     def __init__(self, borders, group=None) -> None:
         from vocablens.generate.loop import base_decoder
 
+        from vocablens.models.tensor_parallel import is_tensor_parallel
+
         if any(p.is_meta for p in borders.blocks.parameters()):
             raise BadInput("the vocab-parallel model needs the whole model (it was loaded with its borders only)")
         U = borders.unembedding
         self.borders, self.group = borders, group
         self.decoder = base_decoder(borders)
-        self.vocab_size, self.d_emb = U.vocab_size, U.d_emb
+        self.vocab_size, self.d_emb = int(U.weight.shape[0]), int(U.weight.shape[1])
         self.real_mask = U.real_mask
+        if is_tensor_parallel(borders):  # the plan split the head (and the embedding) already
+            from vocablens.lens.readout_path import tensor_parallel_head
+
+            self.head = tensor_parallel_head(U, group)
+            self.vocab_start, self.vocab_stop = self.head.vocab_start, self.head.vocab_stop
+            return
         W, b = U.weight.detach(), None if U.bias is None else U.bias.detach()
         self.head = VocabParallelLMHead.from_full(W, b, group, softcap=U.softcap, logit_scale=U.logit_scale)
         E = borders.input_embedding
