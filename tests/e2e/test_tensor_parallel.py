@@ -105,6 +105,7 @@ def world(tmp_path_factory):
     cli = [
         ["lens", "t3 t17 t5 t40 t41", "-m", llama, "--positions", "all", "-k", "4", "--tp", "--json"],
         ["lens", "t3 t17 t5 t40 t41", "-m", tied, "--tp", "--json"],
+        ["lens", "t3 t17 t5 t40 t41", "-m", llama, "--kind", "both", "--lens", models["llama"]["lens"], "--tp", "--json"],
         ["lens", "eval", "-m", llama, "--lens", models["llama"]["lens"], "--corpus", str(corpus), "--split", "all",
          "--max-tokens", "96", "--seq-len", "16", "--tp", "--json"],
         ["score", "t3 t17 t5 t40 t41 t2 t9 t88", "-m", llama, "--top-k", "4", "--tp", "--json"],
@@ -192,7 +193,7 @@ def test_refusals_are_one_line(world, two_ranks, capsys, monkeypatch):
     for rank in two_ranks:
         assert [code for code, _ in rank["cli"][n:]] == [2] * len(world["refused"])
     capsys.readouterr()
-    assert run_app(world["cli"][3]) == 2  # score --tp in one process: WORLD_SIZE is 1
+    assert run_app(world["cli"][4]) == 2  # score --tp in one process: WORLD_SIZE is 1
     err = capsys.readouterr().err
     assert "torchrun" in err and len(err.strip().splitlines()) == 1, err
     from vocablens.cli.torchrun import tp_refusal
