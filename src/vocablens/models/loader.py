@@ -43,7 +43,7 @@ from vocablens.errors import BadInput
 from vocablens.models.loaded_model import LoadedModel
 from vocablens.models.run_dtype import run_dtype, with_note
 from vocablens.models.spec import DEFAULT_MODEL, resolve_spec
-from vocablens.models.whole import _whole, checked_readout  # noqa: F401  (checked_readout re-exported)
+from vocablens.models.whole import load_whole, checked_readout  # noqa: F401  (checked_readout re-exported)
 
 MODES = ("full", "borders", "head", "matrices", "streaming")
 #: what each mode of :func:`load_mode` reads (``read=`` of :func:`load`; None: the whole model)
@@ -129,9 +129,9 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     parts = _what_to_read(read, blocks, None if placement else max_memory, device, spec if tp else None)
     check_remote_code(spec, trust_remote_code)  # a model's own code: refused in one line before transformers reads it
     if placement is not None:
-        return _whole(spec, dtype, device, trust_remote_code, placement)
+        return load_whole(spec, dtype, device, trust_remote_code, placement)
     if parts is None and max_memory in (None, ""):
-        return _whole(spec, dtype, device, trust_remote_code, tp=tp)
+        return load_whole(spec, dtype, device, trust_remote_code, tp=tp)
     return _partial(spec, parts, dtype, device, trust_remote_code, max_memory)
 
 
@@ -301,7 +301,7 @@ def loaded_whole_instead(spec: str, mode: str, device: str = "cpu", dtype=None,
 
     from vocablens.errors import VocabLensNote
 
-    lm = _whole(str(spec), dtype, device, trust_remote_code)
+    lm = load_whole(str(spec), dtype, device, trust_remote_code)
     what = "the blocks that fit" if mode == "streaming" else "the borders"
     if why == "quantized":
         line = (f"{spec} is quantized ({lm.provenance.quantization}); reading just {what} needs the quantizer, "

@@ -1,5 +1,5 @@
 """The whole model through transformers, on one device, placed by a device map, split by tensor
-parallel or loaded by a quantizer (:func:`_whole`, the loader's full read: :func:`vocablens.models.load`
+parallel or loaded by a quantizer (:func:`load_whole`, the loader's full read: :func:`vocablens.models.load`
 with no ``read``), and the readout check every whole load ends with (:func:`checked_readout`).
 
 A GGUF file loads through its float32 cache (:mod:`vocablens.models.gguf_cache`); a directory or hub
@@ -25,7 +25,7 @@ from vocablens.models.spec import hub_kwargs, reading, resolve_spec
 from vocablens.models.tokenizer_files import building_tokenizer, hub_tokenizer_problem, json_tokenizer_problem
 
 
-def _whole(spec: str, dtype, device: str, trust_remote_code: bool, placement: tuple | None = None,
+def load_whole(spec: str, dtype, device: str, trust_remote_code: bool, placement: tuple | None = None,
            tp: bool = False) -> LoadedModel:
     """The whole model through transformers (a GGUF file through its float32 cache), its readout
     checked against the model's own logits (:func:`checked_readout`); ``placement``: ``(device map,
@@ -193,4 +193,4 @@ def checked_readout(borders, spec: str):
     return borders, check.line()
 
 
-__all__ = ["checked_readout"]
+__all__ = ["checked_readout", "load_whole"]
