@@ -13,7 +13,8 @@ Surgery (``expand``, ``trim``, ``save``) lives in :mod:`vocablens.handle.surgery
 report workflows in :mod:`vocablens.handle.lenses`, a token's trajectory and lens anomalies in
 :mod:`vocablens.handle.trajectories`, the softmax bottleneck and the alignment of two models in
 :mod:`vocablens.handle.matrices`, corpora as token rows in :mod:`vocablens.handle.corpus`, lenses
-compared, the backward lens and the Jacobian fit in :mod:`vocablens.handle.lens_compare`.
+compared, the backward lens and the Jacobian fit in :mod:`vocablens.handle.lens_compare`, scoring
+and generating in :mod:`vocablens.handle.scoring`.
 """
 
 from __future__ import annotations
@@ -33,14 +34,14 @@ from vocablens.handle.lens_quality import LensQuality
 from vocablens.handle.lens_training import LensTraining
 from vocablens.handle.lenses import LensWorkflows
 from vocablens.handle.matrices import MatrixWorkflows
+from vocablens.handle.scoring import ScoringWorkflows
 from vocablens.handle.surgery import SurgeryWorkflows
 from vocablens.handle.trajectories import TrajectoryWorkflows
 from vocablens.models.loaded_model import LoadedModel
-from vocablens.models.tensor_parallel import is_tensor_parallel
 
 
 @dataclass(eq=False)
-class Model(SurgeryWorkflows, LensTraining, LensQuality, LensDecompose, LensWorkflows, TrajectoryWorkflows,
+class Model(ScoringWorkflows, SurgeryWorkflows, LensTraining, LensQuality, LensDecompose, LensWorkflows, TrajectoryWorkflows,
             MatrixWorkflows, CorpusWorkflows, LensCompareWorkflows, ImageWorkflows, LoadedModel):
     """A loaded model with its workflows (module docstring).
 
@@ -146,42 +147,6 @@ class Model(SurgeryWorkflows, LensTraining, LensQuality, LensDecompose, LensWork
         return self._result(R.WordPCA, word_pca(self.borders, self.tokenizer, groups, prefix=prefix, seed=seed))
 
     # ------------------------------------------------------------------------- through the head
-    def score(self, text: str | Sequence[int] | torch.Tensor, top_k: int = 3, special_text: str = "parse",
-              vocab_parallel: bool = False) -> R.Score:
-        """Per-token log-probabilities (nats) of a text, total and per byte
-        (``vocablens score TEXT --json``; :func:`~vocablens.generate.score.score_ids`).
-
-        The first token is scored only when the tokenizer adds BOS; bits per byte divide by the bytes
-        of exactly the scored tokens (special tokens with their text).
-
-        Args:
-            text: a string (encoded by :meth:`encode`) or its ids as the model reads them (an integer
-                tensor [T] / [1, T] or a list of ints; ids of several prompts are refused).
-            top_k: alternatives per position (0 = none).
-            special_text: ``parse`` or ``plain`` (:meth:`encode`), for a string.
-            vocab_parallel: under torchrun, split the embedding and head rows over the ranks (tp=True: always).
-
-        Raises:
-            BadInput: empty text, top_k < 0, fewer than 2 tokens; ids that are not an integer tensor
-                or list of ints, or of several prompts. TokenNotInVocabulary: an id outside [0, V).
-            PromptTooLong: over the context (text or ids).
-        """
-        from vocablens.generate.score import score_ids
-
-        if top_k < 0:
-            raise BadInput(f"--top-k must be >= 0; got {top_k}")
-        if isinstance(text, str) and not text.strip():
-            raise BadInput("empty text: nothing to score")
-        ids = self.encode(text, special_text=special_text)[0] if isinstance(text, str) else self._ids(text)[0]
-        n_bytes = self.n_bytes(ids[1:])
-        if vocab_parallel or is_tensor_parallel(self.borders):
-            from vocablens.parallel.processes import VocabParallelModel
-
-            res = VocabParallelModel(self.borders).score(ids, top_k=top_k, n_bytes=n_bytes)
-        else:
-            res = score_ids(self.borders, ids, top_k=top_k, n_bytes=n_bytes)
-        return self._result(R.Score, res, text=text)
-
     def single_token(self, text: str | int) -> int:
         """The id of a token named by its text (exactly one token) or explicitly by its id (``"id:N"``
         or an int): :meth:`token_id`.
@@ -351,52 +316,7 @@ class Model(SurgeryWorkflows, LensTraining, LensQuality, LensDecompose, LensWork
                            verify=verify, batch_size=batch_size, progress=progress)
         return self._result(R.Undertrained, res, verdicts=argmax_verdicts)
 
-    # ------------------------------------------------------------------------------ generating
-    def generate(self, text: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
-                 top_p: float | None = None, min_p: float | None = None, seed: int | None = None, top: int = 0,
-                 chat: bool = False, early_exit=None, on_token=None, head=None,
-                 vocab_parallel: bool = False) -> R.Generation:
-        """Continue a text (``vocablens generate TEXT --json``; :func:`vocablens.generate.generate`):
-        greedy by default, sampled with a temperature and top-k / top-p / min-p.
-
-        Args:
-            top: alternatives kept per new token. early_exit: an
-                :class:`~vocablens.generate.ExitRule` (tuned: this model's lens).
-            on_token: called with each :class:`~vocablens.generate.loop.GeneratedToken` as it comes.
-            head: a vocabulary-parallel head (torchrun), else None.
-            vocab_parallel: under torchrun, split the embedding and head rows over the ranks (builds ``head``; tp=True: always).
-
-        Raises:
-            BadInput: empty prompt, max_new_tokens < 1, bad sampling arguments.
-        """
-        from vocablens.generate import generate
-
-        if max_new_tokens < 1:
-            raise BadInput(f"--max-new-tokens must be at least 1; got {max_new_tokens}")
-        ids = self.encode(text, chat=chat)
-        if early_exit is not None:
-            early_exit.validate(self.borders.n_layers)
-        if (vocab_parallel or is_tensor_parallel(self.borders)) and head is None:
-            from vocablens.parallel.processes import VocabParallelModel
-
-            head = VocabParallelModel(self.borders)  # each rank keeps V/world rows
-        res = generate(self.borders, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                       top_p=top_p, min_p=min_p, seed=seed, stop_ids=self.stop_ids(),
-                       top_n=top, early_exit=early_exit, on_token=on_token, head=head)
-        return self._result(R.Generation, res)
-
     # ------------------------------------------------------------------------------------ helpers
-    def stop_ids(self) -> list[int]:
-        """EOS ids from the generation config and the tokenizer (generation ends after one)."""
-        ids: set[int] = set()
-        gc = getattr(self.model, "generation_config", None)
-        for src in (getattr(gc, "eos_token_id", None), getattr(self.tokenizer, "eos_token_id", None)):
-            if isinstance(src, int):
-                ids.add(src)
-            elif isinstance(src, (list, tuple)):
-                ids.update(int(i) for i in src)
-        return sorted(ids)
-
     def _ids(self, x, chat: bool = False, prefix: str = "", what: str = "text") -> torch.Tensor:
         """Text (encoded by :meth:`encode`) or the ids of one prompt (checked by :meth:`prompt_ids`,
         never cast) -> [1, T] int64.

@@ -2,14 +2,11 @@
 
 :class:`Borders` is the only place that knows where each family keeps its embedding, blocks, final
 norm and LM head. :meth:`Borders.from_model` finds the embedding and head through transformers'
-accessors, the blocks by structure (:func:`vocablens.models.find.find_stream`: the list of repeated
-blocks nearest the embedding, a composite model's text model included) and the final norm by
-attribute names, which is all a model without its blocks in memory allows; a whole load then finds
-the blocks the stream flows through and the readout (final norm, projection, logit multiplier) by a
-probe forward and checks it against the model's own logits
-(:func:`vocablens.models.readout.find_readout`), replacing what the first lookup got wrong. A
-composite model's config is read through its text config (:func:`vocablens.models.find.text_config`). Analyses read the residual stream and decode it through :meth:`Borders.unembed`
-without an ``if`` on the model type.
+accessors, the blocks by structure (:func:`vocablens.models.find.find_stream`; a composite model's
+text model included, its config read through :func:`vocablens.models.find.text_config`) and the
+final norm by names; a whole load then confirms the blocks and finds the readout by a probe forward
+checked against the model's own logits (:func:`vocablens.models.readout.find_readout`). Analyses read
+the residual stream and decode it through :meth:`Borders.unembed` without an ``if`` on the model type.
 
 Conventions (../shared/DESIGN.md): residual-stream layer 0 is the input of block 0 (embedding output,
 after the input scale, learned positions or ``project_in``), layer i is the output of block i, layer L
@@ -128,10 +125,10 @@ class Borders:
         if getattr(model, "logit_scale", None) is not None and not isinstance(model.logit_scale, nn.Module):
             logit_scale *= float(model.logit_scale)
         # Meta tensors (built without storage to count parameters) all report data_ptr() == 0, so
-        # only identity can tell that they are shared there.
+        # only identity can tell that they are shared there; nor has a quantized weight its own storage.
         from vocablens.models.quantized import is_quantized
 
-        tied = head.weight is emb.weight or (  # a quantized weight has no storage of its own to compare
+        tied = head.weight is emb.weight or (
             not emb.weight.is_meta and not head.weight.is_meta and not is_quantized(emb.weight)
             and not is_quantized(head.weight)
             and head.weight.data_ptr() == emb.weight.data_ptr() and head.weight.shape == emb.weight.shape
@@ -168,15 +165,10 @@ class Borders:
         return self._plain(self.lm_head.weight)
 
     def _plain(self, w: torch.Tensor) -> torch.Tensor:
-        """``w`` itself, or its dequantized copy (kept while ``w`` is the module's weight)."""
-        from vocablens.models.quantized import dequantized, is_quantized
+        """``w`` itself, or its dequantized copy (:func:`vocablens.models.quantized.kept_dequantized`)."""
+        from vocablens.models.quantized import kept_dequantized
 
-        if not is_quantized(w):
-            return w
-        key = ("dequantized", id(w))
-        if key not in self._memo:
-            self._memo[key] = (w, dequantized(w))  # w kept alive so its id is not reused
-        return self._memo[key][1]
+        return kept_dequantized(self._memo, w)
 
     @property
     def b_U(self) -> torch.Tensor | None:

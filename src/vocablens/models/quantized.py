@@ -232,5 +232,18 @@ def refused(spec: str, qc: dict, exc: BaseException) -> UnsupportedQuantization:
                                    f"load here: {why}")
 
 
-__all__ = ["dequantized", "stored_parts", "is_quantized", "logical_numel", "quantization_config", "quantization_name",
+
+def kept_dequantized(memo: dict, w: torch.Tensor) -> torch.Tensor:
+    """``w`` itself when it is not quantized, else its :func:`dequantized` copy, made once and kept in
+    ``memo`` (a :class:`~vocablens.models.Borders`'s) while ``w`` is alive (``w`` is kept with it so its
+    ``id`` cannot be reused)."""
+    if not is_quantized(w):
+        return w
+    key = ("dequantized", id(w))
+    if key not in memo:
+        memo[key] = (w, dequantized(w))
+    return memo[key][1]
+
+
+__all__ = ["kept_dequantized", "dequantized", "stored_parts", "is_quantized", "logical_numel", "quantization_config", "quantization_name",
            "quantized_provenance", "refuse_edit", "refused", "storage_types", "stored_bytes", "weights_stored_bytes"]

@@ -40,6 +40,7 @@ from torch import nn
 
 from vocablens.errors import BadInput, UnsupportedArchitecture
 from vocablens.models.borders import Borders
+from vocablens.models.quantized import refuse_edit
 from vocablens.models.weight_checks import untrained_rows
 from vocablens.models.tokens import check_ids_fit, token_str
 
@@ -343,13 +344,10 @@ def expand_vocab(model: nn.Module, tokenizer, tokens: Sequence[str], init: str =
             token (nothing is changed), an unknown init method, interpolation outside [0, 1].
         TokenNotInVocabulary (a BadInput): the tokenizer is already longer than the matrices (a
             token with no row: :func:`~vocablens.models.tokens.check_ids_fit`).
-        UnsupportedQuantization: a model quantized by a transformers quantizer (its matrices are
-            read dequantized; an edit would not reach it).
+        UnsupportedQuantization: a quantized model (an edit would not reach its stored weights).
         UnsupportedArchitecture: another parameter is indexed by the vocabulary (e.g. per-layer
             embeddings) and would be left at the old size; or the tie did not survive.
     """
-    from vocablens.models.quantized import refuse_edit
-
     refuse_edit(model, "expand")
     tokens = _checked_request(tokenizer, tokens, init, interpolation)
     borders = Borders.from_model(model, tokenizer)
