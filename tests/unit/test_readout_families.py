@@ -11,7 +11,9 @@ loads them from a directory, and images, are checked by their own tests (issue 5
 The default suite runs :data:`DEFAULT` and one type of each kind (:data:`KINDS`: composite text,
 vision-language, mixture of experts, hybrid): 17 types, about 30 s of CPU (3.4 min wall on a 2-core
 machine shared with seven other test runs). The whole sweep over both mappings (303 types) runs with
-``VOCABLENS_FAMILIES=all``: about 6 CPU-minutes (33 min wall on that shared machine). Types that cannot be built
+``VOCABLENS_FAMILIES=all``: about 5.5 CPU-minutes (16 to 33 min wall on that shared machine); with
+transformers 5.25 it checks 136 of 200 causal-LM types (21 refused with a reason, 43 not built tiny or
+listed) and 45 of 103 image-text-to-text types (2 refused, 56 not built tiny). Types that cannot be built
 tiny (a config knob out of reach, a forward that needs pixels ...) and types vocablens refuses are
 listed with the reason; the tally (built / refused / not built, by mapping) is printed in pytest's
 terminal summary (``families`` section, :func:`tally_lines`), in every output mode.
@@ -155,4 +157,4 @@ def test_families_covered():
 
 #: the whole sweep's floor of types checked, by mapping: a guard against regressions (with this
 #: transformers: see the tally)
-FLOOR = {CAUSAL: 100, ITT: 30}
+FLOOR = {CAUSAL: 130, ITT: 40}
