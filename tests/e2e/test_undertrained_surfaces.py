@@ -81,6 +81,8 @@ def test_report_section_on_a_trained_model(saved):
     (sec,) = report_sections(run, lm, str(d))
     assert isinstance(sec, Section) and sec.id == "undertrained"
     assert 'data-figure="undertrained-scatter"' in sec.html and "verified under-trained" in sec.html
+    # the time it took is named as such, never a bare "N s" a reader could take for the section's budget
+    assert f"prompting them took {res.verification.seconds:.1f} s" in sec.html
     for t in res.verified.tolist():  # the verified list names every verified token
         assert f"<td>{t}</td>" in sec.html
     j = report_to_dict(run, lm, d / "r.html", [sec], {})

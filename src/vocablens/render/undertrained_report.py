@@ -59,7 +59,7 @@ def undertrained_section(res: UndertrainedResult, tokenizer, argmax_verdicts: li
         parts.append(f"<p class='note'>{n_c:,} lowest-indicator candidates, not verified.</p>")
     else:
         parts.append(f"<p>{n_c:,} lowest-indicator candidates prompted ({esc(', '.join(v.templates))}): "
-                     f"<b>{n_v:,} verified under-trained</b> in {v.seconds:.1f} s.</p>")
+                     f"<b>{n_v:,} verified under-trained</b>; prompting them took {v.seconds:.1f} s.</p>")
         parts.append(figure_html(undertrained_figure(res, tokenizer), div_id))
         rows = []
         for r in res.rows():

@@ -169,7 +169,7 @@ def _undertrained(ctx, plan, run):
     n = int(run.result.candidates.numel())
     if n < paper:
         run.cut_short = (f"verified the lowest {n:,} of the paper's {paper:,} candidates (the lowest "
-                         f"{fraction:.0%} of the indicator) within its {plan.budget_s:.0f} s; run "
+                         f"{fraction:.0%} of the indicator) within its time budget of {plan.budget_s:.0f} s; run "
                          f"`{plan.command} -n {paper}` to verify them all")
 
 
