@@ -66,10 +66,19 @@ def _families() -> list[str]:
     return has if os.environ.get("VOCABLENS_TP_FAMILIES") == "all" else [t for t in DEFAULT if t in has]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_first_use_quality():
+    """A lens's held-out figures are measured on first use on one process's whole head only (a
+    tensor-parallel model reads the lens without them): both sides here read it without them."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VOCABLENS_LENS_QUALITY", "0")
+        yield
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """Tiny saved models (with a random tuned lens each), a corpus, the CLI commands and the API jobs."""
-    from test_readout_families import _build
+    from tiny_families import build as _build
 
     from vocablens.lens.tuned import TunedLens
     from vocablens.models import load

@@ -34,7 +34,7 @@ class LensQuality:
 
         rows, info = self.eval_rows(corpus or FIRST_USE_CORPORA[-1], "validation", min(seq_len, tokens), tokens,
                                     val_fraction, 0, docs)
-        path = cache_path(lens, self.borders, info) if cache else None
+        path = cache_path(lens, self.borders, info) if cache else None  # None: VOCABLENS_CACHE=off
         rec = read_cached(path) if path is not None else None
         if rec is None:
             rec = measure_quality(self.borders, lens, kind, rows, info)
@@ -60,11 +60,16 @@ class LensQuality:
         """Give a tuned or Jacobian lens that carries no quality figures its figures on first use: measured
         on :data:`FIRST_USE_TOKENS` held-out tokens of the first of :data:`FIRST_USE_CORPORA` that is here,
         cached on disk (keyed by the lens, the model's head and the text), so later reads cost nothing.
-        ``VOCABLENS_LENS_QUALITY=0`` turns this off."""
+        ``VOCABLENS_LENS_QUALITY=0`` turns this off; a tensor-parallel model measures none (the lens
+        is read, its caption says its figures are not there)."""
         settings = getattr(lens, "settings", None)
         if kind not in ("tuned", "jacobian") or not isinstance(settings, dict) or settings.get("quality"):
             return
         if os.environ.get("VOCABLENS_LENS_QUALITY", "1") == "0":
+            return
+        from vocablens.models.tensor_parallel import is_tensor_parallel
+
+        if is_tensor_parallel(self.borders):  # the figures are read on one process's whole head
             return
         from vocablens.corpus import NAMED_CORPORA
         from pathlib import Path

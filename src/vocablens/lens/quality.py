@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from pathlib import Path
 
 import torch
@@ -85,16 +84,18 @@ def lens_digest(lens) -> str:
     return h.hexdigest()[:16]
 
 
-def cache_path(lens, borders: Borders, data: dict) -> Path:
+def cache_path(lens, borders: Borders, data: dict) -> Path | None:
     """Where the quality measured on first use for ``lens`` on ``borders``' model and the text ``data``
-    (``corpus_sha256``, tokens) is cached: ``$VOCABLENS_CACHE`` or ``~/.cache/vocablens``, then
-    ``lens-quality/<digest>.json``."""
+    (``corpus_sha256``, tokens) is cached: the cache folder of every vocablens cache
+    (:func:`vocablens.models.gguf_cache.cache_root`), then ``lens-quality/<digest>.json``; None with
+    ``VOCABLENS_CACHE=off``."""
     from vocablens.lens.tuned import model_identity
+    from vocablens.models.gguf_cache import cache_root
 
     key = json.dumps([lens_digest(lens), model_identity(borders).get("unembed_sha256"), data.get("corpus_sha256"),
                       data.get("split"), data.get("tokens")], sort_keys=True)
-    root = Path(os.environ.get("VOCABLENS_CACHE") or Path.home() / ".cache" / "vocablens")
-    return root / "lens-quality" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    root = cache_root()
+    return None if root is None else root / "lens-quality" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
 def read_cached(path: Path) -> dict | None:
