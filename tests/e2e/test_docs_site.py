@@ -93,7 +93,7 @@ def test_api_reference_lists_every_public_method_of_model(site):
     table = html[html.index("doc-section-title\">Attributes:"):]
     table = table[:table.index("</table>")]
     rows = re.findall(r'<tr class="doc-section-item">\s*<td><code><span title="vocablens\.handle\.Model\.([^"]+)"', table)
-    attributes = {"model", "tokenizer", "borders", "provenance", "spec", "translators", "surgery"}
+    attributes = {"model", "tokenizer", "borders", "provenance", "spec", "translators", "surgery", "processor"}
     assert set(rows) == attributes and len(rows) == len(attributes), rows
     assert attributes | methods >= public, sorted(public - attributes - methods)
 
