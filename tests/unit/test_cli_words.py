@@ -14,8 +14,10 @@ def test_an_argument_the_command_takes_becomes_its_option():
 
 
 def test_the_default_subcommand_and_a_differently_named_parameter():
-    # `lens PROMPT` runs `lens show`, whose -k is --top-k; project's --sample is the library's per_block
-    assert in_cli_words("`k` must be >= 1", ["lens", "hello"]) == "--top-k must be >= 1"
+    # `lens PROMPT` runs `lens show`, whose --kind is the library's kind; project's --sample is its per_block
+    assert in_cli_words("`kind` must be one of logit, tuned", ["lens", "hello"]) == "--kind must be one of logit, tuned"
+    # the CLI names k by its short form (-k, beside --top-k), as its messages always have
+    assert in_cli_words("`k` must be >= 1", ["lens", "hello"]) == "-k must be >= 1"
     assert in_cli_words("`per_block` must be an integer of at least 1; got 0", ["project", "--sample", "0"]) == \
         "--sample must be an integer of at least 1; got 0"
 

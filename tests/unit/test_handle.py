@@ -64,7 +64,7 @@ def test_a_lens_kind_without_a_translator_is_refused_not_relabelled(m):
     with pytest.raises(BadInput, match=r"no Jacobian lens shipped for .*give `path` .*lens fit-jacobian") as e:
         m.lens("the cat", kind="jacobian")
     assert "\n" not in str(e.value) and "jacobian" not in m.translators
-    with pytest.raises(BadInput, match="--kind must be one of logit, tuned, jacobian, both;") as e:
+    with pytest.raises(BadInput, match="`kind` must be one of logit, tuned, jacobian, both;") as e:
         m.lens("the cat", kind="no-such-lens")  # jacobian is taken too (it was left out of the list)
     assert "\n" not in str(e.value) and "no-such-lens" not in m.translators
 

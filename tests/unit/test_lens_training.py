@@ -182,15 +182,15 @@ def test_the_lens_held_scores_as_its_file(m, tiny):
 def test_bad_options_are_one_line_before_any_work(m, tiny):
     from vocablens.handle.lens_training import check_train_options, lens_eval_inputs
 
-    with pytest.raises(BadInput, match="--split must be validation, train or all"):
+    with pytest.raises(BadInput, match="`split` must be validation, train or all"):
         m.eval_lens(split="bogus")
     with pytest.raises(BadInput, match="at least 2"):
         m.eval_lens(max_tokens=1)
     with pytest.raises(BadInput, match="no tuned lens"):
         lens_eval_inputs(str(tiny["dir"]), str(tiny["root"] / "missing"))
-    with pytest.raises(BadInput, match="--init must be zero or regression"):
+    with pytest.raises(BadInput, match="`init` must be zero or regression"):
         m.train_lens(str(tiny["corpus"]), init="bogus")
-    with pytest.raises(BadInput, match="--resume: no checkpoint"):
+    with pytest.raises(BadInput, match="`resume`: no checkpoint"):
         check_train_options(tiny["root"] / "nothing-here", resume=True)
     with pytest.raises(OutputExists, match="not a directory"):
         check_train_options(tiny["corpus"])

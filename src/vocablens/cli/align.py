@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from vocablens.handle import checks
 from vocablens.cli.common import JsonOpt, DeviceOpt, TrustOpt, app, load_model, show
 from vocablens.errors import BadInput
 
@@ -41,10 +42,7 @@ def align_cmd(
     one-to-one (Hungarian) to its most similar block of B (Dar et al. 2022, §5)."""
     from vocablens.cli.progress import stage_progress
 
-    if what not in ("ffn", "heads"):
-        raise BadInput(f"--what must be ffn or heads; got {what!r}")
-    if isinstance(top, bool) or top < 0:
-        raise BadInput(f"--top must be 0 or more; got {top}")
+    checks.align_options(what, top)
     A = load_model(model_a, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     B = A if model_b == model_a else load_model(model_b, mode="full", trust_remote_code=trust_remote_code, device=device,
                                                 quiet=json_)

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, load_model, out, status
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 @app.command("anatomy")
@@ -14,7 +15,7 @@ def anatomy_cmd(
     models: Annotated[Optional[list[str]], typer.Argument(
         help="Models to compare side by side: catalogue ids or aliases (qwen3-0.6b, Qwen/Qwen3-8B, gpt2 ...), "
              "smollm2, config.json files, model directories, .gguf files. Default: --model.")] = None,
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     batch: Annotated[int, typer.Option("--batch", help="Batch size B of the logits tensor.")] = 1,
     context: Annotated[int, typer.Option("--context", help="Context length T: logits tensor and attention FLOPs.")] = 4096,
     dtype: Annotated[str, typer.Option("--dtype", help="dtype of the logits tensor: float32, bfloat16, float16.")] = "float32",

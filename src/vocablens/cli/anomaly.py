@@ -8,6 +8,7 @@ import typer
 
 from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, load_model, show
 from vocablens.cli.core import lens_app
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 @lens_app.command("anomaly")
@@ -20,7 +21,7 @@ def lens_anomaly(
     lens: Annotated[str, typer.Option("--lens", help="Tuned-lens directory (default: the lens shipped for the model).")] = "",
     detector: Annotated[str, typer.Option("--detector", help="iforest, lof or both.")] = "both",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the isolation forest.")] = 0,
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",

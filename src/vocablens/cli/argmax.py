@@ -8,13 +8,15 @@ from typing import Annotated
 
 import typer
 
+from vocablens.handle import checks
 from vocablens.cli.common import (
     DeviceOpt, JsonOpt, MaxMemOpt, ModelOpt, TrustOpt, app, emit_json, show, err, load_model, out,
 )
 from vocablens.cli.heap import trim_heap, tune_heap, tuned_for_the_scan
 from vocablens.cli.progress import PlainProgress, stage_progress  # noqa: F401  (PlainProgress: re-exported)
-from vocablens.errors import BadInput, OutputExists
+from vocablens.errors import BadInput
 from vocablens.units import noun, plural
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 def _progress_bar(quiet: bool):
@@ -50,7 +52,7 @@ def _rank() -> int:
 
 @app.command("argmax")
 def argmax_cmd(
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     bias: Annotated[str, typer.Option("--bias", help="auto (use the LM head's bias if any), on, off.")] = "auto",
     include_padding: Annotated[bool, typer.Option("--include-padding", help="Let rows beyond the tokenizer (padding) and never-trained rows compete (excluded by default).")] = False,
     norm: Annotated[bool, typer.Option("--norm/--no-norm", help="Also bound the highest probability flagged and borderline tokens can reach under the final norm.")] = True,
@@ -66,8 +68,7 @@ def argmax_cmd(
 
     from dataclasses import replace
 
-    if bias not in ("auto", "on", "off"):
-        raise BadInput(f"--bias must be auto, on or off; got {bias!r}")
+    checks.one_of("bias", bias, ("auto", "on", "off"))
     if not budget >= 0:
         raise BadInput(f"--budget must be a number of seconds >= 0 (0: no limit); got {budget}")
     tune_heap()                     # freed blocks leave the resident set (the scan's own setting: below)
@@ -101,7 +102,7 @@ def argmax_cmd(
 
 @app.command("bottleneck")
 def bottleneck_cmd(
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     corpus: Annotated[str, typer.Option("--corpus", help="Named corpus (pydoc-topics, python-docs ...) or a path.")] = "pydoc-topics",
     contexts: Annotated[int, typer.Option("--contexts", help="N real contexts (positions); must exceed d.")] = 0,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per packed row.")] = 128,
@@ -115,10 +116,8 @@ def bottleneck_cmd(
     """Softmax bottleneck: spectra and numerical ranks of W_U and of the log-probabilities over N > d contexts."""
     from vocablens.render.shown import figure, print_result, to_json
 
-    if plot and Path(plot).exists() and not force:
-        raise OutputExists(f"{plot} exists; pass --force to replace it")
-    if seq_len < 2:
-        raise BadInput(f"--seq-len must be at least 2; got {seq_len}")
+    checks.free_output(plot, force)
+    checks.at_least("seq_len", seq_len, 2)
     lm = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
                     trust_remote_code=trust_remote_code, device=device, quiet=json_)
     cb, close = stage_progress("bottleneck", "rows", quiet=json_,

@@ -254,8 +254,8 @@ def fail(message: str) -> None:
     raise VocabLensError(message)
 
 
-def _command_options(argv: list[str]) -> dict[str, str]:
-    """Python parameter name -> its long option (``max_memory`` -> ``--max-memory``) of the command
+def _command_options(argv: list[str]) -> dict[str, list[str]]:
+    """Python parameter name -> its options (``max_memory`` -> ``["--max-memory"]``) of the command
     ``argv`` names (subcommands followed as the app resolves them)."""
     cmd = typer.main.get_command(app)  # typer's own click: groups are told by their ``commands``
     for word in argv:
@@ -267,19 +267,22 @@ def _command_options(argv: list[str]) -> dict[str, str]:
         if sub is None:
             break
         cmd = sub
-    return {p.name: max(p.opts, key=len) for p in cmd.params
+    return {p.name: list(p.opts) for p in cmd.params
             if getattr(p, "param_type_name", "") == "option" and p.name and p.opts}
 
 
 #: library argument -> the command parameter that passes it, where the two names differ
 ARGUMENT_OPTIONS = {"per_block": ("sample",), "budget_s": ("budget",), "out": ("out_dir",),
-                    "path": ("lens_path", "tuned_path", "lens")}
+                    "path": ("lens_path", "tuned_path", "lens"), "neurons": ("neuron",)}
+#: options the CLI names by their short form in messages (``-k``, not ``--top-k``), where a command has it
+SHORT_NAMED = {"k": "-k"}
 
 
 def in_cli_words(message: str, argv: list[str]) -> str:
     """A library message in the CLI's words: the library names a function argument as `` `name` ``
     (e.g. "`max_memory` takes a size ..."); where the command takes it as an option, the option
-    (``--max-memory``) stands in its place. Other names keep their backticks."""
+    (``--max-memory``, or the short form :data:`SHORT_NAMED` gives: ``-k``) stands in its place. Other
+    names keep their backticks."""
     import re
 
     if "`" not in message:
@@ -291,7 +294,9 @@ def in_cli_words(message: str, argv: list[str]) -> str:
     def option(m: re.Match) -> str:
         name = m.group(1)
         found = [opts[p] for p in (name, *ARGUMENT_OPTIONS.get(name, ())) if p in opts]
-        return found[0] if found else m.group(0)
+        if not found:
+            return m.group(0)
+        return SHORT_NAMED[name] if SHORT_NAMED.get(name) in found[0] else max(found[0], key=len)
 
     return re.sub(r"`([a-z_][a-z0-9_]*)`", option, message)
 

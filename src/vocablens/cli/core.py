@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from vocablens.handle import checks
 from vocablens.cli.common import (
     parse_int_list,
     DefaultCommandGroup, JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TpOpt, TrustOpt, app, show, err, load_model,
 )
 from vocablens.errors import BadInput
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 
@@ -45,7 +47,7 @@ app.add_typer(lens_app, name="lens")
 def lens_show(
     prompt: Annotated[str, typer.Argument(help="Text to read (or --file).")] = "",
     file: Annotated[str, typer.Option("--file", help="Read a batch of prompts, one per line (a newline inside a prompt written as \\n); one forward for the batch.")] = "",
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     k: Annotated[int, typer.Option("-k", "--top-k", help="Top tokens per layer.")] = 5,
     positions: Annotated[str, typer.Option("--positions", help="last, all, or comma-separated positions (negative from the end), as `positions=` of Model.lens takes them.")] = "last",
     layers: Annotated[str, typer.Option("--layers", help="Comma-separated stream layers 0..L (0 = embedding output, L = last block's output; default all).")] = "",
@@ -74,14 +76,13 @@ def lens_show(
         for x in image:
             read_image(x)  # a file that is no image, or too large: one line before the model loads
     texts = _read_prompts(file) if file else [prompt]
-    if not file and not prompt.strip():
-        raise BadInput("empty prompt: give some text")
+    if not file:
+        checks.prompt_text(prompt)
     from vocablens.lens.positions import parse_positions
 
     pos = parse_positions(positions, "--positions")
     lay = _parse_ints(layers, "--layers") if layers else None
-    if k < 1:
-        raise BadInput(f"-k must be at least 1; got {k}")
+    checks.at_least("k", k)
     from vocablens.cli.lenses import find_lenses, lens_caption, load_lenses, parse_kinds
 
     kinds = parse_kinds(kind)

@@ -7,8 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
+from vocablens.handle import checks
 from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TpOpt, TrustOpt, app, emit_json, err, load_model
 from vocablens.errors import BadInput
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 @app.command("generate")
@@ -31,7 +33,7 @@ def generate_cmd(
         "--exit-test", help="full (lens over all V) or candidates (previous token's top-k rows first).")] = "full",
     candidates: Annotated[int, typer.Option("--candidates", help="k for --exit-test candidates.")] = 32,
     lens_path: Annotated[Optional[str], typer.Option("--lens", help="Tuned lens directory (default: the shipped one).")] = None,
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
@@ -82,8 +84,7 @@ def _check_flags(max_new_tokens: int, top: int, temperature: float, top_k, top_p
     """Raise BadInput naming the flag for a bad count, sampling filter or early-exit option."""
     from vocablens.ops.sampling import check_sampling_args
 
-    if max_new_tokens < 1:
-        raise BadInput(f"--max-new-tokens must be at least 1; got {max_new_tokens}")
+    checks.at_least("max_new_tokens", max_new_tokens)
     if top < 0:
         raise BadInput(f"--top must be >= 0; got {top}")
     try:

@@ -6,8 +6,9 @@ from typing import Annotated
 
 import typer
 
+from vocablens.handle import checks
 from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, show, load_model
-from vocablens.errors import BadInput
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 @app.command("neighbors")
@@ -17,19 +18,15 @@ def neighbors_cmd(
     k: Annotated[int, typer.Option("-k", "--top-k", help="Neighbours per token.")] = 10,
     mean: Annotated[bool, typer.Option("--mean", help="A string of several tokens: use the mean of their rows "
                                                       "(default: its first token).")] = False,
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
 ) -> None:
     """Cosine nearest neighbours over the real vocabulary (padding and never-trained rows excluded)."""
 
-    if k < 1:
-        raise BadInput(f"-k must be at least 1; got {k}")
-    if any(t == "" for t in tokens):
-        from vocablens.errors import TokenNotInVocabulary
-
-        raise TokenNotInVocabulary("empty token string")
+    checks.at_least("k", k)
+    checks.token_strings(tokens)
     lm = load_model(model, mode="matrices", trust_remote_code=trust_remote_code, quiet=json_, device=device)
     res = lm.neighbors(tokens, k=k, mean=mean)
     show(res, json_)

@@ -8,14 +8,16 @@ from typing import Annotated, Optional
 
 import typer
 
+from vocablens.handle import checks
 from vocablens.cli.common import DeviceOpt, JsonOpt, ModelOpt, TrustOpt, show, err, load_model, status
 from vocablens.cli.core import lens_app
 from vocablens.errors import BadInput
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 @lens_app.command("fit-jacobian")
 def lens_fit_jacobian(
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     corpus: Annotated[str, typer.Option("--corpus", help="A named corpus (pydoc-topics, cpython-stdlib, python-docs, debian-handbook) or a path (text, jsonl, HTML, directory).")] = "pydoc-topics",
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for the lens (jacobian.safetensors + jacobian.json) and its checkpoint.")] = Path("jacobian-lens"),
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Fit on at most this many tokens (prompts of --seq-len tokens).")] = 1024,
@@ -102,7 +104,7 @@ def lens_merge(
 def lens_decompose(
     prompt: Annotated[str, typer.Argument(help="Text to read.")],
     layer: Annotated[int, typer.Option("--layer", "-l", help="Stream layer (0..L-1) the Jacobian lens has a matrix for.")],
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     position: Annotated[int, typer.Option("--position", "-p", help="Position read (default the last; negative from the end).")] = -1,
     k: Annotated[int, typer.Option("-k", help="Token directions at most.")] = 10,
     lens_path: Annotated[str, typer.Option("--lens", help="A Jacobian lens (folder, lens.pt, hub id); default: the one shipped for the model.")] = "",
@@ -112,8 +114,7 @@ def lens_decompose(
 ) -> None:
     """A stream vector as a few nonnegative Jacobian-lens token directions (nonnegative OMP + NNLS, as
     TransformerLens 4's decompose), with the residual and the fraction of its squared norm explained."""
-    if not prompt.strip():
-        raise BadInput("empty prompt: give some text")
+    checks.prompt_text(prompt)
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     show(lm.decompose(prompt, layer, position=position, k=k, lens=lens_path or None), json_)
 
@@ -155,7 +156,7 @@ def lens_backward(
     prompt: Annotated[str, typer.Argument(help="Text to read.")],
     target: Annotated[Optional[str], typer.Option("--target", help="The token whose loss is differentiated, by its text (with its leading space; '4' is the text \"4\"); id:N names id N.")] = None,
     target_id: Annotated[Optional[int], typer.Option("--target-id", help="The token whose loss is differentiated, by its id (instead of --target).")] = None,
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     position: Annotated[int, typer.Option("--position", help="Position predicting the target (default the last; negative from the end).")] = -1,
     k: Annotated[int, typer.Option("-k", "--top-k", help="Top tokens per layer.")] = 5,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the chat template (user turn).")] = False,
@@ -168,10 +169,8 @@ def lens_backward(
 
     if (target is None) == (target_id is None):
         raise BadInput("give the target as --target TEXT or --target-id N (one of them)")
-    if not prompt.strip():
-        raise BadInput("empty prompt: give some text")
-    if k < 1:
-        raise BadInput(f"-k must be at least 1; got {k}")
+    checks.prompt_text(prompt)
+    checks.at_least("k", k)
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     tid = lm.token_id(target, "--target") if target_id is None else lm.token_id(target_id, "--target-id")
     res = lm.backward_lens(prompt, tid, position=position, k=k, chat=chat)

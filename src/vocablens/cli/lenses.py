@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vocablens.handle import checks
 from vocablens.cli.common import emit_json, err, load_model, out, status
-from vocablens.errors import BadInput, OutputExists
+from vocablens.errors import BadInput
 
 KINDS = ("logit", "tuned", "jacobian")
 
@@ -68,14 +69,9 @@ def check_eval_options(max_tokens: int, seq_len: int, split: str, plot: Path | N
         BadInput: --max-tokens or --seq-len below 2, an unknown --split, a --plot not .html/.png.
         OutputExists: --plot exists and --force was not given.
     """
-    if max_tokens < 2 or seq_len < 2:
-        raise BadInput("--max-tokens and --seq-len must be at least 2")
-    if split not in ("validation", "train", "all"):
-        raise BadInput(f"--split must be validation, train or all; got {split!r}")
-    if plot is not None and plot.exists() and not force:
-        raise OutputExists(f"{plot} exists; pass --force to replace it")
-    if plot is not None and plot.suffix.lower() not in (".html", ".png"):
-        raise BadInput(f"--plot must end in .html or .png; got {plot}")
+    checks.token_window(max_tokens, seq_len)
+    checks.one_of("split", split, checks.SPLITS)
+    checks.plot_path(plot, force)
 
 
 def eval_kinds(kinds: list[str], model: str, lens_path: str, corpus: str, split: str, max_tokens: int, seq_len: int,

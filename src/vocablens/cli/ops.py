@@ -7,11 +7,13 @@ from typing import Annotated, Optional
 
 import typer
 
+from vocablens.handle import checks
 from vocablens.cli.common import (
     JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TpOpt, TrustOpt, app, show, load_model, status,
 )
 from vocablens.errors import BadInput
 from vocablens.units import plural
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 @app.command("score")
@@ -22,7 +24,7 @@ def score(
     special_text: Annotated[str, typer.Option("--special-text", help="parse: special-token strings in the text "
                                               "(<|im_end|>) become those tokens (a note says so); plain: "
                                               "read them as ordinary text.")] = "parse",
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
@@ -42,10 +44,8 @@ def score(
         from vocablens.files import read_text
 
         text = read_text(file, "--file")
-    if top_k < 0:
-        raise BadInput(f"--top-k must be >= 0; got {top_k}")
-    if not text or not text.strip():
-        raise BadInput("empty text: nothing to score")
+    checks.at_least_ge("top_k", top_k, 0)
+    checks.score_text(text)
     from vocablens.cli.torchrun import group_device
     from vocablens.parallel.processes import init_from_env
 

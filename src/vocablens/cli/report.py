@@ -16,11 +16,12 @@ import typer
 from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out
 from vocablens.errors import BadInput
 from vocablens.report.runner import DEFAULT_BUDGET_S, DEFAULT_PROMPT
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 @app.command("report")
 def report(
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt for the lens sections.")] = DEFAULT_PROMPT,
     out_path: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("vocablens-report.html"),
     lens_path: Annotated[str, typer.Option("--lens", help="Tuned-lens directory (default: the lens shipped for the model, if any).")] = "",

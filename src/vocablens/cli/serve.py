@@ -11,6 +11,7 @@ from rich.text import Text
 from vocablens.cli.common import ModelOpt, DeviceOpt, TrustOpt, app, err, load_model, status
 from vocablens.cli.progress import stage_progress
 from vocablens.errors import BadInput
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 def _read_json(path: str, flag: str, command: str) -> dict:
@@ -33,7 +34,7 @@ def _read_json(path: str, flag: str, command: str) -> dict:
 
 @app.command("serve")
 def serve_cmd(
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     host: Annotated[str, typer.Option("--host", help=(
         "Address to bind; anything but 127.0.0.1/localhost lets others on the network use the model. "
         "Requests must name the server in their Host header (a guard against DNS rebinding): 127.0.0.1, "

@@ -7,8 +7,10 @@ from typing import Annotated
 
 import typer
 
+from vocablens.handle import checks
 from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, show, err, load_model
 from vocablens.errors import BadInput
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 def _stream_layers(s: str, L: int) -> list[int] | None:
@@ -41,7 +43,7 @@ def steer_cmd(
     save: Annotated[str, typer.Option("--save", help="Write the steered model (factors folded into the "
                                                     "weights) as a Hugging Face directory.")] = "",
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --save directory.")] = False,
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     json_: JsonOpt = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
@@ -52,12 +54,7 @@ def steer_cmd(
     scaled with a forward hook (no weight edit); reported before and after: the tokens' probability
     mass, the held-out perplexity and greedy continuations."""
 
-    if not promote and not suppress:
-        raise BadInput("give --promote TOKEN and/or --suppress TOKEN")
-    if prompt and corpus:
-        raise BadInput("give --prompt or --corpus, not both")
-    if isinstance(new_tokens, bool) or new_tokens < 0 or new_tokens > 512:
-        raise BadInput(f"--new-tokens must be in 0..512; got {new_tokens}")
+    checks.steer_options(promote, suppress, prompt, corpus, new_tokens)
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     from vocablens.cli.progress import stage_progress
 

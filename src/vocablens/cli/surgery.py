@@ -6,8 +6,10 @@ from typing import Annotated, Optional
 
 import typer
 
+from vocablens.handle import checks
 from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, show, err, load_model, out, status
 from vocablens.errors import BadInput
+from vocablens.models.spec import DEFAULT_MODEL
 
 OutOpt = Annotated[str, typer.Option("--out", "-o", help="Output directory (a Hugging Face model directory).")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")]
@@ -22,7 +24,7 @@ def _read_lines(path: str) -> list[str]:
 
 @app.command("expand")
 def expand(
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     add: Annotated[Optional[list[str]], typer.Option("--add", help="A token to add (repeat); quote leading spaces: --add ' vocablens'.")] = None,
     add_file: Annotated[str, typer.Option("--add-file", help="File with one token per line (kept verbatim, blank lines skipped).")] = "",
     out_dir: OutOpt = "",
@@ -47,8 +49,7 @@ def expand(
     tokens = list(add or []) + (_read_lines(add_file) if add_file else [])
     if not tokens:
         raise BadInput("no tokens to add: give --add TOKEN (repeatable) or --add-file FILE")
-    if eval_texts < 1 or eval_chars < 10:
-        raise BadInput("--eval-texts must be >= 1 and --eval-chars >= 10")
+    checks.eval_text_options(eval_texts, eval_chars)
     texts = chunk_texts([eval_text], eval_texts, eval_chars) if eval_text.strip() else \
         heldout_texts(eval_corpus, eval_texts, eval_chars)   # a missing corpus: one line, before loading
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
@@ -61,7 +62,7 @@ def expand(
 
 @app.command("trim")
 def trim(
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     corpus: Annotated[str, typer.Option("--corpus", help="Corpus whose tokens to keep: a file, a directory or a named corpus (pydoc-topics, python-docs, debian-handbook ...).")] = "",
     token_list: Annotated[str, typer.Option("--token-list", help="File of tokens to keep: one vocabulary string (the tokenizer's piece) or id:N per line (with or instead of --corpus).")] = "",
     out_dir: OutOpt = "",
@@ -83,8 +84,7 @@ def trim(
     out_path = check_out(out_dir, force)
     if not corpus and not token_list:
         raise BadInput("give --corpus F (or --token-list F): the tokens to keep")
-    if undertrained_candidates < 1:
-        raise BadInput(f"--undertrained-candidates must be >= 1; got {undertrained_candidates}")
+    checks.at_least_ge("undertrained_candidates", undertrained_candidates)
     with status(f"reading the corpus {corpus} ...", quiet=json_ or not corpus):
         texts = [d.text for d in load_documents(corpus, max_docs=max_docs or None)] if corpus else []
     token_lines = _read_lines(token_list) if token_list else []

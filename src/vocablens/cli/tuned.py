@@ -14,6 +14,7 @@ from vocablens.cli.common import (
 )
 from vocablens.cli.core import lens_app
 from vocablens.cli.lenses import check_eval_options, set_threads
+from vocablens.models.spec import DEFAULT_MODEL
 
 ProgressOpt = Annotated[bool, typer.Option("--progress", help="Show progress on stderr even with --json.")]
 CorpusOpt = Annotated[str, typer.Option("--corpus", help="A named corpus (python-docs, debian-handbook, pydoc-topics, cpython-stdlib) or a path (text, jsonl, HTML, directory).")]
@@ -32,7 +33,7 @@ def _init_distributed():
 
 @lens_app.command("train")
 def lens_train(
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     corpus: CorpusOpt = "python-docs",
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for the lens (lens.safetensors + config.json) and its checkpoints.")] = Path("tuned-lens"),
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 250,
@@ -166,7 +167,7 @@ class _progress:
 
 @lens_app.command("eval")
 def lens_eval(
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     lens_path: Annotated[str, typer.Option("--lens", help="Lens folder or file (tuned: ours or tuned-lens's params.pt; jacobian: ours or a published lens.pt), or a hub id from the local cache (default: the lenses shipped for the model).")] = "",
     kind: Annotated[str, typer.Option("--kind", help="The lenses to score, a comma list of logit, tuned, jacobian (default logit,tuned).")] = "logit,tuned",
     corpus: CorpusOpt = "",

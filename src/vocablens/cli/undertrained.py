@@ -8,10 +8,12 @@ from typing import Annotated
 
 import typer
 
+from vocablens.handle import checks
 from vocablens.cli.common import (
     DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out,
 )
 from vocablens.errors import BadInput
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 def _read_scan(path: str) -> dict:
@@ -28,7 +30,7 @@ def _read_scan(path: str) -> dict:
 
 @app.command("undertrained")
 def undertrained_cmd(
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     candidates: Annotated[int, typer.Option("--candidates", "-n", help="Lowest-indicator tokens to verify by "
                                             "prompting; 0: the paper's lowest 2% of the testable tokens.")] = 500,
     indicator: Annotated[str, typer.Option("--indicator", help="auto (input-embedding norm when untied, "
@@ -50,10 +52,7 @@ def undertrained_cmd(
     shows whether the token can win at all (argmax geometry: a different question)."""
     from vocablens.render.shown import print_result, to_json
 
-    if candidates < 0:
-        raise BadInput(f"--candidates must be >= 0 (0: the paper's lowest 2%); got {candidates}")
-    if batch_size < 1:
-        raise BadInput(f"--batch-size must be >= 1; got {batch_size}")
+    checks.undertrained_options(candidates, batch_size)
     scan = _read_scan(argmax) if argmax else None
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
     from vocablens.cli.progress import stage_progress

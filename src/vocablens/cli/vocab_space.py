@@ -8,11 +8,13 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
+from vocablens.handle import checks
 from vocablens.cli.common import (
     DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, count_bar, emit_json, show, err, load_model, out,
     parse_int_list,
 )
-from vocablens.errors import BadInput, OutputExists
+from vocablens.errors import BadInput
+from vocablens.models.spec import DEFAULT_MODEL
 
 KOpt = Annotated[int, typer.Option("-k", "--top-k", help="Tokens (or pairs, or vectors) listed.")]
 NoGainOpt = Annotated[bool, typer.Option(
@@ -62,7 +64,7 @@ def _check_block_early(spec: str, block: int) -> None:
 
 @app.command("project")
 def project_cmd(
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     block: Annotated[int | None, typer.Option("--block", "-b", help="Block 0..L-1 (block i reads stream layer i and writes i+1); default: all blocks.")] = None,
     layer: Annotated[int | None, typer.Option("--layer", "-l", hidden=True, help="Deprecated alias of --block.")] = None,
     neuron: Annotated[str, typer.Option("--neuron", "-n", help="Neuron(s) of --block, comma-separated.")] = "",
@@ -94,8 +96,7 @@ def project_cmd(
         _check_block_early(model, block)  # one line, before the loading line
     lm = _load_for_project(model, block, tokens, interpretable, keys, trust_remote_code, device, json_)
     b = lm.borders
-    if block is not None and not 0 <= block < b.n_layers:
-        raise BadInput(f"block {block} is out of range: this model has blocks 0..{b.n_layers - 1}")
+    checks.block_in_range(block, b.n_layers)
     tids = [lm.token_id(x, "--token") for x in tokens]
     lm = lm.without_tokenizer()  # encoding is done: token strings only from here on (the tokenizer is freed)
     trim_heap()
@@ -109,19 +110,16 @@ def _check_project_flags(block: int | None, tokens: list[str], k: int, circuit: 
                          interpretable: int, neuron: str) -> list[int] | None:
     """Raise BadInput for flags ``project`` cannot combine or take; -> the ``--neuron`` list, or None
     when no neurons are chosen (a sample, or another mode)."""
-    if k < 1:
-        raise BadInput(f"-k must be at least 1; got {k}")
+    checks.at_least("k", k)
     if circuit not in ("ov", "qk"):
         raise BadInput(f"--circuit must be ov or qk; got {circuit!r}")
-    if head is not None and block is None:
-        raise BadInput("--head needs --block")
+    checks.needs("head", head, "block", block)
     if sum(bool(x) for x in (tokens, head is not None, interpretable)) > 1:
         raise BadInput("give one of --token (reverse search), --head (circuit) or --interpretable")
     if interpretable < 0:
         raise BadInput(f"--interpretable must be >= 1; got {interpretable}")
     uses_neuron = bool(neuron) and not tokens and not interpretable and head is None
-    if uses_neuron and block is None:
-        raise BadInput("--neuron needs --block")
+    checks.needs("neurons", neuron if uses_neuron else None, "block", block)
     return parse_int_list(neuron, "--neuron") if uses_neuron else None
 
 
@@ -164,7 +162,7 @@ def _project(lm, *, tids: list[int], interpretable: int, block: int | None, head
 @app.command("explain")
 def explain_cmd(
     prompt: Annotated[str, typer.Argument(help="Text whose next-token prediction is explained.")],
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     position: Annotated[int, typer.Option("--position", "-p", help="Position explained (negative from the end).")] = -1,
     token: Annotated[str, typer.Option("--token", "-t", help="A token to follow and attribute, by its text ('4' is the text \"4\"; id:N names id N); default: the top-1.")] = "",
     token_id: Annotated[Optional[int], typer.Option("--token-id", help="The token to follow and attribute, by its id (instead of --token).")] = None,
@@ -177,10 +175,8 @@ def explain_cmd(
 ) -> None:
     """What built a prediction: per-block attention/FFN updates, FFN sub-updates, per-head logit attribution."""
 
-    if not prompt.strip():
-        raise BadInput("empty prompt: give some text")
-    if k < 1:
-        raise BadInput(f"-k must be at least 1; got {k}")
+    checks.prompt_text(prompt)
+    checks.at_least("k", k)
     if token and token_id is not None:
         raise BadInput("give --token TEXT or --token-id N, not both")
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=json_)
@@ -192,7 +188,7 @@ def explain_cmd(
 @app.command("settle")
 def settle_cmd(
     corpus: Annotated[str, typer.Option("--corpus", "-c", help="A named corpus (pydoc-topics, python-docs ...), a file or a directory.")],
-    model: ModelOpt = "smollm2",
+    model: ModelOpt = DEFAULT_MODEL,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens read from the corpus.")] = 2048,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per row.")] = 256,
     batch: Annotated[int, typer.Option("--batch", help="Rows per forward pass.")] = 2,
@@ -219,12 +215,9 @@ def settle_cmd(
         raise BadInput(f"--thresholds takes comma-separated numbers; got {thresholds!r}") from None
     if lens not in ("logit", "tuned"):
         raise BadInput(f"--lens must be logit or tuned; got {lens!r}")
-    if max_tokens < seq_len or seq_len < 2 or batch < 1:
-        raise BadInput(f"need --seq-len >= 2, --batch >= 1 and --max-tokens >= --seq-len; got "
-                       f"{seq_len}, {batch}, {max_tokens}")
+    checks.settle_options(seq_len, batch, max_tokens)
     if plot is not None:
-        if plot.exists() and not force:
-            raise OutputExists(f"{plot} exists; pass --force to replace it")
+        checks.free_output(plot, force)
         if plot.suffix.lower() not in (".html", ".htm", ".png", ".svg", ".pdf"):
             raise BadInput(f"--plot must end in .html, .png, .svg or .pdf; got {plot.name!r}")
     load_documents(corpus, max_docs=1)  # fail early on a missing corpus, before loading the model

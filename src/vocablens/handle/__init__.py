@@ -12,9 +12,10 @@ import os
 
 from vocablens.handle.model import Model
 from vocablens.handle.results import Result
+from vocablens.models.spec import DEFAULT_MODEL
 
 
-def load(spec: str | os.PathLike | None = "smollm2", dtype=None, device: str = "cpu",
+def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str = "cpu",
          trust_remote_code: bool = False, max_memory: str | int | dict | None = None, *, read=None,
          blocks=None, device_map: str | dict | None = None, offload_folder: str | os.PathLike | None = None,
          tp: bool = False) -> Model:
@@ -42,7 +43,7 @@ def load(spec: str | os.PathLike | None = "smollm2", dtype=None, device: str = "
         lm = models.load(spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
                          max_memory=max_memory, read=read, blocks=blocks, device_map=device_map,
                          offload_folder=offload_folder, tp=tp)
-    return Model.of(lm, spec=str(spec) if spec is not None else "smollm2")
+    return Model.of(lm, spec=str(spec) if spec is not None else DEFAULT_MODEL)
 
 
 __all__ = ["Model", "Result", "load"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from vocablens.handle import checks
 from vocablens.errors import BadInput
 
 
@@ -49,8 +50,7 @@ class ImageWorkflows:
 
         if not isinstance(text, str):
             raise BadInput("a prompt with images is one text (images are read with one prompt)")
-        if not text.strip():
-            raise BadInput("empty prompt: give some text")
+        checks.prompt_text(text)
         pics = list(images) if isinstance(images, (list, tuple)) else [images]
         if not pics:
             raise BadInput("images: give at least one image (a path or a PIL image)")

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from vocablens.handle import checks
 from vocablens.errors import BadInput, OutputExists
 from vocablens.handle import results as R
 from vocablens.handle.lens_sources import find_lenses, lenses_at, merge_shards  # noqa: F401  (re-exported)
+from vocablens.models.spec import DEFAULT_MODEL
 
 #: the storage dtypes of a fitted Jacobian lens (``--save-dtype``)
 FIT_DTYPES = ("float16", "bfloat16", "float32")
@@ -67,8 +69,7 @@ def compare_inputs(model: str, kinds: Sequence[str], lenses=None, corpus: str | 
     from vocablens.lens.jacobian import JacobianLens
     from vocablens.lens.tuned import TunedLens
 
-    if split not in ("validation", "train", "all"):
-        raise BadInput(f"--split must be validation, train or all; got {split!r}")
+    checks.one_of("split", split, checks.SPLITS)
     found = dict(lenses) if isinstance(lenses, dict) else find_lenses(kinds, model, lenses)
     data: dict = {}
     if not corpus:  # the held-out part of the corpus the first fitted lens saw, when it is a named one
@@ -99,20 +100,20 @@ def check_fit_options(out: str | Path | None, save_dtype: str = "float16", seq_l
     from vocablens.lens.jacobian_fit import CKPT_FILE
 
     if save_dtype not in FIT_DTYPES:
-        raise BadInput(f"--save-dtype must be float16, bfloat16 or float32; got {save_dtype!r}")
+        raise BadInput(f"`save_dtype` must be float16, bfloat16 or float32; got {save_dtype!r}")
     if seq_len <= skip_first + 1:
-        raise BadInput(f"--seq-len {seq_len} leaves no position after --skip-first {skip_first} and the last; "
+        raise BadInput(f"`seq_len` {seq_len} leaves no position after `skip_first` {skip_first} and the last; "
                        f"use more than {skip_first + 1}")
     if max_tokens < seq_len:
-        raise BadInput(f"--max-tokens {max_tokens} is less than one prompt of --seq-len {seq_len}")
+        raise BadInput(f"`max_tokens` {max_tokens} is less than one prompt of `seq_len` {seq_len}")
     out = None if out is None else Path(out)
     if out is not None and (out / LENS_FILE).exists() and not force and not resume:
-        raise OutputExists(f"{out} already holds a Jacobian lens; pass --force to replace it")
+        raise OutputExists(f"{out} already holds a Jacobian lens; pass `force` to replace it")
     if out is not None and out.exists() and not out.is_dir():
         raise OutputExists(f"{out} exists and is not a directory")
     if resume and (out is None or not (out / "jacobian-checkpoint" / CKPT_FILE).exists()):
         where = "no output folder" if out is None else f"no checkpoint in {out / 'jacobian-checkpoint'}"
-        raise BadInput(f"--resume: {where} (fit without --resume first)")
+        raise BadInput(f"`resume`: {where} (fit without `resume` first)")
 
 
 def _status(status, message: str):
@@ -163,7 +164,7 @@ class LensCompareWorkflows:
         if not isinstance(inp, CompareInputs):
             if lenses is None:
                 lenses = {k: self.translator(k) for k in kinds if k != "logit"}
-            inp = compare_inputs(self.spec or "smollm2", kinds, lenses, corpus, split)
+            inp = compare_inputs(self.spec or DEFAULT_MODEL, kinds, lenses, corpus, split)
         read = {k: self.translator(k, p) for k, p in inp.found.items()}
         with _status(None if inp.split == "all" else status, f"tokenizing the {inp.split} split of {inp.corpus} ..."):
             rows, info = self.eval_rows(inp.corpus, inp.split, min(seq_len, max_tokens), max_tokens, inp.val_fraction,
@@ -209,10 +210,8 @@ class LensCompareWorkflows:
         """
         from vocablens.lens.backward import backward_lens
 
-        if isinstance(text, str) and not text.strip():
-            raise BadInput("empty prompt: give some text")
-        if k < 1:
-            raise BadInput(f"-k must be at least 1; got {k}")
+        checks.prompt_text(text)
+        checks.at_least("k", k)
         tid = self.token_id(target, "target")
         ids = self._ids(text, chat=chat)[0]
         return self._result(R.BackwardLens, backward_lens(self.borders, ids, tid, position=position, k=k))
@@ -329,8 +328,7 @@ class LensCompareWorkflows:
         from vocablens.undertrained.analysis import DEFAULT_FRACTION, testable, undertrained
         from vocablens.undertrained.verify import pick_examples
 
-        if batch_size < 1:
-            raise BadInput(f"--batch-size must be >= 1; got {batch_size}")
+        checks.at_least_ge("batch_size", batch_size)
         t0 = time.perf_counter()
         res = undertrained(self.borders, self.tokenizer, verify=False)  # classes, indicators, the paper's 2%
         paper = int(res.candidates.numel())
@@ -350,12 +348,7 @@ def check_scoring_options(max_tokens: int, seq_len: int, plot, force: bool) -> N
         BadInput: max_tokens or seq_len < 2, a ``plot`` not ending in ``.html`` or ``.png``.
         OutputExists: ``plot`` exists and not ``force``.
     """
-    if max_tokens < 2 or seq_len < 2:
-        raise BadInput("--max-tokens and --seq-len must be at least 2")
-    if plot is not None and Path(plot).exists() and not force:
-        raise OutputExists(f"{plot} exists; pass --force to replace it")
-    if plot is not None and Path(plot).suffix.lower() not in (".html", ".png"):
-        raise BadInput(f"--plot must end in .html or .png; got {plot}")
+    checks.scoring_options(max_tokens, seq_len, plot, force)
 
 
 __all__ = ["CompareInputs", "FIT_DTYPES", "LensCompareWorkflows", "check_fit_options", "check_scoring_options", "lenses_at",

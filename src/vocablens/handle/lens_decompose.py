@@ -31,9 +31,9 @@ class LensDecompose:
         ids = self.encode(text)[0] if isinstance(text, str) else torch.as_tensor(text, dtype=torch.int64).reshape(-1)
         T, L = int(ids.numel()), self.borders.n_layers
         if not -T <= position < T:
-            raise BadInput(f"--position {position} is outside the prompt's {T} tokens")
+            raise BadInput(f"`position` {position} is outside the prompt's {T} tokens")
         if not 0 <= layer < L:
-            raise BadInput(f"--layer must be a stream layer 0..{L - 1} (layer {L} is the output itself); got {layer}")
+            raise BadInput(f"`layer` must be a stream layer 0..{L - 1} (layer {L} is the output itself); got {layer}")
         with torch.no_grad():
             resid, _ = self.borders.residual_stream(ids[None].to(self.borders.device))
         h = resid[layer, 0, position % T]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from vocablens.errors import BadInput
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 def find_lenses(kinds: Sequence[str], model: str, lens_path: str | Path | None) -> dict[str, Path]:
@@ -25,11 +26,11 @@ def find_lenses(kinds: Sequence[str], model: str, lens_path: str | Path | None) 
 
     wanted = [k for k in kinds if k != "logit"]
     if lens_path and not wanted:
-        raise BadInput("--lens reads a tuned or Jacobian lens: add --kind tuned or --kind jacobian")
+        raise BadInput("`lens_path` reads a tuned or Jacobian lens: add `kind` tuned or `kind` jacobian")
     return {k: find_lens(model, lens_path) if k == "tuned" else find_jacobian_lens(model, lens_path) for k in wanted}
 
 
-def lenses_at(path: str | Path, model_spec: str = "smollm2") -> dict[str, Path]:
+def lenses_at(path: str | Path, model_spec: str = DEFAULT_MODEL) -> dict[str, Path]:
     """Every lens kind the folder or file ``path`` holds, as ``{kind: where}`` for ``tuned`` and/or
     ``jacobian`` (:func:`~vocablens.lens.tuned.find_lens`, :func:`~vocablens.lens.jacobian.find_jacobian_lens`):
     a folder may hold a tuned lens, a Jacobian lens or both; a published ``lens.pt`` is a Jacobian lens.

@@ -15,10 +15,12 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+from vocablens.handle import checks
 from vocablens.errors import BadInput, OutputExists
 from vocablens.handle import results as R
+from vocablens.models.spec import DEFAULT_MODEL
 
-SPLITS = ("validation", "train", "all")
+SPLITS = checks.SPLITS
 
 
 def check_train_options(out: str | Path | None, init: str = "zero", save_dtype: str = "float32",
@@ -34,18 +36,18 @@ def check_train_options(out: str | Path | None, init: str = "zero", save_dtype: 
     from vocablens.lens.tuned import LENS_FILE
 
     if init not in ("zero", "regression"):
-        raise BadInput(f"--init must be zero or regression; got {init!r}")
+        raise BadInput(f"`init` must be zero or regression; got {init!r}")
     if save_dtype not in ("float32", "bfloat16"):
-        raise BadInput(f"--save-dtype must be float32 or bfloat16; got {save_dtype!r}")
+        raise BadInput(f"`save_dtype` must be float32 or bfloat16; got {save_dtype!r}")
     if out is not None:
         out = Path(out)
         if (out / LENS_FILE).exists() and not force:
-            raise OutputExists(f"{out} already holds a tuned lens; pass --force to replace it")
+            raise OutputExists(f"{out} already holds a tuned lens; pass `force` to replace it")
         if out.exists() and not out.is_dir():
             raise OutputExists(f"{out} exists and is not a directory")
     if resume and (out is None or not (Path(out) / "checkpoint" / CKPT_FILE).exists()):
         where = "no output folder" if out is None else f"no checkpoint in {Path(out) / 'checkpoint'}"
-        raise BadInput(f"--resume: {where} (train without --resume first)")
+        raise BadInput(f"`resume`: {where} (train without `resume` first)")
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class LensEvalInputs:
     split_seed: int
 
 
-def lens_eval_inputs(model: str = "smollm2", lens=None, corpus: str | None = None, split: str = "validation",
+def lens_eval_inputs(model: str = DEFAULT_MODEL, lens=None, corpus: str | None = None, split: str = "validation",
                      label: str | None = None, notes=None) -> LensEvalInputs:
     """Find and read the tuned lens (:func:`vocablens.lens.tuned.find_lens`) and the corpus it is scored
     on, before a model loads. Without ``corpus``: the corpus the lens was trained on when it is a named
@@ -92,8 +94,7 @@ def lens_eval_inputs(model: str = "smollm2", lens=None, corpus: str | None = Non
     from vocablens.corpus import NAMED_CORPORA, corpus_record, load_documents
     from vocablens.lens.tuned import TunedLens, find_lens
 
-    if split not in SPLITS:
-        raise BadInput(f"--split must be validation, train or all; got {split!r}")
+    checks.one_of("split", split, SPLITS)
     if lens is None or isinstance(lens, (str, Path)):
         tl = TunedLens.load(find_lens(model, lens or ""))  # checked against the model by eval_lens
         label = label or (str(lens) if lens else f"shipped for {model}")  # never a path the user did not give
@@ -263,7 +264,7 @@ class LensTraining:
         inp = lens
         if not isinstance(inp, LensEvalInputs):
             held = self.translators.get("tuned") if lens is None else None
-            inp = lens_eval_inputs(self.spec or "smollm2", held if held is not None else lens, corpus, split,
+            inp = lens_eval_inputs(self.spec or DEFAULT_MODEL, held if held is not None else lens, corpus, split,
                                    label or (self._held_label(held) if held is not None else None), notes)
         tl = inp.lens
         tl.check_model(self.borders)
@@ -299,7 +300,7 @@ class LensTraining:
         ``loaded`` (read with :meth:`load_lens`, or trained)."""
         from vocablens.lens.tuned import CONFIG_FILE, read_json, shipped_lens_path
 
-        spec = self.spec or "smollm2"
+        spec = self.spec or DEFAULT_MODEL
         shipped = shipped_lens_path(spec)
         if shipped is not None:
             cfg = read_json(shipped / CONFIG_FILE)

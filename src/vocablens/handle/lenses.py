@@ -16,8 +16,10 @@ from typing import Sequence
 
 import torch
 
+from vocablens.handle import checks
 from vocablens.errors import BadInput
 from vocablens.handle import results as R
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 class LensWorkflows:
@@ -37,7 +39,7 @@ class LensWorkflows:
         if lens is None:
             from vocablens.lens.tuned import load_for_model
 
-            lens = self.translators["tuned"] = load_for_model(self.borders, self.spec or "smollm2", None)
+            lens = self.translators["tuned"] = load_for_model(self.borders, self.spec or DEFAULT_MODEL, None)
         return lens
 
     def load_lens(self, path: str | Path):
@@ -49,7 +51,7 @@ class LensWorkflows:
         """
         from vocablens.lens.tuned import TunedLens, find_lens
 
-        lens = TunedLens.load(find_lens(self.spec or "smollm2", path), self.borders)
+        lens = TunedLens.load(find_lens(self.spec or DEFAULT_MODEL, path), self.borders)
         self.translators["tuned"] = lens
         return lens
 
@@ -96,11 +98,11 @@ class LensWorkflows:
         if path is not None and kind == "tuned":
             from vocablens.lens.tuned import TunedLens, find_lens
 
-            return TunedLens.load(find_lens(self.spec or "smollm2", path), self.borders)
+            return TunedLens.load(find_lens(self.spec or DEFAULT_MODEL, path), self.borders)
         if path is not None and kind == "jacobian":
             from vocablens.lens.jacobian import JacobianLens, find_jacobian_lens
 
-            return JacobianLens.load(find_jacobian_lens(self.spec or "smollm2", path), self.borders)
+            return JacobianLens.load(find_jacobian_lens(self.spec or DEFAULT_MODEL, path), self.borders)
         if kind == "tuned":
             return self.tuned_lens
         if kind in self.translators:
@@ -109,7 +111,7 @@ class LensWorkflows:
             return self.load_jacobian_lens(None)
         known = ", ".join(["logit", "tuned", "jacobian", "both",
                            *sorted(k for k in self.translators if k not in ("tuned", "jacobian"))])
-        raise BadInput(f"--kind must be one of {known}; got {kind!r}")
+        raise BadInput(f"`kind` must be one of {known}; got {kind!r}")
 
     def _lens_for_call(self, kind: str, lens_dir=None):
         """The translator of ``kind``; ``tuned`` read from ``lens_dir`` when given (this call only)."""
@@ -124,7 +126,7 @@ class LensWorkflows:
         """
         from vocablens.lens.jacobian import JacobianLens, find_jacobian_lens
 
-        lens = JacobianLens.load(find_jacobian_lens(self.spec or "smollm2", path), self.borders)
+        lens = JacobianLens.load(find_jacobian_lens(self.spec or DEFAULT_MODEL, path), self.borders)
         self.translators["jacobian"] = lens
         return lens
 
@@ -176,8 +178,7 @@ class LensWorkflows:
         from vocablens.lens.logit import lens_batches
         from vocablens.lens.positions import parse_positions
 
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise BadInput(f"-k must be at least 1; got {k}")
+        checks.at_least("k", k, whole=True)
         kinds = (["logit", "tuned"] if kind == "both" else [x.strip() for x in kind.split(",") if x.strip()]
                  ) if isinstance(kind, str) else list(kind)  # "logit,tuned,jacobian": a comma list
         if not kinds:
@@ -267,9 +268,7 @@ class LensWorkflows:
         """
         from vocablens import vocab_space as vs
 
-        if max_tokens < seq_len or seq_len < 2 or batch < 1:
-            raise BadInput(f"need --seq-len >= 2, --batch >= 1 and --max-tokens >= --seq-len; got "
-                           f"{seq_len}, {batch}, {max_tokens}")
+        checks.settle_options(seq_len, batch, max_tokens)
         translator = self._lens_for_call(lens, lens_dir)
         if batches is None:
             rows = self.first_rows(corpus, seq_len, max_tokens) if rows is None else rows
@@ -307,12 +306,7 @@ class LensWorkflows:
         from vocablens.vocab_space.steer import steer, vector_top_tokens
         from vocablens.vocab_space.steer_eval import measure
 
-        if not promote and not suppress:
-            raise BadInput("give --promote TOKEN and/or --suppress TOKEN")
-        if prompt and corpus:
-            raise BadInput("give --prompt or --corpus, not both")
-        if isinstance(new_tokens, bool) or new_tokens < 0 or new_tokens > 512:
-            raise BadInput(f"--new-tokens must be in 0..512; got {new_tokens}")
+        checks.steer_options(promote, suppress, prompt, corpus, new_tokens)
 
         def ids_of(texts):
             got = []
@@ -352,13 +346,13 @@ class LensWorkflows:
         """
         from vocablens.report.runner import DEFAULT_BUDGET_S, DEFAULT_PROMPT, run_report
 
-        run = run_report(self, model=self.spec or "smollm2", prompt=prompt or DEFAULT_PROMPT, lens_path=lens_path,
+        run = run_report(self, model=self.spec or DEFAULT_MODEL, prompt=prompt or DEFAULT_PROMPT, lens_path=lens_path,
                          budget_s=DEFAULT_BUDGET_S if budget_s is None else budget_s, progress=progress, only=only,
                          images=images)
         if out is not None:
             from vocablens.render.report import write_page
 
-            write_page(run, self, self.spec or "smollm2", out, run.budget_s)
+            write_page(run, self, self.spec or DEFAULT_MODEL, out, run.budget_s)
         return run
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from vocablens.handle import checks
 from vocablens.errors import BadInput
 from vocablens.handle import results as R
 
@@ -31,16 +32,15 @@ class MatrixWorkflows:
         from vocablens.corpus import load_documents
         from vocablens.units import plural
 
-        if seq_len < 2:
-            raise BadInput(f"--seq-len must be at least 2; got {seq_len}")
+        checks.at_least("seq_len", seq_len, 2)
         b = self.borders
         n = contexts or (b.d_emb + 64)
         if n <= b.d_emb:
-            raise BadInput(f"--contexts must exceed d = {b.d_emb} to test the rank bound; got {n}")
+            raise BadInput(f"`contexts` must exceed d = {b.d_emb} to test the rank bound; got {n}")
         rows = -(-n // seq_len)
         ids = self.pack(load_documents(corpus), seq_len, max_tokens=rows * seq_len)
         if ids.numel() < n:
-            raise BadInput(f"corpus {corpus!r} gives {plural(ids.numel(), 'token')}, fewer than --contexts {n}")
+            raise BadInput(f"corpus {corpus!r} gives {plural(ids.numel(), 'token')}, fewer than `contexts` {n}")
         H = context_hidden(b, ids, progress=progress)[:n]
         U = b.unembedding
         res = softmax_bottleneck(U.weight, H, bias=U.bias, logit_scale=U.logit_scale, softcap=U.softcap,
@@ -70,10 +70,7 @@ class MatrixWorkflows:
         from vocablens.render.align import token_names, top_matches
         from vocablens.vocab_space.align import align_models, unit_top_tokens
 
-        if what not in ("ffn", "heads"):
-            raise BadInput(f"--what must be ffn or heads; got {what!r}")
-        if isinstance(top, bool) or top < 0:
-            raise BadInput(f"--top must be 0 or more; got {top}")
+        checks.align_options(what, top)
         res = align_models(self.borders, self.tokenizer, other.borders, other.tokenizer, what=what,
                            blocks_a=blocks_a, blocks_b=blocks_b, progress=progress)
 

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-from vocablens.errors import BadInput, TokenNotInVocabulary
+from vocablens.handle import checks
 from vocablens.handle import results as R
 from vocablens.handle.corpus import CorpusWorkflows
 from vocablens.handle.images import ImageWorkflows
@@ -123,10 +123,8 @@ class Model(ScoringWorkflows, SurgeryWorkflows, LensTraining, LensQuality, LensD
 
         tokens = [tokens] if isinstance(tokens, (str, int)) else list(tokens)
         tokens = [f"id:{t}" if isinstance(t, int) and not isinstance(t, bool) else t for t in tokens]  # as shown
-        if k < 1:
-            raise BadInput(f"-k must be at least 1; got {k}")
-        if any(t == "" for t in tokens):
-            raise TokenNotInVocabulary("empty token string")
+        checks.at_least("k", k)
+        checks.token_strings(tokens)
         return self._result(R.Neighbors, nearest_neighbors(self.borders, self.tokenizer, tokens, k=k, use_mean=mean))
 
     def pca(self, words: Sequence[str] | dict[str, Sequence[str]] | None = None, prefix: str = " ",
@@ -176,8 +174,7 @@ class Model(ScoringWorkflows, SurgeryWorkflows, LensTraining, LensQuality, LensD
         """
         from vocablens import vocab_space as vs
 
-        if k < 1:
-            raise BadInput(f"-k must be at least 1; got {k}")
+        checks.at_least("k", k)
         ids = self._ids(text, chat=chat)
         tid = None if target is None else self.token_id(target, "target")
         e = vs.explain(self.borders, ids, position=position, token_id=tid, k=k, n_sub=subs)
@@ -214,17 +211,14 @@ class Model(ScoringWorkflows, SurgeryWorkflows, LensTraining, LensQuality, LensD
         from vocablens.render.vocab_space import search_vectors
 
         b = self.borders
-        if k < 1:
-            raise BadInput(f"-k must be at least 1; got {k}")
-        if block is not None and not 0 <= block < b.n_layers:
-            raise BadInput(f"block {block} is out of range: this model has blocks 0..{b.n_layers - 1}")
+        checks.at_least("k", k)
+        checks.block_in_range(block, b.n_layers)
         if interpretable:
             res = vs.interpretable_vectors(b, n=interpretable, per_block=sample or 32, k=k, seed=seed,
                                            apply_norm_gain=norm_gain)
             return self._result(R.Projection, res, how="interpretable")
         if head is not None:
-            if block is None:
-                raise BadInput("--head needs --block")
+            checks.needs("head", head, "block", block)
             kw = {} if max_sources is None else {"max_sources": max_sources}
             res = vs.head_circuit(b, block, head, circuit=circuit, k=k, apply_norm_gain=norm_gain, **kw)
             return self._result(R.Projection, res, how="circuit")
@@ -236,8 +230,7 @@ class Model(ScoringWorkflows, SurgeryWorkflows, LensTraining, LensQuality, LensD
             tops = vs.project_vectors(b, layers, ns, k=min(8, b.real_vocab_size), apply_norm_gain=norm_gain)
             return self._result(R.Projection, res, how="search", tops=tops)
         if neurons:
-            if block is None:
-                raise BadInput("--neuron needs --block")
+            checks.needs("neurons", neurons, "block", block)
             layers, ns = [block] * len(neurons), list(neurons)
         else:
             layers, ns = vs.sample_neurons(b, 4 if sample is None else sample, seed)
@@ -267,8 +260,7 @@ class Model(ScoringWorkflows, SurgeryWorkflows, LensTraining, LensQuality, LensD
         """
         from vocablens.argmax.model import argmax_for_borders
 
-        if bias not in ("auto", "on", "off"):
-            raise BadInput(f"--bias must be auto, on or off; got {bias!r}")
+        checks.one_of("bias", bias, ("auto", "on", "off"))
         dev = str(self.borders.device)
         ma = argmax_for_borders(self.borders, bias=bias, include_padding=include_padding,
                                 include_untrained=include_padding, norm=norm,
@@ -306,10 +298,7 @@ class Model(ScoringWorkflows, SurgeryWorkflows, LensTraining, LensQuality, LensD
         from vocablens.undertrained import undertrained
         from vocablens.undertrained.beside import argmax_verdicts as verdicts_of
 
-        if candidates is not None and candidates < 0:
-            raise BadInput(f"--candidates must be >= 0 (0: the paper's lowest 2%); got {candidates}")
-        if batch_size < 1:
-            raise BadInput(f"--batch-size must be >= 1; got {batch_size}")
+        checks.undertrained_options(candidates, batch_size)
         if argmax_verdicts is not None and not isinstance(argmax_verdicts, (list, tuple)):
             argmax_verdicts = verdicts_of(getattr(argmax_verdicts, "value", argmax_verdicts), self.borders.vocab_size)
         res = undertrained(self.borders, self.tokenizer, candidates=candidates or None, indicator=indicator,

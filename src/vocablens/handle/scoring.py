@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from vocablens.errors import BadInput
+from vocablens.handle import checks
 from vocablens.handle import results as R
 from vocablens.models.tensor_parallel import is_tensor_parallel
 
@@ -42,10 +42,8 @@ class ScoringWorkflows:
         """
         from vocablens.generate.score import score_ids
 
-        if top_k < 0:
-            raise BadInput(f"--top-k must be >= 0; got {top_k}")
-        if isinstance(text, str) and not text.strip():
-            raise BadInput("empty text: nothing to score")
+        checks.at_least_ge("top_k", top_k, 0)
+        checks.score_text(text)
         ids = self.encode(text, special_text=special_text)[0] if isinstance(text, str) else self._ids(text)[0]
         n_bytes = self.n_bytes(ids[1:])
         if vocab_parallel or is_tensor_parallel(self.borders):
@@ -75,8 +73,7 @@ class ScoringWorkflows:
         """
         from vocablens.generate import generate
 
-        if max_new_tokens < 1:
-            raise BadInput(f"--max-new-tokens must be at least 1; got {max_new_tokens}")
+        checks.at_least("max_new_tokens", max_new_tokens)
         ids = self.encode(text, chat=chat)
         if early_exit is not None:
             early_exit.validate(self.borders.n_layers)

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from vocablens.handle import checks
 from vocablens.errors import BadInput
 from vocablens.handle import results as R
 
@@ -68,9 +69,8 @@ class SurgeryWorkflows:
         step = status or _no_status
         tokens = [tokens] if isinstance(tokens, str) else list(tokens)
         if not tokens:
-            raise BadInput("no tokens to add: give --add TOKEN (repeatable) or --add-file FILE")
-        if eval_texts < 1 or eval_chars < 10:
-            raise BadInput("--eval-texts must be >= 1 and --eval-chars >= 10")
+            raise BadInput("no tokens to add: give `tokens`")
+        checks.eval_text_options(eval_texts, eval_chars)
         texts = list(heldout) if heldout is not None else chunk_texts([eval_text], eval_texts, eval_chars) \
             if eval_text.strip() else heldout_texts(eval_corpus, eval_texts, eval_chars)
         with step("expanding the vocabulary ..."):
@@ -130,8 +130,7 @@ class SurgeryWorkflows:
         step = status or _no_status
         if not corpus and not token_list and documents is None:
             raise BadInput("give corpus, documents or token_list: the tokens to keep")
-        if undertrained_candidates < 1:
-            raise BadInput(f"--undertrained-candidates must be >= 1; got {undertrained_candidates}")
+        checks.at_least_ge("undertrained_candidates", undertrained_candidates)
         texts = list(documents) if documents is not None else \
             [d.text for d in load_documents(corpus, max_docs=max_docs or None)] if corpus else []
         tok = self.tokenizer
@@ -143,16 +142,16 @@ class SurgeryWorkflows:
         with step("trimming the vocabulary ..."):
             tr = trim_vocab(self.model, tok, seeds)
         checked, drop = _documents_to_check(tok, texts, used, tr, ut, rows_without)
-        checks = checked[:verify_texts] if checked else [tok.decode(sorted(seeds)[:200])]
-        with step(f"checking the trimmed model against the original on {plural(len(checks), 'text')} ..."):
-            v = verify_trim(self.model, tok, tr.model, tr.tokenizer, tr.kept_old_ids, checks,
+        check_texts = checked[:verify_texts] if checked else [tok.decode(sorted(seeds)[:200])]
+        with step(f"checking the trimmed model against the original on {plural(len(check_texts), 'text')} ..."):
+            v = verify_trim(self.model, tok, tr.model, tr.tokenizer, tr.kept_old_ids, check_texts,
                             max_tokens=verify_tokens)
         mismatches = _in_phase(progress, "tokenization", lambda cb: tokenization_mismatches(
             tok, tr.tokenizer, tr.kept_old_ids, checked, progress=cb))
         accept_trim(v, mismatches)
         surgery = self._result(R.Surgery, tr.result, command="trim", verification=v, out=None, corpus=corpus or None,
                                docs_checked=len(checked), mismatches=mismatches, drop=drop)
-        return self._derived(tr.model, tr.tokenizer, surgery, checks,
+        return self._derived(tr.model, tr.tokenizer, surgery, check_texts,
                              _trim_files(self.provenance, corpus, tr, v, checked, drop))
 
     def save(self, out: str | os.PathLike, force: bool = False) -> Path:

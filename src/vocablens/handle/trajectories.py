@@ -48,9 +48,9 @@ def anomaly_inputs(normal, test, kind: str = "both", detector: str = "both", lab
     from vocablens.lens.anomaly import DETECTORS, read_inputs
 
     if kind not in ("logit", "tuned", "both"):
-        raise BadInput(f"--kind must be logit, tuned or both; got {kind!r}")
+        raise BadInput(f"`kind` must be logit, tuned or both; got {kind!r}")
     if detector not in (*DETECTORS, "both"):
-        raise BadInput(f"--detector must be iforest, lof or both; got {detector!r}")
+        raise BadInput(f"`detector` must be iforest, lof or both; got {detector!r}")
     normal_texts, _ = read_inputs(normal) if isinstance(normal, (str, Path)) else (list(normal), None)
     if isinstance(test, (str, Path)):
         test_texts, labels = read_inputs(test)
@@ -60,7 +60,7 @@ def anomaly_inputs(normal, test, kind: str = "both", detector: str = "both", lab
     distinct = len(set(normal_texts))
     if distinct < 5:
         where = f"{normal} holds" if isinstance(normal, (str, Path)) else "got"
-        raise BadInput(f"--normal needs at least 5 distinct inputs to fit a detector; {where} "
+        raise BadInput(f"`normal` needs at least 5 distinct inputs to fit a detector; {where} "
                        f"{len(normal_texts)} ({distinct} distinct)")
     return AnomalyInputs(normal_texts, test_texts, labels, ("logit", "tuned") if kind == "both" else (kind,),
                          DETECTORS if detector == "both" else (detector,))

@@ -28,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from vocablens.errors import BadInput
+from vocablens.models.spec import DEFAULT_MODEL
 
 #: the short forms of ``--lens``: ``published`` (the kind asked for) and ``KIND:published``
 SHORT_FORMS = ("published", "jacobian:published", "tuned:published")
@@ -68,7 +69,6 @@ def model_hub_id(model_spec: str) -> str | None:
     """The hub id of the model ``model_spec`` names: the default model's, a hub id, a catalogue alias's,
     or the ``_name_or_path`` a model directory's ``config.json`` records; None when unknown (a GGUF file)."""
     from vocablens.models.catalogue import catalogue_entry
-    from vocablens.models.spec import DEFAULT_MODEL
 
     spec = str(model_spec)
     if spec.lower() in (DEFAULT_MODEL, "smollm2-135m-instruct", "default"):
@@ -228,7 +228,7 @@ def _download(spec: str, repo: str, inner: str, rtype: str, info) -> Path:
     return snapshot / inner if inner else snapshot
 
 
-def resolve_hub_lens(spec: str, kind: str | None = None, model_spec: str = "smollm2") -> Path:
+def resolve_hub_lens(spec: str, kind: str | None = None, model_spec: str = DEFAULT_MODEL) -> Path:
     """A local path for a ``--lens`` that names the hub: a short form (:data:`SHORT_FORMS`, ``kind``
     the lens kind wanted) or ``OWNER/REPO[/PATH][@REVISION]``.
 

@@ -37,6 +37,7 @@ from vocablens.lens.published import (  # noqa: F401  (layer_span re-exported)
     IDENTITY_ATOL, identity_gap, layer_span, published_matrix, usable_blocks)
 from vocablens.lens.tuned import check_lens_tensor, model_identity, read_pair, save_files
 from vocablens.models import Borders
+from vocablens.models.spec import DEFAULT_MODEL
 
 LENS_FILE = "jacobian.safetensors"
 CONFIG_FILE = "jacobian.json"
@@ -321,7 +322,7 @@ def _text(x) -> str | None:
     return str(x) if isinstance(x, str) and x else None
 
 
-def shipped_jacobian_path(model_name: str = "smollm2") -> Path | None:
+def shipped_jacobian_path(model_name: str = DEFAULT_MODEL) -> Path | None:
     """Directory of the Jacobian lens shipped in the package for ``model_name``, or None."""
     from vocablens.lens.tuned import SHIPPED_DIR
 
@@ -329,7 +330,7 @@ def shipped_jacobian_path(model_name: str = "smollm2") -> Path | None:
     return p if (p / LENS_FILE).exists() else None
 
 
-def find_jacobian_lens(model_spec: str = "smollm2", path: str | Path | None = None) -> Path:
+def find_jacobian_lens(model_spec: str = DEFAULT_MODEL, path: str | Path | None = None) -> Path:
     """THE way a command finds its Jacobian lens: ``path`` (``--lens``: our directory, a published
     ``lens.pt`` or a directory holding one, or a hub id from the local cache) when given, else the
     lens shipped for ``model_spec``.

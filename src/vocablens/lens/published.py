@@ -19,13 +19,14 @@ import torch
 
 from vocablens.errors import BadInput, CheckpointMismatch, CorruptModelFile
 from vocablens.lens.lens_files import check_lens_tensor
+from vocablens.models.spec import DEFAULT_MODEL
 
 #: max |J - I| of a published lens's matrix for the last block (the target layer maps to itself: the
 #: identity exactly, stored in float16 or bfloat16 without loss) for it to be read and dropped
 IDENTITY_ATOL = 1e-3
 
 
-def resolve_lens_source(spec: str, kind: str | None = None, model_spec: str = "smollm2") -> Path:
+def resolve_lens_source(spec: str, kind: str | None = None, model_spec: str = DEFAULT_MODEL) -> Path:
     """A local path for ``spec``: the path itself when it exists, else a hub lens
     (:func:`vocablens.lens.hub.resolve_hub_lens`: ``OWNER/REPO[/PATH][@REVISION]`` downloaded at a pinned
     commit, or read from the local cache when offline; the short forms ``published``,

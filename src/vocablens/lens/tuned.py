@@ -54,6 +54,7 @@ from vocablens.lens.hub import with_origin
 from vocablens.lens.lens_files import (  # noqa: F401  (re-exported)
     META_KEY, check_lens_tensor, read_json, read_pair, read_safetensors, save_files)
 from vocablens.models import Borders
+from vocablens.models.spec import DEFAULT_MODEL
 
 LENS_FILE = "lens.safetensors"
 CONFIG_FILE = "config.json"
@@ -291,13 +292,13 @@ def load_tuned_lens_library(path: str | Path, borders: Borders | None = None) ->
 
 
 # ---------------------------------------------------------------------------------------- finding a lens
-def shipped_lens_path(model_name: str = "smollm2") -> Path | None:
+def shipped_lens_path(model_name: str = DEFAULT_MODEL) -> Path | None:
     """Directory of the lens shipped in the package for ``model_name``, or None."""
     p = SHIPPED_DIR / str(model_name)
     return p if (p / LENS_FILE).exists() else None
 
 
-def find_lens(model_spec: str = "smollm2", path: str | Path | None = None) -> Path:
+def find_lens(model_spec: str = DEFAULT_MODEL, path: str | Path | None = None) -> Path:
     """THE way a command finds its tuned lens: the directory ``path`` (``--lens DIR``; ours or
     tuned-lens's ``params.pt`` layout; or a hub id ``OWNER/REPO/PATH`` found in the local cache,
     :func:`vocablens.lens.published.resolve_lens_source`) when given, else the lens shipped for ``model_spec``.
@@ -330,7 +331,7 @@ def looks_like_hub_id(spec: str) -> bool:
     return len([x for x in spec.split("/") if x]) >= 2 and not spec.startswith(("/", ".", "~"))
 
 
-def load_for_model(borders: Borders, model_spec: str = "smollm2", path: str | Path | None = None) -> TunedLens:
+def load_for_model(borders: Borders, model_spec: str = DEFAULT_MODEL, path: str | Path | None = None) -> TunedLens:
     """The lens :func:`find_lens` finds, loaded and checked against ``borders``.
 
     Raises:

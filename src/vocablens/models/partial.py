@@ -38,6 +38,7 @@ from vocablens.errors import BadInput, CorruptModelFile
 from vocablens.models.checkpoint_files import checkpoint_name, materialize, shard_files
 from vocablens.models.matrices_only import read_matrices
 from vocablens.models.sources import light_tokenizer, source_dir
+from vocablens.models.spec import DEFAULT_MODEL
 
 #: the parts a load can read besides whole blocks (``vocablens.models.load(read=...)``; :class:`Parts`)
 PARTS = ("embedding", "input_embedding", "head", "final_norm", "value_vectors")
@@ -227,7 +228,7 @@ def _stored_tie(model: nn.Module, skel, config, files: dict[str, Path], tdtype) 
 
 
 # ------------------------------------------------------------ the three named reads
-def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_remote_code: bool = False,
+def load_borders_only(spec: str | os.PathLike = DEFAULT_MODEL, dtype=None, trust_remote_code: bool = False,
                       blocks=None, value_vectors: bool = False):
     """The model with only its borders in memory (the ``borders`` mode): :func:`read_parts` of
     :data:`BORDERS`, plus ``blocks`` (block indices read whole) and, with ``value_vectors``, every
@@ -237,7 +238,7 @@ def load_borders_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_rem
     return read_parts(spec, Parts.of(read, blocks), dtype, trust_remote_code)
 
 
-def load_matrices_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_remote_code: bool = False):
+def load_matrices_only(spec: str | os.PathLike = DEFAULT_MODEL, dtype=None, trust_remote_code: bool = False):
     """The embedding and LM head only (the ``matrices`` mode), read without transformers' modeling
     code when the checkpoint allows: :func:`read_parts` of ``("embedding", "head")``. ``borders``
     has ``W_E`` and ``W_U`` [V, d] (memory-mapped; one matrix when tied), ``embed_scale`` NaN, and
@@ -246,7 +247,7 @@ def load_matrices_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_re
     return read_parts(spec, Parts.of(("embedding", "head")), dtype, trust_remote_code)
 
 
-def load_head_only(spec: str | os.PathLike = "smollm2", dtype=None, trust_remote_code: bool = False):
+def load_head_only(spec: str | os.PathLike = DEFAULT_MODEL, dtype=None, trust_remote_code: bool = False):
     """The LM head and the final norm (the ``head`` mode, what ``argmax`` reads): :func:`read_parts`
     of ``("head", "final_norm")``. ``borders`` has ``W_U`` [V, d], no bias, the final norm (the
     checkpoint's tensors computed by the family's own module,

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from vocablens.errors import BadInput
+from vocablens.models.spec import DEFAULT_MODEL
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -144,7 +145,7 @@ def normal_load_dtype(config, d: Path, files: dict[str, Path]) -> torch.dtype:
     return get_state_dict_dtype(load_state_dict(first, map_location="meta"))
 
 
-def load_streaming(spec: str | os.PathLike = "smollm2", max_memory: str | int = "1GB", dtype=None,
+def load_streaming(spec: str | os.PathLike = DEFAULT_MODEL, max_memory: str | int = "1GB", dtype=None,
                    trust_remote_code: bool = False):
     """Load a model whose weights need not fit in memory: blocks beyond ``max_memory`` are streamed.
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 DEFAULT_PROMPT = "The capital of France is"
@@ -126,7 +127,7 @@ class ReportRun:
         return {s.plan.key: s.cut_short for s in self.sections if s.cut_short}
 
 
-def plan_report(model: str = "smollm2", budget_s: float = DEFAULT_BUDGET_S) -> list[SectionPlan]:
+def plan_report(model: str = DEFAULT_MODEL, budget_s: float = DEFAULT_BUDGET_S) -> list[SectionPlan]:
     """Split ``budget_s`` over the sections by their shares (:data:`SECTIONS`): the cheap sections'
     planned cost, settle's sizing budget, and the argmax scan's share before the run (at run time
     it gets what is left, :func:`argmax_share`).

@@ -18,11 +18,12 @@ from vocablens.report.sections import EXPECTED as _EXPECTED
 from vocablens.report.sections import RUNNERS as _RUNNERS
 from vocablens.report.sections import priors as _PRIORS
 from vocablens.units import plural  # noqa: F401
+from vocablens.models.spec import DEFAULT_MODEL
 
 _LAST = LAST
 
 
-def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_path: str | None = None,
+def run_report(lm, model: str = DEFAULT_MODEL, prompt: str = DEFAULT_PROMPT, lens_path: str | None = None,
                budget_s: float = DEFAULT_BUDGET_S, progress: ReportProgress | None = None,
                only: tuple[str, ...] | None = None, clock: Callable[[], float] = time.perf_counter,
                images=None) -> ReportRun:

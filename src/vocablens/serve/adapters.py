@@ -30,6 +30,7 @@ import torch
 from vocablens.errors import BadInput
 from vocablens.render.explorer import argmax_token_to_dict, health_to_dict, lens_response, undertrained_token_to_dict
 from vocablens.render.json import json_ready
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -147,7 +148,7 @@ def lenses_at(lm, path: str) -> dict:
     """
     from vocablens.handle.lens_sources import lenses_at as held
 
-    return held(path, lm.spec or "smollm2")
+    return held(path, lm.spec or DEFAULT_MODEL)
 
 
 def forward(lm, ids: torch.Tensor, inputs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:

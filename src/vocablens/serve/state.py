@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from vocablens.serve import adapters
+from vocablens.models.spec import DEFAULT_MODEL
 
 
 @dataclass
@@ -163,7 +164,7 @@ class ServerState:
             processor (``serve --image``); None: text prompts.
     """
 
-    def __init__(self, lm, model_spec: str = "smollm2", lens_path: str = "", max_tokens: int = 128,
+    def __init__(self, lm, model_spec: str = DEFAULT_MODEL, lens_path: str = "", max_tokens: int = 128,
                  argmax: bool = True, undertrained=None, argmax_report=None, argmax_end=None,
                  images: list | None = None) -> None:
         from vocablens.errors import VocabLensError
