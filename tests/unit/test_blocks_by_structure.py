@@ -167,3 +167,20 @@ def test_several_residual_streams_are_refused_saying_so():
     with pytest.raises(UnsupportedArchitecture, match=r"not one residual stream \[B, T, d\]") as e:
         find_readout(Borders.from_model(m))
     assert "\n" not in str(e.value)
+
+
+def test_an_image_on_llama4_says_its_language_model_alone_was_loaded(llama4_dir, tmp_path):
+    """Llama 4's causal-LM class loads the text model only: an image is refused naming that, never
+    'has no vision tower' of a checkpoint that holds one (the qa pass's input)."""
+    from PIL import Image
+
+    import vocablens
+    from vocablens.errors import BadInput
+
+    img = tmp_path / "img.png"
+    Image.new("RGB", (32, 32), (200, 10, 10)).save(img)
+    m = vocablens.load(str(llama4_dir))
+    with pytest.raises(BadInput) as info:
+        m.lens("hi", images=str(img))
+    msg = str(info.value)
+    assert "holds a vision tower" in msg and "language model only" in msg and "has no vision tower" not in msg

@@ -100,9 +100,13 @@ def load_processor(lm):
 
     from vocablens.models.spec import resolve_spec
 
-    if not has_vision(lm.model):
-        raise BadInput(f"{lm.provenance.spec} has no vision tower: --image needs a vision-language checkpoint")
     kind, path, hub = resolve_spec(lm.provenance.spec)
+    if not has_vision(lm.model):
+        if kind == "dir" and _checkpoint_has_vision(Path(path)):  # e.g. Llama 4: its causal-LM class is text only
+            raise BadInput(f"{lm.provenance.spec} holds a vision tower, but transformers' causal-LM class "
+                           f"({type(lm.model).__name__}) loads its language model only: images are read for "
+                           "checkpoints loaded through the image-text-to-text mapping (LLaVA-style)")
+        raise BadInput(f"{lm.provenance.spec} has no vision tower: --image needs a vision-language checkpoint")
     src = str(path) if kind == "dir" else hub
     try:
         proc = AutoProcessor.from_pretrained(src, tokenizer=lm.tokenizer, local_files_only=True)
@@ -111,6 +115,17 @@ def load_processor(lm):
     if getattr(proc, "image_processor", None) is None:
         raise BadInput(f"{lm.provenance.spec} was saved without an image processor (preprocessor_config.json)")
     return proc
+
+
+def _checkpoint_has_vision(d: Path) -> bool:
+    """Whether the ``config.json`` in ``d`` has a vision sub-config (``vision_config``)."""
+    import json
+
+    try:
+        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and isinstance(cfg.get("vision_config"), dict)
 
 
 def image_token_id(config, processor=None) -> int:
