@@ -248,6 +248,8 @@ def test_each_family_with_a_plan_equals_one_process(world, two_ranks):
                 assert h["W_U_rows"] == V // 2, h
                 assert t not in DEFAULT or t == "mixtral" or h["dense_local"] < 0.55 * h["dense_whole"], h
             assert a["readout"].startswith("checked:") and "tensor parallel over 2 ranks" in a["readout"]
+            for r in (a["refused"], b["refused"]):  # Model.argmax on a tp=True load: one line, nothing run
+                assert r["failed"].startswith("TensorParallelUnsupported: Model.argmax does not run"), r
         except AssertionError as e:
             crashed[t] = f"differs from one process: {str(e).splitlines()[0][:200]}"
             continue
