@@ -69,7 +69,7 @@ def _families() -> list[str]:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """Tiny saved models (with a random tuned lens each), a corpus, the CLI commands and the API jobs."""
-    from test_readout_families import _build
+    from tiny_families import build as _build
 
     from vocablens.lens.tuned import TunedLens
     from vocablens.models import load
