@@ -763,13 +763,12 @@ def test_the_under_trained_section_says_up_front_when_it_cannot_finish(tmp_path,
                            clock=lambda: float(next(t)) * 1e-3)
     notes = [str(w.message) for w in caught if issubclass(w.category, VocabLensNote)]
     plan = R.plan_report("tiny", budget)[R.ORDER.index("undertrained")]
-    expected = after_scan_note(plan, budget, full, lm.borders.vocab_size)
+    expected = after_scan_note(plan, budget, full)
     sr = run.get("undertrained")
     if fits:
         assert expected is None and notes == [] and "up_front" not in sr.extra
         return
-    paper = round(0.02 * lm.borders.vocab_size)
     assert notes == [expected] and sr.extra["up_front"] == expected and "\n" not in expected
-    assert f"about {full:.0f} s" in expected and "--budget" in expected and f"undertrained --model tiny -n {paper}" in expected
+    assert f"about {full:.0f} s" in expected and "--budget" in expected and "`vocablens undertrained --model tiny -n 0`" in expected
     html = next(s.html for s in report_sections(run, lm, "tiny") if s.id == "undertrained")
     assert html.startswith("<p class='note cut'>the under-trained tokens section needs about")

@@ -278,20 +278,19 @@ def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | N
     return rest
 
 
-def after_scan_note(plan: SectionPlan, budget_s: float, estimate_s: float | None, vocab_size: int) -> str | None:
+def after_scan_note(plan: SectionPlan, budget_s: float, estimate_s: float | None) -> str | None:
     """One line saying up front that :data:`AFTER_SCAN` (the under-trained tokens) cannot verify all of
-    the paper's candidates (2% of ``vocab_size``) in its planned share ``plan.budget_s`` of a
+    the paper's candidates (the lowest 2% of the indicator) in its planned share ``plan.budget_s`` of a
     ``budget_s`` report, when its whole cost ``estimate_s`` (seconds, the ETA's prior) is more; else
     None. Names the budget that fits it (its share is a fixed part of the budget) and the command
     that verifies them all."""
     if estimate_s is None or estimate_s <= plan.budget_s:
         return None
-    paper = round(0.02 * vocab_size)
     fits = math.ceil(budget_s * estimate_s / plan.budget_s / 10) * 10
-    return (f"the {plan.title} section needs about {estimate_s:.0f} s here to verify the paper's {paper:,} "
-            f"candidates, more than its {plan.budget_s:.0f} s share of the {budget_s:.0f} s budget: it verifies the "
+    return (f"the {plan.title} section needs about {estimate_s:.0f} s here to verify the paper's candidates "
+            f"(the lowest 2% of the indicator), more than its {plan.budget_s:.0f} s share of the {budget_s:.0f} s budget: it verifies the "
             f"lowest ones only (all of them if the argmax scan leaves the time unused); for the whole section "
-            f"give a budget of about {fits:.0f} s (--budget / budget_s) or run `{plan.command} -n {paper}`")
+            f"give a budget of about {fits:.0f} s (--budget / budget_s) or run `{plan.command} -n 0` (0: all of them)")
 
 
 __all__ = [

@@ -85,8 +85,7 @@ def run_report(lm, model: str = "smollm2", prompt: str = DEFAULT_PROMPT, lens_pa
     now["priors"] = _PRIORS(ctx, plans) if progress is not None or after is not None else {}
     runs = {p.key: SectionRun(p) for p in plans}
     if now["priors"].get(AFTER_SCAN) is not None:  # the under-trained tokens cannot finish in their share: said first
-        _say_up_front(runs[AFTER_SCAN], after_scan_note(after, budget_s, now["priors"][AFTER_SCAN],
-                                                        lm.borders.vocab_size))
+        _say_up_front(runs[AFTER_SCAN], after_scan_note(after, budget_s, now["priors"][AFTER_SCAN]))
     # the cheap sections, then the argmax scan, then the section after it
     for plan in sorted(plans, key=lambda p: (p.key == AFTER_SCAN) * 2 + (p.key == _LAST)):
         run = runs[plan.key]
