@@ -74,9 +74,10 @@ def _guarded(name: str, fn):
 def guard_tensor_parallel(cls, base):
     """Every public method ``cls`` gets from its workflow classes (all but those of ``base`` and its
     bases: the loaded model's own text-to-ids helpers, which read no weights) checked by
-    :func:`tp_refusal` on entry. Returns ``cls``."""
+    :func:`tp_refusal` on entry; the supported ones wrapped too, so what they call inside runs
+    unchecked (``translator`` measures a lens's quality through the split head). Returns ``cls``."""
     for name in dir(cls):
-        if name.startswith("_") or name in TENSOR_PARALLEL - {"lens", "score", "generate", "eval_lens"}:
+        if name.startswith("_"):
             continue
         owner = next(c for c in cls.__mro__ if name in c.__dict__)
         fn = owner.__dict__[name]
