@@ -769,6 +769,6 @@ def test_the_under_trained_section_says_up_front_when_it_cannot_finish(tmp_path,
         assert expected is None and notes == [] and "up_front" not in sr.extra
         return
     assert notes == [expected] and sr.extra["up_front"] == expected and "\n" not in expected
-    assert f"about {full:.0f} s" in expected and "--budget" in expected and "`vocablens undertrained --model tiny -n 0`" in expected
+    assert f"about {full:.2g} s here" in expected and "--budget" in expected and "`vocablens undertrained --model tiny -n 0`" in expected
     html = next(s.html for s in report_sections(run, lm, "tiny") if s.id == "undertrained")
     assert html.startswith("<p class='note cut'>the under-trained tokens section needs about")

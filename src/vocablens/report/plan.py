@@ -287,10 +287,14 @@ def after_scan_note(plan: SectionPlan, budget_s: float, estimate_s: float | None
     if estimate_s is None or estimate_s <= plan.budget_s:
         return None
     fits = math.ceil(budget_s * estimate_s / plan.budget_s / 10) * 10
-    return (f"the {plan.title} section needs about {estimate_s:.0f} s here to verify the paper's candidates "
-            f"(the lowest 2% of the indicator), more than its {plan.budget_s:.0f} s share of the {budget_s:.0f} s budget: it verifies the "
-            f"lowest ones only (all of them if the argmax scan leaves the time unused); for the whole section "
-            f"give a budget of about {fits:.0f} s (--budget / budget_s) or run `{plan.command} -n 0` (0: all of them)")
+
+    def s(x: float) -> str:
+        return f"{x:.0f} s" if x >= 10 else f"{x:.2g} s"
+
+    return (f"the {plan.title} section needs about {s(estimate_s)} here to verify the paper's candidates "
+            f"(the lowest 2% of the indicator), more than its {s(plan.budget_s)} share of the {s(budget_s)} budget: it "
+            f"verifies the lowest ones only (all of them if the argmax scan leaves the time unused); for the whole "
+            f"section give a budget of about {fits:.0f} s (--budget / budget_s) or run `{plan.command} -n 0` (0: all of them)")
 
 
 __all__ = [
