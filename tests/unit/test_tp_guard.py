@@ -61,15 +61,12 @@ def test_the_guard_decides_by_the_head(models):
         assert (why is None) == (name in TENSOR_PARALLEL), (name, why)
         if why:
             assert "\n" not in why and f"Model.{name} " in why and "tp=True" in why
-    assert tp_refusal(tp, "lens", {"kind": "tuned"}) is None
-    assert "jacobian" in tp_refusal(tp, "lens", {"kind": ["logit", "jacobian"]})
-    assert tp_refusal(plain, "lens", {"kind": "jacobian"}) is None
 
 
 @pytest.mark.parametrize("call", [
     lambda m: m.explain("a b c"), lambda m: m.argmax(), lambda m: m.neighbors(" a"),
     lambda m: m.undertrained_within(5.0), lambda m: m.anatomy(), lambda m: m.trim(10),
-    lambda m: m.lens("a b c", "jacobian"), lambda m: m.lens("a b c", kind="jacobian"),
+    lambda m: m.trajectory("a b c", " a"), lambda m: m.compare_lenses(),
 ])
 def test_unsupported_calls_refuse_before_running(models, call, monkeypatch):
     _, tp = models

@@ -4,7 +4,7 @@ that refuses the others.
 ``vocablens.load(spec, tp=True)`` under torchrun splits every block and the head over the ranks
 (:mod:`vocablens.models.tensor_parallel`). Only the workflows in :data:`TENSOR_PARALLEL` read the
 split head vocab-parallel (the CLI's ``--tp`` commands: lens, lens eval, score, generate, with the
-logit and tuned lenses); every other public workflow would read DTensor weights as whole matrices or
+lens kinds the CLI reads); every other public workflow would read DTensor weights as whole matrices or
 run replicated on every rank. :func:`guard_tensor_parallel` wraps each public method of the workflow
 classes once: on a tensor-parallel model an unsupported one raises
 :class:`~vocablens.errors.TensorParallelUnsupported` (one line, CLI exit 2) before it runs. A call made
@@ -26,15 +26,14 @@ TENSOR_PARALLEL = frozenset({
     "lens", "score", "generate", "eval_lens",  # the workflows (``vocablens lens/lens eval/score/generate --tp``)
     "load_lens", "tuned_lens", "translator", "add_lens", "stop_ids", "single_token", "token_id", "of",
 })
-#: lens kinds the tensor-parallel ``lens`` reads
-TP_KINDS = frozenset({"logit", "tuned", "both"})
 
 _inside = contextvars.ContextVar("vocablens_tp_workflow", default=False)
 
 
-def tp_refusal(model, name: str, kwargs: dict | None = None) -> str | None:
-    """Why ``model``'s method ``name`` (called with ``kwargs``) cannot run, in one line, or None: it
-    runs (``model`` is not tensor-parallel, or the call is one :data:`TENSOR_PARALLEL` supports)."""
+def tp_refusal(model, name: str) -> str | None:
+    """Why ``model``'s method ``name`` cannot run, in one line, or None: it runs (``model`` is not
+    tensor-parallel, or :data:`TENSOR_PARALLEL` holds it; ``lens`` reads every kind, as ``vocablens
+    lens --tp``: a tuned or Jacobian lens maps the whole stream, then reads through the split head)."""
     borders = getattr(model, "borders", None)
     if borders is None or not is_tensor_parallel(borders):
         return None
@@ -42,24 +41,17 @@ def tp_refusal(model, name: str, kwargs: dict | None = None) -> str | None:
         return (f"Model.{name} does not run on a model loaded tensor-parallel (tp=True): it reads the whole "
                 "matrices or runs through the model in one process; tensor-parallel workflows: lens, score, "
                 "generate, eval_lens (load the model without tp=True for the others)")
-    kind = (kwargs or {}).get("kind", "logit") if name == "lens" else "logit"
-    kinds = [kind] if isinstance(kind, str) else list(kind)
-    if any(k not in TP_KINDS for k in kinds):
-        return (f"Model.lens reads the logit and tuned lenses tensor-parallel (tp=True), not {kinds}; "
-                "load the model without tp=True for the other kinds")
     return None
 
 
 def _guarded(name: str, fn):
     """``fn`` refusing to run, as :func:`tp_refusal` says, when called from outside a workflow."""
 
-    sig = inspect.signature(fn)
-
     @functools.wraps(fn)
     def method(self, *args, **kwargs):
         if _inside.get():
             return fn(self, *args, **kwargs)
-        why = tp_refusal(self, name, sig.bind_partial(self, *args, **kwargs).arguments if name == "lens" else None)
+        why = tp_refusal(self, name)
         if why:
             raise TensorParallelUnsupported(why)
         token = _inside.set(True)
@@ -75,7 +67,7 @@ def guard_tensor_parallel(cls, base):
     """Every public method ``cls`` gets from its workflow classes (all but those of ``base`` and its
     bases: the loaded model's own text-to-ids helpers, which read no weights) checked by
     :func:`tp_refusal` on entry; the supported ones wrapped too, so what they call inside runs
-    unchecked (``translator`` measures a lens's quality through the split head). Returns ``cls``."""
+    unchecked (a workflow's own helpers are not checked again). Returns ``cls``."""
     for name in dir(cls):
         if name.startswith("_"):
             continue
@@ -87,4 +79,4 @@ def guard_tensor_parallel(cls, base):
     return cls
 
 
-__all__ = ["TENSOR_PARALLEL", "TP_KINDS", "guard_tensor_parallel", "tp_refusal"]
+__all__ = ["TENSOR_PARALLEL", "guard_tensor_parallel", "tp_refusal"]
