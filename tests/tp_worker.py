@@ -4,7 +4,8 @@ in one torchrun process group (gloo).
 Run as ``python -m torch.distributed.run --nproc-per-node 2 tests/tp_worker.py JOBS.json OUTDIR``.
 JOBS.json = ``{"cli": [argv, ...], "models": {name: {"dir": D, "lens": L}}, "prompt": ids}``.
 Each rank runs every CLI argv through ``run_app`` (stdout captured), then loads every model with
-``vocablens.load(D, tp=True)`` and reads the lens, score, generation and lens evaluation (:func:`reads`); it writes ``OUTDIR/rank<r>.json`` = ``{"cli": [[code, stdout], ...], "models": {name: {...}}}``,
+``vocablens.load(D, tp=True)`` and reads the lens, score, generation and lens evaluation (:func:`reads`), and calls one workflow
+that does not run split (``argmax``: refused); it writes ``OUTDIR/rank<r>.json`` = ``{"cli": [[code, stdout], ...], "models": {name: {...}}}``,
 a model's entry being its results' JSON and what the rank holds, or ``{"error": line}``.
 """
 
@@ -78,7 +79,8 @@ def run_model(spec: dict, prompt: list[int]) -> dict:
     """:func:`reads` of one model loaded with tp=True, and what this rank holds; or ``{"error": line}``."""
     try:
         m = vocablens.load(spec["dir"], tp=True)
-        return {**reads(m, spec, prompt), "held": _held(m), "readout": m.provenance.readout}
+        refused = _tried(lambda: m.argmax())  # a workflow that does not run split: refused before it runs
+        return {**reads(m, spec, prompt), "held": _held(m), "readout": m.provenance.readout, "refused": refused}
     except VocabLensError as e:  # a refusal: one line, the same on every rank
         return {"error": str(e)}
     except Exception as e:  # noqa: BLE001  (a failure the library should have refused: the test fails on it)

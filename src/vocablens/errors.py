@@ -91,6 +91,11 @@ class UnsupportedQuantization(VocabLensError):
     read as numbers, or an edit that would write into quantized weights."""
 
 
+class TensorParallelUnsupported(VocabLensError):
+    """A workflow called on a model loaded tensor-parallel (``vocablens.load(spec, tp=True)``) that does
+    not run split over the ranks (it would read DTensor weights as whole ones, or run replicated)."""
+
+
 class VocabLensNote(UserWarning):
     """Not an error: something the user should know about their input (the CLI prints it on stderr
     as one ``note:`` line; Python shows it as a warning)."""

@@ -181,7 +181,9 @@ def _figures(d):
 
 def test_cli_with_tp_prints_the_one_process_results(world, two_ranks, capsys):
     """lens, lens eval, score and generate with --tp: rank 0 prints what one process prints without
-    --tp (floats within TOL, every id equal); rank 1 prints nothing."""
+    --tp (floats within TOL, every id equal); rank 1 prints nothing. A lens's quality figures are not
+    measured tensor-parallel (the measurement reads the whole head): the one process measures none
+    either (``no_first_use_quality``)."""
     n = len(world["cli"])
     assert all(code == 0 and out == "" for code, out in two_ranks[1]["cli"][:n])
     for argv, (code, got) in zip(world["cli"], two_ranks[0]["cli"][:n]):
@@ -257,6 +259,8 @@ def test_each_family_with_a_plan_equals_one_process(world, two_ranks):
                 assert h["W_U_rows"] == V // 2, h
                 assert t not in DEFAULT or t == "mixtral" or h["dense_local"] < 0.55 * h["dense_whole"], h
             assert a["readout"].startswith("checked:") and "tensor parallel over 2 ranks" in a["readout"]
+            for r in (a["refused"], b["refused"]):  # Model.argmax on a tp=True load: one line, nothing run
+                assert r["failed"].startswith("TensorParallelUnsupported: Model.argmax does not run"), r
         except AssertionError as e:
             crashed[t] = f"differs from one process: {str(e).splitlines()[0][:200]}"
             continue

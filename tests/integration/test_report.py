@@ -734,3 +734,41 @@ def test_the_under_trained_estimate_counts_what_runs_whatever_its_budget():
     # 20 s into it, a quarter of its first batch reported: still the floor's rest, not the deadline's 0
     assert eta_s(plans, done, AFTER_SCAN, 20.0, elapsed + 20.0, 150, deadline_s=elapsed + 9.0,
                  section_fraction=0.02, **args) == pytest.approx(14.3 * rate - 20.0)
+
+
+@pytest.mark.parametrize("fits", [False, True])
+def test_the_under_trained_section_says_up_front_when_it_cannot_finish(tmp_path, fits):
+    """When the section's whole cost (the ETA's prior for it) is more than its share of the budget, the
+    report says so before any section runs (a VocabLensNote: stderr from the CLI), naming the budget
+    that fits it and the command that verifies every candidate, and the page's section opens with it."""
+    import warnings
+
+    import vocablens.report.runner as R
+    from tiny_dirs import save_tiny, tiny_tokenizer
+    from vocablens.errors import VocabLensNote
+    from vocablens.handle import Model
+    from vocablens.models.loader import load
+    from vocablens.render.report import report_sections
+    from vocablens.report.plan import after_scan_note
+    from vocablens.report.sections import priors
+
+    lm = Model.of(load(str(save_tiny(tmp_path / "m", tiny_tokenizer()))))
+    full = priors({"borders": lm.borders}, R.plan_report())["undertrained"]
+    share = R.SECTIONS["undertrained"][1] / sum(R.SECTIONS[k][1] for k in R.ORDER)
+    budget = full / share * (2.0 if fits else 0.5)                # the section's share: twice / half its cost
+    t = iter(range(10_000))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = R.run_report(lm, model="tiny", budget_s=budget, only=("undertrained",),
+                           clock=lambda: float(next(t)) * 1e-3)
+    notes = [str(w.message) for w in caught if issubclass(w.category, VocabLensNote)]
+    plan = R.plan_report("tiny", budget)[R.ORDER.index("undertrained")]
+    expected = after_scan_note(plan, budget, full)
+    sr = run.get("undertrained")
+    if fits:
+        assert expected is None and notes == [] and "up_front" not in sr.extra
+        return
+    assert notes == [expected] and sr.extra["up_front"] == expected and "\n" not in expected
+    assert f"about {full:.2g} s here" in expected and "--budget" in expected and "`vocablens undertrained --model tiny -n 0`" in expected
+    html = next(s.html for s in report_sections(run, lm, "tiny") if s.id == "undertrained")
+    assert html.startswith("<p class='note cut'>the under-trained tokens section needs about")

@@ -60,16 +60,16 @@ class LensQuality:
         """Give a tuned or Jacobian lens that carries no quality figures its figures on first use: measured
         on :data:`FIRST_USE_TOKENS` held-out tokens of the first of :data:`FIRST_USE_CORPORA` that is here,
         cached on disk (keyed by the lens, the model's head and the text), so later reads cost nothing.
-        ``VOCABLENS_LENS_QUALITY=0`` turns this off; a tensor-parallel model measures none (the lens
-        is read, its caption says its figures are not there)."""
+        ``VOCABLENS_LENS_QUALITY=0`` turns this off; on a model loaded tensor-parallel it is skipped (the
+        measurement reads the whole head in one process)."""
+        from vocablens.models.tensor_parallel import is_tensor_parallel
+
         settings = getattr(lens, "settings", None)
         if kind not in ("tuned", "jacobian") or not isinstance(settings, dict) or settings.get("quality"):
             return
-        if os.environ.get("VOCABLENS_LENS_QUALITY", "1") == "0":
+        if is_tensor_parallel(self.borders):
             return
-        from vocablens.models.tensor_parallel import is_tensor_parallel
-
-        if is_tensor_parallel(self.borders):  # the figures are read on one process's whole head
+        if os.environ.get("VOCABLENS_LENS_QUALITY", "1") == "0":
             return
         from vocablens.corpus import NAMED_CORPORA
         from pathlib import Path

@@ -36,6 +36,7 @@ from vocablens.handle.lenses import LensWorkflows
 from vocablens.handle.matrices import MatrixWorkflows
 from vocablens.handle.scoring import ScoringWorkflows
 from vocablens.handle.surgery import SurgeryWorkflows
+from vocablens.handle.tp_guard import guard_tensor_parallel
 from vocablens.handle.trajectories import TrajectoryWorkflows
 from vocablens.models.loaded_model import LoadedModel
 
@@ -322,6 +323,8 @@ class Model(ScoringWorkflows, SurgeryWorkflows, LensTraining, LensQuality, LensD
         return (f"vocablens.Model({self.provenance.describe()}; V={b.vocab_size:,}, d={b.d_emb}, "
                 f"{b.n_layers} layers, {'tied' if b.tied else 'untied'} head)")
 
+
+guard_tensor_parallel(Model, LoadedModel)  # tp=True: the workflows that do not run split refuse in one line
 
 Any  # noqa: B018  (typing name kept for the docs' signatures)
 __all__ = ["Model"]

@@ -108,6 +108,8 @@ def report_sections(run, lm, model: str) -> list[Section]:
             from vocablens.render.undertrained_report import undertrained_section, verdicts_of
 
             sec = undertrained_section(res, tok, verdicts_of(run.result("argmax"), borders.vocab_size))
+            if sr.extra.get("up_front"):  # said before the section ran: it cannot finish in its share
+                sec = Section(sec.id, sec.title, f"<p class='note cut'>{_prose(sr.extra['up_front'])}.</p>" + sec.html)
         elif key == "value_vectors":
             sec = rv.value_vectors_report_section(sr.extra["searches"], res, sr.extra["interp"], tok)
         elif key == "explain":

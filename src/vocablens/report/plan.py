@@ -279,8 +279,27 @@ def eta_s(plans: list[SectionPlan], finished: dict[str, float], current: str | N
     return rest
 
 
+def after_scan_note(plan: SectionPlan, budget_s: float, estimate_s: float | None) -> str | None:
+    """One line saying up front that :data:`AFTER_SCAN` (the under-trained tokens) cannot verify all of
+    the paper's candidates (the lowest 2% of the indicator) in its planned share ``plan.budget_s`` of a
+    ``budget_s`` report, when its whole cost ``estimate_s`` (seconds, the ETA's prior) is more; else
+    None. Names the budget that fits it (its share is a fixed part of the budget) and the command
+    that verifies them all."""
+    if estimate_s is None or estimate_s <= plan.budget_s:
+        return None
+    fits = math.ceil(budget_s * estimate_s / plan.budget_s / 10) * 10
+
+    def s(x: float) -> str:
+        return f"{x:.0f} s" if x >= 10 else f"{x:.2g} s"
+
+    return (f"the {plan.title} section needs about {s(estimate_s)} here to verify the paper's candidates "
+            f"(the lowest 2% of the indicator), more than its {s(plan.budget_s)} share of the {s(budget_s)} budget: it "
+            f"verifies the lowest ones only (all of them if the argmax scan leaves the time unused); for the whole "
+            f"section give a budget of about {fits:.0f} s (--budget / budget_s) or run `{plan.command} -n 0` (0: all of them)")
+
+
 __all__ = [
-    "DEFAULT_PROMPT", "DEFAULT_BUDGET_S", "ASSUMED_FLOPS_PER_S", "ARGMAX_MIN_SHARE", "NEIGHBOR_TOKENS",
+    "after_scan_note", "DEFAULT_PROMPT", "DEFAULT_BUDGET_S", "ASSUMED_FLOPS_PER_S", "ARGMAX_MIN_SHARE", "NEIGHBOR_TOKENS",
     "PROBE_TOKENS", "SECTIONS", "ORDER", "LAST", "SectionPlan", "SectionRun", "ReportRun", "plan_report",
     "settle_tokens", "eta_s", "argmax_share", "AFTER_SCAN", "after_scan_share", "measured_ratio", "REFERENCE_S",
     "REFERENCE_FLOPS_PER_S", "REFERENCE_TOKEN_FLOPS", "PRIOR_WEIGHT_S",

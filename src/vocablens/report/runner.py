@@ -12,7 +12,7 @@ from vocablens.report.plan import (  # noqa: F401  (re-exported: the runner's na
     AFTER_SCAN, ARGMAX_MIN_SHARE, ASSUMED_FLOPS_PER_S, DEFAULT_BUDGET_S, DEFAULT_PROMPT, LAST, NEIGHBOR_TOKENS, ORDER,
     PRIOR_WEIGHT_S, PROBE_TOKENS, REFERENCE_S, SECTIONS, SETTLE_MAX_TOKENS, SETTLE_SEQ_LEN, ReportProgress, ReportRun,
     SectionPlan, SectionRun,
-    after_scan_share, argmax_share, eta_s, plan_report, settle_tokens,
+    after_scan_note, after_scan_share, argmax_share, eta_s, plan_report, settle_tokens,
 )
 from vocablens.report.sections import EXPECTED as _EXPECTED
 from vocablens.report.sections import RUNNERS as _RUNNERS
@@ -83,8 +83,10 @@ def run_report(lm, model: str = DEFAULT_MODEL, prompt: str = DEFAULT_PROMPT, len
     scans = progress is not None and any(p.key == _LAST for p in plans)
     now["expected"] = _EXPECTED[_LAST](ctx) if scans else None
     # each section's reference seconds: the ETA scales them by the ratio measured on this run
-    now["priors"] = _PRIORS(ctx, plans) if progress is not None else {}
+    now["priors"] = _PRIORS(ctx, plans) if progress is not None or after is not None else {}
     runs = {p.key: SectionRun(p) for p in plans}
+    if now["priors"].get(AFTER_SCAN) is not None:  # the under-trained tokens cannot finish in their share: said first
+        _say_up_front(runs[AFTER_SCAN], after_scan_note(after, budget_s, now["priors"][AFTER_SCAN]))
     # the cheap sections, then the argmax scan, then the section after it
     for plan in sorted(plans, key=lambda p: (p.key == AFTER_SCAN) * 2 + (p.key == _LAST)):
         run = runs[plan.key]
@@ -122,6 +124,18 @@ def _checked_plans(lm, model: str, prompt: str, budget_s: float, only) -> list[S
             raise BadInput(f"unknown report section {unknown[0]!r}; sections are {', '.join(ORDER)}")
         plans = [p for p in plans if p.key in only]
     return plans
+
+
+def _say_up_front(run: SectionRun, note: str | None) -> None:
+    """``note`` kept for the section's caption (``run.extra["up_front"]``) and shown now (stderr from
+    the CLI: a :class:`~vocablens.errors.VocabLensNote`)."""
+    if note:
+        import warnings
+
+        from vocablens.errors import VocabLensNote
+
+        run.extra["up_front"] = note
+        warnings.warn(note, VocabLensNote, stacklevel=3)
 
 
 def _budgeted(plan: SectionPlan, budget_s: float, elapsed_s: float, after: SectionPlan | None) -> SectionPlan:
