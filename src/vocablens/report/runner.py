@@ -85,8 +85,7 @@ def run_report(lm, model: str = DEFAULT_MODEL, prompt: str = DEFAULT_PROMPT, len
     # each section's reference seconds: the ETA scales them by the ratio measured on this run
     now["priors"] = _PRIORS(ctx, plans) if progress is not None or after is not None else {}
     runs = {p.key: SectionRun(p) for p in plans}
-    # said first: the under-trained tokens cannot finish in their share (when that section is run)
-    if after is not None and now["priors"].get(AFTER_SCAN) is not None:
+    if after is not None and now["priors"].get(AFTER_SCAN) is not None:  # said first: cannot finish in its share
         _say_up_front(runs[AFTER_SCAN], after_scan_note(after, budget_s, now["priors"][AFTER_SCAN]))
     # the cheap sections, then the argmax scan, then the section after it
     for plan in sorted(plans, key=lambda p: (p.key == AFTER_SCAN) * 2 + (p.key == _LAST)):
