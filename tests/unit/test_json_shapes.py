@@ -98,6 +98,9 @@ def tiny(tmp_path_factory):
                     "--steps", "1", *TRAIN, "-m", str(a), "--json"]) == 0
     assert run_app(["lens", "fit-jacobian", "--corpus", str(corpus), "--out", str(root / "lens0"), *JFIT,  # beside it
                     "--max-tokens", "16", "-m", str(a), "--json"]) == 0
+    for i in (1, 2):  # two shards of one fit, for lens merge
+        assert run_app(["lens", "fit-jacobian", "--corpus", str(corpus), "--out", str(root / f"shard{i}"), *JFIT,
+                        "--max-tokens", "16", "--shard", f"{i}/2", "-m", str(a), "--json"]) == 0
     return {"A": str(a), "B": str(b), "corpus": str(corpus), "root": root}
 
 
@@ -130,6 +133,10 @@ CASES = {
     "lens backward": ([" the", "--target", " is", "-m", "{A}"], [LONG, "--target", " is", "-k", "3", "-m", "{A}"]),
     "lens fit-jacobian": (["--corpus", "{corpus}", "--out", "{root}/j1", "--max-tokens", "8", *JFIT, "-m", "{A}"],
                           ["--corpus", "{corpus}", "--out", "{root}/j2", "--max-tokens", "24", *JFIT, "-m", "{A}"]),
+    "lens decompose": ([" the", "--layer", "1", "-k", "1", "--lens", "{root}/lens0", "-m", "{A}"],
+                       [LONG, "--layer", "1", "-k", "3", "--lens", "{root}/lens0", "-m", "{A}"]),
+    "lens merge": (["{root}/shard1", "{root}/shard2", "--out", "{root}/merged1"],
+                   ["{root}/shard1", "{root}/shard2", "--out", "{root}/merged2", "--save-dtype", "float32"]),
     "align": (["{A}", "{B}", "--blocks-a", "0", "--blocks-b", "0", "--top", "1"], ["{A}", "{B}", "--top", "5"]),
     "steer": (["--promote", " the", "--top-n", "1", "--new-tokens", "1", "--prompt", " the", "-m", "{A}"],
               ["--promote", " the", "--promote", " is", "--suppress", " a", "--new-tokens", "3", "--prompt", LONG, "-m", "{A}"]),

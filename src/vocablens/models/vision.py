@@ -109,7 +109,8 @@ def load_processor(lm):
         raise BadInput(f"{lm.provenance.spec} has no vision tower: --image needs a vision-language checkpoint")
     src = str(path) if kind == "dir" else hub
     try:
-        proc = AutoProcessor.from_pretrained(src, tokenizer=lm.tokenizer, local_files_only=True)
+        proc = AutoProcessor.from_pretrained(src, tokenizer=lm.tokenizer, local_files_only=True,
+                                             trust_remote_code=False)  # a processor's own code: never run
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise BadInput(f"cannot read the processor saved with {lm.provenance.spec}: {str(e).splitlines()[0][:160]}") from None
     if getattr(proc, "image_processor", None) is None:
