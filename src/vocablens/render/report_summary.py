@@ -59,8 +59,8 @@ def _argmax_line(d: dict) -> str | None:
     line = f"argmax: {c['unargmaxable']} of {am['vocab_size']} tokens can never be the top prediction"
     if c.get("duplicate"):
         line += f", {c['duplicate']} duplicate rows"
-    if c.get("undecided"):
-        line += f", {c['undecided']} undecided in the budget"
+    if c.get("undecided"):  # a count proved so far, not a finding about the rest
+        line += f" (proved within the budget; {c['undecided']} undecided, not counted)"
     return line
 
 
