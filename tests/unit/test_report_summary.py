@@ -45,3 +45,17 @@ def test_leads_from_is_the_first_layer_of_the_last_unbroken_run():
     assert _leads_from(lens([3, 0, 1, 0, 0])) == 3  # top-1 at layer 1, lost at 2, held from 3 on
     assert _leads_from(lens([0, 0, 0])) == 0
     assert _leads_from(lens([2, 1, 1])) is None
+
+
+def test_an_argmax_count_with_undecided_rows_says_it_is_what_was_proved(tmp_path):
+    """The qa pass's input: '0 of 49152 tokens can never be the top prediction ... 49137 undecided' read
+    as a finding; with undecided rows the count says it is what the budget proved, the rest not counted."""
+    from vocablens.render.report_summary import summary_lines
+
+    d = {"model": {"name": "m"}, "out": str(tmp_path / "r.html"),
+         "argmax": {"vocab_size": 49152, "counts": {"unargmaxable": 0, "undecided": 49137}}}
+    line = next(ln for ln in summary_lines(d) if ln.startswith("  argmax: "))
+    assert "0 of 49152" in line and "proved within the budget; 49137 undecided, not counted" in line
+    d["argmax"]["counts"] = {"unargmaxable": 3, "undecided": 0}
+    line = next(ln for ln in summary_lines(d) if ln.startswith("  argmax: "))
+    assert "undecided" not in line and "3 of 49152 tokens can never be the top prediction" in line
