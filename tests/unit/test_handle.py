@@ -135,8 +135,8 @@ def test_loading_leaves_transformers_logging_as_it_found_it(tmp_path):
 def test_expand_returns_a_new_verified_model_and_save_writes_it(m, tmp_path):
     new = m.expand([" zebra"], eval_text="the cat sat on the mat and the dog ran far away " * 4)
     assert new is not m and new.borders.vocab_size >= m.borders.vocab_size + 1
-    (tid,), note = new.token_ids(" zebra")
-    assert note is None and tid >= m.borders.real_vocab_size      # one new token
+    tid = new.token_id(" zebra")                                   # one token, else TokenNotInVocabulary
+    assert tid >= m.borders.real_vocab_size                        # a new one
     rec = new.surgery.to_json()
     assert rec["out"] is None and [t["token"] for t in rec["indicator"]["new_tokens"]] == [" zebra"]
     (row,) = new.surgery.to_pandas().to_dict("records")  # a row per added token

@@ -160,7 +160,7 @@ def test_fit_jacobian_lens_is_lens_fit_jacobian(m, dirs, capsys, tmp_path):
     from safetensors.torch import load_file
 
     from vocablens.errors import BadInput
-    from vocablens.handle.lens_compare import check_fit_options
+    from vocablens.handle.lenses.training import check_fit_options
 
     a, corpus, _ = dirs
     fit = ["--corpus", corpus, "--seq-len", "8", "--skip-first", "2", "--dim-batch", "16", "--max-tokens", "16"]

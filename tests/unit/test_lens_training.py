@@ -180,7 +180,8 @@ def test_the_lens_held_scores_as_its_file(m, tiny):
 
 
 def test_bad_options_are_one_line_before_any_work(m, tiny):
-    from vocablens.handle.lens_training import check_train_options, lens_eval_inputs
+    from vocablens.handle.lenses.training import check_train_options
+    from vocablens.handle.lenses.evaluation import lens_eval_inputs
 
     with pytest.raises(BadInput, match="`split` must be validation, train or all"):
         m.eval_lens(split="bogus")

@@ -13,7 +13,7 @@ import vocablens.cli  # noqa: F401  (registers the commands)
 from vocablens.cli.common import run_app
 from vocablens.errors import BadInput
 from vocablens.handle import checks
-from vocablens.handle.lens_compare import check_scoring_options
+from vocablens.handle.lenses.evaluation import check_scoring_options
 
 HANDLE = Path(__file__).resolve().parents[2] / "src" / "vocablens" / "handle"
 #: a CLI option in a message: --top-k, --max-new-tokens, or a one-letter -k (not a range such as 0..-1)

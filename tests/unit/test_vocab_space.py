@@ -747,8 +747,8 @@ def test_tuned_lens_wiring(smollm2):
 
 
 @pytest.mark.slow
-def test_single_token_helper(smollm2):
+def test_token_id_is_the_one_way_to_a_token(smollm2):
     tok = smollm2.tokenizer
-    assert tok.decode([smollm2.single_token(" Paris")]) == " Paris"
+    assert tok.decode([smollm2.token_id(" Paris")]) == " Paris"
     with pytest.raises(TokenNotInVocabulary, match="is 6 tokens"):
-        smollm2.single_token(" Ouagadougou")
+        smollm2.token_id(" Ouagadougou")

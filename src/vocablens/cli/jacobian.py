@@ -45,7 +45,7 @@ def lens_fit_jacobian(
     from vocablens.cli.common import parse_int_list
     from vocablens.cli.lenses import set_threads
     from vocablens.corpus import load_documents
-    from vocablens.handle.lens_compare import check_fit_options
+    from vocablens.handle.lenses.training import check_fit_options
     from vocablens.lens.jacobian_fit import JacobianFitSettings
     from vocablens.lens.jacobian_merge import parse_shard
     from vocablens.parallel.processes import init_from_env
@@ -91,7 +91,7 @@ def lens_merge(
     their prompts); shards of different fits (model, dtype, layers, estimator, skip_first, corpus
     manifest) are refused. The merged lens's quality is measured on its first use (cached)."""
     from vocablens.cli.common import emit_json
-    from vocablens.handle.lens_sources import merge_shards
+    from vocablens.handle.lenses.sources import merge_shards
 
     rec = merge_shards(shards, out_dir, save_dtype, force)
     if json_:

@@ -33,12 +33,12 @@ def parse_kinds(kind: str) -> list[str]:
 
 
 def find_lenses(kinds: list[str], model: str, lens_path: str) -> dict[str, Path]:
-    """Where each non-logit kind's lens is, before the model loads (:func:`vocablens.handle.lens_sources.find_lenses`).
+    """Where each non-logit kind's lens is, before the model loads (:func:`vocablens.handle.lenses.sources.find_lenses`).
 
     Raises:
         BadInput: ``--lens`` with only the logit lens, or no lens of a kind asked for.
     """
-    from vocablens.handle.lens_sources import find_lenses as find
+    from vocablens.handle.lenses.sources import find_lenses as find
 
     return find(kinds, model, lens_path)
 
@@ -79,7 +79,7 @@ def eval_kinds(kinds: list[str], model: str, lens_path: str, corpus: str, split:
     """``lens eval --kind K1,K2,...``: every lens on the same held-out tokens, one table and one figure
     (:meth:`vocablens.Model.compare_lenses`)."""
     from vocablens.cli.progress import stage_progress
-    from vocablens.handle.lens_compare import compare_inputs
+    from vocablens.handle.lenses.evaluation import compare_inputs
     from vocablens.render.shown import print_result, to_json
 
     check_eval_options(max_tokens, seq_len, split, plot, force)

@@ -63,7 +63,7 @@ def lens_train(
 ) -> None:
     """Train a tuned lens (Belrose et al. 2023) on a frozen model; checkpoints go to --out."""
     from vocablens.corpus import load_documents
-    from vocablens.handle.lens_training import check_train_options
+    from vocablens.handle.lenses.training import check_train_options
     from vocablens.lens.train import TrainSettings
 
     settings = TrainSettings(steps=steps, tokens_per_step=tokens_per_step, seq_len=seq_len, lr=lr,
@@ -194,7 +194,7 @@ def lens_eval(
                           progress, json_, trust_remote_code, device)
     from vocablens.cli.lenses import lens_caption
     from vocablens.cli.progress import stage_progress
-    from vocablens.handle.lens_training import lens_eval_inputs
+    from vocablens.handle.lenses.evaluation import lens_eval_inputs
     from vocablens.parallel.processes import init_from_env
     from vocablens.render.shown import print_result, to_json
 

@@ -1,19 +1,20 @@
 """Corpora as token rows for :class:`vocablens.Model`: a split packed into rows [N, seq_len] with EOS
 between documents (lens training and evaluation, the Jacobian lens's fit, ``settle``, the bottleneck),
 named by corpus name and content hash, never by a local path. One split packing serves every lens
-scored on a corpus (:meth:`CorpusWorkflows.eval_rows`: ``lens eval``, with ``--split all`` too)."""
+scored on a corpus (:meth:`CorpusRows.eval_rows`: ``lens eval``, with ``--split all`` too)."""
 
 from __future__ import annotations
 
 import torch
 
 from vocablens.errors import BadInput
+from vocablens.handle.protocols import NeedsPacking
 
 
-class CorpusWorkflows:
-    """Mixed into :class:`~vocablens.handle.Model` (which provides :meth:`pack`)."""
+class CorpusRows:
+    """Mixed into :class:`~vocablens.handle.Model` (what it needs: :class:`~vocablens.handle.protocols.NeedsPacking`)."""
 
-    def corpus_rows(self, corpus: str, split: str, seq_len: int, max_tokens: int | None = None,
+    def corpus_rows(self: NeedsPacking, corpus: str, split: str, seq_len: int, max_tokens: int | None = None,
                     val_fraction: float = 0.1, split_seed: int = 0, shuffle_seed: int | None = None, docs=None,
                     shrink: bool = False):
         """One split of a corpus packed into rows [N, seq_len] int64 with EOS between documents; returns
@@ -40,7 +41,7 @@ class CorpusWorkflows:
                       "val_fraction": val_fraction, "split_seed": split_seed, "documents": len(part),
                       "tokens": int(rows.numel()), "seq_len": int(rows.shape[1])}
 
-    def eval_rows(self, corpus: str, split: str, seq_len: int, max_tokens: int, val_fraction: float = 0.1,
+    def eval_rows(self: NeedsPacking, corpus: str, split: str, seq_len: int, max_tokens: int, val_fraction: float = 0.1,
                   split_seed: int = 0, docs=None):
         """The rows a lens is scored on (``lens eval``): at most ``max_tokens`` tokens [N, T] int64 of one
         split, T = ``seq_len`` or the longest run the text allows (``shrink``); ``all`` packs every
@@ -62,7 +63,7 @@ class CorpusWorkflows:
                                           shrink=True)
         return rows[: max(1, max_tokens // rows.shape[1])], info
 
-    def first_rows(self, corpus: str, seq_len: int, max_tokens: int) -> torch.Tensor:
+    def first_rows(self: NeedsPacking, corpus: str, seq_len: int, max_tokens: int) -> torch.Tensor:
         """Token rows [N, seq_len] from the first documents of a corpus (more are read only when needed).
 
         Raises:
@@ -83,3 +84,6 @@ class CorpusWorkflows:
             if rows is not None and (rows.numel() + seq_len > max_tokens or short):
                 return rows
             n *= 4
+
+
+__all__ = ["CorpusRows"]

@@ -1,9 +1,9 @@
 """Images in the handle's workflows: a prompt and its images through the model's own processor, then
 the same lens path as text, every position read, image positions labelled.
 
-:meth:`ImageWorkflows.image_prompt` gives a prompt's ids and the further inputs of the model's
+:meth:`Images.image_prompt` gives a prompt's ids and the further inputs of the model's
 forward (``pixel_values`` ...); :class:`Pictured` is the borders whose forward of those ids takes
-them; :meth:`ImageWorkflows.position_labels` labels each image position ``<image 3/256>``
+them; :meth:`Images.position_labels` labels each image position ``<image 3/256>``
 (:func:`vocablens.models.vision.image_labels`). The lenses read the forward as they read any other:
 layer L equals the model's own logits on the same inputs, pixels included.
 """
@@ -14,6 +14,7 @@ import torch
 
 from vocablens.handle import checks
 from vocablens.errors import BadInput
+from vocablens.handle.protocols import NeedsImages
 
 
 class Pictured:
@@ -32,10 +33,10 @@ class Pictured:
         return getattr(self._borders, name)
 
 
-class ImageWorkflows:
-    """Mixed into :class:`~vocablens.handle.Model` (its ``model``, ``borders``, ``processor`` fields)."""
+class Images:
+    """Mixed into :class:`~vocablens.handle.Model` (what it needs: :class:`~vocablens.handle.protocols.NeedsImages`)."""
 
-    def image_prompt(self, text: str, images) -> tuple[torch.Tensor, dict]:
+    def image_prompt(self: NeedsImages, text: str, images) -> tuple[torch.Tensor, dict]:
         """One prompt and its images through the model's own processor (read on first use, kept):
         ``(ids [1, T] int64, inputs)``, ``inputs`` the further tensors of the model's forward
         (``pixel_values`` [N, C, H, W] in the model's dtype ...; :func:`vocablens.models.vision.image_inputs`).
@@ -59,7 +60,7 @@ class ImageWorkflows:
         ids, inputs = image_inputs(self, self.processor, text, pics)
         return ids.reshape(1, -1), inputs
 
-    def position_labels(self, ids) -> tuple[str | None, ...] | None:
+    def position_labels(self: NeedsImages, ids) -> tuple[str | None, ...] | None:
         """Per position of ``ids`` ([T] or [1, T]), ``<image k/n>`` at image-token positions, else None;
         None when the model has no vision tower or ``ids`` hold no image token."""
         from vocablens.models.vision import has_vision, image_labels, image_token_id
@@ -73,7 +74,7 @@ class ImageWorkflows:
         ids = torch.as_tensor(ids).reshape(-1)
         return image_labels(ids, tid) if bool((ids == tid).any()) else None
 
-    def image_patch(self, ids, inputs: dict, position: int):
+    def image_patch(self: NeedsImages, ids, inputs: dict, position: int):
         """The patch of the image the model saw at image position ``position`` of ``ids`` ([T] or
         [1, T], with the ``inputs`` of :meth:`image_prompt`): ``(image, box, label)``
         (:func:`vocablens.models.vision.image_patch`: the image as the model reads it, the patch's
@@ -89,10 +90,10 @@ class ImageWorkflows:
         ids = torch.as_tensor(ids).reshape(-1)
         return image_patch(ids, image_token_id(self.model.config, self.processor), int(position), inputs, self.processor)
 
-    def with_images(self, text: str, images) -> tuple[torch.Tensor, Pictured]:
+    def with_images(self: NeedsImages, text: str, images) -> tuple[torch.Tensor, Pictured]:
         """``(ids [T] int64, Pictured borders)`` of one prompt and its images (:meth:`image_prompt`)."""
         ids, inputs = self.image_prompt(text, images)
         return ids[0], Pictured(self.borders, ids[0], inputs)
 
 
-__all__ = ["ImageWorkflows", "Pictured"]
+__all__ = ["Images", "Pictured"]

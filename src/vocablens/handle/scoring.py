@@ -1,9 +1,6 @@
 """Scoring a text and continuing it, on :class:`vocablens.Model`: ``score`` (``vocablens score``:
 per-token log-probabilities through the chunked head) and ``generate`` (``vocablens generate``:
 greedy or sampled, with early exit), one process, vocab-parallel or tensor-parallel under torchrun.
-
-A mixin of :class:`~vocablens.handle.model.Model`: it needs the loaded model's ``borders``,
-``tokenizer``, ``model``, ``encode``, ``n_bytes``, ``_ids`` and ``_result``.
 """
 
 from __future__ import annotations
@@ -14,13 +11,14 @@ import torch
 
 from vocablens.handle import checks
 from vocablens.handle import results as R
+from vocablens.handle.protocols import NeedsScoring
 from vocablens.models.tensor_parallel import is_tensor_parallel
 
 
-class ScoringWorkflows:
-    """``score`` and ``generate`` (module docstring)."""
+class Scoring:
+    """Mixed into :class:`~vocablens.handle.Model` (what it needs: :class:`~vocablens.handle.protocols.NeedsScoring`)."""
 
-    def score(self, text: str | Sequence[int] | torch.Tensor, top_k: int = 3, special_text: str = "parse",
+    def score(self: NeedsScoring, text: str | Sequence[int] | torch.Tensor, top_k: int = 3, special_text: str = "parse",
               vocab_parallel: bool = False) -> R.Score:
         """Per-token log-probabilities (nats) of a text, total and per byte
         (``vocablens score TEXT --json``; :func:`~vocablens.generate.score.score_ids`).
@@ -54,7 +52,7 @@ class ScoringWorkflows:
             res = score_ids(self.borders, ids, top_k=top_k, n_bytes=n_bytes)
         return self._result(R.Score, res, text=text)
 
-    def generate(self, text: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
+    def generate(self: NeedsScoring, text: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, min_p: float | None = None, seed: int | None = None, top: int = 0,
                  chat: bool = False, early_exit=None, on_token=None, head=None,
                  vocab_parallel: bool = False) -> R.Generation:
@@ -86,7 +84,7 @@ class ScoringWorkflows:
                        top_n=top, early_exit=early_exit, on_token=on_token, head=head)
         return self._result(R.Generation, res)
 
-    def stop_ids(self) -> list[int]:
+    def stop_ids(self: NeedsScoring) -> list[int]:
         """EOS ids from the generation config and the tokenizer (generation ends after one)."""
         ids: set[int] = set()
         gc = getattr(self.model, "generation_config", None)
@@ -98,4 +96,4 @@ class ScoringWorkflows:
         return sorted(ids)
 
 
-__all__ = ["ScoringWorkflows"]
+__all__ = ["Scoring"]

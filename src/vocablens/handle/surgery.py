@@ -16,17 +16,19 @@ from typing import Sequence
 from vocablens.handle import checks
 from vocablens.errors import BadInput
 from vocablens.handle import results as R
+from vocablens.handle.protocols import NeedsSurgery
+from vocablens.handle.stages import stage
 
 
-class SurgeryWorkflows:
-    """Mixed into :class:`~vocablens.handle.Model`."""
+class VocabularySurgery:
+    """Mixed into :class:`~vocablens.handle.Model` (what it needs: :class:`~vocablens.handle.protocols.NeedsSurgery`)."""
 
     #: the record of the surgery that made this model (None for a loaded one)
     surgery: R.Surgery | None = None
     #: what :meth:`save` writes beside the weights: ``(probe_texts, extra_json)``
     _save_with: tuple = ((), {})
 
-    def _derived(self, model, tokenizer, surgery: R.Surgery, probe_texts, extra_json):
+    def _derived(self: NeedsSurgery, model, tokenizer, surgery: R.Surgery, probe_texts, extra_json):
         from vocablens.models.borders import Borders
 
         new = type(self)(model, tokenizer, Borders.from_model(model, tokenizer=tokenizer), self.provenance,
@@ -35,7 +37,7 @@ class SurgeryWorkflows:
         new._save_with = (list(probe_texts), dict(extra_json))
         return new
 
-    def expand(self, tokens: Sequence[str] | str, init: str = "subtoken-mean", interpolation: float = 0.5,
+    def expand(self: NeedsSurgery, tokens: Sequence[str] | str, init: str = "subtoken-mean", interpolation: float = 0.5,
                special: bool = False, eval_corpus: str = "pydoc-topics", eval_text: str = "", eval_texts: int = 4,
                eval_chars: int = 800, sample: str = "", seed: int = 0, heldout: Sequence[str] | None = None,
                status=None):
@@ -66,23 +68,22 @@ class SurgeryWorkflows:
         from vocablens.surgery.io import chunk_texts, heldout_texts
         from vocablens.undertrained.newrows import new_row_indicators
 
-        step = status or _no_status
         tokens = [tokens] if isinstance(tokens, str) else list(tokens)
         if not tokens:
             raise BadInput("no tokens to add: give `tokens`")
         checks.eval_text_options(eval_texts, eval_chars)
         texts = list(heldout) if heldout is not None else chunk_texts([eval_text], eval_texts, eval_chars) \
             if eval_text.strip() else heldout_texts(eval_corpus, eval_texts, eval_chars)
-        with step("expanding the vocabulary ..."):
+        with stage(status, "expanding the vocabulary ..."):
             ex = expand_vocab(self.model, self.tokenizer, tokens, init=init, special=special,
                               interpolation=interpolation, seed=seed)
         res = ex.result
         sample = sample or ("In this note," + "".join(t if t.startswith(" ") else " " + t for t in tokens) + ".")
-        with step("verifying on held-out text ..."):
+        with stage(status, "verifying on held-out text ..."):
             v = verify_expansion(self.model, self.tokenizer, ex.model, ex.tokenizer, res.new_ids, texts,
                                  res.trained_rows_head, sample)
         new = self._derived(ex.model, ex.tokenizer, None, [sample, *texts], {})
-        with step("the new rows' under-training indicator ..."):
+        with stage(status, "the new rows' under-training indicator ..."):
             nb, idx = new.borders, res.new_ids
             ind = new_rows_to_dict(res, new_row_indicators(self.borders, self.tokenizer, nb.input_embedding.weight[idx],
                                                            None if nb.tied else nb.W_U[idx]))
@@ -92,7 +93,7 @@ class SurgeryWorkflows:
         new._save_with = ([sample, *texts], {"vocablens_surgery.json": record})
         return new
 
-    def trim(self, corpus: str = "", token_list: Sequence[str] = (), max_docs: int | None = None,
+    def trim(self: NeedsSurgery, corpus: str = "", token_list: Sequence[str] = (), max_docs: int | None = None,
              verify_texts: int = 3, verify_tokens: int = 128, drop_undertrained: bool = False,
              undertrained_candidates: int = 500, documents: Sequence[str] | None = None, status=None,
              progress=None):
@@ -127,7 +128,6 @@ class SurgeryWorkflows:
         from vocablens.surgery.verify import accept_trim
         from vocablens.units import plural
 
-        step = status or _no_status
         if not corpus and not token_list and documents is None:
             raise BadInput("give corpus, documents or token_list: the tokens to keep")
         checks.at_least_ge("undertrained_candidates", undertrained_candidates)
@@ -139,11 +139,11 @@ class SurgeryWorkflows:
         seeds, ut, rows_without = used, None, None
         if drop_undertrained:
             seeds, ut, rows_without = _without_undertrained(self, used, undertrained_candidates, progress)
-        with step("trimming the vocabulary ..."):
+        with stage(status, "trimming the vocabulary ..."):
             tr = trim_vocab(self.model, tok, seeds)
         checked, drop = _documents_to_check(tok, texts, used, tr, ut, rows_without)
         check_texts = checked[:verify_texts] if checked else [tok.decode(sorted(seeds)[:200])]
-        with step(f"checking the trimmed model against the original on {plural(len(check_texts), 'text')} ..."):
+        with stage(status, f"checking the trimmed model against the original on {plural(len(check_texts), 'text')} ..."):
             v = verify_trim(self.model, tok, tr.model, tr.tokenizer, tr.kept_old_ids, check_texts,
                             max_tokens=verify_tokens)
         mismatches = _in_phase(progress, "tokenization", lambda cb: tokenization_mismatches(
@@ -154,7 +154,7 @@ class SurgeryWorkflows:
         return self._derived(tr.model, tr.tokenizer, surgery, check_texts,
                              _trim_files(self.provenance, corpus, tr, v, checked, drop))
 
-    def save(self, out: str | os.PathLike, force: bool = False) -> Path:
+    def save(self: NeedsSurgery, out: str | os.PathLike, force: bool = False) -> Path:
         """Write this model as a Hugging Face model directory (safetensors, config, tokenizer; written
         to a temporary directory and renamed), with the surgery's record (``vocablens_surgery.json``,
         and ``vocab_map.json`` after a trim) when it came from :meth:`expand` or :meth:`trim`; the
@@ -213,7 +213,7 @@ def _documents_to_check(tok, texts: list[str], used: set[int], tr, ut, rows_with
 
 
 def _trim_files(provenance, corpus: str, tr, v, checked: list[str], drop) -> dict:
-    """What :meth:`SurgeryWorkflows.save` writes beside a trimmed model: ``vocab_map.json`` (old id -> new
+    """What :meth:`VocabularySurgery.save` writes beside a trimmed model: ``vocab_map.json`` (old id -> new
     id) and ``vocablens_surgery.json`` (the record of the trim and its checks)."""
     vocab_map = {"kept_old_ids": tr.kept_old_ids, "old_to_new": {str(o): n for n, o in enumerate(tr.kept_old_ids)},
                  "rows_before": tr.result.rows_before}
@@ -223,15 +223,4 @@ def _trim_files(provenance, corpus: str, tr, v, checked: list[str], drop) -> dic
     return {"vocab_map.json": vocab_map, "vocablens_surgery.json": record}
 
 
-class _no_status:
-    def __init__(self, message: str) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-__all__ = ["SurgeryWorkflows"]
+__all__ = ["VocabularySurgery"]

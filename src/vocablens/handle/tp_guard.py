@@ -24,7 +24,7 @@ from vocablens.models.tensor_parallel import is_tensor_parallel
 #: with the head read vocab-parallel, and the helpers that read no weights)
 TENSOR_PARALLEL = frozenset({
     "lens", "score", "generate", "eval_lens",  # the workflows (``vocablens lens/lens eval/score/generate --tp``)
-    "load_lens", "tuned_lens", "translator", "add_lens", "stop_ids", "single_token", "token_id", "of",
+    "load_lens", "tuned_lens", "translator", "add_lens", "stop_ids", "token_id", "of",
 })
 
 _inside = contextvars.ContextVar("vocablens_tp_workflow", default=False)

@@ -1,9 +1,11 @@
-"""Lens trajectories on :class:`vocablens.Model`: one token followed through every layer at one position
-(``trajectory``, the explorer's click), and odd inputs told apart by their trajectories (``anomaly``,
-``vocablens lens anomaly``; Belrose et al. 2023, §5).
+"""Predictions followed through the layers, on :class:`vocablens.Model`: one token's trajectory at one
+position (``trajectory``, the explorer's click), odd inputs told apart by their trajectories
+(``anomaly``, ``vocablens lens anomaly``; Belrose et al. 2023, §5), and where predictions settle over a
+corpus with what an early exit would save (``settle``, ``vocablens settle``).
 
-A kind is read through the translator the handle holds for it (:meth:`LensWorkflows.translator`), so
-the explorer, the CLI and a notebook read the same lens.
+A kind is read through the translator the handle holds for it
+(:meth:`~vocablens.handle.lenses.loading.LensLoading.translator`), so the explorer, the CLI and a
+notebook read the same lens.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Sequence
 import torch
 
 from vocablens.errors import BadInput
+from vocablens.handle import checks
 from vocablens.handle import results as R
+from vocablens.handle.protocols import NeedsTrajectories
 
 
 @dataclass(frozen=True)
@@ -66,20 +70,10 @@ def anomaly_inputs(normal, test, kind: str = "both", detector: str = "both", lab
                          DETECTORS if detector == "both" else (detector,))
 
 
-class TrajectoryWorkflows:
-    """Mixed into :class:`~vocablens.handle.Model` (fields, :meth:`encode`, :meth:`translator`)."""
+class Trajectories:
+    """Mixed into :class:`~vocablens.handle.Model` (what it needs: :class:`~vocablens.handle.protocols.NeedsTrajectories`)."""
 
-    def position(self, text, position: int) -> int:
-        """A position of a prompt (text, or ids [T] / [1, T]; negative counts from the end) -> 0..T-1.
-
-        Raises:
-            BadInput: outside [-T, T).
-        """
-        from vocablens.lens.logit import resolve_positions
-
-        return int(resolve_positions(int(self._ids(text).shape[-1]), [position])[0])
-
-    def trajectory(self, text, position: int = -1, token: str | int | None = None,
+    def trajectory(self: NeedsTrajectories, text, position: int = -1, token: str | int | None = None,
                    kinds: Sequence[str] = ("logit", "tuned"), chat: bool = False, stream=None,
                    images=None) -> R.Trajectory:
         """One token's rank (0 = top) and probability, and the top-1, at every layer 0..L at one position,
@@ -124,7 +118,7 @@ class TrajectoryWorkflows:
         return self._result(R.Trajectory, value, input_ids=ids[0].detach().cpu(), position=p, token_id=tid,
                             n_layers=L, input_labels=self.position_labels(ids))
 
-    def anomaly(self, normal, test, labels=None, kind: str = "both", detector: str = "both", seed: int = 0,
+    def anomaly(self: NeedsTrajectories, normal, test, labels=None, kind: str = "both", detector: str = "both", seed: int = 0,
                 lens_dir: str | Path | None = None, progress=None) -> R.Anomaly:
         """Score inputs by how odd their lens trajectories are (``vocablens lens anomaly --json``;
         Belrose et al. 2023, §5): detectors fitted on the normal inputs' trajectories (per layer: KL to
@@ -161,3 +155,35 @@ class TrajectoryWorkflows:
         rep = detect(feats[0], feats[1], inp.labels, detectors=inp.detectors, seed=seed)
         return self._result(R.Anomaly, rep, kinds=inp.kinds, detectors=inp.detectors, texts=inp.test,
                             labels=inp.labels)
+
+    def settle(self: NeedsTrajectories, corpus: str, max_tokens: int = 2048, seq_len: int = 256, batch: int = 2,
+               thresholds: Sequence[float] = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99), lens: str = "logit",
+               min_layer: int = 0, rows: torch.Tensor | None = None, batches=None,
+               lens_dir: str | Path | None = None, on_tokens=None) -> R.Settle:
+        """Where predictions settle over a corpus, and what an early exit would save and keep
+        (``vocablens settle --corpus C --json``; :func:`vocablens.vocab_space.settle`).
+
+        Args:
+            corpus: a named corpus, a file or a directory (its first documents, ``max_tokens`` tokens
+                in rows of ``seq_len``, ``batch`` rows per forward).
+            lens: ``logit`` or a kind with a translator (``tuned``).
+            batches: an iterable of row batches [b, seq_len] to read instead (the CLI's progress).
+            lens_dir: a tuned-lens directory read as ``tuned`` for this call only.
+            on_tokens: progress, ``on_tokens(tokens read)`` after each layer of each batch.
+
+        Raises:
+            BadInput: bad sizes, a missing corpus, an unknown lens.
+        """
+        from vocablens import vocab_space as vs
+
+        checks.settle_options(seq_len, batch, max_tokens)
+        translator = self._lens_for_call(lens, lens_dir)
+        if batches is None:
+            rows = self.first_rows(corpus, seq_len, max_tokens) if rows is None else rows
+            batches = [rows[i:i + batch] for i in range(0, len(rows), batch)]
+        res = vs.settle(self.borders, batches, thresholds=list(thresholds), translator=translator,
+                        min_layer=min_layer, on_tokens=on_tokens)
+        return self._result(R.Settle, res, corpus=corpus, plot=None)
+
+
+__all__ = ["AnomalyInputs", "Trajectories", "anomaly_inputs"]

@@ -120,17 +120,6 @@ class LoadedModel:
 
         return pack_tokens(docs, self.tokenizer, seq_len, max_tokens=max_tokens, shrink=shrink)
 
-    def token_ids(self, text: str, use_mean: bool = False) -> tuple[list[int], str | None]:
-        """A token string (``" king"``) -> ``(ids, note)``: ``[id]`` when it is one token, else all its
-        tokens and a note saying which are used (:func:`~vocablens.models.tokens.single_token_id`).
-
-        Raises:
-            TokenNotInVocabulary: it encodes to no token, or to ids beyond the matrix rows.
-        """
-        from vocablens.models.token_input import resolve_token
-
-        return resolve_token(self.tokenizer, text, self.borders.vocab_size, several="mean" if use_mean else "first")
-
     def pieces(self, text: str) -> list[int]:
         """The token ids of ``text`` without BOS or other special tokens added ([] when it has none)."""
         from vocablens.models.tokens import check_text

@@ -141,12 +141,12 @@ def load_jacobian(lm, path: str = ""):
 
 def lenses_at(lm, path: str) -> dict:
     """Every lens kind the ``--lens`` folder or file holds, ``{kind: where}``
-    (:func:`vocablens.handle.lens_sources.lenses_at`).
+    (:func:`vocablens.handle.lenses.sources.lenses_at`).
 
     Raises:
         BadInput: it holds neither a tuned nor a Jacobian lens.
     """
-    from vocablens.handle.lens_sources import lenses_at as held
+    from vocablens.handle.lenses.sources import lenses_at as held
 
     return held(path, lm.spec or DEFAULT_MODEL)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+from vocablens.handle.protocols import NeedsLensQuality
+
 #: the held-out text a lens without stored figures is measured on at first use: general English when
 #: Debian's ``fortunes`` is installed, else CPython's pydoc topics (always there)
 FIRST_USE_CORPORA = ("fortunes", "pydoc-topics")
@@ -14,9 +16,9 @@ FIRST_USE_TOKENS = 1024
 
 
 class LensQuality:
-    """Mixed into :class:`~vocablens.handle.Model` (fields, :meth:`eval_rows`)."""
+    """Mixed into :class:`~vocablens.handle.Model` (what it needs: :class:`~vocablens.handle.protocols.NeedsLensQuality`)."""
 
-    def measure_lens_quality(self, lens, kind: str, corpus: str | None = None, val_fraction: float = 0.1,
+    def measure_lens_quality(self: NeedsLensQuality, lens, kind: str, corpus: str | None = None, val_fraction: float = 0.1,
                              tokens: int = 2048, seq_len: int = 256, docs=None, cache: bool = False) -> dict:
         """Measure ``lens``'s per-layer KL to the final distribution and top-1 agreement beside the logit
         lens's on the validation split of ``corpus`` (the documents held out from its fit), store them in
@@ -43,7 +45,7 @@ class LensQuality:
         lens.settings["quality"] = rec
         return rec
 
-    def quality_after_fit(self, lens, kind: str, corpus: str, val_fraction: float, tokens: int, docs=None) -> None:
+    def quality_after_fit(self: NeedsLensQuality, lens, kind: str, corpus: str, val_fraction: float, tokens: int, docs=None) -> None:
         """:meth:`measure_lens_quality` on the held-out part of the corpus a lens was just fitted or trained
         on; a corpus with no held-out text leaves a note in ``settings["quality_note"]`` instead (the
         figures are then measured on first use)."""
@@ -56,7 +58,7 @@ class LensQuality:
         except BadInput as exc:
             lens.settings["quality_note"] = f"not measured at fit time: {exc}"
 
-    def ensure_lens_quality(self, lens, kind: str) -> None:
+    def ensure_lens_quality(self: NeedsLensQuality, lens, kind: str) -> None:
         """Give a tuned or Jacobian lens that carries no quality figures its figures on first use: measured
         on :data:`FIRST_USE_TOKENS` held-out tokens of the first of :data:`FIRST_USE_CORPORA` that is here,
         cached on disk (keyed by the lens, the model's head and the text), so later reads cost nothing.

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from vocablens.errors import BadInput
 from vocablens.handle import results as R
+from vocablens.handle.protocols import NeedsDecomposition
 
 
-class LensDecompose:
-    """Mixed into :class:`~vocablens.handle.Model` (fields, :meth:`encode`, :meth:`translator`)."""
+class LensDecomposition:
+    """Mixed into :class:`~vocablens.handle.Model` (what it needs: :class:`~vocablens.handle.protocols.NeedsDecomposition`)."""
 
-    def decompose(self, text, layer: int, position: int = -1, k: int = 10, lens=None) -> R.Decomposition:
+    def decompose(self: NeedsDecomposition, text, layer: int, position: int = -1, k: int = 10, lens=None) -> R.Decomposition:
         """The residual stream of ``text`` at ``layer`` and ``position`` as at most ``k`` nonnegative
         Jacobian-lens token directions (nonnegative OMP + NNLS; :func:`vocablens.lens.decompose.decompose`),
         with the residual and the fraction of its squared norm explained.
@@ -44,4 +45,4 @@ class LensDecompose:
                             lens=lens_record("jacobian", jl))
 
 
-__all__ = ["LensDecompose"]
+__all__ = ["LensDecomposition"]
