@@ -73,8 +73,10 @@ def test_api_reference_renders_the_docstrings(site):
 
 def test_api_reference_lists_every_public_method_of_model(site):
     """The API page of ``vocablens.Model`` has a section, with its signature, for every public method
-    ``dir(Model)`` names (those of its mixins and of LoadedModel too), and its attributes table has one
-    row per attribute (it had one row named ``model,`` typed ``(tokenizer, borders, provenance)``)."""
+    ``dir(Model)`` names, grouped by topic: each under the mixin that writes it (``vocablens.Model`` is
+    one mixin per topic, issue 52), the mixins in the order ``Model`` composes them; and the attributes
+    table of ``Model`` has one row per attribute (it had one row named ``model,`` typed
+    ``(tokenizer, borders, provenance)``)."""
     import inspect
 
     from vocablens.handle import Model
@@ -83,13 +85,31 @@ def test_api_reference_lists_every_public_method_of_model(site):
     public = {n for n in dir(Model) if not n.startswith("_")}
     methods = {n for n in public if callable(getattr(Model, n)) or isinstance(getattr(Model, n), property)}
     assert {"lens", "settle", "expand", "trim", "steer", "save", "report", "add_lens", "load_lens"} <= methods
-    shown = set(re.findall(r'<h3 id="vocablens\.handle\.Model\.([a-z_]+)"', html))
-    assert methods <= shown, sorted(methods - shown)
-    for name in methods - {n for n in methods if isinstance(getattr(Model, n), property)}:
-        section = html[html.index(f'<h3 id="vocablens.handle.Model.{name}"'):]
+
+    def path(name: str) -> str:      # the class the docs render it under: the one that writes it
+        member = inspect.getattr_static(Model, name)
+        fn = inspect.unwrap(member.fget if isinstance(member, property) else getattr(member, "__func__", member))
+        cls = fn.__qualname__.split(".")[0]
+        return "vocablens.handle.Model" if cls == "Model" else f"{fn.__module__}.{cls}"
+
+    starts = {}
+    for name in methods:
+        anchor = f'id="{path(name)}.{name}"'
+        assert anchor in html, (name, anchor)
+        starts[name] = html.index(anchor)
+        if isinstance(getattr(Model, name), property):
+            continue
+        section = html[starts[name]:]
         signature = re.sub(r"<[^>]+>", "", section[section.index('class="doc-signature'):section.index("</pre>")])
         params = [p for p in inspect.signature(getattr(Model, name)).parameters if p not in ("self", "cls")]
         assert f"{name}(" in signature and all(p in signature for p in params), (name, signature[:300])
+    topics = [f'id="{c.__module__}.{c.__name__}"' for c in Model.__bases__]
+    at = [html.index(t) for t in topics]
+    assert at == sorted(at), "the topics in the order Model composes them"
+    for name, where in starts.items():   # each method inside its own topic's section
+        if path(name) != "vocablens.handle.Model":
+            i = topics.index(f'id="{path(name)}"')
+            assert at[i] < where < (at[i + 1] if i + 1 < len(at) else len(html)), name
     table = html[html.index("doc-section-title\">Attributes:"):]
     table = table[:table.index("</table>")]
     rows = re.findall(r'<tr class="doc-section-item">\s*<td><code><span title="vocablens\.handle\.Model\.([^"]+)"', table)

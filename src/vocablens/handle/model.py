@@ -61,7 +61,7 @@ from vocablens.models.loaded_model import LoadedModel
 
 
 @dataclass(eq=False)
-class Model(TokenInput, Geometry, Scoring, LensReading, LensLoading, LensTraining, LensEvaluation, LensQuality,
+class Model(TokenInput, Geometry, Scoring, LensLoading, LensReading, LensTraining, LensEvaluation, LensQuality,
             LensDecomposition, Trajectories, VocabSpace, ArgmaxAndBottleneck, UndertrainedTokens,
             VocabularySurgery, ReportWorkflow, CorpusRows, Images, LoadedModel):
     """A loaded model with its workflows (module docstring).
