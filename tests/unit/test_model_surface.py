@@ -7,6 +7,7 @@ source of each topic module, read as a syntax tree (the ``self`` annotation name
 """
 
 import ast
+import dataclasses
 import inspect
 import typing
 from pathlib import Path
@@ -106,3 +107,28 @@ def test_the_flat_verbs_keep_their_signatures():
     for name, want in params.items():
         got = [p for p in inspect.signature(getattr(Model, name)).parameters if p != "self"]
         assert got == want, (name, got)
+
+
+def _declared(proto: type) -> set[str]:
+    """The names a protocol declares (its own and its bases'), read from the class: annotations and methods."""
+    names: set[str] = set()
+    for c in proto.__mro__:
+        if c.__module__ == protocols.__name__:
+            names |= set(getattr(c, "__annotations__", {})) | {n for n, v in vars(c).items() if callable(v)
+                                                                or isinstance(v, property)}
+    return names
+
+
+def test_each_topic_reads_of_self_only_what_its_protocol_declares():
+    """What a topic needs of the model is what its protocol says: every ``self.X`` a mixin's methods read
+    (its own methods included) is declared by that protocol, so the protocol is the whole list."""
+    for module, (cls, proto, _) in TOPICS.items():
+        if proto is None:
+            continue
+        tree = ast.parse((SRC / Path(*module.split("."))).with_suffix(".py").read_text(encoding="utf-8"))
+        node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+        used = {n.attr for n in ast.walk(node)
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"}
+        assert used <= _declared(getattr(protocols, proto)), (cls, sorted(used - _declared(getattr(protocols, proto))))
+        has = set(dir(Model)) | {f.name for f in dataclasses.fields(Model)}
+        assert _declared(getattr(protocols, proto)) <= has, proto                     # Model satisfies it
