@@ -2,8 +2,9 @@
 
 ``import vocablens; m = vocablens.load("smollm2")`` gives a :class:`Model`; its methods are the
 workflows (``m.lens``, ``m.score``, ``m.expand`` ...), and what they return shows itself
-(:mod:`vocablens.handle.results`). The CLI, the report and the explorer are its clients; it imports
-analyses, ``render`` and ``models``, never them.
+(:mod:`vocablens.handle.results`). ``Model`` composes one mixin per topic (:mod:`vocablens.handle.model`
+lists them), each typed by what it needs of the model (:mod:`vocablens.handle.protocols`). The CLI, the
+report and the explorer are its clients; it imports analyses, ``render`` and ``models``, never them.
 """
 
 from __future__ import annotations
