@@ -132,3 +132,19 @@ def test_each_topic_reads_of_self_only_what_its_protocol_declares():
         assert used <= _declared(getattr(protocols, proto)), (cls, sorted(used - _declared(getattr(protocols, proto))))
         has = set(dir(Model)) | {f.name for f in dataclasses.fields(Model)}
         assert _declared(getattr(protocols, proto)) <= has, proto                     # Model satisfies it
+
+
+def test_each_protocol_method_has_the_parameters_of_the_models_method():
+    """A protocol's methods are the model's own, parameter for parameter (names, kinds and defaults), so a
+    type checker reading a topic against its protocol checks the calls it makes."""
+    for proto in {p for _, p, _ in TOPICS.values() if p}:
+        for c in getattr(protocols, proto).__mro__:
+            if c.__module__ != protocols.__name__:
+                continue
+            for name, member in vars(c).items():
+                if not inspect.isfunction(member) or name.startswith("__"):
+                    continue
+                mine = inspect.signature(member).parameters
+                theirs = inspect.signature(inspect.unwrap(getattr(Model, name))).parameters
+                assert [(p.name, p.kind, p.default) for p in mine.values()][1:] == \
+                    [(p.name, p.kind, p.default) for p in theirs.values()][1:], (proto, name)
