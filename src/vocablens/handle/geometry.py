@@ -83,5 +83,4 @@ class Geometry:
         return self._result(R.WordPCA, word_pca(self.borders, self.tokenizer, groups, prefix=prefix, seed=seed))
 
 
-
 __all__ = ["Geometry"]

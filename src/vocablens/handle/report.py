@@ -13,7 +13,8 @@ class ReportWorkflow:
     """Mixed into :class:`~vocablens.handle.Model` (what it needs: :class:`~vocablens.handle.protocols.NeedsLoaded`;
     the report's sections call the model's other workflows)."""
 
-    def report(self: NeedsLoaded, out: str | Path | None = None, prompt: str | None = None, lens_path: str | None = None,
+    def report(self: NeedsLoaded, out: str | Path | None = None, prompt: str | None = None,
+               lens_path: str | None = None,
                budget_s: float | None = None, progress=None, only: tuple[str, ...] | None = None, images=None):
         """Run the HTML report's sections on this model within ``budget_s`` seconds
         (:func:`vocablens.report.runner.run_report`) and write the page to ``out`` when given.
@@ -35,7 +36,6 @@ class ReportWorkflow:
 
             write_page(run, self, self.spec or DEFAULT_MODEL, out, run.budget_s)
         return run
-
 
 
 __all__ = ["ReportWorkflow"]

@@ -52,8 +52,9 @@ class Scoring:
             res = score_ids(self.borders, ids, top_k=top_k, n_bytes=n_bytes)
         return self._result(R.Score, res, text=text)
 
-    def generate(self: NeedsScoring, text: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
-                 top_p: float | None = None, min_p: float | None = None, seed: int | None = None, top: int = 0,
+    def generate(self: NeedsScoring, text: str, max_new_tokens: int = 64, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+                 seed: int | None = None, top: int = 0,
                  chat: bool = False, early_exit=None, on_token=None, head=None,
                  vocab_parallel: bool = False) -> R.Generation:
         """Continue a text (``vocablens generate TEXT --json``; :func:`vocablens.generate.generate`):

@@ -118,8 +118,8 @@ class Trajectories:
         return self._result(R.Trajectory, value, input_ids=ids[0].detach().cpu(), position=p, token_id=tid,
                             n_layers=L, input_labels=self.position_labels(ids))
 
-    def anomaly(self: NeedsTrajectories, normal, test, labels=None, kind: str = "both", detector: str = "both", seed: int = 0,
-                lens_dir: str | Path | None = None, progress=None) -> R.Anomaly:
+    def anomaly(self: NeedsTrajectories, normal, test, labels=None, kind: str = "both", detector: str = "both",
+                seed: int = 0, lens_dir: str | Path | None = None, progress=None) -> R.Anomaly:
         """Score inputs by how odd their lens trajectories are (``vocablens lens anomaly --json``;
         Belrose et al. 2023, §5): detectors fitted on the normal inputs' trajectories (per layer: KL to
         the final distribution, entropy, rank of the final token; logit and tuned lens) score the test

@@ -14,8 +14,7 @@ class UndertrainedTokens:
     """Mixed into :class:`~vocablens.handle.Model` (what it needs: :class:`~vocablens.handle.protocols.NeedsMatrices`)."""
 
     def undertrained(self: NeedsMatrices, candidates: int | None = 500, indicator: str = "auto", verify: bool = True,
-                     batch_size: int = 64, argmax_verdicts=None,
-                     progress=None) -> R.Undertrained:
+                     batch_size: int = 64, argmax_verdicts=None, progress=None) -> R.Undertrained:
         """Under-trained tokens: tokenizer classes, an indicator from the matrices, verification by
         prompting (``vocablens undertrained --json``; Land & Bartolo 2024).
 
@@ -40,7 +39,8 @@ class UndertrainedTokens:
                            verify=verify, batch_size=batch_size, progress=progress)
         return self._result(R.Undertrained, res, verdicts=argmax_verdicts)
 
-    def undertrained_within(self: NeedsMatrices, budget_s: float, batch_size: int = 32, progress=None) -> R.Undertrained:
+    def undertrained_within(self: NeedsMatrices, budget_s: float, batch_size: int = 32,
+                            progress=None) -> R.Undertrained:
         """Under-trained tokens (Land & Bartolo 2024) with verification bounded in time, as the report
         shows them: the tokenizer classes and indicators (O(V·d)) always, then the paper's candidates
         (the lowest 2% of the indicator) verified lowest first, ``batch_size`` at a time, until all are
@@ -68,7 +68,6 @@ class UndertrainedTokens:
         res = undertrained(self.borders, self.tokenizer, candidates=paper, verify=bool(examples),
                            batch_size=batch_size, progress=progress, reuse=res, time_budget_s=left)
         return self._result(R.Undertrained, res, verdicts=None, paper_candidates=paper, fraction=DEFAULT_FRACTION)
-
 
 
 __all__ = ["UndertrainedTokens"]

@@ -17,8 +17,8 @@ from vocablens.handle.protocols import NeedsVocabSpace
 class VocabSpace:
     """Mixed into :class:`~vocablens.handle.Model` (what it needs: :class:`~vocablens.handle.protocols.NeedsVocabSpace`)."""
 
-    def explain(self: NeedsVocabSpace, text: str | torch.Tensor, position: int = -1, target: str | int | None = None, k: int = 5,
-                subs: int = 5, chat: bool = False) -> R.Explanation:
+    def explain(self: NeedsVocabSpace, text: str | torch.Tensor, position: int = -1,
+                target: str | int | None = None, k: int = 5, subs: int = 5, chat: bool = False) -> R.Explanation:
         """What built a prediction: per-block attention/FFN updates, FFN sub-updates and per-head logit
         attribution in vocabulary space (``vocablens explain TEXT -p POS -t TARGET --json``;
         :func:`vocablens.vocab_space.explain`, Geva et al. 2022).
@@ -103,8 +103,8 @@ class VocabSpace:
         res = vs.project_vectors(b, layers, ns, k=k, kind="key" if keys else "value", apply_norm_gain=norm_gain)
         return self._result(R.Projection, res, how="vectors")
 
-    def steer(self: NeedsVocabSpace, promote: Sequence[str] = (), suppress: Sequence[str] = (), top_n: int = 10, scale: float = 8.0,
-              blocks: Sequence[int] | None = None, suppress_mode: str = "boost", prompt: str = "",
+    def steer(self: NeedsVocabSpace, promote: Sequence[str] = (), suppress: Sequence[str] = (), top_n: int = 10,
+              scale: float = 8.0, blocks: Sequence[int] | None = None, suppress_mode: str = "boost", prompt: str = "",
               corpus: str = "", heldout: str = "pydoc-topics", new_tokens: int = 24, progress=None,
               notes=None, started=None) -> R.Steering:
         """Scale the FFN value vectors that promote / suppress tokens, and measure the effect on the
@@ -155,8 +155,6 @@ class VocabSpace:
         rows = vector_rows(st.vectors, vector_top_tokens(self.borders, st.vectors, k=6), self.tokenizer)
         return self._result(R.Steering, eff, sets=sets, rows=rows, top_n=top_n, scale=scale,
                             suppress_mode=suppress_mode, steering=st, probes=len(probes), heldout=len(held))
-
-
 
     def align(self: NeedsVocabSpace, other, what: str = "ffn", blocks_a: Sequence[int] | None = None,
               blocks_b: Sequence[int] | None = None, top: int = 8, progress=None) -> R.Alignment:

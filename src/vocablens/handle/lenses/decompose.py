@@ -11,7 +11,8 @@ from vocablens.handle.protocols import NeedsDecomposition
 class LensDecomposition:
     """Mixed into :class:`~vocablens.handle.Model` (what it needs: :class:`~vocablens.handle.protocols.NeedsDecomposition`)."""
 
-    def decompose(self: NeedsDecomposition, text, layer: int, position: int = -1, k: int = 10, lens=None) -> R.Decomposition:
+    def decompose(self: NeedsDecomposition, text, layer: int, position: int = -1, k: int = 10,
+                  lens=None) -> R.Decomposition:
         """The residual stream of ``text`` at ``layer`` and ``position`` as at most ``k`` nonnegative
         Jacobian-lens token directions (nonnegative OMP + NNLS; :func:`vocablens.lens.decompose.decompose`),
         with the residual and the fraction of its squared norm explained.

@@ -95,7 +95,6 @@ def lens_eval_inputs(model: str = DEFAULT_MODEL, lens=None, corpus: str | None =
     return LensEvalInputs(tl, str(label), str(corpus), docs, split, val_fraction, int(data.get("split_seed", 0)))
 
 
-
 @dataclass(frozen=True)
 class CompareInputs:
     """What ``lens eval --kind K1,K2,...`` reads before a model loads (:func:`compare_inputs`).
@@ -155,7 +154,6 @@ def compare_inputs(model: str, kinds: Sequence[str], lenses=None, corpus: str | 
                          int(data.get("split_seed", 0)))
 
 
-
 def check_scoring_options(max_tokens: int, seq_len: int, plot, force: bool) -> None:
     """The options of scoring lenses on a corpus (``compare_lenses``, ``eval_lens``) that need no model.
 
@@ -166,13 +164,12 @@ def check_scoring_options(max_tokens: int, seq_len: int, plot, force: bool) -> N
     checks.scoring_options(max_tokens, seq_len, plot, force)
 
 
-
 class LensEvaluation:
     """Mixed into :class:`~vocablens.handle.Model` (what it needs: :class:`~vocablens.handle.protocols.NeedsLensScoring`)."""
 
-    def eval_lens(self: NeedsLensScoring, lens=None, corpus: str | None = None, split: str = "validation", max_tokens: int = 4096,
-                  seq_len: int = 512, plot: str | Path | None = None, force: bool = False, label: str | None = None,
-                  notes=None, status=None, started=None, progress=None) -> R.LensEval:
+    def eval_lens(self: NeedsLensScoring, lens=None, corpus: str | None = None, split: str = "validation",
+                  max_tokens: int = 4096, seq_len: int = 512, plot: str | Path | None = None, force: bool = False,
+                  label: str | None = None, notes=None, status=None, started=None, progress=None) -> R.LensEval:
         """Per layer, the logit lens and a tuned lens on the same held-out tokens: KL to the final
         distribution, cross-entropy (nats and bits per byte), entropy and top-1 agreement
         (``vocablens lens eval --json``; Belrose et al. 2023, §4, Fig. 3;
@@ -237,7 +234,6 @@ class LensEvaluation:
         return self._result(R.LensEval, res, label=inp.label, data=info, split=inp.split, tokens=int(rows.numel()),
                             plot=None if plot is None else str(plot), lenses=[lens_record("tuned", tl)], title=title)
 
-
     def _held_label(self: NeedsLensScoring, held) -> str:
         """``shipped for SPEC`` when the tuned lens this model holds is the one shipped for its spec (read
         by :attr:`tuned_lens`: the same model identity and training record as the shipped config), else
@@ -253,7 +249,6 @@ class LensEvaluation:
                     all(mine.get(k) == v for k, v in (cfg.get("training") or {}).items()):
                 return f"shipped for {spec}"
         return "loaded"
-
 
     def compare_lenses(self: NeedsLensScoring, kinds: Sequence[str] = ("logit", "tuned", "jacobian"), lenses=None,
                        corpus: str | None = None, split: str = "validation", max_tokens: int = 4096,

@@ -18,8 +18,9 @@ FIRST_USE_TOKENS = 1024
 class LensQuality:
     """Mixed into :class:`~vocablens.handle.Model` (what it needs: :class:`~vocablens.handle.protocols.NeedsLensQuality`)."""
 
-    def measure_lens_quality(self: NeedsLensQuality, lens, kind: str, corpus: str | None = None, val_fraction: float = 0.1,
-                             tokens: int = 2048, seq_len: int = 256, docs=None, cache: bool = False) -> dict:
+    def measure_lens_quality(self: NeedsLensQuality, lens, kind: str, corpus: str | None = None,
+                             val_fraction: float = 0.1, tokens: int = 2048, seq_len: int = 256, docs=None,
+                             cache: bool = False) -> dict:
         """Measure ``lens``'s per-layer KL to the final distribution and top-1 agreement beside the logit
         lens's on the validation split of ``corpus`` (the documents held out from its fit), store them in
         ``lens.settings["quality"]`` (saved with the lens) and return them.
@@ -45,7 +46,8 @@ class LensQuality:
         lens.settings["quality"] = rec
         return rec
 
-    def quality_after_fit(self: NeedsLensQuality, lens, kind: str, corpus: str, val_fraction: float, tokens: int, docs=None) -> None:
+    def quality_after_fit(self: NeedsLensQuality, lens, kind: str, corpus: str, val_fraction: float, tokens: int,
+                          docs=None) -> None:
         """:meth:`measure_lens_quality` on the held-out part of the corpus a lens was just fitted or trained
         on; a corpus with no held-out text leaves a note in ``settings["quality_note"]`` instead (the
         figures are then measured on first use)."""

@@ -99,7 +99,8 @@ class LensReading:
         records = [lens_record(kd, t) for kd, t in zip(kinds, translators) if t is not None]
         return self._result(R.Lens, [list(r) for r in zip(*res)], batch=batch, prompts=prompts, lenses=records)
 
-    def _lens_prompts(self: NeedsLensReading, texts, chat: bool, prefix: str) -> tuple[list[torch.Tensor], list[str], bool]:
+    def _lens_prompts(self: NeedsLensReading, texts, chat: bool,
+                      prefix: str) -> tuple[list[torch.Tensor], list[str], bool]:
         """``texts`` of :meth:`lens` -> ``(ids [T] per prompt, prompt texts, batch?)``: a string, ids
         [T] / [1, T] or a list of ints is one prompt; a list (of texts, id lists or id tensors) or an
         integer tensor [B, T] with B > 1 is a batch. Ids are checked (:meth:`prompt_ids`), never cast."""
@@ -186,7 +187,6 @@ class Replayed:
 
     def __getattr__(self, name: str):
         return getattr(self._borders, name)
-
 
 
 __all__ = ["LensReading", "Replayed"]

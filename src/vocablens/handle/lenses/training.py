@@ -50,7 +50,6 @@ def check_train_options(out: str | Path | None, init: str = "zero", save_dtype: 
         raise BadInput(f"`resume`: {where} (train without `resume` first)")
 
 
-
 def check_fit_options(out: str | Path | None, save_dtype: str = "float16", seq_len: int = 128, skip_first: int = 16,
                       max_tokens: int = 1024, force: bool = False, resume: bool = False) -> None:
     """The options of :meth:`LensTraining.fit_jacobian_lens` that need no model, refused in one line.
@@ -78,7 +77,6 @@ def check_fit_options(out: str | Path | None, save_dtype: str = "float16", seq_l
     if resume and (out is None or not (out / "jacobian-checkpoint" / CKPT_FILE).exists()):
         where = "no output folder" if out is None else f"no checkpoint in {out / 'jacobian-checkpoint'}"
         raise BadInput(f"`resume`: {where} (fit without `resume` first)")
-
 
 
 class LensTraining:
@@ -181,9 +179,10 @@ class LensTraining:
             lens, alphas = regression_init(self.borders, rows[:n_fit], lens=lens, calib=rows[n_fit: n_fit + 1])
         return lens, {"init": init, "init_tokens": n_fit * seq_len, "init_alphas": alphas}
 
-    def fit_jacobian_lens(self: NeedsLensFitting, corpus: str = "pydoc-topics", max_tokens: int = 1024, seq_len: int = 128,
-                          settings=None, out: str | Path | None = None, val_fraction: float = 0.1, seed: int = 0,
-                          checkpoint_every: int | None = None, resume: bool = False, save_dtype: str = "float16",
+    def fit_jacobian_lens(self: NeedsLensFitting, corpus: str = "pydoc-topics", max_tokens: int = 1024,
+                          seq_len: int = 128, settings=None, out: str | Path | None = None,
+                          val_fraction: float = 0.1, seed: int = 0, checkpoint_every: int | None = None,
+                          resume: bool = False, save_dtype: str = "float16",
                           force: bool = False, docs=None, command: str | None = None, status=None, started=None,
                           on_progress=None, shard: tuple[int, int] | None = None,
                           quality_tokens: int = 2048) -> R.JacobianFit:
