@@ -180,7 +180,7 @@ class LensCompareWorkflows:
         name, where = self.provenance.name, f"{info['corpus']} ({inp.split})"
         title = f"{name}: {', '.join(inp.kinds)} lenses on {where}"
         if plot is not None:
-            from vocablens.render.compare import save_comparison_plot
+            from vocablens.render.lens_compare import save_comparison_plot
 
             save_comparison_plot(res, plot, title=title)
         return self._result(R.LensComparison, res, lenses=[lens_record(k, v) for k, v in read.items()], data=info,

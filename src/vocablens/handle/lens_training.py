@@ -285,7 +285,7 @@ class LensTraining:
         res = evaluate(self.borders, tl, rows, n_bytes=text_bytes(self.tokenizer, rows), on_row=tick)
         title = f"{self.provenance.name}: logit vs tuned lens on {info['corpus']} ({inp.split})"
         if plot is not None and world()[0] == 0:
-            from vocablens.render.tuned import save_eval_plot
+            from vocablens.render.lens_eval import save_eval_plot
 
             save_eval_plot(res, plot, title=title)
         from vocablens.render.lens import lens_record

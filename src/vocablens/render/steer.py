@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from vocablens.models.tokens import quoted, token_str
+from vocablens.render.renderer import Renderer
 
 #: the two token sets, always both in ``mass_*`` (null for a set not given): one schema
 SETS = ("promote", "suppress")
@@ -88,3 +89,24 @@ def print_steer(out, rows: list[dict], eff, tokenizer, saved_to: str = "") -> No
         out.print(f"after:  {cont['after']!r}")
     if saved_to:
         out.print(f"wrote the steered model to {saved_to} (reloads with AutoModelForCausalLM)")
+
+
+# ------------------------------ the renderers of a steer result (:class:`vocablens.handle.results.Steering`)
+
+def _json_of(r) -> dict:
+    o = r.options
+    return steer_to_dict(o["sets"], o["rows"], r.value, r.tokenizer, top_n=o["top_n"], scale=o["scale"],
+                         suppress_mode=o["suppress_mode"], saved=o.get("saved"), provenance=r.provenance)
+
+
+def _print_of(r, out) -> None:
+    print_steer(out, r.options["rows"], r.value, r.tokenizer, saved_to=r.options.get("saved_to") or "")
+
+
+def _rows_of(r) -> list[dict]:
+    """A row per chosen vector: its role, block, neuron, z-score, factor and top tokens."""
+    return [dict(row) for row in r.options["rows"]]
+
+
+#: how a ``steer`` result shows itself
+RENDERER = Renderer("steer", _json_of, _print_of, None, _rows_of)
