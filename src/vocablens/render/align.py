@@ -1,5 +1,9 @@
 """Rendering of a parameter alignment between two models: JSON, the per-block table, best matches.
-Blocks count 0..L-1 (block i reads stream layer i and writes layer i+1)."""
+Blocks count 0..L-1 (block i reads stream layer i and writes layer i+1).
+
+The ``align`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,9 @@
 
 Several models are shown in columns, one quantity per row; the seeds' advice is to compare models
 by their non-embedding parameters, so that row is highlighted and a ratio to the first model given.
+
+The ``anatomy`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
 """
 
 from __future__ import annotations

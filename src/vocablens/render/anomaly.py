@@ -1,5 +1,9 @@
 """Rendering of an anomaly run (``vocablens lens anomaly``): the ``--json`` dict and the terminal
-tables. Computes nothing: the scores and AUROCs come from :func:`vocablens.lens.anomaly.detect`."""
+tables. Computes nothing: the scores and AUROCs come from :func:`vocablens.lens.anomaly.detect`.
+
+The ``anomaly`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Rendering a generation: streamed text deltas, the ``--json`` document, and the early-exit summary."""
+"""Rendering a generation: streamed text deltas, the ``--json`` document, and the early-exit summary.
+
+The ``generate`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 

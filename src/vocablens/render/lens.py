@@ -1,4 +1,8 @@
-"""Rendering of a lens result: the ``--json`` dict, rich tables, the heatmap and the report section."""
+"""Rendering of a lens result: the ``--json`` dict, rich tables, the heatmap and the report section.
+
+The ``lens`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 

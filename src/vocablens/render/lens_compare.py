@@ -1,4 +1,8 @@
-"""Rendering of :class:`~vocablens.lens.compare.LensComparison`: one table, one figure, the ``--json`` dict."""
+"""Rendering of :class:`~vocablens.lens.compare.LensComparison`: one table, one figure, the ``--json`` dict.
+
+The ``lens_compare`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 

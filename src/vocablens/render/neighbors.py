@@ -1,6 +1,9 @@
 """Rendering of embedding neighbours: tables for the terminal, the report and ``--json``.
 
 The word-embedding PCA figures are in :mod:`vocablens.render.pca`.
+
+The ``neighbors`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
 """
 
 from __future__ import annotations

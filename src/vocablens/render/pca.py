@@ -10,6 +10,9 @@ the dense centre of the 3-D view can be read at a glance.
 
 Both figures have a fixed size: labels are placed in pixels, so a figure drawn at another size would
 move its points under its labels.
+
+The ``pca`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
 """
 
 from __future__ import annotations

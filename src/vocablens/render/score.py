@@ -1,4 +1,8 @@
-"""Terminal and JSON rendering of a text's score (``vocablens score``)."""
+"""Terminal and JSON rendering of a text's score (``vocablens score``).
+
+The ``score`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,10 @@
 """Rendering of a steering run (``vocablens steer``): the ``--json`` dict and the terminal tables.
 Computes nothing: the vectors, their top tokens and the effect come from :mod:`vocablens.vocab_space.steer`
-and :mod:`vocablens.vocab_space.steer_eval`."""
+and :mod:`vocablens.vocab_space.steer_eval`.
+
+The ``steer`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Terminal rendering of vocabulary surgery (rich tables): what was added or trimmed, and the proof."""
+"""Terminal rendering of vocabulary surgery (rich tables): what was added or trimmed, and the proof.
+
+The ``surgery`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """A token's trajectory through the layers (``m.trajectory(...)``; the explorer's ``/api/trajectory``):
-the explorer's rank-and-probability plot, drawn in Python for ``.figure()``."""
+the explorer's rank-and-probability plot, drawn in Python for ``.figure()``.
+
+The ``trajectory`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """Rendering of parameter readings: FFN value/key vectors, reverse token search, interpretable
-vectors and head circuits (JSON-ready dicts, rich tables, report sections). Computes nothing."""
+vectors and head circuits (JSON-ready dicts, rich tables, report sections). Computes nothing.
+
+The ``project`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 
