@@ -110,3 +110,10 @@ def test_show_merges_options_into_the_json_and_keeps_notes_off_stdout(capsys):
     show(res, False, printed=lambda: print("the tail"), notes=["a note"])
     got = capsys.readouterr()
     assert (got.out, got.err.strip()) == ("the tail\n", "a note")
+
+
+def test_render_modules_stay_under_400_lines():
+    """Each kind's renderers sit beside its tables and figures without a module growing past the rule."""
+    long = {str(p.relative_to(SRC)): n for p in (SRC / "render").rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) >= 400}
+    assert not long, long

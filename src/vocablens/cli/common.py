@@ -108,36 +108,22 @@ def emit_json(obj: Any) -> None:
 
 def show(result, json_: bool, *, options: dict | None = None, plot: str = "", printed: Callable[[], Any] | None = None,
          notes: Sequence[str] = (), note_style: str | None = "dim") -> None:
-    """How every command ends: its result on stdout, as its ``--json`` (:func:`vocablens.render.shown.to_json`)
-    or as the table it prints (:func:`vocablens.render.shown.print_result`), then, after the table, its
-    notes on stderr.
-
-    Args:
-        result: a :class:`vocablens.handle.Result`.
-        json_: ``--json`` given.
-        options: merged into the result's options before it is shown (``settle``: the ``--plot`` path
-            its JSON names).
-        plot: a path to write the result's figure to (:func:`vocablens.render.shown.figure`, one
-            self-contained HTML page, atomically) before anything is printed; ``""``: none.
-        printed: in text mode, called instead of printing the result's table (``generate``: the end of
-            the text it streamed).
-        notes: lines for stderr after the table (text mode only): ``wrote PATH``, timings, where a file went.
-        note_style: their rich style (None: plain).
-    """
+    """How every command ends: ``result`` on stdout as its ``--json`` (:func:`vocablens.render.shown.to_json`)
+    or the table it prints (:func:`vocablens.render.shown.print_result`; ``printed()`` instead where given:
+    ``generate``'s streamed tail), then, after a table, ``notes`` on stderr in ``note_style``. ``options`` are
+    merged into the result's first (``settle``: its ``--plot`` path); ``plot``: a path the result's figure
+    is written to before anything is printed (one HTML page, atomically)."""
     import dataclasses
 
+    from vocablens.files import atomic_path
     from vocablens.render.shown import figure, print_result, to_json
 
-    if options:
-        result = dataclasses.replace(result, options={**result.options, **options})
+    result = dataclasses.replace(result, options={**result.options, **options}) if options else result
     if plot:
-        from vocablens.files import atomic_path
-
         with atomic_path(plot) as tmp:
             figure(result).write_html(str(tmp), include_plotlyjs=True)
     if json_:
-        emit_json(to_json(result))
-        return
+        return emit_json(to_json(result))
     printed() if printed is not None else print_result(result, out)
     for line in notes:
         err.print(line, style=note_style)
