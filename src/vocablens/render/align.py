@@ -94,8 +94,7 @@ def token_names(tokenizer, ids: list[int]) -> list[str]:
     return [token_str(tokenizer, i) for i in ids]
 
 
-# ------------------------------ the renderers of a align result (:class:`vocablens.handle.results.Alignment`)
-
+# ---------- the renderers of an align result (vocablens.handle.results.Alignment)
 def _json_of(r) -> dict:
     other = r.options.get("other")
     return {**alignment_to_dict(r.value, r.options["best"]),

@@ -163,8 +163,7 @@ def anatomy_section(results: Sequence[Anatomy], div_id: str = "anatomy-params") 
     return Section(id="anatomy", title="Anatomy: parameters, bytes and FLOPs of the two borders", html=body)
 
 
-# ------------------------------ the renderers of a anatomy result (:class:`vocablens.handle.results.Anatomy`)
-
+# ---------- the renderers of an anatomy result (vocablens.handle.results.Anatomy)
 def _json_of(r) -> dict:
     return anatomy_json([r.value])
 

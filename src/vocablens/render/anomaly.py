@@ -69,8 +69,7 @@ def print_anomaly(out, rep, detectors, texts: list[str], labels) -> None:
     out.print(scores_table(rep, texts, labels))
 
 
-# ------------------------------ the renderers of a anomaly result (:class:`vocablens.handle.results.Anomaly`)
-
+# ---------- the renderers of an anomaly result (vocablens.handle.results.Anomaly)
 def _json_of(r) -> dict:
     o = r.options
     return anomaly_to_dict(r.value, o["kinds"], o["detectors"], o["texts"], o["labels"], r.provenance)

@@ -227,8 +227,7 @@ def argmax_section(ma: ModelArgmax, tokenizer=None) -> Section:
     return Section(id="argmax", title="Argmax geometry", html="\n".join(parts))
 
 
-# ------------------------------ the renderers of a argmax result (:class:`vocablens.handle.results.Argmax`)
-
+# ---------- the renderers of an argmax result (vocablens.handle.results.Argmax)
 def _json_of(r) -> dict:
     return {**argmax_to_dict(r.value, r.tokenizer), **model_of(r)}
 

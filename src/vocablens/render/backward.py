@@ -66,8 +66,7 @@ def backward_figure(res: BackwardLens, tokenizer):
     return fig
 
 
-# ------------------------------ the renderers of a backward result (:class:`vocablens.handle.results.BackwardLens`)
-
+# ---------- the renderers of a backward result (vocablens.handle.results.BackwardLens)
 def _json_of(r) -> dict:
     return backward_json(r.value, r.tokenizer, r.provenance)
 

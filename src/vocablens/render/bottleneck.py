@@ -18,7 +18,6 @@ def _f(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
-
 #: the top-k counts softmax_bottleneck reports by default: always keys of the shares, null past a spectrum
 _TOP_K = tuple(inspect.signature(softmax_bottleneck).parameters["top_k"].default)
 
@@ -89,8 +88,7 @@ def bottleneck_section(b: Bottleneck) -> Section:
     return Section(id="bottleneck", title="Softmax bottleneck", html=html)
 
 
-# ------------------------------ the renderers of a bottleneck result (:class:`vocablens.handle.results.Bottleneck`)
-
+# ---------- the renderers of a bottleneck result (vocablens.handle.results.Bottleneck)
 def _json_of(r) -> dict:
     return {**bottleneck_to_dict(r.value), "corpus": r.options.get("corpus"), **model_of(r)}
 

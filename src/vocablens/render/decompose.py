@@ -8,7 +8,7 @@ from vocablens.models.tokens import token_str
 from vocablens.render.renderer import Renderer
 
 
-# ---------------------- the renderers of a decompose result (:class:`vocablens.handle.results.Decomposition`)
+# ---------- the renderers of a decompose result (vocablens.handle.results.Decomposition)
 def _json_of(r) -> dict:
     """``{"layer", "position", "token", "terms": [{"id", "token", "coef", "unit_coef"}], "norm", "residual_norm",
     "fve", "fve_path", "lens", "model"}``."""

@@ -118,8 +118,7 @@ def summary_lines(res) -> list[str]:
     return lines
 
 
-# ------------------------------ the renderers of a generate result (:class:`vocablens.handle.results.Generation`)
-
+# ---------- the renderers of a generate result (vocablens.handle.results.Generation)
 def _json_of(r) -> dict:
     return generation_to_dict(r.value, r.tokenizer)
 

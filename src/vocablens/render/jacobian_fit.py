@@ -6,7 +6,6 @@ from __future__ import annotations
 from vocablens.render.renderer import Renderer
 
 
-
 def fit_summary_to_dict(lens, out, seconds: float, stored_dtype: str, provenance=None) -> dict:
     """The dict ``lens fit-jacobian --json`` prints: ``{"out" (null when not saved), "n_prompts",
     "tokens", "layers", "seconds" (wall, to a tenth of a second), "stored_dtype",
@@ -26,8 +25,7 @@ def print_fit_summary(lens, out, seconds: float, console) -> None:
                   f"{len(lens.layers)} layers, {seconds:.0f} s)")
 
 
-# ------------------------------ the renderers of a jacobian_fit result (:class:`vocablens.handle.results.JacobianFit`)
-
+# ---------- the renderers of a jacobian_fit result (vocablens.handle.results.JacobianFit)
 def _json_of(r) -> dict:
     o = r.options
     return fit_summary_to_dict(r.value, o.get("out"), o["seconds"], o["stored_dtype"], r.provenance)

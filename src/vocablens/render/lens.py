@@ -279,8 +279,7 @@ def lens_section(res: LensResult, tokenizer, prompt: str):
     return Section("logit-lens", "Logit lens", html)
 
 
-# ------------------------------ the renderers of a lens result (:class:`vocablens.handle.results.Lens`)
-
+# ---------- the renderers of a lens result (vocablens.handle.results.Lens)
 def _json_of(r) -> dict:
     if r.options.get("batch"):
         return lens_batch_json(r.value, r.tokenizer, r.provenance, r.options.get("lenses"))

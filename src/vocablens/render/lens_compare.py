@@ -127,8 +127,7 @@ def comparison_to_dict(res: LensComparison, provenance, lenses: list[dict], data
     return d
 
 
-# ------------------------------ the renderers of a lens_compare result (:class:`vocablens.handle.results.LensComparison`)
-
+# ---------- the renderers of a lens_compare result (vocablens.handle.results.LensComparison)
 def _json_of(r) -> dict:
     o = r.options
     return comparison_to_dict(r.value, r.provenance, o["lenses"], o["data"], o.get("plot"))

@@ -21,7 +21,6 @@ def _f(x: float) -> str:
     return f"{x:.0f}" if a >= 99.95 else f"{x:.1f}" if a >= 9.995 else f"{x:.2f}"
 
 
-
 def eval_table(res: LensEval, title: str = "") -> Table:
     """One row per layer: KL, CE (nats and bits/byte), entropy, top-1 agreement, logit | tuned."""
     from rich import box
@@ -100,8 +99,7 @@ def eval_to_dict(res: LensEval, provenance, lens_label: str, data: dict, plot: s
     return d
 
 
-# ------------------------------ the renderers of a lens_eval result (:class:`vocablens.handle.results.LensEval`)
-
+# ---------- the renderers of a lens_eval result (vocablens.handle.results.LensEval)
 def _json_of(r) -> dict:
     o = r.options
     return eval_to_dict(r.value, r.provenance, o["label"], o["data"], o.get("plot"), o["lenses"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 from vocablens.render.renderer import Renderer
 
 
-
 def train_summary_to_dict(res, out_dir, steps: int, wall_s: float, world_size: int, data: dict) -> dict:
     """The dict ``lens train --json`` prints: the output folder, steps asked and resumed from, tokens
     seen, wall seconds and tokens/s, the last step's loss (nats summed over layers) and per-layer
@@ -21,8 +20,7 @@ def train_summary_to_dict(res, out_dir, steps: int, wall_s: float, world_size: i
             "world_size": world_size, "data": data}
 
 
-# ------------------------------ the renderers of a lens_train result (:class:`vocablens.handle.results.LensTraining`)
-
+# ---------- the renderers of a lens_train result (vocablens.handle.results.LensTraining)
 def _json_of(r) -> dict:
     o = r.options
     return train_summary_to_dict(r.value, o["out"], o["steps"], o["seconds"], o["world_size"], o["data"])

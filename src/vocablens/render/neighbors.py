@@ -108,8 +108,7 @@ def neighbors_section(res: Neighbors, tokenizer) -> Section:
     return Section(id="neighbors", title="Embedding neighbours", html="".join(parts))
 
 
-# ------------------------------ the renderers of a neighbors result (:class:`vocablens.handle.results.Neighbors`)
-
+# ---------- the renderers of a neighbors result (vocablens.handle.results.Neighbors)
 def _json_of(r) -> dict:
     return {**neighbors_to_dict(r.value, r.tokenizer), **model_of(r)}
 

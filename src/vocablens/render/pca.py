@@ -211,8 +211,7 @@ def pca_section(wp: WordPCA, div_id: str = "pca-3d", map_id: str = "pca-2d") -> 
                          + f"</div><p>{esc(flat)}</p><div class='scroll'>" + figure_html(fig2, map_id) + "</div>"))
 
 
-# ------------------------------ the renderers of a pca result (:class:`vocablens.handle.results.WordPCA`)
-
+# ---------- the renderers of a pca result (vocablens.handle.results.WordPCA)
 def _json_of(r) -> dict:
     wp = r.value
     return {"words": list(wp.words), "groups": list(wp.groups), "skipped": list(wp.skipped), "matrix": wp.matrix,

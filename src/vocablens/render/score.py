@@ -76,8 +76,7 @@ def print_score(res: ScoreResult, tokenizer, out: Console, provenance=None) -> N
               f"{res.bits_per_byte:.4f} bits/byte, perplexity {res.perplexity:.2f}")
 
 
-# ------------------------------ the renderers of a score result (:class:`vocablens.handle.results.Score`)
-
+# ---------- the renderers of a score result (vocablens.handle.results.Score)
 def _json_of(r) -> dict:
     return {**score_to_dict(r.value, r.tokenizer), **model_of(r)}
 

@@ -95,8 +95,7 @@ def print_steer(out, rows: list[dict], eff, tokenizer, saved_to: str = "") -> No
         out.print(f"wrote the steered model to {saved_to} (reloads with AutoModelForCausalLM)")
 
 
-# ------------------------------ the renderers of a steer result (:class:`vocablens.handle.results.Steering`)
-
+# ---------- the renderers of a steer result (vocablens.handle.results.Steering)
 def _json_of(r) -> dict:
     o = r.options
     return steer_to_dict(o["sets"], o["rows"], r.value, r.tokenizer, top_n=o["top_n"], scale=o["scale"],

@@ -131,8 +131,7 @@ def print_trim(res: TrimResult, v: TrimVerification, out_path, console, provenan
               else "not saved yet: .save(DIR) writes it (with the old -> new id map)")
 
 
-# ------------------------------ the renderers of a surgery result (:class:`vocablens.handle.results.Surgery`)
-
+# ---------- the renderers of a surgery result (vocablens.handle.results.Surgery)
 def _json_of(r) -> dict:
     o = r.options
     if o["command"] == "expand":

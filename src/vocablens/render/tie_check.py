@@ -8,7 +8,7 @@ from vocablens.render.json import json_ready
 from vocablens.render.renderer import Renderer
 
 
-# ------------------------------ the renderers of a tie_check result (:class:`vocablens.handle.results.TieCheck`)
+# ---------- the renderers of a tie_check result (vocablens.handle.results.TieCheck)
 def _json_of(r) -> dict:
     return json_ready(r.value.to_dict())
 

@@ -50,8 +50,7 @@ def trajectory_plot(per_kind: dict, tokenizer):
     return fig
 
 
-# ------------------------------ the renderers of a trajectory result (:class:`vocablens.handle.results.Trajectory`)
-
+# ---------- the renderers of a trajectory result (vocablens.handle.results.Trajectory)
 def _json_of(r) -> dict:
     """``{"tokens", "position", "token", "token_id", "n_layers", "logit": {"rank" [L+1], "prob" [L+1],
     "top1" [L+1]}, "tuned": ... or null (no tuned lens read), ..., "model"}``."""

@@ -195,8 +195,7 @@ def verdicts_of(scan, vocab_size: int) -> list[str] | None:
     return argmax_verdicts(scan, vocab_size)
 
 
-# ------------------------------ the renderers of a undertrained result (:class:`vocablens.handle.results.Undertrained`)
-
+# ---------- the renderers of an undertrained result (vocablens.handle.results.Undertrained)
 def _json_of(r) -> dict:
     return {**undertrained_to_dict(r.value, r.tokenizer, r.options.get("verdicts")), **model_of(r)}
 

@@ -132,8 +132,7 @@ def explanation_section(e: Explanation, tokenizer, prompt: str | None = None) ->
     return Section(id="explain", title="What built the prediction", html=html)
 
 
-# ------------------------------ the renderers of a explain result (:class:`vocablens.handle.results.Explanation`)
-
+# ---------- the renderers of an explain result (vocablens.handle.results.Explanation)
 def _json_of(r) -> dict:
     return {**explanation_to_dict(r.value, r.tokenizer), **model_of(r)}
 

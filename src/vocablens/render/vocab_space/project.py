@@ -212,8 +212,7 @@ def value_vectors_report_section(searches: list[TokenSearch], tops: VectorProjec
     return Section(id="value-vectors", title="FFN value vectors in vocabulary space", html=html)
 
 
-# ------------------------------ the renderers of a project result (:class:`vocablens.handle.results.Projection`)
-
+# ---------- the renderers of a project result (vocablens.handle.results.Projection)
 def _json_of(r) -> dict:
     how = r.options.get("how", "vectors")
     if how == "search":

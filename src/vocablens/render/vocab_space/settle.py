@@ -12,7 +12,6 @@ from vocablens.render.vocab_space._fmt import rnd
 from vocablens.vocab_space import SettleResult
 
 
-
 def settle_to_dict(res: SettleResult) -> dict:
     """``{"kind", "n_positions", "n_layers", "histogram", "settled_fraction", "top1_agreement",
     "mean_settle_layer", "block_flops", "head_flops", "exits": [{"threshold", "mean_exit_layer",
@@ -162,8 +161,7 @@ def settle_section(res: SettleResult, div_id: str = "settle-curve") -> Section:
     return Section(id="settle", title="Where predictions settle (early exit)", html=html)
 
 
-# ------------------------------ the renderers of a settle result (:class:`vocablens.handle.results.Settle`)
-
+# ---------- the renderers of a settle result (vocablens.handle.results.Settle)
 def _json_of(r) -> dict:
     d = settle_to_dict(r.value)
     d.update({"corpus": r.options.get("corpus"), "plot": r.options.get("plot"), **model_of(r)})
