@@ -398,7 +398,7 @@ def test_tuned_lens_heatmaps_and_report_tables_show_whitespace(smollm2):
     from vocablens.lens.logit import lens_pair
     from vocablens.lens.tuned import load_for_model
     from vocablens.render.html import table_html
-    from vocablens.render.tuned import trajectory_figure
+    from vocablens.render.prediction_trajectories import trajectory_figure
 
     tok = smollm2.tokenizer
     ids = tok("The capital of France is", return_tensors="pt").input_ids[0]
@@ -586,7 +586,8 @@ def test_report_figures_read_in_chromium(smollm2, tmp_path):
     from vocablens.render.html import Section, esc, table_html
     from vocablens.render.report import render_report
     from vocablens.render.tokens import LEGEND, VISIBLE, display_token
-    from vocablens.render.tuned import KL_FLOOR, tuned_lens_section
+    from vocablens.render.prediction_trajectories import KL_FLOOR
+    from vocablens.render.tuned import tuned_lens_section
 
     tok, b = smollm2.tokenizer, smollm2.borders
     lens = load_for_model(b, "smollm2")

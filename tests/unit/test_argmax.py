@@ -446,7 +446,7 @@ def test_cli_argmax_json(smollm2, smol_argmax, capsys, monkeypatch):
 def test_cli_bottleneck_real_contexts(smollm2, capsys, monkeypatch, tmp_path):
     import vocablens.cli.argmax as cli_mod
     from vocablens.cli.common import run_app
-    from vocablens.render.argmax import bottleneck_section
+    from vocablens.render.bottleneck import bottleneck_section
 
     monkeypatch.setattr(cli_mod, "load_model", lambda *a, **k: smollm2)
     plot = tmp_path / "spectra.html"

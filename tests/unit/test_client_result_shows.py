@@ -61,7 +61,7 @@ def test_trajectory_draws_the_explorers_rank_and_probability_plot(m):
 
 
 def test_bottleneck_figure_is_the_plot_it_writes_and_its_rows_the_spectra(m):
-    from vocablens.render.argmax import bottleneck_figure
+    from vocablens.render.bottleneck import bottleneck_figure
 
     b = m.bottleneck(contexts=m.borders.d_emb + 8, seq_len=16)
     assert b.figure().to_plotly_json() == bottleneck_figure(b.value).to_plotly_json()

@@ -134,7 +134,7 @@ def test_settle_figure_one_quantity_per_titled_axis():
     """Every y axis of the settle figure has a title naming the one quantity its traces show; the
     early exit's net FLOPs (down to -235%) never share an axis with shares of positions; each panel's
     legend sits below its own panel."""
-    from vocablens.render.vocab_space.updates import COMPUTE, POSITIONS, settle_figure
+    from vocablens.render.vocab_space.settle import COMPUTE, POSITIONS, settle_figure
 
     fig = settle_figure(_settle_result())
     by_axis = {}
@@ -162,7 +162,7 @@ def test_settle_figure_layout_in_headless_chromium(tmp_path):
     """Drawn by plotly.js at the report's width and a narrow one: no legend over a plot, an axis title,
     a tick label or another legend; no axis title over a plot; nothing clipped; three titled y axes."""
     playwright = require_browser()
-    from vocablens.render.vocab_space.updates import settle_figure
+    from vocablens.render.vocab_space.settle import settle_figure
 
     page_file = tmp_path / "settle.html"
     settle_figure(_settle_result()).write_html(page_file, include_plotlyjs=True, full_html=True, div_id="settle")

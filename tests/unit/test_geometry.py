@@ -268,7 +268,7 @@ def test_pca_figure_switch(smollm2):
 def test_neighbors_and_anatomy_sections(smollm2):
     from vocablens.accounting.anatomy import anatomy, anatomy_of
     from vocablens.render.anatomy import anatomy_section, anatomy_table
-    from vocablens.render.geometry import neighbors_section
+    from vocablens.render.neighbors import neighbors_section
 
     res = nearest_neighbors(smollm2.borders, smollm2.tokenizer, [" king", " Paris"], k=5)
     sec = neighbors_section(res, smollm2.tokenizer)

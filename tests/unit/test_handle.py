@@ -87,7 +87,7 @@ def test_a_new_translator_kind_reads_through_its_translator(m):
 def test_results_show_themselves_through_the_cli_renderers(m):
     from rich.console import Console
 
-    from vocablens.render.ops import print_score
+    from vocablens.render.score import print_score
 
     s = m.score("the cat sat on the mat", top_k=2)
     rec = Console(record=True, width=120, file=open("/dev/null", "w"))

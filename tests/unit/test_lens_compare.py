@@ -49,7 +49,8 @@ def test_compare_matches_evaluate_and_a_full_softmax_oracle():
 
 def test_report_section_shows_the_three_lenses_side_by_side():
     from vocablens.lens import logit_lens
-    from vocablens.render.tuned import trajectory_figure, tuned_lens_section
+    from vocablens.render.prediction_trajectories import trajectory_figure
+    from vocablens.render.tuned import tuned_lens_section
     from tiny_dirs import tiny_tokenizer
 
     b = Borders.from_model(tm.make_tiny("llama"))
@@ -78,7 +79,8 @@ def test_the_three_heatmaps_are_wide_enough_for_their_tokens():
     page scrolls sideways rather than squeezing the panels."""
     from vocablens.lens import logit_lens
     from vocablens.render.tokens import display_token
-    from vocablens.render.tuned import trajectory_figure, tuned_lens_section
+    from vocablens.render.prediction_trajectories import trajectory_figure
+    from vocablens.render.tuned import tuned_lens_section
     from tiny_dirs import tiny_tokenizer
 
     b = Borders.from_model(tm.make_tiny("llama"))

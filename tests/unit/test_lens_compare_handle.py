@@ -187,8 +187,8 @@ def test_the_lens_eval_figures_share_one_builder():
     numbers, the two builders give the same figure."""
     from vocablens.lens.compare import LensComparison
     from vocablens.lens.evaluate import LensEval
-    from vocablens.render.compare import comparison_figure
-    from vocablens.render.tuned import eval_figure
+    from vocablens.render.lens_compare import comparison_figure
+    from vocablens.render.lens_eval import eval_figure
 
     import dataclasses
 

@@ -97,7 +97,7 @@ def test_the_reports_other_figures_are_their_sections(m):
     from vocablens.render.anatomy import anatomy_section
     from vocablens.render.pca import pca_section
     from vocablens.render.html import figure_html
-    from vocablens.render.undertrained_report import undertrained_section
+    from vocablens.render.undertrained import undertrained_section
     from vocablens.render.vocab_space import settle_section
 
     a = m.anatomy()

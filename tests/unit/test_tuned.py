@@ -344,7 +344,8 @@ def test_reads_a_lens_saved_by_the_tuned_lens_library(tmp_path):
 # ------------------------------------------------------------------ rendering
 def test_report_section_and_plots(tmp_path):
     from vocablens.render.html import Section
-    from vocablens.render.tuned import save_eval_plot, tuned_lens_section
+    from vocablens.render.lens_eval import save_eval_plot
+    from vocablens.render.tuned import tuned_lens_section
 
     b = tiny("llama")
 

@@ -10,7 +10,7 @@ import typer
 
 from vocablens.handle import checks
 from vocablens.cli.common import (
-    DeviceOpt, JsonOpt, MaxMemOpt, ModelOpt, TrustOpt, app, emit_json, show, err, load_model, out,
+    DeviceOpt, JsonOpt, MaxMemOpt, ModelOpt, TrustOpt, app, show, err, load_model,
 )
 from vocablens.cli.heap import trim_heap, tune_heap, tuned_for_the_scan
 from vocablens.cli.progress import PlainProgress, stage_progress  # noqa: F401  (PlainProgress: re-exported)
@@ -114,8 +114,6 @@ def bottleneck_cmd(
     max_memory: MaxMemOpt = "",
 ) -> None:
     """Softmax bottleneck: spectra and numerical ranks of W_U and of the log-probabilities over N > d contexts."""
-    from vocablens.render.shown import figure, print_result, to_json
-
     checks.free_output(plot, force)
     checks.at_least("seq_len", seq_len, 2)
     lm = load_model(model, mode="streaming" if max_memory else "full", max_memory=max_memory or None,
@@ -127,14 +125,4 @@ def bottleneck_cmd(
         res = lm.bottleneck(corpus, contexts=contexts, seq_len=seq_len, progress=cb)
     finally:
         close()
-    if plot:
-        from vocablens.files import atomic_path
-
-        with atomic_path(plot) as tmp:
-            figure(res).write_html(str(tmp), include_plotlyjs=True)
-    if json_:
-        emit_json(to_json(res))
-    else:
-        print_result(res, out)
-        if plot:
-            err.print(f"wrote {plot}")
+    show(res, json_, plot=plot, notes=[f"wrote {plot}"] if plot else [], note_style=None)

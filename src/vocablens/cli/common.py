@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Callable, Optional, Sequence
 
 # transformers' GGUF dequantization bar (plain tqdm) reads this when tqdm is imported; we show our own.
 os.environ.setdefault("TQDM_DISABLE", "1")
@@ -106,12 +106,27 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def show(result, json_: bool) -> None:
-    """A command's result on stdout: its ``--json`` (:func:`vocablens.render.shown.to_json`) or the
-    table it prints (:func:`vocablens.render.shown.print_result`)."""
-    from vocablens.render.shown import print_result, to_json
+def show(result, json_: bool, *, options: dict | None = None, plot: str = "", printed: Callable[[], Any] | None = None,
+         notes: Sequence[str] = (), note_style: str | None = "dim") -> None:
+    """How every command ends: ``result`` on stdout as its ``--json`` (:func:`vocablens.render.shown.to_json`)
+    or the table it prints (:func:`vocablens.render.shown.print_result`; ``printed()`` instead where given:
+    ``generate``'s streamed tail), then, after a table, ``notes`` on stderr in ``note_style``. ``options`` are
+    merged into the result's first (``settle``: its ``--plot`` path); ``plot``: a path the result's figure
+    is written to before anything is printed (one HTML page, atomically)."""
+    import dataclasses
 
-    emit_json(to_json(result)) if json_ else print_result(result, out)
+    from vocablens.files import atomic_path
+    from vocablens.render.shown import figure, print_result, to_json
+
+    result = dataclasses.replace(result, options={**result.options, **options}) if options else result
+    if plot:
+        with atomic_path(plot) as tmp:
+            figure(result).write_html(str(tmp), include_plotlyjs=True)
+    if json_:
+        return emit_json(to_json(result))
+    printed() if printed is not None else print_result(result, out)
+    for line in notes:
+        err.print(line, style=note_style)
 
 
 @contextmanager

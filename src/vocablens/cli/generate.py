@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from vocablens.handle import checks
-from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TpOpt, TrustOpt, app, emit_json, err, load_model
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TpOpt, TrustOpt, app, load_model, show
 from vocablens.errors import BadInput
 from vocablens.models.spec import DEFAULT_MODEL
 
@@ -45,7 +45,6 @@ def generate_cmd(
     --early-exit then) and rank 0 prints; with --tp the blocks are split too (transformers' tensor
     parallel), every rank draws the same tokens."""
     from vocablens.render.generate import TextStream, summary_lines
-    from vocablens.render.shown import to_json
 
     _check_flags(max_new_tokens, top, temperature, top_k, top_p, min_p, early_exit, threshold, exit_test)
     from vocablens.cli.torchrun import group_device
@@ -70,13 +69,12 @@ def generate_cmd(
                       vocab_parallel=world > 1)
     if rank != 0:
         return
-    if json_:
-        emit_json(to_json(res))
-        return
-    sys.stdout.write(stream.flush() + "\n")
-    sys.stdout.flush()
-    for line in summary_lines(res.value):
-        err.print(line, style="dim")
+
+    def rest() -> None:  # the text was streamed as it came: only its tail and a newline are left
+        sys.stdout.write(stream.flush() + "\n")
+        sys.stdout.flush()
+
+    show(res, json_, printed=rest, notes=summary_lines(res.value))
 
 
 def _check_flags(max_new_tokens: int, top: int, temperature: float, top_k, top_p, min_p, early_exit,

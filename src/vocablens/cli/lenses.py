@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vocablens.handle import checks
-from vocablens.cli.common import emit_json, err, load_model, out, status
+from vocablens.cli.common import err, load_model, show, status
 from vocablens.errors import BadInput
 
 KINDS = ("logit", "tuned", "jacobian")
@@ -80,7 +80,6 @@ def eval_kinds(kinds: list[str], model: str, lens_path: str, corpus: str, split:
     (:meth:`vocablens.Model.compare_lenses`)."""
     from vocablens.cli.progress import stage_progress
     from vocablens.handle.lenses.evaluation import compare_inputs
-    from vocablens.render.shown import print_result, to_json
 
     check_eval_options(max_tokens, seq_len, split, plot, force)
     set_threads(threads)
@@ -101,12 +100,7 @@ def eval_kinds(kinds: list[str], model: str, lens_path: str, corpus: str, split:
                                 status=lambda msg: status(msg, quiet=quiet), started=started, progress=cb)
     finally:
         close()
-    if json_:
-        emit_json(to_json(res))
-    else:
-        print_result(res, out)
-        if plot is not None:
-            err.print(f"wrote {plot}", style="dim")
+    show(res, json_, notes=[f"wrote {plot}"] if plot is not None else [])
 
 
 __all__ = ["KINDS", "eval_kinds", "find_lenses", "lens_caption", "load_lenses", "parse_kinds", "set_threads"]

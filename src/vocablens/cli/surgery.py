@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from vocablens.handle import checks
-from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, show, err, load_model, out, status
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, show, load_model, status
 from vocablens.errors import BadInput
 from vocablens.models.spec import DEFAULT_MODEL
 
@@ -78,7 +78,6 @@ def trim(
 ) -> None:
     """Keep only the tokens a corpus uses (plus specials, bytes, merge parts); slice both matrices."""
     from vocablens.corpus import load_documents
-    from vocablens.render.shown import print_result, to_json
     from vocablens.surgery.io import check_out
 
     out_path = check_out(out_dir, force)
@@ -102,8 +101,4 @@ def trim(
                   documents=texts, status=lambda msg: status(msg, quiet=json_), progress=progress)
     with status(f"writing {out_path} ...", quiet=json_):
         new.save(out_path, force=force)
-    if json_:
-        emit_json(to_json(new.surgery))
-    else:
-        print_result(new.surgery, out)
-        err.print(f"id map: {out_path / 'vocab_map.json'}", style="dim")
+    show(new.surgery, json_, notes=[f"id map: {out_path / 'vocab_map.json'}"])

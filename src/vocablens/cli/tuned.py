@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from vocablens.cli.common import (
-    JsonOpt, ModelOpt, DeviceOpt, TpOpt, TrustOpt, emit_json, show, err, load_model, out, status,
+    JsonOpt, ModelOpt, DeviceOpt, TpOpt, TrustOpt, show, err, load_model, status,
 )
 from vocablens.cli.core import lens_app
 from vocablens.cli.lenses import check_eval_options, set_threads
@@ -196,7 +196,6 @@ def lens_eval(
     from vocablens.cli.progress import stage_progress
     from vocablens.handle.lenses.evaluation import lens_eval_inputs
     from vocablens.parallel.processes import init_from_env
-    from vocablens.render.shown import print_result, to_json
 
     check_eval_options(max_tokens, seq_len, split, plot, force)
     set_threads(threads)
@@ -226,9 +225,4 @@ def lens_eval(
         bar[1]()
     if rank != 0:
         return
-    if json_:
-        emit_json(to_json(res))
-    else:
-        print_result(res, out)
-        if plot is not None:
-            err.print(f"wrote {plot}", style="dim")
+    show(res, json_, notes=[f"wrote {plot}"] if plot is not None else [])

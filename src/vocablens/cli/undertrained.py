@@ -10,7 +10,7 @@ import typer
 
 from vocablens.handle import checks
 from vocablens.cli.common import (
-    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, emit_json, err, load_model, out,
+    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, load_model, show,
 )
 from vocablens.errors import BadInput
 from vocablens.models.spec import DEFAULT_MODEL
@@ -50,7 +50,6 @@ def undertrained_cmd(
     candidates of the indicator are prompted to repeat themselves, and those whose highest probability
     stays below 0.01 are verified under-trained (Land & Bartolo 2024). With --argmax, each row also
     shows whether the token can win at all (argmax geometry: a different question)."""
-    from vocablens.render.shown import print_result, to_json
 
     checks.undertrained_options(candidates, batch_size)
     scan = _read_scan(argmax) if argmax else None
@@ -64,9 +63,4 @@ def undertrained_cmd(
                               batch_size=batch_size, argmax_verdicts=scan, progress=cb)
     finally:
         close()
-    if json_:
-        emit_json(to_json(res))
-        return
-    print_result(res, out)
-    err.print(f"timings: {', '.join(f'{k} {v:.1f} s' for k, v in res.seconds.items() for v in [round(float(v), 3)])}",
-              style="dim")
+    show(res, json_, notes=[f"timings: {', '.join(f'{k} {v:.1f} s' for k, v in res.seconds.items() for v in [round(float(v), 3)])}"])

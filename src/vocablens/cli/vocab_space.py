@@ -10,7 +10,7 @@ from rich.text import Text
 
 from vocablens.handle import checks
 from vocablens.cli.common import (
-    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, count_bar, emit_json, show, err, load_model, out,
+    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, count_bar, show, err, load_model,
     parse_int_list,
 )
 from vocablens.errors import BadInput
@@ -203,11 +203,8 @@ def settle_cmd(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Where predictions settle over a corpus, and what an early exit would save and keep."""
-    import dataclasses
-
     from vocablens.corpus import load_documents
     from vocablens.render import vocab_space as rv
-    from vocablens.render.shown import print_result, to_json
 
     try:
         ths = [float(x) for x in thresholds.split(",") if x.strip()]
@@ -237,9 +234,5 @@ def settle_cmd(
         return
     if plot is not None:
         rv.write_settle_plot(res.value, plot)
-    if json_:
-        emit_json(to_json(dataclasses.replace(res, options={**res.options, "plot": str(plot) if plot else None})))
-    else:
-        print_result(res, out)
-        if plot is not None:
-            err.print(f"wrote {plot}", style="dim")
+    show(res, json_, options={"plot": str(plot) if plot else None},
+         notes=[f"wrote {plot}"] if plot is not None else [])

@@ -3,8 +3,9 @@
 An analysis returns a plain frozen dataclass of tensors (``LensResult``, ``ScoreResult`` ...) that
 knows nothing of rendering (DESIGN.md). The handle wraps it, with the tokenizer and provenance it was
 computed with and the options of the call, in one :class:`Result` per analysis. Every method that
-renders dispatches to :mod:`vocablens.render.shown`, the same renderers the CLI, the report and the
-explorer use:
+renders looks its ``kind`` up in the one renderer table, :data:`vocablens.render.shown.RENDERERS`
+(each kind's renderers live in the render module named for it: ``argmax`` in
+:mod:`vocablens.render.argmax`), the same renderers the CLI, the report and the explorer use:
 
 * ``.to_json()``: the dict the matching command prints with ``--json`` for the same call;
 * ``.table()``: the rich renderables the command prints (a ``rich.console.Group``; ``print(res.table())``
@@ -61,7 +62,7 @@ class Result:
 
     def figure(self, **options):
         """The plotly figure of this result, as the report / explorer draws it
-        (:mod:`vocablens.render.result_figures`: which figure each kind draws).
+        (the ``figure`` of its :class:`~vocablens.render.renderer.Renderer`: which figure each kind draws).
 
         Args:
             options: the figure's own options (a lens's trajectories: ``colour="entropy"|"kl"|"final_prob"``).
@@ -72,8 +73,9 @@ class Result:
         return _shown().figure(self, **options)
 
     def to_pandas(self):
-        """One row per item of the result (a ``pandas.DataFrame``; :mod:`vocablens.render.frames`: the
-        rows of each kind), the columns named as the result's fields.
+        """One row per item of the result (a ``pandas.DataFrame``; the ``frame`` of its
+        :class:`~vocablens.render.renderer.Renderer`: the rows of each kind), the columns named as the
+        result's fields.
 
         Raises:
             BadInput: pandas is not installed (``pip install 'vocablens[pandas]'``), or the result is
@@ -88,8 +90,9 @@ class Result:
         p.text(_shown().to_text(self).rstrip("\n"))
 
     def __repr__(self) -> str:
-        entry = _shown().RENDERERS.get(self.kind) or (None, None, None, None)
-        shows = [".table()", ".to_json()"] + [n for n, f in ((".figure()", entry[2]), (".to_pandas()", entry[3]))
+        entry = _shown().RENDERERS.get(self.kind)
+        shows = [".table()", ".to_json()"] + [n for n, f in ((".figure()", getattr(entry, "figure", None)),
+                                                             (".to_pandas()", getattr(entry, "frame", None)))
                                               if f is not None]  # only what this kind draws
         return f"<vocablens {type(self).__name__} result; {', '.join(shows)}>"
 

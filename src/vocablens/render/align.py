@@ -1,5 +1,9 @@
 """Rendering of a parameter alignment between two models: JSON, the per-block table, best matches.
-Blocks count 0..L-1 (block i reads stream layer i and writes layer i+1)."""
+Blocks count 0..L-1 (block i reads stream layer i and writes layer i+1).
+
+The ``align`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from rich.table import Table
 
 from vocablens.vocab_space.align import Alignment
 from vocablens.models.tokens import quoted, token_str
+from vocablens.render.renderer import Renderer
 
 
 def _unit(what: str) -> str:
@@ -87,3 +92,28 @@ def alignment_tables(res: Alignment, top: list[dict[str, Any]], name_a: str, nam
 
 def token_names(tokenizer, ids: list[int]) -> list[str]:
     return [token_str(tokenizer, i) for i in ids]
+
+
+# ---------- the renderers of an align result (vocablens.handle.results.Alignment)
+def _json_of(r) -> dict:
+    other = r.options.get("other")
+    return {**alignment_to_dict(r.value, r.options["best"]),
+            "model_a": None if r.provenance is None else r.provenance.to_dict(),
+            "model_b": None if other is None else other.to_dict()}
+
+
+def _print_of(r, out) -> None:
+    res = r.value
+    vocab = "identical vocabularies" if res.shared.identical else f"{res.shared.size:,} shared tokens (mapped by string)"
+    out.print(f"{res.what}: {vocab}; units compared by the correlation of their vocabulary-space projections")
+    for t in alignment_tables(res, r.options["best"], *r.options["names"]):
+        out.print(t)
+
+
+def _rows_of(r) -> list[dict]:
+    """A row per best-matching pair of units listed (``align --json``'s ``best_matches``)."""
+    return [dict(p) for p in r.options["best"]]
+
+
+#: how an ``align`` result shows itself
+RENDERER = Renderer("align", _json_of, _print_of, None, _rows_of)

@@ -2,6 +2,9 @@
 
 Several models are shown in columns, one quantity per row; the seeds' advice is to compare models
 by their non-embedding parameters, so that row is highlighted and a ratio to the first model given.
+
+The ``anatomy`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from rich.table import Table
 from vocablens.accounting.anatomy import WEIGHT_FORMATS, Anatomy
 from vocablens.render.html import Section, esc, figure_html, table_html
 from vocablens.units import fmt_bytes  # noqa: F401  (re-exported: the one byte renderer)
+from vocablens.render.renderer import Renderer
 
 
 # ---------------------------------------------------------------------------------------- formatting
@@ -159,5 +163,28 @@ def anatomy_section(results: Sequence[Anatomy], div_id: str = "anatomy-params") 
     return Section(id="anatomy", title="Anatomy: parameters, bytes and FLOPs of the two borders", html=body)
 
 
-__all__ = ["anatomy_rows", "anatomy_table", "print_anatomy", "anatomy_section", "params_figure",
+# ---------- the renderers of an anatomy result (vocablens.handle.results.Anatomy)
+def _json_of(r) -> dict:
+    return anatomy_json([r.value])
+
+
+def _print_of(r, out) -> None:
+    print_anatomy([r.value], out)
+
+
+def _figure_of(r):
+    """The report's parameter bars."""
+    return params_figure([r.value])
+
+
+def _rows_of(r) -> list[dict]:
+    """One row of the anatomy's scalar fields."""
+    return [{k: v for k, v in r.value.to_dict().items() if not isinstance(v, (dict, list))}]
+
+
+#: how an ``anatomy`` result shows itself
+RENDERER = Renderer("anatomy", _json_of, _print_of, _figure_of, _rows_of)
+
+
+__all__ = ["RENDERER", "anatomy_rows", "anatomy_table", "print_anatomy", "anatomy_section", "params_figure",
            "fmt_bytes", "fmt_count", "fmt_flops"]

@@ -1,11 +1,16 @@
 """Rendering of an anomaly run (``vocablens lens anomaly``): the ``--json`` dict and the terminal
-tables. Computes nothing: the scores and AUROCs come from :func:`vocablens.lens.anomaly.detect`."""
+tables. Computes nothing: the scores and AUROCs come from :func:`vocablens.lens.anomaly.detect`.
+
+The ``anomaly`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from rich.table import Table
+from vocablens.render.renderer import Renderer
 
 
 def anomaly_to_dict(rep, kinds, detectors, texts: list[str], labels, provenance=None) -> dict[str, Any]:
@@ -62,3 +67,25 @@ def print_anomaly(out, rep, detectors, texts: list[str], labels) -> None:
     if t is not None:
         out.print(t)
     out.print(scores_table(rep, texts, labels))
+
+
+# ---------- the renderers of an anomaly result (vocablens.handle.results.Anomaly)
+def _json_of(r) -> dict:
+    o = r.options
+    return anomaly_to_dict(r.value, o["kinds"], o["detectors"], o["texts"], o["labels"], r.provenance)
+
+
+def _print_of(r, out) -> None:
+    o = r.options
+    print_anomaly(out, r.value, o["detectors"], o["texts"], o["labels"])
+
+
+def _rows_of(r) -> list[dict]:
+    """A row per test input: its index, label and text, and a column per ``kind/detector`` score."""
+    o, rep = r.options, r.value
+    return [{"index": i, "label": None if o["labels"] is None else int(o["labels"][i]), "text": o["texts"][i],
+             **{k: float(v[i]) for k, v in rep.scores.items()}} for i in range(rep.n_test)]
+
+
+#: how an ``anomaly`` result shows itself
+RENDERER = Renderer("anomaly", _json_of, _print_of, None, _rows_of)

@@ -1,17 +1,17 @@
-"""Rendering of argmax geometry and the softmax bottleneck: rich tables, JSON, report sections."""
+"""Argmax geometry (``argmax``, :meth:`vocablens.Model.argmax`): its JSON, tables, report section and rows,
+registered as :data:`RENDERER` (the softmax bottleneck: :mod:`vocablens.render.bottleneck`)."""
 
 from __future__ import annotations
 
-import inspect
 import math
 
 from rich.table import Table
 
-from vocablens.argmax.bottleneck import Bottleneck, softmax_bottleneck
 from vocablens.argmax.result import STAGES, VERDICTS
 from vocablens.argmax.model import ModelArgmax
 from vocablens.models.tokens import token_str, quoted
-from vocablens.render.html import Section, esc, figure_html, table_html
+from vocablens.render.html import Section, esc, table_html
+from vocablens.render.renderer import Renderer, model_of
 from vocablens.render.tokens import shown as _shown
 from vocablens.units import noun, plural
 
@@ -227,71 +227,23 @@ def argmax_section(ma: ModelArgmax, tokenizer=None) -> Section:
     return Section(id="argmax", title="Argmax geometry", html="\n".join(parts))
 
 
-#: the top-k counts softmax_bottleneck reports by default: always keys of the shares, null past a spectrum
-_TOP_K = tuple(inspect.signature(softmax_bottleneck).parameters["top_k"].default)
+# ---------- the renderers of an argmax result (vocablens.handle.results.Argmax)
+def _json_of(r) -> dict:
+    return {**argmax_to_dict(r.value, r.tokenizer), **model_of(r)}
 
 
-def _share_keys(b: Bottleneck) -> list[int]:
-    return sorted(set(_TOP_K) | set(b.share_W) | set(b.share_A))
+def _print_of(r, out) -> None:
+    for t in argmax_tables(r.value, r.tokenizer):
+        out.print(t)
 
 
-def bottleneck_to_dict(b: Bottleneck) -> dict:
-    """Plain data for ``vocablens bottleneck --json``; ``share_W`` and ``share_logprobs`` (variance
-    share of the top-k singular directions, keyed by k) have the same keys whatever V, d and N (the
-    default top-k counts), null where k exceeds that spectrum's length."""
-    return {
-        "V": b.V, "d": b.d, "rank_W": b.rank_W, "tol_W": b.tol_W, "stable_rank_W": b.stable_rank_W,
-        "entropy_rank_W": b.entropy_rank_W, "n_contexts": b.n_contexts, "rank_logprobs": b.rank_A,
-        "tol_logprobs": _f(b.tol_A), "rank_bound": b.bound_A, "softcap": b.softcap,
-        # one key set for both whatever N: a top-k past the spectrum's length is null
-        "share_W": {str(k): b.share_W.get(k) for k in _share_keys(b)},
-        "share_logprobs": {str(k): b.share_A.get(k) for k in _share_keys(b)},
-        "sigma_W": b.sigma_W.tolist(), "sigma_logprobs": b.sigma_A.tolist(),
-    }
+def _rows_of(r) -> list[dict]:
+    """A row per vocabulary row: its verdict, the stage that decided it and its margin."""
+    res = r.value.result
+    return [{"id": t, "token": token_str(r.tokenizer, t), "verdict": VERDICTS[v],
+             "stage": STAGES[s] if s >= 0 else None, "margin": m}
+            for t, (v, s, m) in enumerate(zip(res.verdict.tolist(), res.stage.tolist(), res.margin.tolist()))]
 
 
-def bottleneck_figure(b: Bottleneck):
-    """Plotly figure: both singular spectra, normalised by their largest value, log scale."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    for name, s, tol in (("W_U", b.sigma_W, b.tol_W), ("log-probabilities", b.sigma_A, b.tol_A)):
-        if len(s) == 0 or float(s[0]) <= 0:
-            continue
-        y = (s / s[0]).clamp_min(1e-18).tolist()
-        fig.add_trace(go.Scatter(x=list(range(1, len(y) + 1)), y=y, mode="lines", name=name))
-    fig.add_vline(x=b.d, line_dash="dot", annotation_text=f"d = {b.d}")
-    fig.update_layout(title="Singular spectra (sigma / sigma_max)", xaxis_title="index",
-                      yaxis_title="sigma / sigma_max", yaxis_type="log", template="plotly_white")
-    return fig
-
-
-def bottleneck_tables(b: Bottleneck) -> list[Table]:
-    """Rich table of the bottleneck figures."""
-    t = Table(title=f"softmax bottleneck: W_U [{b.V} x {b.d}]", title_justify="left")
-    t.add_column("quantity")
-    t.add_column("W_U", justify="right")
-    t.add_column(f"log-probs over {b.n_contexts} contexts", justify="right")
-    t.add_row("numerical rank", str(b.rank_W), f"{b.rank_A} (bound {b.bound_A})" if b.rank_A >= 0 else "-")
-    t.add_row("largest singular value", f"{float(b.sigma_W[0]):.4g}",
-              f"{float(b.sigma_A[0]):.4g}" if len(b.sigma_A) else "-")
-    t.add_row("stable rank", f"{b.stable_rank_W:.2f}", "")
-    t.add_row("entropy effective rank", f"{b.entropy_rank_W:.1f}", "")
-    for k in sorted(set(b.share_W) | set(b.share_A)):
-        t.add_row(f"variance share, top {k}", f"{b.share_W.get(k, float('nan')):.3f}",
-                  f"{b.share_A.get(k, float('nan')):.3f}" if k in b.share_A else "-")
-    return [t]
-
-
-def bottleneck_section(b: Bottleneck) -> Section:
-    """Report section: ranks, variance shares and the two spectra."""
-    rows = [["numerical rank", b.rank_W, f"{b.rank_A} (bound {b.bound_A})"],
-            ["stable rank", f"{b.stable_rank_W:.2f}", ""],
-            ["entropy effective rank", f"{b.entropy_rank_W:.1f}", ""]]
-    rows += [[f"variance share, top {k}", f"{b.share_W.get(k, float('nan')):.3f}",
-              f"{b.share_A[k]:.3f}" if k in b.share_A else ""] for k in sorted(b.share_W)]
-    html = (f"<p>The logit matrix over any N contexts has rank at most d (Yang et al. 2018); here "
-            f"N = {b.n_contexts} real contexts, d = {b.d}.</p>"
-            + table_html(["quantity", "W_U", "log-probabilities"], rows)
-            + figure_html(bottleneck_figure(b), "bottleneck-spectra"))
-    return Section(id="bottleneck", title="Softmax bottleneck", html=html)
+#: how an ``argmax`` result shows itself
+RENDERER = Renderer("argmax", _json_of, _print_of, None, _rows_of)

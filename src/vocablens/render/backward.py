@@ -1,5 +1,5 @@
-"""Rendering of the backward lens (:mod:`vocablens.lens.backward`): its ``--json`` dict, a rich table and a
-heatmap; and the summary of a Jacobian lens fitted (``lens fit-jacobian``)."""
+"""The backward lens (``lens backward``, :mod:`vocablens.lens.backward`): its ``--json`` dict, a rich table,
+a heatmap and rows, registered as :data:`RENDERER`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from rich.table import Table
 
 from vocablens.lens.backward import BackwardLens
 from vocablens.models.tokens import token_str
+from vocablens.render.renderer import Renderer
 
 
 def backward_json(res: BackwardLens, tokenizer, provenance=None) -> dict:
@@ -65,24 +66,32 @@ def backward_figure(res: BackwardLens, tokenizer):
     return fig
 
 
-def fit_summary_to_dict(lens, out, seconds: float, stored_dtype: str, provenance=None) -> dict:
-    """The dict ``lens fit-jacobian --json`` prints: ``{"out" (null when not saved), "n_prompts",
-    "tokens", "layers", "seconds" (wall, to a tenth of a second), "stored_dtype",
-    "model"}``."""
-    d = {"out": None if out is None else str(out), "n_prompts": lens.settings["n_prompts"],
-         "tokens": lens.settings["tokens"], "layers": lens.layers, "seconds": round(seconds, 1),
-         "stored_dtype": stored_dtype}
-    if provenance is not None:
-        d["model"] = provenance.to_dict()
-    return d
+# ---------- the renderers of a backward result (vocablens.handle.results.BackwardLens)
+def _json_of(r) -> dict:
+    return backward_json(r.value, r.tokenizer, r.provenance)
 
 
-def print_fit_summary(lens, out, seconds: float, console) -> None:
-    """One line: where the Jacobian lens was saved, its prompts, tokens, layers and wall seconds."""
-    what = f"saved the Jacobian lens to {out}" if out is not None else "fitted a Jacobian lens"
-    console.print(f"{what} ({lens.settings['n_prompts']} prompts, {lens.settings['tokens']} tokens, "
-                  f"{len(lens.layers)} layers, {seconds:.0f} s)")
+def _print_of(r, out) -> None:
+    print_backward(r.value, r.tokenizer, out, r.provenance)
 
 
-__all__ = ["backward_figure", "backward_json", "backward_table", "fit_summary_to_dict", "print_backward",
-           "print_fit_summary"]
+def _figure_of(r):
+    """The tokens a descent step promotes at each layer."""
+    return backward_figure(r.value, r.tokenizer)
+
+
+def _rows_of(r) -> list[dict]:
+    """A row per (layer, rank): the gradient's norm and the target's score at the layer, the token
+    promoted at that rank and its score."""
+    res = r.value
+    return [{"layer": ly, "rank": j + 1, "grad_norm": float(res.grad_norm[ly]),
+             "target_score": float(res.target_score[ly]), "id": int(i), "token": token_str(r.tokenizer, int(i)),
+             "score": float(res.top_scores[ly, j])}
+            for ly in range(int(res.top_ids.shape[0])) for j, i in enumerate(res.top_ids[ly].tolist())]
+
+
+#: how a ``backward`` result shows itself
+RENDERER = Renderer("backward", _json_of, _print_of, _figure_of, _rows_of)
+
+
+__all__ = ["RENDERER", "backward_figure", "backward_json", "backward_table", "print_backward"]

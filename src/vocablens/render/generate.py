@@ -1,9 +1,14 @@
-"""Rendering a generation: streamed text deltas, the ``--json`` document, and the early-exit summary."""
+"""Rendering a generation: streamed text deltas, the ``--json`` document, and the early-exit summary.
+
+The ``generate`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 
 from vocablens.models.tokens import token_str
 from vocablens.units import plural
+from vocablens.render.renderer import Renderer
 
 
 class TextStream:
@@ -113,4 +118,34 @@ def summary_lines(res) -> list[str]:
     return lines
 
 
-__all__ = ["TextStream", "early_exit_to_dict", "generation_to_dict", "summary_lines"]
+# ---------- the renderers of a generate result (vocablens.handle.results.Generation)
+def _json_of(r) -> dict:
+    return generation_to_dict(r.value, r.tokenizer)
+
+
+def _print_of(r, out) -> None:
+    out.print(generation_to_dict(r.value, r.tokenizer)["text"], markup=False, highlight=False)
+    for line in summary_lines(r.value):
+        out.print(line, style="dim")
+
+
+def _rows_of(r) -> list[dict]:
+    """A row per new token: its step (1..), id, token, log-probability (nats), the alternatives kept and,
+    under an exit rule, the layer it exited at."""
+    res = r.value
+    rows = []
+    for n, t in enumerate(res.tokens, start=1):
+        row = {"step": n, "id": t.id, "token": token_str(r.tokenizer, t.id), "logprob": float(t.logprob),
+               "top_tokens": [token_str(r.tokenizer, int(i)) for i, _ in t.top],
+               "top_logprobs": [float(v) for _, v in t.top]}
+        if res.rule is not None:
+            row["exit_layer"] = t.exit_layer
+        rows.append(row)
+    return rows
+
+
+#: how a ``generate`` result shows itself
+RENDERER = Renderer("generate", _json_of, _print_of, None, _rows_of)
+
+
+__all__ = ["RENDERER", "TextStream", "early_exit_to_dict", "generation_to_dict", "summary_lines"]

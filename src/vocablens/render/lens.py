@@ -1,4 +1,8 @@
-"""Rendering of a lens result: the ``--json`` dict, rich tables, the heatmap and the report section."""
+"""Rendering of a lens result: the ``--json`` dict, rich tables, the heatmap and the report section.
+
+The ``lens`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ from rich.table import Table
 
 from vocablens.lens.logit import LensResult
 from vocablens.models.tokens import token_str
+from vocablens.errors import BadInput
+from vocablens.render.renderer import Renderer
 
 
 def input_token(result: LensResult, tokenizer, i: int) -> str:
@@ -271,3 +277,67 @@ def lens_section(res: LensResult, tokenizer, prompt: str):
         + table_html(["layer", "top tokens", "entropy (nats)", "KL(final‖layer) (nats)", "rank of final top-1"], rows)
     )
     return Section("logit-lens", "Logit lens", html)
+
+
+# ---------- the renderers of a lens result (vocablens.handle.results.Lens)
+def _json_of(r) -> dict:
+    if r.options.get("batch"):
+        return lens_batch_json(r.value, r.tokenizer, r.provenance, r.options.get("lenses"))
+    return lens_json(r.value[0], r.tokenizer, r.provenance, r.options.get("lenses"))
+
+
+def _print_of(r, out) -> None:
+    from rich.text import Text
+
+    batch = r.options.get("batch")
+    if batch:
+        out.print(f"model: {r.provenance.describe()}", style="dim", soft_wrap=True)
+    quality = {rec.get("kind"): rec.get("quality") for rec in r.options.get("lenses") or []}
+    for i, (text, per_kind) in enumerate(zip(r.options["prompts"], r.value)):
+        if batch:
+            out.print(Text.assemble((f"prompt {i + 1}:", "bold"), f" {text}"), soft_wrap=True)
+        for res in per_kind:
+            print_lens(res, r.tokenizer, out, None if batch else r.provenance, quality.get(res.kind))
+
+
+def _figure_of(r, colour: str | None = None):
+    """A string read: what the report draws for it (one kind: its heatmap; the logit lens beside one or
+    two translators: the prediction trajectories, coloured by ``colour``, default ``entropy``). A list:
+    the batch's heatmaps, one per kind with a column per (prompt, position)."""
+    per_kind = r.value[0]
+    trajectories = not r.options.get("batch") and len(per_kind) in (2, 3)
+    if colour is not None and not trajectories:
+        raise BadInput("colour= applies to the trajectories of one prompt through several lenses; this "
+                       "figure is coloured by the top-1 probability")
+    if not r.options.get("batch") and len(per_kind) == 1:
+        return lens_heatmap(per_kind[0], r.tokenizer)
+    if trajectories:
+        from vocablens.render.prediction_trajectories import trajectory_figure
+
+        return trajectory_figure(per_kind[0], per_kind[1], r.tokenizer, colour or "entropy",
+                                 per_kind[2] if len(per_kind) == 3 else None)
+    from vocablens.render.lens_batch import lens_batch_figure
+
+    return lens_batch_figure(r.value, r.tokenizer, r.options["prompts"])
+
+
+def _rows_of(r) -> list[dict]:
+    """A row per (prompt, kind, layer, position read): the top-1 token, its probability, entropy and
+    KL to the final distribution (nats), the rank of the final top-1."""
+    rows = []
+    for p, per_kind in enumerate(r.value):
+        for res in per_kind:
+            for ly in res.layers:
+                for j, pos in enumerate(res.positions.tolist()):
+                    top = int(ly.top_ids[j, 0])
+                    rows.append({"prompt": p, "kind": res.kind, "layer": ly.layer, "position": int(pos),
+                                 "token_read": token_str(r.tokenizer, int(res.input_ids[int(pos)])),
+                                 "top1_id": top, "top1": token_str(r.tokenizer, top),
+                                 "top1_prob": float(ly.top_probs[j, 0]), "entropy": float(ly.entropy[j]),
+                                 "kl_to_final": float(ly.kl_to_final[j]),
+                                 "final_top1_rank": int(ly.final_top1_rank[j])})
+    return rows
+
+
+#: how a ``lens`` result shows itself
+RENDERER = Renderer("lens", _json_of, _print_of, _figure_of, _rows_of)

@@ -62,7 +62,7 @@ def _lens(res, tok) -> list:
 
 
 def _neighbors(res, tok) -> list:
-    from vocablens.render.geometry import neighbors_header, neighbors_tables, query_label
+    from vocablens.render.neighbors import neighbors_header, neighbors_tables, query_label
 
     out: list = [neighbors_header(res)]
     for q, t in zip(res.results, neighbors_tables(res, tok)):
@@ -94,43 +94,43 @@ def _undertrained(res, tok) -> list:
 
 
 def _explanation(e, tok) -> list:
-    from vocablens.render.vocab_space.updates import explanation_footer, explanation_tables
+    from vocablens.render.vocab_space.explain import explanation_footer, explanation_tables
 
     return [*explanation_tables(e, tok), explanation_footer(e)]
 
 
 def _vectors(res, tok) -> list:
-    from vocablens.render.vocab_space.parameters import vectors_table
+    from vocablens.render.vocab_space.project import vectors_table
 
     return [vectors_table(res, tok)]
 
 
 def _search(res, tok) -> list:
-    from vocablens.render.vocab_space.parameters import search_table
+    from vocablens.render.vocab_space.project import search_table
 
     return [search_table(res, tok)]
 
 
 def _interpretable(res, tok) -> list:
-    from vocablens.render.vocab_space.parameters import interpretable_table
+    from vocablens.render.vocab_space.project import interpretable_table
 
     return [interpretable_table(res, tok)]
 
 
 def _circuit(res, tok) -> list:
-    from vocablens.render.vocab_space.parameters import circuit_table
+    from vocablens.render.vocab_space.project import circuit_table
 
     return [circuit_table(res, tok)]
 
 
 def _settle(res, tok) -> list:
-    from vocablens.render.vocab_space.updates import settle_tables
+    from vocablens.render.vocab_space.settle import settle_tables
 
     return settle_tables(res)
 
 
 def _score(res, tok) -> list:
-    from vocablens.render.ops import score_table
+    from vocablens.render.score import score_table
     from vocablens.units import plural
 
     return [score_table(res, tok),
@@ -140,7 +140,7 @@ def _score(res, tok) -> list:
 
 
 def _bottleneck(b, tok) -> list:
-    from vocablens.render.argmax import bottleneck_tables
+    from vocablens.render.bottleneck import bottleneck_tables
 
     return bottleneck_tables(b)
 

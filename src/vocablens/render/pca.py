@@ -10,6 +10,9 @@ the dense centre of the 3-D view can be read at a glance.
 
 Both figures have a fixed size: labels are placed in pixels, so a figure drawn at another size would
 move its points under its labels.
+
+The ``pca`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 from vocablens.geometry.embedding import WordPCA
 from vocablens.render.html import Section, esc, figure_html
 from vocablens.render.labels import place_labels, project_scene, text_size
+from vocablens.render.json import json_ready
+from vocablens.render.renderer import Renderer
 
 _PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2", "#9d755d", "#b08d00",
             "#ff9da6", "#bab0ac"]
@@ -206,4 +211,34 @@ def pca_section(wp: WordPCA, div_id: str = "pca-3d", map_id: str = "pca-2d") -> 
                          + f"</div><p>{esc(flat)}</p><div class='scroll'>" + figure_html(fig2, map_id) + "</div>"))
 
 
-__all__ = ["CAMERA", "HEIGHT_2D", "HEIGHT_3D", "WIDTH", "pca_figure", "pca_map_figure", "pca_section"]
+# ---------- the renderers of a pca result (vocablens.handle.results.WordPCA)
+def _json_of(r) -> dict:
+    wp = r.value
+    return {"words": list(wp.words), "groups": list(wp.groups), "skipped": list(wp.skipped), "matrix": wp.matrix,
+            "coords": json_ready(wp.pca.coords), "explained_variance": json_ready(wp.pca.explained_variance)}
+
+
+def _print_of(r, out) -> None:
+    wp = r.value
+    out.print(f"3-D PCA of {len(wp.words)} words in {len(set(wp.groups))} groups (input embedding)"
+              + (f"; skipped (several tokens): {', '.join(wp.skipped)}" if wp.skipped else "")
+              + ". .figure() draws it.")
+
+
+def _figure_of(r):
+    """The report's 3-D word map."""
+    return pca_figure(r.value)
+
+
+def _rows_of(r) -> list[dict]:
+    """A row per word: its group, id and coordinates on the three principal directions."""
+    wp = r.value
+    return [{"word": w, "group": g, "id": int(i), "pc1": float(c[0]), "pc2": float(c[1]), "pc3": float(c[2])}
+            for w, g, i, c in zip(wp.words, wp.groups, wp.pca.ids.tolist(), wp.pca.coords.tolist())]
+
+
+#: how a ``pca`` result shows itself
+RENDERER = Renderer("pca", _json_of, _print_of, _figure_of, _rows_of)
+
+
+__all__ = ["RENDERER", "CAMERA", "HEIGHT_2D", "HEIGHT_3D", "WIDTH", "pca_figure", "pca_map_figure", "pca_section"]

@@ -69,7 +69,7 @@ def report_sections(run, lm, model: str) -> list[Section]:
     from vocablens.render.anatomy import anatomy_section
     from vocablens.render.argmax import argmax_section
     from vocablens.render.borders import borders_section
-    from vocablens.render.geometry import neighbors_section
+    from vocablens.render.neighbors import neighbors_section
     from vocablens.render.pca import pca_section
     from vocablens.render.lens import lens_section
     from vocablens.render.tuned import tuned_lens_section
@@ -105,7 +105,7 @@ def report_sections(run, lm, model: str) -> list[Section]:
             sec = argmax_section(res, tok)
             sec = Section(sec.id, sec.title, sec.html + argmax_notes(res))
         elif key == "undertrained":
-            from vocablens.render.undertrained_report import undertrained_section, verdicts_of
+            from vocablens.render.undertrained import undertrained_section, verdicts_of
 
             sec = undertrained_section(res, tok, verdicts_of(run.result("argmax"), borders.vocab_size))
             if sr.extra.get("up_front"):  # said before the section ran: it cannot finish in its share
@@ -143,7 +143,7 @@ def report_to_dict(run, lm, out_path, sections: list[Section], timings: dict[str
     ``lenses`` (the provenance of the tuned and Jacobian lenses the lens section read), the sections written, what was cut short, and the timings (seconds)."""
     from vocablens.render import vocab_space as rv
     from vocablens.render.argmax import argmax_to_dict
-    from vocablens.render.geometry import neighbors_to_dict
+    from vocablens.render.neighbors import neighbors_to_dict
     from vocablens.render.lens import lens_to_dict
     from vocablens.render.undertrained import undertrained_to_dict
 

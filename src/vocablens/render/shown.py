@@ -1,5 +1,8 @@
-"""The renderers behind :class:`vocablens.handle.Result`: one entry per kind of result, the same
-functions the CLI prints with, the report draws with and the explorer answers with.
+"""The one renderer table: for every kind of :class:`vocablens.handle.Result`, its
+:class:`~vocablens.render.renderer.Renderer` (``to_json``, ``table``, ``figure``, ``frame``), each
+defined in the module named for the kind (``argmax`` in :mod:`vocablens.render.argmax`, ``explain`` in
+:mod:`vocablens.render.vocab_space.explain` ...) beside that kind's own tables, figures and report
+section. The CLI prints with these, the report draws with them and the explorer answers with them.
 
 A result (duck-typed: ``kind``, ``value``, ``tokenizer``, ``provenance``, ``options``) is rendered as
 
@@ -9,7 +12,7 @@ A result (duck-typed: ``kind``, ``value``, ``tokenizer``, ``provenance``, ``opti
 * :func:`to_html` / :func:`to_text`: those renderables as a notebook shows them
   (:mod:`vocablens.render.notebook`'s recording console);
 * :func:`figure`: the plotly figure the report or the explorer draws;
-* :func:`to_pandas`: one row per item of a tabular result.
+* :func:`to_pandas`: one row per item of a tabular result (:func:`rows_of`).
 
 This module never imports the handle (it sits above render); it reads the result's fields.
 """
@@ -17,153 +20,25 @@ This module never imports the handle (it sits above render); it reads the result
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any
 
 from vocablens.errors import BadInput
-from vocablens.render.frames import ROWS
-from vocablens.render.json import json_ready
-from vocablens.render.shown_clients import RENDERERS as CLIENT_RENDERERS
-from vocablens.render.shown_lenses import RENDERERS as LENS_RENDERERS
-from vocablens.render.printed import (
-    print_anatomy, print_argmax, print_explain, print_generate, print_lens, print_neighbors, print_pca,
-    print_project, print_score, print_settle, print_steer, print_surgery, print_tie_check, print_undertrained,
+from vocablens.render import (
+    align, anatomy, anomaly, argmax, backward, bottleneck, decompose, generate, jacobian_fit, lens, lens_compare,
+    lens_eval, lens_train, neighbors, pca, score, steer, surgery, tie_check, trajectory, undertrained,
 )
-from vocablens.render.result_figures import FIGURES, draw
+from vocablens.render.json import json_ready
+from vocablens.render.renderer import Renderer, draw
+from vocablens.render.vocab_space import explain, project, settle
+
+#: kind -> its renderers, one entry per kind of result (:mod:`vocablens.handle.results`)
+RENDERERS: dict[str, Renderer] = {m.RENDERER.kind: m.RENDERER for m in (
+    anatomy, tie_check, neighbors, pca, lens, score, explain, project, settle, lens_compare, backward, jacobian_fit,
+    decompose, argmax, undertrained, generate, steer, surgery, trajectory, bottleneck, align, anomaly, lens_train,
+    lens_eval)}
 
 
-def _model(r) -> dict:
-    return {"model": r.provenance.to_dict()} if r.provenance is not None else {}
-
-
-# ------------------------------------------------------------------------------------------- JSON
-def _json_anatomy(r):
-    from vocablens.render.anatomy import anatomy_json
-
-    return anatomy_json([r.value])
-
-
-def _json_neighbors(r):
-    from vocablens.render.geometry import neighbors_to_dict
-
-    return {**neighbors_to_dict(r.value, r.tokenizer), **_model(r)}
-
-
-def _json_lens(r):
-    from vocablens.render.lens import lens_batch_json, lens_json
-
-    if r.options.get("batch"):
-        return lens_batch_json(r.value, r.tokenizer, r.provenance, r.options.get("lenses"))
-    return lens_json(r.value[0], r.tokenizer, r.provenance, r.options.get("lenses"))
-
-
-def _json_score(r):
-    from vocablens.render.ops import score_to_dict
-
-    return {**score_to_dict(r.value, r.tokenizer), **_model(r)}
-
-
-def _json_explain(r):
-    from vocablens.render.vocab_space import explanation_to_dict
-
-    return {**explanation_to_dict(r.value, r.tokenizer), **_model(r)}
-
-
-def _json_project(r):
-    from vocablens.render import vocab_space as rv
-
-    how = r.options.get("how", "vectors")
-    if how == "search":
-        d = rv.search_to_dict(r.value, r.tokenizer, r.options.get("tops"))
-    elif how == "interpretable":
-        d = rv.interpretable_to_dict(r.value, r.tokenizer)
-    elif how == "circuit":
-        d = rv.circuit_to_dict(r.value, r.tokenizer)
-    else:
-        d = rv.vectors_to_dict(r.value, r.tokenizer)
-    return {**d, **_model(r)}
-
-
-def _json_settle(r):
-    from vocablens.render.vocab_space import settle_to_dict
-
-    d = settle_to_dict(r.value)
-    d.update({"corpus": r.options.get("corpus"), "plot": r.options.get("plot"), **_model(r)})
-    return d
-
-
-def _json_argmax(r):
-    from vocablens.render.argmax import argmax_to_dict
-
-    return {**argmax_to_dict(r.value, r.tokenizer), **_model(r)}
-
-
-def _json_undertrained(r):
-    from vocablens.render.undertrained import undertrained_to_dict
-
-    return {**undertrained_to_dict(r.value, r.tokenizer, r.options.get("verdicts")), **_model(r)}
-
-
-def _json_generate(r):
-    from vocablens.render.generate import generation_to_dict
-
-    return generation_to_dict(r.value, r.tokenizer)
-
-
-def _json_steer(r):
-    from vocablens.render.steer import steer_to_dict
-
-    o = r.options
-    return steer_to_dict(o["sets"], o["rows"], r.value, r.tokenizer, top_n=o["top_n"], scale=o["scale"],
-                         suppress_mode=o["suppress_mode"], saved=o.get("saved"), provenance=r.provenance)
-
-
-def _json_surgery(r):
-    from vocablens.render.surgery import expand_to_dict, trim_to_dict
-
-    o = r.options
-    if o["command"] == "expand":
-        return {**expand_to_dict(r.value, o["verification"], o.get("out"), r.provenance), "indicator": o["indicator"]}
-    drop = o.get("drop")
-    return {**trim_to_dict(r.value, o["verification"], o.get("out"), o.get("corpus"), o["docs_checked"],
-                           o["mismatches"], r.provenance), "undertrained": None if drop is None else drop.to_dict()}
-
-
-def _json_plain(r):
-    return json_ready(r.value.to_dict())
-
-
-def _json_pca(r):
-    wp = r.value
-    return {"words": list(wp.words), "groups": list(wp.groups), "skipped": list(wp.skipped), "matrix": wp.matrix,
-            "coords": json_ready(wp.pca.coords), "explained_variance": json_ready(wp.pca.explained_variance)}
-
-
-#: kind -> (to_json, print)
-_SHOWN: dict[str, tuple[Callable, Callable]] = {
-    "anatomy": (_json_anatomy, print_anatomy),
-    "tie_check": (_json_plain, print_tie_check),
-    "neighbors": (_json_neighbors, print_neighbors),
-    "pca": (_json_pca, print_pca),
-    "lens": (_json_lens, print_lens),
-    "score": (_json_score, print_score),
-    "explain": (_json_explain, print_explain),
-    "project": (_json_project, print_project),
-    "settle": (_json_settle, print_settle),
-    "argmax": (_json_argmax, print_argmax),
-    "undertrained": (_json_undertrained, print_undertrained),
-    "generate": (_json_generate, print_generate),
-    "steer": (_json_steer, print_steer),
-    "surgery": (_json_surgery, print_surgery),
-}
-
-#: kind -> (to_json, print, figure or None, rows or None): every renderer of a kind of result
-#: (figures: :data:`vocablens.render.result_figures.FIGURES`; rows: :data:`vocablens.render.frames.ROWS`)
-RENDERERS: dict[str, tuple[Callable, Callable, Callable | None, Callable | None]] = {
-    k: (j, p, FIGURES.get(k), ROWS.get(k)) for k, (j, p) in {**_SHOWN, **CLIENT_RENDERERS}.items()}
-RENDERERS.update(LENS_RENDERERS)  # lens compare, backward lens, Jacobian fit: all four in one place
-
-
-def _entry(r) -> tuple:
+def _entry(r) -> Renderer:
     try:
         return RENDERERS[r.kind]
     except KeyError:
@@ -172,12 +47,12 @@ def _entry(r) -> tuple:
 
 def to_json(r) -> dict:
     """The ``--json`` dict of the matching command (NaN/inf -> None, tensors -> lists)."""
-    return json_ready(_entry(r)[0](r))
+    return json_ready(_entry(r).to_json(r))
 
 
 def print_result(r, out) -> None:
     """Print ``r`` on the rich console ``out`` as the matching command prints it."""
-    _entry(r)[1](r, out)
+    _entry(r).table(r, out)
 
 
 class _Collect:
@@ -251,7 +126,7 @@ def figure(r, **options):
     Raises:
         BadInput: none is drawn for this kind of result, or an option its figure does not take.
     """
-    fig = _entry(r)[2]
+    fig = _entry(r).figure
     if fig is None:
         raise BadInput(f"no figure is drawn for {_article(r.kind)} {r.kind} result; .table() shows it")
     return draw(fig, r, **options)
@@ -273,12 +148,12 @@ def to_pandas(r):
 
 def rows_of(r) -> list[dict]:
     """The rows :func:`to_pandas` builds its frame from (plain dicts; no pandas needed;
-    :data:`vocablens.render.frames.ROWS`).
+    :attr:`~vocablens.render.renderer.Renderer.frame`).
 
     Raises:
         BadInput: a result that is not tabular.
     """
-    rows = _entry(r)[3]
+    rows = _entry(r).frame
     if rows is None:
         raise BadInput(f"{_article(r.kind)} {r.kind} result is not tabular; .to_json() holds its data")
     return rows(r)

@@ -1,6 +1,10 @@
 """Rendering of a steering run (``vocablens steer``): the ``--json`` dict and the terminal tables.
 Computes nothing: the vectors, their top tokens and the effect come from :mod:`vocablens.vocab_space.steer`
-and :mod:`vocablens.vocab_space.steer_eval`."""
+and :mod:`vocablens.vocab_space.steer_eval`.
+
+The ``steer`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Any
 from rich.table import Table
 
 from vocablens.models.tokens import quoted, token_str
+from vocablens.render.renderer import Renderer
 
 #: the two token sets, always both in ``mass_*`` (null for a set not given): one schema
 SETS = ("promote", "suppress")
@@ -88,3 +93,23 @@ def print_steer(out, rows: list[dict], eff, tokenizer, saved_to: str = "") -> No
         out.print(f"after:  {cont['after']!r}")
     if saved_to:
         out.print(f"wrote the steered model to {saved_to} (reloads with AutoModelForCausalLM)")
+
+
+# ---------- the renderers of a steer result (vocablens.handle.results.Steering)
+def _json_of(r) -> dict:
+    o = r.options
+    return steer_to_dict(o["sets"], o["rows"], r.value, r.tokenizer, top_n=o["top_n"], scale=o["scale"],
+                         suppress_mode=o["suppress_mode"], saved=o.get("saved"), provenance=r.provenance)
+
+
+def _print_of(r, out) -> None:
+    print_steer(out, r.options["rows"], r.value, r.tokenizer, saved_to=r.options.get("saved_to") or "")
+
+
+def _rows_of(r) -> list[dict]:
+    """A row per chosen vector: its role, block, neuron, z-score, factor and top tokens."""
+    return [dict(row) for row in r.options["rows"]]
+
+
+#: how a ``steer`` result shows itself
+RENDERER = Renderer("steer", _json_of, _print_of, None, _rows_of)

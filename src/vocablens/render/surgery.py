@@ -1,4 +1,8 @@
-"""Terminal rendering of vocabulary surgery (rich tables): what was added or trimmed, and the proof."""
+"""Terminal rendering of vocabulary surgery (rich tables): what was added or trimmed, and the proof.
+
+The ``surgery`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from vocablens.surgery.expand import ExpandResult
 from vocablens.surgery.trim import TrimResult
 from vocablens.surgery.verify import ExpandVerification, TrimVerification
 from vocablens.units import fmt_bytes, plural
+from vocablens.errors import BadInput
+from vocablens.render.renderer import Renderer
 
 
 def expand_to_dict(res: ExpandResult, v: ExpandVerification, out_path, provenance=None) -> dict:
@@ -123,3 +129,46 @@ def print_trim(res: TrimResult, v: TrimVerification, out_path, console, provenan
                   f"documents exactly as the original (ids mapped)")
     out.print(f"wrote {out_path} (old -> new id map in vocab_map.json)" if out_path is not None
               else "not saved yet: .save(DIR) writes it (with the old -> new id map)")
+
+
+# ---------- the renderers of a surgery result (vocablens.handle.results.Surgery)
+def _json_of(r) -> dict:
+    o = r.options
+    if o["command"] == "expand":
+        return {**expand_to_dict(r.value, o["verification"], o.get("out"), r.provenance), "indicator": o["indicator"]}
+    drop = o.get("drop")
+    return {**trim_to_dict(r.value, o["verification"], o.get("out"), o.get("corpus"), o["docs_checked"],
+                           o["mismatches"], r.provenance), "undertrained": None if drop is None else drop.to_dict()}
+
+
+def _print_of(r, out) -> None:
+    o = r.options
+    if o["command"] == "expand":
+        from vocablens.render.surgery_undertrained import new_rows_table
+
+        print_expand(r.value, o["verification"], o.get("out"), out, r.provenance)
+        out.print(new_rows_table(o["indicator"]))
+        return
+    print_trim(r.value, o["verification"], o.get("out"), out, r.provenance, corpus_docs=o["docs_checked"],
+               corpus_docs_different=o["mismatches"])
+    if o.get("drop") is not None:
+        from vocablens.render.surgery_undertrained import print_drop
+
+        print_drop(o["drop"], out)
+
+
+def _rows_of(r) -> list[dict]:
+    """``expand``: a row per added token (id, its old tokenization, the init, and where it lands on the
+    under-training indicator). A trim's record is not tabular."""
+    o = r.options
+    if o["command"] != "expand":
+        raise BadInput("a trim's record is not tabular; .to_json() holds it")
+    ind = {t["id"]: t for t in o["indicator"]["new_tokens"]}
+    return [{"token": nt.token, "id": nt.id, "old_pieces": list(nt.old_pieces), "init": nt.init,
+             "fallback": nt.fallback, "in_padding_row": nt.in_padding_row,
+             "indicator": ind.get(nt.id, {}).get("value"), "percentile": ind.get(nt.id, {}).get("percentile"),
+             "looks_undertrained": ind.get(nt.id, {}).get("looks_undertrained")} for nt in r.value.new_tokens]
+
+
+#: how a ``surgery`` result (an expand or a trim) shows itself
+RENDERER = Renderer("surgery", _json_of, _print_of, None, _rows_of)

@@ -226,7 +226,7 @@ class LensEvaluation:
         res = evaluate(self.borders, tl, rows, n_bytes=text_bytes(self.tokenizer, rows), on_row=tick)
         title = f"{self.provenance.name}: logit vs tuned lens on {info['corpus']} ({inp.split})"
         if plot is not None and world()[0] == 0:
-            from vocablens.render.tuned import save_eval_plot
+            from vocablens.render.lens_eval import save_eval_plot
 
             save_eval_plot(res, plot, title=title)
         from vocablens.render.lens import lens_record
@@ -307,7 +307,7 @@ class LensEvaluation:
         name, where = self.provenance.name, f"{info['corpus']} ({inp.split})"
         title = f"{name}: {', '.join(inp.kinds)} lenses on {where}"
         if plot is not None:
-            from vocablens.render.compare import save_comparison_plot
+            from vocablens.render.lens_compare import save_comparison_plot
 
             save_comparison_plot(res, plot, title=title)
         return self._result(R.LensComparison, res, lenses=[lens_record(k, v) for k, v in read.items()], data=info,

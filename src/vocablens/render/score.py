@@ -1,4 +1,8 @@
-"""Terminal and JSON rendering of a text's score (``vocablens score``)."""
+"""Terminal and JSON rendering of a text's score (``vocablens score``).
+
+The ``score`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from rich.table import Table
 from vocablens.models.tokens import quoted, token_str
 from vocablens.generate.score import ScoreResult
 from vocablens.units import plural
+from vocablens.render.renderer import Renderer, model_of
 
 
 def score_to_dict(res: ScoreResult, tokenizer) -> dict:
@@ -69,3 +74,24 @@ def print_score(res: ScoreResult, tokenizer, out: Console, provenance=None) -> N
     out.print(f"total log-prob {res.total_logprob:.3f} nats over {plural(res.logprobs.numel(), 'token')} "
               f"({res.n_bytes} bytes): {res.logprob_per_byte:.4f} nats/byte, "
               f"{res.bits_per_byte:.4f} bits/byte, perplexity {res.perplexity:.2f}")
+
+
+# ---------- the renderers of a score result (vocablens.handle.results.Score)
+def _json_of(r) -> dict:
+    return {**score_to_dict(r.value, r.tokenizer), **model_of(r)}
+
+
+def _print_of(r, out) -> None:
+    print_score(r.value, r.tokenizer, out, r.provenance)
+
+
+def _rows_of(r) -> list[dict]:
+    """A row per scored token (position 1.. of the ids): its log-probability and the entropy (nats)."""
+    res = r.value
+    ids = res.input_ids.tolist()
+    return [{"position": j + 1, "id": ids[j + 1], "token": token_str(r.tokenizer, ids[j + 1]),
+             "logprob": float(res.logprobs[j]), "entropy": float(res.entropy[j])} for j in range(res.logprobs.numel())]
+
+
+#: how a ``score`` result shows itself
+RENDERER = Renderer("score", _json_of, _print_of, None, _rows_of)

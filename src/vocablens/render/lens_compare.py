@@ -1,4 +1,8 @@
-"""Rendering of :class:`~vocablens.lens.compare.LensComparison`: one table, one figure, the ``--json`` dict."""
+"""Rendering of :class:`~vocablens.lens.compare.LensComparison`: one table, one figure, the ``--json`` dict.
+
+The ``lens_compare`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Sequence
 from rich.table import Table
 
 from vocablens.lens.compare import LensComparison
+from vocablens.render.renderer import Renderer
 
 COLOURS = {"logit": "#d62728", "tuned": "#1f77b4", "jacobian": "#2ca02c"}
 PANELS = (("kl", "KL to final (nats)"), ("ce", "CE vs next token (nats)"), ("top1_agreement", "top-1 agreement with final"))
@@ -122,5 +127,33 @@ def comparison_to_dict(res: LensComparison, provenance, lenses: list[dict], data
     return d
 
 
-__all__ = ["comparison_figure", "comparison_table", "comparison_to_dict", "panels_figure", "print_comparison",
+# ---------- the renderers of a lens_compare result (vocablens.handle.results.LensComparison)
+def _json_of(r) -> dict:
+    o = r.options
+    return comparison_to_dict(r.value, r.provenance, o["lenses"], o["data"], o.get("plot"))
+
+
+def _print_of(r, out) -> None:
+    print_comparison(r.value, out, title=r.options["table_title"])
+
+
+def _figure_of(r):
+    """The three panels ``lens eval --plot`` writes, with its title."""
+    return comparison_figure(r.value, r.options["title"])
+
+
+def _rows_of(r) -> list[dict]:
+    """A row per (layer, lens): KL, CE (nats), bits per byte, entropy (nats), top-1 agreement."""
+    from vocablens.lens.compare import METRICS
+
+    res = r.value
+    return [{"layer": i, "kind": k, **{m: res.metrics[k][m][i] for m in METRICS}}
+            for i in range(res.n_layers + 1) for k in res.kinds]
+
+
+#: how a ``lens_compare`` result shows itself
+RENDERER = Renderer("lens_compare", _json_of, _print_of, _figure_of, _rows_of)
+
+
+__all__ = ["RENDERER", "comparison_figure", "comparison_table", "comparison_to_dict", "panels_figure", "print_comparison",
            "save_comparison_plot", "save_panels"]

@@ -1,5 +1,9 @@
 """Rendering of parameter readings: FFN value/key vectors, reverse token search, interpretable
-vectors and head circuits (JSON-ready dicts, rich tables, report sections). Computes nothing."""
+vectors and head circuits (JSON-ready dicts, rich tables, report sections). Computes nothing.
+
+The ``project`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from vocablens.render.html import Section, esc, table_html
 from vocablens.render.tokens import LEGEND, shown
 from vocablens.render.vocab_space._fmt import join, rnd, toks
 from vocablens.vocab_space import HeadCircuit, InterpretableVectors, TokenSearch, VectorProjection
+from vocablens.render.renderer import Renderer, model_of
 
 
 def vectors_to_dict(res: VectorProjection, tokenizer) -> dict:
@@ -205,3 +210,43 @@ def value_vectors_report_section(searches: list[TokenSearch], tops: VectorProjec
             + f"<p>The most interpretable value vectors, by {esc(interp.criterion)}:</p>"
             + table_html(["block", "neuron", "top z", "promotes", "suppresses"], irows))
     return Section(id="value-vectors", title="FFN value vectors in vocabulary space", html=html)
+
+
+# ---------- the renderers of a project result (vocablens.handle.results.Projection)
+def _json_of(r) -> dict:
+    how = r.options.get("how", "vectors")
+    if how == "search":
+        d = search_to_dict(r.value, r.tokenizer, r.options.get("tops"))
+    elif how == "interpretable":
+        d = interpretable_to_dict(r.value, r.tokenizer)
+    elif how == "circuit":
+        d = circuit_to_dict(r.value, r.tokenizer)
+    else:
+        d = vectors_to_dict(r.value, r.tokenizer)
+    return {**d, **model_of(r)}
+
+
+def _print_of(r, out) -> None:
+    how = r.options.get("how", "vectors")
+    t = (search_table(r.value, r.tokenizer, r.options.get("tops")) if how == "search" else
+         interpretable_table(r.value, r.tokenizer) if how == "interpretable" else
+         circuit_table(r.value, r.tokenizer) if how == "circuit" else vectors_table(r.value, r.tokenizer))
+    out.print(t)
+
+
+def _rows_of(r) -> list[dict]:
+    """A row per vector (value/key vectors, the most interpretable ones), per (direction, vector) of a
+    token's search (``direction``: promote / suppress), or per (source, target) pair of a head's circuit:
+    the entries of ``project --json``."""
+    how = r.options.get("how", "vectors")
+    if how == "search":
+        d = search_to_dict(r.value, r.tokenizer, r.options.get("tops"))
+        return [{"direction": k, **e} for k in ("promote", "suppress") for e in d[k]]
+    if how == "circuit":
+        return circuit_to_dict(r.value, r.tokenizer)["pairs"]
+    d = interpretable_to_dict(r.value, r.tokenizer) if how == "interpretable" else vectors_to_dict(r.value, r.tokenizer)
+    return d["vectors"]
+
+
+#: how a ``project`` result shows itself
+RENDERER = Renderer("project", _json_of, _print_of, None, _rows_of)

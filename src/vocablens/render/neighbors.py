@@ -1,6 +1,9 @@
 """Rendering of embedding neighbours: tables for the terminal, the report and ``--json``.
 
 The word-embedding PCA figures are in :mod:`vocablens.render.pca`.
+
+The ``neighbors`` result's renderers (its JSON, printed table, figure and rows) are registered here as
+:data:`RENDERER` (:data:`vocablens.render.shown.RENDERERS`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from vocablens.geometry.embedding import Neighbors
 from vocablens.models.tokens import escape_text, quoted, token_str
 from vocablens.render.html import Section, esc, figure_html, table_html
 from vocablens.render.tokens import LEGEND, display_token, visible
+from vocablens.render.renderer import Renderer, model_of
 
 _PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2", "#9d755d", "#b08d00",
             "#ff9da6", "#bab0ac"]
@@ -104,4 +108,28 @@ def neighbors_section(res: Neighbors, tokenizer) -> Section:
     return Section(id="neighbors", title="Embedding neighbours", html="".join(parts))
 
 
-__all__ = ["neighbors_to_dict", "neighbors_tables", "print_neighbors", "neighbors_section"]
+# ---------- the renderers of a neighbors result (vocablens.handle.results.Neighbors)
+def _json_of(r) -> dict:
+    return {**neighbors_to_dict(r.value, r.tokenizer), **model_of(r)}
+
+
+def _print_of(r, out) -> None:
+    print_neighbors(r.value, r.tokenizer, out)
+
+
+def _rows_of(r) -> list[dict]:
+    """A row per (query, matrix, rank): the neighbour's id, token and cosine."""
+    rows = []
+    for q in r.value.results:
+        for lst in q.lists:
+            for rank, (i, c) in enumerate(zip(lst.ids.tolist(), lst.cosines.tolist()), start=1):
+                rows.append({"query": q.query, "matrix": lst.matrix, "rank": rank, "id": int(i),
+                             "token": token_str(r.tokenizer, int(i)), "cosine": float(c)})
+    return rows
+
+
+#: how a ``neighbors`` result shows itself
+RENDERER = Renderer("neighbors", _json_of, _print_of, None, _rows_of)
+
+
+__all__ = ["RENDERER", "neighbors_to_dict", "neighbors_tables", "print_neighbors", "neighbors_section"]
