@@ -67,8 +67,8 @@ def test_head_only_equals_borders_only(saved):
 def test_head_only_falls_back_where_it_cannot_read_exactly(tmp_path):
     model = _save_tiny("llama", tmp_path)
     lm = load_head_only(str(tmp_path), dtype="float64")    # converted: an in-memory copy, same values
-    assert isinstance(lm.model, MatricesOnly) and not _mapped(lm.borders.W_U)
-    assert torch.equal(lm.borders.W_U, model.lm_head.weight.double())
+    assert isinstance(lm.model, MatricesOnly) and not _mapped(lm.borders.unembedding.weight)
+    assert torch.equal(lm.borders.unembedding.weight, model.lm_head.weight.double())
     phi = tmp_path / "phi"                                 # a head bias: the borders-only load
     _save_tiny("phi", phi)
     assert not isinstance(load_head_only(str(phi)).model, MatricesOnly)

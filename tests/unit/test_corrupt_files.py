@@ -123,24 +123,24 @@ def test_gguf_cache_damaged_or_incomplete_entry_is_not_used(files, monkeypatch, 
 
     monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path / "cache"))
     gguf = files / "tiny.gguf"
-    ref = load(str(gguf)).borders.W_U.clone()
+    ref = load(str(gguf)).borders.unembedding.weight.clone()
     cdir = cache_dir(gguf)
     assert (cdir / CACHE_MARK).is_file()
     # a damaged complete entry (a disk error after the write): the full load falls back to the GGUF
     # file and writes the entry again
     _cut(cdir / "model.safetensors", 0.5)
     lm = load(str(gguf))
-    assert torch.equal(lm.borders.W_U, ref) and lm.provenance.loaded_from == ""
-    assert torch.equal(load(str(gguf)).borders.W_U, ref)  # rewritten whole: read from the cache now
+    assert torch.equal(lm.borders.unembedding.weight, ref) and lm.provenance.loaded_from == ""
+    assert torch.equal(load(str(gguf)).borders.unembedding.weight, ref)  # rewritten whole: read from the cache now
     assert load(str(gguf)).provenance.loaded_from == str(cdir)
     # ... and so does the borders-only load (it used to say "download it again" about the cache)
     _cut(cdir / "model.safetensors", 0.5)
-    assert torch.equal(load_borders_only(str(gguf)).borders.W_U, ref)
+    assert torch.equal(load_borders_only(str(gguf)).borders.unembedding.weight, ref)
     # an entry without its mark (a writer killed before the swap) is never read
     (cdir / CACHE_MARK).unlink()
     (cdir / "model.safetensors").write_bytes(b"garbage")
     lm = load(str(gguf))
-    assert torch.equal(lm.borders.W_U, ref) and (cdir / CACHE_MARK).is_file()
+    assert torch.equal(lm.borders.unembedding.weight, ref) and (cdir / CACHE_MARK).is_file()
 
 
 # ------------------------------------------------------------------------------------ lens files

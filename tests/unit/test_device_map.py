@@ -77,7 +77,7 @@ def test_the_placement_is_what_was_asked(loads):
     whole, placed, auto = loads
     assert placed.model.hf_device_map == DISK_MAP
     b = placed.borders
-    assert not b.W_E.is_meta and not b.W_U.is_meta and not any(p.is_meta for p in b.final_norm.parameters())
+    assert not b.W_E.is_meta and not b.unembedding.weight.is_meta and not any(p.is_meta for p in b.final_norm.parameters())
     assert not any(p.is_meta for p in b.blocks[0].parameters())  # cpu: resident
     assert all(p.is_meta for p in b.blocks[1].parameters())  # disk: read at each forward
     assert "device map: embedding cpu, blocks 0 cpu, 1 disk, head cpu" in placed.provenance.notes
@@ -85,7 +85,7 @@ def test_the_placement_is_what_was_asked(loads):
     dm = auto.model.hf_device_map
     assert [dm[f"model.layers.{i}"] for i in range(2)] == ["disk", "disk"]
     assert dm["model.embed_tokens"] == dm["lm_head"] == dm["model.norm"] == "cpu"
-    assert not auto.borders.W_E.is_meta and not auto.borders.W_U.is_meta
+    assert not auto.borders.W_E.is_meta and not auto.borders.unembedding.weight.is_meta
     assert all(p.is_meta for blk in auto.borders.blocks for p in blk.parameters())
     # the readout check ran on the placed model
     assert placed.provenance.readout.startswith("checked") and auto.provenance.readout.startswith("checked")

@@ -53,7 +53,7 @@ def test_head_only_readout_equals_the_models_logits(saved):
         full = load_mode(str(d), "full").borders
         resid, logits = full.residual_stream(ids)
         assert torch.allclose(logits[0].float(), own, atol=1e-5, rtol=1e-5)
-        got = lm.borders.unembed(resid[full.n_layers][0])
+        got = lm.borders.unembedding(resid[full.n_layers][0])
     # the family's own class does the norm: the one the whole model holds
     assert type(norm.family_module()) is type(full.final_norm), family
     assert got.shape == own.shape
@@ -131,7 +131,7 @@ for mode in ("head", "matrices", "borders", "streaming", "full"):
             written += 1
         except Exception as e:  # a clear Python error is allowed; a crash is not
             errors.append(f"{name}: {type(e).__name__}: {e}")
-    out[mode] = {"written": written, "errors": errors, "W_U_00": float(lm.borders.W_U[0, 0])}
+    out[mode] = {"written": written, "errors": errors, "W_U_00": float(lm.borders.unembedding.weight[0, 0])}
 print(json.dumps(out))
 """
 

@@ -24,7 +24,7 @@ def test_every_mode_reads_the_models_own_matrices(tiny_dir, mode):
     lm = load_mode(str(tiny_dir), mode, max_memory="1kB" if mode == "streaming" else None)
     b = lm.borders
     assert torch.equal(b.W_E, ref.get_input_embeddings().weight)
-    assert torch.equal(b.W_U, ref.get_output_embeddings().weight)
+    assert torch.equal(b.unembedding.weight, ref.get_output_embeddings().weight)
     assert b.tied is False
     forward = mode in ("full", "streaming")
     ids = torch.tensor([[0, 4, 9, 30]])
@@ -68,7 +68,7 @@ def test_each_mode_is_a_read_of_the_one_entry(tiny_dir):
     for read, light in ((("head", "final_norm"), True), (("embedding", "head"), True), (BORDERS, False)):
         lm = load(str(tiny_dir), read=read)
         assert isinstance(lm.model, MatricesOnly) is light, read   # no modeling code for the matrices and the norm
-        assert torch.equal(lm.borders.W_U, ref.borders.W_U) and torch.equal(lm.borders.W_E, ref.borders.W_E)
+        assert torch.equal(lm.borders.unembedding.weight, ref.borders.unembedding.weight) and torch.equal(lm.borders.W_E, ref.borders.W_E)
         assert all(p.is_meta for blk in lm.borders.blocks for p in blk.parameters()) or light
     h = torch.randn(2, 3, ref.borders.W_E.shape[1])
     normed = load(str(tiny_dir), read=("head", "final_norm")).borders.final_norm(h)
@@ -137,8 +137,8 @@ def test_every_read_is_placed_on_the_device_and_a_tied_matrix_stays_one(tiny_dir
             b = lm.borders
             real = [t for t in [*lm.model.parameters(), *lm.model.buffers()] if not t.is_meta]
             assert real and all(t.device.type == device for t in real), read
-            assert b.tied is tied and (b.W_U.data_ptr() == b.W_E.data_ptr()) is tied, read  # one tensor when tied
-            assert torch.equal(b.W_U.cpu(), ref.W_U) and torch.equal(b.W_E.cpu(), ref.W_E)
+            assert b.tied is tied and (b.unembedding.weight.data_ptr() == b.W_E.data_ptr()) is tied, read  # one tensor when tied
+            assert torch.equal(b.unembedding.weight.cpu(), ref.unembedding.weight) and torch.equal(b.W_E.cpu(), ref.W_E)
             if "input_embedding" in read:
                 assert all(p.is_meta for p in b.blocks[0].parameters())           # blocks not read stay on meta
                 assert all(p.device.type == device for p in b.blocks[1].parameters())

@@ -73,9 +73,9 @@ def _loaders():
 def test_every_loader_reads_the_head_transformers_uses(dirs, oracle, case, loader):
     b = _loaders()[loader](str(dirs[case])).borders
     _, head, tied = oracle[case]
-    assert torch.equal(b.W_U, head)
+    assert torch.equal(b.unembedding.weight, head)
     assert b.tied is tied
-    assert (b.W_U is b.W_E) is tied  # one matrix exactly when transformers keeps one
+    assert (b.unembedding.weight is b.W_E) is tied  # one matrix exactly when transformers keeps one
 
 
 @pytest.mark.parametrize("case", ["diff", "copy"])
@@ -88,7 +88,7 @@ def test_unembed_gives_transformers_logits_at_every_position(dirs, oracle, case)
         ref = model(input_ids=ids).logits[0].double()
     for lm in (_loaders()["full"](str(dirs[case])), load_streaming(str(dirs[case]), max_memory="1kB")):
         resid, _ = lm.borders.residual_stream(ids)
-        got = lm.borders.unembed(resid[lm.borders.n_layers][0]).double()
+        got = lm.borders.unembedding(resid[lm.borders.n_layers][0]).double()
         assert (got - ref).abs().max() < 1e-4 * max(1.0, float(ref.abs().max()))
 
 

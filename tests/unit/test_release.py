@@ -148,7 +148,7 @@ def test_analyses_with_release_on_equal_the_full_load(tiny_dir, monkeypatch):
     for a, b in zip(want[0], got[0]):
         _same(a, b)
     _same(want[1], got[1])
-    present, n = _pagemap_present(lazy.W_U)
+    present, n = _pagemap_present(lazy.unembedding.weight)
     assert n > 0 and present < n  # read, then let go
     lazy = load_borders_only(str(tiny_dir), blocks=[1]).borders
     _same(want[2], vs.project_vectors(lazy, [1], [3], k=4, kind="key"))

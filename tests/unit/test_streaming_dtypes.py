@@ -56,7 +56,7 @@ def dirs(tmp_path_factory, tok):
 
 def _dtypes(lm) -> tuple:
     b = lm.borders
-    return b.W_E.dtype, b.W_U.dtype, b.final_norm.weight.dtype
+    return b.W_E.dtype, b.unembedding.weight.dtype, b.final_norm.weight.dtype
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -78,7 +78,7 @@ def test_streaming_matches_the_normal_load(dirs, variant):
     assert torch.equal(s_resid, r_resid)
     assert torch.equal(s_logits, r_logits)
     # the lens path (final norm + head) at every layer, as the lens reads it
-    assert torch.equal(st.borders.unembed(s_resid[:, 0]), ref.borders.unembed(r_resid[:, 0]))
+    assert torch.equal(st.borders.unembedding(s_resid[:, 0]), ref.borders.unembedding(r_resid[:, 0]))
 
 
 def test_streaming_mixed_checkpoint_scores_like_the_normal_load(dirs, capsys):

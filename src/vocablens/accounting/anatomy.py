@@ -291,13 +291,13 @@ def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEF
         BadInput: batch/context below 1 or an unknown dtype.
     """
     model, cfg = borders.model, borders.config
-    W_E, W_U = borders.input_embedding.weight, borders.W_U
+    W_E, W_U = borders.input_embedding.weight, borders.unembedding.weight
     V, d_emb = int(W_E.shape[0]), int(W_E.shape[1])
     total = count_parameters(model)
     emb = W_E.numel()
     tied = bool(borders.tied)
     unemb = 0 if tied else W_U.numel()
-    b_U = borders.b_U
+    b_U = borders.unembedding.bias
     if b_U is not None:
         unemb += b_U.numel()
     from vocablens.models.vision import vision_parts

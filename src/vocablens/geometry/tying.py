@@ -50,7 +50,7 @@ def tie_check(borders: Borders, chunk: int = 8192) -> TieCheck:
     """
     cfg = borders.config
     flag = getattr(cfg, "tie_word_embeddings", None) if cfg is not None else None
-    WE, WU = borders.input_embedding.weight, borders.W_U
+    WE, WU = borders.input_embedding.weight, borders.unembedding.weight
     real = borders.real_vocab_size
     if borders.tied:
         diff, cos = 0.0, 1.0

@@ -70,7 +70,7 @@ def stream_rows(borders: Borders, V: int, kind: str = "value", apply_norm_gain: 
     Once a block is used, the pages of its checkpoint rows leave the resident set where the command
     allows it (:func:`vocablens.models.pages.release_pages`)."""
     d = int(borders.d_model)
-    src = (borders.W_U if kind == "value" else borders.input_embedding.weight).detach()
+    src = (borders.unembedding.weight if kind == "value" else borders.input_embedding.weight).detach()
     for a, b in vocab_blocks(V, d):
         yield a, b, (readout_rows(borders, slice(a, b), apply_norm_gain) if kind == "value"
                      else input_embedding(borders, slice(a, b)))
