@@ -40,9 +40,11 @@ def _tiny_llama4(V: int):
 
 @pytest.fixture(scope="module")
 def llama4_dir(tmp_path_factory):
-    from vocablens.models.sources import light_tokenizer, source_dir
+    from vocablens.models.source import resolve_source
+    from vocablens.models.sources import source_dir
+    from vocablens.models.tokenizer_files import light_tokenizer
 
-    tok = light_tokenizer(source_dir("smollm2")[0])
+    tok = light_tokenizer(source_dir(resolve_source("smollm2"))[0])
     d = tmp_path_factory.mktemp("llama4") / "tiny-llama4"
     m = _tiny_llama4(len(tok))
     m.save_pretrained(d)

@@ -196,7 +196,7 @@ def test_light_tokenizer_picks_the_class_autotokenizer_picks(tmp_path, cls):
 
     from transformers import AutoTokenizer
 
-    from vocablens.models.sources import light_tokenizer
+    from vocablens.models.tokenizer_files import light_tokenizer
 
     _write_tokenizer(tmp_path, 50)
     p = tmp_path / "tokenizer_config.json"

@@ -63,9 +63,11 @@ def _params():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from vocablens.models.sources import light_tokenizer, source_dir
+    from vocablens.models.source import resolve_source
+    from vocablens.models.sources import source_dir
+    from vocablens.models.tokenizer_files import light_tokenizer
 
-    return light_tokenizer(source_dir("smollm2")[0])
+    return light_tokenizer(source_dir(resolve_source("smollm2"))[0])
 
 
 def _record(key, result: str) -> None:

@@ -29,7 +29,7 @@ def _set_aside(tokenizer, trust_remote_code: bool):
     """``(tokenizer or None, reload)``: None when the tokenizer can be read again from the directory
     it came from (``name_or_path``, as :func:`~vocablens.models.sources.light_tokenizer` loads it),
     so the caller can free it during the scan; ``reload()`` reads it again (the same class and files)."""
-    from vocablens.models.sources import light_tokenizer
+    from vocablens.models.tokenizer_files import light_tokenizer
 
     src = getattr(tokenizer, "name_or_path", None)
     if not isinstance(src, str) or not src or not (Path(src) / "tokenizer_config.json").is_file():

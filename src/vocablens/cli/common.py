@@ -215,10 +215,11 @@ def _load_source(spec: str) -> str:
     when a GGUF file has no cache entry yet, ``" (F.gguf, from its float32 cache)"`` when it has one,
     else ``""`` (a model directory or a hub id: the name says it)."""
     from vocablens.models.gguf_cache import CACHE_MARK, FIRST_LOAD_S_PER_MIB, cache_dir, first_load_seconds
-    from vocablens.models.spec import resolve_spec
+    from vocablens.models.source import resolve_source
 
     try:
-        kind, path, _ = resolve_spec(spec)
+        source = resolve_source(spec)
+        kind, path = source.kind, source.path
         cdir = cache_dir(path) if kind == "gguf" else None
     except (VocabLensError, OSError):
         return ""  # the load itself says what is wrong

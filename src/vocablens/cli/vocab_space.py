@@ -39,12 +39,13 @@ def _check_block_early(spec: str, block: int) -> None:
     cannot parse), the loader checks the block instead."""
     from vocablens.errors import VocabLensError
     from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
-    from vocablens.models.spec import resolve_spec
+    from vocablens.models.source import resolve_source
 
     if block < 0:
         raise BadInput(f"block {block} is out of range: blocks count from 0")
     try:
-        kind, path, _ = resolve_spec(spec)
+        source = resolve_source(spec)
+        kind, path = source.kind, source.path
         if kind == "gguf":
             path = cache_dir(path)
             if path is None or not (path / CACHE_MARK).is_file():

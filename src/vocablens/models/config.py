@@ -15,7 +15,8 @@ from typing import Any
 from vocablens.errors import CorruptModelFile, ModelNotFound
 from vocablens.models.catalogue import catalogue_entry, catalogue_names
 from vocablens.models.meta import meta_model  # noqa: F401  (re-exported: built from a config)
-from vocablens.models.spec import DEFAULT_MODEL, check_remote_code, hub_kwargs, reading, resolve_spec
+from vocablens.models.source import DEFAULT_MODEL, check_remote_code, hub_kwargs, resolve_source
+from vocablens.models.spec import reading
 from vocablens.models.tie import config_as_loaded
 
 
@@ -42,8 +43,9 @@ def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False)
             return AutoConfig.for_model(**data)
         except Exception as exc:
             raise CorruptModelFile(f"cannot build a config from {p}: {exc}".splitlines()[0]) from None
-    kind, path, hub = resolve_spec(spec_s)
-    check_remote_code(spec_s, trust_remote_code)
+    source = resolve_source(spec_s)
+    kind, path, hub = source.kind, source.path, source.hub
+    check_remote_code(source, trust_remote_code)
     with reading(spec_s, kind, hub, "read the config of", path):
         if kind == "gguf":
             from vocablens.models.gguf_cache import checked_facts
@@ -110,7 +112,8 @@ def resolve_config(spec: str | os.PathLike, trust_remote_code: bool = False
         return cfg, entry.tokenizer_vocab_size, "catalogue", ()
     p = Path(str(spec)).expanduser()
     try:
-        kind, path, _hub = resolve_spec(str(spec)) if not (p.is_file() and p.suffix == ".json") else ("json", p, None)
+        source = resolve_source(str(spec)) if not (p.is_file() and p.suffix == ".json") else None
+        kind, path = ("json", p) if source is None else (source.kind, source.path)
         if kind == "gguf":
             st = path.stat()
             cfg = copy.deepcopy(_gguf_config(str(path), st.st_mtime_ns, st.st_size))

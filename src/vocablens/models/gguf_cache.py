@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from vocablens.models.provenance import Provenance, gguf_provenance
+from vocablens.models.provenance import Provenance, header_provenance
 
 #: the file that marks a complete cache entry (written last, inside the swapped-in directory)
 CACHE_MARK = "vocablens-provenance.json"
@@ -255,7 +255,7 @@ def load_gguf(path: Path, spec: str, tdtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vocablens.errors import CorruptModelFile
-    from vocablens.models.gguf_header import gguf_notes
+    from vocablens.models.gguf_header import facts_of, gguf_notes, gguf_problem, read_header
     from vocablens.models.tokenizer_files import building_tokenizer, gguf_tokenizer_problem
 
     cdir = cache_dir(path)
@@ -263,17 +263,22 @@ def load_gguf(path: Path, spec: str, tdtype):
     if hit is not None:  # the entry is keyed by content, shared by every copy of the file: the source
         tok, model, prov = hit  # is the file given now, not the copy that wrote the entry
         return tok, model, Provenance(**{**prov.__dict__, "source": str(path)})
-    facts = checked_facts(path, spec)
-    prov = gguf_provenance(path, spec)
-    prov = Provenance(**{**prov.__dict__, "content_sha256": file_identity(path), "notes": tuple(gguf_notes(facts))})
+    shown, identity = shown_gguf(path, spec), file_identity(path)
+    header = read_header(path, shown)  # read once: the checks (checked_facts), the notes and the provenance
+    facts = facts_of(header)
+    problem = gguf_problem(facts, shown)
+    if problem:
+        raise CorruptModelFile(problem)
+    notes = tuple(gguf_notes(facts))
+    prov = Provenance(**{**header_provenance(header, path, spec).__dict__, "content_sha256": identity, "notes": notes})
     d, f = str(path.parent), path.name
-    with building_tokenizer(shown_gguf(path, spec), lambda: gguf_tokenizer_problem(path)):
+    with building_tokenizer(shown, lambda: gguf_tokenizer_problem(path)):
         tok = AutoTokenizer.from_pretrained(d, gguf_file=f, trust_remote_code=False)
     cfg = config_override(path, facts)
     model, info = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32, trust_remote_code=False,
                                                        output_loading_info=True, ignore_mismatched_sizes=True,
                                                        **({"config": cfg} if cfg is not None else {}))
-    unbuilt = loading_problem(info, shown_gguf(path, spec))
+    unbuilt = loading_problem(info, shown)
     if unbuilt:
         raise CorruptModelFile(unbuilt)
     # The weights are plain dequantized tensors now; drop the GGUF quantizer so the model is an

@@ -27,7 +27,7 @@ from torch import nn
 from vocablens.errors import BadInput, CorruptModelFile
 from vocablens.models.checkpoint_files import matrix_keys, read_tensors, shard_files
 from vocablens.models.final_norm import FamilyNorm, family_identity, final_norm_keys, skeleton_final_norm
-from vocablens.models.sources import light_tokenizer
+from vocablens.models.tokenizer_files import light_tokenizer
 
 _REFUSE = ("project_in", "project_out", "lm_head.bias", "embed_out.bias")
 

@@ -37,7 +37,8 @@ from torch import nn
 from vocablens.errors import BadInput, CorruptModelFile
 from vocablens.models.checkpoint_files import checkpoint_name, materialize, shard_files
 from vocablens.models.matrices_only import read_matrices
-from vocablens.models.sources import light_tokenizer, source_dir
+from vocablens.models.sources import source_dir
+from vocablens.models.tokenizer_files import light_tokenizer
 from vocablens.models.spec import DEFAULT_MODEL
 
 #: the parts a load can read besides whole blocks (``vocablens.models.load(read=...)``; :class:`Parts`)
@@ -100,7 +101,7 @@ def read_parts(spec: str | os.PathLike, parts: Parts, dtype=None, trust_remote_c
         parts: what to read (:class:`Parts`).
         dtype: torch dtype or name, ``"auto"`` for the checkpoint's own; default: the checkpoint's
             own (float32 for a dequantized GGUF), except float16, which loads as float32 (a note
-            in the provenance; :mod:`vocablens.models.run_dtype`).
+            in the provenance; :func:`vocablens.models.source.run_dtype`).
         trust_remote_code: passed to transformers (config, tokenizer).
 
     Returns:
@@ -114,16 +115,16 @@ def read_parts(spec: str | os.PathLike, parts: Parts, dtype=None, trust_remote_c
             the config and the weights disagree. NoSafetensors (a BadInput): a checkpoint without
             safetensors. BadInput: a block index out of range.
     """
-    from vocablens.models.run_dtype import run_dtype, with_note
+    from vocablens.models.source import resolve_source, run_dtype
 
-    spec = str(spec)
-    d, prov = source_dir(spec)
-    tdtype, dtype_note = run_dtype(spec, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
-    return with_note(materialize_parts(spec, d, prov, parts, tdtype, trust_remote_code), dtype_note)
+    source = resolve_source(spec)
+    d, prov = source_dir(source)
+    tdtype, dtype_note = run_dtype(source, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
+    return materialize_parts(source.spec, d, prov, parts, tdtype, trust_remote_code).with_note(dtype_note)
 
 
 def materialize_parts(spec: str, d: Path, prov, parts: Parts, tdtype: torch.dtype | None,
-                      trust_remote_code: bool = False):
+                      trust_remote_code: bool = False, device: str = "cpu"):
     """The one materializer: ``parts`` of the safetensors directory ``d`` read and built into a
     :class:`~vocablens.models.LoadedModel`, without the modeling code when the parts allow it, else
     on the family's modules (module docstring).
@@ -134,12 +135,38 @@ def materialize_parts(spec: str, d: Path, prov, parts: Parts, tdtype: torch.dtyp
         parts: what to read (:class:`Parts`).
         tdtype: the dtype to convert to, or None for the checkpoint's own (then the file's
             copy-on-write mapping).
+        device: where the real tensors go once read on the CPU (:func:`borders_to`).
 
     Returns and raises: as :func:`read_parts`.
     """
     lm = None if parts.on_modules else read_matrices(d, prov, "final_norm" in parts.names, tdtype,
                                                         trust_remote_code)
-    return lm if lm is not None else _on_family_modules(spec, d, prov, parts, tdtype, trust_remote_code)
+    lm = lm if lm is not None else _on_family_modules(spec, d, prov, parts, tdtype, trust_remote_code)
+    return borders_to(lm, device)
+
+
+def borders_to(lm, device: str):
+    """Move a partially loaded model's real tensors to ``device`` (the blocks stay on ``meta``); a
+    tied matrix stays one tensor. Returns ``lm`` itself when nothing moves, else a
+    :class:`~vocablens.models.LoadedModel` with fresh borders."""
+    from vocablens.models.borders import Borders
+    from vocablens.models.loaded_model import LoadedModel
+
+    dev = torch.device(device)
+    moved: dict[int, tuple] = {}  # id -> (old, new): the old tensor is kept alive so ids stay unique
+    for mod in lm.model.modules():
+        for store in (mod._parameters, mod._buffers):
+            for name, t in list(store.items()):
+                if t is None or t.is_meta or t.device == dev:
+                    continue
+                if id(t) not in moved:
+                    new = t.detach().to(dev)
+                    moved[id(t)] = (t, torch.nn.Parameter(new, requires_grad=False)
+                                    if isinstance(t, torch.nn.Parameter) else new)
+                store[name] = moved[id(t)][1]
+    if not moved:
+        return lm
+    return LoadedModel(lm.model, lm.tokenizer, Borders.from_model(lm.model, tokenizer=lm.tokenizer), lm.provenance)
 
 
 # ------------------------------------------------------------ on the family's modules
@@ -258,5 +285,5 @@ def load_head_only(spec: str | os.PathLike = DEFAULT_MODEL, dtype=None, trust_re
     return read_parts(spec, Parts.of(("head", "final_norm")), dtype, trust_remote_code)
 
 
-__all__ = ["BORDERS", "PARTS", "Parts", "load_borders_only", "load_head_only", "load_matrices_only",
+__all__ = ["borders_to", "BORDERS", "PARTS", "Parts", "load_borders_only", "load_head_only", "load_matrices_only",
            "materialize_parts", "read_parts"]

@@ -119,7 +119,7 @@ def max_memory_map(value: Any) -> dict[int | str, int] | None:
 
 
 def uses_gpu(device_map: str | dict, max_memory: dict | None) -> bool:
-    """Whether the model will run on a GPU (for the dtype rule of :mod:`vocablens.models.run_dtype`)."""
+    """Whether the model will run on a GPU (for the dtype rule of :func:`vocablens.models.source.run_dtype`)."""
     if isinstance(device_map, dict):
         return any(isinstance(v, int) for v in device_map.values())
     if max_memory is not None:

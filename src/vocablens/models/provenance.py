@@ -106,11 +106,15 @@ def gguf_provenance(path: Path, spec: str) -> Provenance:
     Raises:
         CorruptModelFile: the file is not a readable GGUF file.
     """
-    from gguf import GGMLQuantizationType
-
     from vocablens.models.gguf_header import read_header
 
-    header = read_header(path)
+    return header_provenance(read_header(path), path, spec)
+
+
+def header_provenance(header, path: Path, spec: str) -> Provenance:
+    """:func:`gguf_provenance` of a header already read (:func:`vocablens.models.gguf_header.read_header`)."""
+    from gguf import GGMLQuantizationType
+
     groups: dict[str, Counter] = {}
     for name, (_dims, ttype) in header.tensors.items():
         if name.startswith("token_embd"):
@@ -186,4 +190,4 @@ def dir_provenance(path: Path, spec: str) -> Provenance:
     return Provenance(spec=spec, name=str(name), source=str(path), format=fmt, quantization=quant)
 
 
-__all__ = ["Provenance", "gguf_provenance", "dir_provenance"]
+__all__ = ["Provenance", "gguf_provenance", "dir_provenance", "header_provenance"]

@@ -168,13 +168,14 @@ def load_streaming(spec: str | os.PathLike = DEFAULT_MODEL, max_memory: str | in
         CorruptModelFile: a shard the index names is missing (checked before anything loads).
         As :func:`vocablens.models.partial.read_parts` otherwise (the same materializer reads the resident parts).
     """
-    from vocablens.models.run_dtype import run_dtype, with_note
+    from vocablens.models.source import resolve_source, run_dtype
     from vocablens.models.sources import source_dir
 
     cap = parse_bytes(max_memory)
-    d, prov = source_dir(str(spec))
-    tdtype, dtype_note = run_dtype(spec, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
-    return with_note(stream_beyond(str(spec), d, prov, cap, tdtype, trust_remote_code), dtype_note)
+    source = resolve_source(spec)
+    d, prov = source_dir(source)
+    tdtype, dtype_note = run_dtype(source, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
+    return stream_beyond(source.spec, d, prov, cap, tdtype, trust_remote_code).with_note(dtype_note)
 
 
 def stream_beyond(spec: str, d: Path, prov, cap: int, tdtype: torch.dtype | None, trust_remote_code: bool = False):

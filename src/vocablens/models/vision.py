@@ -98,9 +98,10 @@ def load_processor(lm):
     """
     from transformers import AutoProcessor
 
-    from vocablens.models.spec import resolve_spec
+    from vocablens.models.source import resolve_source
 
-    kind, path, hub = resolve_spec(lm.provenance.spec)
+    source = resolve_source(lm.provenance.spec)
+    kind, path, hub = source.kind, source.path, source.hub
     if not has_vision(lm.model):
         if kind == "dir" and _checkpoint_has_vision(Path(path)):  # e.g. Llama 4: its causal-LM class is text only
             raise BadInput(f"{lm.provenance.spec} holds a vision tower, but transformers' causal-LM class "

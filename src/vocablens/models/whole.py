@@ -20,30 +20,30 @@ from vocablens.models.gguf_cache import load_gguf
 from vocablens.models.loaded_model import LoadedModel
 from vocablens.models.provenance import Provenance, dir_provenance
 from vocablens.models.quantized import quantization_config, quantization_name, quantized_provenance, refused
-from vocablens.models.run_dtype import run_dtype, with_note
-from vocablens.models.spec import hub_kwargs, reading, resolve_spec
+from vocablens.models.source import Source, hub_kwargs
+from vocablens.models.spec import reading
 from vocablens.models.tokenizer_files import building_tokenizer, hub_tokenizer_problem, json_tokenizer_problem
 
 
-def load_whole(spec: str, dtype, device: str, trust_remote_code: bool, placement: tuple | None = None,
-           tp: bool = False) -> LoadedModel:
-    """The whole model through transformers (a GGUF file through its float32 cache), its readout
-    checked against the model's own logits (:func:`checked_readout`); ``placement``: ``(device map,
-    max_memory, offload folder)`` of :mod:`vocablens.models.placement`, or None (all on ``device``);
-    ``tp``: split over the torchrun ranks by the family's tensor-parallel plan (``tp_plan="auto"``,
-    placed by transformers)."""
+def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool, placement: tuple | None = None,
+               tp: bool = False) -> LoadedModel:
+    """The whole model of ``source`` (:class:`~vocablens.models.source.Source`) in ``run``'s dtype
+    (``(dtype, note)`` of :func:`~vocablens.models.source.run_dtype`) through transformers (a GGUF file through its float32 cache), its readout checked against the
+    model's own logits (:func:`checked_readout`); ``placement``: ``(device map, max_memory, offload
+    folder)`` of :mod:`vocablens.models.placement`, or None (all on ``device``); ``tp``: split over the
+    torchrun ranks by the family's tensor-parallel plan (``tp_plan="auto"``, placed by transformers)."""
     import torch
     from transformers import AutoTokenizer
 
     from vocablens.models import placement as P
 
-    tdtype, dtype_note = run_dtype(spec, dtype, "cuda" if placement and P.uses_gpu(*placement[:2]) else device)
-    kind, path, hub = resolve_spec(spec)
+    spec, kind, path, hub = source.spec, source.kind, source.path, source.hub
+    tdtype, dtype_note = run
     placed_prov = None
     if placement is not None and kind == "gguf":  # a device map reads the float32 cache as a directory
         from vocablens.models.sources import source_dir
 
-        path, placed_prov = source_dir(spec)  # the provenance names the GGUF file, as a whole load's does
+        path, placed_prov = source_dir(source)  # the provenance names the GGUF file, as a whole load's does
         kind = "dir"
     with reading(spec, kind, hub, "load", path):
         if kind == "gguf":
@@ -80,14 +80,14 @@ def load_whole(spec: str, dtype, device: str, trust_remote_code: bool, placement
     borders = Borders.from_model(model, tokenizer=tok)
     prov = quantized_provenance(prov, model, borders)  # the matrices read dequantized, and said so
     with _tp_failure(tp, "running the probe forward"):  # tensor parallel: the same check, the probe's logits gathered
-        borders, line = checked_readout(borders, spec)
+        borders, line = checked_readout(borders, source)
     if tp:
         from vocablens.models.tensor_parallel import check_split, world_size
 
         check_split(borders)
         line += f", tensor parallel over {world_size()} ranks"
-    lm = with_note(LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})), dtype_note)
-    return lm if placement is None else with_note(lm, P.placement_line(model))
+    lm = LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})).with_note(dtype_note)
+    return lm if placement is None else lm.with_note(P.placement_line(model))
 
 
 def _from_pretrained(spec: str, src: str, tdtype, kw: dict, placed: dict):
@@ -167,9 +167,9 @@ def _tp_plan(src: str, kw: dict) -> str:
     return "auto"
 
 
-def checked_readout(borders, spec: str):
+def checked_readout(borders, source: Source):
     """``(borders, provenance line)`` after :func:`vocablens.models.readout.find_readout` (one probe
-    forward of a few tokens), the check stored for later loads without the blocks. Weights holding
+    forward of a few tokens), the check stored for later loads of ``source``'s weights without the blocks. Weights holding
     NaN or inf, or whose probe forward overflows (float16 kept by ``--dtype``), are not checked: the
     commands refuse them with their own line, naming the layer, before printing anything.
 
@@ -189,7 +189,7 @@ def checked_readout(borders, spec: str):
         if borders.nonfinite():
             return borders, "unchecked: the weights hold NaN or inf values"
         raise
-    store_check(spec, check)
+    store_check(source, check)
     return borders, check.line()
 
 
