@@ -42,7 +42,7 @@ from typing import Iterable
 from vocablens.errors import BadInput
 from vocablens.models.loaded_model import LoadedModel
 from vocablens.models.source import DEFAULT_MODEL, Source, run_dtype
-from vocablens.models.whole import load_whole, checked_readout  # noqa: F401  (checked_readout re-exported)
+from vocablens.models.whole import load_whole, loaded_whole_instead, checked_readout  # noqa: F401  (checked_readout re-exported)
 
 MODES = ("full", "borders", "head", "matrices", "streaming")
 #: what each mode of :func:`load_mode` reads (``read=`` of :func:`load`; None: the whole model)
@@ -119,25 +119,34 @@ def load(spec: str | os.PathLike | Source | None = DEFAULT_MODEL, dtype=None, de
             with ``read``, ``device`` or ``tp``; ``tp`` where it cannot run (no torchrun, no plan, GGUF,
             a partial read or ``max_memory``).
     """
-    from vocablens.models.placement import uses_gpu
-    from vocablens.models.source import check_remote_code, resolve_source
-    from vocablens.models.tensor_parallel import tp_refusal
-
     placement = _placement(device_map, max_memory, offload_folder, read, device)
     if tp and placement is not None:
         raise BadInput("`tp` splits the model over the torchrun ranks and a device map places it in one "
                        "process: give one of them")
     parts = _what_to_read(read, blocks, None if placement else max_memory, device)
-    source = resolve_source(spec)  # the one resolution of the spec: every step below reads this object
-    # the dtype rule is the CPU's: a partial read maps on the CPU first, and runs where ``device`` says
-    run = run_dtype(source, dtype, "cuda" if placement and uses_gpu(*placement[:2]) else device)
-    check_remote_code(source, trust_remote_code)  # a model's own code: refused in one line before transformers reads it
-    why = tp_refusal(source.kind, read, max_memory) if tp else None
-    if why:
-        raise BadInput(why)
+    source, run = _resolved(spec, dtype, device, trust_remote_code, placement, (read, max_memory) if tp else None)
     if placement is not None or (parts is None and max_memory in (None, "")):
         return load_whole(source, run, device, trust_remote_code, placement, tp=tp)
     return _partial(source, parts, run, device, trust_remote_code, max_memory)
+
+
+def _resolved(spec, dtype, device: str, trust_remote_code: bool, placement, tp_reads) -> tuple[Source, tuple]:
+    """``(source, (dtype to load in, note))``: the spec resolved once (every step after it reads this
+    :class:`~vocablens.models.source.Source`), its run dtype (:func:`~vocablens.models.source.run_dtype`;
+    the rule is the CPU's: a partial read maps on the CPU first), its own code refused without
+    ``trust_remote_code``, and a ``tp`` load (``tp_reads``: its ``(read, max_memory)``) refused where it
+    cannot run (:func:`~vocablens.models.tensor_parallel.tp_refusal`), one line each."""
+    from vocablens.models.placement import uses_gpu
+    from vocablens.models.source import check_remote_code, resolve_source
+    from vocablens.models.tensor_parallel import tp_refusal
+
+    source = resolve_source(spec)
+    run = run_dtype(source, dtype, "cuda" if placement and uses_gpu(*placement[:2]) else device)
+    check_remote_code(source, trust_remote_code)  # a model's own code: refused in one line before transformers reads it
+    why = None if tp_reads is None else tp_refusal(source.kind, *tp_reads)
+    if why:
+        raise BadInput(why)
+    return source, run
 
 
 def _partial(source: Source, parts, run: tuple, device: str, trust_remote_code: bool, max_memory) -> LoadedModel:
@@ -245,31 +254,6 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
         read = (*read, "value_vectors")
     where = {"device_map": device_map, "offload_folder": offload_folder} if placed else {"read": read, "blocks": blocks or None}
     return load(spec, None if dtype == "" else dtype, device, trust_remote_code, max_memory or None, tp=tp, **where)
-
-
-def loaded_whole_instead(source: Source, mode: str, run: tuple, device: str = "cpu", trust_remote_code: bool = False,
-                         why: str = "pickle") -> LoadedModel:
-    """The whole model of ``source``, in ``run``'s dtype (``(dtype, note)`` of
-    :func:`~vocablens.models.source.run_dtype`), for a partial ``mode`` of a checkpoint stored as
-    ``pytorch_model*.bin`` only (``why="pickle"``: the partial reads need safetensors headers), or
-    quantized by a transformers quantizer (``why="quantized"``: its tensors are stored quantized, under
-    the quantizer's own names, and only the quantizer reads them), and a
-    :class:`~vocablens.errors.VocabLensNote` saying so once it loaded (a hostile pickle fails first,
-    with its own line)."""
-    import warnings
-
-    from vocablens.errors import VocabLensNote
-
-    lm = load_whole(source, run, device, trust_remote_code)
-    what = "the blocks that fit" if mode == "streaming" else "the borders"
-    if why == "quantized":
-        line = (f"{source.spec} is quantized ({lm.provenance.quantization}); reading just {what} needs the quantizer, "
-                "so the whole model was loaded (its matrices read dequantized)")
-    else:
-        line = (f"{source.spec} holds its weights as pytorch_model.bin only; reading just {what} needs "
-                "safetensors, so the whole model was loaded (read with weights_only=True)")
-    warnings.warn(VocabLensNote(line), stacklevel=3)
-    return lm
 
 
 __all__ = ["MODES", "MODE_READS", "LoadedModel", "Source", "load", "load_mode", "loaded_whole_instead"]

@@ -67,10 +67,8 @@ def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool,
                 spec=spec, name=hub, source=f"hub:{hub}", format="hub",
                 quantization=str(getattr(model.config, "dtype", "") or ""),
             )
-    if placement is None and not tp and (quantization_config(model) is None
-                                         or next(model.parameters()).device.type != torch.device(device).type):
-        _placed(model, spec, device)  # a quantized model that its quantizer placed (bitsandbytes: CUDA) stays;
-        # a tensor-parallel load sits where transformers put each rank's shards
+    if placement is None and not tp:  # a tensor-parallel load sits where transformers put each rank's shards
+        _placed(model, spec, device)
     model.eval()
     model.requires_grad_(False)
     pdtype = next(model.parameters()).dtype
@@ -88,6 +86,31 @@ def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool,
         line += f", tensor parallel over {world_size()} ranks"
     lm = LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})).with_note(dtype_note)
     return lm if placement is None else lm.with_note(P.placement_line(model))
+
+
+def loaded_whole_instead(source: Source, mode: str, run: tuple, device: str = "cpu", trust_remote_code: bool = False,
+                         why: str = "pickle") -> LoadedModel:
+    """The whole model of ``source``, in ``run``'s dtype (``(dtype, note)`` of
+    :func:`~vocablens.models.source.run_dtype`), for a partial ``mode`` of a checkpoint stored as
+    ``pytorch_model*.bin`` only (``why="pickle"``: the partial reads need safetensors headers), or
+    quantized by a transformers quantizer (``why="quantized"``: its tensors are stored quantized, under
+    the quantizer's own names, and only the quantizer reads them), and a
+    :class:`~vocablens.errors.VocabLensNote` saying so once it loaded (a hostile pickle fails first,
+    with its own line)."""
+    import warnings
+
+    from vocablens.errors import VocabLensNote
+
+    lm = load_whole(source, run, device, trust_remote_code)
+    what = "the blocks that fit" if mode == "streaming" else "the borders"
+    if why == "quantized":
+        line = (f"{source.spec} is quantized ({lm.provenance.quantization}); reading just {what} needs the quantizer, "
+                "so the whole model was loaded (its matrices read dequantized)")
+    else:
+        line = (f"{source.spec} holds its weights as pytorch_model.bin only; reading just {what} needs "
+                "safetensors, so the whole model was loaded (read with weights_only=True)")
+    warnings.warn(VocabLensNote(line), stacklevel=3)
+    return lm
 
 
 def _from_pretrained(spec: str, src: str, tdtype, kw: dict, placed: dict):
@@ -117,13 +140,19 @@ def _from_pretrained(spec: str, src: str, tdtype, kw: dict, placed: dict):
 
 
 def _placed(model, spec: str, device: str) -> None:
-    """``model.to(device)``; a quantized model whose quantizer cannot move it is one line.
+    """``model.to(device)``, unless its quantizer placed it there already (bitsandbytes: CUDA): a
+    quantized model stays where its quantizer put it when that is ``device``'s type; one whose
+    quantizer cannot move it is one line.
 
     Raises:
         UnsupportedQuantization: the quantizer refuses the move (bitsandbytes weights stay on CUDA).
     """
+    import torch
+
     from vocablens.errors import UnsupportedQuantization
 
+    if quantization_config(model) is not None and next(model.parameters()).device.type == torch.device(device).type:
+        return
     try:
         model.to(device)
     except (ValueError, RuntimeError, NotImplementedError) as exc:
@@ -193,4 +222,4 @@ def checked_readout(borders, source: Source):
     return borders, check.line()
 
 
-__all__ = ["checked_readout", "load_whole"]
+__all__ = ["checked_readout", "load_whole", "loaded_whole_instead"]
