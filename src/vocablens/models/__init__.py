@@ -5,7 +5,8 @@ there is no cycle): ``find`` (where a model keeps its decoder and blocks, config
 several names), ``dtypes`` (the one dtype table), ``catalogue`` (built-in configs), ``meta`` (a
 meta-device model from a config), ``pages``, ``hooks`` (``ModelPatch``: whatever vocablens installs
 on a model, put back exactly), ``tokens``, ``token_table``, ``checkpoint_files`` (a safetensors
-checkpoint's tensors by name), ``spec`` (where a spec points), ``gguf_header`` (a GGUF file's header
+checkpoint's tensors by name), ``source`` (a spec resolved once: :class:`Source`, its run dtype and
+remote-code check), ``spec`` (what is wrong with a model's files, as one line), ``gguf_header`` (a GGUF file's header
 and where its metadata disagrees with its tensors), ``tokenizer_files`` (why a tokenizer cannot be
 built, as one line), ``tie`` ("tied" by storage, as
 transformers decides it), ``config`` (a config without weights), ``provenance``, ``gguf_cache``,
@@ -28,9 +29,10 @@ from vocablens.models.weight_checks import untrained_rows
 from vocablens.models.config import load_config
 from vocablens.models.loader import LoadedModel, load
 from vocablens.models.provenance import Provenance, gguf_provenance
+from vocablens.models.source import Source, resolve_source
 from vocablens.models.spec import DEFAULT_MODEL, default_gguf_path, resolve_spec
 
 __all__ = [
     "Borders", "Embedding", "untrained_rows", "DEFAULT_MODEL", "LoadedModel", "Provenance", "default_gguf_path",
-    "gguf_provenance", "load", "load_config", "resolve_spec",
+    "gguf_provenance", "load", "load_config", "resolve_source", "resolve_spec", "Source",
 ]

@@ -49,4 +49,4 @@ def source_dir(source: Source) -> tuple[Path, Provenance]:
     return d, Provenance(spec=spec, name=hub, source=f"hub:{hub}", format="hub", quantization="")
 
 
-__all__ = ["light_tokenizer", "source_dir"]
+__all__ = ["source_dir"]

@@ -32,7 +32,6 @@ def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool,
     model's own logits (:func:`checked_readout`); ``placement``: ``(device map, max_memory, offload
     folder)`` of :mod:`vocablens.models.placement`, or None (all on ``device``); ``tp``: split over the
     torchrun ranks by the family's tensor-parallel plan (``tp_plan="auto"``, placed by transformers)."""
-    import torch
     from transformers import AutoTokenizer
 
     from vocablens.models import placement as P
