@@ -143,5 +143,99 @@ def materialize(model: torch.nn.Module, names: list[str], files: dict[str, Path]
         setattr(mod, attr, torch.nn.Parameter(t, requires_grad=False))
 
 
-__all__ = ["EMB_SUFFIXES", "HEAD_NAMES", "NoSafetensors", "RenamedFiles", "checkpoint_name", "materialize", "matrix_keys", "read_tensors",
+def check_shards(d: Path, files: dict[str, Path]) -> None:
+    """Every file a checkpoint's index names exists (checked before anything loads).
+
+    Raises:
+        CorruptModelFile: one line naming the first missing shard and how many tensors it holds.
+    """
+    from vocablens.errors import CorruptModelFile
+
+    held: dict[Path, int] = {}
+    for f in files.values():
+        held[f] = held.get(f, 0) + 1
+    missing = sorted(f for f in held if not f.is_file())
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CorruptModelFile(f"{d}: shard {missing[0].name}{more} is missing; model.safetensors.index.json "
+                               f"names it for {held[missing[0]]} tensors; download the checkpoint again")
+
+
+def normal_load_dtype(config, d: Path, files: dict[str, Path]) -> torch.dtype:
+    """The dtype :func:`vocablens.models.load` gives this checkpoint (transformers'
+    ``from_pretrained(dtype="auto")``): ``config.dtype`` when set, else the index's ``metadata.dtype``,
+    else the first floating-point tensor of the first shard (file names sorted), as transformers'
+    ``get_state_dict_dtype`` finds it. Every parameter is then cast to it, as the normal load does."""
+    import json
+
+    from transformers.modeling_utils import get_state_dict_dtype, load_state_dict
+
+    cd = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if cd is not None:
+        return cd if isinstance(cd, torch.dtype) else getattr(torch, str(cd).replace("torch.", ""))
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        meta = json.loads(index.read_text()).get("metadata") or {}
+        if isinstance(meta.get("dtype"), str) and hasattr(torch, meta["dtype"]):
+            return getattr(torch, meta["dtype"])
+    first = sorted({str(f) for f in files.values()})[0]
+    return get_state_dict_dtype(load_state_dict(first, map_location="meta"))
+
+
+def normal_load_dtype_of(d: Path, files: dict[str, Path], trust_remote_code: bool) -> torch.dtype | None:
+    """:func:`normal_load_dtype` of directory ``d``; None when its config cannot be read (the
+    borders' read then says what is wrong with it)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None
+    return normal_load_dtype(config, d, files)
+
+
+def read_outside_blocks(lm, files: dict[str, Path], tdtype) -> int:
+    """Read the parameters outside the borders and the blocks (learned positions: GPT-2, OPT) and
+    keep them resident; returns the bytes of every real parameter.
+
+    Raises:
+        UnsupportedArchitecture: a buffer outside the blocks that the checkpoint does not store.
+    """
+    from vocablens.errors import UnsupportedArchitecture
+    from vocablens.models.find import named_children
+
+    b, model = lm.borders, lm.model
+    in_blocks = {id(t) for blk in b.blocks for t in [*blk.parameters(), *blk.buffers()]}
+    rest = [n for n, p in model.named_parameters() if p.is_meta and id(p) not in in_blocks]
+    materialize(model, rest, files, tdtype)
+    lost = [n for n, t in model.named_buffers() if t.is_meta and id(t) not in in_blocks]
+    if lost:
+        raise UnsupportedArchitecture(b.family, named_children(model), f"buffer {lost[0]} is not in the "
+                                      "checkpoint, so the model cannot be streamed; load it whole")
+    return sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters() if not p.is_meta}.values())
+
+
+def block_keys(model, blk, bname: str, files: dict[str, Path], i: int, family: str) -> dict[str, tuple[str, Path]]:
+    """Block ``i``'s parameters and buffers on ``meta`` -> (checkpoint key, file).
+
+    Raises:
+        UnsupportedArchitecture: one of them is not in the checkpoint.
+    """
+    from vocablens.errors import UnsupportedArchitecture
+    from vocablens.models.find import named_children
+
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    keys: dict[str, tuple[str, Path]] = {}
+    for n, t in [*blk.named_parameters(), *blk.named_buffers()]:
+        if not t.is_meta:
+            continue
+        key = checkpoint_name(f"{bname}.{n}", files, prefix)
+        if key is None:
+            raise UnsupportedArchitecture(family, named_children(blk), f"block {i}: {n} is not in the checkpoint, "
+                                          "so it cannot be streamed; load the whole model (no `max_memory`)")
+        keys[n] = (getattr(files, "stored", {}).get(key, key), files[key])  # the key in the file
+    return keys
+
+
+__all__ = ["block_keys", "check_shards", "normal_load_dtype", "normal_load_dtype_of", "read_outside_blocks", "EMB_SUFFIXES", "HEAD_NAMES", "NoSafetensors", "RenamedFiles", "checkpoint_name", "materialize", "matrix_keys", "read_tensors",
            "shard_files"]

@@ -259,13 +259,12 @@ def remove_scratch_with(model, folder: str | None) -> None:
         weakref.finalize(model, shutil.rmtree, folder, True)
 
 
-def placement_line(model) -> str:
-    """One line saying where the placed model's parts are: ``device map: embedding cpu, blocks 0-3 cpu,
-    4-5 disk, head cpu`` (from ``model.hf_device_map``)."""
-    from vocablens.models.borders import Borders
-
+def placement_line(b) -> str:
+    """One line saying where the parts of the placed model whose borders are ``b`` (its
+    :class:`~vocablens.models.Borders` as found, before the readout check) are: ``device map:
+    embedding cpu, blocks 0-3 cpu, 4-5 disk, head cpu`` (from ``model.hf_device_map``)."""
+    model = b.model
     dm = getattr(model, "hf_device_map", None) or {}
-    b = Borders.from_model(model)
     names = {id(m): n for n, m in model.named_modules()}
     where = [_device_of(names[id(blk)], dm) for blk in b.blocks]
     runs, start = [], 0

@@ -74,17 +74,17 @@ def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool,
     prov = Provenance(**{**prov.__dict__, "dtype": str(pdtype).replace("torch.", "")})
     from vocablens.models.borders import Borders
 
-    borders = Borders.from_model(model, tokenizer=tok)
-    prov = quantized_provenance(prov, model, borders)  # the matrices read dequantized, and said so
+    found = Borders.from_model(model, tokenizer=tok)
+    prov = quantized_provenance(prov, model, found)  # the matrices read dequantized, and said so
     with _tp_failure(tp, "running the probe forward"):  # tensor parallel: the same check, the probe's logits gathered
-        borders, line = checked_readout(borders, source)
+        borders, line = checked_readout(found, source)
     if tp:
         from vocablens.models.tensor_parallel import check_split, world_size
 
         check_split(borders)
         line += f", tensor parallel over {world_size()} ranks"
     lm = LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})).with_note(dtype_note)
-    return lm if placement is None else lm.with_note(P.placement_line(model))
+    return lm if placement is None else lm.with_note(P.placement_line(found))
 
 
 def loaded_whole_instead(source: Source, mode: str, run: tuple, device: str = "cpu", trust_remote_code: bool = False,
