@@ -42,6 +42,34 @@ class NoSafetensors(BadInput):
     safetensors headers, so :func:`vocablens.models.loader.load` loads such a model whole."""
 
 
+def renamed_files(model, files: dict):
+    """``files`` (checkpoint key -> file) under the names of ``model``'s parameters, where
+    transformers renames the checkpoint's keys on load (its own conversion mapping: a LLaVA
+    checkpoint's ``language_model.lm_head.weight`` is the model's ``lm_head.weight``); ``files``
+    itself when nothing is renamed. Only renamings are applied (no tensor is converted).
+
+    Returns:
+        :class:`RenamedFiles` or ``files``.
+    """
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming, rename_source_key
+
+        renames = [c for c in get_model_conversion_mapping(model) if type(c) is WeightRenaming]
+    except (ImportError, AttributeError, TypeError, ValueError):  # a transformers without the mapping
+        return files
+    if not renames:
+        return files
+    meta = dict.fromkeys(model.state_dict())
+    named = {}
+    for k in files:
+        new = rename_source_key(k, renames, [], getattr(model, "base_model_prefix", None), meta)[0]
+        named[new] = k
+    if all(new == k for new, k in named.items()):
+        return files
+    return RenamedFiles({new: files[k] for new, k in named.items()}, {new: k for new, k in named.items() if new != k})
+
+
 def shard_files(d: Path) -> dict[str, Path]:
     """tensor name -> the safetensors file holding it, for a model directory (single file or sharded).
 
@@ -194,12 +222,15 @@ def normal_load_dtype_of(d: Path, files: dict[str, Path], trust_remote_code: boo
     return normal_load_dtype(config, d, files)
 
 
-def read_outside_blocks(lm, files: dict[str, Path], tdtype) -> int:
-    """Read the parameters outside the borders and the blocks (learned positions: GPT-2, OPT) and
-    keep them resident; returns the bytes of every real parameter.
+def streamed_keys(lm, files: dict[str, Path], tdtype) -> tuple[int, list[dict[str, tuple[str, Path]]]]:
+    """What a streaming load reads from the checkpoint ``files`` beside the borders: the parameters
+    outside the borders and the blocks (learned positions: GPT-2, OPT), read now and kept resident, and
+    for each block its parameters and buffers on ``meta`` -> (checkpoint key, file), read at each
+    forward. Returns ``(bytes of every real parameter, [keys of block i for i in 0..L-1])``.
 
     Raises:
-        UnsupportedArchitecture: a buffer outside the blocks that the checkpoint does not store.
+        UnsupportedArchitecture: a buffer outside the blocks, or a tensor of a block, that the
+            checkpoint does not store (the first one, named).
     """
     from vocablens.errors import UnsupportedArchitecture
     from vocablens.models.find import named_children
@@ -209,21 +240,25 @@ def read_outside_blocks(lm, files: dict[str, Path], tdtype) -> int:
     rest = [n for n, p in model.named_parameters() if p.is_meta and id(p) not in in_blocks]
     materialize(model, rest, files, tdtype)
     lost = [n for n, t in model.named_buffers() if t.is_meta and id(t) not in in_blocks]
+    where, why, keys = model, None, []
     if lost:
-        raise UnsupportedArchitecture(b.family, named_children(model), f"buffer {lost[0]} is not in the "
-                                      "checkpoint, so the model cannot be streamed; load it whole")
-    return sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters() if not p.is_meta}.values())
+        why = f"buffer {lost[0]} is not in the checkpoint, so the model cannot be streamed; load it whole"
+    names = {id(blk): n for n, blk in model.named_modules() if any(blk is x for x in b.blocks)}
+    for i, blk in enumerate(b.blocks if why is None else ()):
+        got, missing = _block_keys(model, blk, names[id(blk)], files)
+        if missing is not None:
+            where, why = blk, (f"block {i}: {missing} is not in the checkpoint, so it cannot be streamed; load the "
+                               "whole model (no `max_memory`)")
+            break
+        keys.append(got)
+    if why is not None:
+        raise UnsupportedArchitecture(b.family, named_children(where), why)
+    return sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters() if not p.is_meta}.values()), keys
 
 
-def block_keys(model, blk, bname: str, files: dict[str, Path], i: int, family: str) -> dict[str, tuple[str, Path]]:
-    """Block ``i``'s parameters and buffers on ``meta`` -> (checkpoint key, file).
-
-    Raises:
-        UnsupportedArchitecture: one of them is not in the checkpoint.
-    """
-    from vocablens.errors import UnsupportedArchitecture
-    from vocablens.models.find import named_children
-
+def _block_keys(model, blk, bname: str, files: dict[str, Path]) -> tuple[dict[str, tuple[str, Path]], str | None]:
+    """``(block's parameters and buffers on meta -> (checkpoint key, file), the first one the
+    checkpoint does not store or None)``."""
     prefix = getattr(model, "base_model_prefix", "") or ""
     keys: dict[str, tuple[str, Path]] = {}
     for n, t in [*blk.named_parameters(), *blk.named_buffers()]:
@@ -231,11 +266,10 @@ def block_keys(model, blk, bname: str, files: dict[str, Path], i: int, family: s
             continue
         key = checkpoint_name(f"{bname}.{n}", files, prefix)
         if key is None:
-            raise UnsupportedArchitecture(family, named_children(blk), f"block {i}: {n} is not in the checkpoint, "
-                                          "so it cannot be streamed; load the whole model (no `max_memory`)")
+            return keys, n
         keys[n] = (getattr(files, "stored", {}).get(key, key), files[key])  # the key in the file
-    return keys
+    return keys, None
 
 
-__all__ = ["block_keys", "check_shards", "normal_load_dtype", "normal_load_dtype_of", "read_outside_blocks", "EMB_SUFFIXES", "HEAD_NAMES", "NoSafetensors", "RenamedFiles", "checkpoint_name", "materialize", "matrix_keys", "read_tensors",
+__all__ = ["renamed_files", "check_shards", "normal_load_dtype", "normal_load_dtype_of", "streamed_keys", "EMB_SUFFIXES", "HEAD_NAMES", "NoSafetensors", "RenamedFiles", "checkpoint_name", "materialize", "matrix_keys", "read_tensors",
            "shard_files"]

@@ -240,10 +240,10 @@ def loading_problem(info: dict, shown: str) -> str | None:
     return None
 
 
-def load_gguf(path: Path, spec: str, tdtype):
-    """Dequantize the GGUF file ``path`` to float32 with transformers and write its cache entry, or read
-    the entry when there is one: ``(tokenizer, model, provenance)``, the model cast to ``tdtype`` when
-    given. The header is checked first (:func:`checked_facts`); the provenance names the file's
+def load_gguf(source, tdtype):
+    """Dequantize the GGUF file of ``source`` (a :class:`~vocablens.models.source.Source` of kind
+    ``gguf``) to float32 with transformers and write its cache entry, or read the entry when there is
+    one: ``(tokenizer, model, provenance)``, the model cast to ``tdtype`` when given. The header is checked first (:func:`checked_facts`); the provenance names the file's
     SHA-256 and the metadata's disagreements with the tensors (``notes``).
 
     Raises:
@@ -258,6 +258,7 @@ def load_gguf(path: Path, spec: str, tdtype):
     from vocablens.models.gguf_header import facts_of, gguf_notes, gguf_problem, read_header
     from vocablens.models.tokenizer_files import building_tokenizer, gguf_tokenizer_problem
 
+    path, spec = source.path, source.spec
     cdir = cache_dir(path)
     hit = read_cache(cdir, spec, tdtype)
     if hit is not None:  # the entry is keyed by content, shared by every copy of the file: the source

@@ -164,10 +164,10 @@ def _partial(source: Source, parts, run: tuple, device: str, trust_remote_code: 
     if why is None:
         try:
             d, prov = source_dir(source)  # the safetensors directory (a GGUF file: its float32 cache)
-            if parts is None:
-                lm = stream_beyond(source.spec, d, prov, parse_bytes(max_memory), run[0], trust_remote_code)
-            else:
+            if parts is not None:
                 lm = materialize_parts(source.spec, d, prov, parts, run[0], trust_remote_code, device)
+            else:
+                lm = stream_beyond(source.spec, d, prov, parse_bytes(max_memory), run[0], trust_remote_code)
             return apply_stored(lm.with_note(run[1]), source)
         except NoSafetensors:  # pytorch_model.bin only: no header to read a few tensors from
             why = "pickle"

@@ -175,7 +175,8 @@ def _on_family_modules(spec: str, d: Path, prov, parts: Parts, tdtype, trust_rem
     from accelerate import init_empty_weights
     from transformers import AutoConfig
 
-    from vocablens.models.auto_class import auto_model_class, renamed_files
+    from vocablens.models.auto_class import auto_model_class
+    from vocablens.models.checkpoint_files import renamed_files
     from vocablens.models.borders import Borders
     from vocablens.models.loaded_model import LoadedModel
     from vocablens.models.provenance import Provenance

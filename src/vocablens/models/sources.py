@@ -32,7 +32,7 @@ def source_dir(source: Source) -> tuple[Path, Provenance]:
         mark = cdir / CACHE_MARK if cdir is not None else None
         if mark is None or not mark.is_file() or diagnose_dir(cdir, shapes=False) is not None:
             with reading(spec, kind, hub, "load", path):
-                load_gguf(path, spec, None)  # dequantizes once and writes the cache (the whole model, this time only)
+                load_gguf(source, None)  # dequantizes once and writes the cache (the whole model, this time only)
             if mark is None or not mark.is_file():
                 raise BadInput("the GGUF cache is off or not writable (VOCABLENS_CACHE): load the whole model instead")
         prov = Provenance(**{**mark_provenance(cdir).__dict__, "spec": spec, "loaded_from": str(cdir)})

@@ -137,7 +137,8 @@ def load_streaming(spec: str | os.PathLike = DEFAULT_MODEL, max_memory: str | in
 
 def stream_beyond(spec: str, d: Path, prov, cap: int, tdtype: torch.dtype | None, trust_remote_code: bool = False):
     """:func:`load_streaming` of the safetensors directory ``d`` (``prov`` its provenance), ``cap``
-    bytes resident, in ``tdtype`` (None: the normal load's, :func:`normal_load_dtype`): the borders
+    bytes resident, in ``tdtype`` (None: the normal load's,
+    :func:`~vocablens.models.checkpoint_files.normal_load_dtype`): the borders
     read by the one materializer (:func:`vocablens.models.partial.materialize_parts`), then the
     parameters outside the blocks, then the blocks that fit; the rest stream.
 
@@ -145,24 +146,22 @@ def stream_beyond(spec: str, d: Path, prov, cap: int, tdtype: torch.dtype | None
         As :func:`load_streaming`.
     """
     from vocablens.models import partial  # materialize_parts looked up at each call (tests replace it)
-    from vocablens.models.checkpoint_files import block_keys, check_shards, normal_load_dtype_of, read_outside_blocks, shard_files
+    from vocablens.models.checkpoint_files import check_shards, normal_load_dtype_of, shard_files, streamed_keys
 
     files = shard_files(d)
     check_shards(d, files)  # a missing shard: one line now, not a traceback mid-forward
     if tdtype is None:  # the normal load's one dtype (a mixed checkpoint is cast, as from_pretrained does)
         tdtype = normal_load_dtype_of(d, files, trust_remote_code)
     lm = partial.materialize_parts(spec, d, prov, partial.Parts.of(partial.BORDERS), tdtype, trust_remote_code)
-    from vocablens.models.auto_class import renamed_files
+    from vocablens.models.checkpoint_files import renamed_files
 
     files = renamed_files(lm.model, files)  # the checkpoint's keys as the model names them (a vision-language model)
-    used = read_outside_blocks(lm, files, tdtype)
-    b, model = lm.borders, lm.model
-    block_names = {id(blk): n for n, blk in model.named_modules() if any(blk is x for x in b.blocks)}
+    used, block_keys = streamed_keys(lm, files, tdtype)
+    b = lm.borders
     streamers, resident = [], []
-    for i, blk in enumerate(b.blocks):
+    for blk, keys in zip(b.blocks, block_keys):
         need = sum(p.numel() * (b.W_E.element_size() if tdtype is None else p.element_size())
                    for p in blk.parameters())
-        keys = block_keys(model, blk, block_names[id(blk)], files, i, b.family)
         if not streamers and used + need <= cap:
             resident.append((blk, keys))
             used += need
@@ -172,8 +171,8 @@ def stream_beyond(spec: str, d: Path, prov, cap: int, tdtype: torch.dtype | None
         s = BlockStreamer(blk, keys, tdtype)
         s._load(blk, (), {})
         s.remove()
-    model.vocablens_streamers = streamers
-    model.vocablens_streamed = True
+    lm.model.vocablens_streamers = streamers
+    lm.model.vocablens_streamed = True
     return lm
 
 

@@ -46,7 +46,7 @@ def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool,
         kind = "dir"
     with reading(spec, kind, hub, "load", path):
         if kind == "gguf":
-            tok, model, prov = load_gguf(path, spec, tdtype)
+            tok, model, prov = load_gguf(source, tdtype)
         else:
             src = str(path) if kind == "dir" else hub
             kw: dict[str, Any] = {"trust_remote_code": trust_remote_code}
