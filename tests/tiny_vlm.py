@@ -18,9 +18,9 @@ def save_tiny_llava(d: Path, seed: int = 0) -> Path:
     """The checkpoint in ``d`` (safetensors, config, tokenizer, processor); returns ``d``."""
     import transformers as T
 
-    from vocablens.models.source import resolve_source
-    from vocablens.models.sources import source_dir
-    from vocablens.models.tokenizer_files import light_tokenizer
+    from vocablens.models.files.source import resolve_source
+    from vocablens.models.files.sources import source_dir
+    from vocablens.models.files.tokenizer_files import light_tokenizer
 
     tok = light_tokenizer(source_dir(resolve_source("smollm2"))[0])
     tok.add_special_tokens({"additional_special_tokens": ["<image>"]})

@@ -126,7 +126,7 @@ def test_gguf_cache_round_trip(tmp_path, monkeypatch, smollm2):
 
 
 def test_cache_off(monkeypatch):
-    from vocablens.models.gguf_cache import cache_root
+    from vocablens.models.files.gguf_cache import cache_root
 
     monkeypatch.setenv("VOCABLENS_CACHE", "off")
     assert cache_root() is None

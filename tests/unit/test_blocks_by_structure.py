@@ -40,9 +40,9 @@ def _tiny_llama4(V: int):
 
 @pytest.fixture(scope="module")
 def llama4_dir(tmp_path_factory):
-    from vocablens.models.source import resolve_source
-    from vocablens.models.sources import source_dir
-    from vocablens.models.tokenizer_files import light_tokenizer
+    from vocablens.models.files.source import resolve_source
+    from vocablens.models.files.sources import source_dir
+    from vocablens.models.files.tokenizer_files import light_tokenizer
 
     tok = light_tokenizer(source_dir(resolve_source("smollm2"))[0])
     d = tmp_path_factory.mktemp("llama4") / "tiny-llama4"

@@ -1,7 +1,7 @@
 """Damaged files on every reader path: one line naming the file and what to do, exit 2, no traceback.
 
 Reader paths: the full load (``score``, ``lens``, ``anatomy --load``), the borders-only load
-(``neighbors``, ``argmax``: models/partial.py), the config-only path (``anatomy``), GGUF files, the
+(``neighbors``, ``argmax``: models/files/partial.py), the config-only path (``anatomy``), GGUF files, the
 GGUF cache, tuned-lens directories, and an ``expand`` output read back.
 """
 
@@ -118,8 +118,8 @@ def test_anatomy_config_only_ignores_a_broken_tokenizer(files, capsys):
 # ------------------------------------------------------------------------------------ GGUF cache
 def test_gguf_cache_damaged_or_incomplete_entry_is_not_used(files, monkeypatch, tmp_path):
     from vocablens.models import load
-    from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
-    from vocablens.models.partial import load_borders_only
+    from vocablens.models.files.gguf_cache import CACHE_MARK, cache_dir
+    from vocablens.models.files.partial import load_borders_only
 
     monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path / "cache"))
     gguf = files / "tiny.gguf"
@@ -203,7 +203,7 @@ def test_gguf_cache_key_follows_content_not_location(tmp_path, monkeypatch):
     import shutil
 
     from tiny_dirs import save_tiny_gguf, tiny_tokenizer
-    from vocablens.models.gguf_cache import cache_dir
+    from vocablens.models.files.gguf_cache import cache_dir
 
     monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path / "cache"))
     (tmp_path / "a").mkdir()

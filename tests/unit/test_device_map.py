@@ -5,7 +5,7 @@ weights stay on ``meta`` and are read from the checkpoint at each of its forward
 tiny checkpoint loaded whole on one device; every analysis gives the same figures there and placed
 (``TOL``: float32, the same kernels in the same order, so the figures agree to rounding at most).
 The placement itself is checked against what was asked (``hf_device_map``, which tensors are real),
-and :func:`vocablens.models.placement.pinned` against the rule (embedding where block 0 runs, head
+and :func:`vocablens.models.files.placement.pinned` against the rule (embedding where block 0 runs, head
 where the last block runs) on maps naming GPUs this machine does not have (no device is touched)."""
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def test_borders_are_pinned_where_the_stream_is():
     from tiny_models import _config
     from transformers import AutoModelForCausalLM
 
-    from vocablens.models.placement import pinned
+    from vocablens.models.files.placement import pinned
 
     with init_empty_weights():
         untied = AutoModelForCausalLM.from_config(_config("llama"))

@@ -5,9 +5,9 @@ import torch
 
 from tiny_models import make_tiny, writes_through
 from vocablens.errors import BadInput, CorruptModelFile
-from vocablens.models.partial import load_borders_only
-from vocablens.models.matrices_only import MatricesOnly
-from vocablens.models.partial import load_matrices_only
+from vocablens.models.files.partial import load_borders_only
+from vocablens.models.files.matrices_only import MatricesOnly
+from vocablens.models.files.partial import load_matrices_only
 
 
 @pytest.fixture(scope="module", params=["llama", "llama_tied", "gpt2", "opt", "qwen3", "gemma3_text"])
@@ -196,7 +196,7 @@ def test_light_tokenizer_picks_the_class_autotokenizer_picks(tmp_path, cls):
 
     from transformers import AutoTokenizer
 
-    from vocablens.models.tokenizer_files import light_tokenizer
+    from vocablens.models.files.tokenizer_files import light_tokenizer
 
     _write_tokenizer(tmp_path, 50)
     p = tmp_path / "tokenizer_config.json"

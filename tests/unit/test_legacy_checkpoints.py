@@ -69,7 +69,7 @@ def test_bin_only_equals_safetensors(capsys, dirs, name, argv):
 def test_partial_modes_fall_back_to_the_whole_load(dirs, mode):
     """``argmax`` reads the head mode: the same head and final norm from the pickle as from safetensors."""
     from vocablens.errors import VocabLensNote
-    from vocablens.models.loader import load_mode
+    from vocablens.models.files.loader import load_mode
 
     ref = load_mode(str(dirs["st"]), mode).borders
     with pytest.warns(VocabLensNote, match="whole model was loaded"):

@@ -1,4 +1,4 @@
-"""The one loader (:func:`vocablens.models.loader.load_mode`): every mode through one function, each
+"""The one loader (:func:`vocablens.models.files.loader.load_mode`): every mode through one function, each
 reading the matrices transformers' own model holds, and its argument checks."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from tiny_dirs import save_tiny, tiny_tokenizer
 
 from vocablens.errors import BadInput
-from vocablens.models.loader import MODES, load_mode
+from vocablens.models.files.loader import MODES, load_mode
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +59,9 @@ def test_bad_arguments_are_one_line_before_loading(kw, match):
 
 # ------------------------------------------------------------------ the one entry: load(spec, read=...)
 def test_each_mode_is_a_read_of_the_one_entry(tiny_dir):
-    from vocablens.models.loader import MODE_READS, load
-    from vocablens.models.matrices_only import MatricesOnly
-    from vocablens.models.partial import BORDERS
+    from vocablens.models.files.loader import MODE_READS, load
+    from vocablens.models.files.matrices_only import MatricesOnly
+    from vocablens.models.files.partial import BORDERS
 
     assert MODE_READS["borders"] == BORDERS and set(MODE_READS) == set(MODES)
     ref = load(str(tiny_dir))  # the whole model, through transformers
@@ -78,7 +78,7 @@ def test_each_mode_is_a_read_of_the_one_entry(tiny_dir):
 def test_blocks_and_value_vectors_are_read_on_demand(tiny_dir):
     from transformers import AutoModelForCausalLM
 
-    from vocablens.models.loader import load
+    from vocablens.models.files.loader import load
 
     ref = AutoModelForCausalLM.from_pretrained(str(tiny_dir)).eval()
     lm = load(str(tiny_dir), read=("input_embedding", "head", "final_norm"), blocks=[1])
@@ -93,7 +93,7 @@ def test_blocks_and_value_vectors_are_read_on_demand(tiny_dir):
 def test_max_memory_streams_the_whole_model(tiny_dir):
     from transformers import AutoModelForCausalLM
 
-    from vocablens.models.loader import load
+    from vocablens.models.files.loader import load
 
     ref = AutoModelForCausalLM.from_pretrained(str(tiny_dir)).eval()
     lm = load(str(tiny_dir), max_memory="1kB")
@@ -113,7 +113,7 @@ def test_max_memory_streams_the_whole_model(tiny_dir):
     (dict(max_memory="lots"), "`max_memory` takes a size"),
 ])
 def test_bad_reads_are_one_line_before_loading(kw, match):
-    from vocablens.models.loader import load
+    from vocablens.models.files.loader import load
 
     with pytest.raises(BadInput, match=match) as e:
         load("/nonexistent/model/dir", **kw)
@@ -126,7 +126,7 @@ _CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=_CUDA)])
 def test_every_read_is_placed_on_the_device_and_a_tied_matrix_stays_one(tiny_dir, tmp_path_factory, device):
-    from vocablens.models.loader import MODE_READS, load
+    from vocablens.models.files.loader import MODE_READS, load
 
     tied_dir = save_tiny(tmp_path_factory.mktemp("tied") / "m", tiny_tokenizer(), family="llama_tied")
     for d, tied in ((tiny_dir, False), (tied_dir, True)):

@@ -63,9 +63,9 @@ def _params():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from vocablens.models.source import resolve_source
-    from vocablens.models.sources import source_dir
-    from vocablens.models.tokenizer_files import light_tokenizer
+    from vocablens.models.files.source import resolve_source
+    from vocablens.models.files.sources import source_dir
+    from vocablens.models.files.tokenizer_files import light_tokenizer
 
     return light_tokenizer(source_dir(resolve_source("smollm2"))[0])
 

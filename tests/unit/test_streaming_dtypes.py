@@ -62,7 +62,7 @@ def _dtypes(lm) -> tuple:
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_streaming_matches_the_normal_load(dirs, variant):
     from vocablens.models import load
-    from vocablens.models.streaming import load_streaming
+    from vocablens.models.files.streaming import load_streaming
 
     d = str(dirs[variant])
     ref = load(d)
@@ -108,9 +108,9 @@ def sharded(tmp_path_factory, tok):
 
 
 def test_missing_shard_refused_before_loading_api(sharded, monkeypatch):
-    import vocablens.models.partial as lazy
+    import vocablens.models.files.partial as lazy
     from vocablens.errors import CorruptModelFile, VocabLensError
-    from vocablens.models.streaming import load_streaming
+    from vocablens.models.files.streaming import load_streaming
 
     d, gone = sharded
 

@@ -4,7 +4,7 @@ Press & Wolf (2016, "Using the Output Embedding to Improve Language Models") and
 tie the LM head to the embedding: W_U = W_E. A config flag says what the model *should* do; only the
 storage says what it does. :func:`tie_check` reports both, and for untied models how far apart the
 two matrices are. A config that ties with a checkpoint that stores a different head is untied (as
-transformers loads it; the rule is in :mod:`vocablens.models.tie`): ``consistent`` is then False.
+transformers loads it; the rule is in :mod:`vocablens.models.files.tie`): ``consistent`` is then False.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from vocablens.handle import checks
 from vocablens.errors import BadInput, OutputExists
 from vocablens.handle import results as R
 from vocablens.handle.lens_sources import find_lenses, lenses_at, merge_shards  # noqa: F401  (re-exported)
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 #: the storage dtypes of a fitted Jacobian lens (``--save-dtype``)
 FIT_DTYPES = ("float16", "bfloat16", "float32")

@@ -18,7 +18,7 @@ from pathlib import Path
 from vocablens.handle import checks
 from vocablens.errors import BadInput, OutputExists
 from vocablens.handle import results as R
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 SPLITS = checks.SPLITS
 

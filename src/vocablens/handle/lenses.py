@@ -19,7 +19,7 @@ import torch
 from vocablens.handle import checks
 from vocablens.errors import BadInput
 from vocablens.handle import results as R
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 class LensWorkflows:

@@ -38,7 +38,7 @@ from vocablens.handle.scoring import ScoringWorkflows
 from vocablens.handle.surgery import SurgeryWorkflows
 from vocablens.handle.tp_guard import guard_tensor_parallel
 from vocablens.handle.trajectories import TrajectoryWorkflows
-from vocablens.models.loaded_model import LoadedModel
+from vocablens.models.files.loaded_model import LoadedModel
 
 
 @dataclass(eq=False)

@@ -26,11 +26,11 @@ entry: :func:`load` takes what to read; ``load_mode`` names the CLI's five reads
 from vocablens.models.borders import Borders
 from vocablens.models.embed import Embedding
 from vocablens.models.weight_checks import untrained_rows
-from vocablens.models.config import load_config
-from vocablens.models.loader import LoadedModel, load
-from vocablens.models.provenance import Provenance, gguf_provenance
-from vocablens.models.source import Source, resolve_source
-from vocablens.models.spec import DEFAULT_MODEL, default_gguf_path, resolve_spec
+from vocablens.models.files.config import load_config
+from vocablens.models.files.loader import LoadedModel, load
+from vocablens.models.files.provenance import Provenance, gguf_provenance
+from vocablens.models.files.source import Source, resolve_source
+from vocablens.models.files.spec import DEFAULT_MODEL, default_gguf_path, resolve_spec
 
 __all__ = [
     "Borders", "Embedding", "untrained_rows", "DEFAULT_MODEL", "LoadedModel", "Provenance", "default_gguf_path",

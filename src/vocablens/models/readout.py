@@ -27,7 +27,7 @@ Then the check (every whole load): vocablens's readout of ``h_L`` through
 beyond :data:`TOLERANCE` the load fails with :class:`~vocablens.errors.UnsupportedArchitecture`
 naming the mismatch and what it looks like. Nothing is printed from an unchecked readout of a whole
 load. Loads without the blocks read a check stored by an earlier whole load
-(:mod:`vocablens.models.readout_store`).
+(:mod:`vocablens.models.files.readout_store`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 processor, and which input positions are image tokens.
 
 A vision-language checkpoint (loaded through the image-text-to-text mapping,
-:mod:`vocablens.models.auto_class`) turns an image into a run of image-token positions: its
+:mod:`vocablens.models.files.auto_class`) turns an image into a run of image-token positions: its
 processor (``AutoProcessor``, saved with the checkpoint) writes the image token once per visual
 token into the ids and the pixels into ``pixel_values``; the model's forward replaces those
 positions' embeddings by the projected vision features. The residual stream then holds the visual
@@ -98,7 +98,7 @@ def load_processor(lm):
     """
     from transformers import AutoProcessor
 
-    from vocablens.models.source import resolve_source
+    from vocablens.models.files.source import resolve_source
 
     source = resolve_source(lm.provenance.spec)
     kind, path, hub = source.kind, source.path, source.hub

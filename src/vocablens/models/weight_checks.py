@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from vocablens.errors import NonFiniteWeights
-from vocablens.models.pages import read_once
-from vocablens.models.quantized import stored_parts
+from vocablens.models.files.pages import read_once
+from vocablens.models.files.quantized import stored_parts
 
 
 def nonfinite(borders) -> dict[str, int]:
@@ -26,14 +26,14 @@ def nonfinite(borders) -> dict[str, int]:
         with torch.no_grad():
             for name, p in params:
                 # a quantized weight: its stored float parts (scales, zero points), where a NaN or inf
-                # of its dequantized values comes from (models.quantized); its integers are finite.
+                # of its dequantized values comes from (models.files.quantized); its integers are finite.
                 # Tensor parallel: this rank's part (counts summed below)
                 parts = [t for t in stored_parts(local(p)) if not t.is_meta and t.is_floating_point()]
                 # chunks: no [numel] temporaries; a chunk whose sum is finite holds no NaN/inf (either
                 # would make the sum NaN or ±inf), so only the others are counted: no per-chunk
                 # temporary (a bool chunk per step stayed resident with the C allocator) and faster
                 n = sum(0 if bool(torch.isfinite(c.sum())) else int(c.isfinite().logical_not().count_nonzero())
-                        for t in parts for c in read_once(t.reshape(-1).split(2**22)))  # mapped pages go (models.pages)
+                        for t in parts for c in read_once(t.reshape(-1).split(2**22)))  # mapped pages go (models.files.pages)
                 counts.append(n)
         sharded = [is_dtensor(p) for _, p in params]
         if any(sharded):  # the same on every rank: every rank takes this branch

@@ -40,7 +40,7 @@ from torch import nn
 
 from vocablens.errors import BadInput, UnsupportedArchitecture
 from vocablens.models.borders import Borders
-from vocablens.models.quantized import refuse_edit
+from vocablens.models.files.quantized import refuse_edit
 from vocablens.models.weight_checks import untrained_rows
 from vocablens.models.tokens import check_ids_fit, token_str
 

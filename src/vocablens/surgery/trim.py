@@ -171,7 +171,7 @@ def trim_vocab(model: nn.Module, tokenizer, used_ids: Iterable[int]) -> Trimmed:
     """
     from tokenizers import Tokenizer
 
-    from vocablens.models.quantized import refuse_edit
+    from vocablens.models.files.quantized import refuse_edit
 
     refuse_edit(model, "trim")
 

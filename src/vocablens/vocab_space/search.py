@@ -27,7 +27,7 @@ import torch
 from vocablens.errors import BadInput
 from vocablens.models import Borders
 from vocablens.models.blocks import block_views
-from vocablens.models.pages import release_pages
+from vocablens.models.files.pages import release_pages
 from vocablens.vocab_space.readout import check_token, readout_rows, rows_per_chunk, stream_rows, vocab_blocks
 from vocablens.vocab_space.vectors import gather_vectors
 
@@ -114,7 +114,7 @@ def _value_stats(borders: Borders, apply_norm_gain: bool) -> ValueStats:
         blocks.append(torch.full((W.shape[0],), v.index, dtype=torch.long, device=dev))
         neurons.append(torch.arange(W.shape[0], device=dev))
         del W
-        release_pages(v.W_out.detach())  # read once: its checkpoint pages may go (models.pages)
+        release_pages(v.W_out.detach())  # read once: its checkpoint pages may go (models.files.pages)
     return ValueStats(blocks=torch.cat(blocks), neurons=torch.cat(neurons), mean=torch.cat(means),
                       std=torch.cat(stds), apply_norm_gain=bool(apply_norm_gain))
 
@@ -213,7 +213,7 @@ def search_tokens(borders: Borders, token_ids: Sequence[int], k: int = 10, apply
     for v in views:
         W = v.W_out.detach()
         raw.append(W.to(dev, torch.float32) @ rows.t())
-        release_pages(W)  # read once here: its checkpoint pages may go (models.pages)
+        release_pages(W)  # read once here: its checkpoint pages may go (models.files.pages)
     raw = torch.cat(raw)  # [N, T]
     real = borders.real_vocab_size
     step = rows_per_chunk(real)

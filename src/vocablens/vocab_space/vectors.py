@@ -18,7 +18,7 @@ import torch
 from vocablens.errors import BadInput
 from vocablens.models import Borders
 from vocablens.models.blocks import BlockView, block_view, block_views
-from vocablens.models.pages import release_pages
+from vocablens.models.files.pages import release_pages
 from vocablens.vocab_space.readout import TopBottom, check_block, check_k, rows_per_chunk, stream_rows
 
 

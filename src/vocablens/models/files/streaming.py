@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from vocablens.errors import BadInput
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -75,7 +75,7 @@ class BlockStreamer:
             mod._buffers[attr] = t
 
     def _load(self, module, args, kwargs):
-        from vocablens.models.checkpoint_files import read_tensors
+        from vocablens.models.files.checkpoint_files import read_tensors
 
         ts = read_tensors([k for k, _ in self.keys.values()], dict(self.keys.values()), self.dtype)
         for name, (key, _) in self.keys.items():
@@ -97,7 +97,7 @@ class BlockStreamer:
 
 def checkpoint_bytes(d: Path) -> int:
     """Bytes of a safetensors checkpoint directory (the files, headers included)."""
-    from vocablens.models.checkpoint_files import shard_files
+    from vocablens.models.files.checkpoint_files import shard_files
 
     return sum(f.stat().st_size for f in set(shard_files(d).values()))
 
@@ -112,7 +112,7 @@ def load_streaming(spec: str | os.PathLike = DEFAULT_MODEL, max_memory: str | in
         max_memory: bytes (int) or a size string (``"200MB"``, ``"2GiB"``) for the weights kept
             resident: the borders always, then blocks 0, 1, ... while they fit; the rest stream.
         dtype: torch dtype or name, ``"auto"`` for the checkpoint's; default: the normal load's
-            (:func:`~vocablens.models.checkpoint_files.normal_load_dtype`), so a checkpoint of mixed dtypes is cast to one, as
+            (:func:`~vocablens.models.files.checkpoint_files.normal_load_dtype`), so a checkpoint of mixed dtypes is cast to one, as
             :func:`vocablens.models.load` does, and a float16 one runs in float32 (a provenance note).
 
     Returns:
@@ -123,10 +123,10 @@ def load_streaming(spec: str | os.PathLike = DEFAULT_MODEL, max_memory: str | in
     Raises:
         BadInput: a bad ``max_memory``; a block holding a buffer the checkpoint does not store.
         CorruptModelFile: a shard the index names is missing (checked before anything loads).
-        As :func:`vocablens.models.partial.read_parts` otherwise (the same materializer reads the resident parts).
+        As :func:`vocablens.models.files.partial.read_parts` otherwise (the same materializer reads the resident parts).
     """
-    from vocablens.models.source import resolve_source, run_dtype
-    from vocablens.models.sources import source_dir
+    from vocablens.models.files.source import resolve_source, run_dtype
+    from vocablens.models.files.sources import source_dir
 
     cap = parse_bytes(max_memory)
     source = resolve_source(spec)
@@ -138,22 +138,22 @@ def load_streaming(spec: str | os.PathLike = DEFAULT_MODEL, max_memory: str | in
 def stream_beyond(spec: str, d: Path, prov, cap: int, tdtype: torch.dtype | None, trust_remote_code: bool = False):
     """:func:`load_streaming` of the safetensors directory ``d`` (``prov`` its provenance), ``cap``
     bytes resident, in ``tdtype`` (None: the normal load's,
-    :func:`~vocablens.models.checkpoint_files.normal_load_dtype`): the borders
-    read by the one materializer (:func:`vocablens.models.partial.materialize_parts`), then the
+    :func:`~vocablens.models.files.checkpoint_files.normal_load_dtype`): the borders
+    read by the one materializer (:func:`vocablens.models.files.partial.materialize_parts`), then the
     parameters outside the blocks, then the blocks that fit; the rest stream.
 
     Raises:
         As :func:`load_streaming`.
     """
-    from vocablens.models import partial  # materialize_parts looked up at each call (tests replace it)
-    from vocablens.models.checkpoint_files import check_shards, normal_load_dtype_of, shard_files, streamed_keys
+    from vocablens.models.files import partial  # materialize_parts looked up at each call (tests replace it)
+    from vocablens.models.files.checkpoint_files import check_shards, normal_load_dtype_of, shard_files, streamed_keys
 
     files = shard_files(d)
     check_shards(d, files)  # a missing shard: one line now, not a traceback mid-forward
     if tdtype is None:  # the normal load's one dtype (a mixed checkpoint is cast, as from_pretrained does)
         tdtype = normal_load_dtype_of(d, files, trust_remote_code)
     lm = partial.materialize_parts(spec, d, prov, partial.Parts.of(partial.BORDERS), tdtype, trust_remote_code)
-    from vocablens.models.checkpoint_files import renamed_files
+    from vocablens.models.files.checkpoint_files import renamed_files
 
     files = renamed_files(lm.model, files)  # the checkpoint's keys as the model names them (a vision-language model)
     used, block_keys = streamed_keys(lm, files, tdtype)

@@ -1,9 +1,9 @@
 """Where a spec's files are read from by the partial loaders, and its tokenizer read cheaply.
 
-:func:`source_dir` turns a :class:`~vocablens.models.source.Source` (``smollm2``, a directory, a ``.gguf`` file, a hub id) into the
+:func:`source_dir` turns a :class:`~vocablens.models.files.source.Source` (``smollm2``, a directory, a ``.gguf`` file, a hub id) into the
 safetensors directory to read and its provenance: a GGUF file is read from its float32 cache
-(:mod:`vocablens.models.gguf_cache`; the first call dequantizes it once and writes the entry).
-A directory's tokenizer is read cheaply by :func:`vocablens.models.tokenizer_files.light_tokenizer`.
+(:mod:`vocablens.models.files.gguf_cache`; the first call dequantizes it once and writes the entry).
+A directory's tokenizer is read cheaply by :func:`vocablens.models.files.tokenizer_files.light_tokenizer`.
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from vocablens.errors import BadInput
-from vocablens.models.gguf_cache import CACHE_MARK, cache_dir, load_gguf, mark_provenance
-from vocablens.models.provenance import Provenance, dir_provenance
-from vocablens.models.source import Source, hub_error
-from vocablens.models.spec import diagnose_dir, reading
+from vocablens.models.files.gguf_cache import CACHE_MARK, cache_dir, load_gguf, mark_provenance
+from vocablens.models.files.provenance import Provenance, dir_provenance
+from vocablens.models.files.source import Source, hub_error
+from vocablens.models.files.spec import diagnose_dir, reading
 
 
 
 def source_dir(source: Source) -> tuple[Path, Provenance]:
     """The safetensors directory to read and the provenance of ``source``
-    (:class:`~vocablens.models.source.Source`).
+    (:class:`~vocablens.models.files.source.Source`).
 
     Raises:
         ModelNotFound: nothing under ``spec`` (a hub id: not in the local cache).

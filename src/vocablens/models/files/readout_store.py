@@ -1,7 +1,7 @@
 """Readout checks kept between runs: a whole load stores its :class:`~vocablens.models.readout.ReadoutCheck`,
 a load without the blocks (borders, head, matrices, streaming) reads it back.
 
-A check is stored under ``<cache>/readout/<key>.json`` (:func:`vocablens.models.gguf_cache.cache_root`;
+A check is stored under ``<cache>/readout/<key>.json`` (:func:`vocablens.models.files.gguf_cache.cache_root`;
 nothing is stored with ``VOCABLENS_CACHE=off``), the key a SHA-256 of the weights' identity: the
 resolved path, size and modification time (ns) of each weight file (a ``.gguf`` file; a directory's
 ``*.safetensors`` and ``pytorch_model*.bin``), plus the vocablens and transformers versions. A load
@@ -24,7 +24,7 @@ UNCHECKED = ("unchecked: loaded without the blocks, so no forward pass compared 
 
 def weights_key(source) -> str | None:
     """SHA-256 hex of the identity of the weight files of ``source`` (a
-    :class:`~vocablens.models.source.Source`; module docstring), or None (a hub id, a directory without
+    :class:`~vocablens.models.files.source.Source`; module docstring), or None (a hub id, a directory without
     weight files, an unreadable path)."""
     import transformers
 
@@ -42,7 +42,7 @@ def weights_key(source) -> str | None:
 
 
 def _path(key: str) -> Path | None:
-    from vocablens.models.gguf_cache import cache_root
+    from vocablens.models.files.gguf_cache import cache_root
 
     root = cache_root()
     return None if root is None else root / "readout" / f"{key}.json"
@@ -80,7 +80,7 @@ def stored_check(source) -> ReadoutCheck | None:
 def apply_stored(lm, source):
     """A load without the blocks: the stored check's logit scale and final-norm module applied to
     its borders, and its provenance saying whether the readout was checked (``source``: the
-    :class:`~vocablens.models.source.Source` ``lm`` was read from). Returns a
+    :class:`~vocablens.models.files.source.Source` ``lm`` was read from). Returns a
     :class:`~vocablens.models.LoadedModel` (``lm`` itself when nothing changes but the provenance)."""
     import dataclasses
 

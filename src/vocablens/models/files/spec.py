@@ -3,7 +3,7 @@ while reading a model into a :class:`~vocablens.errors.VocabLensError`, :func:`d
 :func:`missing_parts` name the file at fault.
 
 Where a spec points (the default model, a ``.gguf`` file, a model directory or a hub id) is decided
-once, in :mod:`vocablens.models.source` (:func:`~vocablens.models.source.resolve_source`); its names
+once, in :mod:`vocablens.models.files.source` (:func:`~vocablens.models.files.source.resolve_source`); its names
 are importable from here as before.
 """
 
@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from vocablens.errors import BadInput, CorruptModelFile, UnsupportedArchitecture, VocabLensError
-from vocablens.models.remote_code import REMOTE_CODE_HINT, remote_code_message
-from vocablens.models.source import (  # noqa: F401  (re-exported: where a spec points)
+from vocablens.models.files.remote_code import REMOTE_CODE_HINT, remote_code_message
+from vocablens.models.files.source import (  # noqa: F401  (re-exported: where a spec points)
     DEFAULT_GGUF_NAME, DEFAULT_GGUF_PACKAGE, DEFAULT_MODEL, INSTALL_DEFAULT, check_remote_code, default_gguf_path,
     hub_error, hub_is_cached, hub_kwargs, hub_reachable, resolve_spec,
 )
@@ -25,7 +25,7 @@ def _shape_mismatch(path: Path) -> str | None:
     from safetensors import safe_open
     from transformers import AutoConfig
 
-    from vocablens.models.meta import meta_model
+    from vocablens.models.files.meta import meta_model
 
     try:
         model = meta_model(AutoConfig.from_pretrained(str(path), trust_remote_code=False))

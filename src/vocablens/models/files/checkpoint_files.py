@@ -1,7 +1,7 @@
 """A safetensors checkpoint's tensors by name: which file holds each, and reading a few of them.
 
-The low-level reading that every partial read shares (:func:`vocablens.models.partial.materialize_parts`,
-:mod:`vocablens.models.matrices_only`, the streamed blocks) and the tie check: :func:`shard_files`
+The low-level reading that every partial read shares (:func:`vocablens.models.files.partial.materialize_parts`,
+:mod:`vocablens.models.files.matrices_only`, the streamed blocks) and the tie check: :func:`shard_files`
 (tensor name -> file, single file or sharded through ``model.safetensors.index.json``),
 :func:`checkpoint_name` (a model parameter's key in the checkpoint, with or without the base-model prefix), :func:`read_tensors` (memory-mapped by
 ``safe_open``), :func:`materialize` (meta parameters of a model replaced by the checkpoint's
@@ -39,7 +39,7 @@ class RenamedFiles(dict):
 
 class NoSafetensors(BadInput):
     """A checkpoint whose weights are only ``pytorch_model*.bin`` pickles: the partial reads read
-    safetensors headers, so :func:`vocablens.models.loader.load` loads such a model whole."""
+    safetensors headers, so :func:`vocablens.models.files.loader.load` loads such a model whole."""
 
 
 def renamed_files(model, files: dict):

