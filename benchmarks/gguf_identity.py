@@ -7,10 +7,10 @@ page cache (a cold read adds the disk's own time, the same for every hash):
   seconds per GB (10^9 bytes) — the standard library's choices; sha256 uses the CPU's SHA
   instructions where it has them;
 * the cache key as it was (name, size and SHA-256 of the first, middle and last MiB) against
-  :func:`vocablens.models.gguf_cache.file_identity` the first time (the whole file hashed, the stat
+  :func:`vocablens.models.files.gguf_cache.file_identity` the first time (the whole file hashed, the stat
   stored) and later (the stored stat matches: no read of the file);
 * reading the header: ``gguf.GGUFReader`` (what provenance used) against
-  :func:`vocablens.models.gguf_header.read_header`.
+  :func:`vocablens.models.files.gguf_header.read_header`.
 
 Run: ``PYTHONPATH=src python benchmarks/gguf_identity.py [--model FILE.gguf] [--repeat 3]``
 (default: the default model's Q4_1 file, 98 MB).
@@ -52,13 +52,13 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a .gguf file (default: the default model's)")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    from vocablens.models.spec import default_gguf_path
+    from vocablens.models.files.spec import default_gguf_path
 
     path = Path(args.model) if args.model else default_gguf_path()
     size = path.stat().st_size
     os.environ["VOCABLENS_CACHE"] = tempfile.mkdtemp(prefix="vocablens-bench-")
-    import vocablens.models.gguf_cache as G
-    from vocablens.models.gguf_header import read_header
+    import vocablens.models.files.gguf_cache as G
+    from vocablens.models.files.gguf_header import read_header
 
     hash_file(path, "sha256")  # into the page cache
     best: dict[str, float] = {}

@@ -70,7 +70,7 @@ print(json.dumps({"seconds": wall, "cpu_seconds": cpu, "peak_rss_kib": resource.
 
 _OURS_DRIVER = r'''
 import json, resource, sys, time, torch
-from vocablens.models.loader import load_mode
+from vocablens.models.files.loader import load_mode
 from vocablens.lens.jacobian_fit import JacobianFitSettings, fit_jacobian_lens
 model_dir, ids_path, out_path, dim_batch, skip = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(int(sys.argv[6]))
@@ -96,7 +96,7 @@ def _load() -> str:
 
 def _model_dir() -> str:
     """The default model's dequantized checkpoint folder (safetensors + config), which both fits read."""
-    from vocablens.models.loader import load_mode
+    from vocablens.models.files.loader import load_mode
 
     lm = load_mode("smollm2", "full")
     src = getattr(lm.provenance, "cache_dir", None) or getattr(lm.provenance, "path", None)
@@ -170,7 +170,7 @@ def apply(args) -> None:
 
     from vocablens.lens.jacobian import JacobianLens
     from vocablens.lens.tuned import TunedLens
-    from vocablens.models.loader import load_mode
+    from vocablens.models.files.loader import load_mode
     from vocablens.ops import kl_readout
 
     lm = load_mode("smollm2", "full")
@@ -205,7 +205,7 @@ def kl(args) -> None:
     from vocablens.lens.evaluate import text_bytes
     from vocablens.lens.jacobian import JacobianLens, find_jacobian_lens
     from vocablens.lens.tuned import load_for_model
-    from vocablens.models.loader import load_mode
+    from vocablens.models.files.loader import load_mode
 
     lm = vocablens.load("smollm2")
     b = lm.borders

@@ -39,7 +39,7 @@ def main() -> None:
     load = f"import vocablens; vocablens.load({a.model!r})"
     with tempfile.TemporaryDirectory(prefix="vocablens-cache-") as cache:
         env = {**os.environ, "VOCABLENS_CACHE": cache, "TQDM_DISABLE": "1", "TRANSFORMERS_VERBOSITY": "error"}
-        imp = timed("import vocablens.models.loader, transformers", env)
+        imp = timed("import vocablens.models.files.loader, transformers", env)
         print(f"import (torch, transformers, vocablens): {imp:.1f} s", flush=True)
         first = timed(load, env)
         print(f"first load ({a.model}, empty cache: dequantize + write the float32 copy): {first:.1f} s", flush=True)

@@ -58,7 +58,7 @@ def needed_bytes(model: str) -> dict[str, int]:
     borders and block ``BLOCK`` are loaded here; the other blocks are counted at the checkpoint dtype)."""
     code = (
         f"import json, sys; sys.path.insert(0, {str(SRC)!r}); "
-        "from vocablens.models.partial import load_borders_only; "
+        "from vocablens.models.files.partial import load_borders_only; "
         f"lm = load_borders_only({model!r}, blocks=[{BLOCK}]); b = lm.borders; "
         "nb = lambda ts: sum(t.numel() * t.element_size() for t in ts); "
         "mat = nb([b.W_E] + ([] if b.tied else [b.W_U])); "
@@ -79,7 +79,7 @@ def stream_timing(model: str, max_memory: str, tokens: int = 128, reps: int = 3)
     code = f"""
 import sys, time, statistics, torch; sys.path.insert(0, {str(SRC)!r})
 from vocablens.models import load
-from vocablens.models.streaming import load_streaming
+from vocablens.models.files.streaming import load_streaming
 def t(f):
     c, w = time.process_time(), time.perf_counter(); r = f(); return r, time.process_time() - c, time.perf_counter() - w
 full, cl, wl = t(lambda: load({model!r}))

@@ -18,9 +18,11 @@ def save_tiny_llava(d: Path, seed: int = 0) -> Path:
     """The checkpoint in ``d`` (safetensors, config, tokenizer, processor); returns ``d``."""
     import transformers as T
 
-    from vocablens.models.sources import light_tokenizer, source_dir
+    from vocablens.models.files.source import resolve_source
+    from vocablens.models.files.sources import source_dir
+    from vocablens.models.files.tokenizer_files import light_tokenizer
 
-    tok = light_tokenizer(source_dir("smollm2")[0])
+    tok = light_tokenizer(source_dir(resolve_source("smollm2"))[0])
     tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
     V = len(tok)
     tc = T.LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

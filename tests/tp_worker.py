@@ -35,7 +35,7 @@ def _held(m) -> dict:
         if "expert" not in name:
             n["dense_local"] += local(p).numel()
             n["dense_whole"] += p.numel()
-    return {**n, "W_U_rows": int(local(m.borders.W_U).shape[0])}
+    return {**n, "W_U_rows": int(local(m.borders.unembedding.weight).shape[0])}
 
 
 def reads(m, spec: dict, prompt: list[int]) -> dict:

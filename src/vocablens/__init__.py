@@ -29,9 +29,9 @@ _ENTRY_POINTS: dict[str, str] = {
     # models: loading and the two borders
     "load": "vocablens.handle",
     "Model": "vocablens.handle",
-    "LoadedModel": "vocablens.models.loader",
+    "LoadedModel": "vocablens.models.files.loader",
     "Borders": "vocablens.models.borders",
-    "Provenance": "vocablens.models.provenance",
+    "Provenance": "vocablens.models.files.provenance",
     "Embedding": "vocablens.models.embed",
     "Unembedding": "vocablens.models.unembed",
     # accounting and geometry

@@ -149,7 +149,7 @@ def test_lens_train_killed_between_checkpoint_files_resumes_exactly(tiny, tmp_pa
 
 def test_gguf_cache_killed_while_writing_is_not_used(tiny, tmp_path, monkeypatch, capsys):
     from vocablens.models import load
-    from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
+    from vocablens.models.files.gguf_cache import CACHE_MARK, cache_dir
 
     cache = tmp_path / "cache"
     gguf = tiny / "tiny.gguf"

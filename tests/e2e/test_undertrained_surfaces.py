@@ -228,7 +228,7 @@ def test_new_row_indicators_mean_vs_zero(tied):
     b = Borders.from_model(m, tok)
     base = undertrained(b, tok, verify=False)
     ids = [40, 41, 42]
-    E, U = b.W_E[ids], (None if tied else b.W_U[ids])
+    E, U = b.W_E[ids], (None if tied else b.unembedding.weight[ids])
     ind = new_row_indicators(b, tok, E, U, base=base)
     assert torch.allclose(ind.values, base.indicators.values[ids], atol=1e-5)
     zero = new_row_indicators(b, tok, torch.zeros(1, b.d_model), None if tied else torch.zeros(1, b.d_model), base=base)

@@ -28,7 +28,7 @@ def test_default_model_borders(smollm2):
     # SmolLM2-135M ties its head (its config: tie_word_embeddings true; its GGUF stores no output.weight):
     # the head we read is the one module transformers' model uses for both
     m = smollm2.model
-    assert b.tied and b.W_U is m.get_output_embeddings().weight is m.get_input_embeddings().weight
+    assert b.tied and b.unembedding.weight is m.get_output_embeddings().weight is m.get_input_embeddings().weight
     assert b.tokenizer_vocab_size == 49152 and b.real_vocab_size == 49152
     assert b.W_E.dtype == torch.float32
     assert sum(p.numel() for p in smollm2.model.parameters()) == 134_515_008
@@ -40,7 +40,7 @@ def test_default_model_predicts_paris(smollm2):
     with torch.no_grad():
         resid, logits = b.residual_stream(ids)
     assert tok.decode(logits[0, -1].argmax()) == " Paris"
-    assert (b.unembed(resid[-1]) - logits).abs().max() <= 1e-4
+    assert (b.unembedding(resid[-1]) - logits).abs().max() <= 1e-4
 
 
 def test_unknown_specs_are_clear_errors(tmp_path):
@@ -116,7 +116,7 @@ def test_gguf_cache_round_trip(tmp_path, monkeypatch, smollm2):
     for lm in (first, second):
         assert lm.provenance.describe() == smollm2.provenance.describe()
         m = lm.model
-        assert lm.borders.tied and lm.borders.W_U is m.get_output_embeddings().weight is m.get_input_embeddings().weight
+        assert lm.borders.tied and lm.borders.unembedding.weight is m.get_output_embeddings().weight is m.get_input_embeddings().weight
         sd = lm.model.state_dict()
         for name, ref in smollm2.model.state_dict().items():
             assert torch.equal(sd[name], ref), name
@@ -126,7 +126,7 @@ def test_gguf_cache_round_trip(tmp_path, monkeypatch, smollm2):
 
 
 def test_cache_off(monkeypatch):
-    from vocablens.models.gguf_cache import cache_root
+    from vocablens.models.files.gguf_cache import cache_root
 
     monkeypatch.setenv("VOCABLENS_CACHE", "off")
     assert cache_root() is None

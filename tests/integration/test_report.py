@@ -748,7 +748,7 @@ def test_the_under_trained_section_says_up_front_when_it_cannot_finish(tmp_path,
     from tiny_dirs import save_tiny, tiny_tokenizer
     from vocablens.errors import VocabLensNote
     from vocablens.handle import Model
-    from vocablens.models.loader import load
+    from vocablens.models.files.loader import load
     from vocablens.render.report import report_sections
     from vocablens.report.plan import after_scan_note
     from vocablens.report.sections import priors

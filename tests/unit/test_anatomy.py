@@ -8,8 +8,8 @@ from torch import nn
 
 from tiny_models import FAMILIES, make_tiny, writes_through
 from vocablens.accounting.anatomy import anatomy, anatomy_of, count_parameters, logits_memory, lookup_bytes
-from vocablens.models.catalogue import catalogue, catalogue_entry
-from vocablens.models.config import meta_model, resolve_config
+from vocablens.models.files.catalogue import catalogue, catalogue_entry
+from vocablens.models.files.config import meta_model, resolve_config
 from vocablens.cli.common import run_app
 from vocablens.errors import BadInput, ModelNotFound
 from vocablens.models import Borders
@@ -153,9 +153,9 @@ def test_gguf_config_from_its_cache_entry_equals_the_header(tmp_path, monkeypatc
     import json
 
     import vocablens
-    import vocablens.models.config as C
+    import vocablens.models.files.config as C
     from tiny_dirs import save_tiny_gguf, tiny_tokenizer
-    from vocablens.models.config import load_config
+    from vocablens.models.files.config import load_config
 
     monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path / "cache"))
     gguf = save_tiny_gguf(tmp_path / "tiny.gguf", tiny_tokenizer())
@@ -356,7 +356,7 @@ def test_attention_shape_and_flops():
 def test_one_dtype_table():
     import torch
 
-    from vocablens.models.dtypes import canonical_dtype, dtype_bytes, torch_dtype
+    from vocablens.models.files.dtypes import canonical_dtype, dtype_bytes, torch_dtype
 
     assert [canonical_dtype(x) for x in ("bf16", "torch.float16", "FP32", torch.float64)] == [
         "bfloat16", "float16", "float32", "float64"]

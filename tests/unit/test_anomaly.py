@@ -42,7 +42,7 @@ def _reference(b, text, tok):
         top = int(fin.argmax())
         rows = []
         for layer in range(b.n_layers):
-            lq = torch.log_softmax(b.unembed(resid[layer, 0, -1]).double(), -1)
+            lq = torch.log_softmax(b.unembedding(resid[layer, 0, -1]).double(), -1)
             kl = float((fin.exp() * (fin - lq)).sum())
             ent = float(-(lq.exp() * lq).sum())
             rank = int((lq > lq[top]).sum())

@@ -393,7 +393,7 @@ def test_real_default_model(smollm2, smol_argmax):
     assert [g["ids"] for g in groups] == SMOL_DUPLICATES and all(g["can_tie"] for g in groups)
     assert res.settled["gemm"] > 48000
     assert res.settled["gemm"] + res.settled["reflect"] + res.settled["proof"] == 49141
-    W = smollm2.borders.W_U.detach()
+    W = smollm2.borders.unembedding.weight.detach()
     # float64 re-check: all certificates after stage 1, the 100 smallest margins, 200 at random,
     # and the duplicate representatives
     later = (res.stage >= 2).nonzero().flatten().tolist()
@@ -458,7 +458,7 @@ def test_cli_bottleneck_real_contexts(smollm2, capsys, monkeypatch, tmp_path):
     assert plot.exists() and "plotly" in plot.read_text()[:20000].lower()
     assert run_app(["bottleneck", "--contexts", "600", "--plot", str(plot)]) == 2   # no overwrite
     assert run_app(["bottleneck", "--contexts", "100"]) == 2
-    W = smollm2.borders.W_U.detach()
+    W = smollm2.borders.unembedding.weight.detach()
     sec = bottleneck_section(softmax_bottleneck(W[:2000]))
     assert sec.id == "bottleneck" and "bottleneck-spectra" in sec.html
 

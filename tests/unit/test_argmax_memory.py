@@ -14,11 +14,11 @@ from test_argmax import planted
 from test_lazy import _write_tokenizer
 from tiny_models import make_tiny
 from vocablens.argmax import find_unargmaxable
-from vocablens.models.pages import PageRelease, file_pages_only
+from vocablens.models.files.pages import PageRelease, file_pages_only
 from vocablens.errors import BadInput
-from vocablens.models.partial import load_borders_only
-from vocablens.models.matrices_only import MatricesOnly
-from vocablens.models.partial import load_head_only
+from vocablens.models.files.partial import load_borders_only
+from vocablens.models.files.matrices_only import MatricesOnly
+from vocablens.models.files.partial import load_head_only
 
 
 def _save_tiny(family: str, d):
@@ -67,8 +67,8 @@ def test_head_only_equals_borders_only(saved):
 def test_head_only_falls_back_where_it_cannot_read_exactly(tmp_path):
     model = _save_tiny("llama", tmp_path)
     lm = load_head_only(str(tmp_path), dtype="float64")    # converted: an in-memory copy, same values
-    assert isinstance(lm.model, MatricesOnly) and not _mapped(lm.borders.W_U)
-    assert torch.equal(lm.borders.W_U, model.lm_head.weight.double())
+    assert isinstance(lm.model, MatricesOnly) and not _mapped(lm.borders.unembedding.weight)
+    assert torch.equal(lm.borders.unembedding.weight, model.lm_head.weight.double())
     phi = tmp_path / "phi"                                 # a head bias: the borders-only load
     _save_tiny("phi", phi)
     assert not isinstance(load_head_only(str(phi)).model, MatricesOnly)
@@ -133,7 +133,7 @@ def test_page_release_drops_pages_of_an_unwritten_file_mapping_only(tmp_path):
 def test_scan_on_a_read_only_mapping_gives_the_in_memory_results(tmp_path, monkeypatch):
     """Whitening, the shared ball, the proofs' gathers and the float64 re-check release pages as
     they go; every number of the result is the in-memory run's."""
-    import vocablens.models.pages as pages
+    import vocablens.models.files.pages as pages
 
     W, pl = planted(V=1500, d=24, n_planted=6, seed=2)
     M = _save_rows(tmp_path / "w.safetensors", W)

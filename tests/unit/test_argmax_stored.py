@@ -135,7 +135,7 @@ def test_report_argmax_section_is_complete_after_one_argmax_run(tmp_path, monkey
     from tiny_dirs import run_cli, save_tiny, tiny_tokenizer
     from vocablens.argmax import UNDECIDED
     from vocablens.handle import Model
-    from vocablens.models.loader import load
+    from vocablens.models.files.loader import load
     from vocablens.report.runner import run_report
 
     monkeypatch.setenv("VOCABLENS_ARGMAX_CACHE", str(tmp_path / "verdicts"))

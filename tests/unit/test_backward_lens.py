@@ -52,7 +52,7 @@ def test_backward_lens_equals_autograd_in_float64(family):
     with torch.no_grad():
         p = torch.softmax(model(input_ids=ids[None]).logits[0, pos].double(), -1)[target]
     assert abs(res.loss + float(torch.log(p))) < 1e-9
-    W = b.W_U.detach().double()
+    W = b.unembedding.weight.detach().double()
     for layer in range(b.n_layers + 1):
         g = oracle_grad(model, b, ids, layer, target, pos)
         assert torch.allclose(res.grads[layer].double(), g, atol=1e-6, rtol=1e-5), layer

@@ -40,9 +40,11 @@ def _tiny_llama4(V: int):
 
 @pytest.fixture(scope="module")
 def llama4_dir(tmp_path_factory):
-    from vocablens.models.sources import light_tokenizer, source_dir
+    from vocablens.models.files.source import resolve_source
+    from vocablens.models.files.sources import source_dir
+    from vocablens.models.files.tokenizer_files import light_tokenizer
 
-    tok = light_tokenizer(source_dir("smollm2")[0])
+    tok = light_tokenizer(source_dir(resolve_source("smollm2"))[0])
     d = tmp_path_factory.mktemp("llama4") / "tiny-llama4"
     m = _tiny_llama4(len(tok))
     m.save_pretrained(d)
@@ -81,12 +83,12 @@ def test_tiny_llama4_loads_and_its_lens_and_score_equal_the_models_own(llama4_di
     assert torch.equal(top.top_ids, ref_p.topk(5, -1).indices)
     assert torch.allclose(top.top_probs.double(), ref_p.topk(5, -1).values, atol=1e-5, rtol=0)
     resid, _ = b.residual_stream(ids)
-    assert float((b.unembed(resid[-1])[0].double() - ref).abs().max()) < 1e-4 * max(1.0, float(ref.abs().max()))
+    assert float((b.unembedding(resid[-1])[0].double() - ref).abs().max()) < 1e-4 * max(1.0, float(ref.abs().max()))
     own_lp = torch.log_softmax(ref, -1)[torch.arange(ids.shape[1] - 1), ids[0, 1:]]
     got = m.score(TEXT, top_k=0).value.logprobs.double()
     assert torch.allclose(got, own_lp, atol=2e-4, rtol=0)
     # and the lens at layer 0 is another distribution (the comparison can fail)
-    assert float((b.unembed(resid[0])[0].double() - ref).abs().max()) > 1e-2
+    assert float((b.unembedding(resid[0])[0].double() - ref).abs().max()) > 1e-2
 
 
 def test_the_composite_class_itself_reads_its_text_model(own):

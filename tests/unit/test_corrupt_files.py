@@ -1,7 +1,7 @@
 """Damaged files on every reader path: one line naming the file and what to do, exit 2, no traceback.
 
 Reader paths: the full load (``score``, ``lens``, ``anatomy --load``), the borders-only load
-(``neighbors``, ``argmax``: models/partial.py), the config-only path (``anatomy``), GGUF files, the
+(``neighbors``, ``argmax``: models/files/partial.py), the config-only path (``anatomy``), GGUF files, the
 GGUF cache, tuned-lens directories, and an ``expand`` output read back.
 """
 
@@ -118,29 +118,29 @@ def test_anatomy_config_only_ignores_a_broken_tokenizer(files, capsys):
 # ------------------------------------------------------------------------------------ GGUF cache
 def test_gguf_cache_damaged_or_incomplete_entry_is_not_used(files, monkeypatch, tmp_path):
     from vocablens.models import load
-    from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
-    from vocablens.models.partial import load_borders_only
+    from vocablens.models.files.gguf_cache import CACHE_MARK, cache_dir
+    from vocablens.models.files.partial import load_borders_only
 
     monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path / "cache"))
     gguf = files / "tiny.gguf"
-    ref = load(str(gguf)).borders.W_U.clone()
+    ref = load(str(gguf)).borders.unembedding.weight.clone()
     cdir = cache_dir(gguf)
     assert (cdir / CACHE_MARK).is_file()
     # a damaged complete entry (a disk error after the write): the full load falls back to the GGUF
     # file and writes the entry again
     _cut(cdir / "model.safetensors", 0.5)
     lm = load(str(gguf))
-    assert torch.equal(lm.borders.W_U, ref) and lm.provenance.loaded_from == ""
-    assert torch.equal(load(str(gguf)).borders.W_U, ref)  # rewritten whole: read from the cache now
+    assert torch.equal(lm.borders.unembedding.weight, ref) and lm.provenance.loaded_from == ""
+    assert torch.equal(load(str(gguf)).borders.unembedding.weight, ref)  # rewritten whole: read from the cache now
     assert load(str(gguf)).provenance.loaded_from == str(cdir)
     # ... and so does the borders-only load (it used to say "download it again" about the cache)
     _cut(cdir / "model.safetensors", 0.5)
-    assert torch.equal(load_borders_only(str(gguf)).borders.W_U, ref)
+    assert torch.equal(load_borders_only(str(gguf)).borders.unembedding.weight, ref)
     # an entry without its mark (a writer killed before the swap) is never read
     (cdir / CACHE_MARK).unlink()
     (cdir / "model.safetensors").write_bytes(b"garbage")
     lm = load(str(gguf))
-    assert torch.equal(lm.borders.W_U, ref) and (cdir / CACHE_MARK).is_file()
+    assert torch.equal(lm.borders.unembedding.weight, ref) and (cdir / CACHE_MARK).is_file()
 
 
 # ------------------------------------------------------------------------------------ lens files
@@ -203,7 +203,7 @@ def test_gguf_cache_key_follows_content_not_location(tmp_path, monkeypatch):
     import shutil
 
     from tiny_dirs import save_tiny_gguf, tiny_tokenizer
-    from vocablens.models.gguf_cache import cache_dir
+    from vocablens.models.files.gguf_cache import cache_dir
 
     monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path / "cache"))
     (tmp_path / "a").mkdir()

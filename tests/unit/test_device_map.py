@@ -5,7 +5,7 @@ weights stay on ``meta`` and are read from the checkpoint at each of its forward
 tiny checkpoint loaded whole on one device; every analysis gives the same figures there and placed
 (``TOL``: float32, the same kernels in the same order, so the figures agree to rounding at most).
 The placement itself is checked against what was asked (``hf_device_map``, which tensors are real),
-and :func:`vocablens.models.placement.pinned` against the rule (embedding where block 0 runs, head
+and :func:`vocablens.models.files.placement.pinned` against the rule (embedding where block 0 runs, head
 where the last block runs) on maps naming GPUs this machine does not have (no device is touched)."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_the_placement_is_what_was_asked(loads):
     whole, placed, auto = loads
     assert placed.model.hf_device_map == DISK_MAP
     b = placed.borders
-    assert not b.W_E.is_meta and not b.W_U.is_meta and not any(p.is_meta for p in b.final_norm.parameters())
+    assert not b.W_E.is_meta and not b.unembedding.weight.is_meta and not any(p.is_meta for p in b.final_norm.parameters())
     assert not any(p.is_meta for p in b.blocks[0].parameters())  # cpu: resident
     assert all(p.is_meta for p in b.blocks[1].parameters())  # disk: read at each forward
     assert "device map: embedding cpu, blocks 0 cpu, 1 disk, head cpu" in placed.provenance.notes
@@ -85,7 +85,7 @@ def test_the_placement_is_what_was_asked(loads):
     dm = auto.model.hf_device_map
     assert [dm[f"model.layers.{i}"] for i in range(2)] == ["disk", "disk"]
     assert dm["model.embed_tokens"] == dm["lm_head"] == dm["model.norm"] == "cpu"
-    assert not auto.borders.W_E.is_meta and not auto.borders.W_U.is_meta
+    assert not auto.borders.W_E.is_meta and not auto.borders.unembedding.weight.is_meta
     assert all(p.is_meta for blk in auto.borders.blocks for p in blk.parameters())
     # the readout check ran on the placed model
     assert placed.provenance.readout.startswith("checked") and auto.provenance.readout.startswith("checked")
@@ -98,7 +98,7 @@ def test_borders_are_pinned_where_the_stream_is():
     from tiny_models import _config
     from transformers import AutoModelForCausalLM
 
-    from vocablens.models.placement import pinned
+    from vocablens.models.files.placement import pinned
 
     with init_empty_weights():
         untied = AutoModelForCausalLM.from_config(_config("llama"))

@@ -172,7 +172,7 @@ def test_borders_only_load_reads_the_embedding_norm(tmp_path):
     device), so the input side it gives equals the full load's."""
     from tiny_dirs import save_tiny, tiny_tokenizer
     from vocablens.models import load
-    from vocablens.models.partial import load_borders_only
+    from vocablens.models.files.partial import load_borders_only
 
     save_tiny(tmp_path, tiny_tokenizer(), "bloom")
     full = load(str(tmp_path)).borders.input_embedding
@@ -188,7 +188,7 @@ def test_matrices_only_load_refuses_the_input_path(tmp_path):
     """The two-matrices view does not read the input scale (NaN): the path through it is refused in
     one line, never a NaN figure; the stored matrix is still there."""
     from tiny_dirs import save_tiny, tiny_tokenizer
-    from vocablens.models.partial import load_matrices_only
+    from vocablens.models.files.partial import load_matrices_only
 
     save_tiny(tmp_path, tiny_tokenizer(), "llama")
     E = load_matrices_only(str(tmp_path)).borders.input_embedding

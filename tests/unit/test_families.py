@@ -27,15 +27,15 @@ def test_recomposed_logits_equal_model(tiny):
             h = b.final_norm(h)
         if b.project_out is not None:
             h = b.project_out(h)
-        manual = h @ b.W_U.T
-        if b.b_U is not None:
-            manual = manual + b.b_U
+        manual = h @ b.unembedding.weight.T
+        if b.unembedding.bias is not None:
+            manual = manual + b.unembedding.bias
         manual = manual * b.logit_scale
         if b.softcap is not None:
             manual = b.softcap * torch.tanh(manual / b.softcap)
     assert resid.shape == (b.n_layers + 1, *x.shape, b.d_model)
     assert (manual - logits).abs().max().item() <= 1e-4
-    assert (b.unembed(resid[-1]) - logits).abs().max().item() <= 1e-4
+    assert (b.unembedding(resid[-1]) - logits).abs().max().item() <= 1e-4
 
 
 def test_layer_zero_is_embedding_output(tiny):
@@ -79,7 +79,7 @@ def test_family_facts(tiny):
     if family == "opt_project":
         assert b.project_out is not None and b.final_norm is None and b.d_emb != b.d_model
     if family == "phi":
-        assert b.b_U is not None
+        assert b.unembedding.bias is not None
     if family == "cohere":
         assert b.logit_scale == pytest.approx(0.25)
     if family == "granite":

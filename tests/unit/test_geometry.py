@@ -112,7 +112,7 @@ def test_neighbors_exclude_padding_and_untrained_rows():
     raw_ids, raw_cos = cosine_neighbors(b.W_E, b.W_E[5], k=1, exclude=[5])
     assert int(raw_ids[0]) >= 60 and raw_cos[0] > 0.999
     # the output list is the head's own geometry
-    ref, _ = cosine_neighbors(b.W_U, b.W_U[5], k=20, mask=b.real_token_mask(True), exclude=[5])
+    ref, _ = cosine_neighbors(b.unembedding.weight, b.unembedding.weight[5], k=20, mask=b.real_token_mask(True), exclude=[5])
     assert torch.equal(q.lists[1].ids, ref)
 
 

@@ -95,7 +95,7 @@ def test_the_hash_is_reused_only_while_the_stat_is_unchanged(tmp_path, cache, mo
     """The whole file is hashed once; the stored hash stands while (device, inode, size, mtime_ns,
     ctime_ns) stand, in this process and the next; a byte changed in place with the size and mtime
     put back is hashed again (ctime moved)."""
-    import vocablens.models.gguf_cache as G
+    import vocablens.models.files.gguf_cache as G
 
     p = save_tiny_gguf(tmp_path / "t.gguf", tok)
     hashed = []

@@ -36,9 +36,9 @@ def saved(request, tmp_path_factory):
 
 
 def test_head_only_readout_equals_the_models_logits(saved):
-    from vocablens.models.final_norm import FamilyNorm
-    from vocablens.models.loader import load_mode
-    from vocablens.models.matrices_only import MatricesOnly
+    from vocablens.models.files.final_norm import FamilyNorm
+    from vocablens.models.files.loader import load_mode
+    from vocablens.models.files.matrices_only import MatricesOnly
 
     family, model, d = saved
     lm = load_mode(str(d), "head")
@@ -53,7 +53,7 @@ def test_head_only_readout_equals_the_models_logits(saved):
         full = load_mode(str(d), "full").borders
         resid, logits = full.residual_stream(ids)
         assert torch.allclose(logits[0].float(), own, atol=1e-5, rtol=1e-5)
-        got = lm.borders.unembed(resid[full.n_layers][0])
+        got = lm.borders.unembedding(resid[full.n_layers][0])
     # the family's own class does the norm: the one the whole model holds
     assert type(norm.family_module()) is type(full.final_norm), family
     assert got.shape == own.shape
@@ -63,7 +63,7 @@ def test_head_only_readout_equals_the_models_logits(saved):
 def test_a_head_only_norm_reads_the_family_default_eps(tmp_path):
     """No ``rms_norm_eps`` in the config: the family's class takes its default, as the whole model does
     (the old copy of RMSNorm refused such a config)."""
-    from vocablens.models.loader import load_mode
+    from vocablens.models.files.loader import load_mode
 
     _save("olmo2", tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -82,7 +82,7 @@ def test_norm_bounds_reuse_the_family_modules_form_without_building_it(tmp_path,
     the model's own module."""
     from vocablens.argmax.model import argmax_for_borders
     from vocablens.argmax.stored import norm_key
-    from vocablens.models.loader import load_mode
+    from vocablens.models.files.loader import load_mode
 
     family = "gpt2"                                           # a LayerNorm with bias: centred, a shift
     monkeypatch.setenv("VOCABLENS_ARGMAX_CACHE", str(tmp_path / "store"))
@@ -115,7 +115,7 @@ def test_norm_bounds_reuse_the_family_modules_form_without_building_it(tmp_path,
 
 _WRITER = r"""
 import json, sys, torch
-from vocablens.models.loader import load_mode
+from vocablens.models.files.loader import load_mode
 out = {}
 for mode in ("head", "matrices", "borders", "streaming", "full"):
     lm = load_mode(sys.argv[1], mode, max_memory="30kB" if mode == "streaming" else None)
@@ -131,7 +131,7 @@ for mode in ("head", "matrices", "borders", "streaming", "full"):
             written += 1
         except Exception as e:  # a clear Python error is allowed; a crash is not
             errors.append(f"{name}: {type(e).__name__}: {e}")
-    out[mode] = {"written": written, "errors": errors, "W_U_00": float(lm.borders.W_U[0, 0])}
+    out[mode] = {"written": written, "errors": errors, "W_U_00": float(lm.borders.unembedding.weight[0, 0])}
 print(json.dumps(out))
 """
 

@@ -49,7 +49,7 @@ def _repos(tmp: Path, model_dir: Path, L: int, d: int) -> tuple[dict, dict[int, 
     torch.save({"J": J, "n_prompts": 7, "source_layers": sorted(J), "d_model": d,
                 "metadata": {"model_name": HUB_ID, "target_layer": L - 1}}, buf)
     b = Borders.from_model(AutoModelForCausalLM.from_pretrained(model_dir))
-    ref.save_tuned_lens(tmp / "tl", d, L, HUB_ID, None, ref.tensor_hash(b.W_U))
+    ref.save_tuned_lens(tmp / "tl", d, L, HUB_ID, None, ref.tensor_hash(b.unembedding.weight))
     tuned = {f"lens/{HUB_ID}/{f.name}": f.read_bytes() for f in (tmp / "tl").iterdir()}
     repos = {("model", "neuronpedia/jacobian-lens"): {JPATH: buf.getvalue(), "README.md": b"lenses"},
              ("space", "AlignmentResearch/tuned-lens"): {**tuned, "app.py": b""}}

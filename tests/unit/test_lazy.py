@@ -5,9 +5,9 @@ import torch
 
 from tiny_models import make_tiny, writes_through
 from vocablens.errors import BadInput, CorruptModelFile
-from vocablens.models.partial import load_borders_only
-from vocablens.models.matrices_only import MatricesOnly
-from vocablens.models.partial import load_matrices_only
+from vocablens.models.files.partial import load_borders_only
+from vocablens.models.files.matrices_only import MatricesOnly
+from vocablens.models.files.partial import load_matrices_only
 
 
 @pytest.fixture(scope="module", params=["llama", "llama_tied", "gpt2", "opt", "qwen3", "gemma3_text"])
@@ -38,10 +38,10 @@ def test_borders_only_equal_full_load(saved):
     full = load(str(d)).borders
     lazy = load_borders_only(str(d)).borders
     assert lazy.tied == full.tied and lazy.family == full.family
-    assert torch.equal(lazy.W_E, full.W_E) and torch.equal(lazy.W_U, full.W_U)
-    assert (lazy.b_U is None) == (full.b_U is None)
-    if full.b_U is not None:
-        assert torch.equal(lazy.b_U, full.b_U)
+    assert torch.equal(lazy.W_E, full.W_E) and torch.equal(lazy.unembedding.weight, full.unembedding.weight)
+    assert (lazy.unembedding.bias is None) == (full.unembedding.bias is None)
+    if full.unembedding.bias is not None:
+        assert torch.equal(lazy.unembedding.bias, full.unembedding.bias)
     if full.final_norm is not None:
         for (n, p), (_, q) in zip(full.final_norm.named_parameters(), lazy.final_norm.named_parameters()):
             assert torch.equal(p, q), n
@@ -67,7 +67,7 @@ def test_tied_stays_one_matrix(saved):
     b = load_borders_only(str(d)).borders
     tied = _transformers_ties(d)
     assert tied == bool(model.config.get_text_config().tie_word_embeddings)  # what the config says
-    assert b.tied is tied and (b.W_U is b.W_E) is tied  # one matrix exactly when transformers keeps one
+    assert b.tied is tied and (b.unembedding.weight is b.W_E) is tied  # one matrix exactly when transformers keeps one
 
 
 def test_config_that_disagrees_with_the_weights(tmp_path):
@@ -93,7 +93,7 @@ def test_matrices_only_equal_full_load(saved):
     full = load(str(d))
     lm = load_matrices_only(str(d))
     b = lm.borders
-    assert torch.equal(b.W_E, full.borders.W_E) and torch.equal(b.W_U, full.borders.W_U)
+    assert torch.equal(b.W_E, full.borders.W_E) and torch.equal(b.unembedding.weight, full.borders.unembedding.weight)
     assert b.tied == full.borders.tied and b.vocab_size == full.borders.vocab_size
     assert b.real_vocab_size == full.borders.real_vocab_size and b.family == full.borders.family
     assert type(lm.tokenizer) is type(AutoTokenizer.from_pretrained(str(d)))
@@ -104,7 +104,7 @@ def test_matrices_only_equal_full_load(saved):
     for x, y in zip(a.lists, c.lists):
         assert torch.equal(x.ids, y.ids) and torch.equal(x.cosines, y.cosines)
     if isinstance(lm.model, MatricesOnly):  # read without transformers' model classes
-        assert b.tied is _transformers_ties(d) and (b.W_U is b.W_E) is b.tied
+        assert b.tied is _transformers_ties(d) and (b.unembedding.weight is b.W_E) is b.tied
         with pytest.raises(BadInput, match="two matrices only"):
             b.unembedding(torch.randn(2, b.d_model))
         with pytest.raises(BadInput, match="borders only"):
@@ -196,7 +196,7 @@ def test_light_tokenizer_picks_the_class_autotokenizer_picks(tmp_path, cls):
 
     from transformers import AutoTokenizer
 
-    from vocablens.models.sources import light_tokenizer
+    from vocablens.models.files.tokenizer_files import light_tokenizer
 
     _write_tokenizer(tmp_path, 50)
     p = tmp_path / "tokenizer_config.json"

@@ -69,14 +69,14 @@ def test_bin_only_equals_safetensors(capsys, dirs, name, argv):
 def test_partial_modes_fall_back_to_the_whole_load(dirs, mode):
     """``argmax`` reads the head mode: the same head and final norm from the pickle as from safetensors."""
     from vocablens.errors import VocabLensNote
-    from vocablens.models.loader import load_mode
+    from vocablens.models.files.loader import load_mode
 
     ref = load_mode(str(dirs["st"]), mode).borders
     with pytest.warns(VocabLensNote, match="whole model was loaded"):
         got = load_mode(str(dirs["legacy"]), mode).borders
-    assert torch.equal(got.W_U, ref.W_U) and torch.equal(got.W_E, ref.W_E)
+    assert torch.equal(got.unembedding.weight, ref.unembedding.weight) and torch.equal(got.W_E, ref.W_E)
     if mode == "head":
-        h = torch.randn(3, ref.W_U.shape[1])
+        h = torch.randn(3, ref.unembedding.weight.shape[1])
         assert torch.equal(got.final_norm(h), ref.final_norm(h))
 
 

@@ -39,7 +39,7 @@ def test_compare_matches_evaluate_and_a_full_softmax_oracle():
         for r in rows:
             resid, logits = b.residual_stream(r[None])
             p = torch.log_softmax(logits[0].double(), -1)
-            q = torch.log_softmax(b.unembed(resid[1, 0].float() @ J[0].T).double(), -1)
+            q = torch.log_softmax(b.unembedding(resid[1, 0].float() @ J[0].T).double(), -1)
             kl.append((p.exp() * (p - q)).sum(-1))
     assert math.isclose(res.metrics["jacobian"]["kl"][1], float(torch.cat(kl).mean()), rel_tol=1e-4)
     assert res.mean_kl("jacobian") == res.metrics["jacobian"]["kl"][1]

@@ -2,7 +2,7 @@
 
 The oracle is independent of the code under test: the model's logits come from a separate plain
 forward (no vocablens hook on the model), and the lens path is vocablens's own: the residual stream
-captured after the last block, then the final norm and the head (:meth:`Borders.unembed`, i.e.
+captured after the last block, then the final norm and the head (:attr:`Borders.unembedding`, i.e.
 :class:`~vocablens.models.unembed.Unembedding`: norm, project_out, W_U, bias, scale, softcap). A
 missed or doubled final norm, a lost bias, scale or softcap, or a wrong position shows here.
 """
@@ -24,7 +24,7 @@ def test_lens_at_layer_L_equals_the_models_logits_at_every_position(family):
     with torch.no_grad():
         ref = model(input_ids=ids, use_cache=False).logits.double()  # [B, T, V], no vocablens hook on
         resid, _ = b.residual_stream(ids)  # [L+1, B, T, d]; the model's own logits are not used here
-        lens = b.unembed(resid[b.n_layers]).double()  # [B, T, V]
+        lens = b.unembedding(resid[b.n_layers]).double()  # [B, T, V]
         via_unembedding = b.unembedding(resid[b.n_layers]).double()
     assert lens.shape == ref.shape == (2, 9, b.vocab_size)
     scale = max(1.0, float(ref.abs().max()))
@@ -33,5 +33,5 @@ def test_lens_at_layer_L_equals_the_models_logits_at_every_position(family):
     assert float((via_unembedding - ref).abs().max()) < 2e-5 * scale
     # and the lens at an earlier layer is a different distribution (the check can fail)
     with torch.no_grad():
-        early = b.unembed(resid[0]).double()
+        early = b.unembedding(resid[0]).double()
     assert float((early - ref).abs().max()) > 1e-3 * scale

@@ -1,4 +1,4 @@
-"""The one loader (:func:`vocablens.models.loader.load_mode`): every mode through one function, each
+"""The one loader (:func:`vocablens.models.files.loader.load_mode`): every mode through one function, each
 reading the matrices transformers' own model holds, and its argument checks."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from tiny_dirs import save_tiny, tiny_tokenizer
 
 from vocablens.errors import BadInput
-from vocablens.models.loader import MODES, load_mode
+from vocablens.models.files.loader import MODES, load_mode
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def test_every_mode_reads_the_models_own_matrices(tiny_dir, mode):
     lm = load_mode(str(tiny_dir), mode, max_memory="1kB" if mode == "streaming" else None)
     b = lm.borders
     assert torch.equal(b.W_E, ref.get_input_embeddings().weight)
-    assert torch.equal(b.W_U, ref.get_output_embeddings().weight)
+    assert torch.equal(b.unembedding.weight, ref.get_output_embeddings().weight)
     assert b.tied is False
     forward = mode in ("full", "streaming")
     ids = torch.tensor([[0, 4, 9, 30]])
@@ -59,16 +59,16 @@ def test_bad_arguments_are_one_line_before_loading(kw, match):
 
 # ------------------------------------------------------------------ the one entry: load(spec, read=...)
 def test_each_mode_is_a_read_of_the_one_entry(tiny_dir):
-    from vocablens.models.loader import MODE_READS, load
-    from vocablens.models.matrices_only import MatricesOnly
-    from vocablens.models.partial import BORDERS
+    from vocablens.models.files.loader import MODE_READS, load
+    from vocablens.models.files.matrices_only import MatricesOnly
+    from vocablens.models.files.partial import BORDERS
 
     assert MODE_READS["borders"] == BORDERS and set(MODE_READS) == set(MODES)
     ref = load(str(tiny_dir))  # the whole model, through transformers
     for read, light in ((("head", "final_norm"), True), (("embedding", "head"), True), (BORDERS, False)):
         lm = load(str(tiny_dir), read=read)
         assert isinstance(lm.model, MatricesOnly) is light, read   # no modeling code for the matrices and the norm
-        assert torch.equal(lm.borders.W_U, ref.borders.W_U) and torch.equal(lm.borders.W_E, ref.borders.W_E)
+        assert torch.equal(lm.borders.unembedding.weight, ref.borders.unembedding.weight) and torch.equal(lm.borders.W_E, ref.borders.W_E)
         assert all(p.is_meta for blk in lm.borders.blocks for p in blk.parameters()) or light
     h = torch.randn(2, 3, ref.borders.W_E.shape[1])
     normed = load(str(tiny_dir), read=("head", "final_norm")).borders.final_norm(h)
@@ -78,7 +78,7 @@ def test_each_mode_is_a_read_of_the_one_entry(tiny_dir):
 def test_blocks_and_value_vectors_are_read_on_demand(tiny_dir):
     from transformers import AutoModelForCausalLM
 
-    from vocablens.models.loader import load
+    from vocablens.models.files.loader import load
 
     ref = AutoModelForCausalLM.from_pretrained(str(tiny_dir)).eval()
     lm = load(str(tiny_dir), read=("input_embedding", "head", "final_norm"), blocks=[1])
@@ -93,7 +93,7 @@ def test_blocks_and_value_vectors_are_read_on_demand(tiny_dir):
 def test_max_memory_streams_the_whole_model(tiny_dir):
     from transformers import AutoModelForCausalLM
 
-    from vocablens.models.loader import load
+    from vocablens.models.files.loader import load
 
     ref = AutoModelForCausalLM.from_pretrained(str(tiny_dir)).eval()
     lm = load(str(tiny_dir), max_memory="1kB")
@@ -113,7 +113,7 @@ def test_max_memory_streams_the_whole_model(tiny_dir):
     (dict(max_memory="lots"), "`max_memory` takes a size"),
 ])
 def test_bad_reads_are_one_line_before_loading(kw, match):
-    from vocablens.models.loader import load
+    from vocablens.models.files.loader import load
 
     with pytest.raises(BadInput, match=match) as e:
         load("/nonexistent/model/dir", **kw)
@@ -126,7 +126,7 @@ _CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=_CUDA)])
 def test_every_read_is_placed_on_the_device_and_a_tied_matrix_stays_one(tiny_dir, tmp_path_factory, device):
-    from vocablens.models.loader import MODE_READS, load
+    from vocablens.models.files.loader import MODE_READS, load
 
     tied_dir = save_tiny(tmp_path_factory.mktemp("tied") / "m", tiny_tokenizer(), family="llama_tied")
     for d, tied in ((tiny_dir, False), (tied_dir, True)):
@@ -137,8 +137,8 @@ def test_every_read_is_placed_on_the_device_and_a_tied_matrix_stays_one(tiny_dir
             b = lm.borders
             real = [t for t in [*lm.model.parameters(), *lm.model.buffers()] if not t.is_meta]
             assert real and all(t.device.type == device for t in real), read
-            assert b.tied is tied and (b.W_U.data_ptr() == b.W_E.data_ptr()) is tied, read  # one tensor when tied
-            assert torch.equal(b.W_U.cpu(), ref.W_U) and torch.equal(b.W_E.cpu(), ref.W_E)
+            assert b.tied is tied and (b.unembedding.weight.data_ptr() == b.W_E.data_ptr()) is tied, read  # one tensor when tied
+            assert torch.equal(b.unembedding.weight.cpu(), ref.unembedding.weight) and torch.equal(b.W_E.cpu(), ref.W_E)
             if "input_embedding" in read:
                 assert all(p.is_meta for p in b.blocks[0].parameters())           # blocks not read stay on meta
                 assert all(p.device.type == device for p in b.blocks[1].parameters())

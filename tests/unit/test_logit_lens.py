@@ -42,7 +42,7 @@ def test_kl_and_entropy_match_direct_computation():
         final = torch.log_softmax(logits[0].double(), -1)
         for layer in (0, 1):
             h = b.final_norm(resid[layer, 0])
-            lp = torch.log_softmax(b.softcap * torch.tanh((h @ b.W_U.T).double() / b.softcap), -1)
+            lp = torch.log_softmax(b.softcap * torch.tanh((h @ b.unembedding.weight.T).double() / b.softcap), -1)
             kl = (final.exp() * (final - lp)).sum(-1)
             ent = -(lp.exp() * lp).sum(-1)
             torch.testing.assert_close(res.layers[layer].kl_to_final.double(), kl, rtol=1e-4, atol=1e-5)

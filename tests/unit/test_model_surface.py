@@ -13,7 +13,7 @@ import typing
 from pathlib import Path
 
 from vocablens.handle import Model, protocols
-from vocablens.models.loaded_model import LoadedModel
+from vocablens.models.files.loaded_model import LoadedModel
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -41,7 +41,7 @@ TOPICS = {
     "vocablens.handle.images": ("Images", "NeedsImages", {"image_prompt", "position_labels", "image_patch",
                                                           "with_images"}),
     # the loaded model: text -> ids, the one place (layer 1)
-    "vocablens.models.loaded_model": ("LoadedModel", None, {"encode", "encode_batch", "encode_raw", "prompt_ids",
+    "vocablens.models.files.loaded_model": ("LoadedModel", None, {"encode", "encode_batch", "encode_raw", "prompt_ids",
                                                             "pack", "pieces", "tokens", "n_bytes",
                                                             "without_tokenizer"}),
 }

@@ -71,6 +71,6 @@ def test_nonfinite_rows_read_the_matrices_not_the_blocks():
     assert b.nonfinite_rows().numel() == 0
     with torch.no_grad():
         b.W_E[9, 1] = float("inf")
-        b.W_U[4, 0] = float("nan")
+        b.unembedding.weight[4, 0] = float("nan")
     assert b.nonfinite_rows().tolist() == [4, 9]
     assert not bool(b.real_token_mask()[4]) and not bool(b.real_token_mask()[9])

@@ -24,16 +24,16 @@ def test_count_is_exact_when_finite_values_overflow_a_sum():
     is counted exactly, so it holds no non-finite value, and +inf and -inf in one chunk are both seen."""
     b = _borders()
     with torch.no_grad():
-        b.W_U[:4] = 3e38
+        b.unembedding.weight[:4] = 3e38
         assert b.nonfinite() == {}
-        b.W_U[7, 0], b.W_U[7, 1] = float("inf"), -float("inf")
+        b.unembedding.weight[7, 0], b.unembedding.weight[7, 1] = float("inf"), -float("inf")
         assert b.nonfinite() == {"lm_head.weight": 2}
 
 
 def test_nan_row_in_the_head_refuses_the_lens():
     b = _borders("llama")                      # untied: W_U is its own matrix
     with torch.no_grad():
-        b.W_U[5, 3] = float("nan")
+        b.unembedding.weight[5, 3] = float("nan")
     assert b.nonfinite() == {"lm_head.weight": 1}
     assert b.nonfinite_rows().tolist() == [5]
     with pytest.raises(NonFiniteWeights, match=r"lm_head\.weight.*rows \[5\]"):

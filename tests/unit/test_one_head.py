@@ -60,9 +60,9 @@ def test_the_oracle_unties_only_the_different_head(oracle):
 
 def _loaders():
     from vocablens.models import load
-    from vocablens.models.partial import load_borders_only
-    from vocablens.models.partial import load_head_only, load_matrices_only
-    from vocablens.models.streaming import load_streaming
+    from vocablens.models.files.partial import load_borders_only
+    from vocablens.models.files.partial import load_head_only, load_matrices_only
+    from vocablens.models.files.streaming import load_streaming
 
     return {"full": load, "borders_only": load_borders_only, "head_only": load_head_only,
             "matrices_only": load_matrices_only, "streaming": lambda s: load_streaming(s, max_memory="1kB")}
@@ -73,14 +73,14 @@ def _loaders():
 def test_every_loader_reads_the_head_transformers_uses(dirs, oracle, case, loader):
     b = _loaders()[loader](str(dirs[case])).borders
     _, head, tied = oracle[case]
-    assert torch.equal(b.W_U, head)
+    assert torch.equal(b.unembedding.weight, head)
     assert b.tied is tied
-    assert (b.W_U is b.W_E) is tied  # one matrix exactly when transformers keeps one
+    assert (b.unembedding.weight is b.W_E) is tied  # one matrix exactly when transformers keeps one
 
 
 @pytest.mark.parametrize("case", ["diff", "copy"])
 def test_unembed_gives_transformers_logits_at_every_position(dirs, oracle, case):
-    from vocablens.models.streaming import load_streaming
+    from vocablens.models.files.streaming import load_streaming
 
     model, _, _ = oracle[case]
     ids = torch.tensor([[0, 5, 17, 42, 99, 3, 250]])
@@ -88,7 +88,7 @@ def test_unembed_gives_transformers_logits_at_every_position(dirs, oracle, case)
         ref = model(input_ids=ids).logits[0].double()
     for lm in (_loaders()["full"](str(dirs[case])), load_streaming(str(dirs[case]), max_memory="1kB")):
         resid, _ = lm.borders.residual_stream(ids)
-        got = lm.borders.unembed(resid[lm.borders.n_layers][0]).double()
+        got = lm.borders.unembedding(resid[lm.borders.n_layers][0]).double()
         assert (got - ref).abs().max() < 1e-4 * max(1.0, float(ref.abs().max()))
 
 
@@ -122,7 +122,7 @@ def test_anatomy_and_neighbors_report_what_transformers_ties(dirs, oracle, case,
 
 
 def test_tie_check_says_the_config_disagrees(dirs, oracle):
-    from vocablens.models.partial import load_head_only
+    from vocablens.models.files.partial import load_head_only
     from vocablens.geometry.tying import tie_check
 
     _, head, _ = oracle["diff"]

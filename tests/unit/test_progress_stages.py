@@ -217,7 +217,7 @@ def test_serve_background_scan_reports_and_ends():
 def test_the_loading_line_names_the_gguf_and_its_cache(tmp_path, monkeypatch, cached):
     from tiny_dirs import save_tiny_gguf, tiny_tokenizer
     from vocablens.cli.common import _load_source
-    from vocablens.models.gguf_cache import CACHE_MARK, FIRST_LOAD_S_PER_MIB, cache_dir
+    from vocablens.models.files.gguf_cache import CACHE_MARK, FIRST_LOAD_S_PER_MIB, cache_dir
 
     monkeypatch.setenv("VOCABLENS_CACHE", str(tmp_path / "cache"))
     g = save_tiny_gguf(tmp_path / "t.gguf", tiny_tokenizer())

@@ -37,8 +37,8 @@ def one_line(exc) -> str:
 
 def test_tuned_lens_hash_is_the_reference_one():
     b = named()
-    assert tuned_lens_unembed_hash(b) == ref.tensor_hash(b.W_U)
-    assert tuned_lens_unembed_hash(named(seed=3)) != ref.tensor_hash(b.W_U)
+    assert tuned_lens_unembed_hash(b) == ref.tensor_hash(b.unembedding.weight)
+    assert tuned_lens_unembed_hash(named(seed=3)) != ref.tensor_hash(b.unembedding.weight)
     b.model.to(torch.bfloat16)  # numpy has no bfloat16: tuned-lens cannot hash it, so neither is it checked
     assert tuned_lens_unembed_hash(Borders.from_model(b.model)) is None
 
@@ -62,7 +62,7 @@ def test_names_compare_as_the_same_model():
 def test_tuned_lens_library_file_round_trip_verified(tmp_path):
     b = named()
     state = ref.save_tuned_lens(tmp_path / "tl", b.d_model, b.n_layers, "tiny-org/tiny-llama", REV,
-                                ref.tensor_hash(b.W_U))
+                                ref.tensor_hash(b.unembedding.weight))
     lens = TunedLens.load(tmp_path / "tl", b)
     h = torch.randn(3, b.d_model)
     for i in range(b.n_layers):
@@ -82,7 +82,7 @@ def test_tuned_lens_library_file_round_trip_verified(tmp_path):
 ])
 def test_tuned_lens_library_file_of_another_model_refused(tmp_path, name, revision, other_head, words):
     b = named()
-    head = named(seed=5).W_U if other_head else b.W_U
+    head = named(seed=5).unembedding.weight if other_head else b.unembedding.weight
     ref.save_tuned_lens(tmp_path / "tl", b.d_model, b.n_layers, name, revision, ref.tensor_hash(head))
     with pytest.raises(CheckpointMismatch) as e:
         TunedLens.load(tmp_path / "tl", b)
@@ -146,7 +146,7 @@ def test_provenance_in_the_cli_json_and_caption(tmp_path, capsys):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "tiny-llama")
     b = Borders.from_model(model)
     L, d = b.n_layers, b.d_model
-    ref.save_tuned_lens(tmp_path / "pub", d, L, "some-org/tiny-llama", None, ref.tensor_hash(b.W_U))
+    ref.save_tuned_lens(tmp_path / "pub", d, L, "some-org/tiny-llama", None, ref.tensor_hash(b.unembedding.weight))
     ref.save_jacobian_lens(tmp_path / "pub" / "lens.pt", {blk: torch.eye(d) for blk in range(L - 1)}, 2, d)
     m = str(tmp_path / "tiny-llama")
     code, out, err = run_cli(capsys, "lens", "the class", "-m", m, "--kind", "tuned,jacobian", "--lens",
@@ -186,7 +186,7 @@ def test_the_handle_result_carries_the_provenance(tmp_path):
     # the report's lens section and report --json: both published files of one folder, with their provenance
     from vocablens.render.report import report_sections, report_to_dict
 
-    ref.save_tuned_lens(tmp_path / "pub", d, L, "tiny-llama", None, ref.tensor_hash(m.borders.W_U))
+    ref.save_tuned_lens(tmp_path / "pub", d, L, "tiny-llama", None, ref.tensor_hash(m.borders.unembedding.weight))
     ref.save_jacobian_lens(tmp_path / "pub" / "lens.pt", {blk: torch.eye(d) for blk in range(L - 1)}, 3, d)
     run = m.report(prompt="the class statement", lens_path=str(tmp_path / "pub"), only=("tuned",))
     (sec,) = report_sections(run, m, str(tmp_path / "tiny-llama"))

@@ -72,8 +72,8 @@ def test_torchao_checkpoint_loads_and_passes_the_readout_check(ao):
 
 
 def test_matrices_read_dequantized_by_the_quantizer(ao):
-    assert type(ao.borders.W_U) is torch.Tensor
-    assert torch.equal(ao.borders.W_U, ao.model.lm_head.weight.dequantize())
+    assert type(ao.borders.unembedding.weight) is torch.Tensor
+    assert torch.equal(ao.borders.unembedding.weight, ao.model.lm_head.weight.dequantize())
     from vocablens.models.blocks.view import linear_weight
 
     down = ao.model.model.layers[1].mlp.down_proj

@@ -63,9 +63,11 @@ def _params():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from vocablens.models.sources import light_tokenizer, source_dir
+    from vocablens.models.files.source import resolve_source
+    from vocablens.models.files.sources import source_dir
+    from vocablens.models.files.tokenizer_files import light_tokenizer
 
-    return light_tokenizer(source_dir("smollm2")[0])
+    return light_tokenizer(source_dir(resolve_source("smollm2"))[0])
 
 
 def _record(key, result: str) -> None:
@@ -108,7 +110,7 @@ def test_readout_and_score_equal_the_models_own(mapping, model_type, tokenizer):
     except VocabLensError as e:  # refused, never read wrong: the family is listed with why
         return _record(key, f"refused: {str(e)[:160]}")
     resid, logits = b.residual_stream(ids[None])
-    mine = b.unembed(resid[-1])
+    mine = b.unembedding(resid[-1])
     assert (torch.softmax(mine, -1) - torch.softmax(logits, -1)).abs().max() <= 1e-4
     res = score_ids(b, ids, top_k=0)
     own = ref[torch.arange(len(ids) - 1), ids[1:]].float()

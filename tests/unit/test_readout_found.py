@@ -100,7 +100,7 @@ def test_multiplier_read_off_the_model(saved):
 
 def test_borders_only_load_uses_the_stored_check_or_says_unchecked(saved):
     import vocablens
-    from vocablens.models.loader import load_mode
+    from vocablens.models.files.loader import load_mode
 
     first = load_mode(str(saved["llama"]), "borders").provenance.readout
     assert first.startswith("unchecked: loaded without the blocks")

@@ -1,5 +1,5 @@
 """What a borders-only command lets go of before its heavy phase: the tokenizer (a table of its token
-strings stays) and the checkpoint pages an analysis has read (models.pages)."""
+strings stays) and the checkpoint pages an analysis has read (models.files.pages)."""
 
 import gc
 import sys
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tiny_dirs import save_tiny, tiny_tokenizer
-from vocablens.models import pages
+from vocablens.models.files import pages
 from vocablens.models.token_table import TokenTable
 from vocablens.models.tokens import token_bytes, token_str
 
@@ -49,7 +49,7 @@ def tiny_dir(tmp_path_factory):
 
 
 def test_without_tokenizer_frees_it_and_keeps_the_strings(tiny_dir):
-    from vocablens.models.partial import load_borders_only
+    from vocablens.models.files.partial import load_borders_only
 
     lm = load_borders_only(str(tiny_dir))
     ids = list(range(len(lm.tokenizer)))
@@ -135,7 +135,7 @@ def test_analyses_with_release_on_equal_the_full_load(tiny_dir, monkeypatch):
     from test_lazy import _same
     from vocablens import vocab_space as vs
     from vocablens.models import load
-    from vocablens.models.partial import load_borders_only
+    from vocablens.models.files.partial import load_borders_only
 
     if not sys.platform.startswith("linux"):
         pytest.skip("page release is Linux only (madvise, /proc/self/pagemap)")
@@ -148,7 +148,7 @@ def test_analyses_with_release_on_equal_the_full_load(tiny_dir, monkeypatch):
     for a, b in zip(want[0], got[0]):
         _same(a, b)
     _same(want[1], got[1])
-    present, n = _pagemap_present(lazy.W_U)
+    present, n = _pagemap_present(lazy.unembedding.weight)
     assert n > 0 and present < n  # read, then let go
     lazy = load_borders_only(str(tiny_dir), blocks=[1]).borders
     _same(want[2], vs.project_vectors(lazy, [1], [3], k=4, kind="key"))

@@ -68,8 +68,8 @@ def test_no_prompt_and_the_code_is_never_imported(argv, custom, capsys, monkeypa
 
 def test_load_config_refuses_and_a_known_model_type_needs_no_code(custom, tmp_path):
     from vocablens.errors import BadInput
-    from vocablens.models.config import load_config
-    from vocablens.models.remote_code import needs_remote_code
+    from vocablens.models.files.config import load_config
+    from vocablens.models.files.remote_code import needs_remote_code
 
     with pytest.raises(BadInput, match="--trust-remote-code"):
         load_config(custom)

@@ -9,7 +9,7 @@ from tiny_models import make_tiny
 from test_lazy import _write_tokenizer
 from vocablens.errors import BadInput
 from vocablens.models import load
-from vocablens.models.streaming import checkpoint_bytes, load_streaming, parse_bytes
+from vocablens.models.files.streaming import checkpoint_bytes, load_streaming, parse_bytes
 
 
 @pytest.fixture(scope="module", params=["llama_tied", "gpt2", "gemma3_text"])

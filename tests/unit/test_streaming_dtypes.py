@@ -56,13 +56,13 @@ def dirs(tmp_path_factory, tok):
 
 def _dtypes(lm) -> tuple:
     b = lm.borders
-    return b.W_E.dtype, b.W_U.dtype, b.final_norm.weight.dtype
+    return b.W_E.dtype, b.unembedding.weight.dtype, b.final_norm.weight.dtype
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_streaming_matches_the_normal_load(dirs, variant):
     from vocablens.models import load
-    from vocablens.models.streaming import load_streaming
+    from vocablens.models.files.streaming import load_streaming
 
     d = str(dirs[variant])
     ref = load(d)
@@ -78,7 +78,7 @@ def test_streaming_matches_the_normal_load(dirs, variant):
     assert torch.equal(s_resid, r_resid)
     assert torch.equal(s_logits, r_logits)
     # the lens path (final norm + head) at every layer, as the lens reads it
-    assert torch.equal(st.borders.unembed(s_resid[:, 0]), ref.borders.unembed(r_resid[:, 0]))
+    assert torch.equal(st.borders.unembedding(s_resid[:, 0]), ref.borders.unembedding(r_resid[:, 0]))
 
 
 def test_streaming_mixed_checkpoint_scores_like_the_normal_load(dirs, capsys):
@@ -108,9 +108,9 @@ def sharded(tmp_path_factory, tok):
 
 
 def test_missing_shard_refused_before_loading_api(sharded, monkeypatch):
-    import vocablens.models.partial as lazy
+    import vocablens.models.files.partial as lazy
     from vocablens.errors import CorruptModelFile, VocabLensError
-    from vocablens.models.streaming import load_streaming
+    from vocablens.models.files.streaming import load_streaming
 
     d, gone = sharded
 

@@ -3,7 +3,7 @@
 the handle owns.
 
 Oracle: the source, read as text and as a syntax tree. Text becomes ids only through the model's
-``encode`` / ``encode_batch`` / ``pieces`` (``models/loaded_model.py``) and ``token_id`` (the handle); a client that calls
+``encode`` / ``encode_batch`` / ``pieces`` (``models/files/loaded_model.py``) and ``token_id`` (the handle); a client that calls
 a tokenizer, ``encode_prompt``, ``single_token_id`` or asks for ``return_tensors`` is encoding on its
 own. A chained workflow shows as a client importing the steps the handle runs in order (surgery's
 edit -> verify -> indicator -> save; the lens's batched readout; scoring).

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from vocablens.errors import TensorParallelUnsupported, VocabLensError
 from vocablens.handle import Model
 from vocablens.handle.tp_guard import TENSOR_PARALLEL, tp_refusal
-from vocablens.models.loaded_model import LoadedModel
+from vocablens.models.files.loaded_model import LoadedModel
 from vocablens.models.tensor_parallel import is_tensor_parallel
 
 
@@ -24,7 +24,7 @@ def models(tmp_path_factory):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate
 
-    from vocablens.models.loader import load
+    from vocablens.models.files.loader import load
 
     d = save_tiny(tmp_path_factory.mktemp("tp_guard") / "m", tiny_tokenizer())
     plain, tp = Model.of(load(str(d))), Model.of(load(str(d)))

@@ -93,7 +93,7 @@ def test_chunked_kl_and_ce_and_their_gradients_equal_autograd(family):
         resid, logits = b.residual_stream(ids)
     H = resid[:L].reshape(L, N, -1).float()
     flp = torch.log_softmax(logits.reshape(N, -1).float(), -1)
-    lq = torch.log_softmax(b.unembed(lens.translate_all(H)).float(), -1)
+    lq = torch.log_softmax(b.unembedding(lens.translate_all(H)).float(), -1)
     kl_ref = (flp.exp() * (flp - lq)).sum(-1).mean(-1)
     gW, gb = torch.autograd.grad(kl_ref.sum(), [lens.weight, lens.bias], retain_graph=True)
     U = b.unembedding.float32()

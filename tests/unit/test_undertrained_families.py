@@ -39,7 +39,7 @@ def test_indicators_and_verification_on_every_family(family):
     b = Borders.from_model(model, tok)
     ref = list(range(len(tok) - N_UNREACHABLE, V))  # unreachable + padding: what the analysis finds
     with torch.no_grad():
-        W_U, W_E = b.W_U, b.W_E
+        W_U, W_E = b.unembedding.weight, b.W_E
         W_U[PLANTED] = W_U[ref].mean(0) + 1e-4 * torch.randn(W_U.shape[1])
         if not b.tied:
             W_E[PLANTED] *= 1e-3

@@ -38,7 +38,7 @@ def test_readout_is_linear_part_of_the_head(tiny):
     ref = u
     if b.project_out is not None:
         ref = b.project_out(u).detach()
-    ref = (ref @ b.W_U.detach().float().T) * b.logit_scale
+    ref = (ref @ b.unembedding.weight.detach().float().T) * b.logit_scale
     assert R.shape == (b.vocab_size, b.d_model)
     assert (u @ R.T - ref).abs().max().item() <= 1e-4
 
@@ -129,7 +129,7 @@ def test_constant_plus_linear_part_is_the_models_uncapped_logit(tiny):
         fl = linearize_norm(b.final_norm, x)
         got = U.readout_rows(rows, False, scaled=True).double() @ fl.linear(x).double() + U.constant(rows, fl.bias).double()
         h = U.normed(x[None])[0].double()
-        z = h @ b.W_U.detach().double()[rows].T + (0 if b.b_U is None else b.b_U.detach().double()[rows])
+        z = h @ b.unembedding.weight.detach().double()[rows].T + (0 if b.unembedding.bias is None else b.unembedding.bias.detach().double()[rows])
         assert (got - b.logit_scale * z).abs().max() <= 1e-4 * max(1.0, float(z.abs().max()))
         with pytest.raises(BadInput):
             U.constant([b.vocab_size])

@@ -46,7 +46,7 @@ def test_loads_through_the_image_text_mapping_with_the_language_models_borders(v
     assert "llava" not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # what was refused before
     b, model = vlm.borders, vlm.model
     assert type(model).__name__ == "LlavaForConditionalGeneration"
-    assert b.W_E is model.model.language_model.embed_tokens.weight and b.W_U is model.lm_head.weight
+    assert b.W_E is model.model.language_model.embed_tokens.weight and b.unembedding.weight is model.lm_head.weight
     assert b.n_layers == 2 and b.final_norm is model.model.language_model.norm
     assert vlm.provenance.readout.startswith("checked")
 
@@ -140,10 +140,10 @@ def test_matrix_reads_find_the_renamed_checkpoint_keys(vlm, vlm_dir):
     import vocablens
 
     mat = vocablens.load(vlm_dir, read=("embedding", "head"))
-    assert torch.equal(mat.borders.W_E, vlm.borders.W_E) and torch.equal(mat.borders.W_U, vlm.borders.W_U)
+    assert torch.equal(mat.borders.W_E, vlm.borders.W_E) and torch.equal(mat.borders.unembedding.weight, vlm.borders.unembedding.weight)
     head = vocablens.load(vlm_dir, read=("head", "final_norm"))
     x = torch.randn(3, 64)
-    assert torch.allclose(head.borders.unembed(x), vlm.borders.unembed(x), atol=1e-5)
+    assert torch.allclose(head.borders.unembedding(x), vlm.borders.unembedding(x), atol=1e-5)
 
 
 def test_cli_lens_image_labels_and_bad_images_exit_2(vlm_dir, image, tmp_path, capsys, monkeypatch):

@@ -166,7 +166,7 @@ def test_value_projection_equals_direct(tiny_cache, family):
     down = v.mlp_out
     vec = (down.weight[neuron] if type(down).__name__ == "Conv1D" else down.weight[:, neuron]).detach().float()
     h = vec if b.project_out is None else b.project_out(vec)
-    direct = (h @ b.W_U.float().t()) * b.logit_scale
+    direct = (h @ b.unembedding.weight.float().t()) * b.logit_scale
     res = vs.project_vectors(b, [layer], [neuron], k=7, apply_norm_gain=False)
     torch.testing.assert_close(res.top_scores[0], torch.topk(direct, 7).values, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(res.bottom_scores[0], torch.topk(direct, 7, largest=False).values,
@@ -396,7 +396,7 @@ def test_explanation_sums_to_logit_difference(tiny_cache, family):
     # the log-prob changes telescope from the lens at layer 0 to the model's own log-prob
     with torch.no_grad():
         resid, logits = b.residual_stream(x[None])
-        lp0 = torch.log_softmax(b.unembed(resid[0, 0, 6]).float(), -1)
+        lp0 = torch.log_softmax(b.unembedding(resid[0, 0, 6]).float(), -1)
     lpL = torch.log_softmax(logits[0, 6], -1)
     steps = sum(ly.attn_dlogprob_token + ly.mlp_dlogprob_token for ly in e.blocks)
     assert steps == pytest.approx(float(lpL[5] - lp0[5]), abs=1e-4)
@@ -438,7 +438,7 @@ def test_explain_and_settle_skip_padding_rows():
     with torch.no_grad():
         _, logits = b.residual_stream(x[None])
         top = int(logits[0, -1].argmax())
-        b.W_U[-pad:] = 3.0 * b.W_U[top]  # unused as inputs (ids < real), so only the head changes
+        b.unembedding.weight[-pad:] = 3.0 * b.unembedding.weight[top]  # unused as inputs (ids < real), so only the head changes
     b = replace(b, tokenizer_vocab_size=real)
     with torch.no_grad():
         resid, logits = b.residual_stream(x[None])
@@ -451,7 +451,7 @@ def test_explain_and_settle_skip_padding_rows():
     res = vs.settle(b, rows, thresholds=(0.5,))
     with torch.no_grad():
         resid, logits = b.residual_stream(rows)
-    lp = torch.stack([torch.log_softmax(b.unembed(resid[i]).float(), -1) for i in range(b.n_layers + 1)])
+    lp = torch.stack([torch.log_softmax(b.unembedding(resid[i]).float(), -1) for i in range(b.n_layers + 1)])
     conf = lp[..., :real].max(-1).values.exp().reshape(b.n_layers + 1, -1)
     hit = conf >= 0.5
     hit[-1] = True
@@ -480,7 +480,7 @@ def test_settle_matches_brute_force(tiny_cache, family):
     L = b.n_layers
     with torch.no_grad():
         resid, logits = b.residual_stream(rows)
-    lp = torch.stack([torch.log_softmax(b.unembed(resid[i]).float(), -1) for i in range(L + 1)])  # [L+1,B,T,V]
+    lp = torch.stack([torch.log_softmax(b.unembedding(resid[i]).float(), -1) for i in range(L + 1)])  # [L+1,B,T,V]
     top1 = lp.argmax(-1).reshape(L + 1, -1)
     conf = lp.max(-1).values.exp().reshape(L + 1, -1)
     final = logits.argmax(-1).reshape(-1)

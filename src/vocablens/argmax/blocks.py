@@ -39,7 +39,7 @@ def quantize(z: np.ndarray, qs: float) -> np.ndarray:
 
 #: rows per gather of scattered rows from a read-only mapped W, whose pages then go back: the
 #: kernel maps up to 16 pages around each faulting one (fault-around), so each row read can make
-#: 64 KiB resident: 128 rows, at most 8 MiB (:mod:`~vocablens.models.pages`)
+#: 64 KiB resident: 128 rows, at most 8 MiB (:mod:`~vocablens.models.files.pages`)
 GATHER_ROWS = 128
 
 

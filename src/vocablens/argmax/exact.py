@@ -57,8 +57,8 @@ cut short). Memory: one [n, r] float32 matrix and one [n, r] int8 matrix at a ti
 fixed-size blocks: the whitened rows Z and their int8 grid Q from ``gemm`` to ``bias`` (the
 reflect stage scores on Q, :mod:`~vocablens.argmax.scoring`); Q alone in ``verify`` and in the
 result. When W is a
-file mapping of unwritten pages (:func:`vocablens.models.partial.load_head_only`), its pages go back to
-the page cache after each pass (:mod:`~vocablens.models.pages`), so W does not add to that.
+file mapping of unwritten pages (:func:`vocablens.models.files.partial.load_head_only`), its pages go back to
+the page cache after each pass (:mod:`~vocablens.models.files.pages`), so W does not add to that.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ from vocablens.argmax.scan import Clock, Scan
 from vocablens.argmax.sparse import InteriorParts
 from vocablens.argmax.verify import stage_verify, verify_argmaxable
 from vocablens.errors import BadInput
-from vocablens.models.pages import PageRelease
+from vocablens.models.files.pages import PageRelease
 from vocablens.ops.vocab_parallel.comm import world
 
 

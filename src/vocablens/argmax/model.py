@@ -17,7 +17,7 @@ from vocablens.argmax.exact import find_unargmaxable
 from vocablens.argmax.norm import NormReach, norm_reachability, probe_norm
 from vocablens.argmax.result import ARGMAXABLE, DUPLICATE, UNARGMAXABLE, ArgmaxResult, Progress
 from vocablens.errors import BadInput
-from vocablens.models.pages import PageRelease
+from vocablens.models.files.pages import PageRelease
 
 #: names of reserved / unused special tokens: ``<|reserved_special_token_12|>`` (Llama 3),
 #: ``<unused17>`` (Gemma), ``[unused3]`` (BERT), ``<|reserved_0|>``, ``<reserved_5>`` ...

@@ -132,7 +132,7 @@ class _Rows:
     copy would hold it), so the norm bounds need W plus one block, not two more copies of W."""
 
     def __init__(self, W: torch.Tensor, ids: torch.Tensor, model: NormModel, scale: float):
-        from vocablens.models.pages import PageRelease
+        from vocablens.models.files.pages import PageRelease
 
         self.W, self.ids, self.model, self.scale = W, ids, model, scale
         self.step = max(1, NORM_BLOCK_BYTES // (8 * max(1, int(W.shape[1]))))

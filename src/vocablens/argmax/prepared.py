@@ -25,7 +25,7 @@ class SourceRows:
         rows: ``W [V, d]`` float32 (float64 when given so); may be a file mapping.
         bias: ``b [V]`` float64, or None.
         defer: bool ``[V]`` rows whose proofs run last, or None.
-        pages: a :class:`~vocablens.models.pages.PageRelease` over ``rows`` (gives a mapped W's pages
+        pages: a :class:`~vocablens.models.files.pages.PageRelease` over ``rows`` (gives a mapped W's pages
             back after a pass; a no-op otherwise).
     """
 

@@ -127,7 +127,7 @@ class Scan:
 
     def release(self, s: int, e: int) -> None:
         """Give back the resident pages of the distinct rows ``ids[s:e]`` after a pass has read
-        them (:mod:`~vocablens.models.pages`: only for a read-only file mapping; results unchanged)."""
+        them (:mod:`~vocablens.models.files.pages`: only for a read-only file mapping; results unchanged)."""
         e = min(e, self.n)
         if self.source.pages is not None and e > s:
             self.source.pages.release(self.distinct.ids[s], self.distinct.ids[e - 1] + 1)

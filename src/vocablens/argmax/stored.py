@@ -3,7 +3,7 @@
 Layout: ``<cache>/argmax/<key>.safetensors`` (the result's tensors) and ``<key>.json`` (its numbers,
 dicts and the key's inputs), each written to a temporary file and renamed
 (:func:`vocablens.files.atomic_path`); the JSON is written last, and a result is read only when both
-exist and the JSON names the same key. ``<cache>`` is :func:`vocablens.models.gguf_cache.cache_root`
+exist and the JSON names the same key. ``<cache>`` is :func:`vocablens.models.files.gguf_cache.cache_root`
 (``$VOCABLENS_CACHE``, ``off`` disables storing), or ``$VOCABLENS_ARGMAX_CACHE`` when set.
 
 The key is a SHA-256 of the exact bytes (not a rounded copy: a verdict can hinge on the last bit)
@@ -14,7 +14,7 @@ scan that ran to its end is stored (not interrupted, no stage cut short by a bud
 
 Beside them, ``norm-<key>.safetensors``: the final norm's probed form (gain, shift, centring:
 :func:`vocablens.argmax.norm.probe_norm`) of a head-only load, whose norm is the family's
-transformers module built at first use (:class:`~vocablens.models.final_norm.FamilyNorm`). Building
+transformers module built at first use (:class:`~vocablens.models.files.final_norm.FamilyNorm`). Building
 it imports the family's modeling code (tens of MiB resident, seconds of CPU); read back, the norm
 bounds of a later run use the numbers that module gave, without building it. Its key is a SHA-256 of
 what decides the module (:attr:`FamilyNorm.family`: the config's bytes and the transformers
@@ -64,7 +64,7 @@ def store_dir() -> Path | None:
     own, so a scan stored by one run never answers the next run's tests."""
     import os
 
-    from vocablens.models.gguf_cache import cache_root
+    from vocablens.models.files.gguf_cache import cache_root
 
     own = os.environ.get("VOCABLENS_ARGMAX_CACHE", "")
     if own:
@@ -148,7 +148,7 @@ def load_verdicts(key: str) -> ArgmaxResult | None:
 
 def norm_key(norm) -> str | None:
     """SHA-256 (hex) under which the probed form of ``norm`` is kept, or None when ``norm`` names no
-    family (:attr:`~vocablens.models.final_norm.FamilyNorm.family`: only a head-only load's norm is
+    family (:attr:`~vocablens.models.files.final_norm.FamilyNorm.family`: only a head-only load's norm is
     costly to build; a module already built is probed in milliseconds)."""
     from vocablens.version import __version__
 

@@ -29,7 +29,7 @@ def verify_argmaxable(Wn, bn, in_play, tokens, cert, twins_of=None, chunk: int =
             :data:`~vocablens.argmax.blocks.BLOCK_BYTES`).
         deadline: ``time.perf_counter()`` value after which no new pass starts.
         release: optional ``(start, stop)`` callback after each block of rows ``[start, stop)`` is
-            read (:class:`~vocablens.models.pages.PageRelease`: hands their pages back).
+            read (:class:`~vocablens.models.files.pages.PageRelease`: hands their pages back).
 
     Returns:
         float64 [k] margins (logit units); NaN for tokens not reached before the deadline.

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, load_model, out, status
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 @app.command("anatomy")
@@ -30,7 +30,7 @@ def anatomy_cmd(
     With --json: {"models": [...]}, one object per model (also for one).
     """
     from vocablens.accounting.anatomy import anatomy_of, logits_memory
-    from vocablens.models.catalogue import catalogue_entry
+    from vocablens.models.files.catalogue import catalogue_entry
     from vocablens.render.anatomy import anatomy_json, print_anatomy
 
     logits_memory(1, batch, context, dtype)  # validates --batch/--context/--dtype before any loading

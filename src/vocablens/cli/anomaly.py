@@ -8,7 +8,7 @@ import typer
 
 from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, load_model, show
 from vocablens.cli.core import lens_app
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 @lens_app.command("anomaly")

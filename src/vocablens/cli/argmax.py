@@ -16,7 +16,7 @@ from vocablens.cli.heap import trim_heap, tune_heap, tuned_for_the_scan
 from vocablens.cli.progress import PlainProgress, stage_progress  # noqa: F401  (PlainProgress: re-exported)
 from vocablens.errors import BadInput
 from vocablens.units import noun, plural
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 def _progress_bar(quiet: bool):
@@ -27,9 +27,9 @@ def _progress_bar(quiet: bool):
 
 def _set_aside(tokenizer, trust_remote_code: bool):
     """``(tokenizer or None, reload)``: None when the tokenizer can be read again from the directory
-    it came from (``name_or_path``, as :func:`~vocablens.models.sources.light_tokenizer` loads it),
+    it came from (``name_or_path``, as :func:`~vocablens.models.files.sources.light_tokenizer` loads it),
     so the caller can free it during the scan; ``reload()`` reads it again (the same class and files)."""
-    from vocablens.models.sources import light_tokenizer
+    from vocablens.models.files.tokenizer_files import light_tokenizer
 
     src = getattr(tokenizer, "name_or_path", None)
     if not isinstance(src, str) or not src or not (Path(src) / "tokenizer_config.json").is_file():

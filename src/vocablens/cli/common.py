@@ -180,7 +180,7 @@ _WEIGHTS_DTYPE: str | None = None
 def load_model(spec: str, mode: str = "full", *, quiet: bool = False, device: str = "cpu", **options):
     """Load a model for a command, with progress on stderr; returns a :class:`vocablens.Model`.
 
-    The command names the mode of the one loader (:func:`vocablens.models.loader.load_mode`:
+    The command names the mode of the one loader (:func:`vocablens.models.files.loader.load_mode`:
     ``full``, ``borders``, ``head``, ``matrices`` or ``streaming``); ``options`` are that function's
     (``dtype``, ``trust_remote_code``, ``max_memory``, ``blocks``, ``value_vectors``). ``device``: where
     the weights go (:func:`resolve_device`; the loader places them); analyses then compute there.
@@ -189,12 +189,12 @@ def load_model(spec: str, mode: str = "full", *, quiet: bool = False, device: st
     """
     import time
 
-    from vocablens.models.loader import load_mode
+    from vocablens.models.files.loader import load_mode
 
     device = resolve_device(device)
     mode, options = placement.placed(mode, device, options)  # --device-map: the whole model, placed
     if mode == "streaming":  # a bad size or device is one line (in the CLI's words), before anything loads
-        from vocablens.models.streaming import parse_bytes
+        from vocablens.models.files.streaming import parse_bytes
 
         parse_bytes(options.get("max_memory"))
         if device != "cpu":
@@ -229,11 +229,12 @@ def _load_source(spec: str) -> str:
     """What loading ``spec`` reads, for the loading line: ``" (first load of F.gguf: dequantizing ...)"``
     when a GGUF file has no cache entry yet, ``" (F.gguf, from its float32 cache)"`` when it has one,
     else ``""`` (a model directory or a hub id: the name says it)."""
-    from vocablens.models.gguf_cache import CACHE_MARK, FIRST_LOAD_S_PER_MIB, cache_dir, first_load_seconds
-    from vocablens.models.spec import resolve_spec
+    from vocablens.models.files.gguf_cache import CACHE_MARK, FIRST_LOAD_S_PER_MIB, cache_dir, first_load_seconds
+    from vocablens.models.files.source import resolve_source
 
     try:
-        kind, path, _ = resolve_spec(spec)
+        source = resolve_source(spec)
+        kind, path = source.kind, source.path
         cdir = cache_dir(path) if kind == "gguf" else None
     except (VocabLensError, OSError):
         return ""  # the load itself says what is wrong

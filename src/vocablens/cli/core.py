@@ -11,7 +11,7 @@ from vocablens.cli.common import (
     DefaultCommandGroup, JsonOpt, ModelOpt, DeviceOpt, MaxMemOpt, TpOpt, TrustOpt, app, show, err, load_model,
 )
 from vocablens.errors import BadInput
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 

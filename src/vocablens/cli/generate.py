@@ -10,7 +10,7 @@ import typer
 from vocablens.handle import checks
 from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TpOpt, TrustOpt, app, load_model, show
 from vocablens.errors import BadInput
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 @app.command("generate")

@@ -50,7 +50,7 @@ def take_dtype(args: list[str]) -> tuple[list[str], str | None]:
         BadInput: ``--dtype`` without a value, or a name that is not a dtype or ``auto``.
     """
     from vocablens.errors import BadInput
-    from vocablens.models.dtypes import canonical_dtype
+    from vocablens.models.files.dtypes import canonical_dtype
 
     kept, value, i, command = [], None, 0, None
     while i < len(args):

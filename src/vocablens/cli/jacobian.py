@@ -12,7 +12,7 @@ from vocablens.handle import checks
 from vocablens.cli.common import DeviceOpt, JsonOpt, ModelOpt, TrustOpt, show, err, load_model, status
 from vocablens.cli.core import lens_app
 from vocablens.errors import BadInput
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 @lens_app.command("fit-jacobian")

@@ -13,7 +13,7 @@ from vocablens.cli.common import (
 )
 from vocablens.errors import BadInput
 from vocablens.units import plural
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 @app.command("score")

@@ -4,7 +4,7 @@ the command line (:func:`take_placement`) and handed to every whole-model load (
 
 Without ``--device-map``, a command's own ``--max-memory`` keeps its meaning: the blocks beyond it are
 streamed from the checkpoint at each forward (one small machine's last resort). With it, the model is
-placed by accelerate over the devices named (:mod:`vocablens.models.placement`).
+placed by accelerate over the devices named (:mod:`vocablens.models.files.placement`).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ DeviceOpt = Annotated[str, typer.Option(
 def take_placement(args: list[str]) -> list[str]:
     """``args`` without ``--device-map X``, ``--offload-folder D`` and, when ``--device-map`` is there,
     ``--max-memory M`` (anywhere before a ``--``); sets :data:`PLACEMENT` (None when no device map).
-    The values are checked now, one line each (:mod:`vocablens.models.placement`).
+    The values are checked now, one line each (:mod:`vocablens.models.files.placement`).
 
     Raises:
         BadInput: an option without a value, ``--offload-folder`` without ``--device-map``, a bad map
@@ -95,7 +95,7 @@ def take_placement(args: list[str]) -> list[str]:
         else:
             raise BadInput(f"{name} needs a value" + (": auto, balanced, sequential or FILE.json"
                                                       if name == "--device-map" else ""))
-    from vocablens.models.placement import device_map_arg, max_memory_map
+    from vocablens.models.files.placement import device_map_arg, max_memory_map
 
     try:
         found["device_map"] = device_map_arg(found["device_map"])

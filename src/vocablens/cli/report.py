@@ -16,7 +16,7 @@ import typer
 from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out
 from vocablens.errors import BadInput
 from vocablens.report.runner import DEFAULT_BUDGET_S, DEFAULT_PROMPT
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 @app.command("report")

@@ -11,7 +11,7 @@ from rich.text import Text
 from vocablens.cli.common import ModelOpt, DeviceOpt, TrustOpt, app, err, load_model, status
 from vocablens.cli.progress import stage_progress
 from vocablens.errors import BadInput
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 def _read_json(path: str, flag: str, command: str) -> dict:

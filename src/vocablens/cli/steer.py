@@ -10,7 +10,7 @@ import typer
 from vocablens.handle import checks
 from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, show, err, load_model
 from vocablens.errors import BadInput
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 def _stream_layers(s: str, L: int) -> list[int] | None:

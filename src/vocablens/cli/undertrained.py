@@ -13,7 +13,7 @@ from vocablens.cli.common import (
     DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, load_model, show,
 )
 from vocablens.errors import BadInput
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 def _read_scan(path: str) -> dict:

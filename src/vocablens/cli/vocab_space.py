@@ -14,7 +14,7 @@ from vocablens.cli.common import (
     parse_int_list,
 )
 from vocablens.errors import BadInput
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 KOpt = Annotated[int, typer.Option("-k", "--top-k", help="Tokens (or pairs, or vectors) listed.")]
 NoGainOpt = Annotated[bool, typer.Option(
@@ -38,13 +38,14 @@ def _check_block_early(spec: str, block: int) -> None:
     needs more than reading one small file (a hub id, a GGUF file not cached yet, a config transformers
     cannot parse), the loader checks the block instead."""
     from vocablens.errors import VocabLensError
-    from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
-    from vocablens.models.spec import resolve_spec
+    from vocablens.models.files.gguf_cache import CACHE_MARK, cache_dir
+    from vocablens.models.files.source import resolve_source
 
     if block < 0:
         raise BadInput(f"block {block} is out of range: blocks count from 0")
     try:
-        kind, path, _ = resolve_spec(spec)
+        source = resolve_source(spec)
+        kind, path = source.kind, source.path
         if kind == "gguf":
             path = cache_dir(path)
             if path is None or not (path / CACHE_MARK).is_file():
@@ -129,7 +130,7 @@ def _load_for_project(spec: str, block: int | None, tokens: list[str], interpret
     final norm; the whole model for key vectors of every block. Freed row blocks and read checkpoint
     pages leave the resident set."""
     from vocablens.cli.heap import tune_heap
-    from vocablens.models.pages import release_after_reading
+    from vocablens.models.files.pages import release_after_reading
 
     one_block = block is not None and not tokens and not interpretable  # that block + head + final norm
     values = not one_block and not keys  # every block's value vectors + head + final norm

@@ -35,7 +35,7 @@ import torch
 from vocablens.errors import BadInput
 from vocablens.models.blocks.cache_fill import fill_kv_only  # the family adapter writes a skipped block's K/V
 from vocablens.ops.rows import row_top1_prob
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 def load_tuned_lens(borders, model_spec: str = DEFAULT_MODEL, path=None):

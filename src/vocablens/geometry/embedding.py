@@ -174,7 +174,7 @@ def nearest_neighbors(borders, tokenizer, queries: Sequence[str], k: int = 10, u
         raise BadInput(f"-k must be at least 1; got {k}")
     mask = _real_mask(borders)
     V = borders.vocab_size
-    mats = [("input", borders.input_embedding.weight)] + ([] if borders.tied else [("output", borders.W_U)])
+    mats = [("input", borders.input_embedding.weight)] + ([] if borders.tied else [("output", borders.unembedding.weight)])
     results = []
     for text in queries:
         ids, note = resolve_token(tokenizer, text, V, several="mean" if use_mean else "first")  # ids with rows

@@ -4,7 +4,7 @@ Press & Wolf (2016, "Using the Output Embedding to Improve Language Models") and
 tie the LM head to the embedding: W_U = W_E. A config flag says what the model *should* do; only the
 storage says what it does. :func:`tie_check` reports both, and for untied models how far apart the
 two matrices are. A config that ties with a checkpoint that stores a different head is untied (as
-transformers loads it; the rule is in :mod:`vocablens.models.tie`): ``consistent`` is then False.
+transformers loads it; the rule is in :mod:`vocablens.models.files.tie`): ``consistent`` is then False.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def tie_check(borders: Borders, chunk: int = 8192) -> TieCheck:
     """
     cfg = borders.config
     flag = getattr(cfg, "tie_word_embeddings", None) if cfg is not None else None
-    WE, WU = borders.input_embedding.weight, borders.W_U
+    WE, WU = borders.input_embedding.weight, borders.unembedding.weight
     real = borders.real_vocab_size
     if borders.tied:
         diff, cos = 0.0, 1.0

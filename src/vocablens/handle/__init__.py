@@ -13,7 +13,7 @@ import os
 
 from vocablens.handle.model import Model
 from vocablens.handle.results import Result
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str = "cpu",
@@ -25,7 +25,7 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     ``m = vocablens.load("smollm2")``; it still unpacks as ``model, tokenizer, borders, provenance``.
     ``vocablens.load("smollm2", read=("head", "final_norm"))`` reads those parts only;
     ``vocablens.load(spec, device_map="auto", max_memory={0: "70GiB", 1: "70GiB", "cpu": "200GiB"})``
-    places one model over several devices (:mod:`vocablens.models.placement`; ``"disk"`` offload
+    places one model over several devices (:mod:`vocablens.models.files.placement`; ``"disk"`` offload
     included, ``offload_folder`` for what transformers rewrites), every workflow giving the figures of
     a one-device load. ``vocablens.load(spec, tp=True)`` under torchrun splits the model over the ranks
     with transformers' tensor parallel (lens, score, generate and lens evaluation then read the head

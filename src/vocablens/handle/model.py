@@ -57,7 +57,7 @@ from vocablens.handle.tp_guard import guard_tensor_parallel
 from vocablens.handle.trajectories import Trajectories
 from vocablens.handle.undertrained import UndertrainedTokens
 from vocablens.handle.vocab_space import VocabSpace
-from vocablens.models.loaded_model import LoadedModel
+from vocablens.models.files.loaded_model import LoadedModel
 
 
 @dataclass(eq=False)

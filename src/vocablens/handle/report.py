@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vocablens.handle.protocols import NeedsLoaded
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 class ReportWorkflow:

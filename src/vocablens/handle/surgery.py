@@ -86,7 +86,7 @@ class VocabularySurgery:
         with stage(status, "the new rows' under-training indicator ..."):
             nb, idx = new.borders, res.new_ids
             ind = new_rows_to_dict(res, new_row_indicators(self.borders, self.tokenizer, nb.input_embedding.weight[idx],
-                                                           None if nb.tied else nb.W_U[idx]))
+                                                           None if nb.tied else nb.unembedding.weight[idx]))
         record = {"command": "expand", "source_model": self.provenance.to_dict(), "expansion": res.to_dict(),
                   "verification": v.to_dict(), "indicator": ind}
         new.surgery = self._result(R.Surgery, res, command="expand", verification=v, indicator=ind, out=None)

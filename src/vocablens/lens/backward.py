@@ -107,7 +107,7 @@ def backward_lens(borders: Borders, input_ids: torch.Tensor, target: int, positi
         raise BadInput(f"-k must be an integer between 1 and V={real}; got {k!r}")
     ids = torch.as_tensor(input_ids).flatten()
     grads, loss = layer_gradients(borders, ids, target, position)
-    W = borders.W_U[:real].detach().float()  # [V', d_emb]
+    W = borders.unembedding.weight[:real].detach().float()  # [V', d_emb]
     descent = -grads.float()
     if borders.project_out is not None:  # the head reads d_emb: carry the direction through project_out's linear map
         descent = descent @ borders.project_out.weight.detach().float().T

@@ -28,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from vocablens.errors import BadInput
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 #: the short forms of ``--lens``: ``published`` (the kind asked for) and ``KIND:published``
 SHORT_FORMS = ("published", "jacobian:published", "tuned:published")
@@ -68,7 +68,7 @@ def split_hub_spec(spec: str) -> tuple[str, str, str | None]:
 def model_hub_id(model_spec: str) -> str | None:
     """The hub id of the model ``model_spec`` names: the default model's, a hub id, a catalogue alias's,
     or the ``_name_or_path`` a model directory's ``config.json`` records; None when unknown (a GGUF file)."""
-    from vocablens.models.catalogue import catalogue_entry
+    from vocablens.models.files.catalogue import catalogue_entry
 
     spec = str(model_spec)
     if spec.lower() in (DEFAULT_MODEL, "smollm2-135m-instruct", "default"):

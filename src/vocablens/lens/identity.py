@@ -50,7 +50,7 @@ def tuned_lens_unembed_hash(borders: Borders) -> str | None:
     non-numpy) head: tuned-lens cannot hash one either, so no published file records it."""
     import numpy as np
 
-    W = borders.W_U.detach()
+    W = borders.unembedding.weight.detach()
     if W.dtype not in (torch.float32, torch.float16, torch.float64):
         return None
     host = W.cpu().numpy()  # cpu: numpy prints it (tuned-lens's own hash), once when a published lens loads
@@ -143,7 +143,7 @@ def verify_identity(borders: Borders, what: str, name: str | None = None, revisi
     if tuned_lens_hash:
         have = tuned_lens_unembed_hash(borders)
         if have is None:
-            unchecked = f"; tuned-lens unembedding hash not checked ({str(borders.W_U.dtype).replace('torch.', '')} head)"
+            unchecked = f"; tuned-lens unembedding hash not checked ({str(borders.unembedding.weight.dtype).replace('torch.', '')} head)"
         elif have != tuned_lens_hash:
             raise CheckpointMismatch(f"{fitted} (tuned-lens unembedding hash {tuned_lens_hash[:12]}); {model} is "
                                      f"another model (hash {have[:12]})")

@@ -37,7 +37,7 @@ from vocablens.lens.published import (  # noqa: F401  (layer_span re-exported)
     IDENTITY_ATOL, identity_gap, layer_span, published_matrix, usable_blocks)
 from vocablens.lens.tuned import check_lens_tensor, model_identity, read_pair, save_files
 from vocablens.models import Borders
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 LENS_FILE = "jacobian.safetensors"
 CONFIG_FILE = "jacobian.json"

@@ -19,7 +19,7 @@ import torch
 
 from vocablens.errors import BadInput, CheckpointMismatch, CorruptModelFile
 from vocablens.lens.lens_files import check_lens_tensor
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 #: max |J - I| of a published lens's matrix for the last block (the target layer maps to itself: the
 #: identity exactly, stored in float16 or bfloat16 without loss) for it to be read and dropped

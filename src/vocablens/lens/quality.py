@@ -87,10 +87,10 @@ def lens_digest(lens) -> str:
 def cache_path(lens, borders: Borders, data: dict) -> Path | None:
     """Where the quality measured on first use for ``lens`` on ``borders``' model and the text ``data``
     (``corpus_sha256``, tokens) is cached: the cache folder of every vocablens cache
-    (:func:`vocablens.models.gguf_cache.cache_root`), then ``lens-quality/<digest>.json``; None with
+    (:func:`vocablens.models.files.gguf_cache.cache_root`), then ``lens-quality/<digest>.json``; None with
     ``VOCABLENS_CACHE=off``."""
     from vocablens.lens.tuned import model_identity
-    from vocablens.models.gguf_cache import cache_root
+    from vocablens.models.files.gguf_cache import cache_root
 
     key = json.dumps([lens_digest(lens), model_identity(borders).get("unembed_sha256"), data.get("corpus_sha256"),
                       data.get("split"), data.get("tokens")], sort_keys=True)

@@ -54,7 +54,7 @@ from vocablens.lens.hub import with_origin
 from vocablens.lens.lens_files import (  # noqa: F401  (re-exported)
     META_KEY, check_lens_tensor, read_json, read_pair, read_safetensors, save_files)
 from vocablens.models import Borders
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 LENS_FILE = "lens.safetensors"
 CONFIG_FILE = "config.json"

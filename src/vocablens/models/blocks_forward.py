@@ -132,7 +132,7 @@ def blocks_forward(borders, input_ids: torch.Tensor, attention_mask: torch.Tenso
         raise UnsupportedArchitecture(borders.family, named_children(borders.model),
                                       f"residual stream not captured at layers {missing}")
     if all_layers:
-        resid = torch.stack([got[i].to(borders.W_U.device) for i in want])  # read where the head is
+        resid = torch.stack([got[i].to(borders.read_device) for i in want])  # read where the head is
         check_stream_finite(borders, resid, attention_mask=attention_mask)
         return resid
     last = got[L] if attention_mask is None else got[L][attention_mask.to(got[L].device).bool()]

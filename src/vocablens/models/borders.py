@@ -6,11 +6,11 @@ accessors, the blocks by structure (:func:`vocablens.models.find.find_stream`; a
 text model included, its config read through :func:`vocablens.models.find.text_config`) and the
 final norm by names; a whole load then confirms the blocks and finds the readout by a probe forward
 checked against the model's own logits (:func:`vocablens.models.readout.find_readout`). Analyses read
-the residual stream and decode it through :meth:`Borders.unembed` without an ``if`` on the model type.
+the residual stream and decode it through :attr:`Borders.unembedding` without an ``if`` on the model type.
 
 Conventions (../shared/DESIGN.md): residual-stream layer 0 is the input of block 0 (embedding output,
 after the input scale, learned positions or ``project_in``), layer i is the output of block i, layer L
-is the last block's output *before* the final norm. ``unembed(resid[L])`` equals the model's logits.
+is the last block's output *before* the final norm. ``unembedding(resid[L])`` equals the model's logits.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Borders:
             Granite 1/``logits_scaling``); 1.0 for most families.
         tied: whether ``W_U`` and ``W_E`` are one matrix (share storage), decided by storage, not by
             config: every loader ties exactly when transformers does (config ties and the checkpoint
-            stores no head, or one equal to the embedding bit for bit; :mod:`vocablens.models.tie`).
+            stores no head, or one equal to the embedding bit for bit; :mod:`vocablens.models.files.tie`).
         vocab_size: V, rows of the matrices.
         tokenizer_vocab_size: tokens the tokenizer can produce (``len(tokenizer)``); rows at or
             beyond it are padding. None when no tokenizer was given.
@@ -126,7 +126,7 @@ class Borders:
             logit_scale *= float(model.logit_scale)
         # Meta tensors (built without storage to count parameters) all report data_ptr() == 0, so
         # only identity can tell that they are shared there; nor has a quantized weight its own storage.
-        from vocablens.models.quantized import is_quantized
+        from vocablens.models.files.quantized import is_quantized
 
         tied = head.weight is emb.weight or (
             not emb.weight.is_meta and not head.weight.is_meta and not is_quantized(emb.weight)
@@ -155,26 +155,22 @@ class Borders:
     @property
     def W_E(self) -> torch.Tensor:
         """Embedding matrix [V, d_emb], the checkpoint's own weights (no scale applied); a quantized
-        one read dequantized (:func:`vocablens.models.quantized.dequantized`, once per weight)."""
+        one read dequantized (:func:`vocablens.models.files.quantized.dequantized`, once per weight)."""
         return self._plain(self.embedding.weight)
 
-    @property
-    def W_U(self) -> torch.Tensor:
-        """Unembedding (LM head) matrix [V, d_emb]; the same storage as ``W_E`` when tied; a quantized
-        one read dequantized (a copy: the model's forward runs on the quantized weight)."""
-        return self._plain(self.lm_head.weight)
-
     def _plain(self, w: torch.Tensor) -> torch.Tensor:
-        """``w`` itself, or its dequantized copy (:func:`vocablens.models.quantized.kept_dequantized`)."""
-        from vocablens.models.quantized import kept_dequantized
+        """``w`` itself, or its dequantized copy (:func:`vocablens.models.files.quantized.kept_dequantized`)."""
+        from vocablens.models.files.quantized import kept_dequantized
 
         return kept_dequantized(self._memo, w)
 
-    @property
-    def b_U(self) -> torch.Tensor | None:
-        """LM head bias [V], or None."""
+    def _head_tensors(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(W_U [V, d_emb], b_U [V] or None)`` as the head stores them (a quantized ``W_U`` read
+        dequantized, a copy: the model's forward runs on the quantized weight): what
+        :attr:`unembedding` and the weight checks are built from. Everything else reads the head
+        through :attr:`unembedding` (``.weight``, ``.bias``)."""
         b = getattr(self.lm_head, "bias", None)
-        return b if isinstance(b, torch.Tensor) else None
+        return self._plain(self.lm_head.weight), (b if isinstance(b, torch.Tensor) else None)
 
     @property
     def d_model(self) -> int:
@@ -206,7 +202,8 @@ class Borders:
         With ``exclude_untrained``, also False for never-trained rows: all-zero rows of ``W_U``/
         ``W_E``, and groups of >= 8 rows that are bit-identical (an untouched initialization).
         """
-        key = ("real_token_mask", exclude_untrained, self.W_E._version, self.W_U._version, self.vocab_size)
+        W_U = self._head_tensors()[0]
+        key = ("real_token_mask", exclude_untrained, self.W_E._version, W_U._version, self.vocab_size)
         if key in self._memo:
             return self._memo[key].clone()
         mask = torch.zeros(self.vocab_size, dtype=torch.bool)
@@ -219,7 +216,7 @@ class Borders:
 
             mask &= ~untrained_rows(self.W_E).to(mask.device)
             if not self.tied:
-                mask &= ~untrained_rows(self.W_U).to(mask.device)
+                mask &= ~untrained_rows(W_U).to(mask.device)
         self._memo[key] = mask
         return mask.clone()
 
@@ -233,7 +230,7 @@ class Borders:
         """Where the residual stream is read: the LM head's device. The embedding's (:attr:`device`)
         on a one-device load; a model placed over several devices (``device_map``) has every
         captured layer and every lens there."""
-        return self.W_U.device
+        return self.lm_head.weight.device
 
     # ------------------------------------------------------------------ non-finite weights
     def nonfinite(self) -> dict[str, int]:
@@ -287,33 +284,14 @@ class Borders:
         """
         return self.input_embedding.lookup(ids)
 
-    def normed(self, resid: torch.Tensor) -> torch.Tensor:
-        """Residual stream [..., d_model] -> input of the LM head [..., d_emb], in W_U's dtype.
-
-        Applies the final norm exactly once (when the model has one) and ``project_out``.
-        """
-        return self.unembedding.normed(resid)
-
     @property
     def unembedding(self) -> Unembedding:
         """The :class:`~vocablens.models.unembed.Unembedding` (final norm, project_out, W_U, bias,
         scale, softcap, real-vocabulary mask) that every analysis and op reads logits through."""
-        key = ("unembedding", self.W_U._version, self.tokenizer_vocab_size)
+        key = ("unembedding", self._head_tensors()[0]._version, self.tokenizer_vocab_size)
         if key not in self._memo:
             self._memo[key] = Unembedding.from_borders(self)
         return self._memo[key]
-
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        """LM head on already-normed states [..., d_emb] -> logits [..., V] float32 (+bias, scale, softcap)."""
-        return self.unembedding.logits(h)
-
-    def unembed(self, resid: torch.Tensor) -> torch.Tensor:
-        """Residual stream [..., d_model] -> logits [..., V], float32.
-
-        final norm -> project_out -> W_U (+ bias) -> logit scale -> softcap. At layer L this is the
-        model's own output.
-        """
-        return self.head(self.normed(resid))
 
     @contextlib.contextmanager
     def capture(self) -> Iterator[dict[int, torch.Tensor]]:
@@ -373,7 +351,7 @@ class Borders:
         if missing:
             raise UnsupportedArchitecture(self.family, named_children(self.model),
                                           f"residual stream not captured at layers {missing}")
-        resid = torch.stack([store[i].to(self.W_U.device) for i in range(L + 1)])  # read where the head is
+        resid = torch.stack([store[i].to(self.read_device) for i in range(L + 1)])  # read where the head is
         logits = out.logits.float()
         check_stream_finite(self, resid, logits, attention_mask)  # no figure is read from inf or NaN
         return resid, logits
@@ -393,7 +371,7 @@ class Borders:
             "final_norm": type(self.final_norm).__name__ if self.final_norm is not None else None,
             "project_in": self.project_in is not None,
             "project_out": self.project_out is not None,
-            "lm_head_bias": self.b_U is not None,
+            "lm_head_bias": self._head_tensors()[1] is not None,
             "softcap": self.softcap,
             "logit_scale": self.logit_scale,
             "dtype": str(self.W_E.dtype).replace("torch.", ""),

@@ -125,7 +125,7 @@ class Embedding:
         dec = decoder if decoder is not None else find_decoder(model)
         cfg = config if config is not None else getattr(model, "config", None)
         scale, inside, factor = input_scale(emb, dec, cfg)
-        from vocablens.models.quantized import dequantized
+        from vocablens.models.files.quantized import dequantized
 
         return cls(module=emb, weight=dequantized(emb.weight), scale=scale, scale_in_module=inside, factor=factor,
                    input_norm=_module_named(dec, _INPUT_NORMS), project_in=_module_named(dec, ("project_in",)),

@@ -27,7 +27,7 @@ Then the check (every whole load): vocablens's readout of ``h_L`` through
 beyond :data:`TOLERANCE` the load fails with :class:`~vocablens.errors.UnsupportedArchitecture`
 naming the mismatch and what it looks like. Nothing is printed from an unchecked readout of a whole
 load. Loads without the blocks read a check stored by an earlier whole load
-(:mod:`vocablens.models.readout_store`).
+(:mod:`vocablens.models.files.readout_store`).
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ def find_readout(borders) -> tuple[object, ReadoutCheck]:
                                       "streams, as hyper-connections keep): the lens cannot read it as one")
     if not all(bool(torch.isfinite(t).all()) for t in (last, head_in, logits)):
         raise NonFiniteActivations(f"the probe forward of {ids.shape[-1]} tokens overflowed "
-                                   f"{str(borders.W_U.dtype).replace('torch.', '')}: the readout cannot be checked")
+                                   f"{str(borders._head_tensors()[0].dtype).replace('torch.', '')}: the readout cannot be checked")
     chain, x = [], last  # the modules run on the last block's output, in order, up to the head
     for mod, inp, outp in events:
         if inp is not None and outp is not None and _same(inp, x) and not _same(outp, inp):
@@ -248,14 +248,15 @@ def find_readout(borders) -> tuple[object, ReadoutCheck]:
     final_norm, project_out = _norm_and_projection(borders, chain, names)
     cand = borders.replace(final_norm=final_norm, project_out=project_out, blocks=blocks,
                            logit_scale=float(borders.logit_scale) * pre)
-    tol = tolerance(borders.W_U.dtype)
+    head_dtype = str(borders._head_tensors()[0].dtype).replace("torch.", "")
+    tol = tolerance(borders._head_tensors()[0].dtype)
     cand, mine, dp = _with_scale_read_off(cand, last.detach(), logits, head_out, tol)
     if not dp <= tol:  # NaN too
         raise UnsupportedArchitecture(
             family, found, f"vocablens's readout of the last block's output differs from the model's own logits: "
             f"max |Δp| = {dp:.2e} over {ids.shape[-1]} tokens (tolerance {tol:.0e} for "
-            f"{str(borders.W_U.dtype).replace('torch.', '')}); it looks like {_looks_like(mine, logits)}")
-    check = ReadoutCheck(max_dp=dp, tolerance=tol, dtype=str(borders.W_U.dtype).replace("torch.", ""),
+            f"{head_dtype}); it looks like {_looks_like(mine, logits)}")
+    check = ReadoutCheck(max_dp=dp, tolerance=tol, dtype=head_dtype,
                          tokens=int(ids.shape[-1]),
                          final_norm=names.get(id(final_norm)) if final_norm is not None else None,
                          project_out=names.get(id(project_out)) if project_out is not None else None,
@@ -278,7 +279,7 @@ def _scale_before_head(borders, x: torch.Tensor, head_in: torch.Tensor) -> float
         return 1.0
     xs = x[..., x.shape[-2] - head_in.shape[-2]:, :] if x.shape != head_in.shape and x.dim() >= 2 else x
     ratio = _looks_like(xs, head_in) if xs.shape == head_in.shape else ""
-    if "x vocablens" in ratio and borders.b_U is None:
+    if "x vocablens" in ratio and borders._head_tensors()[1] is None:
         keep = xs.float().abs() > 1e-6
         return float((head_in.float()[keep] / xs.float()[keep]).median())
     raise UnsupportedArchitecture(borders.family, named_children(borders.model), "the LM head's input is not the "
@@ -311,14 +312,14 @@ def _with_scale_read_off(cand, h_L: torch.Tensor, logits: torch.Tensor, head_out
     when the probabilities agree already: a tiny or untrained model's near-uniform distributions
     hide a logit multiplier from |Δp|, never from the logits themselves)."""
     with torch.no_grad():
-        mine = cand.unembed(h_L)
+        mine = cand.unembedding(h_L)
         dp = _max_dp(mine, logits)
         if (dp > tol or _rel_diff(mine, logits) > 1e-3) and head_out is not None and cand.softcap is None:
             z = head_out.float()
             lg = logits.float()[..., -z.shape[-2]:, :] if z.dim() >= 2 else logits.float()
             s = float((lg * z).sum() / (z * z).sum().clamp_min(1e-30))
             alt = cand.replace(logit_scale=s)
-            mine_alt = alt.unembed(h_L)
+            mine_alt = alt.unembedding(h_L)
             dp_alt = _max_dp(mine_alt, logits)
             if dp_alt <= tol and s > 0 and _rel_diff(mine_alt, logits) < _rel_diff(mine, logits):
                 return alt, mine_alt, dp_alt

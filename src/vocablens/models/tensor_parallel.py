@@ -108,7 +108,7 @@ def tp_device() -> str:
 def tp_refusal(kind: str, read, max_memory, device_map=None) -> str | None:
     """Why a ``tp=True`` load cannot run here, in one line, or None.
 
-    ``kind`` is :func:`~vocablens.models.spec.resolve_spec`'s (``gguf``, ``dir``, ``hub``)."""
+    ``kind`` is :func:`~vocablens.models.files.spec.resolve_spec`'s (``gguf``, ``dir``, ``hub``)."""
     if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
         return ("--tp splits one model over the processes torchrun starts: run it as "
                 "`torchrun --nproc-per-node N -m vocablens ... --tp` (WORLD_SIZE is 1 here)")

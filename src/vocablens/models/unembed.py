@@ -50,8 +50,9 @@ class Unembedding:
     @classmethod
     def from_borders(cls, borders) -> "Unembedding":
         """The unembedding of a :class:`~vocablens.models.Borders` (shares its modules and weights)."""
-        return cls(final_norm=borders.final_norm, project_out=borders.project_out, weight=borders.W_U,
-                   bias=borders.b_U, logit_scale=float(borders.logit_scale), softcap=borders.softcap,
+        W_U, b_U = borders._head_tensors()
+        return cls(final_norm=borders.final_norm, project_out=borders.project_out, weight=W_U,
+                   bias=b_U, logit_scale=float(borders.logit_scale), softcap=borders.softcap,
                    real_mask=borders.real_token_mask(), d_model=int(borders.d_model))
 
     # ------------------------------------------------------------------ shapes

@@ -2,7 +2,7 @@
 processor, and which input positions are image tokens.
 
 A vision-language checkpoint (loaded through the image-text-to-text mapping,
-:mod:`vocablens.models.auto_class`) turns an image into a run of image-token positions: its
+:mod:`vocablens.models.files.auto_class`) turns an image into a run of image-token positions: its
 processor (``AutoProcessor``, saved with the checkpoint) writes the image token once per visual
 token into the ids and the pixels into ``pixel_values``; the model's forward replaces those
 positions' embeddings by the projected vision features. The residual stream then holds the visual
@@ -98,9 +98,10 @@ def load_processor(lm):
     """
     from transformers import AutoProcessor
 
-    from vocablens.models.spec import resolve_spec
+    from vocablens.models.files.source import resolve_source
 
-    kind, path, hub = resolve_spec(lm.provenance.spec)
+    source = resolve_source(lm.provenance.spec)
+    kind, path, hub = source.kind, source.path, source.hub
     if not has_vision(lm.model):
         if kind == "dir" and _checkpoint_has_vision(Path(path)):  # e.g. Llama 4: its causal-LM class is text only
             raise BadInput(f"{lm.provenance.spec} holds a vision tower, but transformers' causal-LM class "

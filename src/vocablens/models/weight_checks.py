@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from vocablens.errors import NonFiniteWeights
-from vocablens.models.pages import read_once
-from vocablens.models.quantized import stored_parts
+from vocablens.models.files.pages import read_once
+from vocablens.models.files.quantized import stored_parts
 
 
 def nonfinite(borders) -> dict[str, int]:
@@ -26,14 +26,14 @@ def nonfinite(borders) -> dict[str, int]:
         with torch.no_grad():
             for name, p in params:
                 # a quantized weight: its stored float parts (scales, zero points), where a NaN or inf
-                # of its dequantized values comes from (models.quantized); its integers are finite.
+                # of its dequantized values comes from (models.files.quantized); its integers are finite.
                 # Tensor parallel: this rank's part (counts summed below)
                 parts = [t for t in stored_parts(local(p)) if not t.is_meta and t.is_floating_point()]
                 # chunks: no [numel] temporaries; a chunk whose sum is finite holds no NaN/inf (either
                 # would make the sum NaN or ±inf), so only the others are counted: no per-chunk
                 # temporary (a bool chunk per step stayed resident with the C allocator) and faster
                 n = sum(0 if bool(torch.isfinite(c.sum())) else int(c.isfinite().logical_not().count_nonzero())
-                        for t in parts for c in read_once(t.reshape(-1).split(2**22)))  # mapped pages go (models.pages)
+                        for t in parts for c in read_once(t.reshape(-1).split(2**22)))  # mapped pages go (models.files.pages)
                 counts.append(n)
         sharded = [is_dtensor(p) for _, p in params]
         if any(sharded):  # the same on every rank: every rank takes this branch
@@ -50,6 +50,8 @@ def _bad_rows(M: torch.Tensor) -> torch.Tensor:
     others are scanned. A tensor-parallel matrix: each rank scans its rows, the marks are combined."""
     from vocablens.models.tensor_parallel import is_dtensor, local_rows, rows_any
 
+    if M.is_meta:  # a model built from its config holds no values, so none that is not finite
+        return torch.zeros(M.shape[0], dtype=torch.bool)
     if is_dtensor(M):
         start, part = local_rows(M)
         return rows_any(_bad_rows(part), start, int(M.shape[0]))
@@ -68,14 +70,14 @@ def nonfinite_rows(borders) -> torch.Tensor:
     Reads the two matrices only (one chunked pass each; kept while they are unchanged), not the
     whole model: ``neighbors`` needs the rows, not the blocks (a whole-model scan would read every
     block)."""
-    key = ("nonfinite_rows", borders.W_E._version, borders.W_U._version,
-           None if borders.b_U is None else borders.b_U._version)
+    W_U, b_U = borders._head_tensors()  # not borders.unembedding: its real-token mask is built from these rows
+    key = ("nonfinite_rows", borders.W_E._version, W_U._version, None if b_U is None else b_U._version)
     if key not in borders._memo:
         rows = _bad_rows(borders.W_E)
         if not borders.tied:
-            rows |= _bad_rows(borders.W_U)
-        if borders.b_U is not None:
-            rows |= _bad_rows(borders.b_U.detach())
+            rows |= _bad_rows(W_U)
+        if b_U is not None:
+            rows |= _bad_rows(b_U.detach())
         borders._memo[key] = rows.nonzero().flatten()
     return borders._memo[key].clone()
 

@@ -116,7 +116,7 @@ class VocabParallelModel:
         vp = VocabParallelEmbedding.from_full(E.weight.detach(), group, scale=E.module_scale)
         self.vocab_start, self.vocab_stop = self.head.vocab_start, self.head.vocab_stop
         borders.model.set_input_embeddings(_ShardedEmbedding(vp))
-        for p in {id(x): x for x in (E.weight, borders.W_U, borders.b_U) if x is not None}.values():
+        for p in {id(x): x for x in (E.weight, borders.unembedding.weight, borders.unembedding.bias) if x is not None}.values():
             p.data = p.data.new_empty((0,) + tuple(p.shape[1:]))  # free the full [V, d] (tied: once)
 
     def held_rows(self) -> int:

@@ -18,7 +18,7 @@ from vocablens.report.sections import EXPECTED as _EXPECTED
 from vocablens.report.sections import RUNNERS as _RUNNERS
 from vocablens.report.sections import priors as _PRIORS
 from vocablens.units import plural  # noqa: F401
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 _LAST = LAST
 

@@ -30,7 +30,7 @@ import torch
 from vocablens.errors import BadInput
 from vocablens.render.explorer import argmax_token_to_dict, health_to_dict, lens_response, undertrained_token_to_dict
 from vocablens.render.json import json_ready
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 # ------------------------------------------------------------------------------------------ helpers

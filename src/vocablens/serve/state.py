@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from vocablens.serve import adapters
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 @dataclass

@@ -40,7 +40,7 @@ from torch import nn
 
 from vocablens.errors import BadInput, UnsupportedArchitecture
 from vocablens.models.borders import Borders
-from vocablens.models.quantized import refuse_edit
+from vocablens.models.files.quantized import refuse_edit
 from vocablens.models.weight_checks import untrained_rows
 from vocablens.models.tokens import check_ids_fit, token_str
 
@@ -355,7 +355,7 @@ def expand_vocab(model: nn.Module, tokenizer, tokens: Sequence[str], init: str =
     rows_before = borders.vocab_size
     size_before = len(tokenizer)
     check_ids_fit(range(rows_before, size_before), rows_before, tokenizer)  # a tokenizer longer than the rows
-    W_E, W_U, b_U = borders.input_embedding.weight, borders.W_U, borders.b_U
+    W_E, W_U, b_U = borders.input_embedding.weight, borders.unembedding.weight, borders.unembedding.bias
     others = other_vocab_tensors(model, rows_before, [W_E, W_U, b_U])
     if others:
         raise UnsupportedArchitecture(borders.family, others,

@@ -171,7 +171,7 @@ def trim_vocab(model: nn.Module, tokenizer, used_ids: Iterable[int]) -> Trimmed:
     """
     from tokenizers import Tokenizer
 
-    from vocablens.models.quantized import refuse_edit
+    from vocablens.models.files.quantized import refuse_edit
 
     refuse_edit(model, "trim")
 
@@ -187,7 +187,7 @@ def trim_vocab(model: nn.Module, tokenizer, used_ids: Iterable[int]) -> Trimmed:
     rows = borders.vocab_size
     check_ids_fit(kept, rows, tokenizer)
     E = borders.input_embedding.weight  # W_E [V, d], the stored rows
-    others = other_vocab_tensors(model, rows, [E, borders.W_U, borders.b_U])
+    others = other_vocab_tensors(model, rows, [E, borders.unembedding.weight, borders.unembedding.bias])
     if others:
         from vocablens.errors import UnsupportedArchitecture
 
@@ -199,8 +199,8 @@ def trim_vocab(model: nn.Module, tokenizer, used_ids: Iterable[int]) -> Trimmed:
     idx = torch.tensor(kept, dtype=torch.long, device=E.device)
     with torch.no_grad():
         W_E = E.detach().index_select(0, idx).clone()
-        W_U = None if borders.tied else borders.W_U.detach().index_select(0, idx).clone()
-        b_U = None if borders.b_U is None else borders.b_U.detach().index_select(0, idx).clone()
+        W_U = None if borders.tied else borders.unembedding.weight.detach().index_select(0, idx).clone()
+        b_U = None if borders.unembedding.bias is None else borders.unembedding.bias.detach().index_select(0, idx).clone()
     new_model = shallow_copy(model)
     replace_matrices(new_model, W_E, W_U, b_U, borders.tied)
     _remap_config_ids(new_model.config, o2n)

@@ -142,7 +142,7 @@ def compute_indicators(borders, classes: TokenClasses, tokenizer=None, *, indica
     """
     t0 = time.perf_counter()
     name, why = choose_indicator(bool(borders.tied), indicator)
-    W = borders.W_U.detach()
+    W = borders.unembedding.weight.detach()
     usable = classes.cls != CLASSES.index("padding")
     pc, _ = first_principal_component(W, rows=usable)
     ref, kind = reference_rows(classes, tokenizer, known_unused)

@@ -71,7 +71,7 @@ def new_row_indicators(borders, tokenizer, rows_E: torch.Tensor, rows_U: torch.T
     from vocablens.undertrained.classes import PADDING
     from vocablens.undertrained.indicators import cosine_to_reference, first_principal_component
 
-    d = borders.W_U.shape[1]
+    d = borders.unembedding.weight.shape[1]
     rows_U = rows_E if rows_U is None else rows_U
     if rows_E.dim() != 2 or rows_E.shape[1] != d or rows_U.shape != rows_E.shape:
         raise BadInput(f"new rows must be [n, {d}]; got {tuple(rows_E.shape)} and {tuple(rows_U.shape)}")
@@ -80,7 +80,7 @@ def new_row_indicators(borders, tokenizer, rows_E: torch.Tensor, rows_U: torch.T
     if ind.name == "embedding_norm":
         values = rows_E.detach().float().norm(dim=1)
     else:
-        W = borders.W_U.detach()
+        W = borders.unembedding.weight.detach()
         usable = res.classes.cls != PADDING
         pc, _ = first_principal_component(W, rows=usable)
         ref = W[ind.reference].float()

@@ -94,7 +94,7 @@ def head_circuit(borders: Borders, block: int, head: int, circuit: str = "ov", k
         if circuit == "ov":
             Wv, Wo = (w.detach().float() for w in v.W_OV(int(head)))
             A = _rows_times(borders, n_src, "key", Wv.to(dev), True)  # [n, dh]: E W_V
-            Wo = Wo.to(borders.W_U.device)
+            Wo = Wo.to(borders.read_device)
             B = torch.cat([(Wo @ R.t()).to(dev) for _, _, R in stream_rows(borders, real, "value", apply_norm_gain)],
                           1)  # [dh, V]: what each head dim promotes
         else:

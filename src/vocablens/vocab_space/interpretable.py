@@ -116,7 +116,7 @@ def interpretable_vectors(borders: Borders, n: int = 20, per_block: int = 32, k:
         _int("max_per_block", max_per_block, 1)
     check_k(k, borders.real_vocab_size)
     blocks, neurons = sample_neurons(borders, _int("per_block", per_block, 1), seed)
-    X = gather_vectors(borders, blocks, neurons).to(borders.W_U.device)
+    X = gather_vectors(borders, blocks, neurons).to(borders.read_device)
     step = rows_per_chunk(borders.real_vocab_size, chunk_rows)
     parts, score = _top_z(borders, X, step, k, apply_norm_gain)
     chosen = _best_per_block(score, blocks, n, max_per_block)

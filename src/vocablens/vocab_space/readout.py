@@ -14,7 +14,7 @@ import torch
 
 from vocablens.errors import BadInput
 from vocablens.models import Borders
-from vocablens.models.pages import release_pages
+from vocablens.models.files.pages import release_pages
 from vocablens.ops.topk import merge_topk, topk_lowest_id
 
 _CHUNK_ELEMS = 1 << 24  # at most 16M float32 scores (64 MiB) per chunk
@@ -68,9 +68,9 @@ def stream_rows(borders: Borders, V: int, kind: str = "value", apply_norm_gain: 
     input embedding (``kind='key'``), one :func:`vocab_blocks` block of float32 rows [stop - start, d] at
     a time: the per-row values of :func:`readout` / :func:`input_embedding`, never the whole matrix.
     Once a block is used, the pages of its checkpoint rows leave the resident set where the command
-    allows it (:func:`vocablens.models.pages.release_pages`)."""
+    allows it (:func:`vocablens.models.files.pages.release_pages`)."""
     d = int(borders.d_model)
-    src = (borders.W_U if kind == "value" else borders.input_embedding.weight).detach()
+    src = (borders.unembedding.weight if kind == "value" else borders.input_embedding.weight).detach()
     for a, b in vocab_blocks(V, d):
         yield a, b, (readout_rows(borders, slice(a, b), apply_norm_gain) if kind == "value"
                      else input_embedding(borders, slice(a, b)))

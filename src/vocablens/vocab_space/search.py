@@ -27,7 +27,7 @@ import torch
 from vocablens.errors import BadInput
 from vocablens.models import Borders
 from vocablens.models.blocks import block_views
-from vocablens.models.pages import release_pages
+from vocablens.models.files.pages import release_pages
 from vocablens.vocab_space.readout import check_token, readout_rows, rows_per_chunk, stream_rows, vocab_blocks
 from vocablens.vocab_space.vectors import gather_vectors
 
@@ -90,7 +90,7 @@ def value_stats(borders: Borders, apply_norm_gain: bool = True) -> ValueStats:
 
 def _value_stats(borders: Borders, apply_norm_gain: bool) -> ValueStats:
     V, d = borders.real_vocab_size, int(borders.d_model)
-    dev = borders.W_U.device
+    dev = borders.read_device
     # two passes over blocks of readout rows (never the [V, d] matrix): the mean row, then the
     # covariance of the centred rows; each block's sum is float32 (as the whole-matrix mean was), the
     # sums over blocks are float64 (a float64 copy of the block would cost 2x its memory)
@@ -114,7 +114,7 @@ def _value_stats(borders: Borders, apply_norm_gain: bool) -> ValueStats:
         blocks.append(torch.full((W.shape[0],), v.index, dtype=torch.long, device=dev))
         neurons.append(torch.arange(W.shape[0], device=dev))
         del W
-        release_pages(v.W_out.detach())  # read once: its checkpoint pages may go (models.pages)
+        release_pages(v.W_out.detach())  # read once: its checkpoint pages may go (models.files.pages)
     return ValueStats(blocks=torch.cat(blocks), neurons=torch.cat(neurons), mean=torch.cat(means),
                       std=torch.cat(stds), apply_norm_gain=bool(apply_norm_gain))
 
@@ -173,7 +173,7 @@ def _ranks(borders: Borders, X: torch.Tensor, t: int, k: int, step: int, apply_n
             ref = S[:, t - a:t - a + 1].clone()
         ranks += (S > ref).sum(1)
         del R, S  # before the next block is made
-        release_pages(borders.W_U.detach()[a:b])
+        release_pages(borders.unembedding.weight.detach()[a:b])
     return ranks
 
 
@@ -206,14 +206,14 @@ def search_tokens(borders: Borders, token_ids: Sequence[int], k: int = 10, apply
     N = len(stats.mean)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= N:
         raise BadInput(f"-k must be an integer between 1 and the number of value vectors {N}; got {k!r}")
-    dev = borders.W_U.device
+    dev = borders.read_device
     views = block_views(borders)
     rows = readout_rows(borders, ids, apply_norm_gain)  # [T, d], the readout's rows bit for bit
     raw = []
     for v in views:
         W = v.W_out.detach()
         raw.append(W.to(dev, torch.float32) @ rows.t())
-        release_pages(W)  # read once here: its checkpoint pages may go (models.pages)
+        release_pages(W)  # read once here: its checkpoint pages may go (models.files.pages)
     raw = torch.cat(raw)  # [N, T]
     real = borders.real_vocab_size
     step = rows_per_chunk(real)

@@ -117,7 +117,7 @@ class Steering:
                 projections are read dequantized: a fold would not reach the weights saved).
         """
         from vocablens.models.blocks import block_view
-        from vocablens.models.quantized import refuse_edit
+        from vocablens.models.files.quantized import refuse_edit
 
         refuse_edit(self.borders.model, "saving a steered model")  # W_out would be a dequantized copy
         saved = []

@@ -18,7 +18,7 @@ import torch
 from vocablens.errors import BadInput
 from vocablens.models import Borders
 from vocablens.models.blocks import BlockView, block_view, block_views
-from vocablens.models.pages import release_pages
+from vocablens.models.files.pages import release_pages
 from vocablens.vocab_space.readout import TopBottom, check_block, check_k, rows_per_chunk, stream_rows
 
 
@@ -105,7 +105,7 @@ def project_vectors(borders: Borders, blocks: Sequence[int], neurons: Sequence[i
     X = gather_vectors(borders, blocks, neurons, kind)  # [n, d_model]
     real = borders.real_vocab_size
     check_k(k, real)
-    X = X.to(borders.W_U.device if kind == "value" else borders.input_embedding.device)
+    X = X.to(borders.read_device if kind == "value" else borders.input_embedding.device)
     step = rows_per_chunk(real, chunk_rows)
     parts = [TopBottom(k) for _ in range(0, len(X), step)]
     for a, _, R in stream_rows(borders, real, kind, apply_norm_gain):  # [rows, d] blocks, never [V, d]

@@ -20,7 +20,7 @@ from vocablens.handle import results as R
 from vocablens.handle.lenses.sources import find_lenses
 from vocablens.handle.protocols import NeedsLensScoring
 from vocablens.handle.stages import stage
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 SPLITS = checks.SPLITS
 

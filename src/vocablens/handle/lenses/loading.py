@@ -15,7 +15,7 @@ import torch
 
 from vocablens.errors import BadInput
 from vocablens.handle.protocols import NeedsLensLoading
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 class LensLoading:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from vocablens.errors import BadInput
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 def find_lenses(kinds: Sequence[str], model: str, lens_path: str | Path | None) -> dict[str, Path]:

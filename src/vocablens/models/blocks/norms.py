@@ -67,7 +67,7 @@ def norm_gain(norm: nn.Module | None, d: int) -> tuple[torch.Tensor, torch.Tenso
     """
     if norm is None:
         return torch.ones(d), torch.zeros(d), False
-    from vocablens.models.offload import runs_on
+    from vocablens.models.files.offload import runs_on
 
     w = next((p for p in norm.parameters()), None)
     dtype = w.dtype if w is not None else torch.float32

@@ -19,17 +19,17 @@ def _is_conv1d(mod: nn.Module) -> bool:
 
 def linear_weight(mod: nn.Module) -> torch.Tensor:
     """The weight of a linear-like module as ``[out, in]`` (transformers' ``Conv1D`` stores ``[in, out]``);
-    a module a device map offloaded: its stored weight (:func:`vocablens.models.offload.held`); a quantized
-    weight read dequantized (:func:`vocablens.models.quantized.dequantized`)."""
-    from vocablens.models.offload import held
-    from vocablens.models.quantized import dequantized
+    a module a device map offloaded: its stored weight (:func:`vocablens.models.files.offload.held`); a quantized
+    weight read dequantized (:func:`vocablens.models.files.quantized.dequantized`)."""
+    from vocablens.models.files.offload import held
+    from vocablens.models.files.quantized import dequantized
 
     w = dequantized(held(mod, "weight"))
     return w.t() if _is_conv1d(mod) else w
 
 
 def linear_bias(mod: nn.Module) -> torch.Tensor | None:
-    from vocablens.models.offload import held
+    from vocablens.models.files.offload import held
 
     b = held(mod, "bias")
     return b if isinstance(b, torch.Tensor) else None

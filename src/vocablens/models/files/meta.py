@@ -17,10 +17,10 @@ def meta_model(config, trust_remote_code: bool = False) -> nn.Module:
         UnsupportedArchitecture: transformers has no causal-LM class for ``config.model_type``.
     """
     from vocablens.errors import UnsupportedArchitecture
-    from vocablens.models.auto_class import auto_model_class
+    from vocablens.models.files.auto_class import auto_model_class
 
     try:
-        with torch.device("meta"):  # the causal-LM class, else a vision-language model's (models.auto_class)
+        with torch.device("meta"):  # the causal-LM class, else a vision-language model's (models.files.auto_class)
             return auto_model_class(config).from_config(config, trust_remote_code=trust_remote_code)
     except (ValueError, KeyError) as exc:
         raise UnsupportedArchitecture(str(getattr(config, "model_type", "?")), "none",

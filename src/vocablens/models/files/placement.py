@@ -15,7 +15,7 @@ Where the map comes from: ``auto`` / ``balanced`` (accelerate's balanced memory 
 ``balanced_low_0``, ``sequential`` (fill GPU 0, then 1, ...), a JSON file of ``{module name:
 device}``, or such a dict; ``max_memory`` caps each device (``{0: "70GiB", "cpu": "200GiB"}`` or
 ``"0=70GiB,cpu=200GiB"``). Without a device map, ``max_memory`` keeps its other meaning: the blocks
-beyond it are streamed from the checkpoint (:mod:`vocablens.models.streaming`).
+beyond it are streamed from the checkpoint (:mod:`vocablens.models.files.streaming`).
 
 Layer 1 (models): knows transformers and accelerate; analyses never see a device map.
 """
@@ -92,14 +92,14 @@ def max_memory_map(value: Any) -> dict[int | str, int] | None:
     """``max_memory`` for a device map -> ``{device: bytes}``.
 
     Args:
-        value: ``"0=70GiB,1=70GiB,cpu=200GiB"`` (sizes as :func:`~vocablens.models.streaming.parse_bytes`
+        value: ``"0=70GiB,1=70GiB,cpu=200GiB"`` (sizes as :func:`~vocablens.models.files.streaming.parse_bytes`
             reads them), a dict of the same, or None / ``""`` (accelerate's own estimate of what is free).
 
     Raises:
         BadInput: an item that is not ``DEVICE=SIZE``, a bad size, ``disk`` (it has no cap), or a
             device this machine does not have.
     """
-    from vocablens.models.streaming import parse_bytes
+    from vocablens.models.files.streaming import parse_bytes
 
     if value in (None, ""):
         return None
@@ -119,7 +119,7 @@ def max_memory_map(value: Any) -> dict[int | str, int] | None:
 
 
 def uses_gpu(device_map: str | dict, max_memory: dict | None) -> bool:
-    """Whether the model will run on a GPU (for the dtype rule of :mod:`vocablens.models.run_dtype`)."""
+    """Whether the model will run on a GPU (for the dtype rule of :func:`vocablens.models.files.source.run_dtype`)."""
     if isinstance(device_map, dict):
         return any(isinstance(v, int) for v in device_map.values())
     if max_memory is not None:
@@ -138,7 +138,7 @@ def placed_kwargs(src: str, kw: dict, tdtype, device_map: str | dict, max_memory
     """
     from transformers import AutoConfig
 
-    from vocablens.models.auto_class import auto_model_class
+    from vocablens.models.files.auto_class import auto_model_class
 
     config = AutoConfig.from_pretrained(src, **kw)
     with torch.device("meta"):  # shapes only; a tied head stays tied (accelerate's init_empty_weights unties it)
@@ -259,13 +259,12 @@ def remove_scratch_with(model, folder: str | None) -> None:
         weakref.finalize(model, shutil.rmtree, folder, True)
 
 
-def placement_line(model) -> str:
-    """One line saying where the placed model's parts are: ``device map: embedding cpu, blocks 0-3 cpu,
-    4-5 disk, head cpu`` (from ``model.hf_device_map``)."""
-    from vocablens.models.borders import Borders
-
+def placement_line(b) -> str:
+    """One line saying where the parts of the placed model whose borders are ``b`` (its
+    :class:`~vocablens.models.Borders` as found, before the readout check) are: ``device map:
+    embedding cpu, blocks 0-3 cpu, 4-5 disk, head cpu`` (from ``model.hf_device_map``)."""
+    model = b.model
     dm = getattr(model, "hf_device_map", None) or {}
-    b = Borders.from_model(model)
     names = {id(m): n for n, m in model.named_modules()}
     where = [_device_of(names[id(blk)], dm) for blk in b.blocks]
     runs, start = [], 0

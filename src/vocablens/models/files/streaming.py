@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from vocablens.errors import BadInput
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -46,10 +46,6 @@ def parse_bytes(text: str | int) -> int:
     if n <= 0:
         raise BadInput(f"`max_memory` must be positive; got {text!r}")
     return n
-
-
-def _nbytes(params) -> int:
-    return sum(p.numel() * p.element_size() for p in params)
 
 
 class BlockStreamer:
@@ -79,7 +75,7 @@ class BlockStreamer:
             mod._buffers[attr] = t
 
     def _load(self, module, args, kwargs):
-        from vocablens.models.checkpoint_files import read_tensors
+        from vocablens.models.files.checkpoint_files import read_tensors
 
         ts = read_tensors([k for k, _ in self.keys.values()], dict(self.keys.values()), self.dtype)
         for name, (key, _) in self.keys.items():
@@ -101,48 +97,9 @@ class BlockStreamer:
 
 def checkpoint_bytes(d: Path) -> int:
     """Bytes of a safetensors checkpoint directory (the files, headers included)."""
-    from vocablens.models.checkpoint_files import shard_files
+    from vocablens.models.files.checkpoint_files import shard_files
 
     return sum(f.stat().st_size for f in set(shard_files(d).values()))
-
-
-def check_shards(d: Path, files: dict[str, Path]) -> None:
-    """Every file a checkpoint's index names exists (checked before anything loads).
-
-    Raises:
-        CorruptModelFile: one line naming the first missing shard and how many tensors it holds.
-    """
-    from vocablens.errors import CorruptModelFile
-
-    held: dict[Path, int] = {}
-    for f in files.values():
-        held[f] = held.get(f, 0) + 1
-    missing = sorted(f for f in held if not f.is_file())
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CorruptModelFile(f"{d}: shard {missing[0].name}{more} is missing; model.safetensors.index.json "
-                               f"names it for {held[missing[0]]} tensors; download the checkpoint again")
-
-
-def normal_load_dtype(config, d: Path, files: dict[str, Path]) -> torch.dtype:
-    """The dtype :func:`vocablens.models.load` gives this checkpoint (transformers'
-    ``from_pretrained(dtype="auto")``): ``config.dtype`` when set, else the index's ``metadata.dtype``,
-    else the first floating-point tensor of the first shard (file names sorted), as transformers'
-    ``get_state_dict_dtype`` finds it. Every parameter is then cast to it, as the normal load does."""
-    import json
-
-    from transformers.modeling_utils import get_state_dict_dtype, load_state_dict
-
-    cd = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    if cd is not None:
-        return cd if isinstance(cd, torch.dtype) else getattr(torch, str(cd).replace("torch.", ""))
-    index = d / "model.safetensors.index.json"
-    if index.is_file():
-        meta = json.loads(index.read_text()).get("metadata") or {}
-        if isinstance(meta.get("dtype"), str) and hasattr(torch, meta["dtype"]):
-            return getattr(torch, meta["dtype"])
-    first = sorted({str(f) for f in files.values()})[0]
-    return get_state_dict_dtype(load_state_dict(first, map_location="meta"))
 
 
 def load_streaming(spec: str | os.PathLike = DEFAULT_MODEL, max_memory: str | int = "1GB", dtype=None,
@@ -155,7 +112,7 @@ def load_streaming(spec: str | os.PathLike = DEFAULT_MODEL, max_memory: str | in
         max_memory: bytes (int) or a size string (``"200MB"``, ``"2GiB"``) for the weights kept
             resident: the borders always, then blocks 0, 1, ... while they fit; the rest stream.
         dtype: torch dtype or name, ``"auto"`` for the checkpoint's; default: the normal load's
-            (:func:`normal_load_dtype`), so a checkpoint of mixed dtypes is cast to one, as
+            (:func:`~vocablens.models.files.checkpoint_files.normal_load_dtype`), so a checkpoint of mixed dtypes is cast to one, as
             :func:`vocablens.models.load` does, and a float16 one runs in float32 (a provenance note).
 
     Returns:
@@ -166,45 +123,45 @@ def load_streaming(spec: str | os.PathLike = DEFAULT_MODEL, max_memory: str | in
     Raises:
         BadInput: a bad ``max_memory``; a block holding a buffer the checkpoint does not store.
         CorruptModelFile: a shard the index names is missing (checked before anything loads).
-        As :func:`vocablens.models.partial.read_parts` otherwise (the same materializer reads the resident parts).
+        As :func:`vocablens.models.files.partial.read_parts` otherwise (the same materializer reads the resident parts).
     """
-    from vocablens.models.run_dtype import run_dtype, with_note
-    from vocablens.models.sources import source_dir
+    from vocablens.models.files.source import resolve_source, run_dtype
+    from vocablens.models.files.sources import source_dir
 
     cap = parse_bytes(max_memory)
-    d, prov = source_dir(str(spec))
-    tdtype, dtype_note = run_dtype(spec, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
-    return with_note(stream_beyond(str(spec), d, prov, cap, tdtype, trust_remote_code), dtype_note)
+    source = resolve_source(spec)
+    d, prov = source_dir(source)
+    tdtype, dtype_note = run_dtype(source, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
+    return stream_beyond(source.spec, d, prov, cap, tdtype, trust_remote_code).with_note(dtype_note)
 
 
 def stream_beyond(spec: str, d: Path, prov, cap: int, tdtype: torch.dtype | None, trust_remote_code: bool = False):
     """:func:`load_streaming` of the safetensors directory ``d`` (``prov`` its provenance), ``cap``
-    bytes resident, in ``tdtype`` (None: the normal load's, :func:`normal_load_dtype`): the borders
-    read by the one materializer (:func:`vocablens.models.partial.materialize_parts`), then the
+    bytes resident, in ``tdtype`` (None: the normal load's,
+    :func:`~vocablens.models.files.checkpoint_files.normal_load_dtype`): the borders
+    read by the one materializer (:func:`vocablens.models.files.partial.materialize_parts`), then the
     parameters outside the blocks, then the blocks that fit; the rest stream.
 
     Raises:
         As :func:`load_streaming`.
     """
-    from vocablens.models import partial  # materialize_parts looked up at each call (tests replace it)
-    from vocablens.models.checkpoint_files import shard_files
+    from vocablens.models.files import partial  # materialize_parts looked up at each call (tests replace it)
+    from vocablens.models.files.checkpoint_files import check_shards, normal_load_dtype_of, shard_files, streamed_keys
 
     files = shard_files(d)
     check_shards(d, files)  # a missing shard: one line now, not a traceback mid-forward
     if tdtype is None:  # the normal load's one dtype (a mixed checkpoint is cast, as from_pretrained does)
-        tdtype = _normal_load_dtype_of(d, files, trust_remote_code)
+        tdtype = normal_load_dtype_of(d, files, trust_remote_code)
     lm = partial.materialize_parts(spec, d, prov, partial.Parts.of(partial.BORDERS), tdtype, trust_remote_code)
-    from vocablens.models.auto_class import renamed_files
+    from vocablens.models.files.checkpoint_files import renamed_files
 
     files = renamed_files(lm.model, files)  # the checkpoint's keys as the model names them (a vision-language model)
-    used = _outside_blocks_resident(lm, files, tdtype)
-    b, model = lm.borders, lm.model
-    block_names = {id(blk): n for n, blk in model.named_modules() if any(blk is x for x in b.blocks)}
+    used, block_keys = streamed_keys(lm, files, tdtype)
+    b = lm.borders
     streamers, resident = [], []
-    for i, blk in enumerate(b.blocks):
+    for blk, keys in zip(b.blocks, block_keys):
         need = sum(p.numel() * (b.W_E.element_size() if tdtype is None else p.element_size())
                    for p in blk.parameters())
-        keys = _block_keys(model, blk, block_names[id(blk)], files, i, b.family)
         if not streamers and used + need <= cap:
             resident.append((blk, keys))
             used += need
@@ -214,66 +171,9 @@ def stream_beyond(spec: str, d: Path, prov, cap: int, tdtype: torch.dtype | None
         s = BlockStreamer(blk, keys, tdtype)
         s._load(blk, (), {})
         s.remove()
-    model.vocablens_streamers = streamers
-    model.vocablens_streamed = True
+    lm.model.vocablens_streamers = streamers
+    lm.model.vocablens_streamed = True
     return lm
-
-
-def _normal_load_dtype_of(d: Path, files: dict[str, Path], trust_remote_code: bool) -> torch.dtype | None:
-    """:func:`normal_load_dtype` of directory ``d``; None when its config cannot be read (the
-    borders' read then says what is wrong with it)."""
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError):
-        return None
-    return normal_load_dtype(config, d, files)
-
-
-def _outside_blocks_resident(lm, files: dict[str, Path], tdtype) -> int:
-    """Read the parameters outside the borders and the blocks (learned positions: GPT-2, OPT) and
-    keep them resident; returns the bytes of every real parameter.
-
-    Raises:
-        UnsupportedArchitecture: a buffer outside the blocks that the checkpoint does not store.
-    """
-    from vocablens.errors import UnsupportedArchitecture
-    from vocablens.models.checkpoint_files import materialize
-    from vocablens.models.find import named_children
-
-    b, model = lm.borders, lm.model
-    in_blocks = {id(t) for blk in b.blocks for t in [*blk.parameters(), *blk.buffers()]}
-    rest = [n for n, p in model.named_parameters() if p.is_meta and id(p) not in in_blocks]
-    materialize(model, rest, files, tdtype)
-    lost = [n for n, t in model.named_buffers() if t.is_meta and id(t) not in in_blocks]
-    if lost:
-        raise UnsupportedArchitecture(b.family, named_children(model), f"buffer {lost[0]} is not in the "
-                                      "checkpoint, so the model cannot be streamed; load it whole")
-    return _nbytes({id(p): p for p in model.parameters() if not p.is_meta}.values())
-
-
-def _block_keys(model, blk, bname: str, files: dict[str, Path], i: int, family: str) -> dict[str, tuple[str, Path]]:
-    """Block ``i``'s parameters and buffers on ``meta`` -> (checkpoint key, file).
-
-    Raises:
-        UnsupportedArchitecture: one of them is not in the checkpoint.
-    """
-    from vocablens.errors import UnsupportedArchitecture
-    from vocablens.models.checkpoint_files import checkpoint_name
-    from vocablens.models.find import named_children
-
-    prefix = getattr(model, "base_model_prefix", "") or ""
-    keys: dict[str, tuple[str, Path]] = {}
-    for n, t in [*blk.named_parameters(), *blk.named_buffers()]:
-        if not t.is_meta:
-            continue
-        key = checkpoint_name(f"{bname}.{n}", files, prefix)
-        if key is None:
-            raise UnsupportedArchitecture(family, named_children(blk), f"block {i}: {n} is not in the checkpoint, "
-                                          "so it cannot be streamed; load the whole model (no `max_memory`)")
-        keys[n] = (getattr(files, "stored", {}).get(key, key), files[key])  # the key in the file
-    return keys
 
 
 __all__ = ["BlockStreamer", "checkpoint_bytes", "load_streaming", "parse_bytes", "stream_beyond"]

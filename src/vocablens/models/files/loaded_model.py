@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vocablens.models.provenance import Provenance
+from vocablens.models.files.provenance import Provenance
 
 
 @dataclass
@@ -22,6 +22,12 @@ class LoadedModel:
 
     def __iter__(self):
         return iter((self.model, self.tokenizer, self.borders, self.provenance))
+
+    def with_note(self, note: str | None) -> "LoadedModel":
+        """Itself, with ``note`` added to its provenance's notes (once; None adds nothing)."""
+        if note and note not in self.provenance.notes:
+            self.provenance = Provenance(**{**self.provenance.__dict__, "notes": tuple(self.provenance.notes) + (note,)})
+        return self
 
     # ------------------------------------------------------------------ text -> ids (the one place)
     def encode(self, text: str, *, chat: bool = False, prefix: str = "", special_text: str = "parse"):

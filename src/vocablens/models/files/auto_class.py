@@ -52,34 +52,4 @@ def auto_model_class(config):
     return AutoModelForImageTextToText
 
 
-def renamed_files(model, files: dict):
-    """``files`` (checkpoint key -> file) under the names of ``model``'s parameters, where
-    transformers renames the checkpoint's keys on load (its own conversion mapping: a LLaVA
-    checkpoint's ``language_model.lm_head.weight`` is the model's ``lm_head.weight``); ``files``
-    itself when nothing is renamed. Only renamings are applied (no tensor is converted).
-
-    Returns:
-        :class:`~vocablens.models.checkpoint_files.RenamedFiles` or ``files``.
-    """
-    from vocablens.models.checkpoint_files import RenamedFiles
-
-    try:
-        from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import WeightRenaming, rename_source_key
-
-        renames = [c for c in get_model_conversion_mapping(model) if type(c) is WeightRenaming]
-    except (ImportError, AttributeError, TypeError, ValueError):  # a transformers without the mapping
-        return files
-    if not renames:
-        return files
-    meta = dict.fromkeys(model.state_dict())
-    named = {}
-    for k in files:
-        new = rename_source_key(k, renames, [], getattr(model, "base_model_prefix", None), meta)[0]
-        named[new] = k
-    if all(new == k for new, k in named.items()):
-        return files
-    return RenamedFiles({new: files[k] for new, k in named.items()}, {new: k for new, k in named.items() if new != k})
-
-
-__all__ = ["auto_model_class", "is_image_text", "renamed_files"]
+__all__ = ["auto_model_class", "is_image_text"]

@@ -13,10 +13,11 @@ from typing import Any
 
 
 from vocablens.errors import CorruptModelFile, ModelNotFound
-from vocablens.models.catalogue import catalogue_entry, catalogue_names
-from vocablens.models.meta import meta_model  # noqa: F401  (re-exported: built from a config)
-from vocablens.models.spec import DEFAULT_MODEL, check_remote_code, hub_kwargs, reading, resolve_spec
-from vocablens.models.tie import config_as_loaded
+from vocablens.models.files.catalogue import catalogue_entry, catalogue_names
+from vocablens.models.files.meta import meta_model  # noqa: F401  (re-exported: built from a config)
+from vocablens.models.files.source import DEFAULT_MODEL, check_remote_code, hub_kwargs, resolve_source
+from vocablens.models.files.spec import reading
+from vocablens.models.files.tie import config_as_loaded
 
 
 def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False):
@@ -24,7 +25,7 @@ def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False)
 
     Raises:
         ModelNotFound, CorruptModelFile; BadInput: a config that needs the model's own code and
-        ``trust_remote_code`` off (:mod:`vocablens.models.remote_code`).
+        ``trust_remote_code`` off (:mod:`vocablens.models.files.remote_code`).
     """
     from transformers import AutoConfig
 
@@ -42,11 +43,12 @@ def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False)
             return AutoConfig.for_model(**data)
         except Exception as exc:
             raise CorruptModelFile(f"cannot build a config from {p}: {exc}".splitlines()[0]) from None
-    kind, path, hub = resolve_spec(spec_s)
-    check_remote_code(spec_s, trust_remote_code)
+    source = resolve_source(spec_s)
+    kind, path, hub = source.kind, source.path, source.hub
+    check_remote_code(source, trust_remote_code)
     with reading(spec_s, kind, hub, "read the config of", path):
         if kind == "gguf":
-            from vocablens.models.gguf_cache import checked_facts
+            from vocablens.models.files.gguf_cache import checked_facts
 
             facts = checked_facts(path, spec_s)  # cut short or unbuildable: one line, before transformers
             cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
@@ -62,12 +64,12 @@ def load_config(spec: str | os.PathLike | None, trust_remote_code: bool = False)
 def _gguf_config(path: str, mtime_ns: int, size: int):
     """A GGUF file's config, parsed once per file version (transformers' header reading takes seconds
     for the default model: docs/performance.md). When the file's float32 cache entry exists
-    (:mod:`vocablens.models.gguf_cache`, written by its first load) its ``config.json`` is read
+    (:mod:`vocablens.models.files.gguf_cache`, written by its first load) its ``config.json`` is read
     instead, in milliseconds: the config transformers made from this same header, less the two keys
     saving added (``architectures``, ``dtype``)."""
     from transformers import AutoConfig
 
-    from vocablens.models.gguf_cache import CACHE_MARK, cache_dir
+    from vocablens.models.files.gguf_cache import CACHE_MARK, cache_dir
 
     cdir = cache_dir(Path(path))
     if cdir is not None and (cdir / CACHE_MARK).is_file() and (cdir / "config.json").is_file():
@@ -94,7 +96,7 @@ def resolve_config(spec: str | os.PathLike, trust_remote_code: bool = False
         ``(config, tokenizer_vocab_size or None, source, notes)``; source is ``catalogue``, ``config``,
         ``gguf`` or ``hub cache``. For a GGUF file V is its embedding tensor's rows, the tokenizer's
         size its token list's length, and ``notes`` says where its metadata disagrees
-        (:func:`vocablens.models.gguf_header.gguf_notes`); otherwise ``notes`` is empty.
+        (:func:`vocablens.models.files.gguf_header.gguf_notes`); otherwise ``notes`` is empty.
 
     Raises:
         ModelNotFound: nothing under that spec (the message lists the catalogue's aliases).
@@ -110,7 +112,8 @@ def resolve_config(spec: str | os.PathLike, trust_remote_code: bool = False
         return cfg, entry.tokenizer_vocab_size, "catalogue", ()
     p = Path(str(spec)).expanduser()
     try:
-        kind, path, _hub = resolve_spec(str(spec)) if not (p.is_file() and p.suffix == ".json") else ("json", p, None)
+        source = resolve_source(str(spec)) if not (p.is_file() and p.suffix == ".json") else None
+        kind, path = ("json", p) if source is None else (source.kind, source.path)
         if kind == "gguf":
             st = path.stat()
             cfg = copy.deepcopy(_gguf_config(str(path), st.st_mtime_ns, st.st_size))
@@ -124,8 +127,8 @@ def resolve_config(spec: str | os.PathLike, trust_remote_code: bool = False
     if kind == "json":
         return cfg, None, "config", ()
     if kind == "gguf":
-        from vocablens.models.gguf_cache import checked_facts
-        from vocablens.models.gguf_header import gguf_notes
+        from vocablens.models.files.gguf_cache import checked_facts
+        from vocablens.models.files.gguf_header import gguf_notes
 
         facts = checked_facts(path, str(spec))  # milliseconds: the header, without the strings
         cfg.name_or_path = str(spec)

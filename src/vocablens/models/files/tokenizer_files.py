@@ -7,7 +7,8 @@ place vocablens builds a tokenizer (a GGUF file, a model directory, a hub snapsh
 failure into :class:`~vocablens.errors.CorruptModelFile`, its cause found by reading the files:
 a merge whose pieces or product are not in the token list (BPE builds each merge's product as a
 token: Sennrich et al. 2016, §3.1), special-token ids past the list's end, per-token arrays of
-another length than the list.
+another length than the list. :func:`light_tokenizer` reads a model directory's tokenizer through the
+class its config names, without transformers' ``Auto*`` config machinery.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def merge_problem(vocab: Iterable[str], merges: list, where: str) -> str | None:
 def gguf_tokenizer_problem(path: Path) -> str | None:
     """What in a GGUF file's tokenizer metadata disagrees, or None: merges against the token list,
     per-token arrays (types, scores) against its length, special-token ids past its end."""
-    from vocablens.models.gguf_header import read_header
+    from vocablens.models.files.gguf_header import read_header
 
     h = read_header(path, strings=("tokenizer.ggml.tokens", "tokenizer.ggml.merges"))
     tokens = h.strings.get("tokenizer.ggml.tokens")
@@ -100,10 +101,10 @@ def building_tokenizer(shown: str, problem: Callable[[], str | None]):
     Raises:
         CorruptModelFile: ``cannot build the tokenizer of SHOWN: WHAT``. A failure ``problem`` cannot
             explain that is an ``OSError``/``ValueError``-like reader error propagates unchanged (the
-            caller's :func:`vocablens.models.spec.reading` names a missing or damaged file); any other
+            caller's :func:`vocablens.models.files.spec.reading` names a missing or damaged file); any other
             becomes the same line with the reader's first line as WHAT.
     """
-    from vocablens.models.spec import file_errors
+    from vocablens.models.files.spec import file_errors
 
     try:
         yield
@@ -122,5 +123,36 @@ def building_tokenizer(shown: str, problem: Callable[[], str | None]):
         raise CorruptModelFile(f"cannot build the tokenizer of {shown}: {first}") from None
 
 
-__all__ = ["building_tokenizer", "gguf_tokenizer_problem", "hub_tokenizer_problem", "json_tokenizer_problem",
+def light_tokenizer(d: Path, trust_remote_code: bool = False, shown: str | None = None):
+    """The tokenizer of a model directory through the class its ``tokenizer_config.json`` names
+    (the class ``AutoTokenizer`` would pick), without importing transformers' config machinery;
+    ``AutoTokenizer`` when the class is not named, not exported or needs remote code.
+
+    Raises:
+        CorruptModelFile: the tokenizer cannot be built; the line names ``shown`` (default: ``d``) and
+            what in its files disagrees (:func:`vocablens.models.files.tokenizer_files.building_tokenizer`).
+    """
+    with building_tokenizer(shown or str(d), lambda: json_tokenizer_problem(d)):
+        return _light_tokenizer(d, trust_remote_code)
+
+
+def _light_tokenizer(d: Path, trust_remote_code: bool):
+    import transformers
+
+    cfg_path = d / "tokenizer_config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    except (OSError, ValueError):
+        cfg = {}
+    name = cfg.get("tokenizer_class")
+    if name and not trust_remote_code and "auto_map" not in cfg and (d / "tokenizer.json").is_file():
+        # the fast class, as AutoTokenizer(use_fast=True) picks it (transformers 4 names the slow one)
+        cls = None if name.endswith("Fast") else getattr(transformers, name + "Fast", None)
+        cls = cls or getattr(transformers, name, None)
+        if cls is not None:
+            return cls.from_pretrained(str(d))
+    return transformers.AutoTokenizer.from_pretrained(str(d), trust_remote_code=trust_remote_code)
+
+
+__all__ = ["light_tokenizer", "building_tokenizer", "gguf_tokenizer_problem", "hub_tokenizer_problem", "json_tokenizer_problem",
            "merge_problem"]

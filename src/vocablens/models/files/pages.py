@@ -1,6 +1,6 @@
 """Pages of a memory-mapped checkpoint back to the OS once an analysis has read them (Linux).
 
-:func:`vocablens.models.partial.materialize_parts` leaves the tensors it reads memory-mapped from the
+:func:`vocablens.models.files.partial.materialize_parts` leaves the tensors it reads memory-mapped from the
 checkpoint's safetensors file (a private file mapping): a page enters the process's resident set when
 an analysis first reads it and stays there, so a pass over the head in row blocks ends with the
 whole [V, d] matrix resident although it only ever needed one block. :func:`release_pages` hands the
@@ -18,7 +18,7 @@ pages.
 numpy matrix ``W`` [V, d] while it holds the whitened rows: when the whole matrix lies in file
 mappings (``/proc/self/maps``) and none of its pages differs from the file when the pass begins
 (read-only mappings cannot differ; a copy-on-write mapping, as ``safe_open`` and
-:func:`vocablens.models.partial.load_head_only` hand it out, is checked page by page once), each
+:func:`vocablens.models.files.partial.load_head_only` hand it out, is checked page by page once), each
 release is one system call. The scan only reads ``W``, so no page can become a private copy while
 it runs.
 """

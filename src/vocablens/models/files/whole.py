@@ -2,11 +2,11 @@
 parallel or loaded by a quantizer (:func:`load_whole`, the loader's full read: :func:`vocablens.models.load`
 with no ``read``), and the readout check every whole load ends with (:func:`checked_readout`).
 
-A GGUF file loads through its float32 cache (:mod:`vocablens.models.gguf_cache`); a directory or hub
+A GGUF file loads through its float32 cache (:mod:`vocablens.models.files.gguf_cache`); a directory or hub
 id through ``from_pretrained`` of the causal-LM class, else the image-text-to-text one
-(:mod:`vocablens.models.auto_class`), with the device map's arguments
-(:mod:`vocablens.models.placement`), the tensor-parallel plan (:mod:`vocablens.models.tensor_parallel`)
-or the checkpoint's own quantizer (:mod:`vocablens.models.quantized`).
+(:mod:`vocablens.models.files.auto_class`), with the device map's arguments
+(:mod:`vocablens.models.files.placement`), the tensor-parallel plan (:mod:`vocablens.models.tensor_parallel`)
+or the checkpoint's own quantizer (:mod:`vocablens.models.files.quantized`).
 """
 
 from __future__ import annotations
@@ -16,38 +16,37 @@ from pathlib import Path
 from typing import Any
 
 from vocablens.errors import BadInput
-from vocablens.models.gguf_cache import load_gguf
-from vocablens.models.loaded_model import LoadedModel
-from vocablens.models.provenance import Provenance, dir_provenance
-from vocablens.models.quantized import quantization_config, quantization_name, quantized_provenance, refused
-from vocablens.models.run_dtype import run_dtype, with_note
-from vocablens.models.spec import hub_kwargs, reading, resolve_spec
-from vocablens.models.tokenizer_files import building_tokenizer, hub_tokenizer_problem, json_tokenizer_problem
+from vocablens.models.files.gguf_cache import load_gguf
+from vocablens.models.files.loaded_model import LoadedModel
+from vocablens.models.files.provenance import Provenance, dir_provenance
+from vocablens.models.files.quantized import quantization_config, quantization_name, quantized_provenance, refused
+from vocablens.models.files.source import Source, hub_kwargs
+from vocablens.models.files.spec import reading
+from vocablens.models.files.tokenizer_files import building_tokenizer, hub_tokenizer_problem, json_tokenizer_problem
 
 
-def load_whole(spec: str, dtype, device: str, trust_remote_code: bool, placement: tuple | None = None,
-           tp: bool = False) -> LoadedModel:
-    """The whole model through transformers (a GGUF file through its float32 cache), its readout
-    checked against the model's own logits (:func:`checked_readout`); ``placement``: ``(device map,
-    max_memory, offload folder)`` of :mod:`vocablens.models.placement`, or None (all on ``device``);
-    ``tp``: split over the torchrun ranks by the family's tensor-parallel plan (``tp_plan="auto"``,
-    placed by transformers)."""
-    import torch
+def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool, placement: tuple | None = None,
+               tp: bool = False) -> LoadedModel:
+    """The whole model of ``source`` (:class:`~vocablens.models.files.source.Source`) in ``run``'s dtype
+    (``(dtype, note)`` of :func:`~vocablens.models.files.source.run_dtype`) through transformers (a GGUF file through its float32 cache), its readout checked against the
+    model's own logits (:func:`checked_readout`); ``placement``: ``(device map, max_memory, offload
+    folder)`` of :mod:`vocablens.models.files.placement`, or None (all on ``device``); ``tp``: split over the
+    torchrun ranks by the family's tensor-parallel plan (``tp_plan="auto"``, placed by transformers)."""
     from transformers import AutoTokenizer
 
-    from vocablens.models import placement as P
+    from vocablens.models.files import placement as P
 
-    tdtype, dtype_note = run_dtype(spec, dtype, "cuda" if placement and P.uses_gpu(*placement[:2]) else device)
-    kind, path, hub = resolve_spec(spec)
+    spec, kind, path, hub = source.spec, source.kind, source.path, source.hub
+    tdtype, dtype_note = run
     placed_prov = None
     if placement is not None and kind == "gguf":  # a device map reads the float32 cache as a directory
-        from vocablens.models.sources import source_dir
+        from vocablens.models.files.sources import source_dir
 
-        path, placed_prov = source_dir(spec)  # the provenance names the GGUF file, as a whole load's does
+        path, placed_prov = source_dir(source)  # the provenance names the GGUF file, as a whole load's does
         kind = "dir"
     with reading(spec, kind, hub, "load", path):
         if kind == "gguf":
-            tok, model, prov = load_gguf(path, spec, tdtype)
+            tok, model, prov = load_gguf(source, tdtype)
         else:
             src = str(path) if kind == "dir" else hub
             kw: dict[str, Any] = {"trust_remote_code": trust_remote_code}
@@ -67,32 +66,55 @@ def load_whole(spec: str, dtype, device: str, trust_remote_code: bool, placement
                 spec=spec, name=hub, source=f"hub:{hub}", format="hub",
                 quantization=str(getattr(model.config, "dtype", "") or ""),
             )
-    if placement is None and not tp and (quantization_config(model) is None
-                                         or next(model.parameters()).device.type != torch.device(device).type):
-        _placed(model, spec, device)  # a quantized model that its quantizer placed (bitsandbytes: CUDA) stays;
-        # a tensor-parallel load sits where transformers put each rank's shards
+    if placement is None and not tp:  # a tensor-parallel load sits where transformers put each rank's shards
+        _placed(model, spec, device)
     model.eval()
     model.requires_grad_(False)
     pdtype = next(model.parameters()).dtype
     prov = Provenance(**{**prov.__dict__, "dtype": str(pdtype).replace("torch.", "")})
     from vocablens.models.borders import Borders
 
-    borders = Borders.from_model(model, tokenizer=tok)
-    prov = quantized_provenance(prov, model, borders)  # the matrices read dequantized, and said so
+    found = Borders.from_model(model, tokenizer=tok)
+    prov = quantized_provenance(prov, model, found)  # the matrices read dequantized, and said so
     with _tp_failure(tp, "running the probe forward"):  # tensor parallel: the same check, the probe's logits gathered
-        borders, line = checked_readout(borders, spec)
+        borders, line = checked_readout(found, source)
     if tp:
         from vocablens.models.tensor_parallel import check_split, world_size
 
         check_split(borders)
         line += f", tensor parallel over {world_size()} ranks"
-    lm = with_note(LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})), dtype_note)
-    return lm if placement is None else with_note(lm, P.placement_line(model))
+    lm = LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})).with_note(dtype_note)
+    return lm if placement is None else lm.with_note(P.placement_line(found))
+
+
+def loaded_whole_instead(source: Source, mode: str, run: tuple, device: str = "cpu", trust_remote_code: bool = False,
+                         why: str = "pickle") -> LoadedModel:
+    """The whole model of ``source``, in ``run``'s dtype (``(dtype, note)`` of
+    :func:`~vocablens.models.files.source.run_dtype`), for a partial ``mode`` of a checkpoint stored as
+    ``pytorch_model*.bin`` only (``why="pickle"``: the partial reads need safetensors headers), or
+    quantized by a transformers quantizer (``why="quantized"``: its tensors are stored quantized, under
+    the quantizer's own names, and only the quantizer reads them), and a
+    :class:`~vocablens.errors.VocabLensNote` saying so once it loaded (a hostile pickle fails first,
+    with its own line)."""
+    import warnings
+
+    from vocablens.errors import VocabLensNote
+
+    lm = load_whole(source, run, device, trust_remote_code)
+    what = "the blocks that fit" if mode == "streaming" else "the borders"
+    if why == "quantized":
+        line = (f"{source.spec} is quantized ({lm.provenance.quantization}); reading just {what} needs the quantizer, "
+                "so the whole model was loaded (its matrices read dequantized)")
+    else:
+        line = (f"{source.spec} holds its weights as pytorch_model.bin only; reading just {what} needs "
+                "safetensors, so the whole model was loaded (read with weights_only=True)")
+    warnings.warn(VocabLensNote(line), stacklevel=3)
+    return lm
 
 
 def _from_pretrained(spec: str, src: str, tdtype, kw: dict, placed: dict):
     """``from_pretrained`` of a directory or hub id (the causal-LM class, else the image-text-to-text
-    one: :func:`~vocablens.models.auto_class.auto_model_class`). A checkpoint quantized by a
+    one: :func:`~vocablens.models.files.auto_class.auto_model_class`). A checkpoint quantized by a
     transformers quantizer (its config's ``quantization_config``) loads through it too, placed by the
     quantizer (a quantized model cannot be moved after loading). ``kw``: the config's and the weights'
     keyword arguments (revision, trust_remote_code ...); ``placed``: the weights' alone (a device map's).
@@ -103,7 +125,7 @@ def _from_pretrained(spec: str, src: str, tdtype, kw: dict, placed: dict):
     """
     from transformers import AutoConfig
 
-    from vocablens.models.auto_class import auto_model_class
+    from vocablens.models.files.auto_class import auto_model_class
 
     config = AutoConfig.from_pretrained(src, **kw)  # the causal-LM mapping, else image-text-to-text
     try:
@@ -117,13 +139,19 @@ def _from_pretrained(spec: str, src: str, tdtype, kw: dict, placed: dict):
 
 
 def _placed(model, spec: str, device: str) -> None:
-    """``model.to(device)``; a quantized model whose quantizer cannot move it is one line.
+    """``model.to(device)``, unless its quantizer placed it there already (bitsandbytes: CUDA): a
+    quantized model stays where its quantizer put it when that is ``device``'s type; one whose
+    quantizer cannot move it is one line.
 
     Raises:
         UnsupportedQuantization: the quantizer refuses the move (bitsandbytes weights stay on CUDA).
     """
+    import torch
+
     from vocablens.errors import UnsupportedQuantization
 
+    if quantization_config(model) is not None and next(model.parameters()).device.type == torch.device(device).type:
+        return
     try:
         model.to(device)
     except (ValueError, RuntimeError, NotImplementedError) as exc:
@@ -167,9 +195,9 @@ def _tp_plan(src: str, kw: dict) -> str:
     return "auto"
 
 
-def checked_readout(borders, spec: str):
+def checked_readout(borders, source: Source):
     """``(borders, provenance line)`` after :func:`vocablens.models.readout.find_readout` (one probe
-    forward of a few tokens), the check stored for later loads without the blocks. Weights holding
+    forward of a few tokens), the check stored for later loads of ``source``'s weights without the blocks. Weights holding
     NaN or inf, or whose probe forward overflows (float16 kept by ``--dtype``), are not checked: the
     commands refuse them with their own line, naming the layer, before printing anything.
 
@@ -178,7 +206,7 @@ def checked_readout(borders, spec: str):
     """
     from vocablens.errors import NonFiniteActivations, UnsupportedArchitecture
     from vocablens.models.readout import find_readout
-    from vocablens.models.readout_store import store_check
+    from vocablens.models.files.readout_store import store_check
 
     try:
         borders, check = find_readout(borders)
@@ -189,8 +217,8 @@ def checked_readout(borders, spec: str):
         if borders.nonfinite():
             return borders, "unchecked: the weights hold NaN or inf values"
         raise
-    store_check(spec, check)
+    store_check(source, check)
     return borders, check.line()
 
 
-__all__ = ["checked_readout", "load_whole"]
+__all__ = ["checked_readout", "load_whole", "loaded_whole_instead"]

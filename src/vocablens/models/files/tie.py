@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from vocablens.errors import VocabLensError
-from vocablens.models.checkpoint_files import matrix_keys, read_tensors, shard_files
+from vocablens.models.files.checkpoint_files import matrix_keys, read_tensors, shard_files
 
 
 def same_matrix(a: torch.Tensor, b: torch.Tensor, chunk: int = 8192) -> bool:

@@ -6,7 +6,7 @@ Dequantizing a GGUF file with transformers takes seconds to minutes; the result 
 about a second. The directory is written through :func:`vocablens.files.atomic_dir`, so a reader never
 sees half of it. Disk: about 4 bytes per parameter (SmolLM2-135M: 0.54 GB).
 
-Before dequantizing, the header is checked against itself (:mod:`vocablens.models.gguf_header`): V is
+Before dequantizing, the header is checked against itself (:mod:`vocablens.models.files.gguf_header`): V is
 the embedding tensor's rows whatever ``{arch}.vocab_size`` says (the disagreement becomes a note of the
 provenance), and a file no model can be built from is one line naming the two numbers.
 """
@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from vocablens.models.provenance import Provenance, gguf_provenance
+from vocablens.models.files.provenance import Provenance, header_provenance
 
 #: the file that marks a complete cache entry (written last, inside the swapped-in directory)
 CACHE_MARK = "vocablens-provenance.json"
@@ -186,7 +186,7 @@ def write_cache(cdir: Path, model, tok, prov: Provenance) -> bool:
 
 def shown_gguf(path: Path, spec: str) -> str:
     """How error lines name a GGUF file: the path the user gave, or the default model's package and name."""
-    from vocablens.models.spec import DEFAULT_GGUF_PACKAGE, DEFAULT_MODEL
+    from vocablens.models.files.spec import DEFAULT_GGUF_PACKAGE, DEFAULT_MODEL
 
     if spec.lower() in (DEFAULT_MODEL, "smollm2-135m-instruct", "default"):
         return f"PyPI package {DEFAULT_GGUF_PACKAGE.replace('_', '-')}: {path.name}"
@@ -194,14 +194,14 @@ def shown_gguf(path: Path, spec: str) -> str:
 
 
 def checked_facts(path: Path, spec: str):
-    """The file's :class:`~vocablens.models.gguf_header.GGUFFacts`, after :func:`gguf_problem` found none.
+    """The file's :class:`~vocablens.models.files.gguf_header.GGUFFacts`, after :func:`gguf_problem` found none.
 
     Raises:
         CorruptModelFile: not a GGUF file, cut short, or a model cannot be built from it (one line
             naming the two numbers that disagree).
     """
     from vocablens.errors import CorruptModelFile
-    from vocablens.models.gguf_header import gguf_facts, gguf_problem
+    from vocablens.models.files.gguf_header import gguf_facts, gguf_problem
 
     shown = shown_gguf(path, spec)
     facts = gguf_facts(path, shown)
@@ -240,40 +240,46 @@ def loading_problem(info: dict, shown: str) -> str | None:
     return None
 
 
-def load_gguf(path: Path, spec: str, tdtype):
-    """Dequantize the GGUF file ``path`` to float32 with transformers and write its cache entry, or read
-    the entry when there is one: ``(tokenizer, model, provenance)``, the model cast to ``tdtype`` when
-    given. The header is checked first (:func:`checked_facts`); the provenance names the file's
+def load_gguf(source, tdtype):
+    """Dequantize the GGUF file of ``source`` (a :class:`~vocablens.models.files.source.Source` of kind
+    ``gguf``) to float32 with transformers and write its cache entry, or read the entry when there is
+    one: ``(tokenizer, model, provenance)``, the model cast to ``tdtype`` when given. The header is checked first (:func:`checked_facts`); the provenance names the file's
     SHA-256 and the metadata's disagreements with the tensors (``notes``).
 
     Raises:
         CorruptModelFile: a file cut short, a header no model can be built from, a tokenizer that
-            cannot be built (:func:`vocablens.models.tokenizer_files.building_tokenizer`). Other errors
-            of the readers propagate (the caller wraps them: :func:`vocablens.models.spec.reading`).
+            cannot be built (:func:`vocablens.models.files.tokenizer_files.building_tokenizer`). Other errors
+            of the readers propagate (the caller wraps them: :func:`vocablens.models.files.spec.reading`).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vocablens.errors import CorruptModelFile
-    from vocablens.models.gguf_header import gguf_notes
-    from vocablens.models.tokenizer_files import building_tokenizer, gguf_tokenizer_problem
+    from vocablens.models.files.gguf_header import facts_of, gguf_notes, gguf_problem, read_header
+    from vocablens.models.files.tokenizer_files import building_tokenizer, gguf_tokenizer_problem
 
+    path, spec = source.path, source.spec
     cdir = cache_dir(path)
     hit = read_cache(cdir, spec, tdtype)
     if hit is not None:  # the entry is keyed by content, shared by every copy of the file: the source
         tok, model, prov = hit  # is the file given now, not the copy that wrote the entry
         return tok, model, Provenance(**{**prov.__dict__, "source": str(path)})
-    facts = checked_facts(path, spec)
-    prov = gguf_provenance(path, spec)
-    prov = Provenance(**{**prov.__dict__, "content_sha256": file_identity(path), "notes": tuple(gguf_notes(facts))})
+    shown, identity = shown_gguf(path, spec), file_identity(path)
+    header = read_header(path, shown)  # read once: the checks (checked_facts), the notes and the provenance
+    facts = facts_of(header)
+    problem = gguf_problem(facts, shown)
+    if problem:
+        raise CorruptModelFile(problem)
+    notes = tuple(gguf_notes(facts))
+    prov = Provenance(**{**header_provenance(header, path, spec).__dict__, "content_sha256": identity, "notes": notes})
     d, f = str(path.parent), path.name
-    with building_tokenizer(shown_gguf(path, spec), lambda: gguf_tokenizer_problem(path)):
+    with building_tokenizer(shown, lambda: gguf_tokenizer_problem(path)):
         tok = AutoTokenizer.from_pretrained(d, gguf_file=f, trust_remote_code=False)
     cfg = config_override(path, facts)
     model, info = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32, trust_remote_code=False,
                                                        output_loading_info=True, ignore_mismatched_sizes=True,
                                                        **({"config": cfg} if cfg is not None else {}))
-    unbuilt = loading_problem(info, shown_gguf(path, spec))
+    unbuilt = loading_problem(info, shown)
     if unbuilt:
         raise CorruptModelFile(unbuilt)
     # The weights are plain dequantized tensors now; drop the GGUF quantizer so the model is an

@@ -3,7 +3,7 @@
 Analyses over the vocabulary matrices alone (neighbours, the tie check, argmax geometry, the softmax
 bottleneck) need a few hundred MB of a multi-GB checkpoint. :func:`read_parts` (a spec's directory
 and dtype, then :func:`materialize_parts`) reads the parts a caller names from the checkpoint's safetensors files with the one tensor reader
-(:func:`vocablens.models.checkpoint_files.read_tensors`: memory-mapped copy-on-write, so a write into
+(:func:`vocablens.models.files.checkpoint_files.read_tensors`: memory-mapped copy-on-write, so a write into
 a tensor changes this process's copy, never the file; sharded checkpoints through their index), in
 the checkpoint's own dtype unless one is asked for, and builds the
 :class:`~vocablens.models.LoadedModel` around them in one of two ways:
@@ -14,13 +14,13 @@ the checkpoint's own dtype unless one is asked for, and builds the
   tensors; the other blocks stay on ``meta``, so a forward pass is refused
   (:class:`~vocablens.errors.BadInput`). Any read of the input side, a block or the value vectors.
 - **without the modeling code**: for the two matrices and the final norm alone
-  (:func:`vocablens.models.matrices_only.read_matrices`: no transformers model or config class is
+  (:func:`vocablens.models.files.matrices_only.read_matrices`: no transformers model or config class is
   imported, the input scale is NaN, the blocks raise when used). A checkpoint that view cannot read
   exactly (sub-configs, remote code, a head bias, OPT's projections, unknown tensor names) is read on
   the family's modules instead, so callers always get the same matrices.
 
 :func:`load_borders_only`, :func:`load_head_only` and :func:`load_matrices_only` name three reads
-(the ``borders``, ``head`` and ``matrices`` modes of :func:`vocablens.models.loader.load_mode`).
+(the ``borders``, ``head`` and ``matrices`` modes of :func:`vocablens.models.files.loader.load_mode`).
 A ``.gguf`` file is read from vocablens's safetensors cache of it when present (see
 :func:`vocablens.models.load`); otherwise it is loaded whole once, which writes that cache.
 """
@@ -35,10 +35,11 @@ import torch
 from torch import nn
 
 from vocablens.errors import BadInput, CorruptModelFile
-from vocablens.models.checkpoint_files import checkpoint_name, materialize, shard_files
-from vocablens.models.matrices_only import read_matrices
-from vocablens.models.sources import light_tokenizer, source_dir
-from vocablens.models.spec import DEFAULT_MODEL
+from vocablens.models.files.checkpoint_files import checkpoint_name, materialize, shard_files
+from vocablens.models.files.matrices_only import read_matrices
+from vocablens.models.files.sources import source_dir
+from vocablens.models.files.tokenizer_files import light_tokenizer
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 #: the parts a load can read besides whole blocks (``vocablens.models.load(read=...)``; :class:`Parts`)
 PARTS = ("embedding", "input_embedding", "head", "final_norm", "value_vectors")
@@ -55,7 +56,7 @@ class Parts:
     - ``input_embedding``: the input side as the model computes it: ``W_E``, its input scale
       (Gemma's sqrt(d)), input norm (BLOOM) and ``project_in`` (OPT).
     - ``head``: ``W_U`` [V, d] with its bias, ``project_out`` and softcap. Tied or not is decided
-      by what the checkpoint stores (:mod:`vocablens.models.tie`), so the embedding matrix is read
+      by what the checkpoint stores (:mod:`vocablens.models.files.tie`), so the embedding matrix is read
       with it (one tensor when tied).
     - ``final_norm``: the final norm, computed by the family's own module.
     - ``value_vectors``: every block's FFN output projection, nothing else of the blocks.
@@ -100,7 +101,7 @@ def read_parts(spec: str | os.PathLike, parts: Parts, dtype=None, trust_remote_c
         parts: what to read (:class:`Parts`).
         dtype: torch dtype or name, ``"auto"`` for the checkpoint's own; default: the checkpoint's
             own (float32 for a dequantized GGUF), except float16, which loads as float32 (a note
-            in the provenance; :mod:`vocablens.models.run_dtype`).
+            in the provenance; :func:`vocablens.models.files.source.run_dtype`).
         trust_remote_code: passed to transformers (config, tokenizer).
 
     Returns:
@@ -114,32 +115,58 @@ def read_parts(spec: str | os.PathLike, parts: Parts, dtype=None, trust_remote_c
             the config and the weights disagree. NoSafetensors (a BadInput): a checkpoint without
             safetensors. BadInput: a block index out of range.
     """
-    from vocablens.models.run_dtype import run_dtype, with_note
+    from vocablens.models.files.source import resolve_source, run_dtype
 
-    spec = str(spec)
-    d, prov = source_dir(spec)
-    tdtype, dtype_note = run_dtype(spec, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
-    return with_note(materialize_parts(spec, d, prov, parts, tdtype, trust_remote_code), dtype_note)
+    source = resolve_source(spec)
+    d, prov = source_dir(source)
+    tdtype, dtype_note = run_dtype(source, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
+    return materialize_parts(source.spec, d, prov, parts, tdtype, trust_remote_code).with_note(dtype_note)
 
 
 def materialize_parts(spec: str, d: Path, prov, parts: Parts, tdtype: torch.dtype | None,
-                      trust_remote_code: bool = False):
+                      trust_remote_code: bool = False, device: str = "cpu"):
     """The one materializer: ``parts`` of the safetensors directory ``d`` read and built into a
     :class:`~vocablens.models.LoadedModel`, without the modeling code when the parts allow it, else
     on the family's modules (module docstring).
 
     Args:
         spec: what the user named (for messages); ``d`` and ``prov``: its directory and provenance
-            (:func:`~vocablens.models.sources.source_dir`).
+            (:func:`~vocablens.models.files.sources.source_dir`).
         parts: what to read (:class:`Parts`).
         tdtype: the dtype to convert to, or None for the checkpoint's own (then the file's
             copy-on-write mapping).
+        device: where the real tensors go once read on the CPU (:func:`borders_to`).
 
     Returns and raises: as :func:`read_parts`.
     """
     lm = None if parts.on_modules else read_matrices(d, prov, "final_norm" in parts.names, tdtype,
                                                         trust_remote_code)
-    return lm if lm is not None else _on_family_modules(spec, d, prov, parts, tdtype, trust_remote_code)
+    lm = lm if lm is not None else _on_family_modules(spec, d, prov, parts, tdtype, trust_remote_code)
+    return borders_to(lm, device)
+
+
+def borders_to(lm, device: str):
+    """Move a partially loaded model's real tensors to ``device`` (the blocks stay on ``meta``); a
+    tied matrix stays one tensor. Returns ``lm`` itself when nothing moves, else a
+    :class:`~vocablens.models.LoadedModel` with fresh borders."""
+    from vocablens.models.borders import Borders
+    from vocablens.models.files.loaded_model import LoadedModel
+
+    dev = torch.device(device)
+    moved: dict[int, tuple] = {}  # id -> (old, new): the old tensor is kept alive so ids stay unique
+    for mod in lm.model.modules():
+        for store in (mod._parameters, mod._buffers):
+            for name, t in list(store.items()):
+                if t is None or t.is_meta or t.device == dev:
+                    continue
+                if id(t) not in moved:
+                    new = t.detach().to(dev)
+                    moved[id(t)] = (t, torch.nn.Parameter(new, requires_grad=False)
+                                    if isinstance(t, torch.nn.Parameter) else new)
+                store[name] = moved[id(t)][1]
+    if not moved:
+        return lm
+    return LoadedModel(lm.model, lm.tokenizer, Borders.from_model(lm.model, tokenizer=lm.tokenizer), lm.provenance)
 
 
 # ------------------------------------------------------------ on the family's modules
@@ -148,11 +175,12 @@ def _on_family_modules(spec: str, d: Path, prov, parts: Parts, tdtype, trust_rem
     from accelerate import init_empty_weights
     from transformers import AutoConfig
 
-    from vocablens.models.auto_class import auto_model_class, renamed_files
+    from vocablens.models.files.auto_class import auto_model_class
+    from vocablens.models.files.checkpoint_files import renamed_files
     from vocablens.models.borders import Borders
-    from vocablens.models.loaded_model import LoadedModel
-    from vocablens.models.provenance import Provenance
-    from vocablens.models.spec import diagnose_dir, file_errors, missing_parts
+    from vocablens.models.files.loaded_model import LoadedModel
+    from vocablens.models.files.provenance import Provenance
+    from vocablens.models.files.spec import diagnose_dir, file_errors, missing_parts
 
     try:
         config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
@@ -160,7 +188,7 @@ def _on_family_modules(spec: str, d: Path, prov, parts: Parts, tdtype, trust_rem
     except file_errors() as e:
         raise CorruptModelFile(diagnose_dir(d) or missing_parts(d) or f"cannot read the config or tokenizer in {d}: "
                                f"{str(e).splitlines()[0]}") from None
-    with init_empty_weights():  # the causal-LM class, else a vision-language model's (models.auto_class)
+    with init_empty_weights():  # the causal-LM class, else a vision-language model's (models.files.auto_class)
         model = auto_model_class(config).from_config(config, trust_remote_code=trust_remote_code)
     files = renamed_files(model, shard_files(d))  # the checkpoint's keys as the model names them
     skel = Borders.from_model(model)
@@ -168,7 +196,7 @@ def _on_family_modules(spec: str, d: Path, prov, parts: Parts, tdtype, trust_rem
     tied = _stored_tie(model, skel, config, files, tdtype)
     ids = {id(p) for m in wanted if m is not None for p in m.parameters()}
     if not tied and skel.lm_head.weight is skel.embedding.weight:
-        # "tied" by what the checkpoint stores (vocablens.models.tie): the skeleton may share one
+        # "tied" by what the checkpoint stores (vocablens.models.files.tie): the skeleton may share one
         # meta matrix whatever the checkpoint holds
         skel.lm_head.weight = torch.nn.Parameter(torch.empty(skel.lm_head.weight.shape, device="meta"),
                                                  requires_grad=False)
@@ -217,8 +245,8 @@ def _param_name(model: nn.Module, module: nn.Module) -> str:
 
 
 def _stored_tie(model: nn.Module, skel, config, files: dict[str, Path], tdtype) -> bool:
-    """Whether the checkpoint's head is its embedding, as transformers decides it (:mod:`vocablens.models.tie`)."""
-    from vocablens.models.tie import stored_tie
+    """Whether the checkpoint's head is its embedding, as transformers decides it (:mod:`vocablens.models.files.tie`)."""
+    from vocablens.models.files.tie import stored_tie
 
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     prefix = getattr(model, "base_model_prefix", "") or ""
@@ -251,12 +279,12 @@ def load_head_only(spec: str | os.PathLike = DEFAULT_MODEL, dtype=None, trust_re
     """The LM head and the final norm (the ``head`` mode, what ``argmax`` reads): :func:`read_parts`
     of ``("head", "final_norm")``. ``borders`` has ``W_U`` [V, d], no bias, the final norm (the
     checkpoint's tensors computed by the family's own module,
-    :class:`~vocablens.models.final_norm.FamilyNorm`), and blocks that raise
+    :class:`~vocablens.models.files.final_norm.FamilyNorm`), and blocks that raise
     :class:`~vocablens.errors.BadInput` when used. In the checkpoint's dtype the matrices stay the
     file's copy-on-write mapping: a pass over them can hand their pages back to the page cache
-    (:mod:`vocablens.models.pages`). Arguments and errors as :func:`read_parts`."""
+    (:mod:`vocablens.models.files.pages`). Arguments and errors as :func:`read_parts`."""
     return read_parts(spec, Parts.of(("head", "final_norm")), dtype, trust_remote_code)
 
 
-__all__ = ["BORDERS", "PARTS", "Parts", "load_borders_only", "load_head_only", "load_matrices_only",
+__all__ = ["borders_to", "BORDERS", "PARTS", "Parts", "load_borders_only", "load_head_only", "load_matrices_only",
            "materialize_parts", "read_parts"]
