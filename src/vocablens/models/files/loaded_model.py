@@ -23,12 +23,6 @@ class LoadedModel:
     def __iter__(self):
         return iter((self.model, self.tokenizer, self.borders, self.provenance))
 
-    def with_note(self, note: str | None) -> "LoadedModel":
-        """Itself, with ``note`` added to its provenance's notes (once; None adds nothing)."""
-        if note and note not in self.provenance.notes:
-            self.provenance = Provenance(**{**self.provenance.__dict__, "notes": tuple(self.provenance.notes) + (note,)})
-        return self
-
     # ------------------------------------------------------------------ text -> ids (the one place)
     def encode(self, text: str, *, chat: bool = False, prefix: str = "", special_text: str = "parse"):
         """One prompt -> input ids [1, T] int64: THE rule every surface encodes user text by
@@ -170,3 +164,10 @@ class LoadedModel:
 
 
 __all__ = ["LoadedModel"]
+
+
+def with_note(lm: LoadedModel, note: str | None) -> LoadedModel:
+    """``lm``, with ``note`` added to its provenance's notes (once; None adds nothing)."""
+    if note and note not in lm.provenance.notes:
+        lm.provenance = Provenance(**{**lm.provenance.__dict__, "notes": tuple(lm.provenance.notes) + (note,)})
+    return lm

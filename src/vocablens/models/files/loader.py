@@ -40,7 +40,7 @@ import os
 from typing import Iterable
 
 from vocablens.errors import BadInput
-from vocablens.models.files.loaded_model import LoadedModel
+from vocablens.models.files.loaded_model import LoadedModel, with_note
 from vocablens.models.files.source import DEFAULT_MODEL, Source, run_dtype
 from vocablens.models.files.whole import load_whole, loaded_whole_instead, checked_readout  # noqa: F401  (checked_readout re-exported)
 
@@ -168,7 +168,7 @@ def _partial(source: Source, parts, run: tuple, device: str, trust_remote_code: 
                 lm = materialize_parts(source.spec, d, prov, parts, run[0], trust_remote_code, device)
             else:
                 lm = stream_beyond(source.spec, d, prov, parse_bytes(max_memory), run[0], trust_remote_code)
-            return apply_stored(lm.with_note(run[1]), source)
+            return apply_stored(with_note(lm, run[1]), source)
         except NoSafetensors:  # pytorch_model.bin only: no header to read a few tensors from
             why = "pickle"
     return loaded_whole_instead(source, "streaming" if parts is None else "borders", run, device, trust_remote_code, why)

@@ -36,6 +36,7 @@ from torch import nn
 
 from vocablens.errors import BadInput, CorruptModelFile
 from vocablens.models.files.checkpoint_files import checkpoint_name, materialize, shard_files
+from vocablens.models.files.loaded_model import with_note
 from vocablens.models.files.matrices_only import read_matrices
 from vocablens.models.files.sources import source_dir
 from vocablens.models.files.tokenizer_files import light_tokenizer
@@ -120,7 +121,7 @@ def read_parts(spec: str | os.PathLike, parts: Parts, dtype=None, trust_remote_c
     source = resolve_source(spec)
     d, prov = source_dir(source)
     tdtype, dtype_note = run_dtype(source, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
-    return materialize_parts(source.spec, d, prov, parts, tdtype, trust_remote_code).with_note(dtype_note)
+    return with_note(materialize_parts(source.spec, d, prov, parts, tdtype, trust_remote_code), dtype_note)
 
 
 def materialize_parts(spec: str, d: Path, prov, parts: Parts, tdtype: torch.dtype | None,

@@ -25,6 +25,7 @@ import torch
 
 from vocablens.errors import BadInput
 from vocablens.models.files.spec import DEFAULT_MODEL
+from vocablens.models.files.loaded_model import with_note
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -132,7 +133,7 @@ def load_streaming(spec: str | os.PathLike = DEFAULT_MODEL, max_memory: str | in
     source = resolve_source(spec)
     d, prov = source_dir(source)
     tdtype, dtype_note = run_dtype(source, dtype)  # a float16 checkpoint: float32 (the CPU's rule)
-    return stream_beyond(source.spec, d, prov, cap, tdtype, trust_remote_code).with_note(dtype_note)
+    return with_note(stream_beyond(source.spec, d, prov, cap, tdtype, trust_remote_code), dtype_note)
 
 
 def stream_beyond(spec: str, d: Path, prov, cap: int, tdtype: torch.dtype | None, trust_remote_code: bool = False):

@@ -17,7 +17,7 @@ from typing import Any
 
 from vocablens.errors import BadInput
 from vocablens.models.files.gguf_cache import load_gguf
-from vocablens.models.files.loaded_model import LoadedModel
+from vocablens.models.files.loaded_model import LoadedModel, with_note
 from vocablens.models.files.provenance import Provenance, dir_provenance
 from vocablens.models.files.quantized import quantization_config, quantization_name, quantized_provenance, refused
 from vocablens.models.files.source import Source, hub_kwargs
@@ -83,8 +83,8 @@ def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool,
 
         check_split(borders)
         line += f", tensor parallel over {world_size()} ranks"
-    lm = LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})).with_note(dtype_note)
-    return lm if placement is None else lm.with_note(P.placement_line(found))
+    lm = with_note(LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})), dtype_note)
+    return lm if placement is None else with_note(lm, P.placement_line(found))
 
 
 def loaded_whole_instead(source: Source, mode: str, run: tuple, device: str = "cpu", trust_remote_code: bool = False,
