@@ -29,6 +29,7 @@ from vocablens.cli.global_options import print_stats, show_version, take_dtype, 
 from vocablens.cli import placement
 from vocablens.cli.placement import DeviceOpt, resolve_device  # noqa: F401  (re-exported for the commands)
 from vocablens.errors import BadInput, VocabLensError
+from vocablens.models.spec import DEFAULT_MODEL
 
 app = typer.Typer(
     name="vocablens",
@@ -62,7 +63,7 @@ def _main(
     """The embedding and the unembedding (LM head) of decoder-only language models."""
 
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 (default), a model directory, a .gguf file or a hub id.")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help=f"{DEFAULT_MODEL} (default), a model directory, a .gguf file or a hub id.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout, nothing else on stdout.")]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow the model's own Python code (off by default).")]
 MaxMemOpt = Annotated[str, typer.Option("--max-memory", help="Keep at most this much of the weights in memory "
@@ -267,13 +268,18 @@ def _command_options(argv: list[str]) -> dict[str, list[str]]:
         if sub is None:
             break
         cmd = sub
+    return _options_of(cmd)
+
+
+def _options_of(cmd) -> dict[str, list[str]]:
+    """Python parameter name -> its options, of one click command."""
     return {p.name: list(p.opts) for p in cmd.params
             if getattr(p, "param_type_name", "") == "option" and p.name and p.opts}
 
 
 #: library argument -> the command parameter that passes it, where the two names differ
 ARGUMENT_OPTIONS = {"per_block": ("sample",), "budget_s": ("budget",), "out": ("out_dir",),
-                    "path": ("lens_path", "tuned_path", "lens"), "neurons": ("neuron",)}
+                    "path": ("lens_path", "tuned_path", "lens"), "neurons": ("neuron",), "images": ("image",)}
 #: options the CLI names by their short form in messages (``-k``, not ``--top-k``), where a command has it
 SHORT_NAMED = {"k": "-k"}
 
@@ -281,14 +287,15 @@ SHORT_NAMED = {"k": "-k"}
 def in_cli_words(message: str, argv: list[str]) -> str:
     """A library message in the CLI's words: the library names a function argument as `` `name` ``
     (e.g. "`max_memory` takes a size ..."); where the command takes it as an option, the option
-    (``--max-memory``, or the short form :data:`SHORT_NAMED` gives: ``-k``) stands in its place. Other
-    names keep their backticks."""
+    (``--max-memory``, or the short form :data:`SHORT_NAMED` gives: ``-k``) stands in its place; an
+    option every command takes (``--dtype``, ``--device-map``) where the command has none of that name.
+    Other names keep their backticks."""
     import re
 
     if "`" not in message:
         return message
     try:
-        opts = _command_options(argv)
+        opts = {**_options_of(typer.main.get_command(app)), **_command_options(argv)}
     except Exception:  # pragma: no cover  (the message as it is, rather than no message)
         return message
     def option(m: re.Match) -> str:
@@ -323,7 +330,7 @@ def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
     words = [a for a in argv if not a.startswith("-")][:2]
     refused = tp_refusal(words, argv)  # --tp on a command that cannot run split: one line (rank 0), exit 2
     if refused:
-        return 2 if rank else print_error(refused) or 2
+        return 2 if rank else print_error(in_cli_words(refused, argv)) or 2
     if rank is not None and words and not splits_over_ranks(words) and "--tp" not in argv:
         if rank != 0:
             return 0  # a command that does not split over processes: rank 0 runs it alone

@@ -87,13 +87,7 @@ def _check_flags(max_new_tokens: int, top: int, temperature: float, top_k, top_p
     checks.at_least("max_new_tokens", max_new_tokens)
     if top < 0:
         raise BadInput(f"--top must be >= 0; got {top}")
-    try:
-        check_sampling_args(temperature, top_k, top_p, min_p)
-    except BadInput as e:  # name the flags, not the Python arguments
-        msg = str(e)
-        for name in ("temperature", "top_k", "top_p", "min_p"):
-            msg = msg.replace(name, "--" + name.replace("_", "-"), 1) if msg.startswith(name) else msg
-        raise BadInput(msg) from None
+    check_sampling_args(temperature, top_k, top_p, min_p)  # its `top_k` is printed as --top-k (in_cli_words)
     if early_exit is not None and early_exit not in ("logit", "tuned"):
         raise BadInput(f"--early-exit must be 'logit' or 'tuned'; got {early_exit!r}")
     if not 0 < threshold <= 1:

@@ -104,7 +104,7 @@ def backward_lens(borders: Borders, input_ids: torch.Tensor, target: int, positi
     """
     real = borders.real_vocab_size
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= real:
-        raise BadInput(f"-k must be an integer between 1 and V={real}; got {k!r}")
+        raise BadInput(f"`k` must be an integer between 1 and V={real}; got {k!r}")
     ids = torch.as_tensor(input_ids).flatten()
     grads, loss = layer_gradients(borders, ids, target, position)
     W = borders.W_U[:real].detach().float()  # [V', d_emb]

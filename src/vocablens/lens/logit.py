@@ -266,7 +266,7 @@ def lens_batches(borders: Borders, prompts, translators: Sequence[Translator | N
             raise BadInput("empty prompt: give some text" if len(seqs) == 1 else f"prompt {i + 1} is empty")
     real = borders.real_vocab_size
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= real:
-        raise BadInput(f"-k must be an integer between 1 and V={real}; got {k!r}")
+        raise BadInput(f"`k` must be an integer between 1 and V={real}; got {k!r}")
     L = borders.n_layers
     wanted = list(range(L + 1)) if layers is None else sorted(set(int(x) for x in layers))
     bad = [x for x in wanted if not 0 <= x <= L]

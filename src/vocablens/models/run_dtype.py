@@ -98,7 +98,7 @@ def run_dtype(spec, dtype, device="cpu"):
                                "65,504 and has no fast CPU kernels); --dtype float16 keeps it")
     if isinstance(dtype, str) and dtype.strip().lower() in ("", "auto"):
         return None, None
-    return torch_dtype(dtype, "--dtype"), None
+    return torch_dtype(dtype, "`dtype`"), None
 
 
 def with_note(lm, note: str | None):

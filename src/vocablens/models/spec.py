@@ -28,7 +28,7 @@ def default_gguf_path() -> Path:
     """
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(f"the default model 'smollm2' is not installed; run: {INSTALL_DEFAULT}")
+        raise ModelNotFound(f"the default model {DEFAULT_MODEL!r} is not installed; run: {INSTALL_DEFAULT}")
     for loc in spec.submodule_search_locations:
         p = Path(loc) / DEFAULT_GGUF_NAME
         if p.is_file():
