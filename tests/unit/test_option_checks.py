@@ -75,6 +75,32 @@ def test_no_message_raised_in_the_library_names_a_cli_flag():
     assert found == []
 
 
+def _messages(path: Path):
+    """(line, message) of every ``raise X("...")`` / ``raise X(f"...")`` in ``path``, the message as written."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
+            first = node.exc.args[0]
+            if isinstance(first, ast.JoinedStr) or (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+                yield node.lineno, first.value if isinstance(first, ast.Constant) else ast.unparse(first)
+
+
+def _same_rule(message: str) -> str:
+    """A message with the names of its arguments in one spelling (``--top-k``, ``-k``, `` `top_k` `` -> ``top_k``)."""
+    message = message.replace("`", "")
+    return re.sub(r"(?<![\w-])--?([a-zA-Z][a-zA-Z0-9-]*)", lambda m: m.group(1).replace("-", "_"), message)
+
+
+def test_no_message_is_written_both_in_the_cli_and_in_the_library():
+    """A rule the CLI checks before the load and the library on entry is one function: no message is
+    raised in both (word for word, nor with the option written for the parameter)."""
+    cli = {_same_rule(text): f"cli/{p.name}:{line}" for p in sorted((SRC / "cli").glob("*.py"))
+           for line, text in _messages(p)}
+    both = [f"{cli[_same_rule(text)]} and {p.relative_to(SRC)}:{line}: {text}" for p in LIBRARY
+            for line, text in _messages(p) if _same_rule(text) in cli]
+    assert len(cli) > 50 and _same_rule("--top-k must be >= 0") == _same_rule("`top_k` must be >= 0")
+    assert both == []
+
+
 def _cli_error(capsys, argv: list[str]) -> str:
     capsys.readouterr()
     code = run_app(argv)
