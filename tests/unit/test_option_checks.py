@@ -194,3 +194,18 @@ def test_a_tensor_parallel_load_outside_torchrun_names_tp(tiny_dir, capsys, monk
         vocablens.load(tiny_dir, tp=True)
     assert str(e.value).startswith("`tp` splits one model over the processes torchrun starts: run it as `torchrun")
     assert _cli_error(capsys, ["lens", "hi", "-m", tiny_dir, "--tp"]) == "error: " + str(e.value).replace("`tp` ", "--tp ", 1)
+
+
+def test_a_corpus_on_standard_input_names_corpus(tiny_dir, capsys, monkeypatch):
+    import io
+    import sys
+
+    from vocablens.corpus import load_documents
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"ab\x80cd")))
+    with pytest.raises(BadInput) as e:
+        load_documents("-")
+    assert str(e.value).startswith("`corpus` - (standard input): cannot read it as text: byte 0x80 at byte offset 2")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"ab\x80cd")))
+    assert _cli_error(capsys, ["settle", "--corpus", "-", "-m", tiny_dir]) == \
+        "error: " + str(e.value).replace("`corpus`", "--corpus")

@@ -308,6 +308,15 @@ def in_cli_words(message: str, argv: list[str]) -> str:
     return re.sub(r"`([a-z_][a-z0-9_]*)`", option, message)
 
 
+def in_command_words(message: str) -> str:
+    """:func:`in_cli_words` for the command now running (click's current context): a library note
+    told to a command names its options."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    return message if ctx is None else in_cli_words(message, ctx.command_path.split()[1:])
+
+
 def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
     """Run the typer app; VocabLensError -> one line on stderr, exit code 2, no traceback.
     ``whole_process``: the process runs this command alone (``--stats`` then reports its age too)."""
