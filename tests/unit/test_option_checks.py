@@ -20,6 +20,7 @@ from vocablens.cli.common import run_app
 from vocablens.errors import BadInput
 from vocablens.handle import checks
 from vocablens.handle.lens_compare import check_scoring_options
+from vocablens.generate.early_exit import check_exit_options
 from vocablens.lens.jacobian_merge import merge_lens_files, parse_shard
 from vocablens.lens.published import resolve_lens_source
 from vocablens.models.vision import read_image
@@ -76,12 +77,15 @@ def test_no_message_raised_in_the_library_names_a_cli_flag():
 
 
 def _messages(path: Path):
-    """(line, message) of every ``raise X("...")`` / ``raise X(f"...")`` in ``path``, the message as written."""
+    """(line, message) of every ``raise X("...")`` / ``raise X(f"...")`` in ``path``, each value an
+    f-string puts in written ``{}`` (``f"got {k}"`` and ``f"got {self.k!r}"`` are one message)."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
             first = node.exc.args[0]
-            if isinstance(first, ast.JoinedStr) or (isinstance(first, ast.Constant) and isinstance(first.value, str)):
-                yield node.lineno, first.value if isinstance(first, ast.Constant) else ast.unparse(first)
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                yield node.lineno, first.value
+            elif isinstance(first, ast.JoinedStr):
+                yield node.lineno, "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in first.values)
 
 
 def _same_rule(message: str) -> str:
@@ -97,7 +101,7 @@ def test_no_message_is_written_both_in_the_cli_and_in_the_library():
            for line, text in _messages(p)}
     both = [f"{cli[_same_rule(text)]} and {p.relative_to(SRC)}:{line}: {text}" for p in LIBRARY
             for line, text in _messages(p) if _same_rule(text) in cli]
-    assert len(cli) > 50 and _same_rule("--top-k must be >= 0") == _same_rule("`top_k` must be >= 0")
+    assert len(cli) > 40 and _same_rule("--top-k must be >= 0") == _same_rule("`top_k` must be >= 0")
     assert both == []
 
 
@@ -132,6 +136,12 @@ def _cli_error(capsys, argv: list[str]) -> str:
      "`temperature` must be >= 0 (0 = greedy); got -1.0", "--temperature must be >= 0 (0 = greedy); got -1.0"),
     (lambda: check_sampling_args(top_p=0.0), ["generate", "hi", "--top-p", "0"],
      "`top_p` must be in (0, 1]; got 0.0", "--top-p must be in (0, 1]; got 0.0"),
+    (lambda: check_exit_options("fast", 0.9, "full"), ["generate", "hi", "--early-exit", "fast"],
+     "`lens` must be 'logit' or 'tuned'; got 'fast'", "--early-exit must be 'logit' or 'tuned'; got 'fast'"),
+    (lambda: check_exit_options("logit", 1.5, "full"), ["generate", "hi", "--threshold", "1.5"],
+     "`threshold` must be in (0, 1]; got 1.5", "--threshold must be in (0, 1]; got 1.5"),
+    (lambda: check_exit_options("logit", 0.9, "some"), ["generate", "hi", "--exit-test", "some"],
+     "`test` must be 'full' or 'candidates'; got 'some'", "--exit-test must be 'full' or 'candidates'; got 'some'"),
     (lambda: check_prompt(" "), ["report", "--prompt", " "],
      "empty prompt: give some text with `prompt`", "empty prompt: give some text with --prompt"),
     (lambda: read_image("/nonexistent/x.png"), ["lens", "hi", "--image", "/nonexistent/x.png"],

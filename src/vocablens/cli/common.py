@@ -279,7 +279,8 @@ def _options_of(cmd) -> dict[str, list[str]]:
 
 #: library argument -> the command parameter that passes it, where the two names differ
 ARGUMENT_OPTIONS = {"per_block": ("sample",), "budget_s": ("budget",), "out": ("out_dir",),
-                    "path": ("lens_path", "tuned_path", "lens"), "neurons": ("neuron",), "images": ("image",)}
+                    "path": ("lens_path", "tuned_path", "lens"), "neurons": ("neuron",), "images": ("image",),
+                    "lens": ("early_exit",), "test": ("exit_test",)}
 #: options the CLI names by their short form in messages (``-k``, not ``--top-k``), where a command has it
 SHORT_NAMED = {"k": "-k"}
 
