@@ -200,7 +200,7 @@ def load_documents(spec: str | Path, max_docs: int | None = None) -> list[Docume
     if str(spec) in NAMED_CORPORA:
         docs = _named(str(spec), max_docs)
     elif str(spec) == STDIN:  # one text from standard input
-        docs = [Document("stdin", read_text(STDIN, "--corpus"))]
+        docs = [Document("stdin", read_text(STDIN, "`corpus`"))]
     else:
         p = Path(spec).expanduser()
         if not p.exists():

@@ -75,5 +75,5 @@ def test_backward_lens_refusals_and_the_model_is_left_as_found():
         backward_lens(b, ids, b.vocab_size + 5)
     with pytest.raises(BadInput, match="position"):
         backward_lens(b, ids, 3, position=9)
-    with pytest.raises(BadInput, match="-k"):
+    with pytest.raises(BadInput, match="`k`"):
         backward_lens(b, ids, 3, k=0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import vocablens.cli  # noqa: F401  (registers the commands)
-from vocablens.cli.common import in_cli_words
+from vocablens.cli.common import in_cli_words, in_command_words
 
 
 def test_an_argument_the_command_takes_becomes_its_option():
@@ -27,3 +27,26 @@ def test_other_names_and_messages_stay_as_they_are():
     assert in_cli_words("train one with `vocablens lens train`", ["lens", "eval"]) == \
         "train one with `vocablens lens train`"
     assert in_cli_words("no backticks --here", []) == "no backticks --here"
+
+
+def test_an_option_every_command_takes_and_the_image_files():
+    # --dtype and --device-map are the app's own options: any command takes them
+    assert in_cli_words("unknown `dtype` 'x'", ["neighbors"]) == "unknown --dtype 'x'"
+    assert in_cli_words("`tp` and `device_map` are two ways", ["lens", "hi", "--tp"]) == "--tp and --device-map are two ways"
+    # the library's `images` are the commands' --image files
+    assert in_cli_words("`images`: no such file 'x.png'", ["report"]) == "--image: no such file 'x.png'"
+
+
+def test_a_note_told_to_a_running_command_names_its_options():
+    import click
+    import typer
+
+    from vocablens.cli.common import app
+
+    root = typer.main.get_command(app)
+    lens = root.commands["lens"]
+    with click.Context(root, info_name="vocablens") as top, click.Context(lens, parent=top, info_name="lens") as mid, \
+            click.Context(lens.commands["eval"], parent=mid, info_name="eval"):
+        assert in_command_words("evaluating on pydoc-topics; give `corpus` to choose") == \
+            "evaluating on pydoc-topics; give --corpus to choose"
+    assert in_command_words("give `corpus` to choose") == "give `corpus` to choose"  # no command running

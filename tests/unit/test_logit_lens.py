@@ -52,7 +52,7 @@ def test_kl_and_entropy_match_direct_computation():
 def test_bad_arguments():
     b = Borders.from_model(make_tiny("llama"))
     x = ids(batch=1, T=4)[0]
-    with pytest.raises(BadInput, match="-k"):
+    with pytest.raises(BadInput, match="`k`"):
         logit_lens(b, x, k=0)
     with pytest.raises(BadInput, match="layer 9"):
         logit_lens(b, x, layers=[0, 9])

@@ -108,7 +108,7 @@ def test_status_on_a_non_terminal_stderr_prints_the_message(capsys):
 
 
 def test_count_bar_on_a_non_terminal_stderr_prints_its_stage(capsys):
-    from vocablens.cli.common import count_bar
+    from vocablens.cli.progress import count_bar
 
     with count_bar(False, 40, "lens eval", "tokens", stage="scoring") as tick:
         tick(20)

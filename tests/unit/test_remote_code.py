@@ -71,7 +71,7 @@ def test_load_config_refuses_and_a_known_model_type_needs_no_code(custom, tmp_pa
     from vocablens.models.files.config import load_config
     from vocablens.models.files.remote_code import needs_remote_code
 
-    with pytest.raises(BadInput, match="--trust-remote-code"):
+    with pytest.raises(BadInput, match="`trust_remote_code`"):  # the Python argument (the CLI says --trust-remote-code)
         load_config(custom)
     assert needs_remote_code(custom) == "configuration_vlcustom.py"
     # a known model_type with an auto_map loads with transformers' own class: nothing to refuse

@@ -57,6 +57,7 @@ ALLOWED = {
     "vocablens.ops.vocab_parallel.comm.share": "this rank's share of the rows under torchrun",
     # options and files checked before a model loads (one line, exit 2, no load first)
     "vocablens.ops.sampling.check_sampling_args": "checks --temperature/--top-k/--top-p before the load",
+    "vocablens.generate.early_exit.check_exit_options": "checks --early-exit/--threshold/--exit-test before the load",
     "vocablens.lens.jacobian_merge.parse_shard": "checks fit-jacobian's --shard I/N before the load",
     "vocablens.accounting.anatomy.logits_memory": "checks --batch/--context/--dtype before the load",
     "vocablens.surgery.io.check_out": "refuses an --out that exists before the load",

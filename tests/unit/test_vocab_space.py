@@ -359,12 +359,12 @@ def test_bad_parameters(tiny_cache):
         vs.project_vectors(b, [0], [96])
     with pytest.raises(BadInput, match="head 4 is out of range"):
         vs.head_circuit(b, 0, 4)
-    with pytest.raises(BadInput, match="-k"):
+    with pytest.raises(BadInput, match="`k`"):
         vs.project_vectors(b, [0], [0], k=0)
     with pytest.raises(BadInput):
         vs.search_token(b, 10_000)
     for bad in (0, 2.0, True, "3"):
-        with pytest.raises(BadInput, match="-k"):
+        with pytest.raises(BadInput, match="`k`"):
             vs.search_token(b, 3, k=bad)
     with pytest.raises(BadInput, match="no token"):
         vs.search_tokens(b, [])

@@ -9,6 +9,7 @@ import typer
 from vocablens.handle import checks
 from vocablens.cli.common import JsonOpt, DeviceOpt, TrustOpt, app, load_model, show
 from vocablens.errors import BadInput
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 
 def _blocks(s: str | None, L: int, which: str) -> list[int] | None:
@@ -26,7 +27,7 @@ def _blocks(s: str | None, L: int, which: str) -> list[int] | None:
 
 @app.command("align")
 def align_cmd(
-    model_a: Annotated[str, typer.Argument(help="Model A: smollm2, a model directory, a .gguf file or a hub id.")],
+    model_a: Annotated[str, typer.Argument(help=f"Model A: {DEFAULT_MODEL}, a model directory, a .gguf file or a hub id.")],
     model_b: Annotated[str, typer.Argument(help="Model B (must share A's vocabulary, fully or in part).")],
     what: Annotated[str, typer.Option("--what", help="ffn: FFN value vectors; heads: attention OV circuits.")] = "ffn",
     blocks_a: Annotated[str, typer.Option("--blocks-a", help="Blocks of A to match, 'A..B' or '0,5,7' (default all).")] = "",

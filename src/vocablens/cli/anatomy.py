@@ -14,7 +14,7 @@ from vocablens.models.files.spec import DEFAULT_MODEL
 def anatomy_cmd(
     models: Annotated[Optional[list[str]], typer.Argument(
         help="Models to compare side by side: catalogue ids or aliases (qwen3-0.6b, Qwen/Qwen3-8B, gpt2 ...), "
-             "smollm2, config.json files, model directories, .gguf files. Default: --model.")] = None,
+             f"{DEFAULT_MODEL}, config.json files, model directories, .gguf files. Default: --model.")] = None,
     model: ModelOpt = DEFAULT_MODEL,
     batch: Annotated[int, typer.Option("--batch", help="Batch size B of the logits tensor.")] = 1,
     context: Annotated[int, typer.Option("--context", help="Context length T: logits tensor and attention FLOPs.")] = 4096,

@@ -29,6 +29,7 @@ from vocablens.cli.global_options import print_stats, show_version, take_dtype, 
 from vocablens.cli import placement
 from vocablens.cli.placement import DeviceOpt, resolve_device  # noqa: F401  (re-exported for the commands)
 from vocablens.errors import BadInput, VocabLensError
+from vocablens.models.files.spec import DEFAULT_MODEL
 
 app = typer.Typer(
     name="vocablens",
@@ -62,7 +63,7 @@ def _main(
     """The embedding and the unembedding (LM head) of decoder-only language models."""
 
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 (default), a model directory, a .gguf file or a hub id.")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help=f"{DEFAULT_MODEL} (default), a model directory, a .gguf file or a hub id.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout, nothing else on stdout.")]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow the model's own Python code (off by default).")]
 MaxMemOpt = Annotated[str, typer.Option("--max-memory", help="Keep at most this much of the weights in memory "
@@ -147,30 +148,6 @@ def status(msg: str, quiet: bool = False):
         return
     with err.status(Text(msg)):
         yield
-
-
-class count_bar:
-    """Progress over ``total`` units of one stage (nothing when quiet): a rich bar with ETA on a
-    terminal, plain lines with a heartbeat elsewhere (:func:`~vocablens.cli.progress.stage_progress`,
-    name ``label``; ``stage``: the stage's name, default ``label``). Entering gives ``tick(done)``,
-    which sets how many units are done."""
-
-    def __init__(self, quiet: bool, total: int, label: str, unit: str = "rows", stage: str = "") -> None:
-        self.quiet, self.total, self.label, self.unit, self.stage = quiet, total, label, unit, stage or label
-        self.cb, self.close = (lambda *_: None), (lambda: None)
-
-    def __enter__(self):
-        if self.quiet:
-            return lambda done: None
-        from vocablens.cli.progress import stage_progress
-
-        self.cb, self.close = stage_progress(self.label, self.unit)
-        self.cb(self.stage, 0, self.total)
-        return lambda done: self.cb(self.stage, done, self.total)
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 #: the global ``--dtype`` of the command running now (:func:`run_app` sets it, then clears it)
@@ -283,13 +260,19 @@ def _command_options(argv: list[str]) -> dict[str, list[str]]:
         if sub is None:
             break
         cmd = sub
+    return _options_of(cmd)
+
+
+def _options_of(cmd) -> dict[str, list[str]]:
+    """Python parameter name -> its options, of one click command."""
     return {p.name: list(p.opts) for p in cmd.params
             if getattr(p, "param_type_name", "") == "option" and p.name and p.opts}
 
 
 #: library argument -> the command parameter that passes it, where the two names differ
 ARGUMENT_OPTIONS = {"per_block": ("sample",), "budget_s": ("budget",), "out": ("out_dir",),
-                    "path": ("lens_path", "tuned_path", "lens"), "neurons": ("neuron",)}
+                    "path": ("lens_path", "tuned_path", "lens"), "neurons": ("neuron",), "images": ("image",),
+                    "lens": ("early_exit",), "test": ("exit_test",)}
 #: options the CLI names by their short form in messages (``-k``, not ``--top-k``), where a command has it
 SHORT_NAMED = {"k": "-k"}
 
@@ -297,14 +280,15 @@ SHORT_NAMED = {"k": "-k"}
 def in_cli_words(message: str, argv: list[str]) -> str:
     """A library message in the CLI's words: the library names a function argument as `` `name` ``
     (e.g. "`max_memory` takes a size ..."); where the command takes it as an option, the option
-    (``--max-memory``, or the short form :data:`SHORT_NAMED` gives: ``-k``) stands in its place. Other
-    names keep their backticks."""
+    (``--max-memory``, or the short form :data:`SHORT_NAMED` gives: ``-k``) stands in its place; an
+    option every command takes (``--dtype``, ``--device-map``) where the command has none of that name.
+    Other names keep their backticks."""
     import re
 
     if "`" not in message:
         return message
     try:
-        opts = _command_options(argv)
+        opts = {**_options_of(typer.main.get_command(app)), **_command_options(argv)}
     except Exception:  # pragma: no cover  (the message as it is, rather than no message)
         return message
     def option(m: re.Match) -> str:
@@ -315,6 +299,15 @@ def in_cli_words(message: str, argv: list[str]) -> str:
         return SHORT_NAMED[name] if SHORT_NAMED.get(name) in found[0] else max(found[0], key=len)
 
     return re.sub(r"`([a-z_][a-z0-9_]*)`", option, message)
+
+
+def in_command_words(message: str) -> str:
+    """:func:`in_cli_words` for the command now running (click's current context): a library note
+    told to a command names its options."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    return message if ctx is None else in_cli_words(message, ctx.command_path.split()[1:])
 
 
 def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
@@ -339,7 +332,7 @@ def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
     words = [a for a in argv if not a.startswith("-")][:2]
     refused = tp_refusal(words, argv)  # --tp on a command that cannot run split: one line (rank 0), exit 2
     if refused:
-        return 2 if rank else print_error(refused) or 2
+        return 2 if rank else print_error(in_cli_words(refused, argv)) or 2
     if rank is not None and words and not splits_over_ranks(words) and "--tp" not in argv:
         if rank != 0:
             return 0  # a command that does not split over processes: rank 0 runs it alone

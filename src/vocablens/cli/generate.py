@@ -79,25 +79,15 @@ def generate_cmd(
 
 def _check_flags(max_new_tokens: int, top: int, temperature: float, top_k, top_p, min_p, early_exit,
                  threshold: float, exit_test: str) -> None:
-    """Raise BadInput naming the flag for a bad count, sampling filter or early-exit option."""
+    """Raise BadInput for a bad count, sampling filter or early-exit option, through the library's own
+    rules (their `` `top_k` ``, `` `lens` `` ... are printed as --top-k, --early-exit: in_cli_words)."""
+    from vocablens.generate.early_exit import check_exit_options
     from vocablens.ops.sampling import check_sampling_args
 
     checks.at_least("max_new_tokens", max_new_tokens)
-    if top < 0:
-        raise BadInput(f"--top must be >= 0; got {top}")
-    try:
-        check_sampling_args(temperature, top_k, top_p, min_p)
-    except BadInput as e:  # name the flags, not the Python arguments
-        msg = str(e)
-        for name in ("temperature", "top_k", "top_p", "min_p"):
-            msg = msg.replace(name, "--" + name.replace("_", "-"), 1) if msg.startswith(name) else msg
-        raise BadInput(msg) from None
-    if early_exit is not None and early_exit not in ("logit", "tuned"):
-        raise BadInput(f"--early-exit must be 'logit' or 'tuned'; got {early_exit!r}")
-    if not 0 < threshold <= 1:
-        raise BadInput(f"--threshold must be in (0, 1]; got {threshold}")
-    if exit_test not in ("full", "candidates"):
-        raise BadInput(f"--exit-test must be 'full' or 'candidates'; got {exit_test!r}")
+    checks.at_least_ge("top", top, 0)
+    check_sampling_args(temperature, top_k, top_p, min_p)
+    check_exit_options("logit" if early_exit is None else early_exit, threshold, exit_test)  # None: no early exit
 
 
 def _exit_rule(lm, early_exit: str | None, threshold: float, min_layer: int | None, exit_test: str,

@@ -199,3 +199,25 @@ def stage_progress(name: str, unit: str = "rows", quiet: bool = False, units: di
         prog.update(tasks[stage], completed=done, total=total)
 
     return cb, prog.stop
+
+
+class count_bar:
+    """Progress over ``total`` units of one stage (nothing when quiet): a rich bar with ETA on a
+    terminal, plain lines with a heartbeat elsewhere (:func:`stage_progress`,
+    name ``label``; ``stage``: the stage's name, default ``label``). Entering gives ``tick(done)``,
+    which sets how many units are done."""
+
+    def __init__(self, quiet: bool, total: int, label: str, unit: str = "rows", stage: str = "") -> None:
+        self.quiet, self.total, self.label, self.unit, self.stage = quiet, total, label, unit, stage or label
+        self.cb, self.close = (lambda *_: None), (lambda: None)
+
+    def __enter__(self):
+        if self.quiet:
+            return lambda done: None
+        self.cb, self.close = stage_progress(self.label, self.unit)
+        self.cb(self.stage, 0, self.total)
+        return lambda done: self.cb(self.stage, done, self.total)
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

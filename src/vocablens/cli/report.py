@@ -39,14 +39,13 @@ def report(
     Every section runs within its share of --budget; the page lists the ones cut short and the
     command that completes each.
     """
-    from vocablens.report.runner import plan_report
+    from vocablens.report.runner import check_prompt, plan_report
     from vocablens.cli.heap import tune_heap
 
     tune_heap(scan=True)  # the argmax scan runs in this process (cli/heap.py)
     from vocablens.render.report import write_page
 
-    if not prompt.strip():
-        raise BadInput("empty prompt: give some text with --prompt")
+    check_prompt(prompt)
     out_path = Path(out_path)
     if out_path.is_dir():
         raise BadInput(f"--out {out_path} is a directory; give a file name")

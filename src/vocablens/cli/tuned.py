@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from vocablens.cli.common import (
-    JsonOpt, ModelOpt, DeviceOpt, TpOpt, TrustOpt, show, err, load_model, status,
+    JsonOpt, ModelOpt, DeviceOpt, TpOpt, TrustOpt, show, err, in_command_words, load_model, status,
 )
 from vocablens.cli.core import lens_app
 from vocablens.cli.lenses import check_eval_options, set_threads
@@ -205,7 +205,7 @@ def lens_eval(
     rank, _ = init_from_env(group_device(tp, device))
     quiet = (json_ and not progress) or rank != 0
     inputs = lens_eval_inputs(model, lens_path or None, corpus or None, split,  # before the model loads
-                              notes=None if quiet else (lambda line: err.print(line, style="dim")))
+                              notes=None if quiet else (lambda line: err.print(in_command_words(line), style="dim")))
     lm = load_model(model, mode="full", trust_remote_code=trust_remote_code, device=device, quiet=quiet, tp=tp)
 
     bar = [(lambda *_: None), (lambda: None)]  # the progress bar, opened when scoring starts

@@ -10,9 +10,10 @@ from rich.text import Text
 
 from vocablens.handle import checks
 from vocablens.cli.common import (
-    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, count_bar, show, err, load_model,
+    DeviceOpt, JsonOpt, ModelOpt, TrustOpt, app, show, err, load_model,
     parse_int_list,
 )
+from vocablens.cli.progress import count_bar
 from vocablens.errors import BadInput
 from vocablens.models.files.spec import DEFAULT_MODEL
 
@@ -59,8 +60,8 @@ def _check_block_early(spec: str, block: int) -> None:
         n = getattr(cfg, "num_hidden_layers", None)
     except (VocabLensError, ValueError, KeyError, TypeError, AttributeError, OSError):
         return
-    if isinstance(n, int) and not isinstance(n, bool) and block >= n:
-        raise BadInput(f"block {block} is out of range: this model has blocks 0..{n - 1}")
+    if isinstance(n, int) and not isinstance(n, bool):
+        checks.block_in_range(block, n)  # the handle's rule, read off the config before the load
 
 
 @app.command("project")

@@ -50,6 +50,22 @@ def load_tuned_lens(borders, model_spec: str = DEFAULT_MODEL, path=None):
     return load_for_model(borders, model_spec, path)
 
 
+def check_exit_options(lens: str, threshold: float, test: str) -> None:
+    """The early-exit options known before a model is read (:class:`ExitRule`'s fields): ``lens`` logit
+    or tuned, ``threshold`` a number in (0, 1], ``test`` full or candidates. ``vocablens generate`` checks
+    its --early-exit, --threshold and --exit-test with it before the load.
+
+    Raises:
+        BadInput: naming the bad field (`` `lens` ``, `` `threshold` ``, `` `test` ``).
+    """
+    if lens not in ("logit", "tuned"):
+        raise BadInput(f"`lens` must be 'logit' or 'tuned'; got {lens!r}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < float(threshold) <= 1:
+        raise BadInput(f"`threshold` must be in (0, 1]; got {threshold}")
+    if test not in ("full", "candidates"):
+        raise BadInput(f"`test` must be 'full' or 'candidates'; got {test!r}")
+
+
 @dataclass(frozen=True)
 class ExitRule:
     """When to leave a decoding step early.
@@ -73,18 +89,12 @@ class ExitRule:
 
     def validate(self, n_layers: int) -> None:
         """Raise :class:`BadInput` naming the bad field."""
-        if self.lens not in ("logit", "tuned"):
-            raise BadInput(f"`lens` must be 'logit' or 'tuned'; got {self.lens!r}")
-        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) \
-                or not 0 < float(self.threshold) <= 1:
-            raise BadInput(f"`threshold` must be in (0, 1]; got {self.threshold}")
+        check_exit_options(self.lens, self.threshold, self.test)
         if isinstance(self.min_layer, bool) or not isinstance(self.min_layer, int) \
                 or not 1 <= self.min_layer <= n_layers:
             raise BadInput(f"`min_layer` must be an int in 1..{n_layers}; got {self.min_layer}")
-        if self.test not in ("full", "candidates"):
-            raise BadInput(f"exit test must be 'full' or 'candidates'; got {self.test!r}")
         if isinstance(self.candidates, bool) or not isinstance(self.candidates, int) or self.candidates < 1:
-            raise BadInput(f"candidates must be an int >= 1; got {self.candidates}")
+            raise BadInput(f"`candidates` must be an int >= 1; got {self.candidates}")
         if self.lens == "tuned" and self.tuned is None:
             raise BadInput("lens='tuned' needs a tuned lens (see load_tuned_lens)")
 
@@ -198,4 +208,4 @@ class ExitController:
             self.on = False
 
 
-__all__ = ["ExitController", "ExitRule", "StepRecord", "load_tuned_lens"]
+__all__ = ["ExitController", "ExitRule", "StepRecord", "check_exit_options", "load_tuned_lens"]

@@ -125,7 +125,7 @@ def cosine_neighbors(W: torch.Tensor, query: torch.Tensor, k: int, mask: torch.T
         eligible[torch.as_tensor(list(exclude), dtype=torch.long, device=dev)] = False
     n = int(eligible.sum())
     if not 1 <= k <= n:
-        raise BadInput(f"-k must be between 1 and {n} (the eligible rows); got {k}")
+        raise BadInput(f"`k` must be between 1 and {n} (the eligible rows); got {k}")
     q = query.detach().float().to(dev)
     q = q / q.norm().clamp_min(1e-12)
     sims = torch.empty(V, dtype=torch.float32, device=dev)
@@ -171,7 +171,7 @@ def nearest_neighbors(borders, tokenizer, queries: Sequence[str], k: int = 10, u
     if not queries:
         raise BadInput("give at least one token string")
     if k < 1:
-        raise BadInput(f"-k must be at least 1; got {k}")
+        raise BadInput(f"`k` must be at least 1; got {k}")
     mask = _real_mask(borders)
     V = borders.vocab_size
     mats = [("input", borders.input_embedding.weight)] + ([] if borders.tied else [("output", borders.unembedding.weight)])

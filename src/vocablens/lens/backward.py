@@ -102,9 +102,10 @@ def backward_lens(borders: Borders, input_ids: torch.Tensor, target: int, positi
     Raises:
         BadInput: as :func:`layer_gradients`; k outside 1..V.
     """
+    from vocablens.lens.logit import check_top_k
+
     real = borders.real_vocab_size
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= real:
-        raise BadInput(f"-k must be an integer between 1 and V={real}; got {k!r}")
+    check_top_k(k, real)
     ids = torch.as_tensor(input_ids).flatten()
     grads, loss = layer_gradients(borders, ids, target, position)
     W = borders.unembedding.weight[:real].detach().float()  # [V', d_emb]

@@ -90,7 +90,7 @@ def decompose(borders: Borders, lens, layer: int, h: torch.Tensor, k: int = 10, 
     from scipy.optimize import nnls
 
     if k < 1:
-        raise BadInput(f"-k must be at least 1; got {k}")
+        raise BadInput(f"`k` must be at least 1; got {k}")
     if h.dim() != 1 or h.shape[0] != borders.d_model:
         raise BadInput(f"decompose takes one stream vector [d={borders.d_model}]; got {tuple(h.shape)}")
     D = directions(borders, lens, layer)  # [V, d]

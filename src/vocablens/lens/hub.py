@@ -60,7 +60,7 @@ def split_hub_spec(spec: str) -> tuple[str, str, str | None]:
     if "@" in spec.rsplit("/", 1)[-1]:
         body, rev = spec.rsplit("@", 1)
         if not rev:
-            raise BadInput(f"--lens {spec}: an empty revision after '@'")
+            raise BadInput(f"`path` {spec}: an empty revision after '@'")
     parts = [x for x in body.strip("/").split("/") if x]
     return "/".join(parts[:2]), "/".join(parts[2:]), rev
 
@@ -93,19 +93,19 @@ def published_spec(kind: str, model_spec: str) -> tuple[str, str | None]:
         BadInput: an unknown kind, a model without a known hub id, or one the collection does not list.
     """
     if kind not in ("jacobian", "tuned"):
-        raise BadInput(f"--lens published serves a tuned or Jacobian lens; got kind {kind!r}")
+        raise BadInput(f"`path` published serves a tuned or Jacobian lens; got kind {kind!r}")
     hub_id = model_hub_id(model_spec)
     col = collections()[kind]
     if hub_id is None:
-        raise BadInput(f"--lens {kind}:published: the model {model_spec!r} has no hub id to look up in "
-                       f"{col['repo']}; give --lens {col['repo']}/PATH")
+        raise BadInput(f"`path` {kind}:published: the model {model_spec!r} has no hub id to look up in "
+                       f"{col['repo']}; give `path` {col['repo']}/PATH")
     if kind == "tuned":
         return f"{col['repo']}/{col['folder'].format(hub_id=hub_id)}", col["repo_type"]
     want = {hub_id.lower(), hub_id.split("/")[-1].lower(), str(model_spec).lower()}
     for short, entry in col["models"].items():
         if want & {short.lower(), *(h.lower() for h in entry["hub_ids"])}:
             return f"{col['repo']}/{entry['file']}", col["repo_type"]
-    raise BadInput(f"--lens jacobian:published: {col['repo']} has no lens for {hub_id} "
+    raise BadInput(f"`path` jacobian:published: {col['repo']} has no lens for {hub_id} "
                    f"(it has {len(col['models'])}: {', '.join(sorted(col['models']))})")
 
 
@@ -176,7 +176,7 @@ def fetch(spec: str, repo_type: str | None = None) -> Path:
     if offline():
         hit = cached(repo, inner, revision)
         if hit is None:
-            raise BadInput(f"--lens {spec}: not in the local cache of the Hugging Face hub and HF_HUB_OFFLINE is set "
+            raise BadInput(f"`path` {spec}: not in the local cache of the Hugging Face hub and HF_HUB_OFFLINE is set "
                            "(download it where the hub is reachable, or unset HF_HUB_OFFLINE)")
         return hit
     rtype, info = _repo_info(spec, repo, revision, repo_type)
@@ -193,18 +193,18 @@ def _repo_info(spec: str, repo: str, revision: str | None, repo_type: str | None
         try:
             return rtype, api.repo_info(repo, revision=revision, repo_type=rtype)
         except RevisionNotFoundError:
-            raise BadInput(f"--lens {spec}: the hub repository {repo!r} has no revision {revision!r}") from None
+            raise BadInput(f"`path` {spec}: the hub repository {repo!r} has no revision {revision!r}") from None
         except RepositoryNotFoundError:
             continue
         except HfHubHTTPError as exc:
             if getattr(getattr(exc, "response", None), "status_code", None) == 404:
                 continue
-            raise BadInput(f"--lens {spec}: the hub at {constants.ENDPOINT} answered "
+            raise BadInput(f"`path` {spec}: the hub at {constants.ENDPOINT} answered "
                            f"{str(exc).splitlines()[0][:120]}") from None
         except Exception as exc:  # connection refused, DNS, timeout: one line, never a traceback
-            raise BadInput(f"--lens {spec}: the hub at {constants.ENDPOINT} cannot be reached "
+            raise BadInput(f"`path` {spec}: the hub at {constants.ENDPOINT} cannot be reached "
                            f"({exc.__class__.__name__}); set HF_HUB_OFFLINE=1 to read the local cache") from None
-    raise BadInput(f"--lens {spec}: no hub repository {repo!r} (or it is private)")
+    raise BadInput(f"`path` {spec}: no hub repository {repo!r} (or it is private)")
 
 
 def _download(spec: str, repo: str, inner: str, rtype: str, info) -> Path:
@@ -215,12 +215,12 @@ def _download(spec: str, repo: str, inner: str, rtype: str, info) -> Path:
     files = [s.rfilename for s in (info.siblings or [])]
     under = [inner] if inner in files else [f for f in files if not inner or f.startswith(inner.rstrip("/") + "/")]
     if not under:
-        raise BadInput(f"--lens {spec}: {repo} at {info.sha[:12]} holds no {inner!r}")
+        raise BadInput(f"`path` {spec}: {repo} at {info.sha[:12]} holds no {inner!r}")
     try:
         for f in under:
             got = Path(hf_hub_download(repo, f, revision=info.sha, repo_type=rtype))
     except Exception as exc:  # a broken connection mid-download: the .incomplete file is resumed next time
-        raise BadInput(f"--lens {spec}: the download failed ({exc.__class__.__name__}: "
+        raise BadInput(f"`path` {spec}: the download failed ({exc.__class__.__name__}: "
                        f"{str(exc).splitlines()[0][:120] if str(exc) else ''}); run again to resume it") from None
     snapshot = got
     for _ in Path(f).parts:
@@ -238,7 +238,7 @@ def resolve_hub_lens(spec: str, kind: str | None = None, model_spec: str = DEFAU
     if spec in SHORT_FORMS:
         want = spec.split(":")[0] if ":" in spec else kind
         if kind is not None and want != kind:
-            raise BadInput(f"--lens {spec} names a {want} lens; this reads a {kind} lens")
+            raise BadInput(f"`path` {spec} names a {want} lens; this reads a {kind} lens")
         target, rtype = published_spec(str(want), model_spec)
         return fetch(target, rtype)
     return fetch(spec)

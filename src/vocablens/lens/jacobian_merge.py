@@ -33,9 +33,9 @@ def parse_shard(text: str) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in str(text).split("/"))
     except ValueError:
-        raise BadInput(f"--shard takes I/N (e.g. 2/8); got {text!r}") from None
+        raise BadInput(f"`shard` takes I/N (e.g. 2/8); got {text!r}") from None
     if not 1 <= i <= n:
-        raise BadInput(f"--shard I/N needs 1 <= I <= N; got {text!r}")
+        raise BadInput(f"`shard` I/N needs 1 <= I <= N; got {text!r}")
     return i, n
 
 
@@ -185,7 +185,7 @@ def merge_lens_files(paths: Sequence, out, save_dtype: str = "float16", force: b
     from vocablens.lens.jacobian import JacobianLens
 
     if save_dtype not in ("float16", "bfloat16", "float32"):
-        raise BadInput(f"--save-dtype must be float16, bfloat16 or float32; got {save_dtype!r}")
+        raise BadInput(f"`save_dtype` must be float16, bfloat16 or float32; got {save_dtype!r}")
     merged = merge_jacobian_lenses([JacobianLens.load(p) for p in paths])
     merged.save(out, dtype=getattr(torch, save_dtype), force=force)
     s = merged.settings

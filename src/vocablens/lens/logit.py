@@ -160,6 +160,16 @@ def logit_lens(borders: Borders, input_ids, positions="last", k: int = 5,
     return logit_lens_batch(borders, [input_ids], [positions], k, translator, kind, layers)[0]
 
 
+def check_top_k(k: int, real: int) -> None:
+    """``k`` top tokens of a lens row: an int in 1..``real`` (the real vocabulary V').
+
+    Raises:
+        BadInput: k not an int (a bool is not), or outside 1..V'.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= real:
+        raise BadInput(f"`k` must be an integer between 1 and V={real}; got {k!r}")
+
+
 def split_batch(input_ids, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
     """A batch of prompts as a list of [T_i] int64 tensors: a list as it is, a [B, T] tensor row by
     row, keeping the tokens where ``attention_mask`` [B, T] is 1 (left or right padding).
@@ -264,9 +274,7 @@ def lens_batches(borders: Borders, prompts, translators: Sequence[Translator | N
     for i, x in enumerate(seqs):
         if x.numel() == 0:
             raise BadInput("empty prompt: give some text" if len(seqs) == 1 else f"prompt {i + 1} is empty")
-    real = borders.real_vocab_size
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= real:
-        raise BadInput(f"-k must be an integer between 1 and V={real}; got {k!r}")
+    check_top_k(k, borders.real_vocab_size)
     L = borders.n_layers
     wanted = list(range(L + 1)) if layers is None else sorted(set(int(x) for x in layers))
     bad = [x for x in wanted if not 0 <= x <= L]

@@ -50,7 +50,7 @@ def nonfinite_message(borders, where: str) -> str:
     dt = borders.W_E.dtype
     if dt in (torch.float16, torch.bfloat16):
         return (f"{where} holds inf or NaN: {str(dt).replace('torch.', '')} holds at most "
-                f"{torch.finfo(dt).max:,.0f}; run the model in float32 (--dtype float32)")
+                f"{torch.finfo(dt).max:,.0f}; run the model in float32 (`dtype` float32)")
     return f"{where} holds inf or NaN (the weights are finite: the computation overflowed)"
 
 

@@ -110,15 +110,15 @@ def tp_refusal(kind: str, read, max_memory, device_map=None) -> str | None:
 
     ``kind`` is :func:`~vocablens.models.files.spec.resolve_spec`'s (``gguf``, ``dir``, ``hub``)."""
     if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
-        return ("--tp splits one model over the processes torchrun starts: run it as "
+        return ("`tp` splits one model over the processes torchrun starts: run it as "
                 "`torchrun --nproc-per-node N -m vocablens ... --tp` (WORLD_SIZE is 1 here)")
     if kind == "gguf":
-        return ("--tp loads through transformers' tensor-parallel plan; a .gguf file is dequantized into one "
-                "process first: convert it to a model directory, or run without --tp")
+        return ("`tp` loads through transformers' tensor-parallel plan; a .gguf file is dequantized into one "
+                "process first: convert it to a model directory, or run without `tp`")
     if read is not None or max_memory not in (None, ""):
-        return "--tp loads the whole model split over the ranks; it does not read parts or stream blocks (--max-memory)"
+        return "`tp` loads the whole model split over the ranks; it does not read parts or stream blocks (`max_memory`)"
     if device_map not in (None, ""):
-        return "--tp and --device-map are two ways of placing one model: give one of them"
+        return "`tp` and `device_map` are two ways of placing one model: give one of them"
     return None
 
 
@@ -127,8 +127,8 @@ def plan_refusal(config) -> str | None:
     cfg = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
     if getattr(cfg, "base_model_tp_plan", None):
         return None
-    return (f"--tp: the {getattr(cfg, 'model_type', '?')} family has no tensor-parallel plan in transformers "
-            "(config.base_model_tp_plan is empty); run it without --tp (one process, or --device-map)")
+    return (f"`tp`: the {getattr(cfg, 'model_type', '?')} family has no tensor-parallel plan in transformers "
+            "(config.base_model_tp_plan is empty); run it without `tp` (one process, or `device_map`)")
 
 
 def check_split(borders) -> None:
@@ -142,7 +142,7 @@ def check_split(borders) -> None:
         from vocablens.models.find import named_children
 
         raise UnsupportedArchitecture(borders.family, named_children(borders.model),
-                                      "--tp: the family's tensor-parallel plan splits none of the blocks' weights "
+                                      "`tp`: the family's tensor-parallel plan splits none of the blocks' weights "
                                       "(its entries name no module here): it would run replicated on every rank")
 
 

@@ -171,7 +171,7 @@ def check_text(text, what: str = "text") -> str:
     for i, ch in enumerate(text):
         if 0xD800 <= ord(ch) <= 0xDFFF:
             raise BadInput(f"{what} holds U+{ord(ch):04X} at character {i + 1}: bytes that are not UTF-8 "
-                           "(pass the text as UTF-8, or in a UTF-8 file with --file)")
+                           "(pass the text as UTF-8, or in a UTF-8 file)")
     return text
 
 
@@ -266,7 +266,7 @@ def encode_prompt(tokenizer, prompt: str, max_len: int | None = None, chat: bool
     if prompt is None or not str(prompt).strip():
         raise BadInput("empty prompt: give some text")
     check_text(prompt, "the prompt")
-    check_text(prefix or "", "--prefix")
+    check_text(prefix or "", "`prefix`")
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise BadInput("`chat`: this tokenizer has no chat template")

@@ -70,22 +70,22 @@ def read_image(image) -> Any:
     elif isinstance(image, (str, os.PathLike)):
         p = Path(image).expanduser()
         if not p.is_file():
-            raise BadInput(f"--image: no such file {str(image)!r}")
+            raise BadInput(f"`images`: no such file {str(image)!r}")
         if p.stat().st_size > MAX_FILE_BYTES:
-            raise BadInput(f"--image: {p} is {p.stat().st_size:,} bytes; the limit is {MAX_FILE_BYTES:,}")
+            raise BadInput(f"`images`: {p} is {p.stat().st_size:,} bytes; the limit is {MAX_FILE_BYTES:,}")
         try:
             im = Image.open(p)  # reads the header only: the size is checked before the pixels are decoded
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
-            raise BadInput(f"--image: {p} is not an image PIL can read ({type(e).__name__})") from None
+            raise BadInput(f"`images`: {p} is not an image PIL can read ({type(e).__name__})") from None
     else:
         raise BadInput(f"images are paths or PIL images; got {type(image).__name__}")
     w, h = im.size
     if w * h > MAX_PIXELS or w < 1 or h < 1:
-        raise BadInput(f"--image: {w}x{h} pixels; images up to {MAX_PIXELS:,} pixels are read")
+        raise BadInput(f"`images`: {w}x{h} pixels; images up to {MAX_PIXELS:,} pixels are read")
     try:
         return im.convert("RGB")
     except (OSError, ValueError, Image.DecompressionBombError) as e:  # a truncated or damaged file
-        raise BadInput(f"--image: the image cannot be decoded ({type(e).__name__}: {str(e)[:80]})") from None
+        raise BadInput(f"`images`: the image cannot be decoded ({type(e).__name__}: {str(e)[:80]})") from None
 
 
 def load_processor(lm):
@@ -107,7 +107,7 @@ def load_processor(lm):
             raise BadInput(f"{lm.provenance.spec} holds a vision tower, but transformers' causal-LM class "
                            f"({type(lm.model).__name__}) loads its language model only: images are read for "
                            "checkpoints loaded through the image-text-to-text mapping (LLaVA-style)")
-        raise BadInput(f"{lm.provenance.spec} has no vision tower: --image needs a vision-language checkpoint")
+        raise BadInput(f"{lm.provenance.spec} has no vision tower: `images` needs a vision-language checkpoint")
     src = str(path) if kind == "dir" else hub
     try:
         proc = AutoProcessor.from_pretrained(src, tokenizer=lm.tokenizer, local_files_only=True,

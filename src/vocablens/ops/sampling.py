@@ -57,10 +57,10 @@ class _Plan:
 # ------------------------------------------------------------------------------------- argument checks
 def _number(name: str, x) -> float:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise BadInput(f"{name} must be a number; got {x!r}")
+        raise BadInput(f"`{name}` must be a number; got {x!r}")
     x = float(x)
     if not math.isfinite(x):
-        raise BadInput(f"{name} must be finite; got {x}")
+        raise BadInput(f"`{name}` must be finite; got {x}")
     return x
 
 
@@ -68,16 +68,16 @@ def check_sampling_args(temperature=1.0, top_k=None, top_p=None, min_p=None) -> 
     """Raise :class:`BadInput` naming the argument: temperature >= 0, top_k an int >= 1 (not a bool),
     top_p in (0, 1], min_p in [0, 1]."""
     if _number("temperature", temperature) < 0:
-        raise BadInput(f"temperature must be >= 0 (0 = greedy); got {temperature}")
+        raise BadInput(f"`temperature` must be >= 0 (0 = greedy); got {temperature}")
     if top_k is not None:
         if isinstance(top_k, bool) or not isinstance(top_k, int):
-            raise BadInput(f"top_k must be an int >= 1 or None; got {top_k!r}")
+            raise BadInput(f"`top_k` must be an int >= 1 or None; got {top_k!r}")
         if top_k < 1:
-            raise BadInput(f"top_k must be >= 1; got {top_k}")
+            raise BadInput(f"`top_k` must be >= 1; got {top_k}")
     if top_p is not None and not 0 < _number("top_p", top_p) <= 1:
-        raise BadInput(f"top_p must be in (0, 1]; got {top_p}")
+        raise BadInput(f"`top_p` must be in (0, 1]; got {top_p}")
     if min_p is not None and not 0 <= _number("min_p", min_p) <= 1:
-        raise BadInput(f"min_p must be in [0, 1]; got {min_p}")
+        raise BadInput(f"`min_p` must be in [0, 1]; got {min_p}")
 
 
 def _prepare(logits: torch.Tensor, mask: torch.Tensor | None, temperature: float) -> tuple[torch.Tensor, bool]:

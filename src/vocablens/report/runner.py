@@ -105,6 +105,19 @@ def run_report(lm, model: str = DEFAULT_MODEL, prompt: str = DEFAULT_PROMPT, len
                      sections=[runs[p.key] for p in plans])
 
 
+def check_prompt(prompt: str) -> None:
+    """The report's prompt holds some text: the CLI checks it before the model loads, :func:`run_report`
+    on entry.
+
+    Raises:
+        BadInput: an empty or blank prompt.
+    """
+    from vocablens.errors import BadInput
+
+    if not prompt or not prompt.strip():
+        raise BadInput("empty prompt: give some text with `prompt`")
+
+
 def _checked_plans(lm, model: str, prompt: str, budget_s: float, only) -> list[SectionPlan]:
     """The sections :func:`run_report` runs (:func:`plan_report`, kept to ``only``), its arguments checked.
 
@@ -113,8 +126,7 @@ def _checked_plans(lm, model: str, prompt: str, budget_s: float, only) -> list[S
     """
     from vocablens.errors import BadInput
 
-    if not prompt or not prompt.strip():
-        raise BadInput("empty prompt: give some text with `prompt`")
+    check_prompt(prompt)
     if not callable(getattr(lm, "lens", None)):  # a LoadedModel: its sections need the handle's workflows
         raise BadInput("run_report needs a vocablens.Model: vocablens.load(spec), or vocablens.Model.of(loaded)")
     plans = plan_report(model, budget_s)
@@ -151,5 +163,5 @@ def _budgeted(plan: SectionPlan, budget_s: float, elapsed_s: float, after: Secti
 __all__ = [
     "DEFAULT_PROMPT", "DEFAULT_BUDGET_S", "ASSUMED_FLOPS_PER_S", "ARGMAX_MIN_SHARE", "NEIGHBOR_TOKENS",
     "PROBE_TOKENS", "SECTIONS", "ORDER", "SectionPlan", "SectionRun", "ReportRun", "plan_report", "settle_tokens",
-    "run_report", "eta_s", "argmax_share", "after_scan_share", "AFTER_SCAN", "plural",
+    "run_report", "check_prompt", "eta_s", "argmax_share", "after_scan_share", "AFTER_SCAN", "plural",
 ]

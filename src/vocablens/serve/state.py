@@ -135,10 +135,17 @@ class ArgmaxJob:
         return self.done
 
 
+#: a library argument -> the ``vocablens serve`` option that gives it
+SERVED_OPTIONS = {"`path`": "--lens", "`images`": "--image", "`dtype`": "--dtype"}
+
+
 def served_words(message: str) -> str:
     """A library message in the server's words: the lens folder the library calls `` `path` `` is the
-    server's ``--lens`` (the CLI does the same for its commands, :func:`vocablens.cli.common.in_cli_words`)."""
-    return message.replace("`path`", "--lens")
+    server's ``--lens``, its `` `images` `` the ``--image`` files (the CLI does the same for its commands,
+    :func:`vocablens.cli.common.in_cli_words`)."""
+    for name, option in SERVED_OPTIONS.items():
+        message = message.replace(name, option)
+    return message
 
 
 class ServerState:

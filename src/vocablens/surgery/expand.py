@@ -260,7 +260,7 @@ def _checked_request(tokenizer, tokens: Sequence[str], init: str, interpolation:
         raise BadInput(f"`interpolation` must be in [0, 1]; got {interpolation}")
     tokens = list(tokens)
     if not tokens:
-        raise BadInput("no tokens to add: give --add TOKEN or --add-file FILE")
+        raise BadInput("no tokens to add: give at least one token string in `tokens`")
     seen: set[str] = set()
     for s in tokens:
         if not isinstance(s, str) or s == "":

