@@ -1,4 +1,4 @@
-"""The default model's name is written once in src: ``DEFAULT_MODEL`` in ``models/files/spec.py`` (issue 52).
+"""The default model's name is written once in src: ``DEFAULT_MODEL`` in ``models/files/source.py`` (issue 52).
 
 Oracle: the source, parsed (``ast``): every string constant outside a docstring in ``src/vocablens``
 (help text and messages included); one that names the default (``smollm2`` as a word, not a longer
@@ -43,5 +43,5 @@ def test_the_scan_tells_the_name_from_longer_names():
 def test_the_default_model_is_named_only_where_it_is_defined():
     found = {f"{p.relative_to(SRC)}:{line}: {text!r}": defined for p in sorted(SRC.rglob("*.py"))
              for line, text, defined in _named(p)}
-    assert list(found.values()) == [True], found  # the one in models/files/spec.py's DEFAULT_MODEL = "smollm2"
-    assert next(iter(found)).startswith("models/files/spec.py:")
+    assert list(found.values()) == [True], found  # the one in models/files/source.py's DEFAULT_MODEL = "smollm2"
+    assert next(iter(found)).startswith("models/files/source.py:")
