@@ -177,7 +177,9 @@ def _add_onednn(ok: dict, sample, A, B, ext, X, Y) -> None:
     try:
         probe_pk = PackedRows(sample)
         pe = PackedRows(ext, rows=2)
-        f = lambda X_, _B: probe_pk.mm(X_, 0, min(len(sample), PACK_ROWS))  # noqa: E731
+
+        def f(X_, _B):
+            return probe_pk.mm(X_, 0, min(len(sample), PACK_ROWS))
         best = math.inf
         for g in ok.values():
             t = time.perf_counter()
