@@ -158,6 +158,55 @@ def _extremes(r: int) -> torch.Tensor:
     return ext
 
 
+def _slower_than(f, X: torch.Tensor, Y: torch.Tensor, limit_s: float) -> bool:
+    """Whether ``f(X, Y)`` takes more than ``limit_s`` seconds, found on leading slices of X's rows
+    (1, 8, 64, 512, then all): a kernel thousands of times slower than another (oneDNN's int8 path on
+    some CPUs) is found in milliseconds instead of being timed whole (seconds to tens of seconds)."""
+    for m in sorted({min(k, len(X)) for k in (1, 8, 64, 512)} | {len(X)}):
+        t = time.perf_counter()
+        f(X[:m], Y)
+        if time.perf_counter() - t > limit_s:
+            return True
+    return False
+
+
+def _add_onednn(ok: dict, sample, A, B, ext, X, Y) -> None:
+    """Add the oneDNN kernel (on ``sample`` packed) to the exact kernels ``ok`` where it is exact on
+    ``A`` x ``B`` and the grid's extremes ``ext``, unless it is already 3x slower on ``X`` x ``Y`` than
+    the fastest of ``ok`` (then it could not be picked, and its check is not worth its time)."""
+    try:
+        probe_pk = PackedRows(sample)
+        pe = PackedRows(ext, rows=2)
+
+        def f(X_, _B):
+            return probe_pk.mm(X_, 0, min(len(sample), PACK_ROWS))
+        best = math.inf
+        for g in ok.values():
+            t = time.perf_counter()
+            g(X, Y)
+            best = min(best, time.perf_counter() - t)
+        if (not _slower_than(f, X, Y, 3 * best)
+                and _equal_int64(lambda X_, _B: probe_pk.mm(X_, 1, len(sample)), A, B)
+                and _equal_int64(lambda X_, _B: pe.mm(X_, 0, len(ext)), ext, ext)):
+            ok["onednn"] = f
+    except (RuntimeError, ValueError):
+        pass
+
+
+def _best_of_three(ok: dict, X: torch.Tensor, Y: torch.Tensor) -> dict:
+    """Seconds of each kernel of ``ok`` on ``X`` x ``Y``: the best of three interleaved timings; a
+    kernel 3x slower than the best sits out the later rounds."""
+    times = {k: math.inf for k in ok}
+    for rnd in range(3):
+        for k, f in ok.items():
+            if rnd and times[k] > 3 * min(times.values()):
+                continue
+            t = time.perf_counter()
+            f(X, Y)
+            times[k] = min(times[k], time.perf_counter() - t)
+    return times
+
+
 def exact_products(Q: torch.Tensor | None, device: str = "cpu") -> Products | None:
     """The exact int8 product kernel for the rows of ``Q`` (int8 [n, r]), or None where no kernel
     can serve: Q absent, not int8 or not on the CPU, the scan's products on a GPU (``device``),
@@ -167,7 +216,8 @@ def exact_products(Q: torch.Tensor | None, device: str = "cpu") -> Products | No
     Q's own rows and on rows at the grid's extremes (on some CPUs oneDNN's int8 path saturates
     16-bit intermediate sums; ``torch._int_mm`` is wrong for some shapes); the
     fastest of those that do, timed on one thread on the scan's shapes (a 1,024-row block against
-    512 rows), is used. float32 GEMMs are always a candidate, so a kernel exists wherever Q is
+    512 rows), is used; oneDNN is checked and timed whole only where a few of its rows do not already
+    take 3x the fastest other kernel's time. float32 GEMMs are always a candidate, so a kernel exists wherever Q is
     resident. Which kernel wins differs by CPU by up to 30x (docs/performance-argmax.md).
     """
     if (Q is None or Q.device.type != "cpu" or Q.dtype != torch.int8 or Q.shape[0] < 64
@@ -177,37 +227,21 @@ def exact_products(Q: torch.Tensor | None, device: str = "cpu") -> Products | No
     sample = Q[: min(n, 2 * PACK_ROWS + 3)]             # across a chunk boundary
     A, B = Q[: min(n, 64)], sample[1:]
     ext = _extremes(r)
+    X, Y = Q[: min(n, 1024)], Q[: min(n, PACK_ROWS)]
     cands = {"float32": fp32_exact_mm(r)}
     if hasattr(torch, "_int_mm") and r % 8 == 0:
         cands["int_mm"] = _int_mm_pair
-    probe_pk = None
-    if _op() is not None and r <= MAX_WIDTH:
-        try:
-            probe_pk = PackedRows(sample)
-            pe = PackedRows(ext, rows=2)
-            if (_equal_int64(lambda X, _B: probe_pk.mm(X, 1, len(sample)), A, B)
-                    and _equal_int64(lambda X, _B: pe.mm(X, 0, len(ext)), ext, ext)):
-                cands["onednn"] = lambda X, _B: probe_pk.mm(X, 0, min(len(sample), PACK_ROWS))
-        except (RuntimeError, ValueError):
-            pass
-    ok = {k: f for k, f in cands.items()
-          if k == "onednn" or (_equal_int64(f, A, B) and _equal_int64(f, ext, ext))}
-    if not ok:
-        return None
+    ok = {k: f for k, f in cands.items() if _equal_int64(f, A, B) and _equal_int64(f, ext, ext)}
     threads = torch.get_num_threads()
-    X, Y = Q[: min(n, 1024)], Q[: min(n, PACK_ROWS)]
-    times = {k: math.inf for k in ok}
     try:
         torch.set_num_threads(1)                        # timed as the workers run it
-        for rnd in range(3):                            # best of three, interleaved; a kernel
-            for k, f in ok.items():                     # 3x slower than the best sits out the rest
-                if rnd and times[k] > 3 * min(times.values()):
-                    continue
-                t = time.perf_counter()
-                f(X, Y)
-                times[k] = min(times[k], time.perf_counter() - t)
+        if _op() is not None and r <= MAX_WIDTH:
+            _add_onednn(ok, sample, A, B, ext, X, Y)
+        times = _best_of_three(ok, X, Y)
     finally:
         torch.set_num_threads(threads)
+    if not times:
+        return None
     kind = min(times, key=times.get)
     packed = None
     if kind == "onednn":
