@@ -72,17 +72,17 @@ def cli(monkeypatch, capsys, smollm2):
     ``--model smollm2`` (the default) reuses the session's loaded model instead of loading it again;
     other specs load normally.
     """
-    import vocablens.models as models
     from vocablens.cli.common import run_app
+    from vocablens.models.files import loader
 
-    real_load = models.load
+    real_load_mode = loader.load_mode
 
-    def load(spec="smollm2", *a, **kw):
-        if str(spec) == "smollm2":
+    def load_mode(spec="smollm2", mode="full", **kw):  # the CLI loads through load_mode (cli.common.load_model)
+        if str(spec) == "smollm2" and mode == "full" and all(v in (None, "", "cpu", False) for v in kw.values()):
             return smollm2
-        return real_load(spec, *a, **kw)
+        return real_load_mode(spec, mode, **kw)
 
-    monkeypatch.setattr(models, "load", load)
+    monkeypatch.setattr(loader, "load_mode", load_mode)
 
     def run(*args):
         capsys.readouterr()
