@@ -220,7 +220,7 @@ def test_refusals_are_one_line(world, two_ranks, capsys, monkeypatch):
         vocablens.load(world["models"]["llama"]["dir"], tp=True)
     monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets: the refusals that follow it
     assert ".gguf" in load_refusal("gguf", None, None)
-    assert "--max-memory" in load_refusal("dir", None, "200MB")
+    assert "`max_memory`" in load_refusal("dir", None, "200MB")
     assert "parts" in load_refusal("dir", ("head",), None)
     assert load_refusal("dir", None, None) is None
     assert "does not run tensor-parallel" in tp_refusal(["neighbors", " t3"], world["refused"][1])
