@@ -213,7 +213,7 @@ def one_model(torch, spec: str, a) -> dict:
     res = {"model": lm.provenance.describe(), "V": b.vocab_size, "d": b.d_model, "blocks": b.n_layers,
            "load_s": load_s, "peers_skipped": skipped, "jobs": lens_and_score(torch, lm, ids, a, peers)}
     res["jobs"]["Jacobian-lens fit"] = jacobian_fit(torch, lm, ids.cpu(), a)
-    res["jobs"]["argmax scan of the model's head"] = argmax_scan(torch, b.W_U.detach(), a.device, a.budget)
+    res["jobs"]["argmax scan of the model's head"] = argmax_scan(torch, b.unembedding.weight.detach(), a.device, a.budget)
     del lm, peers, bridge
     if a.device.startswith("cuda"):
         torch.cuda.empty_cache()

@@ -243,7 +243,7 @@ def main() -> None:
 
     lm = vocablens.load("smollm2")
     b = lm.borders
-    W = b.W_U.detach().float()
+    W = b.unembedding.weight.detach().float()
     rows = pack_tokens(load_documents("pydoc-topics"), lm.tokenizer, args.T, max_tokens=args.T)
     ids = rows[0]
     print(f"model: {lm.provenance.describe()}; threads {args.threads}; "

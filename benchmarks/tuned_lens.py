@@ -43,7 +43,7 @@ def main() -> None:
     lm = vocablens.load("smollm2")
     b = lm.borders
     L, d, V = b.n_layers, b.d_emb, b.vocab_size
-    n_params = sum(p.numel() for p in lm.model.parameters()) - (0 if b.tied else b.W_U.numel())
+    n_params = sum(p.numel() for p in lm.model.parameters()) - (0 if b.tied else b.unembedding.weight.numel())
     rows = pack_tokens(load_documents("pydoc-topics"), lm.tokenizer, args.seq_len,
                        max_tokens=args.tokens_per_step * (args.steps + 1))
     s = TrainSettings(steps=args.steps, tokens_per_step=args.tokens_per_step, seq_len=args.seq_len,
@@ -68,7 +68,7 @@ def main() -> None:
     gd = torch.bfloat16 if args.gemm_dtype == "bfloat16" else torch.float32
     R = (args.chunk_rows // L) * L
     X = torch.randn(R, d).to(gd)
-    W = b.W_U.detach().to(gd)
+    W = b.unembedding.weight.detach().to(gd)
     X @ W.T
     reps, t0 = 3, time.perf_counter()
     for _ in range(reps):
