@@ -31,7 +31,8 @@ from vocablens.models.embed import Embedding
 from vocablens.models.weight_checks import untrained_rows
 from vocablens.models.files.config import load_config
 from vocablens.models.files.loader import LoadedModel, load
-from vocablens.models.files.provenance import Provenance, gguf_provenance
+from vocablens.models.files.gguf_header import gguf_provenance
+from vocablens.models.files.provenance import Provenance
 from vocablens.models.files.source import Source, resolve_source
 from vocablens.models.files.spec import DEFAULT_MODEL, default_gguf_path, resolve_spec
 

@@ -1,6 +1,7 @@
 """The whole model through transformers, on one device, placed by a device map, split by tensor
 parallel or loaded by a quantizer (:func:`load_whole`, the loader's full read: :func:`vocablens.models.load`
-with no ``read``), and the readout check every whole load ends with (:func:`checked_readout`).
+with no ``read``), ending with the readout check
+(:func:`~vocablens.models.files.readout_store.checked_readout`).
 
 A GGUF file loads through its float32 cache (:mod:`vocablens.models.files.gguf_cache`); a directory or hub
 id through ``from_pretrained`` of the causal-LM class, else the image-text-to-text one
@@ -19,7 +20,7 @@ from vocablens.errors import BadInput
 from vocablens.models.files.gguf_cache import load_gguf
 from vocablens.models.files.loaded_model import LoadedModel, with_note
 from vocablens.models.files.provenance import Provenance, dir_provenance
-from vocablens.models.files.quantized import quantization_config, quantization_name, quantized_provenance, refused
+from vocablens.models.files.quantized import placed_on, quantization_config, quantized_provenance, refused
 from vocablens.models.files.source import Source, hub_kwargs
 from vocablens.models.files.spec import reading
 from vocablens.models.files.tokenizer_files import building_tokenizer, hub_tokenizer_problem, json_tokenizer_problem
@@ -29,20 +30,21 @@ def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool,
                tp: bool = False) -> LoadedModel:
     """The whole model of ``source`` (:class:`~vocablens.models.files.source.Source`) in ``run``'s dtype
     (``(dtype, note)`` of :func:`~vocablens.models.files.source.run_dtype`) through transformers (a GGUF file through its float32 cache), its readout checked against the
-    model's own logits (:func:`checked_readout`); ``placement``: ``(device map, max_memory, offload
+    model's own logits (:func:`~vocablens.models.files.readout_store.checked_readout`); ``placement``: ``(device map, max_memory, offload
     folder)`` of :mod:`vocablens.models.files.placement`, or None (all on ``device``); ``tp``: split over the
     torchrun ranks by the family's tensor-parallel plan (``tp_plan="auto"``, placed by transformers)."""
     from transformers import AutoTokenizer
 
     from vocablens.models.files import placement as P
+    from vocablens.models.files.readout_store import checked_readout
 
     spec, kind, path, hub = source.spec, source.kind, source.path, source.hub
     tdtype, dtype_note = run
-    placed_prov = None
+    prov, scratch = None, None
     if placement is not None and kind == "gguf":  # a device map reads the float32 cache as a directory
         from vocablens.models.files.sources import source_dir
 
-        path, placed_prov = source_dir(source)  # the provenance names the GGUF file, as a whole load's does
+        path, prov = source_dir(source)  # the provenance names the GGUF file, as a whole load's does
         kind = "dir"
     with reading(spec, kind, hub, "load", path):
         if kind == "gguf":
@@ -61,13 +63,14 @@ def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool,
                 placed["tp_plan"] = _tp_plan(src, kw)
             with _tp_failure(tp, "loading"):
                 model = _from_pretrained(spec, src, tdtype, kw, placed)
-            P.remove_scratch_with(model, scratch)
-            prov = placed_prov or dir_provenance(path, spec) if kind == "dir" else Provenance(
-                spec=spec, name=hub, source=f"hub:{hub}", format="hub",
-                quantization=str(getattr(model.config, "dtype", "") or ""),
-            )
     if placement is None and not tp:  # a tensor-parallel load sits where transformers put each rank's shards
-        _placed(model, spec, device)
+        placed_on(model, spec, device)
+    P.remove_scratch_with(model, scratch)
+    if prov is None:  # a directory or hub id read by from_pretrained
+        prov = dir_provenance(path, spec) if kind == "dir" else Provenance(
+            spec=spec, name=hub, source=f"hub:{hub}", format="hub",
+            quantization=str(getattr(model.config, "dtype", "") or ""),
+        )
     model.eval()
     model.requires_grad_(False)
     pdtype = next(model.parameters()).dtype
@@ -138,30 +141,6 @@ def _from_pretrained(spec: str, src: str, tdtype, kw: dict, placed: dict):
         raise refused(spec, qc, exc) from None
 
 
-def _placed(model, spec: str, device: str) -> None:
-    """``model.to(device)``, unless its quantizer placed it there already (bitsandbytes: CUDA): a
-    quantized model stays where its quantizer put it when that is ``device``'s type; one whose
-    quantizer cannot move it is one line.
-
-    Raises:
-        UnsupportedQuantization: the quantizer refuses the move (bitsandbytes weights stay on CUDA).
-    """
-    import torch
-
-    from vocablens.errors import UnsupportedQuantization
-
-    if quantization_config(model) is not None and next(model.parameters()).device.type == torch.device(device).type:
-        return
-    try:
-        model.to(device)
-    except (ValueError, RuntimeError, NotImplementedError) as exc:
-        qc = quantization_config(model)
-        if qc is None:
-            raise
-        raise UnsupportedQuantization(f"{spec} ({quantization_name(qc)}) cannot run on {device}: "
-                                      f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
-
-
 @contextmanager
 def _tp_failure(tp: bool, step: str):
     """Under ``tp``, an error of transformers' tensor-parallel code becomes one line naming the step
@@ -195,30 +174,4 @@ def _tp_plan(src: str, kw: dict) -> str:
     return "auto"
 
 
-def checked_readout(borders, source: Source):
-    """``(borders, provenance line)`` after :func:`vocablens.models.readout.find_readout` (one probe
-    forward of a few tokens), the check stored for later loads of ``source``'s weights without the blocks. Weights holding
-    NaN or inf, or whose probe forward overflows (float16 kept by ``--dtype``), are not checked: the
-    commands refuse them with their own line, naming the layer, before printing anything.
-
-    Raises:
-        UnsupportedArchitecture: the readout differs from the model's own logits (see find_readout).
-    """
-    from vocablens.errors import NonFiniteActivations, UnsupportedArchitecture
-    from vocablens.models.readout import find_readout
-    from vocablens.models.files.readout_store import store_check
-
-    try:
-        borders, check = find_readout(borders)
-    except NonFiniteActivations as e:
-        # the commands' own forwards refuse such a stream naming its first non-finite layer
-        return borders, f"unchecked: {e}"
-    except UnsupportedArchitecture:
-        if borders.nonfinite():
-            return borders, "unchecked: the weights hold NaN or inf values"
-        raise
-    store_check(source, check)
-    return borders, check.line()
-
-
-__all__ = ["checked_readout", "load_whole", "loaded_whole_instead"]
+__all__ = ["load_whole", "loaded_whole_instead"]
