@@ -15,7 +15,7 @@ positions).
 ``vocablens.models.files`` reads files and formats and builds the abstraction from them: ``source``
 (what the user named, resolved once: :class:`Source`, its run dtype and remote-code check), ``spec``
 (what is wrong with a model's files, as one line), ``loader`` (the one entry: :func:`load` takes what
-to read; ``load_mode`` names the CLI's five reads), ``whole``, ``partial`` (``Parts`` and the one
+to read; ``load_mode`` names the CLI's five reads), ``whole``, ``pretrained``, ``partial`` (``Parts`` and the one
 materializer), ``matrices_only``, ``final_norm``, ``streaming``, ``placement``, ``offload``,
 ``quantized``, ``gguf_header``, ``gguf_cache``, ``checkpoint_files``, ``tie``, ``auto_class``,
 ``tokenizer_files``, ``config`` (a config without weights), ``meta``, ``catalogue``, ``dtypes``,
@@ -31,7 +31,8 @@ from vocablens.models.embed import Embedding
 from vocablens.models.weight_checks import untrained_rows
 from vocablens.models.files.config import load_config
 from vocablens.models.files.loader import LoadedModel, load
-from vocablens.models.files.provenance import Provenance, gguf_provenance
+from vocablens.models.files.gguf_header import gguf_provenance
+from vocablens.models.files.provenance import Provenance
 from vocablens.models.files.source import Source, resolve_source
 from vocablens.models.files.spec import DEFAULT_MODEL, default_gguf_path, resolve_spec
 

@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from vocablens.models.files.provenance import Provenance, header_provenance
+from vocablens.models.files.provenance import Provenance
 
 #: the file that marks a complete cache entry (written last, inside the swapped-in directory)
 CACHE_MARK = "vocablens-provenance.json"
@@ -255,7 +255,7 @@ def load_gguf(source, tdtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vocablens.errors import CorruptModelFile
-    from vocablens.models.files.gguf_header import facts_of, gguf_notes, gguf_problem, read_header
+    from vocablens.models.files.gguf_header import facts_of, gguf_notes, gguf_problem, header_provenance, read_header
     from vocablens.models.files.tokenizer_files import building_tokenizer, gguf_tokenizer_problem
 
     path, spec = source.path, source.spec

@@ -10,18 +10,21 @@ where ``gguf.GGUFReader`` builds every field (seconds).
 :func:`gguf_facts` gives the numbers that can disagree: V (the embedding tensor's rows), the
 metadata's vocabulary size, the token list's length, the head's rows, the widths, and the bytes the
 tensors need. :func:`gguf_notes` says which disagreements a model survives (read from the tensors);
-:func:`gguf_problem` is the one line for those it does not.
+:func:`gguf_problem` is the one line for those it does not. :func:`gguf_provenance` names the file, its
+type and each tensor group's storage type (a :class:`~vocablens.models.files.provenance.Provenance`).
 """
 
 from __future__ import annotations
 
 import mmap
 import struct
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from vocablens.errors import CorruptModelFile
+from vocablens.models.files.provenance import Provenance
 
 #: GGUF value types -> struct format of a scalar (8: string, 9: array are walked apart)
 _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -258,4 +261,71 @@ def gguf_notes(f: GGUFFacts) -> list[str]:
     return notes
 
 
-__all__ = ["GGUFFacts", "GGUFHeader", "facts_of", "gguf_facts", "gguf_notes", "gguf_problem", "read_header"]
+_GGUF_NAME_SUFFIXES = ("-Q", ".Q", "-q", ".q", "-F16", ".F16", "-f16", ".f16", "-BF16", ".BF16", "-F32", ".F32")
+
+
+def gguf_provenance(path: Path, spec: str) -> Provenance:
+    """Read a GGUF file's header: model name, file type and the storage type of each tensor group.
+
+    Raises:
+        CorruptModelFile: the file is not a readable GGUF file.
+    """
+    return header_provenance(read_header(path), path, spec)
+
+
+def header_provenance(header, path: Path, spec: str) -> Provenance:
+    """:func:`gguf_provenance` of a header already read (:func:`read_header`)."""
+    from gguf import GGMLQuantizationType
+
+    groups: dict[str, Counter] = {}
+    for name, (_dims, ttype) in header.tensors.items():
+        if name.startswith("token_embd"):
+            g = "embedding"
+        elif name.startswith("output."):
+            g = "lm_head"
+        elif "norm" in name:
+            g = "norms"
+        elif name.startswith("blk."):
+            g = "blocks"
+        else:
+            g = "other"
+        try:
+            tname = GGMLQuantizationType(ttype).name
+        except ValueError:
+            tname = f"type {ttype}"
+        groups.setdefault(g, Counter())[tname] += 1
+    tensor_types = {
+        g: "/".join(k for k, _ in c.most_common()) for g, c in groups.items() if g != "other"
+    }
+    # The file's headline type: general.file_type when present, else the blocks' type.
+    file_type = None
+    ft = header.values.get("general.file_type")
+    if isinstance(ft, int):
+        try:
+            from gguf import LlamaFileType
+
+            file_type = LlamaFileType(ft).name.replace("MOSTLY_", "")
+        except ValueError:
+            file_type = None
+    if not file_type:
+        file_type = tensor_types.get("blocks", "unknown")
+    stem = path.name[: -len(".gguf")] if path.name.endswith(".gguf") else path.stem
+    name = stem
+    for suf in _GGUF_NAME_SUFFIXES:
+        i = stem.find(suf)
+        if i > 0:
+            name = stem[:i]
+            break
+    return Provenance(
+        spec=spec,
+        name=name,
+        source=str(path),
+        format="gguf",
+        quantization=f"{file_type} GGUF",
+        tensor_types=tensor_types,
+        dequantized=True,
+    )
+
+
+__all__ = ["GGUFFacts", "GGUFHeader", "facts_of", "gguf_facts", "gguf_notes", "gguf_problem", "gguf_provenance",
+           "header_provenance", "read_header"]

@@ -42,7 +42,7 @@ from typing import Iterable
 from vocablens.errors import BadInput
 from vocablens.models.files.loaded_model import LoadedModel, with_note
 from vocablens.models.files.source import DEFAULT_MODEL, Source, run_dtype
-from vocablens.models.files.whole import load_whole, loaded_whole_instead, checked_readout  # noqa: F401  (checked_readout re-exported)
+from vocablens.models.files.whole import load_whole, loaded_whole_instead
 
 MODES = ("full", "borders", "head", "matrices", "streaming")
 #: what each mode of :func:`load_mode` reads (``read=`` of :func:`load`; None: the whole model)

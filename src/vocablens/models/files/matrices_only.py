@@ -133,8 +133,9 @@ def read_matrices(d: Path, prov, with_norm: bool, tdtype: torch.dtype | None, tr
         tdtype: the dtype to convert to, or None for the checkpoint's (then the file's copy-on-write mapping).
 
     Returns:
-        :class:`~vocablens.models.LoadedModel` whose ``borders`` has ``W_E``, ``W_U`` [V, d] (one
-        tensor when tied), no head bias, ``embed_scale`` NaN, and blocks (and a final norm, unless
+        ``(model, tokenizer, provenance)``, the model a :class:`MatricesOnly` tree whose borders
+        (:func:`vocablens.models.files.partial.materialize_parts` finds them) have ``W_E``, ``W_U`` [V, d]
+        (one tensor when tied), no head bias, ``embed_scale`` NaN, and blocks (and a final norm, unless
         read) that raise :class:`~vocablens.errors.BadInput` when used; None when this view cannot
         read ``d`` exactly (the caller reads it on the family's modules).
 
@@ -173,13 +174,11 @@ def read_matrices(d: Path, prov, with_norm: bool, tdtype: torch.dtype | None, tr
 
 
 def _with_tokenizer(model: MatricesOnly, d: Path, prov, trust_remote_code: bool):
-    """:class:`~vocablens.models.LoadedModel` of the tree ``model``, its tokenizer and provenance.
+    """``(model, tokenizer, provenance)`` of the tree ``model``.
 
     Raises:
         CorruptModelFile: the tokenizer cannot be read.
     """
-    from vocablens.models.borders import Borders
-    from vocablens.models.files.loaded_model import LoadedModel
     from vocablens.models.files.provenance import Provenance
     from vocablens.models.files.spec import diagnose_dir, file_errors, missing_parts
 
@@ -189,8 +188,7 @@ def _with_tokenizer(model: MatricesOnly, d: Path, prov, trust_remote_code: bool)
         raise CorruptModelFile(diagnose_dir(d, shapes=False) or missing_parts(d) or f"cannot read the tokenizer in {d}: "
                                f"{str(e).splitlines()[0]}") from None
     W_E = model.get_input_embeddings().weight
-    prov = Provenance(**{**prov.__dict__, "dtype": str(W_E.dtype).replace("torch.", "")})
-    return LoadedModel(model, tok, Borders.from_model(model, tokenizer=tok), prov)
+    return model, tok, Provenance(**{**prov.__dict__, "dtype": str(W_E.dtype).replace("torch.", "")})
 
 
 __all__ = ["MatricesOnly", "read_matrices"]

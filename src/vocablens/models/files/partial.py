@@ -36,7 +36,7 @@ from torch import nn
 
 from vocablens.errors import BadInput, CorruptModelFile
 from vocablens.models.files.checkpoint_files import checkpoint_name, materialize, shard_files
-from vocablens.models.files.loaded_model import with_note
+from vocablens.models.files.loaded_model import LoadedModel, with_note
 from vocablens.models.files.matrices_only import read_matrices
 from vocablens.models.files.sources import source_dir
 from vocablens.models.files.tokenizer_files import light_tokenizer
@@ -126,9 +126,11 @@ def read_parts(spec: str | os.PathLike, parts: Parts, dtype=None, trust_remote_c
 
 def materialize_parts(spec: str, d: Path, prov, parts: Parts, tdtype: torch.dtype | None,
                       trust_remote_code: bool = False, device: str = "cpu"):
-    """The one materializer: ``parts`` of the safetensors directory ``d`` read and built into a
-    :class:`~vocablens.models.LoadedModel`, without the modeling code when the parts allow it, else
-    on the family's modules (module docstring).
+    """The one materializer: ``parts`` of the safetensors directory ``d`` read, without the modeling
+    code when the parts allow it, else on the family's modules (module docstring), their real
+    tensors moved to ``device`` (read on the CPU first; the blocks left on ``meta`` stay there; a
+    tied matrix stays one tensor), then the borders found once, in a
+    :class:`~vocablens.models.LoadedModel`.
 
     Args:
         spec: what the user named (for messages); ``d`` and ``prov``: its directory and provenance
@@ -136,26 +138,17 @@ def materialize_parts(spec: str, d: Path, prov, parts: Parts, tdtype: torch.dtyp
         parts: what to read (:class:`Parts`).
         tdtype: the dtype to convert to, or None for the checkpoint's own (then the file's
             copy-on-write mapping).
-        device: where the real tensors go once read on the CPU (:func:`borders_to`).
+        device: where the real tensors go once read on the CPU.
 
     Returns and raises: as :func:`read_parts`.
     """
-    lm = None if parts.on_modules else read_matrices(d, prov, "final_norm" in parts.names, tdtype,
-                                                        trust_remote_code)
-    lm = lm if lm is not None else _on_family_modules(spec, d, prov, parts, tdtype, trust_remote_code)
-    return borders_to(lm, device)
-
-
-def borders_to(lm, device: str):
-    """Move a partially loaded model's real tensors to ``device`` (the blocks stay on ``meta``); a
-    tied matrix stays one tensor. Returns ``lm`` itself when nothing moves, else a
-    :class:`~vocablens.models.LoadedModel` with fresh borders."""
     from vocablens.models.borders import Borders
-    from vocablens.models.files.loaded_model import LoadedModel
 
+    read = None if parts.on_modules else read_matrices(d, prov, "final_norm" in parts.names, tdtype, trust_remote_code)
+    model, tok, prov = read if read is not None else _on_family_modules(spec, d, prov, parts, tdtype, trust_remote_code)
     dev = torch.device(device)
     moved: dict[int, tuple] = {}  # id -> (old, new): the old tensor is kept alive so ids stay unique
-    for mod in lm.model.modules():
+    for mod in model.modules():
         for store in (mod._parameters, mod._buffers):
             for name, t in list(store.items()):
                 if t is None or t.is_meta or t.device == dev:
@@ -165,21 +158,19 @@ def borders_to(lm, device: str):
                     moved[id(t)] = (t, torch.nn.Parameter(new, requires_grad=False)
                                     if isinstance(t, torch.nn.Parameter) else new)
                 store[name] = moved[id(t)][1]
-    if not moved:
-        return lm
-    return LoadedModel(lm.model, lm.tokenizer, Borders.from_model(lm.model, tokenizer=lm.tokenizer), lm.provenance)
+    return LoadedModel(model, tok, Borders.from_model(model, tokenizer=tok), prov)
 
 
 # ------------------------------------------------------------ on the family's modules
 def _on_family_modules(spec: str, d: Path, prov, parts: Parts, tdtype, trust_remote_code: bool):
-    """The skeleton's borders (and ``parts``' blocks or value vectors) replaced by the checkpoint's tensors."""
+    """``(model, tokenizer, provenance)``: the skeleton's borders (and ``parts``' blocks or value
+    vectors) replaced by the checkpoint's tensors, on the CPU (:func:`materialize_parts` places them)."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig
 
     from vocablens.models.files.auto_class import auto_model_class
     from vocablens.models.files.checkpoint_files import renamed_files
     from vocablens.models.borders import Borders
-    from vocablens.models.files.loaded_model import LoadedModel
     from vocablens.models.files.provenance import Provenance
     from vocablens.models.files.spec import diagnose_dir, file_errors, missing_parts
 
@@ -215,8 +206,7 @@ def _on_family_modules(spec: str, d: Path, prov, parts: Parts, tdtype, trust_rem
             raise CorruptModelFile(f"the final norm's buffer {lost[0]} is not in the checkpoint")
     model.eval()
     pdtype = model.get_input_embeddings().weight.dtype
-    prov = Provenance(**{**prov.__dict__, "dtype": str(pdtype).replace("torch.", "")})
-    return LoadedModel(model, tok, Borders.from_model(model, tokenizer=tok), prov)
+    return model, tok, Provenance(**{**prov.__dict__, "dtype": str(pdtype).replace("torch.", "")})
 
 
 def _modules_read(skel, parts: Parts) -> list:
@@ -287,5 +277,5 @@ def load_head_only(spec: str | os.PathLike = DEFAULT_MODEL, dtype=None, trust_re
     return read_parts(spec, Parts.of(("head", "final_norm")), dtype, trust_remote_code)
 
 
-__all__ = ["borders_to", "BORDERS", "PARTS", "Parts", "load_borders_only", "load_head_only", "load_matrices_only",
+__all__ = ["BORDERS", "PARTS", "Parts", "load_borders_only", "load_head_only", "load_matrices_only",
            "materialize_parts", "read_parts"]

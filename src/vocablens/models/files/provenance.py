@@ -1,13 +1,13 @@
 """Provenance: where a model's weights came from and how they were stored, read from the files.
 
-A GGUF file's header gives the model name, the file type and each tensor group's storage type; a
-model directory's ``config.json`` gives its dtype or quantization method.
+A model directory's ``config.json`` gives its dtype or quantization method (:func:`dir_provenance`);
+a GGUF file's header gives the model name, the file type and each tensor group's storage type
+(:func:`vocablens.models.files.gguf_header.gguf_provenance`, beside the header's other readings).
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,74 +97,6 @@ class Provenance:
         }
 
 
-_GGUF_NAME_SUFFIXES = ("-Q", ".Q", "-q", ".q", "-F16", ".F16", "-f16", ".f16", "-BF16", ".BF16", "-F32", ".F32")
-
-
-def gguf_provenance(path: Path, spec: str) -> Provenance:
-    """Read a GGUF file's header: model name, file type and the storage type of each tensor group.
-
-    Raises:
-        CorruptModelFile: the file is not a readable GGUF file.
-    """
-    from vocablens.models.files.gguf_header import read_header
-
-    return header_provenance(read_header(path), path, spec)
-
-
-def header_provenance(header, path: Path, spec: str) -> Provenance:
-    """:func:`gguf_provenance` of a header already read (:func:`vocablens.models.files.gguf_header.read_header`)."""
-    from gguf import GGMLQuantizationType
-
-    groups: dict[str, Counter] = {}
-    for name, (_dims, ttype) in header.tensors.items():
-        if name.startswith("token_embd"):
-            g = "embedding"
-        elif name.startswith("output."):
-            g = "lm_head"
-        elif "norm" in name:
-            g = "norms"
-        elif name.startswith("blk."):
-            g = "blocks"
-        else:
-            g = "other"
-        try:
-            tname = GGMLQuantizationType(ttype).name
-        except ValueError:
-            tname = f"type {ttype}"
-        groups.setdefault(g, Counter())[tname] += 1
-    tensor_types = {
-        g: "/".join(k for k, _ in c.most_common()) for g, c in groups.items() if g != "other"
-    }
-    # The file's headline type: general.file_type when present, else the blocks' type.
-    file_type = None
-    ft = header.values.get("general.file_type")
-    if isinstance(ft, int):
-        try:
-            from gguf import LlamaFileType
-
-            file_type = LlamaFileType(ft).name.replace("MOSTLY_", "")
-        except ValueError:
-            file_type = None
-    if not file_type:
-        file_type = tensor_types.get("blocks", "unknown")
-    stem = path.name[: -len(".gguf")] if path.name.endswith(".gguf") else path.stem
-    name = stem
-    for suf in _GGUF_NAME_SUFFIXES:
-        i = stem.find(suf)
-        if i > 0:
-            name = stem[:i]
-            break
-    return Provenance(
-        spec=spec,
-        name=name,
-        source=str(path),
-        format="gguf",
-        quantization=f"{file_type} GGUF",
-        tensor_types=tensor_types,
-        dequantized=True,
-    )
-
-
 def dir_provenance(path: Path, spec: str) -> Provenance:
     files = {p.name for p in path.iterdir()} if path.is_dir() else set()
     fmt = "safetensors" if any(f.endswith(".safetensors") for f in files) else (
@@ -190,4 +122,4 @@ def dir_provenance(path: Path, spec: str) -> Provenance:
     return Provenance(spec=spec, name=str(name), source=str(path), format=fmt, quantization=quant)
 
 
-__all__ = ["Provenance", "gguf_provenance", "dir_provenance", "header_provenance"]
+__all__ = ["Provenance", "dir_provenance"]

@@ -195,6 +195,26 @@ def storage_types(model: nn.Module, borders) -> dict[str, str]:
     return {g: "/".join(k for k, _ in groups[g].most_common()) for g in ("embedding", "lm_head", "blocks") if g in groups}
 
 
+def placed_on(model: nn.Module, spec: str, device: str) -> None:
+    """``model.to(device)`` (a whole load's last step without a device map), unless its quantizer
+    placed it there already (bitsandbytes: CUDA): a quantized model stays where its quantizer put it
+    when that is ``device``'s type; one whose quantizer cannot move it is one line (``spec`` names it).
+
+    Raises:
+        UnsupportedQuantization: the quantizer refuses the move (bitsandbytes weights stay on CUDA).
+    """
+    if quantization_config(model) is not None and next(model.parameters()).device.type == torch.device(device).type:
+        return
+    try:
+        model.to(device)
+    except (ValueError, RuntimeError, NotImplementedError) as exc:
+        qc = quantization_config(model)
+        if qc is None:
+            raise
+        raise UnsupportedQuantization(f"{spec} ({quantization_name(qc)}) cannot run on {device}: "
+                                      f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
+
+
 def quantized_provenance(prov, model: nn.Module, borders):
     """``prov`` of a model loaded through a transformers quantizer: its quantization named, the storage
     types per group, and ``dequantized`` set (the matrices vocablens reads are dequantized copies; the
@@ -245,5 +265,5 @@ def kept_dequantized(memo: dict, w: torch.Tensor) -> torch.Tensor:
     return memo[key][1]
 
 
-__all__ = ["kept_dequantized", "dequantized", "stored_parts", "is_quantized", "logical_numel", "quantization_config", "quantization_name",
+__all__ = ["kept_dequantized", "dequantized", "stored_parts", "is_quantized", "logical_numel", "placed_on", "quantization_config", "quantization_name",
            "quantized_provenance", "refuse_edit", "refused", "storage_types", "stored_bytes", "weights_stored_bytes"]

@@ -1,5 +1,6 @@
-"""Readout checks kept between runs: a whole load stores its :class:`~vocablens.models.readout.ReadoutCheck`,
-a load without the blocks (borders, head, matrices, streaming) reads it back.
+"""The readout check of a load: a whole load runs it (:func:`checked_readout`) and stores its
+:class:`~vocablens.models.readout.ReadoutCheck`, a load without the blocks (borders, head, matrices,
+streaming) reads it back (:func:`apply_stored`).
 
 A check is stored under ``<cache>/readout/<key>.json`` (:func:`vocablens.models.files.gguf_cache.cache_root`;
 nothing is stored with ``VOCABLENS_CACHE=off``), the key a SHA-256 of the weights' identity: the
@@ -64,6 +65,32 @@ def store_check(source, check: ReadoutCheck) -> None:
         return
 
 
+def checked_readout(borders, source):
+    """``(borders, provenance line)`` after :func:`vocablens.models.readout.find_readout` (one probe
+    forward of a few tokens): the check every whole load ends with, stored for later loads of
+    ``source``'s weights without the blocks (:func:`store_check`; ``source``: the
+    :class:`~vocablens.models.files.source.Source` the borders were read from). Weights holding NaN or inf, or whose probe forward overflows (float16 kept by ``--dtype``), are not checked: the
+    commands refuse them with their own line, naming the layer, before printing anything.
+
+    Raises:
+        UnsupportedArchitecture: the readout differs from the model's own logits (see find_readout).
+    """
+    from vocablens.errors import NonFiniteActivations, UnsupportedArchitecture
+    from vocablens.models.readout import find_readout
+
+    try:
+        borders, check = find_readout(borders)
+    except NonFiniteActivations as e:
+        # the commands' own forwards refuse such a stream naming its first non-finite layer
+        return borders, f"unchecked: {e}"
+    except UnsupportedArchitecture:
+        if borders.nonfinite():
+            return borders, "unchecked: the weights hold NaN or inf values"
+        raise
+    store_check(source, check)
+    return borders, check.line()
+
+
 def stored_check(source) -> ReadoutCheck | None:
     """The check an earlier whole load of the same weights stored, or None."""
     key = weights_key(source)
@@ -114,4 +141,4 @@ def _module_name(b, mod) -> str | None:
     return None
 
 
-__all__ = ["UNCHECKED", "apply_stored", "store_check", "stored_check", "weights_key"]
+__all__ = ["UNCHECKED", "apply_stored", "checked_readout", "store_check", "stored_check", "weights_key"]

@@ -1,73 +1,58 @@
 """The whole model through transformers, on one device, placed by a device map, split by tensor
 parallel or loaded by a quantizer (:func:`load_whole`, the loader's full read: :func:`vocablens.models.load`
-with no ``read``), and the readout check every whole load ends with (:func:`checked_readout`).
+with no ``read``), ending with the readout check
+(:func:`~vocablens.models.files.readout_store.checked_readout`).
 
 A GGUF file loads through its float32 cache (:mod:`vocablens.models.files.gguf_cache`); a directory or hub
-id through ``from_pretrained`` of the causal-LM class, else the image-text-to-text one
-(:mod:`vocablens.models.files.auto_class`), with the device map's arguments
-(:mod:`vocablens.models.files.placement`), the tensor-parallel plan (:mod:`vocablens.models.tensor_parallel`)
-or the checkpoint's own quantizer (:mod:`vocablens.models.files.quantized`).
+id through transformers' ``from_pretrained`` (:mod:`vocablens.models.files.pretrained`: the device map's
+arguments, the tensor-parallel plan or the checkpoint's own quantizer); then the model is placed on
+the device (a quantized one where its quantizer put it: :func:`~vocablens.models.files.quantized.placed_on`),
+its provenance read, its borders found and its readout checked.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any
-
-from vocablens.errors import BadInput
 from vocablens.models.files.gguf_cache import load_gguf
 from vocablens.models.files.loaded_model import LoadedModel, with_note
+from vocablens.models.files.pretrained import load_pretrained, tp_failure
 from vocablens.models.files.provenance import Provenance, dir_provenance
-from vocablens.models.files.quantized import quantization_config, quantization_name, quantized_provenance, refused
-from vocablens.models.files.source import Source, hub_kwargs
+from vocablens.models.files.quantized import placed_on, quantized_provenance
+from vocablens.models.files.source import Source
 from vocablens.models.files.spec import reading
-from vocablens.models.files.tokenizer_files import building_tokenizer, hub_tokenizer_problem, json_tokenizer_problem
 
 
 def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool, placement: tuple | None = None,
                tp: bool = False) -> LoadedModel:
     """The whole model of ``source`` (:class:`~vocablens.models.files.source.Source`) in ``run``'s dtype
     (``(dtype, note)`` of :func:`~vocablens.models.files.source.run_dtype`) through transformers (a GGUF file through its float32 cache), its readout checked against the
-    model's own logits (:func:`checked_readout`); ``placement``: ``(device map, max_memory, offload
+    model's own logits (:func:`~vocablens.models.files.readout_store.checked_readout`); ``placement``: ``(device map, max_memory, offload
     folder)`` of :mod:`vocablens.models.files.placement`, or None (all on ``device``); ``tp``: split over the
     torchrun ranks by the family's tensor-parallel plan (``tp_plan="auto"``, placed by transformers)."""
-    from transformers import AutoTokenizer
-
     from vocablens.models.files import placement as P
+    from vocablens.models.files.readout_store import checked_readout
 
     spec, kind, path, hub = source.spec, source.kind, source.path, source.hub
     tdtype, dtype_note = run
-    placed_prov = None
+    prov, scratch = None, None
     if placement is not None and kind == "gguf":  # a device map reads the float32 cache as a directory
         from vocablens.models.files.sources import source_dir
 
-        path, placed_prov = source_dir(source)  # the provenance names the GGUF file, as a whole load's does
+        path, prov = source_dir(source)  # the provenance names the GGUF file, as a whole load's does
         kind = "dir"
     with reading(spec, kind, hub, "load", path):
         if kind == "gguf":
             tok, model, prov = load_gguf(source, tdtype)
         else:
-            src = str(path) if kind == "dir" else hub
-            kw: dict[str, Any] = {"trust_remote_code": trust_remote_code}
-            if kind == "hub":
-                kw.update(hub_kwargs(hub))
-            with building_tokenizer(spec, lambda: json_tokenizer_problem(Path(src)) if kind == "dir"
-                                    else hub_tokenizer_problem(src)):
-                tok = AutoTokenizer.from_pretrained(src, **kw)
-            placed = {} if placement is None else P.placed_kwargs(src, kw, tdtype, *placement)
-            scratch = placed.pop("scratch", None)
-            if tp:
-                placed["tp_plan"] = _tp_plan(src, kw)
-            with _tp_failure(tp, "loading"):
-                model = _from_pretrained(spec, src, tdtype, kw, placed)
-            P.remove_scratch_with(model, scratch)
-            prov = placed_prov or dir_provenance(path, spec) if kind == "dir" else Provenance(
-                spec=spec, name=hub, source=f"hub:{hub}", format="hub",
-                quantization=str(getattr(model.config, "dtype", "") or ""),
-            )
+            tok, model, scratch = load_pretrained(source, path if kind == "dir" else None, tdtype, trust_remote_code,
+                                                  placement, tp)
     if placement is None and not tp:  # a tensor-parallel load sits where transformers put each rank's shards
-        _placed(model, spec, device)
+        placed_on(model, spec, device)
+    P.remove_scratch_with(model, scratch)
+    if prov is None:  # a directory or hub id read by from_pretrained
+        prov = dir_provenance(path, spec) if kind == "dir" else Provenance(
+            spec=spec, name=hub, source=f"hub:{hub}", format="hub",
+            quantization=str(getattr(model.config, "dtype", "") or ""),
+        )
     model.eval()
     model.requires_grad_(False)
     pdtype = next(model.parameters()).dtype
@@ -76,7 +61,7 @@ def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool,
 
     found = Borders.from_model(model, tokenizer=tok)
     prov = quantized_provenance(prov, model, found)  # the matrices read dequantized, and said so
-    with _tp_failure(tp, "running the probe forward"):  # tensor parallel: the same check, the probe's logits gathered
+    with tp_failure(tp, "running the probe forward"):  # tensor parallel: the same check, the probe's logits gathered
         borders, line = checked_readout(found, source)
     if tp:
         from vocablens.models.tensor_parallel import check_split, world_size
@@ -112,113 +97,4 @@ def loaded_whole_instead(source: Source, mode: str, run: tuple, device: str = "c
     return lm
 
 
-def _from_pretrained(spec: str, src: str, tdtype, kw: dict, placed: dict):
-    """``from_pretrained`` of a directory or hub id (the causal-LM class, else the image-text-to-text
-    one: :func:`~vocablens.models.files.auto_class.auto_model_class`). A checkpoint quantized by a
-    transformers quantizer (its config's ``quantization_config``) loads through it too, placed by the
-    quantizer (a quantized model cannot be moved after loading). ``kw``: the config's and the weights'
-    keyword arguments (revision, trust_remote_code ...); ``placed``: the weights' alone (a device map's).
-
-    Raises:
-        UnsupportedQuantization: a quantized checkpoint transformers cannot load here (its quantizer's
-            package or device missing), in one line.
-    """
-    from transformers import AutoConfig
-
-    from vocablens.models.files.auto_class import auto_model_class
-
-    config = AutoConfig.from_pretrained(src, **kw)  # the causal-LM mapping, else image-text-to-text
-    try:
-        return auto_model_class(config).from_pretrained(src, config=config, dtype=tdtype or "auto",
-                                                        use_safetensors=None, **kw, **placed)
-    except (ImportError, ValueError, RuntimeError, NotImplementedError, TypeError, AttributeError) as exc:
-        qc = quantization_config(config)
-        if qc is None:
-            raise
-        raise refused(spec, qc, exc) from None
-
-
-def _placed(model, spec: str, device: str) -> None:
-    """``model.to(device)``, unless its quantizer placed it there already (bitsandbytes: CUDA): a
-    quantized model stays where its quantizer put it when that is ``device``'s type; one whose
-    quantizer cannot move it is one line.
-
-    Raises:
-        UnsupportedQuantization: the quantizer refuses the move (bitsandbytes weights stay on CUDA).
-    """
-    import torch
-
-    from vocablens.errors import UnsupportedQuantization
-
-    if quantization_config(model) is not None and next(model.parameters()).device.type == torch.device(device).type:
-        return
-    try:
-        model.to(device)
-    except (ValueError, RuntimeError, NotImplementedError) as exc:
-        qc = quantization_config(model)
-        if qc is None:
-            raise
-        raise UnsupportedQuantization(f"{spec} ({quantization_name(qc)}) cannot run on {device}: "
-                                      f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
-
-
-@contextmanager
-def _tp_failure(tp: bool, step: str):
-    """Under ``tp``, an error of transformers' tensor-parallel code becomes one line naming the step
-    (:class:`~vocablens.errors.UnsupportedArchitecture`), never a traceback nor a replicated load."""
-    from vocablens.errors import UnsupportedArchitecture, VocabLensError
-
-    try:
-        yield
-    except VocabLensError:
-        raise
-    except Exception as e:  # noqa: BLE001  (transformers' TP code raises many kinds)
-        if not tp:
-            raise
-        first = (str(e).splitlines() or [""])[0][:160]
-        raise UnsupportedArchitecture("tensor parallel", [type(e).__name__],
-                                      f"`tp`: {step} with the family's tensor-parallel plan failed: {first}") from None
-
-
-def _tp_plan(src: str, kw: dict) -> str:
-    """``"auto"`` for a family whose config has a tensor-parallel plan.
-
-    Raises:
-        BadInput: the family has none (one line; never loaded replicated instead)."""
-    from transformers import AutoConfig
-
-    from vocablens.models.tensor_parallel import plan_refusal
-
-    why = plan_refusal(AutoConfig.from_pretrained(src, **kw))
-    if why:
-        raise BadInput(why)
-    return "auto"
-
-
-def checked_readout(borders, source: Source):
-    """``(borders, provenance line)`` after :func:`vocablens.models.readout.find_readout` (one probe
-    forward of a few tokens), the check stored for later loads of ``source``'s weights without the blocks. Weights holding
-    NaN or inf, or whose probe forward overflows (float16 kept by ``--dtype``), are not checked: the
-    commands refuse them with their own line, naming the layer, before printing anything.
-
-    Raises:
-        UnsupportedArchitecture: the readout differs from the model's own logits (see find_readout).
-    """
-    from vocablens.errors import NonFiniteActivations, UnsupportedArchitecture
-    from vocablens.models.readout import find_readout
-    from vocablens.models.files.readout_store import store_check
-
-    try:
-        borders, check = find_readout(borders)
-    except NonFiniteActivations as e:
-        # the commands' own forwards refuse such a stream naming its first non-finite layer
-        return borders, f"unchecked: {e}"
-    except UnsupportedArchitecture:
-        if borders.nonfinite():
-            return borders, "unchecked: the weights hold NaN or inf values"
-        raise
-    store_check(source, check)
-    return borders, check.line()
-
-
-__all__ = ["checked_readout", "load_whole", "loaded_whole_instead"]
+__all__ = ["load_whole", "loaded_whole_instead"]
