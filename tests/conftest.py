@@ -62,7 +62,13 @@ def smollm2():
     """The real default model (SmolLM2-135M-Instruct, Q4_1 GGUF, dequantized), loaded once per session."""
     import vocablens
 
-    return vocablens.load("smollm2")
+    m = vocablens.load("smollm2")
+    if not m.provenance.loaded_from and os.environ.get("VOCABLENS_CACHE", "").lower() != "off":
+        # a cold cache (a fresh machine, as in CI): this load dequantized the GGUF and wrote the float32
+        # cache that every later load reads (the CLI's, the explorer's); the session's model is read from
+        # it too, so their provenance (`loaded_from`) and their rounding are the same as theirs
+        m = vocablens.load("smollm2")
+    return m
 
 
 @pytest.fixture

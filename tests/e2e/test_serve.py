@@ -131,7 +131,7 @@ def test_serve_warns_when_listening_beyond_localhost(tmp_path):
 
 # --------------------------------------------------------------------------------- the real server
 @pytest.fixture(scope="module")
-def server():
+def server(smollm2):  # the session's model first: on a cold cache its load writes the float32 cache the server reads
     proc, url = start_server()
     yield proc, url
     if proc.poll() is None:
