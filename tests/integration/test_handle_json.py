@@ -81,3 +81,21 @@ def test_lens_results_show_themselves(smollm2, kind):
     fig = res.figure()
     assert len(fig.data) == len(res.kinds) and len(fig.data[0].x) == 2  # one column per prompt (last position)
     assert fig.data[0].y[-1] == 30
+
+
+def test_the_cli_fixture_reuses_the_session_model(cli, smollm2, monkeypatch):
+    """The comparisons above are between one loaded model's two surfaces: the in-process CLI must not load
+    the model again (the fixture once patched a function the CLI no longer called, and every command
+    loaded afresh), and the session's model is the one every later load reads (the float32 cache), so a
+    cold cache (a fresh CI machine) gives the same provenance on both sides."""
+    import os
+
+    from vocablens.models.files import loader
+
+    calls = []
+    real = loader.load
+    monkeypatch.setattr(loader, "load", lambda *a, **k: calls.append(a) or real(*a, **k))
+    code, out, err = cli("score", "The capital of France is", "--json")
+    assert code == 0 and calls == [], err
+    if os.environ.get("VOCABLENS_CACHE", "").lower() != "off":
+        assert smollm2.provenance.loaded_from  # read from the cache, as the CLI's and the explorer's loads are
