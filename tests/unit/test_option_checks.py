@@ -219,3 +219,36 @@ def test_a_corpus_on_standard_input_names_corpus(tiny_dir, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"ab\x80cd")))
     assert _cli_error(capsys, ["settle", "--corpus", "-", "-m", tiny_dir]) == \
         "error: " + str(e.value).replace("`corpus`", "--corpus")
+
+
+def test_notes_name_the_parameter_to_python_and_the_option_on_the_command_line(tmp_path, capsys):
+    """The library's notes as its messages: a float16 checkpoint run in float32 on the CPU says "`dtype`
+    float16 keeps it" in Python and "--dtype float16 keeps it" on stderr and in ``--json``; special-token
+    text says `special_text` in Python and ``--special-text`` to ``score``."""
+    import json
+    import warnings
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import vocablens
+    from vocablens.errors import VocabLensNote
+
+    d = save_tiny(tmp_path / "m", tiny_tokenizer())
+    AutoModelForCausalLM.from_pretrained(d, dtype=torch.float16).save_pretrained(d, safe_serialization=True)
+    m = vocablens.load(str(d))
+    assert any(n.endswith("`dtype` float16 keeps it") for n in m.provenance.notes), m.provenance.notes
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        m.score("<s> the")
+    said = [str(w.message) for w in seen if issubclass(w.category, VocabLensNote)]
+    assert any("(`special_text` plain reads them as ordinary text)" in s for s in said), said
+
+    capsys.readouterr()
+    assert run_app(["score", "<s> the", "-m", str(d), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert any(n.endswith("--dtype float16 keeps it") for n in json.loads(out)["model"]["notes"])
+    assert "(--special-text plain reads them as ordinary text)" in err  # --json loads quietly: no load notes
+    assert run_app(["score", "<s> the", "-m", str(d)]) == 0
+    err = capsys.readouterr().err
+    assert "--dtype float16 keeps it" in err and "`dtype`" not in err  # (the special-text note: once per process)

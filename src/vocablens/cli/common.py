@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from contextlib import contextmanager
@@ -188,6 +189,7 @@ def load_model(spec: str, mode: str = "full", *, quiet: bool = False, device: st
     from vocablens.handle import Model
 
     lm = Model.of(lm, spec=str(spec))  # the handle: the commands call its workflows
+    lm.provenance = cli_provenance(lm.provenance)
     refuse_nonfinite(lm)  # the one check every command passes through
     trim_heap()  # the loaders' freed scratch (tokenizer and config parsing) leaves the resident set
     if not quiet:
@@ -301,12 +303,22 @@ def in_cli_words(message: str, argv: list[str]) -> str:
     return re.sub(r"`([a-z_][a-z0-9_]*)`", option, message)
 
 
-def in_command_words(message: str) -> str:
-    """:func:`in_cli_words` for the command now running (click's current context): a library note
-    told to a command names its options."""
-    import click
+def cli_provenance(prov):
+    """``prov`` with its notes in the running command's words (:func:`in_command_words`): what the command
+    prints and its ``--json`` holds (a float16 checkpoint's "`dtype` float16 keeps it" -> "--dtype ...")."""
+    notes = tuple(in_command_words(n) for n in prov.notes)
+    return prov if notes == tuple(prov.notes) else dataclasses.replace(prov, notes=notes)
 
-    ctx = click.get_current_context(silent=True)
+
+def in_command_words(message: str) -> str:
+    """:func:`in_cli_words` for the command now running (the app's click context): a library note
+    told to a command names its options."""
+    try:  # the click the app runs on (recent typer releases carry their own copy, with its own context stack)
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover
+        from click import get_current_context
+
+    ctx = get_current_context(silent=True)
     return message if ctx is None else in_cli_words(message, ctx.command_path.split()[1:])
 
 
@@ -322,8 +334,8 @@ def run_app(argv: list[str] | None = None, whole_process: bool = False) -> int:
     argv, stats = take_stats(list(sys.argv[1:] if argv is None else argv))
 
     def show_note(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, VocabLensNote):
-            print_note(str(message))
+        if issubclass(category, VocabLensNote):  # the library's note, in the command's words
+            print_note(in_cli_words(str(message), argv))
         else:
             previous(message, category, filename, lineno, file, line)
 

@@ -226,7 +226,7 @@ def encode_text(tokenizer, text: str, special_text: str = "parse", add_special_t
         found = [t for t in special_strings(tokenizer) if t in text]
         if found:
             warnings.warn(VocabLensNote(
-                f"the text contains special tokens {found}, read as those tokens (--special-text plain "
+                f"the text contains special tokens {found}, read as those tokens (`special_text` plain "
                 "reads them as ordinary text)"), stacklevel=2)
     bos = getattr(tokenizer, "bos_token_id", None)
     if add_special_tokens and bos is not None and len(ids) >= 2 and ids[0] == ids[1] == bos and adds_bos(tokenizer):

@@ -264,7 +264,7 @@ def run_dtype(source: Source, dtype, device="cpu"):
         if torch.device(device).type != "cpu" or source.stored_dtype != torch.float16:
             return None, None
         return torch.float32, ("the checkpoint is float16; it runs in float32 on the CPU (float16 overflows past "
-                               "65,504 and has no fast CPU kernels); --dtype float16 keeps it")
+                               "65,504 and has no fast CPU kernels); `dtype` float16 keeps it")
     if isinstance(dtype, str) and dtype.strip().lower() in ("", "auto"):
         return None, None
     return torch_dtype(dtype, "`dtype`"), None
