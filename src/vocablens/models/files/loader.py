@@ -42,7 +42,8 @@ from typing import Iterable
 from vocablens.errors import BadInput
 from vocablens.models.files.loaded_model import LoadedModel, with_note
 from vocablens.models.files.source import DEFAULT_MODEL, Source, run_dtype
-from vocablens.models.files.whole import load_whole, loaded_whole_instead
+from vocablens.models.files.sources import source_dir
+from vocablens.models.files.whole import load_whole
 
 MODES = ("full", "borders", "head", "matrices", "streaming")
 #: what each mode of :func:`load_mode` reads (``read=`` of :func:`load`; None: the whole model)
@@ -100,10 +101,9 @@ def load(spec: str | os.PathLike | Source | None = DEFAULT_MODEL, dtype=None, de
         eval mode with gradients off. Its tensors can be written: a write into a mapped tensor makes
         a private copy of its page, never touches the file.
 
-    A partial read (``read`` or ``max_memory``) of a checkpoint stored as ``pytorch_model*.bin`` only
-    (read with ``weights_only=True``), or quantized by a transformers quantizer, loads the whole model
-    instead, with a :class:`~vocablens.errors.VocabLensNote` saying so (:func:`loaded_whole_instead`).
-    A read without the blocks takes the readout check an earlier whole load stored (:mod:`vocablens.models.files.readout_store`).
+    A partial read (``read`` or ``max_memory``) of a ``pytorch_model*.bin`` only or quantized checkpoint
+    loads the whole model, with a :class:`~vocablens.errors.VocabLensNote` saying so; a read without the
+    blocks takes the readout check a whole load stored (:mod:`vocablens.models.files.readout_store`).
 
     Raises:
         ModelNotFound: nothing to load under that spec (with how to make it available).
@@ -119,15 +119,19 @@ def load(spec: str | os.PathLike | Source | None = DEFAULT_MODEL, dtype=None, de
             with ``read``, ``device`` or ``tp``; ``tp`` where it cannot run (no torchrun, no plan, GGUF,
             a partial read or ``max_memory``).
     """
-    placement = _placement(device_map, max_memory, offload_folder, read, device)
-    if tp and placement is not None:
-        raise BadInput("`tp` splits the model over the torchrun ranks and a device map places it in one "
-                       "process: give one of them")
+    placement = _placement(device_map, max_memory, offload_folder, read, device, tp)
     parts = _what_to_read(read, blocks, None if placement else max_memory, device)
     source, run = _resolved(spec, dtype, device, trust_remote_code, placement, (read, max_memory) if tp else None)
-    if placement is not None or (parts is None and max_memory in (None, "")):
-        return load_whole(source, run, device, trust_remote_code, placement, tp=tp)
-    return _partial(source, parts, run, device, trust_remote_code, max_memory)
+    partly = placement is None and (parts is not None or max_memory not in (None, ""))
+    # the safetensors directory (a GGUF file: its float32 cache) a partial read or a device map reads
+    files = source_dir(source) if (partly and not source.quantized) or (placement and source.kind == "gguf") else None
+    instead = ("streaming" if parts is None else "borders", "quantized") if partly else None  # read by its quantizer
+    if partly and files is not None:
+        lm = _partial(source, files, parts, run, device, trust_remote_code, max_memory)
+        if lm is not None:
+            return lm
+        instead = (instead[0], "pickle")  # pytorch_model.bin only: no header to read a few tensors from
+    return load_whole(source, run, device, trust_remote_code, placement, tp=tp, files=files, instead=instead)
 
 
 def _resolved(spec, dtype, device: str, trust_remote_code: bool, placement, tp_reads) -> tuple[Source, tuple]:
@@ -149,32 +153,30 @@ def _resolved(spec, dtype, device: str, trust_remote_code: bool, placement, tp_r
     return source, run
 
 
-def _partial(source: Source, parts, run: tuple, device: str, trust_remote_code: bool, max_memory) -> LoadedModel:
+def _partial(source: Source, files: tuple, parts, run: tuple, device: str, trust_remote_code: bool,
+             max_memory) -> LoadedModel | None:
     """The parts named (``parts``), or with ``parts`` None the streaming load of ``max_memory``
-    (:func:`load`), in ``run``'s dtype (:func:`~vocablens.models.files.source.run_dtype`): read from the
-    safetensors headers; a ``pytorch_model.bin`` only checkpoint loads whole instead
-    (:func:`loaded_whole_instead`)."""
+    (:func:`load`), of the safetensors directory and provenance ``files``
+    (:func:`~vocablens.models.files.sources.source_dir`), in ``run``'s dtype
+    (:func:`~vocablens.models.files.source.run_dtype`), read from the safetensors headers; None for a
+    ``pytorch_model.bin`` only checkpoint (:func:`load` loads it whole instead)."""
     from vocablens.models.files.checkpoint_files import NoSafetensors
     from vocablens.models.files.partial import materialize_parts
     from vocablens.models.files.readout_store import apply_stored
-    from vocablens.models.files.sources import source_dir
     from vocablens.models.files.streaming import parse_bytes, stream_beyond
 
-    why = "quantized" if source.quantized else None  # its tensors are stored quantized: only its quantizer reads them
-    if why is None:
-        try:
-            d, prov = source_dir(source)  # the safetensors directory (a GGUF file: its float32 cache)
-            if parts is not None:
-                lm = materialize_parts(source.spec, d, prov, parts, run[0], trust_remote_code, device)
-            else:
-                lm = stream_beyond(source.spec, d, prov, parse_bytes(max_memory), run[0], trust_remote_code)
-            return apply_stored(with_note(lm, run[1]), source)
-        except NoSafetensors:  # pytorch_model.bin only: no header to read a few tensors from
-            why = "pickle"
-    return loaded_whole_instead(source, "streaming" if parts is None else "borders", run, device, trust_remote_code, why)
+    d, prov = files
+    try:
+        if parts is not None:
+            lm = materialize_parts(source.spec, d, prov, parts, run[0], trust_remote_code, device)
+        else:
+            lm = stream_beyond(source.spec, d, prov, parse_bytes(max_memory), run[0], trust_remote_code)
+    except NoSafetensors:  # pytorch_model.bin only: no header to read a few tensors from
+        return None
+    return apply_stored(with_note(lm, run[1]), source)
 
 
-def _placement(device_map, max_memory, offload_folder, read, device: str) -> tuple | None:
+def _placement(device_map, max_memory, offload_folder, read, device: str, tp: bool) -> tuple | None:
     """``(device map, max_memory map, offload folder)`` checked (None without a device map)."""
     from vocablens.models.files.placement import device_map_arg, max_memory_map
 
@@ -186,7 +188,11 @@ def _placement(device_map, max_memory, offload_folder, read, device: str) -> tup
         raise BadInput("a device map places a whole model; a read of some parts is placed by `device`")
     if str(device) != "cpu":
         raise BadInput(f"give `device` or a device map, not both (got device {device!r}); the map names the devices")
-    return device_map_arg(device_map), max_memory_map(max_memory), None if not offload_folder else str(offload_folder)
+    placement = device_map_arg(device_map), max_memory_map(max_memory), None if not offload_folder else str(offload_folder)
+    if tp:
+        raise BadInput("`tp` splits the model over the torchrun ranks and a device map places it in one "
+                       "process: give one of them")
+    return placement
 
 
 def _what_to_read(read, blocks, max_memory, device: str):
@@ -256,4 +262,4 @@ def load_mode(spec: str | os.PathLike, mode: str = "full", *, dtype=None, device
     return load(spec, None if dtype == "" else dtype, device, trust_remote_code, max_memory or None, tp=tp, **where)
 
 
-__all__ = ["MODES", "MODE_READS", "LoadedModel", "Source", "load", "load_mode", "loaded_whole_instead"]
+__all__ = ["MODES", "MODE_READS", "LoadedModel", "Source", "load", "load_mode"]

@@ -180,12 +180,12 @@ def _with_tokenizer(model: MatricesOnly, d: Path, prov, trust_remote_code: bool)
         CorruptModelFile: the tokenizer cannot be read.
     """
     from vocablens.models.files.provenance import Provenance
-    from vocablens.models.files.spec import diagnose_dir, file_errors, missing_parts
+    from vocablens.models.files.spec import file_errors, files_fault
 
     try:
         tok = light_tokenizer(d, trust_remote_code)
     except file_errors() as e:
-        raise CorruptModelFile(diagnose_dir(d, shapes=False) or missing_parts(d) or f"cannot read the tokenizer in {d}: "
+        raise CorruptModelFile(files_fault(d, shapes=False) or f"cannot read the tokenizer in {d}: "
                                f"{str(e).splitlines()[0]}") from None
     W_E = model.get_input_embeddings().weight
     return model, tok, Provenance(**{**prov.__dict__, "dtype": str(W_E.dtype).replace("torch.", "")})

@@ -172,13 +172,13 @@ def _on_family_modules(spec: str, d: Path, prov, parts: Parts, tdtype, trust_rem
     from vocablens.models.files.checkpoint_files import renamed_files
     from vocablens.models.borders import Borders
     from vocablens.models.files.provenance import Provenance
-    from vocablens.models.files.spec import diagnose_dir, file_errors, missing_parts
+    from vocablens.models.files.spec import file_errors, files_fault
 
     try:
         config = AutoConfig.from_pretrained(str(d), trust_remote_code=trust_remote_code)
         tok = light_tokenizer(d, trust_remote_code, spec)   # AutoTokenizer parses tokenizer.json twice (both copies kept)
     except file_errors() as e:
-        raise CorruptModelFile(diagnose_dir(d) or missing_parts(d) or f"cannot read the config or tokenizer in {d}: "
+        raise CorruptModelFile(files_fault(d) or f"cannot read the config or tokenizer in {d}: "
                                f"{str(e).splitlines()[0]}") from None
     with init_empty_weights():  # the causal-LM class, else a vision-language model's (models.files.auto_class)
         model = auto_model_class(config).from_config(config, trust_remote_code=trust_remote_code)

@@ -101,6 +101,13 @@ def missing_parts(path: Path) -> str | None:
     return None
 
 
+def files_fault(path: Path, shapes: bool = True) -> str | None:
+    """What is wrong with a model directory, as one line naming the file, or None: first what is
+    damaged (:func:`diagnose_dir`, ``shapes`` as there), then what is missing (:func:`missing_parts`)."""
+    lack = missing_parts(path)  # cheap (no model built); the damage, when there is some, is said first
+    return diagnose_dir(path, shapes) or lack
+
+
 def file_errors() -> tuple[type[BaseException], ...]:
     """What the readers (transformers, safetensors, gguf, tokenizers) raise on a damaged file."""
     import struct
@@ -175,9 +182,9 @@ def reading(spec: str, kind: str, hub: str | None, what: str, path: Path | None 
         if kind == "gguf":
             raise CorruptModelFile(f"cannot {what} {spec}: the GGUF file is truncated or damaged ({msg[:120]}); "
                                    "download it again") from None
-        diag = (diagnose_dir(path) or missing_parts(path)) if kind == "dir" and path is not None else None
+        diag = files_fault(path) if kind == "dir" and path is not None else None
         raise CorruptModelFile(f"cannot {what} {spec}: {diag or msg}") from None
 
 
-__all__ = ["check_remote_code", "reading", "diagnose_dir", "file_errors", "DEFAULT_MODEL", "INSTALL_DEFAULT", "default_gguf_path",
+__all__ = ["check_remote_code", "reading", "diagnose_dir", "files_fault", "file_errors", "DEFAULT_MODEL", "INSTALL_DEFAULT", "default_gguf_path",
            "resolve_spec", "hub_error", "hub_is_cached", "hub_reachable", "hub_kwargs"]

@@ -22,23 +22,28 @@ from vocablens.models.files.spec import reading
 
 
 def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool, placement: tuple | None = None,
-               tp: bool = False) -> LoadedModel:
+               tp: bool = False, files: tuple | None = None, instead: tuple[str, str] | None = None) -> LoadedModel:
     """The whole model of ``source`` (:class:`~vocablens.models.files.source.Source`) in ``run``'s dtype
     (``(dtype, note)`` of :func:`~vocablens.models.files.source.run_dtype`) through transformers (a GGUF file through its float32 cache), its readout checked against the
     model's own logits (:func:`~vocablens.models.files.readout_store.checked_readout`); ``placement``: ``(device map, max_memory, offload
     folder)`` of :mod:`vocablens.models.files.placement`, or None (all on ``device``); ``tp``: split over the
-    torchrun ranks by the family's tensor-parallel plan (``tp_plan="auto"``, placed by transformers)."""
+    torchrun ranks by the family's tensor-parallel plan (``tp_plan="auto"``, placed by transformers);
+    ``files``: the safetensors directory and provenance of :func:`~vocablens.models.files.sources.source_dir`,
+    read in place of a GGUF file (its float32 cache: a device map reads it as a directory); ``instead``:
+    ``(mode, why)`` when a partial ``mode`` (``borders``, ``streaming``) of a checkpoint stored as
+    ``pytorch_model*.bin`` only (``why="pickle"``: the partial reads need safetensors headers), or
+    quantized by a transformers quantizer (``why="quantized"``: its tensors are stored quantized, under
+    the quantizer's own names, and only the quantizer reads them), loads the whole model instead: a
+    :class:`~vocablens.errors.VocabLensNote` says so once it loaded (a hostile pickle fails first, with
+    its own line)."""
     from vocablens.models.files import placement as P
     from vocablens.models.files.readout_store import checked_readout
 
     spec, kind, path, hub = source.spec, source.kind, source.path, source.hub
     tdtype, dtype_note = run
     prov, scratch = None, None
-    if placement is not None and kind == "gguf":  # a device map reads the float32 cache as a directory
-        from vocablens.models.files.sources import source_dir
-
-        path, prov = source_dir(source)  # the provenance names the GGUF file, as a whole load's does
-        kind = "dir"
+    if files is not None and kind == "gguf":  # a device map reads the float32 cache as a directory
+        (path, prov), kind = files, "dir"  # the provenance names the GGUF file, as a whole load's does
     with reading(spec, kind, hub, "load", path):
         if kind == "gguf":
             tok, model, prov = load_gguf(source, tdtype)
@@ -69,32 +74,19 @@ def load_whole(source: Source, run: tuple, device: str, trust_remote_code: bool,
         check_split(borders)
         line += f", tensor parallel over {world_size()} ranks"
     lm = with_note(LoadedModel(model, tok, borders, Provenance(**{**prov.__dict__, "readout": line})), dtype_note)
+    if instead is not None:
+        import warnings
+
+        from vocablens.errors import VocabLensNote
+
+        mode, why = instead
+        what = "the blocks that fit" if mode == "streaming" else "the borders"
+        line = (f"{spec} is quantized ({lm.provenance.quantization}); reading just {what} needs the quantizer, so the "
+                "whole model was loaded (its matrices read dequantized)") if why == "quantized" else (
+            f"{spec} holds its weights as pytorch_model.bin only; reading just {what} needs safetensors, so the whole "
+            "model was loaded (read with weights_only=True)")
+        warnings.warn(VocabLensNote(line), stacklevel=2)
     return lm if placement is None else with_note(lm, P.placement_line(found))
 
 
-def loaded_whole_instead(source: Source, mode: str, run: tuple, device: str = "cpu", trust_remote_code: bool = False,
-                         why: str = "pickle") -> LoadedModel:
-    """The whole model of ``source``, in ``run``'s dtype (``(dtype, note)`` of
-    :func:`~vocablens.models.files.source.run_dtype`), for a partial ``mode`` of a checkpoint stored as
-    ``pytorch_model*.bin`` only (``why="pickle"``: the partial reads need safetensors headers), or
-    quantized by a transformers quantizer (``why="quantized"``: its tensors are stored quantized, under
-    the quantizer's own names, and only the quantizer reads them), and a
-    :class:`~vocablens.errors.VocabLensNote` saying so once it loaded (a hostile pickle fails first,
-    with its own line)."""
-    import warnings
-
-    from vocablens.errors import VocabLensNote
-
-    lm = load_whole(source, run, device, trust_remote_code)
-    what = "the blocks that fit" if mode == "streaming" else "the borders"
-    if why == "quantized":
-        line = (f"{source.spec} is quantized ({lm.provenance.quantization}); reading just {what} needs the quantizer, "
-                "so the whole model was loaded (its matrices read dequantized)")
-    else:
-        line = (f"{source.spec} holds its weights as pytorch_model.bin only; reading just {what} needs "
-                "safetensors, so the whole model was loaded (read with weights_only=True)")
-    warnings.warn(VocabLensNote(line), stacklevel=3)
-    return lm
-
-
-__all__ = ["load_whole", "loaded_whole_instead"]
+__all__ = ["load_whole"]
