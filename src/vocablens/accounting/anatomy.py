@@ -21,7 +21,7 @@ Conventions:
 * Bytes: fp32 4, bf16 2, fp8 1, int4 0.5 bytes per parameter (rounded up to whole bytes), weights
   only (no scales, KV cache or activations). A loaded model's ``stored_bytes`` is what its weights
   hold as stored: a quantized weight its values, scales and zero points
-  (:func:`vocablens.models.files.quantized.stored_bytes`); its parameters are the logical count.
+  (:func:`vocablens.models.quantized_weights.stored_bytes`); its parameters are the logical count.
 
 Layer 3: pure functions, a :class:`~vocablens.models.Borders` (or a model) in, a frozen dataclass out.
 Resolving a config (catalogue, file, directory, GGUF, hub cache) goes through ``vocablens.models``.
@@ -43,7 +43,7 @@ from vocablens.models.files.catalogue import catalogue_entry
 from vocablens.models.files.config import meta_model, resolve_config
 from vocablens.models.files.dtypes import canonical_dtype, dtype_bytes
 from vocablens.models.flops import attention_flops, attention_shape, head_flops
-from vocablens.models.files.quantized import is_quantized, logical_numel, weights_stored_bytes
+from vocablens.models.quantized_weights import is_quantized, logical_numel, weights_stored_bytes
 
 #: Bytes per parameter for the weight formats :class:`Anatomy` reports.
 WEIGHT_FORMATS: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0, "int4": 0.5}
@@ -173,7 +173,7 @@ def count_parameters(model: nn.Module) -> int:
     Two parameters are the same when they are one object, or (for real tensors) view the same memory
     with the same offset, shape and stride — so a head tied by assigning ``.data`` counts once too.
     Works on meta-device models (no storage; identity only). A quantized weight counts the
-    parameters it stands for (:func:`~vocablens.models.files.quantized.logical_numel`), not its packing.
+    parameters it stands for (:func:`~vocablens.models.quantized_weights.logical_numel`), not its packing.
 
     Args:
         model: any ``nn.Module``.
@@ -346,7 +346,7 @@ def anatomy(borders, name: str | None = None, batch: int = 1, context: int = DEF
 
 def _stored(model: nn.Module) -> dict[str, Any]:
     """``stored_bytes`` and ``stored_as`` of :class:`Anatomy`: counted on a loaded model's weights
-    (:func:`~vocablens.models.files.quantized.weights_stored_bytes`), None and empty for a model built on the meta device from its config."""
+    (:func:`~vocablens.models.quantized_weights.weights_stored_bytes`), None and empty for a model built on the meta device from its config."""
     from vocablens.models.files.quantized import quantization_config, quantization_name
 
     params = list(model.parameters())

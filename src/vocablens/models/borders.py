@@ -126,7 +126,7 @@ class Borders:
             logit_scale *= float(model.logit_scale)
         # Meta tensors (built without storage to count parameters) all report data_ptr() == 0, so
         # only identity can tell that they are shared there; nor has a quantized weight its own storage.
-        from vocablens.models.files.quantized import is_quantized
+        from vocablens.models.quantized_weights import is_quantized
 
         tied = head.weight is emb.weight or (
             not emb.weight.is_meta and not head.weight.is_meta and not is_quantized(emb.weight)
@@ -155,12 +155,12 @@ class Borders:
     @property
     def W_E(self) -> torch.Tensor:
         """Embedding matrix [V, d_emb], the checkpoint's own weights (no scale applied); a quantized
-        one read dequantized (:func:`vocablens.models.files.quantized.dequantized`, once per weight)."""
+        one read dequantized (:func:`vocablens.models.quantized_weights.dequantized`, once per weight)."""
         return self._plain(self.embedding.weight)
 
     def _plain(self, w: torch.Tensor) -> torch.Tensor:
-        """``w`` itself, or its dequantized copy (:func:`vocablens.models.files.quantized.kept_dequantized`)."""
-        from vocablens.models.files.quantized import kept_dequantized
+        """``w`` itself, or its dequantized copy (:func:`vocablens.models.quantized_weights.kept_dequantized`)."""
+        from vocablens.models.quantized_weights import kept_dequantized
 
         return kept_dequantized(self._memo, w)
 

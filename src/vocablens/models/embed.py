@@ -69,7 +69,7 @@ def input_scale(embedding: nn.Module, decoder: nn.Module | None, config: Any = N
             return float(v.to(W.dtype)), False, v
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return float(v), False, (float(v) if float(v) != 1.0 else None)
-    m = config_value(config, "embedding_multiplier", default=None) if config is not None else None
+    m = getattr(config, "embedding_multiplier", None)  # Granite's; one name, no family spells it otherwise
     if m is not None and float(m) != 1.0:
         return float(m), False, float(m)
     return 1.0, False, None
@@ -125,7 +125,7 @@ class Embedding:
         dec = decoder if decoder is not None else find_decoder(model)
         cfg = config if config is not None else getattr(model, "config", None)
         scale, inside, factor = input_scale(emb, dec, cfg)
-        from vocablens.models.files.quantized import dequantized
+        from vocablens.models.quantized_weights import dequantized
 
         return cls(module=emb, weight=dequantized(emb.weight), scale=scale, scale_in_module=inside, factor=factor,
                    input_norm=_module_named(dec, _INPUT_NORMS), project_in=_module_named(dec, ("project_in",)),

