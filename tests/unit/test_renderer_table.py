@@ -79,6 +79,16 @@ def test_every_command_ends_through_show():
         assert text.count("print_result(") == body.count("print_result(")
 
 
+def test_only_two_records_that_are_not_results_write_their_own_json():
+    """``anatomy`` of several models wrote ``emit_json(anatomy_json(...))`` itself (failed before): it
+    ends through ``show`` with one ``anatomy`` result holding the models. What is left writes a record
+    that is no analysis result: the report's (its page, sections and timings) and ``lens merge``'s (the
+    files it wrote)."""
+    own = {p.name for p in sorted((SRC / "cli").glob("*.py"))
+           if p.name != "common.py" and "emit_json(" in p.read_text(encoding="utf-8")}
+    assert own == {"report.py", "jacobian.py"}
+
+
 def _settle():
     import torch
 

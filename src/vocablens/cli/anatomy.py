@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, emit_json, load_model, out, status
+from vocablens.cli.common import JsonOpt, ModelOpt, TrustOpt, app, load_model, show, status
 from vocablens.models.files.spec import DEFAULT_MODEL
 
 
@@ -31,7 +31,7 @@ def anatomy_cmd(
     """
     from vocablens.accounting.anatomy import anatomy_of, logits_memory
     from vocablens.models.files.catalogue import catalogue_entry
-    from vocablens.render.anatomy import anatomy_json, print_anatomy
+    from vocablens.handle.results import Anatomy as AnatomyResult
 
     logits_memory(1, batch, context, dtype)  # validates --batch/--context/--dtype before any loading
     specs = list(models) if models else [model]
@@ -45,7 +45,4 @@ def anatomy_cmd(
             with status(f"reading the config of {spec} ...", quiet=json_):
                 results.append(anatomy_of(spec, batch=batch, context=context, logits_dtype=dtype,
                                           trust_remote_code=trust_remote_code))
-    if json_:
-        emit_json(anatomy_json(results))
-    else:
-        print_anatomy(results, out)
+    show(AnatomyResult(tuple(results), None, None), json_)

@@ -104,8 +104,9 @@ def _shown():
 
 
 class Anatomy(Result, kind="anatomy"):
-    """``m.anatomy()``: :class:`~vocablens.accounting.anatomy.Anatomy` (``anatomy --load --json``).
-    ``.figure()``: the report's parameter bars; ``.to_pandas()``: one row of its counts."""
+    """``m.anatomy()``: :class:`~vocablens.accounting.anatomy.Anatomy` (``anatomy --load --json``), or a
+    tuple of them (the ``anatomy`` command given several models: one column each).
+    ``.figure()``: the report's parameter bars; ``.to_pandas()``: one row of its counts per model."""
 
 
 class TieCheck(Result, kind="tie_check"):

@@ -164,22 +164,28 @@ def anatomy_section(results: Sequence[Anatomy], div_id: str = "anatomy-params") 
 
 
 # ---------- the renderers of an anatomy result (vocablens.handle.results.Anatomy)
+def _models(r) -> list[Anatomy]:
+    """The anatomies ``r`` holds: one model's (``m.anatomy()``) or several side by side (the ``anatomy``
+    command given several models: a tuple)."""
+    return list(r.value) if isinstance(r.value, (list, tuple)) else [r.value]
+
+
 def _json_of(r) -> dict:
-    return anatomy_json([r.value])
+    return anatomy_json(_models(r))
 
 
 def _print_of(r, out) -> None:
-    print_anatomy([r.value], out)
+    print_anatomy(_models(r), out)
 
 
 def _figure_of(r):
     """The report's parameter bars."""
-    return params_figure([r.value])
+    return params_figure(_models(r))
 
 
 def _rows_of(r) -> list[dict]:
-    """One row of the anatomy's scalar fields."""
-    return [{k: v for k, v in r.value.to_dict().items() if not isinstance(v, (dict, list))}]
+    """One row of the anatomy's scalar fields per model."""
+    return [{k: v for k, v in a.to_dict().items() if not isinstance(v, (dict, list))} for a in _models(r)]
 
 
 #: how an ``anatomy`` result shows itself
