@@ -64,6 +64,10 @@ def test_two_shards_merge_to_the_one_process_fit(setup, capsys):
     assert rec["n_prompts"] == 4 and [s["index"] for s in rec["shards"]] == [1, 2]
     merged = _lens(root / "merged")
     assert merged.settings["n_prompts"] == whole.settings["n_prompts"] == 4
+    # without --json: nothing on stdout, the one line on stderr (the merge ends through show, its line
+    # the lens_merge renderer's)
+    code, o, e = run_cli(capsys, "lens", "merge", root / "s1", root / "s2", "--out", root / "merged-text")
+    assert code == 0 and o == "" and e.strip() == f"merged 2 shards (4 prompts) into {root / 'merged-text'}", e
     assert merged.layers == whole.layers
     scale = whole.J.abs().max()
     assert (merged.J - whole.J).abs().max() <= REL_TOL * scale

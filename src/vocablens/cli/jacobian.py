@@ -90,14 +90,12 @@ def lens_merge(
     """Merge the shards of a Jacobian-lens fit, weighted by their prompt counts (exact: the lens of all
     their prompts); shards of different fits (model, dtype, layers, estimator, skip_first, corpus
     manifest) are refused. The merged lens's quality is measured on its first use (cached)."""
-    from vocablens.cli.common import emit_json
     from vocablens.handle.lenses.sources import merge_shards
+    from vocablens.handle.results import LensMerge
+    from vocablens.render.lens_merge import merged_line
 
-    rec = merge_shards(shards, out_dir, save_dtype, force)
-    if json_:
-        emit_json(rec)
-    else:
-        err.print(f"merged {len(shards)} shards ({rec['n_prompts']} prompts) into {out_dir}", soft_wrap=True)
+    rec = merge_shards(shards, out_dir, save_dtype, force)  # its line on stderr: stdout stays for --json
+    show(LensMerge(rec, None, None), json_, printed=lambda: err.print(merged_line(rec), soft_wrap=True))
 
 
 @lens_app.command("decompose")

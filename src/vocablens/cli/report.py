@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, emit_json, err, load_model, out
+from vocablens.cli.common import JsonOpt, ModelOpt, DeviceOpt, TrustOpt, app, err, load_model, show
 from vocablens.errors import BadInput
 from vocablens.report.runner import DEFAULT_BUDGET_S, DEFAULT_PROMPT
 from vocablens.models.files.spec import DEFAULT_MODEL
@@ -71,10 +71,9 @@ def report(
         err.print("writing the page ...", style="dim")
     sections = write_page(run, lm, model, out_path, budget)
     timings["total"] = time.perf_counter() - t_all
-    if json_:
-        _emit(run, lm, out_path, sections, timings)
-        return
-    _summary(run, lm, out_path, sections, timings)
+    from vocablens.handle.results import Report, ReportPage
+
+    show(Report(ReportPage(run, lm, out_path, sections, timings), lm.tokenizer, lm.provenance), json_)
 
 
 class _ProgressBar:
@@ -171,19 +170,3 @@ class _ProgressBar:
             err.print(self.said, style="dim")
             if self.beat is not None:
                 self.beat.last = self.beat.clock()   # a line was just written: the next beat waits
-
-
-def _emit(run, lm, out_path: Path, sections, timings: dict[str, float]) -> None:
-    from vocablens.render.report import report_to_dict
-
-    emit_json(report_to_dict(run, lm, out_path, sections, timings))
-
-
-def _summary(run, lm, out_path: Path, sections, timings: dict[str, float]) -> None:
-    """The summary on stdout (:func:`vocablens.render.report_summary.summary_lines`): the figures a reader
-    acts on, what was cut short, then the page's path; the page holds the rest."""
-    from vocablens.render.report import report_to_dict
-    from vocablens.render.report_summary import summary_lines
-
-    for line in summary_lines(report_to_dict(run, lm, out_path, sections, timings)):
-        out.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -252,6 +252,32 @@ class LensEval(Result, kind="lens_eval"):
     (lens, layer)."""
 
 
+@dataclass(frozen=True)
+class ReportPage:
+    """A report written: the run (:class:`~vocablens.report.runner.ReportRun`), the loaded model it read
+    (:class:`~vocablens.models.LoadedModel`), the page's path as the user gave it, the sections written
+    (:func:`vocablens.render.report.write_page`) and the timings (seconds, per step)."""
+
+    run: Any
+    lm: Any = field(repr=False)
+    out_path: Any
+    sections: list
+    timings: dict
+
+
+class Report(Result, kind="report"):
+    """``vocablens report``: the page written (:class:`ReportPage`). ``.to_json()``: what ``report --json``
+    prints (each section's result as its own command's JSON, the timings); ``.table()``: the summary the
+    command prints (the figures a reader acts on, what was cut short, the page's path)."""
+
+
+class LensMerge(Result, kind="lens_merge"):
+    """``vocablens lens merge``: the record of the merged Jacobian lens
+    (:func:`vocablens.lens.jacobian_merge.merge_lens_files`: ``out``, ``n_prompts``, ``tokens``,
+    ``layers``, ``shards``). ``.table()``: the one line the command says."""
+
+
 __all__ = ["Result", "Anatomy", "TieCheck", "Neighbors", "WordPCA", "Lens", "Score", "Explanation", "Projection",
            "Settle", "LensComparison", "BackwardLens", "JacobianFit", "Argmax", "Undertrained", "Generation",
-           "Steering", "Surgery", "Trajectory", "Bottleneck", "Alignment", "Anomaly", "LensTraining", "LensEval"]
+           "Steering", "Surgery", "Trajectory", "Bottleneck", "Alignment", "Anomaly", "LensTraining", "LensEval",
+           "ReportPage", "Report", "LensMerge"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from vocablens.files import atomic_write, publish_mode  # noqa: F401  (publish_mode: old import path)
 from vocablens.render.html import Section, esc
+from vocablens.render.renderer import Renderer
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2433;background:#fafbfc}
@@ -246,3 +247,22 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
 def stamp() -> str:
     """UTC time for the report header."""
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+# ---------- the renderers of a report result (vocablens.handle.results.Report)
+def _json_of(r) -> dict:
+    p = r.value
+    return report_to_dict(p.run, p.lm, p.out_path, p.sections, p.timings)
+
+
+def _print_of(r, out) -> None:
+    """The summary (:func:`vocablens.render.report_summary.summary_lines`): the figures a reader acts on,
+    what was cut short, then the page's path; the page holds the rest."""
+    from vocablens.render.report_summary import summary_lines
+
+    for line in summary_lines(_json_of(r)):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+#: how a ``report`` result shows itself
+RENDERER = Renderer("report", _json_of, _print_of)

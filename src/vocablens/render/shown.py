@@ -25,7 +25,7 @@ from typing import Any
 from vocablens.errors import BadInput
 from vocablens.render import (
     align, anatomy, anomaly, argmax, backward, bottleneck, decompose, generate, jacobian_fit, lens, lens_compare,
-    lens_eval, lens_train, neighbors, pca, score, steer, surgery, tie_check, trajectory, undertrained,
+    lens_eval, lens_merge, lens_train, neighbors, pca, report, score, steer, surgery, tie_check, trajectory, undertrained,
 )
 from vocablens.render.json import json_ready
 from vocablens.render.renderer import Renderer, draw
@@ -35,7 +35,7 @@ from vocablens.render.vocab_space import explain, project, settle
 RENDERERS: dict[str, Renderer] = {m.RENDERER.kind: m.RENDERER for m in (
     anatomy, tie_check, neighbors, pca, lens, score, explain, project, settle, lens_compare, backward, jacobian_fit,
     decompose, argmax, undertrained, generate, steer, surgery, trajectory, bottleneck, align, anomaly, lens_train,
-    lens_eval)}
+    lens_eval, report, lens_merge)}
 
 
 def _entry(r) -> Renderer:
