@@ -189,6 +189,17 @@ class Borders:
         """L, the number of blocks; residual-stream layers run 0..L."""
         return len(self.blocks)
 
+    def check_block(self, block: int) -> int:
+        """``block`` as an int when it is a block index 0..L-1: the one rule every reader of one block
+        applies (a partial read's ``blocks``, ``explain --block``).
+
+        Raises:
+            BadInput: ``block`` out of range (one line naming the range).
+        """
+        if not 0 <= int(block) < self.n_layers:
+            raise BadInput(f"block {block} is out of range: this model has blocks 0..{self.n_layers - 1}")
+        return int(block)
+
     @property
     def real_vocab_size(self) -> int:
         """Rows that are real tokens: min(V, tokenizer size); the rest are padding."""

@@ -120,10 +120,8 @@ def check_k(k: int, V: int) -> None:
 
 
 def check_block(borders: Borders, block: int) -> None:
-    """Raise :class:`BadInput` unless ``block`` is a block index 0..L-1."""
-    L = borders.n_layers
-    if not 0 <= int(block) < L:
-        raise BadInput(f"block {block} is out of range: this model has blocks 0..{L - 1}")
+    """Raise :class:`BadInput` unless ``block`` is a block index 0..L-1 (:meth:`Borders.check_block`)."""
+    borders.check_block(block)
 
 
 def check_token(borders: Borders, token_id: int) -> int:

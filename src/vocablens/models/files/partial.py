@@ -219,9 +219,7 @@ def _modules_read(skel, parts: Parts) -> list:
     E = skel.input_embedding  # the input side: the token embedding, its norm (BLOOM), project_in
     wanted = [E.module, E.input_norm, E.project_in, skel.lm_head, skel.final_norm, skel.project_out]
     for i in parts.blocks:
-        if not 0 <= i < skel.n_layers:
-            raise BadInput(f"block {i} is out of range: this model has blocks 0..{skel.n_layers - 1}")
-        wanted.append(skel.blocks[i])
+        wanted.append(skel.blocks[skel.check_block(i)])
     if "value_vectors" in parts.names:
         from vocablens.models.blocks import block_views
 
