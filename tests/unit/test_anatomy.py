@@ -379,3 +379,18 @@ def test_missing_gguf_file_says_no_such_file(capsys):
     """`anatomy nope.gguf` said "'nope.gguf' is not a config file, model directory, .gguf file ..."."""
     assert run_app(["anatomy", "nope.gguf"]) == 2
     assert "error: no such GGUF file: nope.gguf" in capsys.readouterr().err
+
+
+def test_one_anatomy_result_holds_several_models():
+    """The ``anatomy`` command given several models ends through ``show`` with one ``anatomy`` result
+    holding them (its value a tuple): its JSON is ``{"models": [...]}`` in the order given, its frame a
+    row per model, and one model's result reads the same as before (a list of one)."""
+    from vocablens.handle.results import Anatomy as AnatomyResult
+
+    q, g = anatomy_of("qwen3-0.6b"), anatomy_of("gpt2")
+    both = AnatomyResult((q, g), None, None)
+    assert [m["params_total"] for m in both.to_json()["models"]] == [q.params_total, g.params_total]
+    assert AnatomyResult(q, None, None).to_json() == {"models": [json.loads(json.dumps(q.to_dict()))]}
+    pytest.importorskip("pandas")
+    frame = both.to_pandas()
+    assert len(frame) == 2 and list(frame["params_total"]) == [q.params_total, g.params_total]

@@ -9,6 +9,7 @@ modules' own parameter counts for anatomy.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -215,7 +216,8 @@ def test_the_patch_is_the_pixels_the_model_read(vlm, image):
     ids, inputs = vlm.image_prompt("What is this?", str(image))
     img, box, label = vlm.image_patch(ids, inputs, 1)
     ip = vlm.processor.image_processor
-    x = torch.tensor(list(img.getdata()), dtype=torch.float32).reshape(28, 28, 3).permute(2, 0, 1) / 255
+    x = torch.from_numpy(np.asarray(img.convert("RGB"), dtype=np.float32)).permute(2, 0, 1) / 255  # [3, 28, 28]
+    assert x.shape == (3, 28, 28)
     again = (x - torch.tensor(ip.image_mean).view(3, 1, 1)) / torch.tensor(ip.image_std).view(3, 1, 1)
     assert (again - inputs["pixel_values"][0]).abs().max() <= 0.5 / 255 / min(ip.image_std) + 1e-6
     assert box == (14, 0, 28, 14) and label == f"<image 2/{N_IMAGE_TOKENS}>"

@@ -119,7 +119,7 @@ def load(spec: str | os.PathLike | Source | None = DEFAULT_MODEL, dtype=None, de
     partly = placement is None and (parts is not None or max_memory not in (None, ""))
     # the safetensors directory (a GGUF file: its float32 cache) a partial read or a device map reads
     files = source_dir(source) if (partly and not source.quantized) or (placement and source.kind == "gguf") else None
-    instead = ("streaming" if parts is None else "borders", "quantized") if partly else None  # read by its quantizer
+    instead = ("streaming" if parts is None else "borders", "quantized") if partly else None  # only its quantizer reads it
     if partly and files is not None:  # the parts named, or the borders and the blocks that fit (streaming)
         from vocablens.models.files.checkpoint_files import NoSafetensors
         from vocablens.models.files.partial import materialize_parts
