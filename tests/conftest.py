@@ -13,10 +13,12 @@ for _d in ("e2e", "integration", "unit", ""):
     sys.path.insert(0, str(Path(__file__).parent / _d))
 # transformers imports the quantizers' packages (torchao) with every model when they are installed; their
 # import-time WARNING lines would land in whichever test imports first (the CLI quiets them the same way:
-# vocablens.cli.quiet_import_noise)
+# vocablens.cli.quiet_import_noise; the library, for the duration of a load: vocablens.handle.quiet)
 import logging  # noqa: E402
 
-for _n in ("torchao", "torch.utils._pytree"):
+from vocablens.handle.quiet import IMPORT_NOISE  # noqa: E402
+
+for _n in IMPORT_NOISE:
     logging.getLogger(_n).setLevel(logging.ERROR)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

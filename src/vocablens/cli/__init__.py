@@ -48,18 +48,17 @@ _core.lens_app.info.help = ("The logit lens: `vocablens lens PROMPT` reads the r
                             "tuned lens.")
 
 
-#: loggers of packages transformers imports with every model when they are installed (a quantizer's
-#: package: torchao), whose import-time WARNING lines (kernels built for another torch, a pytree
-#: deprecation) say nothing about the user's command; the CLI keeps stderr for its own lines
-_IMPORT_NOISE = ("torchao", "torch.utils._pytree")
 
 
 def quiet_import_noise() -> None:
-    """Raise :data:`_IMPORT_NOISE`'s loggers to ERROR: a process-wide setting, made here (the CLI's
-    whole process) and in the tests' conftest, never by library code."""
+    """Raise the loggers of :data:`vocablens.handle.quiet.IMPORT_NOISE` to ERROR for the whole process
+    (the CLI keeps stderr for its own lines): a process-wide setting, made here (the CLI's whole process)
+    and in the tests' conftest; the library quiets them for the duration of a load only."""
     import logging
 
-    for name in _IMPORT_NOISE:
+    from vocablens.handle.quiet import IMPORT_NOISE
+
+    for name in IMPORT_NOISE:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from contextlib import contextmanager
+
+#: loggers of packages transformers imports with every model when they are installed (a quantizer's
+#: package: torchao), whose import-time WARNING lines (kernels built for another torch, a pytree
+#: deprecation) say nothing about the model being loaded
+IMPORT_NOISE = ("torchao", "torch.utils._pytree")
 
 
 @contextmanager
 def quiet_loading():
     """Silence transformers' (and huggingface_hub's) progress bars and logging below errors inside the
-    block, then put back exactly what was set before (the process is left as it was found).
+    block, and the import-time warnings of the packages transformers imports with a model
+    (:data:`IMPORT_NOISE`: torchao's kernels built for another torch), then put back exactly what was
+    set before (the process is left as it was found).
 
     Bars are what print an ``IProgress not found`` warning in a notebook without ipywidgets; tqdm
     reads ``TQDM_DISABLE`` when a bar is made, so it is set only inside the block too; the warning
@@ -49,6 +57,10 @@ def _settings_put_back():
         restore.append(lambda: None if hub_off else enable_progress_bars())
     except Exception:  # pragma: no cover
         pass
+    for name in IMPORT_NOISE:
+        logger = logging.getLogger(name)
+        restore.append(lambda logger=logger, level=logger.level: logger.setLevel(level))
+        logger.setLevel(logging.ERROR)
     old_tqdm = os.environ.get("TQDM_DISABLE")
     os.environ["TQDM_DISABLE"] = "1"
     restore.append(lambda: os.environ.pop("TQDM_DISABLE", None) if old_tqdm is None
@@ -60,4 +72,4 @@ def _settings_put_back():
             undo()
 
 
-__all__ = ["quiet_loading"]
+__all__ = ["IMPORT_NOISE", "quiet_loading"]
