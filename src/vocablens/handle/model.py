@@ -64,7 +64,12 @@ from vocablens.models.files.loaded_model import LoadedModel
 class Model(TokenInput, Geometry, Scoring, LensLoading, LensReading, LensTraining, LensEvaluation, LensQuality,
             LensDecomposition, Trajectories, VocabSpace, ArgmaxAndBottleneck, UndertrainedTokens,
             VocabularySurgery, ReportWorkflow, CorpusRows, Images, LoadedModel):
-    """A loaded model with its workflows (module docstring).
+    """A loaded model with its workflows (module docstring). Made by :func:`vocablens.load`, not by
+    calling the class: ``m = vocablens.load("smollm2")`` reads the whole model;
+    ``vocablens.load(spec, read=("embedding", "head"))`` only the parts named;
+    ``vocablens.load(spec, max_memory="200MB")`` streams the blocks beyond 200 MB;
+    ``device_map=`` and ``tp=True`` place one model over several devices. :meth:`of` wraps a
+    :class:`~vocablens.models.LoadedModel` already loaded.
 
     Attributes:
         model: the ``transformers`` causal LM (``PreTrainedModel``), as :class:`~vocablens.models.LoadedModel`.
