@@ -24,7 +24,7 @@ from vocablens.models.files.provenance import Provenance
 CACHE_MARK = "vocablens-provenance.json"
 #: CPU seconds the first load of a GGUF file takes per MiB of the file (dequantizing it with transformers
 #: and writing the float32 cache); docs/performance.md gives the measurement it comes from
-FIRST_LOAD_S_PER_MIB = 0.07
+FIRST_LOAD_S_PER_MIB = 0.25
 
 
 def first_load_seconds(path: Path) -> float:
