@@ -187,9 +187,13 @@ def after_scan_share(budget_s: float, elapsed_s: float, planned_s: float) -> flo
 
 
 #: FLOP/s the ETA's priors assume for the report's compute-bound work (settle's forward and lens readouts,
-#: the under-trained verification's short batched queries): a 2-thread CPU, as the cheap sections'
+#: the under-trained verification's few-shot prefixes): a 2-thread CPU, as the cheap sections'
 #: :data:`REFERENCE_S`. Only a first guess: each run scales it by its own measured ratio (:func:`eta_s`)
 REFERENCE_FLOPS_PER_S = 1.1e10
+#: FLOP/s the priors assume for the under-trained verification's queries: a batch of candidates x the
+#: query's few tokens per forward on the prefix's cached keys and values runs as matrix products, several
+#: times :data:`REFERENCE_FLOPS_PER_S` on the same CPU (docs/performance.md, the report's estimates)
+VERIFY_FLOPS_PER_S = 8.0e10
 #: reference seconds of the cheap sections for the default model (SmolLM2-135M) on a 2-thread CPU:
 #: the ETA's priors, scaled to another model by its forward + head FLOPs per token
 #: (:data:`REFERENCE_TOKEN_FLOPS`) and to this run by the measured ratio. ``settle``'s prior is its FLOPs
@@ -302,5 +306,5 @@ __all__ = [
     "after_scan_note", "DEFAULT_PROMPT", "DEFAULT_BUDGET_S", "ASSUMED_FLOPS_PER_S", "ARGMAX_MIN_SHARE", "NEIGHBOR_TOKENS",
     "PROBE_TOKENS", "SECTIONS", "ORDER", "LAST", "SectionPlan", "SectionRun", "ReportRun", "plan_report",
     "settle_tokens", "eta_s", "argmax_share", "AFTER_SCAN", "after_scan_share", "measured_ratio", "REFERENCE_S",
-    "REFERENCE_FLOPS_PER_S", "REFERENCE_TOKEN_FLOPS", "PRIOR_WEIGHT_S",
+    "REFERENCE_FLOPS_PER_S", "REFERENCE_TOKEN_FLOPS", "PRIOR_WEIGHT_S", "VERIFY_FLOPS_PER_S",
 ]

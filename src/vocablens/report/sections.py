@@ -184,13 +184,14 @@ def priors(ctx, plans) -> dict[str, float]:
     each run's measured ratio: the cheap sections' :data:`~vocablens.report.plan.REFERENCE_S`, scaled
     to this model by its forward + head FLOPs per token; ``settle``: the FLOPs of the tokens it will
     read; ``undertrained``: classes and indicators (about 8e-5 s a vocabulary row), the three
-    few-shot prefixes, and 3 templates x (the query's 4 tokens through the blocks + one head pass)
-    per candidate for the paper's 2% of V, all at :data:`~vocablens.report.plan.REFERENCE_FLOPS_PER_S`;
+    few-shot prefixes (at :data:`~vocablens.report.plan.REFERENCE_FLOPS_PER_S`), and 3 templates x (the
+    query's 4 tokens through the blocks + one head pass) per candidate for the paper's 2% of V, run in
+    batches (at :data:`~vocablens.report.plan.VERIFY_FLOPS_PER_S`);
     ``undertrained_floor``: what that section costs whatever its budget (classes, indicators,
     prefixes and its first batch of :data:`REPORT_BATCH` candidates). Without borders: the cheap
     sections' reference seconds only."""
     from vocablens.models.flops import block_flops, head_flops
-    from vocablens.report.plan import REFERENCE_FLOPS_PER_S, REFERENCE_S, REFERENCE_TOKEN_FLOPS
+    from vocablens.report.plan import REFERENCE_FLOPS_PER_S, REFERENCE_S, REFERENCE_TOKEN_FLOPS, VERIFY_FLOPS_PER_S
 
     b = ctx.get("borders")
     if b is None:
@@ -205,7 +206,7 @@ def priors(ctx, plans) -> dict[str, float]:
         out["settle"] = n * (2 * weights + (b.n_layers - min_layer + 1) * head_flops(b.vocab_size, b.d_model)) \
             / REFERENCE_FLOPS_PER_S
     fixed = 8e-5 * b.vocab_size + 3 * 40 * b.n_layers * block_flops(b, 40) / REFERENCE_FLOPS_PER_S
-    per = 3 * (4 * b.n_layers * block_flops(b, 40) + head_flops(b.vocab_size, b.d_model)) / REFERENCE_FLOPS_PER_S
+    per = 3 * (4 * b.n_layers * block_flops(b, 40) + head_flops(b.vocab_size, b.d_model)) / VERIFY_FLOPS_PER_S
     out["undertrained"] = fixed + round(0.02 * b.vocab_size) * per
     out["undertrained_floor"] = fixed + min(REPORT_BATCH, round(0.02 * b.vocab_size)) * per
     return out
