@@ -189,21 +189,21 @@ def after_scan_share(budget_s: float, elapsed_s: float, planned_s: float) -> flo
 #: FLOP/s the ETA's priors assume for the report's compute-bound work (settle's forward and lens readouts,
 #: the under-trained verification's few-shot prefixes): a 2-thread CPU, as the cheap sections'
 #: :data:`REFERENCE_S`. Only a first guess: each run scales it by its own measured ratio (:func:`eta_s`)
-REFERENCE_FLOPS_PER_S = 1.1e10
+REFERENCE_FLOPS_PER_S = 4.0e10
 #: FLOP/s the priors assume for the under-trained verification's queries: a batch of candidates x the
-#: query's few tokens per forward on the prefix's cached keys and values runs as matrix products, several
-#: times :data:`REFERENCE_FLOPS_PER_S` on the same CPU (docs/performance.md, the report's estimates)
+#: query's few tokens per forward on the prefix's cached keys and values runs as matrix products, twice
+#: :data:`REFERENCE_FLOPS_PER_S` on the same CPU (docs/performance.md, the report's estimates)
 VERIFY_FLOPS_PER_S = 8.0e10
 #: reference seconds of the cheap sections for the default model (SmolLM2-135M) on a 2-thread CPU:
 #: the ETA's priors, scaled to another model by its forward + head FLOPs per token
 #: (:data:`REFERENCE_TOKEN_FLOPS`) and to this run by the measured ratio. ``settle``'s prior is its FLOPs
-REFERENCE_S = {"anatomy": 0.01, "borders": 0.01, "neighbors": 1.0, "pca": 1.7, "lens": 3.4, "tuned": 11.0,
-               "value_vectors": 15.0, "explain": 1.4}
+REFERENCE_S = {"anatomy": 0.01, "borders": 0.01, "neighbors": 0.2, "pca": 0.01, "lens": 0.25, "tuned": 1.0,
+               "value_vectors": 2.2, "explain": 0.4}
 #: forward + head FLOPs per token of the default model: 2 x 106,168,320 block weights + 2 x 49,152 x 576
 REFERENCE_TOKEN_FLOPS = 2 * 106_168_320 + 2 * 49_152 * 576
 #: reference seconds of evidence the prior ratio (1) counts for: a section of a few hundredths of a
-#: second (anatomy) barely moves the ratio, one of many seconds sets it
-PRIOR_WEIGHT_S = 1.0
+#: second (anatomy) barely moves the ratio, one of a second or more (the tuned lens) sets it
+PRIOR_WEIGHT_S = 0.2
 
 
 def measured_ratio(finished: dict[str, float], priors: dict[str, float]) -> float:
