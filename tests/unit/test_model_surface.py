@@ -148,3 +148,27 @@ def test_each_protocol_method_has_the_parameters_of_the_models_method():
                 theirs = inspect.signature(inspect.unwrap(getattr(Model, name))).parameters
                 assert [(p.name, p.kind, p.default) for p in mine.values()][1:] == \
                     [(p.name, p.kind, p.default) for p in theirs.values()][1:], (proto, name)
+
+
+def test_a_model_named_to_the_class_says_load_makes_it():
+    """``vocablens.Model("smollm2")`` failed with ``missing 3 required positional arguments:
+    'tokenizer', 'borders', and 'provenance'`` (a new user's first try, found from a clean clone): now
+    one line names the call that makes one. A loaded model still wraps (``Model.of``) and copies."""
+    import copy
+    from pathlib import Path
+
+    import pytest
+
+    import vocablens
+
+    with pytest.raises(TypeError, match=r"m = vocablens\.load\('smollm2'\)"):
+        vocablens.Model("smollm2")
+    with pytest.raises(TypeError, match=r"vocablens\.load\('some/dir'\)"):
+        vocablens.Model(model=Path("some/dir"))
+    from tiny_models import make_tiny
+    from vocablens.models import Borders, Provenance
+
+    model = make_tiny("llama")
+    m = vocablens.Model(model, None, Borders.from_model(model),
+                        Provenance(spec="tiny", name="tiny", source="tiny", format="test", quantization=""))
+    assert copy.copy(m).borders is m.borders and vocablens.Model.of(m) is m

@@ -35,6 +35,7 @@ typed against the one protocol of :mod:`vocablens.handle.protocols` that says wh
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +88,19 @@ class Model(TokenInput, Geometry, Scoring, LensLoading, LensReading, LensTrainin
     spec: str | None = None
     translators: dict = field(default_factory=dict, repr=False)
     processor: Any = field(default=None, repr=False)
+
+    def __new__(cls, *args, **kwargs):
+        """Refuse ``vocablens.Model("smollm2")`` in one line naming :func:`vocablens.load` (a Model is
+        made by loading; its fields are the loaded model, tokenizer, borders and provenance).
+
+        Raises:
+            TypeError: a model name or path given where the loaded ``transformers`` model goes.
+        """
+        first = args[0] if args else kwargs.get("model")
+        if isinstance(first, (str, os.PathLike)):
+            raise TypeError(f"vocablens.Model is made by loading: m = vocablens.load({str(first)!r}) "
+                            "(read=(...) for some parts, max_memory=... to stream the blocks)")
+        return super().__new__(cls)
 
     @classmethod
     def of(cls, lm, spec: str | None = None) -> "Model":
